@@ -1,0 +1,60 @@
+/* fsdp/comm.h — process group: the collectives FSDP is made of.
+ *
+ * Backends: "mpi" (host buffers, one duplicated MPI communicator per
+ * fsdp_comm_t) and "self" (one rank, plain copies, no MPI). Each collective is
+ * issued on a stream: FSDP_HOST_STREAM runs it now in the caller; a stream from
+ * fsdp_stream_create queues it, and the caller records an event after it to wait
+ * on. Buffers must stay valid and untouched until that point.
+ *
+ * Ordering: every rank must issue the same collectives on a communicator in the
+ * same order. A communicator must only be used from one stream (or the host) —
+ * use fsdp_comm_dup to get one per stream; the engine holds one per stream.
+ *
+ * Counts are in elements of dtype. Reductions support FSDP_F32 and FSDP_F64
+ * (sums in the reduction dtype); gathers and broadcasts move any dtype.
+ * In-place: all_gather with send == recv + rank*count, reduce_scatter with
+ * recv == send + rank*count, and all_reduce with send == recv are allowed. */
+#ifndef FSDP_COMM_H
+#define FSDP_COMM_H
+
+#include "fsdp/core.h"
+#include "fsdp/device.h"
+#include "fsdp/world.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fsdp_comm *fsdp_comm_t;
+
+typedef enum { FSDP_SUM = 0, FSDP_AVG, FSDP_MAX } fsdp_reduce_op_t;
+
+/* A communicator over every rank of the world. */
+FSDP_API fsdp_status_t fsdp_comm_create(fsdp_world_t world, fsdp_comm_t *comm);
+/* A new communicator over the same ranks, independent in ordering. Collective. */
+FSDP_API fsdp_status_t fsdp_comm_dup(fsdp_comm_t comm, fsdp_comm_t *out);
+/* Waits for nothing: the caller must have synchronised streams using it. */
+FSDP_API void fsdp_comm_destroy(fsdp_comm_t comm);
+
+FSDP_API int fsdp_comm_rank(fsdp_comm_t comm);
+FSDP_API int fsdp_comm_size(fsdp_comm_t comm);
+FSDP_API const char *fsdp_comm_backend(fsdp_comm_t comm);
+
+/* recv[r*count .. (r+1)*count) = send of rank r. */
+FSDP_API fsdp_status_t fsdp_all_gather(fsdp_comm_t comm, const void *send, void *recv,
+                                       size_t count, fsdp_dtype_t dtype, fsdp_stream_t stream);
+/* recv (count elements) = op over ranks of send[rank*count .. (rank+1)*count). */
+FSDP_API fsdp_status_t fsdp_reduce_scatter(fsdp_comm_t comm, const void *send, void *recv,
+                                           size_t count, fsdp_dtype_t dtype,
+                                           fsdp_reduce_op_t op, fsdp_stream_t stream);
+FSDP_API fsdp_status_t fsdp_all_reduce(fsdp_comm_t comm, const void *send, void *recv,
+                                       size_t count, fsdp_dtype_t dtype, fsdp_reduce_op_t op,
+                                       fsdp_stream_t stream);
+FSDP_API fsdp_status_t fsdp_broadcast(fsdp_comm_t comm, void *buf, size_t count,
+                                      fsdp_dtype_t dtype, int root, fsdp_stream_t stream);
+FSDP_API fsdp_status_t fsdp_barrier(fsdp_comm_t comm, fsdp_stream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

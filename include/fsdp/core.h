@@ -1,0 +1,69 @@
+/* fsdp/core.h — status codes, error text, element types and the export macro.
+ *
+ * Every fallible fsdp call returns fsdp_status_t. On failure the calling thread's
+ * last-error text (fsdp_last_error) says what went wrong in words a user can act
+ * on: the object, the value and what was expected. Outputs are written only on
+ * success. The library never calls exit() and never aborts on user error. */
+#ifndef FSDP_CORE_H
+#define FSDP_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(FSDP_BUILDING) && defined(__GNUC__)
+#define FSDP_API __attribute__((visibility("default")))
+#else
+#define FSDP_API
+#endif
+
+#define FSDP_VERSION_MAJOR 0
+#define FSDP_VERSION_MINOR 1
+#define FSDP_VERSION_PATCH 0
+
+typedef enum {
+  FSDP_SUCCESS = 0,
+  FSDP_ERR_INVALID_ARGUMENT, /* a value passed in is wrong (null, zero size, range) */
+  FSDP_ERR_INVALID_USAGE,    /* a call made in the wrong order or state */
+  FSDP_ERR_OUT_OF_MEMORY,    /* an allocation failed; nothing was changed */
+  FSDP_ERR_COMM,             /* a collective or the transport under it failed */
+  FSDP_ERR_SYSTEM,           /* an OS call (thread, file, clock) failed */
+  FSDP_ERR_UNSUPPORTED,      /* a feature not built in or not available here */
+  FSDP_ERR_INTERNAL,         /* a bug in fsdp: please report it with the message */
+  FSDP_STATUS_COUNT
+} fsdp_status_t;
+
+/* A fixed, static description of a status code with what to do next. */
+FSDP_API const char *fsdp_status_string(fsdp_status_t status);
+
+/* The calling thread's last error message ("" when none). The text stays valid
+ * until the next failing fsdp call on this thread. Errors raised by asynchronous
+ * work (a collective on a communication stream) are reported by the call that
+ * waits for it, which copies the message into its own thread's last error. */
+FSDP_API const char *fsdp_last_error(void);
+
+/* Element types of tensors and collectives. */
+typedef enum {
+  FSDP_F32 = 0,
+  FSDP_BF16,
+  FSDP_F64,
+  FSDP_DTYPE_COUNT
+} fsdp_dtype_t;
+
+FSDP_API size_t fsdp_dtype_size(fsdp_dtype_t dtype);     /* 0 for an invalid type */
+FSDP_API const char *fsdp_dtype_name(fsdp_dtype_t dtype); /* "f32", "bf16", "f64" */
+
+/* bf16 <-> f32 conversion (round to nearest even), used by the CPU backend. */
+FSDP_API uint16_t fsdp_f32_to_bf16(float x);
+FSDP_API float fsdp_bf16_to_f32(uint16_t x);
+
+/* Monotonic clock in seconds; the time base of the engine's timeline. */
+FSDP_API double fsdp_time_now(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,250 @@
+/* fsdp/engine.h — the FSDP engine: units, flat shards, the gather/compute/
+ * reduce-scatter schedule, the optimizer on shards, memory and timeline.
+ *
+ * Life of an engine
+ *   fsdp_engine_create     (config is validated and copied)
+ *   fsdp_unit_add ...      (in forward execution order; named tensors per unit)
+ *   fsdp_engine_materialize(seed)  -> shards allocated and initialised
+ *   per step, per micro-batch (config.grad_accum of them):
+ *     forward:  for each unit:  fsdp_unit_acquire(FWD) ... compute ... release
+ *     backward: for each unit, in the reverse of the forward release order:
+ *               fsdp_unit_acquire(BWD) ... compute, grads += ... release
+ *   fsdp_engine_step       -> clip, AdamW/SGD on the shard, lr schedule
+ *
+ * Units may nest (a root unit acquired first and released last, as for tied
+ * embeddings): backward must then acquire units in the reverse of the order in
+ * which forward released them. The engine checks both orders and prefetches
+ * along them.
+ *
+ * Flat shards: a unit's tensors are laid end to end and padded to a multiple of
+ * world_size * align elements; rank r owns the slice [r*S, (r+1)*S). Padding is
+ * never visible: views and tensor reads cover real elements only, padding is zero
+ * and never counts in the gradient norm.
+ *
+ * Strategies and their memory per rank (P parameters, N ranks, AdamW, fp32):
+ *   FSDP_FULL_SHARD    (ZeRO-3) 16P/N persistent + gathered params of at most
+ *                      max_live_units units (default prefetch_depth + 1)
+ *   FSDP_SHARD_GRAD_OP (ZeRO-2) 16P/N persistent + every unit's params gathered
+ *                      from its forward until its backward
+ *   FSDP_NO_SHARD      (DDP)    16P persistent, gradients all-reduced
+ * Gradient accumulation over grad_accum micro-batches:
+ *   default                each micro-batch's gradients are reduce-scattered into
+ *                          the fp32 gradient shard: grad_accum x the traffic,
+ *                          memory of one full gradient per unit in flight;
+ *   accumulate_full_grads  full fp32 gradients of every unit are kept across the
+ *                          micro-batches and reduced once on the last: 1x the
+ *                          traffic, +4P bytes per rank.
+ *
+ * Streams: compute happens on fsdp_engine_stream (the calling thread on the CPU
+ * backend); gathers and reductions run on two communication streams of their own
+ * and overlap compute. Views are valid from acquire until release.
+ *
+ * Thread safety: one engine is driven by one thread. Distinct engines are
+ * independent. Errors: after a failed collective the engine is poisoned and
+ * every later call returns that error; usage errors (wrong order, bad names)
+ * leave the engine as it was. */
+#ifndef FSDP_ENGINE_H
+#define FSDP_ENGINE_H
+
+#include "fsdp/comm.h"
+#include "fsdp/core.h"
+#include "fsdp/device.h"
+#include "fsdp/optim.h"
+#include "fsdp/world.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fsdp_engine *fsdp_engine_t;
+typedef int fsdp_unit_t; /* index in registration order */
+
+typedef enum {
+  FSDP_FULL_SHARD = 0, /* ZeRO-3 */
+  FSDP_SHARD_GRAD_OP,  /* ZeRO-2 */
+  FSDP_NO_SHARD        /* replicated, all-reduce */
+} fsdp_strategy_t;
+
+typedef enum { FSDP_FORWARD = 0, FSDP_BACKWARD } fsdp_pass_t;
+
+FSDP_API const char *fsdp_strategy_name(fsdp_strategy_t s); /* "zero3","zero2","noshard" */
+/* Parses "zero3"/"full_shard", "zero2"/"shard_grad_op", "noshard"/"no_shard". */
+FSDP_API fsdp_status_t fsdp_strategy_parse(const char *text, fsdp_strategy_t *out);
+
+typedef struct {
+  fsdp_strategy_t strategy;
+  int prefetch_depth;            /* units gathered ahead; 0 = off */
+  int max_live_units;            /* hard cap on gathered units; 0 = depth + 1 */
+  int grad_accum;                /* micro-batches per step */
+  int accumulate_full_grads;     /* see above */
+  fsdp_reduce_op_t grad_reduce;  /* FSDP_AVG: mean over ranks and micro-batches */
+  fsdp_dtype_t param_dtype;      /* FSDP_F32 (bf16 comes with the CUDA backend) */
+  size_t align;                  /* shard alignment in elements (power of two) */
+  size_t timeline_capacity;      /* events kept; 0 = no timeline */
+  fsdp_optim_config_t optim;
+  fsdp_schedule_t schedule;
+} fsdp_config_t;
+
+#define FSDP_CONFIG_INIT                                                              \
+  {FSDP_FULL_SHARD, 1, 0, 1, 0, FSDP_AVG, FSDP_F32, 16, 1 << 16, FSDP_OPTIM_CONFIG_INIT, \
+   FSDP_SCHEDULE_INIT}
+
+typedef enum {
+  FSDP_INIT_ZEROS = 0,
+  FSDP_INIT_CONSTANT, /* every element = scale */
+  FSDP_INIT_NORMAL,   /* N(0, scale^2) */
+  FSDP_INIT_UNIFORM   /* U(-scale, scale) */
+} fsdp_init_kind_t;
+
+#define FSDP_MAX_DIMS 4
+
+typedef struct {
+  const char *name; /* unique within the engine; copied */
+  int ndim;         /* 1..FSDP_MAX_DIMS */
+  int64_t shape[FSDP_MAX_DIMS];
+  fsdp_init_kind_t init;
+  float init_scale;
+  int no_decay; /* 1: weight decay never applies (biases, norms) */
+} fsdp_tensor_desc_t;
+
+/* What acquire hands out; valid until the matching release. param[i] is the
+ * full tensor i (row-major, shape as declared). grad[i] (backward only, else
+ * NULL) is the full gradient buffer, zero at acquire: add into it. */
+typedef struct {
+  int n;
+  float *const *param;
+  float *const *grad;
+} fsdp_view_t;
+
+typedef struct {
+  int64_t step;       /* updates done, this one included */
+  float lr;           /* learning rate used */
+  double grad_norm;   /* global L2 norm before clipping */
+  double clip_coef;   /* factor applied to the gradients (1 = none) */
+} fsdp_step_stats_t;
+
+/* Bytes per rank. Persistent: master, grad_shard, optim_state. Transient
+ * (*_peak since creation or the last fsdp_engine_reset_peaks): gathered
+ * parameters and full gradient buffers handed out or in flight. Reserved:
+ * what the preallocated pools hold, i.e. the most transient can ever reach. */
+typedef struct {
+  size_t master, grad_shard, optim_state, persistent;
+  size_t gathered_params, gathered_params_peak;
+  size_t grads_in_flight, grads_in_flight_peak;
+  size_t param_pool, grad_pool, staging;
+  size_t total_reserved;
+} fsdp_mem_stats_t;
+
+typedef enum {
+  FSDP_TL_ACQUIRE = 0, /* host: the acquire call (includes waiting for a gather) */
+  FSDP_TL_RELEASE,     /* host: the release call */
+  FSDP_TL_ALL_GATHER,  /* gather stream */
+  FSDP_TL_REDUCE,      /* reduce stream: reduce-scatter or all-reduce of grads */
+  FSDP_TL_STEP         /* host: the optimizer step */
+} fsdp_tl_kind_t;
+
+typedef struct {
+  fsdp_tl_kind_t kind;
+  fsdp_unit_t unit; /* -1 for the step */
+  fsdp_pass_t pass;
+  int stream;       /* 0 compute/host, 1 gather, 2 reduce */
+  double t_begin, t_end; /* fsdp_time_now() seconds */
+  size_t bytes;     /* bytes each rank contributes to a collective */
+} fsdp_tl_event_t;
+
+typedef struct {
+  const char *name;
+  const char *kind;
+  int n_tensors;
+  size_t numel;        /* real parameters */
+  size_t padded_numel; /* flat buffer, multiple of world * align */
+  size_t shard_numel;  /* per rank (padded_numel on NO_SHARD) */
+  size_t shard_offset; /* where this rank's slice starts in the flat buffer */
+} fsdp_unit_info_t;
+
+/* What this rank owns of a unit, for checkpoints and tests. Pointers stay owned
+ * by the engine and valid until destroy; m and v are NULL when the optimizer
+ * keeps no such state. Elements past `count` are padding. */
+typedef struct {
+  size_t offset, count, capacity;
+  float *master, *grad, *m, *v;
+} fsdp_shard_t;
+
+FSDP_API fsdp_status_t fsdp_engine_create(fsdp_world_t world, const fsdp_config_t *cfg,
+                                          fsdp_engine_t *engine);
+/* Waits for queued work, frees everything. NULL is ignored. */
+FSDP_API void fsdp_engine_destroy(fsdp_engine_t engine);
+
+/* Registers a unit in forward execution order. kind is a free label used by
+ * wrap and checkpoint policies ("GPT2Block"); NULL means "". */
+FSDP_API fsdp_status_t fsdp_unit_add(fsdp_engine_t engine, const char *name, const char *kind,
+                                     const fsdp_tensor_desc_t *tensors, int n_tensors,
+                                     fsdp_unit_t *unit);
+
+/* Allocates shards, state and pools, and fills each rank's slice: element i of
+ * tensor t is a pure function of (seed, t's name, i), so the model is the same
+ * at every world size. Collective. */
+FSDP_API fsdp_status_t fsdp_engine_materialize(fsdp_engine_t engine, uint64_t seed);
+
+/* Sets a whole tensor from `full` held by rank `root` (others pass NULL) and
+ * broadcast to all: weights supplied by the user, as sync_module_states does.
+ * Optimizer state of the tensor is left alone. Collective. */
+FSDP_API fsdp_status_t fsdp_engine_load_tensor(fsdp_engine_t engine, const char *name,
+                                               const float *full, int root);
+/* Gathers a whole tensor's current parameters into `full` on rank `root`
+ * (root = -1: on every rank). Collective; not while units are acquired. */
+FSDP_API fsdp_status_t fsdp_engine_read_tensor(fsdp_engine_t engine, const char *name,
+                                               float *full, int root);
+
+FSDP_API fsdp_status_t fsdp_unit_acquire(fsdp_engine_t engine, fsdp_unit_t unit,
+                                         fsdp_pass_t pass, fsdp_view_t *view);
+FSDP_API fsdp_status_t fsdp_unit_release(fsdp_engine_t engine, fsdp_unit_t unit,
+                                         fsdp_pass_t pass);
+
+/* Waits for every reduction, clips, updates the shards. stats may be NULL. */
+FSDP_API fsdp_status_t fsdp_engine_step(fsdp_engine_t engine, fsdp_step_stats_t *stats);
+
+/* Splits a global batch: this rank's micro-batch size and its first sample
+ * index in each global micro-batch. Fails when world_size * grad_accum does not
+ * divide global_batch. */
+FSDP_API fsdp_status_t fsdp_engine_shard_batch(fsdp_engine_t engine, int64_t global_batch,
+                                               int64_t *micro_batch, int64_t *offset);
+
+FSDP_API int fsdp_engine_num_units(fsdp_engine_t engine);
+FSDP_API fsdp_status_t fsdp_unit_info(fsdp_engine_t engine, fsdp_unit_t unit,
+                                      fsdp_unit_info_t *info);
+FSDP_API fsdp_status_t fsdp_unit_shard(fsdp_engine_t engine, fsdp_unit_t unit,
+                                       fsdp_shard_t *shard);
+FSDP_API fsdp_status_t fsdp_engine_find_tensor(fsdp_engine_t engine, const char *name,
+                                               fsdp_unit_t *unit, int *index);
+FSDP_API int64_t fsdp_engine_step_count(fsdp_engine_t engine);
+FSDP_API const fsdp_config_t *fsdp_engine_config(fsdp_engine_t engine);
+FSDP_API fsdp_world_t fsdp_engine_world(fsdp_engine_t engine);
+/* A communicator for the caller's own host-side reductions (losses, metrics). */
+FSDP_API fsdp_comm_t fsdp_engine_comm(fsdp_engine_t engine);
+FSDP_API fsdp_stream_t fsdp_engine_stream(fsdp_engine_t engine);
+
+FSDP_API void fsdp_engine_memory(fsdp_engine_t engine, fsdp_mem_stats_t *mem);
+FSDP_API void fsdp_engine_reset_peaks(fsdp_engine_t engine);
+
+/* The recorded events, oldest first; valid until the next engine call. Events
+ * past timeline_capacity are counted in *dropped and not kept. */
+FSDP_API const fsdp_tl_event_t *fsdp_engine_timeline(fsdp_engine_t engine, size_t *count,
+                                                     size_t *dropped);
+FSDP_API void fsdp_engine_timeline_clear(fsdp_engine_t engine);
+
+/* Shard layout as the engine computes it: numel elements padded to a multiple
+ * of world*align; *begin/*end bound rank's real elements (end - begin may be 0),
+ * *shard the per-rank slice length. */
+FSDP_API fsdp_status_t fsdp_shard_layout(size_t numel, int world, size_t align, int rank,
+                                         size_t *padded, size_t *shard, size_t *begin,
+                                         size_t *end);
+
+/* The value materialize gives element `index` of tensor `name`. */
+FSDP_API float fsdp_init_value(uint64_t seed, const char *name, size_t index,
+                               fsdp_init_kind_t kind, float scale);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

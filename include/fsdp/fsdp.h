@@ -1,0 +1,11 @@
+/* fsdp/fsdp.h — everything a C trainer needs: include this one header. */
+#ifndef FSDP_FSDP_H
+#define FSDP_FSDP_H
+#include "fsdp/core.h"
+#include "fsdp/world.h"
+#include "fsdp/device.h"
+#include "fsdp/comm.h"
+#include "fsdp/optim.h"
+#include "fsdp/engine.h"
+#include "fsdp/nn.h"
+#endif

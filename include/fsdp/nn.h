@@ -1,0 +1,60 @@
+/* fsdp/nn.h — CPU layer kernels (fp32, OpenBLAS) and the MLP model.
+ *
+ * Kernels are free functions over raw row-major pointers: outputs first, then
+ * inputs, weights, dims. Backward kernels ADD into gradient buffers (+=); zeroing
+ * is the caller's (the engine hands out zeroed gradient buffers).
+ * Dims legend: B rows (samples), C input features, OC output features.
+ * Thread safety: kernels are pure; an MLP handle is driven by one thread. */
+#ifndef FSDP_NN_H
+#define FSDP_NN_H
+
+#include "fsdp/engine.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* out (B,OC) = inp (B,C) @ weight^T (OC,C) + bias (OC); bias may be NULL. */
+FSDP_API void fsdp_linear_forward(float *out, const float *inp, const float *weight,
+                                  const float *bias, int B, int C, int OC);
+/* dinp (B,C) += dout @ weight; dweight (OC,C) += dout^T @ inp; dbias += sum_B dout.
+ * dinp and dbias may be NULL. */
+FSDP_API void fsdp_linear_backward(float *dinp, float *dweight, float *dbias,
+                                   const float *dout, const float *inp, const float *weight,
+                                   int B, int C, int OC);
+FSDP_API void fsdp_relu_forward(float *out, const float *inp, size_t n);
+/* dinp += dout where out > 0. */
+FSDP_API void fsdp_relu_backward(float *dinp, const float *out, const float *dout, size_t n);
+/* Softmax cross-entropy of logits (B,V) against targets (B) in [0,V): returns the
+ * summed loss (float64) and, when dlogits is not NULL, writes (not adds)
+ * dlogits = (softmax - onehot) * scale. */
+FSDP_API double fsdp_softmax_xent(float *dlogits, const float *logits, const int *targets,
+                                  int B, int V, float scale);
+
+/* An MLP: one engine unit per linear layer ("fc.<i>", kind "Linear", tensors
+ * "fc.<i>.weight" (out,in) and "fc.<i>.bias"), ReLU between layers, softmax
+ * cross-entropy on the last. Kaiming-uniform-like init from the engine seed. */
+typedef struct fsdp_mlp *fsdp_mlp_t;
+
+/* widths[0] inputs ... widths[n_layers] classes. max_batch bounds the
+ * micro-batch the activation buffers hold. Must precede materialize. */
+FSDP_API fsdp_status_t fsdp_mlp_create(fsdp_engine_t engine, const int *widths, int n_layers,
+                                       int max_batch, fsdp_mlp_t *mlp);
+FSDP_API void fsdp_mlp_destroy(fsdp_mlp_t mlp);
+/* One micro-batch: forward through every unit, loss, backward. x is (B, in),
+ * labels (B). Gradients are of loss_sum * loss_scale; *loss_sum (may be NULL)
+ * receives the summed loss over the B samples. */
+FSDP_API fsdp_status_t fsdp_mlp_forward_backward(fsdp_mlp_t mlp, const float *x,
+                                                 const int *labels, int B, float loss_scale,
+                                                 double *loss_sum);
+/* Forward only: class predictions (B) and, if loss_sum is not NULL, summed loss
+ * against labels (labels may be NULL when loss_sum is NULL). */
+FSDP_API fsdp_status_t fsdp_mlp_predict(fsdp_mlp_t mlp, const float *x, const int *labels,
+                                        int B, int *pred, double *loss_sum);
+/* Activation bytes the handle holds (for memory reports). */
+FSDP_API size_t fsdp_mlp_activation_bytes(fsdp_mlp_t mlp);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,50 @@
+/* src/core/internal.h — error plumbing, allocation and logging shared by every
+ * module of the library. Not installed. */
+#ifndef FSDP_CORE_INTERNAL_H
+#define FSDP_CORE_INTERNAL_H
+
+#include <stdarg.h>
+
+#include "fsdp/core.h"
+
+/* Sets the calling thread's last error to the formatted text and returns st. */
+fsdp_status_t fsdp_error(fsdp_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Copies msg verbatim as the calling thread's last error. */
+void fsdp_error_set(const char *msg);
+
+/* Logging to stderr, prefixed "fsdp[rank] LEVEL". Level from FSDP_LOG_LEVEL
+ * (error|warn|info|debug; default warn). */
+typedef enum { FSDP_LOG_ERROR = 0, FSDP_LOG_WARN, FSDP_LOG_INFO, FSDP_LOG_DEBUG } fsdp_log_level_t;
+void fsdp_log(fsdp_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void fsdp_log_set_rank(int rank);
+
+/* Propagates a failure, leaving a file:line breadcrumb in the debug log. */
+#define FSDP_TRY(expr)                                                              \
+  do {                                                                              \
+    fsdp_status_t fsdp_try_st_ = (expr);                                            \
+    if (fsdp_try_st_ != FSDP_SUCCESS) {                                             \
+      fsdp_log(FSDP_LOG_DEBUG, "%s:%d <- %s", __FILE__, __LINE__,                   \
+               fsdp_status_string(fsdp_try_st_));                                   \
+      return fsdp_try_st_;                                                          \
+    }                                                                               \
+  } while (0)
+
+/* Same, but stores the status in `st` and jumps to a cleanup label. */
+#define FSDP_TRYG(st, expr, label)                                                  \
+  do {                                                                              \
+    (st) = (expr);                                                                  \
+    if ((st) != FSDP_SUCCESS) {                                                     \
+      fsdp_log(FSDP_LOG_DEBUG, "%s:%d <- %s", __FILE__, __LINE__,                   \
+               fsdp_status_string(st));                                             \
+      goto label;                                                                   \
+    }                                                                               \
+  } while (0)
+
+/* 64-byte aligned, zeroed allocation; NULL on failure (bytes 0 gives NULL). */
+void *fsdp_alloc(size_t bytes);
+void fsdp_free(void *p);
+/* strdup that returns NULL on failure. */
+char *fsdp_strdup(const char *s);
+
+#endif
