@@ -234,7 +234,7 @@ FSDP_API const fsdp_tl_event_t *fsdp_engine_timeline(fsdp_engine_t engine, size_
 FSDP_API void fsdp_engine_timeline_clear(fsdp_engine_t engine);
 
 /* Shard layout as the engine computes it: numel elements padded to a multiple
- * of world*align; *begin/*end bound rank's real elements (end - begin may be 0),
+ * of world*align; *begin and *end bound rank's real elements (end - begin may be 0),
  * *shard the per-rank slice length. */
 FSDP_API fsdp_status_t fsdp_shard_layout(size_t numel, int world, size_t align, int rank,
                                          size_t *padded, size_t *shard, size_t *begin,
