@@ -1,0 +1,131 @@
+/* src/engine/engine_internal.h — the engine's private state, shared by the
+ * engine's source files (engine.c: units and schedule; step.c: the optimizer
+ * step; timeline.c: events and memory accounting). */
+#ifndef FSDP_ENGINE_INTERNAL_H
+#define FSDP_ENGINE_INTERNAL_H
+
+#include <pthread.h>
+
+#include "core/internal.h"
+#include "fsdp/engine.h"
+
+struct tensor {
+  char *name;
+  int ndim;
+  int64_t shape[FSDP_MAX_DIMS];
+  size_t numel;
+  size_t offset; /* in the unit's flat buffer */
+  fsdp_init_kind_t init;
+  float init_scale;
+  int no_decay;
+};
+
+/* A unit has at most one gather and one reduction in flight, so the closures its
+ * stream work needs live here instead of being allocated per operation. */
+struct unit;
+struct stream_op {
+  struct fsdp_engine *eng;
+  struct unit *u;
+  fsdp_pass_t pass;
+  double t_begin;
+};
+
+struct unit {
+  char *name, *kind;
+  int n_tensors;
+  struct tensor *tensors;
+  size_t numel, padded, shard, shard_offset;
+  size_t count; /* real elements of this rank's slice */
+
+  float *master, *grad, *m, *v; /* shard-sized, persistent */
+  float *full_grad;             /* accumulate_full_grads only: padded-sized */
+
+  int slot;      /* param slot holding the gathered params, -1 none */
+  int held;      /* acquired by the caller: -1 no, else the pass */
+  int gslot;     /* grad slot handed out in backward, -1 none */
+  int bwd_count; /* backward passes since the last step */
+
+  float **param_ptrs, **grad_ptrs; /* what views point at */
+  fsdp_event_t ready;              /* gather done (gather stream) */
+  fsdp_event_t reduced;            /* last reduction done (reduce stream) */
+  struct stream_op gather_op, reduce_op;
+  float reduce_scale;
+  float *reduce_src; /* full gradient being reduced */
+};
+
+struct pslot {
+  float *buf;
+  size_t capacity; /* elements */
+  int owner;       /* unit or -1 */
+  fsdp_event_t free_ev; /* compute stream passed the last use */
+};
+
+struct gslot {
+  float *buf;
+  int owner; /* unit whose reduction last used it, -1 none */
+  int busy;  /* handed out or reducing */
+};
+
+typedef enum { PHASE_IDLE = 0, PHASE_FORWARD, PHASE_BACKWARD } phase_t;
+
+struct fsdp_engine {
+  fsdp_world_t world;
+  fsdp_config_t cfg;
+  int rank, nranks;
+  int shard_world; /* ranks a unit is sharded over: nranks, or 1 for NO_SHARD */
+  int materialized;
+  uint64_t seed;
+
+  struct unit *units;
+  int n_units, cap_units;
+
+  fsdp_comm_t comm_host, comm_gather, comm_reduce;
+  fsdp_stream_t s_gather, s_reduce;
+
+  struct pslot *pslots;
+  int n_pslots;
+  struct gslot gslots[2];
+  int n_gslots, next_gslot;
+  float *staging; /* reduction output, one shard; used on the reduce stream only */
+  size_t max_padded, max_shard;
+
+  /* schedule */
+  phase_t phase;
+  int fwd_next;      /* next unit to acquire in forward */
+  int fwd_done;      /* a complete forward awaits its backward */
+  fsdp_event_t compute_done; /* recorded on the compute stream before a reduction */
+  int *fwd_release;  /* release order of the last forward */
+  int n_released;
+  int bwd_next;      /* index into the reverse of fwd_release */
+  int64_t step;
+
+  /* accounting */
+  size_t gathered, gathered_peak, grads_live, grads_peak;
+  size_t param_pool_bytes, grad_pool_bytes, staging_bytes;
+
+  /* timeline, appended from the comm streams too */
+  pthread_mutex_t tl_lock;
+  fsdp_tl_event_t *tl;
+  size_t tl_count, tl_cap, tl_dropped;
+
+  /* first asynchronous failure; every later call reports it */
+  fsdp_status_t poisoned;
+  char poison_msg[512];
+};
+
+void fsdp_tl_add(struct fsdp_engine *e, fsdp_tl_kind_t kind, int unit, fsdp_pass_t pass,
+                 int stream, double t0, double t1, size_t bytes);
+void fsdp_mem_track(size_t *live, size_t *peak, size_t add, size_t sub);
+fsdp_status_t fsdp_engine_poison(struct fsdp_engine *e, fsdp_status_t st);
+fsdp_status_t fsdp_engine_check_live(struct fsdp_engine *e);
+
+/* Calls fn for each piece of a tensor inside [lo, hi) of the unit's flat buffer
+ * with the piece's first element within the tensor, its length and flat offset. */
+typedef void (*fsdp_segment_fn)(const struct tensor *t, size_t t_first, size_t n, size_t flat,
+                                void *ctx);
+void fsdp_unit_segments(const struct unit *u, size_t lo, size_t hi, fsdp_segment_fn fn,
+                        void *ctx);
+/* Frees gathered copies no caller holds; they go stale when weights change. */
+void fsdp_engine_drop_gathers(struct fsdp_engine *e);
+
+#endif

@@ -1,0 +1,309 @@
+/* src/engine/schedule.c — the per-micro-batch schedule: acquire (wait for the
+ * gather, prefetch the next units), release (free the gathered params, start the
+ * gradient reduction), and the order checks that keep every rank issuing the same
+ * collectives in the same order. */
+#include <string.h>
+
+#include "engine/engine_internal.h"
+
+static const char *pass_name(fsdp_pass_t p) { return p == FSDP_FORWARD ? "forward" : "backward"; }
+static int unit_index(const struct fsdp_engine *e, const struct unit *u) {
+  return (int)(u - e->units);
+}
+
+/* ---- stream work: timeline marks and gradient accumulation -------------- */
+
+static fsdp_status_t mark_begin(void *arg) {
+  ((struct stream_op *)arg)->t_begin = fsdp_time_now();
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t gather_end(void *arg) {
+  struct stream_op *op = arg;
+  fsdp_tl_add(op->eng, FSDP_TL_ALL_GATHER, unit_index(op->eng, op->u), op->pass, 1, op->t_begin,
+              fsdp_time_now(), op->u->shard * sizeof(float));
+  return FSDP_SUCCESS;
+}
+
+/* grad shard += scale * reduced gradient, then the timeline mark. Runs on the
+ * reduce stream after the collective, so it never races with the next one. */
+static fsdp_status_t reduce_end(void *arg) {
+  struct stream_op *op = arg;
+  struct fsdp_engine *e = op->eng;
+  struct unit *u = op->u;
+  const float *src = e->shard_world > 1 ? e->staging : u->reduce_src;
+  const float scale = u->reduce_scale;
+  float *restrict g = u->grad;
+  for (size_t i = 0; i < u->shard; i++) g[i] += scale * src[i];
+  fsdp_tl_add(e, FSDP_TL_REDUCE, unit_index(e, u), FSDP_BACKWARD, 2, op->t_begin,
+              fsdp_time_now(), u->shard * sizeof(float));
+  return FSDP_SUCCESS;
+}
+
+/* ---- gathers ------------------------------------------------------------ */
+
+static int free_slot(const struct fsdp_engine *e, const struct unit *u) {
+  if (e->cfg.strategy == FSDP_SHARD_GRAD_OP) return unit_index(e, u);
+  for (int i = 0; i < e->n_pslots; i++)
+    if (e->pslots[i].owner < 0) return i;
+  return -1;
+}
+
+static fsdp_status_t gather_issue(struct fsdp_engine *e, struct unit *u, int slot,
+                                  fsdp_pass_t pass) {
+  struct pslot *p = &e->pslots[slot];
+  p->owner = unit_index(e, u);
+  u->slot = slot;
+  fsdp_mem_track(&e->gathered, &e->gathered_peak, u->padded * sizeof(float), 0);
+  u->gather_op = (struct stream_op){e, u, pass, 0.0};
+  FSDP_TRY(fsdp_stream_wait_event(e->s_gather, p->free_ev));
+  FSDP_TRY(fsdp_stream_launch(e->s_gather, mark_begin, &u->gather_op));
+  FSDP_TRY(fsdp_all_gather(e->comm_gather, u->master, p->buf, u->shard, FSDP_F32, e->s_gather));
+  FSDP_TRY(fsdp_stream_launch(e->s_gather, gather_end, &u->gather_op));
+  return fsdp_event_record(u->ready, e->s_gather);
+}
+
+static fsdp_status_t slot_release(struct fsdp_engine *e, struct unit *u) {
+  struct pslot *p = &e->pslots[u->slot];
+  /* The next gather into this buffer must wait until compute has passed it. */
+  FSDP_TRY(fsdp_event_record(p->free_ev, fsdp_engine_stream(e)));
+  p->owner = -1;
+  u->slot = -1;
+  fsdp_mem_track(&e->gathered, &e->gathered_peak, 0, u->padded * sizeof(float));
+  return FSDP_SUCCESS;
+}
+
+/* Takes back a slot holding a prefetched unit nobody acquired yet. */
+static int evict_prefetched(struct fsdp_engine *e) {
+  for (int i = 0; i < e->n_pslots; i++) {
+    int owner = e->pslots[i].owner;
+    if (owner >= 0 && e->units[owner].held < 0) {
+      struct unit *v = &e->units[owner];
+      if (fsdp_event_synchronize(v->ready) != FSDP_SUCCESS) return -1;
+      if (slot_release(e, v) != FSDP_SUCCESS) return -1;
+      return i;
+    }
+  }
+  return -1;
+}
+
+static fsdp_status_t gather_needed(struct fsdp_engine *e, struct unit *u, fsdp_pass_t pass) {
+  if (e->shard_world == 1 || u->slot >= 0) return FSDP_SUCCESS;
+  int slot = free_slot(e, u);
+  if (slot < 0) slot = evict_prefetched(e);
+  if (slot < 0)
+    return fsdp_error(FSDP_ERR_INVALID_USAGE,
+                      "cannot acquire unit '%s' in %s: all %d gather buffers are held by "
+                      "acquired units (raise config.max_live_units or release units sooner)",
+                      u->name, pass_name(pass), e->n_pslots);
+  return gather_issue(e, u, slot, pass);
+}
+
+/* The unit `k` places after position `pos` in this pass's order, or NULL. */
+static struct unit *unit_ahead(struct fsdp_engine *e, fsdp_pass_t pass, int pos, int k) {
+  int i = pos + k;
+  if (i >= e->n_units) return NULL;
+  if (pass == FSDP_FORWARD) return &e->units[i];
+  return &e->units[e->fwd_release[e->n_units - 1 - i]];
+}
+
+static fsdp_status_t prefetch(struct fsdp_engine *e, fsdp_pass_t pass, int pos) {
+  if (e->shard_world == 1) return FSDP_SUCCESS;
+  for (int k = 1; k <= e->cfg.prefetch_depth; k++) {
+    struct unit *v = unit_ahead(e, pass, pos, k);
+    if (!v) break;
+    if (v->slot >= 0) continue;
+    int slot = free_slot(e, v);
+    if (slot < 0) break; /* the cap on live units: stop prefetching */
+    FSDP_TRY(gather_issue(e, v, slot, pass));
+  }
+  return FSDP_SUCCESS;
+}
+
+/* ---- gradients ---------------------------------------------------------- */
+
+static fsdp_status_t grad_buffer(struct fsdp_engine *e, struct unit *u, float **buf) {
+  size_t bytes = u->padded * sizeof(float);
+  if (e->cfg.accumulate_full_grads) {
+    if (u->bwd_count == 0) {
+      FSDP_TRY(fsdp_event_synchronize(u->reduced));
+      memset(u->full_grad, 0, bytes);
+      fsdp_mem_track(&e->grads_live, &e->grads_peak, bytes, 0);
+    }
+    *buf = u->full_grad;
+    return FSDP_SUCCESS;
+  }
+  struct gslot *g = &e->gslots[e->next_gslot];
+  if (g->busy) { /* wait for the reduction still reading it */
+    struct unit *prev = &e->units[g->owner];
+    FSDP_TRY(fsdp_event_synchronize(prev->reduced));
+    fsdp_mem_track(&e->grads_live, &e->grads_peak, 0, prev->padded * sizeof(float));
+  }
+  u->gslot = e->next_gslot;
+  e->next_gslot = (e->next_gslot + 1) % e->n_gslots;
+  g->busy = 1;
+  g->owner = unit_index(e, u);
+  memset(g->buf, 0, bytes);
+  fsdp_mem_track(&e->grads_live, &e->grads_peak, bytes, 0);
+  *buf = g->buf;
+  return FSDP_SUCCESS;
+}
+
+/* Starts the reduction of a unit's full gradient into its fp32 shard. The sum
+ * runs in the collective; the averaging scale is folded into accumulation. */
+static fsdp_status_t reduce_issue(struct fsdp_engine *e, struct unit *u, float *src) {
+  FSDP_TRY(fsdp_event_synchronize(u->reduced)); /* its closure is about to be reused */
+  u->reduce_src = src;
+  u->reduce_scale = e->cfg.grad_reduce == FSDP_AVG
+                        ? 1.0f / (float)((double)e->nranks * e->cfg.grad_accum) : 1.0f;
+  u->reduce_op = (struct stream_op){e, u, FSDP_BACKWARD, 0.0};
+  FSDP_TRY(fsdp_event_record(e->compute_done, fsdp_engine_stream(e)));
+  FSDP_TRY(fsdp_stream_wait_event(e->s_reduce, e->compute_done));
+  FSDP_TRY(fsdp_stream_launch(e->s_reduce, mark_begin, &u->reduce_op));
+  if (e->shard_world > 1)
+    FSDP_TRY(fsdp_reduce_scatter(e->comm_reduce, src, e->staging, u->shard, FSDP_F32, FSDP_SUM,
+                                 e->s_reduce));
+  else if (e->nranks > 1)
+    FSDP_TRY(fsdp_all_reduce(e->comm_reduce, src, src, u->padded, FSDP_F32, FSDP_SUM,
+                             e->s_reduce));
+  FSDP_TRY(fsdp_stream_launch(e->s_reduce, reduce_end, &u->reduce_op));
+  return fsdp_event_record(u->reduced, e->s_reduce);
+}
+
+/* ---- order checks ------------------------------------------------------- */
+
+static fsdp_status_t check_order(struct fsdp_engine *e, struct unit *u, fsdp_pass_t pass) {
+  int ui = unit_index(e, u);
+  if (u->held >= 0)
+    return fsdp_error(FSDP_ERR_INVALID_USAGE, "unit '%s' is already acquired (in %s)", u->name,
+                      pass_name((fsdp_pass_t)u->held));
+  if (pass == FSDP_FORWARD) {
+    if (e->phase == PHASE_BACKWARD)
+      return fsdp_error(FSDP_ERR_INVALID_USAGE,
+                        "forward acquire of unit '%s' in the middle of a backward pass "
+                        "(%d of %d units done): finish the backward first", u->name,
+                        e->bwd_next, e->n_units);
+    if (ui != e->fwd_next)
+      return fsdp_error(FSDP_ERR_INVALID_USAGE,
+                        "unit '%s' acquired out of order in forward: expected '%s' (units are "
+                        "acquired in the order they were added)", u->name,
+                        e->units[e->fwd_next % e->n_units].name);
+    return FSDP_SUCCESS;
+  }
+  if (e->phase != PHASE_BACKWARD && !e->fwd_done)
+    return fsdp_error(FSDP_ERR_INVALID_USAGE,
+                      "backward acquire of unit '%s' without a complete forward pass before it",
+                      u->name);
+  int pos = e->phase == PHASE_BACKWARD ? e->bwd_next : 0;
+  int want = e->fwd_release[e->n_units - 1 - pos];
+  if (ui != want)
+    return fsdp_error(FSDP_ERR_INVALID_USAGE,
+                      "unit '%s' acquired out of order in backward: expected '%s' (backward "
+                      "goes in the reverse of the forward release order)", u->name,
+                      e->units[want].name);
+  if (u->bwd_count >= e->cfg.grad_accum)
+    return fsdp_error(FSDP_ERR_INVALID_USAGE,
+                      "unit '%s': backward pass %d in one step but config.grad_accum is %d: "
+                      "call fsdp_engine_step", u->name, u->bwd_count + 1, e->cfg.grad_accum);
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t unit_lookup(fsdp_engine_t e, fsdp_unit_t unit, fsdp_pass_t pass,
+                                 const char *what, struct unit **u) {
+  FSDP_TRY(fsdp_engine_check_live(e));
+  if (!e->materialized)
+    return fsdp_error(FSDP_ERR_INVALID_USAGE, "%s before fsdp_engine_materialize", what);
+  if (unit < 0 || unit >= e->n_units)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "%s: unit %d does not exist (%d units)", what,
+                      unit, e->n_units);
+  if (pass != FSDP_FORWARD && pass != FSDP_BACKWARD)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "%s: pass %d is neither forward nor backward",
+                      what, (int)pass);
+  *u = &e->units[unit];
+  return FSDP_SUCCESS;
+}
+
+/* ---- acquire / release -------------------------------------------------- */
+
+static fsdp_status_t acquire(struct fsdp_engine *e, struct unit *u, fsdp_pass_t pass,
+                             fsdp_view_t *view) {
+  int starts = pass == FSDP_FORWARD ? e->fwd_next == 0 : e->phase != PHASE_BACKWARD;
+  int pos = pass == FSDP_FORWARD ? e->fwd_next : starts ? 0 : e->bwd_next;
+  /* The one failure the caller can fix (no free buffer) leaves no trace. */
+  FSDP_TRY(gather_needed(e, u, pass));
+  if (starts && pass == FSDP_FORWARD) {
+    e->phase = PHASE_FORWARD;
+    e->n_released = 0;
+  } else if (starts) {
+    e->phase = PHASE_BACKWARD;
+    e->bwd_next = 0;
+  }
+  e->fwd_done = e->fwd_done && !starts;
+  FSDP_TRY(prefetch(e, pass, pos));
+  FSDP_TRY(fsdp_stream_wait_event(fsdp_engine_stream(e), u->ready));
+  const float *base = e->shard_world == 1 ? u->master : e->pslots[u->slot].buf;
+  for (int i = 0; i < u->n_tensors; i++)
+    u->param_ptrs[i] = (float *)base + u->tensors[i].offset;
+  if (pass == FSDP_BACKWARD) {
+    float *g;
+    FSDP_TRY(grad_buffer(e, u, &g));
+    for (int i = 0; i < u->n_tensors; i++) u->grad_ptrs[i] = g + u->tensors[i].offset;
+  } else {
+    e->fwd_next++;
+  }
+  u->held = (int)pass;
+  *view = (fsdp_view_t){u->n_tensors, u->param_ptrs, pass == FSDP_BACKWARD ? u->grad_ptrs : NULL};
+  return FSDP_SUCCESS;
+}
+
+fsdp_status_t fsdp_unit_acquire(fsdp_engine_t e, fsdp_unit_t unit, fsdp_pass_t pass,
+                                fsdp_view_t *view) {
+  struct unit *u;
+  FSDP_TRY(unit_lookup(e, unit, pass, "fsdp_unit_acquire", &u));
+  if (!view) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_unit_acquire: view is NULL");
+  FSDP_TRY(check_order(e, u, pass));
+  double t0 = fsdp_time_now();
+  fsdp_status_t st = acquire(e, u, pass, view);
+  if (st == FSDP_ERR_INVALID_USAGE) return st;
+  if (st != FSDP_SUCCESS) return fsdp_engine_poison(e, st);
+  fsdp_tl_add(e, FSDP_TL_ACQUIRE, unit, pass, 0, t0, fsdp_time_now(), 0);
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t release(struct fsdp_engine *e, struct unit *u, fsdp_pass_t pass) {
+  u->held = -1;
+  if (pass == FSDP_FORWARD) {
+    e->fwd_release[e->n_released++] = unit_index(e, u);
+    if (e->cfg.strategy == FSDP_FULL_SHARD) FSDP_TRY(slot_release(e, u));
+    if (e->n_released == e->n_units) {
+      e->phase = PHASE_IDLE;
+      e->fwd_done = 1;
+      e->fwd_next = 0;
+    }
+    return FSDP_SUCCESS;
+  }
+  u->bwd_count++;
+  if (!e->cfg.accumulate_full_grads)
+    FSDP_TRY(reduce_issue(e, u, e->gslots[u->gslot].buf));
+  else if (u->bwd_count == e->cfg.grad_accum)
+    FSDP_TRY(reduce_issue(e, u, u->full_grad));
+  u->gslot = -1;
+  if (u->slot >= 0) FSDP_TRY(slot_release(e, u));
+  if (++e->bwd_next == e->n_units) e->phase = PHASE_IDLE;
+  return FSDP_SUCCESS;
+}
+
+fsdp_status_t fsdp_unit_release(fsdp_engine_t e, fsdp_unit_t unit, fsdp_pass_t pass) {
+  struct unit *u;
+  FSDP_TRY(unit_lookup(e, unit, pass, "fsdp_unit_release", &u));
+  if (u->held != (int)pass)
+    return fsdp_error(FSDP_ERR_INVALID_USAGE,
+                      "unit '%s' released in %s but it is not acquired in %s%s", u->name,
+                      pass_name(pass), pass_name(pass),
+                      u->held < 0 ? " (released twice?)" : "");
+  double t0 = fsdp_time_now();
+  fsdp_status_t st = release(e, u, pass);
+  if (st != FSDP_SUCCESS) return fsdp_engine_poison(e, st);
+  fsdp_tl_add(e, FSDP_TL_RELEASE, unit, pass, 0, t0, fsdp_time_now(), 0);
+  return FSDP_SUCCESS;
+}

@@ -1,0 +1,99 @@
+/* src/engine/step.c — the optimizer step on this rank's shards: wait for the
+ * reductions, the global gradient norm (one all-reduce of the shard sums of
+ * squares), clipping, the learning-rate schedule and AdamW/SGD per tensor piece
+ * (so weight decay follows each tensor's no_decay flag). */
+#include <math.h>
+#include <string.h>
+
+#include "engine/engine_internal.h"
+
+static fsdp_status_t step_ready(struct fsdp_engine *e) {
+  FSDP_TRY(fsdp_engine_check_live(e));
+  if (!e->materialized)
+    return fsdp_error(FSDP_ERR_INVALID_USAGE, "fsdp_engine_step before fsdp_engine_materialize");
+  for (int i = 0; i < e->n_units; i++)
+    if (e->units[i].held >= 0)
+      return fsdp_error(FSDP_ERR_INVALID_USAGE, "fsdp_engine_step while unit '%s' is acquired",
+                        e->units[i].name);
+  if (e->phase != PHASE_IDLE)
+    return fsdp_error(FSDP_ERR_INVALID_USAGE,
+                      "fsdp_engine_step in the middle of a %s pass: finish it first",
+                      e->phase == PHASE_FORWARD ? "forward" : "backward");
+  for (int i = 0; i < e->n_units; i++)
+    if (e->units[i].bwd_count != e->cfg.grad_accum)
+      return fsdp_error(FSDP_ERR_INVALID_USAGE,
+                        "fsdp_engine_step before backward: unit '%s' has had %d of %d backward "
+                        "passes (config.grad_accum) since the last step", e->units[i].name,
+                        e->units[i].bwd_count, e->cfg.grad_accum);
+  return FSDP_SUCCESS;
+}
+
+/* Sum of squares of this rank's real gradient elements; padding never counts. */
+static double shard_sumsq(const struct fsdp_engine *e) {
+  double total = 0.0;
+  for (int i = 0; i < e->n_units; i++) {
+    const struct unit *u = &e->units[i];
+    double s = 0.0;
+    for (size_t k = 0; k < u->count; k++) s += (double)u->grad[k] * u->grad[k];
+    total += s;
+  }
+  return total;
+}
+
+struct update_ctx {
+  const struct fsdp_engine *e;
+  const struct unit *u;
+  float lr, coef;
+};
+
+static void update_segment(const struct tensor *t, size_t first, size_t n, size_t flat,
+                           void *arg) {
+  (void)first;
+  const struct update_ctx *c = arg;
+  const fsdp_optim_config_t *o = &c->e->cfg.optim;
+  size_t k = flat - c->u->shard_offset;
+  float *p = c->u->master + k, *g = c->u->grad + k;
+  if (c->coef != 1.0f)
+    for (size_t i = 0; i < n; i++) g[i] *= c->coef;
+  if (o->kind == FSDP_OPTIM_ADAMW)
+    fsdp_adamw_update(p, g, c->u->m + k, c->u->v + k, n, o, c->lr, c->e->step + 1, !t->no_decay);
+  else
+    fsdp_sgd_update(p, g, c->u->m ? c->u->m + k : NULL, n, o, c->lr, c->e->step == 0,
+                    !t->no_decay);
+}
+
+static fsdp_status_t step(struct fsdp_engine *e, fsdp_step_stats_t *stats) {
+  FSDP_TRY(fsdp_stream_synchronize(e->s_reduce));
+  for (int i = 0; i < e->n_gslots; i++) e->gslots[i].busy = 0;
+  e->grads_live = 0;
+
+  double local = shard_sumsq(e), global = local;
+  if (e->shard_world > 1)
+    FSDP_TRY(fsdp_all_reduce(e->comm_host, &local, &global, 1, FSDP_F64, FSDP_SUM,
+                             FSDP_HOST_STREAM));
+  double norm = sqrt(global), coef = 1.0;
+  float max_norm = e->cfg.optim.max_grad_norm;
+  if (max_norm > 0.0f && norm > max_norm) coef = max_norm / (norm + 1e-6);
+
+  float lr = fsdp_schedule_lr(&e->cfg.schedule, e->cfg.optim.lr, e->step);
+  for (int i = 0; i < e->n_units; i++) {
+    struct unit *u = &e->units[i];
+    struct update_ctx ctx = {e, u, lr, (float)coef};
+    fsdp_unit_segments(u, u->shard_offset, u->shard_offset + u->count, update_segment, &ctx);
+    memset(u->grad, 0, u->shard * sizeof(float));
+    u->bwd_count = 0;
+  }
+  fsdp_engine_drop_gathers(e);
+  e->step++;
+  if (stats) *stats = (fsdp_step_stats_t){e->step, lr, norm, coef};
+  return FSDP_SUCCESS;
+}
+
+fsdp_status_t fsdp_engine_step(fsdp_engine_t e, fsdp_step_stats_t *stats) {
+  FSDP_TRY(step_ready(e));
+  double t0 = fsdp_time_now();
+  fsdp_status_t st = step(e, stats);
+  if (st != FSDP_SUCCESS) return fsdp_engine_poison(e, st);
+  fsdp_tl_add(e, FSDP_TL_STEP, -1, FSDP_BACKWARD, 0, t0, fsdp_time_now(), 0);
+  return FSDP_SUCCESS;
+}
