@@ -1,0 +1,323 @@
+/* src/device/cpu_stream.c — CPU streams and events (include/fsdp/device.h).
+ *
+ * A stream is a worker thread draining a FIFO of host functions. Progress is two
+ * monotonic ticket counters per stream: `enqueued` (tasks ever queued) and
+ * `completed` (tasks ever finished or skipped). An event is (stream, ticket): the
+ * value of `enqueued` when it was recorded; it is complete once the stream's
+ * `completed` reaches that ticket. Nothing polls or sleeps: workers wait on
+ * `work_cv` for tasks, and everyone waiting for progress waits on `done_cv`.
+ *
+ * The public functions dispatch through a small ops table so that a CUDA stream
+ * (cudaLaunchHostFunc, cudaEventRecord, cudaStreamWaitEvent) can slot in beside
+ * this one without the callers changing. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "core/internal.h"
+#include "device/stream_internal.h"
+#include "fsdp/device.h"
+
+#define STREAM_NAME_MAX 16 /* pthread names are at most 15 chars + NUL */
+#define STREAM_ERROR_MAX 1024
+
+/* A queued unit of work: a host function, or (fn == NULL) a wait for another
+ * stream to reach a ticket. Capturing (stream, ticket) at enqueue time, rather
+ * than the event, means the event may be re-recorded or destroyed right away. */
+typedef struct task {
+  struct task *next;
+  fsdp_host_fn fn;
+  fsdp_host_fn on_skip; /* releases arg when the task is skipped; may be NULL */
+  void *arg;
+  struct fsdp_stream *wait_stream;
+  uint64_t wait_ticket;
+} task_t;
+
+typedef struct stream_ops {
+  fsdp_status_t (*enqueue)(struct fsdp_stream *s, task_t *t);
+  fsdp_status_t (*synchronize)(struct fsdp_stream *s);
+  void (*destroy)(struct fsdp_stream *s);
+} stream_ops_t;
+
+struct fsdp_stream {
+  const stream_ops_t *ops;
+  fsdp_device_kind_t kind;
+  char name[STREAM_NAME_MAX];
+  pthread_t thread;
+  pthread_mutex_t mu;      /* guards everything below */
+  pthread_cond_t work_cv;  /* worker: a task arrived or stop was asked */
+  pthread_cond_t done_cv;  /* waiters: `completed` advanced */
+  task_t *head, *tail;     /* unbounded FIFO */
+  uint64_t enqueued;       /* tasks ever queued */
+  uint64_t completed;      /* tasks ever run or skipped */
+  int stopping;
+  /* Sticky error: the first failure and its text, taken on the worker thread. */
+  fsdp_status_t error;
+  char error_msg[STREAM_ERROR_MAX];
+};
+
+struct fsdp_event {
+  pthread_mutex_t mu; /* record and wait may happen on different threads */
+  struct fsdp_stream *stream; /* NULL: never recorded or host stream (complete) */
+  uint64_t ticket;
+};
+
+/* ---- worker side --------------------------------------------------------- */
+
+/* Blocks until s has completed `ticket` tasks; returns its sticky error and
+ * copies the message into msg (STREAM_ERROR_MAX bytes) when there is one. */
+static fsdp_status_t stream_wait_ticket(struct fsdp_stream *s, uint64_t ticket, char *msg) {
+  pthread_mutex_lock(&s->mu);
+  while (s->completed < ticket) pthread_cond_wait(&s->done_cv, &s->mu);
+  fsdp_status_t st = s->error;
+  if (st != FSDP_SUCCESS) memcpy(msg, s->error_msg, STREAM_ERROR_MAX);
+  pthread_mutex_unlock(&s->mu);
+  return st;
+}
+
+/* Runs one task on the worker; returns its status and fills msg on failure. */
+static fsdp_status_t task_run(struct fsdp_stream *s, task_t *t, char *msg) {
+  if (!t->fn) {
+    if (t->wait_stream == s) return FSDP_SUCCESS; /* FIFO already orders it */
+    return stream_wait_ticket(t->wait_stream, t->wait_ticket, msg);
+  }
+  fsdp_status_t st = t->fn(t->arg);
+  if (st != FSDP_SUCCESS) snprintf(msg, STREAM_ERROR_MAX, "%s", fsdp_last_error());
+  return st;
+}
+
+static void *stream_worker(void *arg) {
+  struct fsdp_stream *s = arg;
+  char msg[STREAM_ERROR_MAX];
+  pthread_mutex_lock(&s->mu);
+  for (;;) {
+    while (!s->head && !s->stopping) pthread_cond_wait(&s->work_cv, &s->mu);
+    if (!s->head) break; /* stopping and drained */
+    task_t *t = s->head;
+    s->head = t->next;
+    if (!s->head) s->tail = NULL;
+    /* Only this thread writes `error`, so reading it unlocked would be safe, but
+     * it is read here under the lock we already hold. */
+    int skip = s->error != FSDP_SUCCESS;
+    pthread_mutex_unlock(&s->mu);
+
+    fsdp_status_t st = FSDP_SUCCESS;
+    if (!skip)
+      st = task_run(s, t, msg);
+    else if (t->on_skip)
+      t->on_skip(t->arg);
+    fsdp_free(t);
+
+    pthread_mutex_lock(&s->mu);
+    if (st != FSDP_SUCCESS && s->error == FSDP_SUCCESS) {
+      s->error = st;
+      memcpy(s->error_msg, msg, STREAM_ERROR_MAX);
+    }
+    /* Skipped tasks count as completed so that no waiter hangs on a failure. */
+    s->completed++;
+    pthread_cond_broadcast(&s->done_cv);
+  }
+  pthread_mutex_unlock(&s->mu);
+  return NULL;
+}
+
+/* ---- CPU ops ------------------------------------------------------------- */
+
+static void stream_fini_sync(struct fsdp_stream *s) {
+  pthread_cond_destroy(&s->done_cv);
+  pthread_cond_destroy(&s->work_cv);
+  pthread_mutex_destroy(&s->mu);
+}
+
+static fsdp_status_t cpu_enqueue(struct fsdp_stream *s, task_t *t) {
+  pthread_mutex_lock(&s->mu);
+  if (s->tail)
+    s->tail->next = t;
+  else
+    s->head = t;
+  s->tail = t;
+  s->enqueued++;
+  pthread_cond_signal(&s->work_cv);
+  pthread_mutex_unlock(&s->mu);
+  return FSDP_SUCCESS;
+}
+
+/* Returns the sticky error, moving its text into this thread's last error. */
+static fsdp_status_t report_sticky(fsdp_status_t st, const char *msg) {
+  if (st != FSDP_SUCCESS) fsdp_error_set(msg);
+  return st;
+}
+
+static fsdp_status_t cpu_synchronize(struct fsdp_stream *s) {
+  char msg[STREAM_ERROR_MAX];
+  pthread_mutex_lock(&s->mu);
+  uint64_t ticket = s->enqueued;
+  pthread_mutex_unlock(&s->mu);
+  return report_sticky(stream_wait_ticket(s, ticket, msg), msg);
+}
+
+static void cpu_destroy(struct fsdp_stream *s) {
+  pthread_mutex_lock(&s->mu);
+  s->stopping = 1;
+  pthread_cond_signal(&s->work_cv);
+  pthread_mutex_unlock(&s->mu);
+  pthread_join(s->thread, NULL); /* the worker drains the queue before it exits */
+  stream_fini_sync(s);
+  fsdp_free(s);
+}
+
+static const stream_ops_t cpu_ops = {cpu_enqueue, cpu_synchronize, cpu_destroy};
+
+/* ---- public API ---------------------------------------------------------- */
+
+static fsdp_status_t stream_init_sync(struct fsdp_stream *s) {
+  if (pthread_mutex_init(&s->mu, NULL) != 0) goto fail_mu;
+  if (pthread_cond_init(&s->work_cv, NULL) != 0) goto fail_work;
+  if (pthread_cond_init(&s->done_cv, NULL) != 0) goto fail_done;
+  return FSDP_SUCCESS;
+fail_done:
+  pthread_cond_destroy(&s->work_cv);
+fail_work:
+  pthread_mutex_destroy(&s->mu);
+fail_mu:
+  return fsdp_error(FSDP_ERR_SYSTEM, "stream '%s': cannot create its mutex or condition "
+                    "variables", s->name);
+}
+
+fsdp_status_t fsdp_stream_create(const char *name, fsdp_stream_t *stream) {
+  if (!stream) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_stream_create: stream is NULL");
+  const char *label = name && *name ? name : "fsdp-stream";
+  struct fsdp_stream *s = fsdp_alloc(sizeof *s);
+  if (!s)
+    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "stream '%s': cannot allocate it", label);
+  s->ops = &cpu_ops;
+  s->kind = FSDP_DEVICE_CPU;
+  snprintf(s->name, sizeof s->name, "%s", label); /* truncated to 15 chars */
+  fsdp_status_t st = stream_init_sync(s);
+  if (st != FSDP_SUCCESS) {
+    fsdp_free(s);
+    return st;
+  }
+  int rc = pthread_create(&s->thread, NULL, stream_worker, s);
+  if (rc != 0) {
+    stream_fini_sync(s);
+    fsdp_free(s);
+    return fsdp_error(FSDP_ERR_SYSTEM, "stream '%s': pthread_create failed (%s); check the "
+                      "process thread limit (ulimit -u)", label, strerror(rc));
+  }
+  /* Naming is cosmetic (debuggers, top -H); its failure is not an error. */
+  pthread_setname_np(s->thread, s->name);
+  *stream = s;
+  return FSDP_SUCCESS;
+}
+
+void fsdp_stream_destroy(fsdp_stream_t stream) {
+  if (stream) stream->ops->destroy(stream);
+}
+
+fsdp_status_t fsdp_stream_synchronize(fsdp_stream_t stream) {
+  if (!stream) return FSDP_SUCCESS; /* host work is done when its call returns */
+  return stream->ops->synchronize(stream);
+}
+
+static fsdp_status_t stream_push(fsdp_stream_t stream, fsdp_host_fn fn,
+                                 fsdp_host_fn on_skip, void *arg,
+                                 struct fsdp_stream *wait_stream, uint64_t wait_ticket) {
+  task_t *t = fsdp_alloc(sizeof *t);
+  if (!t)
+    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "stream '%s': cannot allocate a task",
+                      stream->name);
+  t->fn = fn;
+  t->on_skip = on_skip;
+  t->arg = arg;
+  t->wait_stream = wait_stream;
+  t->wait_ticket = wait_ticket;
+  return stream->ops->enqueue(stream, t);
+}
+
+fsdp_status_t fsdp_stream_launch(fsdp_stream_t stream, fsdp_host_fn fn, void *arg) {
+  if (!fn) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_stream_launch: fn is NULL");
+  if (!stream) return fn(arg);
+  return stream_push(stream, fn, NULL, arg, NULL, 0);
+}
+
+fsdp_status_t fsdp_stream_launch_owned(fsdp_stream_t stream, fsdp_host_fn fn,
+                                       fsdp_host_fn on_skip, void *arg) {
+  if (!fn) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_stream_launch_owned: fn is NULL");
+  if (!stream) return fn(arg);
+  return stream_push(stream, fn, on_skip, arg, NULL, 0);
+}
+
+fsdp_status_t fsdp_event_create(fsdp_event_t *event) {
+  if (!event) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_event_create: event is NULL");
+  struct fsdp_event *e = fsdp_alloc(sizeof *e);
+  if (!e) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "fsdp_event_create: cannot allocate an event");
+  if (pthread_mutex_init(&e->mu, NULL) != 0) {
+    fsdp_free(e);
+    return fsdp_error(FSDP_ERR_SYSTEM, "fsdp_event_create: cannot create its mutex");
+  }
+  *event = e;
+  return FSDP_SUCCESS;
+}
+
+void fsdp_event_destroy(fsdp_event_t event) {
+  if (!event) return;
+  pthread_mutex_destroy(&event->mu);
+  fsdp_free(event);
+}
+
+fsdp_status_t fsdp_event_record(fsdp_event_t event, fsdp_stream_t stream) {
+  if (!event) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_event_record: event is NULL");
+  uint64_t ticket = 0;
+  if (stream) {
+    pthread_mutex_lock(&stream->mu);
+    ticket = stream->enqueued;
+    pthread_mutex_unlock(&stream->mu);
+  }
+  pthread_mutex_lock(&event->mu);
+  event->stream = stream;
+  event->ticket = ticket;
+  pthread_mutex_unlock(&event->mu);
+  return FSDP_SUCCESS;
+}
+
+/* The (stream, ticket) an event names right now; stream NULL means complete. */
+static struct fsdp_stream *event_target(fsdp_event_t event, uint64_t *ticket) {
+  pthread_mutex_lock(&event->mu);
+  struct fsdp_stream *s = event->stream;
+  *ticket = event->ticket;
+  pthread_mutex_unlock(&event->mu);
+  return s;
+}
+
+fsdp_status_t fsdp_event_synchronize(fsdp_event_t event) {
+  if (!event)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_event_synchronize: event is NULL");
+  uint64_t ticket;
+  struct fsdp_stream *s = event_target(event, &ticket);
+  if (!s) return FSDP_SUCCESS;
+  char msg[STREAM_ERROR_MAX];
+  return report_sticky(stream_wait_ticket(s, ticket, msg), msg);
+}
+
+fsdp_status_t fsdp_stream_wait_event(fsdp_stream_t stream, fsdp_event_t event) {
+  if (!event)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_stream_wait_event: event is NULL");
+  if (!stream) return fsdp_event_synchronize(event);
+  uint64_t ticket;
+  struct fsdp_stream *s = event_target(event, &ticket);
+  if (!s) return FSDP_SUCCESS; /* already complete: nothing to order against */
+  return stream_push(stream, NULL, NULL, NULL, s, ticket);
+}
+
+int fsdp_event_query(fsdp_event_t event) {
+  if (!event) return 1;
+  uint64_t ticket;
+  struct fsdp_stream *s = event_target(event, &ticket);
+  if (!s) return 1;
+  pthread_mutex_lock(&s->mu);
+  int done = s->completed >= ticket;
+  pthread_mutex_unlock(&s->mu);
+  return done;
+}
