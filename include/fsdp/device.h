@@ -8,7 +8,9 @@
  *
  * Ownership: the creator destroys what it creates; destroying a stream waits for
  * the work queued on it. Thread safety: a stream may be fed from one thread at a
- * time; waiting on an event is safe from any thread.
+ * time; waiting on an event is safe from any thread. An event refers to the
+ * stream it was last recorded on: before destroying a stream, synchronize the
+ * streams that wait on its events, and do not wait on those events afterwards.
  *
  * Errors in queued work are sticky: the stream records the first failure, skips
  * the work after it, and every later wait on that stream (or on an event recorded
