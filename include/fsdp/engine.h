@@ -27,6 +27,8 @@
  *   FSDP_SHARD_GRAD_OP (ZeRO-2) 16P/N persistent + every unit's params gathered
  *                      from its forward until its backward
  *   FSDP_NO_SHARD      (DDP)    16P persistent, gradients all-reduced
+ * On one rank every strategy reads its (whole) master shard directly: nothing is
+ * gathered and nothing is copied.
  * Gradient accumulation over grad_accum micro-batches:
  *   default                each micro-batch's gradients are reduce-scattered into
  *                          the fp32 gradient shard: grad_accum x the traffic,

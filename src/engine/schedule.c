@@ -274,7 +274,7 @@ static fsdp_status_t release(struct fsdp_engine *e, struct unit *u, fsdp_pass_t 
   u->held = -1;
   if (pass == FSDP_FORWARD) {
     e->fwd_release[e->n_released++] = unit_index(e, u);
-    if (e->cfg.strategy == FSDP_FULL_SHARD) FSDP_TRY(slot_release(e, u));
+    if (e->cfg.strategy == FSDP_FULL_SHARD && u->slot >= 0) FSDP_TRY(slot_release(e, u));
     if (e->n_released == e->n_units) {
       e->phase = PHASE_IDLE;
       e->fwd_done = 1;

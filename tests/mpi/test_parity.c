@@ -1,0 +1,292 @@
+/* tests/mpi/test_parity.c — training at N ranks gives the trajectory of one rank.
+ *
+ * Every rank trains the model twice more on a one-rank world (no MPI) over the
+ * whole global batch: the reference, and a noise run that differs from it only
+ * in the order samples are summed. The noise run measures how far fp32 rounding
+ * alone moves the 30-step trajectory; sharding changes nothing but summation
+ * order and the split of the mean (1/B_local, then 1/N), so the N-rank run must
+ * stay within a small multiple of that floor.
+ *
+ * The bitwise variant uses an additive linear model with an L1 loss on integer
+ * inputs: every gradient is an integer, so every sum is exact in any order and
+ * the N-rank parameters must equal the one-rank ones bit for bit. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsdp/fsdp.h"
+#include "mpi/mpi_check.h"
+
+#define STEPS 30
+#define GLOBAL_BATCH 24 /* divisible by N * grad_accum for N = 1..4, accum 1, 2 */
+#define IN 16
+#define CLASSES 4
+
+static fsdp_world_t world, solo;
+static int rank, nranks;
+
+/* ---- data: a fixed teacher labels points drawn from the init RNG ---------- */
+
+static float xs[STEPS][GLOBAL_BATCH][IN];
+static int ys[STEPS][GLOBAL_BATCH];
+
+static void make_data(void) {
+  for (int s = 0; s < STEPS; s++)
+    for (int b = 0; b < GLOBAL_BATCH; b++) {
+      size_t id = (size_t)s * GLOBAL_BATCH + (size_t)b;
+      float best = -INFINITY;
+      for (int i = 0; i < IN; i++)
+        xs[s][b][i] = fsdp_init_value(7, "x", id * IN + (size_t)i, FSDP_INIT_NORMAL, 1.0f);
+      for (int c = 0; c < CLASSES; c++) {
+        float z = 0;
+        for (int i = 0; i < IN; i++)
+          z += xs[s][b][i] * fsdp_init_value(8, "teacher", (size_t)(c * IN + i), FSDP_INIT_NORMAL,
+                                             1.0f);
+        if (z > best) best = z, ys[s][b] = c;
+      }
+    }
+}
+
+/* ---- one training run --------------------------------------------------- */
+
+typedef struct {
+  fsdp_strategy_t strategy;
+  fsdp_optim_kind_t optim;
+  int accum;      /* micro-batches per step */
+  int full_grads; /* accumulate_full_grads */
+  float clip;
+} run_cfg_t;
+
+typedef struct {
+  double loss[STEPS];
+  double min_clip;
+  float *params; /* every tensor, concatenated */
+  size_t n_params;
+} run_out_t;
+
+static const char *const tensor_names[] = {"fc.0.weight", "fc.0.bias", "fc.1.weight",
+                                           "fc.1.bias", "fc.2.weight", "fc.2.bias"};
+static const size_t tensor_sizes[] = {32 * IN, 32, 32 * 32, 32, CLASSES * 32, CLASSES};
+
+static fsdp_config_t engine_config(const run_cfg_t *r) {
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  c.strategy = r->strategy;
+  c.grad_accum = r->accum;
+  c.accumulate_full_grads = r->full_grads;
+  c.optim.kind = r->optim;
+  c.optim.lr = r->optim == FSDP_OPTIM_ADAMW ? 1e-2f : 5e-2f;
+  c.optim.momentum = 0.9f;
+  c.optim.weight_decay = 0.01f;
+  c.optim.max_grad_norm = r->clip;
+  c.schedule.kind = FSDP_SCHED_WARMUP_COSINE;
+  c.schedule.warmup_steps = 5;
+  c.schedule.total_steps = STEPS;
+  return c;
+}
+
+/* reverse != 0 feeds each micro-batch's samples in reverse order. */
+static void train(fsdp_world_t w, const run_cfg_t *r, int reverse, run_out_t *out) {
+  fsdp_config_t c = engine_config(r);
+  fsdp_engine_t e;
+  ck_assert_int_eq(fsdp_engine_create(w, &c, &e), FSDP_SUCCESS);
+  static const int widths[] = {IN, 32, 32, CLASSES};
+  fsdp_mlp_t mlp;
+  ck_assert_int_eq(fsdp_mlp_create(e, widths, 3, GLOBAL_BATCH, &mlp), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_engine_materialize(e, 1234), FSDP_SUCCESS);
+  int64_t mb, off;
+  ck_assert_int_eq(fsdp_engine_shard_batch(e, GLOBAL_BATCH, &mb, &off), FSDP_SUCCESS);
+  int per_micro = GLOBAL_BATCH / r->accum;
+  float x[GLOBAL_BATCH][IN];
+  int y[GLOBAL_BATCH];
+  out->min_clip = 1.0;
+  for (int s = 0; s < STEPS; s++) {
+    double local = 0.0, total = 0.0;
+    for (int m = 0; m < r->accum; m++) {
+      for (int b = 0; b < mb; b++) {
+        int src = m * per_micro + (int)off + (reverse ? (int)mb - 1 - b : b);
+        memcpy(x[b], xs[s][src], sizeof x[b]);
+        y[b] = ys[s][src];
+      }
+      double l;
+      ck_assert_int_eq(fsdp_mlp_forward_backward(mlp, &x[0][0], y, (int)mb, 1.0f / (float)mb, &l),
+                       FSDP_SUCCESS);
+      local += l;
+    }
+    ck_assert_int_eq(fsdp_all_reduce(fsdp_engine_comm(e), &local, &total, 1, FSDP_F64,
+                                     FSDP_SUM, FSDP_HOST_STREAM), FSDP_SUCCESS);
+    out->loss[s] = total / GLOBAL_BATCH;
+    fsdp_step_stats_t st;
+    ck_assert_int_eq(fsdp_engine_step(e, &st), FSDP_SUCCESS);
+    if (st.clip_coef < out->min_clip) out->min_clip = st.clip_coef;
+  }
+  out->n_params = 0;
+  for (size_t t = 0; t < 6; t++) out->n_params += tensor_sizes[t];
+  out->params = malloc(out->n_params * sizeof(float));
+  float *p = out->params;
+  for (size_t t = 0; t < 6; t++) {
+    ck_assert_int_eq(fsdp_engine_read_tensor(e, tensor_names[t], p, -1), FSDP_SUCCESS);
+    p += tensor_sizes[t];
+  }
+  fsdp_mlp_destroy(mlp);
+  fsdp_engine_destroy(e);
+}
+
+/* Largest relative difference over the loss curve and the final parameters. */
+static double distance(const run_out_t *a, const run_out_t *b) {
+  double d = 0.0, scale = 0.0;
+  for (int s = 0; s < STEPS; s++) d = fmax(d, fabs(a->loss[s] - b->loss[s]) / fabs(b->loss[s]));
+  for (size_t i = 0; i < b->n_params; i++) scale = fmax(scale, fabs(b->params[i]));
+  for (size_t i = 0; i < b->n_params; i++)
+    d = fmax(d, fabs(a->params[i] - b->params[i]) / scale);
+  return d;
+}
+
+/* Floor for a noise run that happens to round identically: a few fp32 ulps. */
+#define TOL_FLOOR 1e-6
+#define TOL_FACTOR 10.0
+
+static const run_cfg_t parity_cases[] = {
+    {0, FSDP_OPTIM_SGD, 1, 0, 0.0f},   {0, FSDP_OPTIM_SGD, 2, 0, 0.5f},
+    {0, FSDP_OPTIM_SGD, 2, 1, 0.0f},   {0, FSDP_OPTIM_ADAMW, 1, 0, 0.0f},
+    {0, FSDP_OPTIM_ADAMW, 1, 0, 0.5f}, {0, FSDP_OPTIM_ADAMW, 2, 0, 0.0f},
+    {0, FSDP_OPTIM_ADAMW, 2, 1, 0.5f},
+};
+
+START_TEST(parity) {
+  run_cfg_t r = parity_cases[_i];
+  run_out_t ref, noise;
+  r.strategy = FSDP_FULL_SHARD;
+  train(solo, &r, 0, &ref);
+  train(solo, &r, 1, &noise);
+  double tol = fmax(TOL_FACTOR * distance(&noise, &ref), TOL_FLOOR);
+  if (r.clip > 0) ck_assert_msg(ref.min_clip < 1.0, "clipping never engaged");
+  ck_assert_msg(ref.loss[STEPS - 1] < 0.8 * ref.loss[0], "the reference did not learn: %g -> %g",
+                ref.loss[0], ref.loss[STEPS - 1]);
+  for (int s = 0; s < 3; s++) {
+    r.strategy = (fsdp_strategy_t)s;
+    run_out_t got;
+    train(world, &r, 0, &got);
+    double d = distance(&got, &ref);
+    if (rank == 0)
+      printf("parity N=%d %-7s %-5s accum=%d%s clip=%.1f: distance %.3g, noise %.3g, tol %.3g\n",
+             nranks, fsdp_strategy_name(r.strategy), r.optim == FSDP_OPTIM_SGD ? "sgd" : "adamw",
+             r.accum, r.full_grads ? "(full)" : "", r.clip, d, tol / TOL_FACTOR, tol);
+    ck_assert_msg(d <= tol, "%s: N=%d differs from N=1 by %g > tolerance %g",
+                  fsdp_strategy_name(r.strategy), nranks, d, tol);
+    free(got.params);
+  }
+  free(ref.params);
+  free(noise.params);
+}
+END_TEST
+
+/* ---- bitwise: additive linear model, L1 loss, integer gradients ---------- */
+
+#define BW_OUT 3
+static const int bw_in[3] = {5, 7, 11}; /* prime widths; 23 inputs in all */
+
+static signed char bw_x(int s, int b, int k, int i) {
+  unsigned h = (unsigned)(s * 7919 + b * 104729 + k * 31 + i * 131) * 2654435761u;
+  return (signed char)((int)(h >> 29) % 3 - 1);
+}
+static int bw_t(int s, int b, int o) { return (int)((unsigned)(s * 13 + b * 5 + o * 3) % 7) - 3; }
+
+static void bw_train(fsdp_world_t w, fsdp_optim_kind_t optim, fsdp_strategy_t strat,
+                     float *params) {
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  c.strategy = strat;
+  c.grad_reduce = FSDP_SUM;
+  c.grad_accum = 2;
+  c.optim.kind = optim;
+  c.optim.lr = 1.0f / 64;
+  c.optim.momentum = 0.5f;
+  c.optim.weight_decay = 0.1f;
+  c.optim.max_grad_norm = 20.0f;
+  fsdp_engine_t e;
+  ck_assert_int_eq(fsdp_engine_create(w, &c, &e), FSDP_SUCCESS);
+  char names[3][2][16];
+  for (int k = 0; k < 3; k++) {
+    snprintf(names[k][0], 16, "lin.%d.w", k);
+    snprintf(names[k][1], 16, "lin.%d.b", k);
+    fsdp_tensor_desc_t t[2] = {{names[k][0], 2, {BW_OUT, bw_in[k]}, FSDP_INIT_NORMAL, 0.5f, 0},
+                               {names[k][1], 1, {BW_OUT}, FSDP_INIT_NORMAL, 0.5f, 1}};
+    fsdp_unit_t u;
+    ck_assert_int_eq(fsdp_unit_add(e, names[k][0], "Linear", t, 2, &u), FSDP_SUCCESS);
+  }
+  ck_assert_int_eq(fsdp_engine_materialize(e, 99), FSDP_SUCCESS);
+  int64_t mb, off;
+  ck_assert_int_eq(fsdp_engine_shard_batch(e, GLOBAL_BATCH, &mb, &off), FSDP_SUCCESS);
+  for (int s = 0; s < STEPS; s++) {
+    for (int m = 0; m < 2; m++) {
+      float y[GLOBAL_BATCH][BW_OUT] = {{0}};
+      fsdp_view_t v;
+      int first = m * GLOBAL_BATCH / 2 + (int)off;
+      for (int k = 0; k < 3; k++) { /* fixed-order loops: same rounding at every N */
+        ck_assert_int_eq(fsdp_unit_acquire(e, k, FSDP_FORWARD, &v), FSDP_SUCCESS);
+        for (int b = 0; b < mb; b++)
+          for (int o = 0; o < BW_OUT; o++) {
+            float z = v.param[1][o];
+            for (int i = 0; i < bw_in[k]; i++) z += v.param[0][o * bw_in[k] + i] * bw_x(s, first + b, k, i);
+            y[b][o] += z;
+          }
+        ck_assert_int_eq(fsdp_unit_release(e, k, FSDP_FORWARD), FSDP_SUCCESS);
+      }
+      for (int k = 2; k >= 0; k--) {
+        ck_assert_int_eq(fsdp_unit_acquire(e, k, FSDP_BACKWARD, &v), FSDP_SUCCESS);
+        for (int b = 0; b < mb; b++)
+          for (int o = 0; o < BW_OUT; o++) {
+            float d = y[b][o] - (float)bw_t(s, first + b, o);
+            float sign = (float)((d > 0) - (d < 0));
+            v.grad[1][o] += sign;
+            for (int i = 0; i < bw_in[k]; i++)
+              v.grad[0][o * bw_in[k] + i] += sign * bw_x(s, first + b, k, i);
+          }
+        ck_assert_int_eq(fsdp_unit_release(e, k, FSDP_BACKWARD), FSDP_SUCCESS);
+      }
+    }
+    ck_assert_int_eq(fsdp_engine_step(e, NULL), FSDP_SUCCESS);
+  }
+  float *p = params;
+  for (int k = 0; k < 3; k++) {
+    ck_assert_int_eq(fsdp_engine_read_tensor(e, names[k][0], p, -1), FSDP_SUCCESS);
+    p += BW_OUT * bw_in[k];
+    ck_assert_int_eq(fsdp_engine_read_tensor(e, names[k][1], p, -1), FSDP_SUCCESS);
+    p += BW_OUT;
+  }
+  fsdp_engine_destroy(e);
+}
+
+START_TEST(bitwise) {
+  fsdp_optim_kind_t optim = _i % 2 ? FSDP_OPTIM_ADAMW : FSDP_OPTIM_SGD;
+  fsdp_strategy_t strat = (fsdp_strategy_t)(_i / 2);
+  float ref[BW_OUT * 26], got[BW_OUT * 26];
+  bw_train(solo, optim, FSDP_FULL_SHARD, ref);
+  bw_train(world, optim, strat, got);
+  ck_assert_msg(memcmp(ref, got, sizeof ref) == 0, "%s %s: N=%d parameters differ from N=1",
+                fsdp_strategy_name(strat), optim == FSDP_OPTIM_SGD ? "sgd" : "adamw", nranks);
+}
+END_TEST
+
+int main(void) {
+  fsdp_world_opts_t single = {FSDP_LAUNCH_SINGLE, 0};
+  if (fsdp_world_init(&world, NULL) != FSDP_SUCCESS ||
+      fsdp_world_init(&solo, &single) != FSDP_SUCCESS) {
+    fprintf(stderr, "world: %s\n", fsdp_last_error());
+    return EXIT_FAILURE;
+  }
+  rank = fsdp_world_rank(world);
+  nranks = fsdp_world_size(world);
+  make_data();
+  Suite *s = suite_create("parity");
+  TCase *tc = tcase_create("parity");
+  tcase_set_timeout(tc, 600);
+  tcase_add_loop_test(tc, parity, 0, (int)(sizeof parity_cases / sizeof parity_cases[0]));
+  tcase_add_loop_test(tc, bitwise, 0, 6);
+  suite_add_tcase(s, tc);
+  int rc = fsdp_mpi_check_run(s);
+  fsdp_world_destroy(solo);
+  fsdp_world_destroy(world);
+  return rc;
+}
