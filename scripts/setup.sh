@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# scripts/setup.sh — installs the Debian packages fsdp needs (only the missing
+# ones), configures build/ once and builds it. Idempotent; silent when nothing
+# changed. Usage: scripts/setup.sh [extra meson setup options]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(meson ninja-build pkg-config gcc libc6-dev openmpi-bin libopenmpi-dev
+          libopenblas-dev check)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [ ! -f build/build.ninja ]; then
+  echo "setup: configuring build/"
+  meson setup build "$@" >/dev/null
+fi
+# ninja says "no work to do" when up to date; print only what it built or why it failed.
+out=$(ninja -C build 2>&1) || { echo "$out"; exit 1; }
+echo "$out" | grep -vE "^ninja: (Entering directory|no work to do)|^\[[0-9]+/[0-9]+\]" || true
