@@ -76,7 +76,7 @@ static fsdp_config_t engine_config(const run_cfg_t *r) {
   c.grad_accum = r->accum;
   c.accumulate_full_grads = r->full_grads;
   c.optim.kind = r->optim;
-  c.optim.lr = r->optim == FSDP_OPTIM_ADAMW ? 1e-2f : 5e-2f;
+  c.optim.lr = r->optim == FSDP_OPTIM_ADAMW ? 1e-2f : 0.2f;
   c.optim.momentum = 0.9f;
   c.optim.weight_decay = 0.01f;
   c.optim.max_grad_norm = r->clip;
