@@ -13,7 +13,13 @@
  * Counts are in elements of dtype. Reductions support FSDP_F32 and FSDP_F64
  * (sums in the reduction dtype); gathers and broadcasts move any dtype.
  * In-place: all_gather with send == recv + rank*count, reduce_scatter with
- * recv == send + rank*count, and all_reduce with send == recv are allowed. */
+ * recv == send + rank*count, and all_reduce with send == recv are allowed (after
+ * an in-place reduce_scatter the rest of send is scratch). Any other overlap of
+ * send and recv is FSDP_ERR_INVALID_ARGUMENT.
+ *
+ * Arguments are checked on the calling rank before anything is sent, so a bad
+ * argument passed identically on every rank fails on every rank without hanging.
+ * Destroy every communicator before the world it was made from. */
 #ifndef FSDP_COMM_H
 #define FSDP_COMM_H
 

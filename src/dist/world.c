@@ -1,0 +1,236 @@
+/* src/dist/world.c — world bootstrap (include/fsdp/world.h): finds out how the
+ * process was launched, starts MPI at the thread level communication streams
+ * need, and answers rank/size questions. A world without a launcher is a single
+ * rank that makes no MPI call at all, so single-process programs never need MPI
+ * to be configured. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/internal.h"
+#include "dist/world_internal.h"
+
+struct fsdp_world {
+  int rank, size;
+  int local_rank, local_size;
+  int uses_mpi;
+  MPI_Comm comm; /* our dup of MPI_COMM_WORLD; MPI_COMM_NULL for self */
+};
+
+/* MPI can be initialised and finalised once per process, but several worlds may
+ * live at once (a test harness world plus per-test worlds). The library
+ * finalises MPI only if it initialised it, when the last MPI world goes away.
+ * Worlds are created and destroyed from the main thread only (world.h). */
+static int mpi_started_by_us;
+static int mpi_worlds_alive;
+
+static const char *launcher_env[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK",
+                                     "MPI_LOCALNRANKS"};
+
+static int launcher_present(void) {
+  for (size_t i = 0; i < sizeof launcher_env / sizeof launcher_env[0]; i++)
+    if (getenv(launcher_env[i])) return 1;
+  return 0;
+}
+
+static const char *thread_level_name(int level) {
+  switch (level) {
+  case MPI_THREAD_SINGLE:
+    return "MPI_THREAD_SINGLE";
+  case MPI_THREAD_FUNNELED:
+    return "MPI_THREAD_FUNNELED";
+  case MPI_THREAD_SERIALIZED:
+    return "MPI_THREAD_SERIALIZED";
+  case MPI_THREAD_MULTIPLE:
+    return "MPI_THREAD_MULTIPLE";
+  }
+  return "an unknown level";
+}
+
+/* Without a launcher only one rank is possible; a request for more (by option
+ * or by a torchrun-style WORLD_SIZE) gets told how to launch instead. */
+static fsdp_status_t check_no_launcher(int expected) {
+  const char *ws = getenv("WORLD_SIZE");
+  long env_size = 1;
+  if (ws) {
+    char *end;
+    env_size = strtol(ws, &end, 10);
+    if (*ws == '\0' || *end != '\0' || env_size < 1 || env_size > INT_MAX)
+      return fsdp_error(FSDP_ERR_INVALID_USAGE,
+                        "WORLD_SIZE='%s' is not a positive integer; unset it or run: "
+                        "mpirun -np <ranks> <program> ...", ws);
+  }
+  if (env_size > 1 && getenv("MASTER_ADDR"))
+    return fsdp_error(FSDP_ERR_INVALID_USAGE,
+                      "WORLD_SIZE=%ld and MASTER_ADDR are set (a torchrun-style env:// "
+                      "launch), which fsdp does not support yet; run: mpirun -np %ld "
+                      "<program> ...", env_size, env_size);
+  long want = expected > 1 ? expected : env_size;
+  if (want > 1)
+    return fsdp_error(FSDP_ERR_INVALID_USAGE,
+                      "asked for %ld ranks (%s) but this process was not started by a "
+                      "launcher; run: mpirun -np %ld <program> ...", want,
+                      expected > 1 ? "expected_world_size" : "WORLD_SIZE", want);
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t mpi_fail(const char *what, int rc) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) snprintf(text, sizeof text, "code %d", rc);
+  return fsdp_error(FSDP_ERR_COMM, "world: %s failed: %s", what, text);
+}
+
+/* Makes sure MPI runs at MPI_THREAD_MULTIPLE, initialising it if nobody has. */
+static fsdp_status_t mpi_start(void) {
+  int inited = 0, finalized = 0, provided = MPI_THREAD_SINGLE;
+  MPI_Initialized(&inited);
+  MPI_Finalized(&finalized);
+  if (finalized)
+    return fsdp_error(FSDP_ERR_INVALID_USAGE,
+                      "world: MPI was already finalised in this process and cannot be "
+                      "restarted; create every world before destroying the last one");
+  if (!inited) {
+    int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
+    if (rc != MPI_SUCCESS) return mpi_fail("MPI_Init_thread(MPI_THREAD_MULTIPLE)", rc);
+    mpi_started_by_us = 1;
+  } else {
+    MPI_Query_thread(&provided);
+  }
+  if (provided < MPI_THREAD_MULTIPLE) {
+    if (!inited) {
+      MPI_Finalize();
+      mpi_started_by_us = 0;
+    }
+    return fsdp_error(FSDP_ERR_UNSUPPORTED,
+                      "world: MPI provides %s but fsdp needs MPI_THREAD_MULTIPLE because "
+                      "its communication streams are threads calling MPI concurrently; %s",
+                      thread_level_name(provided),
+                      inited ? "initialise MPI with MPI_Init_thread(MPI_THREAD_MULTIPLE) "
+                               "or let fsdp_world_init do it"
+                             : "use an MPI library built with thread support");
+  }
+  return FSDP_SUCCESS;
+}
+
+static void mpi_stop(void) {
+  if (--mpi_worlds_alive == 0 && mpi_started_by_us) {
+    MPI_Finalize();
+    mpi_started_by_us = 0;
+  }
+}
+
+/* Rank, size and the node-local split over our own dup of MPI_COMM_WORLD. */
+static fsdp_status_t mpi_world_fill(struct fsdp_world *w) {
+  int rc = MPI_Comm_dup(MPI_COMM_WORLD, &w->comm);
+  if (rc != MPI_SUCCESS) return mpi_fail("MPI_Comm_dup(MPI_COMM_WORLD)", rc);
+  MPI_Comm_set_errhandler(w->comm, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(w->comm, &w->rank);
+  MPI_Comm_size(w->comm, &w->size);
+  MPI_Comm node;
+  rc = MPI_Comm_split_type(w->comm, MPI_COMM_TYPE_SHARED, w->rank, MPI_INFO_NULL, &node);
+  if (rc != MPI_SUCCESS) {
+    MPI_Comm_free(&w->comm);
+    return mpi_fail("MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)", rc);
+  }
+  MPI_Comm_rank(node, &w->local_rank);
+  MPI_Comm_size(node, &w->local_size);
+  MPI_Comm_free(&node);
+  w->uses_mpi = 1;
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t mpi_world_init(struct fsdp_world *w, int expected) {
+  FSDP_TRY(mpi_start());
+  mpi_worlds_alive++;
+  fsdp_status_t st = mpi_world_fill(w);
+  if (st == FSDP_SUCCESS && expected > 0 && expected != w->size) {
+    st = fsdp_error(FSDP_ERR_INVALID_USAGE,
+                    "world: expected_world_size is %d but the launcher started %d ranks; "
+                    "run: mpirun -np %d <program> ... or change expected_world_size",
+                    expected, w->size, expected);
+    MPI_Comm_free(&w->comm);
+  }
+  if (st != FSDP_SUCCESS) mpi_stop();
+  return st;
+}
+
+static void self_world_init(struct fsdp_world *w) {
+  w->rank = 0;
+  w->size = 1;
+  w->local_rank = 0;
+  w->local_size = 1;
+  w->uses_mpi = 0;
+  w->comm = MPI_COMM_NULL;
+}
+
+static fsdp_status_t world_setup(struct fsdp_world *w, const fsdp_world_opts_t *o) {
+  switch (o->launch) {
+  case FSDP_LAUNCH_SINGLE:
+    if (o->expected_world_size > 1)
+      return fsdp_error(FSDP_ERR_INVALID_USAGE,
+                        "world: FSDP_LAUNCH_SINGLE gives 1 rank but expected_world_size "
+                        "is %d; use FSDP_LAUNCH_AUTO under mpirun -np %d",
+                        o->expected_world_size, o->expected_world_size);
+    self_world_init(w);
+    return FSDP_SUCCESS;
+  case FSDP_LAUNCH_MPI:
+    return mpi_world_init(w, o->expected_world_size);
+  case FSDP_LAUNCH_AUTO:
+    if (launcher_present()) return mpi_world_init(w, o->expected_world_size);
+    FSDP_TRY(check_no_launcher(o->expected_world_size));
+    self_world_init(w);
+    return FSDP_SUCCESS;
+  }
+  return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                    "fsdp_world_init: opts->launch is %d, not an fsdp_launch_t value",
+                    (int)o->launch);
+}
+
+fsdp_status_t fsdp_world_init(fsdp_world_t *world, const fsdp_world_opts_t *opts) {
+  static const fsdp_world_opts_t defaults = FSDP_WORLD_OPTS_INIT;
+  const fsdp_world_opts_t *o = opts ? opts : &defaults;
+  if (!world) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_world_init: world is NULL");
+  if (o->expected_world_size < 0)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "fsdp_world_init: expected_world_size is %d; use 0 (any) or a "
+                      "positive rank count", o->expected_world_size);
+  struct fsdp_world *w = fsdp_alloc(sizeof *w);
+  if (!w) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "fsdp_world_init: cannot allocate the world");
+  fsdp_status_t st = world_setup(w, o);
+  if (st != FSDP_SUCCESS) {
+    fsdp_free(w);
+    return st;
+  }
+  /* A self world beside an MPI world (tests, tools) keeps the MPI rank prefix. */
+  if (w->uses_mpi || mpi_worlds_alive == 0) fsdp_log_set_rank(w->rank);
+  fsdp_log(FSDP_LOG_INFO, "world: rank %d of %d (local %d of %d), backend %s", w->rank,
+           w->size, w->local_rank, w->local_size, fsdp_world_backend(w));
+  *world = w;
+  return FSDP_SUCCESS;
+}
+
+void fsdp_world_destroy(fsdp_world_t world) {
+  if (!world) return;
+  if (world->uses_mpi) {
+    MPI_Comm_free(&world->comm);
+    mpi_stop();
+  }
+  fsdp_free(world);
+}
+
+int fsdp_world_rank(fsdp_world_t world) { return world ? world->rank : -1; }
+int fsdp_world_size(fsdp_world_t world) { return world ? world->size : 0; }
+int fsdp_world_local_rank(fsdp_world_t world) { return world ? world->local_rank : -1; }
+int fsdp_world_local_size(fsdp_world_t world) { return world ? world->local_size : 0; }
+
+const char *fsdp_world_backend(fsdp_world_t world) {
+  return world && world->uses_mpi ? "mpi" : "self";
+}
+
+int fsdp_world_uses_mpi(fsdp_world_t world) { return world ? world->uses_mpi : 0; }
+
+MPI_Comm fsdp_world_mpi_comm(fsdp_world_t world) {
+  return world && world->uses_mpi ? world->comm : MPI_COMM_NULL;
+}
