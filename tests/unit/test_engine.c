@@ -297,6 +297,30 @@ START_TEST(step_numerics) {
 }
 END_TEST
 
+/* Two micro-batches with gradients 1 and 3: the step sees their mean (AVG) or
+ * sum (SUM), whether each micro-batch is reduced or full grads are kept. */
+START_TEST(accumulation) {
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  c.optim.kind = FSDP_OPTIM_SGD;
+  c.optim.lr = 1.0f;
+  c.grad_accum = 2;
+  c.accumulate_full_grads = _i % 2;
+  c.grad_reduce = _i / 2 ? FSDP_SUM : FSDP_AVG;
+  fsdp_unit_t u[3];
+  fsdp_engine_t e = make_engine(&c, u);
+  float before[6], after[6];
+  fsdp_engine_read_tensor(e, "w2", before, -1);
+  run_pass(e, u, 3, 1.0f);
+  ck_error(fsdp_engine_step(e, NULL), FSDP_ERR_INVALID_USAGE, "1 of 2");
+  run_pass(e, u, 3, 3.0f);
+  ck_assert_int_eq(fsdp_engine_step(e, NULL), FSDP_SUCCESS);
+  fsdp_engine_read_tensor(e, "w2", after, -1);
+  float expect = c.grad_reduce == FSDP_AVG ? 2.0f : 4.0f;
+  for (int i = 0; i < 6; i++) ck_assert_float_eq(after[i], before[i] - expect);
+  fsdp_engine_destroy(e);
+}
+END_TEST
+
 /* Persistent bytes: 16 per (padded) parameter with AdamW, 12 with SGD+momentum. */
 START_TEST(memory_formula) {
   fsdp_config_t c = FSDP_CONFIG_INIT;
@@ -338,6 +362,7 @@ static Suite *engine_suite(void) {
   tcase_add_loop_test(tc, init_and_padding, 0, 3);
   tcase_add_test(tc, step_numerics);
   tcase_add_test(tc, memory_formula);
+  tcase_add_loop_test(tc, accumulation, 0, 4);
   suite_add_tcase(s, tc);
   return s;
 }
