@@ -31,7 +31,7 @@ static void usage(FILE *f) {
           "  --momentum X        SGD momentum (default 0.9)\n"
           "  --wd X              weight decay (default 0.01)\n"
           "  --clip X            clip the global grad norm (default 1.0, 0 = off)\n"
-          "  --schedule constant|cosine   --warmup N\n"
+          "  --schedule constant|cosine   --warmup N  (default cosine, 10 warm-up steps)\n"
           "  --steps N (default 200)   --eval-every N (default 50)   --seed N\n"
           "  --json              one JSON object per line\n");
 }
@@ -83,6 +83,7 @@ static int parse(int argc, char **argv, opts_t *o) {
   }
   if (o->steps <= 0) return fprintf(stderr, "fsdp-train: --steps must be positive\n"), -1;
   o->cfg.schedule.total_steps = o->steps;
+  if (o->cfg.schedule.warmup_steps < 0) o->cfg.schedule.warmup_steps = o->steps < 100 ? o->steps / 10 : 10;
   return 0;
 }
 
@@ -215,7 +216,7 @@ static void print_plan(const trainer_t *t) {
   for (int u = 0; u < fsdp_engine_num_units(t->eng); u++) {
     fsdp_unit_info_t info;
     fsdp_unit_info(t->eng, u, &info);
-    printf("  unit %-6s %-8s %9zu params  %9zu bytes/rank\n", info.name, info.kind, info.numel,
+    printf("  unit %-6s %-8s %9zu params  %9zu param bytes/rank\n", info.name, info.kind, info.numel,
            info.shard_numel * sizeof(float));
   }
 }
@@ -227,6 +228,9 @@ int main(int argc, char **argv) {
   o.cfg.optim.momentum = 0.9f;
   o.cfg.optim.weight_decay = 0.01f;
   o.cfg.optim.max_grad_norm = 1.0f;
+  o.cfg.schedule.kind = FSDP_SCHED_WARMUP_COSINE;
+  o.cfg.schedule.warmup_steps = -1; /* default: 10, or a tenth of a short run */
+  o.cfg.schedule.min_lr_ratio = 0.1f;
   int p = parse(argc, argv, &o);
   if (p) return p > 0 ? 0 : 2;
 
