@@ -5,4 +5,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-exec meson test -C build --print-errorlogs --num-processes 2 "$@"
+exec meson test -C build --no-rebuild --print-errorlogs --num-processes 2 "$@"

@@ -66,7 +66,9 @@ static fsdp_status_t mpi_dup(fsdp_comm_t comm, fsdp_comm_t out) {
 
 static void mpi_destroy(fsdp_comm_t c) {
   mpi_impl_t *impl = c->impl;
-  MPI_Comm_free(&impl->comm);
+  int finalized = 0;
+  MPI_Finalized(&finalized); /* after MPI_Finalize there is nothing to free */
+  if (!finalized) MPI_Comm_free(&impl->comm);
   fsdp_free(impl);
 }
 

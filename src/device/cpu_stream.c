@@ -82,8 +82,14 @@ static fsdp_status_t task_run(struct fsdp_stream *s, task_t *t, char *msg) {
     if (t->wait_stream == s) return FSDP_SUCCESS; /* FIFO already orders it */
     return stream_wait_ticket(t->wait_stream, t->wait_ticket, msg);
   }
+  fsdp_error_set(""); /* so a failure that sets no message is not given a stale one */
   fsdp_status_t st = t->fn(t->arg);
-  if (st != FSDP_SUCCESS) snprintf(msg, STREAM_ERROR_MAX, "%s", fsdp_last_error());
+  if (st == FSDP_SUCCESS) return st;
+  if (fsdp_last_error()[0])
+    snprintf(msg, STREAM_ERROR_MAX, "%s", fsdp_last_error());
+  else
+    snprintf(msg, STREAM_ERROR_MAX, "stream '%s': a queued function failed (%s) without "
+             "setting an error message", s->name, fsdp_status_string(st));
   return st;
 }
 
@@ -97,8 +103,6 @@ static void *stream_worker(void *arg) {
     task_t *t = s->head;
     s->head = t->next;
     if (!s->head) s->tail = NULL;
-    /* Only this thread writes `error`, so reading it unlocked would be safe, but
-     * it is read here under the lock we already hold. */
     int skip = s->error != FSDP_SUCCESS;
     pthread_mutex_unlock(&s->mu);
 

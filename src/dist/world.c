@@ -115,8 +115,10 @@ static fsdp_status_t mpi_start(void) {
 }
 
 static void mpi_stop(void) {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
   if (--mpi_worlds_alive == 0 && mpi_started_by_us) {
-    MPI_Finalize();
+    if (!finalized) MPI_Finalize();
     mpi_started_by_us = 0;
   }
 }
@@ -214,7 +216,11 @@ fsdp_status_t fsdp_world_init(fsdp_world_t *world, const fsdp_world_opts_t *opts
 void fsdp_world_destroy(fsdp_world_t world) {
   if (!world) return;
   if (world->uses_mpi) {
-    MPI_Comm_free(&world->comm);
+    /* A caller that owns MPI may have finalised it already; freeing then is
+     * erroneous, and there is nothing left to release. */
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&world->comm);
     mpi_stop();
   }
   fsdp_free(world);

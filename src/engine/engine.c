@@ -399,8 +399,8 @@ void fsdp_engine_drop_gathers(struct fsdp_engine *e) {
 
 fsdp_status_t fsdp_engine_load_tensor(fsdp_engine_t e, const char *name, const float *full,
                                       int root) {
-  struct unit *u;
-  const struct tensor *t;
+  struct unit *u = NULL;
+  const struct tensor *t = NULL;
   FSDP_TRY(tensor_lookup(e, "fsdp_engine_load_tensor", name, &u, &t));
   if (root < 0 || root >= e->nranks)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
@@ -431,8 +431,8 @@ fsdp_status_t fsdp_engine_load_tensor(fsdp_engine_t e, const char *name, const f
 
 fsdp_status_t fsdp_engine_read_tensor(fsdp_engine_t e, const char *name, float *full,
                                       int root) {
-  struct unit *u;
-  const struct tensor *t;
+  struct unit *u = NULL;
+  const struct tensor *t = NULL;
   FSDP_TRY(tensor_lookup(e, "fsdp_engine_read_tensor", name, &u, &t));
   if (root < -1 || root >= e->nranks)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,

@@ -258,7 +258,7 @@ static fsdp_status_t acquire(struct fsdp_engine *e, struct unit *u, fsdp_pass_t 
 
 fsdp_status_t fsdp_unit_acquire(fsdp_engine_t e, fsdp_unit_t unit, fsdp_pass_t pass,
                                 fsdp_view_t *view) {
-  struct unit *u;
+  struct unit *u = NULL;
   FSDP_TRY(unit_lookup(e, unit, pass, "fsdp_unit_acquire", &u));
   if (!view) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_unit_acquire: view is NULL");
   FSDP_TRY(check_order(e, u, pass));
@@ -294,7 +294,7 @@ static fsdp_status_t release(struct fsdp_engine *e, struct unit *u, fsdp_pass_t 
 }
 
 fsdp_status_t fsdp_unit_release(fsdp_engine_t e, fsdp_unit_t unit, fsdp_pass_t pass) {
-  struct unit *u;
+  struct unit *u = NULL;
   FSDP_TRY(unit_lookup(e, unit, pass, "fsdp_unit_release", &u));
   if (u->held != (int)pass)
     return fsdp_error(FSDP_ERR_INVALID_USAGE,
