@@ -245,6 +245,26 @@ START_TEST(sticky_error_reaches_every_waiter) {
 }
 END_TEST
 
+static fsdp_status_t silent_fail_task(void *arg) {
+  (void)arg;
+  return FSDP_ERR_INTERNAL; /* no message set */
+}
+
+START_TEST(failure_without_message_gets_one) {
+  fsdp_stream_t s = make_stream("silent");
+  int code = 1;
+  /* A stale message on the worker thread must not be reported for the later one. */
+  fsdp_stream_launch(s, fail_task, &code);
+  ck_assert_int_eq(fsdp_stream_synchronize(s), FSDP_ERR_COMM);
+  fsdp_stream_destroy(s);
+  s = make_stream("silent");
+  fsdp_stream_launch(s, silent_fail_task, NULL);
+  ck_assert_int_eq(fsdp_stream_synchronize(s), FSDP_ERR_INTERNAL);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "stream 'silent'"));
+  fsdp_stream_destroy(s);
+}
+END_TEST
+
 static int skipped_releases;
 static fsdp_status_t release_task(void *arg) {
   (void)arg;
@@ -366,6 +386,7 @@ static Suite *device_suite(void) {
   tcase_add_test(tc, ping_pong_chain_keeps_order);
   tcase_add_test(tc, wait_on_own_event_does_not_deadlock);
   tcase_add_test(tc, sticky_error_reaches_every_waiter);
+  tcase_add_test(tc, failure_without_message_gets_one);
   tcase_add_test(tc, owned_launch_releases_skipped_work);
   tcase_add_test(tc, host_stream_runs_now);
   tcase_add_test(tc, host_wait_event_blocks_caller);
