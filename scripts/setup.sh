@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # scripts/setup.sh — installs the Debian packages fsdp needs (only the missing
 # ones), configures build/ once and builds it. Idempotent; silent when nothing
-# changed. Usage: scripts/setup.sh [extra meson setup options]
+# changed. Usage: scripts/setup.sh [--data] [extra meson setup options]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(meson ninja-build pkg-config gcc libc6-dev openmpi-bin libopenmpi-dev
-          libopenblas-dev check)
+          libopenblas-dev check zlib1g-dev)
+# --data adds the datasets the demo trains on (tests make their own data).
+if [ "${1:-}" = "--data" ]; then
+  shift
+  packages+=(fortunes dataset-fashion-mnist)
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -33,6 +33,8 @@ typedef enum {
   FSDP_ERR_SYSTEM,           /* an OS call (thread, file, clock) failed */
   FSDP_ERR_UNSUPPORTED,      /* a feature not built in or not available here */
   FSDP_ERR_INTERNAL,         /* a bug in fsdp: please report it with the message */
+  FSDP_ERR_IO,               /* a file is missing, unreadable or ends early */
+  FSDP_ERR_FORMAT,           /* a file's contents are not what they should be */
   FSDP_STATUS_COUNT
 } fsdp_status_t;
 

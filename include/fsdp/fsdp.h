@@ -8,4 +8,5 @@
 #include "fsdp/optim.h"
 #include "fsdp/engine.h"
 #include "fsdp/nn.h"
+#include "fsdp/data.h"
 #endif

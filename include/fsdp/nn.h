@@ -3,7 +3,8 @@
  * Kernels are free functions over raw row-major pointers: outputs first, then
  * inputs, weights, dims. Backward kernels ADD into gradient buffers (+=); zeroing
  * is the caller's (the engine hands out zeroed gradient buffers).
- * Dims legend: B rows (samples), C input features, OC output features.
+ * Dims legend: B batch (or rows), T time, C channels (input features), OC output
+ * features, NH attention heads, V vocabulary.
  * Thread safety: kernels are pure; an MLP handle is driven by one thread. */
 #ifndef FSDP_NN_H
 #define FSDP_NN_H
@@ -30,6 +31,40 @@ FSDP_API void fsdp_relu_backward(float *dinp, const float *out, const float *dou
  * dlogits = (softmax - onehot) * scale. */
 FSDP_API double fsdp_softmax_xent(float *dlogits, const float *logits, const int *targets,
                                   int B, int V, float scale);
+
+/* GELU, GPT-2's tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+ * Backward adds dout * gelu'(inp) into dinp. */
+FSDP_API void fsdp_gelu_forward(float *out, const float *inp, size_t n);
+FSDP_API void fsdp_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+
+/* LayerNorm over the last dim of inp (N, C), eps 1e-5; mean and rstd (N) are
+ * saved for backward. dinp, dweight, dbias accumulate; dinp may be NULL. */
+FSDP_API void fsdp_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                                     const float *weight, const float *bias, int N, int C);
+FSDP_API void fsdp_layernorm_backward(float *dinp, float *dweight, float *dbias,
+                                      const float *dout, const float *inp, const float *weight,
+                                      const float *mean, const float *rstd, int N, int C);
+
+/* out (B,T,C) = wte[tokens[b,t]] (V,C) + wpe[t] (maxT,C). Tokens must be in [0,V):
+ * callers validate them (data readers do). Backward scatters-adds. */
+FSDP_API void fsdp_embedding_forward(float *out, const int *tokens, const float *wte,
+                                     const float *wpe, int B, int T, int C);
+FSDP_API void fsdp_embedding_backward(float *dwte, float *dwpe, const float *dout,
+                                      const int *tokens, int B, int T, int C);
+
+/* Causal multi-head self-attention. qkv (B,T,3C) holds q, k, v side by side
+ * (GPT-2's c_attn output); att (B,NH,T,T) receives the softmax probabilities
+ * (entries above the diagonal are 0); out (B,T,C). Scale 1/sqrt(C/NH).
+ * Backward adds into dqkv; T <= FSDP_ATTENTION_MAX_T. */
+#define FSDP_ATTENTION_MAX_T 4096
+FSDP_API void fsdp_attention_forward(float *out, float *att, const float *qkv, int B, int T,
+                                     int C, int NH);
+FSDP_API void fsdp_attention_backward(float *dqkv, const float *dout, const float *qkv,
+                                      const float *att, int B, int T, int C, int NH);
+
+/* out = a + b; backward adds dout into da and db. */
+FSDP_API void fsdp_residual_forward(float *out, const float *a, const float *b, size_t n);
+FSDP_API void fsdp_residual_backward(float *da, float *db, const float *dout, size_t n);
 
 /* An MLP: one engine unit per linear layer ("fc.<i>", kind "Linear", tensors
  * "fc.<i>.weight" (out,in) and "fc.<i>.bias"), ReLU between layers, softmax

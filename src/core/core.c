@@ -42,6 +42,12 @@ const char *fsdp_status_string(fsdp_status_t status) {
   case FSDP_ERR_INTERNAL:
     return "internal error: a bug in fsdp; please report it with the text of "
            "fsdp_last_error()";
+  case FSDP_ERR_IO:
+    return "I/O error: a file is missing, unreadable or shorter than it should be; "
+           "check the path in fsdp_last_error()";
+  case FSDP_ERR_FORMAT:
+    return "format error: a file's contents are malformed or corrupt; "
+           "fsdp_last_error() names the file and the field";
   case FSDP_STATUS_COUNT:
     break;
   }
