@@ -23,7 +23,8 @@
  *
  * Strategies and their memory per rank (P parameters, N ranks, AdamW, fp32):
  *   FSDP_FULL_SHARD    (ZeRO-3) 16P/N persistent + gathered params of at most
- *                      max_live_units units (default prefetch_depth + 1)
+ *                      max_live_units units (default prefetch_depth + 1; a root
+ *                      unit held across the others needs one more)
  *   FSDP_SHARD_GRAD_OP (ZeRO-2) 16P/N persistent + every unit's params gathered
  *                      from its forward until its backward
  *   FSDP_NO_SHARD      (DDP)    16P persistent, gradients all-reduced
@@ -31,8 +32,9 @@
  * gathered and nothing is copied.
  * Gradient accumulation over grad_accum micro-batches:
  *   default                each micro-batch's gradients are reduce-scattered into
- *                          the fp32 gradient shard: grad_accum x the traffic,
- *                          memory of one full gradient per unit in flight;
+ *                          the fp32 gradient shard: grad_accum x the traffic;
+ *                          three full-gradient buffers of the largest unit (a
+ *                          held root, one computing, one reducing);
  *   accumulate_full_grads  full fp32 gradients of every unit are kept across the
  *                          micro-batches and reduced once on the last: 1x the
  *                          traffic, +4P bytes per rank.

@@ -328,9 +328,8 @@ static fsdp_status_t pools_create(struct fsdp_engine *e) {
     FSDP_TRY(fsdp_event_create(&p->free_ev));
     e->param_pool_bytes += p->capacity * sizeof(float);
   }
-  /* Two full-gradient buffers: one being written by compute while the other is
-   * being reduced. accumulate_full_grads keeps one per unit instead. */
-  e->n_gslots = c->accumulate_full_grads ? 0 : 2;
+  /* accumulate_full_grads keeps one full gradient per unit instead. */
+  e->n_gslots = c->accumulate_full_grads ? 0 : FSDP_GRAD_SLOTS;
   for (int i = 0; i < e->n_gslots; i++) {
     e->gslots[i].owner = -1;
     if (!(e->gslots[i].buf = fsdp_alloc(e->max_padded * sizeof(float))))

@@ -60,10 +60,14 @@ struct pslot {
   fsdp_event_t free_ev; /* compute stream passed the last use */
 };
 
+/* Three full-gradient buffers: one for a root unit held across the others in
+ * backward, two alternating between the unit computing and the one reducing. */
+#define FSDP_GRAD_SLOTS 3
 struct gslot {
   float *buf;
-  int owner; /* unit whose reduction last used it, -1 none */
-  int busy;  /* handed out or reducing */
+  int owner; /* unit that last used it, -1 none */
+  int busy;  /* its owner's reduction may still be reading it */
+  int held;  /* handed out to an acquired unit */
 };
 
 typedef enum { PHASE_IDLE = 0, PHASE_FORWARD, PHASE_BACKWARD } phase_t;
@@ -84,7 +88,7 @@ struct fsdp_engine {
 
   struct pslot *pslots;
   int n_pslots;
-  struct gslot gslots[2];
+  struct gslot gslots[FSDP_GRAD_SLOTS];
   int n_gslots, next_gslot;
   float *staging; /* reduction output, one shard; used on the reduce stream only */
   size_t max_padded, max_shard;

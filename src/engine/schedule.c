@@ -133,15 +133,22 @@ static fsdp_status_t grad_buffer(struct fsdp_engine *e, struct unit *u, float **
     *buf = u->full_grad;
     return FSDP_SUCCESS;
   }
-  struct gslot *g = &e->gslots[e->next_gslot];
+  int k = 0;
+  while (k < e->n_gslots && e->gslots[(e->next_gslot + k) % e->n_gslots].held) k++;
+  if (k == e->n_gslots)
+    return fsdp_error(FSDP_ERR_INVALID_USAGE,
+                      "cannot acquire unit '%s' in backward: all %d gradient buffers are held "
+                      "by acquired units; release units sooner", u->name, e->n_gslots);
+  int slot = (e->next_gslot + k) % e->n_gslots;
+  struct gslot *g = &e->gslots[slot];
   if (g->busy) { /* wait for the reduction still reading it */
     struct unit *prev = &e->units[g->owner];
     FSDP_TRY(fsdp_event_synchronize(prev->reduced));
     fsdp_mem_track(&e->grads_live, &e->grads_peak, 0, prev->padded * sizeof(float));
   }
-  u->gslot = e->next_gslot;
-  e->next_gslot = (e->next_gslot + 1) % e->n_gslots;
-  g->busy = 1;
+  u->gslot = slot;
+  e->next_gslot = (slot + 1) % e->n_gslots;
+  g->busy = g->held = 1;
   g->owner = unit_index(e, u);
   memset(g->buf, 0, bytes);
   fsdp_mem_track(&e->grads_live, &e->grads_peak, bytes, 0);
@@ -245,7 +252,7 @@ static fsdp_status_t acquire(struct fsdp_engine *e, struct unit *u, fsdp_pass_t 
   for (int i = 0; i < u->n_tensors; i++)
     u->param_ptrs[i] = (float *)base + u->tensors[i].offset;
   if (pass == FSDP_BACKWARD) {
-    float *g;
+    float *g = NULL;
     FSDP_TRY(grad_buffer(e, u, &g));
     for (int i = 0; i < u->n_tensors; i++) u->grad_ptrs[i] = g + u->tensors[i].offset;
   } else {
@@ -283,8 +290,10 @@ static fsdp_status_t release(struct fsdp_engine *e, struct unit *u, fsdp_pass_t 
     return FSDP_SUCCESS;
   }
   u->bwd_count++;
-  if (!e->cfg.accumulate_full_grads)
+  if (!e->cfg.accumulate_full_grads) {
+    e->gslots[u->gslot].held = 0;
     FSDP_TRY(reduce_issue(e, u, e->gslots[u->gslot].buf));
+  }
   else if (u->bwd_count == e->cfg.grad_accum)
     FSDP_TRY(reduce_issue(e, u, u->full_grad));
   u->gslot = -1;

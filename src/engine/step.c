@@ -64,7 +64,7 @@ static void update_segment(const struct tensor *t, size_t first, size_t n, size_
 
 static fsdp_status_t step(struct fsdp_engine *e, fsdp_step_stats_t *stats) {
   FSDP_TRY(fsdp_stream_synchronize(e->s_reduce));
-  for (int i = 0; i < e->n_gslots; i++) e->gslots[i].busy = 0;
+  for (int i = 0; i < e->n_gslots; i++) e->gslots[i].busy = e->gslots[i].held = 0;
   e->grads_live = 0;
 
   double local = shard_sumsq(e), global = local;
