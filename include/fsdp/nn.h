@@ -23,6 +23,13 @@ FSDP_API void fsdp_linear_forward(float *out, const float *inp, const float *wei
 FSDP_API void fsdp_linear_backward(float *dinp, float *dweight, float *dbias,
                                    const float *dout, const float *inp, const float *weight,
                                    int B, int C, int OC);
+/* The same with the weight stored (C, OC), as GPT-2's Conv1D layers store it:
+ * out (B,OC) = inp (B,C) @ weight (C,OC) + bias. */
+FSDP_API void fsdp_conv1d_forward(float *out, const float *inp, const float *weight,
+                                  const float *bias, int B, int C, int OC);
+FSDP_API void fsdp_conv1d_backward(float *dinp, float *dweight, float *dbias,
+                                   const float *dout, const float *inp, const float *weight,
+                                   int B, int C, int OC);
 FSDP_API void fsdp_relu_forward(float *out, const float *inp, size_t n);
 /* dinp += dout where out > 0. */
 FSDP_API void fsdp_relu_backward(float *dinp, const float *out, const float *dout, size_t n);
@@ -88,6 +95,66 @@ FSDP_API fsdp_status_t fsdp_mlp_predict(fsdp_mlp_t mlp, const float *x, const in
                                         int B, int *pred, double *loss_sum);
 /* Activation bytes the handle holds (for memory reports). */
 FSDP_API size_t fsdp_mlp_activation_bytes(fsdp_mlp_t mlp);
+
+/* ---- GPT-2 ---------------------------------------------------------------
+ * Tensors follow the published GPT-2 layout and names: "wte" (V,C) tied with the
+ * output head, "wpe" (maxT,C), "h.<i>.ln_1.weight"/".bias" (C),
+ * "h.<i>.attn.c_attn.weight" (C,3C) and ".bias" (3C), "h.<i>.attn.c_proj.weight"
+ * (C,C), "h.<i>.ln_2.*", "h.<i>.mlp.c_fc.weight" (C,4C), "h.<i>.mlp.c_proj.weight"
+ * (4C,C) with their biases, "ln_f.weight"/".bias". Init as GPT-2: N(0, 0.02),
+ * residual projections N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1. */
+typedef struct {
+  int n_layer, n_head, n_embd;
+  int block_size; /* maximum sequence length */
+  int vocab_size;
+} fsdp_gpt2_config_t;
+
+/* "124M", "350M", "774M", "1558M" (the published sizes, vocabulary 50257,
+ * context 1024) and byte-level CPU sizes "tiny" (2 layers, 64 wide, T 64) and
+ * "small" (4 layers, 128 wide, T 128), vocabulary 256. */
+FSDP_API fsdp_status_t fsdp_gpt2_preset(const char *name, fsdp_gpt2_config_t *out);
+FSDP_API fsdp_status_t fsdp_gpt2_config_check(const fsdp_gpt2_config_t *c);
+FSDP_API size_t fsdp_gpt2_num_params(const fsdp_gpt2_config_t *c);
+
+/* How the model becomes engine units and what it recomputes.
+ * wrap_kinds:  comma-separated module kinds that get a unit each ("GPT2Block");
+ * wrap_min_params: otherwise, consecutive blocks are grouped into units of at
+ *              least this many parameters (0: no size policy);
+ * whatever is not wrapped (always wte, wpe, ln_f) forms the root unit "root",
+ * acquired first and released last, since the output head reuses wte.
+ * checkpoint_kinds: kinds of units whose activations are recomputed in backward
+ *              from the unit's input ("GPT2Block"): memory for compute. */
+typedef struct {
+  const char *wrap_kinds;
+  size_t wrap_min_params;
+  const char *checkpoint_kinds;
+  int max_batch; /* sequences per micro-batch the activation buffers hold */
+  int max_T;     /* 0: block_size */
+} fsdp_gpt2_opts_t;
+
+typedef struct fsdp_gpt2 *fsdp_gpt2_t;
+
+/* Registers the model's units with an engine not yet materialised. */
+FSDP_API fsdp_status_t fsdp_gpt2_create(fsdp_engine_t engine, const fsdp_gpt2_config_t *c,
+                                        const fsdp_gpt2_opts_t *opts, fsdp_gpt2_t *gpt);
+FSDP_API void fsdp_gpt2_destroy(fsdp_gpt2_t gpt);
+/* One micro-batch: forward, loss against targets, backward. tokens and targets
+ * are (B,T) in [0,V); gradients are of loss_sum * loss_scale; *loss_sum (may
+ * be NULL) receives the summed per-token cross-entropy. */
+FSDP_API fsdp_status_t fsdp_gpt2_forward_backward(fsdp_gpt2_t gpt, const int *tokens,
+                                                  const int *targets, int B, int T,
+                                                  float loss_scale, double *loss_sum);
+/* Forward only. targets and loss_sum may be NULL; *logits (may be NULL) points
+ * at the (B,T,V) logits, valid until the next call on gpt. */
+FSDP_API fsdp_status_t fsdp_gpt2_forward(fsdp_gpt2_t gpt, const int *tokens, const int *targets,
+                                         int B, int T, double *loss_sum, const float **logits);
+/* Samples n_new tokens after the prompt (temperature > 0; the RNG is seeded, so
+ * every rank draws the same tokens). out receives n_new tokens. Collective. */
+FSDP_API fsdp_status_t fsdp_gpt2_generate(fsdp_gpt2_t gpt, const int *prompt, int n_prompt,
+                                          int n_new, float temperature, uint64_t seed, int *out);
+/* Bytes of activation buffers held, and what they would be without
+ * checkpointing (equal when nothing is checkpointed). */
+FSDP_API size_t fsdp_gpt2_activation_bytes(fsdp_gpt2_t gpt, size_t *without_checkpointing);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,540 @@
+/* src/nn/gpt2.c — GPT-2 over the public engine API: tensor layout and presets,
+ * the wrap policy that cuts the model into units, forward/backward with
+ * per-unit activation checkpointing, and sampling. Dims: B batch, T time,
+ * C channels, NH heads, V vocabulary, L layers. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/internal.h"
+#include "fsdp/nn.h"
+
+#define BLOCK_TENSORS 12
+enum { LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB, LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB };
+
+static const struct { const char *name; int rows, cols; /* in units of C; 0: none */ } block_layout[] = {
+    {"ln_1.weight", 1, 0},      {"ln_1.bias", 1, 0},        {"attn.c_attn.weight", 1, 3},
+    {"attn.c_attn.bias", 3, 0}, {"attn.c_proj.weight", 1, 1}, {"attn.c_proj.bias", 1, 0},
+    {"ln_2.weight", 1, 0},      {"ln_2.bias", 1, 0},        {"mlp.c_fc.weight", 1, 4},
+    {"mlp.c_fc.bias", 4, 0},    {"mlp.c_proj.weight", 4, 1}, {"mlp.c_proj.bias", 1, 0},
+};
+
+/* One block's saved activations, sized for max_batch x max_T. */
+struct acts {
+  float *ln1, *ln1_mean, *ln1_rstd; /* (B,T,C) (B,T) (B,T) */
+  float *qkv;                       /* (B,T,3C) */
+  float *att;                       /* (B,NH,T,T) */
+  float *atty;                      /* (B,T,C) attention output before c_proj */
+  float *res2;                      /* (B,T,C) x + attention */
+  float *ln2, *ln2_mean, *ln2_rstd; /* (B,T,C) (B,T) (B,T) */
+  float *fch, *fch_gelu;            /* (B,T,4C) */
+};
+
+struct gunit {
+  fsdp_unit_t id;
+  int first, count; /* blocks [first, first+count); root: its unwrapped blocks */
+  int checkpoint;
+  fsdp_view_t view;
+};
+
+struct fsdp_gpt2 {
+  fsdp_engine_t eng;
+  fsdp_gpt2_config_t c;
+  int maxB, maxT;
+  struct gunit *units; /* units[0] is the root */
+  int n_units;
+  int *block_unit;     /* (L) index into units */
+  int *block_base;     /* (L) index of the block's first tensor in its unit's view */
+  char **names;        /* tensor names, owned */
+  int n_names;
+
+  struct acts *acts;   /* (L) saved, or pointing into scratch for checkpointed units */
+  struct acts *scratch;/* (max blocks per checkpointed unit) */
+  float *xs;           /* (L+1, B,T,C): the input of every block and the last output */
+  float *lnf, *lnf_mean, *lnf_rstd, *logits, *dlogits;
+  float *dres, *d1, *d3, *d4a, *d4b; /* backward scratch */
+  float *probs;        /* (V) sampling */
+  size_t act_bytes, act_bytes_full;
+};
+
+/* ---- configuration ------------------------------------------------------ */
+
+fsdp_status_t fsdp_gpt2_preset(const char *name, fsdp_gpt2_config_t *out) {
+  static const struct { const char *name; fsdp_gpt2_config_t c; } presets[] = {
+      {"124M", {12, 12, 768, 1024, 50257}},   {"350M", {24, 16, 1024, 1024, 50257}},
+      {"774M", {36, 20, 1280, 1024, 50257}},  {"1558M", {48, 25, 1600, 1024, 50257}},
+      {"tiny", {2, 4, 64, 64, 256}},          {"small", {4, 4, 128, 128, 256}},
+  };
+  for (size_t i = 0; name && i < sizeof presets / sizeof presets[0]; i++)
+    if (strcmp(name, presets[i].name) == 0) {
+      *out = presets[i].c;
+      return FSDP_SUCCESS;
+    }
+  return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                    "unknown GPT-2 preset '%s': use 124M, 350M, 774M, 1558M, tiny or small",
+                    name ? name : "(null)");
+}
+
+fsdp_status_t fsdp_gpt2_config_check(const fsdp_gpt2_config_t *c) {
+  if (!c) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "GPT-2 config is NULL");
+  if (c->n_layer < 1 || c->n_head < 1 || c->n_embd < 1 || c->block_size < 1 || c->vocab_size < 1)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "GPT-2 config: layers %d, heads %d, width %d, context %d and vocabulary "
+                      "%d must all be positive", c->n_layer, c->n_head, c->n_embd,
+                      c->block_size, c->vocab_size);
+  if (c->n_embd % c->n_head != 0)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "GPT-2 config: width %d is not divisible by %d heads", c->n_embd,
+                      c->n_head);
+  if (c->block_size > FSDP_ATTENTION_MAX_T)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "GPT-2 config: context %d exceeds %d",
+                      c->block_size, FSDP_ATTENTION_MAX_T);
+  return FSDP_SUCCESS;
+}
+
+static size_t block_params(size_t C) { return 12 * C * C + 13 * C; }
+
+size_t fsdp_gpt2_num_params(const fsdp_gpt2_config_t *c) {
+  size_t C = (size_t)c->n_embd;
+  return (size_t)c->vocab_size * C + (size_t)c->block_size * C +
+         (size_t)c->n_layer * block_params(C) + 2 * C;
+}
+
+/* ---- units ------------------------------------------------------------- */
+
+static fsdp_status_t has_kind(const char *list, const char *what, int *block) {
+  *block = 0;
+  if (!list || !*list) return FSDP_SUCCESS;
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", list);
+  for (char *save = NULL, *k = strtok_r(buf, ",", &save); k; k = strtok_r(NULL, ",", &save)) {
+    if (strcmp(k, "GPT2Block") != 0)
+      return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                        "%s: GPT-2 has no module kind '%s' to wrap (its kinds: GPT2Block; "
+                        "wte, wpe and ln_f always stay in the root unit)", what, k);
+    *block = 1;
+  }
+  return FSDP_SUCCESS;
+}
+
+/* Cuts blocks into units: one per block (kind policy), groups of at least
+ * min_params (size policy), the rest in the root. Fills block_unit. */
+static fsdp_status_t plan_units(struct fsdp_gpt2 *g, const fsdp_gpt2_opts_t *o) {
+  int L = g->c.n_layer, by_kind, ckpt;
+  FSDP_TRY(has_kind(o->wrap_kinds, "wrap_kinds", &by_kind));
+  FSDP_TRY(has_kind(o->checkpoint_kinds, "checkpoint_kinds", &ckpt));
+  g->units = calloc((size_t)L + 1, sizeof *g->units);
+  g->block_unit = calloc((size_t)L, sizeof *g->block_unit);
+  g->block_base = calloc((size_t)L, sizeof *g->block_base);
+  if (!g->units || !g->block_unit || !g->block_base)
+    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "GPT-2: out of host memory");
+  g->n_units = 1;
+  size_t per = block_params((size_t)g->c.n_embd);
+  for (int l = 0; l < L;) {
+    int n = by_kind ? 1 : 0;
+    if (!by_kind && o->wrap_min_params > 0) {
+      size_t have = 0;
+      while (l + n < L && have < o->wrap_min_params) have += per, n++;
+      if (have < o->wrap_min_params) n = 0; /* the tail stays in the root */
+    }
+    if (n == 0) break;
+    g->units[g->n_units] = (struct gunit){-1, l, n, ckpt, {0, NULL, NULL}};
+    for (int k = 0; k < n; k++) g->block_unit[l + k] = g->n_units;
+    g->n_units++;
+    l += n;
+  }
+  int wrapped = g->n_units > 1 ? g->units[g->n_units - 1].first + g->units[g->n_units - 1].count : 0;
+  g->units[0] = (struct gunit){-1, wrapped, L - wrapped, 0, {0, NULL, NULL}};
+  if (ckpt && g->n_units == 1)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "checkpoint_kinds GPT2Block: no block is wrapped in a unit of its own; "
+                      "add a wrap policy (wrap_kinds GPT2Block or wrap_min_params)");
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t add_name(struct fsdp_gpt2 *g, const char *name, fsdp_tensor_desc_t *d) {
+  char *copy = fsdp_strdup(name);
+  if (!copy) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "GPT-2: out of host memory");
+  g->names[g->n_names++] = copy;
+  d->name = copy;
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t block_descs(struct fsdp_gpt2 *g, int l, fsdp_tensor_desc_t *d) {
+  int64_t C = g->c.n_embd;
+  float proj_std = 0.02f / sqrtf(2.0f * (float)g->c.n_layer);
+  for (int j = 0; j < BLOCK_TENSORS; j++) {
+    char name[96];
+    snprintf(name, sizeof name, "h.%d.%s", l, block_layout[j].name);
+    FSDP_TRY(add_name(g, name, &d[j]));
+    int matrix = block_layout[j].cols > 0;
+    d[j].ndim = matrix ? 2 : 1;
+    d[j].shape[0] = block_layout[j].rows * C;
+    d[j].shape[1] = matrix ? block_layout[j].cols * C : 0;
+    d[j].no_decay = !matrix;
+    d[j].init = matrix ? FSDP_INIT_NORMAL : j == LN1W || j == LN2W ? FSDP_INIT_CONSTANT
+                                                                   : FSDP_INIT_ZEROS;
+    d[j].init_scale = j == ATTPROJW || j == FCPROJW ? proj_std : matrix ? 0.02f : 1.0f;
+  }
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t register_units(struct fsdp_gpt2 *g) {
+  int L = g->c.n_layer;
+  int64_t C = g->c.n_embd;
+  fsdp_tensor_desc_t *d = calloc((size_t)L * BLOCK_TENSORS + 4, sizeof *d);
+  if (!d) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "GPT-2: out of host memory");
+  fsdp_status_t st = FSDP_SUCCESS;
+  /* root: wte, wpe, its blocks, ln_f */
+  struct gunit *r = &g->units[0];
+  int n = 0;
+  FSDP_TRYG(st, add_name(g, "wte", &d[n]), out);
+  d[n++] = (fsdp_tensor_desc_t){d[0].name, 2, {g->c.vocab_size, C}, FSDP_INIT_NORMAL, 0.02f, 0};
+  FSDP_TRYG(st, add_name(g, "wpe", &d[n]), out);
+  d[n] = (fsdp_tensor_desc_t){d[n].name, 2, {g->c.block_size, C}, FSDP_INIT_NORMAL, 0.01f, 0};
+  n++;
+  for (int l = r->first; l < r->first + r->count; l++, n += BLOCK_TENSORS) {
+    g->block_base[l] = n;
+    FSDP_TRYG(st, block_descs(g, l, &d[n]), out);
+  }
+  FSDP_TRYG(st, add_name(g, "ln_f.weight", &d[n]), out);
+  d[n] = (fsdp_tensor_desc_t){d[n].name, 1, {C}, FSDP_INIT_CONSTANT, 1.0f, 1};
+  n++;
+  FSDP_TRYG(st, add_name(g, "ln_f.bias", &d[n]), out);
+  d[n] = (fsdp_tensor_desc_t){d[n].name, 1, {C}, FSDP_INIT_ZEROS, 0.0f, 1};
+  n++;
+  for (int l = r->first; l < r->first + r->count; l++) g->block_unit[l] = 0;
+  FSDP_TRYG(st, fsdp_unit_add(g->eng, "root", "GPT2Model", d, n, &r->id), out);
+  for (int u = 1; u < g->n_units; u++) {
+    struct gunit *gu = &g->units[u];
+    for (int k = 0; k < gu->count; k++) {
+      g->block_base[gu->first + k] = k * BLOCK_TENSORS;
+      FSDP_TRYG(st, block_descs(g, gu->first + k, &d[k * BLOCK_TENSORS]), out);
+    }
+    char name[48];
+    if (gu->count == 1) snprintf(name, sizeof name, "h.%d", gu->first);
+    else snprintf(name, sizeof name, "h.%d-%d", gu->first, gu->first + gu->count - 1);
+    FSDP_TRYG(st, fsdp_unit_add(g->eng, name, "GPT2Block", d, gu->count * BLOCK_TENSORS, &gu->id),
+              out);
+  }
+out:
+  free(d);
+  return st;
+}
+
+/* ---- activations -------------------------------------------------------- */
+
+static size_t acts_floats(const struct fsdp_gpt2 *g) {
+  size_t BT = (size_t)g->maxB * (size_t)g->maxT, C = (size_t)g->c.n_embd;
+  return BT * (C + 2 + 3 * C + C + C + C + 2 + 8 * C) +
+         (size_t)g->maxB * (size_t)g->c.n_head * (size_t)g->maxT * (size_t)g->maxT;
+}
+
+static void acts_carve(const struct fsdp_gpt2 *g, struct acts *a, float *p) {
+  size_t BT = (size_t)g->maxB * (size_t)g->maxT, C = (size_t)g->c.n_embd;
+  a->ln1 = p, p += BT * C;
+  a->ln1_mean = p, p += BT;
+  a->ln1_rstd = p, p += BT;
+  a->qkv = p, p += 3 * BT * C;
+  a->atty = p, p += BT * C;
+  a->res2 = p, p += BT * C;
+  a->ln2 = p, p += BT * C;
+  a->ln2_mean = p, p += BT;
+  a->ln2_rstd = p, p += BT;
+  a->fch = p, p += 4 * BT * C;
+  a->fch_gelu = p, p += 4 * BT * C;
+  a->att = p;
+}
+
+static fsdp_status_t alloc_acts(struct fsdp_gpt2 *g) {
+  int L = g->c.n_layer, maxk = 0, saved = 0;
+  for (int u = 0; u < g->n_units; u++)
+    if (g->units[u].checkpoint) maxk = g->units[u].count > maxk ? g->units[u].count : maxk;
+    else saved += g->units[u].count;
+  size_t per = acts_floats(g), BT = (size_t)g->maxB * (size_t)g->maxT;
+  size_t C = (size_t)g->c.n_embd, V = (size_t)g->c.vocab_size;
+  size_t common = (size_t)(L + 1) * BT * C + BT * (C + 2) + 2 * BT * V + BT * (C + C + 3 * C + 8 * C) + V;
+  g->act_bytes = ((size_t)(saved + maxk) * per + common) * sizeof(float);
+  g->act_bytes_full = ((size_t)L * per + common) * sizeof(float);
+  g->acts = calloc((size_t)L, sizeof *g->acts);
+  g->scratch = calloc((size_t)(maxk ? maxk : 1), sizeof *g->scratch);
+  float *p = fsdp_alloc(g->act_bytes);
+  g->xs = p;
+  if (!g->acts || !g->scratch || !p)
+    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY,
+                      "GPT-2: cannot allocate %zu bytes of activations for batch %d x %d",
+                      g->act_bytes, g->maxB, g->maxT);
+  p += (size_t)(L + 1) * BT * C;
+  for (int k = 0; k < maxk; k++, p += per) acts_carve(g, &g->scratch[k], p);
+  for (int l = 0; l < L; l++) {
+    const struct gunit *u = &g->units[g->block_unit[l]];
+    if (u->checkpoint) g->acts[l] = g->scratch[l - u->first];
+    else acts_carve(g, &g->acts[l], p), p += per;
+  }
+  g->lnf = p, p += BT * C;
+  g->lnf_mean = p, p += BT;
+  g->lnf_rstd = p, p += BT;
+  g->logits = p, p += BT * V;
+  g->dlogits = p, p += BT * V;
+  g->dres = p, p += BT * C;
+  g->d1 = p, p += BT * C;
+  g->d3 = p, p += 3 * BT * C;
+  g->d4a = p, p += 4 * BT * C;
+  g->d4b = p, p += 4 * BT * C;
+  g->probs = p;
+  return FSDP_SUCCESS;
+}
+
+void fsdp_gpt2_destroy(fsdp_gpt2_t g) {
+  if (!g) return;
+  for (int i = 0; i < g->n_names; i++) free(g->names[i]);
+  free(g->names);
+  free(g->units);
+  free(g->block_unit);
+  free(g->block_base);
+  free(g->acts);
+  free(g->scratch);
+  fsdp_free(g->xs);
+  free(g);
+}
+
+fsdp_status_t fsdp_gpt2_create(fsdp_engine_t eng, const fsdp_gpt2_config_t *c,
+                               const fsdp_gpt2_opts_t *o, fsdp_gpt2_t *out) {
+  if (!eng || !o || !out)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_gpt2_create: NULL argument");
+  FSDP_TRY(fsdp_gpt2_config_check(c));
+  int maxT = o->max_T ? o->max_T : c->block_size;
+  if (o->max_batch < 1 || maxT < 1 || maxT > c->block_size)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "fsdp_gpt2_create: max_batch %d must be >= 1 and max_T %d in [1, %d]",
+                      o->max_batch, maxT, c->block_size);
+  struct fsdp_gpt2 *g = calloc(1, sizeof *g);
+  if (!g) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "GPT-2: out of host memory");
+  *g = (struct fsdp_gpt2){.eng = eng, .c = *c, .maxB = o->max_batch, .maxT = maxT};
+  fsdp_status_t st;
+  g->names = calloc((size_t)c->n_layer * BLOCK_TENSORS + 4, sizeof *g->names);
+  if (!g->names) {
+    st = fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "GPT-2: out of host memory");
+    goto fail;
+  }
+  FSDP_TRYG(st, plan_units(g, o), fail);
+  FSDP_TRYG(st, register_units(g), fail);
+  FSDP_TRYG(st, alloc_acts(g), fail);
+  *out = g;
+  return FSDP_SUCCESS;
+fail:
+  fsdp_gpt2_destroy(g);
+  return st;
+}
+
+size_t fsdp_gpt2_activation_bytes(fsdp_gpt2_t g, size_t *without_checkpointing) {
+  if (without_checkpointing) *without_checkpointing = g ? g->act_bytes_full : 0;
+  return g ? g->act_bytes : 0;
+}
+
+/* ---- blocks ------------------------------------------------------------- */
+
+static void block_forward(const struct fsdp_gpt2 *g, float *const *p, const struct acts *a,
+                          const float *x, float *out, int B, int T) {
+  int C = g->c.n_embd, BT = B * T;
+  fsdp_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, p[LN1W], p[LN1B], BT, C);
+  fsdp_conv1d_forward(a->qkv, a->ln1, p[QKVW], p[QKVB], BT, C, 3 * C);
+  fsdp_attention_forward(a->atty, a->att, a->qkv, B, T, C, g->c.n_head);
+  fsdp_conv1d_forward(a->res2, a->atty, p[ATTPROJW], p[ATTPROJB], BT, C, C);
+  fsdp_residual_forward(a->res2, a->res2, x, (size_t)BT * C);
+  fsdp_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, p[LN2W], p[LN2B], BT, C);
+  fsdp_conv1d_forward(a->fch, a->ln2, p[FCW], p[FCB], BT, C, 4 * C);
+  fsdp_gelu_forward(a->fch_gelu, a->fch, (size_t)BT * 4 * C);
+  fsdp_conv1d_forward(out, a->fch_gelu, p[FCPROJW], p[FCPROJB], BT, 4 * C, C);
+  fsdp_residual_forward(out, out, a->res2, (size_t)BT * C);
+}
+
+/* On entry g->dres holds d(out); on return d(x). */
+static void block_backward(struct fsdp_gpt2 *g, float *const *p, float *const *dp,
+                           const struct acts *a, const float *x, int B, int T) {
+  int C = g->c.n_embd, BT = B * T;
+  size_t n1 = (size_t)BT * C;
+  memset(g->d4a, 0, 4 * n1 * sizeof(float));
+  fsdp_conv1d_backward(g->d4a, dp[FCPROJW], dp[FCPROJB], g->dres, a->fch_gelu, p[FCPROJW], BT,
+                       4 * C, C);
+  memset(g->d4b, 0, 4 * n1 * sizeof(float));
+  fsdp_gelu_backward(g->d4b, a->fch, g->d4a, 4 * n1);
+  memset(g->d1, 0, n1 * sizeof(float));
+  fsdp_conv1d_backward(g->d1, dp[FCW], dp[FCB], g->d4b, a->ln2, p[FCW], BT, C, 4 * C);
+  /* the residual carries d(out) straight to d(res2), to which LN2 adds */
+  fsdp_layernorm_backward(g->dres, dp[LN2W], dp[LN2B], g->d1, a->res2, p[LN2W], a->ln2_mean,
+                          a->ln2_rstd, BT, C);
+  memset(g->d1, 0, n1 * sizeof(float));
+  fsdp_conv1d_backward(g->d1, dp[ATTPROJW], dp[ATTPROJB], g->dres, a->atty, p[ATTPROJW], BT, C,
+                       C);
+  memset(g->d3, 0, 3 * n1 * sizeof(float));
+  fsdp_attention_backward(g->d3, g->d1, a->qkv, a->att, B, T, C, g->c.n_head);
+  memset(g->d1, 0, n1 * sizeof(float));
+  fsdp_conv1d_backward(g->d1, dp[QKVW], dp[QKVB], g->d3, a->ln1, p[QKVW], BT, C, 3 * C);
+  fsdp_layernorm_backward(g->dres, dp[LN1W], dp[LN1B], g->d1, x, p[LN1W], a->ln1_mean,
+                          a->ln1_rstd, BT, C);
+}
+
+/* ---- forward / backward ------------------------------------------------- */
+
+static float *x_at(const struct fsdp_gpt2 *g, int l, int B, int T) {
+  return g->xs + (size_t)l * (size_t)B * (size_t)T * (size_t)g->c.n_embd;
+}
+
+static fsdp_status_t check_batch(const struct fsdp_gpt2 *g, const int *tokens,
+                                 const int *targets, int B, int T) {
+  if (!tokens || B < 1 || B > g->maxB || T < 1 || T > g->maxT)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "GPT-2: batch %d x %d outside the %d x %d the model was created for", B,
+                      T, g->maxB, g->maxT);
+  for (size_t i = 0; i < (size_t)B * (size_t)T; i++) {
+    if (tokens[i] < 0 || tokens[i] >= g->c.vocab_size)
+      return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                        "GPT-2: token %d at position %zu is not in the vocabulary [0, %d)",
+                        tokens[i], i, g->c.vocab_size);
+    if (targets && (targets[i] < 0 || targets[i] >= g->c.vocab_size))
+      return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                        "GPT-2: target %d at position %zu is not in the vocabulary [0, %d)",
+                        targets[i], i, g->c.vocab_size);
+  }
+  return FSDP_SUCCESS;
+}
+
+static float *const *block_params_of(const struct fsdp_gpt2 *g, int l) {
+  return g->units[g->block_unit[l]].view.param + g->block_base[l];
+}
+
+/* Every block of the forward; acquires and releases the wrapped units. */
+static fsdp_status_t blocks_forward(struct fsdp_gpt2 *g, int B, int T) {
+  for (int l = 0; l < g->c.n_layer; l++) {
+    struct gunit *u = &g->units[g->block_unit[l]];
+    int wrapped = u != &g->units[0];
+    if (wrapped && l == u->first) FSDP_TRY(fsdp_unit_acquire(g->eng, u->id, FSDP_FORWARD, &u->view));
+    block_forward(g, block_params_of(g, l), &g->acts[l], x_at(g, l, B, T), x_at(g, l + 1, B, T), B, T);
+    if (wrapped && l == u->first + u->count - 1) FSDP_TRY(fsdp_unit_release(g->eng, u->id, FSDP_FORWARD));
+  }
+  return FSDP_SUCCESS;
+}
+
+/* Embedding, blocks, ln_f and logits; the root stays acquired for the caller. */
+static fsdp_status_t forward(struct fsdp_gpt2 *g, const int *tokens, int B, int T) {
+  struct gunit *r = &g->units[0];
+  int C = g->c.n_embd, BT = B * T;
+  FSDP_TRY(fsdp_unit_acquire(g->eng, r->id, FSDP_FORWARD, &r->view));
+  const int lnf = r->view.n - 2;
+  fsdp_embedding_forward(x_at(g, 0, B, T), tokens, r->view.param[0], r->view.param[1], B, T, C);
+  FSDP_TRY(blocks_forward(g, B, T));
+  fsdp_layernorm_forward(g->lnf, g->lnf_mean, g->lnf_rstd, x_at(g, g->c.n_layer, B, T),
+                         r->view.param[lnf], r->view.param[lnf + 1], BT, C);
+  fsdp_linear_forward(g->logits, g->lnf, r->view.param[0], NULL, BT, C, g->c.vocab_size);
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t blocks_backward(struct fsdp_gpt2 *g, int B, int T) {
+  for (int l = g->c.n_layer - 1; l >= 0; l--) {
+    struct gunit *u = &g->units[g->block_unit[l]];
+    int wrapped = u != &g->units[0];
+    if (wrapped && l == u->first + u->count - 1) {
+      FSDP_TRY(fsdp_unit_acquire(g->eng, u->id, FSDP_BACKWARD, &u->view));
+      for (int k = u->first; u->checkpoint && k <= l; k++) /* recompute from the unit's input */
+        block_forward(g, block_params_of(g, k), &g->acts[k], x_at(g, k, B, T),
+                      x_at(g, k + 1, B, T), B, T);
+    }
+    block_backward(g, block_params_of(g, l), u->view.grad + g->block_base[l], &g->acts[l],
+                   x_at(g, l, B, T), B, T);
+    if (wrapped && l == u->first) FSDP_TRY(fsdp_unit_release(g->eng, u->id, FSDP_BACKWARD));
+  }
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t backward(struct fsdp_gpt2 *g, const int *tokens, int B, int T) {
+  struct gunit *r = &g->units[0];
+  int C = g->c.n_embd, BT = B * T;
+  FSDP_TRY(fsdp_unit_acquire(g->eng, r->id, FSDP_BACKWARD, &r->view));
+  float *const *p = r->view.param, *const *dp = r->view.grad;
+  const int lnf = r->view.n - 2;
+  memset(g->d1, 0, (size_t)BT * C * sizeof(float));
+  fsdp_linear_backward(g->d1, dp[0], NULL, g->dlogits, g->lnf, p[0], BT, C, g->c.vocab_size);
+  memset(g->dres, 0, (size_t)BT * C * sizeof(float));
+  fsdp_layernorm_backward(g->dres, dp[lnf], dp[lnf + 1], g->d1, x_at(g, g->c.n_layer, B, T),
+                          p[lnf], g->lnf_mean, g->lnf_rstd, BT, C);
+  FSDP_TRY(blocks_backward(g, B, T));
+  fsdp_embedding_backward(dp[0], dp[1], g->dres, tokens, B, T, C);
+  return fsdp_unit_release(g->eng, r->id, FSDP_BACKWARD);
+}
+
+fsdp_status_t fsdp_gpt2_forward_backward(fsdp_gpt2_t g, const int *tokens, const int *targets,
+                                         int B, int T, float loss_scale, double *loss_sum) {
+  if (!g || !targets) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "GPT-2: NULL argument");
+  FSDP_TRY(check_batch(g, tokens, targets, B, T));
+  FSDP_TRY(forward(g, tokens, B, T));
+  double loss = fsdp_softmax_xent(g->dlogits, g->logits, targets, B * T, g->c.vocab_size,
+                                  loss_scale);
+  FSDP_TRY(fsdp_unit_release(g->eng, g->units[0].id, FSDP_FORWARD));
+  FSDP_TRY(backward(g, tokens, B, T));
+  if (loss_sum) *loss_sum = loss;
+  return FSDP_SUCCESS;
+}
+
+fsdp_status_t fsdp_gpt2_forward(fsdp_gpt2_t g, const int *tokens, const int *targets, int B,
+                                int T, double *loss_sum, const float **logits) {
+  if (!g) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "GPT-2: NULL model");
+  FSDP_TRY(check_batch(g, tokens, targets, B, T));
+  FSDP_TRY(forward(g, tokens, B, T));
+  FSDP_TRY(fsdp_unit_release(g->eng, g->units[0].id, FSDP_FORWARD));
+  if (loss_sum && targets)
+    *loss_sum = fsdp_softmax_xent(NULL, g->logits, targets, B * T, g->c.vocab_size, 1.0f);
+  if (logits) *logits = g->logits;
+  return FSDP_SUCCESS;
+}
+
+/* ---- sampling ----------------------------------------------------------- */
+
+static double uniform01(uint64_t seed, uint64_t i) {
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull * (i + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return (double)(z >> 11) * 0x1.0p-53;
+}
+
+static int sample_token(struct fsdp_gpt2 *g, const float *row, float temperature, double u) {
+  int V = g->c.vocab_size;
+  float maxv = row[0];
+  for (int v = 1; v < V; v++) maxv = row[v] > maxv ? row[v] : maxv;
+  double sum = 0.0;
+  for (int v = 0; v < V; v++) sum += g->probs[v] = expf((row[v] - maxv) / temperature);
+  double acc = 0.0, target = u * sum;
+  for (int v = 0; v < V; v++)
+    if ((acc += g->probs[v]) >= target) return v;
+  return V - 1;
+}
+
+fsdp_status_t fsdp_gpt2_generate(fsdp_gpt2_t g, const int *prompt, int n_prompt, int n_new,
+                                 float temperature, uint64_t seed, int *out) {
+  if (!g || !prompt || n_prompt < 1 || n_new < 0 || !out || !(temperature > 0.0f))
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "fsdp_gpt2_generate: needs a prompt of at least one token, n_new >= 0 "
+                      "and a positive temperature (got %d, %d, %g)", n_prompt, n_new,
+                      (double)temperature);
+  int *ctx = malloc((size_t)(n_prompt + n_new) * sizeof(int));
+  if (!ctx) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "fsdp_gpt2_generate: out of memory");
+  memcpy(ctx, prompt, (size_t)n_prompt * sizeof(int));
+  fsdp_status_t st = FSDP_SUCCESS;
+  for (int i = 0; i < n_new; i++) {
+    int len = n_prompt + i, T = len < g->maxT ? len : g->maxT;
+    const float *logits;
+    FSDP_TRYG(st, fsdp_gpt2_forward(g, ctx + len - T, NULL, 1, T, NULL, &logits), done);
+    int tok = sample_token(g, logits + (size_t)(T - 1) * (size_t)g->c.vocab_size, temperature,
+                           uniform01(seed, (uint64_t)i));
+    /* Every rank computed the same logits; rank 0's draw (an int moved as 4
+     * bytes) makes that certain. */
+    FSDP_TRYG(st, fsdp_broadcast(fsdp_engine_comm(g->eng), &tok, 1, FSDP_F32, 0,
+                                 FSDP_HOST_STREAM), done);
+    ctx[len] = out[i] = tok;
+  }
+done:
+  free(ctx);
+  return st;
+}

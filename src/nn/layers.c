@@ -1,25 +1,53 @@
-/* src/nn/layers.c — CPU fp32 layer kernels: linear (OpenBLAS sgemm), ReLU and
- * softmax cross-entropy. Backward kernels accumulate into their outputs. */
+/* src/nn/layers.c — CPU fp32 layer kernels: linear and conv1d (OpenBLAS sgemm;
+ * weights (OC,C) and (C,OC)), ReLU and softmax cross-entropy. Backward kernels
+ * accumulate into their outputs. */
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
 
 #include "fsdp/nn.h"
 
-void fsdp_linear_forward(float *out, const float *inp, const float *weight, const float *bias,
-                         int B, int C, int OC) {
-  if (B <= 0 || OC <= 0) return;
-  /* BLAS rejects a leading dimension of 0, so an empty reduction is spelled out. */
-  if (C <= 0)
-    memset(out, 0, (size_t)B * (size_t)OC * sizeof(float));
-  else
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, OC, C, 1.0f, inp, C, weight, C,
-                0.0f, out, OC);
+static void add_bias(float *out, const float *bias, int B, int OC) {
   if (!bias) return;
   for (int b = 0; b < B; ++b) {
     float *row = out + (size_t)b * OC;
     for (int o = 0; o < OC; ++o) row[o] += bias[o];
   }
+}
+
+/* Row-outer order keeps the inner loop contiguous for vectorisation. */
+static void sum_rows(float *dbias, const float *dout, int B, int OC) {
+  if (!dbias) return;
+  for (int b = 0; b < B; ++b) {
+    const float *row = dout + (size_t)b * OC;
+    for (int o = 0; o < OC; ++o) dbias[o] += row[o];
+  }
+}
+
+/* out = inp @ op(weight) + bias; op transposes a (OC,C) weight. */
+static void matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+                           int B, int C, int OC, int weight_out_in) {
+  if (B <= 0 || OC <= 0) return;
+  /* BLAS rejects a leading dimension of 0, so an empty reduction is spelled out. */
+  if (C <= 0)
+    memset(out, 0, (size_t)B * (size_t)OC * sizeof(float));
+  else if (weight_out_in)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, OC, C, 1.0f, inp, C, weight, C,
+                0.0f, out, OC);
+  else
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, OC, C, 1.0f, inp, C, weight, OC,
+                0.0f, out, OC);
+  add_bias(out, bias, B, OC);
+}
+
+void fsdp_linear_forward(float *out, const float *inp, const float *weight, const float *bias,
+                         int B, int C, int OC) {
+  matmul_forward(out, inp, weight, bias, B, C, OC, 1);
+}
+
+void fsdp_conv1d_forward(float *out, const float *inp, const float *weight, const float *bias,
+                         int B, int C, int OC) {
+  matmul_forward(out, inp, weight, bias, B, C, OC, 0);
 }
 
 void fsdp_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout,
@@ -32,12 +60,20 @@ void fsdp_linear_backward(float *dinp, float *dweight, float *dbias, const float
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, B, 1.0f, dout, OC, inp, C,
                 1.0f, dweight, C);
   }
-  if (!dbias) return;
-  /* Row-outer order keeps the inner loop contiguous for vectorisation. */
-  for (int b = 0; b < B; ++b) {
-    const float *row = dout + (size_t)b * OC;
-    for (int o = 0; o < OC; ++o) dbias[o] += row[o];
+  sum_rows(dbias, dout, B, OC);
+}
+
+void fsdp_conv1d_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                          const float *inp, const float *weight, int B, int C, int OC) {
+  if (B <= 0 || OC <= 0) return;
+  if (C > 0) {
+    if (dinp)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, C, OC, 1.0f, dout, OC, weight,
+                  OC, 1.0f, dinp, C);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, OC, B, 1.0f, inp, C, dout, OC,
+                1.0f, dweight, OC);
   }
+  sum_rows(dbias, dout, B, OC);
 }
 
 void fsdp_relu_forward(float *out, const float *inp, size_t n) {
