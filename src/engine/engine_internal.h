@@ -100,7 +100,8 @@ struct fsdp_engine {
   fsdp_event_t compute_done; /* recorded on the compute stream before a reduction */
   int *fwd_release;  /* release order of the last forward */
   int n_released;
-  int bwd_next;      /* index into the reverse of fwd_release */
+  int bwd_next;      /* backward acquires so far: index into reversed fwd_release */
+  int bwd_released;  /* backward releases so far */
   int64_t step;
 
   /* accounting */

@@ -243,7 +243,7 @@ static fsdp_status_t acquire(struct fsdp_engine *e, struct unit *u, fsdp_pass_t 
     e->n_released = 0;
   } else if (starts) {
     e->phase = PHASE_BACKWARD;
-    e->bwd_next = 0;
+    e->bwd_next = e->bwd_released = 0;
   }
   e->fwd_done = e->fwd_done && !starts;
   FSDP_TRY(prefetch(e, pass, pos));
@@ -255,6 +255,7 @@ static fsdp_status_t acquire(struct fsdp_engine *e, struct unit *u, fsdp_pass_t 
     float *g = NULL;
     FSDP_TRY(grad_buffer(e, u, &g));
     for (int i = 0; i < u->n_tensors; i++) u->grad_ptrs[i] = g + u->tensors[i].offset;
+    e->bwd_next = pos + 1;
   } else {
     e->fwd_next++;
   }
@@ -298,7 +299,7 @@ static fsdp_status_t release(struct fsdp_engine *e, struct unit *u, fsdp_pass_t 
     FSDP_TRY(reduce_issue(e, u, u->full_grad));
   u->gslot = -1;
   if (u->slot >= 0) FSDP_TRY(slot_release(e, u));
-  if (++e->bwd_next == e->n_units) e->phase = PHASE_IDLE;
+  if (++e->bwd_released == e->n_units) e->phase = PHASE_IDLE;
   return FSDP_SUCCESS;
 }
 

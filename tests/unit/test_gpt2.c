@@ -1,0 +1,226 @@
+/* tests/unit/test_gpt2.c — GPT-2 on one rank: the published parameter counts,
+ * the unit plans the wrap policies make, the model's gradient against finite
+ * differences, activation checkpointing giving identical gradients with the
+ * memory the shapes predict, and sampling. */
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsdp/fsdp.h"
+
+static fsdp_world_t world;
+static void setup(void) {
+  fsdp_world_opts_t o = {FSDP_LAUNCH_SINGLE, 0};
+  ck_assert_int_eq(fsdp_world_init(&world, &o), FSDP_SUCCESS);
+}
+static void teardown(void) { fsdp_world_destroy(world); }
+
+/* Small enough for finite differences, with no power-of-two sizes. */
+static const fsdp_gpt2_config_t cfg = {2, 3, 12, 9, 11};
+enum { B = 2, T = 7 };
+
+START_TEST(published_sizes) {
+  static const struct { const char *name; size_t params; } sizes[] = {
+      {"124M", 124439808}, {"350M", 354823168}, {"774M", 774030080}, {"1558M", 1557611200}};
+  for (size_t i = 0; i < 4; i++) {
+    fsdp_gpt2_config_t c;
+    ck_assert_int_eq(fsdp_gpt2_preset(sizes[i].name, &c), FSDP_SUCCESS);
+    ck_assert_uint_eq(fsdp_gpt2_num_params(&c), sizes[i].params);
+  }
+  fsdp_gpt2_config_t c;
+  ck_assert_int_ne(fsdp_gpt2_preset("125M", &c), FSDP_SUCCESS);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "125M"));
+  c = cfg;
+  c.n_head = 5;
+  ck_assert_int_ne(fsdp_gpt2_config_check(&c), FSDP_SUCCESS);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "divisible"));
+}
+END_TEST
+
+static fsdp_engine_t engine(const fsdp_config_t *c) {
+  fsdp_engine_t e;
+  ck_assert_int_eq(fsdp_engine_create(world, c, &e), FSDP_SUCCESS);
+  return e;
+}
+
+static fsdp_gpt2_t model(fsdp_engine_t e, const char *wrap, size_t min_params, const char *ckpt) {
+  fsdp_gpt2_opts_t o = {wrap, min_params, ckpt, B, 0};
+  fsdp_gpt2_t g;
+  ck_assert_int_eq(fsdp_gpt2_create(e, &cfg, &o, &g), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_engine_materialize(e, 5), FSDP_SUCCESS);
+  return g;
+}
+
+/* Units each policy makes, and that the units hold every parameter once. */
+START_TEST(wrap_plans) {
+  static const struct { const char *wrap; size_t min; int units; const char *second; } plans[] = {
+      {NULL, 0, 1, NULL},              /* one root unit */
+      {"GPT2Block", 0, 3, "h.0"},      /* root + one per block */
+      {NULL, 1, 3, "h.0"},             /* any block reaches 1 parameter */
+      {NULL, 3000, 2, "h.0-1"},        /* two blocks (1884 each) make one unit */
+      {NULL, 100000, 1, NULL},         /* nothing reaches it: all in the root */
+  };
+  for (size_t i = 0; i < sizeof plans / sizeof plans[0]; i++) {
+    fsdp_config_t c = FSDP_CONFIG_INIT;
+    fsdp_engine_t e = engine(&c);
+    fsdp_gpt2_t g = model(e, plans[i].wrap, plans[i].min, NULL);
+    ck_assert_int_eq(fsdp_engine_num_units(e), plans[i].units);
+    size_t total = 0;
+    for (int u = 0; u < plans[i].units; u++) {
+      fsdp_unit_info_t info;
+      fsdp_unit_info(e, u, &info);
+      total += info.numel;
+      if (u == 0) ck_assert_str_eq(info.name, "root");
+      if (u == 1) ck_assert_str_eq(info.name, plans[i].second);
+    }
+    ck_assert_uint_eq(total, fsdp_gpt2_num_params(&cfg));
+    fsdp_gpt2_destroy(g);
+    fsdp_engine_destroy(e);
+  }
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  fsdp_engine_t e = engine(&c);
+  fsdp_gpt2_opts_t bad = {"GPT2Attention", 0, NULL, B, 0};
+  fsdp_gpt2_t g;
+  ck_assert_int_ne(fsdp_gpt2_create(e, &cfg, &bad, &g), FSDP_SUCCESS);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "GPT2Attention"));
+  fsdp_gpt2_opts_t no_unit = {NULL, 0, "GPT2Block", B, 0};
+  ck_assert_int_ne(fsdp_gpt2_create(e, &cfg, &no_unit, &g), FSDP_SUCCESS);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "wrap"));
+  fsdp_engine_destroy(e);
+}
+END_TEST
+
+static void batch(int *tok, int *tgt) {
+  for (int i = 0; i < B * T; i++) {
+    tok[i] = (i * 7 + 3) % cfg.vocab_size;
+    tgt[i] = (i * 5 + 1) % cfg.vocab_size;
+  }
+}
+
+static const char *const probe_tensors[] = {"wte", "wpe", "h.0.attn.c_attn.weight",
+                                            "h.1.mlp.c_proj.weight", "h.1.ln_2.weight",
+                                            "ln_f.bias", "h.0.attn.c_proj.bias"};
+
+/* The gradient the engine applied (SGD, lr 1: before - after) against central
+ * differences of the loss, on a few elements of tensors all over the model. In
+ * fp32 with eps 1e-2 the differences carry ~1e-4 absolute error from rounding
+ * and O(eps^2) curvature: tolerance 2e-3 absolute plus 5 % relative. */
+START_TEST(gradient_check) {
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  c.optim.kind = FSDP_OPTIM_SGD;
+  c.optim.lr = 1.0f;
+  c.prefetch_depth = 2;
+  int tok[B * T], tgt[B * T];
+  batch(tok, tgt);
+  float before[2000], after[2000];
+  for (size_t p = 0; p < sizeof probe_tensors / sizeof probe_tensors[0]; p++) {
+    /* A fresh model per tensor: the step moved every other tensor too. */
+    fsdp_engine_t e = engine(&c);
+    fsdp_gpt2_t g = model(e, "GPT2Block", 0, _i ? "GPT2Block" : NULL);
+    const char *name = probe_tensors[p];
+    fsdp_engine_read_tensor(e, name, before, -1);
+    ck_assert_int_eq(fsdp_gpt2_forward_backward(g, tok, tgt, B, T, 1.0f, NULL), FSDP_SUCCESS);
+    ck_assert_int_eq(fsdp_engine_step(e, NULL), FSDP_SUCCESS);
+    fsdp_engine_read_tensor(e, name, after, -1);
+    fsdp_gpt2_destroy(g);
+    fsdp_engine_destroy(e);
+    e = engine(&c);
+    g = model(e, "GPT2Block", 0, NULL);
+    for (int k = 0; k < 3; k++) {
+      int i = (k * 37 + (int)p * 11) % 12;
+      float grad = before[i] - after[i], keep = before[i];
+      double lp, lm;
+      before[i] = keep + 1e-2f;
+      fsdp_engine_load_tensor(e, name, before, 0);
+      fsdp_gpt2_forward(g, tok, tgt, B, T, &lp, NULL);
+      before[i] = keep - 1e-2f;
+      fsdp_engine_load_tensor(e, name, before, 0);
+      fsdp_gpt2_forward(g, tok, tgt, B, T, &lm, NULL);
+      before[i] = keep;
+      double fd = (lp - lm) / 2e-2;
+      ck_assert_msg(fabs(fd - grad) <= 2e-3 + 0.05 * fabs(fd), "%s[%d]: engine %g, numeric %g",
+                    name, i, (double)grad, fd);
+    }
+    fsdp_gpt2_destroy(g);
+    fsdp_engine_destroy(e);
+  }
+}
+END_TEST
+
+START_TEST(checkpoint_identical) {
+  float w[2][2000];
+  size_t act[2], full[2];
+  for (int ck = 0; ck < 2; ck++) {
+    fsdp_config_t c = FSDP_CONFIG_INIT;
+    c.strategy = (fsdp_strategy_t)_i;
+    fsdp_engine_t e = engine(&c);
+    fsdp_gpt2_t g = model(e, "GPT2Block", 0, ck ? "GPT2Block" : NULL);
+    int tok[B * T], tgt[B * T];
+    batch(tok, tgt);
+    for (int s = 0; s < 3; s++) {
+      ck_assert_int_eq(fsdp_gpt2_forward_backward(g, tok, tgt, B, T, 0.1f, NULL), FSDP_SUCCESS);
+      ck_assert_int_eq(fsdp_engine_step(e, NULL), FSDP_SUCCESS);
+    }
+    fsdp_engine_read_tensor(e, "h.0.mlp.c_fc.weight", w[ck], -1);
+    act[ck] = fsdp_gpt2_activation_bytes(g, &full[ck]);
+    fsdp_gpt2_destroy(g);
+    fsdp_engine_destroy(e);
+  }
+  ck_assert_int_eq(memcmp(w[0], w[1], 12 * 48 * sizeof(float)), 0);
+  /* Predicted by the shapes: every block but one (the recompute scratch) stops
+   * keeping its activations: per token ln_1 C, qkv 3C, attention output C, first
+   * residual C, ln_2 C, MLP 4C before and 4C after GELU, and 4 LayerNorm
+   * statistics, plus NH x T attention probabilities. */
+  size_t C = (size_t)cfg.n_embd, maxT = (size_t)cfg.block_size;
+  size_t per_block = ((size_t)B * maxT * (15 * C + 4) + (size_t)B * (size_t)cfg.n_head * maxT * maxT)
+                     * sizeof(float);
+  ck_assert_uint_eq(act[0], full[0]);
+  ck_assert_uint_eq(full[1], full[0]);
+  ck_assert_uint_eq(act[0] - act[1], (size_t)(cfg.n_layer - 1) * per_block);
+}
+END_TEST
+
+START_TEST(sampling_and_errors) {
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  fsdp_engine_t e = engine(&c);
+  fsdp_gpt2_t g = model(e, "GPT2Block", 0, NULL);
+  int prompt[2] = {1, 2}, a[20], b[20];
+  ck_assert_int_eq(fsdp_gpt2_generate(g, prompt, 2, 20, 1.0f, 7, a), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_gpt2_generate(g, prompt, 2, 20, 1.0f, 7, b), FSDP_SUCCESS);
+  ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
+  for (int i = 0; i < 20; i++) ck_assert(a[i] >= 0 && a[i] < cfg.vocab_size);
+  int tok[B * T], tgt[B * T];
+  batch(tok, tgt);
+  tok[5] = cfg.vocab_size;
+  ck_assert_int_eq(fsdp_gpt2_forward_backward(g, tok, tgt, B, T, 1.0f, NULL),
+                   FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "position 5"));
+  batch(tok, tgt);
+  ck_assert_int_eq(fsdp_gpt2_forward_backward(g, tok, tgt, B, cfg.block_size + 1, 1.0f, NULL),
+                   FSDP_ERR_INVALID_ARGUMENT);
+  /* The refused calls left the engine ready to train. */
+  ck_assert_int_eq(fsdp_gpt2_forward_backward(g, tok, tgt, B, T, 1.0f, NULL), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_engine_step(e, NULL), FSDP_SUCCESS);
+  fsdp_gpt2_destroy(g);
+  fsdp_engine_destroy(e);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("gpt2");
+  TCase *tc = tcase_create("gpt2");
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, published_sizes);
+  tcase_add_test(tc, wrap_plans);
+  tcase_add_loop_test(tc, gradient_check, 0, 2);
+  tcase_add_loop_test(tc, checkpoint_identical, 0, 3);
+  tcase_add_test(tc, sampling_and_errors);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
