@@ -206,11 +206,18 @@ START_TEST(nested_root_order) {
   ck_assert_int_eq(fsdp_unit_release(e, u[0], FSDP_FORWARD), FSDP_SUCCESS);
   ck_error(fsdp_unit_acquire(e, u[2], FSDP_BACKWARD, &v), FSDP_ERR_INVALID_USAGE,
            "expected 'u0'");
-  static const int order[] = {0, 2, 1};
-  for (int k = 0; k < 3; k++) {
-    ck_assert_int_eq(fsdp_unit_acquire(e, u[order[k]], FSDP_BACKWARD, &v), FSDP_SUCCESS);
-    ck_assert_int_eq(fsdp_unit_release(e, u[order[k]], FSDP_BACKWARD), FSDP_SUCCESS);
+  /* the root stays acquired (its gradient buffer too) around the others */
+  fsdp_view_t root;
+  ck_assert_int_eq(fsdp_unit_acquire(e, u[0], FSDP_BACKWARD, &root), FSDP_SUCCESS);
+  root.grad[0][0] += 1.0f;
+  for (int i = 2; i >= 1; i--) {
+    ck_assert_int_eq(fsdp_unit_acquire(e, u[i], FSDP_BACKWARD, &v), FSDP_SUCCESS);
+    ck_assert_ptr_ne(v.grad[0], root.grad[0]);
+    ck_assert_int_eq(fsdp_unit_release(e, u[i], FSDP_BACKWARD), FSDP_SUCCESS);
   }
+  ck_assert_float_eq(root.grad[0][0], 1.0f); /* nobody else was handed its buffer */
+  ck_error(fsdp_engine_step(e, NULL), FSDP_ERR_INVALID_USAGE, "acquired");
+  ck_assert_int_eq(fsdp_unit_release(e, u[0], FSDP_BACKWARD), FSDP_SUCCESS);
   ck_assert_int_eq(fsdp_engine_step(e, NULL), FSDP_SUCCESS);
   fsdp_engine_destroy(e);
 }
