@@ -35,9 +35,11 @@ FSDP_API void fsdp_idx_free(fsdp_idx_dataset_t *ds);
 FSDP_API fsdp_status_t fsdp_fashion_mnist_load(const char *dir, const char *split,
                                                fsdp_idx_dataset_t *out);
 
-/* Bytes of text: a file, or every regular file of a directory in name order
- * (skipping names ending in ".dat", which are fortune indexes), joined by
- * newlines. The last val_fraction of the bytes is the validation split. */
+/* Bytes of text: a file, or every regular file of a directory in strcmp name
+ * order, joined by newlines. In a directory, symlinks, hidden files and names
+ * ending in ".dat" or ".u8" (fortune indexes and aliases) are skipped. An
+ * empty result is FSDP_ERR_FORMAT. The last val_fraction (in [0, 0.5]) of the
+ * bytes is the validation split: n_train = n - (size_t)(n * val_fraction). */
 typedef struct {
   uint8_t *bytes;
   size_t n;       /* all bytes */
