@@ -9,7 +9,9 @@
  * The sampler decides which samples form each global batch from (seed, epoch)
  * alone: never from the world size. Rank r of N takes its contiguous share of
  * each global batch, so one global batch size gives the same trajectory at any N.
- * Thread safety: all functions are reentrant; a sampler is read-only after init. */
+ * Thread safety: all functions are reentrant; a sampler caches the permutation
+ * of the epoch last asked for, so threads sharing one serialise their
+ * fsdp_sampler_batch calls. */
 #ifndef FSDP_DATA_H
 #define FSDP_DATA_H
 
