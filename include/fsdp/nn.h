@@ -53,7 +53,8 @@ FSDP_API void fsdp_layernorm_backward(float *dinp, float *dweight, float *dbias,
                                       const float *mean, const float *rstd, int N, int C);
 
 /* out (B,T,C) = wte[tokens[b,t]] (V,C) + wpe[t] (maxT,C). Tokens must be in [0,V):
- * callers validate them (data readers do). Backward scatters-adds. */
+ * callers validate them (data readers do). Backward scatter-adds dout into the
+ * rows of dwte and dwpe (both required). */
 FSDP_API void fsdp_embedding_forward(float *out, const int *tokens, const float *wte,
                                      const float *wpe, int B, int T, int C);
 FSDP_API void fsdp_embedding_backward(float *dwte, float *dwpe, const float *dout,
@@ -62,7 +63,8 @@ FSDP_API void fsdp_embedding_backward(float *dwte, float *dwpe, const float *dou
 /* Causal multi-head self-attention. qkv (B,T,3C) holds q, k, v side by side
  * (GPT-2's c_attn output); att (B,NH,T,T) receives the softmax probabilities
  * (entries above the diagonal are 0); out (B,T,C). Scale 1/sqrt(C/NH).
- * Backward adds into dqkv; T <= FSDP_ATTENTION_MAX_T. */
+ * Backward adds into dqkv; it needs T <= FSDP_ATTENTION_MAX_T (its stack
+ * scratch) and fills dqkv with NaN past that, so callers bound T up front. */
 #define FSDP_ATTENTION_MAX_T 4096
 FSDP_API void fsdp_attention_forward(float *out, float *att, const float *qkv, int B, int T,
                                      int C, int NH);
