@@ -1,0 +1,531 @@
+/* tests/unit/test_layers.c — GPT-2 block kernels (GELU, LayerNorm, embedding,
+ * causal attention, residual) against float64 references written here:
+ * forward values, gradients by central finite differences of the float64
+ * forward, the += contract of backward kernels, and the invariants each
+ * kernel promises (softmax rows, causality, normalised statistics). */
+#include <check.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsdp/nn.h"
+
+#define LEN(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/* Gradients: the loss is sum(out * R) for a random R, so dout = R, and the
+ * numeric side is a central difference of a float64 forward with step H:
+ * truncation O(H^2 f''') ~ 1e-8 and round-off ~ 1e-16 |loss| / H ~ 1e-11, so
+ * it is exact next to the fp32 analytic gradient, whose error is a few fp32
+ * ulps (6e-8) of sums of at most a few hundred O(1) terms: ~1e-6 absolute at
+ * worst (2e-7 seen, attention at T = 70). |analytic - numeric| <=
+ * GRAD_RTOL |numeric| + GRAD_ATOL leaves 50x room on that and still fails a
+ * dropped or mis-scaled term, which is off by 1e-3 or more. */
+#define H 1e-4
+#define GRAD_RTOL 1e-3
+#define GRAD_ATOL 1e-5
+/* Forward values: fp32 kernels against float64 with O(1) outputs, a few ulps
+ * of accumulated rounding (2e-7 seen); 1e-5 relative with a floor of 1e-5. */
+#define FWD_TOL 1e-5
+
+static uint64_t rng_state;
+
+static double rnd(void) { /* uniform in [-1, 1), splitmix64 */
+  uint64_t x = (rng_state += 0x9E3779B97F4A7C15ULL);
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return (double)((x ^ (x >> 31)) >> 11) / 9007199254740992.0 * 2.0 - 1.0;
+}
+
+/* n floats uniform in offset +- spread. */
+static float *rand_floats(size_t n, double offset, double spread) {
+  float *x = malloc((n ? n : 1) * sizeof(float));
+  ck_assert_ptr_nonnull(x);
+  for (size_t i = 0; i < n; ++i) x[i] = (float)(offset + spread * rnd());
+  return x;
+}
+
+static float *zeros(size_t n) {
+  float *x = calloc(n ? n : 1, sizeof(float));
+  ck_assert_ptr_nonnull(x);
+  return x;
+}
+
+static void assert_fwd(const char *what, size_t i, double got, double want) {
+  ck_assert_msg(fabs(got - want) <= FWD_TOL * (1.0 + fabs(want)), "%s[%zu]: got %.9g want %.9g",
+                what, i, got, want);
+}
+
+/* A float64 loss over a problem whose inputs are float arrays. */
+typedef double (*loss64_fn)(const void *problem);
+
+/* Central difference of loss around x[i], x restored after. The probes are
+ * stored in the fp32 array, so the divisor is the step actually taken. */
+static double numeric_grad(loss64_fn loss, const void *p, float *x, size_t i) {
+  const float x0 = x[i];
+  x[i] = (float)(x0 + H);
+  const double up = loss(p), dx_up = (double)x[i] - x0;
+  x[i] = (float)(x0 - H);
+  const double down = loss(p), dx_down = x0 - (double)x[i];
+  x[i] = x0;
+  return (up - down) / (dx_up + dx_down);
+}
+
+static void check_grads(const char *what, loss64_fn loss, const void *p, float *x,
+                        const float *analytic, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const double num = numeric_grad(loss, p, x, i);
+    ck_assert_msg(fabs(analytic[i] - num) <= GRAD_RTOL * fabs(num) + GRAD_ATOL,
+                  "%s[%zu]: analytic %.9g vs numeric %.9g", what, i, analytic[i], num);
+  }
+}
+
+/* A second backward call into the same buffer must double it. */
+static void assert_doubled(const char *what, const float *twice, const float *once, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    ck_assert_msg(fabs(twice[i] - 2.0 * once[i]) <= 1e-6 * (1.0 + fabs(once[i])),
+                  "%s[%zu]: %.9g after two calls, %.9g after one", what, i, twice[i], once[i]);
+}
+
+static float *copy_floats(const float *x, size_t n) {
+  float *y = malloc((n ? n : 1) * sizeof(float));
+  ck_assert_ptr_nonnull(y);
+  memcpy(y, x, n * sizeof(float));
+  return y;
+}
+
+/* ---- GELU ---- */
+
+static double gelu64(double x) {
+  return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+/* Inputs spread over +-spread: 6 reaches both tails, 0.5 the curved middle. */
+static const struct { size_t n; double spread; } kGelu[] = {{1, 1.0}, {37, 0.5}, {1000, 6.0}};
+
+START_TEST(gelu_forward_backward) {
+  const size_t n = kGelu[_i].n;
+  rng_state = 100 + (uint64_t)_i;
+  float *x = rand_floats(n, 0.0, kGelu[_i].spread), *r = rand_floats(n, 0.0, 1.0);
+  float *y = zeros(n), *dx = zeros(n), *dx2 = zeros(n);
+  fsdp_gelu_forward(y, x, n);
+  for (size_t i = 0; i < n; ++i) assert_fwd("gelu", i, y[i], gelu64(x[i]));
+  fsdp_gelu_backward(dx, x, r, n);
+  /* sum(r * gelu(x)) is separable: the difference of element i alone. */
+  for (size_t i = 0; i < n; ++i) {
+    const double num = r[i] * (gelu64(x[i] + H) - gelu64(x[i] - H)) / (2 * H);
+    ck_assert_msg(fabs(dx[i] - num) <= GRAD_RTOL * fabs(num) + GRAD_ATOL,
+                  "gelu dinp[%zu]: analytic %.9g vs numeric %.9g", i, dx[i], num);
+  }
+  memcpy(dx2, dx, n * sizeof(float));
+  fsdp_gelu_backward(dx2, x, r, n);
+  assert_doubled("gelu dinp", dx2, dx, n);
+  free(x), free(r), free(y), free(dx), free(dx2);
+}
+END_TEST
+
+/* Far tails: exp over/underflow must give x and -0, never NaN, and slopes 1
+ * and 0. */
+START_TEST(gelu_tails_are_finite) {
+  const float x[4] = {-100.0f, -30.0f, 30.0f, 100.0f}, r[4] = {1, 1, 1, 1};
+  float y[4], dx[4] = {0};
+  fsdp_gelu_forward(y, x, 4);
+  fsdp_gelu_backward(dx, x, r, 4);
+  for (int i = 0; i < 4; ++i) {
+    ck_assert_float_eq_tol(y[i], x[i] > 0 ? x[i] : 0.0f, 1e-6f);
+    ck_assert_float_eq_tol(dx[i], x[i] > 0 ? 1.0f : 0.0f, 1e-6f);
+  }
+}
+END_TEST
+
+/* ---- LayerNorm ---- */
+
+/* offset moves the row means away from 0, where one-pass variance loses bits. */
+static const struct { int N, C; double offset; } kLn[] = {
+    {1, 1, 0.0}, {3, 12, 0.0}, {5, 33, 0.5}, {4, 20, 10.0}};
+
+struct ln {
+  int N, C;
+  float *inp, *w, *b, *r; /* r (N,C): loss = sum(r * out) */
+};
+
+static struct ln ln_make(int i) {
+  rng_state = 200 + (uint64_t)i;
+  struct ln l = {kLn[i].N, kLn[i].C, NULL, NULL, NULL, NULL};
+  const size_t n = (size_t)l.N * l.C;
+  l.inp = rand_floats(n, kLn[i].offset, 1.0);
+  l.w = rand_floats((size_t)l.C, 1.0, 0.5);
+  l.b = rand_floats((size_t)l.C, 0.0, 0.5);
+  l.r = rand_floats(n, 0.0, 1.0);
+  return l;
+}
+
+static void ln_free(struct ln *l) { free(l->inp), free(l->w), free(l->b), free(l->r); }
+
+/* float64 LayerNorm of row i: out (C) and the row's mean and rstd. */
+static void ln_row64(double *out, double *mean, double *rstd, const struct ln *l, int i) {
+  const float *x = l->inp + (size_t)i * l->C;
+  double m = 0, v = 0;
+  for (int c = 0; c < l->C; ++c) m += x[c];
+  m /= l->C;
+  for (int c = 0; c < l->C; ++c) v += (x[c] - m) * (x[c] - m);
+  const double s = 1.0 / sqrt(v / l->C + 1e-5);
+  for (int c = 0; c < l->C; ++c) out[c] = (x[c] - m) * s * l->w[c] + l->b[c];
+  *mean = m;
+  *rstd = s;
+}
+
+static double ln_loss64(const void *p) {
+  const struct ln *l = p;
+  double *row = malloc((size_t)l->C * sizeof(double)), m, s, loss = 0;
+  for (int i = 0; i < l->N; ++i) {
+    ln_row64(row, &m, &s, l, i);
+    for (int c = 0; c < l->C; ++c) loss += row[c] * l->r[(size_t)i * l->C + c];
+  }
+  free(row);
+  return loss;
+}
+
+START_TEST(layernorm_forward_matches_f64) {
+  struct ln l = ln_make(_i);
+  const size_t n = (size_t)l.N * l.C;
+  float *out = zeros(n), *mean = zeros((size_t)l.N), *rstd = zeros((size_t)l.N);
+  double *row = malloc((size_t)l.C * sizeof(double)), m, s;
+  fsdp_layernorm_forward(out, mean, rstd, l.inp, l.w, l.b, l.N, l.C);
+  for (int i = 0; i < l.N; ++i) {
+    ln_row64(row, &m, &s, &l, i);
+    assert_fwd("mean", (size_t)i, mean[i], m);
+    assert_fwd("rstd", (size_t)i, rstd[i], s);
+    for (int c = 0; c < l.C; ++c) assert_fwd("ln out", (size_t)i * l.C + c, out[i * l.C + c], row[c]);
+  }
+  free(out), free(mean), free(rstd), free(row);
+  ln_free(&l);
+}
+END_TEST
+
+/* With weight 1 and bias 0 each row comes out with mean 0 and variance
+ * var / (var + eps) of its input variance var: ~1, or 0 for one column. */
+START_TEST(layernorm_normalises) {
+  struct ln l = ln_make(_i);
+  const size_t n = (size_t)l.N * l.C;
+  float *out = zeros(n), *mean = zeros((size_t)l.N), *rstd = zeros((size_t)l.N);
+  float *one = zeros((size_t)l.C), *zero = zeros((size_t)l.C);
+  for (int c = 0; c < l.C; ++c) one[c] = 1.0f;
+  fsdp_layernorm_forward(out, mean, rstd, l.inp, one, zero, l.N, l.C);
+  for (int i = 0; i < l.N; ++i) {
+    const float *x = l.inp + (size_t)i * l.C, *y = out + (size_t)i * l.C;
+    double mx = 0, vx = 0, my = 0, vy = 0;
+    for (int c = 0; c < l.C; ++c) mx += x[c], my += y[c];
+    mx /= l.C, my /= l.C;
+    for (int c = 0; c < l.C; ++c) vx += (x[c] - mx) * (x[c] - mx), vy += (y[c] - my) * (y[c] - my);
+    vx /= l.C, vy /= l.C;
+    ck_assert_double_eq_tol(my, 0.0, 1e-6);
+    ck_assert_double_eq_tol(vy, vx / (vx + 1e-5), 1e-5);
+  }
+  free(out), free(mean), free(rstd), free(one), free(zero);
+  ln_free(&l);
+}
+END_TEST
+
+START_TEST(layernorm_backward_gradcheck) {
+  struct ln l = ln_make(_i);
+  const size_t n = (size_t)l.N * l.C;
+  float *out = zeros(n), *mean = zeros((size_t)l.N), *rstd = zeros((size_t)l.N);
+  float *dx = zeros(n), *dw = zeros((size_t)l.C), *db = zeros((size_t)l.C);
+  fsdp_layernorm_forward(out, mean, rstd, l.inp, l.w, l.b, l.N, l.C);
+  fsdp_layernorm_backward(dx, dw, db, l.r, l.inp, l.w, mean, rstd, l.N, l.C);
+  check_grads("ln dinp", ln_loss64, &l, l.inp, dx, n);
+  check_grads("ln dweight", ln_loss64, &l, l.w, dw, (size_t)l.C);
+  check_grads("ln dbias", ln_loss64, &l, l.b, db, (size_t)l.C);
+  free(out), free(mean), free(rstd), free(dx), free(dw), free(db);
+  ln_free(&l);
+}
+END_TEST
+
+/* Two calls double every gradient; with dinp NULL only dweight and dbias move. */
+START_TEST(layernorm_backward_accumulates) {
+  struct ln l = ln_make(_i);
+  const size_t n = (size_t)l.N * l.C, C = (size_t)l.C;
+  float *out = zeros(n), *mean = zeros((size_t)l.N), *rstd = zeros((size_t)l.N);
+  float *dx = zeros(n), *dw = zeros(C), *db = zeros(C);
+  fsdp_layernorm_forward(out, mean, rstd, l.inp, l.w, l.b, l.N, l.C);
+  fsdp_layernorm_backward(dx, dw, db, l.r, l.inp, l.w, mean, rstd, l.N, l.C);
+  float *dx2 = copy_floats(dx, n), *dw2 = copy_floats(dw, C), *db2 = copy_floats(db, C);
+  fsdp_layernorm_backward(dx2, dw2, db2, l.r, l.inp, l.w, mean, rstd, l.N, l.C);
+  assert_doubled("ln dinp", dx2, dx, n);
+  assert_doubled("ln dweight", dw2, dw, C);
+  assert_doubled("ln dbias", db2, db, C);
+  float *dw3 = zeros(C), *db3 = zeros(C);
+  fsdp_layernorm_backward(NULL, dw3, db3, l.r, l.inp, l.w, mean, rstd, l.N, l.C);
+  ck_assert_mem_eq(dw3, dw, C * sizeof(float));
+  ck_assert_mem_eq(db3, db, C * sizeof(float));
+  free(out), free(mean), free(rstd), free(dx), free(dw), free(db);
+  free(dx2), free(dw2), free(db2), free(dw3), free(db3);
+  ln_free(&l);
+}
+END_TEST
+
+/* ---- embedding ---- */
+
+static const struct { int B, T, C, V; } kEmb[] = {{1, 1, 1, 1}, {2, 5, 12, 11}, {3, 7, 5, 4}};
+
+struct emb {
+  int B, T, C, V;
+  int *tok;
+  float *wte, *wpe, *r; /* (V,C), (T,C), (B,T,C) */
+};
+
+static struct emb emb_make(int i) {
+  rng_state = 300 + (uint64_t)i;
+  struct emb e = {kEmb[i].B, kEmb[i].T, kEmb[i].C, kEmb[i].V, NULL, NULL, NULL, NULL};
+  const size_t bt = (size_t)e.B * e.T;
+  e.tok = malloc(bt * sizeof(int));
+  ck_assert_ptr_nonnull(e.tok);
+  for (size_t j = 0; j < bt; ++j) e.tok[j] = (int)((rnd() + 1.0) * 0.5 * e.V) % e.V;
+  if (bt > 1) e.tok[bt - 1] = e.tok[0]; /* a repeated token: the scatter must add */
+  e.wte = rand_floats((size_t)e.V * e.C, 0.0, 1.0);
+  e.wpe = rand_floats((size_t)e.T * e.C, 0.0, 1.0);
+  e.r = rand_floats(bt * e.C, 0.0, 1.0);
+  return e;
+}
+
+static void emb_free(struct emb *e) { free(e->tok), free(e->wte), free(e->wpe), free(e->r); }
+
+static double emb_loss64(const void *p) {
+  const struct emb *e = p;
+  double loss = 0;
+  for (int b = 0; b < e->B; ++b)
+    for (int t = 0; t < e->T; ++t) {
+      const size_t bt = (size_t)b * e->T + t;
+      for (int c = 0; c < e->C; ++c)
+        loss += ((double)e->wte[(size_t)e->tok[bt] * e->C + c] + e->wpe[(size_t)t * e->C + c]) *
+                e->r[bt * e->C + c];
+    }
+  return loss;
+}
+
+START_TEST(embedding_forward_backward) {
+  struct emb e = emb_make(_i);
+  const size_t bt = (size_t)e.B * e.T, nte = (size_t)e.V * e.C, npe = (size_t)e.T * e.C;
+  float *out = zeros(bt * e.C), *dwte = zeros(nte), *dwpe = zeros(npe);
+  fsdp_embedding_forward(out, e.tok, e.wte, e.wpe, e.B, e.T, e.C);
+  for (int b = 0; b < e.B; ++b)
+    for (int t = 0; t < e.T; ++t)
+      for (int c = 0; c < e.C; ++c) {
+        const size_t bt_i = (size_t)b * e.T + t;
+        ck_assert_float_eq(out[bt_i * e.C + c],
+                           e.wte[(size_t)e.tok[bt_i] * e.C + c] + e.wpe[(size_t)t * e.C + c]);
+      }
+  fsdp_embedding_backward(dwte, dwpe, e.r, e.tok, e.B, e.T, e.C);
+  check_grads("dwte", emb_loss64, &e, e.wte, dwte, nte);
+  check_grads("dwpe", emb_loss64, &e, e.wpe, dwpe, npe);
+  float *dwte2 = copy_floats(dwte, nte), *dwpe2 = copy_floats(dwpe, npe);
+  fsdp_embedding_backward(dwte2, dwpe2, e.r, e.tok, e.B, e.T, e.C);
+  assert_doubled("dwte", dwte2, dwte, nte);
+  assert_doubled("dwpe", dwpe2, dwpe, npe);
+  free(out), free(dwte), free(dwpe), free(dwte2), free(dwpe2);
+  emb_free(&e);
+}
+END_TEST
+
+/* ---- attention ---- */
+
+/* T = 70 spans three forward row blocks and two backward ones (4096 / 70 =
+ * 58 rows); hs = 1 and 2 and odd heads exercise the strides. */
+static const struct { int B, T, C, NH; } kAtt[] = {
+    {1, 1, 4, 1}, {2, 5, 12, 3}, {1, 7, 10, 2}, {2, 9, 8, 4}, {1, 70, 6, 3}, {1, 3, 3, 3}};
+
+struct att {
+  int B, T, C, NH;
+  float *qkv, *r; /* (B,T,3C), (B,T,C) */
+};
+
+static struct att att_make(int i) {
+  rng_state = 400 + (uint64_t)i;
+  struct att a = {kAtt[i].B, kAtt[i].T, kAtt[i].C, kAtt[i].NH, NULL, NULL};
+  const size_t bt = (size_t)a.B * a.T;
+  /* Spread 2 gives peaked and flat softmax rows alike. */
+  a.qkv = rand_floats(bt * 3 * a.C, 0.0, 2.0);
+  a.r = rand_floats(bt * a.C, 0.0, 1.0);
+  return a;
+}
+
+static void att_free(struct att *a) { free(a->qkv), free(a->r); }
+
+/* float64 causal attention: out (B,T,C) and att (B,NH,T,T). */
+static void attention64(double *out, double *att, const struct att *a) {
+  const int T = a->T, C = a->C, NH = a->NH, hs = C / NH;
+  const double scale = 1.0 / sqrt(hs);
+  for (int b = 0; b < a->B; ++b)
+    for (int h = 0; h < NH; ++h)
+      for (int t = 0; t < T; ++t) {
+        const float *q = a->qkv + ((size_t)b * T + t) * 3 * C + (size_t)h * hs;
+        double *p = att + (((size_t)b * NH + h) * T + t) * T, mx = -INFINITY, sum = 0;
+        for (int j = 0; j < T; ++j) {
+          const float *k = a->qkv + ((size_t)b * T + j) * 3 * C + C + (size_t)h * hs;
+          double s = 0;
+          for (int c = 0; c < hs; ++c) s += (double)q[c] * k[c];
+          p[j] = s * scale;
+          if (j <= t) mx = fmax(mx, p[j]);
+        }
+        for (int j = 0; j < T; ++j) {
+          p[j] = j <= t ? exp(p[j] - mx) : 0.0;
+          sum += p[j];
+        }
+        double *o = out + ((size_t)b * T + t) * C + (size_t)h * hs;
+        for (int c = 0; c < hs; ++c) o[c] = 0;
+        for (int j = 0; j <= t; ++j) {
+          p[j] /= sum;
+          const float *v = a->qkv + ((size_t)b * T + j) * 3 * C + 2 * C + (size_t)h * hs;
+          for (int c = 0; c < hs; ++c) o[c] += p[j] * v[c];
+        }
+      }
+}
+
+static double att_loss64(const void *p) {
+  const struct att *a = p;
+  const size_t no = (size_t)a->B * a->T * a->C;
+  double *out = malloc(no * sizeof(double));
+  double *att = malloc((size_t)a->B * a->NH * a->T * a->T * sizeof(double)), loss = 0;
+  attention64(out, att, a);
+  for (size_t i = 0; i < no; ++i) loss += out[i] * a->r[i];
+  free(out), free(att);
+  return loss;
+}
+
+START_TEST(attention_forward_matches_f64) {
+  struct att a = att_make(_i);
+  const size_t no = (size_t)a.B * a.T * a.C, na = (size_t)a.B * a.NH * a.T * a.T;
+  float *out = zeros(no), *att = rand_floats(na, 0.0, 1.0); /* stale values must go */
+  double *out64 = malloc(no * sizeof(double)), *att64 = malloc(na * sizeof(double));
+  fsdp_attention_forward(out, att, a.qkv, a.B, a.T, a.C, a.NH);
+  attention64(out64, att64, &a);
+  for (size_t i = 0; i < no; ++i) assert_fwd("att out", i, out[i], out64[i]);
+  for (size_t i = 0; i < na; ++i) assert_fwd("att", i, att[i], att64[i]);
+  /* Rows are distributions over the past and present only. */
+  for (size_t row = 0; row < (size_t)a.B * a.NH * a.T; ++row) {
+    const int t = (int)(row % (size_t)a.T);
+    const float *p = att + row * a.T;
+    double sum = 0;
+    for (int j = 0; j <= t; ++j) sum += p[j];
+    ck_assert_double_eq_tol(sum, 1.0, 1e-5);
+    for (int j = t + 1; j < a.T; ++j) ck_assert_float_eq(p[j], 0.0f);
+  }
+  free(out), free(att), free(out64), free(att64);
+  att_free(&a);
+}
+END_TEST
+
+/* Changing the q, k and v of position t0 leaves every earlier output and
+ * probability row bit-for-bit unchanged. */
+START_TEST(attention_is_causal) {
+  struct att a = att_make(_i);
+  const size_t no = (size_t)a.B * a.T * a.C, na = (size_t)a.B * a.NH * a.T * a.T;
+  float *out = zeros(no), *att = zeros(na), *out2 = zeros(no), *att2 = zeros(na);
+  fsdp_attention_forward(out, att, a.qkv, a.B, a.T, a.C, a.NH);
+  const int t0 = a.T / 2;
+  for (int b = 0; b < a.B; ++b)
+    for (int c = 0; c < 3 * a.C; ++c) a.qkv[((size_t)b * a.T + t0) * 3 * a.C + c] += 1.5f;
+  fsdp_attention_forward(out2, att2, a.qkv, a.B, a.T, a.C, a.NH);
+  for (int b = 0; b < a.B; ++b) {
+    const size_t first = (size_t)b * a.T * a.C;
+    ck_assert_mem_eq(out + first, out2 + first, (size_t)t0 * a.C * sizeof(float));
+    for (int h = 0; h < a.NH; ++h) {
+      const size_t head = ((size_t)b * a.NH + h) * a.T * a.T;
+      ck_assert_mem_eq(att + head, att2 + head, (size_t)t0 * a.T * sizeof(float));
+    }
+  }
+  /* and the perturbed row itself does change */
+  ck_assert(memcmp(out + (size_t)t0 * a.C, out2 + (size_t)t0 * a.C, a.C * sizeof(float)));
+  free(out), free(att), free(out2), free(att2);
+  att_free(&a);
+}
+END_TEST
+
+START_TEST(attention_backward_gradcheck) {
+  struct att a = att_make(_i);
+  const size_t nq = (size_t)a.B * a.T * 3 * a.C, no = (size_t)a.B * a.T * a.C;
+  float *out = zeros(no), *att = zeros((size_t)a.B * a.NH * a.T * a.T), *dqkv = zeros(nq);
+  fsdp_attention_forward(out, att, a.qkv, a.B, a.T, a.C, a.NH);
+  fsdp_attention_backward(dqkv, a.r, a.qkv, att, a.B, a.T, a.C, a.NH);
+  check_grads("dqkv", att_loss64, &a, a.qkv, dqkv, nq);
+  float *dqkv2 = copy_floats(dqkv, nq);
+  fsdp_attention_backward(dqkv2, a.r, a.qkv, att, a.B, a.T, a.C, a.NH);
+  assert_doubled("dqkv", dqkv2, dqkv, nq);
+  free(out), free(att), free(dqkv), free(dqkv2);
+  att_free(&a);
+}
+END_TEST
+
+/* Past FSDP_ATTENTION_MAX_T the backward has no scratch: it poisons dqkv with
+ * NaN instead of returning a wrong gradient, and reads nothing else (hence
+ * the NULL inputs). */
+START_TEST(attention_backward_rejects_long_t) {
+  const int T = FSDP_ATTENTION_MAX_T + 1, C = 2;
+  float *dqkv = zeros((size_t)T * 3 * C);
+  fsdp_attention_backward(dqkv, NULL, NULL, NULL, 1, T, C, 1);
+  for (size_t i = 0; i < (size_t)T * 3 * C; ++i) ck_assert(isnan(dqkv[i]));
+  free(dqkv);
+}
+END_TEST
+
+/* ---- residual ---- */
+
+START_TEST(residual_forward_backward) {
+  const size_t n = 101;
+  rng_state = 500;
+  float *a = rand_floats(n, 0.0, 1.0), *b = rand_floats(n, 0.0, 1.0), *d = rand_floats(n, 0.0, 1.0);
+  float *out = zeros(n), *da = zeros(n), *db = zeros(n);
+  fsdp_residual_forward(out, a, b, n);
+  for (size_t i = 0; i < n; ++i) ck_assert_float_eq(out[i], a[i] + b[i]);
+  for (size_t i = 0; i < n; ++i) da[i] = 0.5f * (float)i, db[i] = -1.0f;
+  fsdp_residual_backward(da, db, d, n);
+  fsdp_residual_backward(da, db, d, n);
+  for (size_t i = 0; i < n; ++i) { /* the same two fp32 adds, so exact */
+    float wa = 0.5f * (float)i, wb = -1.0f;
+    wa += d[i], wa += d[i], wb += d[i], wb += d[i];
+    ck_assert_float_eq(da[i], wa);
+    ck_assert_float_eq(db[i], wb);
+  }
+  /* In place, as a residual stream uses it. */
+  fsdp_residual_forward(a, a, b, n);
+  ck_assert_mem_eq(a, out, n * sizeof(float));
+  free(a), free(b), free(d), free(out), free(da), free(db);
+}
+END_TEST
+
+static Suite *layers_suite(void) {
+  Suite *s = suite_create("layers");
+  TCase *t = tcase_create("gelu");
+  tcase_add_loop_test(t, gelu_forward_backward, 0, LEN(kGelu));
+  tcase_add_test(t, gelu_tails_are_finite);
+  suite_add_tcase(s, t);
+  t = tcase_create("layernorm");
+  tcase_add_loop_test(t, layernorm_forward_matches_f64, 0, LEN(kLn));
+  tcase_add_loop_test(t, layernorm_normalises, 0, LEN(kLn));
+  tcase_add_loop_test(t, layernorm_backward_gradcheck, 0, LEN(kLn));
+  tcase_add_loop_test(t, layernorm_backward_accumulates, 0, LEN(kLn));
+  suite_add_tcase(s, t);
+  t = tcase_create("embedding");
+  tcase_add_loop_test(t, embedding_forward_backward, 0, LEN(kEmb));
+  suite_add_tcase(s, t);
+  t = tcase_create("attention");
+  tcase_add_loop_test(t, attention_forward_matches_f64, 0, LEN(kAtt));
+  tcase_add_loop_test(t, attention_is_causal, 0, LEN(kAtt));
+  tcase_add_loop_test(t, attention_backward_gradcheck, 0, LEN(kAtt));
+  tcase_add_test(t, attention_backward_rejects_long_t);
+  tcase_set_timeout(t, 60);
+  suite_add_tcase(s, t);
+  t = tcase_create("residual");
+  tcase_add_test(t, residual_forward_backward);
+  suite_add_tcase(s, t);
+  return s;
+}
+
+int main(void) {
+  SRunner *sr = srunner_create(layers_suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
