@@ -1,0 +1,140 @@
+/* src/tools/train_gpt2.c — GPT-2 on bytes of text: random windows from the
+ * training split, validation loss in nats per byte, and a sample at the end. */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "tools/train.h"
+
+typedef struct {
+  fsdp_text_t text;
+  fsdp_gpt2_t gpt;
+  int *tok, *tgt;
+} gpt_task_t;
+
+/* Mean loss over eval_batches x global_batch fixed validation windows. */
+static int evaluate(trainer_t *t, gpt_task_t *g, double *loss) {
+  const train_opts_t *o = t->o;
+  double sum = 0.0;
+  for (int b = 0; b < o->eval_batches; b++) {
+    if (fsdp_text_windows(&g->text, 1, o->seed + 1, b, t->offset, t->micro, o->seq_len,
+                          g->tok, g->tgt))
+      return -1;
+    double l;
+    if (fsdp_gpt2_forward(g->gpt, g->tok, g->tgt, (int)t->micro, o->seq_len, &l, NULL))
+      return -1;
+    sum += l;
+  }
+  if (train_sum(t, &sum, 1)) return -1;
+  *loss = sum / ((double)o->eval_batches * (double)(o->global_batch / o->cfg.grad_accum) *
+                 o->seq_len);
+  return 0;
+}
+
+static int step(trainer_t *t, gpt_task_t *g, int s, double *loss) {
+  const train_opts_t *o = t->o;
+  int64_t per_micro = o->global_batch / o->cfg.grad_accum;
+  double sum = 0.0;
+  int T = o->seq_len;
+  for (int k = 0; k < o->cfg.grad_accum; k++) {
+    if (fsdp_text_windows(&g->text, 0, o->seed, s, k * per_micro + t->offset, t->micro, T,
+                          g->tok, g->tgt))
+      return -1;
+    double l;
+    if (fsdp_gpt2_forward_backward(g->gpt, g->tok, g->tgt, (int)t->micro, T,
+                                   1.0f / (float)(t->micro * T), &l))
+      return -1;
+    sum += l;
+  }
+  if (train_sum(t, &sum, 1)) return -1;
+  *loss = sum / ((double)o->global_batch * T);
+  return 0;
+}
+
+static int sample(trainer_t *t, gpt_task_t *g) {
+  const train_opts_t *o = t->o;
+  int prompt = '\n', *out = malloc((size_t)o->sample * sizeof(int));
+  if (!out) return -1;
+  int rc = fsdp_gpt2_generate(g->gpt, &prompt, 1, o->sample, o->temperature, o->seed, out) ? -1 : 0;
+  if (rc == 0 && t->rank == 0 && !o->json) {
+    printf("sample (%d bytes, temperature %.2f):\n", o->sample, (double)o->temperature);
+    for (int i = 0; i < o->sample; i++)
+      putchar(isprint(out[i]) || out[i] == '\n' || out[i] == '\t' ? out[i] : '?');
+    printf("\n");
+  } else if (rc == 0 && t->rank == 0) {
+    printf("{\"event\":\"sample\",\"text\":\"");
+    for (int i = 0; i < o->sample; i++)
+      if (out[i] == '"' || out[i] == '\\') printf("\\%c", out[i]);
+      else if (isprint(out[i])) putchar(out[i]);
+      else printf("\\u%04x", out[i]);
+    printf("\"}\n");
+  }
+  free(out);
+  return rc;
+}
+
+static int run(trainer_t *t, gpt_task_t *g) {
+  const train_opts_t *o = t->o;
+  double loss = 0, first = -1, vl = 0;
+  double tokens = (double)o->global_batch * o->seq_len;
+  for (int s = 0; s < o->steps; s++) {
+    double ts = fsdp_time_now();
+    fsdp_step_stats_t st;
+    if (step(t, g, s, &loss) || fsdp_engine_step(t->eng, &st)) return -1;
+    if (first < 0) first = loss;
+    train_report_step(t, s + 1, loss, &st, fsdp_time_now() - ts, "tokens", tokens);
+    if ((o->eval_every > 0 && (s + 1) % o->eval_every == 0) || s + 1 == o->steps) {
+      if (evaluate(t, g, &vl)) return -1;
+      train_report_eval(t, s + 1, "val_loss", vl, vl);
+    }
+  }
+  double secs = fsdp_time_now() - t->t0;
+  if (o->sample > 0 && sample(t, g)) return -1;
+  if (t->rank == 0 && o->json)
+    printf("{\"event\":\"summary\",\"model\":\"gpt2\",\"ranks\":%d,\"strategy\":\"%s\","
+           "\"steps\":%d,\"seconds\":%.2f,\"tokens_per_s\":%.1f,\"first_loss\":%.6f,"
+           "\"final_loss\":%.6f,\"val_loss\":%.6f,\"peak_bytes_per_rank\":%zu}\n", t->nranks,
+           fsdp_strategy_name(o->cfg.strategy), o->steps, secs, tokens * o->steps / secs, first,
+           loss, vl, train_peak_bytes(t));
+  else if (t->rank == 0)
+    printf("done: gpt2, %d ranks, %s, %d steps in %.1f s (%.0f tokens/s) | loss %.4f -> %.4f | "
+           "val loss %.4f nats/byte | peak %.2f MiB/rank\n", t->nranks,
+           fsdp_strategy_name(o->cfg.strategy), o->steps, secs, tokens * o->steps / secs, first,
+           loss, vl, train_peak_bytes(t) / 1048576.0);
+  return 0;
+}
+
+static int setup(trainer_t *t, gpt_task_t *g) {
+  const train_opts_t *o = t->o;
+  if (fsdp_text_load(o->data ? o->data : "/usr/share/games/fortunes", 0.1, &g->text) ||
+      train_engine(t, o->steps))
+    return -1;
+  fsdp_gpt2_opts_t w = o->wrap;
+  w.max_batch = (int)t->micro;
+  w.max_T = o->seq_len;
+  if (fsdp_gpt2_create(t->eng, &o->gpt, &w, &g->gpt) || fsdp_engine_materialize(t->eng, o->seed))
+    return -1;
+  size_t n = (size_t)t->micro * (size_t)o->seq_len;
+  g->tok = malloc(n * sizeof(int));
+  g->tgt = malloc(n * sizeof(int));
+  if (!g->tok || !g->tgt) return -1;
+  t->act_bytes = fsdp_gpt2_activation_bytes(g->gpt, NULL);
+  if (t->rank == 0 && !o->json) {
+    char what[160];
+    snprintf(what, sizeof what, "gpt2 %d layers x %d wide, %d heads, T %d, %zu parameters, on "
+             "%zu bytes of text", o->gpt.n_layer, o->gpt.n_embd, o->gpt.n_head, o->seq_len,
+             fsdp_gpt2_num_params(&o->gpt), g->text.n);
+    train_print_plan(t, what);
+  }
+  return 0;
+}
+
+int train_gpt2(trainer_t *t) {
+  gpt_task_t g = {0};
+  int rc = setup(t, &g) || run(t, &g) ? -1 : 0;
+  free(g.tok);
+  free(g.tgt);
+  fsdp_gpt2_destroy(g.gpt);
+  fsdp_text_free(&g.text);
+  return rc;
+}

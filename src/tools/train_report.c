@@ -1,0 +1,90 @@
+/* src/tools/train_report.c — what fsdp-train's tasks share: engine set-up and
+ * the output (per-step lines, a progress bar on a terminal, JSON lines with
+ * --json, the unit plan, memory per rank). */
+#include <stdio.h>
+
+#include "tools/train.h"
+
+fsdp_status_t train_engine(trainer_t *t, int total_steps) {
+  fsdp_config_t c = t->o->cfg;
+  t->total_steps = total_steps;
+  c.schedule.total_steps = total_steps;
+  if (c.schedule.warmup_steps < 0) c.schedule.warmup_steps = total_steps < 200 ? total_steps / 10 : 20;
+  fsdp_status_t st = fsdp_engine_create(t->world, &c, &t->eng);
+  if (st) return st;
+  return fsdp_engine_shard_batch(t->eng, t->o->global_batch, &t->micro, &t->offset);
+}
+
+fsdp_status_t train_sum(const trainer_t *t, double *values, int n) {
+  return fsdp_all_reduce(fsdp_engine_comm(t->eng), values, values, (size_t)n, FSDP_F64,
+                         FSDP_SUM, FSDP_HOST_STREAM);
+}
+
+size_t train_peak_bytes(const trainer_t *t) {
+  fsdp_mem_stats_t m;
+  fsdp_engine_memory(t->eng, &m);
+  return m.persistent + m.gathered_params_peak + m.grads_in_flight_peak + t->act_bytes;
+}
+
+static void json_step(trainer_t *t, int step, double loss, const fsdp_step_stats_t *st,
+                      double secs, const char *unit, double per_step) {
+  fsdp_mem_stats_t m;
+  fsdp_engine_memory(t->eng, &m);
+  printf("{\"event\":\"step\",\"step\":%d,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6f,"
+         "\"%s_per_s\":%.1f,\"step_ms\":%.3f,\"mem\":{\"persistent\":%zu,\"gathered_peak\":%zu,"
+         "\"grads_peak\":%zu,\"activations\":%zu,\"peak\":%zu}}\n",
+         step, loss, st->lr, st->grad_norm, unit, per_step / secs, secs * 1e3, m.persistent,
+         m.gathered_params_peak, m.grads_in_flight_peak, t->act_bytes, train_peak_bytes(t));
+}
+
+void train_report_step(trainer_t *t, int step, double loss, const fsdp_step_stats_t *st,
+                       double secs, const char *unit, double per_step) {
+  if (t->rank != 0 || (step % t->o->log_every != 0 && step != t->total_steps && !t->tty)) return;
+  if (t->o->json) {
+    json_step(t, step, loss, st, secs, unit, per_step);
+    return;
+  }
+  char line[200];
+  snprintf(line, sizeof line, "step %5d/%d | loss %.4f | lr %.2e | norm %7.3f | %9.0f %s/s | "
+           "%8.2f ms | peak %.2f MiB/rank", step, t->total_steps, loss, st->lr, st->grad_norm,
+           per_step / secs, unit, secs * 1e3, train_peak_bytes(t) / 1048576.0);
+  if (!t->tty) {
+    printf("%s\n", line);
+    return;
+  }
+  int width = 24, done = (int)((long)width * step / t->total_steps);
+  printf("\r[%.*s%*s] %s", done, "========================", width - done, "", line);
+  if (step == t->total_steps) printf("\n");
+  fflush(stdout);
+}
+
+void train_report_eval(trainer_t *t, int step, const char *metric, double loss, double value) {
+  if (t->rank != 0) return;
+  if (t->o->json)
+    printf("{\"event\":\"eval\",\"step\":%d,\"loss\":%.6f,\"%s\":%.6f}\n", step, loss, metric,
+           value);
+  else
+    printf("%seval  %5d | loss %.4f | %s %.4f\n", t->tty ? "\n" : "", step, loss, metric, value);
+  fflush(stdout);
+}
+
+void train_print_plan(const trainer_t *t, const char *what) {
+  if (t->rank != 0 || t->o->json) return;
+  const fsdp_config_t *c = &t->o->cfg;
+  printf("fsdp-train: %s | %d ranks | %s | prefetch %d | global batch %lld = %d ranks x %lld "
+         "x %d micro-batches\n", what, t->nranks, fsdp_strategy_name(c->strategy),
+         c->prefetch_depth, (long long)t->o->global_batch, t->nranks, (long long)t->micro,
+         c->grad_accum);
+  printf("  %-8s %-16s %12s %14s\n", "unit", "kind", "parameters", "bytes/rank");
+  for (int u = 0; u < fsdp_engine_num_units(t->eng); u++) {
+    fsdp_unit_info_t info;
+    fsdp_unit_info(t->eng, u, &info);
+    /* master, gradient and optimizer state of this rank's shard */
+    fsdp_shard_t s;
+    fsdp_unit_shard(t->eng, u, &s);
+    size_t per = 4 * (2 + (s.m != NULL) + (s.v != NULL));
+    printf("  %-8s %-16s %12zu %14zu\n", info.name, info.kind, info.numel,
+           info.shard_numel * per);
+  }
+  fflush(stdout);
+}
