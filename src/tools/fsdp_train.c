@@ -31,9 +31,9 @@ static const char usage_text[] =
     "  --global-batch B          sequences or samples per step over all ranks\n"
     "  --micro-batches M         gradient accumulation (default 1)\n"
     "  --accumulate-full         keep full gradients over micro-batches, reduce once\n"
-    "  --optim adamw|sgd  --lr X  --momentum X  --wd X  --clip X (0 = off)\n"
+    "  --optim adamw|sgd  --lr X (gpt2 2e-3, mlp 1e-3)  --momentum X  --wd X  --clip X (0 = off)\n"
     "  --schedule cosine|constant  --warmup N  --min-lr-ratio X\n"
-    "  --steps N (gpt2)  --epochs N (mlp)  --eval-every N  --eval-batches N  --seed N\n"
+    "  --steps N (gpt2, 1000)  --epochs N (mlp, 5)  --eval-every N (250)  --eval-batches N  --seed N\n"
     "output\n"
     "  --sample N  --temperature X   gpt2: generate N bytes at the end\n"
     "  --log-every N             a step line every N steps (default 1; mlp 100)\n"
@@ -139,6 +139,7 @@ static int finish_options(train_opts_t *o) {
   if (!o->seq_len) o->seq_len = o->gpt.block_size;
   if (!o->global_batch) o->global_batch = gpt ? 32 : 128;
   if (!o->log_every) o->log_every = gpt ? 1 : 100;
+  if (o->cfg.optim.lr == 0.0f) o->cfg.optim.lr = gpt ? 2e-3f : 1e-3f;
   if (gpt && o->cfg.max_live_units == 0 && (o->wrap.wrap_kinds || o->wrap.wrap_min_params))
     o->cfg.max_live_units = o->cfg.prefetch_depth + 2; /* the root is held throughout */
   if ((gpt ? o->steps : o->epochs) <= 0)
@@ -148,11 +149,11 @@ static int finish_options(train_opts_t *o) {
 
 int main(int argc, char **argv) {
   train_opts_t o = {.model = "gpt2", .cfg = FSDP_CONFIG_INIT, .hidden = {512, 256},
-                    .n_hidden = 2, .steps = 300, .epochs = 5, .eval_every = 100,
+                    .n_hidden = 2, .steps = 1000, .epochs = 5, .eval_every = 250,
                     .seed = 1, .eval_batches = 4, .temperature = 0.8f,
                     .wrap = {"GPT2Block", 0, NULL, 0, 0}};
   fsdp_gpt2_preset("small", &o.gpt);
-  o.cfg.optim.lr = 1e-3f;
+  o.cfg.optim.lr = 0.0f; /* per model, below */
   o.cfg.optim.momentum = 0.9f;
   o.cfg.optim.weight_decay = 0.0f;
   o.cfg.optim.max_grad_norm = 1.0f;
