@@ -118,13 +118,16 @@ static int setup(trainer_t *t, gpt_task_t *g) {
   g->tok = malloc(n * sizeof(int));
   g->tgt = malloc(n * sizeof(int));
   if (!g->tok || !g->tgt) return -1;
-  t->act_bytes = fsdp_gpt2_activation_bytes(g->gpt, NULL);
+  size_t full;
+  t->act_bytes = fsdp_gpt2_activation_bytes(g->gpt, &full);
   if (t->rank == 0 && !o->json) {
     char what[160];
     snprintf(what, sizeof what, "gpt2 %d layers x %d wide, %d heads, T %d, %zu parameters, on "
              "%zu bytes of text", o->gpt.n_layer, o->gpt.n_embd, o->gpt.n_head, o->seq_len,
              fsdp_gpt2_num_params(&o->gpt), g->text.n);
     train_print_plan(t, what);
+    printf("  activations %.2f MiB/rank (%.2f MiB without checkpointing)\n",
+           t->act_bytes / 1048576.0, full / 1048576.0);
   }
   return 0;
 }
