@@ -222,6 +222,11 @@ FSDP_API fsdp_status_t fsdp_unit_shard(fsdp_engine_t engine, fsdp_unit_t unit,
 FSDP_API fsdp_status_t fsdp_engine_find_tensor(fsdp_engine_t engine, const char *name,
                                                fsdp_unit_t *unit, int *index);
 FSDP_API int64_t fsdp_engine_step_count(fsdp_engine_t engine);
+/* For checkpoint loaders that wrote shards (fsdp_unit_shard) directly: sets the
+ * update count (the schedule and AdamW's bias correction follow it) and drops
+ * gathered copies, which would be stale. Not while units are acquired, nor
+ * between a backward and its step. */
+FSDP_API fsdp_status_t fsdp_engine_set_step(fsdp_engine_t engine, int64_t step);
 FSDP_API const fsdp_config_t *fsdp_engine_config(fsdp_engine_t engine);
 FSDP_API fsdp_world_t fsdp_engine_world(fsdp_engine_t engine);
 /* A communicator for the caller's own host-side reductions (losses, metrics). */

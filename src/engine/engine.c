@@ -474,6 +474,21 @@ fsdp_status_t fsdp_engine_shard_batch(fsdp_engine_t e, int64_t global_batch,
   return FSDP_SUCCESS;
 }
 
+fsdp_status_t fsdp_engine_set_step(fsdp_engine_t e, int64_t step) {
+  FSDP_TRY(fsdp_engine_check_live(e));
+  if (step < 0)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_set_step: step %lld is negative",
+                      (long long)step);
+  for (int i = 0; i < e->n_units; i++)
+    if (e->units[i].held >= 0 || e->units[i].bwd_count > 0)
+      return fsdp_error(FSDP_ERR_INVALID_USAGE,
+                        "fsdp_engine_set_step while unit '%s' is %s: finish the step first",
+                        e->units[i].name, e->units[i].held >= 0 ? "acquired" : "holding gradients");
+  fsdp_engine_drop_gathers(e);
+  e->step = step;
+  return FSDP_SUCCESS;
+}
+
 int fsdp_engine_num_units(fsdp_engine_t e) { return e ? e->n_units : 0; }
 int64_t fsdp_engine_step_count(fsdp_engine_t e) { return e ? e->step : 0; }
 const fsdp_config_t *fsdp_engine_config(fsdp_engine_t e) { return e ? &e->cfg : NULL; }
