@@ -30,6 +30,14 @@
  *   FSDP_NO_SHARD      (DDP)    16P persistent, gradients all-reduced
  * On one rank every strategy reads its (whole) master shard directly: nothing is
  * gathered and nothing is copied.
+ *
+ * Mixed precision (param_dtype FSDP_BF16): master shards and optimizer state stay
+ * fp32; after every update the shard is rounded to bf16 and that is what the
+ * gathers move (half the bytes); views show the bf16 values widened to f32 (the
+ * CPU computes in fp32), so compute sees exactly the parameters a bf16 GPU run
+ * sees. Gradients are reduced in fp32. Costs per rank: +2 bytes per parameter / N
+ * for the bf16 shard, and on the CPU each gather buffer has an f32 twin (6 bytes
+ * per gathered element instead of 4).
  * Gradient accumulation over grad_accum micro-batches:
  *   default                each micro-batch's gradients are reduce-scattered into
  *                          the fp32 gradient shard: grad_accum x the traffic;
@@ -82,7 +90,7 @@ typedef struct {
   int grad_accum;                /* micro-batches per step */
   int accumulate_full_grads;     /* see above */
   fsdp_reduce_op_t grad_reduce;  /* FSDP_AVG: mean over ranks and micro-batches */
-  fsdp_dtype_t param_dtype;      /* FSDP_F32 (bf16 comes with the CUDA backend) */
+  fsdp_dtype_t param_dtype;      /* FSDP_F32 or FSDP_BF16: what is gathered (below) */
   size_t align;                  /* shard alignment in elements (power of two) */
   size_t timeline_capacity;      /* events kept; 0 = no timeline */
   fsdp_optim_config_t optim;
@@ -132,7 +140,10 @@ typedef struct {
  * parameters and full gradient buffers handed out or in flight. Reserved:
  * what the preallocated pools hold, i.e. the most transient can ever reach. */
 typedef struct {
-  size_t master, grad_shard, optim_state, persistent;
+  size_t master, grad_shard, optim_state;
+  size_t param_copy; /* bf16 params: the shard rounded to bf16 (+ its f32 widening
+                        when shards are whole: one rank or NO_SHARD) */
+  size_t persistent; /* the four above */
   size_t gathered_params, gathered_params_peak;
   size_t grads_in_flight, grads_in_flight_peak;
   size_t param_pool, grad_pool, staging;
@@ -221,6 +232,19 @@ FSDP_API fsdp_status_t fsdp_unit_shard(fsdp_engine_t engine, fsdp_unit_t unit,
                                        fsdp_shard_t *shard);
 FSDP_API fsdp_status_t fsdp_engine_find_tensor(fsdp_engine_t engine, const char *name,
                                                fsdp_unit_t *unit, int *index);
+/* Tensor `index` (0 .. fsdp_unit_info().n_tensors - 1) of a unit as declared,
+ * with where it lies in the unit's flat buffer: what checkpoints record so
+ * they can map elements between layouts. name is owned by the engine. */
+typedef struct {
+  const char *name;
+  int ndim;
+  int64_t shape[FSDP_MAX_DIMS];
+  size_t numel;
+  size_t offset; /* first element in the unit's flat buffer */
+  int no_decay;
+} fsdp_tensor_info_t;
+FSDP_API fsdp_status_t fsdp_unit_tensor(fsdp_engine_t engine, fsdp_unit_t unit, int index,
+                                        fsdp_tensor_info_t *info);
 FSDP_API int64_t fsdp_engine_step_count(fsdp_engine_t engine);
 /* For checkpoint loaders that wrote shards (fsdp_unit_shard) directly: sets the
  * update count (the schedule and AdamW's bias correction follow it) and drops

@@ -49,10 +49,10 @@ static fsdp_status_t config_check(const fsdp_config_t *c) {
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
                       "config.grad_reduce must be FSDP_SUM or FSDP_AVG, not %d",
                       (int)c->grad_reduce);
-  if (c->param_dtype != FSDP_F32)
-    return fsdp_error(FSDP_ERR_UNSUPPORTED,
-                      "config.param_dtype %s: the CPU engine stores parameters in f32 only "
-                      "for now", fsdp_dtype_name(c->param_dtype));
+  if (c->param_dtype != FSDP_F32 && c->param_dtype != FSDP_BF16)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "config.param_dtype %s: parameters are stored in f32 or bf16",
+                      fsdp_dtype_name(c->param_dtype));
   if (c->align == 0 || (c->align & (c->align - 1)) != 0)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
                       "config.align %zu must be a power of two", c->align);
@@ -76,6 +76,7 @@ fsdp_status_t fsdp_engine_create(fsdp_world_t world, const fsdp_config_t *cfg,
   e->rank = fsdp_world_rank(world);
   e->nranks = fsdp_world_size(world);
   e->shard_world = c->strategy == FSDP_NO_SHARD ? 1 : e->nranks;
+  e->bf16 = c->param_dtype == FSDP_BF16;
   pthread_mutex_init(&e->tl_lock, NULL);
 
   fsdp_status_t st;
@@ -104,6 +105,8 @@ static void unit_free(struct unit *u) {
   fsdp_free(u->m);
   fsdp_free(u->v);
   fsdp_free(u->full_grad);
+  fsdp_free(u->lp);
+  fsdp_free(u->rounded);
   fsdp_event_destroy(u->ready);
   fsdp_event_destroy(u->reduced);
 }
@@ -117,6 +120,7 @@ void fsdp_engine_destroy(fsdp_engine_t e) {
   free(e->units);
   for (int i = 0; i < e->n_pslots; i++) {
     fsdp_free(e->pslots[i].buf);
+    fsdp_free(e->pslots[i].lp);
     fsdp_event_destroy(e->pslots[i].free_ev);
   }
   free(e->pslots);
@@ -298,8 +302,14 @@ static fsdp_status_t unit_materialize(struct fsdp_engine *e, struct unit *u) {
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY,
                       "unit '%s': cannot allocate its shard state (%zu bytes per buffer)",
                       u->name, bytes);
+  if (e->bf16) u->lp = fsdp_alloc(u->shard * sizeof(uint16_t));
+  if (e->bf16 && e->shard_world == 1) u->rounded = fsdp_alloc(bytes);
+  if (e->bf16 && (!u->lp || (e->shard_world == 1 && !u->rounded)))
+    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "unit '%s': cannot allocate its bf16 copy",
+                      u->name);
   struct init_ctx ctx = {e, u};
   fsdp_unit_segments(u, u->shard_offset, u->shard_offset + u->count, init_segment, &ctx);
+  fsdp_unit_refresh_params(e, u);
   if (e->max_padded < u->padded) e->max_padded = u->padded;
   if (e->max_shard < u->shard) e->max_shard = u->shard;
   return FSDP_SUCCESS;
@@ -321,12 +331,13 @@ static fsdp_status_t pools_create(struct fsdp_engine *e) {
     p->capacity = c->strategy == FSDP_SHARD_GRAD_OP ? e->units[i].padded : e->max_padded;
     p->owner = -1;
     p->buf = fsdp_alloc(p->capacity * sizeof(float));
-    if (!p->buf)
+    if (e->bf16) p->lp = fsdp_alloc(p->capacity * sizeof(uint16_t));
+    if (!p->buf || (e->bf16 && !p->lp))
       return fsdp_error(FSDP_ERR_OUT_OF_MEMORY,
                         "engine: cannot allocate a %zu-byte gather buffer",
                         p->capacity * sizeof(float));
     FSDP_TRY(fsdp_event_create(&p->free_ev));
-    e->param_pool_bytes += p->capacity * sizeof(float);
+    e->param_pool_bytes += p->capacity * (sizeof(float) + (e->bf16 ? sizeof(uint16_t) : 0));
   }
   /* accumulate_full_grads keeps one full gradient per unit instead. */
   e->n_gslots = c->accumulate_full_grads ? 0 : FSDP_GRAD_SLOTS;
@@ -390,7 +401,7 @@ void fsdp_engine_drop_gathers(struct fsdp_engine *e) {
     if (u->slot >= 0 && u->held < 0) {
       fsdp_event_synchronize(u->ready);
       e->pslots[u->slot].owner = -1;
-      fsdp_mem_track(&e->gathered, &e->gathered_peak, 0, u->padded * sizeof(float));
+      fsdp_mem_track(&e->gathered, &e->gathered_peak, 0, fsdp_unit_gathered_bytes(e, u));
       u->slot = -1;
     }
   }
@@ -421,6 +432,7 @@ fsdp_status_t fsdp_engine_load_tensor(fsdp_engine_t e, const char *name, const f
     size_t a = t->offset > lo ? t->offset : lo;
     size_t b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
     if (a < b) memcpy(u->master + (a - lo), buf + (a - t->offset), (b - a) * sizeof(float));
+    fsdp_unit_refresh_params(e, u);
   } else {
     fsdp_engine_poison(e, st);
   }
@@ -485,6 +497,7 @@ fsdp_status_t fsdp_engine_set_step(fsdp_engine_t e, int64_t step) {
                         "fsdp_engine_set_step while unit '%s' is %s: finish the step first",
                         e->units[i].name, e->units[i].held >= 0 ? "acquired" : "holding gradients");
   fsdp_engine_drop_gathers(e);
+  for (int i = 0; i < e->n_units; i++) fsdp_unit_refresh_params(e, &e->units[i]);
   e->step = step;
   return FSDP_SUCCESS;
 }
@@ -535,7 +548,27 @@ fsdp_status_t fsdp_engine_find_tensor(fsdp_engine_t e, const char *name, fsdp_un
   return FSDP_SUCCESS;
 }
 
+fsdp_status_t fsdp_unit_tensor(fsdp_engine_t e, fsdp_unit_t unit, int index,
+                               fsdp_tensor_info_t *info) {
+  struct unit *u = NULL;
+  FSDP_TRY(unit_get(e, unit, "fsdp_unit_tensor", &u));
+  if (index < 0 || index >= u->n_tensors || !info)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "fsdp_unit_tensor('%s'): tensor %d does not exist (%d tensors) or info is "
+                      "NULL", u->name, index, u->n_tensors);
+  const struct tensor *t = &u->tensors[index];
+  *info = (fsdp_tensor_info_t){t->name, t->ndim, {0}, t->numel, t->offset, t->no_decay};
+  memcpy(info->shape, t->shape, sizeof info->shape);
+  return FSDP_SUCCESS;
+}
+
 /* ---- memory and timeline ------------------------------------------------ */
+
+void fsdp_unit_refresh_params(const struct fsdp_engine *e, struct unit *u) {
+  if (!e->bf16) return;
+  for (size_t i = 0; i < u->shard; i++) u->lp[i] = fsdp_f32_to_bf16(u->master[i]);
+  for (size_t i = 0; u->rounded && i < u->shard; i++) u->rounded[i] = fsdp_bf16_to_f32(u->lp[i]);
+}
 
 void fsdp_mem_track(size_t *live, size_t *peak, size_t add, size_t sub) {
   *live = *live + add - sub;
@@ -551,8 +584,9 @@ void fsdp_engine_memory(fsdp_engine_t e, fsdp_mem_stats_t *mem) {
     mem->master += b;
     mem->grad_shard += b;
     mem->optim_state += (u->m ? b : 0) + (u->v ? b : 0);
+    mem->param_copy += (u->lp ? u->shard * sizeof(uint16_t) : 0) + (u->rounded ? b : 0);
   }
-  mem->persistent = mem->master + mem->grad_shard + mem->optim_state;
+  mem->persistent = mem->master + mem->grad_shard + mem->optim_state + mem->param_copy;
   mem->gathered_params = e->gathered;
   mem->gathered_params_peak = e->gathered_peak;
   mem->grads_in_flight = e->grads_live;

@@ -28,6 +28,8 @@ struct stream_op {
   struct unit *u;
   fsdp_pass_t pass;
   double t_begin;
+  const uint16_t *lp; /* bf16 gathers: the gathered bytes to widen into dst */
+  float *dst;
 };
 
 struct unit {
@@ -38,6 +40,8 @@ struct unit {
   size_t count; /* real elements of this rank's slice */
 
   float *master, *grad, *m, *v; /* shard-sized, persistent */
+  uint16_t *lp;                 /* bf16 params: the master shard rounded, what is gathered */
+  float *rounded;               /* bf16 params on one shard: lp widened, what views show */
   float *full_grad;             /* accumulate_full_grads only: padded-sized */
 
   int slot;      /* param slot holding the gathered params, -1 none */
@@ -54,7 +58,8 @@ struct unit {
 };
 
 struct pslot {
-  float *buf;
+  float *buf;      /* what views show (f32) */
+  uint16_t *lp;    /* bf16 params: the gathered bf16 bytes, widened into buf */
   size_t capacity; /* elements */
   int owner;       /* unit or -1 */
   fsdp_event_t free_ev; /* compute stream passed the last use */
@@ -77,6 +82,7 @@ struct fsdp_engine {
   fsdp_config_t cfg;
   int rank, nranks;
   int shard_world; /* ranks a unit is sharded over: nranks, or 1 for NO_SHARD */
+  int bf16;        /* param_dtype is bf16: gathers move bf16, compute sees it widened */
   int materialized;
   uint64_t seed;
 
@@ -121,6 +127,10 @@ struct fsdp_engine {
 void fsdp_tl_add(struct fsdp_engine *e, fsdp_tl_kind_t kind, int unit, fsdp_pass_t pass,
                  int stream, double t0, double t1, size_t bytes);
 void fsdp_mem_track(size_t *live, size_t *peak, size_t add, size_t sub);
+/* Bytes a gathered copy of u occupies: f32, plus the bf16 bytes gathered. */
+static inline size_t fsdp_unit_gathered_bytes(const struct fsdp_engine *e, const struct unit *u) {
+  return u->padded * (sizeof(float) + (e->bf16 ? sizeof(uint16_t) : 0));
+}
 fsdp_status_t fsdp_engine_poison(struct fsdp_engine *e, fsdp_status_t st);
 fsdp_status_t fsdp_engine_check_live(struct fsdp_engine *e);
 
@@ -132,5 +142,8 @@ void fsdp_unit_segments(const struct unit *u, size_t lo, size_t hi, fsdp_segment
                         void *ctx);
 /* Frees gathered copies no caller holds; they go stale when weights change. */
 void fsdp_engine_drop_gathers(struct fsdp_engine *e);
+/* After the master shard of u changed: its bf16 copy (and widened view copy)
+ * follow. No-op for f32 parameters. */
+void fsdp_unit_refresh_params(const struct fsdp_engine *e, struct unit *u);
 
 #endif

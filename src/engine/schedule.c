@@ -18,8 +18,10 @@ static fsdp_status_t mark_begin(void *arg) {
   return FSDP_SUCCESS;
 }
 
+/* Widens a bf16 gather for compute, then the timeline mark. */
 static fsdp_status_t gather_end(void *arg) {
   struct stream_op *op = arg;
+  for (size_t i = 0; op->lp && i < op->u->padded; i++) op->dst[i] = fsdp_bf16_to_f32(op->lp[i]);
   fsdp_tl_add(op->eng, FSDP_TL_ALL_GATHER, unit_index(op->eng, op->u), op->pass, 1, op->t_begin,
               fsdp_time_now(), op->u->shard * sizeof(float));
   return FSDP_SUCCESS;
@@ -54,11 +56,14 @@ static fsdp_status_t gather_issue(struct fsdp_engine *e, struct unit *u, int slo
   struct pslot *p = &e->pslots[slot];
   p->owner = unit_index(e, u);
   u->slot = slot;
-  fsdp_mem_track(&e->gathered, &e->gathered_peak, u->padded * sizeof(float), 0);
-  u->gather_op = (struct stream_op){e, u, pass, 0.0};
+  fsdp_mem_track(&e->gathered, &e->gathered_peak, fsdp_unit_gathered_bytes(e, u), 0);
+  u->gather_op = (struct stream_op){e, u, pass, 0.0, e->bf16 ? p->lp : NULL, p->buf};
   FSDP_TRY(fsdp_stream_wait_event(e->s_gather, p->free_ev));
   FSDP_TRY(fsdp_stream_launch(e->s_gather, mark_begin, &u->gather_op));
-  FSDP_TRY(fsdp_all_gather(e->comm_gather, u->master, p->buf, u->shard, FSDP_F32, e->s_gather));
+  if (e->bf16)
+    FSDP_TRY(fsdp_all_gather(e->comm_gather, u->lp, p->lp, u->shard, FSDP_BF16, e->s_gather));
+  else
+    FSDP_TRY(fsdp_all_gather(e->comm_gather, u->master, p->buf, u->shard, FSDP_F32, e->s_gather));
   FSDP_TRY(fsdp_stream_launch(e->s_gather, gather_end, &u->gather_op));
   return fsdp_event_record(u->ready, e->s_gather);
 }
@@ -69,7 +74,7 @@ static fsdp_status_t slot_release(struct fsdp_engine *e, struct unit *u) {
   FSDP_TRY(fsdp_event_record(p->free_ev, fsdp_engine_stream(e)));
   p->owner = -1;
   u->slot = -1;
-  fsdp_mem_track(&e->gathered, &e->gathered_peak, 0, u->padded * sizeof(float));
+  fsdp_mem_track(&e->gathered, &e->gathered_peak, 0, fsdp_unit_gathered_bytes(e, u));
   return FSDP_SUCCESS;
 }
 
@@ -163,7 +168,7 @@ static fsdp_status_t reduce_issue(struct fsdp_engine *e, struct unit *u, float *
   u->reduce_src = src;
   u->reduce_scale = e->cfg.grad_reduce == FSDP_AVG
                         ? 1.0f / (float)((double)e->nranks * e->cfg.grad_accum) : 1.0f;
-  u->reduce_op = (struct stream_op){e, u, FSDP_BACKWARD, 0.0};
+  u->reduce_op = (struct stream_op){e, u, FSDP_BACKWARD, 0.0, NULL, NULL};
   FSDP_TRY(fsdp_event_record(e->compute_done, fsdp_engine_stream(e)));
   FSDP_TRY(fsdp_stream_wait_event(e->s_reduce, e->compute_done));
   FSDP_TRY(fsdp_stream_launch(e->s_reduce, mark_begin, &u->reduce_op));
@@ -248,7 +253,9 @@ static fsdp_status_t acquire(struct fsdp_engine *e, struct unit *u, fsdp_pass_t 
   e->fwd_done = e->fwd_done && !starts;
   FSDP_TRY(prefetch(e, pass, pos));
   FSDP_TRY(fsdp_stream_wait_event(fsdp_engine_stream(e), u->ready));
-  const float *base = e->shard_world == 1 ? u->master : e->pslots[u->slot].buf;
+  const float *base = e->shard_world > 1 ? e->pslots[u->slot].buf
+                      : e->bf16          ? u->rounded
+                                         : u->master;
   for (int i = 0; i < u->n_tensors; i++)
     u->param_ptrs[i] = (float *)base + u->tensors[i].offset;
   if (pass == FSDP_BACKWARD) {

@@ -80,6 +80,7 @@ static fsdp_status_t step(struct fsdp_engine *e, fsdp_step_stats_t *stats) {
     struct unit *u = &e->units[i];
     struct update_ctx ctx = {e, u, lr, (float)coef};
     fsdp_unit_segments(u, u->shard_offset, u->shard_offset + u->count, update_segment, &ctx);
+    fsdp_unit_refresh_params(e, u);
     memset(u->grad, 0, u->shard * sizeof(float));
     u->bwd_count = 0;
   }

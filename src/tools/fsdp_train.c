@@ -22,6 +22,7 @@ static const char usage_text[] =
     "sharding\n"
     "  --strategy zero3|zero2|noshard   (default zero3)\n"
     "  --prefetch D              units gathered ahead (default 1)\n"
+    "  --dtype f32|bf16          parameters as gathered and computed on (master stays f32)\n"
     "  --max-live N              cap on gathered units (default: depth + 1, +1 for gpt2's root)\n"
     "  --wrap KINDS              unit per module kind, e.g. GPT2Block (gpt2 default)\n"
     "  --wrap-min-params N       or: group blocks into units of at least N parameters\n"
@@ -83,6 +84,8 @@ static int parse_word(const char *a, const char *v, train_opts_t *o) {
   if (!strcmp(a, "--schedule") && (!strcmp(v, "cosine") || !strcmp(v, "constant")))
     return o->cfg.schedule.kind = !strcmp(v, "cosine") ? FSDP_SCHED_WARMUP_COSINE
                                                        : FSDP_SCHED_CONSTANT, 0;
+  if (!strcmp(a, "--dtype") && (!strcmp(v, "f32") || !strcmp(v, "bf16")))
+    return o->cfg.param_dtype = !strcmp(v, "bf16") ? FSDP_BF16 : FSDP_F32, 0;
   if (!strcmp(a, "--preset")) return fsdp_gpt2_preset(v, &o->gpt) ? -1 : 0;
   if (!strcmp(a, "--hidden") && parse_list(v, o) == 0) return 0;
   fprintf(stderr, "fsdp-train: %s '%s' is not a valid value (see --help)\n", a, v);

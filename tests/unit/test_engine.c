@@ -81,7 +81,7 @@ START_TEST(config_errors) {
       case 4: c.grad_reduce = FSDP_MAX; break;
       case 5: c.align = 12; break;
       case 6: c.optim.lr = -1.0f; break;
-      case 7: c.param_dtype = FSDP_BF16; break;
+      case 7: c.param_dtype = FSDP_F64; break;
     }
     fsdp_engine_t e = NULL;
     ck_assert_int_ne(fsdp_engine_create(world, &c, &e), FSDP_SUCCESS);
@@ -357,6 +357,56 @@ START_TEST(memory_formula) {
 }
 END_TEST
 
+/* bf16 parameters: views show the master rounded to bf16 (and widened), updates
+ * still land on the fp32 master, and the bf16 copy costs 2 bytes per parameter
+ * (plus its f32 widening when the shard is whole, as on one rank). */
+START_TEST(bf16_params) {
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  c.param_dtype = FSDP_BF16;
+  c.optim.kind = FSDP_OPTIM_SGD;
+  c.optim.lr = 1e-3f;
+  fsdp_unit_t u[3];
+  fsdp_engine_t e = make_engine(&c, u);
+  float master[35];
+  for (int s = 0; s < 2; s++) {
+    fsdp_engine_read_tensor(e, "w0", master, -1);
+    fsdp_view_t v;
+    ck_assert_int_eq(fsdp_unit_acquire(e, u[0], FSDP_FORWARD, &v), FSDP_SUCCESS);
+    int differ = 0;
+    for (int i = 0; i < 35; i++) {
+      ck_assert_float_eq(v.param[0][i], fsdp_bf16_to_f32(fsdp_f32_to_bf16(master[i])));
+      differ += v.param[0][i] != master[i];
+    }
+    ck_assert_int_gt(differ, 0); /* the master keeps the bits bf16 drops */
+    ck_assert_int_eq(fsdp_unit_release(e, u[0], FSDP_FORWARD), FSDP_SUCCESS);
+    for (int i = 1; i < 3; i++) {
+      ck_assert_int_eq(fsdp_unit_acquire(e, u[i], FSDP_FORWARD, &v), FSDP_SUCCESS);
+      ck_assert_int_eq(fsdp_unit_release(e, u[i], FSDP_FORWARD), FSDP_SUCCESS);
+    }
+    for (int i = 2; i >= 0; i--) {
+      ck_assert_int_eq(fsdp_unit_acquire(e, u[i], FSDP_BACKWARD, &v), FSDP_SUCCESS);
+      v.grad[0][0] += 1.0f;
+      ck_assert_int_eq(fsdp_unit_release(e, u[i], FSDP_BACKWARD), FSDP_SUCCESS);
+    }
+    ck_assert_int_eq(fsdp_engine_step(e, NULL), FSDP_SUCCESS);
+    float after[35];
+    fsdp_engine_read_tensor(e, "w0", after, -1);
+    ck_assert_float_eq(after[0], master[0] - 1e-3f); /* below bf16's resolution near 1 */
+  }
+  size_t padded = 0;
+  for (int i = 0; i < 3; i++) {
+    fsdp_unit_info_t info;
+    fsdp_unit_info(e, u[i], &info);
+    padded += info.padded_numel;
+  }
+  fsdp_mem_stats_t m;
+  fsdp_engine_memory(e, &m);
+  ck_assert_uint_eq(m.param_copy, (2 + 4) * padded);
+  ck_assert_uint_eq(m.persistent, (8 + 2 + 4) * padded); /* SGD without momentum: no state */
+  fsdp_engine_destroy(e);
+}
+END_TEST
+
 static Suite *engine_suite(void) {
   Suite *s = suite_create("engine");
   TCase *tc = tcase_create("core");
@@ -370,6 +420,7 @@ static Suite *engine_suite(void) {
   tcase_add_test(tc, step_numerics);
   tcase_add_test(tc, memory_formula);
   tcase_add_loop_test(tc, accumulation, 0, 4);
+  tcase_add_test(tc, bf16_params);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -181,6 +181,35 @@ START_TEST(checkpoint_identical) {
 }
 END_TEST
 
+/* bf16 parameters: compute sees weights rounded to 8 significant bits, so the
+ * loss curve follows f32's within bf16's resolution (2^-8 relative per weight;
+ * allow 2 % on the loss), while the fp32 master keeps learning. */
+START_TEST(bf16_follows_f32) {
+  double loss[2][10];
+  for (int k = 0; k < 2; k++) {
+    fsdp_config_t c = FSDP_CONFIG_INIT;
+    c.param_dtype = k ? FSDP_BF16 : FSDP_F32;
+    c.optim.lr = 1e-2f;
+    fsdp_engine_t e = engine(&c);
+    fsdp_gpt2_t g = model(e, "GPT2Block", 0, NULL);
+    int tok[B * T], tgt[B * T];
+    batch(tok, tgt);
+    for (int s = 0; s < 10; s++) {
+      ck_assert_int_eq(fsdp_gpt2_forward_backward(g, tok, tgt, B, T, 1.0f / (B * T), &loss[k][s]),
+                       FSDP_SUCCESS);
+      ck_assert_int_eq(fsdp_engine_step(e, NULL), FSDP_SUCCESS);
+    }
+    fsdp_gpt2_destroy(g);
+    fsdp_engine_destroy(e);
+  }
+  ck_assert(loss[0][9] < 0.8 * loss[0][0]);
+  for (int s = 0; s < 10; s++)
+    ck_assert_msg(fabs(loss[1][s] - loss[0][s]) <= 0.02 * loss[0][s], "step %d: bf16 %g, f32 %g",
+                  s, loss[1][s], loss[0][s]);
+  ck_assert(loss[1][0] != loss[0][0]); /* bf16 really was used */
+}
+END_TEST
+
 START_TEST(sampling_and_errors) {
   fsdp_config_t c = FSDP_CONFIG_INIT;
   fsdp_engine_t e = engine(&c);
@@ -216,6 +245,7 @@ int main(void) {
   tcase_add_test(tc, wrap_plans);
   tcase_add_loop_test(tc, gradient_check, 0, 2);
   tcase_add_loop_test(tc, checkpoint_identical, 0, 3);
+  tcase_add_test(tc, bf16_follows_f32);
   tcase_add_test(tc, sampling_and_errors);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
