@@ -1,0 +1,346 @@
+/* bench/coll_bench.c — all-gather and reduce-scatter through fsdp's comm API,
+ * in the nccl-tests mould: a size sweep, out-of-place and in-place, time,
+ * algorithm and bus bandwidth, and a wrong-element count for every row; exit
+ * status 1 when any element is wrong. Launch with mpirun -np N coll_bench ...
+ *
+ * Sizes are bytes of the whole (gathered) buffer, as in nccl-tests: a row of
+ * size S moves count = S / sizeof(type) elements in all, S / N per rank.
+ * algbw = S / time, busbw = algbw * (N - 1) / N for both collectives; time is
+ * the mean over iterations of the slowest rank. Values are small integers, so
+ * every sum is exact in every type and the check is bitwise. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_util.h"
+
+static const char usage_text[] =
+    "usage: coll_bench [options]        launch with: mpirun -np N coll_bench ...\n"
+    "  -b, --minbytes S     smallest buffer, bytes of the gathered whole (default 1K)\n"
+    "  -e, --maxbytes S     largest (default 16M); K, M, G suffixes\n"
+    "  -f, --stepfactor F   size multiplier between rows (default 4)\n"
+    "  -n, --iters N        timed iterations per row (default 20)\n"
+    "  -w, --warmup N       untimed iterations first (default 5)\n"
+    "  -c, --check 0|1      check every row's result element by element (default 1)\n"
+    "  -d, --datatype T     float (default), double, bfloat16 (all_gather only)\n"
+    "  -o, --op OP          reduce-scatter operation: sum (default) or max\n"
+    "  -s, --stream 0|1     1: issue on a communication stream, as the engine does\n"
+    "                       (default); 0: on the calling thread\n"
+    "  --coll NAME          all_gather, reduce_scatter or all (default)\n"
+    "  --json               one JSON document on stdout (rank 0) instead of the table\n"
+    "Columns: size (B), count (elements in all), type, redop, time (us, mean of the\n"
+    "slowest rank), algbw = size/time, busbw = algbw*(N-1)/N (GB/s), #wrong elements,\n"
+    "out-of-place then in-place. Exit status 1 when any element is wrong.\n";
+
+typedef enum { COLL_ALL_GATHER = 0, COLL_REDUCE_SCATTER } coll_t;
+static const char *const coll_names[] = {"all_gather", "reduce_scatter"};
+
+typedef struct {
+  int64_t minbytes, maxbytes, iters, warmup, check, stream;
+  double factor;
+  fsdp_dtype_t dtype;
+  fsdp_reduce_op_t op;
+  int colls; /* bit mask of coll_t */
+  int json;
+} coll_opts_t;
+
+typedef struct {
+  coll_t coll;
+  size_t bytes, count;
+  int inplace;
+  double time_us, algbw, busbw;
+  double wrong;
+} coll_row_t;
+
+typedef struct {
+  fsdp_comm_t comm;
+  fsdp_stream_t stream;
+  int rank, nranks;
+  void *send, *recv; /* each maxbytes: the host buffers the MPI backend reads */
+} coll_ctx_t;
+
+/* ---- flags ----------------------------------------------------------------- */
+
+static int parse_word(const char *a, const char *v, coll_opts_t *o) {
+  if (!strcmp(a, "-d") || !strcmp(a, "--datatype")) {
+    if (!strcmp(v, "float") || !strcmp(v, "f32")) return o->dtype = FSDP_F32, 0;
+    if (!strcmp(v, "double") || !strcmp(v, "f64")) return o->dtype = FSDP_F64, 0;
+    if (!strcmp(v, "bfloat16") || !strcmp(v, "bf16")) return o->dtype = FSDP_BF16, 0;
+  } else if (!strcmp(a, "-o") || !strcmp(a, "--op")) {
+    if (!strcmp(v, "sum")) return o->op = FSDP_SUM, 0;
+    if (!strcmp(v, "max")) return o->op = FSDP_MAX, 0;
+  } else if (!strcmp(a, "--coll")) {
+    if (!strcmp(v, "all_gather")) return o->colls = 1 << COLL_ALL_GATHER, 0;
+    if (!strcmp(v, "reduce_scatter")) return o->colls = 1 << COLL_REDUCE_SCATTER, 0;
+    if (!strcmp(v, "all")) return o->colls = 3, 0;
+  } else if (!strcmp(a, "-f") || !strcmp(a, "--stepfactor")) {
+    return bench_parse_double("coll_bench", a, v, &o->factor);
+  } else {
+    fprintf(stderr, "coll_bench: unknown flag %s (see --help)\n", a);
+    return -1;
+  }
+  fprintf(stderr, "coll_bench: %s '%s' is not a valid value (see --help)\n", a, v);
+  return -1;
+}
+
+static int parse(int argc, char **argv, coll_opts_t *o) {
+  const struct { const char *s, *l; int64_t *p; int suffix; } nums[] = {
+      {"-b", "--minbytes", &o->minbytes, 1}, {"-e", "--maxbytes", &o->maxbytes, 1},
+      {"-n", "--iters", &o->iters, 0},       {"-w", "--warmup", &o->warmup, 0},
+      {"-c", "--check", &o->check, 0},       {"-s", "--stream", &o->stream, 0}};
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) return fputs(usage_text, stdout), 1;
+    if (!strcmp(a, "--json")) {
+      o->json = 1;
+      continue;
+    }
+    if (!v) return fprintf(stderr, "coll_bench: %s needs a value (see --help)\n", a), -1;
+    i++;
+    size_t k = 0;
+    while (k < sizeof nums / sizeof nums[0] && strcmp(a, nums[k].s) && strcmp(a, nums[k].l)) k++;
+    if (k < sizeof nums / sizeof nums[0]) {
+      if (bench_parse_i64("coll_bench", a, v, nums[k].suffix, nums[k].p)) return -1;
+    } else if (parse_word(a, v, o)) {
+      return -1;
+    }
+  }
+  if (o->iters < 1 || o->factor <= 1.0 || o->minbytes < 1 || o->maxbytes < o->minbytes)
+    return fprintf(stderr, "coll_bench: need -n >= 1, -f > 1 and 1 <= -b <= -e\n"), -1;
+  if (o->dtype == FSDP_BF16 && (o->colls & (1 << COLL_REDUCE_SCATTER)))
+    return fprintf(stderr, "coll_bench: reductions run in f32 or f64; use -d bfloat16 with "
+                           "--coll all_gather\n"), -1;
+  return 0;
+}
+
+/* ---- data and checks ------------------------------------------------------- */
+
+/* Element i of rank r's contribution: a small integer, exact in every type. */
+static double value(int r, size_t i) { return (double)((int)((r * 5 + i * 7) % 17) - 8); }
+
+static void store(void *buf, fsdp_dtype_t t, size_t i, double x) {
+  if (t == FSDP_F32) ((float *)buf)[i] = (float)x;
+  else if (t == FSDP_F64) ((double *)buf)[i] = x;
+  else ((uint16_t *)buf)[i] = fsdp_f32_to_bf16((float)x);
+}
+
+static double load(const void *buf, fsdp_dtype_t t, size_t i) {
+  if (t == FSDP_F32) return ((const float *)buf)[i];
+  if (t == FSDP_F64) return ((const double *)buf)[i];
+  return fsdp_bf16_to_f32(((const uint16_t *)buf)[i]);
+}
+
+static double expected(const coll_ctx_t *c, const coll_opts_t *o, coll_t coll, size_t per,
+                       size_t i) {
+  if (coll == COLL_ALL_GATHER) return value((int)(i / per), i % per);
+  size_t g = (size_t)c->rank * per + i;
+  double acc = value(0, g);
+  for (int r = 1; r < c->nranks; r++) {
+    double x = value(r, g);
+    acc = o->op == FSDP_SUM ? acc + x : (x > acc ? x : acc);
+  }
+  return acc;
+}
+
+/* The buffers each variant reads and writes; in place as fsdp_comm allows. */
+static void operands(const coll_ctx_t *c, coll_t coll, int inplace, size_t per, size_t esz,
+                     void **send, void **recv) {
+  char *s = c->send, *r = c->recv;
+  if (!inplace) {
+    *send = s;
+    *recv = r;
+  } else if (coll == COLL_ALL_GATHER) {
+    *recv = r;
+    *send = r + (size_t)c->rank * per * esz;
+  } else {
+    *send = s;
+    *recv = s + (size_t)c->rank * per * esz;
+  }
+}
+
+static void fill(const coll_ctx_t *c, const coll_opts_t *o, coll_t coll, void *send, size_t per) {
+  size_t n = coll == COLL_ALL_GATHER ? per : per * (size_t)c->nranks;
+  for (size_t i = 0; i < n; i++) store(send, o->dtype, i, value(c->rank, i));
+}
+
+static fsdp_status_t issue(const coll_ctx_t *c, const coll_opts_t *o, coll_t coll, void *send,
+                           void *recv, size_t per) {
+  fsdp_stream_t s = o->stream ? c->stream : FSDP_HOST_STREAM;
+  if (coll == COLL_ALL_GATHER) return fsdp_all_gather(c->comm, send, recv, per, o->dtype, s);
+  return fsdp_reduce_scatter(c->comm, send, recv, per, o->dtype, o->op, s);
+}
+
+static fsdp_status_t finish(const coll_ctx_t *c, const coll_opts_t *o) {
+  return o->stream ? fsdp_stream_synchronize(c->stream) : FSDP_SUCCESS;
+}
+
+/* One collective on fresh data, then every element of this rank's result. */
+static fsdp_status_t check_row(const coll_ctx_t *c, const coll_opts_t *o, coll_row_t *row,
+                               size_t per, size_t esz) {
+  void *send, *recv;
+  operands(c, row->coll, row->inplace, per, esz, &send, &recv);
+  fill(c, o, row->coll, send, per);
+  BENCH_TRY(issue(c, o, row->coll, send, recv, per));
+  BENCH_TRY(finish(c, o));
+  size_t n = row->coll == COLL_ALL_GATHER ? per * (size_t)c->nranks : per;
+  double wrong = 0;
+  for (size_t i = 0; i < n; i++)
+    wrong += load(recv, o->dtype, i) != expected(c, o, row->coll, per, i);
+  row->wrong = wrong;
+  return bench_reduce(c->comm, &row->wrong, 1, FSDP_SUM);
+}
+
+/* ---- timing ---------------------------------------------------------------- */
+
+static fsdp_status_t time_row(const coll_ctx_t *c, const coll_opts_t *o, coll_row_t *row,
+                              size_t per, size_t esz) {
+  void *send, *recv;
+  operands(c, row->coll, row->inplace, per, esz, &send, &recv);
+  fill(c, o, row->coll, send, per);
+  for (int64_t i = 0; i < o->warmup; i++) BENCH_TRY(issue(c, o, row->coll, send, recv, per));
+  BENCH_TRY(finish(c, o));
+  BENCH_TRY(fsdp_barrier(c->comm, FSDP_HOST_STREAM));
+  double t0 = fsdp_time_now();
+  for (int64_t i = 0; i < o->iters; i++) BENCH_TRY(issue(c, o, row->coll, send, recv, per));
+  BENCH_TRY(finish(c, o));
+  double secs = (fsdp_time_now() - t0) / (double)o->iters;
+  BENCH_TRY(bench_reduce(c->comm, &secs, 1, FSDP_MAX));
+  row->time_us = secs * 1e6;
+  row->algbw = (double)row->bytes / secs / 1e9;
+  row->busbw = row->algbw * (c->nranks - 1) / c->nranks;
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t run_row(const coll_ctx_t *c, const coll_opts_t *o, coll_row_t *row) {
+  size_t esz = fsdp_dtype_size(o->dtype), per = row->count / (size_t)c->nranks;
+  row->wrong = 0;
+  if (o->check) BENCH_TRY(check_row(c, o, row, per, esz));
+  return time_row(c, o, row, per, esz);
+}
+
+/* ---- output ---------------------------------------------------------------- */
+
+static void print_header(const coll_ctx_t *c, const coll_opts_t *o) {
+  printf("# coll_bench: fsdp comm over %s, %d ranks | -b %lld -e %lld -f %g | %lld iterations "
+         "after %lld warm-up | %s | check %s\n#\n",
+         fsdp_comm_backend(c->comm), c->nranks, (long long)o->minbytes, (long long)o->maxbytes,
+         o->factor, (long long)o->iters, (long long)o->warmup,
+         o->stream ? "communication stream" : "calling thread", o->check ? "on" : "off");
+  printf("#%55s%33s%33s\n", "", "out-of-place", "in-place");
+  printf("# %-14s %12s %12s %6s %6s %9s %7s %7s %6s %9s %7s %7s %6s\n", "collective", "size",
+         "count", "type", "redop", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw",
+         "#wrong");
+  printf("# %-14s %12s %12s %6s %6s %9s %7s %7s %6s %9s %7s %7s %6s\n", "", "(B)", "(elements)",
+         "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+}
+
+static const char *redop_name(const coll_opts_t *o, coll_t coll) {
+  return coll == COLL_ALL_GATHER ? "none" : o->op == FSDP_SUM ? "sum" : "max";
+}
+
+static void print_pair(const coll_opts_t *o, const coll_row_t *r) {
+  printf("  %-14s %12zu %12zu %6s %6s", coll_names[r[0].coll], r[0].bytes, r[0].count,
+         fsdp_dtype_name(o->dtype), redop_name(o, r[0].coll));
+  for (int k = 0; k < 2; k++)
+    printf(" %9.1f %7.2f %7.2f %6.0f", r[k].time_us, r[k].algbw, r[k].busbw, r[k].wrong);
+  printf("\n");
+  fflush(stdout);
+}
+
+static void print_json(const coll_ctx_t *c, const coll_opts_t *o, const coll_row_t *rows, int n,
+                       double wrong, double avg_busbw) {
+  bench_machine_t m;
+  bench_machine(&m);
+  printf("{\"bench\":\"coll_bench\",\"backend\":\"%s\",\"ranks\":%d,\"iters\":%lld,"
+         "\"warmup\":%lld,\"stream\":%d,\"check\":%d,\"machine\":",
+         fsdp_comm_backend(c->comm), c->nranks, (long long)o->iters, (long long)o->warmup,
+         (int)o->stream, (int)o->check);
+  bench_machine_json(stdout, &m);
+  printf(",\"rows\":[");
+  for (int i = 0; i < n; i++)
+    printf("%s\n{\"collective\":\"%s\",\"size\":%zu,\"count\":%zu,\"type\":\"%s\",\"redop\":\"%s\","
+           "\"inplace\":%d,\"time_us\":%.3f,\"algbw\":%.4f,\"busbw\":%.4f,\"wrong\":%.0f}",
+           i ? "," : "", coll_names[rows[i].coll], rows[i].bytes, rows[i].count,
+           fsdp_dtype_name(o->dtype), redop_name(o, rows[i].coll), rows[i].inplace,
+           rows[i].time_us, rows[i].algbw, rows[i].busbw, rows[i].wrong);
+  printf("],\n\"wrong\":%.0f,\"avg_busbw\":%.4f}\n", wrong, avg_busbw);
+}
+
+/* ---- driver ---------------------------------------------------------------- */
+
+static int count_rows(const coll_ctx_t *c, const coll_opts_t *o) {
+  int n = 0;
+  size_t unit = fsdp_dtype_size(o->dtype) * (size_t)c->nranks;
+  for (double b = (double)o->minbytes; b <= (double)o->maxbytes; b *= o->factor)
+    n += (size_t)b >= unit;
+  return n;
+}
+
+static fsdp_status_t sweep(const coll_ctx_t *c, const coll_opts_t *o, coll_row_t *rows, int *n) {
+  size_t esz = fsdp_dtype_size(o->dtype), unit = esz * (size_t)c->nranks;
+  *n = 0;
+  for (int coll = 0; coll < 2; coll++) {
+    if (!(o->colls & (1 << coll))) continue;
+    for (double b = (double)o->minbytes; b <= (double)o->maxbytes; b *= o->factor) {
+      size_t bytes = (size_t)b / unit * unit;
+      if (bytes == 0) continue;
+      for (int inplace = 0; inplace < 2; inplace++) {
+        coll_row_t *r = &rows[(*n)++];
+        *r = (coll_row_t){(coll_t)coll, bytes, bytes / esz, inplace, 0, 0, 0, 0};
+        BENCH_TRY(run_row(c, o, r));
+      }
+      if (c->rank == 0 && !o->json) print_pair(o, &rows[*n - 2]);
+    }
+  }
+  return FSDP_SUCCESS;
+}
+
+static int run(coll_ctx_t *c, const coll_opts_t *o) {
+  int max_rows = 4 * count_rows(c, o), n = 0;
+  coll_row_t *rows = calloc((size_t)(max_rows ? max_rows : 1), sizeof *rows);
+  /* Host buffers: the MPI and self backends read host memory. A device backend
+   * needs device buffers here (and device-side fill/check) once device.h has
+   * an allocator; nothing else in this file changes. */
+  c->send = calloc((size_t)o->maxbytes + 64, 1);
+  c->recv = calloc((size_t)o->maxbytes + 64, 1);
+  if (!rows || !c->send || !c->recv) {
+    fprintf(stderr, "coll_bench: cannot allocate 2 x %lld bytes\n", (long long)o->maxbytes);
+    free(rows);
+    return 1;
+  }
+  if (c->rank == 0 && !o->json) print_header(c, o);
+  fsdp_status_t st = sweep(c, o, rows, &n);
+  double wrong = 0, busbw = 0;
+  for (int i = 0; i < n; i++) wrong += rows[i].wrong, busbw += rows[i].busbw;
+  busbw = n ? busbw / n : 0;
+  if (st == FSDP_SUCCESS && c->rank == 0 && o->json) print_json(c, o, rows, n, wrong, busbw);
+  else if (st == FSDP_SUCCESS && c->rank == 0)
+    printf("# Out of bounds values : %.0f %s\n# Avg bus bandwidth    : %.4f GB/s\n#\n", wrong,
+           wrong == 0 ? "OK" : "FAILED", busbw);
+  if (st != FSDP_SUCCESS) fprintf(stderr, "coll_bench: rank %d: %s\n", c->rank, fsdp_last_error());
+  free(rows);
+  return st != FSDP_SUCCESS || wrong != 0 ? 1 : 0;
+}
+
+int main(int argc, char **argv) {
+  coll_opts_t o = {1 << 10, 16 << 20, 20, 5, 1, 1, 4.0, FSDP_F32, FSDP_SUM, 3, 0};
+  int p = parse(argc, argv, &o);
+  if (p) return p > 0 ? 0 : 2;
+  coll_ctx_t c = {0};
+  fsdp_world_t world = NULL;
+  int rc = 1;
+  if (fsdp_world_init(&world, NULL) || fsdp_comm_create(world, &c.comm) ||
+      fsdp_stream_create("coll-bench", &c.stream)) {
+    fprintf(stderr, "coll_bench: %s\n", fsdp_last_error());
+    goto done;
+  }
+  c.rank = fsdp_comm_rank(c.comm);
+  c.nranks = fsdp_comm_size(c.comm);
+  rc = run(&c, &o);
+done:
+  fsdp_stream_destroy(c.stream);
+  fsdp_comm_destroy(c.comm);
+  fsdp_world_destroy(world);
+  free(c.send);
+  free(c.recv);
+  return rc;
+}
