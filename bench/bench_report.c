@@ -1,0 +1,108 @@
+/* bench/bench_report.c — fsdp-bench's output on rank 0: a table for people
+ * (medians, the spread of throughput and step time) and one JSON document with
+ * every statistic for machines. */
+#include <string.h>
+
+#include "fsdp_bench.h"
+
+static double mib(double bytes) { return bytes / 1048576.0; }
+
+static void describe_model(const bench_opts_t *o, char *buf, size_t n) {
+  if (!strcmp(o->model, "gpt2")) {
+    snprintf(buf, n, "gpt2 %s: %d layers x %d wide, %d heads, T %d, vocab %d%s%s", o->preset,
+             o->gpt.n_layer, o->gpt.n_embd, o->gpt.n_head, o->seq_len, o->gpt.vocab_size,
+             o->wrap.checkpoint_kinds ? ", checkpoint " : "",
+             o->wrap.checkpoint_kinds ? o->wrap.checkpoint_kinds : "");
+    return;
+  }
+  int k = snprintf(buf, n, "mlp 784");
+  for (int i = 0; i < o->n_hidden && k > 0 && (size_t)k < n; i++)
+    k += snprintf(buf + k, n - (size_t)k, "-%d", o->hidden[i]);
+  if (k > 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, "-10");
+}
+
+void bench_print_header(const bench_opts_t *o, int nranks, const char *backend,
+                        const bench_machine_t *m, double peak_rank) {
+  char model[160];
+  describe_model(o, model, sizeof model);
+  printf("fsdp-bench: %s | %d ranks (%s) | micro-batch %d x %d per rank | %s | AdamW | "
+         "%lld warm-up + %lld timed steps, synthetic data\n",
+         model, nranks, backend, o->micro_batch, o->cfg.grad_accum,
+         fsdp_dtype_name(o->cfg.param_dtype), (long long)o->warmup, (long long)o->iters);
+  printf("machine: %s | %d cores | %s\n", m->cpu, m->cores, m->blas);
+  if (peak_rank > 0)
+    printf("peak: %.1f GFLOP/s per rank (sgemm %lld, every rank at once)\n\n", peak_rank / 1e9,
+           (long long)o->peak_size);
+  else
+    printf("peak: not measured (--peak-size 0): no MFU\n\n");
+  printf("%-8s %2s | %-22s %10s | %-22s %8s %8s %8s %7s | %6s | %9s %9s %8s %8s | %6s\n",
+         "strategy", "pf", "tokens/s (min-max)", "per rank", "step ms (min-max)", "compute",
+         "comm", "exposed", "hidden", "MFU", "model MiB", "ZeRO MiB", "act MiB", "RSS MiB",
+         "#wrong");
+  fflush(stdout);
+}
+
+void bench_print_row(const bench_result_t *r) {
+  char tps[32], step[32];
+  snprintf(tps, sizeof tps, "%.0f (%.0f-%.0f)", r->tokens_per_s.median, r->tokens_per_s.min,
+           r->tokens_per_s.max);
+  snprintf(step, sizeof step, "%.2f (%.2f-%.2f)", r->step_s.median * 1e3, r->step_s.min * 1e3,
+           r->step_s.max * 1e3);
+  double hidden = r->comm_s.median > 0 ? 100.0 * (1.0 - r->exposed_s.median / r->comm_s.median)
+                                       : 0.0;
+  printf("%-8s %2d | %-22s %10.0f | %-22s %8.2f %8.2f %8.2f %6.0f%% | %5.2f%% | %9.2f %9.2f "
+         "%8.2f %8.2f | %6.0f\n",
+         fsdp_strategy_name(r->strategy), r->prefetch, tps, r->tokens_per_s_rank.median, step,
+         r->compute_s.median * 1e3, r->comm_s.median * 1e3, r->exposed_s.median * 1e3,
+         hidden < 0 ? 0 : hidden, r->mfu.median * 100.0, mib(r->model_peak), mib(r->predicted),
+         mib(r->activations), mib(r->rss_peak), r->wrong);
+  fflush(stdout);
+}
+
+static void result_json(const bench_opts_t *o, int nranks, const bench_result_t *r) {
+  printf("{\"model\":\"%s\",\"preset\":\"%s\",\"strategy\":\"%s\",\"prefetch\":%d,"
+         "\"max_live_units\":%d,\"world_size\":%d,\"micro_batch\":%d,\"grad_accum\":%d,"
+         "\"seq_len\":%d,\"dtype\":\"%s\",\"params\":%zu,\"units\":%d,\"largest_unit\":%zu,"
+         "\"tokens_per_step\":%.0f,\"flops_per_token\":%.6g,\"peak_flops\":%.6g,",
+         o->model, strcmp(o->model, "gpt2") ? "" : o->preset, fsdp_strategy_name(r->strategy),
+         r->prefetch, r->max_live, nranks, o->micro_batch, o->cfg.grad_accum,
+         strcmp(o->model, "gpt2") ? 1 : o->seq_len, fsdp_dtype_name(o->cfg.param_dtype),
+         r->params, r->n_units, r->largest_unit, r->tokens_per_step, r->flops_per_token,
+         r->peak_flops);
+  const struct { const char *name; const bench_stat_t *s; double scale; } stats[] = {
+      {"tokens_per_s", &r->tokens_per_s, 1},   {"tokens_per_s_per_rank", &r->tokens_per_s_rank, 1},
+      {"step_ms", &r->step_s, 1e3},            {"compute_ms", &r->compute_s, 1e3},
+      {"comm_ms", &r->comm_s, 1e3},            {"gather_ms", &r->gather_s, 1e3},
+      {"reduce_ms", &r->reduce_s, 1e3},        {"exposed_comm_ms", &r->exposed_s, 1e3},
+      {"mfu", &r->mfu, 1}};
+  for (size_t i = 0; i < sizeof stats / sizeof stats[0]; i++) {
+    printf("\"%s\":", stats[i].name);
+    bench_stat_json(stdout, stats[i].s, stats[i].scale);
+    printf(",");
+  }
+  printf("\"memory\":{\"persistent\":%.0f,\"gathered_peak\":%.0f,\"grads_peak\":%.0f,"
+         "\"model_peak\":%.0f,\"predicted\":%.0f,\"reserved\":%.0f,\"activations\":%.0f,"
+         "\"rss_base\":%.0f,\"rss_peak\":%.0f},\"loss_first\":%.6f,\"loss_last\":%.6f,"
+         "\"wrong\":%.0f}",
+         r->persistent, r->gathered_peak, r->grads_peak, r->model_peak, r->predicted,
+         r->reserved, r->activations, r->rss_base, r->rss_peak, r->loss_first, r->loss_last,
+         r->wrong);
+}
+
+void bench_print_json(const bench_opts_t *o, int nranks, const char *backend,
+                      const bench_machine_t *m, const bench_result_t *r, int n) {
+  double wrong = 0;
+  for (int i = 0; i < n; i++) wrong += r[i].wrong;
+  printf("{\"bench\":\"fsdp-bench\",\"version\":\"%d.%d.%d\",\"backend\":\"%s\",\"world_size\":%d,"
+         "\"warmup\":%lld,\"iters\":%lld,\"peak_size\":%lld,\"machine\":",
+         FSDP_VERSION_MAJOR, FSDP_VERSION_MINOR, FSDP_VERSION_PATCH, backend, nranks,
+         (long long)o->warmup, (long long)o->iters, (long long)o->peak_size);
+  bench_machine_json(stdout, m);
+  printf(",\"results\":[");
+  for (int i = 0; i < n; i++) {
+    printf("%s\n", i ? "," : "");
+    result_json(o, nranks, &r[i]);
+  }
+  printf("],\n\"wrong\":%.0f}\n", wrong);
+  fflush(stdout);
+}

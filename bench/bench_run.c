@@ -1,0 +1,354 @@
+/* bench/bench_run.c — one fsdp-bench configuration: the model on a fresh
+ * engine, synthetic batches, warm-up and timed steps, the timeline split, the
+ * correctness check, memory against the ZeRO formula, and the sgemm peak. */
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsdp_bench.h"
+
+typedef struct {
+  fsdp_engine_t eng;
+  fsdp_gpt2_t gpt;
+  fsdp_mlp_t mlp;
+  int B, T, accum;      /* T = 1 for the MLP: a sample is a "token" */
+  int *tok, *tgt;       /* gpt2: (accum, B, T) */
+  float *x;             /* mlp: (accum, B, 784) */
+  int *y;               /* mlp: (accum, B) */
+  size_t act_bytes;
+} model_t;
+
+enum { MLP_IN = 784, MLP_CLASSES = 10 };
+
+static uint64_t mix(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/* Synthetic batches, different on every rank and micro-batch: throughput does
+ * not depend on the data, and no dataset needs to be present. */
+static int make_data(model_t *m, const bench_opts_t *o, int rank) {
+  size_t n = (size_t)m->accum * m->B * m->T;
+  uint64_t base = mix(o->seed ^ mix((uint64_t)rank + 1));
+  if (!strcmp(o->model, "gpt2")) {
+    m->tok = malloc(n * sizeof *m->tok);
+    m->tgt = malloc(n * sizeof *m->tgt);
+    if (!m->tok || !m->tgt) return -1;
+    for (size_t i = 0; i < n; i++) {
+      m->tok[i] = (int)(mix(base + i) % (uint64_t)o->gpt.vocab_size);
+      m->tgt[i] = (int)(mix(base + i + 1) % (uint64_t)o->gpt.vocab_size);
+    }
+    return 0;
+  }
+  m->x = malloc(n * MLP_IN * sizeof *m->x);
+  m->y = malloc(n * sizeof *m->y);
+  if (!m->x || !m->y) return -1;
+  for (size_t i = 0; i < n * MLP_IN; i++)
+    m->x[i] = (float)((double)(mix(base + i) >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+  for (size_t i = 0; i < n; i++) m->y[i] = (int)(mix(~base + i) % MLP_CLASSES);
+  return 0;
+}
+
+static void model_free(model_t *m) {
+  fsdp_gpt2_destroy(m->gpt);
+  fsdp_mlp_destroy(m->mlp);
+  fsdp_engine_destroy(m->eng);
+  free(m->tok);
+  free(m->tgt);
+  free(m->x);
+  free(m->y);
+}
+
+static fsdp_status_t model_build(fsdp_world_t world, const bench_opts_t *o, fsdp_config_t *c,
+                                 model_t *m) {
+  int gpt = !strcmp(o->model, "gpt2");
+  m->B = o->micro_batch;
+  m->T = gpt ? o->seq_len : 1;
+  m->accum = c->grad_accum;
+  BENCH_TRY(fsdp_engine_create(world, c, &m->eng));
+  if (gpt) {
+    fsdp_gpt2_opts_t w = o->wrap;
+    w.max_batch = m->B;
+    w.max_T = m->T;
+    BENCH_TRY(fsdp_gpt2_create(m->eng, &o->gpt, &w, &m->gpt));
+  } else {
+    int widths[8] = {MLP_IN};
+    for (int i = 0; i < o->n_hidden; i++) widths[i + 1] = o->hidden[i];
+    widths[o->n_hidden + 1] = MLP_CLASSES;
+    BENCH_TRY(fsdp_mlp_create(m->eng, widths, o->n_hidden + 1, m->B, &m->mlp));
+  }
+  BENCH_TRY(fsdp_engine_materialize(m->eng, o->seed));
+  m->act_bytes = gpt ? fsdp_gpt2_activation_bytes(m->gpt, NULL) : fsdp_mlp_activation_bytes(m->mlp);
+  return FSDP_SUCCESS;
+}
+
+/* One optimizer step over accum micro-batches; *loss: mean per token. */
+static fsdp_status_t model_step(model_t *m, double *loss) {
+  double sum = 0.0;
+  size_t per = (size_t)m->B * m->T;
+  for (int k = 0; k < m->accum; k++) {
+    double l = 0.0;
+    if (m->gpt)
+      BENCH_TRY(fsdp_gpt2_forward_backward(m->gpt, m->tok + k * per, m->tgt + k * per, m->B, m->T,
+                                           1.0f / (float)per, &l));
+    else
+      BENCH_TRY(fsdp_mlp_forward_backward(m->mlp, m->x + k * per * MLP_IN, m->y + k * per, m->B,
+                                          1.0f / (float)per, &l));
+    sum += l;
+  }
+  *loss = sum / ((double)per * m->accum);
+  return fsdp_engine_step(m->eng, NULL);
+}
+
+/* ---- correctness ------------------------------------------------------------ */
+
+/* Elements of one unit's assembled parameters that are not finite or differ
+ * between ranks (compared through an all-reduce of x and of -x). */
+static fsdp_status_t check_unit(fsdp_engine_t eng, fsdp_unit_t u, double *wrong) {
+  fsdp_comm_t comm = fsdp_engine_comm(eng);
+  fsdp_unit_info_t info;
+  fsdp_shard_t sh;
+  BENCH_TRY(fsdp_unit_info(eng, u, &info));
+  BENCH_TRY(fsdp_unit_shard(eng, u, &sh));
+  size_t n = info.padded_numel;
+  double *hi = malloc(n * sizeof *hi), *lo = malloc(n * sizeof *lo);
+  float *full = malloc(n * sizeof *full);
+  fsdp_status_t st = hi && lo && full ? FSDP_SUCCESS : FSDP_ERR_OUT_OF_MEMORY;
+  if (st == FSDP_SUCCESS && info.shard_numel == n) memcpy(full, sh.master, n * sizeof *full);
+  else if (st == FSDP_SUCCESS)
+    st = fsdp_all_gather(comm, sh.master, full, info.shard_numel, FSDP_F32, FSDP_HOST_STREAM);
+  for (size_t i = 0; st == FSDP_SUCCESS && i < n; i++) hi[i] = full[i], lo[i] = -(double)full[i];
+  if (st == FSDP_SUCCESS) st = bench_reduce(comm, hi, n, FSDP_MAX);
+  if (st == FSDP_SUCCESS) st = bench_reduce(comm, lo, n, FSDP_MAX);
+  for (size_t i = 0; st == FSDP_SUCCESS && i < n; i++)
+    *wrong += !isfinite(full[i]) || hi[i] != -lo[i];
+  free(hi);
+  free(lo);
+  free(full);
+  return st;
+}
+
+/* #wrong: parameter elements (every unit, assembled from the shards) that are
+ * not finite or not the same on every rank, plus non-finite losses. Counted
+ * once per element, on rank 0's behalf (the comparison is already global). */
+static fsdp_status_t bench_check(model_t *m, double first, double last, double *wrong) {
+  double w = 0.0;
+  for (int u = 0; u < fsdp_engine_num_units(m->eng); u++) BENCH_TRY(check_unit(m->eng, u, &w));
+  double bad_loss = !isfinite(first) + !isfinite(last);
+  BENCH_TRY(bench_reduce(fsdp_engine_comm(m->eng), &bad_loss, 1, FSDP_SUM));
+  *wrong = w + bad_loss;
+  return FSDP_SUCCESS;
+}
+
+/* ---- memory and FLOPs --------------------------------------------------------- */
+
+static void model_sizes(const model_t *m, bench_result_t *r) {
+  r->params = r->largest_unit = 0;
+  r->n_units = fsdp_engine_num_units(m->eng);
+  for (int u = 0; u < r->n_units; u++) {
+    fsdp_unit_info_t info;
+    fsdp_unit_info(m->eng, u, &info);
+    r->params += info.numel;
+    if (info.numel > r->largest_unit) r->largest_unit = info.numel;
+  }
+}
+
+/* The ZeRO formula, bytes per rank (fp32 params, AdamW, U = largest unit):
+ *   persistent 16P/N (NO_SHARD: 16P)
+ * + gathered   ZeRO-3: min(live, units) x 4U, live = max_live_units
+ *                      (depth + 1, + 1 for a root unit held across the others)
+ *              ZeRO-2: 4P; NO_SHARD or N = 1: 0 (views read the master)
+ * + gradients  (2 + root held) x 4U: one being computed, one being reduced,
+ *              and the held root's. */
+static double predicted_bytes(const bench_result_t *r, int nranks) {
+  double P = (double)r->params, U = (double)r->largest_unit;
+  int shards = r->strategy == FSDP_NO_SHARD ? 1 : nranks;
+  double gathered = 0.0;
+  int live = r->max_live < r->n_units ? r->max_live : r->n_units;
+  if (nranks > 1 && r->strategy == FSDP_FULL_SHARD) gathered = 4.0 * U * live;
+  else if (nranks > 1 && r->strategy == FSDP_SHARD_GRAD_OP) gathered = 4.0 * P;
+  return 16.0 * P / shards + gathered + 4.0 * U * (2 + r->root_held);
+}
+
+/* GPT-2: 6 (P - wpe) + 12 L T C per token (PaLM appendix B, as nanoGPT's
+ * estimate_mfu: every weight multiplies once forward and twice backward, the
+ * attention scores and values add 12 L T C; wpe is a lookup). MLP: 6P per
+ * sample. Recomputation under checkpointing is not counted. */
+static double flops_per_token(const bench_opts_t *o, const bench_result_t *r) {
+  if (strcmp(o->model, "gpt2")) return 6.0 * (double)r->params;
+  const fsdp_gpt2_config_t *g = &o->gpt;
+  double wpe = (double)g->block_size * g->n_embd;
+  return 6.0 * ((double)r->params - wpe) + 12.0 * g->n_layer * (double)o->seq_len * g->n_embd;
+}
+
+fsdp_status_t bench_peak_flops(fsdp_comm_t comm, int n, double *flops) {
+  size_t nn = (size_t)n * n;
+  float *a = malloc(nn * sizeof *a), *b = malloc(nn * sizeof *b), *c = malloc(nn * sizeof *c);
+  fsdp_status_t st = a && b && c ? FSDP_SUCCESS : FSDP_ERR_OUT_OF_MEMORY;
+  for (size_t i = 0; st == FSDP_SUCCESS && i < nn; i++)
+    a[i] = (float)(i % 7) * 0.1f, b[i] = (float)(i % 5) * 0.2f;
+  double best = 1e30;
+  for (int rep = 0; st == FSDP_SUCCESS && rep < 4; rep++) { /* the first one warms up */
+    st = fsdp_barrier(comm, FSDP_HOST_STREAM);
+    double t = fsdp_time_now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+    t = fsdp_time_now() - t;
+    if (rep > 0 && t < best) best = t;
+  }
+  free(a);
+  free(b);
+  free(c);
+  if (st == FSDP_SUCCESS) *flops = 2.0 * n * (double)n * n / best;
+  return st;
+}
+
+/* ---- one configuration ------------------------------------------------------- */
+
+typedef struct {
+  double *step, *compute, *comm, *gather, *reduce, *exposed; /* (iters) each */
+  bench_window_t *w;
+  bench_split_t *split;
+} series_t;
+
+static int series_alloc(series_t *s, int n) {
+  double *all = calloc((size_t)n * 6, sizeof *all);
+  s->w = calloc((size_t)n, sizeof *s->w);
+  s->split = calloc((size_t)n, sizeof *s->split);
+  if (!all || !s->w || !s->split) return free(all), -1;
+  s->step = all, s->compute = all + n, s->comm = all + 2 * n;
+  s->gather = all + 3 * n, s->reduce = all + 4 * n, s->exposed = all + 5 * n;
+  return 0;
+}
+
+static void series_free(series_t *s) {
+  free(s->step);
+  free(s->w);
+  free(s->split);
+}
+
+/* Per step: the slowest rank's time; the split averaged over ranks. */
+static fsdp_status_t series_reduce(fsdp_comm_t comm, series_t *s, int n, int nranks) {
+  for (int i = 0; i < n; i++) {
+    const bench_split_t *p = &s->split[i];
+    s->step[i] = p->step_s;
+    s->compute[i] = p->step_s - p->exposed_s;
+    s->comm[i] = p->comm_s, s->gather[i] = p->gather_s;
+    s->reduce[i] = p->reduce_s, s->exposed[i] = p->exposed_s;
+  }
+  BENCH_TRY(bench_reduce(comm, s->step, (size_t)n, FSDP_MAX));
+  BENCH_TRY(bench_reduce(comm, s->compute, (size_t)n * 5, FSDP_SUM));
+  for (int i = 0; i < n * 5; i++) s->compute[i] /= nranks;
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t timed_steps(model_t *m, const bench_opts_t *o, series_t *s,
+                                 double *first, double *last) {
+  double loss = 0.0;
+  for (int64_t i = 0; i < o->warmup; i++) BENCH_TRY(model_step(m, &loss));
+  fsdp_engine_timeline_clear(m->eng);
+  BENCH_TRY(fsdp_barrier(fsdp_engine_comm(m->eng), FSDP_HOST_STREAM));
+  for (int i = 0; i < (int)o->iters; i++) {
+    s->w[i].t_begin = fsdp_time_now();
+    BENCH_TRY(model_step(m, &loss));
+    s->w[i].t_end = fsdp_time_now();
+    if (i == 0) *first = loss;
+  }
+  *last = loss;
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t memory(model_t *m, bench_result_t *r, double rss_base, int nranks) {
+  fsdp_mem_stats_t mem;
+  fsdp_engine_memory(m->eng, &mem);
+  double v[9] = {(double)mem.persistent, (double)mem.gathered_params_peak,
+                 (double)mem.grads_in_flight_peak, (double)m->act_bytes,
+                 (double)(mem.persistent + mem.gathered_params_peak + mem.grads_in_flight_peak),
+                 predicted_bytes(r, nranks), (double)mem.total_reserved, rss_base,
+                 (double)bench_rss_peak()};
+  BENCH_TRY(bench_reduce(fsdp_engine_comm(m->eng), v, 9, FSDP_MAX));
+  r->persistent = v[0], r->gathered_peak = v[1], r->grads_peak = v[2], r->activations = v[3];
+  r->model_peak = v[4], r->predicted = v[5], r->reserved = v[6], r->rss_base = v[7];
+  r->rss_peak = v[8];
+  return FSDP_SUCCESS;
+}
+
+static void summarise(bench_result_t *r, const series_t *s, int n, int nranks) {
+  double *tps = malloc((size_t)n * 3 * sizeof *tps);
+  if (!tps) return;
+  for (int i = 0; i < n; i++) {
+    tps[i] = r->tokens_per_step / s->step[i];
+    tps[n + i] = tps[i] / nranks;
+    tps[2 * n + i] = r->peak_flops > 0 ? r->flops_per_token * tps[i] / r->peak_flops : 0.0;
+  }
+  r->step_s = bench_stat(s->step, n), r->compute_s = bench_stat(s->compute, n);
+  r->comm_s = bench_stat(s->comm, n), r->gather_s = bench_stat(s->gather, n);
+  r->reduce_s = bench_stat(s->reduce, n), r->exposed_s = bench_stat(s->exposed, n);
+  r->tokens_per_s = bench_stat(tps, n), r->tokens_per_s_rank = bench_stat(tps + n, n);
+  r->mfu = bench_stat(tps + 2 * n, n);
+  free(tps);
+}
+
+static fsdp_status_t measure(model_t *m, const bench_opts_t *o, bench_result_t *r,
+                             series_t *s, double rss_base) {
+  int nranks = fsdp_world_size(fsdp_engine_world(m->eng));
+  fsdp_comm_t comm = fsdp_engine_comm(m->eng);
+  double first = 0.0, last = 0.0;
+  BENCH_TRY(timed_steps(m, o, s, &first, &last));
+  size_t n = 0, dropped = 0;
+  const fsdp_tl_event_t *tl = fsdp_engine_timeline(m->eng, &n, &dropped);
+  if (dropped)
+    fprintf(stderr, "fsdp-bench: %zu timeline events dropped: the split is incomplete\n", dropped);
+  bench_split_steps(tl, n, s->w, (int)o->iters, s->split);
+  if (o->trace)
+    BENCH_TRY(bench_trace_write(m->eng, o->trace, tl, n, s->w, (int)o->iters, s->w[0].t_begin));
+  BENCH_TRY(series_reduce(comm, s, (int)o->iters, nranks));
+  double losses[2] = {first, last};
+  BENCH_TRY(bench_reduce(comm, losses, 2, FSDP_SUM));
+  r->loss_first = losses[0] / nranks, r->loss_last = losses[1] / nranks;
+  r->wrong = 0.0;
+  if (o->check) BENCH_TRY(bench_check(m, first, last, &r->wrong));
+  BENCH_TRY(memory(m, r, rss_base, nranks));
+  summarise(r, s, (int)o->iters, nranks);
+  return FSDP_SUCCESS;
+}
+
+int bench_run(fsdp_world_t world, const bench_opts_t *o, fsdp_strategy_t strategy, int depth,
+              double peak_flops_rank, bench_result_t *r) {
+  int gpt = !strcmp(o->model, "gpt2"), nranks = fsdp_world_size(world);
+  fsdp_config_t c = o->cfg;
+  c.strategy = strategy;
+  c.prefetch_depth = depth;
+  int root_held = gpt && (o->wrap.wrap_kinds || o->wrap.wrap_min_params);
+  if (c.max_live_units == 0) c.max_live_units = depth + 1 + root_held;
+  size_t events = (size_t)(o->iters + 1) * 64 * (size_t)(gpt ? o->gpt.n_layer + 2 : 8);
+  if (c.timeline_capacity < events) c.timeline_capacity = events;
+  memset(r, 0, sizeof *r);
+  r->strategy = strategy, r->prefetch = depth, r->max_live = c.max_live_units;
+  r->root_held = root_held;
+
+  bench_rss_reset();
+  double rss_base = (double)bench_rss_now();
+  model_t m = {0};
+  series_t s = {0};
+  fsdp_status_t st = model_build(world, o, &c, &m);
+  if (st == FSDP_SUCCESS && (make_data(&m, o, fsdp_world_rank(world)) ||
+                             series_alloc(&s, (int)o->iters)))
+    st = FSDP_ERR_OUT_OF_MEMORY;
+  if (st == FSDP_SUCCESS) {
+    model_sizes(&m, r);
+    r->tokens_per_step = (double)nranks * c.grad_accum * m.B * m.T;
+    r->flops_per_token = flops_per_token(o, r);
+    r->peak_flops = peak_flops_rank * nranks;
+    st = measure(&m, o, r, &s, rss_base);
+  }
+  if (st == FSDP_ERR_OUT_OF_MEMORY && !*fsdp_last_error())
+    fprintf(stderr, "fsdp-bench: out of host memory for the batches\n");
+  else if (st != FSDP_SUCCESS)
+    fprintf(stderr, "fsdp-bench: rank %d: %s\n", fsdp_world_rank(world), fsdp_last_error());
+  series_free(&s);
+  model_free(&m);
+  return st == FSDP_SUCCESS ? 0 : -1;
+}

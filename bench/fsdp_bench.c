@@ -1,0 +1,235 @@
+/* bench/fsdp_bench.c — fsdp-bench: flags, the world, the measured peak, and
+ * the configurations to run (one, or a sweep of strategies x prefetch depths);
+ * bench_run.c measures each. Launch with mpirun -np N fsdp-bench ... */
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsdp_bench.h"
+
+static const char usage_text[] =
+    "usage: fsdp-bench [options]        launch with: mpirun -np N fsdp-bench ...\n"
+    "model (synthetic data: random tokens / inputs, different on every rank)\n"
+    "  --model gpt2|mlp           (default gpt2)\n"
+    "  --preset NAME              gpt2: tiny, small (default), 124M, 350M, 774M, 1558M\n"
+    "  --seq-len T                tokens per sequence (default: the preset's context)\n"
+    "  --hidden a,b,...           mlp hidden widths (default 512,256; 784 in, 10 out)\n"
+    "  --wrap KINDS | --wrap-min-params N | --no-wrap   units, as fsdp-train (GPT2Block)\n"
+    "  --checkpoint KINDS         recompute these units' activations in backward\n"
+    "sharding\n"
+    "  --strategy zero3|zero2|noshard   (default zero3)\n"
+    "  --prefetch D               units gathered ahead (default 1)\n"
+    "  --max-live N               cap on gathered units (default depth + 1, + 1 for gpt2's root)\n"
+    "  --micro-batch B            sequences (gpt2) or samples (mlp) per rank per micro-batch\n"
+    "                             (default 8 for gpt2, 64 for mlp)\n"
+    "  --micro-batches M          micro-batches per step (gradient accumulation, default 1)\n"
+    "  --dtype f32|bf16           parameter dtype (the CPU engine: f32 only)\n"
+    "run\n"
+    "  -w, --warmup N             untimed steps first (default 3)\n"
+    "  -n, --iters N              timed steps (default 20)\n"
+    "  -c, --check 0|1            correctness check after the timed steps (default 1)\n"
+    "  --peak-size N              n of the n x n x n sgemm that measures the peak (default\n"
+    "                             2048; 0: no MFU)\n"
+    "  --seed N                   model and data seed (default 1)\n"
+    "  --sweep                    every strategy x prefetch depth (world sizes: bench/sweep.sh)\n"
+    "  --sweep-strategies LIST    (default zero3,zero2,noshard)\n"
+    "  --sweep-prefetch LIST      (default 0,1,2; noshard gathers nothing and runs once)\n"
+    "output\n"
+    "  --json                     one JSON document on stdout (rank 0) instead of the table\n"
+    "  --trace FILE               the timed steps of every rank as one Chrome trace (Perfetto,\n"
+    "                             chrome://tracing): pid = rank, tracks compute/gather/reduce\n"
+    "\n"
+    "What is measured (median and spread over the timed steps)\n"
+    "  step time    wall time of forward + backward + optimizer step; per step the slowest\n"
+    "               rank's. tokens/s = ranks x micro-batch x micro-batches x T / step time;\n"
+    "               per rank = that / ranks (the MLP counts samples)\n"
+    "  comm         time at least one collective (all-gather or reduce-scatter) was in flight\n"
+    "               on this rank's communication streams, from the engine's timeline\n"
+    "  exposed      time compute waited for communication: for each acquire, release and\n"
+    "               step call, the time from its start to the last end inside it of a\n"
+    "               collective it can wait for (acquire: its unit's gather or a reduction\n"
+    "               still holding a gradient buffer; release, step: reductions). Collectives\n"
+    "               that ended before the call began were hidden and count nothing\n"
+    "  compute      step time - exposed (everything else the host did); hidden = 1 -\n"
+    "               exposed/comm. The split is the mean over ranks\n"
+    "  MFU          model FLOPs/token x tokens/s / peak, where FLOPs/token = 6 (P - wpe) +\n"
+    "               12 L T C for GPT-2 (PaLM, nanoGPT; recomputation not counted), 6P per\n"
+    "               sample for the MLP, and peak = the sum over ranks of each rank's best\n"
+    "               sgemm rate while every rank runs the same sgemm (same BLAS, same threads)\n"
+    "  memory       per rank, the largest rank: model = persistent + gathered-parameter peak\n"
+    "               + gradient-buffer peak as the engine accounts them; ZeRO = 16P/N (NO_SHARD\n"
+    "               16P) + gathered (ZeRO-3: live units x 4U, live = --max-live; ZeRO-2: 4P;\n"
+    "               N = 1 or NO_SHARD: 0) + (2 + held root) x 4U of gradients, U = the\n"
+    "               largest unit; act = the model's activation buffers; RSS = the process's\n"
+    "               resident high-water mark (VmHWM) during the configuration\n"
+    "  #wrong       parameter elements, assembled from every rank's shards, that are not\n"
+    "               finite or differ between ranks, plus non-finite losses; exit status 1 if\n"
+    "               any\n";
+
+typedef enum { O_INT, O_I64, O_SIZE, O_STR, O_FLAG } opt_type_t;
+typedef struct { const char *name, *alias; opt_type_t type; void *ptr; } opt_t;
+
+static int parse_list(const char *flag, const char *v, int *out, int max, int *n, int lo) {
+  char items[8][32];
+  *n = bench_split(v, items, max < 8 ? max : 8);
+  for (int i = 0; i < *n; i++) {
+    int64_t x;
+    if (bench_parse_i64("fsdp-bench", flag, items[i], 0, &x)) return -1;
+    if (x < lo) return fprintf(stderr, "fsdp-bench: %s: %lld is below %d\n", flag, (long long)x, lo), -1;
+    out[i] = (int)x;
+  }
+  if (*n <= 0) return fprintf(stderr, "fsdp-bench: %s '%s' is not a list\n", flag, v), -1;
+  return 0;
+}
+
+static int parse_strategies(const char *v, bench_opts_t *o) {
+  char items[3][32];
+  o->n_strategies = bench_split(v, items, 3);
+  if (o->n_strategies <= 0) return fprintf(stderr, "fsdp-bench: bad --sweep-strategies\n"), -1;
+  for (int i = 0; i < o->n_strategies; i++)
+    if (fsdp_strategy_parse(items[i], &o->strategies[i]))
+      return fprintf(stderr, "fsdp-bench: %s\n", fsdp_last_error()), -1;
+  return 0;
+}
+
+/* Flags whose values are words or lists. */
+static int parse_word(const char *a, const char *v, bench_opts_t *o) {
+  if (!strcmp(a, "--strategy")) {
+    if (fsdp_strategy_parse(v, &o->cfg.strategy) == FSDP_SUCCESS) return 0;
+    return fprintf(stderr, "fsdp-bench: %s\n", fsdp_last_error()), -1;
+  }
+  if (!strcmp(a, "--preset")) {
+    o->preset = v;
+    if (fsdp_gpt2_preset(v, &o->gpt) == FSDP_SUCCESS) return 0;
+    return fprintf(stderr, "fsdp-bench: %s\n", fsdp_last_error()), -1;
+  }
+  if (!strcmp(a, "--dtype")) {
+    if (!strcmp(v, "f32") || !strcmp(v, "fp32")) return o->cfg.param_dtype = FSDP_F32, 0;
+    if (!strcmp(v, "bf16")) return o->cfg.param_dtype = FSDP_BF16, 0;
+  }
+  if (!strcmp(a, "--hidden")) return parse_list(a, v, o->hidden, 6, &o->n_hidden, 1);
+  if (!strcmp(a, "--sweep-prefetch")) return parse_list(a, v, o->depths, 8, &o->n_depths, 0);
+  if (!strcmp(a, "--sweep-strategies")) return parse_strategies(v, o);
+  fprintf(stderr, "fsdp-bench: %s '%s' is not a valid value (see --help)\n", a, v);
+  return -1;
+}
+
+static int parse(int argc, char **argv, bench_opts_t *o) {
+  const opt_t table[] = {
+      {"--model", NULL, O_STR, &o->model},         {"--seq-len", NULL, O_INT, &o->seq_len},
+      {"--wrap", NULL, O_STR, &o->wrap.wrap_kinds},
+      {"--wrap-min-params", NULL, O_SIZE, &o->wrap.wrap_min_params},
+      {"--checkpoint", NULL, O_STR, &o->wrap.checkpoint_kinds},
+      {"--prefetch", NULL, O_INT, &o->cfg.prefetch_depth},
+      {"--max-live", NULL, O_INT, &o->cfg.max_live_units},
+      {"--micro-batch", NULL, O_INT, &o->micro_batch},
+      {"--micro-batches", NULL, O_INT, &o->cfg.grad_accum},
+      {"--warmup", "-w", O_I64, &o->warmup},       {"--iters", "-n", O_I64, &o->iters},
+      {"--check", "-c", O_I64, &o->check},         {"--peak-size", NULL, O_I64, &o->peak_size},
+      {"--seed", NULL, O_I64, &o->seed},           {"--trace", NULL, O_STR, &o->trace},
+      {"--json", NULL, O_FLAG, &o->json},          {"--sweep", NULL, O_FLAG, &o->sweep},
+  };
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) return fputs(usage_text, stdout), 1;
+    if (!strcmp(a, "--no-wrap")) {
+      o->wrap.wrap_kinds = NULL;
+      continue;
+    }
+    const opt_t *opt = NULL;
+    for (size_t k = 0; k < sizeof table / sizeof table[0]; k++)
+      if (!strcmp(a, table[k].name) || (table[k].alias && !strcmp(a, table[k].alias)))
+        opt = &table[k];
+    if (opt && opt->type == O_FLAG) {
+      *(int *)opt->ptr = 1;
+      continue;
+    }
+    if (!v) return fprintf(stderr, "fsdp-bench: %s needs a value (see --help)\n", a), -1;
+    i++;
+    int64_t x = 0;
+    if (!opt) {
+      if (parse_word(a, v, o)) return -1;
+    } else if (opt->type == O_STR) {
+      *(const char **)opt->ptr = v;
+    } else if (bench_parse_i64("fsdp-bench", a, v, 0, &x)) {
+      return -1;
+    } else if (opt->type == O_INT) {
+      *(int *)opt->ptr = (int)x;
+    } else if (opt->type == O_I64) {
+      *(int64_t *)opt->ptr = x;
+    } else {
+      *(size_t *)opt->ptr = (size_t)x;
+    }
+  }
+  return 0;
+}
+
+static int finish_options(bench_opts_t *o) {
+  int gpt = !strcmp(o->model, "gpt2");
+  if (!gpt && strcmp(o->model, "mlp"))
+    return fprintf(stderr, "fsdp-bench: --model '%s': use gpt2 or mlp\n", o->model), -1;
+  if (!o->seq_len) o->seq_len = o->gpt.block_size;
+  if (!o->micro_batch) o->micro_batch = gpt ? 8 : 64;
+  if (o->iters < 1) return fprintf(stderr, "fsdp-bench: --iters must be at least 1\n"), -1;
+  if (o->trace && o->sweep)
+    return fprintf(stderr, "fsdp-bench: --trace records one configuration: drop --sweep\n"), -1;
+  if (o->peak_size < 0 || o->peak_size > 16384)
+    return fprintf(stderr, "fsdp-bench: --peak-size must be in [0, 16384]\n"), -1;
+  return 0;
+}
+
+static int run_all(fsdp_world_t world, const bench_opts_t *o, double peak_rank) {
+  bench_result_t *res = calloc(BENCH_MAX_CONFIGS, sizeof *res);
+  bench_machine_t m;
+  int rank = fsdp_world_rank(world), nranks = fsdp_world_size(world), n = 0, rc = 0;
+  const char *backend = fsdp_world_backend(world);
+  if (!res) return fprintf(stderr, "fsdp-bench: out of memory\n"), 1;
+  bench_machine(&m);
+  if (rank == 0 && !o->json) bench_print_header(o, nranks, backend, &m, peak_rank);
+  int ns = o->sweep ? o->n_strategies : 1, nd = o->sweep ? o->n_depths : 1;
+  for (int i = 0; i < ns && rc == 0; i++)
+    for (int j = 0; j < nd && rc == 0 && n < BENCH_MAX_CONFIGS; j++) {
+      fsdp_strategy_t s = o->sweep ? o->strategies[i] : o->cfg.strategy;
+      int depth = o->sweep ? o->depths[j] : o->cfg.prefetch_depth;
+      if (o->sweep && s == FSDP_NO_SHARD && j > 0) continue; /* nothing to prefetch */
+      rc = bench_run(world, o, s, depth, peak_rank, &res[n]) ? 1 : 0;
+      if (rc == 0 && rank == 0 && !o->json) bench_print_row(&res[n]);
+      n += rc == 0;
+    }
+  double wrong = 0;
+  for (int i = 0; i < n; i++) wrong += res[i].wrong;
+  if (rc == 0 && rank == 0 && o->json) bench_print_json(o, nranks, backend, &m, res, n);
+  else if (rc == 0 && rank == 0 && o->trace) printf("\ntrace: %s\n", o->trace);
+  free(res);
+  return rc ? rc : wrong > 0 ? 1 : 0;
+}
+
+int main(int argc, char **argv) {
+  bench_opts_t o = {.model = "gpt2", .preset = "small", .wrap = {"GPT2Block", 0, NULL, 0, 0},
+                    .hidden = {512, 256}, .n_hidden = 2, .cfg = FSDP_CONFIG_INIT, .warmup = 3,
+                    .iters = 20, .check = 1, .peak_size = 2048, .seed = 1,
+                    .strategies = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP, FSDP_NO_SHARD},
+                    .n_strategies = 3, .depths = {0, 1, 2}, .n_depths = 3};
+  fsdp_gpt2_preset("small", &o.gpt);
+  int p = parse(argc, argv, &o);
+  if (p) return p > 0 ? 0 : 2;
+  if (finish_options(&o)) return 2;
+
+  fsdp_world_t world = NULL;
+  fsdp_comm_t comm = NULL;
+  double peak = 0.0;
+  int rc = 1;
+  if (fsdp_world_init(&world, NULL) || fsdp_comm_create(world, &comm)) goto fail;
+  if (o.peak_size > 0) {
+    if (bench_peak_flops(comm, (int)o.peak_size, &peak) || bench_reduce(comm, &peak, 1, FSDP_SUM))
+      goto fail;
+    peak /= fsdp_world_size(world); /* the mean rank's */
+  }
+  rc = run_all(world, &o, peak);
+  goto done;
+fail:
+  fprintf(stderr, "fsdp-bench: %s\n", fsdp_last_error());
+done:
+  fsdp_comm_destroy(comm);
+  fsdp_world_destroy(world);
+  return rc;
+}

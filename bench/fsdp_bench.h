@@ -1,0 +1,82 @@
+/* bench/fsdp_bench.h — fsdp-bench's pieces: the options (fsdp_bench.c), one
+ * measured configuration (bench_run.c), the timeline breakdown and Chrome trace
+ * (bench_timeline.c) and the table / JSON output (bench_report.c). */
+#ifndef FSDP_BENCH_FSDP_BENCH_H
+#define FSDP_BENCH_FSDP_BENCH_H
+
+#include "bench_util.h"
+
+#define BENCH_MAX_CONFIGS 16
+
+typedef struct {
+  const char *model; /* "gpt2" or "mlp" */
+  const char *preset;
+  fsdp_gpt2_config_t gpt;
+  int seq_len;
+  int hidden[6], n_hidden; /* mlp: 784 inputs, hidden widths, 10 classes */
+  fsdp_gpt2_opts_t wrap;   /* wrap_kinds, wrap_min_params, checkpoint_kinds */
+  int micro_batch;         /* sequences (gpt2) or samples (mlp) per rank per micro-batch */
+  fsdp_config_t cfg;       /* strategy, prefetch_depth, grad_accum, param_dtype, ... */
+  int64_t warmup, iters, check, peak_size;
+  uint64_t seed;
+  int json;
+  const char *trace;
+  int sweep;
+  fsdp_strategy_t strategies[3];
+  int n_strategies;
+  int depths[8], n_depths;
+} bench_opts_t;
+
+/* One configuration's numbers; statistics are over the timed steps. Per step,
+ * the step time is the slowest rank's and the split is the mean over ranks. */
+typedef struct {
+  fsdp_strategy_t strategy;
+  int prefetch, max_live;
+  size_t params, largest_unit; /* elements */
+  int n_units;
+  int root_held;               /* the model holds a root unit across the others */
+  double tokens_per_step;      /* over all ranks */
+  double flops_per_token;      /* model FLOPs (see --help) */
+  double peak_flops;           /* measured sgemm FLOP/s, summed over ranks (0: not measured) */
+  bench_stat_t step_s, compute_s, comm_s, gather_s, reduce_s, exposed_s;
+  bench_stat_t tokens_per_s, tokens_per_s_rank, mfu;
+  /* bytes, the largest over ranks */
+  double persistent, gathered_peak, grads_peak, activations, model_peak, predicted, reserved;
+  double rss_base, rss_peak;
+  double loss_first, loss_last; /* mean per-token loss over ranks */
+  double wrong;                 /* see bench_check */
+} bench_result_t;
+
+/* Per step of one rank, from the engine's timeline (bench_timeline.c). */
+typedef struct {
+  double step_s;    /* wall time of the step on this rank */
+  double gather_s;  /* sum of all-gather spans on the gather stream */
+  double reduce_s;  /* sum of reduce-scatter / all-reduce spans on the reduce stream */
+  double comm_s;    /* union of both: time some collective was in flight */
+  double exposed_s; /* time host calls spent waiting for collectives */
+} bench_split_t;
+
+typedef struct {
+  double t_begin, t_end; /* fsdp_time_now() around one timed step */
+} bench_window_t;
+
+/* Runs one configuration: build, warm up, time, check, measure memory. */
+int bench_run(fsdp_world_t world, const bench_opts_t *o, fsdp_strategy_t strategy, int depth,
+              double peak_flops_rank, bench_result_t *r);
+/* sgemm FLOP/s of this rank while every rank runs the same sgemm (n x n x n). */
+fsdp_status_t bench_peak_flops(fsdp_comm_t comm, int n, double *flops);
+
+void bench_split_steps(const fsdp_tl_event_t *tl, size_t n, const bench_window_t *w, int steps,
+                       bench_split_t *out);
+/* Writes the timeline of every rank as one Chrome trace (rank 0 writes the
+ * file; collective over the engine's ranks). t0: this rank's time origin. */
+fsdp_status_t bench_trace_write(fsdp_engine_t eng, const char *path, const fsdp_tl_event_t *tl,
+                                size_t n, const bench_window_t *w, int steps, double t0);
+
+void bench_print_header(const bench_opts_t *o, int nranks, const char *backend,
+                        const bench_machine_t *m, double peak_rank);
+void bench_print_row(const bench_result_t *r);
+void bench_print_json(const bench_opts_t *o, int nranks, const char *backend,
+                      const bench_machine_t *m, const bench_result_t *r, int n);
+
+#endif
