@@ -1,0 +1,303 @@
+#!/usr/bin/env python3
+"""bench/compare_pytorch.py — the same GPT-2 trained by fsdp (fsdp-bench under
+mpirun) and by PyTorch FSDP2 (fully_shard, one process per rank), one after the
+other in one invocation, with the same configuration, batch, dtype (fp32),
+optimizer (AdamW), world size and threads (one BLAS / intra-op thread per rank).
+
+Prints both tokens/s (median over the timed steps; per step the slowest rank),
+both peak memories per rank — the resident high-water mark (Linux VmHWM, reset
+just before the model is built) and its growth over the resident size at that
+point — and the ratios. CPU: gloo backend. GPU: pass --device cuda (NCCL),
+e.g. --preset 124M; fsdp-bench then runs on whatever backend it was built with.
+
+Without torch it says how to install it and exits 0.
+    python3 bench/compare_pytorch.py --np 2              # the small preset on CPU
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The byte-level CPU presets and the published sizes, as fsdp_gpt2_preset has them.
+PRESETS = {
+    "tiny": dict(n_layer=2, n_head=4, n_embd=64, block_size=64, vocab_size=256),
+    "small": dict(n_layer=4, n_head=4, n_embd=128, block_size=128, vocab_size=256),
+    "124M": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257),
+    "350M": dict(n_layer=24, n_head=16, n_embd=1024, block_size=1024, vocab_size=50257),
+}
+
+
+def status_bytes(key):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def reset_peak_rss():
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+# ---- PyTorch side -------------------------------------------------------------
+
+def build_gpt(torch, cfg):
+    """GPT-2, pre-LN, GELU (tanh), tied embeddings, GPT-2's init."""
+    nn = torch.nn
+    F = torch.nn.functional
+    C, L, NH = cfg["n_embd"], cfg["n_layer"], cfg["n_head"]
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1 = nn.LayerNorm(C)
+            self.c_attn = nn.Linear(C, 3 * C)
+            self.c_proj = nn.Linear(C, C)
+            self.ln_2 = nn.LayerNorm(C)
+            self.c_fc = nn.Linear(C, 4 * C)
+            self.mlp_proj = nn.Linear(4 * C, C)
+
+        def forward(self, x):
+            B, T, _ = x.shape
+            q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
+            q, k, v = (t.view(B, T, NH, C // NH).transpose(1, 2) for t in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+            return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte = nn.Embedding(cfg["vocab_size"], C)
+            self.wpe = nn.Embedding(cfg["block_size"], C)
+            self.h = nn.ModuleList(Block() for _ in range(L))
+            self.ln_f = nn.LayerNorm(C)
+            for name, p in self.named_parameters():
+                if name.endswith("bias"):
+                    nn.init.zeros_(p)
+                elif "ln" in name:
+                    nn.init.ones_(p)
+                else:
+                    std = 0.02 / math.sqrt(2 * L) if name.endswith(("c_proj.weight", "mlp_proj.weight")) else 0.02
+                    nn.init.normal_(p, 0.0, std)
+
+        def forward(self, idx, targets):
+            T = idx.shape[1]
+            x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
+            for block in self.h:
+                x = block(x)
+            logits = F.linear(self.ln_f(x), self.wte.weight)  # tied output head
+            return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+    return GPT()
+
+
+def torch_rank(rank, args, port, queue):
+    import torch
+    import torch.distributed as dist
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:  # torch < 2.6
+        from torch.distributed._composable.fsdp import fully_shard
+
+    torch.set_num_threads(args.threads)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    cuda = args.device == "cuda"
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=args.np)
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    cfg = PRESETS[args.preset]
+    T = args.seq_len or cfg["block_size"]
+    torch.manual_seed(args.seed)
+    reset_peak_rss()
+    rss_base = status_bytes("VmRSS")
+    with torch.device(device):
+        model = build_gpt(torch, cfg)
+    for block in model.h:                       # one unit per block, as --wrap GPT2Block
+        fully_shard(block, reshard_after_forward=True)
+    fully_shard(model, reshard_after_forward=True)  # the root: wte, wpe, ln_f
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+                            weight_decay=0.0)
+    g = torch.Generator().manual_seed(args.seed + 1000 * rank + 1)
+    B, V = args.micro_batch, cfg["vocab_size"]
+    tok = torch.randint(0, V, (B, T), generator=g).to(device)
+    tgt = torch.randint(0, V, (B, T), generator=g).to(device)
+
+    def step():
+        loss = model(tok, tgt)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize()
+        return loss.item()
+
+    for _ in range(args.warmup):
+        step()
+    dist.barrier()
+    times, first = [], None
+    for _ in range(args.iters):
+        t = time.perf_counter()
+        loss = step()
+        times.append(time.perf_counter() - t)
+        first = loss if first is None else first
+    t = torch.tensor(times, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    mem = torch.tensor([status_bytes("VmHWM"), rss_base,
+                        torch.cuda.max_memory_allocated() if cuda else 0], dtype=torch.float64,
+                       device=device)
+    dist.all_reduce(mem, op=dist.ReduceOp.MAX)
+    losses = torch.tensor([first, loss], dtype=torch.float64, device=device)
+    dist.all_reduce(losses)
+    if rank == 0:
+        step_s = median(t.tolist())
+        queue.put(dict(tokens_per_s=args.np * B * T / step_s, step_ms=step_s * 1e3,
+                       rss_peak=mem[0].item(), rss_base=mem[1].item(),
+                       cuda_peak=mem[2].item(), loss_first=losses[0].item() / args.np,
+                       loss_last=losses[1].item() / args.np, torch=torch.__version__,
+                       params=sum(p.numel() for p in model.parameters()) * args.np))
+    dist.destroy_process_group()
+
+
+def run_torch(args):
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=torch_rank, args=(r, args, port, queue)) for r in range(args.np)]
+    for p in procs:
+        p.start()
+    result = None
+    while result is None:
+        try:
+            result = queue.get(timeout=1.0)
+        except Exception:  # queue.Empty: is every rank still alive?
+            if any(p.exitcode not in (None, 0) for p in procs):
+                for p in procs:
+                    p.kill()
+                sys.exit("compare_pytorch: a PyTorch rank failed (see above)")
+    for p in procs:
+        p.join()
+    return result
+
+
+# ---- fsdp side ----------------------------------------------------------------
+
+def find_bench(path):
+    if path:
+        return path
+    for d in ("build", "build-bn"):
+        p = os.path.join(REPO, d, "bench", "fsdp-bench")
+        if os.path.exists(p):
+            return p
+    sys.exit("compare_pytorch: no fsdp-bench found; build it (meson setup build && ninja -C build) "
+             "or pass --fsdp-bench PATH")
+
+
+def run_fsdp(args):
+    bench = find_bench(args.fsdp_bench)
+    cmd = [args.mpirun, "--oversubscribe", "--bind-to", "none", "-np", str(args.np)]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    cmd += [bench, "--json", "--preset", args.preset, "--micro-batch", str(args.micro_batch),
+            "--warmup", str(args.warmup), "--iters", str(args.iters), "--strategy", "zero3",
+            "--prefetch", str(args.prefetch), "--peak-size", "0", "--seed", str(args.seed)]
+    if args.seq_len:
+        cmd += ["--seq-len", str(args.seq_len)]
+    env = dict(os.environ, OMPI_MCA_mpi_yield_when_idle="1", OMPI_MCA_btl="self,vader",
+               OPENBLAS_NUM_THREADS=str(args.threads), OMP_NUM_THREADS=str(args.threads))
+    out = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
+    doc = json.loads(out)
+    r = doc["results"][0]
+    return dict(tokens_per_s=r["tokens_per_s"]["median"], step_ms=r["step_ms"]["median"],
+                rss_peak=r["memory"]["rss_peak"], rss_base=r["memory"]["rss_base"],
+                model_peak=r["memory"]["model_peak"], exposed_ms=r["exposed_comm_ms"]["median"],
+                compute_ms=r["compute_ms"]["median"], comm_ms=r["comm_ms"]["median"],
+                loss_first=r["loss_first"], loss_last=r["loss_last"], wrong=r["wrong"],
+                params=r["params"], command=" ".join(cmd[cmd.index(bench):]))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--np", type=int, default=2, help="ranks (default 2)")
+    ap.add_argument("--preset", default="small", choices=sorted(PRESETS))
+    ap.add_argument("--seq-len", type=int, default=0, help="default: the preset's context")
+    ap.add_argument("--micro-batch", type=int, default=8, help="sequences per rank (default 8)")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--prefetch", type=int, default=1, help="fsdp's prefetch depth (default 1)")
+    ap.add_argument("--threads", type=int, default=1, help="BLAS / torch threads per rank")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--fsdp-bench", default=None, help="path (default build*/bench/fsdp-bench)")
+    ap.add_argument("--mpirun", default=shutil.which("mpirun") or "mpirun")
+    ap.add_argument("--json", action="store_true", help="one JSON document")
+    args = ap.parse_args()
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("compare_pytorch: PyTorch is not installed, so there is nothing to compare with.\n"
+              "  install it with:  pip install torch\n"
+              "  (CPU-only wheels: pip install torch --index-url "
+              "https://download.pytorch.org/whl/cpu)\n"
+              "  then run again:   python3 bench/compare_pytorch.py --np 2")
+        return 0
+
+    fsdp = run_fsdp(args)
+    pt = run_torch(args)
+    speed = fsdp["tokens_per_s"] / pt["tokens_per_s"]
+    mem = fsdp["rss_peak"] / pt["rss_peak"]
+    growth = (fsdp["rss_peak"] - fsdp["rss_base"]) / max(pt["rss_peak"] - pt["rss_base"], 1)
+    cfg = PRESETS[args.preset]
+    met = speed >= 1.5 and mem < 1.0
+    if args.json:
+        print(json.dumps(dict(preset=args.preset, config=cfg, world_size=args.np,
+                              micro_batch=args.micro_batch, iters=args.iters, dtype="f32",
+                              device=args.device, fsdp=fsdp, pytorch_fsdp2=pt,
+                              tokens_per_s_ratio=speed, rss_peak_ratio=mem,
+                              rss_growth_ratio=growth, goal_met=met), indent=1))
+        return 0
+    mib = 1 / 1048576
+    T = args.seq_len or cfg["block_size"]
+    print(f"GPT-2 {args.preset}: {cfg['n_layer']} layers x {cfg['n_embd']} wide, {cfg['n_head']} "
+          f"heads, T {T}, vocab {cfg['vocab_size']}, {fsdp['params']} parameters | {args.np} ranks "
+          f"x {args.micro_batch} sequences | fp32 | AdamW | {args.threads} thread(s) per rank | "
+          f"{args.warmup} warm-up + {args.iters} timed steps")
+    print(f"{'':22} {'tokens/s':>10} {'step ms':>9} {'RSS peak MiB':>13} {'RSS growth MiB':>15} "
+          f"{'loss first->last':>18}")
+    for name, r in (("fsdp (zero3, pf %d)" % args.prefetch, fsdp),
+                    ("PyTorch FSDP2 " + pt["torch"].split("+")[0], pt)):
+        print(f"{name:22} {r['tokens_per_s']:10.0f} {r['step_ms']:9.2f} {r['rss_peak'] * mib:13.1f} "
+              f"{(r['rss_peak'] - r['rss_base']) * mib:15.1f} "
+              f"{r['loss_first']:8.4f}->{r['loss_last']:.4f}")
+    print(f"ratio fsdp / PyTorch: tokens/s {speed:.2f}x | RSS peak {mem:.2f}x | RSS growth "
+          f"{growth:.2f}x")
+    print(f"fsdp step: compute {fsdp['compute_ms']:.2f} ms, communication {fsdp['comm_ms']:.2f} ms "
+          f"of which exposed {fsdp['exposed_ms']:.2f} ms | #wrong {fsdp['wrong']:.0f}")
+    print("goal (>= 1.5x tokens/s at lower peak memory): %s" % ("met" if met else "NOT met"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
