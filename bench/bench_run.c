@@ -156,21 +156,26 @@ static void model_sizes(const model_t *m, bench_result_t *r) {
   }
 }
 
-/* The ZeRO formula, bytes per rank (fp32 params, AdamW, U = largest unit):
- *   persistent 16P/N (NO_SHARD: 16P)
- * + gathered   ZeRO-3: min(live, units) x 4U, live = max_live_units
+/* The ZeRO formula, bytes per rank (AdamW, U = largest unit, S = N shards, or 1
+ * under NO_SHARD or on one rank):
+ *   persistent 16P/S: fp32 master, gradient and the two moments
+ *              bf16 params: + 2P/S for the bf16 shard, + 4P for its f32
+ *              widening when S = 1 (the engine's param_copy)
+ * + gathered   ZeRO-3: min(live, units) x U elements, live = max_live_units
  *                      (depth + 1, + 1 for a root unit held across the others)
- *              ZeRO-2: 4P; NO_SHARD or N = 1: 0 (views read the master)
+ *              ZeRO-2: P elements; S = 1: none (views read the master)
+ *              at 4 bytes an element, 6 for bf16 (the CPU keeps an f32 twin)
  * + gradients  (2 + root held) x 4U: one being computed, one being reduced,
  *              and the held root's. */
-static double predicted_bytes(const bench_result_t *r, int nranks) {
+static double predicted_bytes(const bench_result_t *r, const fsdp_config_t *c, int nranks) {
   double P = (double)r->params, U = (double)r->largest_unit;
-  int shards = r->strategy == FSDP_NO_SHARD ? 1 : nranks;
-  double gathered = 0.0;
+  int S = r->strategy == FSDP_NO_SHARD ? 1 : nranks, bf16 = c->param_dtype == FSDP_BF16;
+  double persistent = 16.0 * P / S + (bf16 ? 2.0 * P / S + (S == 1 ? 4.0 * P : 0.0) : 0.0);
+  double gathered = 0.0, elem = bf16 ? 6.0 : 4.0;
   int live = r->max_live < r->n_units ? r->max_live : r->n_units;
-  if (nranks > 1 && r->strategy == FSDP_FULL_SHARD) gathered = 4.0 * U * live;
-  else if (nranks > 1 && r->strategy == FSDP_SHARD_GRAD_OP) gathered = 4.0 * P;
-  return 16.0 * P / shards + gathered + 4.0 * U * (2 + r->root_held);
+  if (S > 1 && r->strategy == FSDP_FULL_SHARD) gathered = elem * U * live;
+  else if (S > 1 && r->strategy == FSDP_SHARD_GRAD_OP) gathered = elem * P;
+  return persistent + gathered + 4.0 * U * (2 + r->root_held);
 }
 
 /* GPT-2: 6 (P - wpe) + 12 L T C per token (PaLM appendix B, as nanoGPT's
@@ -266,7 +271,7 @@ static fsdp_status_t memory(model_t *m, bench_result_t *r, double rss_base, int 
   double v[9] = {(double)mem.persistent, (double)mem.gathered_params_peak,
                  (double)mem.grads_in_flight_peak, (double)m->act_bytes,
                  (double)(mem.persistent + mem.gathered_params_peak + mem.grads_in_flight_peak),
-                 predicted_bytes(r, nranks), (double)mem.total_reserved, rss_base,
+                 predicted_bytes(r, fsdp_engine_config(m->eng), nranks), (double)mem.total_reserved, rss_base,
                  (double)bench_rss_peak()};
   BENCH_TRY(bench_reduce(fsdp_engine_comm(m->eng), v, 9, FSDP_MAX));
   r->persistent = v[0], r->gathered_peak = v[1], r->grads_peak = v[2], r->activations = v[3];

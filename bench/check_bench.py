@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""bench/check_bench.py — runs a bench under mpirun and checks what it printed:
+the JSON parses, every configuration and row reports 0 wrong elements, the
+memory the engine accounted stays within the ZeRO formula, and a --trace file
+is well-formed Chrome trace JSON with properly nested spans on every track.
+No timings are asserted: only structure and exact quantities.
+
+    check_bench.py fsdp  MPIRUN NP FSDP_BENCH
+    check_bench.py trace MPIRUN NP FSDP_BENCH OUT.json
+    check_bench.py coll  MPIRUN NP COLL_BENCH
+"""
+import json
+import os
+import subprocess
+import sys
+
+STATS = ("median", "min", "max", "p10", "p90")
+
+
+def launch(mpirun, np, argv):
+    cmd = [mpirun, "--oversubscribe", "--bind-to", "none", "-np", str(np)] + argv
+    if os.geteuid() == 0:
+        cmd.insert(1, "--allow-run-as-root")
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        sys.exit(f"FAIL: {' '.join(cmd)} exited {p.returncode}\n{p.stdout}")
+    return p.stdout
+
+
+def expect(cond, what):
+    if not cond:
+        sys.exit("FAIL: " + what)
+
+
+def check_fsdp(mpirun, np, exe):
+    out = launch(mpirun, np, [exe, "--json", "--preset", "tiny", "--micro-batch", "2",
+                              "-w", "1", "-n", "3", "--peak-size", "128", "--sweep",
+                              "--sweep-strategies", "zero3,zero2,noshard", "--sweep-prefetch", "0,1"])
+    doc = json.loads(out)
+    expect(doc["bench"] == "fsdp-bench" and doc["world_size"] == np, "header fields")
+    expect(doc["wrong"] == 0, f"{doc['wrong']} wrong elements")
+    res = doc["results"]
+    expect([(r["strategy"], r["prefetch"]) for r in res] ==
+           [("zero3", 0), ("zero3", 1), ("zero2", 0), ("zero2", 1), ("noshard", 0)],
+           "one result per strategy x depth (noshard once)")
+    for r in res:
+        name = f"{r['strategy']}/{r['prefetch']}"
+        for key in ("tokens_per_s", "tokens_per_s_per_rank", "step_ms", "compute_ms", "comm_ms",
+                    "gather_ms", "reduce_ms", "exposed_comm_ms", "mfu"):
+            s = r[key]
+            expect(all(k in s for k in STATS), f"{name}: {key} has median and spread")
+            expect(s["min"] <= s["p10"] <= s["median"] <= s["p90"] <= s["max"],
+                   f"{name}: {key} statistics are ordered")
+            expect(s["min"] >= 0, f"{name}: {key} is not negative")
+        expect(r["tokens_per_s"]["median"] > 0 and r["step_ms"]["min"] > 0, f"{name}: throughput")
+        expect(r["tokens_per_step"] == np * 2 * 64, f"{name}: tokens per step")
+        tps = r["tokens_per_s"]["median"] / np
+        expect(abs(r["tokens_per_s_per_rank"]["median"] - tps) <= 1e-5 * tps, f"{name}: per rank")
+        if r["strategy"] == "noshard" or np == 1:
+            expect(r["gather_ms"]["max"] == 0, f"{name}: nothing gathered")
+        m = r["memory"]
+        shards = 1 if r["strategy"] == "noshard" else np
+        ideal = 16 * r["params"] / shards
+        pad = 16 * r["units"] * 16 * np / shards  # align 16 elements x N per unit
+        expect(ideal <= m["persistent"] <= ideal + pad, f"{name}: persistent {m['persistent']} "
+               f"is 16P/N = {ideal} up to padding")
+        expect(m["model_peak"] == m["persistent"] + m["gathered_peak"] + m["grads_peak"],
+               f"{name}: model peak is the sum of its parts")
+        expect(m["model_peak"] <= m["predicted"] + pad, f"{name}: model peak {m['model_peak']} "
+               f"within the ZeRO prediction {m['predicted']}")
+        expect(m["rss_peak"] >= m["model_peak"], f"{name}: resident memory holds the model")
+        expect(r["loss_first"] > 0 and r["wrong"] == 0, f"{name}: loss and check")
+    print(f"fsdp-bench --json at N={np}: {len(res)} configurations, 0 wrong")
+
+
+def nested(spans):
+    """Spans on one track must nest or follow each other (Chrome's rule for X events)."""
+    stack = []
+    for b, e, name in sorted(spans, key=lambda s: (s[0], -s[1])):
+        while stack and stack[-1][1] <= b + 1e-3:
+            stack.pop()
+        if stack and e > stack[-1][1] + 1e-3:
+            return f"{name} [{b}, {e}] overlaps {stack[-1][2]} [{stack[-1][0]}, {stack[-1][1]}]"
+        stack.append((b, e, name))
+    return None
+
+
+def check_trace(mpirun, np, exe, path):
+    launch(mpirun, np, [exe, "--preset", "tiny", "--micro-batch", "2", "-w", "1", "-n", "3",
+                        "--peak-size", "0", "--trace", path])
+    with open(path) as f:
+        doc = json.load(f)  # well-formed JSON or this raises
+    ev = doc["traceEvents"]
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in ev
+             if e["ph"] == "M" and e["name"] == "thread_name"}
+    for r in range(np):
+        expect([names.get((r, t)) for t in range(3)] == ["compute", "gather", "reduce"],
+               f"rank {r} names its three tracks")
+    tracks = {}
+    for e in ev:
+        if e["ph"] != "X":
+            continue
+        expect(0 <= e["pid"] < np and e["tid"] in (0, 1, 2), f"event on a known track: {e}")
+        expect(e["ts"] >= 0 and e["dur"] >= 0, f"event times: {e}")
+        tracks.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"], e["name"]))
+        cat = {0: ("step", "acquire", "release", "compute", "optimizer"), 1: ("gather",),
+               2: ("reduce",)}[e["tid"]]
+        expect(e["cat"] in cat, f"{e['cat']} event on track {e['tid']}")
+    for r in range(np):
+        cats = {e["cat"] for e in ev if e["ph"] == "X" and e["pid"] == r}
+        want = {"step", "acquire", "release", "compute", "optimizer", "reduce"}
+        want |= {"gather"} if np > 1 else set()
+        expect(want <= cats, f"rank {r} has {sorted(want - cats)} missing")
+        steps = [e for e in ev if e["ph"] == "X" and e["pid"] == r and e["cat"] == "step"]
+        expect(len(steps) == 3, f"rank {r}: one span per timed step")
+    for key, spans in tracks.items():
+        bad = nested(spans)
+        expect(bad is None, f"track {key}: {bad}")
+    print(f"trace at N={np}: {sum(len(s) for s in tracks.values())} spans on {len(tracks)} tracks, "
+          "well-formed and nested")
+
+
+def check_coll(mpirun, np, exe):
+    out = launch(mpirun, np, [exe, "--json", "-b", "64", "-e", "64K", "-f", "8", "-n", "3",
+                              "-w", "1"])
+    doc = json.loads(out)
+    expect(doc["bench"] == "coll_bench" and doc["ranks"] == np, "header fields")
+    expect(doc["wrong"] == 0, f"{doc['wrong']} wrong elements")
+    rows = doc["rows"]
+    for coll in ("all_gather", "reduce_scatter"):
+        for inplace in (0, 1):
+            sel = [r for r in rows if r["collective"] == coll and r["inplace"] == inplace]
+            expect(len(sel) >= 3, f"{coll} inplace={inplace}: a row per size")
+            for r in sel:
+                expect(r["wrong"] == 0 and r["count"] * 4 == r["size"] and
+                       r["size"] % (4 * np) == 0, f"{coll}: size, count, wrong: {r}")
+                bus = r["algbw"] * (np - 1) / np
+                expect(abs(r["busbw"] - bus) <= 1e-3 + 1e-3 * bus, f"{coll}: busbw formula {r}")
+    print(f"coll_bench --json at N={np}: {len(rows)} rows, 0 wrong")
+
+
+def main():
+    if len(sys.argv) < 5:
+        sys.exit(__doc__)
+    what, mpirun, np, exe = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    if what == "fsdp":
+        check_fsdp(mpirun, np, exe)
+    elif what == "trace":
+        check_trace(mpirun, np, exe, sys.argv[5])
+    elif what == "coll":
+        check_coll(mpirun, np, exe)
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main()
