@@ -1,0 +1,185 @@
+/* src/ckpt/ckpt_internal.h — what the checkpoint sources share: the parsed
+ * manifest, the shard header, file I/O with CRCs and fsync, the commit
+ * protocol, and element reads across shard files. Not installed. */
+#ifndef FSDP_CKPT_INTERNAL_H
+#define FSDP_CKPT_INTERNAL_H
+
+#include <stdint.h>
+
+#include "ckpt/json.h"
+#include "core/internal.h"
+#include "fsdp/ckpt.h"
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "checkpoints store little-endian fp32 as raw bytes: add byte swapping for this host"
+#endif
+
+#define CKPT_VERSION 1
+#define CKPT_HEADER_BYTES 64
+#define CKPT_MAX_STATES 3
+#define CKPT_PATH_MAX 4096
+#define CKPT_MANIFEST "manifest.json"
+#define CKPT_CRC_KEY "\"manifest_crc32\": \""
+
+typedef struct {
+  size_t begin, end; /* real elements [begin, end) of the unit's flat buffer */
+} ckpt_range_t;
+
+typedef struct {
+  char *name, *kind;
+  size_t numel;
+  ckpt_range_t *ranges; /* (world) a partition of [0, numel) in rank order */
+} ckpt_unit_t;
+
+typedef struct {
+  char *name;
+  int unit;
+  size_t offset, numel;
+  int ndim;
+  int64_t shape[FSDP_MAX_DIMS];
+} ckpt_tensor_t;
+
+typedef struct {
+  uint64_t bytes; /* header + payload */
+  uint32_t crc;   /* CRC-32 of the whole file */
+} ckpt_file_t;
+
+typedef struct {
+  char dir[CKPT_PATH_MAX]; /* the step directory */
+  int64_t step;
+  uint64_t id;
+  int world;
+  char strategy[16], optimizer[16], param_dtype[8];
+  int n_states;                             /* 1 + optimizer states */
+  const char *state_names[CKPT_MAX_STATES]; /* static strings */
+  size_t align;
+  fsdp_ckpt_meta_t meta;
+  int n_units, n_tensors;
+  ckpt_unit_t *units;
+  ckpt_tensor_t *tensors;
+  ckpt_file_t *files;  /* (world) */
+  uint64_t *section;   /* (world * n_units) byte offset of unit u in rank r's file */
+  /* Informational, written by save for people reading the manifest. */
+  const fsdp_config_t *cfg;
+} ckpt_manifest_t;
+
+/* ---- manifest (manifest.c) ------------------------------------------------ */
+
+/* Static name of state s of an optimizer: "param", "exp_avg", ... */
+const char *ckpt_state_name(const char *optimizer, int state);
+/* Allocates the tables (zeroed) for world ranks, n_units and n_tensors. */
+fsdp_status_t ckpt_manifest_alloc(ckpt_manifest_t *m, int world, int n_units, int n_tensors);
+void ckpt_manifest_free(ckpt_manifest_t *m);
+/* Section offsets from the ranges; checks ranges partition each unit. */
+fsdp_status_t ckpt_manifest_layout(ckpt_manifest_t *m, const char *what);
+/* The manifest text, with its CRC line last. */
+fsdp_status_t ckpt_manifest_write(const ckpt_manifest_t *m, sbuf_t *out);
+/* Parses and checks <dir>/manifest.json (CRC first, then every field). */
+fsdp_status_t ckpt_manifest_read(const char *dir, ckpt_manifest_t *m);
+/* Index of the tensor named name, or -1. */
+int ckpt_find_tensor(const ckpt_manifest_t *m, const char *name);
+/* Payload bytes of rank r's file (without the header). */
+uint64_t ckpt_payload_bytes(const ckpt_manifest_t *m, int r);
+/* Writes "<dir>/rank-<r>-of-<N>.bin" into out. */
+void ckpt_shard_path(const ckpt_manifest_t *m, int r, char *out, size_t cap);
+
+/* ---- shard header (manifest.c) --------------------------------------------- */
+
+void ckpt_header_encode(const ckpt_manifest_t *m, int rank, uint8_t out[CKPT_HEADER_BYTES]);
+/* Checks a header read from path against the manifest's rank r. */
+fsdp_status_t ckpt_header_check(const ckpt_manifest_t *m, int r, const char *path,
+                                const uint8_t in[CKPT_HEADER_BYTES]);
+
+/* ---- files (io.c) ------------------------------------------------------------- */
+
+typedef struct {
+  int fd;
+  char path[CKPT_PATH_MAX];
+  uint32_t crc;
+  uint64_t bytes;
+  int64_t *fault_budget; /* test hook: bytes left before SIGKILL, NULL none */
+} ckpt_writer_t;
+
+/* Creates path (truncating) for writing. */
+fsdp_status_t ckpt_writer_open(ckpt_writer_t *w, const char *path, int64_t *fault_budget);
+fsdp_status_t ckpt_write(ckpt_writer_t *w, const void *buf, size_t n);
+/* fsync and close; on failure the file is left for the caller to remove. */
+fsdp_status_t ckpt_writer_close(ckpt_writer_t *w);
+void ckpt_writer_abort(ckpt_writer_t *w);
+
+/* The FSDP_CKPT_FAULT budget for this rank's save of step (or -1: none). */
+int64_t ckpt_fault_budget(int rank, int64_t step);
+
+fsdp_status_t ckpt_read_whole(const char *path, char **buf, size_t *len);
+fsdp_status_t ckpt_pread(int fd, const char *path, void *buf, size_t n, uint64_t off);
+/* CRC-32 and size of a whole file, streaming. */
+fsdp_status_t ckpt_file_crc(int fd, const char *path, uint64_t bytes, uint32_t *crc);
+uint32_t ckpt_crc(uint32_t crc, const void *buf, size_t n);
+fsdp_status_t ckpt_fsync_dir(const char *dir);
+/* Removes a directory and the plain files in it (one level: our step dirs). */
+fsdp_status_t ckpt_remove_dir(const char *dir);
+/* Removes a temporary directory after a failure, best effort, keeping the
+ * failure's message (a later save removes what is left). */
+void ckpt_discard(const char *tmp);
+uint64_t ckpt_random_id(void);
+/* snprintf into out, FSDP_ERR_INVALID_ARGUMENT when it does not fit. */
+fsdp_status_t ckpt_path(char *out, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ---- commit protocol (commit.c) -------------------------------------------- */
+
+/* Makes save_dir, refuses an existing step-<step> unless overwrite, removes
+ * stale step-*.tmp-* and creates the temporary directory tmp_out. */
+fsdp_status_t ckpt_prepare(const char *save_dir, int64_t step, uint64_t id, int overwrite,
+                           char *tmp_out, size_t cap);
+/* Writes the manifest into tmp (fsynced), renames tmp to step-<step>
+ * (replacing it when it exists), fsyncs save_dir, then replaces latest. */
+fsdp_status_t ckpt_commit(const ckpt_manifest_t *m, const char *save_dir, const char *tmp,
+                          int64_t *fault_budget, char *path_out, size_t cap);
+
+/* ---- collective pieces (save.c) ---------------------------------------------- */
+
+/* Every rank passes its status; all return the lowest failing rank's status
+ * and message (or the collective's own error). */
+fsdp_status_t ckpt_agree(fsdp_comm_t comm, fsdp_status_t st);
+/* Fails (changing nothing that matters) unless the engine is materialized and
+ * between steps. */
+fsdp_status_t ckpt_engine_idle(fsdp_engine_t e, const char *what);
+/* The manifest of the live engine, without file sizes and CRCs. */
+fsdp_status_t ckpt_manifest_from_engine(fsdp_engine_t e, ckpt_manifest_t *m);
+
+/* ---- reading elements (read.c) --------------------------------------------- */
+
+/* Open shard files of a manifest, opened on first use. */
+typedef struct {
+  const ckpt_manifest_t *m;
+  int *fds; /* (world), -1 not open */
+} ckpt_files_t;
+
+fsdp_status_t ckpt_files_init(ckpt_files_t *f, const ckpt_manifest_t *m);
+void ckpt_files_close(ckpt_files_t *f);
+fsdp_status_t ckpt_files_fd(ckpt_files_t *f, int r, int *fd);
+/* Header and size of file r (and its CRC when crc != 0). */
+fsdp_status_t ckpt_check_file(ckpt_files_t *f, int r, int crc);
+/* out[0..count) = flat elements [first, first+count) of unit u, state s. */
+fsdp_status_t ckpt_read_unit(ckpt_files_t *f, int u, int s, size_t first, size_t count,
+                             float *out);
+/* out[0..count) = elements [first, first+count) of tensor t, state s. */
+fsdp_status_t ckpt_read_elems(ckpt_files_t *f, int t, int s, size_t first, size_t count,
+                              float *out);
+
+/* ---- safetensors (safetensors.c) ---------------------------------------------- */
+
+/* A tensor entry written into a safetensors header. */
+typedef struct {
+  const char *name;
+  int ndim;
+  const int64_t *shape;
+  size_t numel;
+} st_entry_t;
+
+/* The header (length prefix included, padded to 8 bytes) for entries laid
+ * out in order; metadata is a JSON object's members text ("" for none). */
+fsdp_status_t st_header(const st_entry_t *e, int n, const char *metadata, sbuf_t *out);
+
+#endif

@@ -1,0 +1,122 @@
+/* src/tools/fsdp_ckpt.c — fsdp-ckpt: look at, check and convert checkpoints
+ * without MPI or a model: inspect, verify, consolidate, export, import,
+ * reshard. Each command is a call into fsdp/ckpt.h. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "fsdp/ckpt.h"
+
+static const char usage_text[] =
+    "usage: fsdp-ckpt [--stats] COMMAND ...\n"
+    "  inspect PATH                     step, world size, strategy, optimizer, trainer state,\n"
+    "                                   units with each rank's range, tensors and shapes\n"
+    "  verify PATH                      every shard's header, size and CRC-32 (no model needed)\n"
+    "  consolidate PATH OUT.safetensors every tensor and optimizer state in one file\n"
+    "  export PATH OUT.safetensors      parameters only, GPT-2 names, for other tools\n"
+    "  import IN.safetensors SAVE_DIR   a weights-only checkpoint (step 0) to --resume from\n"
+    "  reshard PATH --world N SAVE_DIR  rewrite the checkpoint for N ranks\n"
+    "PATH is a step directory (SAVE_DIR/step-K) or a save directory (its `latest` is used).\n"
+    "--stats prints the command's wall time and peak resident memory to stderr.\n"
+    "Exit status: 0 success, 1 the checkpoint or file is bad (the message says which and why),\n"
+    "2 usage.\n";
+
+static void print_shape(const int64_t *shape, int ndim) {
+  char text[96];
+  size_t n = (size_t)snprintf(text, sizeof text, "(");
+  for (int d = 0; d < ndim; d++)
+    n += (size_t)snprintf(text + n, sizeof text - n, "%s%" PRId64, d ? ", " : "", shape[d]);
+  snprintf(text + n, sizeof text - n, ")");
+  printf(" %-16s", text);
+}
+
+static void print_summary(fsdp_ckpt_t c) {
+  fsdp_ckpt_info_t in;
+  fsdp_ckpt_info(c, &in);
+  printf("checkpoint %s\n  step %" PRId64 " | world %d | %s | %s (", in.dir, in.step,
+         in.world_size, in.strategy, in.optimizer);
+  for (int s = 0; s < in.n_states; s++) printf("%s%s", s ? ", " : "", fsdp_ckpt_state_name(c, s));
+  printf(") | param dtype %s | align %zu | id %016" PRIx64 "\n", in.param_dtype, in.align, in.id);
+  printf("  %zu parameters in %d units, %d tensors | trainer state:", in.numel, in.n_units,
+         in.n_tensors);
+  for (int i = 0; i < in.meta->n; i++)
+    printf(" %s=%" PRId64, in.meta->kv[i].key, in.meta->kv[i].value);
+  printf("%s\n", in.meta->n ? "" : " none");
+}
+
+static int inspect(fsdp_ckpt_t c) {
+  fsdp_ckpt_info_t in;
+  fsdp_ckpt_info(c, &in);
+  print_summary(c);
+  printf("  %-36s %-16s %-10s %12s\n", "tensor", "shape", "unit", "offset");
+  for (int i = 0; i < in.n_tensors; i++) {
+    fsdp_ckpt_tensor_t t;
+    if (fsdp_ckpt_tensor(c, i, &t)) return 1;
+    printf("  %-36s", t.name);
+    print_shape(t.shape, t.ndim);
+    printf(" %-10s %12zu\n", t.unit, t.offset);
+  }
+  return 0;
+}
+
+static void print_stats(double t0) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  fprintf(stderr, "fsdp-ckpt: %.2f s, peak RSS %.1f MiB\n", fsdp_time_now() - t0,
+          ru.ru_maxrss / 1024.0);
+}
+
+static fsdp_status_t with_ckpt(const char *cmd, const char *path, char **rest) {
+  fsdp_ckpt_t c;
+  fsdp_status_t st = fsdp_ckpt_open(path, &c);
+  if (st) return st;
+  if (!strcmp(cmd, "inspect")) {
+    st = inspect(c) ? FSDP_ERR_INTERNAL : FSDP_SUCCESS;
+  } else if (!strcmp(cmd, "verify")) {
+    st = fsdp_ckpt_verify(c);
+    if (!st) print_summary(c), printf("ok: every shard's size and CRC-32 match the manifest\n");
+  } else if (!strcmp(cmd, "consolidate")) {
+    st = fsdp_ckpt_consolidate(c, rest[0]);
+  } else if (!strcmp(cmd, "export")) {
+    st = fsdp_ckpt_export(c, rest[0]);
+  } else {
+    st = fsdp_ckpt_reshard(c, atoi(rest[0]), rest[1]);
+  }
+  fsdp_ckpt_close(c);
+  return st;
+}
+
+/* Arguments each command takes after its PATH (reshard: --world N OUT). */
+static int arity(const char *cmd) {
+  static const struct { const char *name; int n; } table[] = {
+      {"inspect", 1}, {"verify", 1}, {"consolidate", 2}, {"export", 2}, {"import", 2},
+      {"reshard", 4}};
+  for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+    if (!strcmp(cmd, table[i].name)) return table[i].n;
+  return -1;
+}
+
+int main(int argc, char **argv) {
+  int stats = argc > 1 && !strcmp(argv[1], "--stats");
+  argv += stats;
+  argc -= stats;
+  if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")))
+    return fputs(usage_text, stdout), 0;
+  const char *cmd = argc > 1 ? argv[1] : "";
+  int n = arity(cmd);
+  if (n < 0 || argc - 2 != n || (n == 4 && strcmp(argv[3], "--world")) ||
+      (n == 4 && atoi(argv[4]) < 1))
+    return fputs(usage_text, stderr), 2;
+  double t0 = fsdp_time_now();
+  fsdp_status_t st;
+  if (!strcmp(cmd, "import")) st = fsdp_ckpt_import(argv[2], argv[3]);
+  else st = with_ckpt(cmd, argv[2], argv + (n == 4 ? 4 : 3));
+  if (stats) print_stats(t0);
+  if (st) {
+    fprintf(stderr, "fsdp-ckpt %s: %s\n", cmd, fsdp_last_error());
+    return 1;
+  }
+  return 0;
+}
