@@ -38,7 +38,15 @@ static const char usage_text[] =
     "output\n"
     "  --sample N  --temperature X   gpt2: generate N bytes at the end\n"
     "  --log-every N             a step line every N steps (default 1; mlp 100)\n"
-    "  --json                    one JSON object per line\n";
+    "  --json                    one JSON object per line\n"
+    "checkpoints (fsdp-ckpt inspects, verifies, converts them)\n"
+    "  --save-dir DIR            save into DIR/step-K (and DIR/latest) after the last step\n"
+    "  --save-every N            ... and after every N steps\n"
+    "  --save-overwrite          replace an existing DIR/step-K instead of failing\n"
+    "  --resume auto|PATH        continue from DIR's latest checkpoint (auto: if there is one),\n"
+    "                            or from PATH (a step or save directory), at any rank count\n"
+    "  --stop-after N            stop after update N as if preempted (the schedule still\n"
+    "                            spans --steps); resume later with --resume\n";
 
 typedef enum { O_INT, O_I64, O_F32, O_STR, O_FLAG, O_SIZE } opt_type_t;
 typedef struct { const char *name; opt_type_t type; void *ptr; } opt_t;
@@ -111,6 +119,9 @@ static int parse(int argc, char **argv, train_opts_t *o) {
       {"--eval-every", O_INT, &o->eval_every}, {"--log-every", O_INT, &o->log_every}, {"--eval-batches", O_INT, &o->eval_batches},
       {"--seed", O_I64, &o->seed}, {"--sample", O_INT, &o->sample},
       {"--temperature", O_F32, &o->temperature}, {"--json", O_FLAG, &o->json},
+      {"--save-dir", O_STR, &o->save_dir}, {"--save-every", O_INT, &o->save_every},
+      {"--save-overwrite", O_FLAG, &o->save_overwrite}, {"--resume", O_STR, &o->resume},
+      {"--stop-after", O_INT, &o->stop_after},
   };
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -145,6 +156,8 @@ static int finish_options(train_opts_t *o) {
   if (o->cfg.optim.lr == 0.0f) o->cfg.optim.lr = gpt ? 2e-3f : 1e-3f;
   if (gpt && o->cfg.max_live_units == 0 && (o->wrap.wrap_kinds || o->wrap.wrap_min_params))
     o->cfg.max_live_units = o->cfg.prefetch_depth + 2; /* the root is held throughout */
+  if ((o->save_every || (o->resume && !strcmp(o->resume, "auto"))) && !o->save_dir)
+    return fprintf(stderr, "fsdp-train: --save-every and --resume auto need --save-dir\n"), -1;
   if ((gpt ? o->steps : o->epochs) <= 0)
     return fprintf(stderr, "fsdp-train: --%s must be positive\n", gpt ? "steps" : "epochs"), -1;
   return 0;

@@ -19,6 +19,9 @@ typedef struct {
   int seq_len, eval_batches, sample;
   float temperature;
   fsdp_gpt2_opts_t wrap; /* wrap_kinds, wrap_min_params, checkpoint_kinds */
+  /* checkpoints (train_ckpt.c) */
+  const char *save_dir, *resume; /* resume: "auto" (save_dir's latest, if any) or a path */
+  int save_every, save_overwrite, stop_after;
 } train_opts_t;
 
 typedef struct {
@@ -28,6 +31,7 @@ typedef struct {
   int rank, nranks;
   int64_t micro, offset; /* this rank's share of each global micro-batch */
   int total_steps;
+  int start_step;        /* updates already done when this process began (resume) */
   size_t act_bytes;      /* the model's activation buffers */
   double t0;
   int tty;               /* rank 0 writes to a terminal: a progress bar */
@@ -49,6 +53,15 @@ void train_print_plan(const trainer_t *t, const char *what);
 size_t train_peak_bytes(const trainer_t *t);
 /* Sum of a double over ranks. */
 fsdp_status_t train_sum(const trainer_t *t, double *values, int n);
+
+/* --resume: loads the checkpoint into the materialised engine and sets
+ * start_step (a fresh start when auto finds no checkpoint). 0 or -1. */
+int train_resume(trainer_t *t);
+/* After update `step` (1-based): saves when --save-every divides it or it is
+ * the schedule's last, if --save-dir is set. 0 or -1. */
+int train_save(trainer_t *t, int step);
+/* One past the last update this process runs: --stop-after or the schedule's end. */
+int train_end_step(const trainer_t *t);
 
 int train_mlp(trainer_t *t);
 int train_gpt2(trainer_t *t);

@@ -77,7 +77,8 @@ static int run(trainer_t *t, gpt_task_t *g) {
   const train_opts_t *o = t->o;
   double loss = 0, first = -1, vl = 0;
   double tokens = (double)o->global_batch * o->seq_len;
-  for (int s = 0; s < o->steps; s++) {
+  int end = train_end_step(t), steps = end > t->start_step ? end - t->start_step : 0;
+  for (int s = t->start_step; s < end; s++) {
     double ts = fsdp_time_now();
     fsdp_step_stats_t st;
     if (step(t, g, s, &loss) || fsdp_engine_step(t->eng, &st)) return -1;
@@ -87,6 +88,7 @@ static int run(trainer_t *t, gpt_task_t *g) {
       if (evaluate(t, g, &vl)) return -1;
       train_report_eval(t, s + 1, "val_loss", vl, vl);
     }
+    if (train_save(t, s + 1)) return -1;
   }
   double secs = fsdp_time_now() - t->t0;
   if (o->sample > 0 && sample(t, g)) return -1;
@@ -94,12 +96,12 @@ static int run(trainer_t *t, gpt_task_t *g) {
     printf("{\"event\":\"summary\",\"model\":\"gpt2\",\"ranks\":%d,\"strategy\":\"%s\","
            "\"steps\":%d,\"seconds\":%.2f,\"tokens_per_s\":%.1f,\"first_loss\":%.6f,"
            "\"final_loss\":%.6f,\"val_loss\":%.6f,\"peak_bytes_per_rank\":%zu}\n", t->nranks,
-           fsdp_strategy_name(o->cfg.strategy), o->steps, secs, tokens * o->steps / secs, first,
+           fsdp_strategy_name(o->cfg.strategy), steps, secs, tokens * steps / secs, first,
            loss, vl, train_peak_bytes(t));
   else if (t->rank == 0)
     printf("done: gpt2, %d ranks, %s, %d steps in %.1f s (%.0f tokens/s) | loss %.4f -> %.4f | "
            "val loss %.4f nats/byte | peak %.2f MiB/rank\n", t->nranks,
-           fsdp_strategy_name(o->cfg.strategy), o->steps, secs, tokens * o->steps / secs, first,
+           fsdp_strategy_name(o->cfg.strategy), steps, secs, tokens * steps / secs, first,
            loss, vl, train_peak_bytes(t) / 1048576.0);
   return 0;
 }
@@ -134,7 +136,7 @@ static int setup(trainer_t *t, gpt_task_t *g) {
 
 int train_gpt2(trainer_t *t) {
   gpt_task_t g = {0};
-  int rc = setup(t, &g) || run(t, &g) ? -1 : 0;
+  int rc = setup(t, &g) || train_resume(t) || run(t, &g) ? -1 : 0;
   free(g.tok);
   free(g.tgt);
   fsdp_gpt2_destroy(g.gpt);

@@ -67,18 +67,21 @@ static int step(trainer_t *t, mlp_task_t *m, int64_t epoch, int64_t batch, doubl
 static int run(trainer_t *t, mlp_task_t *m) {
   const train_opts_t *o = t->o;
   double loss = 0, first = -1, tl = 0, acc = 0;
-  int s = 0;
-  for (int64_t e = 0; e < o->epochs; e++) {
-    for (int64_t b = 0; b < m->sampler.batches_per_epoch; b++) {
-      double ts = fsdp_time_now();
-      fsdp_step_stats_t st;
-      if (step(t, m, e, b, &loss) || fsdp_engine_step(t->eng, &st)) return -1;
-      if (first < 0) first = loss;
-      train_report_step(t, ++s, loss, &st, fsdp_time_now() - ts, "samples",
-                        (double)o->global_batch);
+  int64_t per_epoch = m->sampler.batches_per_epoch;
+  int end = train_end_step(t), s = end > t->start_step ? end - t->start_step : 0;
+  for (int k = t->start_step; k < end; k++) {
+    double ts = fsdp_time_now();
+    fsdp_step_stats_t st;
+    if (step(t, m, k / per_epoch, k % per_epoch, &loss) || fsdp_engine_step(t->eng, &st))
+      return -1;
+    if (first < 0) first = loss;
+    train_report_step(t, k + 1, loss, &st, fsdp_time_now() - ts, "samples",
+                      (double)o->global_batch);
+    if (k % per_epoch == per_epoch - 1) {
+      if (evaluate(t, m, &tl, &acc)) return -1;
+      train_report_eval(t, k + 1, "test_accuracy", tl, acc);
     }
-    if (evaluate(t, m, &tl, &acc)) return -1;
-    train_report_eval(t, s, "test_accuracy", tl, acc);
+    if (train_save(t, k + 1)) return -1;
   }
   if (t->rank == 0 && o->json)
     printf("{\"event\":\"summary\",\"model\":\"mlp\",\"ranks\":%d,\"strategy\":\"%s\","
@@ -124,7 +127,7 @@ static int setup(trainer_t *t, mlp_task_t *m) {
 
 int train_mlp(trainer_t *t) {
   mlp_task_t m = {0};
-  int rc = setup(t, &m) || run(t, &m) ? -1 : 0;
+  int rc = setup(t, &m) || train_resume(t) || run(t, &m) ? -1 : 0;
   free(m.x);
   free(m.y);
   free(m.pred);
