@@ -248,6 +248,9 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--prefetch", type=int, default=1, help="fsdp's prefetch depth (default 1)")
     ap.add_argument("--threads", type=int, default=1, help="BLAS / torch threads per rank")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="alternate the two K times and compare medians (default 3): "
+                         "load from elsewhere on the machine then hits both alike")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--fsdp-bench", default=None, help="path (default build*/bench/fsdp-bench)")
@@ -264,11 +267,16 @@ def main():
               "  then run again:   python3 bench/compare_pytorch.py --np 2")
         return 0
 
-    fsdp = run_fsdp(args)
-    pt = run_torch(args)
+    runs = []
+    for _ in range(max(args.repeat, 1)):
+        runs.append((run_fsdp(args), run_torch(args)))
+    # The run whose tokens/s is the median of its side's, for each side.
+    fsdp = sorted((f for f, _ in runs), key=lambda r: r["tokens_per_s"])[len(runs) // 2]
+    pt = sorted((t for _, t in runs), key=lambda r: r["tokens_per_s"])[len(runs) // 2]
     speed = fsdp["tokens_per_s"] / pt["tokens_per_s"]
     mem = fsdp["rss_peak"] / pt["rss_peak"]
     growth = (fsdp["rss_peak"] - fsdp["rss_base"]) / max(pt["rss_peak"] - pt["rss_base"], 1)
+    per_run = [f["tokens_per_s"] / t["tokens_per_s"] for f, t in runs]
     cfg = PRESETS[args.preset]
     met = speed >= 1.5 and mem < 1.0
     if args.json:
@@ -276,14 +284,17 @@ def main():
                               micro_batch=args.micro_batch, iters=args.iters, dtype="f32",
                               device=args.device, fsdp=fsdp, pytorch_fsdp2=pt,
                               tokens_per_s_ratio=speed, rss_peak_ratio=mem,
-                              rss_growth_ratio=growth, goal_met=met), indent=1))
+                              rss_growth_ratio=growth, ratio_per_repeat=per_run,
+                              repeats=[dict(fsdp=f, pytorch_fsdp2=t) for f, t in runs],
+                              goal_met=met), indent=1))
         return 0
     mib = 1 / 1048576
     T = args.seq_len or cfg["block_size"]
     print(f"GPT-2 {args.preset}: {cfg['n_layer']} layers x {cfg['n_embd']} wide, {cfg['n_head']} "
           f"heads, T {T}, vocab {cfg['vocab_size']}, {fsdp['params']} parameters | {args.np} ranks "
           f"x {args.micro_batch} sequences | fp32 | AdamW | {args.threads} thread(s) per rank | "
-          f"{args.warmup} warm-up + {args.iters} timed steps")
+          f"{args.warmup} warm-up + {args.iters} timed steps | {len(runs)} alternating repeats, "
+          f"the median run of each side shown")
     print(f"{'':22} {'tokens/s':>10} {'step ms':>9} {'RSS peak MiB':>13} {'RSS growth MiB':>15} "
           f"{'loss first->last':>18}")
     for name, r in (("fsdp (zero3, pf %d)" % args.prefetch, fsdp),
@@ -291,7 +302,8 @@ def main():
         print(f"{name:22} {r['tokens_per_s']:10.0f} {r['step_ms']:9.2f} {r['rss_peak'] * mib:13.1f} "
               f"{(r['rss_peak'] - r['rss_base']) * mib:15.1f} "
               f"{r['loss_first']:8.4f}->{r['loss_last']:.4f}")
-    print(f"ratio fsdp / PyTorch: tokens/s {speed:.2f}x | RSS peak {mem:.2f}x | RSS growth "
+    print(f"ratio fsdp / PyTorch: tokens/s {speed:.2f}x (per repeat: "
+          f"{', '.join(f'{x:.2f}' for x in per_run)}) | RSS peak {mem:.2f}x | RSS growth "
           f"{growth:.2f}x")
     print(f"fsdp step: compute {fsdp['compute_ms']:.2f} ms, communication {fsdp['comm_ms']:.2f} ms "
           f"of which exposed {fsdp['exposed_ms']:.2f} ms | #wrong {fsdp['wrong']:.0f}")
