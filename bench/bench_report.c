@@ -59,8 +59,8 @@ void bench_print_row(const bench_result_t *r) {
   fflush(stdout);
 }
 
-static void result_json(const bench_opts_t *o, int nranks, const bench_result_t *r) {
-  printf("{\"model\":\"%s\",\"preset\":\"%s\",\"strategy\":\"%s\",\"prefetch\":%d,"
+static void result_json(FILE *f, const bench_opts_t *o, int nranks, const bench_result_t *r) {
+  fprintf(f, "{\"model\":\"%s\",\"preset\":\"%s\",\"strategy\":\"%s\",\"prefetch\":%d,"
          "\"max_live_units\":%d,\"world_size\":%d,\"micro_batch\":%d,\"grad_accum\":%d,"
          "\"seq_len\":%d,\"dtype\":\"%s\",\"params\":%zu,\"units\":%d,\"largest_unit\":%zu,"
          "\"tokens_per_step\":%.0f,\"flops_per_token\":%.6g,\"peak_flops\":%.6g,",
@@ -76,11 +76,11 @@ static void result_json(const bench_opts_t *o, int nranks, const bench_result_t 
       {"reduce_ms", &r->reduce_s, 1e3},        {"exposed_comm_ms", &r->exposed_s, 1e3},
       {"mfu", &r->mfu, 1}};
   for (size_t i = 0; i < sizeof stats / sizeof stats[0]; i++) {
-    printf("\"%s\":", stats[i].name);
-    bench_stat_json(stdout, stats[i].s, stats[i].scale);
-    printf(",");
+    fprintf(f, "\"%s\":", stats[i].name);
+    bench_stat_json(f, stats[i].s, stats[i].scale);
+    fprintf(f, ",");
   }
-  printf("\"memory\":{\"persistent\":%.0f,\"gathered_peak\":%.0f,\"grads_peak\":%.0f,"
+  fprintf(f, "\"memory\":{\"persistent\":%.0f,\"gathered_peak\":%.0f,\"grads_peak\":%.0f,"
          "\"model_peak\":%.0f,\"predicted\":%.0f,\"reserved\":%.0f,\"activations\":%.0f,"
          "\"rss_base\":%.0f,\"rss_peak\":%.0f},\"loss_first\":%.6f,\"loss_last\":%.6f,"
          "\"wrong\":%.0f}",
@@ -89,20 +89,20 @@ static void result_json(const bench_opts_t *o, int nranks, const bench_result_t 
          r->wrong);
 }
 
-void bench_print_json(const bench_opts_t *o, int nranks, const char *backend,
+void bench_print_json(FILE *f, const bench_opts_t *o, int nranks, const char *backend,
                       const bench_machine_t *m, const bench_result_t *r, int n) {
   double wrong = 0;
   for (int i = 0; i < n; i++) wrong += r[i].wrong;
-  printf("{\"bench\":\"fsdp-bench\",\"version\":\"%d.%d.%d\",\"backend\":\"%s\",\"world_size\":%d,"
+  fprintf(f, "{\"bench\":\"fsdp-bench\",\"version\":\"%d.%d.%d\",\"backend\":\"%s\",\"world_size\":%d,"
          "\"warmup\":%lld,\"iters\":%lld,\"peak_size\":%lld,\"machine\":",
          FSDP_VERSION_MAJOR, FSDP_VERSION_MINOR, FSDP_VERSION_PATCH, backend, nranks,
          (long long)o->warmup, (long long)o->iters, (long long)o->peak_size);
-  bench_machine_json(stdout, m);
-  printf(",\"results\":[");
+  bench_machine_json(f, m);
+  fprintf(f, ",\"results\":[");
   for (int i = 0; i < n; i++) {
-    printf("%s\n", i ? "," : "");
-    result_json(o, nranks, &r[i]);
+    fprintf(f, "%s\n", i ? "," : "");
+    result_json(f, o, nranks, &r[i]);
   }
-  printf("],\n\"wrong\":%.0f}\n", wrong);
-  fflush(stdout);
+  fprintf(f, "],\n\"wrong\":%.0f}\n", wrong);
+  fflush(f);
 }

@@ -27,6 +27,7 @@ static const char usage_text[] =
     "                       (default); 0: on the calling thread\n"
     "  --coll NAME          all_gather, reduce_scatter or all (default)\n"
     "  --json               one JSON document on stdout (rank 0) instead of the table\n"
+    "  --json-file PATH     also write that document to PATH (the table still prints)\n"
     "Columns: size (B), count (elements in all), type, redop, time (us, mean of the\n"
     "slowest rank), algbw = size/time, busbw = algbw*(N-1)/N (GB/s), #wrong elements,\n"
     "out-of-place then in-place. Exit status 1 when any element is wrong.\n";
@@ -41,6 +42,7 @@ typedef struct {
   fsdp_reduce_op_t op;
   int colls; /* bit mask of coll_t */
   int json;
+  const char *json_file; /* also write the JSON document here */
 } coll_opts_t;
 
 typedef struct {
@@ -96,6 +98,10 @@ static int parse(int argc, char **argv, coll_opts_t *o) {
     }
     if (!v) return fprintf(stderr, "coll_bench: %s needs a value (see --help)\n", a), -1;
     i++;
+    if (!strcmp(a, "--json-file")) {
+      o->json_file = v;
+      continue;
+    }
     size_t k = 0;
     while (k < sizeof nums / sizeof nums[0] && strcmp(a, nums[k].s) && strcmp(a, nums[k].l)) k++;
     if (k < sizeof nums / sizeof nums[0]) {
@@ -246,23 +252,23 @@ static void print_pair(const coll_opts_t *o, const coll_row_t *r) {
   fflush(stdout);
 }
 
-static void print_json(const coll_ctx_t *c, const coll_opts_t *o, const coll_row_t *rows, int n,
+static void print_json(FILE *f, const coll_ctx_t *c, const coll_opts_t *o, const coll_row_t *rows, int n,
                        double wrong, double avg_busbw) {
   bench_machine_t m;
   bench_machine(&m);
-  printf("{\"bench\":\"coll_bench\",\"backend\":\"%s\",\"ranks\":%d,\"iters\":%lld,"
+  fprintf(f, "{\"bench\":\"coll_bench\",\"backend\":\"%s\",\"ranks\":%d,\"iters\":%lld,"
          "\"warmup\":%lld,\"stream\":%d,\"check\":%d,\"machine\":",
          fsdp_comm_backend(c->comm), c->nranks, (long long)o->iters, (long long)o->warmup,
          (int)o->stream, (int)o->check);
-  bench_machine_json(stdout, &m);
-  printf(",\"rows\":[");
+  bench_machine_json(f, &m);
+  fprintf(f, ",\"rows\":[");
   for (int i = 0; i < n; i++)
-    printf("%s\n{\"collective\":\"%s\",\"size\":%zu,\"count\":%zu,\"type\":\"%s\",\"redop\":\"%s\","
+    fprintf(f, "%s\n{\"collective\":\"%s\",\"size\":%zu,\"count\":%zu,\"type\":\"%s\",\"redop\":\"%s\","
            "\"inplace\":%d,\"time_us\":%.3f,\"algbw\":%.4f,\"busbw\":%.4f,\"wrong\":%.0f}",
            i ? "," : "", coll_names[rows[i].coll], rows[i].bytes, rows[i].count,
            fsdp_dtype_name(o->dtype), redop_name(o, rows[i].coll), rows[i].inplace,
            rows[i].time_us, rows[i].algbw, rows[i].busbw, rows[i].wrong);
-  printf("],\n\"wrong\":%.0f,\"avg_busbw\":%.4f}\n", wrong, avg_busbw);
+  fprintf(f, "],\n\"wrong\":%.0f,\"avg_busbw\":%.4f}\n", wrong, avg_busbw);
 }
 
 /* ---- driver ---------------------------------------------------------------- */
@@ -294,6 +300,24 @@ static fsdp_status_t sweep(const coll_ctx_t *c, const coll_opts_t *o, coll_row_t
   return FSDP_SUCCESS;
 }
 
+/* Rank 0: the summary or the JSON, and the JSON file; 1 when that cannot be written. */
+static int report(const coll_ctx_t *c, const coll_opts_t *o, const coll_row_t *rows, int n) {
+  double wrong = 0, busbw = 0;
+  for (int i = 0; i < n; i++) wrong += rows[i].wrong, busbw += rows[i].busbw;
+  busbw = n ? busbw / n : 0;
+  if (o->json)
+    print_json(stdout, c, o, rows, n, wrong, busbw);
+  else
+    printf("# Out of bounds values : %.0f %s\n# Avg bus bandwidth    : %.4f GB/s\n#\n", wrong,
+           wrong == 0 ? "OK" : "FAILED", busbw);
+  if (!o->json_file) return 0;
+  FILE *f = fopen(o->json_file, "w");
+  if (f) print_json(f, c, o, rows, n, wrong, busbw);
+  if (f && fclose(f) == 0) return 0;
+  fprintf(stderr, "coll_bench: cannot write %s\n", o->json_file);
+  return 1;
+}
+
 static int run(coll_ctx_t *c, const coll_opts_t *o) {
   int max_rows = 4 * count_rows(c, o), n = 0;
   coll_row_t *rows = calloc((size_t)(max_rows ? max_rows : 1), sizeof *rows);
@@ -309,20 +333,17 @@ static int run(coll_ctx_t *c, const coll_opts_t *o) {
   }
   if (c->rank == 0 && !o->json) print_header(c, o);
   fsdp_status_t st = sweep(c, o, rows, &n);
-  double wrong = 0, busbw = 0;
-  for (int i = 0; i < n; i++) wrong += rows[i].wrong, busbw += rows[i].busbw;
-  busbw = n ? busbw / n : 0;
-  if (st == FSDP_SUCCESS && c->rank == 0 && o->json) print_json(c, o, rows, n, wrong, busbw);
-  else if (st == FSDP_SUCCESS && c->rank == 0)
-    printf("# Out of bounds values : %.0f %s\n# Avg bus bandwidth    : %.4f GB/s\n#\n", wrong,
-           wrong == 0 ? "OK" : "FAILED", busbw);
+  int bad = st == FSDP_SUCCESS && c->rank == 0 ? report(c, o, rows, n) : 0;
   if (st != FSDP_SUCCESS) fprintf(stderr, "coll_bench: rank %d: %s\n", c->rank, fsdp_last_error());
+  /* Every rank knows the (reduced) wrong counts; rank 0 alone knows its IO. */
+  double wrong = 0;
+  for (int i = 0; i < n; i++) wrong += rows[i].wrong;
   free(rows);
-  return st != FSDP_SUCCESS || wrong != 0 ? 1 : 0;
+  return st != FSDP_SUCCESS || wrong != 0 || bad ? 1 : 0;
 }
 
 int main(int argc, char **argv) {
-  coll_opts_t o = {1 << 10, 16 << 20, 20, 5, 1, 1, 4.0, FSDP_F32, FSDP_SUM, 3, 0};
+  coll_opts_t o = {1 << 10, 16 << 20, 20, 5, 1, 1, 4.0, FSDP_F32, FSDP_SUM, 3, 0, NULL};
   int p = parse(argc, argv, &o);
   if (p) return p > 0 ? 0 : 2;
   coll_ctx_t c = {0};

@@ -8,7 +8,9 @@ Prints both tokens/s (median over the timed steps; per step the slowest rank),
 both peak memories per rank — the resident high-water mark (Linux VmHWM, reset
 just before the model is built) and its growth over the resident size at that
 point — and the ratios. CPU: gloo backend. GPU: pass --device cuda (NCCL),
-e.g. --preset 124M; fsdp-bench then runs on whatever backend it was built with.
+e.g. --preset 124M; fsdp-bench runs on the backend it was built with, which is
+the CPU/MPI one until fsdp's CUDA backend lands: until then a cuda comparison
+compares unlike devices, and the output says which backend each side used.
 
 Without torch it says how to install it and exits 0.
     python3 bench/compare_pytorch.py --np 2              # the small preset on CPU
@@ -173,7 +175,7 @@ def torch_rank(rank, args, port, queue):
                        rss_peak=mem[0].item(), rss_base=mem[1].item(),
                        cuda_peak=mem[2].item(), loss_first=losses[0].item() / args.np,
                        loss_last=losses[1].item() / args.np, torch=torch.__version__,
-                       params=sum(p.numel() for p in model.parameters()) * args.np))
+                       params=sum(p.numel() for p in model.parameters())))  # DTensor: global
     dist.destroy_process_group()
 
 
@@ -229,7 +231,8 @@ def run_fsdp(args):
     out = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
     doc = json.loads(out)
     r = doc["results"][0]
-    return dict(tokens_per_s=r["tokens_per_s"]["median"], step_ms=r["step_ms"]["median"],
+    return dict(backend=doc["backend"], tokens_per_s=r["tokens_per_s"]["median"],
+                step_ms=r["step_ms"]["median"],
                 rss_peak=r["memory"]["rss_peak"], rss_base=r["memory"]["rss_base"],
                 model_peak=r["memory"]["model_peak"], exposed_ms=r["exposed_comm_ms"]["median"],
                 compute_ms=r["compute_ms"]["median"], comm_ms=r["comm_ms"]["median"],
@@ -255,7 +258,8 @@ def main():
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--fsdp-bench", default=None, help="path (default build*/bench/fsdp-bench)")
     ap.add_argument("--mpirun", default=shutil.which("mpirun") or "mpirun")
-    ap.add_argument("--json", action="store_true", help="one JSON document")
+    ap.add_argument("--json", action="store_true", help="one JSON document instead of the table")
+    ap.add_argument("--json-file", default=None, help="also write that document here")
     args = ap.parse_args()
     try:
         import torch  # noqa: F401
@@ -279,14 +283,16 @@ def main():
     per_run = [f["tokens_per_s"] / t["tokens_per_s"] for f, t in runs]
     cfg = PRESETS[args.preset]
     met = speed >= 1.5 and mem < 1.0
+    doc = dict(preset=args.preset, config=cfg, world_size=args.np, micro_batch=args.micro_batch,
+               iters=args.iters, dtype="f32", device=args.device, fsdp=fsdp, pytorch_fsdp2=pt,
+               tokens_per_s_ratio=speed, rss_peak_ratio=mem, rss_growth_ratio=growth,
+               ratio_per_repeat=per_run, goal_met=met,
+               repeats=[dict(fsdp=f, pytorch_fsdp2=t) for f, t in runs])
+    if args.json_file:
+        with open(args.json_file, "w") as f:
+            json.dump(doc, f, indent=1)
     if args.json:
-        print(json.dumps(dict(preset=args.preset, config=cfg, world_size=args.np,
-                              micro_batch=args.micro_batch, iters=args.iters, dtype="f32",
-                              device=args.device, fsdp=fsdp, pytorch_fsdp2=pt,
-                              tokens_per_s_ratio=speed, rss_peak_ratio=mem,
-                              rss_growth_ratio=growth, ratio_per_repeat=per_run,
-                              repeats=[dict(fsdp=f, pytorch_fsdp2=t) for f, t in runs],
-                              goal_met=met), indent=1))
+        print(json.dumps(doc, indent=1))
         return 0
     mib = 1 / 1048576
     T = args.seq_len or cfg["block_size"]
@@ -306,7 +312,10 @@ def main():
           f"{', '.join(f'{x:.2f}' for x in per_run)}) | RSS peak {mem:.2f}x | RSS growth "
           f"{growth:.2f}x")
     print(f"fsdp step: compute {fsdp['compute_ms']:.2f} ms, communication {fsdp['comm_ms']:.2f} ms "
-          f"of which exposed {fsdp['exposed_ms']:.2f} ms | #wrong {fsdp['wrong']:.0f}")
+          f"of which exposed {fsdp['exposed_ms']:.2f} ms | #wrong {fsdp['wrong']:.0f} | "
+          f"fsdp backend {fsdp['backend']}, PyTorch on {args.device}")
+    if fsdp["params"] != pt["params"]:
+        print(f"warning: parameter counts differ: fsdp {fsdp['params']}, PyTorch {pt['params']}")
     print("goal (>= 1.5x tokens/s at lower peak memory): %s" % ("met" if met else "NOT met"))
     return 0
 

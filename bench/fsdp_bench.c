@@ -36,6 +36,7 @@ static const char usage_text[] =
     "  --sweep-prefetch LIST      (default 0,1,2; noshard gathers nothing and runs once)\n"
     "output\n"
     "  --json                     one JSON document on stdout (rank 0) instead of the table\n"
+    "  --json-file PATH           also write that document to PATH (the table still prints)\n"
     "  --trace FILE               the timed steps of every rank as one Chrome trace (Perfetto,\n"
     "                             chrome://tracing): pid = rank, tracks compute/gather/reduce\n"
     "\n"
@@ -128,6 +129,7 @@ static int parse(int argc, char **argv, bench_opts_t *o) {
       {"--warmup", "-w", O_I64, &o->warmup},       {"--iters", "-n", O_I64, &o->iters},
       {"--check", "-c", O_I64, &o->check},         {"--peak-size", NULL, O_I64, &o->peak_size},
       {"--seed", NULL, O_I64, &o->seed},           {"--trace", NULL, O_STR, &o->trace},
+      {"--json-file", NULL, O_STR, &o->json_file},
       {"--json", NULL, O_FLAG, &o->json},          {"--sweep", NULL, O_FLAG, &o->sweep},
   };
   for (int i = 1; i < argc; i++) {
@@ -179,6 +181,15 @@ static int finish_options(bench_opts_t *o) {
   return 0;
 }
 
+static int write_json_file(const bench_opts_t *o, int nranks, const char *backend,
+                           const bench_machine_t *m, const bench_result_t *res, int n) {
+  FILE *f = fopen(o->json_file, "w");
+  if (f) bench_print_json(f, o, nranks, backend, m, res, n);
+  if (!f || fclose(f) != 0)
+    return fprintf(stderr, "fsdp-bench: cannot write %s\n", o->json_file), 1;
+  return 0;
+}
+
 static int run_all(fsdp_world_t world, const bench_opts_t *o, double peak_rank) {
   bench_result_t *res = calloc(BENCH_MAX_CONFIGS, sizeof *res);
   bench_machine_t m;
@@ -199,8 +210,9 @@ static int run_all(fsdp_world_t world, const bench_opts_t *o, double peak_rank) 
     }
   double wrong = 0;
   for (int i = 0; i < n; i++) wrong += res[i].wrong;
-  if (rc == 0 && rank == 0 && o->json) bench_print_json(o, nranks, backend, &m, res, n);
+  if (rc == 0 && rank == 0 && o->json) bench_print_json(stdout, o, nranks, backend, &m, res, n);
   else if (rc == 0 && rank == 0 && o->trace) printf("\ntrace: %s\n", o->trace);
+  if (rc == 0 && rank == 0 && o->json_file) rc = write_json_file(o, nranks, backend, &m, res, n);
   free(res);
   return rc ? rc : wrong > 0 ? 1 : 0;
 }

@@ -21,6 +21,7 @@ typedef struct {
   uint64_t seed;
   int json;
   const char *trace;
+  const char *json_file; /* also write the JSON document here, table or not */
   int sweep;
   fsdp_strategy_t strategies[3];
   int n_strategies;
@@ -76,7 +77,8 @@ fsdp_status_t bench_trace_write(fsdp_engine_t eng, const char *path, const fsdp_
 void bench_print_header(const bench_opts_t *o, int nranks, const char *backend,
                         const bench_machine_t *m, double peak_rank);
 void bench_print_row(const bench_result_t *r);
-void bench_print_json(const bench_opts_t *o, int nranks, const char *backend,
+/* The JSON document (--json on stdout, --json-file to a file). */
+void bench_print_json(FILE *f, const bench_opts_t *o, int nranks, const char *backend,
                       const bench_machine_t *m, const bench_result_t *r, int n);
 
 #endif

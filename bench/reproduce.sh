@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# bench/reproduce.sh — regenerates every number and chart in bench/results/ (and
+# in the README's Performance section) on this machine, one after the other:
+#   coll-np2.{txt,json}              coll_bench, 2 ranks, 1 KiB .. 16 MiB
+#   np2-small-prefetch.{txt,json}    fsdp-bench, 2 ranks, small GPT-2, ZeRO-3, prefetch 0 vs 1
+#   sweep-cpu-2core.json + *.png     bench/sweep.sh at N = 1, 2, 4, then bench/plot.py
+#   trace-np2-small-pf1.{json,png}   --trace of 5 timed steps, and its chart
+#   compare-pytorch-np2-small.{txt,json}  bench/compare_pytorch.py (needs torch)
+# BUILD=build by default (meson setup build && ninja -C build).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/mpi-env.sh
+build=${BUILD:-build}
+out=bench/results
+mkdir -p "$out"
+mpi() { mpirun "${FSDP_MPIRUN_ARGS[@]}" -np "$@"; }
+
+mpi 2 "$build/bench/coll_bench" --json-file "$out/coll-np2.json" | tee "$out/coll-np2.txt"
+
+small=(--preset small --micro-batch 8 --warmup 3 --iters 30 --sweep --sweep-strategies zero3
+       --sweep-prefetch 0,1)
+mpi 2 "$build/bench/fsdp-bench" "${small[@]}" --json-file "$out/np2-small-prefetch.json" |
+  tee "$out/np2-small-prefetch.txt"
+
+BENCH="$build/bench/fsdp-bench" bench/sweep.sh "$out/sweep-cpu-2core.json" --iters 20
+python3 bench/plot.py "$out/sweep-cpu-2core.json" "$out"
+
+mpi 2 "$build/bench/fsdp-bench" --prefetch 1 --iters 5 --peak-size 0 \
+  --trace "$out/trace-np2-small-pf1.json"
+python3 bench/plot.py --trace "$out/trace-np2-small-pf1.json" "$out/trace-np2-small-pf1.png" --steps 1
+
+cmp=(--np 2 --preset small --repeat 5 --fsdp-bench "$build/bench/fsdp-bench")
+python3 bench/compare_pytorch.py "${cmp[@]}" --json-file "$out/compare-pytorch-np2-small.json" |
+  tee "$out/compare-pytorch-np2-small.txt"
