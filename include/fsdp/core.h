@@ -35,6 +35,7 @@ typedef enum {
   FSDP_ERR_INTERNAL,         /* a bug in fsdp: please report it with the message */
   FSDP_ERR_IO,               /* a file is missing, unreadable or ends early */
   FSDP_ERR_FORMAT,           /* a file's contents are not what they should be */
+  FSDP_ERR_TIMEOUT,          /* a collective or the rendezvous passed its deadline */
   FSDP_STATUS_COUNT
 } fsdp_status_t;
 

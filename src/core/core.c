@@ -48,6 +48,9 @@ const char *fsdp_status_string(fsdp_status_t status) {
   case FSDP_ERR_FORMAT:
     return "format error: a file's contents are malformed or corrupt; "
            "fsdp_last_error() names the file and the field";
+  case FSDP_ERR_TIMEOUT:
+    return "timeout: a collective or the rendezvous did not finish before its deadline; "
+           "fsdp_last_error() names the operation and the ranks that never arrived";
   case FSDP_STATUS_COUNT:
     break;
   }
