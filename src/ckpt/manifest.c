@@ -458,8 +458,10 @@ static fsdp_status_t check_tiling(const ckpt_manifest_t *m, const char *file) {
 
 static fsdp_status_t check_crc(const char *file, const char *text, size_t len) {
   const char *key = NULL;
+  if (strlen(text) != len)
+    return fsdp_error(FSDP_ERR_FORMAT, "%s: holds a NUL byte: the manifest is corrupt", file);
   for (const char *p = text; (p = strstr(p, "\n  " CKPT_CRC_KEY)) != NULL; p++) key = p;
-  if (!key || strlen(text) != len)
+  if (!key)
     return fsdp_error(FSDP_ERR_FORMAT, "%s: has no manifest_crc32 line: truncated, corrupt or "
                       "not an fsdp manifest", file);
   const char *hex = key + strlen("\n  " CKPT_CRC_KEY);

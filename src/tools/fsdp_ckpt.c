@@ -12,7 +12,7 @@
 static const char usage_text[] =
     "usage: fsdp-ckpt [--stats] COMMAND ...\n"
     "  inspect PATH                     step, world size, strategy, optimizer, trainer state,\n"
-    "                                   units with each rank's range, tensors and shapes\n"
+    "                                   tensors with their shapes and units\n"
     "  verify PATH                      every shard's header, size and CRC-32 (no model needed)\n"
     "  consolidate PATH OUT.safetensors every tensor and optimizer state in one file\n"
     "  export PATH OUT.safetensors      parameters only, GPT-2 names, for other tools\n"

@@ -65,13 +65,16 @@ int train_resume(trainer_t *t) {
   }
   fsdp_ckpt_meta_t meta = {0};
   char dir[4096];
+  double t0 = fsdp_time_now();
   if (fsdp_ckpt_load(t->eng, path, NULL, &meta, dir, sizeof dir)) return -1;
+  double secs = fsdp_time_now() - t0;
   t->start_step = (int)fsdp_engine_step_count(t->eng);
   warn_mismatch(t, &meta);
   if (t->rank == 0 && o->json)
-    printf("{\"event\":\"resume\",\"step\":%d,\"path\":\"%s\"}\n", t->start_step, dir);
+    printf("{\"event\":\"resume\",\"step\":%d,\"path\":\"%s\",\"seconds\":%.3f}\n",
+           t->start_step, dir, secs);
   else if (t->rank == 0)
-    printf("resumed from %s at step %d\n", dir, t->start_step);
+    printf("resumed from %s at step %d (%.2f s)\n", dir, t->start_step, secs);
   fflush(stdout);
   return 0;
 }
