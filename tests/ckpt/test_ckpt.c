@@ -1,0 +1,613 @@
+/* tests/ckpt/test_ckpt.c — checkpoints on one rank (no MPI): the strict JSON
+ * reader; save/load round trips (AdamW, SGD, another wrapping, a world-3
+ * checkpoint read at N = 1); overwrite refusal; every bad input (a truncated,
+ * bit-flipped, missing or stray shard, a corrupt manifest, a model of another
+ * shape, no `latest`) fails with the file and the problem named, through the
+ * library and fsdp-ckpt, and changes nothing in memory or on disk; a save
+ * killed mid-write leaves the previous checkpoint current; export -> import is
+ * bitwise; strict safetensors validation; consolidate's memory stays flat.
+ * argv[1] is the fsdp-ckpt executable. */
+#include <check.h>
+#include <dirent.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ckpt/json.h"
+#include "ckpt_model.h"
+
+static const char *tool = "fsdp-ckpt";
+static fsdp_world_t world;
+static char tmp[64];
+
+static void setup(void) {
+  fsdp_world_opts_t o = {.launch = FSDP_LAUNCH_SINGLE};
+  ck_assert_int_eq(fsdp_world_init(&world, &o), FSDP_SUCCESS);
+  snprintf(tmp, sizeof tmp, "/tmp/fsdp-ckpt-test-XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(tmp));
+}
+
+static void teardown(void) {
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+  ck_assert_int_eq(system(cmd), 0);
+  fsdp_world_destroy(world);
+}
+
+static const char *path(const char *fmt, const char *a) {
+  static char buf[4][512];
+  static int k;
+  char rel[256];
+  snprintf(rel, sizeof rel, fmt, a);
+  k = (k + 1) % 4;
+  snprintf(buf[k], sizeof buf[k], "%s/%s", tmp, rel);
+  return buf[k];
+}
+
+static fsdp_engine_t trained(fsdp_strategy_t s, fsdp_optim_kind_t o, int steps) {
+  fsdp_engine_t e = ckm_create(world, s, o, CKM_BASE, 5);
+  ck_assert_ptr_nonnull(e);
+  ck_assert_int_eq(ckm_train(e, steps, 0), 0);
+  return e;
+}
+
+static float *snapshot(fsdp_engine_t e, size_t *n) {
+  *n = ckm_snapshot(e, NULL);
+  float *s = malloc(*n * sizeof(float));
+  ck_assert_ptr_nonnull(s);
+  ckm_snapshot(e, s);
+  return s;
+}
+
+static void assert_same_state(fsdp_engine_t a, fsdp_engine_t b) {
+  size_t na, nb;
+  float *sa = snapshot(a, &na), *sb = snapshot(b, &nb);
+  ck_assert_uint_eq(na, nb);
+  ck_assert_msg(memcmp(sa, sb, na * sizeof(float)) == 0, "engine states differ");
+  ck_assert_int_eq(fsdp_engine_step_count(a), fsdp_engine_step_count(b));
+  free(sa);
+  free(sb);
+}
+
+/* ---- JSON ------------------------------------------------------------------------ */
+
+START_TEST(test_json_valid) {
+  const char *text = "{\"a\": [1, -2.5e3, \"x\\u00e9\\ud83d\\ude00\\n\"],\n \"b\": {\"c\": null, "
+                     "\"d\": true}, \"e\": 9007199254740993}";
+  json_t *v;
+  ck_assert_int_eq(json_parse(text, strlen(text), "t.json", &v), FSDP_SUCCESS);
+  const json_t *a = json_get(v, "a");
+  ck_assert_int_eq(a->type, JSON_ARRAY);
+  ck_assert_uint_eq(a->n, 3);
+  ck_assert_str_eq(a->items[2].text, "x\xc3\xa9\xf0\x9f\x98\x80\n");
+  int64_t big;
+  ck_assert(json_int(json_get(v, "e"), &big));
+  ck_assert(big == 9007199254740993LL); /* exact, not through a double */
+  ck_assert(!json_int(&a->items[1], &big));
+  ck_assert_int_eq(json_get(v, "b")->line, 2);
+  ck_assert_int_eq(json_get(json_get(v, "b"), "d")->boolean, 1);
+  json_free(v);
+}
+END_TEST
+
+static const struct {
+  const char *text, *error;
+} bad_json[] = {
+    {"{\"a\": 1,}", "line 1, column 9: trailing comma"},
+    {"{\"a\": 1, \"a\": 2}", "duplicate key \"a\""},
+    {"[01]", "leading zero"},
+    {"[\"\\x\"]", "invalid escape"},
+    {"[\"a\tb\"]", "control character"},
+    {"[\"abc", "unterminated string"},
+    {"{\"a\": 1} x", "after the end of the document"},
+    {"{\"a\"\n: tru}", "line 2, column 3: invalid literal"},
+    {"[1 2]", "expected ',' or ']'"},
+    {"[\"\\ud800\"]", "surrogate"},
+    {"", "expected a value, found the end"},
+    {"[1.]", "digits after '.'"},
+};
+
+START_TEST(test_json_errors) {
+  json_t *v = NULL;
+  const char *t = bad_json[_i].text;
+  ck_assert_int_eq(json_parse(t, strlen(t), "bad.json", &v), FSDP_ERR_FORMAT);
+  ck_assert_ptr_null(v);
+  ck_assert_msg(strstr(fsdp_last_error(), "bad.json") && strstr(fsdp_last_error(), bad_json[_i].error),
+                "'%s': got '%s'", t, fsdp_last_error());
+}
+END_TEST
+
+START_TEST(test_json_depth) {
+  char deep[200];
+  memset(deep, '[', sizeof deep);
+  json_t *v = NULL;
+  ck_assert_int_eq(json_parse(deep, sizeof deep, "deep.json", &v), FSDP_ERR_FORMAT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "nested deeper"));
+}
+END_TEST
+
+/* ---- round trips --------------------------------------------------------------------- */
+
+static void round_trip(fsdp_strategy_t saved, fsdp_strategy_t live, fsdp_optim_kind_t o,
+                       ckm_variant_t variant) {
+  fsdp_engine_t a = trained(saved, o, 7);
+  fsdp_ckpt_meta_t meta = {0}, back = {0};
+  ck_assert_int_eq(fsdp_ckpt_meta_set(&meta, "seed", -3), FSDP_SUCCESS);
+  char dir[512];
+  ck_assert_int_eq(fsdp_ckpt_save(a, path("run", ""), &(fsdp_ckpt_save_opts_t){0, &meta}, dir,
+                                  sizeof dir), FSDP_SUCCESS);
+  ck_assert_str_eq(dir, path("run/step-7", ""));
+  fsdp_engine_t b = ckm_create(world, live, o, variant, 99);
+  ck_assert_int_eq(fsdp_ckpt_load(b, path("run", ""), NULL, &back, NULL, 0), FSDP_SUCCESS);
+  int64_t seed;
+  ck_assert(fsdp_ckpt_meta_get(&back, "seed", &seed) && seed == -3);
+  if (variant == CKM_BASE) assert_same_state(a, b);
+  ck_assert_int_eq(ckm_train(a, 3, 0), 0);
+  ck_assert_int_eq(ckm_train(b, 3, 0), 0);
+  if (variant == CKM_BASE) assert_same_state(a, b); /* continues bit for bit */
+  ck_assert_int_eq(fsdp_ckpt_save(b, path("again", ""), NULL, NULL, 0), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_ckpt_save(a, path("run", ""), NULL, NULL, 0), FSDP_SUCCESS);
+  double d;
+  int bitwise;
+  ck_assert_int_eq(ckm_compare(path("run", ""), path("again", ""), &d, &bitwise), 0);
+  ck_assert_msg(bitwise, "step-10 differs by %g", d);
+  fsdp_engine_destroy(a);
+  fsdp_engine_destroy(b);
+}
+
+START_TEST(test_round_trip_adamw) { round_trip(FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP, FSDP_OPTIM_ADAMW, CKM_BASE); }
+END_TEST
+START_TEST(test_round_trip_sgd) { round_trip(FSDP_SHARD_GRAD_OP, FSDP_NO_SHARD, FSDP_OPTIM_SGD, CKM_BASE); }
+END_TEST
+START_TEST(test_round_trip_rewrapped) { round_trip(FSDP_FULL_SHARD, FSDP_FULL_SHARD, FSDP_OPTIM_ADAMW, CKM_REWRAPPED); }
+END_TEST
+
+START_TEST(test_optimizer_mismatch) {
+  fsdp_engine_t a = trained(FSDP_FULL_SHARD, FSDP_OPTIM_SGD, 4);
+  ck_assert_int_eq(fsdp_ckpt_save(a, path("run", ""), NULL, NULL, 0), FSDP_SUCCESS);
+  fsdp_engine_t b = ckm_create(world, FSDP_FULL_SHARD, FSDP_OPTIM_ADAMW, CKM_BASE, 99);
+  size_t n;
+  float *before = snapshot(b, &n);
+  ck_assert_int_eq(fsdp_ckpt_load(b, path("run", ""), NULL, NULL, NULL, 0), FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "reset_optim"));
+  float *after = snapshot(b, &n);
+  ck_assert(memcmp(before, after, n * sizeof(float)) == 0);
+  fsdp_ckpt_load_opts_t lo = {1};
+  ck_assert_int_eq(fsdp_ckpt_load(b, path("run", ""), &lo, NULL, NULL, 0), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_engine_step_count(b), 4);
+  fsdp_shard_t sa, sb;
+  ck_assert_int_eq(fsdp_unit_shard(a, 1, &sa), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_unit_shard(b, 1, &sb), FSDP_SUCCESS);
+  ck_assert(memcmp(sa.master, sb.master, sa.count * sizeof(float)) == 0);
+  for (size_t i = 0; i < sb.capacity; i++) ck_assert(sb.m[i] == 0.0f && sb.v[i] == 0.0f);
+  free(before);
+  free(after);
+  fsdp_engine_destroy(a);
+  fsdp_engine_destroy(b);
+}
+END_TEST
+
+START_TEST(test_overwrite) {
+  fsdp_engine_t a = trained(FSDP_FULL_SHARD, FSDP_OPTIM_ADAMW, 2);
+  ck_assert_int_eq(fsdp_ckpt_save(a, path("run", ""), NULL, NULL, 0), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_ckpt_save(a, path("run", ""), NULL, NULL, 0), FSDP_ERR_INVALID_USAGE);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "step-2 already exists"));
+  fsdp_ckpt_t c;
+  ck_assert_int_eq(fsdp_ckpt_open(path("run", ""), &c), FSDP_SUCCESS);
+  fsdp_ckpt_info_t in;
+  fsdp_ckpt_info(c, &in);
+  uint64_t id = in.id;
+  fsdp_ckpt_close(c);
+  fsdp_ckpt_save_opts_t o = {1, NULL};
+  ck_assert_int_eq(fsdp_ckpt_save(a, path("run", ""), &o, NULL, 0), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_ckpt_open(path("run", ""), &c), FSDP_SUCCESS);
+  fsdp_ckpt_info(c, &in);
+  ck_assert(in.id != id);
+  ck_assert_int_eq(fsdp_ckpt_verify(c), FSDP_SUCCESS);
+  fsdp_ckpt_close(c);
+  fsdp_engine_destroy(a);
+}
+END_TEST
+
+/* A world-3 checkpoint (resharded) loads at N = 1 and consolidates to the
+ * same bytes as the world-1 original; resharding back gives them again. */
+START_TEST(test_reshard) {
+  fsdp_engine_t a = trained(FSDP_FULL_SHARD, FSDP_OPTIM_ADAMW, 5);
+  ck_assert_int_eq(fsdp_ckpt_save(a, path("run", ""), NULL, NULL, 0), FSDP_SUCCESS);
+  fsdp_ckpt_t c;
+  ck_assert_int_eq(fsdp_ckpt_open(path("run", ""), &c), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_ckpt_reshard(c, 3, path("w3", "")), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_ckpt_consolidate(c, path("one.safetensors", "")), FSDP_SUCCESS);
+  fsdp_ckpt_close(c);
+  ck_assert_int_eq(fsdp_ckpt_open(path("w3", ""), &c), FSDP_SUCCESS);
+  fsdp_ckpt_info_t in;
+  fsdp_ckpt_info(c, &in);
+  ck_assert_int_eq(in.world_size, 3);
+  ck_assert_int_eq(fsdp_ckpt_consolidate(c, path("three.safetensors", "")), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_ckpt_reshard(c, 2, path("w2", "")), FSDP_SUCCESS);
+  fsdp_ckpt_close(c);
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "cmp -s %s %s", path("one.safetensors", ""), path("three.safetensors", ""));
+  ck_assert_int_eq(system(cmd), 0);
+  fsdp_engine_t b = ckm_create(world, FSDP_SHARD_GRAD_OP, FSDP_OPTIM_ADAMW, CKM_BASE, 99);
+  ck_assert_int_eq(fsdp_ckpt_load(b, path("w3", ""), NULL, NULL, NULL, 0), FSDP_SUCCESS);
+  assert_same_state(a, b);
+  double d;
+  int bitwise;
+  ck_assert_int_eq(ckm_compare(path("run", ""), path("w2", ""), &d, &bitwise), 0);
+  ck_assert(bitwise);
+  fsdp_engine_destroy(a);
+  fsdp_engine_destroy(b);
+}
+END_TEST
+
+/* ---- bad input -------------------------------------------------------------------- */
+
+/* Names and CRCs of every file under dir, recursively: "nothing on disk changed". */
+static void fingerprint(const char *dir, char *out, size_t cap) {
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "cd %s && find . -type f | sort | xargs cksum 2>/dev/null; "
+           "find . -type d | sort", dir);
+  FILE *p = popen(cmd, "r");
+  ck_assert_ptr_nonnull(p);
+  size_t n = fread(out, 1, cap - 1, p);
+  out[n] = '\0';
+  pclose(p);
+}
+
+/* Runs fsdp-ckpt; returns its exit status, stderr in err. */
+static int run_tool(const char *args, char *err, size_t cap) {
+  char cmd[1200], errfile[600];
+  snprintf(errfile, sizeof errfile, "%s/tool.err", tmp);
+  snprintf(cmd, sizeof cmd, "%s %s > /dev/null 2> %s", tool, args, errfile);
+  int rc = system(cmd);
+  FILE *f = fopen(errfile, "r");
+  size_t n = f ? fread(err, 1, cap - 1, f) : 0;
+  err[n] = '\0';
+  if (f) fclose(f);
+  unlink(errfile);
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static void flip_bit(const char *file, long at) {
+  FILE *f = fopen(file, "r+b");
+  ck_assert_ptr_nonnull(f);
+  if (at < 0) {
+    fseek(f, 0, SEEK_END);
+    at = ftell(f) / 2;
+  }
+  fseek(f, at, SEEK_SET);
+  int c = fgetc(f);
+  fseek(f, at, SEEK_SET);
+  fputc(c ^ 0x10, f);
+  fclose(f);
+}
+
+static void truncate_one(const char *file) {
+  struct stat sb;
+  ck_assert_int_eq(stat(file, &sb), 0);
+  ck_assert_int_eq(truncate(file, sb.st_size - 1), 0);
+}
+
+static void copy_file(const char *from, const char *to) {
+  char cmd[1200];
+  snprintf(cmd, sizeof cmd, "cp %s %s", from, to);
+  ck_assert_int_eq(system(cmd), 0);
+}
+
+typedef enum { BAD_TRUNCATED, BAD_FLIP_SHARD, BAD_FLIP_HEADER, BAD_FLIP_MANIFEST, BAD_MISSING,
+               BAD_STRAY, BAD_SHAPE, BAD_NO_LATEST } bad_kind_t;
+
+static const struct {
+  bad_kind_t kind;
+  const char *file, *problem; /* both must appear in the message */
+  int tool_fails;             /* verify needs no model: a shape mismatch passes it */
+} bad_cases[] = {
+    {BAD_TRUNCATED, "step-20/rank-1-of-3.bin", "truncated", 1},
+    {BAD_FLIP_SHARD, "step-20/rank-2-of-3.bin", "CRC-32", 1},
+    {BAD_FLIP_HEADER, "step-20/rank-0-of-3.bin", "header is corrupt", 1},
+    {BAD_FLIP_MANIFEST, "step-20/manifest.json", "corrupt", 1},
+    {BAD_MISSING, "step-20/rank-0-of-3.bin", "missing", 1},
+    {BAD_STRAY, "step-20/rank-1-of-3.bin", "stray file from another checkpoint", 1},
+    {BAD_SHAPE, "step-20", "is (7919) in the checkpoint but (7918) in the model", 0},
+    {BAD_NO_LATEST, "w3/latest", "missing", 1},
+};
+
+/* A world-3 save directory with step-10 and step-20 (resharded from N = 1). */
+static void make_w3(void) {
+  fsdp_engine_t a = trained(FSDP_FULL_SHARD, FSDP_OPTIM_ADAMW, 10);
+  ck_assert_int_eq(fsdp_ckpt_save(a, path("run", ""), NULL, NULL, 0), FSDP_SUCCESS);
+  ck_assert_int_eq(ckm_train(a, 10, 0), 0);
+  ck_assert_int_eq(fsdp_ckpt_save(a, path("run", ""), NULL, NULL, 0), FSDP_SUCCESS);
+  fsdp_engine_destroy(a);
+  const char *steps[] = {"run/step-10", "run/step-20"};
+  for (int i = 0; i < 2; i++) {
+    fsdp_ckpt_t c;
+    ck_assert_int_eq(fsdp_ckpt_open(path("%s", steps[i]), &c), FSDP_SUCCESS);
+    ck_assert_int_eq(fsdp_ckpt_reshard(c, 3, path("w3", "")), FSDP_SUCCESS);
+    fsdp_ckpt_close(c);
+  }
+}
+
+static void corrupt(bad_kind_t k, const char *file) {
+  switch (k) {
+  case BAD_TRUNCATED: truncate_one(file); break;
+  case BAD_FLIP_SHARD: flip_bit(file, -1); break;
+  case BAD_FLIP_HEADER: flip_bit(file, 17); break;
+  case BAD_FLIP_MANIFEST: flip_bit(file, -1); break;
+  case BAD_MISSING: ck_assert_int_eq(unlink(file), 0); break;
+  case BAD_STRAY: copy_file(path("w3/step-10/rank-1-of-3.bin", ""), file); break;
+  case BAD_SHAPE: break;
+  case BAD_NO_LATEST: ck_assert_int_eq(unlink(file), 0); break;
+  }
+}
+
+START_TEST(test_bad_input) {
+  make_w3();
+  bad_kind_t k = bad_cases[_i].kind;
+  const char *file = k == BAD_NO_LATEST ? path("w3/latest", "") : path("w3/%s", bad_cases[_i].file);
+  const char *target = k == BAD_NO_LATEST ? path("w3", "") : path("w3/step-20", "");
+  corrupt(k, file);
+  fsdp_engine_t e = ckm_create(world, FSDP_FULL_SHARD, FSDP_OPTIM_ADAMW,
+                               k == BAD_SHAPE ? CKM_RESHAPED : CKM_BASE, 3);
+  ck_assert_int_eq(ckm_train(e, 3, 0), 0);
+  size_t n;
+  float *before = snapshot(e, &n);
+  static char fp_before[1 << 16], fp_after[1 << 16];
+  fingerprint(tmp, fp_before, sizeof fp_before);
+
+  fsdp_status_t st = fsdp_ckpt_load(e, target, NULL, NULL, NULL, 0);
+  ck_assert_int_ne(st, FSDP_SUCCESS);
+  const char *msg = fsdp_last_error();
+  ck_assert_msg(strstr(msg, k == BAD_SHAPE ? target : file) && strstr(msg, bad_cases[_i].problem),
+                "case %d: got '%s'", _i, msg);
+  float *after = snapshot(e, &n);
+  ck_assert_msg(memcmp(before, after, n * sizeof(float)) == 0, "live state changed");
+  ck_assert_int_eq(fsdp_engine_step_count(e), 3);
+
+  char args[700], err[4096];
+  snprintf(args, sizeof args, "verify %s", target);
+  int rc = run_tool(args, err, sizeof err);
+  if (bad_cases[_i].tool_fails)
+    ck_assert_msg(rc == 1 && strstr(err, file) && strstr(err, bad_cases[_i].problem),
+                  "fsdp-ckpt verify: exit %d, '%s'", rc, err);
+  else
+    ck_assert_int_eq(rc, 0);
+  fingerprint(tmp, fp_after, sizeof fp_after);
+  ck_assert_str_eq(fp_before, fp_after);
+  ck_assert_int_eq(ckm_train(e, 1, 0), 0); /* the engine still works */
+  free(before);
+  free(after);
+  fsdp_engine_destroy(e);
+}
+END_TEST
+
+/* ---- crash safety ------------------------------------------------------------------- */
+
+static int has_tmp_dir(const char *dir) {
+  DIR *d = opendir(dir);
+  struct dirent *ent;
+  int found = 0;
+  while (d && (ent = readdir(d)) != NULL) found |= strstr(ent->d_name, ".tmp-") != NULL;
+  if (d) closedir(d);
+  return found;
+}
+
+static void read_text(const char *file, char *out, size_t cap) {
+  FILE *f = fopen(file, "r");
+  ck_assert_ptr_nonnull(f);
+  size_t n = fread(out, 1, cap - 1, f);
+  out[n] = '\0';
+  fclose(f);
+}
+
+/* The child trains to step 20 and saves with the fault hook armed: it dies
+ * after `after_bytes` bytes of the save (in the shard or in the manifest). */
+static void crash_at(long after_bytes) {
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    char fault[96];
+    snprintf(fault, sizeof fault, "kill:rank=0:step=20:after_bytes=%ld", after_bytes);
+    setenv("FSDP_CKPT_FAULT", fault, 1);
+    fsdp_engine_t e = ckm_create(world, FSDP_FULL_SHARD, FSDP_OPTIM_ADAMW, CKM_BASE, 5);
+    if (!e || ckm_train(e, 20, 0)) _exit(3);
+    fsdp_ckpt_save(e, path("run", ""), NULL, NULL, 0);
+    _exit(4); /* the hook did not fire */
+  }
+  int status;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  ck_assert_msg(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, "child status %d", status);
+}
+
+START_TEST(test_crash_mid_save) {
+  fsdp_engine_t a = trained(FSDP_FULL_SHARD, FSDP_OPTIM_ADAMW, 10);
+  ck_assert_int_eq(fsdp_ckpt_save(a, path("run", ""), NULL, NULL, 0), FSDP_SUCCESS);
+  struct stat sb;
+  ck_assert_int_eq(stat(path("run/step-10/rank-0-of-1.bin", ""), &sb), 0);
+  long points[] = {100, (long)sb.st_size + 40}; /* in the shard; in the manifest */
+  for (int i = 0; i < 2; i++) {
+    crash_at(points[i]);
+    char latest[64];
+    read_text(path("run/latest", ""), latest, sizeof latest);
+    ck_assert_str_eq(latest, "step-10\n");
+    ck_assert_int_ne(stat(path("run/step-20", ""), &sb), 0);
+    ck_assert(has_tmp_dir(path("run", "")));
+    fsdp_engine_t b = ckm_create(world, FSDP_SHARD_GRAD_OP, FSDP_OPTIM_ADAMW, CKM_BASE, 99);
+    ck_assert_int_eq(fsdp_ckpt_load(b, path("run", ""), NULL, NULL, NULL, 0), FSDP_SUCCESS);
+    assert_same_state(a, b);
+    fsdp_engine_destroy(b);
+  }
+  ck_assert_int_eq(ckm_train(a, 10, 0), 0);
+  ck_assert_int_eq(fsdp_ckpt_save(a, path("run", ""), NULL, NULL, 0), FSDP_SUCCESS);
+  ck_assert(!has_tmp_dir(path("run", ""))); /* the next save cleans up */
+  char latest[64];
+  read_text(path("run/latest", ""), latest, sizeof latest);
+  ck_assert_str_eq(latest, "step-20\n");
+  fsdp_engine_destroy(a);
+}
+END_TEST
+
+/* ---- export / import ----------------------------------------------------------------- */
+
+START_TEST(test_export_import) {
+  fsdp_engine_t a = trained(FSDP_FULL_SHARD, FSDP_OPTIM_ADAMW, 6);
+  ck_assert_int_eq(fsdp_ckpt_save(a, path("run", ""), NULL, NULL, 0), FSDP_SUCCESS);
+  char args[1200], err[2048];
+  snprintf(args, sizeof args, "export %s %s", path("run", ""), path("e1.safetensors", ""));
+  ck_assert_int_eq(run_tool(args, err, sizeof err), 0);
+  snprintf(args, sizeof args, "import %s %s", path("e1.safetensors", ""), path("imp", ""));
+  ck_assert_int_eq(run_tool(args, err, sizeof err), 0);
+  snprintf(args, sizeof args, "export %s %s", path("imp", ""), path("e2.safetensors", ""));
+  ck_assert_int_eq(run_tool(args, err, sizeof err), 0);
+  snprintf(args, sizeof args, "cmp -s %s %s", path("e1.safetensors", ""), path("e2.safetensors", ""));
+  ck_assert_int_eq(system(args), 0);
+  char head[4096];
+  read_text(path("e1.safetensors", ""), head, sizeof head);
+  ck_assert_ptr_nonnull(strstr(head + 8, "\"wte.weight\":{\"dtype\":\"F32\",\"shape\":[1,1009]"));
+  ck_assert_ptr_nonnull(strstr(head + 8, "\"__metadata__\":{\"format\":\"pt\"}"));
+
+  fsdp_engine_t b = ckm_create(world, FSDP_SHARD_GRAD_OP, FSDP_OPTIM_ADAMW, CKM_BASE, 99);
+  ck_assert_int_eq(fsdp_ckpt_load(b, path("imp", ""), NULL, NULL, NULL, 0), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_engine_step_count(b), 0);
+  for (int u = 0; u < fsdp_engine_num_units(a); u++) {
+    fsdp_shard_t sa, sb;
+    ck_assert_int_eq(fsdp_unit_shard(a, u, &sa), FSDP_SUCCESS);
+    ck_assert_int_eq(fsdp_unit_shard(b, u, &sb), FSDP_SUCCESS);
+    ck_assert(memcmp(sa.master, sb.master, sa.count * sizeof(float)) == 0);
+    for (size_t i = 0; i < sb.capacity; i++) ck_assert(sb.m[i] == 0.0f && sb.v[i] == 0.0f);
+  }
+  fsdp_engine_destroy(a);
+  fsdp_engine_destroy(b);
+}
+END_TEST
+
+/* Writes a safetensors file: header text, then `data` zero bytes. */
+static void write_st(const char *file, const char *header, size_t data, int64_t len_delta) {
+  FILE *f = fopen(file, "wb");
+  ck_assert_ptr_nonnull(f);
+  uint64_t n = strlen(header) + (uint64_t)len_delta;
+  for (int i = 0; i < 8; i++) fputc((int)(n >> (8 * i)) & 0xff, f);
+  fputs(header, f);
+  for (size_t i = 0; i < data; i++) fputc(0, f);
+  fclose(f);
+}
+
+#define ST_A "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}"
+static const struct {
+  const char *header;
+  size_t data;
+  int64_t len_delta;
+  const char *problem; /* NULL: imports */
+} st_cases[] = {
+    {"{" ST_A "}", 8, 0, NULL},
+    {"{" ST_A ",\"h.0.attn.bias\":{\"dtype\":\"BOOL\",\"shape\":[1,3],\"data_offsets\":[8,11]}}",
+     11, 0, NULL},
+    {"{" ST_A "}", 8, 1000, "header length"},
+    {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],", 8, 0, "line 1"},
+    {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12, 0, "a gap"},
+    {"{" ST_A ",\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12, 0, "overlaps"},
+    {"{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8, 0, "need 12 bytes"},
+    {"{\"a\":{\"dtype\":\"F16\",\"shape\":[4],\"data_offsets\":[0,8]}}", 8, 0, "not F32"},
+    {"{\"a\":{\"dtype\":\"Q4\",\"shape\":[4],\"data_offsets\":[0,8]}}", 8, 0, "not a safetensors dtype"},
+    {"{" ST_A "}", 12, 0, "trailing bytes"},
+    {"{" ST_A "," ST_A "}", 8, 0, "duplicate key"},
+    {"{\"__metadata__\":{\"x\":1}," ST_A "}", 8, 0, "must be a string"},
+    {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8],\"x\":1}}", 8, 0, "exactly"},
+    {"{\"wte.weight\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+     "\"transformer.wte.weight\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}",
+     16, 0, "maps to a name"},
+};
+
+START_TEST(test_safetensors_strict) {
+  const char *file = path("in.safetensors", "");
+  write_st(file, st_cases[_i].header, st_cases[_i].data, st_cases[_i].len_delta);
+  fsdp_status_t st = fsdp_ckpt_import(file, path("out", ""));
+  struct stat sb;
+  if (!st_cases[_i].problem) {
+    ck_assert_msg(st == FSDP_SUCCESS, "case %d: %s", _i, fsdp_last_error());
+    fsdp_ckpt_t c;
+    ck_assert_int_eq(fsdp_ckpt_open(path("out", ""), &c), FSDP_SUCCESS);
+    fsdp_ckpt_info_t in;
+    fsdp_ckpt_info(c, &in);
+    ck_assert_int_eq(in.n_tensors, 1); /* the mask buffer is skipped */
+    fsdp_ckpt_close(c);
+    return;
+  }
+  ck_assert_int_ne(st, FSDP_SUCCESS);
+  ck_assert_msg(strstr(fsdp_last_error(), file) && strstr(fsdp_last_error(), st_cases[_i].problem),
+                "case %d: got '%s'", _i, fsdp_last_error());
+  ck_assert_int_ne(stat(path("out", ""), &sb), 0); /* nothing written */
+}
+END_TEST
+
+/* ---- consolidate streams ----------------------------------------------------------- */
+
+/* Peak RSS of fsdp-ckpt consolidating a model whose parameters alone are 32 MiB
+ * (96 MiB with AdamW state): the tool streams through a fixed buffer. */
+START_TEST(test_consolidate_memory) {
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  fsdp_engine_t e;
+  ck_assert_int_eq(fsdp_engine_create(world, &c, &e), FSDP_SUCCESS);
+  fsdp_tensor_desc_t t[] = {{"big.0", 1, {1 << 22}, FSDP_INIT_NORMAL, 1.0f, 0},
+                            {"big.1", 1, {1 << 22}, FSDP_INIT_NORMAL, 1.0f, 0}};
+  fsdp_unit_t u;
+  ck_assert_int_eq(fsdp_unit_add(e, "big", "Big", t, 2, &u), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_engine_materialize(e, 1), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_ckpt_save(e, path("run", ""), NULL, NULL, 0), FSDP_SUCCESS);
+  fsdp_engine_destroy(e);
+  pid_t pid = fork();
+  if (pid == 0) {
+    execl(tool, tool, "consolidate", path("run", ""), path("all.safetensors", ""), (char *)NULL);
+    _exit(127);
+  }
+  int status;
+  struct rusage ru;
+  ck_assert_int_eq(wait4(pid, &status, 0, &ru), pid);
+  ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  struct stat sb;
+  ck_assert_int_eq(stat(path("all.safetensors", ""), &sb), 0);
+  ck_assert_int_gt(sb.st_size, 3 * (32 << 20));
+  ck_assert_msg(ru.ru_maxrss < 16 * 1024, "peak RSS %ld KiB", ru.ru_maxrss);
+}
+END_TEST
+
+static Suite *ckpt_suite(void) {
+  Suite *s = suite_create("ckpt");
+  TCase *tc = tcase_create("json");
+  tcase_add_test(tc, test_json_valid);
+  tcase_add_loop_test(tc, test_json_errors, 0, sizeof bad_json / sizeof bad_json[0]);
+  tcase_add_test(tc, test_json_depth);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("files");
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_round_trip_adamw);
+  tcase_add_test(tc, test_round_trip_sgd);
+  tcase_add_test(tc, test_round_trip_rewrapped);
+  tcase_add_test(tc, test_optimizer_mismatch);
+  tcase_add_test(tc, test_overwrite);
+  tcase_add_test(tc, test_reshard);
+  tcase_add_loop_test(tc, test_bad_input, 0, sizeof bad_cases / sizeof bad_cases[0]);
+  tcase_add_test(tc, test_crash_mid_save);
+  tcase_add_test(tc, test_export_import);
+  tcase_add_loop_test(tc, test_safetensors_strict, 0, sizeof st_cases / sizeof st_cases[0]);
+  tcase_add_test(tc, test_consolidate_memory);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1) tool = argv[1];
+  SRunner *sr = srunner_create(ckpt_suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

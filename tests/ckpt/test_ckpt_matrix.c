@@ -1,0 +1,160 @@
+/* tests/ckpt/test_ckpt_matrix.c — save at N = a, load at N = b, for every a, b
+ * in {1, 2, 3, 4}, ZeRO-3 and ZeRO-2 (saved under one, loaded under either).
+ *
+ * Run with no arguments it is the driver: it launches itself under
+ * `mpirun -np a ... save DIR` for each a, then `mpirun -np b ... load DIR` for
+ * each b (an mpirun has one world size), and fails if any run failed.
+ *   save: train 10 steps, save (step-10), train 10 more, save (step-20): the run
+ *         continued at N = a. At N = 1 also the same 20 steps with every rank's
+ *         samples summed in reverse: the fp32 noise floor of the trajectory.
+ *   load: into a freshly materialised engine (another seed), load step-10 of
+ *         each (a, strategy), save it again and require it bitwise equal to
+ *         what was saved (parameters and both AdamW states, through the offline
+ *         reader); train 10 steps, save, and compare with step-20 of N = a:
+ *         bitwise when b == a (the same reductions), else within 10 x the
+ *         noise floor, as the parity test does.
+ * Failures are counted on rank 0 and reduced; every run prints one summary. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ckpt_model.h"
+
+static const fsdp_strategy_t strategies[] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP};
+
+static int save_run(fsdp_world_t w, const char *dir, fsdp_strategy_t s, int reverse) {
+  char path[512];
+  int n = fsdp_world_size(w);
+  snprintf(path, sizeof path, "%s/%s%d-%s", dir, reverse ? "noise" : "a", n, fsdp_strategy_name(s));
+  fsdp_engine_t e = ckm_create(w, s, FSDP_OPTIM_ADAMW, CKM_BASE, 5);
+  int rc = !e || ckm_train(e, 10, reverse) || fsdp_ckpt_save(e, path, NULL, NULL, 0) ||
+           ckm_train(e, 10, reverse) || fsdp_ckpt_save(e, path, NULL, NULL, 0);
+  if (rc && e) fprintf(stderr, "save %s: %s\n", path, fsdp_last_error());
+  fsdp_engine_destroy(e);
+  return rc ? 1 : 0;
+}
+
+static int do_save(fsdp_world_t w, const char *dir) {
+  int failed = 0;
+  for (int i = 0; i < 2; i++) {
+    failed += save_run(w, dir, strategies[i], 0);
+    if (fsdp_world_size(w) == 1) failed += save_run(w, dir, strategies[i], 1);
+  }
+  return failed;
+}
+
+static double worst; /* largest distance seen after 10 more steps at b != a */
+
+/* Rank 0 compares; the verdict is its alone (the files are shared). */
+static int check(int rank, const char *what, const char *a, const char *b, double tol) {
+  double dist;
+  int bitwise;
+  if (rank != 0) return 0;
+  if (ckm_compare(a, b, &dist, &bitwise)) return 1;
+  if (tol > 0.0 && dist > worst) worst = dist;
+  int ok = tol == 0.0 ? bitwise : dist <= tol;
+  if (!ok) printf("FAIL %s: %s vs %s: distance %.3g (tolerance %.3g, bitwise %d)\n", what, a, b,
+                  dist, tol, bitwise);
+  return !ok;
+}
+
+typedef struct {
+  const char *dir;
+  int a, b, rank;
+  fsdp_strategy_t saved, live;
+  double tol; /* for b != a */
+} load_case_t;
+
+static int load_run(fsdp_world_t w, const load_case_t *c) {
+  char src[512], out[512];
+  snprintf(src, sizeof src, "%s/a%d-%s", c->dir, c->a, fsdp_strategy_name(c->saved));
+  snprintf(out, sizeof out, "%s/b%d-from-a%d-%s-as-%s", c->dir, c->b, c->a,
+           fsdp_strategy_name(c->saved), fsdp_strategy_name(c->live));
+  char step10[600], step20[600], mine10[600], mine20[600];
+  snprintf(step10, sizeof step10, "%s/step-10", src);
+  snprintf(step20, sizeof step20, "%s/step-20", src);
+  snprintf(mine10, sizeof mine10, "%s/step-10", out);
+  snprintf(mine20, sizeof mine20, "%s/step-20", out);
+  fsdp_engine_t e = ckm_create(w, c->live, FSDP_OPTIM_ADAMW, CKM_BASE, 99);
+  if (!e || fsdp_ckpt_load(e, step10, NULL, NULL, NULL, 0) || fsdp_ckpt_save(e, out, NULL, NULL, 0)) {
+    fprintf(stderr, "load %s at N=%d: %s\n", step10, c->b, fsdp_last_error());
+    fsdp_engine_destroy(e);
+    return 1;
+  }
+  int failed = check(c->rank, "state after load", step10, mine10, 0.0);
+  if (ckm_train(e, 10, 0) || fsdp_ckpt_save(e, out, NULL, NULL, 0)) failed++;
+  failed += check(c->rank, "10 more steps", step20, mine20, c->a == c->b ? 0.0 : c->tol);
+  fsdp_engine_destroy(e);
+  return failed;
+}
+
+static int do_load(fsdp_world_t w, const char *dir) {
+  load_case_t c = {dir, 0, fsdp_world_size(w), fsdp_world_rank(w), 0, 0, 0.0};
+  int failed = 0;
+  for (int i = 0; i < 2; i++) {
+    char ref[512], noise[512];
+    double floor_dist = 0.0;
+    int bitwise;
+    snprintf(ref, sizeof ref, "%s/a1-%s/step-20", dir, fsdp_strategy_name(strategies[i]));
+    snprintf(noise, sizeof noise, "%s/noise1-%s/step-20", dir, fsdp_strategy_name(strategies[i]));
+    if (ckm_compare(ref, noise, &floor_dist, &bitwise)) return failed + 1;
+    c.saved = strategies[i];
+    /* A floor of exactly 0 would make the bound meaningless: 1e-7 is fp32's. */
+    c.tol = 10.0 * (floor_dist > 1e-7 ? floor_dist : 1e-7);
+    if (c.rank == 0 && c.b == 1) printf("noise floor (%s): %.3g -> tolerance %.3g\n",
+                                        fsdp_strategy_name(c.saved), floor_dist, c.tol);
+    for (c.a = 1; c.a <= 4; c.a++)
+      for (int k = 0; k < 2; k++) {
+        c.live = strategies[k];
+        failed += load_run(w, &c);
+      }
+  }
+  return failed;
+}
+
+static int worker(const char *mode, const char *dir) {
+  fsdp_world_t w;
+  if (fsdp_world_init(&w, NULL)) return fprintf(stderr, "%s\n", fsdp_last_error()), 1;
+  int failed = !strcmp(mode, "save") ? do_save(w, dir) : do_load(w, dir);
+  double f = failed, total = 0;
+  fsdp_comm_t comm;
+  if (fsdp_comm_create(w, &comm) == FSDP_SUCCESS) {
+    fsdp_all_reduce(comm, &f, &total, 1, FSDP_F64, FSDP_SUM, FSDP_HOST_STREAM);
+    fsdp_comm_destroy(comm);
+  } else {
+    total = 1;
+  }
+  if (fsdp_world_rank(w) == 0 && strcmp(mode, "save"))
+    printf("load at N=%d: %s (%.0f failures; after 10 more steps the largest distance from "
+           "the run continued at N = a != %d is %.3g)\n", fsdp_world_size(w),
+           total ? "FAIL" : "ok", total, fsdp_world_size(w), worst);
+  else if (fsdp_world_rank(w) == 0)
+    printf("save at N=%d: %s\n", fsdp_world_size(w), total ? "FAIL" : "ok");
+  fsdp_world_destroy(w);
+  return total ? 1 : 0;
+}
+
+static int launch(const char *mpirun, const char *self, int np, const char *mode, const char *dir) {
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "%s --oversubscribe --bind-to none -np %d %s %s %s", mpirun, np, self,
+           mode, dir);
+  int rc = system(cmd);
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 1;
+}
+
+int main(int argc, char **argv) {
+  if (argc == 3) return worker(argv[1], argv[2]);
+  if (argc != 2) return fprintf(stderr, "usage: %s MPIRUN | save|load DIR\n", argv[0]), 2;
+  char dir[] = "/tmp/fsdp-ckpt-matrix-XXXXXX";
+  if (!mkdtemp(dir)) return perror("mkdtemp"), 1;
+  int failed = 0;
+  for (int np = 1; np <= 4; np++) failed += launch(argv[1], argv[0], np, "save", dir) != 0;
+  for (int np = 1; np <= 4 && !failed; np++) failed += launch(argv[1], argv[0], np, "load", dir) != 0;
+  char rm[600];
+  snprintf(rm, sizeof rm, "rm -rf %s", dir);
+  if (!failed && system(rm) != 0) fprintf(stderr, "could not remove %s\n", dir);
+  if (failed) printf("left %s for inspection\n", dir);
+  return failed ? 1 : 0;
+}
