@@ -55,7 +55,9 @@ size_t train_peak_bytes(const trainer_t *t);
 fsdp_status_t train_sum(const trainer_t *t, double *values, int n);
 
 /* --resume: loads the checkpoint into the materialised engine and sets
- * start_step (a fresh start when auto finds no checkpoint). 0 or -1. */
+ * start_step (a fresh start when auto finds no checkpoint). Without it, a
+ * --save-dir that already holds checkpoints is refused unless --save-overwrite.
+ * 0 or -1. */
 int train_resume(trainer_t *t);
 /* After update `step` (1-based): saves when --save-every divides it or it is
  * the schedule's last, if --save-dir is set. 0 or -1. */

@@ -52,9 +52,24 @@ static void warn_mismatch(const trainer_t *t, const fsdp_ckpt_meta_t *meta) {
   }
 }
 
+/* A fresh run into a directory that holds checkpoints would fail at its first
+ * save (steps are never overwritten unless asked): say so before training. */
+static int check_fresh(const trainer_t *t) {
+  const train_opts_t *o = t->o;
+  char latest[4096];
+  struct stat sb;
+  snprintf(latest, sizeof latest, "%s/latest", o->save_dir);
+  if (o->save_overwrite || stat(latest, &sb) != 0) return 0;
+  if (t->rank == 0)
+    fprintf(stderr, "fsdp-train: %s already holds checkpoints (%s): pass --resume auto to "
+            "continue from them, --save-overwrite to replace them, or another --save-dir\n",
+            o->save_dir, latest);
+  return -1;
+}
+
 int train_resume(trainer_t *t) {
   const train_opts_t *o = t->o;
-  if (!o->resume) return 0;
+  if (!o->resume) return o->save_dir ? check_fresh(t) : 0;
   const char *path = strcmp(o->resume, "auto") ? o->resume : o->save_dir;
   char latest[4096];
   struct stat sb;

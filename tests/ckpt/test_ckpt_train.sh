@@ -73,4 +73,16 @@ grep -q "a$ref/step-20: tensor 'wte' is (256, 64) in the checkpoint but (256, 32
 mkdir -p "$DIR/empty/step-3"
 if train 2 --resume "$DIR/empty" > /dev/null 2> "$DIR/latest.err"; then fail "resumed from nothing"; fi
 grep -q "empty/latest: missing" "$DIR/latest.err" || fail "missing latest message: $(cat "$DIR/latest.err")"
-echo "bad input: shape mismatch and missing latest named"
+cp -r "$DIR/b$ref" "$DIR/flip"
+flip_bit() { # file offset
+  local b; b=$(od -An -tu1 -j "$2" -N1 "$1")
+  printf "$(printf '\\%03o' $((b ^ 1)))" | dd of="$1" bs=1 seek="$2" conv=notrunc status=none
+}
+flip_bit "$DIR/flip/step-20/rank-1-of-2.bin" 5000
+cmp -s "$DIR/flip/step-20/rank-1-of-2.bin" "$DIR/b$ref/step-20/rank-1-of-2.bin" && fail "no bit flipped"
+if train 3 --resume "$DIR/flip" > /dev/null 2> "$DIR/flip.err"; then fail "resumed from a corrupt shard"; fi
+[ "$(grep -c "flip/step-20/rank-1-of-2.bin: CRC-32 is .*: the file is corrupt" "$DIR/flip.err")" -eq 3 ] ||
+  fail "not every rank named the corrupt shard: $(cat "$DIR/flip.err")"
+if train 2 --save-dir "$DIR/a$ref" > /dev/null 2> "$DIR/fresh.err"; then fail "a fresh run reused a save dir"; fi
+grep -q "already holds checkpoints" "$DIR/fresh.err" || fail "fresh run into a used dir: $(cat "$DIR/fresh.err")"
+echo "bad input: shape mismatch, missing latest, a corrupt shard (seen by rank 1 of 3, named by all), a used save dir"
