@@ -78,8 +78,6 @@ fsdp_status_t ckpt_manifest_write(const ckpt_manifest_t *m, sbuf_t *out);
 fsdp_status_t ckpt_manifest_read(const char *dir, ckpt_manifest_t *m);
 /* Index of the tensor named name, or -1. */
 int ckpt_find_tensor(const ckpt_manifest_t *m, const char *name);
-/* Payload bytes of rank r's file (without the header). */
-uint64_t ckpt_payload_bytes(const ckpt_manifest_t *m, int r);
 /* Writes "<dir>/rank-<r>-of-<N>.bin" into out. */
 void ckpt_shard_path(const ckpt_manifest_t *m, int r, char *out, size_t cap);
 
@@ -158,7 +156,6 @@ typedef struct {
 
 fsdp_status_t ckpt_files_init(ckpt_files_t *f, const ckpt_manifest_t *m);
 void ckpt_files_close(ckpt_files_t *f);
-fsdp_status_t ckpt_files_fd(ckpt_files_t *f, int r, int *fd);
 /* Header and size of file r (and its CRC when crc != 0). */
 fsdp_status_t ckpt_check_file(ckpt_files_t *f, int r, int crc);
 /* out[0..count) = flat elements [first, first+count) of unit u, state s. */

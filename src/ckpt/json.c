@@ -371,12 +371,6 @@ int json_int(const json_t *v, int64_t *out) {
   return 1;
 }
 
-int json_double(const json_t *v, double *out) {
-  if (!v || v->type != JSON_NUMBER) return 0;
-  *out = strtod(v->text, NULL);
-  return 1;
-}
-
 /* ---- writing ------------------------------------------------------------------ */
 
 static int sb_reserve(sbuf_t *sb, size_t extra) {

@@ -39,8 +39,6 @@ void json_free(json_t *v);
 const json_t *json_get(const json_t *v, const char *key);
 /* 1 and *out when v is an integer literal that fits int64, else 0. */
 int json_int(const json_t *v, int64_t *out);
-/* 1 and *out when v is a number, else 0. */
-int json_double(const json_t *v, double *out);
 
 /* A growable text buffer for writers. Functions are no-ops once an allocation
  * failed; sb_failed reports it at the end. */

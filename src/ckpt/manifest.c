@@ -112,7 +112,8 @@ fsdp_status_t ckpt_manifest_layout(ckpt_manifest_t *m, const char *what) {
   return FSDP_SUCCESS;
 }
 
-uint64_t ckpt_payload_bytes(const ckpt_manifest_t *m, int r) {
+/* Payload bytes of rank r's file (without the header). */
+static uint64_t ckpt_payload_bytes(const ckpt_manifest_t *m, int r) {
   uint64_t b = 0;
   for (int u = 0; u < m->n_units; u++)
     b += (uint64_t)(m->units[u].ranges[r].end - m->units[u].ranges[r].begin);

@@ -27,7 +27,7 @@ void ckpt_files_close(ckpt_files_t *f) {
   f->fds = NULL;
 }
 
-fsdp_status_t ckpt_files_fd(ckpt_files_t *f, int r, int *fd) {
+static fsdp_status_t files_fd(ckpt_files_t *f, int r, int *fd) {
   if (f->fds[r] < 0) {
     char path[CKPT_PATH_MAX];
     ckpt_shard_path(f->m, r, path, sizeof path);
@@ -45,7 +45,7 @@ fsdp_status_t ckpt_check_file(ckpt_files_t *f, int r, int crc) {
   char path[CKPT_PATH_MAX];
   ckpt_shard_path(m, r, path, sizeof path);
   int fd = -1;
-  FSDP_TRY(ckpt_files_fd(f, r, &fd));
+  FSDP_TRY(files_fd(f, r, &fd));
   struct stat sb;
   if (fstat(fd, &sb) != 0)
     return fsdp_error(FSDP_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
@@ -93,7 +93,7 @@ fsdp_status_t ckpt_read_unit(ckpt_files_t *f, int unit, int s, size_t first, siz
     int fd = -1;
     char path[CKPT_PATH_MAX];
     ckpt_shard_path(m, r, path, sizeof path);
-    FSDP_TRY(ckpt_files_fd(f, r, &fd));
+    FSDP_TRY(files_fd(f, r, &fd));
     FSDP_TRY(ckpt_pread(fd, path, out, n * sizeof(float), off));
     out += n;
     p += n;
