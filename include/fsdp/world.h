@@ -3,13 +3,33 @@
  * fsdp_world_init finds out how the process was launched:
  *  - under mpirun (Open MPI, MPICH, PMIx), it initialises MPI with
  *    MPI_THREAD_MULTIPLE (communication streams are threads) unless the caller
- *    already did, and reads rank, size and the node-local split;
+ *    already did, and reads rank, size and the node-local split; the
+ *    communication backend is "mpi";
+ *  - under a torchrun-style launcher (fsdp-run), env://: RANK, WORLD_SIZE,
+ *    MASTER_ADDR and MASTER_PORT are set (and no MPI launcher variables).
+ *    Rank 0 serves a small TCP key-value store at MASTER_PORT; every rank
+ *    connects to MASTER_ADDR:MASTER_PORT, registers and waits for the others.
+ *    LOCAL_RANK and LOCAL_WORLD_SIZE give the node-local split (when unset it
+ *    is derived from host names). The backend is "gloo" (TCP, no MPI call at
+ *    all). A rendezvous that does not complete within the rendezvous timeout
+ *    fails on every rank that reached the store with FSDP_ERR_TIMEOUT and the
+ *    list of ranks that never joined; a rank that cannot reach the store says
+ *    where it looked. GLOO_SOCKET_IFNAME picks the network interface;
  *  - without a launcher it is a world of one rank that needs no MPI at all.
  * Asking for more ranks than the launcher provides, or for several ranks without
  * a launcher, is an error that says how to launch instead.
  *
+ * Deadlines (collective timeout, rendezvous timeout) and the desync check come
+ * from the options, else from the environment (FSDP_TIMEOUT_S,
+ * FSDP_RENDEZVOUS_TIMEOUT_S, FSDP_DESYNC_CHECK=1), else the defaults. They
+ * apply to every communicator made from the world (fsdp/comm.h says what
+ * happens when a deadline passes).
+ *
  * Thread safety: init and destroy from the main thread only; the getters are safe
- * from any thread. */
+ * from any thread. fsdp_world_destroy of an env:// world waits (within the
+ * rendezvous timeout) until every rank has called it, so that rank 0 never
+ * takes the store away from ranks still using it; after a communication
+ * failure it does not wait. */
 #ifndef FSDP_WORLD_H
 #define FSDP_WORLD_H
 
@@ -22,20 +42,38 @@ extern "C" {
 typedef struct fsdp_world *fsdp_world_t;
 
 typedef enum {
-  FSDP_LAUNCH_AUTO = 0, /* mpirun if its environment is present, else single rank */
+  FSDP_LAUNCH_AUTO = 0, /* mpirun if its environment is present, else env:// if
+                           MASTER_ADDR or MASTER_PORT is set, else single rank */
   FSDP_LAUNCH_MPI,      /* require MPI (fails clearly if MPI cannot start) */
-  FSDP_LAUNCH_SINGLE    /* one rank, no MPI, whatever the environment says */
+  FSDP_LAUNCH_SINGLE,   /* one rank, no MPI, whatever the environment says */
+  FSDP_LAUNCH_ENV       /* require env:// (fails naming the missing variables) */
 } fsdp_launch_t;
+
+#define FSDP_DEFAULT_TIMEOUT_S 600.0            /* a collective: 10 minutes */
+#define FSDP_DEFAULT_RENDEZVOUS_TIMEOUT_S 300.0 /* env:// joining: 5 minutes */
 
 typedef struct {
   fsdp_launch_t launch;
   int expected_world_size; /* 0: accept what the launcher gives; else must match */
+  /* Deadline of every collective in seconds; 0: FSDP_TIMEOUT_S, else 600. */
+  double timeout_s;
+  /* env:// only: how long ranks wait for each other to join (and, at destroy,
+   * for each other to leave); 0: FSDP_RENDEZVOUS_TIMEOUT_S, else 300. */
+  double rendezvous_timeout_s;
+  /* 1: every collective first compares a fingerprint (op, unit, count, dtype,
+   * sequence number) across ranks and fails on a mismatch instead of hanging
+   * (one small all-gather per collective); 0: on when FSDP_DESYNC_CHECK=1. */
+  int desync_check;
 } fsdp_world_opts_t;
 
-#define FSDP_WORLD_OPTS_INIT {FSDP_LAUNCH_AUTO, 0}
+#define FSDP_WORLD_OPTS_INIT {FSDP_LAUNCH_AUTO, 0, 0.0, 0.0, 0}
 
 /* opts may be NULL (defaults). The world owns MPI when it initialised it and
- * finalises it in fsdp_world_destroy. */
+ * finalises it in fsdp_world_destroy. Errors: FSDP_ERR_INVALID_USAGE for a
+ * launch that cannot work or a malformed launch variable (named, with the
+ * command that would work), FSDP_ERR_INVALID_ARGUMENT for bad options,
+ * FSDP_ERR_TIMEOUT for an env:// rendezvous that did not complete,
+ * FSDP_ERR_COMM when MPI or the store's port fails. */
 FSDP_API fsdp_status_t fsdp_world_init(fsdp_world_t *world, const fsdp_world_opts_t *opts);
 FSDP_API void fsdp_world_destroy(fsdp_world_t world);
 
@@ -43,8 +81,10 @@ FSDP_API int fsdp_world_rank(fsdp_world_t world);
 FSDP_API int fsdp_world_size(fsdp_world_t world);
 FSDP_API int fsdp_world_local_rank(fsdp_world_t world);
 FSDP_API int fsdp_world_local_size(fsdp_world_t world);
-/* "mpi" or "self" */
+/* "mpi", "gloo" (env://) or "self" */
 FSDP_API const char *fsdp_world_backend(fsdp_world_t world);
+/* The deadline of every collective of this world, in seconds. */
+FSDP_API double fsdp_world_timeout(fsdp_world_t world);
 
 #ifdef __cplusplus
 }

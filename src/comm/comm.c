@@ -2,14 +2,20 @@
  *
  * Every collective is validated here, on the calling thread and before any
  * communication, so that a bad argument fails the same way on every rank rather
- * than leaving the others blocked in a collective. A valid collective runs now
- * (host stream) or is copied into a closure and queued on the stream; the
- * backend (comm_mpi.c, comm_self.c) only ever sees validated work. */
+ * than leaving the others blocked in a collective. A valid collective gets the
+ * next sequence number of its communicator and the tag set just before it,
+ * then runs now (host stream) or is copied into a closure and queued on the
+ * stream; the backend (comm_mpi.c, comm_gloo.cc, comm_self.c) only ever sees
+ * validated work, wrapped by the watchdog's bookkeeping and, when enabled, the
+ * desync check. */
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 
 #include "comm/comm_internal.h"
 #include "core/internal.h"
 #include "device/stream_internal.h"
+#include "dist/world_env.h"
 #include "dist/world_internal.h"
 
 const char *fsdp_coll_name(fsdp_coll_kind_t kind) {
@@ -31,12 +37,52 @@ void fsdp_comm_scale(void *buf, size_t count, fsdp_dtype_t dtype, double factor)
 
 /* ---- lifetime ------------------------------------------------------------ */
 
-static fsdp_status_t comm_new(const fsdp_comm_ops_t *ops, fsdp_comm_t *out) {
+static const fsdp_comm_ops_t *ops_for(fsdp_world_t world) {
+  switch (fsdp_world_kind(world)) {
+  case FSDP_WORLD_MPI:
+    return &fsdp_comm_mpi_ops;
+  case FSDP_WORLD_ENV:
+    return &fsdp_comm_gloo_ops;
+  case FSDP_WORLD_SELF:
+    break;
+  }
+  return &fsdp_comm_self_ops;
+}
+
+static void comm_free(fsdp_comm_t c) {
+  fsdp_desync_free(c);
+  fsdp_watch_detach(c);
+  pthread_mutex_destroy(&c->mu);
+  fsdp_free(c);
+}
+
+/* A communicator of world on ops: joined to the watch, set up by the backend
+ * (create from the world, or dup of `from`), with its desync buffer. */
+static fsdp_status_t comm_make(const fsdp_comm_ops_t *ops, fsdp_world_t world, fsdp_comm_t from,
+                               fsdp_comm_t *out) {
   struct fsdp_comm *c = fsdp_alloc(sizeof *c);
   if (!c)
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "comm: cannot allocate a %s communicator",
                       ops->name);
   c->ops = ops;
+  c->world = world;
+  pthread_mutex_init(&c->mu, NULL);
+  fsdp_status_t st = fsdp_watch_attach(world, c);
+  if (st != FSDP_SUCCESS) {
+    pthread_mutex_destroy(&c->mu);
+    fsdp_free(c);
+    return st;
+  }
+  st = from ? ops->dup(from, c) : ops->create(world, c);
+  if (st != FSDP_SUCCESS) {
+    comm_free(c);
+    return st;
+  }
+  st = fsdp_desync_setup(c);
+  if (st != FSDP_SUCCESS) {
+    fsdp_comm_destroy(c);
+    return st;
+  }
   *out = c;
   return FSDP_SUCCESS;
 }
@@ -45,38 +91,24 @@ fsdp_status_t fsdp_comm_create(fsdp_world_t world, fsdp_comm_t *comm) {
   if (!world || !comm)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_comm_create: %s is NULL",
                       !world ? "world" : "comm");
-  const fsdp_comm_ops_t *ops = fsdp_world_uses_mpi(world) ? &fsdp_comm_mpi_ops
-                                                          : &fsdp_comm_self_ops;
-  fsdp_comm_t c = NULL;
-  FSDP_TRY(comm_new(ops, &c));
-  fsdp_status_t st = ops->create(world, c);
-  if (st != FSDP_SUCCESS) {
-    fsdp_free(c);
-    return st;
-  }
-  *comm = c;
-  return FSDP_SUCCESS;
+  return comm_make(ops_for(world), world, NULL, comm);
 }
 
 fsdp_status_t fsdp_comm_dup(fsdp_comm_t comm, fsdp_comm_t *out) {
   if (!comm || !out)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_comm_dup: %s is NULL",
                       !comm ? "comm" : "out");
-  fsdp_comm_t c = NULL;
-  FSDP_TRY(comm_new(comm->ops, &c));
-  fsdp_status_t st = comm->ops->dup(comm, c);
-  if (st != FSDP_SUCCESS) {
-    fsdp_free(c);
-    return st;
-  }
-  *out = c;
-  return FSDP_SUCCESS;
+  return comm_make(comm->ops, comm->world, comm, out);
 }
 
 void fsdp_comm_destroy(fsdp_comm_t comm) {
   if (!comm) return;
   comm->ops->destroy(comm);
-  fsdp_free(comm);
+  comm_free(comm);
+}
+
+void fsdp_comm_set_tag(fsdp_comm_t comm, const char *tag) {
+  if (comm) snprintf(comm->next_tag, sizeof comm->next_tag, "%s", tag ? tag : "");
 }
 
 int fsdp_comm_rank(fsdp_comm_t comm) { return comm ? comm->rank : -1; }
@@ -162,6 +194,18 @@ static fsdp_status_t check_coll(fsdp_comm_t comm, fsdp_coll_t *c) {
 
 /* ---- issue --------------------------------------------------------------- */
 
+/* The backend's run, watched, and preceded by the desync check when on. */
+static fsdp_status_t coll_run(fsdp_comm_t comm, const fsdp_coll_t *c) {
+  fsdp_watch_begin(comm, c);
+  fsdp_status_t st = fsdp_desync_check(comm, c);
+  if (st == FSDP_SUCCESS) st = comm->ops->run(comm, c);
+  /* Before the end mark: a call failing at its deadline is still in flight
+   * for the watchdog, whose report it returns. */
+  if (st != FSDP_SUCCESS) st = fsdp_watch_failed(comm, st);
+  fsdp_watch_end(comm, c);
+  return st;
+}
+
 typedef struct {
   fsdp_comm_t comm;
   fsdp_coll_t coll;
@@ -169,7 +213,7 @@ typedef struct {
 
 static fsdp_status_t coll_task_run(void *arg) {
   coll_task_t *t = arg;
-  fsdp_status_t st = t->comm->ops->run(t->comm, &t->coll);
+  fsdp_status_t st = coll_run(t->comm, &t->coll);
   fsdp_free(t);
   return st;
 }
@@ -179,49 +223,66 @@ static fsdp_status_t coll_task_skip(void *arg) {
   return FSDP_SUCCESS;
 }
 
+/* Numbers the collective (its tag was taken at issue). */
+static void coll_label(fsdp_comm_t comm, fsdp_coll_t *c) {
+  pthread_mutex_lock(&comm->mu);
+  c->seq = ++comm->issued;
+  pthread_mutex_unlock(&comm->mu);
+}
+
 static fsdp_status_t coll_issue(fsdp_comm_t comm, fsdp_coll_t *c, fsdp_stream_t stream) {
-  FSDP_TRY(check_coll(comm, c));
+  fsdp_status_t st = check_coll(comm, c);
+  if (comm) { /* a tag labels the next call only, whatever becomes of it */
+    memcpy(c->tag, comm->next_tag, sizeof c->tag);
+    comm->next_tag[0] = '\0';
+  }
+  FSDP_TRY(st);
   /* Every rank passes the same count, so skipping an empty collective keeps
    * all ranks in step. */
   if (c->count == 0 && c->kind != FSDP_COLL_BARRIER) return FSDP_SUCCESS;
-  if (!stream) return comm->ops->run(comm, c);
+  coll_label(comm, c);
+  if (!stream) return coll_run(comm, c);
   coll_task_t *t = fsdp_alloc(sizeof *t);
   if (!t)
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "%s: cannot allocate the queued collective",
                       fsdp_coll_name(c->kind));
   t->comm = comm;
   t->coll = *c;
-  fsdp_status_t st = fsdp_stream_launch_owned(stream, coll_task_run, coll_task_skip, t);
+  st = fsdp_stream_launch_owned(stream, coll_task_run, coll_task_skip, t);
   if (st != FSDP_SUCCESS) fsdp_free(t);
   return st;
 }
 
 fsdp_status_t fsdp_all_gather(fsdp_comm_t comm, const void *send, void *recv, size_t count,
                               fsdp_dtype_t dtype, fsdp_stream_t stream) {
-  fsdp_coll_t c = {FSDP_COLL_ALL_GATHER, send, recv, count, dtype, FSDP_SUM, 0, 0};
+  fsdp_coll_t c = {.kind = FSDP_COLL_ALL_GATHER, .send = send, .recv = recv, .count = count,
+                   .dtype = dtype, .op = FSDP_SUM};
   return coll_issue(comm, &c, stream);
 }
 
 fsdp_status_t fsdp_reduce_scatter(fsdp_comm_t comm, const void *send, void *recv,
                                   size_t count, fsdp_dtype_t dtype, fsdp_reduce_op_t op,
                                   fsdp_stream_t stream) {
-  fsdp_coll_t c = {FSDP_COLL_REDUCE_SCATTER, send, recv, count, dtype, op, 0, 0};
+  fsdp_coll_t c = {.kind = FSDP_COLL_REDUCE_SCATTER, .send = send, .recv = recv, .count = count,
+                   .dtype = dtype, .op = op};
   return coll_issue(comm, &c, stream);
 }
 
 fsdp_status_t fsdp_all_reduce(fsdp_comm_t comm, const void *send, void *recv, size_t count,
                               fsdp_dtype_t dtype, fsdp_reduce_op_t op, fsdp_stream_t stream) {
-  fsdp_coll_t c = {FSDP_COLL_ALL_REDUCE, send, recv, count, dtype, op, 0, 0};
+  fsdp_coll_t c = {.kind = FSDP_COLL_ALL_REDUCE, .send = send, .recv = recv, .count = count,
+                   .dtype = dtype, .op = op};
   return coll_issue(comm, &c, stream);
 }
 
 fsdp_status_t fsdp_broadcast(fsdp_comm_t comm, void *buf, size_t count, fsdp_dtype_t dtype,
                              int root, fsdp_stream_t stream) {
-  fsdp_coll_t c = {FSDP_COLL_BROADCAST, NULL, buf, count, dtype, FSDP_SUM, root, 0};
+  fsdp_coll_t c = {.kind = FSDP_COLL_BROADCAST, .recv = buf, .count = count, .dtype = dtype,
+                   .op = FSDP_SUM, .root = root};
   return coll_issue(comm, &c, stream);
 }
 
 fsdp_status_t fsdp_barrier(fsdp_comm_t comm, fsdp_stream_t stream) {
-  fsdp_coll_t c = {FSDP_COLL_BARRIER, NULL, NULL, 0, FSDP_F32, FSDP_SUM, 0, 0};
+  fsdp_coll_t c = {.kind = FSDP_COLL_BARRIER, .dtype = FSDP_F32, .op = FSDP_SUM};
   return coll_issue(comm, &c, stream);
 }

@@ -1,11 +1,20 @@
 /* src/comm/comm_internal.h — the table every communication backend implements
- * (mpi, self; nccl later). comm.c validates arguments once, then either runs a
- * collective now (host stream) or queues it on a stream, and calls the backend
- * only through this table. Not installed. */
+ * (mpi, gloo, self; nccl later). comm.c validates arguments once, numbers each
+ * collective on its communicator, then either runs it now (host stream) or
+ * queues it on a stream, and calls the backend only through this table. The
+ * watchdog (comm_watch.c) and the desync check (comm_desync.c) wrap every run.
+ * Usable from C++ (the gloo adapter). Not installed. */
 #ifndef FSDP_COMM_INTERNAL_H
 #define FSDP_COMM_INTERNAL_H
 
+#include <pthread.h>
+#include <stdint.h>
+
 #include "fsdp/comm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 typedef enum {
   FSDP_COLL_ALL_GATHER = 0,
@@ -14,6 +23,8 @@ typedef enum {
   FSDP_COLL_BROADCAST,
   FSDP_COLL_BARRIER
 } fsdp_coll_kind_t;
+
+#define FSDP_COMM_TAG_MAX 32 /* bytes of a collective's tag, NUL included */
 
 /* One validated collective, as issued. For a broadcast, recv is the buffer. */
 typedef struct {
@@ -25,6 +36,8 @@ typedef struct {
   fsdp_reduce_op_t op;
   int root;
   int in_place; /* send/recv are one of the in-place layouts of comm.h */
+  uint64_t seq; /* 1, 2, ... in issue order on its communicator */
+  char tag[FSDP_COMM_TAG_MAX]; /* what it is for (the engine: the unit), or "" */
 } fsdp_coll_t;
 
 typedef struct fsdp_comm_ops {
@@ -37,20 +50,86 @@ typedef struct fsdp_comm_ops {
   void (*destroy)(fsdp_comm_t comm); /* releases comm->impl only */
   /* Performs the collective, blocking the calling thread until it is done. */
   fsdp_status_t (*run)(fsdp_comm_t comm, const fsdp_coll_t *coll);
+  /* Called by the watchdog thread when a deadline passed, while another
+   * thread may be blocked in run: makes every pending and later run on comm
+   * fail (gloo), or ends the job (MPI_Abort: MPI cannot interrupt a call).
+   * NULL for backends that cannot block (self). */
+  void (*abort)(fsdp_comm_t comm);
 } fsdp_comm_ops_t;
+
+struct fsdp_comm_watch; /* the world's watchdog and shared backend state */
+
+/* What a communicator is doing, for the watchdog; guarded by mu. */
+typedef struct {
+  uint64_t started;   /* seq of the last collective the backend began */
+  uint64_t completed; /* seq of the last one that returned */
+  double t_start;     /* when `started` began (fsdp_time_now) */
+  fsdp_coll_t coll;   /* its description (buffers are not read) */
+} fsdp_comm_progress_t;
 
 struct fsdp_comm {
   const fsdp_comm_ops_t *ops;
   int rank, size;
   void *impl; /* backend state */
+  fsdp_world_t world;
+  struct fsdp_comm_watch *watch;
+  int id;          /* fsdp_world_next_comm_id: equal on every rank */
+  uint64_t issued; /* collectives issued so far (the issuing thread only) */
+  char next_tag[FSDP_COMM_TAG_MAX]; /* set by fsdp_comm_set_tag, used once */
+  pthread_mutex_t mu;
+  fsdp_comm_progress_t progress;
+  void *fingerprints; /* desync check: size fingerprints, received */
 };
 
 extern const fsdp_comm_ops_t fsdp_comm_mpi_ops;
 extern const fsdp_comm_ops_t fsdp_comm_self_ops;
+extern const fsdp_comm_ops_t fsdp_comm_gloo_ops;
+
+/* Labels the next collective issued on comm (the engine passes the unit
+ * name): the tag appears in desync fingerprints and watchdog messages. The
+ * text is copied (truncated to FSDP_COMM_TAG_MAX - 1 bytes); call it from
+ * the thread that issues on comm, right before the collective. */
+void fsdp_comm_set_tag(fsdp_comm_t comm, const char *tag);
+
+/* ---- watchdog (comm_watch.c) ---------------------------------------------- */
+
+/* Gives comm its id and joins it to its world's watch, creating the watch
+ * (and, with more than one rank, the watchdog thread) on first use. */
+fsdp_status_t fsdp_watch_attach(fsdp_world_t world, fsdp_comm_t comm);
+/* Leaves the watch; the last communicator of a world stops the watchdog. */
+void fsdp_watch_detach(fsdp_comm_t comm);
+/* Records the start and end of a backend run for the watchdog. */
+void fsdp_watch_begin(fsdp_comm_t comm, const fsdp_coll_t *coll);
+void fsdp_watch_end(fsdp_comm_t comm, const fsdp_coll_t *coll);
+/* A failed run after the watchdog aborted the world: FSDP_ERR_TIMEOUT with
+ * the watchdog's message (the root cause) instead of the transport's error.
+ * Any failure also marks the world failed (world_env.h). */
+fsdp_status_t fsdp_watch_failed(fsdp_comm_t comm, fsdp_status_t st);
+/* Backend state shared by every communicator of a world (gloo: the TCP
+ * device), freed with free_fn when the last communicator is destroyed. */
+void *fsdp_watch_shared(fsdp_comm_t comm);
+void fsdp_watch_set_shared(fsdp_comm_t comm, void *shared, void (*free_fn)(void *));
+/* The collective deadline of comm's world, in seconds. */
+double fsdp_watch_timeout(fsdp_comm_t comm);
+
+/* ---- desync check (comm_desync.c) ---------------------------------------- */
+
+/* Allocates comm's fingerprint buffer when its world checks for desyncs. */
+fsdp_status_t fsdp_desync_setup(fsdp_comm_t comm);
+void fsdp_desync_free(fsdp_comm_t comm);
+/* Exchanges coll's fingerprint with every rank through the backend and fails
+ * (FSDP_ERR_INVALID_USAGE, every differing fingerprint and its ranks in the
+ * message) when they differ; a no-op unless set up. */
+fsdp_status_t fsdp_desync_check(fsdp_comm_t comm, const fsdp_coll_t *coll);
+/* "all_gather #5 (unit 'h.1', 1024 f32 per rank)" into buf. */
+void fsdp_coll_describe(const fsdp_coll_t *coll, char *buf, size_t n);
 
 /* buf[i] *= factor for a reduction dtype (F32 or F64); used for FSDP_AVG. */
 void fsdp_comm_scale(void *buf, size_t count, fsdp_dtype_t dtype, double factor);
 /* The collective's name for messages, e.g. "all_gather". */
 const char *fsdp_coll_name(fsdp_coll_kind_t kind);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -123,5 +123,11 @@ static fsdp_status_t mpi_run(fsdp_comm_t c, const fsdp_coll_t *k) {
   return fsdp_error(FSDP_ERR_INTERNAL, "comm mpi: unknown collective kind %d", (int)k->kind);
 }
 
+/* MPI offers no way to interrupt a blocked call: the watchdog ends the job. */
+static void mpi_abort(fsdp_comm_t c) {
+  (void)c;
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
 const fsdp_comm_ops_t fsdp_comm_mpi_ops = {"mpi", INT_MAX, mpi_create, mpi_dup, mpi_destroy,
-                                           mpi_run};
+                                           mpi_run, mpi_abort};

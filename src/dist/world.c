@@ -1,21 +1,33 @@
 /* src/dist/world.c — world bootstrap (include/fsdp/world.h): finds out how the
- * process was launched, starts MPI at the thread level communication streams
- * need, and answers rank/size questions. A world without a launcher is a single
- * rank that makes no MPI call at all, so single-process programs never need MPI
- * to be configured. */
+ * process was launched (mpirun, env:// or nothing), starts MPI at the thread
+ * level communication streams need or joins the env:// rendezvous
+ * (rendezvous.c), resolves the deadlines, and answers rank/size questions. A
+ * world without a launcher is a single rank that makes no MPI call at all, so
+ * single-process programs never need MPI to be configured; an env:// world
+ * makes none either. */
+#include <errno.h>
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/internal.h"
+#include "dist/env_world.h"
+#include "dist/world_env.h"
 #include "dist/world_internal.h"
 
 struct fsdp_world {
   int rank, size;
   int local_rank, local_size;
-  int uses_mpi;
-  MPI_Comm comm; /* our dup of MPI_COMM_WORLD; MPI_COMM_NULL for self */
+  fsdp_world_kind_t kind;
+  MPI_Comm comm; /* our dup of MPI_COMM_WORLD; MPI_COMM_NULL unless MPI */
+  double timeout_s, rendezvous_timeout_s;
+  int desync_check;
+  fsdp_env_world_t *env; /* env:// only */
+  void *comm_state;      /* the comm layer's; see world_env.h */
+  int next_comm_id;
+  atomic_int failed;
 };
 
 /* MPI can be initialised and finalised once per process, but several worlds may
@@ -49,7 +61,7 @@ static const char *thread_level_name(int level) {
 }
 
 /* Without a launcher only one rank is possible; a request for more (by option
- * or by a torchrun-style WORLD_SIZE) gets told how to launch instead. */
+ * or by WORLD_SIZE without MASTER_ADDR) gets told how to launch instead. */
 static fsdp_status_t check_no_launcher(int expected) {
   const char *ws = getenv("WORLD_SIZE");
   long env_size = 1;
@@ -61,17 +73,13 @@ static fsdp_status_t check_no_launcher(int expected) {
                         "WORLD_SIZE='%s' is not a positive integer; unset it or run: "
                         "mpirun -np <ranks> <program> ...", ws);
   }
-  if (env_size > 1 && getenv("MASTER_ADDR"))
-    return fsdp_error(FSDP_ERR_INVALID_USAGE,
-                      "WORLD_SIZE=%ld and MASTER_ADDR are set (a torchrun-style env:// "
-                      "launch), which fsdp does not support yet; run: mpirun -np %ld "
-                      "<program> ...", env_size, env_size);
   long want = expected > 1 ? expected : env_size;
   if (want > 1)
     return fsdp_error(FSDP_ERR_INVALID_USAGE,
                       "asked for %ld ranks (%s) but this process was not started by a "
-                      "launcher; run: mpirun -np %ld <program> ...", want,
-                      expected > 1 ? "expected_world_size" : "WORLD_SIZE", want);
+                      "launcher; run: mpirun -np %ld <program> ... or fsdp-run "
+                      "--nproc-per-node %ld <program> ...", want,
+                      expected > 1 ? "expected_world_size" : "WORLD_SIZE", want, want);
   return FSDP_SUCCESS;
 }
 
@@ -139,7 +147,7 @@ static fsdp_status_t mpi_world_fill(struct fsdp_world *w) {
   MPI_Comm_rank(node, &w->local_rank);
   MPI_Comm_size(node, &w->local_size);
   MPI_Comm_free(&node);
-  w->uses_mpi = 1;
+  w->kind = FSDP_WORLD_MPI;
   return FSDP_SUCCESS;
 }
 
@@ -163,8 +171,20 @@ static void self_world_init(struct fsdp_world *w) {
   w->size = 1;
   w->local_rank = 0;
   w->local_size = 1;
-  w->uses_mpi = 0;
+  w->kind = FSDP_WORLD_SELF;
   w->comm = MPI_COMM_NULL;
+}
+
+static fsdp_status_t env_world_init(struct fsdp_world *w, int expected) {
+  fsdp_env_layout_t l;
+  FSDP_TRY(fsdp_env_world_start(w->rendezvous_timeout_s, expected, &w->env, &l));
+  w->rank = l.rank;
+  w->size = l.size;
+  w->local_rank = l.local_rank;
+  w->local_size = l.local_size;
+  w->kind = FSDP_WORLD_ENV;
+  w->comm = MPI_COMM_NULL;
+  return FSDP_SUCCESS;
 }
 
 static fsdp_status_t world_setup(struct fsdp_world *w, const fsdp_world_opts_t *o) {
@@ -179,8 +199,11 @@ static fsdp_status_t world_setup(struct fsdp_world *w, const fsdp_world_opts_t *
     return FSDP_SUCCESS;
   case FSDP_LAUNCH_MPI:
     return mpi_world_init(w, o->expected_world_size);
+  case FSDP_LAUNCH_ENV:
+    return env_world_init(w, o->expected_world_size);
   case FSDP_LAUNCH_AUTO:
     if (launcher_present()) return mpi_world_init(w, o->expected_world_size);
+    if (fsdp_env_requested()) return env_world_init(w, o->expected_world_size);
     FSDP_TRY(check_no_launcher(o->expected_world_size));
     self_world_init(w);
     return FSDP_SUCCESS;
@@ -188,6 +211,40 @@ static fsdp_status_t world_setup(struct fsdp_world *w, const fsdp_world_opts_t *
   return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
                     "fsdp_world_init: opts->launch is %d, not an fsdp_launch_t value",
                     (int)o->launch);
+}
+
+/* A deadline: the option when set, else the environment variable, else the
+ * default. */
+static fsdp_status_t resolve_seconds(double opt, const char *field, const char *var, double def,
+                                     double *out) {
+  if (opt < 0 || opt != opt)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_world_init: opts->%s is %g; use 0 "
+                      "(the default) or a positive number of seconds", field, opt);
+  const char *v = getenv(var);
+  *out = opt > 0 ? opt : def;
+  if (opt > 0 || !v) return FSDP_SUCCESS;
+  char *end;
+  errno = 0;
+  double x = strtod(v, &end);
+  if (!*v || *end || errno || !(x > 0))
+    return fsdp_error(FSDP_ERR_INVALID_USAGE, "%s='%s' is not a positive number of seconds",
+                      var, v);
+  *out = x;
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t resolve_options(struct fsdp_world *w, const fsdp_world_opts_t *o) {
+  FSDP_TRY(resolve_seconds(o->timeout_s, "timeout_s", "FSDP_TIMEOUT_S", FSDP_DEFAULT_TIMEOUT_S,
+                           &w->timeout_s));
+  FSDP_TRY(resolve_seconds(o->rendezvous_timeout_s, "rendezvous_timeout_s",
+                           "FSDP_RENDEZVOUS_TIMEOUT_S", FSDP_DEFAULT_RENDEZVOUS_TIMEOUT_S,
+                           &w->rendezvous_timeout_s));
+  const char *v = getenv("FSDP_DESYNC_CHECK");
+  if (v && strcmp(v, "0") != 0 && strcmp(v, "1") != 0)
+    return fsdp_error(FSDP_ERR_INVALID_USAGE, "FSDP_DESYNC_CHECK='%s': use 1 (on) or 0 (off)",
+                      v);
+  w->desync_check = o->desync_check == 1 || (v && *v == '1');
+  return FSDP_SUCCESS;
 }
 
 fsdp_status_t fsdp_world_init(fsdp_world_t *world, const fsdp_world_opts_t *opts) {
@@ -198,24 +255,29 @@ fsdp_status_t fsdp_world_init(fsdp_world_t *world, const fsdp_world_opts_t *opts
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
                       "fsdp_world_init: expected_world_size is %d; use 0 (any) or a "
                       "positive rank count", o->expected_world_size);
+  if (o->desync_check != 0 && o->desync_check != 1)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_world_init: desync_check is %d; use 0 "
+                      "(FSDP_DESYNC_CHECK decides) or 1", o->desync_check);
   struct fsdp_world *w = fsdp_alloc(sizeof *w);
   if (!w) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "fsdp_world_init: cannot allocate the world");
-  fsdp_status_t st = world_setup(w, o);
+  fsdp_status_t st = resolve_options(w, o);
+  if (st == FSDP_SUCCESS) st = world_setup(w, o);
   if (st != FSDP_SUCCESS) {
     fsdp_free(w);
     return st;
   }
   /* A self world beside an MPI world (tests, tools) keeps the MPI rank prefix. */
-  if (w->uses_mpi || mpi_worlds_alive == 0) fsdp_log_set_rank(w->rank);
-  fsdp_log(FSDP_LOG_INFO, "world: rank %d of %d (local %d of %d), backend %s", w->rank,
-           w->size, w->local_rank, w->local_size, fsdp_world_backend(w));
+  if (w->kind != FSDP_WORLD_SELF || mpi_worlds_alive == 0) fsdp_log_set_rank(w->rank);
+  fsdp_log(FSDP_LOG_INFO, "world: rank %d of %d (local %d of %d), backend %s, timeout %g s%s",
+           w->rank, w->size, w->local_rank, w->local_size, fsdp_world_backend(w), w->timeout_s,
+           w->desync_check ? ", desync check on" : "");
   *world = w;
   return FSDP_SUCCESS;
 }
 
 void fsdp_world_destroy(fsdp_world_t world) {
   if (!world) return;
-  if (world->uses_mpi) {
+  if (world->kind == FSDP_WORLD_MPI) {
     /* A caller that owns MPI may have finalised it already; freeing then is
      * erroneous, and there is nothing left to release. */
     int finalized = 0;
@@ -223,6 +285,7 @@ void fsdp_world_destroy(fsdp_world_t world) {
     if (!finalized) MPI_Comm_free(&world->comm);
     mpi_stop();
   }
+  fsdp_env_world_stop(world->env, atomic_load(&world->failed));
   fsdp_free(world);
 }
 
@@ -230,13 +293,49 @@ int fsdp_world_rank(fsdp_world_t world) { return world ? world->rank : -1; }
 int fsdp_world_size(fsdp_world_t world) { return world ? world->size : 0; }
 int fsdp_world_local_rank(fsdp_world_t world) { return world ? world->local_rank : -1; }
 int fsdp_world_local_size(fsdp_world_t world) { return world ? world->local_size : 0; }
+double fsdp_world_timeout(fsdp_world_t world) { return world ? world->timeout_s : 0.0; }
 
 const char *fsdp_world_backend(fsdp_world_t world) {
-  return world && world->uses_mpi ? "mpi" : "self";
+  static const char *names[] = {"self", "mpi", "gloo"};
+  return names[world ? world->kind : FSDP_WORLD_SELF];
 }
 
-int fsdp_world_uses_mpi(fsdp_world_t world) { return world ? world->uses_mpi : 0; }
+int fsdp_world_uses_mpi(fsdp_world_t world) { return world && world->kind == FSDP_WORLD_MPI; }
 
 MPI_Comm fsdp_world_mpi_comm(fsdp_world_t world) {
-  return world && world->uses_mpi ? world->comm : MPI_COMM_NULL;
+  return fsdp_world_uses_mpi(world) ? world->comm : MPI_COMM_NULL;
+}
+
+/* ---- world_env.h --------------------------------------------------------- */
+
+fsdp_world_kind_t fsdp_world_kind(fsdp_world_t world) {
+  return world ? world->kind : FSDP_WORLD_SELF;
+}
+int fsdp_world_desync_check(fsdp_world_t world) { return world && world->desync_check; }
+double fsdp_world_rendezvous_timeout(fsdp_world_t world) {
+  return world ? world->rendezvous_timeout_s : 0.0;
+}
+fsdp_store_t *fsdp_world_store(fsdp_world_t world) {
+  return world ? fsdp_env_world_store(world->env) : NULL;
+}
+
+fsdp_status_t fsdp_world_store_open(fsdp_world_t world, fsdp_store_t **out) {
+  if (!world || !world->env)
+    return fsdp_error(FSDP_ERR_UNSUPPORTED, "world: only an env:// world has a store");
+  return fsdp_env_world_store_open(world->env, out);
+}
+
+const char *fsdp_world_host_address(fsdp_world_t world) {
+  return world ? fsdp_env_world_host_address(world->env) : "";
+}
+
+void fsdp_world_mark_failed(fsdp_world_t world) {
+  if (world) atomic_store(&world->failed, 1);
+}
+
+int fsdp_world_next_comm_id(fsdp_world_t world) { return world ? world->next_comm_id++ : 0; }
+
+void *fsdp_world_comm_state(fsdp_world_t world) { return world ? world->comm_state : NULL; }
+void fsdp_world_set_comm_state(fsdp_world_t world, void *state) {
+  if (world) world->comm_state = state;
 }

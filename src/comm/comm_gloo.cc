@@ -1,0 +1,255 @@
+/* src/comm/comm_gloo.cc — the "gloo" backend of an env:// world: host buffers
+ * over Gloo's TCP transport (Debian's libgloo). A thin adapter: each
+ * fsdp_comm_t is one gloo context, fully meshed through the world's store
+ * under its own key prefix ("comm/<id>/"), so communicators used from
+ * different streams never see each other's messages; the TCP device (one
+ * event-loop thread) is shared by the communicators of a world.
+ *
+ * all_gather, all_reduce, broadcast and barrier are Gloo's own collectives.
+ * Gloo has no reduce-scatter in its collective API (only the legacy
+ * ReduceScatterHalvingDoubling class, whose buffers are bound at construction
+ * and whose device thread busy-polls when a peer runs ahead: unfit for
+ * per-call buffers), so reduce_scatter is an all_reduce of the whole buffer
+ * followed by taking this rank's slice. That moves twice the bytes of a real
+ * reduce-scatter (2(N-1)/N of the buffer per rank instead of (N-1)/N) and,
+ * unless the call is in place, reduces into a scratch buffer of the full
+ * size kept by the communicator.
+ *
+ * Timeouts: every context gets the world's collective timeout, so a blocked
+ * call throws at the deadline; the watchdog (comm_watch.c) fires at the same
+ * deadline, writes the report the failing call returns, and closes the
+ * connections of every context of the world, so that peers blocked on this
+ * rank fail at once instead of at their own deadline. Exceptions never cross
+ * into C: every entry point catches them and returns FSDP_ERR_COMM. */
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+extern "C" {
+#include "core/internal.h"
+}
+#include "comm/comm_internal.h"
+#include "dist/world_env.h"
+
+namespace {
+
+using Millis = std::chrono::milliseconds;
+using Device = std::shared_ptr<gloo::transport::Device>;
+
+Millis millis(double s) { return Millis(static_cast<long long>(s * 1000.0)); }
+
+/* Gloo's rendezvous interface over the world's store. */
+class Store : public gloo::rendezvous::Store {
+ public:
+  Store(fsdp_store_t *store, double timeout_s) : store_(store), timeout_s_(timeout_s) {}
+
+  void set(const std::string &key, const std::vector<char> &data) override {
+    check(fsdp_store_set(store_, key.c_str(), data.data(), data.size()));
+  }
+  std::vector<char> get(const std::string &key) override {
+    char *v = nullptr;
+    size_t n = 0;
+    check(fsdp_store_get(store_, key.c_str(), timeout_s_, &v, &n));
+    std::vector<char> out(v, v + n);
+    fsdp_free(v);
+    return out;
+  }
+  void wait(const std::vector<std::string> &keys) override { wait(keys, millis(timeout_s_)); }
+  void wait(const std::vector<std::string> &keys, const Millis &timeout) override {
+    std::vector<const char *> k;
+    for (const auto &key : keys) k.push_back(key.c_str());
+    check(fsdp_store_wait(store_, k.data(), static_cast<int>(k.size()),
+                          static_cast<double>(timeout.count()) / 1000.0, nullptr));
+  }
+
+ private:
+  static void check(fsdp_status_t st) {
+    if (st != FSDP_SUCCESS) throw std::runtime_error(fsdp_last_error());
+  }
+  fsdp_store_t *store_;
+  double timeout_s_;
+};
+
+using Context = gloo::rendezvous::Context;
+
+struct Impl {
+  std::shared_ptr<Context> ctx;
+  std::vector<unsigned char> scratch; /* reduce_scatter's full-size result */
+};
+
+Impl *impl_of(fsdp_comm_t c) { return static_cast<Impl *>(c->impl); }
+
+/* ---- set-up --------------------------------------------------------------- */
+
+void free_device(void *p) { delete static_cast<Device *>(p); }
+
+/* The world's TCP device: on GLOO_SOCKET_IFNAME when set, else on the
+ * address that routes to MASTER_ADDR. */
+Device device_of(fsdp_comm_t c) {
+  if (auto *dev = static_cast<Device *>(fsdp_watch_shared(c))) return *dev;
+  gloo::transport::tcp::attr attr;
+  const char *iface = std::getenv("GLOO_SOCKET_IFNAME");
+  if (iface && *iface)
+    attr.iface = iface;
+  else
+    attr.hostname = fsdp_world_host_address(c->world);
+  Device dev = gloo::transport::tcp::CreateDevice(attr);
+  fsdp_watch_set_shared(c, new Device(dev), free_device);
+  return dev;
+}
+
+fsdp_status_t connect(fsdp_comm_t c) {
+  try {
+    Device dev = device_of(c);
+    auto ctx = std::make_shared<Context>(c->rank, c->size);
+    ctx->setTimeout(millis(fsdp_watch_timeout(c)));
+    Store store(fsdp_world_store(c->world), fsdp_world_rendezvous_timeout(c->world));
+    gloo::rendezvous::PrefixStore prefixed("comm/" + std::to_string(c->id), store);
+    ctx->connectFullMesh(prefixed, dev);
+    c->impl = new Impl{ctx, {}};
+    return FSDP_SUCCESS;
+  } catch (const std::exception &e) {
+    return fsdp_error(FSDP_ERR_COMM, "gloo: cannot connect communicator %d on rank %d of %d: "
+                      "%s", c->id, c->rank, c->size, e.what());
+  }
+}
+
+/* ---- collectives ---------------------------------------------------------- */
+
+using Ctx = std::shared_ptr<Context>;
+
+template <typename T>
+void allreduce(const Ctx &ctx, const void *send, void *recv, size_t n, fsdp_reduce_op_t op) {
+  using Fn = void (*)(void *, const void *, const void *, size_t);
+  gloo::AllreduceOptions o(ctx);
+  if (send != recv) o.setInput(static_cast<T *>(const_cast<void *>(send)), n);
+  o.setOutput(static_cast<T *>(recv), n);
+  o.setReduceFunction(op == FSDP_MAX ? static_cast<Fn>(&gloo::max<T>)
+                                     : static_cast<Fn>(&gloo::sum<T>));
+  gloo::allreduce(o);
+}
+
+void allreduce_any(const Ctx &ctx, const void *send, void *recv, size_t n, fsdp_dtype_t dt,
+                   fsdp_reduce_op_t op) {
+  if (dt == FSDP_F64)
+    allreduce<double>(ctx, send, recv, n, op);
+  else
+    allreduce<float>(ctx, send, recv, n, op);
+}
+
+/* All-reduce of the whole buffer, then this rank's slice (see the top). */
+void reduce_scatter(fsdp_comm_t c, const fsdp_coll_t *k) {
+  Impl *im = impl_of(c);
+  size_t es = fsdp_dtype_size(k->dtype), slice = k->count * es;
+  size_t full = slice * static_cast<size_t>(c->size);
+  if (k->in_place) {
+    void *buf = const_cast<void *>(k->send);
+    allreduce_any(im->ctx, buf, buf, k->count * c->size, k->dtype, k->op);
+    return; /* the rank's slice is recv already */
+  }
+  if (im->scratch.size() < full) im->scratch.resize(full);
+  allreduce_any(im->ctx, k->send, im->scratch.data(), k->count * c->size, k->dtype, k->op);
+  std::memcpy(k->recv, im->scratch.data() + static_cast<size_t>(c->rank) * slice, slice);
+}
+
+void all_gather(const Ctx &ctx, const fsdp_coll_t *k) {
+  size_t bytes = k->count * fsdp_dtype_size(k->dtype);
+  gloo::AllgatherOptions o(ctx);
+  if (!k->in_place) o.setInput(static_cast<unsigned char *>(const_cast<void *>(k->send)), bytes);
+  o.setOutput(static_cast<unsigned char *>(k->recv), bytes * static_cast<size_t>(ctx->size));
+  gloo::allgather(o);
+}
+
+void broadcast(const Ctx &ctx, const fsdp_coll_t *k) {
+  gloo::BroadcastOptions o(ctx);
+  o.setOutput(static_cast<unsigned char *>(k->recv), k->count * fsdp_dtype_size(k->dtype));
+  o.setRoot(k->root);
+  gloo::broadcast(o);
+}
+
+void run_coll(fsdp_comm_t c, const fsdp_coll_t *k) {
+  const Ctx &ctx = impl_of(c)->ctx;
+  switch (k->kind) {
+  case FSDP_COLL_ALL_GATHER:
+    return all_gather(ctx, k);
+  case FSDP_COLL_REDUCE_SCATTER:
+    return reduce_scatter(c, k);
+  case FSDP_COLL_ALL_REDUCE:
+    return allreduce_any(ctx, k->in_place ? k->recv : k->send, k->recv, k->count, k->dtype,
+                         k->op);
+  case FSDP_COLL_BROADCAST:
+    return broadcast(ctx, k);
+  case FSDP_COLL_BARRIER: {
+    gloo::BarrierOptions o(ctx);
+    return gloo::barrier(o);
+  }
+  }
+  throw std::logic_error("unknown collective kind " + std::to_string(k->kind));
+}
+
+} // namespace
+
+/* ---- the ops table -------------------------------------------------------- */
+
+extern "C" {
+
+static fsdp_status_t gloo_create(fsdp_world_t world, fsdp_comm_t c) {
+  c->rank = fsdp_world_rank(world);
+  c->size = fsdp_world_size(world);
+  return connect(c);
+}
+
+static fsdp_status_t gloo_dup(fsdp_comm_t comm, fsdp_comm_t out) {
+  out->rank = comm->rank;
+  out->size = comm->size;
+  return connect(out);
+}
+
+static void gloo_destroy(fsdp_comm_t c) {
+  delete impl_of(c);
+  c->impl = nullptr;
+}
+
+static fsdp_status_t gloo_run(fsdp_comm_t c, const fsdp_coll_t *k) {
+  try {
+    run_coll(c, k);
+  } catch (const std::exception &e) {
+    char what[256];
+    fsdp_coll_describe(k, what, sizeof what);
+    return fsdp_error(FSDP_ERR_COMM, "%s on communicator %d failed on rank %d of %d: gloo: %s "
+                      "(a peer failed, timed out or was killed: see its message)", what, c->id,
+                      c->rank, c->size, e.what());
+  }
+  if (k->op == FSDP_AVG &&
+      (k->kind == FSDP_COLL_ALL_REDUCE || k->kind == FSDP_COLL_REDUCE_SCATTER))
+    fsdp_comm_scale(k->recv, k->count, k->dtype, 1.0 / c->size);
+  return FSDP_SUCCESS;
+}
+
+static void gloo_abort(fsdp_comm_t c) {
+  try {
+    impl_of(c)->ctx->closeConnections();
+  } catch (const std::exception &e) {
+    fsdp_log(FSDP_LOG_WARN, "gloo: aborting communicator %d: %s", c->id, e.what());
+  }
+}
+
+/* The mpi backend's per-call limit (MPI counts are int), so that a program
+ * accepted under mpirun is accepted under fsdp-run and the other way round. */
+const fsdp_comm_ops_t fsdp_comm_gloo_ops = {"gloo", 0x7fffffff, gloo_create, gloo_dup,
+                                            gloo_destroy, gloo_run, gloo_abort};
+}
