@@ -1,0 +1,136 @@
+/* src/tools/fsdp_run.c — fsdp-run, a torchrun-style launcher: starts
+ * --nproc-per-node workers with the env:// variables fsdp_world_init reads,
+ * supervises them (run_group.c), and restarts the whole group up to
+ * --max-restarts times after a failure; workers learn which attempt they are
+ * in from FSDP_RESTART_COUNT (fsdp-train --resume auto then continues from
+ * the latest checkpoint). */
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "tools/run.h"
+
+static const char usage_text[] =
+    "usage: fsdp-run [options] [--] program [args...]\n"
+    "  --nproc-per-node N   workers on this node (default 1)\n"
+    "  --nnodes N           nodes in the job (default 1)\n"
+    "  --node-rank K        this node, 0..N-1 (default 0)\n"
+    "  --master-addr A      where rank 0 (on node 0) serves the rendezvous store\n"
+    "                       (default 127.0.0.1)\n"
+    "  --master-port P      its port (default 29500; 0: a free port, one node only)\n"
+    "  --max-restarts R     restart the whole group up to R times after a failure\n"
+    "                       (default 0); workers see FSDP_RESTART_COUNT\n"
+    "  --grace S            seconds between SIGTERM and SIGKILL when stopping (default 10)\n"
+    "Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,\n"
+    "MASTER_ADDR, MASTER_PORT, FSDP_RESTART_COUNT and FSDP_MAX_RESTARTS. Its stderr\n"
+    "is echoed prefixed \"[rank N] \"; stdout is passed through. When a worker fails\n"
+    "the others are stopped and a root-cause report names it. Exit status: 0 when\n"
+    "every worker succeeded, 1 after a failure, 128+signal when interrupted.\n";
+
+typedef struct {
+  const char *name;
+  int *i;
+  double *d;
+  const char **s;
+} flag_t;
+
+static int set_flag(const flag_t *f, const char *v) {
+  char *end;
+  errno = 0;
+  if (f->s) {
+    *f->s = v;
+    return 0;
+  }
+  if (f->d) {
+    *f->d = strtod(v, &end);
+    if (*v && !*end && !errno && *f->d >= 0) return 0;
+  } else {
+    long x = strtol(v, &end, 10);
+    if (*v && !*end && !errno && x >= 0 && x <= 1 << 24) return *f->i = (int)x, 0;
+  }
+  fprintf(stderr, "fsdp-run: %s '%s' is not a non-negative number\n", f->name, v);
+  return -1;
+}
+
+/* Flags up to the program; "--flag value" and "--flag=value". Returns the
+ * index of the program's name, 0 for --help, -1 on error. */
+static int parse(int argc, char **argv, run_opts_t *o) {
+  const flag_t flags[] = {
+      {"--nproc-per-node", &o->nproc, NULL, NULL}, {"--nnodes", &o->nnodes, NULL, NULL},
+      {"--node-rank", &o->node_rank, NULL, NULL},  {"--master-addr", NULL, NULL, &o->master_addr},
+      {"--master-port", &o->master_port, NULL, NULL},
+      {"--max-restarts", &o->max_restarts, NULL, NULL}, {"--grace", NULL, &o->grace_s, NULL},
+  };
+  int i = 1;
+  for (; i < argc && !strncmp(argv[i], "--", 2); i++) {
+    if (!strcmp(argv[i], "--")) return i + 1 < argc ? i + 1 : -1;
+    if (!strcmp(argv[i], "--help")) return fputs(usage_text, stdout), 0;
+    const char *eq = strchr(argv[i], '='), *v = eq ? eq + 1 : argv[i + 1];
+    size_t len = eq ? (size_t)(eq - argv[i]) : strlen(argv[i]);
+    const flag_t *f = NULL;
+    for (size_t k = 0; k < sizeof flags / sizeof flags[0]; k++)
+      if (strlen(flags[k].name) == len && !strncmp(argv[i], flags[k].name, len)) f = &flags[k];
+    if (!f) return fprintf(stderr, "fsdp-run: unknown option %s (see --help)\n", argv[i]), -1;
+    if (!v) return fprintf(stderr, "fsdp-run: %s needs a value\n", argv[i]), -1;
+    if (set_flag(f, v)) return -1;
+    i += !eq;
+  }
+  if (i >= argc) fprintf(stderr, "fsdp-run: no program to run (see --help)\n");
+  return i < argc ? i : -1;
+}
+
+static int check(const run_opts_t *o) {
+  const char *why = o->nproc < 1              ? "--nproc-per-node must be at least 1"
+                    : o->nnodes < 1           ? "--nnodes must be at least 1"
+                    : o->node_rank >= o->nnodes ? "--node-rank must be below --nnodes"
+                    : o->master_port > 65535  ? "--master-port must be at most 65535"
+                    : o->master_port == 0 && o->nnodes > 1
+                        ? "--master-port 0 (any free port) works on one node only"
+                        : NULL;
+  if (why) fprintf(stderr, "fsdp-run: %s\n", why);
+  return why ? -1 : 0;
+}
+
+/* A port free right now; another process could take it before rank 0 binds
+ * it, which rank 0 then reports (the store cannot bind). */
+static int free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), port = -1;
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+      getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+    port = ntohs(a.sin_port);
+  if (fd >= 0) close(fd);
+  return port;
+}
+
+int main(int argc, char **argv) {
+  run_opts_t o = {.nproc = 1, .nnodes = 1, .master_addr = "127.0.0.1", .master_port = 29500,
+                  .grace_s = 10.0};
+  int first = parse(argc, argv, &o);
+  if (first <= 0) return first == 0 ? 0 : 2;
+  if (check(&o)) return 2;
+  o.argv = argv + first;
+  if (gethostname(o.host, sizeof o.host - 1)) snprintf(o.host, sizeof o.host, "?");
+  if (o.master_port == 0 && (o.master_port = free_port()) < 0) {
+    fprintf(stderr, "fsdp-run: cannot find a free port: %s\n", strerror(errno));
+    return 1;
+  }
+  if (run_signals_install()) {
+    fprintf(stderr, "fsdp-run: cannot install signal handlers: %s\n", strerror(errno));
+    return 1;
+  }
+  for (int attempt = 0;; attempt++) {
+    int sig = 0;
+    group_result_t r = run_group(&o, attempt, &sig);
+    if (r == GROUP_SUCCEEDED) return 0;
+    if (r == GROUP_INTERRUPTED) return 128 + sig;
+    if (attempt >= o.max_restarts) return 1;
+    fprintf(stderr, "fsdp-run: restarting the worker group (restart %d of %d, "
+            "FSDP_RESTART_COUNT=%d)\n", attempt + 1, o.max_restarts, attempt + 1);
+  }
+}

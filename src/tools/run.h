@@ -1,0 +1,37 @@
+/* src/tools/run.h — what fsdp-run's pieces share: the options (fsdp_run.c
+ * parses them) and one attempt of the worker group (run_group.c spawns,
+ * supervises, stops and reports). fsdp-run uses no part of the library: it
+ * only starts processes with the env:// variables set. */
+#ifndef FSDP_TOOLS_RUN_H
+#define FSDP_TOOLS_RUN_H
+
+typedef struct {
+  int nproc;          /* workers on this node */
+  int nnodes, node_rank;
+  const char *master_addr;
+  int master_port;
+  int max_restarts;
+  double grace_s;     /* SIGTERM, then SIGKILL after this long */
+  char **argv;        /* the worker command, NULL-terminated */
+  char host[256];     /* this node's name, for reports */
+} run_opts_t;
+
+typedef enum {
+  GROUP_SUCCEEDED = 0, /* every worker exited with status 0 */
+  GROUP_FAILED,        /* a worker failed; the others were stopped */
+  GROUP_INTERRUPTED    /* fsdp-run got SIGINT/SIGTERM and passed it on */
+} group_result_t;
+
+/* Installs the signal handlers the supervisor relies on (SIGCHLD, SIGINT,
+ * SIGTERM through a self-pipe; SIGPIPE ignored). 0, or -1 with errno. */
+int run_signals_install(void);
+
+/* Runs the worker group once (attempt 0, 1, ...: FSDP_RESTART_COUNT): each
+ * worker's stderr is echoed prefixed "[rank N] "; when one fails the others
+ * get SIGTERM, then SIGKILL after grace_s, and a root-cause report (rank,
+ * host, exit code or signal, last stderr line) goes to stderr. Returns when
+ * every worker has been reaped. *signal_out is the signal that interrupted
+ * fsdp-run (GROUP_INTERRUPTED). */
+group_result_t run_group(const run_opts_t *o, int attempt, int *signal_out);
+
+#endif

@@ -1,0 +1,358 @@
+/* src/tools/run_group.c — one attempt of fsdp-run's worker group: spawn every
+ * local worker with its env:// variables, echo their stderr line by line
+ * with a rank prefix (remembering each one's last line), and supervise them
+ * from a single poll loop fed by a self-pipe of signals. The first failure
+ * stops the others (SIGTERM, SIGKILL after the grace period) and is reported
+ * as the root cause; SIGINT and SIGTERM sent to fsdp-run are passed on.
+ *
+ * No orphans: workers share one process group of their own (signals reach
+ * their children too) and ask the kernel to kill them if fsdp-run dies
+ * (PR_SET_PDEATHSIG), so not even SIGKILL of the launcher leaves workers. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tools/run.h"
+
+#define LINE_BYTES 4096
+#define DRAIN_S 1.0 /* how long to read a pipe still held open after its worker died */
+
+typedef struct {
+  int rank, local_rank;
+  pid_t pid;
+  int fd;                     /* read end of its stderr pipe; -1 once closed */
+  char partial[LINE_BYTES];   /* a line not yet ended */
+  size_t n_partial;
+  char last[LINE_BYTES];      /* the last non-empty line it wrote to stderr */
+  int reaped, status, round;  /* round: supervision round that reaped it */
+  int stopped_with;           /* the signal fsdp-run sent it, 0 none */
+} worker_t;
+
+typedef struct {
+  const run_opts_t *o;
+  int attempt;
+  worker_t *w;
+  int n;
+  pid_t launcher, pgid;
+  int stopping, killed, round, failed, interrupted_by;
+  double kill_at, drain_until;
+} group_t;
+
+/* The self-pipe: a signal handler has no context to write to but a global. */
+static int sig_pipe[2] = {-1, -1};
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void on_signal(int sig) {
+  int saved = errno;
+  unsigned char b = (unsigned char)sig;
+  if (write(sig_pipe[1], &b, 1) < 0) { /* full pipe: a wake-up is pending anyway */
+  }
+  errno = saved;
+}
+
+int run_signals_install(void) {
+  if (pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK)) return -1;
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+  if (sigaction(SIGCHLD, &sa, NULL) || sigaction(SIGINT, &sa, NULL) ||
+      sigaction(SIGTERM, &sa, NULL))
+    return -1;
+  signal(SIGPIPE, SIG_IGN);
+  return 0;
+}
+
+/* ---- spawning ------------------------------------------------------------ */
+
+static void setenv_int(const char *name, long v) {
+  char text[32];
+  snprintf(text, sizeof text, "%ld", v);
+  setenv(name, text, 1);
+}
+
+/* The env:// contract (fsdp/world.h); MPI's variables go, so that a worker
+ * never mistakes itself for an mpirun rank. */
+static void worker_env(const group_t *g, const worker_t *w) {
+  const run_opts_t *o = g->o;
+  static const char *mpi_vars[] = {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_SIZE",
+                                   "PMI_RANK", "PMIX_RANK", "MPI_LOCALNRANKS"};
+  for (size_t i = 0; i < sizeof mpi_vars / sizeof mpi_vars[0]; i++) unsetenv(mpi_vars[i]);
+  setenv_int("RANK", w->rank);
+  setenv_int("LOCAL_RANK", w->local_rank);
+  setenv_int("WORLD_SIZE", (long)o->nproc * o->nnodes);
+  setenv_int("LOCAL_WORLD_SIZE", o->nproc);
+  setenv_int("GROUP_RANK", o->node_rank);
+  setenv("MASTER_ADDR", o->master_addr, 1);
+  setenv_int("MASTER_PORT", o->master_port);
+  setenv_int("FSDP_RESTART_COUNT", g->attempt);
+  setenv_int("FSDP_MAX_RESTARTS", o->max_restarts);
+}
+
+/* In the child: never returns. */
+static void child_exec(const group_t *g, const worker_t *w, int err_fd) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != g->launcher) _exit(1); /* fsdp-run died before prctl */
+  setpgid(0, g->pgid);
+  dup2(err_fd, STDERR_FILENO);
+  close(err_fd);
+  signal(SIGCHLD, SIG_DFL);
+  signal(SIGINT, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
+  signal(SIGPIPE, SIG_DFL);
+  worker_env(g, w);
+  execvp(g->o->argv[0], g->o->argv);
+  fprintf(stderr, "fsdp-run: cannot run '%s': %s\n", g->o->argv[0], strerror(errno));
+  _exit(127);
+}
+
+static int spawn(group_t *g, worker_t *w) {
+  int p[2];
+  if (pipe2(p, O_CLOEXEC)) return -1;
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(p[0]);
+    close(p[1]);
+    return -1;
+  }
+  if (pid == 0) child_exec(g, w, p[1]);
+  if (g->pgid == 0) g->pgid = pid; /* the first worker leads the group */
+  setpgid(pid, g->pgid);          /* also here: whichever runs first wins */
+  close(p[1]);
+  fcntl(p[0], F_SETFL, O_NONBLOCK);
+  w->pid = pid;
+  w->fd = p[0];
+  return 0;
+}
+
+/* ---- output -------------------------------------------------------------- */
+
+/* Echoes one line prefixed with the rank (one write, so ranks never
+ * interleave within a line) and remembers it when it says something. */
+static void emit_line(worker_t *w, const char *line, size_t len) {
+  char out[LINE_BYTES + 32];
+  int n = snprintf(out, sizeof out, "[rank %d] %.*s\n", w->rank, (int)len, line);
+  if (n > 0 && write(STDERR_FILENO, out, (size_t)n < sizeof out ? (size_t)n : sizeof out) < 0) {
+    /* nobody to tell: our own stderr is gone */
+  }
+  size_t k = len;
+  while (k && (line[k - 1] == ' ' || line[k - 1] == '\r' || line[k - 1] == '\t')) k--;
+  if (k) snprintf(w->last, sizeof w->last, "%.*s", (int)k, line);
+}
+
+static void close_pipe(worker_t *w) {
+  if (w->n_partial) emit_line(w, w->partial, w->n_partial);
+  w->n_partial = 0;
+  close(w->fd);
+  w->fd = -1;
+}
+
+static void read_pipe(worker_t *w) {
+  char buf[LINE_BYTES];
+  ssize_t got = read(w->fd, buf, sizeof buf);
+  if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)) {
+    close_pipe(w);
+    return;
+  }
+  for (ssize_t i = 0; i < got; i++) {
+    if (buf[i] == '\n' || w->n_partial == sizeof w->partial) {
+      emit_line(w, w->partial, w->n_partial);
+      w->n_partial = 0;
+      if (buf[i] == '\n') continue;
+    }
+    w->partial[w->n_partial++] = buf[i];
+  }
+}
+
+/* ---- supervision --------------------------------------------------------- */
+
+static int failed_status(int status) { return !WIFEXITED(status) || WEXITSTATUS(status) != 0; }
+
+static void signal_all(group_t *g, int sig) {
+  for (int i = 0; i < g->n; i++)
+    if (!g->w[i].reaped) {
+      kill(g->w[i].pid, sig);
+      g->w[i].stopped_with = sig;
+    }
+  if (g->pgid > 0) killpg(g->pgid, sig); /* their own children too */
+}
+
+/* Asks every live worker to stop with sig; SIGKILL follows after the grace. */
+static void stop_all(group_t *g, int sig) {
+  if (!g->stopping) g->kill_at = now_s() + g->o->grace_s;
+  g->stopping = 1;
+  signal_all(g, sig);
+}
+
+static void reap(group_t *g) {
+  int newly_failed = 0;
+  g->round++;
+  for (int i = 0; i < g->n; i++) {
+    worker_t *w = &g->w[i];
+    if (w->reaped || waitpid(w->pid, &w->status, WNOHANG) != w->pid) continue;
+    w->reaped = 1;
+    w->round = g->round;
+    if (w->fd >= 0) g->drain_until = now_s() + DRAIN_S;
+    newly_failed |= failed_status(w->status);
+  }
+  if (newly_failed && !g->stopping) {
+    g->failed = 1;
+    stop_all(g, SIGTERM);
+  }
+}
+
+static void on_signals(group_t *g) {
+  unsigned char sigs[64];
+  ssize_t n;
+  while ((n = read(sig_pipe[0], sigs, sizeof sigs)) > 0)
+    for (ssize_t i = 0; i < n; i++) {
+      if (sigs[i] == SIGCHLD) continue; /* reaping happens every round */
+      if (g->interrupted_by) { /* asked twice: no more grace */
+        signal_all(g, SIGKILL);
+        g->killed = 1;
+        continue;
+      }
+      g->interrupted_by = sigs[i];
+      stop_all(g, sigs[i]);
+    }
+}
+
+static int live(const group_t *g, int *pipes_open) {
+  int n = 0;
+  *pipes_open = 0;
+  for (int i = 0; i < g->n; i++) {
+    n += !g->w[i].reaped;
+    *pipes_open += g->w[i].fd >= 0;
+  }
+  return n;
+}
+
+/* Poll timeout: until the SIGKILL deadline, or the end of draining pipes
+ * left open by workers already reaped (their children may hold them). */
+static int poll_timeout_ms(const group_t *g, int n_live) {
+  double until = -1;
+  if (g->stopping && !g->killed && n_live) until = g->kill_at;
+  if (!n_live) until = g->drain_until;
+  if (until < 0) return -1;
+  double left = until - now_s();
+  return left <= 0 ? 0 : (int)(left * 1000.0) + 1;
+}
+
+static void supervise(group_t *g) {
+  struct pollfd *pf = calloc((size_t)g->n + 1, sizeof *pf);
+  int *who = calloc((size_t)g->n + 1, sizeof *who), pipes;
+  if (!pf || !who) abort(); /* a few bytes; nothing sensible is left to do */
+  for (int n_live; (n_live = live(g, &pipes)) || pipes;) {
+    int k = 1;
+    pf[0] = (struct pollfd){sig_pipe[0], POLLIN, 0};
+    for (int i = 0; i < g->n; i++)
+      if (g->w[i].fd >= 0) pf[k] = (struct pollfd){g->w[i].fd, POLLIN, 0}, who[k++] = i;
+    int rc = poll(pf, (nfds_t)k, poll_timeout_ms(g, n_live));
+    if (rc > 0 && pf[0].revents) on_signals(g);
+    for (int j = 1; rc > 0 && j < k; j++)
+      if (pf[j].revents) read_pipe(&g->w[who[j]]);
+    reap(g);
+    if (g->stopping && !g->killed && now_s() >= g->kill_at && live(g, &pipes)) {
+      signal_all(g, SIGKILL);
+      g->killed = 1;
+    }
+    if (!live(g, &pipes) && now_s() >= g->drain_until)
+      for (int i = 0; i < g->n; i++)
+        if (g->w[i].fd >= 0) close_pipe(&g->w[i]);
+  }
+  free(pf);
+  free(who);
+}
+
+/* ---- report -------------------------------------------------------------- */
+
+/* The root cause: the earliest failure fsdp-run did not cause itself; among
+ * failures seen at once, a death by signal before a non-zero exit (the
+ * others usually fail because it died), then the lowest rank. */
+static const worker_t *root_cause(const group_t *g) {
+  const worker_t *best = NULL;
+  for (int i = 0; i < g->n; i++) {
+    const worker_t *w = &g->w[i];
+    if (!w->reaped || !failed_status(w->status)) continue;
+    if (WIFSIGNALED(w->status) && WTERMSIG(w->status) == w->stopped_with) continue;
+    if (!best || w->round < best->round ||
+        (w->round == best->round && WIFSIGNALED(w->status) && !WIFSIGNALED(best->status)))
+      best = w;
+  }
+  return best;
+}
+
+static void describe(const worker_t *w, char *buf, size_t n) {
+  if (WIFEXITED(w->status)) {
+    snprintf(buf, n, "exited with code %d", WEXITSTATUS(w->status));
+    return;
+  }
+  int sig = WTERMSIG(w->status);
+  const char *abbrev = sigabbrev_np(sig);
+  snprintf(buf, n, "%s signal %d (SIG%s)", sig == w->stopped_with ? "was stopped by fsdp-run "
+           "with" : "was killed by", sig, abbrev ? abbrev : "?");
+}
+
+static void report_worker(const group_t *g, const worker_t *w, const char *label) {
+  char how[96];
+  describe(w, how, sizeof how);
+  fprintf(stderr, "fsdp-run:   %srank %d (local rank %d, host %s, pid %ld) %s\n", label,
+          w->rank, w->local_rank, g->o->host, (long)w->pid, how);
+  fprintf(stderr, "fsdp-run:     last error line: %s\n", w->last[0] ? w->last
+                                                                    : "(nothing on stderr)");
+}
+
+static void report(const group_t *g) {
+  const worker_t *root = root_cause(g);
+  fprintf(stderr, "fsdp-run: worker group failed on %s (attempt %d of %d)\n", g->o->host,
+          g->attempt + 1, g->o->max_restarts + 1);
+  if (root) report_worker(g, root, "root cause: ");
+  for (int i = 0; i < g->n; i++)
+    if (&g->w[i] != root && g->w[i].reaped &&
+        (failed_status(g->w[i].status) || g->w[i].stopped_with))
+      report_worker(g, &g->w[i], "");
+}
+
+/* ---- the attempt --------------------------------------------------------- */
+
+group_result_t run_group(const run_opts_t *o, int attempt, int *signal_out) {
+  group_t g = {.o = o, .attempt = attempt, .n = o->nproc, .launcher = getpid()};
+  g.w = calloc((size_t)o->nproc, sizeof *g.w);
+  if (!g.w) {
+    fprintf(stderr, "fsdp-run: out of memory for %d workers\n", o->nproc);
+    return GROUP_FAILED;
+  }
+  for (int i = 0; i < o->nproc; i++) {
+    g.w[i] = (worker_t){.rank = o->node_rank * o->nproc + i, .local_rank = i, .fd = -1,
+                        .reaped = 1};
+    if (spawn(&g, &g.w[i]) != 0) {
+      fprintf(stderr, "fsdp-run: cannot start local rank %d: %s\n", i, strerror(errno));
+      g.failed = 1;
+      stop_all(&g, SIGTERM);
+      break;
+    }
+    g.w[i].reaped = 0;
+  }
+  supervise(&g);
+  group_result_t result = g.interrupted_by ? GROUP_INTERRUPTED
+                          : g.failed       ? GROUP_FAILED
+                                           : GROUP_SUCCEEDED;
+  if (result == GROUP_FAILED) report(&g);
+  *signal_out = g.interrupted_by;
+  free(g.w);
+  return result;
+}
