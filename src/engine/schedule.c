@@ -4,6 +4,7 @@
  * collectives in the same order. */
 #include <string.h>
 
+#include "comm/comm_internal.h"
 #include "engine/engine_internal.h"
 
 static const char *pass_name(fsdp_pass_t p) { return p == FSDP_FORWARD ? "forward" : "backward"; }
@@ -60,6 +61,7 @@ static fsdp_status_t gather_issue(struct fsdp_engine *e, struct unit *u, int slo
   u->gather_op = (struct stream_op){e, u, pass, 0.0, e->bf16 ? p->lp : NULL, p->buf};
   FSDP_TRY(fsdp_stream_wait_event(e->s_gather, p->free_ev));
   FSDP_TRY(fsdp_stream_launch(e->s_gather, mark_begin, &u->gather_op));
+  fsdp_comm_set_tag(e->comm_gather, u->name); /* names the unit in timeouts and desyncs */
   if (e->bf16)
     FSDP_TRY(fsdp_all_gather(e->comm_gather, u->lp, p->lp, u->shard, FSDP_BF16, e->s_gather));
   else
@@ -172,6 +174,7 @@ static fsdp_status_t reduce_issue(struct fsdp_engine *e, struct unit *u, float *
   FSDP_TRY(fsdp_event_record(e->compute_done, fsdp_engine_stream(e)));
   FSDP_TRY(fsdp_stream_wait_event(e->s_reduce, e->compute_done));
   FSDP_TRY(fsdp_stream_launch(e->s_reduce, mark_begin, &u->reduce_op));
+  fsdp_comm_set_tag(e->comm_reduce, u->name);
   if (e->shard_world > 1)
     FSDP_TRY(fsdp_reduce_scatter(e->comm_reduce, src, e->staging, u->shard, FSDP_F32, FSDP_SUM,
                                  e->s_reduce));

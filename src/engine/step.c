@@ -5,6 +5,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "comm/comm_internal.h"
 #include "engine/engine_internal.h"
 
 static fsdp_status_t step_ready(struct fsdp_engine *e) {
@@ -68,9 +69,11 @@ static fsdp_status_t step(struct fsdp_engine *e, fsdp_step_stats_t *stats) {
   e->grads_live = 0;
 
   double local = shard_sumsq(e), global = local;
-  if (e->shard_world > 1)
+  if (e->shard_world > 1) {
+    fsdp_comm_set_tag(e->comm_host, "grad_norm"); /* named in timeouts and desyncs */
     FSDP_TRY(fsdp_all_reduce(e->comm_host, &local, &global, 1, FSDP_F64, FSDP_SUM,
                              FSDP_HOST_STREAM));
+  }
   double norm = sqrt(global), coef = 1.0;
   float max_norm = e->cfg.optim.max_grad_norm;
   if (max_norm > 0.0f && norm > max_norm) coef = max_norm / (norm + 1e-6);
