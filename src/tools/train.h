@@ -65,6 +65,11 @@ int train_save(trainer_t *t, int step);
 /* One past the last update this process runs: --stop-after or the schedule's end. */
 int train_end_step(const trainer_t *t);
 
+/* Test-only fault injection (FSDP_FAULT, train_fault.c), called in the middle
+ * of every step: kills, stalls or fails this rank when the variable says so;
+ * -1 when FSDP_FAULT is malformed, else 0. */
+int train_fault(const trainer_t *t, int step);
+
 int train_mlp(trainer_t *t);
 int train_gpt2(trainer_t *t);
 

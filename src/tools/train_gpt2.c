@@ -81,7 +81,8 @@ static int run(trainer_t *t, gpt_task_t *g) {
   for (int s = t->start_step; s < end; s++) {
     double ts = fsdp_time_now();
     fsdp_step_stats_t st;
-    if (step(t, g, s, &loss) || fsdp_engine_step(t->eng, &st)) return -1;
+    if (step(t, g, s, &loss) || train_fault(t, s + 1) || fsdp_engine_step(t->eng, &st))
+      return -1;
     if (first < 0) first = loss;
     train_report_step(t, s + 1, loss, &st, fsdp_time_now() - ts, "tokens", tokens);
     if ((o->eval_every > 0 && (s + 1) % o->eval_every == 0) || s + 1 == o->steps) {

@@ -72,7 +72,8 @@ static int run(trainer_t *t, mlp_task_t *m) {
   for (int k = t->start_step; k < end; k++) {
     double ts = fsdp_time_now();
     fsdp_step_stats_t st;
-    if (step(t, m, k / per_epoch, k % per_epoch, &loss) || fsdp_engine_step(t->eng, &st))
+    if (step(t, m, k / per_epoch, k % per_epoch, &loss) || train_fault(t, k + 1) ||
+        fsdp_engine_step(t->eng, &st))
       return -1;
     if (first < 0) first = loss;
     train_report_step(t, k + 1, loss, &st, fsdp_time_now() - ts, "samples",

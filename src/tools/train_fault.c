@@ -1,0 +1,62 @@
+/* src/tools/train_fault.c — fault injection for tests, in one place: the
+ * FSDP_FAULT environment variable makes one rank of fsdp-train fail in the
+ * middle of a step (after its forward and backward, with gradient
+ * reductions in flight, before the optimizer step):
+ *
+ *   FSDP_FAULT=ACTION:rank=R:step=S[:attempt=A]
+ *     kill   the rank sends itself SIGKILL (a crash: no message, no cleanup)
+ *     stall  the rank stops calling collectives and blocks forever (a hang)
+ *     exit   the rank prints an error line and exits with status 3
+ *   S counts from 1 (the step being taken). A is the launch attempt it fires
+ *   in (FSDP_RESTART_COUNT, default 0), so a restarted group runs clean.
+ *
+ * Test-only: nothing else reads FSDP_FAULT. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tools/train.h"
+
+typedef enum { FAULT_NONE = 0, FAULT_KILL, FAULT_STALL, FAULT_EXIT } fault_action_t;
+
+typedef struct {
+  fault_action_t action;
+  int rank, step, attempt;
+} fault_t;
+
+/* Parses "ACTION:rank=R:step=S[:attempt=A]"; 0, or -1 when malformed. */
+static int fault_parse(const char *spec, fault_t *f) {
+  char action[16];
+  int n = 0, m = 0;
+  *f = (fault_t){FAULT_NONE, -1, -1, 0};
+  if (sscanf(spec, "%15[a-z]:rank=%d:step=%d%n", action, &f->rank, &f->step, &n) != 3) return -1;
+  if (spec[n] && (sscanf(spec + n, ":attempt=%d%n", &f->attempt, &m) != 1 || spec[n + m]))
+    return -1;
+  f->action = !strcmp(action, "kill")    ? FAULT_KILL
+              : !strcmp(action, "stall") ? FAULT_STALL
+              : !strcmp(action, "exit")  ? FAULT_EXIT
+                                         : FAULT_NONE;
+  return f->action == FAULT_NONE || f->rank < 0 || f->step < 1 || f->attempt < 0 ? -1 : 0;
+}
+
+int train_fault(const trainer_t *t, int step) {
+  const char *spec = getenv("FSDP_FAULT");
+  if (!spec || !*spec) return 0;
+  fault_t f;
+  if (fault_parse(spec, &f)) {
+    fprintf(stderr, "fsdp-train: FSDP_FAULT='%s' is not ACTION:rank=R:step=S[:attempt=A] "
+            "with ACTION kill, stall or exit\n", spec);
+    return -1;
+  }
+  const char *rc = getenv("FSDP_RESTART_COUNT");
+  if (f.rank != t->rank || f.step != step || f.attempt != (rc ? atoi(rc) : 0)) return 0;
+  fflush(stdout);
+  if (f.action == FAULT_KILL) raise(SIGKILL);
+  if (f.action == FAULT_STALL)
+    for (;;) pause(); /* the hang being simulated: only a signal ends it */
+  fprintf(stderr, "fsdp-train: rank %d: injected failure at step %d (FSDP_FAULT=%s)\n",
+          t->rank, step, spec);
+  exit(3); /* like a trainer that gives up on its own, without a collective goodbye */
+}
