@@ -23,9 +23,12 @@
 #include "dist/env_world.h"
 #include "dist/world_env.h"
 
-/* How long rank 0 keeps serving after a failed verdict so that the ranks
- * waiting for it can read it. */
-#define RDZV_LINGER_S 2.0
+/* Rank 0 decides this much before the rendezvous timeout (at most 1 s, a
+ * tenth of short timeouts), so that the ranks waiting for its verdict read it
+ * before their own deadline and every rank is gone within the timeout. */
+static double verdict_margin(double timeout_s) {
+  return timeout_s / 10 < 1.0 ? timeout_s / 10 : 1.0;
+}
 
 struct fsdp_env_world {
   fsdp_env_layout_t layout;
@@ -164,10 +167,11 @@ static fsdp_status_t connect_store(struct fsdp_env_world *e, double deadline) {
   fsdp_status_t st = fsdp_store_connect(r0 ? "127.0.0.1" : e->master, e->port,
                                         left > 0 ? left : 0, &e->store);
   if (st == FSDP_SUCCESS || r0) return st;
+  char why[512];
+  snprintf(why, sizeof why, "%s", fsdp_last_error()); /* fsdp_error rewrites that buffer */
   return fsdp_error(st, "env:// rendezvous: rank %d cannot join: %s. Rank 0 serves the store "
                     "at MASTER_ADDR:MASTER_PORT (%s:%d): it has not started, has exited, or "
-                    "the address is wrong", e->layout.rank, fsdp_last_error(), e->master,
-                    e->port);
+                    "the address is wrong", e->layout.rank, why, e->master, e->port);
 }
 
 static fsdp_status_t register_rank(struct fsdp_env_world *e) {
@@ -204,9 +208,8 @@ static void check_sizes(struct fsdp_env_world *e, char *why, size_t n) {
 }
 
 /* Rank 0 keeps serving a failed verdict until the ranks that joined have
- * read it, or briefly when some are gone already. */
-static void linger(struct fsdp_env_world *e) {
-  double deadline = fsdp_time_now() + RDZV_LINGER_S;
+ * read it, or until the rendezvous deadline when some are gone already. */
+static void linger(struct fsdp_env_world *e, double deadline) {
   for (int i = 1; i < e->layout.size; i++) {
     char key[48];
     int joined = 0;
@@ -222,9 +225,10 @@ static void linger(struct fsdp_env_world *e) {
 static fsdp_status_t decide(struct fsdp_env_world *e, double t0, double deadline) {
   fsdp_status_t st = FSDP_SUCCESS;
   char verdict[1100] = "ok", why[900];
+  double decide_by = deadline - verdict_margin(e->timeout_s);
   for (int i = 0; i < e->layout.size && st == FSDP_SUCCESS; i++) {
     char key[48], *v = NULL;
-    double left = deadline - fsdp_time_now();
+    double left = decide_by - fsdp_time_now();
     snprintf(key, sizeof key, "rdzv/rank/%d", i);
     st = fsdp_store_get(e->store, key, left > 0 ? left : 0, &v, NULL);
     fsdp_free(v);
@@ -241,7 +245,7 @@ static fsdp_status_t decide(struct fsdp_env_world *e, double t0, double deadline
   snprintf(saved, sizeof saved, "%s", fsdp_last_error());
   if (fsdp_store_set(e->store, "rdzv/verdict", verdict, strlen(verdict)) == FSDP_SUCCESS &&
       st != FSDP_SUCCESS)
-    linger(e);
+    linger(e, deadline);
   if (st != FSDP_SUCCESS) fsdp_error_set(saved);
   return st;
 }

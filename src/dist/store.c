@@ -109,12 +109,16 @@ static int try_connect(const char *host, int port, double deadline, char *err, s
     socklen_t len = sizeof soerr;
     if (w == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len) == 0 && soerr == 0) break;
     errno = w == 0 ? ETIMEDOUT : soerr ? soerr : errno;
-  next:
-    snprintf(err, errn, "%s", strerror(errno));
+  next:;
+    int saved = errno;
+    snprintf(err, errn, "%s", strerror(saved));
     if (fd >= 0) close(fd);
     fd = -1;
+    errno = saved;
   }
+  int saved = errno; /* what the caller reads when fd < 0 */
   freeaddrinfo(res);
+  errno = saved;
   return fd;
 }
 
@@ -125,14 +129,17 @@ static void pause_s(double s) {
 }
 
 /* Connects, retrying with a growing pause (the server may start later than
- * its clients) until the deadline. */
+ * its clients) until the deadline. err keeps the most telling failure: an
+ * attempt cut short by the deadline says less than a refusal before it. */
 static int connect_retrying(const char *host, int port, double deadline, char *err, size_t n) {
   double pause = 0.05;
-  for (;;) {
+  for (int tries = 0;; tries++) {
     double left = deadline - fsdp_time_now();
     double attempt = fsdp_time_now() + (left < 2.0 ? left : 2.0);
-    int fd = try_connect(host, port, attempt, err, n);
+    char why[256];
+    int fd = try_connect(host, port, attempt, why, sizeof why);
     if (fd >= 0) return fd;
+    if (tries == 0 || errno != ETIMEDOUT) snprintf(err, n, "%s", why);
     left = deadline - fsdp_time_now();
     if (left <= 0) return -1;
     pause_s(pause < left ? pause : left);
