@@ -1,0 +1,418 @@
+#!/usr/bin/env python3
+"""tests/launch/launch_test.py — the launch suite's end-to-end scenarios.
+
+One scenario per run (meson registers each): training parity between
+fsdp-run and mpirun, a rank killed mid-step, a rank that stops calling
+collectives, each desync case, bad env:// launches, restarts from a
+checkpoint, and signals to the launcher. Every run carries a unique
+FSDP_TEST_TAG in its environment; "no orphans" means no live process (zombies
+left to a non-reaping init do not count) still carries it once the launcher is
+gone. Waits are deadlines on process exit or on the process table, never
+sleeps standing in for a condition.
+
+usage: launch_test.py SCENARIO --build DIR [--mpirun PATH]
+"""
+import argparse
+import gzip
+import json
+import os
+import random
+import re
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+TEARDOWN_S = 30.0  # the issue's bound: every process gone within 30 s
+SKIP = 77
+
+
+class Failure(Exception):
+    pass
+
+
+def check(cond, what):
+    if not cond:
+        raise Failure(what)
+
+
+# ---- processes --------------------------------------------------------------
+
+def tagged_processes(tag):
+    """Live processes whose environment holds FSDP_TEST_TAG=tag."""
+    found, needle = [], ("FSDP_TEST_TAG=" + tag).encode()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        if state not in (b"Z", b"X") and needle in env.split(b"\0"):
+            found.append((int(pid), cmd.strip()))
+    return found
+
+
+def wait_no_orphans(tag, deadline):
+    """Polls the process table until nothing carries the tag; the leftovers
+    (killed, so that one failure does not leak into the next test) when the
+    deadline passes."""
+    while True:
+        left = tagged_processes(tag)
+        if not left or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    for pid, _ in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return left
+
+
+class Runner:
+    def __init__(self, args):
+        self.a = args
+        self.tmp = tempfile.mkdtemp(prefix="fsdp-launch-")
+        self.base_env = dict(os.environ, OPENBLAS_NUM_THREADS="1", FSDP_LOG_LEVEL="error",
+                             OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                             OMPI_MCA_btl="self,vader", OMPI_MCA_mpi_yield_when_idle="1",
+                             OMPI_MCA_rmaps_base_oversubscribe="1")
+        for k in ("FSDP_FAULT", "FSDP_TIMEOUT_S", "FSDP_DESYNC_CHECK", "MASTER_ADDR",
+                  "MASTER_PORT", "RANK", "WORLD_SIZE"):
+            self.base_env.pop(k, None)
+
+    def tool(self, name):
+        return os.path.join(self.a.build, name)
+
+    def launcher(self, kind, n):
+        if kind == "fsdp-run":
+            return [self.tool("fsdp-run"), "--nproc-per-node", str(n), "--master-port", "0"]
+        if not self.a.mpirun:
+            raise SystemExit(SKIP)
+        return [self.a.mpirun, "--oversubscribe", "--bind-to", "none", "-np", str(n)]
+
+    def run(self, cmd, extra_env=None, timeout=120):
+        """Runs cmd to completion; (rc, stdout, stderr, seconds, leftovers)."""
+        tag = uuid.uuid4().hex
+        env = dict(self.base_env, FSDP_TEST_TAG=tag, **(extra_env or {}))
+        t0 = time.monotonic()
+        p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, cwd=self.tmp)
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+            raise Failure(f"{cmd[0]} still running after {timeout} s:\n{err[-3000:]}")
+        secs = time.monotonic() - t0
+        left = wait_no_orphans(tag, t0 + TEARDOWN_S)
+        return p.returncode, out, err, secs, left
+
+
+# ---- data ---------------------------------------------------------------------
+
+def write_text(path):
+    rng = random.Random(7)
+    words = ("the quick brown fox jumps over a lazy dog while seven small birds sing of "
+             "rivers and stones under an old grey bridge").split()
+    with open(path, "w") as f:
+        for _ in range(3000):
+            f.write(" ".join(rng.choice(words) for _ in range(11)) + ".\n")
+
+
+def write_idx(directory, split, n, seed):
+    """A tiny Fashion-MNIST-shaped set: 28x28 images whose bright column band
+    depends on the label, so the MLP has something to learn."""
+    rng = random.Random(seed)
+    labels = bytes(rng.randrange(10) for _ in range(n))
+    pixels = bytearray()
+    for y in labels:
+        for r in range(28):
+            for c in range(28):
+                band = 2 + 2 * y <= c < 5 + 2 * y
+                pixels.append(min(255, (180 if band else 20) + rng.randrange(60)))
+    with gzip.open(os.path.join(directory, f"{split}-images-idx3-ubyte.gz"), "wb") as f:
+        f.write(struct.pack(">IIII", 0x803, n, 28, 28) + bytes(pixels))
+    with gzip.open(os.path.join(directory, f"{split}-labels-idx1-ubyte.gz"), "wb") as f:
+        f.write(struct.pack(">II", 0x801, n) + labels)
+
+
+def events(stdout, kind):
+    out = []
+    for line in stdout.splitlines():
+        if line.startswith("{"):
+            e = json.loads(line)
+            if e.get("event") == kind:
+                out.append(e)
+    return out
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---- scenarios ----------------------------------------------------------------
+
+# Only the transport differs between the launchers: gloo's ring sums in another
+# order than Open MPI, so losses agree to fp32 rounding (measured below 1e-6
+# relative). 1e-5 is well above that noise and far below any real divergence.
+LOSS_RTOL = 1e-5
+
+
+def train_args(r, model):
+    if model == "gpt2":
+        text = os.path.join(r.tmp, "text.txt")
+        write_text(text)
+        return ["--model", "gpt2", "--preset", "tiny", "--data", text, "--steps", "10",
+                "--global-batch", "8", "--eval-every", "5", "--json"]
+    data = os.path.join(r.tmp, "idx")
+    os.makedirs(data, exist_ok=True)
+    write_idx(data, "train", 1024, 1)
+    write_idx(data, "t10k", 256, 2)
+    return ["--model", "mlp", "--data", data, "--epochs", "1", "--hidden", "64,32",
+            "--global-batch", "64", "--log-every", "1", "--json"]
+
+
+def parity(r, model):
+    args = [r.tool("fsdp-train")] + train_args(r, model)
+    runs = {}
+    for kind in ("fsdp-run", "mpirun"):
+        rc, out, err, secs, left = r.run(r.launcher(kind, 4) + args)
+        check(rc == 0, f"{kind}: fsdp-train failed ({rc}):\n{err[-3000:]}")
+        check(not left, f"{kind}: leftover processes {left}")
+        runs[kind] = ([e["loss"] for e in events(out, "step")] +
+                      [e["loss"] for e in events(out, "eval")])
+        print(f"{model} under {kind}: {len(runs[kind])} losses in {secs:.1f} s")
+    a, b = runs["fsdp-run"], runs["mpirun"]
+    check(len(a) == len(b) and a, f"different numbers of losses: {len(a)} vs {len(b)}")
+    worst = max(abs(x - y) / max(1.0, abs(y)) for x, y in zip(a, b))
+    print(f"{model}: first loss {a[0]:.6f} vs {b[0]:.6f}, last {a[-1]:.6f} vs {b[-1]:.6f}, "
+          f"largest relative difference {worst:.2e} (tolerance {LOSS_RTOL:.0e})")
+    check(worst <= LOSS_RTOL, f"losses differ by {worst:.2e} > {LOSS_RTOL:.0e}: {a} vs {b}")
+
+
+def killed(r, kind):
+    args = [r.tool("fsdp-train")] + train_args(r, "gpt2")
+    rc, out, err, secs, left = r.run(r.launcher(kind, 4) + args,
+                                     {"FSDP_FAULT": "kill:rank=1:step=3"})
+    print(f"{kind}: exit {rc} after {secs:.1f} s; leftovers {left}")
+    check(rc != 0, f"{kind} exited 0 although rank 1 was killed")
+    check(secs <= TEARDOWN_S, f"{kind} took {secs:.1f} s > {TEARDOWN_S} s to exit")
+    check(not left, f"processes left behind: {left}")
+    if kind == "fsdp-run":
+        check(re.search(r"root cause: rank 1 .*killed by signal 9 \(SIGKILL\)", err),
+              f"no root-cause report naming rank 1:\n{err[-3000:]}")
+    else:
+        check(re.search(r"rank 1 .*signal 9", err), f"mpirun did not name rank 1:\n{err[-3000:]}")
+    print(next(l for l in err.splitlines() if "rank 1" in l and "signal 9" in l))
+
+
+def stalled(r, kind):
+    cmd = r.launcher(kind, 4) + [r.tool("tests/launch/launch_probe"), "stall", "1", "3"]
+    rc, out, err, secs, left = r.run(cmd, {"FSDP_TIMEOUT_S": "2"})
+    print(f"{kind}: exit {rc} after {secs:.1f} s (timeout 2 s); leftovers {left}")
+    check(rc != 0 and secs <= TEARDOWN_S and not left, f"rc {rc}, {secs:.1f} s, {left}")
+    reports = [l for l in err.splitlines() if "watchdog: all_reduce #4 for 'probe-loop'" in l]
+    for line in reports[:1]:
+        print(line)
+    if kind == "fsdp-run":
+        for rank in (0, 2, 3):
+            check(any(f"on rank {rank};" in l and "rank 1 never issued it" in l for l in reports),
+                  f"rank {rank} did not report rank 1 missing:\n{err[-3000:]}")
+    else:  # no store under mpirun: the operation and its number, then MPI_Abort
+        check(reports and "MPI_ABORT" in err, f"no timeout report:\n{err[-3000:]}")
+
+
+def stalled_trainer(r):
+    args = [r.tool("fsdp-train")] + train_args(r, "gpt2")
+    rc, out, err, secs, left = r.run(r.launcher("fsdp-run", 4) + args,
+                                     {"FSDP_FAULT": "stall:rank=2:step=2", "FSDP_TIMEOUT_S": "2"})
+    print(f"fsdp-run: exit {rc} after {secs:.1f} s; leftovers {left}")
+    check(rc != 0 and secs <= TEARDOWN_S and not left, f"rc {rc}, {secs:.1f} s, {left}")
+    lines = [l for l in err.splitlines() if "watchdog:" in l and "for 'grad_norm'" in l and
+             "rank 2 never issued it" in l]
+    for rank in (0, 1, 3):
+        check(any(l.startswith(f"[rank {rank}]") for l in lines),
+              f"rank {rank} did not report rank 2 missing:\n{err[-3000:]}")
+    print(lines[0])
+
+
+DESYNC = {
+    "extra": [r"ranks 0, 2-3 issued all_gather #1 \(4 f32 per rank\) but rank 1 issued "
+              r"all_reduce #1 \(1 f32, sum\)"],
+    "count": [r"ranks 0, 2-3 issued all_gather #1 \(4 f32 per rank\) but rank 1 issued "
+              r"all_gather #1 \(5 f32 per rank\)"],
+    "skip-unit": [r"ranks 0, 2-3 issued all_gather #2 for 'b' \(16 f32 per rank\) but rank 1 "
+                  r"issued all_gather #2 for 'c' \(16 f32 per rank\)"],
+}
+
+
+def desync(r, case, kind):
+    cmd = r.launcher(kind, 4) + [r.tool("tests/launch/launch_probe"), case, "1"]
+    rc, out, err, secs, left = r.run(cmd, timeout=60)
+    print(f"{case} under {kind}: exit {rc} after {secs:.1f} s; leftovers {left}")
+    check(rc != 0 and not left, f"rc {rc}, leftovers {left}")
+    for rank in range(4):
+        mine = [l for l in err.splitlines() if f"probe: rank {rank}: error" in l]
+        check(mine and all(re.search(p, mine[0]) for p in DESYNC[case]),
+              f"rank {rank} did not report the desync:\n{err[-3000:]}")
+    print(mine[0])
+
+
+def bad_launch(r, case):
+    """Starts env:// ranks by hand, wrongly; every one must exit within the
+    rendezvous timeout (plus start-up slack) and say who did not join."""
+    port, timeout = free_port(), 3.0
+    specs = {
+        "fewer-ranks": {i: {} for i in range(3)},
+        "wrong-port": {0: {}, 1: {}, 2: {"MASTER_PORT": str(free_port())}, 3: {}},
+        "wrong-address": {0: {}, **{i: {"MASTER_ADDR": "192.0.2.1"} for i in (1, 2, 3)}},
+        "exit-before-join": {0: {}, 1: {}, 2: {}, 3: {"MASTER_PORT": "not-a-port"}},
+    }[case]
+    tag = uuid.uuid4().hex
+    procs, t0 = {}, time.monotonic()
+    for rank, extra in specs.items():
+        env = {**r.base_env, "FSDP_TEST_TAG": tag, "RANK": str(rank), "WORLD_SIZE": "4",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "FSDP_RENDEZVOUS_TIMEOUT_S": str(timeout), **extra}
+        procs[rank] = subprocess.Popen([r.tool("tests/launch/launch_probe"), "ok"], env=env,
+                                       stderr=subprocess.PIPE, text=True)
+    errs = {}
+    for rank, p in procs.items():
+        try:
+            errs[rank] = p.communicate(timeout=timeout + 10)[1]
+        except subprocess.TimeoutExpired:
+            p.kill()
+            raise Failure(f"rank {rank} still running {timeout + 10} s after start")
+        check(p.returncode != 0, f"rank {rank} exited 0")
+    secs = time.monotonic() - t0
+    left = wait_no_orphans(tag, t0 + TEARDOWN_S)
+    print(f"{case}: every rank exited non-zero within {secs:.1f} s (rendezvous timeout "
+          f"{timeout:g} s); leftovers {left}")
+    # Within the timeout, plus what starting four processes takes here.
+    check(secs <= timeout + 1.5 and not left, f"{secs:.1f} s, leftovers {left}")
+    expect = {"fewer-ranks": {i: "missing: rank 3" for i in range(3)},
+              "wrong-port": {0: "missing: rank 2", 1: "missing: rank 2", 3: "missing: rank 2",
+                             2: "cannot reach 127.0.0.1"},
+              "wrong-address": {0: "missing: ranks 1-3",
+                                **{i: "cannot reach 192.0.2.1" for i in (1, 2, 3)}},
+              "exit-before-join": {0: "missing: rank 3", 1: "missing: rank 3",
+                                   2: "missing: rank 3", 3: "MASTER_PORT='not-a-port'"}}[case]
+    for rank, words in expect.items():
+        check(words in errs[rank], f"rank {rank} does not say '{words}':\n{errs[rank]}")
+        print(f"  rank {rank}: {errs[rank].strip().splitlines()[-1][:220]}")
+
+
+def restart(r):
+    """Killed at step 5 of 8, restarted once: resumes from step 4's checkpoint
+    and ends with the very weights (and optimizer state) of a run never hurt."""
+    base = [r.tool("fsdp-train")] + train_args(r, "gpt2")
+    base[base.index("--steps") + 1] = "8"
+    results = {}
+    for name, extra in (("clean", {}), ("restarted", {"FSDP_FAULT": "kill:rank=1:step=5"})):
+        save = os.path.join(r.tmp, "ckpt-" + name)
+        cmd = r.launcher("fsdp-run", 4) + ["--max-restarts", "1"] + base + [
+            "--save-dir", save, "--save-every", "2", "--resume", "auto"]
+        rc, out, err, secs, left = r.run(cmd, extra)
+        check(rc == 0, f"{name}: exit {rc}:\n{err[-3000:]}")
+        check(not left, f"{name}: leftovers {left}")
+        st = os.path.join(r.tmp, name + ".safetensors")
+        ck = subprocess.run([r.tool("fsdp-ckpt"), "consolidate", save, st], capture_output=True,
+                            text=True)
+        check(ck.returncode == 0, f"fsdp-ckpt consolidate {save}: {ck.stderr}")
+        results[name] = (out, err, open(st, "rb").read())
+        print(f"{name}: exit 0 after {secs:.1f} s")
+    out, err, _ = results["restarted"]
+    check("restarting the worker group (restart 1 of 1" in err, f"no restart:\n{err[-3000:]}")
+    resumed = events(out, "resume")
+    check(resumed and resumed[0]["step"] == 4, f"did not resume at step 4: {resumed}")
+    clean = {e["step"]: e["loss"] for e in events(results["clean"][0], "step")}
+    again = {e["step"]: e["loss"] for e in events(out, "step")}
+    check(clean == again, f"step losses differ:\n{clean}\n{again}")
+    same = results["clean"][2] == results["restarted"][2]
+    print(f"restarted run resumed at step {resumed[0]['step']}; losses of steps 1-8 equal; "
+          f"final checkpoint ({len(results['clean'][2])} bytes, weights and optimizer state) "
+          f"{'identical' if same else 'DIFFERENT'}")
+    check(same, "final checkpoints differ")
+
+
+def read_until(p, pattern, deadline):
+    text = ""
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([p.stderr], [], [], deadline - time.monotonic())
+        if not ready:
+            break
+        chunk = os.read(p.stderr.fileno(), 65536).decode(errors="replace")
+        if not chunk:
+            break
+        text += chunk
+        if re.search(pattern, text):
+            return text
+    raise Failure(f"never saw {pattern!r}:\n{text[-3000:]}")
+
+
+def signalled(r, sig):
+    """SIGINT to fsdp-run reaches the workers (exit 128+2); SIGKILL of
+    fsdp-run takes the workers with it (PR_SET_PDEATHSIG)."""
+    tag = uuid.uuid4().hex
+    env = dict(r.base_env, FSDP_TEST_TAG=tag, FSDP_TIMEOUT_S="60")
+    cmd = r.launcher("fsdp-run", 2) + [r.tool("tests/launch/launch_probe"), "stall", "0", "0"]
+    p = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE)
+    read_until(p, r"rank 0: stalling", time.monotonic() + 30)
+    t0 = time.monotonic()
+    p.send_signal(sig)
+    rc = p.wait(timeout=TEARDOWN_S)
+    left = wait_no_orphans(tag, t0 + TEARDOWN_S)
+    secs = time.monotonic() - t0
+    print(f"{signal.Signals(sig).name} to fsdp-run: exit {rc}; every worker gone after "
+          f"{secs:.2f} s; leftovers {left}")
+    check(not left, f"leftovers {left}")
+    check(rc == (128 + sig if sig == signal.SIGINT else -sig), f"exit status {rc}")
+
+
+SCENARIOS = {
+    "parity-gpt2": lambda r: parity(r, "gpt2"),
+    "parity-mlp": lambda r: parity(r, "mlp"),
+    "kill-fsdp-run": lambda r: killed(r, "fsdp-run"),
+    "kill-mpirun": lambda r: killed(r, "mpirun"),
+    "stall-fsdp-run": lambda r: stalled(r, "fsdp-run"),
+    "stall-mpirun": lambda r: stalled(r, "mpirun"),
+    "stall-trainer": stalled_trainer,
+    "restart": restart,
+    "sigint": lambda r: signalled(r, signal.SIGINT),
+    "launcher-killed": lambda r: signalled(r, signal.SIGKILL),
+    **{f"desync-{c}-{k}": (lambda c, k: lambda r: desync(r, c, k))(c, k)
+       for c in DESYNC for k in ("fsdp-run", "mpirun")},
+    **{f"bad-{c}": (lambda c: lambda r: bad_launch(r, c))(c)
+       for c in ("fewer-ranks", "wrong-port", "wrong-address", "exit-before-join")},
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("scenario", choices=sorted(SCENARIOS))
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--mpirun")
+    args = ap.parse_args()
+    try:
+        SCENARIOS[args.scenario](Runner(args))
+    except Failure as e:
+        print(f"FAIL {args.scenario}: {e}", file=sys.stderr)
+        return 1
+    print(f"ok {args.scenario}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

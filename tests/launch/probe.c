@@ -1,0 +1,127 @@
+/* tests/launch/probe.c — the failure scenarios of the launch tests
+ * (launch_test.py), one per run, under fsdp-run, mpirun, or env:// variables
+ * set by hand. Every rank ends with one line "probe: rank R: <outcome>" on
+ * stderr (the collective's report on failure) and exits 0 only when it saw
+ * no error.
+ *
+ *   ok              an all_reduce of the ranks' numbers, checked
+ *   stall R K       rank R stops issuing collectives at iteration K and
+ *                   blocks; the others' all_reduce #K+1 times out
+ *   extra R         rank R issues an all_reduce the others do not, before
+ *                   an all_gather they all issue
+ *   count R         rank R passes a larger count to a shared all_gather
+ *   skip-unit R     rank R's model lacks unit 'b' of a, b, c (equal sizes),
+ *                   so its forward gathers 'c' where the others gather 'b'
+ *
+ * The desync scenarios turn the check on (world opts) and end with a barrier
+ * on a communicator of their own, so every rank has printed its report
+ * before the first one exits and a launcher stops the rest. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "comm/comm_internal.h"
+#include "fsdp/fsdp.h"
+
+static int rank;
+
+static int say(fsdp_status_t st, const char *ok) {
+  if (st == FSDP_SUCCESS)
+    fprintf(stderr, "probe: rank %d: %s\n", rank, ok);
+  else
+    fprintf(stderr, "probe: rank %d: error %d: %s\n", rank, (int)st, fsdp_last_error());
+  return st == FSDP_SUCCESS ? 0 : 1;
+}
+
+static fsdp_status_t run_ok(fsdp_comm_t c) {
+  double mine = rank + 1, sum = 0;
+  int n = fsdp_comm_size(c);
+  fsdp_status_t st = fsdp_all_reduce(c, &mine, &sum, 1, FSDP_F64, FSDP_SUM, FSDP_HOST_STREAM);
+  if (st == FSDP_SUCCESS && sum != n * (n + 1) / 2.0) {
+    fprintf(stderr, "probe: rank %d: all_reduce gave %g, not %g\n", rank, sum, n * (n + 1) / 2.0);
+    exit(1);
+  }
+  return st;
+}
+
+static fsdp_status_t run_stall(fsdp_comm_t c, int who, int at) {
+  for (int i = 0;; i++) {
+    if (rank == who && i == at) {
+      fprintf(stderr, "probe: rank %d: stalling before collective #%d\n", rank, i + 1);
+      for (;;) pause(); /* the hang under test: only a signal ends it */
+    }
+    float one = 1.0f, sum = 0.0f;
+    fsdp_comm_set_tag(c, "probe-loop");
+    fsdp_status_t st = fsdp_all_reduce(c, &one, &sum, 1, FSDP_F32, FSDP_SUM, FSDP_HOST_STREAM);
+    if (st != FSDP_SUCCESS) return st;
+  }
+}
+
+static fsdp_status_t run_desync(fsdp_comm_t c, const char *what, int who) {
+  int n = fsdp_comm_size(c);
+  float x[8] = {0}, *all = calloc((size_t)n * 8, sizeof *all), one = 1.0f, sum;
+  fsdp_status_t st = FSDP_SUCCESS;
+  if (!strcmp(what, "extra") && rank == who)
+    st = fsdp_all_reduce(c, &one, &sum, 1, FSDP_F32, FSDP_SUM, FSDP_HOST_STREAM);
+  size_t count = !strcmp(what, "count") && rank == who ? 5 : 4;
+  if (st == FSDP_SUCCESS) st = fsdp_all_gather(c, x, all, count, FSDP_F32, FSDP_HOST_STREAM);
+  free(all);
+  return st;
+}
+
+/* One forward over units a, b, c of 64 parameters; rank `who` has no b. */
+static fsdp_status_t run_skip_unit(fsdp_world_t w, int who) {
+  fsdp_config_t cfg = FSDP_CONFIG_INIT;
+  fsdp_engine_t e = NULL;
+  fsdp_status_t st = fsdp_engine_create(w, &cfg, &e);
+  const char *names[3] = {"a", "b", "c"}, *tensors[3] = {"a.w", "b.w", "c.w"};
+  fsdp_unit_t units[3];
+  int n = 0;
+  for (int i = 0; i < 3 && st == FSDP_SUCCESS; i++) {
+    if (rank == who && i == 1) continue;
+    fsdp_tensor_desc_t t = {tensors[i], 1, {64}, FSDP_INIT_CONSTANT, 1.0f, 0};
+    st = fsdp_unit_add(e, names[i], "Linear", &t, 1, &units[n++]);
+  }
+  if (st == FSDP_SUCCESS) st = fsdp_engine_materialize(e, 1);
+  for (int i = 0; i < n && st == FSDP_SUCCESS; i++) {
+    fsdp_view_t v;
+    st = fsdp_unit_acquire(e, units[i], FSDP_FORWARD, &v);
+    if (st == FSDP_SUCCESS) st = fsdp_unit_release(e, units[i], FSDP_FORWARD);
+  }
+  fsdp_engine_destroy(e);
+  return st;
+}
+
+int main(int argc, char **argv) {
+  const char *what = argc > 1 ? argv[1] : "";
+  int desync = !strcmp(what, "extra") || !strcmp(what, "count") || !strcmp(what, "skip-unit");
+  if (strcmp(what, "ok") && strcmp(what, "stall") && !desync) {
+    fprintf(stderr, "usage: probe ok | stall RANK ITER | extra RANK | count RANK | "
+            "skip-unit RANK\n");
+    return 2;
+  }
+  if (getenv("RANK")) rank = atoi(getenv("RANK")); /* for messages before the world exists */
+  fsdp_world_opts_t o = FSDP_WORLD_OPTS_INIT;
+  o.desync_check = desync;
+  fsdp_world_t w = NULL;
+  fsdp_comm_t c = NULL, done = NULL;
+  fsdp_status_t st = fsdp_world_init(&w, &o);
+  if (st != FSDP_SUCCESS) return say(st, "");
+  rank = fsdp_world_rank(w);
+  st = fsdp_comm_create(w, &c);
+  if (st == FSDP_SUCCESS) st = fsdp_comm_create(w, &done);
+  int who = argc > 2 ? atoi(argv[2]) : 1;
+  if (st == FSDP_SUCCESS) {
+    if (!strcmp(what, "ok")) st = run_ok(c);
+    else if (!strcmp(what, "stall")) st = run_stall(c, who, argc > 3 ? atoi(argv[3]) : 3);
+    else if (!strcmp(what, "skip-unit")) st = run_skip_unit(w, who);
+    else st = run_desync(c, what, who);
+  }
+  int rc = say(st, "ok");
+  if (desync && done) fsdp_barrier(done, FSDP_HOST_STREAM);
+  fsdp_comm_destroy(done);
+  fsdp_comm_destroy(c);
+  fsdp_world_destroy(w);
+  return rc;
+}
