@@ -43,18 +43,19 @@ void bench_print_header(const bench_opts_t *o, int nranks, const char *backend,
 }
 
 void bench_print_row(const bench_result_t *r) {
-  char tps[32], step[32];
+  char tps[32], step[32], mfu[16] = "n/a";
   snprintf(tps, sizeof tps, "%.0f (%.0f-%.0f)", r->tokens_per_s.median, r->tokens_per_s.min,
            r->tokens_per_s.max);
   snprintf(step, sizeof step, "%.2f (%.2f-%.2f)", r->step_s.median * 1e3, r->step_s.min * 1e3,
            r->step_s.max * 1e3);
+  if (r->peak_flops > 0) snprintf(mfu, sizeof mfu, "%.2f%%", r->mfu.median * 100.0);
   double hidden = r->comm_s.median > 0 ? 100.0 * (1.0 - r->exposed_s.median / r->comm_s.median)
                                        : 0.0;
-  printf("%-8s %2d | %-22s %10.0f | %-22s %8.2f %8.2f %8.2f %6.0f%% | %5.2f%% | %9.2f %9.2f "
+  printf("%-8s %2d | %-22s %10.0f | %-22s %8.2f %8.2f %8.2f %6.0f%% | %6s | %9.2f %9.2f "
          "%8.2f %8.2f | %6.0f\n",
          fsdp_strategy_name(r->strategy), r->prefetch, tps, r->tokens_per_s_rank.median, step,
          r->compute_s.median * 1e3, r->comm_s.median * 1e3, r->exposed_s.median * 1e3,
-         hidden < 0 ? 0 : hidden, r->mfu.median * 100.0, mib(r->model_peak), mib(r->predicted),
+         hidden < 0 ? 0 : hidden, mfu, mib(r->model_peak), mib(r->predicted),
          mib(r->activations), mib(r->rss_peak), r->wrong);
   fflush(stdout);
 }
