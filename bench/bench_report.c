@@ -26,9 +26,10 @@ void bench_print_header(const bench_opts_t *o, int nranks, const char *backend,
   char model[160];
   describe_model(o, model, sizeof model);
   printf("fsdp-bench: %s | %d ranks (%s) | micro-batch %d x %d per rank | %s | AdamW | "
-         "%lld warm-up + %lld timed steps, synthetic data\n",
+         "%lld warm-up + %lld timed steps x %lld round(s), synthetic data\n",
          model, nranks, backend, o->micro_batch, o->cfg.grad_accum,
-         fsdp_dtype_name(o->cfg.param_dtype), (long long)o->warmup, (long long)o->iters);
+         fsdp_dtype_name(o->cfg.param_dtype), (long long)o->warmup, (long long)o->iters,
+         (long long)o->rounds);
   printf("machine: %s | %d cores | %s\n", m->cpu, m->cores, m->blas);
   if (peak_rank > 0)
     printf("peak: %.1f GFLOP/s per rank (sgemm %lld, every rank at once)\n\n", peak_rank / 1e9,
@@ -95,9 +96,9 @@ void bench_print_json(FILE *f, const bench_opts_t *o, int nranks, const char *ba
   double wrong = 0;
   for (int i = 0; i < n; i++) wrong += r[i].wrong;
   fprintf(f, "{\"bench\":\"fsdp-bench\",\"version\":\"%d.%d.%d\",\"backend\":\"%s\",\"world_size\":%d,"
-         "\"warmup\":%lld,\"iters\":%lld,\"peak_size\":%lld,\"machine\":",
+         "\"warmup\":%lld,\"iters\":%lld,\"rounds\":%lld,\"peak_size\":%lld,\"machine\":",
          FSDP_VERSION_MAJOR, FSDP_VERSION_MINOR, FSDP_VERSION_PATCH, backend, nranks,
-         (long long)o->warmup, (long long)o->iters, (long long)o->peak_size);
+         (long long)o->warmup, (long long)o->iters, (long long)o->rounds, (long long)o->peak_size);
   bench_machine_json(f, m);
   fprintf(f, ",\"results\":[");
   for (int i = 0; i < n; i++) {

@@ -265,40 +265,55 @@ static fsdp_status_t timed_steps(model_t *m, const bench_opts_t *o, series_t *s,
   return FSDP_SUCCESS;
 }
 
+/* Largest over ranks, and over the rounds so far (memory is the same every
+ * round but the resident high-water mark is not). */
 static fsdp_status_t memory(model_t *m, bench_result_t *r, double rss_base, int nranks) {
   fsdp_mem_stats_t mem;
   fsdp_engine_memory(m->eng, &mem);
+  double *fields[9] = {&r->persistent, &r->gathered_peak, &r->grads_peak, &r->activations,
+                       &r->model_peak,  &r->predicted,     &r->reserved,   &r->rss_base,
+                       &r->rss_peak};
   double v[9] = {(double)mem.persistent, (double)mem.gathered_params_peak,
                  (double)mem.grads_in_flight_peak, (double)m->act_bytes,
                  (double)(mem.persistent + mem.gathered_params_peak + mem.grads_in_flight_peak),
-                 predicted_bytes(r, fsdp_engine_config(m->eng), nranks), (double)mem.total_reserved, rss_base,
-                 (double)bench_rss_peak()};
+                 predicted_bytes(r, fsdp_engine_config(m->eng), nranks),
+                 (double)mem.total_reserved, rss_base, (double)bench_rss_peak()};
   BENCH_TRY(bench_reduce(fsdp_engine_comm(m->eng), v, 9, FSDP_MAX));
-  r->persistent = v[0], r->gathered_peak = v[1], r->grads_peak = v[2], r->activations = v[3];
-  r->model_peak = v[4], r->predicted = v[5], r->reserved = v[6], r->rss_base = v[7];
-  r->rss_peak = v[8];
+  for (int i = 0; i < 9; i++)
+    if (v[i] > *fields[i]) *fields[i] = v[i];
   return FSDP_SUCCESS;
 }
 
-static void summarise(bench_result_t *r, const series_t *s, int n, int nranks) {
+/* Statistics over every timed step of every round. */
+static void summarise(bench_result_t *r, int nranks) {
+  int n = r->n_samples, cap = r->cap_samples;
+  const double *x = r->samples;
   double *tps = malloc((size_t)n * 3 * sizeof *tps);
   if (!tps) return;
   for (int i = 0; i < n; i++) {
-    tps[i] = r->tokens_per_step / s->step[i];
+    tps[i] = r->tokens_per_step / x[i];
     tps[n + i] = tps[i] / nranks;
     tps[2 * n + i] = r->peak_flops > 0 ? r->flops_per_token * tps[i] / r->peak_flops : 0.0;
   }
-  r->step_s = bench_stat(s->step, n), r->compute_s = bench_stat(s->compute, n);
-  r->comm_s = bench_stat(s->comm, n), r->gather_s = bench_stat(s->gather, n);
-  r->reduce_s = bench_stat(s->reduce, n), r->exposed_s = bench_stat(s->exposed, n);
+  bench_stat_t *out[6] = {&r->step_s, &r->compute_s, &r->comm_s,
+                          &r->gather_s, &r->reduce_s, &r->exposed_s};
+  for (int k = 0; k < 6; k++) *out[k] = bench_stat(x + (size_t)k * cap, n);
   r->tokens_per_s = bench_stat(tps, n), r->tokens_per_s_rank = bench_stat(tps + n, n);
   r->mfu = bench_stat(tps + 2 * n, n);
   free(tps);
 }
 
+/* Appends this round's reduced steps to the result's samples. */
+static void append(bench_result_t *r, const series_t *s, int n) {
+  const double *src[6] = {s->step, s->compute, s->comm, s->gather, s->reduce, s->exposed};
+  for (int k = 0; k < 6; k++)
+    memcpy(r->samples + (size_t)k * r->cap_samples + r->n_samples, src[k], (size_t)n * sizeof(double));
+  r->n_samples += n;
+}
+
 static fsdp_status_t measure(model_t *m, const bench_opts_t *o, bench_result_t *r,
-                             series_t *s, double rss_base) {
-  int nranks = fsdp_world_size(fsdp_engine_world(m->eng));
+                             series_t *s, double rss_base, int round) {
+  int nranks = fsdp_world_size(fsdp_engine_world(m->eng)), n_it = (int)o->iters;
   fsdp_comm_t comm = fsdp_engine_comm(m->eng);
   double first = 0.0, last = 0.0;
   BENCH_TRY(timed_steps(m, o, s, &first, &last));
@@ -306,22 +321,40 @@ static fsdp_status_t measure(model_t *m, const bench_opts_t *o, bench_result_t *
   const fsdp_tl_event_t *tl = fsdp_engine_timeline(m->eng, &n, &dropped);
   if (dropped)
     fprintf(stderr, "fsdp-bench: %zu timeline events dropped: the split is incomplete\n", dropped);
-  bench_split_steps(tl, n, s->w, (int)o->iters, s->split);
-  if (o->trace)
-    BENCH_TRY(bench_trace_write(m->eng, o->trace, tl, n, s->w, (int)o->iters, s->w[0].t_begin));
-  BENCH_TRY(series_reduce(comm, s, (int)o->iters, nranks));
+  bench_split_steps(tl, n, s->w, n_it, s->split);
+  if (o->trace) /* every round rewrites it: the file holds the last */
+    BENCH_TRY(bench_trace_write(m->eng, o->trace, tl, n, s->w, n_it, s->w[0].t_begin));
+  BENCH_TRY(series_reduce(comm, s, n_it, nranks));
+  append(r, s, n_it);
   double losses[2] = {first, last};
   BENCH_TRY(bench_reduce(comm, losses, 2, FSDP_SUM));
-  r->loss_first = losses[0] / nranks, r->loss_last = losses[1] / nranks;
-  r->wrong = 0.0;
-  if (o->check) BENCH_TRY(bench_check(m, first, last, &r->wrong));
+  if (round == 0) r->loss_first = losses[0] / nranks;
+  r->loss_last = losses[1] / nranks;
+  double wrong = 0.0;
+  if (o->check) BENCH_TRY(bench_check(m, first, last, &wrong));
+  r->wrong += wrong;
   BENCH_TRY(memory(m, r, rss_base, nranks));
-  summarise(r, s, (int)o->iters, nranks);
+  if (round == (int)o->rounds - 1) summarise(r, nranks);
   return FSDP_SUCCESS;
 }
 
+static int result_init(bench_result_t *r, const bench_opts_t *o, const fsdp_config_t *c,
+                       int root_held) {
+  memset(r, 0, sizeof *r);
+  r->strategy = c->strategy, r->prefetch = c->prefetch_depth, r->max_live = c->max_live_units;
+  r->root_held = root_held;
+  r->cap_samples = (int)(o->rounds * o->iters);
+  r->samples = calloc((size_t)r->cap_samples * 6, sizeof *r->samples);
+  return r->samples ? 0 : -1;
+}
+
+void bench_result_free(bench_result_t *r) {
+  free(r->samples);
+  r->samples = NULL;
+}
+
 int bench_run(fsdp_world_t world, const bench_opts_t *o, fsdp_strategy_t strategy, int depth,
-              double peak_flops_rank, bench_result_t *r) {
+              double peak_flops_rank, int round, bench_result_t *r) {
   int gpt = !strcmp(o->model, "gpt2"), nranks = fsdp_world_size(world);
   fsdp_config_t c = o->cfg;
   c.strategy = strategy;
@@ -330,9 +363,8 @@ int bench_run(fsdp_world_t world, const bench_opts_t *o, fsdp_strategy_t strateg
   if (c.max_live_units == 0) c.max_live_units = depth + 1 + root_held;
   size_t events = (size_t)(o->iters + 1) * 64 * (size_t)(gpt ? o->gpt.n_layer + 2 : 8);
   if (c.timeline_capacity < events) c.timeline_capacity = events;
-  memset(r, 0, sizeof *r);
-  r->strategy = strategy, r->prefetch = depth, r->max_live = c.max_live_units;
-  r->root_held = root_held;
+  if (round == 0 && result_init(r, o, &c, root_held))
+    return fprintf(stderr, "fsdp-bench: out of host memory\n"), -1;
 
   bench_rss_reset();
   double rss_base = (double)bench_rss_now();
@@ -347,7 +379,7 @@ int bench_run(fsdp_world_t world, const bench_opts_t *o, fsdp_strategy_t strateg
     r->tokens_per_step = (double)nranks * c.grad_accum * m.B * m.T;
     r->flops_per_token = flops_per_token(o, r);
     r->peak_flops = peak_flops_rank * nranks;
-    st = measure(&m, o, r, &s, rss_base);
+    st = measure(&m, o, r, &s, rss_base, round);
   }
   if (st == FSDP_ERR_OUT_OF_MEMORY && !*fsdp_last_error())
     fprintf(stderr, "fsdp-bench: out of host memory for the batches\n");

@@ -34,10 +34,11 @@ def expect(cond, what):
 
 def check_fsdp(mpirun, np, exe):
     out = launch(mpirun, np, [exe, "--json", "--preset", "tiny", "--micro-batch", "2",
-                              "-w", "1", "-n", "3", "--peak-size", "128", "--sweep",
+                              "-w", "1", "-n", "3", "--rounds", "2", "--peak-size", "128", "--sweep",
                               "--sweep-strategies", "zero3,zero2,noshard", "--sweep-prefetch", "0,1"])
     doc = json.loads(out)
-    expect(doc["bench"] == "fsdp-bench" and doc["world_size"] == np, "header fields")
+    expect(doc["bench"] == "fsdp-bench" and doc["world_size"] == np and doc["rounds"] == 2,
+           "header fields")
     expect(doc["wrong"] == 0, f"{doc['wrong']} wrong elements")
     res = doc["results"]
     expect([(r["strategy"], r["prefetch"]) for r in res] ==

@@ -27,6 +27,8 @@ static const char usage_text[] =
     "run\n"
     "  -w, --warmup N             untimed steps first (default 3)\n"
     "  -n, --iters N              timed steps (default 20)\n"
+    "  --rounds R                 run every configuration R times, round-robin, each on a\n"
+    "                             fresh engine, pooling the timed steps (default 1)\n"
     "  -c, --check 0|1            correctness check after the timed steps (default 1)\n"
     "  --peak-size N              n of the n x n x n sgemm that measures the peak (default\n"
     "                             2048; 0: no MFU)\n"
@@ -127,6 +129,7 @@ static int parse(int argc, char **argv, bench_opts_t *o) {
       {"--micro-batch", NULL, O_INT, &o->micro_batch},
       {"--micro-batches", NULL, O_INT, &o->cfg.grad_accum},
       {"--warmup", "-w", O_I64, &o->warmup},       {"--iters", "-n", O_I64, &o->iters},
+      {"--rounds", NULL, O_I64, &o->rounds},
       {"--check", "-c", O_I64, &o->check},         {"--peak-size", NULL, O_I64, &o->peak_size},
       {"--seed", NULL, O_I64, &o->seed},           {"--trace", NULL, O_STR, &o->trace},
       {"--json-file", NULL, O_STR, &o->json_file},
@@ -173,7 +176,8 @@ static int finish_options(bench_opts_t *o) {
     return fprintf(stderr, "fsdp-bench: --model '%s': use gpt2 or mlp\n", o->model), -1;
   if (!o->seq_len) o->seq_len = o->gpt.block_size;
   if (!o->micro_batch) o->micro_batch = gpt ? 8 : 64;
-  if (o->iters < 1) return fprintf(stderr, "fsdp-bench: --iters must be at least 1\n"), -1;
+  if (o->iters < 1 || o->rounds < 1)
+    return fprintf(stderr, "fsdp-bench: --iters and --rounds must be at least 1\n"), -1;
   if (o->trace && o->sweep)
     return fprintf(stderr, "fsdp-bench: --trace records one configuration: drop --sweep\n"), -1;
   if (o->peak_size < 0 || o->peak_size > 16384)
@@ -190,29 +194,41 @@ static int write_json_file(const bench_opts_t *o, int nranks, const char *backen
   return 0;
 }
 
+/* The configurations to run: one, or the sweep (noshard gathers nothing and
+ * runs at the first depth only). */
+static int configs(const bench_opts_t *o, fsdp_strategy_t *st, int *depth) {
+  if (!o->sweep) return st[0] = o->cfg.strategy, depth[0] = o->cfg.prefetch_depth, 1;
+  int n = 0;
+  for (int i = 0; i < o->n_strategies; i++)
+    for (int j = 0; j < o->n_depths && n < BENCH_MAX_CONFIGS; j++)
+      if (o->strategies[i] != FSDP_NO_SHARD || j == 0)
+        st[n] = o->strategies[i], depth[n++] = o->depths[j];
+  return n;
+}
+
+/* Rounds outermost: each round runs every configuration once, so load from
+ * elsewhere on the machine spreads over all of them instead of one. */
 static int run_all(fsdp_world_t world, const bench_opts_t *o, double peak_rank) {
   bench_result_t *res = calloc(BENCH_MAX_CONFIGS, sizeof *res);
-  bench_machine_t m;
-  int rank = fsdp_world_rank(world), nranks = fsdp_world_size(world), n = 0, rc = 0;
+  fsdp_strategy_t st[BENCH_MAX_CONFIGS];
+  int depth[BENCH_MAX_CONFIGS], n = configs(o, st, depth), rc = 0;
+  int rank = fsdp_world_rank(world), nranks = fsdp_world_size(world);
   const char *backend = fsdp_world_backend(world);
+  bench_machine_t m;
   if (!res) return fprintf(stderr, "fsdp-bench: out of memory\n"), 1;
   bench_machine(&m);
   if (rank == 0 && !o->json) bench_print_header(o, nranks, backend, &m, peak_rank);
-  int ns = o->sweep ? o->n_strategies : 1, nd = o->sweep ? o->n_depths : 1;
-  for (int i = 0; i < ns && rc == 0; i++)
-    for (int j = 0; j < nd && rc == 0 && n < BENCH_MAX_CONFIGS; j++) {
-      fsdp_strategy_t s = o->sweep ? o->strategies[i] : o->cfg.strategy;
-      int depth = o->sweep ? o->depths[j] : o->cfg.prefetch_depth;
-      if (o->sweep && s == FSDP_NO_SHARD && j > 0) continue; /* nothing to prefetch */
-      rc = bench_run(world, o, s, depth, peak_rank, &res[n]) ? 1 : 0;
-      if (rc == 0 && rank == 0 && !o->json) bench_print_row(&res[n]);
-      n += rc == 0;
+  for (int round = 0; round < (int)o->rounds && rc == 0; round++)
+    for (int i = 0; i < n && rc == 0; i++) {
+      rc = bench_run(world, o, st[i], depth[i], peak_rank, round, &res[i]) ? 1 : 0;
+      if (rc == 0 && rank == 0 && !o->json && round == (int)o->rounds - 1) bench_print_row(&res[i]);
     }
   double wrong = 0;
   for (int i = 0; i < n; i++) wrong += res[i].wrong;
   if (rc == 0 && rank == 0 && o->json) bench_print_json(stdout, o, nranks, backend, &m, res, n);
   else if (rc == 0 && rank == 0 && o->trace) printf("\ntrace: %s\n", o->trace);
   if (rc == 0 && rank == 0 && o->json_file) rc = write_json_file(o, nranks, backend, &m, res, n);
+  for (int i = 0; i < n; i++) bench_result_free(&res[i]);
   free(res);
   return rc ? rc : wrong > 0 ? 1 : 0;
 }
@@ -220,7 +236,7 @@ static int run_all(fsdp_world_t world, const bench_opts_t *o, double peak_rank) 
 int main(int argc, char **argv) {
   bench_opts_t o = {.model = "gpt2", .preset = "small", .wrap = {"GPT2Block", 0, NULL, 0, 0},
                     .hidden = {512, 256}, .n_hidden = 2, .cfg = FSDP_CONFIG_INIT, .warmup = 3,
-                    .iters = 20, .check = 1, .peak_size = 2048, .seed = 1,
+                    .iters = 20, .rounds = 1, .check = 1, .peak_size = 2048, .seed = 1,
                     .strategies = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP, FSDP_NO_SHARD},
                     .n_strategies = 3, .depths = {0, 1, 2}, .n_depths = 3};
   fsdp_gpt2_preset("small", &o.gpt);

@@ -17,7 +17,7 @@ typedef struct {
   fsdp_gpt2_opts_t wrap;   /* wrap_kinds, wrap_min_params, checkpoint_kinds */
   int micro_batch;         /* sequences (gpt2) or samples (mlp) per rank per micro-batch */
   fsdp_config_t cfg;       /* strategy, prefetch_depth, grad_accum, param_dtype, ... */
-  int64_t warmup, iters, check, peak_size;
+  int64_t warmup, iters, rounds, check, peak_size;
   uint64_t seed;
   int json;
   const char *trace;
@@ -28,8 +28,9 @@ typedef struct {
   int depths[8], n_depths;
 } bench_opts_t;
 
-/* One configuration's numbers; statistics are over the timed steps. Per step,
- * the step time is the slowest rank's and the split is the mean over ranks. */
+/* One configuration's numbers; statistics are over the timed steps of every
+ * round. Per step, the step time is the slowest rank's and the split is the
+ * mean over ranks. */
 typedef struct {
   fsdp_strategy_t strategy;
   int prefetch, max_live;
@@ -45,7 +46,10 @@ typedef struct {
   double persistent, gathered_peak, grads_peak, activations, model_peak, predicted, reserved;
   double rss_base, rss_peak;
   double loss_first, loss_last; /* mean per-token loss over ranks */
-  double wrong;                 /* see bench_check */
+  double wrong;                 /* see bench_check, summed over rounds */
+  double *samples;              /* 6 x cap_samples seconds: step, compute, comm, gather,
+                                   reduce, exposed of every timed step of every round */
+  int n_samples, cap_samples;
 } bench_result_t;
 
 /* Per step of one rank, from the engine's timeline (bench_timeline.c). */
@@ -61,9 +65,12 @@ typedef struct {
   double t_begin, t_end; /* fsdp_time_now() around one timed step */
 } bench_window_t;
 
-/* Runs one configuration: build, warm up, time, check, measure memory. */
+/* Runs one round of one configuration on a fresh engine: build, warm up, time,
+ * check, measure memory. Round 0 initialises r; the last round (rounds - 1)
+ * computes the statistics over the timed steps of every round. */
 int bench_run(fsdp_world_t world, const bench_opts_t *o, fsdp_strategy_t strategy, int depth,
-              double peak_flops_rank, bench_result_t *r);
+              double peak_flops_rank, int round, bench_result_t *r);
+void bench_result_free(bench_result_t *r);
 /* sgemm FLOP/s of this rank while every rank runs the same sgemm (n x n x n). */
 fsdp_status_t bench_peak_flops(fsdp_comm_t comm, int n, double *flops);
 

@@ -23,12 +23,12 @@ mpi() { mpirun "${FSDP_MPIRUN_ARGS[@]}" -np "$@"; }
 
 mpi 2 "$build/bench/coll_bench" --json-file "$out/coll-np2.json" | tee "$out/coll-np2.txt"
 
-small=(--preset small --micro-batch 8 --warmup 3 --iters 30 --sweep --sweep-strategies zero3
-       --sweep-prefetch 0,1)
+small=(--preset small --micro-batch 8 --warmup 3 --iters 10 --rounds 4 --sweep
+       --sweep-strategies zero3 --sweep-prefetch 0,1)
 mpi 2 "$build/bench/fsdp-bench" "${small[@]}" --json-file "$out/np2-small-prefetch.json" |
   tee "$out/np2-small-prefetch.txt"
 
-BENCH="$build/bench/fsdp-bench" bench/sweep.sh "$out/sweep-cpu-2core.json" --iters 20
+BENCH="$build/bench/fsdp-bench" bench/sweep.sh "$out/sweep-cpu-2core.json" --iters 10 --rounds 3
 python3 bench/plot.py "$out/sweep-cpu-2core.json" "$out"
 
 mpi 2 "$build/bench/fsdp-bench" --prefetch 1 --iters 5 --peak-size 0 \
