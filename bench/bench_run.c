@@ -106,27 +106,31 @@ static fsdp_status_t model_step(model_t *m, double *loss) {
 /* ---- correctness ------------------------------------------------------------ */
 
 /* Elements of one unit's assembled parameters that are not finite or differ
- * between ranks (compared through an all-reduce of x and of -x). */
+ * between ranks, compared through all-reduces of x and of -x in chunks (so the
+ * check needs little memory beyond the assembled unit). */
 static fsdp_status_t check_unit(fsdp_engine_t eng, fsdp_unit_t u, double *wrong) {
+  enum { CHUNK = 1 << 18 };
   fsdp_comm_t comm = fsdp_engine_comm(eng);
   fsdp_unit_info_t info;
   fsdp_shard_t sh;
   BENCH_TRY(fsdp_unit_info(eng, u, &info));
   BENCH_TRY(fsdp_unit_shard(eng, u, &sh));
   size_t n = info.padded_numel;
-  double *hi = malloc(n * sizeof *hi), *lo = malloc(n * sizeof *lo);
+  double *hi = malloc(2 * CHUNK * sizeof *hi), *lo = hi + CHUNK;
   float *full = malloc(n * sizeof *full);
-  fsdp_status_t st = hi && lo && full ? FSDP_SUCCESS : FSDP_ERR_OUT_OF_MEMORY;
+  fsdp_status_t st = hi && full ? FSDP_SUCCESS : FSDP_ERR_OUT_OF_MEMORY;
   if (st == FSDP_SUCCESS && info.shard_numel == n) memcpy(full, sh.master, n * sizeof *full);
   else if (st == FSDP_SUCCESS)
     st = fsdp_all_gather(comm, sh.master, full, info.shard_numel, FSDP_F32, FSDP_HOST_STREAM);
-  for (size_t i = 0; st == FSDP_SUCCESS && i < n; i++) hi[i] = full[i], lo[i] = -(double)full[i];
-  if (st == FSDP_SUCCESS) st = bench_reduce(comm, hi, n, FSDP_MAX);
-  if (st == FSDP_SUCCESS) st = bench_reduce(comm, lo, n, FSDP_MAX);
-  for (size_t i = 0; st == FSDP_SUCCESS && i < n; i++)
-    *wrong += !isfinite(full[i]) || hi[i] != -lo[i];
+  for (size_t at = 0; st == FSDP_SUCCESS && at < n; at += CHUNK) {
+    size_t k = n - at < CHUNK ? n - at : CHUNK;
+    for (size_t i = 0; i < k; i++) hi[i] = full[at + i], lo[i] = -(double)full[at + i];
+    st = bench_reduce(comm, hi, k, FSDP_MAX);
+    if (st == FSDP_SUCCESS) st = bench_reduce(comm, lo, k, FSDP_MAX);
+    for (size_t i = 0; st == FSDP_SUCCESS && i < k; i++)
+      *wrong += !isfinite(full[at + i]) || hi[i] != -lo[i];
+  }
   free(hi);
-  free(lo);
   free(full);
   return st;
 }
