@@ -168,6 +168,10 @@ def free_port():
 # order than Open MPI, so losses agree to fp32 rounding (measured below 1e-6
 # relative). 1e-5 is well above that noise and far below any real divergence.
 LOSS_RTOL = 1e-5
+# Final weights after the same run: reduction order moves an update by an fp32
+# ulp or so; Adam's normalisation can amplify that for weights whose gradient
+# is near zero, so the bound is absolute (weights are O(0.1)).
+WEIGHT_ATOL = 1e-4
 
 
 def train_args(r, model):
@@ -184,22 +188,52 @@ def train_args(r, model):
             "--global-batch", "64", "--log-every", "1", "--json"]
 
 
+def safetensors(path):
+    """{name: list of floats} of an f32 safetensors file."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    n = struct.unpack("<Q", blob[:8])[0]
+    header, data = json.loads(blob[8:8 + n]), blob[8 + n:]
+    out = {}
+    for name, t in header.items():
+        if name != "__metadata__" and t["dtype"] == "F32":
+            lo, hi = t["data_offsets"]
+            out[name] = struct.unpack(f"<{(hi - lo) // 4}f", data[lo:hi])
+    return out
+
+
 def parity(r, model):
     args = [r.tool("fsdp-train")] + train_args(r, model)
-    runs = {}
+    runs, weights = {}, {}
     for kind in ("fsdp-run", "mpirun"):
-        rc, out, err, secs, left = r.run(r.launcher(kind, 4) + args)
+        save = os.path.join(r.tmp, "final-" + kind)
+        rc, out, err, secs, left = r.run(r.launcher(kind, 4) + args + ["--save-dir", save])
         check(rc == 0, f"{kind}: fsdp-train failed ({rc}):\n{err[-3000:]}")
         check(not left, f"{kind}: leftover processes {left}")
         runs[kind] = ([e["loss"] for e in events(out, "step")] +
                       [e["loss"] for e in events(out, "eval")])
+        st = save + ".safetensors"
+        ck = subprocess.run([r.tool("fsdp-ckpt"), "export" if model == "gpt2" else "consolidate",
+                             save, st], capture_output=True, text=True)
+        check(ck.returncode == 0, f"fsdp-ckpt {save}: {ck.stderr}")
+        weights[kind] = safetensors(st)
         print(f"{model} under {kind}: {len(runs[kind])} losses in {secs:.1f} s")
     a, b = runs["fsdp-run"], runs["mpirun"]
     check(len(a) == len(b) and a, f"different numbers of losses: {len(a)} vs {len(b)}")
     worst = max(abs(x - y) / max(1.0, abs(y)) for x, y in zip(a, b))
     print(f"{model}: first loss {a[0]:.6f} vs {b[0]:.6f}, last {a[-1]:.6f} vs {b[-1]:.6f}, "
-          f"largest relative difference {worst:.2e} (tolerance {LOSS_RTOL:.0e})")
+          f"largest relative difference {worst:.2e} (tolerance {LOSS_RTOL:.0e}; the JSON "
+          f"carries 6 decimals)")
     check(worst <= LOSS_RTOL, f"losses differ by {worst:.2e} > {LOSS_RTOL:.0e}: {a} vs {b}")
+    wa, wb = weights["fsdp-run"], weights["mpirun"]
+    check(wa.keys() == wb.keys() and wa, "the checkpoints hold different tensors")
+    n = sum(len(v) for v in wa.values())
+    diff = max(abs(x - y) for k in wa for x, y in zip(wa[k], wb[k]))
+    scale = max(abs(y) for v in wb.values() for y in v)
+    differ = sum(x != y for k in wa for x, y in zip(wa[k], wb[k]))
+    print(f"{model}: final weights, {n} values: {differ} differ, largest difference {diff:.2e} "
+          f"(largest weight {scale:.2f}; tolerance {WEIGHT_ATOL:.0e})")
+    check(diff <= WEIGHT_ATOL, f"final weights differ by {diff:.2e} > {WEIGHT_ATOL:.0e}")
 
 
 def killed(r, kind):
