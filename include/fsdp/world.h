@@ -14,7 +14,8 @@
  *    all). A rendezvous that does not complete within the rendezvous timeout
  *    fails on every rank that reached the store with FSDP_ERR_TIMEOUT and the
  *    list of ranks that never joined; a rank that cannot reach the store says
- *    where it looked. GLOO_SOCKET_IFNAME picks the network interface;
+ *    where it looked. GLOO_SOCKET_IFNAME picks the network interface. One
+ *    env:// world per process at a time (a second one is FSDP_ERR_INVALID_USAGE);
  *  - without a launcher it is a world of one rank that needs no MPI at all.
  * Asking for more ranks than the launcher provides, or for several ranks without
  * a launcher, is an error that says how to launch instead.

@@ -36,6 +36,8 @@ struct fsdp_world {
  * Worlds are created and destroyed from the main thread only (world.h). */
 static int mpi_started_by_us;
 static int mpi_worlds_alive;
+/* The env:// rendezvous is once per process too: rank 0's store owns the port. */
+static int env_world_alive;
 
 static const char *launcher_env[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK",
                                      "MPI_LOCALNRANKS"};
@@ -177,7 +179,11 @@ static void self_world_init(struct fsdp_world *w) {
 
 static fsdp_status_t env_world_init(struct fsdp_world *w, int expected) {
   fsdp_env_layout_t l;
+  if (env_world_alive)
+    return fsdp_error(FSDP_ERR_INVALID_USAGE, "world: this process already has an env:// "
+                      "world; create one and share it (destroy it before making another)");
   FSDP_TRY(fsdp_env_world_start(w->rendezvous_timeout_s, expected, &w->env, &l));
+  env_world_alive = 1;
   w->rank = l.rank;
   w->size = l.size;
   w->local_rank = l.local_rank;
@@ -266,8 +272,9 @@ fsdp_status_t fsdp_world_init(fsdp_world_t *world, const fsdp_world_opts_t *opts
     fsdp_free(w);
     return st;
   }
-  /* A self world beside an MPI world (tests, tools) keeps the MPI rank prefix. */
-  if (w->kind != FSDP_WORLD_SELF || mpi_worlds_alive == 0) fsdp_log_set_rank(w->rank);
+  /* A self world beside an MPI or env:// world (tests, tools) keeps its rank prefix. */
+  if (w->kind != FSDP_WORLD_SELF || (mpi_worlds_alive == 0 && !env_world_alive))
+    fsdp_log_set_rank(w->rank);
   fsdp_log(FSDP_LOG_INFO, "world: rank %d of %d (local %d of %d), backend %s, timeout %g s%s",
            w->rank, w->size, w->local_rank, w->local_size, fsdp_world_backend(w), w->timeout_s,
            w->desync_check ? ", desync check on" : "");
@@ -285,7 +292,10 @@ void fsdp_world_destroy(fsdp_world_t world) {
     if (!finalized) MPI_Comm_free(&world->comm);
     mpi_stop();
   }
-  fsdp_env_world_stop(world->env, atomic_load(&world->failed));
+  if (world->env) {
+    fsdp_env_world_stop(world->env, atomic_load(&world->failed));
+    env_world_alive = 0;
+  }
   fsdp_free(world);
 }
 

@@ -205,6 +205,14 @@ START_TEST(world_is_the_launchers) {
   ck_assert_int_eq(fsdp_world_local_size(world), atoi(getenv("LOCAL_WORLD_SIZE")));
   ck_assert_int_eq(fsdp_comm_rank(comm), rank);
   ck_assert_int_eq(fsdp_comm_size(comm), nranks);
+  /* The rendezvous is once per process; a single-rank world still works. */
+  fsdp_world_t again = NULL;
+  ck_assert_int_eq(fsdp_world_init(&again, NULL), FSDP_ERR_INVALID_USAGE);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "already has an env:// world"));
+  fsdp_world_opts_t solo = {.launch = FSDP_LAUNCH_SINGLE};
+  ck_assert_int_eq(fsdp_world_init(&again, &solo), FSDP_SUCCESS);
+  ck_assert_str_eq(fsdp_world_backend(again), "self");
+  fsdp_world_destroy(again);
 }
 END_TEST
 
