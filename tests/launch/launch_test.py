@@ -268,6 +268,18 @@ def stalled(r, kind):
         check(reports and "MPI_ABORT" in err, f"no timeout report:\n{err[-3000:]}")
 
 
+def escalated(r):
+    """A worker that ignores SIGTERM gets SIGKILL once --grace has passed."""
+    cmd = r.launcher("fsdp-run", 4) + ["--grace", "1", r.tool("tests/launch/launch_probe"),
+                                       "stall", "1", "3"]
+    rc, out, err, secs, left = r.run(cmd, {"FSDP_TIMEOUT_S": "1", "PROBE_IGNORE_SIGTERM": "1"})
+    print(f"fsdp-run --grace 1: exit {rc} after {secs:.1f} s; leftovers {left}")
+    check(rc != 0 and not left, f"rc {rc}, leftovers {left}")
+    line = re.search(r"rank 1 \(local rank 1.*was stopped by fsdp-run with signal 9 \(SIGKILL\)", err)
+    check(line, f"rank 1 was not killed after the grace period:\n{err[-3000:]}")
+    print(line.group(0))
+
+
 def stalled_trainer(r):
     args = [r.tool("fsdp-train")] + train_args(r, "gpt2")
     rc, out, err, secs, left = r.run(r.launcher("fsdp-run", 4) + args,
@@ -423,6 +435,7 @@ SCENARIOS = {
     "stall-fsdp-run": lambda r: stalled(r, "fsdp-run"),
     "stall-mpirun": lambda r: stalled(r, "mpirun"),
     "stall-trainer": stalled_trainer,
+    "sigkill-after-grace": escalated,
     "restart": restart,
     "sigint": lambda r: signalled(r, signal.SIGINT),
     "launcher-killed": lambda r: signalled(r, signal.SIGKILL),

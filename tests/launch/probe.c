@@ -6,7 +6,9 @@
  *
  *   ok              an all_reduce of the ranks' numbers, checked
  *   stall R K       rank R stops issuing collectives at iteration K and
- *                   blocks; the others' all_reduce #K+1 times out
+ *                   blocks (ignoring SIGTERM when PROBE_IGNORE_SIGTERM=1, to
+ *                   make fsdp-run escalate); the others' all_reduce #K+1
+ *                   times out
  *   extra R         rank R issues an all_reduce the others do not, before
  *                   an all_gather they all issue
  *   count R         rank R passes a larger count to a shared all_gather
@@ -16,6 +18,7 @@
  * The desync scenarios turn the check on (world opts) and end with a barrier
  * on a communicator of their own, so every rank has printed its report
  * before the first one exits and a launcher stops the rest. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +51,7 @@ static fsdp_status_t run_ok(fsdp_comm_t c) {
 static fsdp_status_t run_stall(fsdp_comm_t c, int who, int at) {
   for (int i = 0;; i++) {
     if (rank == who && i == at) {
+      if (getenv("PROBE_IGNORE_SIGTERM")) signal(SIGTERM, SIG_IGN);
       fprintf(stderr, "probe: rank %d: stalling before collective #%d\n", rank, i + 1);
       for (;;) pause(); /* the hang under test: only a signal ends it */
     }
