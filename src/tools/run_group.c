@@ -103,17 +103,21 @@ static void worker_env(const group_t *g, const worker_t *w) {
   setenv_int("FSDP_MAX_RESTARTS", o->max_restarts);
 }
 
-/* In the child: never returns. */
-static void child_exec(const group_t *g, const worker_t *w, int err_fd) {
+/* In the child, with the supervisor's signals blocked (spawn): the default
+ * dispositions come back before they are unblocked, so a SIGTERM that
+ * arrives before exec ends the worker instead of running fsdp-run's handler
+ * (which would report it to the launcher as its own). Never returns. */
+static void child_exec(const group_t *g, const worker_t *w, int err_fd, const sigset_t *old) {
+  signal(SIGCHLD, SIG_DFL);
+  signal(SIGINT, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
+  signal(SIGPIPE, SIG_DFL);
+  sigprocmask(SIG_SETMASK, old, NULL);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != g->launcher) _exit(1); /* fsdp-run died before prctl */
   setpgid(0, g->pgid);
   dup2(err_fd, STDERR_FILENO);
   close(err_fd);
-  signal(SIGCHLD, SIG_DFL);
-  signal(SIGINT, SIG_DFL);
-  signal(SIGTERM, SIG_DFL);
-  signal(SIGPIPE, SIG_DFL);
   worker_env(g, w);
   execvp(g->o->argv[0], g->o->argv);
   fprintf(stderr, "fsdp-run: cannot run '%s': %s\n", g->o->argv[0], strerror(errno));
@@ -123,13 +127,22 @@ static void child_exec(const group_t *g, const worker_t *w, int err_fd) {
 static int spawn(group_t *g, worker_t *w) {
   int p[2];
   if (pipe2(p, O_CLOEXEC)) return -1;
+  sigset_t block, old;
+  sigemptyset(&block);
+  sigaddset(&block, SIGCHLD);
+  sigaddset(&block, SIGINT);
+  sigaddset(&block, SIGTERM);
+  sigprocmask(SIG_BLOCK, &block, &old);
   pid_t pid = fork();
+  if (pid == 0) child_exec(g, w, p[1], &old);
+  int saved = errno;
+  sigprocmask(SIG_SETMASK, &old, NULL);
   if (pid < 0) {
     close(p[0]);
     close(p[1]);
+    errno = saved;
     return -1;
   }
-  if (pid == 0) child_exec(g, w, p[1]);
   if (g->pgid == 0) g->pgid = pid; /* the first worker leads the group */
   setpgid(pid, g->pgid);          /* also here: whichever runs first wins */
   close(p[1]);
