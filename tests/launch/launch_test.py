@@ -280,6 +280,15 @@ def escalated(r):
     print(line.group(0))
 
 
+def missing_program(r):
+    """Every worker fails at once (exec fails): one report, exit 1, not 143."""
+    rc, out, err, secs, left = r.run(r.launcher("fsdp-run", 4) + ["/nonexistent/fsdp-program"])
+    print(f"fsdp-run of a missing program: exit {rc} after {secs:.2f} s")
+    check(rc == 1 and not left, f"rc {rc}, leftovers {left}:\n{err[-3000:]}")
+    check(re.search(r"root cause: rank \d .*exited with code 127", err) and
+          "cannot run '/nonexistent/fsdp-program'" in err, f"no report:\n{err[-3000:]}")
+
+
 def stalled_trainer(r):
     args = [r.tool("fsdp-train")] + train_args(r, "gpt2")
     rc, out, err, secs, left = r.run(r.launcher("fsdp-run", 4) + args,
@@ -436,6 +445,7 @@ SCENARIOS = {
     "stall-mpirun": lambda r: stalled(r, "mpirun"),
     "stall-trainer": stalled_trainer,
     "sigkill-after-grace": escalated,
+    "missing-program": missing_program,
     "restart": restart,
     "sigint": lambda r: signalled(r, signal.SIGINT),
     "launcher-killed": lambda r: signalled(r, signal.SIGKILL),
