@@ -176,12 +176,18 @@ START_TEST(nothing_listening_times_out) {
 }
 END_TEST
 
+/* A service that reads the request, answers something else, and closes
+ * only after the client has. */
 static void *answer_garbage(void *arg) {
   int fd = accept(*(int *)arg, NULL, NULL);
   if (fd >= 0) {
     char junk[64];
-    memset(junk, 'H', sizeof junk); /* what an HTTP server might start with */
-    if (write(fd, junk, sizeof junk) < 0) {
+    if (read(fd, junk, sizeof junk) > 0) {
+      memset(junk, 'H', sizeof junk); /* what an HTTP server might start with */
+      if (write(fd, junk, sizeof junk) < 0) {
+      }
+      while (read(fd, junk, sizeof junk) > 0) {
+      }
     }
     close(fd);
   }
