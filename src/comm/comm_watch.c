@@ -1,10 +1,10 @@
 /* src/comm/comm_watch.c — per-world communicator bookkeeping and the
  * watchdog.
  *
- * Every communicator of a world joins the world's watch, which numbers the
- * communicators (creation is collective, so ids agree across ranks) and holds
- * backend state they share. With more than one rank a watchdog thread wakes
- * every tick, and
+ * Every communicator of a world joins the world's watch, which gives it the
+ * world's next communicator id (creation is collective, so ids agree across
+ * ranks) and holds backend state they share. With more than one rank a
+ * watchdog thread wakes every tick (a tenth of the timeout, 50 ms to 1 s), and
  *  - publishes, under env://, this rank's progress on every communicator to
  *    the store (key "watch/<rank>", "id:issued:started:completed;..."), so a
  *    rank whose collective expires can tell which peers never arrived;
