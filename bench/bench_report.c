@@ -32,7 +32,7 @@ void bench_print_header(const bench_opts_t *o, int nranks, const char *backend,
          (long long)o->rounds);
   printf("machine: %s | %d cores | %s\n", m->cpu, m->cores, m->blas);
   if (peak_rank > 0)
-    printf("peak: %.1f GFLOP/s per rank (sgemm %lld, every rank at once)\n\n", peak_rank / 1e9,
+    printf("peak: %.1f GFLOP/s per rank (sgemm %lld on every rank at once)\n\n", peak_rank / 1e9,
            (long long)o->peak_size);
   else
     printf("peak: not measured (--peak-size 0): no MFU\n\n");
