@@ -1,0 +1,266 @@
+/* src/cuda/blas.cu — CUDA error reporting, the cuBLAS handle cache, row-major
+ * matrix products through cuBLAS, and the linear / conv1d layers on them. */
+#include <mutex>
+
+#include "cuda/cuda_internal.cuh"
+
+/* ---- errors ---- */
+
+fsdp_status_t fsdp_cuda_fail(cudaError_t err, const char *expr, const char *file, int line) {
+  const fsdp_status_t st = err == cudaErrorMemoryAllocation ? FSDP_ERR_OUT_OF_MEMORY
+                           : err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver
+                               ? FSDP_ERR_UNSUPPORTED
+                               : FSDP_ERR_SYSTEM;
+  return fsdp_error(st, "%s:%d: %s failed: %s (%s)", file, line, expr, cudaGetErrorString(err),
+                    cudaGetErrorName(err));
+}
+
+fsdp_status_t fsdp_cublas_fail(cublasStatus_t s, const char *expr, const char *file, int line) {
+  const fsdp_status_t st = s == CUBLAS_STATUS_ALLOC_FAILED     ? FSDP_ERR_OUT_OF_MEMORY
+                           : s == CUBLAS_STATUS_NOT_SUPPORTED ||
+                                   s == CUBLAS_STATUS_ARCH_MISMATCH
+                               ? FSDP_ERR_UNSUPPORTED
+                           : s == CUBLAS_STATUS_INVALID_VALUE ? FSDP_ERR_INVALID_ARGUMENT
+                                                              : FSDP_ERR_SYSTEM;
+  return fsdp_error(st, "%s:%d: %s failed: %s", file, line, expr, cublasGetStatusString(s));
+}
+
+/* ---- handle cache ----
+ * One cuBLAS handle per (device, stream), bound to its stream once at creation
+ * and never reconfigured, which cuBLAS allows to be shared between host
+ * threads. A handle owns a workspace, so handles are not made per call; a
+ * small table under a lock is all the bookkeeping this needs. */
+
+namespace {
+struct blas_slot {
+  int device;
+  cudaStream_t stream;
+  cublasHandle_t handle;
+};
+std::mutex blas_lock;
+blas_slot blas_slots[FSDP_CUDA_MAX_BLAS_HANDLES];
+int blas_count;
+} // namespace
+
+static fsdp_status_t blas_create(int device, cudaStream_t stream, cublasHandle_t *out) {
+  cublasHandle_t h = nullptr;
+  CUBLAS_CHECK(cublasCreate(&h));
+  const cublasStatus_t st = cublasSetStream(h, stream);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    cublasDestroy(h);
+    return fsdp_cublas_fail(st, "cublasSetStream(h, stream)", __FILE__, __LINE__);
+  }
+  blas_slots[blas_count++] = blas_slot{device, stream, h};
+  *out = h;
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t blas_handle(cudaStream_t stream, cublasHandle_t *out) {
+  int device;
+  CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> guard(blas_lock);
+  for (int i = 0; i < blas_count; ++i)
+    if (blas_slots[i].device == device && blas_slots[i].stream == stream) {
+      *out = blas_slots[i].handle;
+      return FSDP_SUCCESS;
+    }
+  if (blas_count == FSDP_CUDA_MAX_BLAS_HANDLES)
+    return fsdp_error(FSDP_ERR_UNSUPPORTED,
+                      "cuBLAS: %d (device, stream) pairs already have a handle; run the "
+                      "matrix products on fewer streams or call fsdp_cuda_blas_release first",
+                      FSDP_CUDA_MAX_BLAS_HANDLES);
+  return blas_create(device, stream, out);
+}
+
+/* Destroys every handle even when one fails, and reports the first failure. */
+fsdp_status_t fsdp_cuda_blas_release(void) {
+  int current;
+  CUDA_CHECK(cudaGetDevice(&current));
+  std::lock_guard<std::mutex> guard(blas_lock);
+  fsdp_status_t first = FSDP_SUCCESS;
+  for (int i = 0; i < blas_count; ++i) {
+    /* A handle is destroyed on the device it was made on. */
+    const cudaError_t e = cudaSetDevice(blas_slots[i].device);
+    const cublasStatus_t s =
+        e == cudaSuccess ? cublasDestroy(blas_slots[i].handle) : CUBLAS_STATUS_SUCCESS;
+    if (first == FSDP_SUCCESS && e != cudaSuccess)
+      first = fsdp_cuda_fail(e, "cudaSetDevice(device)", __FILE__, __LINE__);
+    else if (first == FSDP_SUCCESS && s != CUBLAS_STATUS_SUCCESS)
+      first = fsdp_cublas_fail(s, "cublasDestroy(handle)", __FILE__, __LINE__);
+  }
+  blas_count = 0;
+  const cudaError_t e = cudaSetDevice(current); /* the caller's device, as it was */
+  if (first == FSDP_SUCCESS && e != cudaSuccess)
+    first = fsdp_cuda_fail(e, "cudaSetDevice(current)", __FILE__, __LINE__);
+  return first;
+}
+
+/* ---- row-major products ----
+ * cuBLAS is column-major and our buffers are row-major. A row-major (r x c)
+ * matrix with leading dimension ld is, byte for byte, the column-major (c x r)
+ * matrix with the same ld: its transpose. So the row-major product
+ *     C (m x n) = op(A) (m x k) @ op(B) (k x n)
+ * is, read column-major, C^T (n x m) = op(B)^T (n x k) @ op(A)^T (k x m):
+ * cuBLAS with the operands swapped (B first), m and n swapped, and the same
+ * transpose flags and leading dimensions, because the column-major view of
+ * each stored operand is already its transpose. Every product in src/cuda goes
+ * through here, so each call site reads exactly like the CPU kernel's
+ * cblas_sgemm(CblasRowMajor, ...) call.
+ * Compute is CUBLAS_COMPUTE_32F in the default math mode: fp32 inputs give
+ * Sgemm's arithmetic (no TF32), bf16 inputs run on tensor cores with fp32
+ * accumulation. */
+fsdp_status_t fsdp_cuda_gemm(const struct fsdp_gemm *g, cudaStream_t stream) {
+  cublasHandle_t h = nullptr;
+  FSDP_TRY(blas_handle(stream, &h));
+  const cublasOperation_t opA = g->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t opB = g->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (g->batch == 1)
+    CUBLAS_CHECK(cublasGemmEx(h, opB, opA, g->n, g->m, g->k, &g->alpha, g->B, g->ab, g->ldb, g->A,
+                              g->ab, g->lda, &g->beta, g->C, g->c, g->ldc, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
+  else
+    CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        h, opB, opA, g->n, g->m, g->k, &g->alpha, g->B, g->ab, g->ldb, g->strideB, g->A, g->ab,
+        g->lda, g->strideA, &g->beta, g->C, g->c, g->ldc, g->strideC, g->batch,
+        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return FSDP_SUCCESS;
+}
+
+/* One row-major product, unbatched, A and B of type T, C of type TC. */
+template <typename T, typename TC>
+static fsdp_status_t gemm(bool ta, bool tb, int m, int n, int k, const T *A, int lda, const T *B,
+                          int ldb, float beta, TC *C, int ldc, cudaStream_t stream) {
+  const fsdp_gemm g = {ta, tb, m, n, k, 1.0f, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1,
+                       fsdp_cuda_type<T>::value, fsdp_cuda_type<TC>::value};
+  return fsdp_cuda_gemm(&g, stream);
+}
+
+/* ---- linear and conv1d ---- */
+
+/* out (rows, cols) = bias broadcast over the rows. */
+template <typename T>
+__global__ void fill_rows_kernel(T *out, const T *bias, size_t n, int cols) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+    out[i] = bias[i % (size_t)cols];
+}
+
+/* acc[c] += sum over rows of x (rows, cols). A block owns 32 columns; its 32
+ * row lanes each sum a strided subset, then lane sums are added in lane order:
+ * the same order every run, no atomics. */
+#define COL_TILE 32
+template <typename T>
+__global__ void __launch_bounds__(COL_TILE * COL_TILE) column_sum_kernel(float *acc, const T *x, int rows, int cols) {
+  __shared__ float part[COL_TILE][COL_TILE + 1];
+  const int col = blockIdx.x * COL_TILE + threadIdx.x;
+  float s = 0.0f;
+  if (col < cols)
+    for (int r = threadIdx.y; r < rows; r += COL_TILE) s += load(x + (size_t)r * cols + col);
+  part[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < cols) {
+    float t = 0.0f;
+    for (int k = 0; k < COL_TILE; ++k) t += part[k][threadIdx.x];
+    acc[col] += t;
+  }
+}
+
+template <typename T>
+static fsdp_status_t column_sum(float *acc, const T *x, int rows, int cols, cudaStream_t s) {
+  const unsigned blocks = (unsigned)((cols + COL_TILE - 1) / COL_TILE);
+  column_sum_kernel<<<blocks, dim3(COL_TILE, COL_TILE), 0, s>>>(acc, x, rows, cols);
+  LAUNCH_CHECK();
+  return FSDP_SUCCESS;
+}
+
+/* out = inp @ op(weight) + bias; op transposes a (OC,C) weight. With a bias the
+ * output is first filled with it and the product added to it (beta = 1), so a
+ * bf16 output is rounded once. */
+template <typename T>
+static fsdp_status_t matmul_forward(T *out, const T *inp, const T *weight, const T *bias, int B,
+                                    int C, int OC, bool weight_out_in, cudaStream_t s) {
+  if (B <= 0 || OC <= 0) return FSDP_SUCCESS;
+  const size_t n = (size_t)B * (size_t)OC;
+  if (bias) {
+    fill_rows_kernel<<<fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, s>>>(out, bias, n, OC);
+    LAUNCH_CHECK();
+  } else if (C <= 0) {
+    CUDA_CHECK(cudaMemsetAsync(out, 0, n * sizeof(T), s)); /* 0 bits are 0.0 in bf16 too */
+  }
+  /* cuBLAS rejects a leading dimension of 0: an empty reduction is done above. */
+  if (C <= 0) return FSDP_SUCCESS;
+  const float beta = bias ? 1.0f : 0.0f;
+  if (weight_out_in)
+    return gemm(false, true, B, OC, C, inp, C, weight, C, beta, out, OC, s);
+  return gemm(false, false, B, OC, C, inp, C, weight, OC, beta, out, OC, s);
+}
+
+template <typename T>
+static fsdp_status_t matmul_backward(T *dinp, float *dweight, float *dbias, const T *dout,
+                                     const T *inp, const T *weight, int B, int C, int OC,
+                                     bool weight_out_in, cudaStream_t s) {
+  if (B <= 0 || OC <= 0) return FSDP_SUCCESS;
+  if (C > 0 && weight_out_in) {
+    if (dinp) FSDP_TRY(gemm(false, false, B, C, OC, dout, OC, weight, C, 1.0f, dinp, C, s));
+    FSDP_TRY(gemm(true, false, OC, C, B, dout, OC, inp, C, 1.0f, dweight, C, s));
+  } else if (C > 0) {
+    if (dinp) FSDP_TRY(gemm(false, true, B, C, OC, dout, OC, weight, OC, 1.0f, dinp, C, s));
+    FSDP_TRY(gemm(true, false, C, OC, B, inp, C, dout, OC, 1.0f, dweight, OC, s));
+  }
+  if (dbias) FSDP_TRY(column_sum(dbias, dout, B, OC, s));
+  return FSDP_SUCCESS;
+}
+
+fsdp_status_t fsdp_cuda_linear_forward(float *out, const float *inp, const float *weight,
+                                       const float *bias, int B, int C, int OC,
+                                       fsdp_cuda_stream_t stream) {
+  return matmul_forward(out, inp, weight, bias, B, C, OC, true, stream);
+}
+
+fsdp_status_t fsdp_cuda_linear_forward_bf16(uint16_t *out, const uint16_t *inp,
+                                            const uint16_t *weight, const uint16_t *bias, int B,
+                                            int C, int OC, fsdp_cuda_stream_t stream) {
+  return matmul_forward(as_bf16(out), as_bf16(inp), as_bf16(weight), as_bf16(bias), B, C, OC,
+                        true, stream);
+}
+
+fsdp_status_t fsdp_cuda_conv1d_forward(float *out, const float *inp, const float *weight,
+                                       const float *bias, int B, int C, int OC,
+                                       fsdp_cuda_stream_t stream) {
+  return matmul_forward(out, inp, weight, bias, B, C, OC, false, stream);
+}
+
+fsdp_status_t fsdp_cuda_conv1d_forward_bf16(uint16_t *out, const uint16_t *inp,
+                                            const uint16_t *weight, const uint16_t *bias, int B,
+                                            int C, int OC, fsdp_cuda_stream_t stream) {
+  return matmul_forward(as_bf16(out), as_bf16(inp), as_bf16(weight), as_bf16(bias), B, C, OC,
+                        false, stream);
+}
+
+fsdp_status_t fsdp_cuda_linear_backward(float *dinp, float *dweight, float *dbias,
+                                        const float *dout, const float *inp, const float *weight,
+                                        int B, int C, int OC, fsdp_cuda_stream_t stream) {
+  return matmul_backward(dinp, dweight, dbias, dout, inp, weight, B, C, OC, true, stream);
+}
+
+fsdp_status_t fsdp_cuda_linear_backward_bf16(uint16_t *dinp, float *dweight, float *dbias,
+                                             const uint16_t *dout, const uint16_t *inp,
+                                             const uint16_t *weight, int B, int C, int OC,
+                                             fsdp_cuda_stream_t stream) {
+  return matmul_backward(as_bf16(dinp), dweight, dbias, as_bf16(dout), as_bf16(inp),
+                         as_bf16(weight), B, C, OC, true, stream);
+}
+
+fsdp_status_t fsdp_cuda_conv1d_backward(float *dinp, float *dweight, float *dbias,
+                                        const float *dout, const float *inp, const float *weight,
+                                        int B, int C, int OC, fsdp_cuda_stream_t stream) {
+  return matmul_backward(dinp, dweight, dbias, dout, inp, weight, B, C, OC, false, stream);
+}
+
+fsdp_status_t fsdp_cuda_conv1d_backward_bf16(uint16_t *dinp, float *dweight, float *dbias,
+                                             const uint16_t *dout, const uint16_t *inp,
+                                             const uint16_t *weight, int B, int C, int OC,
+                                             fsdp_cuda_stream_t stream) {
+  return matmul_backward(as_bf16(dinp), dweight, dbias, as_bf16(dout), as_bf16(inp),
+                         as_bf16(weight), B, C, OC, false, stream);
+}

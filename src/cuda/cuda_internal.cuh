@@ -1,0 +1,143 @@
+/* src/cuda/cuda_internal.cuh — what the .cu files share and nothing else sees:
+ * the error macros, launch geometry, fp32/bf16 loads and stores, warp and block
+ * reductions, and the row-major cuBLAS wrappers. */
+#ifndef FSDP_CUDA_INTERNAL_CUH
+#define FSDP_CUDA_INTERNAL_CUH
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "core/internal.h"
+}
+#include "cuda/kernels.h"
+
+/* ---- errors: a status with file:line, never exit() ---- */
+
+fsdp_status_t fsdp_cuda_fail(cudaError_t err, const char *expr, const char *file, int line);
+fsdp_status_t fsdp_cublas_fail(cublasStatus_t st, const char *expr, const char *file, int line);
+
+#define CUDA_CHECK(expr)                                                            \
+  do {                                                                              \
+    const cudaError_t cuda_check_err_ = (expr);                                     \
+    if (cuda_check_err_ != cudaSuccess)                                             \
+      return fsdp_cuda_fail(cuda_check_err_, #expr, __FILE__, __LINE__);            \
+  } while (0)
+
+#define CUBLAS_CHECK(expr)                                                          \
+  do {                                                                              \
+    const cublasStatus_t cublas_check_st_ = (expr);                                 \
+    if (cublas_check_st_ != CUBLAS_STATUS_SUCCESS)                                  \
+      return fsdp_cublas_fail(cublas_check_st_, #expr, __FILE__, __LINE__);         \
+  } while (0)
+
+/* After every <<<...>>>: a bad configuration is reported by the launch itself. */
+#define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
+
+/* ---- launch geometry ----
+ * Elementwise kernels use grid-stride loops with size_t indices, so the grid is
+ * capped (any n works, including n > 2^31) and never 0: callers return early
+ * when there is nothing to do, since a 0-block launch is an error. */
+#define FSDP_CUDA_BLOCK 256
+#define FSDP_CUDA_MAX_GRID 65536u
+
+static inline unsigned fsdp_grid(size_t n, unsigned block) {
+  const size_t g = (n + block - 1) / block;
+  return g == 0 ? 1u : g > FSDP_CUDA_MAX_GRID ? FSDP_CUDA_MAX_GRID : (unsigned)g;
+}
+
+/* ---- storage types: fp32 and bf16 bit patterns, arithmetic in fp32 ---- */
+
+struct bf16 {
+  uint16_t bits;
+};
+
+/* fsdp_f32_to_bf16 bit for bit (src/core/core.c), so that GPU and CPU agree
+ * exactly; __float2bfloat16_rn may treat NaN payloads differently. */
+__device__ __forceinline__ uint16_t fsdp_bf16_bits(float x) {
+  uint32_t u = __float_as_uint(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+__device__ __forceinline__ float load(const float *p) { return *p; }
+__device__ __forceinline__ float load(const bf16 *p) { return __uint_as_float((uint32_t)p->bits << 16); }
+__device__ __forceinline__ void store(float *p, float x) { *p = x; }
+__device__ __forceinline__ void store(bf16 *p, float x) { p->bits = fsdp_bf16_bits(x); }
+
+static inline bf16 *as_bf16(uint16_t *p) { return reinterpret_cast<bf16 *>(p); }
+static inline const bf16 *as_bf16(const uint16_t *p) { return reinterpret_cast<const bf16 *>(p); }
+
+template <typename T> struct fsdp_cuda_type;
+template <> struct fsdp_cuda_type<float> {
+  static constexpr cudaDataType_t value = CUDA_R_32F;
+};
+template <> struct fsdp_cuda_type<bf16> {
+  static constexpr cudaDataType_t value = CUDA_R_16BF;
+};
+
+/* ---- reductions ---- */
+
+template <typename A> __device__ __forceinline__ A warp_sum(A x) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+
+/* Sum over the block (blockDim.x a multiple of 32, at most 1024), the same
+ * value returned to every thread, in a fixed order: deterministic. `shared`
+ * holds 32 values; the trailing barrier lets the caller reuse it at once. */
+template <typename A> __device__ A block_sum(A x, A *shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  x = warp_sum(x);
+  if (lane == 0) shared[warp] = x;
+  __syncthreads();
+  A y = lane < nwarps ? shared[lane] : A(0);
+  y = warp_sum(y);
+  __syncthreads();
+  return y;
+}
+
+__device__ __forceinline__ float block_max(float x, float *shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  x = warp_max(x);
+  if (lane == 0) shared[warp] = x;
+  __syncthreads();
+  float y = lane < nwarps ? shared[lane] : -INFINITY;
+  y = warp_max(y);
+  __syncthreads();
+  return y;
+}
+
+/* ---- cuBLAS on row-major buffers (blas.cu) ----
+ * C (m,n) = alpha op(A) (m,k) @ op(B) (k,n) + beta C, every matrix row-major
+ * with its leading dimension, as cblas_sgemm(CblasRowMajor, ...) takes them;
+ * ta/tb say whether A/B are used transposed. A and B have type `ab`, C type
+ * `c` (CUDA_R_32F or CUDA_R_16BF); compute is always fp32. */
+struct fsdp_gemm {
+  bool ta, tb;
+  int m, n, k;
+  float alpha;
+  const void *A;
+  int lda;
+  long long strideA;
+  const void *B;
+  int ldb;
+  long long strideB;
+  float beta;
+  void *C;
+  int ldc;
+  long long strideC;
+  int batch; /* 1: a plain product; >1: strided batches (strides in elements) */
+  cudaDataType_t ab, c;
+};
+
+fsdp_status_t fsdp_cuda_gemm(const struct fsdp_gemm *g, cudaStream_t stream);
+
+#endif
