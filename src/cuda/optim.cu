@@ -1,0 +1,134 @@
+/* src/cuda/optim.cu — the optimizer step on a flat fp32 shard: fused AdamW and
+ * SGD (the semantics of src/engine/optim.c, scalars prepared on the host as
+ * there), and the deterministic sum of squares behind the global norm. */
+#include <math.h>
+
+#include "cuda/cuda_internal.cuh"
+
+#define GRID_STRIDE(i, n)                                                           \
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n);           \
+       i += (size_t)gridDim.x * blockDim.x)
+
+__global__ void adamw_kernel(float *param, const float *grad, float *m, float *v, size_t n,
+                             float b1, float b2, float eps, float step_size, float inv_sqrt_bc2,
+                             float keep) {
+  GRID_STRIDE(i, n) {
+    const float g = grad[i];
+    const float mi = b1 * m[i] + (1.0f - b1) * g;
+    const float vi = b2 * v[i] + (1.0f - b2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    param[i] = param[i] * keep - step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
+  }
+}
+
+fsdp_status_t fsdp_cuda_adamw_update(float *param, const float *grad, float *m, float *v,
+                                     size_t n, const fsdp_optim_config_t *c, float lr, int64_t t,
+                                     int decay, fsdp_cuda_stream_t stream) {
+  if (!c) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "AdamW update: NULL config");
+  if (n == 0) return FSDP_SUCCESS;
+  /* As fsdp_adamw_update, expression for expression. */
+  if (t < 1) t = 1;
+  const double bc1 = 1.0 - pow((double)c->beta1, (double)t);
+  const double bc2 = 1.0 - pow((double)c->beta2, (double)t);
+  const float step_size = (float)(lr / bc1);
+  const float inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2));
+  const float keep = decay ? 1.0f - lr * c->weight_decay : 1.0f;
+  adamw_kernel<<<fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, stream>>>(
+      param, grad, m, v, n, c->beta1, c->beta2, c->eps, step_size, inv_sqrt_bc2, keep);
+  LAUNCH_CHECK();
+  return FSDP_SUCCESS;
+}
+
+/* The CPU's five SGD cases; mode is uniform over the launch. */
+enum sgd_mode { SGD_PLAIN, SGD_FIRST_NESTEROV, SGD_FIRST, SGD_NESTEROV, SGD_MOMENTUM };
+
+__global__ void sgd_kernel(float *param, const float *grad, float *buf, size_t n, float lr,
+                           float wd, float mu, int mode) {
+  GRID_STRIDE(i, n) {
+    const float g = grad[i] + wd * param[i];
+    switch (mode) {
+    case SGD_PLAIN:
+      param[i] -= lr * g;
+      break;
+    case SGD_FIRST_NESTEROV:
+      buf[i] = g;
+      param[i] -= lr * (g + mu * g);
+      break;
+    case SGD_FIRST:
+      buf[i] = g;
+      param[i] -= lr * g;
+      break;
+    case SGD_NESTEROV: {
+      const float b = mu * buf[i] + g;
+      buf[i] = b;
+      param[i] -= lr * (g + mu * b);
+      break;
+    }
+    default: { /* SGD_MOMENTUM: the CPU adds grad and decay to mu * buf in this order */
+      const float b = mu * buf[i] + grad[i] + wd * param[i];
+      buf[i] = b;
+      param[i] -= lr * b;
+    }
+    }
+  }
+}
+
+fsdp_status_t fsdp_cuda_sgd_update(float *param, const float *grad, float *buf, size_t n,
+                                   const fsdp_optim_config_t *c, float lr, int first, int decay,
+                                   fsdp_cuda_stream_t stream) {
+  if (!c) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "SGD update: NULL config");
+  if (n == 0) return FSDP_SUCCESS;
+  const float wd = decay ? c->weight_decay : 0.0f, mu = c->momentum;
+  const int mode = mu == 0.0f || !buf      ? SGD_PLAIN
+                   : first && c->nesterov ? SGD_FIRST_NESTEROV
+                   : first                ? SGD_FIRST
+                   : c->nesterov          ? SGD_NESTEROV
+                                          : SGD_MOMENTUM;
+  sgd_kernel<<<fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, stream>>>(param, grad, buf, n,
+                                                                           lr, wd, mu, mode);
+  LAUNCH_CHECK();
+  return FSDP_SUCCESS;
+}
+
+/* ---- sum of squares ----
+ * Pass 1: nb blocks, nb a function of n alone; each thread sums squares over a
+ * grid stride in double, the block adds its threads in a fixed tree order into
+ * partials[block]. Pass 2: one block adds the nb partials the same way. The
+ * same n gives the same grid and the same order on every run and device. */
+#define SUMSQ_BLOCK 256
+#define SUMSQ_PER_THREAD 16 /* elements a thread covers before another block is added */
+
+__global__ void sum_squares_kernel(double *partials, const float *x, size_t n) {
+  __shared__ double shared[32];
+  double s = 0.0;
+  GRID_STRIDE(i, n) {
+    const double xi = x[i];
+    s += xi * xi;
+  }
+  s = block_sum(s, shared);
+  if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+__global__ void sum_partials_kernel(double *out, const double *partials, int nb) {
+  __shared__ double shared[32];
+  double s = 0.0;
+  for (int i = threadIdx.x; i < nb; i += blockDim.x) s += partials[i];
+  s = block_sum(s, shared);
+  if (threadIdx.x == 0) *out = s;
+}
+
+fsdp_status_t fsdp_cuda_sum_squares(double *out, double *partials, const float *x, size_t n,
+                                    fsdp_cuda_stream_t stream) {
+  const size_t per_block = (size_t)SUMSQ_BLOCK * SUMSQ_PER_THREAD;
+  const size_t want = (n + per_block - 1) / per_block;
+  const int nb = (int)(want < FSDP_CUDA_SUMSQ_PARTIALS ? want : FSDP_CUDA_SUMSQ_PARTIALS);
+  if (nb > 0) {
+    sum_squares_kernel<<<nb, SUMSQ_BLOCK, 0, stream>>>(partials, x, n);
+    LAUNCH_CHECK();
+  }
+  /* With n = 0 this writes 0: the loop adds nothing. */
+  sum_partials_kernel<<<1, SUMSQ_BLOCK, 0, stream>>>(out, partials, nb);
+  LAUNCH_CHECK();
+  return FSDP_SUCCESS;
+}

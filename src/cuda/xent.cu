@@ -1,0 +1,64 @@
+/* src/cuda/xent.cu — softmax cross-entropy fused with its gradient, one block
+ * per row (fp32 and bf16 logits): the row max, the exponential sum in double
+ * as on the CPU, the loss in double, and dlogits written in the same pass. */
+#include "cuda/cuda_internal.cuh"
+
+#define XENT_BLOCK 512
+
+template <typename T>
+__global__ void __launch_bounds__(XENT_BLOCK) xent_kernel(T *dlogits, float *losses, const T *logits, const int *targets, int B,
+                            int V, float scale) {
+  __shared__ float fshared[32];
+  __shared__ double dshared[32];
+  for (size_t row = blockIdx.x; row < (size_t)B; row += gridDim.x) {
+    const T *x = logits + row * V;
+    T *d = dlogits ? dlogits + row * V : nullptr;
+    const int target = targets[row];
+    /* Uniform across the block: every thread takes the same branch. */
+    if (target < 0 || target >= V) {
+      if (d)
+        for (int j = threadIdx.x; j < V; j += blockDim.x) store(d + j, NAN);
+      if (losses && threadIdx.x == 0) losses[row] = NAN;
+      continue;
+    }
+    float mx = -INFINITY;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, load(x + j));
+    mx = block_max(mx, fshared);
+    double sum = 0.0;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) sum += expf(load(x + j) - mx);
+    sum = block_sum(sum, dshared);
+    if (d) {
+      const float k = (float)(scale / sum);
+      for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        /* The CPU rounds e * k to float before subtracting scale at the
+         * target; __fmul_rn keeps nvcc from fusing the two into one fma. */
+        const float p = __fmul_rn(expf(load(x + j) - mx), k);
+        store(d + j, j == target ? p - scale : p);
+      }
+    }
+    if (losses && threadIdx.x == 0)
+      losses[row] = (float)((double)mx + log(sum) - (double)load(x + target));
+  }
+}
+
+template <typename T>
+static fsdp_status_t softmax_xent(T *dlogits, float *losses, const T *logits, const int *targets,
+                                  int B, int V, float scale, cudaStream_t s) {
+  if (B <= 0 || V <= 0) return FSDP_SUCCESS;
+  xent_kernel<<<fsdp_grid((size_t)B, 1), XENT_BLOCK, 0, s>>>(dlogits, losses, logits, targets, B,
+                                                            V, scale);
+  LAUNCH_CHECK();
+  return FSDP_SUCCESS;
+}
+
+fsdp_status_t fsdp_cuda_softmax_xent(float *dlogits, float *losses, const float *logits,
+                                     const int *targets, int B, int V, float scale,
+                                     fsdp_cuda_stream_t stream) {
+  return softmax_xent(dlogits, losses, logits, targets, B, V, scale, stream);
+}
+
+fsdp_status_t fsdp_cuda_softmax_xent_bf16(uint16_t *dlogits, float *losses,
+                                          const uint16_t *logits, const int *targets, int B,
+                                          int V, float scale, fsdp_cuda_stream_t stream) {
+  return softmax_xent(as_bf16(dlogits), losses, as_bf16(logits), targets, B, V, scale, stream);
+}
