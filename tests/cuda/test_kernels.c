@@ -1,0 +1,891 @@
+/* tests/cuda/test_kernels.c — every CUDA kernel of src/cuda/kernels.h against
+ * its CPU reference (fsdp/nn.h, fsdp/optim.h, fsdp_f32_to_bf16 and the
+ * engine's shard loops) on fresh random inputs: fp32 within 1e-5 relative,
+ * bf16 within 1e-2, casts bit for bit. Prints a table (kernel, max relative
+ * error, tolerance, pass) at the end, and writes it to $FSDP_CUDA_REPORT when
+ * set. The seed comes from $FSDP_TEST_SEED, else the clock, and is printed.
+ * Without a usable GPU it says why and exits 77 (skipped). CK_FORK=no: a
+ * forked child cannot use its parent's CUDA context. */
+#include <check.h>
+#include <cuda_runtime_api.h>
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cuda/kernels.h"
+#include "fsdp/nn.h"
+#include "fsdp/optim.h"
+
+#define LEN(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/* The issue's bounds. bf16 outputs are rounded once (2^-9 relative) from fp32
+ * math on the same bf16-rounded inputs the CPU sees, so 1e-2 leaves 5x room.
+ * The sum of squares accumulates in double on both sides, in different
+ * orders: about sqrt(n) ulps apart (1e-12 at n = 1e7), at most n ulps (1e-9);
+ * an accumulation in float would be 1e-7 or more off. */
+#define TOL_F32 1e-5
+#define TOL_BF16 1e-2
+#define TOL_SUMSQ 1e-9
+#define TOL_EXACT 0.0
+
+static cudaStream_t stream;
+static unsigned long long seed;
+static uint64_t rng_state;
+
+/* ---- the result table: one row per kernel, the worst case over its cases ---- */
+
+static const char *const kKernels[] = {
+    "linear_forward", "linear_backward", "linear_forward_bf16", "linear_backward_bf16",
+    "conv1d_forward", "conv1d_backward", "conv1d_forward_bf16", "conv1d_backward_bf16",
+    "relu_forward", "relu_backward", "relu_forward_bf16", "relu_backward_bf16",
+    "gelu_forward", "gelu_backward", "gelu_forward_bf16", "gelu_backward_bf16",
+    "residual_forward", "residual_backward", "residual_forward_bf16", "residual_backward_bf16",
+    "layernorm_forward", "layernorm_backward", "layernorm_forward_bf16",
+    "layernorm_backward_bf16", "embedding_forward", "embedding_backward",
+    "embedding_forward_bf16", "embedding_backward_bf16", "attention_forward",
+    "attention_backward", "softmax_xent", "softmax_xent_bf16", "adamw_update", "sgd_update",
+    "sum_squares", "scale", "axpy", "axpy_bf16", "f32_to_bf16", "bf16_to_f32"};
+
+static struct {
+  double err, tol;
+  int cases, failed;
+} table[LEN(kKernels)];
+
+static int kernel_row(const char *kernel) {
+  for (int i = 0; i < LEN(kKernels); ++i)
+    if (!strcmp(kKernels[i], kernel)) return i;
+  ck_abort_msg("kernel %s is not in the table", kernel);
+  return -1;
+}
+
+/* Records err for kernel, then fails the test when it exceeds tol (NaN too). */
+static void check_err(const char *kernel, const char *what, double err, double tol) {
+  const int r = kernel_row(kernel);
+  const int ok = err <= tol;
+  table[r].tol = tol;
+  if (!table[r].cases || !(err <= table[r].err)) table[r].err = err; /* NaN sticks */
+  table[r].cases++;
+  table[r].failed += !ok;
+  ck_assert_msg(ok, "%s: %s: max relative error %.3g above %.3g (FSDP_TEST_SEED=%llu)", kernel,
+                what, err, tol, seed);
+}
+
+static char device_line[320]; /* the device and the seed, the table's first line */
+
+static void print_table(FILE *f) {
+  fprintf(f, "%s\n", device_line);
+  fprintf(f, "%-26s %12s %10s  %s\n", "kernel", "max_rel_err", "tolerance", "pass");
+  for (int i = 0; i < LEN(kKernels); ++i) {
+    char tol[32];
+    if (table[i].tol == TOL_EXACT)
+      snprintf(tol, sizeof tol, "exact");
+    else
+      snprintf(tol, sizeof tol, "%.0e", table[i].tol);
+    if (!table[i].cases)
+      fprintf(f, "%-26s %12s %10s  %s\n", kKernels[i], "-", "-", "NOT RUN");
+    else
+      fprintf(f, "%-26s %12.3g %10s  %s\n", kKernels[i], table[i].err, tol,
+              table[i].failed ? "FAIL" : "yes");
+  }
+}
+
+/* ---- random inputs ---- */
+
+static double rnd(void) { /* uniform in [-1, 1), splitmix64 */
+  uint64_t x = (rng_state += 0x9E3779B97F4A7C15ULL);
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return (double)((x ^ (x >> 31)) >> 11) / 9007199254740992.0 * 2.0 - 1.0;
+}
+
+static void *xmalloc(size_t bytes) {
+  void *p = malloc(bytes ? bytes : 1);
+  ck_assert_ptr_nonnull(p);
+  return p;
+}
+
+static float *rand_floats(size_t n, double offset, double spread) {
+  float *x = xmalloc(n * sizeof(float));
+  for (size_t i = 0; i < n; ++i) x[i] = (float)(offset + spread * rnd());
+  return x;
+}
+
+static float *copy_floats(const float *x, size_t n) {
+  float *y = xmalloc(n * sizeof(float));
+  memcpy(y, x, n * sizeof(float));
+  return y;
+}
+
+static int *rand_tokens(size_t n, int V) {
+  int *t = xmalloc(n * sizeof(int));
+  for (size_t i = 0; i < n; ++i) t[i] = (int)((rnd() + 1.0) * 0.5 * V) % V;
+  return t;
+}
+
+/* x rounded to bf16 in place: the CPU then computes on exactly what the GPU reads. */
+static float *round_bf16(float *x, size_t n) {
+  for (size_t i = 0; i < n; ++i) x[i] = fsdp_bf16_to_f32(fsdp_f32_to_bf16(x[i]));
+  return x;
+}
+
+/* ---- device buffers: freed at the start of every test, failed ones too ---- */
+
+#define MAX_DEV 64
+static void *dev_bufs[MAX_DEV];
+static int n_dev;
+
+static void cu_check(cudaError_t e, const char *expr, int line) {
+  ck_assert_msg(e == cudaSuccess, "line %d: %s: %s", line, expr, cudaGetErrorString(e));
+}
+#define CU(expr) cu_check((expr), #expr, __LINE__)
+
+static void ok_check(fsdp_status_t st, const char *expr, int line) {
+  ck_assert_msg(st == FSDP_SUCCESS, "line %d: %s: %s: %s", line, expr, fsdp_status_string(st),
+                fsdp_last_error());
+}
+#define OK(expr) ok_check((expr), #expr, __LINE__)
+
+static void dev_free_all(void) {
+  for (int i = 0; i < n_dev; ++i) cudaFree(dev_bufs[i]);
+  n_dev = 0;
+}
+
+static void *dev_alloc(size_t bytes) {
+  ck_assert_int_lt(n_dev, MAX_DEV);
+  void *p = NULL;
+  CU(cudaMalloc(&p, bytes ? bytes : 1));
+  dev_bufs[n_dev++] = p;
+  return p;
+}
+
+/* Copies go on the test's stream, which does not synchronise with the legacy
+ * default stream (cudaStreamNonBlocking): a kernel that ignored its stream
+ * argument would race with them and show. */
+static void *dev_copy(const void *host, size_t bytes) {
+  void *d = dev_alloc(bytes);
+  if (bytes) CU(cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, stream));
+  CU(cudaStreamSynchronize(stream));
+  return d;
+}
+
+static void host_copy(void *host, const void *dev, size_t bytes) {
+  if (bytes) CU(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, stream));
+  CU(cudaStreamSynchronize(stream));
+}
+
+static float *dev_f32(const float *x, size_t n) { return dev_copy(x, n * sizeof(float)); }
+
+static uint16_t *dev_bf16(const float *x, size_t n) {
+  uint16_t *h = xmalloc(n * sizeof(uint16_t));
+  for (size_t i = 0; i < n; ++i) h[i] = fsdp_f32_to_bf16(x[i]);
+  uint16_t *d = dev_copy(h, n * sizeof(uint16_t));
+  free(h);
+  return d;
+}
+
+static float *back_f32(const float *d, size_t n) {
+  float *h = xmalloc(n * sizeof(float));
+  host_copy(h, d, n * sizeof(float));
+  return h;
+}
+
+static float *back_bf16(const uint16_t *d, size_t n) {
+  uint16_t *b = xmalloc(n * sizeof(uint16_t));
+  host_copy(b, d, n * sizeof(uint16_t));
+  float *h = xmalloc(n * sizeof(float));
+  for (size_t i = 0; i < n; ++i) h[i] = fsdp_bf16_to_f32(b[i]);
+  free(b);
+  return h;
+}
+
+/* ---- the error measure ----
+ * max over i of |got - want| / max(|want|, rms(want)). Why the floor: two
+ * correct fp32 evaluations of a sum differ by rounding errors proportional to
+ * the terms summed, which for these O(1) random inputs are of the size of the
+ * output's typical element (its RMS), not of the one element; an element that
+ * cancels to near 0 keeps an absolute difference of a few ulps of the RMS, and
+ * dividing it by its own tiny value would measure the cancellation, not the
+ * kernel. A real bug (a dropped term, a wrong index, scale or sign) moves an
+ * element by O(RMS): an error of O(1) on this scale, 1e5 times the fp32 bound.
+ * NaN must meet NaN and an infinity the same infinity. */
+static double rel_err(const float *got, const float *want, size_t n) {
+  double ss = 0.0;
+  size_t finite = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (isfinite(want[i])) {
+      ss += (double)want[i] * want[i];
+      finite++;
+    }
+  const double rms = finite ? sqrt(ss / (double)finite) : 0.0, floor = rms > 0.0 ? rms : DBL_MIN;
+  double worst = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    if (isnan(want[i]) || isnan(got[i])) {
+      if (!(isnan(want[i]) && isnan(got[i]))) return INFINITY;
+      continue;
+    }
+    if (isinf(want[i]) || isinf(got[i])) {
+      if (got[i] != want[i]) return INFINITY;
+      continue;
+    }
+    const double e = fabs((double)got[i] - want[i]) / fmax(fabs((double)want[i]), floor);
+    worst = e > worst ? e : worst;
+  }
+  return worst;
+}
+
+static double max2(double a, double b) { return a > b || isnan(a) ? a : b; }
+
+/* ---- linear and conv1d ---- */
+
+typedef void (*mm_fwd_cpu)(float *, const float *, const float *, const float *, int, int, int);
+typedef void (*mm_bwd_cpu)(float *, float *, float *, const float *, const float *,
+                           const float *, int, int, int);
+typedef fsdp_status_t (*mm_fwd_gpu)(float *, const float *, const float *, const float *, int,
+                                    int, int, fsdp_cuda_stream_t);
+typedef fsdp_status_t (*mm_bwd_gpu)(float *, float *, float *, const float *, const float *,
+                                    const float *, int, int, int, fsdp_cuda_stream_t);
+typedef fsdp_status_t (*mm_fwd_gpu16)(uint16_t *, const uint16_t *, const uint16_t *,
+                                      const uint16_t *, int, int, int, fsdp_cuda_stream_t);
+typedef fsdp_status_t (*mm_bwd_gpu16)(uint16_t *, float *, float *, const uint16_t *,
+                                      const uint16_t *, const uint16_t *, int, int, int,
+                                      fsdp_cuda_stream_t);
+
+static const struct mm_kind {
+  const char *name; /* the table rows are name + _forward, _backward, ..._bf16 */
+  mm_fwd_cpu cpu_fwd;
+  mm_bwd_cpu cpu_bwd;
+  mm_fwd_gpu fwd;
+  mm_bwd_gpu bwd;
+  mm_fwd_gpu16 fwd16;
+  mm_bwd_gpu16 bwd16;
+} kMatmulKinds[] = {
+    {"linear", fsdp_linear_forward, fsdp_linear_backward, fsdp_cuda_linear_forward,
+     fsdp_cuda_linear_backward, fsdp_cuda_linear_forward_bf16, fsdp_cuda_linear_backward_bf16},
+    {"conv1d", fsdp_conv1d_forward, fsdp_conv1d_backward, fsdp_cuda_conv1d_forward,
+     fsdp_cuda_conv1d_backward, fsdp_cuda_conv1d_forward_bf16, fsdp_cuda_conv1d_backward_bf16},
+};
+
+/* Rows, inputs, outputs; whether bias (and dbias) and dinp are passed. C = 0
+ * is the empty reduction (out = bias). */
+static const struct { int B, C, OC, bias, dinp; } kMatmul[] = {
+    {64, 96, 160, 1, 1}, {7, 13, 5, 0, 0}, {256, 768, 384, 1, 1}, {1, 1, 1, 1, 1}, {5, 0, 3, 1, 1},
+};
+
+static char *row_name(char *buf, const char *kind, const char *suffix) {
+  snprintf(buf, 64, "%s%s", kind, suffix);
+  return buf;
+}
+
+static void matmul_case(const struct mm_kind *k, int bf16, int B, int C, int OC, int with_bias,
+                        int with_dinp) {
+  const size_t ni = (size_t)B * C, nw = (size_t)OC * C, no = (size_t)B * OC;
+  const double tol = bf16 ? TOL_BF16 : TOL_F32;
+  char name[64];
+  float *inp = rand_floats(ni, 0, 1), *w = rand_floats(nw, 0, 1), *bias = rand_floats(OC, 0, 1);
+  float *dout = rand_floats(no, 0, 1), *dinp = rand_floats(ni, 0, 1);
+  float *dw = rand_floats(nw, 0, 1), *db = rand_floats(OC, 0, 1), *out = xmalloc(no * 4);
+  if (bf16) {
+    round_bf16(inp, ni);
+    round_bf16(w, nw);
+    round_bf16(bias, OC);
+    round_bf16(dout, no);
+    round_bf16(dinp, ni);
+  }
+  /* Parameter gradients are fp32 in both variants. */
+  float *g_dw = dev_f32(dw, nw), *g_db = dev_f32(db, OC), *got, *got_dinp;
+  if (!bf16) {
+    float *g_out = dev_alloc(no * 4), *g_inp = dev_f32(inp, ni), *g_w = dev_f32(w, nw);
+    float *g_dinp = dev_f32(dinp, ni);
+    OK(k->fwd(g_out, g_inp, g_w, with_bias ? dev_f32(bias, OC) : NULL, B, C, OC, stream));
+    OK(k->bwd(with_dinp ? g_dinp : NULL, g_dw, with_bias ? g_db : NULL, dev_f32(dout, no), g_inp,
+              g_w, B, C, OC, stream));
+    got = back_f32(g_out, no);
+    got_dinp = back_f32(g_dinp, ni);
+  } else {
+    uint16_t *g_out = dev_alloc(no * 2), *g_inp = dev_bf16(inp, ni), *g_w = dev_bf16(w, nw);
+    uint16_t *g_dinp = dev_bf16(dinp, ni);
+    OK(k->fwd16(g_out, g_inp, g_w, with_bias ? dev_bf16(bias, OC) : NULL, B, C, OC, stream));
+    OK(k->bwd16(with_dinp ? g_dinp : NULL, g_dw, with_bias ? g_db : NULL, dev_bf16(dout, no),
+                g_inp, g_w, B, C, OC, stream));
+    got = back_bf16(g_out, no);
+    got_dinp = back_bf16(g_dinp, ni);
+  }
+  float *got_dw = back_f32(g_dw, nw), *got_db = back_f32(g_db, OC);
+  k->cpu_fwd(out, inp, w, with_bias ? bias : NULL, B, C, OC);
+  k->cpu_bwd(with_dinp ? dinp : NULL, dw, with_bias ? db : NULL, dout, inp, w, B, C, OC);
+  check_err(row_name(name, k->name, bf16 ? "_forward_bf16" : "_forward"), "out",
+            rel_err(got, out, no), tol);
+  double err = rel_err(got_dinp, dinp, ni);
+  err = max2(err, rel_err(got_dw, dw, nw));
+  err = max2(err, rel_err(got_db, db, OC));
+  check_err(row_name(name, k->name, bf16 ? "_backward_bf16" : "_backward"), "dinp/dweight/dbias",
+            err, tol);
+  free(inp), free(w), free(bias), free(dout), free(dinp), free(dw), free(db), free(out);
+  free(got), free(got_dinp), free(got_dw), free(got_db);
+}
+
+START_TEST(matmul) {
+  rng_state = seed + 1000 + (uint64_t)_i;
+  for (int k = 0; k < LEN(kMatmulKinds); ++k)
+    for (int bf16 = 0; bf16 <= 1; ++bf16)
+      matmul_case(&kMatmulKinds[k], bf16, kMatmul[_i].B, kMatmul[_i].C, kMatmul[_i].OC,
+                  kMatmul[_i].bias, kMatmul[_i].dinp);
+}
+END_TEST
+
+/* ---- elementwise layers ---- */
+
+typedef void (*ew_fwd_cpu)(float *, const float *, size_t);
+typedef fsdp_status_t (*ew_fwd_gpu)(float *, const float *, size_t, fsdp_cuda_stream_t);
+typedef fsdp_status_t (*ew_fwd_gpu16)(uint16_t *, const uint16_t *, size_t, fsdp_cuda_stream_t);
+typedef void (*ew_bwd_cpu)(float *, const float *, const float *, size_t);
+typedef fsdp_status_t (*ew_bwd_gpu)(float *, const float *, const float *, size_t,
+                                    fsdp_cuda_stream_t);
+typedef fsdp_status_t (*ew_bwd_gpu16)(uint16_t *, const uint16_t *, const uint16_t *, size_t,
+                                      fsdp_cuda_stream_t);
+
+/* Backward takes (dinp, x, dout): x is ReLU's output or GELU's input; for ReLU
+ * only its sign matters, so the same random x serves both. GELU's inputs
+ * spread to +-6 to reach both tails. */
+static const struct {
+  const char *name;
+  double spread;
+  ew_fwd_cpu cpu_fwd;
+  ew_fwd_gpu fwd;
+  ew_fwd_gpu16 fwd16;
+  ew_bwd_cpu cpu_bwd;
+  ew_bwd_gpu bwd;
+  ew_bwd_gpu16 bwd16;
+} kUnary[] = {
+    {"relu", 1.0, fsdp_relu_forward, fsdp_cuda_relu_forward, fsdp_cuda_relu_forward_bf16,
+     fsdp_relu_backward, fsdp_cuda_relu_backward, fsdp_cuda_relu_backward_bf16},
+    {"gelu", 6.0, fsdp_gelu_forward, fsdp_cuda_gelu_forward, fsdp_cuda_gelu_forward_bf16,
+     fsdp_gelu_backward, fsdp_cuda_gelu_backward, fsdp_cuda_gelu_backward_bf16},
+};
+
+/* The last size passes FSDP_CUDA_MAX_GRID * 256 elements: the grid-stride
+ * loops wrap. */
+static const size_t kSizes[] = {1, 1000, 1048579, 16781315};
+
+static void unary_case(int u, int bf16, size_t n) {
+  const double tol = bf16 ? TOL_BF16 : TOL_F32;
+  char name[64];
+  float *x = rand_floats(n, 0, kUnary[u].spread), *dout = rand_floats(n, 0, 1);
+  float *dinp = rand_floats(n, 0, 1), *out = xmalloc(n * 4), *got, *got_d;
+  if (bf16) {
+    round_bf16(x, n);
+    round_bf16(dout, n);
+    round_bf16(dinp, n);
+  }
+  if (!bf16) {
+    float *g_x = dev_f32(x, n), *g_out = dev_alloc(n * 4), *g_d = dev_f32(dinp, n);
+    OK(kUnary[u].fwd(g_out, g_x, n, stream));
+    OK(kUnary[u].bwd(g_d, g_x, dev_f32(dout, n), n, stream));
+    got = back_f32(g_out, n), got_d = back_f32(g_d, n);
+  } else {
+    uint16_t *g_x = dev_bf16(x, n), *g_out = dev_alloc(n * 2), *g_d = dev_bf16(dinp, n);
+    OK(kUnary[u].fwd16(g_out, g_x, n, stream));
+    OK(kUnary[u].bwd16(g_d, g_x, dev_bf16(dout, n), n, stream));
+    got = back_bf16(g_out, n), got_d = back_bf16(g_d, n);
+  }
+  kUnary[u].cpu_fwd(out, x, n);
+  kUnary[u].cpu_bwd(dinp, x, dout, n);
+  check_err(row_name(name, kUnary[u].name, bf16 ? "_forward_bf16" : "_forward"), "out",
+            rel_err(got, out, n), tol);
+  check_err(row_name(name, kUnary[u].name, bf16 ? "_backward_bf16" : "_backward"), "dinp",
+            rel_err(got_d, dinp, n), tol);
+  free(x), free(dout), free(dinp), free(out), free(got), free(got_d);
+}
+
+static void residual_case(int bf16, size_t n) {
+  const double tol = bf16 ? TOL_BF16 : TOL_F32;
+  float *a = rand_floats(n, 0, 1), *b = rand_floats(n, 0, 1), *dout = rand_floats(n, 0, 1);
+  float *da = rand_floats(n, 0, 1), *db = rand_floats(n, 0, 1), *out = xmalloc(n * 4);
+  float *got, *got_da, *got_db;
+  if (bf16) {
+    round_bf16(a, n);
+    round_bf16(b, n);
+    round_bf16(dout, n);
+    round_bf16(da, n);
+    round_bf16(db, n);
+  }
+  if (!bf16) {
+    float *g_out = dev_alloc(n * 4), *g_da = dev_f32(da, n), *g_db = dev_f32(db, n);
+    OK(fsdp_cuda_residual_forward(g_out, dev_f32(a, n), dev_f32(b, n), n, stream));
+    OK(fsdp_cuda_residual_backward(g_da, g_db, dev_f32(dout, n), n, stream));
+    got = back_f32(g_out, n), got_da = back_f32(g_da, n), got_db = back_f32(g_db, n);
+  } else {
+    uint16_t *g_out = dev_alloc(n * 2), *g_da = dev_bf16(da, n), *g_db = dev_bf16(db, n);
+    OK(fsdp_cuda_residual_forward_bf16(g_out, dev_bf16(a, n), dev_bf16(b, n), n, stream));
+    OK(fsdp_cuda_residual_backward_bf16(g_da, g_db, dev_bf16(dout, n), n, stream));
+    got = back_bf16(g_out, n), got_da = back_bf16(g_da, n), got_db = back_bf16(g_db, n);
+  }
+  fsdp_residual_forward(out, a, b, n);
+  fsdp_residual_backward(da, db, dout, n);
+  check_err(bf16 ? "residual_forward_bf16" : "residual_forward", "out", rel_err(got, out, n), tol);
+  check_err(bf16 ? "residual_backward_bf16" : "residual_backward", "da/db",
+            max2(rel_err(got_da, da, n), rel_err(got_db, db, n)), tol);
+  free(a), free(b), free(dout), free(da), free(db), free(out), free(got), free(got_da),
+      free(got_db);
+}
+
+START_TEST(elementwise) {
+  rng_state = seed + 2000 + (uint64_t)_i;
+  for (int bf16 = 0; bf16 <= 1; ++bf16) {
+    for (int u = 0; u < LEN(kUnary); ++u) {
+      unary_case(u, bf16, kSizes[_i]);
+      dev_free_all();
+    }
+    residual_case(bf16, kSizes[_i]);
+    dev_free_all();
+  }
+}
+END_TEST
+
+/* ---- LayerNorm ---- */
+
+/* An offset of 3 next to a spread of 1 tests the two-pass variance. */
+static const struct { int N, C; double offset; int dinp; } kLayernorm[] = {
+    {37, 768, 0.0, 1}, {5, 13, 3.0, 1}, {1, 1, 0.0, 1}, {64, 1600, 3.0, 0},
+};
+
+static void layernorm_case(int bf16, int N, int C, double offset, int with_dinp) {
+  const size_t n = (size_t)N * C;
+  const double tol = bf16 ? TOL_BF16 : TOL_F32;
+  float *x = rand_floats(n, offset, 1), *w = rand_floats(C, 1, 0.5), *b = rand_floats(C, 0, 0.5);
+  float *dout = rand_floats(n, 0, 1), *dinp = rand_floats(n, 0, 1);
+  float *dw = rand_floats(C, 0, 1), *db = rand_floats(C, 0, 1);
+  float *out = xmalloc(n * 4), *mean = xmalloc(N * 4), *rstd = xmalloc(N * 4), *got, *got_d;
+  if (bf16) {
+    round_bf16(x, n);
+    round_bf16(w, C);
+    round_bf16(b, C);
+    round_bf16(dout, n);
+    round_bf16(dinp, n);
+  }
+  fsdp_layernorm_forward(out, mean, rstd, x, w, b, N, C);
+  float *g_mean = dev_alloc(N * 4), *g_rstd = dev_alloc(N * 4), *g_dw = dev_f32(dw, C),
+        *g_db = dev_f32(db, C);
+  /* Backward reads the CPU's statistics, so that it is checked on its own. */
+  float *c_mean = dev_f32(mean, N), *c_rstd = dev_f32(rstd, N);
+  if (!bf16) {
+    float *g_out = dev_alloc(n * 4), *g_x = dev_f32(x, n), *g_w = dev_f32(w, C),
+          *g_d = dev_f32(dinp, n);
+    OK(fsdp_cuda_layernorm_forward(g_out, g_mean, g_rstd, g_x, g_w, dev_f32(b, C), N, C, stream));
+    OK(fsdp_cuda_layernorm_backward(with_dinp ? g_d : NULL, g_dw, g_db, dev_f32(dout, n), g_x, g_w,
+                                    c_mean, c_rstd, N, C, stream));
+    got = back_f32(g_out, n), got_d = back_f32(g_d, n);
+  } else {
+    uint16_t *g_out = dev_alloc(n * 2), *g_x = dev_bf16(x, n), *g_w = dev_bf16(w, C),
+             *g_d = dev_bf16(dinp, n);
+    OK(fsdp_cuda_layernorm_forward_bf16(g_out, g_mean, g_rstd, g_x, g_w, dev_bf16(b, C), N, C,
+                                        stream));
+    OK(fsdp_cuda_layernorm_backward_bf16(with_dinp ? g_d : NULL, g_dw, g_db, dev_bf16(dout, n),
+                                         g_x, g_w, c_mean, c_rstd, N, C, stream));
+    got = back_bf16(g_out, n), got_d = back_bf16(g_d, n);
+  }
+  float *got_mean = back_f32(g_mean, N), *got_rstd = back_f32(g_rstd, N);
+  double err = max2(rel_err(got, out, n), rel_err(got_mean, mean, N));
+  check_err(bf16 ? "layernorm_forward_bf16" : "layernorm_forward", "out/mean/rstd",
+            max2(err, rel_err(got_rstd, rstd, N)), tol);
+  fsdp_layernorm_backward(with_dinp ? dinp : NULL, dw, db, dout, x, w, mean, rstd, N, C);
+  float *got_dw = back_f32(g_dw, C), *got_db = back_f32(g_db, C);
+  err = max2(rel_err(got_d, dinp, n), rel_err(got_dw, dw, C));
+  check_err(bf16 ? "layernorm_backward_bf16" : "layernorm_backward", "dinp/dweight/dbias",
+            max2(err, rel_err(got_db, db, C)), tol);
+  free(x), free(w), free(b), free(dout), free(dinp), free(dw), free(db), free(out), free(mean),
+      free(rstd), free(got), free(got_d), free(got_mean), free(got_rstd), free(got_dw),
+      free(got_db);
+}
+
+START_TEST(layernorm) {
+  rng_state = seed + 3000 + (uint64_t)_i;
+  for (int bf16 = 0; bf16 <= 1; ++bf16)
+    layernorm_case(bf16, kLayernorm[_i].N, kLayernorm[_i].C, kLayernorm[_i].offset,
+                   kLayernorm[_i].dinp);
+}
+END_TEST
+
+/* ---- embedding ---- */
+
+/* V = 5 with 128 positions repeats every token many times: the atomic scatter
+ * collides. */
+static const struct { int B, T, C, V; } kEmbedding[] = {
+    {3, 17, 40, 50}, {2, 64, 768, 5}, {1, 1, 1, 1},
+};
+
+static void embedding_case(int bf16, int B, int T, int C, int V) {
+  const size_t n = (size_t)B * T * C, nte = (size_t)V * C, npe = (size_t)T * C;
+  const double tol = bf16 ? TOL_BF16 : TOL_F32;
+  int *tok = rand_tokens((size_t)B * T, V);
+  float *wte = rand_floats(nte, 0, 1), *wpe = rand_floats(npe, 0, 1), *dout = rand_floats(n, 0, 1);
+  float *dwte = rand_floats(nte, 0, 1), *dwpe = rand_floats(npe, 0, 1), *out = xmalloc(n * 4);
+  float *got;
+  if (bf16) {
+    round_bf16(wte, nte);
+    round_bf16(wpe, npe);
+    round_bf16(dout, n);
+  }
+  int *g_tok = dev_copy(tok, (size_t)B * T * sizeof(int));
+  float *g_dwte = dev_f32(dwte, nte), *g_dwpe = dev_f32(dwpe, npe);
+  if (!bf16) {
+    float *g_out = dev_alloc(n * 4);
+    OK(fsdp_cuda_embedding_forward(g_out, g_tok, dev_f32(wte, nte), dev_f32(wpe, npe), B, T, C,
+                                   stream));
+    OK(fsdp_cuda_embedding_backward(g_dwte, g_dwpe, dev_f32(dout, n), g_tok, B, T, C, stream));
+    got = back_f32(g_out, n);
+  } else {
+    uint16_t *g_out = dev_alloc(n * 2);
+    OK(fsdp_cuda_embedding_forward_bf16(g_out, g_tok, dev_bf16(wte, nte), dev_bf16(wpe, npe), B,
+                                        T, C, stream));
+    OK(fsdp_cuda_embedding_backward_bf16(g_dwte, g_dwpe, dev_bf16(dout, n), g_tok, B, T, C,
+                                         stream));
+    got = back_bf16(g_out, n);
+  }
+  fsdp_embedding_forward(out, tok, wte, wpe, B, T, C);
+  fsdp_embedding_backward(dwte, dwpe, dout, tok, B, T, C);
+  float *got_dwte = back_f32(g_dwte, nte), *got_dwpe = back_f32(g_dwpe, npe);
+  check_err(bf16 ? "embedding_forward_bf16" : "embedding_forward", "out", rel_err(got, out, n),
+            tol);
+  check_err(bf16 ? "embedding_backward_bf16" : "embedding_backward", "dwte/dwpe",
+            max2(rel_err(got_dwte, dwte, nte), rel_err(got_dwpe, dwpe, npe)), tol);
+  free(tok), free(wte), free(wpe), free(dout), free(dwte), free(dwpe), free(out), free(got),
+      free(got_dwte), free(got_dwpe);
+}
+
+START_TEST(embedding) {
+  rng_state = seed + 4000 + (uint64_t)_i;
+  for (int bf16 = 0; bf16 <= 1; ++bf16)
+    embedding_case(bf16, kEmbedding[_i].B, kEmbedding[_i].T, kEmbedding[_i].C,
+                   kEmbedding[_i].V);
+}
+END_TEST
+
+/* ---- attention ---- */
+
+/* T = 65 and 200 leave partial 32-lane rows; 12 heads of 64 is GPT-2's shape. */
+static const struct { int B, T, C, NH; } kAttention[] = {
+    {2, 65, 48, 3}, {1, 1, 8, 2}, {2, 200, 128, 4}, {1, 64, 768, 12},
+};
+
+START_TEST(attention) {
+  rng_state = seed + 5000 + (uint64_t)_i;
+  const int B = kAttention[_i].B, T = kAttention[_i].T, C = kAttention[_i].C,
+            NH = kAttention[_i].NH;
+  const size_t nqkv = (size_t)B * T * 3 * C, no = (size_t)B * T * C,
+               natt = (size_t)B * NH * T * T;
+  float *qkv = rand_floats(nqkv, 0, 1), *dout = rand_floats(no, 0, 1);
+  float *dqkv = rand_floats(nqkv, 0, 1), *out = xmalloc(no * 4), *att = xmalloc(natt * 4);
+  float *g_qkv = dev_f32(qkv, nqkv), *g_out = dev_alloc(no * 4), *g_att = dev_alloc(natt * 4);
+  float *g_dqkv = dev_f32(dqkv, nqkv), *g_scratch = dev_alloc((size_t)NH * T * T * 4);
+  OK(fsdp_cuda_attention_forward(g_out, g_att, g_qkv, B, T, C, NH, stream));
+  fsdp_attention_forward(out, att, qkv, B, T, C, NH);
+  float *got = back_f32(g_out, no), *got_att = back_f32(g_att, natt);
+  check_err("attention_forward", "out/att",
+            max2(rel_err(got, out, no), rel_err(got_att, att, natt)), TOL_F32);
+  /* Backward reads the CPU's probabilities: checked on its own. */
+  OK(fsdp_cuda_attention_backward(g_dqkv, g_scratch, dev_f32(dout, no), g_qkv,
+                                  dev_f32(att, natt), B, T, C, NH, stream));
+  fsdp_attention_backward(dqkv, dout, qkv, att, B, T, C, NH);
+  float *got_d = back_f32(g_dqkv, nqkv);
+  check_err("attention_backward", "dqkv", rel_err(got_d, dqkv, nqkv), TOL_F32);
+  free(qkv), free(dout), free(dqkv), free(out), free(att), free(got), free(got_att),
+      free(got_d);
+}
+END_TEST
+
+START_TEST(attention_rejects_uneven_heads) {
+  float *buf = dev_alloc(3 * 10 * 4 * 4);
+  ck_assert_int_eq(fsdp_cuda_attention_forward(buf, buf, buf, 1, 1, 10, 3, stream),
+                   FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "multiple"));
+}
+END_TEST
+
+/* ---- softmax cross-entropy ---- */
+
+/* bad: row 1 gets the target V (out of range), whose loss and gradient row
+ * must be NaN. V = 50257 is GPT-2's vocabulary. */
+static const struct { int B, V, bad; } kXent[] = {
+    {16, 50257, 0}, {5, 7, 1}, {1, 1, 0}, {64, 1000, 1},
+};
+
+static void xent_case(int bf16, int B, int V, int bad) {
+  const size_t n = (size_t)B * V;
+  const float scale = 1.0f / (float)B;
+  const char *name = bf16 ? "softmax_xent_bf16" : "softmax_xent";
+  const double tol = bf16 ? TOL_BF16 : TOL_F32;
+  float *logits = rand_floats(n, 0, 4), *dl = xmalloc(n * 4), *loss = xmalloc(B * 4), *got;
+  int *tgt = rand_tokens(B, V);
+  if (bad) tgt[1] = V;
+  if (bf16) round_bf16(logits, n);
+  for (int b = 0; b < B; ++b)
+    loss[b] = (float)fsdp_softmax_xent(NULL, logits + (size_t)b * V, tgt + b, 1, V, scale);
+  fsdp_softmax_xent(dl, logits, tgt, B, V, scale);
+  int *g_tgt = dev_copy(tgt, B * sizeof(int));
+  float *g_loss = dev_alloc(B * 4), *g_loss2 = dev_alloc(B * 4);
+  if (!bf16) {
+    float *g_logits = dev_f32(logits, n), *g_dl = dev_alloc(n * 4);
+    OK(fsdp_cuda_softmax_xent(g_dl, g_loss, g_logits, g_tgt, B, V, scale, stream));
+    OK(fsdp_cuda_softmax_xent(NULL, g_loss2, g_logits, g_tgt, B, V, scale, stream));
+    got = back_f32(g_dl, n);
+  } else {
+    uint16_t *g_logits = dev_bf16(logits, n), *g_dl = dev_alloc(n * 2);
+    OK(fsdp_cuda_softmax_xent_bf16(g_dl, g_loss, g_logits, g_tgt, B, V, scale, stream));
+    OK(fsdp_cuda_softmax_xent_bf16(NULL, g_loss2, g_logits, g_tgt, B, V, scale, stream));
+    got = back_bf16(g_dl, n);
+  }
+  float *got_loss = back_f32(g_loss, B), *got_loss2 = back_f32(g_loss2, B);
+  double err = max2(rel_err(got, dl, n), rel_err(got_loss, loss, B));
+  check_err(name, "dlogits/losses", max2(err, rel_err(got_loss2, loss, B)), tol);
+  free(logits), free(dl), free(loss), free(tgt), free(got), free(got_loss), free(got_loss2);
+}
+
+START_TEST(softmax_xent) {
+  rng_state = seed + 6000 + (uint64_t)_i;
+  for (int bf16 = 0; bf16 <= 1; ++bf16)
+    xent_case(bf16, kXent[_i].B, kXent[_i].V, kXent[_i].bad);
+}
+END_TEST
+
+/* ---- optimizers ---- */
+
+#define OPT_N 1000003
+
+static const struct { float lr, wd; int decay; int64_t t; } kAdamw[] = {
+    {1e-3f, 0.1f, 1, 1}, {3e-4f, 0.1f, 0, 10}, {1e-2f, 0.0f, 1, 1000},
+};
+
+START_TEST(adamw) {
+  rng_state = seed + 7000 + (uint64_t)_i;
+  fsdp_optim_config_t c = FSDP_OPTIM_CONFIG_INIT;
+  c.weight_decay = kAdamw[_i].wd;
+  const size_t n = OPT_N;
+  float *p = rand_floats(n, 0, 1), *g = rand_floats(n, 0, 1), *m = rand_floats(n, 0, 0.1);
+  float *v = rand_floats(n, 0.005, 0.005); /* second moments are >= 0 */
+  float *g_p = dev_f32(p, n), *g_m = dev_f32(m, n), *g_v = dev_f32(v, n);
+  OK(fsdp_cuda_adamw_update(g_p, dev_f32(g, n), g_m, g_v, n, &c, kAdamw[_i].lr, kAdamw[_i].t,
+                            kAdamw[_i].decay, stream));
+  fsdp_adamw_update(p, g, m, v, n, &c, kAdamw[_i].lr, kAdamw[_i].t, kAdamw[_i].decay);
+  float *got_p = back_f32(g_p, n), *got_m = back_f32(g_m, n), *got_v = back_f32(g_v, n);
+  double err = max2(rel_err(got_p, p, n), rel_err(got_m, m, n));
+  check_err("adamw_update", "param/m/v", max2(err, rel_err(got_v, v, n)), TOL_F32);
+  free(p), free(g), free(m), free(v), free(got_p), free(got_m), free(got_v);
+}
+END_TEST
+
+/* Every branch of fsdp_sgd_update: plain, first with and without Nesterov,
+ * later with and without Nesterov. */
+static const struct { float momentum; int nesterov, first, decay; } kSgd[] = {
+    {0.0f, 0, 0, 1}, {0.9f, 0, 1, 1}, {0.9f, 0, 0, 0}, {0.9f, 1, 1, 1}, {0.9f, 1, 0, 1},
+};
+
+START_TEST(sgd) {
+  rng_state = seed + 8000 + (uint64_t)_i;
+  fsdp_optim_config_t c = FSDP_OPTIM_CONFIG_INIT;
+  c.kind = FSDP_OPTIM_SGD;
+  c.momentum = kSgd[_i].momentum;
+  c.nesterov = kSgd[_i].nesterov;
+  c.weight_decay = 0.01f;
+  const size_t n = OPT_N;
+  const float lr = 0.05f;
+  float *p = rand_floats(n, 0, 1), *g = rand_floats(n, 0, 1), *buf = rand_floats(n, 0, 1);
+  float *g_p = dev_f32(p, n), *g_buf = dev_f32(buf, n);
+  OK(fsdp_cuda_sgd_update(g_p, dev_f32(g, n), g_buf, n, &c, lr, kSgd[_i].first, kSgd[_i].decay,
+                          stream));
+  fsdp_sgd_update(p, g, buf, n, &c, lr, kSgd[_i].first, kSgd[_i].decay);
+  float *got_p = back_f32(g_p, n), *got_buf = back_f32(g_buf, n);
+  check_err("sgd_update", "param/buf", max2(rel_err(got_p, p, n), rel_err(got_buf, buf, n)),
+            TOL_F32);
+  free(p), free(g), free(buf), free(got_p), free(got_buf);
+}
+END_TEST
+
+/* ---- shard kernels ---- */
+
+/* 10000019 needs more blocks than FSDP_CUDA_SUMSQ_PARTIALS: the capped grid
+ * strides. */
+static const size_t kSumsq[] = {0, 1, 1000, 4097, 10000019};
+
+START_TEST(sum_squares) {
+  rng_state = seed + 9000 + (uint64_t)_i;
+  const size_t n = kSumsq[_i];
+  float *x = rand_floats(n, 0, 1);
+  double want = 0.0, got[2];
+  for (size_t i = 0; i < n; ++i) want += (double)x[i] * x[i]; /* src/engine/step.c's loop */
+  float *g_x = dev_f32(x, n);
+  double *g_out = dev_alloc(2 * sizeof(double));
+  double *g_part = dev_alloc(FSDP_CUDA_SUMSQ_PARTIALS * sizeof(double));
+  OK(fsdp_cuda_sum_squares(g_out, g_part, g_x, n, stream));
+  OK(fsdp_cuda_sum_squares(g_out + 1, g_part, g_x, n, stream));
+  host_copy(got, g_out, sizeof got);
+  ck_assert_msg(!memcmp(&got[0], &got[1], sizeof(double)),
+                "sum_squares is not deterministic: %.17g then %.17g", got[0], got[1]);
+  const double err = fabs(got[0] - want) / fmax(fabs(want), DBL_MIN);
+  check_err("sum_squares", "sum", err, TOL_SUMSQ);
+  free(x);
+}
+END_TEST
+
+START_TEST(scale_axpy) {
+  rng_state = seed + 10000 + (uint64_t)_i;
+  const size_t n = kSizes[_i];
+  const float s = 0.37f, a = 0.25f;
+  float *x = rand_floats(n, 0, 1), *y = rand_floats(n, 0, 1), *y16 = copy_floats(y, n);
+  float *xr = round_bf16(copy_floats(x, n), n), *g_y = dev_f32(y, n), *g_y16 = dev_f32(y, n);
+  float *g_x = dev_f32(x, n);
+  OK(fsdp_cuda_axpy(g_y, g_x, a, n, stream));
+  OK(fsdp_cuda_axpy_bf16(g_y16, dev_bf16(x, n), a, n, stream));
+  OK(fsdp_cuda_scale(g_x, s, n, stream));
+  /* The engine's loops: src/engine/schedule.c (g += scale * src), step.c (g *= coef). */
+  for (size_t i = 0; i < n; ++i) y[i] += a * x[i], y16[i] += a * xr[i], x[i] *= s;
+  float *got_y = back_f32(g_y, n), *got_y16 = back_f32(g_y16, n), *got_x = back_f32(g_x, n);
+  check_err("axpy", "y", rel_err(got_y, y, n), TOL_F32);
+  check_err("axpy_bf16", "y", rel_err(got_y16, y16, n), TOL_F32);
+  check_err("scale", "x", rel_err(got_x, x, n), TOL_F32);
+  free(x), free(y), free(y16), free(xr), free(got_y), free(got_y16), free(got_x);
+}
+END_TEST
+
+/* ---- casts: bit for bit ---- */
+
+static float from_bits(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* Random floats over the whole exponent range (subnormals to overflow), after
+ * the cases that decide rounding: ties to even both ways, the carry into the
+ * exponent, overflow to inf, signed zeros, infinities, NaNs with payloads. */
+static float *cast_inputs(size_t n) {
+  static const uint32_t special[] = {
+      0x3f808000u, 0x3f818000u, 0x3f80c000u, 0x3f807fffu, 0x7f7fffffu, 0x7f7f8000u,
+      0xff7fffffu, 0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x7f800000u,
+      0xff800000u, 0x7fc00000u, 0xffc00001u, 0x7f800001u, 0x7fa5a5a5u, 0xff812345u,
+  };
+  float *x = xmalloc(n * sizeof(float));
+  for (size_t i = 0; i < n; ++i) {
+    if (i < (size_t)LEN(special)) {
+      x[i] = from_bits(special[i]);
+      continue;
+    }
+    /* |x| < 2^127: converting a larger double to float would be undefined. */
+    const int e = (int)((rnd() + 1.0) * 138.5) - 150; /* 2^-150 .. 2^126 */
+    x[i] = (float)ldexp(rnd(), e);
+  }
+  return x;
+}
+
+START_TEST(casts) {
+  rng_state = seed + 11000;
+  const size_t n = kSizes[LEN(kSizes) - 1];
+  float *x = cast_inputs(n);
+  uint16_t *want = xmalloc(n * 2), *got = xmalloc(n * 2);
+  for (size_t i = 0; i < n; ++i) want[i] = fsdp_f32_to_bf16(x[i]);
+  uint16_t *g_b = dev_alloc(n * 2);
+  OK(fsdp_cuda_f32_to_bf16(g_b, dev_f32(x, n), n, stream));
+  host_copy(got, g_b, n * 2);
+  size_t bad = 0, first = 0;
+  for (size_t i = n; i-- > 0;)
+    if (got[i] != want[i]) bad++, first = i;
+  check_err("f32_to_bf16", "bits", bad ? INFINITY : 0.0, TOL_EXACT);
+  ck_assert_msg(!bad, "f32_to_bf16: %zu of %zu differ, first at %zu: %a gave 0x%04x not 0x%04x",
+                bad, n, first, (double)x[first], got[first], want[first]);
+  /* Widening: every one of the 65536 patterns. */
+  uint16_t *all = xmalloc(65536 * 2);
+  for (uint32_t i = 0; i < 65536; ++i) all[i] = (uint16_t)i;
+  float *g_f = dev_alloc(65536 * 4), *wide = xmalloc(65536 * 4);
+  OK(fsdp_cuda_bf16_to_f32(g_f, dev_copy(all, 65536 * 2), 65536, stream));
+  host_copy(wide, g_f, 65536 * 4);
+  bad = 0;
+  for (uint32_t i = 0; i < 65536; ++i) {
+    const float w = fsdp_bf16_to_f32((uint16_t)i);
+    bad += memcmp(&w, &wide[i], sizeof w) != 0;
+  }
+  check_err("bf16_to_f32", "bits", bad ? INFINITY : 0.0, TOL_EXACT);
+  free(x), free(want), free(got), free(all), free(wide);
+}
+END_TEST
+
+/* ---- the suite ---- */
+
+static void add_test(Suite *s, const char *name, const TTest *test, int n) {
+  TCase *tc = tcase_create(name);
+  tcase_add_checked_fixture(tc, dev_free_all, NULL);
+  tcase_set_timeout(tc, 300);
+  tcase_add_loop_test(tc, test, 0, n);
+  suite_add_tcase(s, tc);
+}
+
+static Suite *kernels_suite(void) {
+  Suite *s = suite_create("cuda_kernels");
+  add_test(s, "matmul", matmul, LEN(kMatmul));
+  add_test(s, "elementwise", elementwise, LEN(kSizes));
+  add_test(s, "layernorm", layernorm, LEN(kLayernorm));
+  add_test(s, "embedding", embedding, LEN(kEmbedding));
+  add_test(s, "attention", attention, LEN(kAttention));
+  add_test(s, "attention_heads", attention_rejects_uneven_heads, 1);
+  add_test(s, "softmax_xent", softmax_xent, LEN(kXent));
+  add_test(s, "adamw", adamw, LEN(kAdamw));
+  add_test(s, "sgd", sgd, LEN(kSgd));
+  add_test(s, "sum_squares", sum_squares, LEN(kSumsq));
+  add_test(s, "scale_axpy", scale_axpy, LEN(kSizes));
+  add_test(s, "casts", casts, 1);
+  return s;
+}
+
+static int write_report(void) {
+  const char *path = getenv("FSDP_CUDA_REPORT");
+  if (!path || !*path) return 0;
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    fprintf(stderr, "test_kernels: cannot write FSDP_CUDA_REPORT %s\n", path);
+    return 1;
+  }
+  print_table(f);
+  return fclose(f) != 0;
+}
+
+int main(void) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    printf("test_kernels: SKIP: no usable CUDA device (cudaGetDeviceCount: %s, %d device(s)); "
+           "the kernels were compiled, not run\n",
+           e == cudaSuccess ? "no error" : cudaGetErrorString(e), e == cudaSuccess ? count : 0);
+    return 77;
+  }
+  struct cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess ||
+      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+    printf("test_kernels: device 0 is not usable: %s\n", cudaGetErrorString(cudaGetLastError()));
+    return EXIT_FAILURE;
+  }
+  const char *s = getenv("FSDP_TEST_SEED");
+  seed = s && *s ? strtoull(s, NULL, 10) : (unsigned long long)time(NULL) ^ (unsigned)getpid();
+  snprintf(device_line, sizeof device_line, "device: %s (sm_%d%d), FSDP_TEST_SEED=%llu",
+           prop.name, prop.major, prop.minor, seed);
+  printf("test_kernels: %s\n", device_line);
+
+  SRunner *sr = srunner_create(kernels_suite());
+  srunner_set_fork_status(sr, CK_NOFORK);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+
+  dev_free_all();
+  if (fsdp_cuda_blas_release() != FSDP_SUCCESS) {
+    printf("test_kernels: fsdp_cuda_blas_release: %s\n", fsdp_last_error());
+    failed++;
+  }
+  cudaStreamDestroy(stream);
+  print_table(stdout);
+  failed += write_report();
+  for (int i = 0; i < LEN(kKernels); ++i) failed += !table[i].cases; /* a kernel left unchecked */
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
