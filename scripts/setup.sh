@@ -25,6 +25,11 @@ if ((${#missing[@]})); then
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# The CUDA toolkit's usual home: meson's CUDA language looks for nvcc on PATH, and
+# where nvcc exists the kernels must be compiled (CI catches a broken GPU build).
+if [ -x /usr/local/cuda/bin/nvcc ] && ! command -v nvcc >/dev/null; then
+  export PATH="/usr/local/cuda/bin:$PATH"
+fi
 if [ ! -f build/build.ninja ]; then
   echo "setup: configuring build/"
   meson setup build "$@" >/dev/null
