@@ -9,4 +9,5 @@
 #include "fsdp/engine.h"
 #include "fsdp/nn.h"
 #include "fsdp/data.h"
+#include "fsdp/ckpt.h"
 #endif
