@@ -52,6 +52,31 @@ def reset_peak_rss():
         pass
 
 
+def cpu_seconds_busy():
+    """Seconds of CPU the whole machine spent busy (steal included), from /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + (v[4] if len(v) > 4 else 0)  # idle + iowait
+    guest = sum(v[8:10]) if len(v) > 9 else 0  # already counted in user and nice
+    return (sum(v) - idle - guest) / os.sysconf("SC_CLK_TCK")
+
+
+def measured(run, args):
+    """Runs one side and adds other_load: the share of the machine's cores that
+    processes other than this side (other jobs, the hypervisor's steal) kept busy
+    meanwhile, from /proc/stat less this side's own CPU time."""
+    import resource
+    busy0, wall0 = cpu_seconds_busy(), time.perf_counter()
+    own0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result = run(args)
+    own1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wall = time.perf_counter() - wall0
+    own = (own1.ru_utime - own0.ru_utime) + (own1.ru_stime - own0.ru_stime)
+    other = cpu_seconds_busy() - busy0 - own
+    result["other_load"] = max(other, 0.0) / (wall * os.cpu_count())
+    return result
+
+
 def median(xs):
     xs = sorted(xs)
     n = len(xs)
@@ -254,6 +279,9 @@ def main():
     ap.add_argument("--repeat", type=int, default=3,
                     help="alternate the two K times and compare medians (default 3): "
                          "load from elsewhere on the machine then hits both alike")
+    ap.add_argument("--max-other-load", type=float, default=0.10,
+                    help="repeats in which other processes kept more than this share of the "
+                         "cores busy are left out of the headline (default 0.10)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--fsdp-bench", default=None, help="path (default build*/bench/fsdp-bench)")
@@ -273,14 +301,17 @@ def main():
 
     runs = []
     for _ in range(max(args.repeat, 1)):
-        runs.append((run_fsdp(args), run_torch(args)))
-    # The run whose tokens/s is the median of its side's, for each side.
-    fsdp = sorted((f for f, _ in runs), key=lambda r: r["tokens_per_s"])[len(runs) // 2]
-    pt = sorted((t for _, t in runs), key=lambda r: r["tokens_per_s"])[len(runs) // 2]
-    # Each repeat's ratio pairs two runs made back to back, under the same load
-    # from elsewhere on the machine; the headline is the median of those.
+        runs.append((measured(run_fsdp, args), measured(run_torch, args)))
+    # Each repeat's ratio pairs two runs made back to back; the headline is the
+    # median over the repeats in which other processes kept less than
+    # --max-other-load of the cores busy during both runs (all, if none was).
+    quiet = [(f, t) for f, t in runs if max(f["other_load"], t["other_load"]) < args.max_other_load]
+    used = quiet or runs
     per_run = [f["tokens_per_s"] / t["tokens_per_s"] for f, t in runs]
-    speed = median(per_run)
+    speed = median([f["tokens_per_s"] / t["tokens_per_s"] for f, t in used])
+    # The run whose tokens/s is the median of its side's, for each side.
+    fsdp = sorted((f for f, _ in used), key=lambda r: r["tokens_per_s"])[len(used) // 2]
+    pt = sorted((t for _, t in used), key=lambda r: r["tokens_per_s"])[len(used) // 2]
     mem = fsdp["rss_peak"] / pt["rss_peak"]
     growth = (fsdp["rss_peak"] - fsdp["rss_base"]) / max(pt["rss_peak"] - pt["rss_base"], 1)
     cfg = PRESETS[args.preset]
@@ -288,7 +319,7 @@ def main():
     doc = dict(preset=args.preset, config=cfg, world_size=args.np, micro_batch=args.micro_batch,
                iters=args.iters, dtype="f32", device=args.device, fsdp=fsdp, pytorch_fsdp2=pt,
                tokens_per_s_ratio=speed, rss_peak_ratio=mem, rss_growth_ratio=growth,
-               ratio_per_repeat=per_run, goal_met=met,
+               ratio_per_repeat=per_run, quiet_repeats=len(quiet), goal_met=met,
                repeats=[dict(fsdp=f, pytorch_fsdp2=t) for f, t in runs])
     if args.json_file:
         with open(args.json_file, "w") as f:
@@ -301,8 +332,9 @@ def main():
     print(f"GPT-2 {args.preset}: {cfg['n_layer']} layers x {cfg['n_embd']} wide, {cfg['n_head']} "
           f"heads, T {T}, vocab {cfg['vocab_size']}, {fsdp['params']} parameters | {args.np} ranks "
           f"x {args.micro_batch} sequences | fp32 | AdamW | {args.threads} thread(s) per rank | "
-          f"{args.warmup} warm-up + {args.iters} timed steps | {len(runs)} alternating repeats: "
-          f"each side's median run shown")
+          f"{args.warmup} warm-up + {args.iters} timed steps | {len(runs)} alternating repeats, "
+          f"{len(quiet)} quiet (other load < {args.max_other_load:.0%}): "
+          f"{'the quiet' if quiet else 'all (none was quiet)'} repeats' median runs shown")
     print(f"{'':22} {'tokens/s':>10} {'step ms':>9} {'RSS peak MiB':>13} {'RSS growth MiB':>15} "
           f"{'loss first->last':>18}")
     for name, r in (("fsdp (zero3, pf %d)" % args.prefetch, fsdp),
@@ -310,9 +342,13 @@ def main():
         print(f"{name:22} {r['tokens_per_s']:10.0f} {r['step_ms']:9.2f} {r['rss_peak'] * mib:13.1f} "
               f"{(r['rss_peak'] - r['rss_base']) * mib:15.1f} "
               f"{r['loss_first']:8.4f}->{r['loss_last']:.4f}")
-    print(f"ratio fsdp / PyTorch: tokens/s {speed:.2f}x (median of the per-repeat ratios "
-          f"{', '.join(f'{x:.2f}' for x in per_run)}) | RSS peak {mem:.2f}x | RSS growth "
-          f"{growth:.2f}x")
+    reps = ", ".join(f"{f['tokens_per_s'] / t['tokens_per_s']:.2f}"
+                     f"{'' if (f, t) in quiet else '*'}" for f, t in runs)
+    print(f"ratio fsdp / PyTorch: tokens/s {speed:.2f}x (median over {'quiet' if quiet else 'all'} "
+          f"repeats; each repeat: {reps}; * = other load >= {args.max_other_load:.0%}) | "
+          f"RSS peak {mem:.2f}x | RSS growth {growth:.2f}x")
+    print("other load per repeat (fsdp / PyTorch): " +
+          ", ".join(f"{f['other_load']:.0%}/{t['other_load']:.0%}" for f, t in runs))
     print(f"fsdp step: compute {fsdp['compute_ms']:.2f} ms, communication {fsdp['comm_ms']:.2f} ms "
           f"of which exposed {fsdp['exposed_ms']:.2f} ms | #wrong {fsdp['wrong']:.0f} | "
           f"fsdp backend {fsdp['backend']}, PyTorch on {args.device}")

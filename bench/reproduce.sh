@@ -35,6 +35,6 @@ mpi 2 "$build/bench/fsdp-bench" --prefetch 1 --iters 5 --peak-size 0 \
   --trace "$out/trace-np2-small-pf1.json"
 python3 bench/plot.py --trace "$out/trace-np2-small-pf1.json" "$out/trace-np2-small-pf1.png" --steps 1
 
-cmp=(--np 2 --preset small --repeat 5 --fsdp-bench "$build/bench/fsdp-bench")
+cmp=(--np 2 --preset small --repeat 7 --fsdp-bench "$build/bench/fsdp-bench")
 python3 bench/compare_pytorch.py "${cmp[@]}" --json-file "$out/compare-pytorch-np2-small.json" |
   tee "$out/compare-pytorch-np2-small.txt"
