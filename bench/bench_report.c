@@ -36,28 +36,29 @@ void bench_print_header(const bench_opts_t *o, int nranks, const char *backend,
            (long long)o->peak_size);
   else
     printf("peak: not measured (--peak-size 0): no MFU\n\n");
-  printf("%-8s %2s | %-22s %10s | %-22s %8s %8s %8s %7s | %6s | %9s %9s %8s %8s | %6s\n",
+  printf("%-8s %2s | %-22s %10s | %-22s %8s %8s %8s %7s | %6s | %9s %9s %8s %8s | %5s | %6s\n",
          "strategy", "pf", "tokens/s (min-max)", "per rank", "step ms (min-max)", "compute",
          "comm", "exposed", "hidden", "MFU", "model MiB", "ZeRO MiB", "act MiB", "RSS MiB",
-         "#wrong");
+         "load", "#wrong");
   fflush(stdout);
 }
 
 void bench_print_row(const bench_result_t *r) {
-  char tps[32], step[32], mfu[16] = "n/a";
+  char tps[32], step[32], mfu[16] = "n/a", load[16] = "n/a";
   snprintf(tps, sizeof tps, "%.0f (%.0f-%.0f)", r->tokens_per_s.median, r->tokens_per_s.min,
            r->tokens_per_s.max);
   snprintf(step, sizeof step, "%.2f (%.2f-%.2f)", r->step_s.median * 1e3, r->step_s.min * 1e3,
            r->step_s.max * 1e3);
   if (r->peak_flops > 0) snprintf(mfu, sizeof mfu, "%.2f%%", r->mfu.median * 100.0);
+  if (r->other_load >= 0) snprintf(load, sizeof load, "%.0f%%", r->other_load * 100.0);
   double hidden = r->comm_s.median > 0 ? 100.0 * (1.0 - r->exposed_s.median / r->comm_s.median)
                                        : 0.0;
   printf("%-8s %2d | %-22s %10.0f | %-22s %8.2f %8.2f %8.2f %6.0f%% | %6s | %9.2f %9.2f "
-         "%8.2f %8.2f | %6.0f\n",
+         "%8.2f %8.2f | %5s | %6.0f\n",
          fsdp_strategy_name(r->strategy), r->prefetch, tps, r->tokens_per_s_rank.median, step,
          r->compute_s.median * 1e3, r->comm_s.median * 1e3, r->exposed_s.median * 1e3,
          hidden < 0 ? 0 : hidden, mfu, mib(r->model_peak), mib(r->predicted),
-         mib(r->activations), mib(r->rss_peak), r->wrong);
+         mib(r->activations), mib(r->rss_peak), load, r->wrong);
   fflush(stdout);
 }
 
@@ -85,10 +86,10 @@ static void result_json(FILE *f, const bench_opts_t *o, int nranks, const bench_
   fprintf(f, "\"memory\":{\"persistent\":%.0f,\"gathered_peak\":%.0f,\"grads_peak\":%.0f,"
          "\"model_peak\":%.0f,\"predicted\":%.0f,\"reserved\":%.0f,\"activations\":%.0f,"
          "\"rss_base\":%.0f,\"rss_peak\":%.0f},\"loss_first\":%.6f,\"loss_last\":%.6f,"
-         "\"wrong\":%.0f}",
+         "\"other_load\":%.4f,\"wrong\":%.0f}",
          r->persistent, r->gathered_peak, r->grads_peak, r->model_peak, r->predicted,
          r->reserved, r->activations, r->rss_base, r->rss_peak, r->loss_first, r->loss_last,
-         r->wrong);
+         r->other_load, r->wrong);
 }
 
 void bench_print_json(FILE *f, const bench_opts_t *o, int nranks, const char *backend,

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fsdp_bench.h"
 
@@ -229,6 +230,7 @@ typedef struct {
   double *step, *compute, *comm, *gather, *reduce, *exposed; /* (iters) each */
   bench_window_t *w;
   bench_split_t *split;
+  double busy, self; /* machine busy and own CPU seconds over the timed steps */
 } series_t;
 
 static int series_alloc(series_t *s, int n) {
@@ -268,6 +270,7 @@ static fsdp_status_t timed_steps(model_t *m, const bench_opts_t *o, series_t *s,
   for (int64_t i = 0; i < o->warmup; i++) BENCH_TRY(model_step(m, &loss));
   fsdp_engine_timeline_clear(m->eng);
   BENCH_TRY(fsdp_barrier(fsdp_engine_comm(m->eng), FSDP_HOST_STREAM));
+  s->busy = bench_cpu_busy(), s->self = bench_cpu_self();
   for (int i = 0; i < (int)o->iters; i++) {
     s->w[i].t_begin = fsdp_time_now();
     BENCH_TRY(model_step(m, &loss));
@@ -275,6 +278,22 @@ static fsdp_status_t timed_steps(model_t *m, const bench_opts_t *o, series_t *s,
     if (i == 0) *first = loss;
   }
   *last = loss;
+  s->busy = bench_cpu_busy() - s->busy, s->self = bench_cpu_self() - s->self;
+  return FSDP_SUCCESS;
+}
+
+/* What other processes (and the hypervisor) took from the machine during the
+ * timed steps: its busy CPU seconds less the ranks' own. One node only. */
+static fsdp_status_t other_load(model_t *m, bench_result_t *r, const series_t *s, int iters) {
+  fsdp_world_t world = fsdp_engine_world(m->eng);
+  double v[2] = {s->busy, s->w[iters - 1].t_end - s->w[0].t_begin}, self = s->self;
+  BENCH_TRY(bench_reduce(fsdp_engine_comm(m->eng), v, 2, FSDP_MAX));
+  BENCH_TRY(bench_reduce(fsdp_engine_comm(m->eng), &self, 1, FSDP_SUM));
+  if (fsdp_world_local_size(world) != fsdp_world_size(world)) r->other_load = -1.0;
+  if (r->other_load < 0) return FSDP_SUCCESS;
+  r->other_cpu += v[0] > self ? v[0] - self : 0.0;
+  r->timed_wall += v[1];
+  r->other_load = r->other_cpu / (r->timed_wall * (double)sysconf(_SC_NPROCESSORS_ONLN));
   return FSDP_SUCCESS;
 }
 
@@ -337,6 +356,7 @@ static fsdp_status_t measure(model_t *m, const bench_opts_t *o, bench_result_t *
   bench_split_steps(tl, n, s->w, n_it, s->split);
   if (o->trace) /* every round rewrites it: the file holds the last */
     BENCH_TRY(bench_trace_write(m->eng, o->trace, tl, n, s->w, n_it, s->w[0].t_begin));
+  BENCH_TRY(other_load(m, r, s, n_it));
   BENCH_TRY(series_reduce(comm, s, n_it, nranks));
   append(r, s, n_it);
   double losses[2] = {first, last};

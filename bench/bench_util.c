@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 static int cmp_double(const void *a, const void *b) {
@@ -122,6 +123,26 @@ void bench_rss_reset(void) {
   if (!f) return;
   fputs("5", f);
   fclose(f);
+}
+
+double bench_cpu_busy(void) {
+  unsigned long long v[10] = {0};
+  FILE *f = fopen("/proc/stat", "r");
+  int n = f ? fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1],
+                     &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9]) : 0;
+  if (f) fclose(f);
+  if (n < 8) return 0.0;
+  /* user nice system irq softirq steal; idle and iowait are not busy, guest
+   * time is already inside user and nice. */
+  double busy = (double)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]);
+  return busy / (double)sysconf(_SC_CLK_TCK);
+}
+
+double bench_cpu_self(void) {
+  struct rusage ru;
+  if (getrusage(RUSAGE_SELF, &ru) != 0) return 0.0;
+  return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
+         ru.ru_stime.tv_usec * 1e-6;
 }
 
 fsdp_status_t bench_reduce(fsdp_comm_t comm, double *x, size_t n, fsdp_reduce_op_t op) {

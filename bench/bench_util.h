@@ -47,6 +47,11 @@ size_t bench_rss_now(void);
 size_t bench_rss_peak(void);
 void bench_rss_reset(void);
 
+/* CPU seconds: the whole machine busy (steal included; /proc/stat), and this
+ * process (every thread) in user and system mode. */
+double bench_cpu_busy(void);
+double bench_cpu_self(void);
+
 /* In-place host reductions of doubles over every rank of comm. */
 fsdp_status_t bench_reduce(fsdp_comm_t comm, double *x, size_t n, fsdp_reduce_op_t op);
 

@@ -71,6 +71,7 @@ def check_fsdp(mpirun, np, exe):
                f"within the ZeRO prediction {m['predicted']}")
         expect(m["rss_peak"] >= m["model_peak"], f"{name}: resident memory holds the model")
         expect(r["loss_first"] > 0 and r["wrong"] == 0, f"{name}: loss and check")
+        expect(r["other_load"] == -1 or 0 <= r["other_load"] <= 1, f"{name}: other load")
     print(f"fsdp-bench --json at N={np}: {len(res)} configurations, 0 wrong")
 
 

@@ -47,6 +47,10 @@ typedef struct {
   double rss_base, rss_peak;
   double loss_first, loss_last; /* mean per-token loss over ranks */
   double wrong;                 /* see bench_check, summed over rounds */
+  /* Load from outside: CPU seconds the machine was busy during the timed steps
+   * less what the ranks used themselves, over wall seconds x cores (one node
+   * only; negative when unknown). */
+  double other_cpu, timed_wall, other_load;
   double *samples;              /* 6 x cap_samples seconds: step, compute, comm, gather,
                                    reduce, exposed of every timed step of every round */
   int n_samples, cap_samples;

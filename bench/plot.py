@@ -47,12 +47,21 @@ def plot_tokens(doc, out):
         med = [r["tokens_per_s"]["median"] for r in res]
         err = [[m - r["tokens_per_s"]["min"] for m, r in zip(med, res)],
                [r["tokens_per_s"]["max"] - m for m, r in zip(med, res)]]
-        ax.bar(x, med, yerr=err, capsize=3, color=[COLORS.get(r["prefetch"], "gray") for r in res])
+        bars = ax.bar(x, med, yerr=err, capsize=3,
+                      color=[COLORS.get(r["prefetch"], "gray") for r in res])
+        for bar, r in zip(bars, res):  # disturbed by other jobs: hatched, load printed
+            if r.get("other_load", 0) >= 0.10:
+                bar.set_hatch("//")
+                ax.annotate(f"load {r['other_load']:.0%}", (bar.get_x() + bar.get_width() / 2, 0),
+                            textcoords="offset points", xytext=(0, 4), ha="center", fontsize=7,
+                            rotation=90)
         ax.set_xticks(list(x), [f"{s}\npf {d}" if s != "noshard" else s for s, d in configs(run)],
                       fontsize=8)
         ax.set_title(f"N = {run['world_size']}")
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].set_ylabel("tokens/s, all ranks (median, min-max)")
+    fig.text(0.01, 0.01, "hatched: other processes kept >= 10% of the cores busy meanwhile",
+             fontsize=7)
     fig.suptitle(f"fsdp-bench: {label(runs[0])}\n{doc['machine']['cpu']}, "
                  f"{doc['machine']['cores']} cores", fontsize=9)
     fig.tight_layout()
