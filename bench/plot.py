@@ -31,7 +31,7 @@ COLORS = {0: "#9ecae1", 1: "#3182bd", 2: "#08519c"}
 def label(run):
     r = run["results"][0]
     return (f"{r['model']} {r['preset']}, micro-batch {r['micro_batch']}/rank, {r['dtype']}, "
-            f"{run['iters']} timed steps")
+            f"{run['iters']} timed steps x {run.get('rounds', 1)} rounds")
 
 
 def configs(run):
@@ -86,9 +86,10 @@ def plot_split(doc, out):
         ax.set_title(f"N = {run['world_size']}")
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].set_ylabel("ms per step (medians)")
-    axes[0][0].legend(fontsize=8, loc="lower left")
+    handles, names = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, names, fontsize=8, loc="lower center", ncol=3)
     fig.suptitle(f"Step time split: {label(runs[0])}", fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(out, dpi=110)
 
 
