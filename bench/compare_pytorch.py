@@ -293,9 +293,8 @@ def main():
         import torch  # noqa: F401
     except ImportError:
         print("compare_pytorch: PyTorch is not installed, so there is nothing to compare with.\n"
-              "  install it with:  pip install torch\n"
-              "  (CPU-only wheels: pip install torch --index-url "
-              "https://download.pytorch.org/whl/cpu)\n"
+              "  install it with:  pip install torch   (PyTorch's CPU-only wheels, from its own\n"
+              "                    package index, are smaller)\n"
               "  then run again:   python3 bench/compare_pytorch.py --np 2")
         return 0
 
