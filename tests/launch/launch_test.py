@@ -260,10 +260,9 @@ def stalled(r, kind):
     reports = [l for l in err.splitlines() if "watchdog: all_reduce #4 for 'probe-loop'" in l]
     for line in reports[:1]:
         print(line)
-    if kind == "fsdp-run":
-        for rank in (0, 2, 3):
-            check(any(f"on rank {rank};" in l and "rank 1 never issued it" in l for l in reports),
-                  f"rank {rank} did not report rank 1 missing:\n{err[-3000:]}")
+    if kind == "fsdp-run":  # the first report ends the run; later ranks may be stopped first
+        check(reports and all("rank 1 never issued it" in l for l in reports),
+              f"no report naming rank 1 missing:\n{err[-3000:]}")
     else:  # no store under mpirun: the operation and its number, then MPI_Abort
         check(reports and "MPI_ABORT" in err, f"no timeout report:\n{err[-3000:]}")
 
@@ -295,11 +294,14 @@ def stalled_trainer(r):
                                      {"FSDP_FAULT": "stall:rank=2:step=2", "FSDP_TIMEOUT_S": "2"})
     print(f"fsdp-run: exit {rc} after {secs:.1f} s; leftovers {left}")
     check(rc != 0 and secs <= TEARDOWN_S and not left, f"rc {rc}, {secs:.1f} s, {left}")
-    lines = [l for l in err.splitlines() if "watchdog:" in l and "for 'grad_norm'" in l and
-             "rank 2 never issued it" in l]
-    for rank in (0, 1, 3):
-        check(any(l.startswith(f"[rank {rank}]") for l in lines),
-              f"rank {rank} did not report rank 2 missing:\n{err[-3000:]}")
+    # The first rank whose watchdog fires exits, and fsdp-run then stops the
+    # rest: a slower rank may be stopped before its own deadline. So at least one
+    # of the others reports, and every report names the operation and rank 2.
+    lines = [l for l in err.splitlines() if "watchdog:" in l]
+    check(any(l.startswith(f"[rank {rank}]") for l in lines for rank in (0, 1, 3)),
+          f"no rank reported the timeout:\n{err[-3000:]}")
+    check(all("for 'grad_norm'" in l and "rank 2 never issued it" in l for l in lines),
+          f"a report does not name the operation and rank 2:\n{err[-3000:]}")
     print(lines[0])
 
 
