@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "fsdp_bench.h"
+#include "tools/flags.h"
 
 static const char usage_text[] =
     "usage: fsdp-bench [options]        launch with: mpirun -np N fsdp-bench ...\n"
@@ -75,8 +76,6 @@ static const char usage_text[] =
     "               finite or differ between ranks, plus non-finite losses; exit status 1 if\n"
     "               any\n";
 
-typedef enum { O_INT, O_I64, O_SIZE, O_STR, O_FLAG } opt_type_t;
-typedef struct { const char *name, *alias; opt_type_t type; void *ptr; } opt_t;
 
 static int parse_list(const char *flag, const char *v, int *out, int max, int *n, int lo) {
   char items[8][32];
@@ -102,7 +101,8 @@ static int parse_strategies(const char *v, bench_opts_t *o) {
 }
 
 /* Flags whose values are words or lists. */
-static int parse_word(const char *a, const char *v, bench_opts_t *o) {
+static int parse_word(void *ctx, const char *a, const char *v) {
+  bench_opts_t *o = ctx;
   if (!strcmp(a, "--strategy")) {
     if (fsdp_strategy_parse(v, &o->cfg.strategy) == FSDP_SUCCESS) return 0;
     return fprintf(stderr, "fsdp-bench: %s\n", fsdp_last_error()), -1;
@@ -119,60 +119,31 @@ static int parse_word(const char *a, const char *v, bench_opts_t *o) {
   if (!strcmp(a, "--hidden")) return parse_list(a, v, o->hidden, 6, &o->n_hidden, 1);
   if (!strcmp(a, "--sweep-prefetch")) return parse_list(a, v, o->depths, 8, &o->n_depths, 0);
   if (!strcmp(a, "--sweep-strategies")) return parse_strategies(v, o);
-  fprintf(stderr, "fsdp-bench: %s '%s' is not a valid value (see --help)\n", a, v);
-  return -1;
+  if (!strcmp(a, "--dtype"))
+    return fprintf(stderr, "fsdp-bench: --dtype '%s' is not f32 or bf16\n", v), -1;
+  return fprintf(stderr, "fsdp-bench: unknown option '%s' (see --help)\n", a), -1;
 }
 
 static int parse(int argc, char **argv, bench_opts_t *o) {
-  const opt_t table[] = {
-      {"--model", NULL, O_STR, &o->model},         {"--seq-len", NULL, O_INT, &o->seq_len},
-      {"--wrap", NULL, O_STR, &o->wrap.wrap_kinds},
-      {"--wrap-min-params", NULL, O_SIZE, &o->wrap.wrap_min_params},
-      {"--checkpoint", NULL, O_STR, &o->wrap.checkpoint_kinds},
-      {"--prefetch", NULL, O_INT, &o->cfg.prefetch_depth},
-      {"--max-live", NULL, O_INT, &o->cfg.max_live_units},
-      {"--micro-batch", NULL, O_INT, &o->micro_batch},
-      {"--micro-batches", NULL, O_INT, &o->cfg.grad_accum},
-      {"--warmup", "-w", O_I64, &o->warmup},       {"--iters", "-n", O_I64, &o->iters},
-      {"--rounds", NULL, O_I64, &o->rounds},
-      {"--check", "-c", O_I64, &o->check},         {"--peak-size", NULL, O_I64, &o->peak_size},
-      {"--seed", NULL, O_I64, &o->seed},           {"--trace", NULL, O_STR, &o->trace},
-      {"--json-file", NULL, O_STR, &o->json_file},
-      {"--json", NULL, O_FLAG, &o->json},          {"--sweep", NULL, O_FLAG, &o->sweep},
+  const flag_t table[] = {
+      {"--model", NULL, FLAG_STR, &o->model},         {"--seq-len", NULL, FLAG_INT, &o->seq_len},
+      {"--wrap", NULL, FLAG_STR, &o->wrap.wrap_kinds},
+      {"--wrap-min-params", NULL, FLAG_SIZE, &o->wrap.wrap_min_params},
+      {"--checkpoint", NULL, FLAG_STR, &o->wrap.checkpoint_kinds},
+      {"--prefetch", NULL, FLAG_INT, &o->cfg.prefetch_depth},
+      {"--max-live", NULL, FLAG_INT, &o->cfg.max_live_units},
+      {"--micro-batch", NULL, FLAG_INT, &o->micro_batch},
+      {"--micro-batches", NULL, FLAG_INT, &o->cfg.grad_accum},
+      {"--warmup", "-w", FLAG_I64, &o->warmup},       {"--iters", "-n", FLAG_I64, &o->iters},
+      {"--rounds", NULL, FLAG_I64, &o->rounds},
+      {"--check", "-c", FLAG_I64, &o->check},         {"--peak-size", NULL, FLAG_I64, &o->peak_size},
+      {"--seed", NULL, FLAG_I64, &o->seed},           {"--trace", NULL, FLAG_STR, &o->trace},
+      {"--json-file", NULL, FLAG_STR, &o->json_file},
+      {"--no-wrap", NULL, FLAG_CLEAR, &o->wrap.wrap_kinds},
+      {"--json", NULL, FLAG_SET, &o->json},          {"--sweep", NULL, FLAG_SET, &o->sweep},
   };
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(a, "--help") || !strcmp(a, "-h")) return fputs(usage_text, stdout), 1;
-    if (!strcmp(a, "--no-wrap")) {
-      o->wrap.wrap_kinds = NULL;
-      continue;
-    }
-    const opt_t *opt = NULL;
-    for (size_t k = 0; k < sizeof table / sizeof table[0]; k++)
-      if (!strcmp(a, table[k].name) || (table[k].alias && !strcmp(a, table[k].alias)))
-        opt = &table[k];
-    if (opt && opt->type == O_FLAG) {
-      *(int *)opt->ptr = 1;
-      continue;
-    }
-    if (!v) return fprintf(stderr, "fsdp-bench: %s needs a value (see --help)\n", a), -1;
-    i++;
-    int64_t x = 0;
-    if (!opt) {
-      if (parse_word(a, v, o)) return -1;
-    } else if (opt->type == O_STR) {
-      *(const char **)opt->ptr = v;
-    } else if (bench_parse_i64("fsdp-bench", a, v, 0, &x)) {
-      return -1;
-    } else if (opt->type == O_INT) {
-      *(int *)opt->ptr = (int)x;
-    } else if (opt->type == O_I64) {
-      *(int64_t *)opt->ptr = x;
-    } else {
-      *(size_t *)opt->ptr = (size_t)x;
-    }
-  }
-  return 0;
+  return flags_parse("fsdp-bench", usage_text, argc, argv, table, sizeof table / sizeof table[0],
+                     parse_word, o);
 }
 
 static int finish_options(bench_opts_t *o) {

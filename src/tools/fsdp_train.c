@@ -1,12 +1,12 @@
 /* src/tools/fsdp_train.c — fsdp-train: flags, world and engine set-up, then the
  * chosen task (train_mlp.c, train_gpt2.c). Launch with mpirun -np N, or run it
  * alone for one rank. */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "tools/flags.h"
 #include "tools/train.h"
 
 static const char usage_text[] =
@@ -49,30 +49,6 @@ static const char usage_text[] =
     "  --stop-after N            stop after update N as if preempted (the schedule still\n"
     "                            spans --steps); resume later with --resume\n";
 
-typedef enum { O_INT, O_I64, O_F32, O_STR, O_FLAG, O_SIZE } opt_type_t;
-typedef struct { const char *name; opt_type_t type; void *ptr; } opt_t;
-
-static int parse_number(const char *flag, const char *v, opt_type_t type, void *ptr) {
-  char *end;
-  errno = 0;
-  if (type == O_F32) {
-    float x = strtof(v, &end);
-    if (*end || errno) goto bad;
-    *(float *)ptr = x;
-    return 0;
-  }
-  long long x = strtoll(v, &end, 10);
-  if (*end || errno || x < 0) goto bad;
-  if (type == O_INT) *(int *)ptr = (int)x;
-  else if (type == O_I64) *(int64_t *)ptr = x;
-  else *(size_t *)ptr = (size_t)x;
-  return 0;
-bad:
-  fprintf(stderr, "fsdp-train: %s '%s' is not a %s\n", flag, v,
-          type == O_F32 ? "number" : "non-negative integer");
-  return -1;
-}
-
 static int parse_list(const char *v, train_opts_t *o) {
   o->n_hidden = 0;
   for (const char *p = v; *p && o->n_hidden < 6;) {
@@ -85,9 +61,15 @@ static int parse_list(const char *v, train_opts_t *o) {
   return o->n_hidden ? 0 : -1;
 }
 
-/* Flags whose values are words, not numbers. */
-static int parse_word(const char *a, const char *v, train_opts_t *o) {
-  if (!strcmp(a, "--strategy")) return fsdp_strategy_parse(v, &o->cfg.strategy) ? -1 : 0;
+/* Flags whose values are words or lists, not numbers. */
+static int parse_word(void *ctx, const char *a, const char *v) {
+  train_opts_t *o = ctx;
+  if (!strcmp(a, "--strategy") || !strcmp(a, "--preset")) {
+    fsdp_status_t st = !strcmp(a, "--strategy") ? fsdp_strategy_parse(v, &o->cfg.strategy)
+                                                : fsdp_gpt2_preset(v, &o->gpt);
+    if (st == FSDP_SUCCESS) return 0;
+    return fprintf(stderr, "fsdp-train: %s\n", fsdp_last_error()), -1;
+  }
   if (!strcmp(a, "--optim") && (!strcmp(v, "adamw") || !strcmp(v, "sgd")))
     return o->cfg.optim.kind = !strcmp(v, "sgd") ? FSDP_OPTIM_SGD : FSDP_OPTIM_ADAMW, 0;
   if (!strcmp(a, "--schedule") && (!strcmp(v, "cosine") || !strcmp(v, "constant")))
@@ -95,56 +77,49 @@ static int parse_word(const char *a, const char *v, train_opts_t *o) {
                                                        : FSDP_SCHED_CONSTANT, 0;
   if (!strcmp(a, "--dtype") && (!strcmp(v, "f32") || !strcmp(v, "bf16")))
     return o->cfg.param_dtype = !strcmp(v, "bf16") ? FSDP_BF16 : FSDP_F32, 0;
-  if (!strcmp(a, "--preset")) return fsdp_gpt2_preset(v, &o->gpt) ? -1 : 0;
   if (!strcmp(a, "--hidden") && parse_list(v, o) == 0) return 0;
-  fprintf(stderr, "fsdp-train: %s '%s' is not a valid value (see --help)\n", a, v);
-  return -1;
+  static const char *const words[] = {"--optim", "--schedule", "--dtype", "--hidden"};
+  for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
+    if (!strcmp(a, words[i]))
+      return fprintf(stderr, "fsdp-train: %s '%s' is not a valid value (see --help)\n", a, v), -1;
+  return fprintf(stderr, "fsdp-train: unknown option '%s' (see --help)\n", a), -1;
 }
 
 static int parse(int argc, char **argv, train_opts_t *o) {
-  const opt_t table[] = {
-      {"--model", O_STR, &o->model}, {"--data", O_STR, &o->data},
-      {"--layers", O_INT, &o->gpt.n_layer}, {"--heads", O_INT, &o->gpt.n_head},
-      {"--embd", O_INT, &o->gpt.n_embd}, {"--context", O_INT, &o->gpt.block_size},
-      {"--vocab", O_INT, &o->gpt.vocab_size}, {"--seq-len", O_INT, &o->seq_len},
-      {"--prefetch", O_INT, &o->cfg.prefetch_depth}, {"--max-live", O_INT, &o->cfg.max_live_units},
-      {"--wrap", O_STR, &o->wrap.wrap_kinds}, {"--wrap-min-params", O_SIZE, &o->wrap.wrap_min_params},
-      {"--checkpoint", O_STR, &o->wrap.checkpoint_kinds},
-      {"--global-batch", O_I64, &o->global_batch}, {"--micro-batches", O_INT, &o->cfg.grad_accum},
-      {"--accumulate-full", O_FLAG, &o->cfg.accumulate_full_grads},
-      {"--lr", O_F32, &o->cfg.optim.lr}, {"--momentum", O_F32, &o->cfg.optim.momentum},
-      {"--wd", O_F32, &o->cfg.optim.weight_decay}, {"--clip", O_F32, &o->cfg.optim.max_grad_norm},
-      {"--warmup", O_I64, &o->cfg.schedule.warmup_steps},
-      {"--min-lr-ratio", O_F32, &o->cfg.schedule.min_lr_ratio},
-      {"--steps", O_INT, &o->steps}, {"--epochs", O_INT, &o->epochs},
-      {"--eval-every", O_INT, &o->eval_every}, {"--log-every", O_INT, &o->log_every}, {"--eval-batches", O_INT, &o->eval_batches},
-      {"--seed", O_I64, &o->seed}, {"--sample", O_INT, &o->sample},
-      {"--temperature", O_F32, &o->temperature}, {"--json", O_FLAG, &o->json},
-      {"--save-dir", O_STR, &o->save_dir}, {"--save-every", O_INT, &o->save_every},
-      {"--save-overwrite", O_FLAG, &o->save_overwrite}, {"--resume", O_STR, &o->resume},
-      {"--stop-after", O_INT, &o->stop_after},
+  const flag_t table[] = {
+      {"--model", NULL, FLAG_STR, &o->model}, {"--data", NULL, FLAG_STR, &o->data},
+      {"--layers", NULL, FLAG_INT, &o->gpt.n_layer}, {"--heads", NULL, FLAG_INT, &o->gpt.n_head},
+      {"--embd", NULL, FLAG_INT, &o->gpt.n_embd},
+      {"--context", NULL, FLAG_INT, &o->gpt.block_size},
+      {"--vocab", NULL, FLAG_INT, &o->gpt.vocab_size}, {"--seq-len", NULL, FLAG_INT, &o->seq_len},
+      {"--prefetch", NULL, FLAG_INT, &o->cfg.prefetch_depth},
+      {"--max-live", NULL, FLAG_INT, &o->cfg.max_live_units},
+      {"--wrap", NULL, FLAG_STR, &o->wrap.wrap_kinds},
+      {"--no-wrap", NULL, FLAG_CLEAR, &o->wrap.wrap_kinds},
+      {"--wrap-min-params", NULL, FLAG_SIZE, &o->wrap.wrap_min_params},
+      {"--checkpoint", NULL, FLAG_STR, &o->wrap.checkpoint_kinds},
+      {"--global-batch", NULL, FLAG_I64, &o->global_batch},
+      {"--micro-batches", NULL, FLAG_INT, &o->cfg.grad_accum},
+      {"--accumulate-full", NULL, FLAG_SET, &o->cfg.accumulate_full_grads},
+      {"--lr", NULL, FLAG_F32, &o->cfg.optim.lr},
+      {"--momentum", NULL, FLAG_F32, &o->cfg.optim.momentum},
+      {"--wd", NULL, FLAG_F32, &o->cfg.optim.weight_decay},
+      {"--clip", NULL, FLAG_F32, &o->cfg.optim.max_grad_norm},
+      {"--warmup", NULL, FLAG_I64, &o->cfg.schedule.warmup_steps},
+      {"--min-lr-ratio", NULL, FLAG_F32, &o->cfg.schedule.min_lr_ratio},
+      {"--steps", NULL, FLAG_INT, &o->steps}, {"--epochs", NULL, FLAG_INT, &o->epochs},
+      {"--eval-every", NULL, FLAG_INT, &o->eval_every},
+      {"--log-every", NULL, FLAG_INT, &o->log_every},
+      {"--eval-batches", NULL, FLAG_INT, &o->eval_batches},
+      {"--seed", NULL, FLAG_I64, &o->seed}, {"--sample", NULL, FLAG_INT, &o->sample},
+      {"--temperature", NULL, FLAG_F32, &o->temperature}, {"--json", NULL, FLAG_SET, &o->json},
+      {"--save-dir", NULL, FLAG_STR, &o->save_dir},
+      {"--save-every", NULL, FLAG_INT, &o->save_every},
+      {"--save-overwrite", NULL, FLAG_SET, &o->save_overwrite},
+      {"--resume", NULL, FLAG_STR, &o->resume}, {"--stop-after", NULL, FLAG_INT, &o->stop_after},
   };
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(a, "--help") || !strcmp(a, "-h")) return fputs(usage_text, stdout), 1;
-    if (!strcmp(a, "--no-wrap")) {
-      o->wrap.wrap_kinds = NULL;
-      continue;
-    }
-    const opt_t *opt = NULL;
-    for (size_t k = 0; k < sizeof table / sizeof table[0]; k++)
-      if (!strcmp(a, table[k].name)) opt = &table[k];
-    if (opt && opt->type == O_FLAG) {
-      *(int *)opt->ptr = 1;
-      continue;
-    }
-    if (!v) return fprintf(stderr, "fsdp-train: %s needs a value (see --help)\n", a), -1;
-    i++;
-    if (opt && opt->type == O_STR) *(const char **)opt->ptr = v;
-    else if (opt && parse_number(a, v, opt->type, opt->ptr)) return -1;
-    else if (!opt && parse_word(a, v, o)) return -1;
-  }
-  return 0;
+  return flags_parse("fsdp-train", usage_text, argc, argv, table, sizeof table / sizeof table[0],
+                     parse_word, o);
 }
 
 static int finish_options(train_opts_t *o) {

@@ -1,0 +1,34 @@
+/* src/tools/flags.h — the command-line parser the tools share (fsdp-train,
+ * fsdp-bench): a table of flags bound to variables, and a callback for flags
+ * whose values are words or lists. */
+#ifndef FSDP_TOOLS_FLAGS_H
+#define FSDP_TOOLS_FLAGS_H
+
+#include <stddef.h>
+
+typedef enum {
+  FLAG_INT,   /* int, >= 0 */
+  FLAG_I64,   /* int64_t, >= 0 */
+  FLAG_SIZE,  /* size_t */
+  FLAG_F32,   /* float */
+  FLAG_STR,   /* const char *, pointing into argv */
+  FLAG_SET,   /* int set to 1; takes no value */
+  FLAG_CLEAR  /* const char * set to NULL; takes no value */
+} flag_type_t;
+
+typedef struct {
+  const char *name, *alias; /* alias may be NULL */
+  flag_type_t type;
+  void *ptr;
+} flag_t;
+
+/* Flags not in the table arrive here with their value; return 0 when taken,
+ * -1 (after printing why) when not. */
+typedef int (*flag_word_fn)(void *ctx, const char *flag, const char *value);
+
+/* Returns 0 when parsed, 1 after printing usage for --help/-h, -1 after
+ * printing "<tool>: <what is wrong>" to stderr. */
+int flags_parse(const char *tool, const char *usage, int argc, char **argv, const flag_t *table,
+                size_t n, flag_word_fn word, void *ctx);
+
+#endif
