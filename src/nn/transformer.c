@@ -1,40 +1,12 @@
-/* src/nn/transformer.c — CPU fp32 kernels of a GPT-2 block: GELU, LayerNorm,
+/* src/nn/transformer.c — CPU fp32 kernels of a GPT-2 block: LayerNorm,
  * token + position embedding, causal multi-head attention (OpenBLAS sgemm on
- * row blocks) and the residual add. Backward kernels accumulate into their
- * outputs. */
+ * row blocks) and the residual add (GELU is in gelu.c). Backward kernels
+ * accumulate into their outputs. */
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
 
 #include "fsdp/nn.h"
-
-/* ---- GELU ---- */
-
-/* 0.5 (1 + tanh(u)) is the logistic sigmoid of 2u, so the tanh form costs one
- * expf (about 6x cheaper than glibc's tanhf) and stays exact in floating point
- * at both tails: expf overflows to inf and the quotient goes to 0, not NaN. */
-#define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
-#define GELU_C 0.044715f
-
-void fsdp_gelu_forward(float *out, const float *inp, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    const float x = inp[i];
-    const float u = GELU_K * (x + GELU_C * x * x * x);
-    out[i] = x / (1.0f + expf(-2.0f * u));
-  }
-}
-
-void fsdp_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
-  /* gelu'(x) = s + x * sech^2(u) / 2 * u'(x), s = sigmoid(2u) = (1 + tanh u) / 2
-   * and sech^2(u) = 1 - tanh^2(u) = 4 s (1 - s). */
-  for (size_t i = 0; i < n; ++i) {
-    const float x = inp[i];
-    const float u = GELU_K * (x + GELU_C * x * x * x);
-    const float s = 1.0f / (1.0f + expf(-2.0f * u));
-    const float du = GELU_K * (1.0f + 3.0f * GELU_C * x * x);
-    dinp[i] += (s + 2.0f * x * s * (1.0f - s) * du) * dout[i];
-  }
-}
 
 /* ---- LayerNorm ---- */
 
