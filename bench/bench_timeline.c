@@ -153,7 +153,10 @@ static void rank_events(trace_out_t *t, int rank, const double *ev, size_t n) {
     } else if (q[0] >= 0 && q[0] <= FSDP_TL_STEP) {
       int k = (int)q[0];
       int unit = k == FSDP_TL_STEP ? -1 : (int)q[1];
-      span(t, rank, tids[k], cats[k], kind_names[k], unit >= 0 ? unit_name(t->eng, unit) : NULL,
+      int norm = k == FSDP_TL_REDUCE && unit < 0; /* the step's gradient-norm all-reduce */
+      span(t, rank, norm ? 0 : tids[k], norm ? "grad_norm" : cats[k],
+           norm ? "all_reduce (grad norm)" : kind_names[k],
+           unit >= 0 ? unit_name(t->eng, unit) : NULL,
            k == FSDP_TL_STEP ? NULL : q[2] == FSDP_FORWARD ? "forward" : "backward", q[4], q[5],
            q[6]);
     }

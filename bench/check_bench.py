@@ -105,7 +105,7 @@ def check_trace(mpirun, np, exe, path):
         expect(0 <= e["pid"] < np and e["tid"] in (0, 1, 2), f"event on a known track: {e}")
         expect(e["ts"] >= 0 and e["dur"] >= 0, f"event times: {e}")
         tracks.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"], e["name"]))
-        cat = {0: ("step", "acquire", "release", "compute", "optimizer"), 1: ("gather",),
+        cat = {0: ("step", "acquire", "release", "compute", "optimizer", "grad_norm"), 1: ("gather",),
                2: ("reduce",)}[e["tid"]]
         expect(e["cat"] in cat, f"{e['cat']} event on track {e['tid']}")
     for r in range(np):

@@ -154,7 +154,8 @@ typedef enum {
   FSDP_TL_ACQUIRE = 0, /* host: the acquire call (includes waiting for a gather) */
   FSDP_TL_RELEASE,     /* host: the release call */
   FSDP_TL_ALL_GATHER,  /* gather stream */
-  FSDP_TL_REDUCE,      /* reduce stream: reduce-scatter or all-reduce of grads */
+  FSDP_TL_REDUCE,      /* reduce stream: reduce-scatter or all-reduce of grads; unit -1,
+                          stream 0: the step's all-reduce of the gradient norm */
   FSDP_TL_STEP         /* host: the optimizer step */
 } fsdp_tl_kind_t;
 

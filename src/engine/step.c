@@ -71,8 +71,11 @@ static fsdp_status_t step(struct fsdp_engine *e, fsdp_step_stats_t *stats) {
   double local = shard_sumsq(e), global = local;
   if (e->shard_world > 1) {
     fsdp_comm_set_tag(e->comm_host, "grad_norm"); /* named in timeouts and desyncs */
+    double t0 = fsdp_time_now();
     FSDP_TRY(fsdp_all_reduce(e->comm_host, &local, &global, 1, FSDP_F64, FSDP_SUM,
                              FSDP_HOST_STREAM));
+    /* On the timeline: it absorbs the ranks' skew, which is waiting, not compute. */
+    fsdp_tl_add(e, FSDP_TL_REDUCE, -1, FSDP_BACKWARD, 0, t0, fsdp_time_now(), sizeof local);
   }
   double norm = sqrt(global), coef = 1.0;
   float max_norm = e->cfg.optim.max_grad_norm;
