@@ -55,6 +55,55 @@ FSDP_API fsdp_status_t fsdp_event_synchronize(fsdp_event_t event);
 /* 1 when complete, 0 when not yet (never blocks). */
 FSDP_API int fsdp_event_query(fsdp_event_t event);
 
+/* ---- CUDA -------------------------------------------------------------------
+ * Built when fsdp was configured with CUDA (fsdp_config.h: FSDP_HAVE_CUDA);
+ * otherwise every call below fails with FSDP_ERR_UNSUPPORTED saying so, and
+ * fsdp_cuda_device_count returns 0.
+ *
+ * A CUDA stream (fsdp_stream_create_cuda) is a cudaStream_t that does not
+ * synchronise with the legacy default stream, on the device current when it was
+ * created. On it: fsdp_stream_launch queues the host function with
+ * cudaLaunchHostFunc (it must not call CUDA; its failure becomes the stream's
+ * sticky error, reported by the next synchronize); an event recorded on it is a
+ * cudaEvent. Waits between kinds:
+ *   CUDA stream waits on a CUDA event: cudaStreamWaitEvent, no host involvement;
+ *   CPU stream waits on a CUDA event: its worker blocks in cudaEventSynchronize
+ *     when it reaches the wait (the event may be re-recorded at once);
+ *   CUDA stream waits on a CPU event: the caller blocks until the event is
+ *     complete (a host synchronisation; the engine never does this).
+ * fsdp_event_synchronize and fsdp_stream_synchronize on CUDA objects block the
+ * caller (cudaEventSynchronize, cudaStreamSynchronize) and return CUDA faults as
+ * FSDP_ERR_SYSTEM with CUDA's message. */
+
+/* CUDA devices this process can use; 0 when CUDA is not built or none works. */
+FSDP_API int fsdp_cuda_device_count(void);
+/* Makes `ordinal` the calling thread's current device (cudaSetDevice). */
+FSDP_API fsdp_status_t fsdp_cuda_set_device(int ordinal);
+/* high_priority: 1 for communication streams (the greatest priority the device
+ * offers), 0 for compute. */
+FSDP_API fsdp_status_t fsdp_stream_create_cuda(const char *name, int high_priority,
+                                               fsdp_stream_t *stream);
+/* FSDP_DEVICE_CPU for worker streams and the host stream. */
+FSDP_API fsdp_device_kind_t fsdp_stream_device(fsdp_stream_t stream);
+/* The cudaStream_t of a CUDA stream, NULL for any other. */
+FSDP_API void *fsdp_stream_cuda_handle(fsdp_stream_t stream);
+
+/* Memory on a device kind: CPU is fsdp_alloc's aligned host memory, CUDA is
+ * cudaMalloc on the current device. Neither is initialised. The caller frees
+ * with fsdp_device_free of the same kind (NULL is ignored). */
+FSDP_API fsdp_status_t fsdp_device_alloc(fsdp_device_kind_t kind, size_t bytes, void **ptr);
+FSDP_API void fsdp_device_free(fsdp_device_kind_t kind, void *ptr);
+/* Copies bytes between any two of host and device memory (cudaMemcpyDefault).
+ * On a CUDA stream it is queued (host memory should then be pinned, or CUDA
+ * copies synchronously); on the host stream or a CPU stream it is done before
+ * the call returns. */
+FSDP_API fsdp_status_t fsdp_device_copy(void *dst, const void *src, size_t bytes,
+                                        fsdp_stream_t stream);
+/* Sets bytes to zero, with fsdp_device_copy's stream rules. */
+FSDP_API fsdp_status_t fsdp_device_zero(void *dst, size_t bytes, fsdp_stream_t stream);
+/* 1 when p points into CUDA device memory (not host, pinned or managed). */
+FSDP_API int fsdp_is_device_pointer(const void *p);
+
 #ifdef __cplusplus
 }
 #endif

@@ -95,11 +95,14 @@ typedef struct {
   size_t timeline_capacity;      /* events kept; 0 = no timeline */
   fsdp_optim_config_t optim;
   fsdp_schedule_t schedule;
+  fsdp_device_kind_t device;     /* where shards, gathers and gradients live (below) */
+  fsdp_dtype_t reduce_dtype;     /* FSDP_F32 or FSDP_BF16: what gradients are reduced in */
+  const char *comm_backend;      /* NULL: the world's; "nccl" on CUDA (below); copied */
 } fsdp_config_t;
 
 #define FSDP_CONFIG_INIT                                                              \
   {FSDP_FULL_SHARD, 1, 0, 1, 0, FSDP_AVG, FSDP_F32, 16, 1 << 16, FSDP_OPTIM_CONFIG_INIT, \
-   FSDP_SCHEDULE_INIT}
+   FSDP_SCHEDULE_INIT, FSDP_DEVICE_CPU, FSDP_F32, NULL}
 
 typedef enum {
   FSDP_INIT_ZEROS = 0,
@@ -121,11 +124,16 @@ typedef struct {
 
 /* What acquire hands out; valid until the matching release. param[i] is the
  * full tensor i (row-major, shape as declared). grad[i] (backward only, else
- * NULL) is the full gradient buffer, zero at acquire: add into it. */
+ * NULL) is the full gradient buffer, fp32, zero at acquire: add into it.
+ * dtype says what param[i] points at: FSDP_F32 floats, except on a CUDA engine
+ * with param_dtype FSDP_BF16, where it is FSDP_BF16 and param[i] points at
+ * bf16 values (uint16_t, cast from float *). On a CUDA engine both live in
+ * device memory and are ready for work queued on fsdp_engine_stream. */
 typedef struct {
   int n;
   float *const *param;
   float *const *grad;
+  fsdp_dtype_t dtype;
 } fsdp_view_t;
 
 typedef struct {

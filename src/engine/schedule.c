@@ -270,7 +270,8 @@ static fsdp_status_t acquire(struct fsdp_engine *e, struct unit *u, fsdp_pass_t 
     e->fwd_next++;
   }
   u->held = (int)pass;
-  *view = (fsdp_view_t){u->n_tensors, u->param_ptrs, pass == FSDP_BACKWARD ? u->grad_ptrs : NULL};
+  *view = (fsdp_view_t){u->n_tensors, u->param_ptrs, pass == FSDP_BACKWARD ? u->grad_ptrs : NULL,
+                        FSDP_F32};
   return FSDP_SUCCESS;
 }
 

@@ -139,13 +139,13 @@ static fsdp_status_t plan_units(struct fsdp_gpt2 *g, const fsdp_gpt2_opts_t *o) 
       if (have < o->wrap_min_params) n = 0; /* the tail stays in the root */
     }
     if (n == 0) break;
-    g->units[g->n_units] = (struct gunit){-1, l, n, ckpt, {0, NULL, NULL}};
+    g->units[g->n_units] = (struct gunit){-1, l, n, ckpt, {0, NULL, NULL, FSDP_F32}};
     for (int k = 0; k < n; k++) g->block_unit[l + k] = g->n_units;
     g->n_units++;
     l += n;
   }
   int wrapped = g->n_units > 1 ? g->units[g->n_units - 1].first + g->units[g->n_units - 1].count : 0;
-  g->units[0] = (struct gunit){-1, wrapped, L - wrapped, 0, {0, NULL, NULL}};
+  g->units[0] = (struct gunit){-1, wrapped, L - wrapped, 0, {0, NULL, NULL, FSDP_F32}};
   if (ckpt && g->n_units == 1)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
                       "checkpoint_kinds GPT2Block: no block is wrapped in a unit of its own; "
