@@ -13,8 +13,16 @@
  * same order. A communicator must only be used from one stream (or the host) —
  * use fsdp_comm_dup to get one per stream; the engine holds one per stream.
  *
- * Counts are in elements of dtype. Reductions support FSDP_F32 and FSDP_F64
- * (sums in the reduction dtype); gathers and broadcasts move any dtype.
+ * Counts are in elements of dtype; gathers and broadcasts move any dtype.
+ * Reductions (SUM, AVG, MAX) take FSDP_F32, FSDP_BF16 and FSDP_F64. f32 and
+ * f64 sum in their own precision. bf16 (uint16_t bit patterns, see
+ * fsdp_f32_to_bf16) combines two contributions at a time in fp32 and rounds
+ * the result once to bf16 (nearest even), so a sum over N ranks is rounded
+ * N-1 times, in an order the backend chooses: |result - exact sum| <=
+ * ((1 + 2^-8)^(N-1) - 1) * sum of |contributions|, and integers up to 256 in
+ * magnitude (every partial sum included) are exact. AVG multiplies the sum
+ * by 1/N in fp32 (f32, and bf16, which then rounds once more) or in f64.
+ * MAX is exact. With one rank every reduction returns its input unchanged.
  * In-place: all_gather with send == recv + rank*count, reduce_scatter with
  * recv == send + rank*count, and all_reduce with send == recv are allowed (after
  * an in-place reduce_scatter the rest of send is scratch). Any other overlap of

@@ -25,14 +25,28 @@ const char *fsdp_coll_name(fsdp_coll_kind_t kind) {
 }
 
 void fsdp_comm_scale(void *buf, size_t count, fsdp_dtype_t dtype, double factor) {
+  float k = (float)factor;
   if (dtype == FSDP_F64) {
     double *d = buf;
     for (size_t i = 0; i < count; i++) d[i] *= factor;
   } else if (dtype == FSDP_F32) {
     float *f = buf;
-    float k = (float)factor;
     for (size_t i = 0; i < count; i++) f[i] *= k;
+  } else if (dtype == FSDP_BF16) {
+    uint16_t *h = buf;
+    for (size_t i = 0; i < count; i++) h[i] = fsdp_f32_to_bf16(fsdp_bf16_to_f32(h[i]) * k);
   }
+}
+
+void fsdp_bf16_combine(uint16_t *out, const uint16_t *a, const uint16_t *b, size_t n,
+                       fsdp_reduce_op_t op) {
+  if (op == FSDP_MAX) {
+    for (size_t i = 0; i < n; i++)
+      out[i] = fsdp_bf16_to_f32(b[i]) > fsdp_bf16_to_f32(a[i]) ? b[i] : a[i];
+    return;
+  }
+  for (size_t i = 0; i < n; i++)
+    out[i] = fsdp_f32_to_bf16(fsdp_bf16_to_f32(a[i]) + fsdp_bf16_to_f32(b[i]));
 }
 
 /* ---- lifetime ------------------------------------------------------------ */
@@ -152,9 +166,9 @@ static fsdp_status_t check_reduction(const fsdp_coll_t *c) {
   if (c->op != FSDP_SUM && c->op != FSDP_AVG && c->op != FSDP_MAX)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "%s: reduce op %d is not FSDP_SUM, FSDP_AVG "
                       "or FSDP_MAX", fsdp_coll_name(c->kind), (int)c->op);
-  if (c->dtype != FSDP_F32 && c->dtype != FSDP_F64)
-    return fsdp_error(FSDP_ERR_UNSUPPORTED, "%s: reductions in %s are not supported yet; "
-                      "reduce in f32 or f64 (cast the buffer first)",
+  if (c->dtype != FSDP_F32 && c->dtype != FSDP_BF16 && c->dtype != FSDP_F64)
+    return fsdp_error(FSDP_ERR_UNSUPPORTED, "%s: reductions in %s are not supported; "
+                      "reduce in f32, bf16 or f64 (cast the buffer first)",
                       fsdp_coll_name(c->kind), fsdp_dtype_name(c->dtype));
   return FSDP_SUCCESS;
 }

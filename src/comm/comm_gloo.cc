@@ -143,10 +143,25 @@ void allreduce(const Ctx &ctx, const void *send, void *recv, size_t n, fsdp_redu
   gloo::allreduce(o);
 }
 
+/* bf16 as uint16_t bit patterns, combined in fp32 and rounded once per
+ * pairwise step (fsdp_bf16_combine). */
+void allreduce_bf16(const Ctx &ctx, const void *send, void *recv, size_t n, fsdp_reduce_op_t op) {
+  gloo::AllreduceOptions o(ctx);
+  if (send != recv) o.setInput(static_cast<uint16_t *>(const_cast<void *>(send)), n);
+  o.setOutput(static_cast<uint16_t *>(recv), n);
+  o.setReduceFunction([op](void *c, const void *a, const void *b, size_t count) {
+    fsdp_bf16_combine(static_cast<uint16_t *>(c), static_cast<const uint16_t *>(a),
+                      static_cast<const uint16_t *>(b), count, op);
+  });
+  gloo::allreduce(o);
+}
+
 void allreduce_any(const Ctx &ctx, const void *send, void *recv, size_t n, fsdp_dtype_t dt,
                    fsdp_reduce_op_t op) {
   if (dt == FSDP_F64)
     allreduce<double>(ctx, send, recv, n, op);
+  else if (dt == FSDP_BF16)
+    allreduce_bf16(ctx, send, recv, n, op);
   else
     allreduce<float>(ctx, send, recv, n, op);
 }

@@ -124,8 +124,16 @@ fsdp_status_t fsdp_desync_check(fsdp_comm_t comm, const fsdp_coll_t *coll);
 /* "all_gather #5 (unit 'h.1', 1024 f32 per rank)" into buf. */
 void fsdp_coll_describe(const fsdp_coll_t *coll, char *buf, size_t n);
 
-/* buf[i] *= factor for a reduction dtype (F32 or F64); used for FSDP_AVG. */
+/* buf[i] *= factor for a reduction dtype; used for FSDP_AVG. F32 and BF16
+ * multiply in fp32 by (float)factor (BF16 then rounds once to nearest even),
+ * F64 in double. */
 void fsdp_comm_scale(void *buf, size_t count, fsdp_dtype_t dtype, double factor);
+/* out[i] = a[i] op b[i] for bf16 bit patterns: widened to fp32, combined
+ * there (SUM and AVG add, MAX compares) and rounded once to bf16 (to nearest
+ * even), so a reduction over N ranks rounds N-1 times. out may alias a or b.
+ * The reduce function of the mpi and gloo backends. */
+void fsdp_bf16_combine(uint16_t *out, const uint16_t *a, const uint16_t *b, size_t n,
+                       fsdp_reduce_op_t op);
 /* The collective's name for messages, e.g. "all_gather". */
 const char *fsdp_coll_name(fsdp_coll_kind_t kind);
 

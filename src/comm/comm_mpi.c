@@ -1,7 +1,10 @@
 /* src/comm/comm_mpi.c — the "mpi" backend: host buffers, one duplicated MPI
  * communicator per fsdp_comm_t so that collectives issued from different
  * streams (threads) never match each other. Errors return (MPI_ERRORS_RETURN)
- * and become FSDP_ERR_COMM with MPI's own text. */
+ * and become FSDP_ERR_COMM with MPI's own text. bf16 travels as MPI_UINT16_T
+ * and reduces through two commutative user ops (fsdp_bf16_combine), made per
+ * communicator so that no process-wide state needs freeing before
+ * MPI_Finalize. */
 #include <limits.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -13,22 +16,37 @@
 
 typedef struct {
   MPI_Comm comm;
+  MPI_Op bf16_sum, bf16_max; /* reductions of bf16 bit patterns */
 } mpi_impl_t;
 
 static MPI_Comm impl_comm(fsdp_comm_t c) { return ((mpi_impl_t *)c->impl)->comm; }
+
+static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *type) {
+  (void)type;
+  fsdp_bf16_combine(inout, inout, in, (size_t)*len, FSDP_SUM);
+}
+
+static void bf16_max(void *in, void *inout, int *len, MPI_Datatype *type) {
+  (void)type;
+  fsdp_bf16_combine(inout, inout, in, (size_t)*len, FSDP_MAX);
+}
 
 static MPI_Datatype mpi_type(fsdp_dtype_t dtype) {
   switch (dtype) {
   case FSDP_F64:
     return MPI_DOUBLE;
   case FSDP_BF16:
-    return MPI_UINT16_T; /* moved as bits; reductions refuse bf16 earlier */
+    return MPI_UINT16_T; /* moved as bits, reduced by the bf16 user ops */
   default:
     return MPI_FLOAT;
   }
 }
 
-static MPI_Op mpi_op(fsdp_reduce_op_t op) { return op == FSDP_MAX ? MPI_MAX : MPI_SUM; }
+static MPI_Op mpi_op(fsdp_comm_t c, const fsdp_coll_t *k) {
+  const mpi_impl_t *impl = c->impl;
+  if (k->dtype == FSDP_BF16) return k->op == FSDP_MAX ? impl->bf16_max : impl->bf16_sum;
+  return k->op == FSDP_MAX ? MPI_MAX : MPI_SUM;
+}
 
 static fsdp_status_t mpi_check(fsdp_comm_t c, int rc, const char *call, const fsdp_coll_t *coll) {
   if (rc == MPI_SUCCESS) return FSDP_SUCCESS;
@@ -50,6 +68,8 @@ static fsdp_status_t mpi_adopt(fsdp_comm_t c, MPI_Comm from) {
     return mpi_check(c, rc, "MPI_Comm_dup", NULL);
   }
   MPI_Comm_set_errhandler(impl->comm, MPI_ERRORS_RETURN);
+  MPI_Op_create(bf16_sum, 1, &impl->bf16_sum);
+  MPI_Op_create(bf16_max, 1, &impl->bf16_max);
   MPI_Comm_rank(impl->comm, &c->rank);
   MPI_Comm_size(impl->comm, &c->size);
   c->impl = impl;
@@ -68,7 +88,11 @@ static void mpi_destroy(fsdp_comm_t c) {
   mpi_impl_t *impl = c->impl;
   int finalized = 0;
   MPI_Finalized(&finalized); /* after MPI_Finalize there is nothing to free */
-  if (!finalized) MPI_Comm_free(&impl->comm);
+  if (!finalized) {
+    MPI_Op_free(&impl->bf16_sum);
+    MPI_Op_free(&impl->bf16_max);
+    MPI_Comm_free(&impl->comm);
+  }
   fsdp_free(impl);
 }
 
@@ -87,10 +111,10 @@ static fsdp_status_t run_reduce_scatter(fsdp_comm_t c, const fsdp_coll_t *k) {
     /* MPI's in-place form leaves the result at the start of the full buffer,
      * while ours puts it in the rank's own slot: move it there afterwards. */
     char *full = (char *)k->recv - (size_t)c->rank * bytes;
-    rc = MPI_Reduce_scatter_block(MPI_IN_PLACE, full, n, t, mpi_op(k->op), impl_comm(c));
+    rc = MPI_Reduce_scatter_block(MPI_IN_PLACE, full, n, t, mpi_op(c, k), impl_comm(c));
     if (rc == MPI_SUCCESS && full != (char *)k->recv) memmove(k->recv, full, bytes);
   } else {
-    rc = MPI_Reduce_scatter_block(k->send, k->recv, n, t, mpi_op(k->op), impl_comm(c));
+    rc = MPI_Reduce_scatter_block(k->send, k->recv, n, t, mpi_op(c, k), impl_comm(c));
   }
   FSDP_TRY(mpi_check(c, rc, "MPI_Reduce_scatter_block", k));
   if (k->op == FSDP_AVG) fsdp_comm_scale(k->recv, k->count, k->dtype, 1.0 / c->size);
@@ -99,7 +123,7 @@ static fsdp_status_t run_reduce_scatter(fsdp_comm_t c, const fsdp_coll_t *k) {
 
 static fsdp_status_t run_all_reduce(fsdp_comm_t c, const fsdp_coll_t *k) {
   const void *send = k->in_place ? MPI_IN_PLACE : k->send;
-  int rc = MPI_Allreduce(send, k->recv, (int)k->count, mpi_type(k->dtype), mpi_op(k->op),
+  int rc = MPI_Allreduce(send, k->recv, (int)k->count, mpi_type(k->dtype), mpi_op(c, k),
                          impl_comm(c));
   FSDP_TRY(mpi_check(c, rc, "MPI_Allreduce", k));
   if (k->op == FSDP_AVG) fsdp_comm_scale(k->recv, k->count, k->dtype, 1.0 / c->size);

@@ -62,7 +62,9 @@ static double reference(fsdp_reduce_op_t op, fsdp_dtype_t dt, size_t j, int salt
   for (int r = 1; r < nranks; r++)
     acc = op == FSDP_MAX ? (val(r, j, salt) > acc ? val(r, j, salt) : acc) : acc + val(r, j, salt);
   if (op != FSDP_AVG) return acc;
-  return dt == FSDP_F32 ? (double)((float)acc * (float)(1.0 / nranks)) : acc * (1.0 / nranks);
+  if (dt == FSDP_F64) return acc * (1.0 / nranks);
+  float avg = (float)acc * (float)(1.0 / nranks); /* sums of small integers: exact */
+  return dt == FSDP_F32 ? avg : fsdp_bf16_to_f32(fsdp_f32_to_bf16(avg));
 }
 
 static fsdp_status_t finish(fsdp_status_t st, fsdp_stream_t s) {
@@ -95,15 +97,15 @@ START_TEST(all_gather_matches_reference) {
 END_TEST
 
 static const fsdp_reduce_op_t ops[] = {FSDP_SUM, FSDP_AVG, FSDP_MAX};
-static const fsdp_dtype_t reduced[] = {FSDP_F32, FSDP_F64};
-#define N_REDUCE (3 * 3 * 2 * 2 * 2) /* count x op x dtype x in place x stream */
+static const fsdp_dtype_t reduced[] = {FSDP_F32, FSDP_BF16, FSDP_F64};
+#define N_REDUCE (3 * 3 * 3 * 2 * 2) /* count x op x dtype x in place x stream */
 
 START_TEST(reduce_scatter_matches_reference) {
   size_t n = counts[_i % 3];
   fsdp_reduce_op_t op = ops[(_i / 3) % 3];
-  fsdp_dtype_t dt = reduced[(_i / 9) % 2];
-  int in_place = (_i / 18) % 2;
-  fsdp_stream_t s = _i / 36 ? worker : FSDP_HOST_STREAM;
+  fsdp_dtype_t dt = reduced[(_i / 9) % 3];
+  int in_place = (_i / 27) % 2;
+  fsdp_stream_t s = _i / 54 ? worker : FSDP_HOST_STREAM;
   size_t es = fsdp_dtype_size(dt);
   char *send = buffer(n * (size_t)nranks, dt);
   for (size_t i = 0; i < n * (size_t)nranks; i++) put(send, dt, i, val(rank, i, _i));
@@ -122,9 +124,9 @@ END_TEST
 START_TEST(all_reduce_matches_reference) {
   size_t n = counts[_i % 3];
   fsdp_reduce_op_t op = ops[(_i / 3) % 3];
-  fsdp_dtype_t dt = reduced[(_i / 9) % 2];
-  int in_place = (_i / 18) % 2;
-  fsdp_stream_t s = _i / 36 ? worker : FSDP_HOST_STREAM;
+  fsdp_dtype_t dt = reduced[(_i / 9) % 3];
+  int in_place = (_i / 27) % 2;
+  fsdp_stream_t s = _i / 54 ? worker : FSDP_HOST_STREAM;
   char *recv = buffer(n, dt), *send = in_place ? recv : buffer(n, dt);
   for (size_t i = 0; i < n; i++) put(send, dt, i, val(rank, i, _i));
   ck_assert_int_eq(finish(fsdp_all_reduce(comm, send, recv, n, dt, op, s), s), FSDP_SUCCESS);

@@ -10,6 +10,7 @@
  * wrong result on one rank never leaves the others blocked. */
 #include <check.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,8 +75,9 @@ static double reference(fsdp_reduce_op_t op, fsdp_dtype_t dt, size_t j, int salt
   for (int r = 1; r < nranks; r++)
     acc = op == FSDP_MAX ? (val(r, j, salt) > acc ? val(r, j, salt) : acc) : acc + val(r, j, salt);
   if (op != FSDP_AVG) return acc;
-  if (dt == FSDP_F32) return (double)((float)acc * (float)(1.0 / nranks));
-  return acc * (1.0 / nranks);
+  if (dt == FSDP_F64) return acc * (1.0 / nranks);
+  float avg = (float)acc * (float)(1.0 / nranks); /* partial sums are small integers: exact */
+  return dt == FSDP_F32 ? avg : fsdp_bf16_to_f32(fsdp_f32_to_bf16(avg));
 }
 
 /* Issue has happened; on a worker stream, wait for it through an event. */
@@ -95,7 +97,7 @@ static const size_t counts[] = {0, 1, 7, 1009, (size_t)1 << 20};
 #define N_COUNTS (int)(sizeof counts / sizeof counts[0])
 static const fsdp_reduce_op_t ops[] = {FSDP_SUM, FSDP_AVG, FSDP_MAX};
 static const fsdp_dtype_t any_types[] = {FSDP_F32, FSDP_BF16, FSDP_F64};
-static const fsdp_dtype_t red_types[] = {FSDP_F32, FSDP_F64};
+static const fsdp_dtype_t red_types[] = {FSDP_F32, FSDP_BF16, FSDP_F64};
 
 typedef struct {
   size_t count;
@@ -120,7 +122,7 @@ static coll_case_t decode(int i, const fsdp_dtype_t *types, int n_types, int n_o
 }
 
 #define N_GATHER_CASES (N_COUNTS * 3 * 1 * 2 * 2)
-#define N_REDUCE_CASES (N_COUNTS * 2 * 3 * 2 * 2)
+#define N_REDUCE_CASES (N_COUNTS * 3 * 3 * 2 * 2)
 
 /* ---- collectives --------------------------------------------------------- */
 
@@ -148,7 +150,7 @@ START_TEST(all_gather_matches_reference) {
 END_TEST
 
 START_TEST(reduce_scatter_matches_reference) {
-  coll_case_t c = decode(_i, red_types, 2, 3);
+  coll_case_t c = decode(_i, red_types, 3, 3);
   size_t es = fsdp_dtype_size(c.dtype), n = c.count;
   fsdp_stream_t s = c.on_stream ? worker : FSDP_HOST_STREAM;
   char *send = filled(n * (size_t)nranks, c.dtype, rank, 0, 2);
@@ -167,7 +169,7 @@ START_TEST(reduce_scatter_matches_reference) {
 END_TEST
 
 START_TEST(all_reduce_matches_reference) {
-  coll_case_t c = decode(_i, red_types, 2, 3);
+  coll_case_t c = decode(_i, red_types, 3, 3);
   size_t n = c.count;
   fsdp_stream_t s = c.on_stream ? worker : FSDP_HOST_STREAM;
   void *send = filled(n, c.dtype, rank, 0, 3);
@@ -207,6 +209,71 @@ START_TEST(barrier_on_host_and_stream) {
   /* Many queued barriers drain in order without deadlock. */
   for (int i = 0; i < 100; i++) ck_assert_int_eq(fsdp_barrier(comm, worker), FSDP_SUCCESS);
   ck_assert_int_eq(fsdp_stream_synchronize(worker), FSDP_SUCCESS);
+}
+END_TEST
+
+/* ---- bf16 rounding -------------------------------------------------------- */
+
+/* Rank r's bf16 input at index i: both signs, magnitudes 2^-7 .. 2^6, full
+ * mantissas, so sums round. */
+static uint16_t random_bf16(int r, size_t i) {
+  uint64_t x = ((uint64_t)r << 40 ^ i) * 0x9E3779B97F4A7C15ull;
+  x ^= x >> 29;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 32;
+  double v = ldexp(0.5 + (double)(x & 0xffffff) / 0x1000000, (int)((x >> 24) % 14) - 6);
+  return fsdp_f32_to_bf16((float)((x >> 40) & 1 ? -v : v));
+}
+
+/* The error bound of comm.h for k roundings to bf16 (unit roundoff u = 2^-8)
+ * of a reduction whose contributions have magnitudes summing to `mass`:
+ * ((1 + u)^k - 1) * mass. SUM rounds N-1 times; AVG once more when 1/N is
+ * not a power of two, plus fp32's 2^-24 for 1/N and for the product. */
+static double bf16_bound(fsdp_reduce_op_t op, double mass) {
+  double u = ldexp(1.0, -8);
+  if (op == FSDP_MAX) return 0.0;
+  int pow2 = (nranks & (nranks - 1)) == 0;
+  int k = nranks - 1 + (op == FSDP_AVG && !pow2);
+  double fp32 = op == FSDP_AVG && !pow2 ? 1.0 + ldexp(1.0, -23) : 1.0;
+  return (pow(1.0 + u, k) * fp32 - 1.0) * mass / (op == FSDP_AVG ? nranks : 1);
+}
+
+enum { N_RANDOM = 100003 };
+
+/* Random inputs: bf16 SUM and AVG agree with the exact (double) reduction of
+ * the same bf16 inputs within bf16_bound, MAX exactly; with one rank the
+ * bound is 0 and the result is the input bit for bit. */
+START_TEST(bf16_reduction_within_rounding_bound) {
+  fsdp_reduce_op_t op = ops[_i % 3];
+  int all_reduce = (_i / 3) % 2;
+  fsdp_stream_t s = _i / 6 ? worker : FSDP_HOST_STREAM;
+  size_t n = N_RANDOM, total = all_reduce ? n : n * (size_t)nranks;
+  size_t off = all_reduce ? 0 : (size_t)rank * n;
+  uint16_t *send = fsdp_alloc(total * sizeof *send), *recv = fsdp_alloc(n * sizeof *recv);
+  ck_assert(send && recv);
+  for (size_t i = 0; i < total; i++) send[i] = random_bf16(rank, i);
+  fsdp_status_t st = all_reduce ? fsdp_all_reduce(comm, send, recv, n, FSDP_BF16, op, s)
+                                : fsdp_reduce_scatter(comm, send, recv, n, FSDP_BF16, op, s);
+  st = finish(st, s);
+  size_t wrong = 0;
+  double worst = 0.0; /* largest error as a fraction of its bound */
+  for (size_t i = 0; i < n && st == FSDP_SUCCESS; i++) {
+    double exact = 0.0, mass = 0.0, max = -INFINITY;
+    for (int r = 0; r < nranks; r++) {
+      double x = fsdp_bf16_to_f32(random_bf16(r, off + i));
+      exact += x, mass += fabs(x), max = x > max ? x : max;
+    }
+    exact = op == FSDP_MAX ? max : op == FSDP_AVG ? exact / nranks : exact;
+    double err = fabs(fsdp_bf16_to_f32(recv[i]) - exact), bound = bf16_bound(op, mass);
+    wrong += err > bound;
+    if (bound > 0 && err / bound > worst) worst = err / bound;
+  }
+  fsdp_free(send);
+  fsdp_free(recv);
+  ck_assert_msg(st == FSDP_SUCCESS, "bf16 reduction failed: %s", fsdp_last_error());
+  ck_assert_msg(wrong == 0, "bf16 %s op=%d at %d ranks: %zu of %zu outside the bound (worst "
+                "%.3g of it)", all_reduce ? "all_reduce" : "reduce_scatter", (int)op, nranks,
+                wrong, n, worst);
 }
 END_TEST
 
@@ -287,9 +354,8 @@ START_TEST(invalid_arguments_fail_on_every_rank) {
   const expect_t bad_arg_root = {FSDP_ERR_INVALID_ARGUMENT, "root"};
   expect_error(fsdp_broadcast(comm, a, 4, FSDP_F32, -1, s), bad_arg_root, "root -1");
   expect_error(fsdp_broadcast(comm, a, 4, FSDP_F32, nranks, s), bad_arg_root, "root = size");
-  const expect_t bf16 = {FSDP_ERR_UNSUPPORTED, "bf16"};
-  expect_error(fsdp_all_reduce(comm, a, b, 4, FSDP_BF16, FSDP_SUM, s), bf16, "bf16 all_reduce");
-  expect_error(fsdp_reduce_scatter(comm, a, b, 1, FSDP_BF16, FSDP_AVG, s), bf16, "bf16 rs");
+  expect_error(fsdp_reduce_scatter(comm, a, b, 1, FSDP_DTYPE_COUNT, FSDP_AVG, s),
+               (expect_t){FSDP_ERR_INVALID_ARGUMENT, "dtype 3"}, "bad reduction dtype");
   expect_error(fsdp_all_reduce(comm, a, b, 4, FSDP_F32, (fsdp_reduce_op_t)9, s),
                (expect_t){FSDP_ERR_INVALID_ARGUMENT, "op 9"}, "bad op");
   expect_error(fsdp_all_gather(comm, a, b, 1, (fsdp_dtype_t)9, s),
@@ -337,7 +403,10 @@ START_TEST(self_backend_copies_in_order) {
     ck_assert(y[i] == x[i] && z[i] == x[i] && w[i] == x[i]);
   }
   ck_assert_int_eq(fsdp_broadcast(d, x, 5, FSDP_F64, 1, s), FSDP_ERR_INVALID_ARGUMENT);
-  ck_assert_int_eq(fsdp_all_reduce(d, x, y, 5, FSDP_BF16, FSDP_SUM, s), FSDP_ERR_UNSUPPORTED);
+  uint16_t h[3] = {fsdp_f32_to_bf16(1.5f), fsdp_f32_to_bf16(-3.0f), 0x7f80 /* inf */}, g[3];
+  ck_assert_int_eq(fsdp_all_reduce(d, h, g, 3, FSDP_BF16, FSDP_AVG, s), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_stream_synchronize(s), FSDP_SUCCESS);
+  ck_assert(memcmp(h, g, sizeof h) == 0);
   fsdp_comm_destroy(d);
   fsdp_comm_destroy(c);
   fsdp_world_destroy(solo);
@@ -457,6 +526,7 @@ static Suite *comm_suite(void) {
   tcase_add_loop_test(tc, reduce_scatter_matches_reference, 0, N_REDUCE_CASES);
   tcase_add_loop_test(tc, all_reduce_matches_reference, 0, N_REDUCE_CASES);
   tcase_add_loop_test(tc, broadcast_from_each_root, 0, N_GATHER_CASES / 2);
+  tcase_add_loop_test(tc, bf16_reduction_within_rounding_bound, 0, 12);
   tcase_add_test(tc, barrier_on_host_and_stream);
   tcase_add_test(tc, two_comms_on_two_streams);
   tcase_add_loop_test(tc, invalid_arguments_fail_on_every_rank, 0, 2);
