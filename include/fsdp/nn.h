@@ -1,4 +1,5 @@
-/* fsdp/nn.h — CPU layer kernels (fp32, OpenBLAS) and the MLP model.
+/* fsdp/nn.h — CPU layer kernels (fp32, OpenBLAS), the MLP model (CPU engines)
+ * and GPT-2 (CPU and CUDA engines).
  *
  * Kernels are free functions over raw row-major pointers: outputs first, then
  * inputs, weights, dims. Backward kernels ADD into gradient buffers (+=); zeroing
@@ -136,26 +137,52 @@ typedef struct {
 
 typedef struct fsdp_gpt2 *fsdp_gpt2_t;
 
-/* Registers the model's units with an engine not yet materialised. */
+/* Devices. The model computes where its engine lives (config.device):
+ * - FSDP_DEVICE_CPU: the fp32 kernels above, in host memory, on the calling
+ *   thread. param_dtype bf16 changes only the parameters (views widen them).
+ * - FSDP_DEVICE_CUDA: the CUDA twins of these kernels, queued on the engine's
+ *   compute stream (fsdp_engine_stream) of the device current at
+ *   fsdp_engine_create; activations live in device memory. param_dtype f32:
+ *   fp32 throughout. bf16: parameters, activations and activation gradients in
+ *   bf16; parameter gradients, LayerNorm statistics, attention probabilities
+ *   and the loss in fp32 (attention runs in fp32 between casts).
+ * Every call below takes and returns host memory whatever the device: tokens,
+ * targets, losses, logits, samples. On CUDA a micro-batch synchronises the
+ * host once, for its loss; tokens and targets travel through a pinned staging
+ * buffer. Buffers are allocated by create and sized by opts (max_batch,
+ * max_T): no call allocates in a step. Errors: FSDP_ERR_UNSUPPORTED when the
+ * engine is on CUDA and fsdp was built without it; FSDP_ERR_OUT_OF_MEMORY when
+ * the activations do not fit (host or device); a CUDA fault in queued work
+ * surfaces at the next synchronisation (the loss), as FSDP_ERR_SYSTEM. */
+
+/* Registers the model's units with an engine not yet materialised and
+ * allocates the activation buffers (in the engine's device memory). Destroy
+ * the model before its engine. */
 FSDP_API fsdp_status_t fsdp_gpt2_create(fsdp_engine_t engine, const fsdp_gpt2_config_t *c,
                                         const fsdp_gpt2_opts_t *opts, fsdp_gpt2_t *gpt);
 FSDP_API void fsdp_gpt2_destroy(fsdp_gpt2_t gpt);
 /* One micro-batch: forward, loss against targets, backward. tokens and targets
- * are (B,T) in [0,V); gradients are of loss_sum * loss_scale; *loss_sum (may
- * be NULL) receives the summed per-token cross-entropy. */
+ * are (B,T) in [0,V), host memory; gradients are of loss_sum * loss_scale
+ * (into the engine's gradient buffers); *loss_sum (may be NULL) receives the
+ * summed per-token cross-entropy, added up in double (on CUDA from the
+ * per-row losses, after the micro-batch's one wait). */
 FSDP_API fsdp_status_t fsdp_gpt2_forward_backward(fsdp_gpt2_t gpt, const int *tokens,
                                                   const int *targets, int B, int T,
                                                   float loss_scale, double *loss_sum);
 /* Forward only. targets and loss_sum may be NULL; *logits (may be NULL) points
- * at the (B,T,V) logits, valid until the next call on gpt. */
+ * at the (B,T,V) fp32 logits in host memory, valid until the next call on gpt.
+ * On CUDA they are copied (and widened from bf16) into a host buffer of
+ * max_batch x max_T x V floats that the first call asking for them allocates;
+ * pass NULL when only the loss is wanted. */
 FSDP_API fsdp_status_t fsdp_gpt2_forward(fsdp_gpt2_t gpt, const int *tokens, const int *targets,
                                          int B, int T, double *loss_sum, const float **logits);
 /* Samples n_new tokens after the prompt (temperature > 0; the RNG is seeded, so
  * every rank draws the same tokens). out receives n_new tokens. Collective. */
 FSDP_API fsdp_status_t fsdp_gpt2_generate(fsdp_gpt2_t gpt, const int *prompt, int n_prompt,
                                           int n_new, float temperature, uint64_t seed, int *out);
-/* Bytes of activation buffers held, and what they would be without
- * checkpointing (equal when nothing is checkpointed). */
+/* Bytes of activation buffers held (device memory on CUDA, with the CUDA
+ * kernels' scratch), and what they would be without checkpointing (equal
+ * when nothing is checkpointed). */
 FSDP_API size_t fsdp_gpt2_activation_bytes(fsdp_gpt2_t gpt, size_t *without_checkpointing);
 
 #ifdef __cplusplus

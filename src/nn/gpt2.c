@@ -9,6 +9,7 @@
 
 #include "core/internal.h"
 #include "fsdp/nn.h"
+#include "nn/gpt2_ops.h"
 
 #define BLOCK_TENSORS 12
 enum { LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB, LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB };
@@ -20,15 +21,17 @@ static const struct { const char *name; int rows, cols; /* in units of C; 0: non
     {"mlp.c_fc.bias", 4, 0},    {"mlp.c_proj.weight", 4, 1}, {"mlp.c_proj.bias", 1, 0},
 };
 
-/* One block's saved activations, sized for max_batch x max_T. */
+/* One block's saved activations, sized for max_batch x max_T. void *: in the
+ * backend's activation dtype (fp32, or bf16 on a bf16 CUDA engine); float *:
+ * always fp32. */
 struct acts {
-  float *ln1, *ln1_mean, *ln1_rstd; /* (B,T,C) (B,T) (B,T) */
-  float *qkv;                       /* (B,T,3C) */
-  float *att;                       /* (B,NH,T,T) */
-  float *atty;                      /* (B,T,C) attention output before c_proj */
-  float *res2;                      /* (B,T,C) x + attention */
-  float *ln2, *ln2_mean, *ln2_rstd; /* (B,T,C) (B,T) (B,T) */
-  float *fch, *fch_gelu;            /* (B,T,4C) */
+  void *ln1; float *ln1_mean, *ln1_rstd; /* (B,T,C) (B,T) (B,T) */
+  void *qkv;                             /* (B,T,3C) */
+  float *att;                            /* (B,NH,T,T) */
+  void *atty;                            /* (B,T,C) attention output before c_proj */
+  void *res2;                            /* (B,T,C) x + attention */
+  void *ln2; float *ln2_mean, *ln2_rstd; /* (B,T,C) (B,T) (B,T) */
+  void *fch, *fch_gelu;                  /* (B,T,4C) */
 };
 
 struct gunit {
@@ -49,12 +52,20 @@ struct fsdp_gpt2 {
   char **names;        /* tensor names, owned */
   int n_names;
 
-  struct acts *acts;   /* (L) saved, or pointing into scratch for checkpointed units */
-  struct acts *scratch;/* (max blocks per checkpointed unit) */
-  float *xs;           /* (L+1, B,T,C): the input of every block and the last output */
-  float *lnf, *lnf_mean, *lnf_rstd, *logits, *dlogits;
-  float *dres, *d1, *d3, *d4a, *d4b; /* backward scratch */
-  float *probs;        /* (V) sampling */
+  const gpt2_ops_t *ops; /* the kernels: CPU, CUDA fp32 or CUDA bf16 */
+  gpt2_dev_t *dev;       /* their state */
+  size_t align;          /* bytes each buffer in the arena is rounded up to */
+  void *arena;           /* every buffer below, in the backend's memory */
+  struct acts *acts;     /* (L) saved, or pointing into scratch for checkpointed units */
+  struct acts *scratch;  /* (max blocks per checkpointed unit) */
+  void *xs;              /* (L+1, B,T,C): the input of every block and the last output */
+  void *lnf;             /* (B,T,C) */
+  float *lnf_mean, *lnf_rstd;
+  void *logits, *dlogits;              /* (B,T,V) */
+  void *dres, *d1, *d3, *d4a, *d4b;    /* backward scratch */
+  const int *tok, *tgt;  /* the micro-batch's tokens and targets as the kernels see them */
+  float *row;            /* (V) host: the logits row sampling draws from */
+  float *logits_host;    /* (B,T,V) host, CUDA only: fsdp_gpt2_forward's logits */
   size_t act_bytes, act_bytes_full;
 };
 
@@ -225,65 +236,103 @@ out:
 
 /* ---- activations -------------------------------------------------------- */
 
-static size_t acts_floats(const struct fsdp_gpt2 *g) {
-  size_t BT = (size_t)g->maxB * (size_t)g->maxT, C = (size_t)g->c.n_embd;
-  return BT * (C + 2 + 3 * C + C + C + C + 2 + 8 * C) +
-         (size_t)g->maxB * (size_t)g->c.n_head * (size_t)g->maxT * (size_t)g->maxT;
+/* Bytes a buffer of n elements takes in the arena. */
+static size_t span(const struct fsdp_gpt2 *g, size_t n, size_t esize) {
+  return (n * esize + g->align - 1) / g->align * g->align;
 }
 
-static void acts_carve(const struct fsdp_gpt2 *g, struct acts *a, float *p) {
-  size_t BT = (size_t)g->maxB * (size_t)g->maxT, C = (size_t)g->c.n_embd;
-  a->ln1 = p, p += BT * C;
-  a->ln1_mean = p, p += BT;
-  a->ln1_rstd = p, p += BT;
-  a->qkv = p, p += 3 * BT * C;
-  a->atty = p, p += BT * C;
-  a->res2 = p, p += BT * C;
-  a->ln2 = p, p += BT * C;
-  a->ln2_mean = p, p += BT;
-  a->ln2_rstd = p, p += BT;
-  a->fch = p, p += 4 * BT * C;
-  a->fch_gelu = p, p += 4 * BT * C;
-  a->att = p;
+/* The next buffer at byte offset *at of the arena `base`; a NULL base only
+ * counts (a dry run sizes the arena with the code that carves it). */
+static void *take(const struct fsdp_gpt2 *g, char *base, size_t *at, size_t n, size_t esize) {
+  void *p = base ? base + *at : NULL;
+  *at += span(g, n, esize);
+  return p;
 }
 
-static fsdp_status_t alloc_acts(struct fsdp_gpt2 *g) {
+static void acts_carve(const struct fsdp_gpt2 *g, struct acts *a, char *base, size_t *at) {
+  size_t BT = (size_t)g->maxB * (size_t)g->maxT, C = (size_t)g->c.n_embd;
+  size_t e = g->ops->act_size, f = sizeof(float);
+  a->ln1 = take(g, base, at, BT * C, e);
+  a->ln1_mean = take(g, base, at, BT, f);
+  a->ln1_rstd = take(g, base, at, BT, f);
+  a->qkv = take(g, base, at, 3 * BT * C, e);
+  a->atty = take(g, base, at, BT * C, e);
+  a->res2 = take(g, base, at, BT * C, e);
+  a->ln2 = take(g, base, at, BT * C, e);
+  a->ln2_mean = take(g, base, at, BT, f);
+  a->ln2_rstd = take(g, base, at, BT, f);
+  a->fch = take(g, base, at, 4 * BT * C, e);
+  a->fch_gelu = take(g, base, at, 4 * BT * C, e);
+  a->att = take(g, base, at, (size_t)g->maxB * (size_t)g->c.n_head * (size_t)g->maxT * g->maxT, f);
+}
+
+/* ln_f, the logits and the backward scratch. */
+static void common_carve(struct fsdp_gpt2 *g, char *base, size_t *at) {
+  size_t BT = (size_t)g->maxB * (size_t)g->maxT, C = (size_t)g->c.n_embd;
+  size_t V = (size_t)g->c.vocab_size, e = g->ops->act_size, f = sizeof(float);
+  g->lnf = take(g, base, at, BT * C, e);
+  g->lnf_mean = take(g, base, at, BT, f);
+  g->lnf_rstd = take(g, base, at, BT, f);
+  g->logits = take(g, base, at, BT * V, e);
+  g->dlogits = take(g, base, at, BT * V, e);
+  g->dres = take(g, base, at, BT * C, e);
+  g->d1 = take(g, base, at, BT * C, e);
+  g->d3 = take(g, base, at, 3 * BT * C, e);
+  g->d4a = take(g, base, at, 4 * BT * C, e);
+  g->d4b = take(g, base, at, 4 * BT * C, e);
+}
+
+/* One arena in the backend's memory: the block inputs, the saved (or
+ * recompute scratch) activations of every block, ln_f, logits, backward
+ * scratch; and a host row for sampling. backend: the kernels' own bytes. */
+static fsdp_status_t alloc_acts(struct fsdp_gpt2 *g, size_t backend) {
   int L = g->c.n_layer, maxk = 0, saved = 0;
   for (int u = 0; u < g->n_units; u++)
     if (g->units[u].checkpoint) maxk = g->units[u].count > maxk ? g->units[u].count : maxk;
     else saved += g->units[u].count;
-  size_t per = acts_floats(g), BT = (size_t)g->maxB * (size_t)g->maxT;
-  size_t C = (size_t)g->c.n_embd, V = (size_t)g->c.vocab_size;
-  size_t common = (size_t)(L + 1) * BT * C + BT * (C + 2) + 2 * BT * V + BT * (C + C + 3 * C + 8 * C) + V;
-  g->act_bytes = ((size_t)(saved + maxk) * per + common) * sizeof(float);
-  g->act_bytes_full = ((size_t)L * per + common) * sizeof(float);
+  struct acts dry;
+  size_t per = 0, common = 0, V = (size_t)g->c.vocab_size;
+  acts_carve(g, &dry, NULL, &per);
+  common_carve(g, NULL, &common);
+  size_t xs = (size_t)(L + 1) * span(g, (size_t)g->maxB * g->maxT * g->c.n_embd, g->ops->act_size);
+  size_t arena = xs + (size_t)(saved + maxk) * per + common;
+  g->act_bytes = arena + V * sizeof(float) + backend;
+  g->act_bytes_full = xs + (size_t)L * per + common + V * sizeof(float) + backend;
   g->acts = calloc((size_t)L, sizeof *g->acts);
   g->scratch = calloc((size_t)(maxk ? maxk : 1), sizeof *g->scratch);
-  float *p = fsdp_alloc(g->act_bytes);
-  g->xs = p;
-  if (!g->acts || !g->scratch || !p)
-    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY,
-                      "GPT-2: cannot allocate %zu bytes of activations for batch %d x %d",
-                      g->act_bytes, g->maxB, g->maxT);
-  p += (size_t)(L + 1) * BT * C;
-  for (int k = 0; k < maxk; k++, p += per) acts_carve(g, &g->scratch[k], p);
+  g->row = calloc(V, sizeof *g->row);
+  if (!g->acts || !g->scratch || !g->row)
+    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "GPT-2: out of host memory");
+  fsdp_status_t st = g->ops->alloc(&g->arena, arena);
+  if (st != FSDP_SUCCESS) {
+    char why[256];
+    snprintf(why, sizeof why, "%s", fsdp_last_error());
+    return fsdp_error(st, "GPT-2: activations for batch %d x %d (%s kernels): %s", g->maxB,
+                      g->maxT, g->ops->name, why);
+  }
+  char *base = g->arena;
+  size_t at = 0;
+  g->xs = take(g, base, &at, xs, 1);
+  for (int k = 0; k < maxk; k++) acts_carve(g, &g->scratch[k], base, &at);
   for (int l = 0; l < L; l++) {
     const struct gunit *u = &g->units[g->block_unit[l]];
     if (u->checkpoint) g->acts[l] = g->scratch[l - u->first];
-    else acts_carve(g, &g->acts[l], p), p += per;
+    else acts_carve(g, &g->acts[l], base, &at);
   }
-  g->lnf = p, p += BT * C;
-  g->lnf_mean = p, p += BT;
-  g->lnf_rstd = p, p += BT;
-  g->logits = p, p += BT * V;
-  g->dlogits = p, p += BT * V;
-  g->dres = p, p += BT * C;
-  g->d1 = p, p += BT * C;
-  g->d3 = p, p += 3 * BT * C;
-  g->d4a = p, p += 4 * BT * C;
-  g->d4b = p, p += 4 * BT * C;
-  g->probs = p;
+  common_carve(g, base, &at);
   return FSDP_SUCCESS;
+}
+
+/* CUDA kernels on a CUDA engine (bf16 ones when its views hand out bf16),
+ * else the CPU's. *bytes: device memory the kernels hold of their own. */
+static fsdp_status_t pick_backend(struct fsdp_gpt2 *g, size_t *bytes) {
+  const fsdp_config_t *cfg = fsdp_engine_config(g->eng);
+  *bytes = 0;
+  g->align = 1;
+  if (cfg->device != FSDP_DEVICE_CUDA) return gpt2_backend_cpu(&g->ops, &g->dev);
+  g->align = 256; /* each buffer starts where cuBLAS and the kernels like it */
+  gpt2_dims_t d = {g->maxB, g->maxT, g->c.n_embd, g->c.n_head, g->c.vocab_size};
+  return gpt2_backend_cuda(cfg->param_dtype, &d, &g->ops, &g->dev, bytes);
 }
 
 void fsdp_gpt2_destroy(fsdp_gpt2_t g) {
@@ -295,7 +344,12 @@ void fsdp_gpt2_destroy(fsdp_gpt2_t g) {
   free(g->block_base);
   free(g->acts);
   free(g->scratch);
-  fsdp_free(g->xs);
+  free(g->row);
+  free(g->logits_host);
+  if (g->ops) {
+    g->ops->free(g->arena);
+    g->ops->destroy(g->dev);
+  }
   free(g);
 }
 
@@ -313,6 +367,7 @@ fsdp_status_t fsdp_gpt2_create(fsdp_engine_t eng, const fsdp_gpt2_config_t *c,
   if (!g) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "GPT-2: out of host memory");
   *g = (struct fsdp_gpt2){.eng = eng, .c = *c, .maxB = o->max_batch, .maxT = maxT};
   fsdp_status_t st;
+  size_t backend;
   g->names = calloc((size_t)c->n_layer * BLOCK_TENSORS + 4, sizeof *g->names);
   if (!g->names) {
     st = fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "GPT-2: out of host memory");
@@ -320,7 +375,8 @@ fsdp_status_t fsdp_gpt2_create(fsdp_engine_t eng, const fsdp_gpt2_config_t *c,
   }
   FSDP_TRYG(st, plan_units(g, o), fail);
   FSDP_TRYG(st, register_units(g), fail);
-  FSDP_TRYG(st, alloc_acts(g), fail);
+  FSDP_TRYG(st, pick_backend(g, &backend), fail);
+  FSDP_TRYG(st, alloc_acts(g, backend), fail);
   *out = g;
   return FSDP_SUCCESS;
 fail:
@@ -335,51 +391,58 @@ size_t fsdp_gpt2_activation_bytes(fsdp_gpt2_t g, size_t *without_checkpointing) 
 
 /* ---- blocks ------------------------------------------------------------- */
 
-static void block_forward(const struct fsdp_gpt2 *g, float *const *p, const struct acts *a,
-                          const float *x, float *out, int B, int T) {
+static fsdp_status_t block_forward(const struct fsdp_gpt2 *g, float *const *p,
+                                   const struct acts *a, const void *x, void *out, int B, int T) {
+  const gpt2_ops_t *k = g->ops;
+  gpt2_dev_t *d = g->dev;
   int C = g->c.n_embd, BT = B * T;
-  fsdp_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, p[LN1W], p[LN1B], BT, C);
-  fsdp_conv1d_forward(a->qkv, a->ln1, p[QKVW], p[QKVB], BT, C, 3 * C);
-  fsdp_attention_forward(a->atty, a->att, a->qkv, B, T, C, g->c.n_head);
-  fsdp_conv1d_forward(a->res2, a->atty, p[ATTPROJW], p[ATTPROJB], BT, C, C);
-  fsdp_residual_forward(a->res2, a->res2, x, (size_t)BT * C);
-  fsdp_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, p[LN2W], p[LN2B], BT, C);
-  fsdp_conv1d_forward(a->fch, a->ln2, p[FCW], p[FCB], BT, C, 4 * C);
-  fsdp_gelu_forward(a->fch_gelu, a->fch, (size_t)BT * 4 * C);
-  fsdp_conv1d_forward(out, a->fch_gelu, p[FCPROJW], p[FCPROJB], BT, 4 * C, C);
-  fsdp_residual_forward(out, out, a->res2, (size_t)BT * C);
+  size_t n = (size_t)BT * C;
+  FSDP_TRY(k->layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, p[LN1W], p[LN1B], BT, C, d));
+  FSDP_TRY(k->conv1d_forward(a->qkv, a->ln1, p[QKVW], p[QKVB], BT, C, 3 * C, d));
+  FSDP_TRY(k->attention_forward(a->atty, a->att, a->qkv, B, T, C, g->c.n_head, d));
+  FSDP_TRY(k->conv1d_forward(a->res2, a->atty, p[ATTPROJW], p[ATTPROJB], BT, C, C, d));
+  FSDP_TRY(k->residual_forward(a->res2, a->res2, x, n, d));
+  FSDP_TRY(k->layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, p[LN2W], p[LN2B], BT,
+                                C, d));
+  FSDP_TRY(k->conv1d_forward(a->fch, a->ln2, p[FCW], p[FCB], BT, C, 4 * C, d));
+  FSDP_TRY(k->gelu_forward(a->fch_gelu, a->fch, 4 * n, d));
+  FSDP_TRY(k->conv1d_forward(out, a->fch_gelu, p[FCPROJW], p[FCPROJB], BT, 4 * C, C, d));
+  return k->residual_forward(out, out, a->res2, n, d);
 }
 
 /* On entry g->dres holds d(out); on return d(x). */
-static void block_backward(struct fsdp_gpt2 *g, float *const *p, float *const *dp,
-                           const struct acts *a, const float *x, int B, int T) {
+static fsdp_status_t block_backward(struct fsdp_gpt2 *g, float *const *p, float *const *dp,
+                                    const struct acts *a, const void *x, int B, int T) {
+  const gpt2_ops_t *k = g->ops;
+  gpt2_dev_t *d = g->dev;
   int C = g->c.n_embd, BT = B * T;
-  size_t n1 = (size_t)BT * C;
-  memset(g->d4a, 0, 4 * n1 * sizeof(float));
-  fsdp_conv1d_backward(g->d4a, dp[FCPROJW], dp[FCPROJB], g->dres, a->fch_gelu, p[FCPROJW], BT,
-                       4 * C, C);
-  memset(g->d4b, 0, 4 * n1 * sizeof(float));
-  fsdp_gelu_backward(g->d4b, a->fch, g->d4a, 4 * n1);
-  memset(g->d1, 0, n1 * sizeof(float));
-  fsdp_conv1d_backward(g->d1, dp[FCW], dp[FCB], g->d4b, a->ln2, p[FCW], BT, C, 4 * C);
+  size_t n1 = (size_t)BT * C, e = k->act_size;
+  FSDP_TRY(k->zero(g->d4a, 4 * n1 * e, d));
+  FSDP_TRY(k->conv1d_backward(g->d4a, dp[FCPROJW], dp[FCPROJB], g->dres, a->fch_gelu, p[FCPROJW],
+                              BT, 4 * C, C, d));
+  FSDP_TRY(k->zero(g->d4b, 4 * n1 * e, d));
+  FSDP_TRY(k->gelu_backward(g->d4b, a->fch, g->d4a, 4 * n1, d));
+  FSDP_TRY(k->zero(g->d1, n1 * e, d));
+  FSDP_TRY(k->conv1d_backward(g->d1, dp[FCW], dp[FCB], g->d4b, a->ln2, p[FCW], BT, C, 4 * C, d));
   /* the residual carries d(out) straight to d(res2), to which LN2 adds */
-  fsdp_layernorm_backward(g->dres, dp[LN2W], dp[LN2B], g->d1, a->res2, p[LN2W], a->ln2_mean,
-                          a->ln2_rstd, BT, C);
-  memset(g->d1, 0, n1 * sizeof(float));
-  fsdp_conv1d_backward(g->d1, dp[ATTPROJW], dp[ATTPROJB], g->dres, a->atty, p[ATTPROJW], BT, C,
-                       C);
-  memset(g->d3, 0, 3 * n1 * sizeof(float));
-  fsdp_attention_backward(g->d3, g->d1, a->qkv, a->att, B, T, C, g->c.n_head);
-  memset(g->d1, 0, n1 * sizeof(float));
-  fsdp_conv1d_backward(g->d1, dp[QKVW], dp[QKVB], g->d3, a->ln1, p[QKVW], BT, C, 3 * C);
-  fsdp_layernorm_backward(g->dres, dp[LN1W], dp[LN1B], g->d1, x, p[LN1W], a->ln1_mean,
-                          a->ln1_rstd, BT, C);
+  FSDP_TRY(k->layernorm_backward(g->dres, dp[LN2W], dp[LN2B], g->d1, a->res2, p[LN2W],
+                                 a->ln2_mean, a->ln2_rstd, BT, C, d));
+  FSDP_TRY(k->zero(g->d1, n1 * e, d));
+  FSDP_TRY(k->conv1d_backward(g->d1, dp[ATTPROJW], dp[ATTPROJB], g->dres, a->atty, p[ATTPROJW],
+                              BT, C, C, d));
+  FSDP_TRY(k->zero(g->d3, 3 * n1 * e, d));
+  FSDP_TRY(k->attention_backward(g->d3, g->d1, a->qkv, a->att, B, T, C, g->c.n_head, d));
+  FSDP_TRY(k->zero(g->d1, n1 * e, d));
+  FSDP_TRY(k->conv1d_backward(g->d1, dp[QKVW], dp[QKVB], g->d3, a->ln1, p[QKVW], BT, C, 3 * C, d));
+  return k->layernorm_backward(g->dres, dp[LN1W], dp[LN1B], g->d1, x, p[LN1W], a->ln1_mean,
+                               a->ln1_rstd, BT, C, d);
 }
 
 /* ---- forward / backward ------------------------------------------------- */
 
-static float *x_at(const struct fsdp_gpt2 *g, int l, int B, int T) {
-  return g->xs + (size_t)l * (size_t)B * (size_t)T * (size_t)g->c.n_embd;
+static void *x_at(const struct fsdp_gpt2 *g, int l, int B, int T) {
+  size_t n = (size_t)B * (size_t)T * (size_t)g->c.n_embd;
+  return (char *)g->xs + (size_t)l * span(g, n, g->ops->act_size);
 }
 
 static fsdp_status_t check_batch(const struct fsdp_gpt2 *g, const int *tokens,
@@ -401,6 +464,16 @@ static fsdp_status_t check_batch(const struct fsdp_gpt2 *g, const int *tokens,
   return FSDP_SUCCESS;
 }
 
+/* Acquires a unit and checks that its view holds what the kernels compute in. */
+static fsdp_status_t acquire(struct fsdp_gpt2 *g, struct gunit *u, fsdp_pass_t pass) {
+  FSDP_TRY(fsdp_unit_acquire(g->eng, u->id, pass, &u->view));
+  if (u->view.dtype != g->ops->dtype)
+    return fsdp_error(FSDP_ERR_INTERNAL, "GPT-2: the engine hands out %s parameters, the %s "
+                      "kernels take %s", fsdp_dtype_name(u->view.dtype), g->ops->name,
+                      fsdp_dtype_name(g->ops->dtype));
+  return FSDP_SUCCESS;
+}
+
 static float *const *block_params_of(const struct fsdp_gpt2 *g, int l) {
   return g->units[g->block_unit[l]].view.param + g->block_base[l];
 }
@@ -410,25 +483,31 @@ static fsdp_status_t blocks_forward(struct fsdp_gpt2 *g, int B, int T) {
   for (int l = 0; l < g->c.n_layer; l++) {
     struct gunit *u = &g->units[g->block_unit[l]];
     int wrapped = u != &g->units[0];
-    if (wrapped && l == u->first) FSDP_TRY(fsdp_unit_acquire(g->eng, u->id, FSDP_FORWARD, &u->view));
-    block_forward(g, block_params_of(g, l), &g->acts[l], x_at(g, l, B, T), x_at(g, l + 1, B, T), B, T);
+    if (wrapped && l == u->first) FSDP_TRY(acquire(g, u, FSDP_FORWARD));
+    FSDP_TRY(block_forward(g, block_params_of(g, l), &g->acts[l], x_at(g, l, B, T),
+                           x_at(g, l + 1, B, T), B, T));
     if (wrapped && l == u->first + u->count - 1) FSDP_TRY(fsdp_unit_release(g->eng, u->id, FSDP_FORWARD));
   }
   return FSDP_SUCCESS;
 }
 
-/* Embedding, blocks, ln_f and logits; the root stays acquired for the caller. */
-static fsdp_status_t forward(struct fsdp_gpt2 *g, const int *tokens, int B, int T) {
+/* Tokens (and targets) to the kernels, embedding, blocks, ln_f and logits;
+ * the root stays acquired for the caller. */
+static fsdp_status_t forward(struct fsdp_gpt2 *g, const int *tokens, const int *targets, int B,
+                             int T) {
   struct gunit *r = &g->units[0];
+  const gpt2_ops_t *k = g->ops;
   int C = g->c.n_embd, BT = B * T;
-  FSDP_TRY(fsdp_unit_acquire(g->eng, r->id, FSDP_FORWARD, &r->view));
+  FSDP_TRY(k->bind(g->dev, fsdp_engine_stream(g->eng)));
+  FSDP_TRY(k->stage(&g->tok, &g->tgt, tokens, targets, (size_t)BT, g->dev));
+  FSDP_TRY(acquire(g, r, FSDP_FORWARD));
   const int lnf = r->view.n - 2;
-  fsdp_embedding_forward(x_at(g, 0, B, T), tokens, r->view.param[0], r->view.param[1], B, T, C);
+  FSDP_TRY(k->embedding_forward(x_at(g, 0, B, T), g->tok, r->view.param[0], r->view.param[1], B,
+                                T, C, g->dev));
   FSDP_TRY(blocks_forward(g, B, T));
-  fsdp_layernorm_forward(g->lnf, g->lnf_mean, g->lnf_rstd, x_at(g, g->c.n_layer, B, T),
-                         r->view.param[lnf], r->view.param[lnf + 1], BT, C);
-  fsdp_linear_forward(g->logits, g->lnf, r->view.param[0], NULL, BT, C, g->c.vocab_size);
-  return FSDP_SUCCESS;
+  FSDP_TRY(k->layernorm_forward(g->lnf, g->lnf_mean, g->lnf_rstd, x_at(g, g->c.n_layer, B, T),
+                                r->view.param[lnf], r->view.param[lnf + 1], BT, C, g->dev));
+  return k->linear_forward(g->logits, g->lnf, r->view.param[0], BT, C, g->c.vocab_size, g->dev);
 }
 
 static fsdp_status_t blocks_backward(struct fsdp_gpt2 *g, int B, int T) {
@@ -436,31 +515,35 @@ static fsdp_status_t blocks_backward(struct fsdp_gpt2 *g, int B, int T) {
     struct gunit *u = &g->units[g->block_unit[l]];
     int wrapped = u != &g->units[0];
     if (wrapped && l == u->first + u->count - 1) {
-      FSDP_TRY(fsdp_unit_acquire(g->eng, u->id, FSDP_BACKWARD, &u->view));
+      FSDP_TRY(acquire(g, u, FSDP_BACKWARD));
       for (int k = u->first; u->checkpoint && k <= l; k++) /* recompute from the unit's input */
-        block_forward(g, block_params_of(g, k), &g->acts[k], x_at(g, k, B, T),
-                      x_at(g, k + 1, B, T), B, T);
+        FSDP_TRY(block_forward(g, block_params_of(g, k), &g->acts[k], x_at(g, k, B, T),
+                               x_at(g, k + 1, B, T), B, T));
     }
-    block_backward(g, block_params_of(g, l), u->view.grad + g->block_base[l], &g->acts[l],
-                   x_at(g, l, B, T), B, T);
+    FSDP_TRY(block_backward(g, block_params_of(g, l), u->view.grad + g->block_base[l], &g->acts[l],
+                            x_at(g, l, B, T), B, T));
     if (wrapped && l == u->first) FSDP_TRY(fsdp_unit_release(g->eng, u->id, FSDP_BACKWARD));
   }
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t backward(struct fsdp_gpt2 *g, const int *tokens, int B, int T) {
+static fsdp_status_t backward(struct fsdp_gpt2 *g, int B, int T) {
   struct gunit *r = &g->units[0];
+  const gpt2_ops_t *k = g->ops;
   int C = g->c.n_embd, BT = B * T;
-  FSDP_TRY(fsdp_unit_acquire(g->eng, r->id, FSDP_BACKWARD, &r->view));
+  size_t n = (size_t)BT * C * k->act_size;
+  FSDP_TRY(acquire(g, r, FSDP_BACKWARD));
   float *const *p = r->view.param, *const *dp = r->view.grad;
   const int lnf = r->view.n - 2;
-  memset(g->d1, 0, (size_t)BT * C * sizeof(float));
-  fsdp_linear_backward(g->d1, dp[0], NULL, g->dlogits, g->lnf, p[0], BT, C, g->c.vocab_size);
-  memset(g->dres, 0, (size_t)BT * C * sizeof(float));
-  fsdp_layernorm_backward(g->dres, dp[lnf], dp[lnf + 1], g->d1, x_at(g, g->c.n_layer, B, T),
-                          p[lnf], g->lnf_mean, g->lnf_rstd, BT, C);
+  FSDP_TRY(k->zero(g->d1, n, g->dev));
+  FSDP_TRY(k->linear_backward(g->d1, dp[0], g->dlogits, g->lnf, p[0], BT, C, g->c.vocab_size,
+                              g->dev));
+  FSDP_TRY(k->zero(g->dres, n, g->dev));
+  FSDP_TRY(k->layernorm_backward(g->dres, dp[lnf], dp[lnf + 1], g->d1,
+                                 x_at(g, g->c.n_layer, B, T), p[lnf], g->lnf_mean, g->lnf_rstd,
+                                 BT, C, g->dev));
   FSDP_TRY(blocks_backward(g, B, T));
-  fsdp_embedding_backward(dp[0], dp[1], g->dres, tokens, B, T, C);
+  FSDP_TRY(k->embedding_backward(dp[0], dp[1], g->dres, g->tok, B, T, C, g->dev));
   return fsdp_unit_release(g->eng, r->id, FSDP_BACKWARD);
 }
 
@@ -468,24 +551,41 @@ fsdp_status_t fsdp_gpt2_forward_backward(fsdp_gpt2_t g, const int *tokens, const
                                          int B, int T, float loss_scale, double *loss_sum) {
   if (!g || !targets) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "GPT-2: NULL argument");
   FSDP_TRY(check_batch(g, tokens, targets, B, T));
-  FSDP_TRY(forward(g, tokens, B, T));
-  double loss = fsdp_softmax_xent(g->dlogits, g->logits, targets, B * T, g->c.vocab_size,
-                                  loss_scale);
+  FSDP_TRY(forward(g, tokens, targets, B, T));
+  FSDP_TRY(g->ops->xent(g->dlogits, g->logits, g->tgt, B * T, g->c.vocab_size, loss_scale,
+                        g->dev));
   FSDP_TRY(fsdp_unit_release(g->eng, g->units[0].id, FSDP_FORWARD));
-  FSDP_TRY(backward(g, tokens, B, T));
+  FSDP_TRY(backward(g, B, T));
+  double loss;
+  FSDP_TRY(g->ops->loss(&loss, g->dev)); /* CUDA: the micro-batch's one wait */
   if (loss_sum) *loss_sum = loss;
   return FSDP_SUCCESS;
+}
+
+/* Forward and the summed loss against targets (when both are given). */
+static fsdp_status_t forward_loss(struct fsdp_gpt2 *g, const int *tokens, const int *targets,
+                                  int B, int T, double *loss_sum) {
+  FSDP_TRY(check_batch(g, tokens, targets, B, T));
+  FSDP_TRY(forward(g, tokens, targets, B, T));
+  FSDP_TRY(fsdp_unit_release(g->eng, g->units[0].id, FSDP_FORWARD));
+  if (!loss_sum || !targets) return FSDP_SUCCESS;
+  FSDP_TRY(g->ops->xent(NULL, g->logits, g->tgt, B * T, g->c.vocab_size, 1.0f, g->dev));
+  return g->ops->loss(loss_sum, g->dev);
 }
 
 fsdp_status_t fsdp_gpt2_forward(fsdp_gpt2_t g, const int *tokens, const int *targets, int B,
                                 int T, double *loss_sum, const float **logits) {
   if (!g) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "GPT-2: NULL model");
-  FSDP_TRY(check_batch(g, tokens, targets, B, T));
-  FSDP_TRY(forward(g, tokens, B, T));
-  FSDP_TRY(fsdp_unit_release(g->eng, g->units[0].id, FSDP_FORWARD));
-  if (loss_sum && targets)
-    *loss_sum = fsdp_softmax_xent(NULL, g->logits, targets, B * T, g->c.vocab_size, 1.0f);
-  if (logits) *logits = g->logits;
+  FSDP_TRY(forward_loss(g, tokens, targets, B, T, loss_sum));
+  if (!logits) return FSDP_SUCCESS;
+  if (g->ops->memory == FSDP_DEVICE_CPU) return *logits = g->logits, FSDP_SUCCESS;
+  size_t n = (size_t)B * (size_t)T * (size_t)g->c.vocab_size;
+  if (!g->logits_host) /* once, on the first call that asks */
+    g->logits_host = malloc((size_t)g->maxB * g->maxT * g->c.vocab_size * sizeof(float));
+  if (!g->logits_host)
+    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "GPT-2: no host memory to copy the logits to");
+  FSDP_TRY(g->ops->read(g->logits_host, g->logits, n, g->dev));
+  *logits = g->logits_host;
   return FSDP_SUCCESS;
 }
 
@@ -499,16 +599,24 @@ static double uniform01(uint64_t seed, uint64_t i) {
   return (double)(z >> 11) * 0x1.0p-53;
 }
 
-static int sample_token(struct fsdp_gpt2 *g, const float *row, float temperature, double u) {
-  int V = g->c.vocab_size;
+/* Draws from softmax(row / temperature), overwriting row with the weights. */
+static int sample_token(float *row, int V, float temperature, double u) {
   float maxv = row[0];
   for (int v = 1; v < V; v++) maxv = row[v] > maxv ? row[v] : maxv;
   double sum = 0.0;
-  for (int v = 0; v < V; v++) sum += g->probs[v] = expf((row[v] - maxv) / temperature);
+  for (int v = 0; v < V; v++) sum += row[v] = expf((row[v] - maxv) / temperature);
   double acc = 0.0, target = u * sum;
   for (int v = 0; v < V; v++)
-    if ((acc += g->probs[v]) >= target) return v;
+    if ((acc += row[v]) >= target) return v;
   return V - 1;
+}
+
+/* The logits of the last of T tokens, into g->row. */
+static fsdp_status_t next_logits(struct fsdp_gpt2 *g, const int *ctx, int T) {
+  size_t V = (size_t)g->c.vocab_size;
+  FSDP_TRY(forward_loss(g, ctx, NULL, 1, T, NULL));
+  const char *last = (const char *)g->logits + (size_t)(T - 1) * V * g->ops->act_size;
+  return g->ops->read(g->row, last, V, g->dev);
 }
 
 fsdp_status_t fsdp_gpt2_generate(fsdp_gpt2_t g, const int *prompt, int n_prompt, int n_new,
@@ -524,10 +632,8 @@ fsdp_status_t fsdp_gpt2_generate(fsdp_gpt2_t g, const int *prompt, int n_prompt,
   fsdp_status_t st = FSDP_SUCCESS;
   for (int i = 0; i < n_new; i++) {
     int len = n_prompt + i, T = len < g->maxT ? len : g->maxT;
-    const float *logits;
-    FSDP_TRYG(st, fsdp_gpt2_forward(g, ctx + len - T, NULL, 1, T, NULL, &logits), done);
-    int tok = sample_token(g, logits + (size_t)(T - 1) * (size_t)g->c.vocab_size, temperature,
-                           uniform01(seed, (uint64_t)i));
+    FSDP_TRYG(st, next_logits(g, ctx + len - T, T), done);
+    int tok = sample_token(g->row, g->c.vocab_size, temperature, uniform01(seed, (uint64_t)i));
     /* Every rank computed the same logits; rank 0's draw (an int moved as 4
      * bytes) makes that certain. */
     FSDP_TRYG(st, fsdp_broadcast(fsdp_engine_comm(g->eng), &tok, 1, FSDP_F32, 0,

@@ -1,0 +1,380 @@
+/* src/nn/gpt2_cuda.c — GPT-2's CUDA kernel tables (fp32 and bf16): the twins
+ * of src/cuda/kernels.h queued on the engine's compute stream, device buffers
+ * for tokens, targets and per-row losses, and two pinned host buffers that the
+ * host fills and reads between synchronisations.
+ *
+ * bf16: activations, weights and activation gradients are bf16; parameter
+ * gradients, LayerNorm statistics, attention probabilities and losses fp32.
+ * Attention has only an fp32 kernel, so the bf16 table widens qkv (and in
+ * backward d(out) and dqkv) into fp32 scratch around it and narrows the
+ * results: 7 BTC fp32 elements of scratch (28 BTC bytes, shared by all
+ * layers) and, per layer, casts over 4 BTC elements forward and 10 BTC
+ * backward: memory-bound passes, small beside the T^2 attention itself.
+ *
+ * The one place outside src/device that touches the CUDA runtime: the pinned
+ * host buffers (cudaMallocHost), which fsdp/device.h does not offer yet. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/internal.h"
+#include "fsdp_config.h"
+#include "nn/gpt2_ops.h"
+
+#if FSDP_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "cuda/kernels.h"
+
+enum { READ_CHUNK = 1 << 20 }; /* bytes of the pinned buffer `read` copies through */
+
+struct gpt2_dev {
+  gpt2_dims_t dims;
+  fsdp_cuda_stream_t s;          /* the bound compute stream */
+  fsdp_stream_t stream;
+  int *tok, *tgt;                /* (maxB*maxT) device */
+  float *losses;                 /* (maxB*maxT) device, per-row losses */
+  int *stage_h;                  /* (2*maxB*maxT) pinned: tokens then targets */
+  float *losses_h;               /* (maxB*maxT) pinned */
+  void *chunk_h;                 /* (READ_CHUNK bytes) pinned */
+  fsdp_event_t staged, lossed;   /* stage_h and losses_h are free / filled */
+  int loss_rows;                 /* rows of the loss in flight */
+  float *att_scratch;            /* (NH,T,T) attention backward */
+  float *qkv32, *y32, *dqkv32;   /* bf16 only: (B,T,3C) (B,T,C) (B,T,3C) */
+};
+
+static fsdp_status_t cuda_alloc(void **p, size_t bytes) {
+  FSDP_TRY(fsdp_device_alloc(FSDP_DEVICE_CUDA, bytes, p));
+  fsdp_status_t st = fsdp_device_zero(*p, bytes, FSDP_HOST_STREAM);
+  if (st != FSDP_SUCCESS) fsdp_device_free(FSDP_DEVICE_CUDA, *p), *p = NULL;
+  return st;
+}
+
+static void cuda_free(void *p) { fsdp_device_free(FSDP_DEVICE_CUDA, p); }
+
+static fsdp_status_t pinned_alloc(void **p, size_t bytes) {
+  cudaError_t rc = cudaMallocHost(p, bytes);
+  if (rc == cudaSuccess) return FSDP_SUCCESS;
+  *p = NULL;
+  return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "GPT-2: cannot pin %zu bytes of host memory (%s)",
+                    bytes, cudaGetErrorString(rc));
+}
+
+static void pinned_free(void *p) {
+  if (p) cudaFreeHost(p);
+}
+
+static void cuda_destroy(gpt2_dev_t *d) {
+  if (!d) return;
+  /* cudaFree and cudaFreeHost wait for the device: no queued kernel still reads these. */
+  fsdp_event_destroy(d->staged);
+  fsdp_event_destroy(d->lossed);
+  void *dev[] = {d->tok, d->tgt, d->losses, d->att_scratch, d->qkv32, d->y32, d->dqkv32};
+  for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cuda_free(dev[i]);
+  pinned_free(d->stage_h);
+  pinned_free(d->losses_h);
+  pinned_free(d->chunk_h);
+  free(d);
+}
+
+static fsdp_status_t cuda_bind(gpt2_dev_t *d, fsdp_stream_t stream) {
+  d->s = fsdp_stream_cuda_handle(stream);
+  if (!d->s)
+    return fsdp_error(FSDP_ERR_INVALID_USAGE,
+                      "GPT-2 on CUDA: the engine's compute stream is not a CUDA stream (is "
+                      "config.device FSDP_DEVICE_CUDA?)");
+  d->stream = stream;
+  return FSDP_SUCCESS;
+}
+
+/* Through the pinned buffer, which the previous stage's copies must have left. */
+static fsdp_status_t cuda_stage(const int **tok, const int **tgt, const int *tokens,
+                                const int *targets, size_t n, gpt2_dev_t *d) {
+  FSDP_TRY(fsdp_event_synchronize(d->staged));
+  memcpy(d->stage_h, tokens, n * sizeof(int));
+  FSDP_TRY(fsdp_device_copy(d->tok, d->stage_h, n * sizeof(int), d->stream));
+  if (targets) {
+    memcpy(d->stage_h + n, targets, n * sizeof(int));
+    FSDP_TRY(fsdp_device_copy(d->tgt, d->stage_h + n, n * sizeof(int), d->stream));
+  }
+  FSDP_TRY(fsdp_event_record(d->staged, d->stream));
+  *tok = d->tok, *tgt = targets ? d->tgt : NULL;
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t cuda_zero(void *p, size_t bytes, gpt2_dev_t *d) {
+  return fsdp_device_zero(p, bytes, d->stream);
+}
+
+/* ---- fp32 ---------------------------------------------------------------- */
+
+static fsdp_status_t f32_embedding_forward(void *out, const int *tok, const void *wte,
+                                           const void *wpe, int B, int T, int C, gpt2_dev_t *d) {
+  return fsdp_cuda_embedding_forward(out, tok, wte, wpe, B, T, C, d->s);
+}
+
+static fsdp_status_t f32_embedding_backward(float *dwte, float *dwpe, const void *dout,
+                                            const int *tok, int B, int T, int C, gpt2_dev_t *d) {
+  return fsdp_cuda_embedding_backward(dwte, dwpe, dout, tok, B, T, C, d->s);
+}
+
+static fsdp_status_t f32_layernorm_forward(void *out, float *mean, float *rstd, const void *inp,
+                                           const void *w, const void *b, int N, int C,
+                                           gpt2_dev_t *d) {
+  return fsdp_cuda_layernorm_forward(out, mean, rstd, inp, w, b, N, C, d->s);
+}
+
+static fsdp_status_t f32_layernorm_backward(void *dinp, float *dw, float *db, const void *dout,
+                                            const void *inp, const void *w, const float *mean,
+                                            const float *rstd, int N, int C, gpt2_dev_t *d) {
+  return fsdp_cuda_layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, d->s);
+}
+
+static fsdp_status_t f32_linear_forward(void *out, const void *inp, const void *w, int B, int C,
+                                        int OC, gpt2_dev_t *d) {
+  return fsdp_cuda_linear_forward(out, inp, w, NULL, B, C, OC, d->s);
+}
+
+static fsdp_status_t f32_linear_backward(void *dinp, float *dw, const void *dout, const void *inp,
+                                         const void *w, int B, int C, int OC, gpt2_dev_t *d) {
+  return fsdp_cuda_linear_backward(dinp, dw, NULL, dout, inp, w, B, C, OC, d->s);
+}
+
+static fsdp_status_t f32_conv1d_forward(void *out, const void *inp, const void *w, const void *b,
+                                        int B, int C, int OC, gpt2_dev_t *d) {
+  return fsdp_cuda_conv1d_forward(out, inp, w, b, B, C, OC, d->s);
+}
+
+static fsdp_status_t f32_conv1d_backward(void *dinp, float *dw, float *db, const void *dout,
+                                         const void *inp, const void *w, int B, int C, int OC,
+                                         gpt2_dev_t *d) {
+  return fsdp_cuda_conv1d_backward(dinp, dw, db, dout, inp, w, B, C, OC, d->s);
+}
+
+static fsdp_status_t f32_gelu_forward(void *out, const void *inp, size_t n, gpt2_dev_t *d) {
+  return fsdp_cuda_gelu_forward(out, inp, n, d->s);
+}
+
+static fsdp_status_t f32_gelu_backward(void *dinp, const void *inp, const void *dout, size_t n,
+                                       gpt2_dev_t *d) {
+  return fsdp_cuda_gelu_backward(dinp, inp, dout, n, d->s);
+}
+
+static fsdp_status_t f32_residual_forward(void *out, const void *a, const void *b, size_t n,
+                                          gpt2_dev_t *d) {
+  return fsdp_cuda_residual_forward(out, a, b, n, d->s);
+}
+
+static fsdp_status_t f32_attention_forward(void *out, float *att, const void *qkv, int B, int T,
+                                           int C, int NH, gpt2_dev_t *d) {
+  return fsdp_cuda_attention_forward(out, att, qkv, B, T, C, NH, d->s);
+}
+
+static fsdp_status_t f32_attention_backward(void *dqkv, const void *dout, const void *qkv,
+                                            const float *att, int B, int T, int C, int NH,
+                                            gpt2_dev_t *d) {
+  return fsdp_cuda_attention_backward(dqkv, d->att_scratch, dout, qkv, att, B, T, C, NH, d->s);
+}
+
+/* The per-row losses go to pinned memory behind an event; `loss` waits. */
+static fsdp_status_t loss_copy(int BT, gpt2_dev_t *d) {
+  FSDP_TRY(fsdp_device_copy(d->losses_h, d->losses, (size_t)BT * sizeof(float), d->stream));
+  FSDP_TRY(fsdp_event_record(d->lossed, d->stream));
+  d->loss_rows = BT;
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t f32_xent(void *dlogits, const void *logits, const int *tgt, int BT, int V,
+                              float scale, gpt2_dev_t *d) {
+  FSDP_TRY(fsdp_cuda_softmax_xent(dlogits, d->losses, logits, tgt, BT, V, scale, d->s));
+  return loss_copy(BT, d);
+}
+
+static fsdp_status_t cuda_loss(double *sum, gpt2_dev_t *d) {
+  FSDP_TRY(fsdp_event_synchronize(d->lossed));
+  double s = 0.0;
+  for (int i = 0; i < d->loss_rows; i++) s += d->losses_h[i];
+  *sum = s;
+  return FSDP_SUCCESS;
+}
+
+/* Through the pinned chunk, widening bf16 on the host. */
+static fsdp_status_t read_chunks(float *host, const void *act, size_t n, size_t esize,
+                                 gpt2_dev_t *d) {
+  size_t per = READ_CHUNK / esize;
+  for (size_t at = 0; at < n; at += per) {
+    size_t k = n - at < per ? n - at : per;
+    FSDP_TRY(fsdp_device_copy(d->chunk_h, (const char *)act + at * esize, k * esize, d->stream));
+    FSDP_TRY(fsdp_stream_synchronize(d->stream));
+    if (esize == sizeof(float)) memcpy(host + at, d->chunk_h, k * sizeof(float));
+    else
+      for (size_t i = 0; i < k; i++) host[at + i] = fsdp_bf16_to_f32(((uint16_t *)d->chunk_h)[i]);
+  }
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t f32_read(float *host, const void *act, size_t n, gpt2_dev_t *d) {
+  return read_chunks(host, act, n, sizeof(float), d);
+}
+
+/* ---- bf16 ---------------------------------------------------------------- */
+
+static fsdp_status_t bf16_embedding_forward(void *out, const int *tok, const void *wte,
+                                            const void *wpe, int B, int T, int C, gpt2_dev_t *d) {
+  return fsdp_cuda_embedding_forward_bf16(out, tok, wte, wpe, B, T, C, d->s);
+}
+
+static fsdp_status_t bf16_embedding_backward(float *dwte, float *dwpe, const void *dout,
+                                             const int *tok, int B, int T, int C, gpt2_dev_t *d) {
+  return fsdp_cuda_embedding_backward_bf16(dwte, dwpe, dout, tok, B, T, C, d->s);
+}
+
+static fsdp_status_t bf16_layernorm_forward(void *out, float *mean, float *rstd, const void *inp,
+                                            const void *w, const void *b, int N, int C,
+                                            gpt2_dev_t *d) {
+  return fsdp_cuda_layernorm_forward_bf16(out, mean, rstd, inp, w, b, N, C, d->s);
+}
+
+static fsdp_status_t bf16_layernorm_backward(void *dinp, float *dw, float *db, const void *dout,
+                                             const void *inp, const void *w, const float *mean,
+                                             const float *rstd, int N, int C, gpt2_dev_t *d) {
+  return fsdp_cuda_layernorm_backward_bf16(dinp, dw, db, dout, inp, w, mean, rstd, N, C, d->s);
+}
+
+static fsdp_status_t bf16_linear_forward(void *out, const void *inp, const void *w, int B, int C,
+                                         int OC, gpt2_dev_t *d) {
+  return fsdp_cuda_linear_forward_bf16(out, inp, w, NULL, B, C, OC, d->s);
+}
+
+static fsdp_status_t bf16_linear_backward(void *dinp, float *dw, const void *dout,
+                                          const void *inp, const void *w, int B, int C, int OC,
+                                          gpt2_dev_t *d) {
+  return fsdp_cuda_linear_backward_bf16(dinp, dw, NULL, dout, inp, w, B, C, OC, d->s);
+}
+
+static fsdp_status_t bf16_conv1d_forward(void *out, const void *inp, const void *w, const void *b,
+                                         int B, int C, int OC, gpt2_dev_t *d) {
+  return fsdp_cuda_conv1d_forward_bf16(out, inp, w, b, B, C, OC, d->s);
+}
+
+static fsdp_status_t bf16_conv1d_backward(void *dinp, float *dw, float *db, const void *dout,
+                                          const void *inp, const void *w, int B, int C, int OC,
+                                          gpt2_dev_t *d) {
+  return fsdp_cuda_conv1d_backward_bf16(dinp, dw, db, dout, inp, w, B, C, OC, d->s);
+}
+
+static fsdp_status_t bf16_gelu_forward(void *out, const void *inp, size_t n, gpt2_dev_t *d) {
+  return fsdp_cuda_gelu_forward_bf16(out, inp, n, d->s);
+}
+
+static fsdp_status_t bf16_gelu_backward(void *dinp, const void *inp, const void *dout, size_t n,
+                                        gpt2_dev_t *d) {
+  return fsdp_cuda_gelu_backward_bf16(dinp, inp, dout, n, d->s);
+}
+
+static fsdp_status_t bf16_residual_forward(void *out, const void *a, const void *b, size_t n,
+                                           gpt2_dev_t *d) {
+  return fsdp_cuda_residual_forward_bf16(out, a, b, n, d->s);
+}
+
+static fsdp_status_t bf16_attention_forward(void *out, float *att, const void *qkv, int B, int T,
+                                            int C, int NH, gpt2_dev_t *d) {
+  size_t n = (size_t)B * (size_t)T * (size_t)C;
+  FSDP_TRY(fsdp_cuda_bf16_to_f32(d->qkv32, qkv, 3 * n, d->s));
+  FSDP_TRY(fsdp_cuda_attention_forward(d->y32, att, d->qkv32, B, T, C, NH, d->s));
+  return fsdp_cuda_f32_to_bf16(out, d->y32, n, d->s);
+}
+
+/* dqkv += gradient, rounded once: widened, added into in fp32, narrowed. */
+static fsdp_status_t bf16_attention_backward(void *dqkv, const void *dout, const void *qkv,
+                                             const float *att, int B, int T, int C, int NH,
+                                             gpt2_dev_t *d) {
+  size_t n = (size_t)B * (size_t)T * (size_t)C;
+  FSDP_TRY(fsdp_cuda_bf16_to_f32(d->qkv32, qkv, 3 * n, d->s));
+  FSDP_TRY(fsdp_cuda_bf16_to_f32(d->y32, dout, n, d->s));
+  FSDP_TRY(fsdp_cuda_bf16_to_f32(d->dqkv32, dqkv, 3 * n, d->s));
+  FSDP_TRY(fsdp_cuda_attention_backward(d->dqkv32, d->att_scratch, d->y32, d->qkv32, att, B, T,
+                                        C, NH, d->s));
+  return fsdp_cuda_f32_to_bf16(dqkv, d->dqkv32, 3 * n, d->s);
+}
+
+static fsdp_status_t bf16_xent(void *dlogits, const void *logits, const int *tgt, int BT, int V,
+                               float scale, gpt2_dev_t *d) {
+  FSDP_TRY(fsdp_cuda_softmax_xent_bf16(dlogits, d->losses, logits, tgt, BT, V, scale, d->s));
+  return loss_copy(BT, d);
+}
+
+static fsdp_status_t bf16_read(float *host, const void *act, size_t n, gpt2_dev_t *d) {
+  return read_chunks(host, act, n, sizeof(uint16_t), d);
+}
+
+static const gpt2_ops_t f32_ops = {
+    "cuda f32", FSDP_DEVICE_CUDA, FSDP_F32, sizeof(float),
+    cuda_alloc, cuda_free, cuda_destroy, cuda_bind, cuda_stage, cuda_zero,
+    f32_embedding_forward, f32_embedding_backward, f32_layernorm_forward,
+    f32_layernorm_backward, f32_linear_forward, f32_linear_backward, f32_conv1d_forward,
+    f32_conv1d_backward, f32_gelu_forward, f32_gelu_backward, f32_residual_forward,
+    f32_attention_forward, f32_attention_backward, f32_xent, cuda_loss, f32_read,
+};
+
+static const gpt2_ops_t bf16_ops = {
+    "cuda bf16", FSDP_DEVICE_CUDA, FSDP_BF16, sizeof(uint16_t),
+    cuda_alloc, cuda_free, cuda_destroy, cuda_bind, cuda_stage, cuda_zero,
+    bf16_embedding_forward, bf16_embedding_backward, bf16_layernorm_forward,
+    bf16_layernorm_backward, bf16_linear_forward, bf16_linear_backward, bf16_conv1d_forward,
+    bf16_conv1d_backward, bf16_gelu_forward, bf16_gelu_backward, bf16_residual_forward,
+    bf16_attention_forward, bf16_attention_backward, bf16_xent, cuda_loss, bf16_read,
+};
+
+static fsdp_status_t dev_buffers(gpt2_dev_t *d, int bf16, size_t *bytes) {
+  const gpt2_dims_t *m = &d->dims;
+  size_t BT = (size_t)m->maxB * (size_t)m->maxT, BTC = BT * (size_t)m->C;
+  size_t att = (size_t)m->NH * (size_t)m->maxT * (size_t)m->maxT;
+  struct { void **p; size_t bytes; } dev[] = {
+      {(void **)&d->tok, BT * sizeof(int)},   {(void **)&d->tgt, BT * sizeof(int)},
+      {(void **)&d->losses, BT * sizeof(float)}, {(void **)&d->att_scratch, att * sizeof(float)},
+      {(void **)&d->qkv32, bf16 ? 3 * BTC * sizeof(float) : 0},
+      {(void **)&d->y32, bf16 ? BTC * sizeof(float) : 0},
+      {(void **)&d->dqkv32, bf16 ? 3 * BTC * sizeof(float) : 0},
+  };
+  *bytes = 0;
+  for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+    if (dev[i].bytes) {
+      FSDP_TRY(cuda_alloc(dev[i].p, dev[i].bytes));
+      *bytes += dev[i].bytes;
+    }
+  FSDP_TRY(pinned_alloc((void **)&d->stage_h, 2 * BT * sizeof(int)));
+  FSDP_TRY(pinned_alloc((void **)&d->losses_h, BT * sizeof(float)));
+  FSDP_TRY(pinned_alloc(&d->chunk_h, READ_CHUNK));
+  FSDP_TRY(fsdp_event_create(&d->staged));
+  return fsdp_event_create(&d->lossed);
+}
+
+fsdp_status_t gpt2_backend_cuda(fsdp_dtype_t dtype, const gpt2_dims_t *dims,
+                                const gpt2_ops_t **ops, gpt2_dev_t **out, size_t *scratch_bytes) {
+  if (dtype != FSDP_F32 && dtype != FSDP_BF16)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "GPT-2 on CUDA computes in f32 or bf16, not %s",
+                      fsdp_dtype_name(dtype));
+  gpt2_dev_t *d = calloc(1, sizeof *d);
+  if (!d) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "GPT-2: out of host memory");
+  d->dims = *dims;
+  fsdp_status_t st = dev_buffers(d, dtype == FSDP_BF16, scratch_bytes);
+  if (st != FSDP_SUCCESS) {
+    cuda_destroy(d);
+    return st;
+  }
+  *ops = dtype == FSDP_BF16 ? &bf16_ops : &f32_ops;
+  *out = d;
+  return FSDP_SUCCESS;
+}
+
+#else
+
+fsdp_status_t gpt2_backend_cuda(fsdp_dtype_t dtype, const gpt2_dims_t *dims,
+                                const gpt2_ops_t **ops, gpt2_dev_t **out, size_t *scratch_bytes) {
+  (void)dtype, (void)dims, (void)ops, (void)out, (void)scratch_bytes;
+  return fsdp_error(FSDP_ERR_UNSUPPORTED,
+                    "GPT-2 on CUDA: fsdp was built without CUDA; reconfigure with nvcc on PATH "
+                    "(meson setup -Dcuda=enabled)");
+}
+
+#endif
