@@ -31,7 +31,11 @@ void bench_print_header(const bench_opts_t *o, int nranks, const char *backend,
          fsdp_dtype_name(o->cfg.param_dtype), (long long)o->warmup, (long long)o->iters,
          (long long)o->rounds);
   printf("machine: %s | %d cores | %s\n", m->cpu, m->cores, m->blas);
-  if (peak_rank > 0)
+  if (peak_rank > 0 && o->cfg.device == FSDP_DEVICE_CUDA)
+    printf("peak: %.1f TFLOP/s per rank (cuBLAS %s %lld^3 product on each rank's GPU)\n"
+           "MFU = (6 (P - wpe) + 12 L T C) x tokens/s / peak\n\n", peak_rank / 1e12,
+           fsdp_dtype_name(o->cfg.param_dtype), (long long)o->peak_size);
+  else if (peak_rank > 0)
     printf("peak: %.1f GFLOP/s per rank (sgemm %lld on every rank at once)\n\n", peak_rank / 1e9,
            (long long)o->peak_size);
   else
@@ -59,6 +63,9 @@ void bench_print_row(const bench_result_t *r) {
          r->compute_s.median * 1e3, r->comm_s.median * 1e3, r->exposed_s.median * 1e3,
          hidden < 0 ? 0 : hidden, mfu, mib(r->model_peak), mib(r->predicted),
          mib(r->activations), mib(r->rss_peak), load, r->wrong);
+  if (r->device_used >= 0)
+    printf("device memory: %.2f MiB in use on the GPU after the timed steps (largest rank)\n",
+           mib(r->device_used));
   fflush(stdout);
 }
 
@@ -86,10 +93,13 @@ static void result_json(FILE *f, const bench_opts_t *o, int nranks, const bench_
   fprintf(f, "\"memory\":{\"persistent\":%.0f,\"gathered_peak\":%.0f,\"grads_peak\":%.0f,"
          "\"model_peak\":%.0f,\"predicted\":%.0f,\"reserved\":%.0f,\"activations\":%.0f,"
          "\"rss_base\":%.0f,\"rss_peak\":%.0f},\"loss_first\":%.6f,\"loss_last\":%.6f,"
-         "\"other_load\":%.4f,\"wrong\":%.0f}",
+         "\"other_load\":%.4f,\"wrong\":%.0f",
          r->persistent, r->gathered_peak, r->grads_peak, r->model_peak, r->predicted,
          r->reserved, r->activations, r->rss_base, r->rss_peak, r->loss_first, r->loss_last,
          r->other_load, r->wrong);
+  if (r->device_used >= 0)
+    fprintf(f, ",\"device\":\"cuda\",\"device_peak_bytes\":%.0f", r->device_used);
+  fprintf(f, "}");
 }
 
 void bench_print_json(FILE *f, const bench_opts_t *o, int nranks, const char *backend,

@@ -302,16 +302,18 @@ static fsdp_status_t other_load(model_t *m, bench_result_t *r, const series_t *s
 static fsdp_status_t memory(model_t *m, bench_result_t *r, double rss_base, int nranks) {
   fsdp_mem_stats_t mem;
   fsdp_engine_memory(m->eng, &mem);
-  double *fields[9] = {&r->persistent, &r->gathered_peak, &r->grads_peak, &r->activations,
-                       &r->model_peak,  &r->predicted,     &r->reserved,   &r->rss_base,
-                       &r->rss_peak};
-  double v[9] = {(double)mem.persistent, (double)mem.gathered_params_peak,
-                 (double)mem.grads_in_flight_peak, (double)m->act_bytes,
-                 (double)(mem.persistent + mem.gathered_params_peak + mem.grads_in_flight_peak),
-                 predicted_bytes(r, fsdp_engine_config(m->eng), nranks),
-                 (double)mem.total_reserved, rss_base, (double)bench_rss_peak()};
-  BENCH_TRY(bench_reduce(fsdp_engine_comm(m->eng), v, 9, FSDP_MAX));
-  for (int i = 0; i < 9; i++)
+  const fsdp_config_t *c = fsdp_engine_config(m->eng);
+  double *fields[10] = {&r->persistent, &r->gathered_peak, &r->grads_peak, &r->activations,
+                        &r->model_peak,  &r->predicted,     &r->reserved,   &r->rss_base,
+                        &r->rss_peak,    &r->device_used};
+  double v[10] = {(double)mem.persistent, (double)mem.gathered_params_peak,
+                  (double)mem.grads_in_flight_peak, (double)m->act_bytes,
+                  (double)(mem.persistent + mem.gathered_params_peak + mem.grads_in_flight_peak),
+                  predicted_bytes(r, c, nranks), (double)mem.total_reserved, rss_base,
+                  (double)bench_rss_peak(),
+                  c->device == FSDP_DEVICE_CUDA ? bench_cuda_device_used() : -1.0};
+  BENCH_TRY(bench_reduce(fsdp_engine_comm(m->eng), v, 10, FSDP_MAX));
+  for (int i = 0; i < 10; i++)
     if (v[i] > *fields[i]) *fields[i] = v[i];
   return FSDP_SUCCESS;
 }
@@ -376,6 +378,7 @@ static int result_init(bench_result_t *r, const bench_opts_t *o, const fsdp_conf
   memset(r, 0, sizeof *r);
   r->strategy = c->strategy, r->prefetch = c->prefetch_depth, r->max_live = c->max_live_units;
   r->root_held = root_held;
+  r->device_used = -1.0;
   r->cap_samples = (int)(o->rounds * o->iters);
   r->samples = calloc((size_t)r->cap_samples * 6, sizeof *r->samples);
   return r->samples ? 0 : -1;

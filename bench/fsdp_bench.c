@@ -24,15 +24,21 @@ static const char usage_text[] =
     "                             (default 8 for gpt2, 64 for mlp)\n"
     "  --micro-batches M          micro-batches per step (gradient accumulation, default 1)\n"
     "  --dtype f32|bf16           parameters as gathered (default f32); bf16: fp32 master and\n"
-    "                             optimizer, gathers move bf16, the CPU computes in fp32\n"
+    "                             optimizer, gathers move bf16, the CPU computes in fp32, a\n"
+    "                             GPU in bf16 (activations too; fp32 gradients and statistics)\n"
+    "  --reduce-dtype f32|bf16    what gradients are reduced in (default f32)\n"
+    "  --device cpu|cuda          where shards, gradients and compute live (default cpu;\n"
+    "                             cuda: gpt2 only, GPU = local rank %% visible GPUs)\n"
+    "  --comm-backend nccl|mpi    (or --comm) collectives of a cuda engine (default: the\n"
+    "                             world's)\n"
     "run\n"
     "  -w, --warmup N             untimed steps first (default 3)\n"
     "  -n, --iters N              timed steps (default 20)\n"
     "  --rounds R                 run every configuration R times, round-robin, each on a\n"
     "                             fresh engine, pooling the timed steps (default 1)\n"
     "  -c, --check 0|1            correctness check after the timed steps (default 1)\n"
-    "  --peak-size N              n of the n x n x n sgemm that measures the peak (default\n"
-    "                             2048; 0: no MFU)\n"
+    "  --peak-size N              n of the n x n x n product that measures the peak (default\n"
+    "                             2048 on cpu, 8192 on cuda; 0: no MFU)\n"
     "  --seed N                   model and data seed (default 1)\n"
     "  --sweep                    every strategy x prefetch depth (world sizes: bench/sweep.sh)\n"
     "  --sweep-strategies LIST    (default zero3,zero2,noshard)\n"
@@ -68,7 +74,9 @@ static const char usage_text[] =
     "               4U, live = --max-live; ZeRO-2: 4P; N = 1 or NO_SHARD: 0; bf16: 6 bytes\n"
     "               an element) + (2 + held root) x 4U of gradients, U = the largest unit;\n"
     "               act = the model's activation buffers; RSS = the process's\n"
-    "               resident high-water mark (VmHWM) during the configuration\n"
+    "               resident high-water mark (VmHWM) during the configuration; on cuda\n"
+    "               also device = GPU memory in use after the timed steps (cudaMemGetInfo:\n"
+    "               total - free, with the CUDA context and every process on that GPU)\n"
     "  load         CPU the machine spent on other processes (and the hypervisor's steal)\n"
     "               during the timed steps, as a share of all cores: /proc/stat busy time\n"
     "               less the ranks' own; above a few per cent, the timings are disturbed\n"
@@ -112,15 +120,11 @@ static int parse_word(void *ctx, const char *a, const char *v) {
     if (fsdp_gpt2_preset(v, &o->gpt) == FSDP_SUCCESS) return 0;
     return fprintf(stderr, "fsdp-bench: %s\n", fsdp_last_error()), -1;
   }
-  if (!strcmp(a, "--dtype")) {
-    if (!strcmp(v, "f32") || !strcmp(v, "fp32")) return o->cfg.param_dtype = FSDP_F32, 0;
-    if (!strcmp(v, "bf16")) return o->cfg.param_dtype = FSDP_BF16, 0;
-  }
+  int taken = flags_config_word("fsdp-bench", a, v, &o->cfg);
+  if (taken <= 0) return taken;
   if (!strcmp(a, "--hidden")) return parse_list(a, v, o->hidden, 6, &o->n_hidden, 1);
   if (!strcmp(a, "--sweep-prefetch")) return parse_list(a, v, o->depths, 8, &o->n_depths, 0);
   if (!strcmp(a, "--sweep-strategies")) return parse_strategies(v, o);
-  if (!strcmp(a, "--dtype"))
-    return fprintf(stderr, "fsdp-bench: --dtype '%s' is not f32 or bf16\n", v), -1;
   return fprintf(stderr, "fsdp-bench: unknown option '%s' (see --help)\n", a), -1;
 }
 
@@ -141,6 +145,7 @@ static int parse(int argc, char **argv, bench_opts_t *o) {
       {"--json-file", NULL, FLAG_STR, &o->json_file},
       {"--no-wrap", NULL, FLAG_CLEAR, &o->wrap.wrap_kinds},
       {"--json", NULL, FLAG_SET, &o->json},          {"--sweep", NULL, FLAG_SET, &o->sweep},
+      {"--comm-backend", "--comm", FLAG_STR, &o->cfg.comm_backend},
   };
   return flags_parse("fsdp-bench", usage_text, argc, argv, table, sizeof table / sizeof table[0],
                      parse_word, o);
@@ -152,11 +157,15 @@ static int finish_options(bench_opts_t *o) {
     return fprintf(stderr, "fsdp-bench: --model '%s': use gpt2 or mlp\n", o->model), -1;
   if (!o->seq_len) o->seq_len = o->gpt.block_size;
   if (!o->micro_batch) o->micro_batch = gpt ? 8 : 64;
+  if (!gpt && o->cfg.device == FSDP_DEVICE_CUDA)
+    return fprintf(stderr, "fsdp-bench: --device cuda runs gpt2 only (the MLP has CPU kernels "
+                   "only)\n"), -1;
+  if (o->peak_size < 0) o->peak_size = o->cfg.device == FSDP_DEVICE_CUDA ? 8192 : 2048;
   if (o->iters < 1 || o->rounds < 1)
     return fprintf(stderr, "fsdp-bench: --iters and --rounds must be at least 1\n"), -1;
   if (o->trace && o->sweep)
     return fprintf(stderr, "fsdp-bench: --trace records one configuration: drop --sweep\n"), -1;
-  if (o->peak_size < 0 || o->peak_size > 16384)
+  if (o->peak_size > 16384)
     return fprintf(stderr, "fsdp-bench: --peak-size must be in [0, 16384]\n"), -1;
   return 0;
 }
@@ -212,7 +221,7 @@ static int run_all(fsdp_world_t world, const bench_opts_t *o, double peak_rank) 
 int main(int argc, char **argv) {
   bench_opts_t o = {.model = "gpt2", .preset = "small", .wrap = {"GPT2Block", 0, NULL, 0, 0},
                     .hidden = {512, 256}, .n_hidden = 2, .cfg = FSDP_CONFIG_INIT, .warmup = 3,
-                    .iters = 20, .rounds = 1, .check = 1, .peak_size = 2048, .seed = 1,
+                    .iters = 20, .rounds = 1, .check = 1, .peak_size = -1, .seed = 1,
                     .strategies = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP, FSDP_NO_SHARD},
                     .n_strategies = 3, .depths = {0, 1, 2}, .n_depths = 3};
   fsdp_gpt2_preset("small", &o.gpt);
@@ -225,9 +234,12 @@ int main(int argc, char **argv) {
   double peak = 0.0;
   int rc = 1;
   if (fsdp_world_init(&world, NULL) || fsdp_comm_create(world, &comm)) goto fail;
+  if (flags_select_device("fsdp-bench", world, &o.cfg)) goto done;
   if (o.peak_size > 0) {
-    if (bench_peak_flops(comm, (int)o.peak_size, &peak) || bench_reduce(comm, &peak, 1, FSDP_SUM))
-      goto fail;
+    fsdp_status_t st = o.cfg.device == FSDP_DEVICE_CUDA
+                           ? bench_cuda_peak_flops(comm, (int)o.peak_size, o.cfg.param_dtype, &peak)
+                           : bench_peak_flops(comm, (int)o.peak_size, &peak);
+    if (st || bench_reduce(comm, &peak, 1, FSDP_SUM)) goto fail;
     peak /= fsdp_world_size(world); /* the mean rank's */
   }
   rc = run_all(world, &o, peak);

@@ -45,6 +45,8 @@ typedef struct {
   /* bytes, the largest over ranks */
   double persistent, gathered_peak, grads_peak, activations, model_peak, predicted, reserved;
   double rss_base, rss_peak;
+  double device_used;           /* CUDA: device memory in use after the timed steps, the
+                                   largest over ranks (cudaMemGetInfo); -1: not measured */
   double loss_first, loss_last; /* mean per-token loss over ranks */
   double wrong;                 /* see bench_check, summed over rounds */
   /* Load from outside: CPU seconds the machine was busy during the timed steps
@@ -77,6 +79,12 @@ int bench_run(fsdp_world_t world, const bench_opts_t *o, fsdp_strategy_t strateg
 void bench_result_free(bench_result_t *r);
 /* sgemm FLOP/s of this rank while every rank runs the same sgemm (n x n x n). */
 fsdp_status_t bench_peak_flops(fsdp_comm_t comm, int n, double *flops);
+/* The same on this rank's GPU (bench_cuda.c): an n x n x n cuBLAS product in
+ * dtype (bf16: bf16 in and out, fp32 accumulation; f32: no TF32), timed with
+ * CUDA events. */
+fsdp_status_t bench_cuda_peak_flops(fsdp_comm_t comm, int n, fsdp_dtype_t dtype, double *flops);
+/* Bytes in use on the current GPU, every process's (total - free); -1 without CUDA. */
+double bench_cuda_device_used(void);
 
 void bench_split_steps(const fsdp_tl_event_t *tl, size_t n, const bench_window_t *w, int steps,
                        bench_split_t *out);

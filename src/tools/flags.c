@@ -60,3 +60,37 @@ int flags_parse(const char *tool, const char *usage, int argc, char **argv, cons
   }
   return 0;
 }
+
+static int dtype_word(const char *v, fsdp_dtype_t *out) {
+  if (!strcmp(v, "f32") || !strcmp(v, "fp32")) return *out = FSDP_F32, 0;
+  if (!strcmp(v, "bf16")) return *out = FSDP_BF16, 0;
+  return -1;
+}
+
+int flags_config_word(const char *tool, const char *flag, const char *v, fsdp_config_t *cfg) {
+  int rc;
+  if (!strcmp(flag, "--device")) {
+    rc = !strcmp(v, "cpu") || !strcmp(v, "cuda") ? 0 : -1;
+    if (rc == 0) cfg->device = !strcmp(v, "cuda") ? FSDP_DEVICE_CUDA : FSDP_DEVICE_CPU;
+  } else if (!strcmp(flag, "--dtype")) {
+    rc = dtype_word(v, &cfg->param_dtype);
+  } else if (!strcmp(flag, "--reduce-dtype")) {
+    rc = dtype_word(v, &cfg->reduce_dtype);
+  } else {
+    return 1;
+  }
+  if (rc) fprintf(stderr, "%s: %s '%s': use %s\n", tool, flag, v,
+                  strcmp(flag, "--device") ? "f32 or bf16" : "cpu or cuda");
+  return rc;
+}
+
+int flags_select_device(const char *tool, fsdp_world_t world, const fsdp_config_t *cfg) {
+  if (cfg->device != FSDP_DEVICE_CUDA) return 0;
+  int n = fsdp_cuda_device_count();
+  if (n < 1)
+    return fprintf(stderr, "%s: --device cuda: no usable CUDA device (fsdp built without "
+                   "CUDA, or no GPU visible to this process)\n", tool), -1;
+  if (fsdp_cuda_set_device(fsdp_world_local_rank(world) % n))
+    return fprintf(stderr, "%s: %s\n", tool, fsdp_last_error()), -1;
+  return 0;
+}

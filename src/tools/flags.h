@@ -6,6 +6,8 @@
 
 #include <stddef.h>
 
+#include "fsdp/fsdp.h"
+
 typedef enum {
   FLAG_INT,   /* int, >= 0 */
   FLAG_I64,   /* int64_t, >= 0 */
@@ -30,5 +32,15 @@ typedef int (*flag_word_fn)(void *ctx, const char *flag, const char *value);
  * printing "<tool>: <what is wrong>" to stderr. */
 int flags_parse(const char *tool, const char *usage, int argc, char **argv, const flag_t *table,
                 size_t n, flag_word_fn word, void *ctx);
+
+/* The engine-config words both tools take: --device cpu|cuda, --dtype f32|bf16
+ * (what parameters are gathered and computed in) and --reduce-dtype f32|bf16.
+ * Returns 0 when taken, -1 after printing why the value is bad, 1 when the
+ * flag is none of these. */
+int flags_config_word(const char *tool, const char *flag, const char *v, fsdp_config_t *cfg);
+
+/* On a CUDA config, makes device local_rank % count current for this thread,
+ * as the engine wants before fsdp_engine_create. 0, or -1 after printing why. */
+int flags_select_device(const char *tool, fsdp_world_t world, const fsdp_config_t *cfg);
 
 #endif

@@ -22,7 +22,13 @@ static const char usage_text[] =
     "sharding\n"
     "  --strategy zero3|zero2|noshard   (default zero3)\n"
     "  --prefetch D              units gathered ahead (default 1)\n"
-    "  --dtype f32|bf16          parameters as gathered and computed on (master stays f32)\n"
+    "  --dtype f32|bf16          parameters as gathered and computed on (master stays f32);\n"
+    "                            on cuda, bf16 also makes activations bf16\n"
+    "  --reduce-dtype f32|bf16   what gradients are reduced in (default f32)\n"
+    "device\n"
+    "  --device cpu|cuda         where shards, gradients and compute live (default cpu;\n"
+    "                            cuda: gpt2 only, GPU = local rank %% visible GPUs)\n"
+    "  --comm-backend nccl|mpi   collectives of a cuda engine (default: the world's)\n"
     "  --max-live N              cap on gathered units (default: depth + 1, +1 for gpt2's root)\n"
     "  --wrap KINDS              unit per module kind, e.g. GPT2Block (gpt2 default)\n"
     "  --wrap-min-params N       or: group blocks into units of at least N parameters\n"
@@ -75,10 +81,10 @@ static int parse_word(void *ctx, const char *a, const char *v) {
   if (!strcmp(a, "--schedule") && (!strcmp(v, "cosine") || !strcmp(v, "constant")))
     return o->cfg.schedule.kind = !strcmp(v, "cosine") ? FSDP_SCHED_WARMUP_COSINE
                                                        : FSDP_SCHED_CONSTANT, 0;
-  if (!strcmp(a, "--dtype") && (!strcmp(v, "f32") || !strcmp(v, "bf16")))
-    return o->cfg.param_dtype = !strcmp(v, "bf16") ? FSDP_BF16 : FSDP_F32, 0;
+  int taken = flags_config_word("fsdp-train", a, v, &o->cfg);
+  if (taken <= 0) return taken;
   if (!strcmp(a, "--hidden") && parse_list(v, o) == 0) return 0;
-  static const char *const words[] = {"--optim", "--schedule", "--dtype", "--hidden"};
+  static const char *const words[] = {"--optim", "--schedule", "--hidden"};
   for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
     if (!strcmp(a, words[i]))
       return fprintf(stderr, "fsdp-train: %s '%s' is not a valid value (see --help)\n", a, v), -1;
@@ -117,6 +123,7 @@ static int parse(int argc, char **argv, train_opts_t *o) {
       {"--save-every", NULL, FLAG_INT, &o->save_every},
       {"--save-overwrite", NULL, FLAG_SET, &o->save_overwrite},
       {"--resume", NULL, FLAG_STR, &o->resume}, {"--stop-after", NULL, FLAG_INT, &o->stop_after},
+      {"--comm-backend", "--comm", FLAG_STR, &o->cfg.comm_backend},
   };
   return flags_parse("fsdp-train", usage_text, argc, argv, table, sizeof table / sizeof table[0],
                      parse_word, o);
@@ -126,6 +133,9 @@ static int finish_options(train_opts_t *o) {
   int gpt = !strcmp(o->model, "gpt2");
   if (!gpt && strcmp(o->model, "mlp"))
     return fprintf(stderr, "fsdp-train: --model '%s': use gpt2 or mlp\n", o->model), -1;
+  if (!gpt && o->cfg.device == FSDP_DEVICE_CUDA)
+    return fprintf(stderr, "fsdp-train: --device cuda trains gpt2 only (the MLP has CPU "
+                   "kernels only)\n"), -1;
   if (!o->seq_len) o->seq_len = o->gpt.block_size;
   if (!o->global_batch) o->global_batch = gpt ? 32 : 128;
   if (!o->log_every) o->log_every = gpt ? 1 : 100;
@@ -161,6 +171,7 @@ int main(int argc, char **argv) {
   if (fsdp_world_init(&t.world, NULL)) goto fail;
   t.rank = fsdp_world_rank(t.world);
   t.nranks = fsdp_world_size(t.world);
+  if (flags_select_device("fsdp-train", t.world, &o.cfg)) goto done;
   /* Open MPI hands rank 0 a pseudo-terminal even when mpirun's output is piped. */
   t.tty = t.rank == 0 && isatty(STDOUT_FILENO) && !o.json && !getenv("OMPI_COMM_WORLD_SIZE");
   rc = (!strcmp(o.model, "gpt2") ? train_gpt2(&t) : train_mlp(&t)) ? 1 : 0;
