@@ -25,11 +25,12 @@ void bench_print_header(const bench_opts_t *o, int nranks, const char *backend,
                         const bench_machine_t *m, double peak_rank) {
   char model[160];
   describe_model(o, model, sizeof model);
-  printf("fsdp-bench: %s | %d ranks (%s) | micro-batch %d x %d per rank | %s | AdamW | "
+  printf("fsdp-bench: %s | %d ranks (%s) | micro-batch %d x %d per rank | %s%s | AdamW | "
          "%lld warm-up + %lld timed steps x %lld round(s), synthetic data\n",
          model, nranks, backend, o->micro_batch, o->cfg.grad_accum,
-         fsdp_dtype_name(o->cfg.param_dtype), (long long)o->warmup, (long long)o->iters,
-         (long long)o->rounds);
+         fsdp_dtype_name(o->cfg.param_dtype),
+         o->cfg.device == FSDP_DEVICE_CUDA ? " on cuda" : "", (long long)o->warmup,
+         (long long)o->iters, (long long)o->rounds);
   printf("machine: %s | %d cores | %s\n", m->cpu, m->cores, m->blas);
   if (peak_rank > 0 && o->cfg.device == FSDP_DEVICE_CUDA)
     printf("peak: %.1f TFLOP/s per rank (cuBLAS %s %lld^3 product on each rank's GPU)\n"

@@ -42,9 +42,15 @@ struct gpt2_dev {
   float *qkv32, *y32, *dqkv32;   /* bf16 only: (B,T,3C) (B,T,C) (B,T,3C) */
 };
 
+/* Zeroed on the legacy default stream, which the engine's non-blocking
+ * streams do not wait for: hence the wait here, at create, never in a step. */
 static fsdp_status_t cuda_alloc(void **p, size_t bytes) {
   FSDP_TRY(fsdp_device_alloc(FSDP_DEVICE_CUDA, bytes, p));
   fsdp_status_t st = fsdp_device_zero(*p, bytes, FSDP_HOST_STREAM);
+  cudaError_t rc = st == FSDP_SUCCESS ? cudaStreamSynchronize(0) : cudaSuccess;
+  if (rc != cudaSuccess)
+    st = fsdp_error(FSDP_ERR_SYSTEM, "GPT-2: zeroing %zu bytes of device memory: %s", bytes,
+                    cudaGetErrorString(rc));
   if (st != FSDP_SUCCESS) fsdp_device_free(FSDP_DEVICE_CUDA, *p), *p = NULL;
   return st;
 }
@@ -66,8 +72,8 @@ static void pinned_free(void *p) {
 static void cuda_destroy(gpt2_dev_t *d) {
   if (!d) return;
   /* cudaFree and cudaFreeHost wait for the device: no queued kernel still reads these. */
-  fsdp_event_destroy(d->staged);
-  fsdp_event_destroy(d->lossed);
+  if (d->staged) fsdp_event_destroy(d->staged);
+  if (d->lossed) fsdp_event_destroy(d->lossed);
   void *dev[] = {d->tok, d->tgt, d->losses, d->att_scratch, d->qkv32, d->y32, d->dqkv32};
   for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cuda_free(dev[i]);
   pinned_free(d->stage_h);
