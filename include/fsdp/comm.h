@@ -3,15 +3,40 @@
  * Backends: "mpi" (host buffers, one duplicated MPI communicator per
  * fsdp_comm_t), "gloo" (env:// worlds: host buffers over Gloo's TCP transport,
  * one Gloo context per fsdp_comm_t; reduce_scatter is an all_reduce plus this
- * rank's slice, which moves twice the bytes) and "self" (one rank, plain
- * copies, no MPI). Each collective is issued on a stream: FSDP_HOST_STREAM
- * runs it now in the caller; a stream from fsdp_stream_create queues it, and
- * the caller records an event after it to wait on. Buffers must stay valid and
- * untouched until that point.
+ * rank's slice, which moves twice the bytes), "self" (one rank, plain copies,
+ * no MPI) and, when fsdp was built with NCCL, "nccl" (CUDA device buffers,
+ * one ncclComm_t per fsdp_comm_t on the CUDA device current when it was
+ * created; every world kind). Every backend runs every collective below in
+ * every dtype (reductions: see Counts).
  *
- * Ordering: every rank must issue the same collectives on a communicator in the
- * same order. A communicator must only be used from one stream (or the host) —
- * use fsdp_comm_dup to get one per stream; the engine holds one per stream.
+ * Streams. Each collective is issued on a stream: FSDP_HOST_STREAM runs it
+ * now in the caller; a CPU stream (fsdp_stream_create) queues it, and the
+ * caller records an event after it to wait on. On a CUDA stream
+ * (fsdp_stream_create_cuda) nccl queues it on that stream and returns at
+ * once (order it with events like any kernel); the host backends first wait
+ * for everything queued on the stream (fsdp_stream_synchronize), then run it
+ * in the caller, so it is complete when the call returns. nccl on the host or
+ * a CPU stream runs it on the communicator's own CUDA stream and waits for it
+ * in the calling thread (the caller's current device is left as it was).
+ * Buffers must stay valid and untouched until the collective is complete.
+ *
+ * Device buffers. nccl takes CUDA device memory only (fsdp_device_alloc with
+ * FSDP_DEVICE_CUDA); a host pointer is FSDP_ERR_INVALID_ARGUMENT. The host
+ * backends take host memory and CUDA device memory alike (on any stream):
+ * device buffers are staged through pinned host memory owned by the
+ * communicator, copied in before and out after the collective with
+ * synchronous copies in the thread that runs it. That memory is allocated on
+ * the first staged collective, grows to the largest send + recv bytes of one
+ * staged collective (the one buffer for in-place forms), and is kept until
+ * fsdp_comm_destroy, so a loop of the same collectives allocates nothing after
+ * its first round. This lets several ranks share one GPU (which NCCL refuses)
+ * and GPUs work without NCCL, at the cost of two PCIe copies per collective.
+ *
+ * Ordering and threads: every rank must issue the same collectives on a
+ * communicator in the same order. A communicator must only be used from one
+ * stream (or the host) and one issuing thread at a time — use fsdp_comm_dup
+ * to get one per stream; the engine holds one per stream. Create and destroy
+ * communicators from the thread that made the world.
  *
  * Counts are in elements of dtype; gathers and broadcasts move any dtype.
  * Reductions (SUM, AVG, MAX) take FSDP_F32, FSDP_BF16 and FSDP_F64. f32 and
@@ -23,6 +48,10 @@
  * magnitude (every partial sum included) are exact. AVG multiplies the sum
  * by 1/N in fp32 (f32, and bf16, which then rounds once more) or in f64.
  * MAX is exact. With one rank every reduction returns its input unchanged.
+ * nccl reduces bf16 the same way for SUM and MAX; its AVG (ncclAvg) scales
+ * each contribution by 1/N before summing (the factor and the product may
+ * each round when N is not a power of two): |result - exact average| <=
+ * ((1 + 2^-8)^(N+1) - 1) * sum |x| / N.
  * In-place: all_gather with send == recv + rank*count, reduce_scatter with
  * recv == send + rank*count, and all_reduce with send == recv are allowed (after
  * an in-place reduce_scatter the rest of send is scratch). Any other overlap of
@@ -45,6 +74,16 @@
  * and peers blocked on this rank fail at once; the program is expected to
  * exit (fsdp-train does, non-zero). mpi: MPI offers no way to interrupt a
  * call, so the watchdog calls MPI_Abort and the whole job ends non-zero.
+ * nccl: a collective run on the host or a CPU stream is watched like the
+ * others (staged host-backend collectives too, from the first copy to the
+ * last); at the deadline the waiting call fails with FSDP_ERR_TIMEOUT and the
+ * communicator is failed (destroy aborts it with ncclCommAbort). A collective
+ * queued on a CUDA stream is NOT watched: it completes on the GPU after the
+ * call returns, so a hang shows where the host waits for that stream (NCCL's
+ * own timeouts apply). Its errors surface as FSDP_ERR_COMM, with NCCL's text
+ * and the collective, from the next collective on the communicator
+ * (ncclCommGetAsyncError is checked before each one); after any NCCL error
+ * the communicator refuses work and destroy aborts it.
  *
  * Desync check (world opts desync_check, FSDP_DESYNC_CHECK=1): before each
  * collective the ranks all-gather a fixed-size fingerprint of it (operation,
@@ -54,7 +93,8 @@
  * message listing each distinct fingerprint and the ranks that issued it,
  * instead of hanging or mixing up buffers. Costs one small all-gather per
  * collective; a rank that issues a collective nobody else ever issues still
- * hangs there, until the deadline. */
+ * hangs there, until the deadline. nccl communicators are not checked (their
+ * collectives never pass through the host). */
 #ifndef FSDP_COMM_H
 #define FSDP_COMM_H
 
@@ -70,17 +110,32 @@ typedef struct fsdp_comm *fsdp_comm_t;
 
 typedef enum { FSDP_SUM = 0, FSDP_AVG, FSDP_MAX } fsdp_reduce_op_t;
 
-/* A communicator over every rank of the world. Collective: every rank creates
- * its communicators in the same order (gloo meshes them through the store). */
+/* A communicator over every rank of the world on the world's backend
+ * (fsdp_world_backend). Collective: every rank creates its communicators in
+ * the same order (gloo meshes them through the store). The caller destroys
+ * it, before the world. */
 FSDP_API fsdp_status_t fsdp_comm_create(fsdp_world_t world, fsdp_comm_t *comm);
-/* A new communicator over the same ranks, independent in ordering. Collective. */
+/* The same on a backend chosen by name: NULL is the world's own; "mpi" (MPI
+ * worlds), "gloo" (env:// worlds), "self" (worlds of one rank) and "nccl"
+ * (any world, when built with NCCL). nccl bootstraps through the world: rank
+ * 0's ncclUniqueId goes out by MPI_Bcast (mpirun) or the store key
+ * "nccl/<id>" (env://); set each rank's CUDA device first (e.g.
+ * fsdp_cuda_set_device(fsdp_world_local_rank(world))), and give each rank a
+ * device of its own. Errors: FSDP_ERR_INVALID_ARGUMENT for a name that is no
+ * backend, FSDP_ERR_UNSUPPORTED for one this world or build lacks (both list
+ * what is available), FSDP_ERR_COMM when NCCL or CUDA fails. */
+FSDP_API fsdp_status_t fsdp_comm_create_backend(fsdp_world_t world, const char *backend,
+                                                fsdp_comm_t *comm);
+/* A new communicator over the same ranks, on the same backend (nccl: the same
+ * device), independent in ordering. Collective. */
 FSDP_API fsdp_status_t fsdp_comm_dup(fsdp_comm_t comm, fsdp_comm_t *out);
-/* Waits for nothing: the caller must have synchronised streams using it. */
+/* Waits for nothing: the caller must have synchronised streams using it.
+ * Frees the staging memory. */
 FSDP_API void fsdp_comm_destroy(fsdp_comm_t comm);
 
 FSDP_API int fsdp_comm_rank(fsdp_comm_t comm);
 FSDP_API int fsdp_comm_size(fsdp_comm_t comm);
-/* "mpi", "gloo" or "self" */
+/* "mpi", "gloo", "self" or "nccl" */
 FSDP_API const char *fsdp_comm_backend(fsdp_comm_t comm);
 
 /* recv[r*count .. (r+1)*count) = send of rank r. */

@@ -4,10 +4,13 @@
  * communication, so that a bad argument fails the same way on every rank rather
  * than leaving the others blocked in a collective. A valid collective gets the
  * next sequence number of its communicator and the tag set just before it,
- * then runs now (host stream) or is copied into a closure and queued on the
- * stream; the backend (comm_mpi.c, comm_gloo.cc, comm_self.c) only ever sees
- * validated work, wrapped by the watchdog's bookkeeping and, when enabled, the
- * desync check. */
+ * then runs now (host stream), is copied into a closure and queued (CPU
+ * stream), or goes to the backend's enqueue (CUDA stream, nccl). A host
+ * backend given a CUDA stream runs the collective in the caller after
+ * synchronising the stream. The backend (comm_mpi.c, comm_gloo.cc,
+ * comm_self.c, comm_nccl.c) only ever sees validated work, wrapped by the
+ * watchdog's bookkeeping and, when enabled, the desync check; host backends
+ * see device buffers only through staging (comm_stage.c). */
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -63,7 +66,47 @@ static const fsdp_comm_ops_t *ops_for(fsdp_world_t world) {
   return &fsdp_comm_self_ops;
 }
 
+/* "mpi, self, nccl": the backends fsdp_comm_create_backend accepts for world. */
+static void backends_for(fsdp_world_t world, char *buf, size_t n) {
+  snprintf(buf, n, "%s%s%s", ops_for(world)->name,
+           fsdp_world_size(world) == 1 && ops_for(world) != &fsdp_comm_self_ops ? ", self" : "",
+           FSDP_HAVE_NCCL ? ", nccl" : "");
+}
+
+/* The ops for a backend asked for by name, or why it cannot be had. */
+static fsdp_status_t ops_named(fsdp_world_t world, const char *name, const fsdp_comm_ops_t **ops) {
+  char avail[64];
+  backends_for(world, avail, sizeof avail);
+  const fsdp_comm_ops_t *all[] = {&fsdp_comm_mpi_ops, &fsdp_comm_gloo_ops, &fsdp_comm_self_ops};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+    if (strcmp(name, all[i]->name) != 0) continue;
+    int fits = all[i] == ops_for(world) ||
+               (all[i] == &fsdp_comm_self_ops && fsdp_world_size(world) == 1);
+    if (!fits) break;
+    *ops = all[i];
+    return FSDP_SUCCESS;
+  }
+#if FSDP_HAVE_NCCL
+  if (strcmp(name, "nccl") == 0) {
+    *ops = &fsdp_comm_nccl_ops;
+    return FSDP_SUCCESS;
+  }
+#endif
+  int known = !strcmp(name, "mpi") || !strcmp(name, "gloo") || !strcmp(name, "self") ||
+              !strcmp(name, "nccl");
+  if (!known)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_comm_create_backend: unknown backend "
+                      "'%s'; this %s world of %d rank(s) offers: %s", name,
+                      fsdp_world_backend(world), fsdp_world_size(world), avail);
+  return fsdp_error(FSDP_ERR_UNSUPPORTED, "fsdp_comm_create_backend: backend '%s' is not "
+                    "available %s; this %s world of %d rank(s) offers: %s", name,
+                    !strcmp(name, "nccl") ? "(fsdp was built without NCCL: configure with "
+                    "CUDA and NCCL installed)" : "in this world", fsdp_world_backend(world),
+                    fsdp_world_size(world), avail);
+}
+
 static void comm_free(fsdp_comm_t c) {
+  fsdp_stage_free(c);
   fsdp_desync_free(c);
   fsdp_watch_detach(c);
   pthread_mutex_destroy(&c->mu);
@@ -102,10 +145,17 @@ static fsdp_status_t comm_make(const fsdp_comm_ops_t *ops, fsdp_world_t world, f
 }
 
 fsdp_status_t fsdp_comm_create(fsdp_world_t world, fsdp_comm_t *comm) {
+  return fsdp_comm_create_backend(world, NULL, comm);
+}
+
+fsdp_status_t fsdp_comm_create_backend(fsdp_world_t world, const char *backend,
+                                       fsdp_comm_t *comm) {
   if (!world || !comm)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_comm_create: %s is NULL",
                       !world ? "world" : "comm");
-  return comm_make(ops_for(world), world, NULL, comm);
+  const fsdp_comm_ops_t *ops = ops_for(world);
+  if (backend) FSDP_TRY(ops_named(world, backend, &ops));
+  return comm_make(ops, world, NULL, comm);
 }
 
 fsdp_status_t fsdp_comm_dup(fsdp_comm_t comm, fsdp_comm_t *out) {
@@ -131,8 +181,7 @@ const char *fsdp_comm_backend(fsdp_comm_t comm) { return comm ? comm->ops->name 
 
 /* ---- validation ---------------------------------------------------------- */
 
-/* Bytes each side of the collective moves: send and recv sizes. */
-static void coll_extent(fsdp_comm_t comm, const fsdp_coll_t *c, size_t *send_b, size_t *recv_b) {
+void fsdp_coll_extent(fsdp_comm_t comm, const fsdp_coll_t *c, size_t *send_b, size_t *recv_b) {
   size_t one = c->count * fsdp_dtype_size(c->dtype);
   size_t all = one * (size_t)comm->size;
   *send_b = c->kind == FSDP_COLL_REDUCE_SCATTER ? all : one;
@@ -149,7 +198,7 @@ static int ranges_overlap(const void *a, size_t an, const void *b, size_t bn) {
 static fsdp_status_t check_aliasing(fsdp_comm_t comm, fsdp_coll_t *c) {
   if (c->kind == FSDP_COLL_BROADCAST || c->kind == FSDP_COLL_BARRIER) return FSDP_SUCCESS;
   size_t send_b, recv_b;
-  coll_extent(comm, c, &send_b, &recv_b);
+  fsdp_coll_extent(comm, c, &send_b, &recv_b);
   size_t slot = c->count * fsdp_dtype_size(c->dtype) * (size_t)comm->rank;
   uintptr_t s = (uintptr_t)c->send, r = (uintptr_t)c->recv;
   if (c->kind == FSDP_COLL_ALL_GATHER) c->in_place = s == r + slot;
@@ -189,6 +238,21 @@ static fsdp_status_t check_sizes(fsdp_comm_t comm, const fsdp_coll_t *c) {
   return FSDP_SUCCESS;
 }
 
+/* A device backend (nccl) reads and writes CUDA device memory only. */
+static fsdp_status_t check_placement(fsdp_comm_t comm, const fsdp_coll_t *c) {
+  if (!comm->ops->enqueue || c->count == 0) return FSDP_SUCCESS;
+  int has_send = c->kind != FSDP_COLL_BROADCAST;
+  const void *host = has_send && !fsdp_is_device_pointer(c->send) ? c->send
+                     : !fsdp_is_device_pointer(c->recv)          ? c->recv
+                                                                 : NULL;
+  if (!host) return FSDP_SUCCESS;
+  return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "%s: the %s backend needs CUDA device buffers "
+                    "(fsdp_device_alloc with FSDP_DEVICE_CUDA), but %s %p is not device memory; "
+                    "use a host backend (fsdp_comm_create_backend) for host buffers",
+                    fsdp_coll_name(c->kind), comm->ops->name,
+                    host == c->send && has_send ? "send" : "recv", host);
+}
+
 static fsdp_status_t check_coll(fsdp_comm_t comm, fsdp_coll_t *c) {
   const char *name = fsdp_coll_name(c->kind);
   if (!comm) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "%s: comm is NULL", name);
@@ -203,21 +267,33 @@ static fsdp_status_t check_coll(fsdp_comm_t comm, fsdp_coll_t *c) {
   if (c->kind == FSDP_COLL_BROADCAST && (c->root < 0 || c->root >= comm->size))
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "broadcast: root %d is not a rank of this "
                       "communicator (size %d)", c->root, comm->size);
+  FSDP_TRY(check_placement(comm, c));
   return check_aliasing(comm, c);
 }
 
 /* ---- issue --------------------------------------------------------------- */
 
-/* The backend's run, watched, and preceded by the desync check when on. */
+/* The backend's run on host copies of device buffers (host backends),
+ * watched, and preceded by the desync check when on. */
 static fsdp_status_t coll_run(fsdp_comm_t comm, const fsdp_coll_t *c) {
-  fsdp_watch_begin(comm, c);
-  fsdp_status_t st = fsdp_desync_check(comm, c);
-  if (st == FSDP_SUCCESS) st = comm->ops->run(comm, c);
+  fsdp_coll_t h;
+  FSDP_TRY(fsdp_stage_in(comm, c, &h));
+  fsdp_watch_begin(comm, &h);
+  fsdp_status_t st = fsdp_desync_check(comm, &h);
+  if (st == FSDP_SUCCESS) st = comm->ops->run(comm, &h);
   /* Before the end mark: a call failing at its deadline is still in flight
    * for the watchdog, whose report it returns. */
   if (st != FSDP_SUCCESS) st = fsdp_watch_failed(comm, st);
-  fsdp_watch_end(comm, c);
-  return st;
+  fsdp_watch_end(comm, &h);
+  return st == FSDP_SUCCESS ? fsdp_stage_out(comm, c, &h) : st;
+}
+
+/* A CUDA stream: the device backend queues on it; a host backend waits for
+ * the stream, then runs in the caller. */
+static fsdp_status_t coll_cuda(fsdp_comm_t comm, const fsdp_coll_t *c, fsdp_stream_t stream) {
+  if (comm->ops->enqueue) return comm->ops->enqueue(comm, c, fsdp_stream_cuda_handle(stream));
+  FSDP_TRY(fsdp_stream_synchronize(stream));
+  return coll_run(comm, c);
 }
 
 typedef struct {
@@ -256,6 +332,8 @@ static fsdp_status_t coll_issue(fsdp_comm_t comm, fsdp_coll_t *c, fsdp_stream_t 
   if (c->count == 0 && c->kind != FSDP_COLL_BARRIER) return FSDP_SUCCESS;
   coll_label(comm, c);
   if (!stream) return coll_run(comm, c);
+  if (fsdp_stream_device(stream) == FSDP_DEVICE_CUDA)
+    return coll_cuda(comm, c, stream);
   coll_task_t *t = fsdp_alloc(sizeof *t);
   if (!t)
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "%s: cannot allocate the queued collective",

@@ -86,7 +86,9 @@ void fsdp_coll_describe(const fsdp_coll_t *c, char *buf, size_t n) {
 }
 
 fsdp_status_t fsdp_desync_setup(fsdp_comm_t c) {
-  if (!fsdp_world_desync_check(c->world) || c->size < 2) return FSDP_SUCCESS;
+  /* A device backend's collectives read device memory, not the fingerprints'
+   * host buffer, and most of them never pass through run: not checked. */
+  if (!fsdp_world_desync_check(c->world) || c->size < 2 || c->ops->enqueue) return FSDP_SUCCESS;
   c->fingerprints = fsdp_alloc((size_t)c->size * sizeof(fingerprint_t));
   if (!c->fingerprints)
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "comm: cannot allocate %d desync fingerprints",

@@ -1,9 +1,11 @@
 /* src/comm/comm_internal.h — the table every communication backend implements
- * (mpi, gloo, self; nccl later). comm.c validates arguments once, numbers each
- * collective on its communicator, then either runs it now (host stream) or
- * queues it on a stream, and calls the backend only through this table. The
- * watchdog (comm_watch.c) and the desync check (comm_desync.c) wrap every run.
- * Usable from C++ (the gloo adapter). Not installed. */
+ * (mpi, gloo, self, nccl). comm.c validates arguments once, numbers each
+ * collective on its communicator, then runs it now (host stream), queues it
+ * on a CPU stream, or hands it to the backend's enqueue (CUDA stream), and
+ * calls the backend only through this table. The watchdog (comm_watch.c) and
+ * the desync check (comm_desync.c) wrap every run; comm_stage.c moves device
+ * buffers through pinned host memory for the host backends. Usable from C++
+ * (the gloo adapter). Not installed. */
 #ifndef FSDP_COMM_INTERNAL_H
 #define FSDP_COMM_INTERNAL_H
 
@@ -11,6 +13,7 @@
 #include <stdint.h>
 
 #include "fsdp/comm.h"
+#include "fsdp_config.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -55,6 +58,11 @@ typedef struct fsdp_comm_ops {
    * fail (gloo), or ends the job (MPI_Abort: MPI cannot interrupt a call).
    * NULL for backends that cannot block (self). */
   void (*abort)(fsdp_comm_t comm);
+  /* Device backends (nccl) only, NULL for host backends: queues the
+   * collective on cuda_stream (a cudaStream_t) and returns without waiting.
+   * A backend with enqueue takes device buffers only, in run too; one without
+   * takes host buffers, and comm.c stages device buffers for it. */
+  fsdp_status_t (*enqueue)(fsdp_comm_t comm, const fsdp_coll_t *coll, void *cuda_stream);
 } fsdp_comm_ops_t;
 
 struct fsdp_comm_watch; /* the world's watchdog and shared backend state */
@@ -79,17 +87,37 @@ struct fsdp_comm {
   pthread_mutex_t mu;
   fsdp_comm_progress_t progress;
   void *fingerprints; /* desync check: size fingerprints, received */
+  void *stage;        /* pinned host memory for device buffers (comm_stage.c) */
+  size_t stage_bytes;
 };
 
 extern const fsdp_comm_ops_t fsdp_comm_mpi_ops;
 extern const fsdp_comm_ops_t fsdp_comm_self_ops;
 extern const fsdp_comm_ops_t fsdp_comm_gloo_ops;
+#if FSDP_HAVE_NCCL
+extern const fsdp_comm_ops_t fsdp_comm_nccl_ops;
+#endif
 
 /* Labels the next collective issued on comm (the engine passes the unit
  * name): the tag appears in desync fingerprints and watchdog messages. The
  * text is copied (truncated to FSDP_COMM_TAG_MAX - 1 bytes); call it from
  * the thread that issues on comm, right before the collective. */
 void fsdp_comm_set_tag(fsdp_comm_t comm, const char *tag);
+
+/* Bytes of send and of recv a collective on comm covers. */
+void fsdp_coll_extent(fsdp_comm_t comm, const fsdp_coll_t *coll, size_t *send_bytes,
+                      size_t *recv_bytes);
+
+/* ---- staging (comm_stage.c) ----------------------------------------------- */
+
+/* For a host backend: *host = coll with every CUDA device buffer replaced by
+ * the communicator's pinned staging memory (grown to the largest collective
+ * so far, kept until destroy), and the inputs copied in (synchronously).
+ * Otherwise, and without CUDA, *host = *coll. */
+fsdp_status_t fsdp_stage_in(fsdp_comm_t comm, const fsdp_coll_t *coll, fsdp_coll_t *host);
+/* Copies the outputs of a collective staged by fsdp_stage_in back. */
+fsdp_status_t fsdp_stage_out(fsdp_comm_t comm, const fsdp_coll_t *coll, const fsdp_coll_t *host);
+void fsdp_stage_free(fsdp_comm_t comm);
 
 /* ---- watchdog (comm_watch.c) ---------------------------------------------- */
 

@@ -154,4 +154,4 @@ static void mpi_abort(fsdp_comm_t c) {
 }
 
 const fsdp_comm_ops_t fsdp_comm_mpi_ops = {"mpi", INT_MAX, mpi_create, mpi_dup, mpi_destroy,
-                                           mpi_run, mpi_abort};
+                                           mpi_run, mpi_abort, NULL};

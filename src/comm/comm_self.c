@@ -42,4 +42,4 @@ static fsdp_status_t self_run(fsdp_comm_t c, const fsdp_coll_t *k) {
 
 /* A self communicator has no per-call count limit beyond size_t. */
 const fsdp_comm_ops_t fsdp_comm_self_ops = {"self", SIZE_MAX, self_create, self_dup,
-                                            self_destroy, self_run, NULL};
+                                            self_destroy, self_run, NULL, NULL};

@@ -17,6 +17,7 @@
 
 #include "core/internal.h"
 #include "fsdp/fsdp.h"
+#include "fsdp_config.h"
 #include "mpi/mpi_check.h"
 
 static fsdp_world_t world;
@@ -413,6 +414,43 @@ START_TEST(self_backend_copies_in_order) {
 }
 END_TEST
 
+/* ---- backends by name ---------------------------------------------------- */
+
+START_TEST(backend_by_name) {
+  fsdp_comm_t c = NULL;
+  ck_assert_int_eq(fsdp_comm_create_backend(world, NULL, &c), FSDP_SUCCESS);
+  ck_assert_str_eq(fsdp_comm_backend(c), "mpi");
+  fsdp_comm_destroy(c);
+  ck_assert_int_eq(fsdp_comm_create_backend(world, "mpi", &c), FSDP_SUCCESS);
+  ck_assert_str_eq(fsdp_comm_backend(c), "mpi");
+  fsdp_comm_destroy(c);
+  /* A one-rank MPI world may use "self"; a larger one may not. */
+  fsdp_status_t st = fsdp_comm_create_backend(world, "self", &c);
+  if (nranks == 1) {
+    ck_assert_int_eq(st, FSDP_SUCCESS);
+    ck_assert_str_eq(fsdp_comm_backend(c), "self");
+    fsdp_comm_destroy(c);
+  } else {
+    expect_error(st, (expect_t){FSDP_ERR_UNSUPPORTED, "'self' is not available"}, "self");
+  }
+  expect_error(fsdp_comm_create_backend(world, "gloo", &c),
+               (expect_t){FSDP_ERR_UNSUPPORTED, "offers: mpi"}, "gloo in an MPI world");
+  expect_error(fsdp_comm_create_backend(world, "nvlink", &c),
+               (expect_t){FSDP_ERR_INVALID_ARGUMENT, "unknown backend 'nvlink'"}, "unknown");
+#if FSDP_HAVE_NCCL
+  /* Without a GPU NCCL fails on every rank, after the id went round. */
+  if (fsdp_cuda_device_count() == 0)
+    expect_error(fsdp_comm_create_backend(world, "nccl", &c),
+                 (expect_t){FSDP_ERR_COMM, "nccl"}, "nccl without a GPU");
+#else
+  expect_error(fsdp_comm_create_backend(world, "nccl", &c),
+               (expect_t){FSDP_ERR_UNSUPPORTED, "built without NCCL"}, "nccl not built");
+#endif
+  /* Nobody is stuck: the fixture's communicator still works. */
+  ck_assert_int_eq(fsdp_barrier(comm, FSDP_HOST_STREAM), FSDP_SUCCESS);
+}
+END_TEST
+
 /* ---- world --------------------------------------------------------------- */
 
 START_TEST(world_reports_launcher_layout) {
@@ -537,6 +575,7 @@ static Suite *comm_suite(void) {
   tcase_add_checked_fixture(tw, setup, teardown);
   tcase_add_test(tw, world_reports_launcher_layout);
   tcase_add_test(tw, world_checks_expected_size);
+  tcase_add_test(tw, backend_by_name);
   tcase_add_loop_test(tw, world_without_launcher, 0,
                       sizeof no_launcher_cases / sizeof no_launcher_cases[0]);
   suite_add_tcase(s, tw);

@@ -1,0 +1,275 @@
+/* src/comm/comm_nccl.c — the "nccl" backend: CUDA device buffers, one
+ * ncclComm_t per fsdp_comm_t on the CUDA device current at creation.
+ *
+ * Bootstrap: rank 0 makes the ncclUniqueId and every rank learns it from the
+ * world: MPI_Bcast over the world's communicator under mpirun, the store key
+ * "nccl/<communicator id>" under env://, nothing in a world of one rank.
+ * Communicators are created in the same order on every rank (comm.h), so the
+ * broadcasts match and the ids agree.
+ *
+ * A collective on a CUDA stream is queued there (enqueue) and the call
+ * returns. On the host or a CPU stream (run) it is queued on the
+ * communicator's own stream, which the calling thread then polls until it is
+ * done, the communicator reports an asynchronous error, or the watchdog gives
+ * up on it (abort only raises a flag; NCCL is only ever called from the
+ * threads that issue and destroy). Every error becomes FSDP_ERR_COMM with
+ * NCCL's text and the collective's description; after one, and after an
+ * abort, the communicator is failed: later collectives are refused and
+ * destroy calls ncclCommAbort instead of ncclCommDestroy. */
+#include "fsdp_config.h"
+
+#if FSDP_HAVE_NCCL
+#include <cuda_runtime.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "comm/comm_internal.h"
+#include "core/internal.h"
+#include "dist/world_env.h"
+#include "dist/world_internal.h"
+
+/* nccl.h declares ncclGroupStart() and others without (void). */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wstrict-prototypes"
+#include <nccl.h>
+#pragma GCC diagnostic pop
+
+typedef struct {
+  ncclComm_t comm;
+  int device;          /* CUDA ordinal the communicator lives on */
+  cudaStream_t own;    /* for collectives issued on the host or a CPU stream */
+  float *scratch;      /* (1) on the device: what a barrier all-reduces */
+  atomic_int failed;   /* an error or an abort: refuse work, abort at destroy */
+} nccl_impl_t;
+
+static nccl_impl_t *impl_of(fsdp_comm_t c) { return c->impl; }
+
+static fsdp_status_t nccl_fail(fsdp_comm_t c, ncclResult_t r, const char *call,
+                               const fsdp_coll_t *k) {
+  nccl_impl_t *im = impl_of(c);
+  char what[256] = "communicator set-up";
+  if (k) fsdp_coll_describe(k, what, sizeof what);
+  if (im) atomic_store(&im->failed, 1);
+  const char *last = ncclGetLastError(im ? im->comm : NULL);
+  return fsdp_error(FSDP_ERR_COMM, "nccl: %s failed for %s on communicator %d, rank %d of %d: "
+                    "%s%s%s", call, what, c->id, c->rank, c->size, ncclGetErrorString(r),
+                    last && *last ? ": " : "", last ? last : "");
+}
+
+static fsdp_status_t cuda_fail(fsdp_comm_t c, cudaError_t e, const char *call,
+                               const fsdp_coll_t *k) {
+  char what[256] = "communicator set-up";
+  if (k) fsdp_coll_describe(k, what, sizeof what);
+  if (c->impl) atomic_store(&impl_of(c)->failed, 1);
+  return fsdp_error(FSDP_ERR_COMM, "nccl: %s failed for %s on communicator %d, rank %d of %d: "
+                    "%s", call, what, c->id, c->rank, c->size, cudaGetErrorString(e));
+}
+
+#define NCCL_TRY(c, call, k)                                   \
+  do {                                                         \
+    ncclResult_t r_ = (call);                                  \
+    if (r_ != ncclSuccess) return nccl_fail(c, r_, #call, k); \
+  } while (0)
+
+/* ---- bootstrap ------------------------------------------------------------ */
+
+/* Rank 0's unique id, or word that it has none, as every rank receives it. */
+typedef struct {
+  ncclUniqueId id;
+  int ok;
+} id_msg_t;
+
+static fsdp_status_t exchange(fsdp_comm_t c, id_msg_t *m) {
+  if (fsdp_world_kind(c->world) == FSDP_WORLD_MPI) {
+    int rc = MPI_Bcast(m, (int)sizeof *m, MPI_BYTE, 0, fsdp_world_mpi_comm(c->world));
+    if (rc != MPI_SUCCESS)
+      return fsdp_error(FSDP_ERR_COMM, "nccl: MPI_Bcast of the unique id of communicator %d "
+                        "failed on rank %d (MPI error %d)", c->id, c->rank, rc);
+    return FSDP_SUCCESS;
+  }
+  char key[64];
+  snprintf(key, sizeof key, "nccl/%d", c->id);
+  fsdp_store_t *store = fsdp_world_store(c->world);
+  if (c->rank == 0) return fsdp_store_set(store, key, m, sizeof *m);
+  char *v = NULL;
+  size_t n = 0;
+  FSDP_TRY(fsdp_store_get(store, key, fsdp_world_rendezvous_timeout(c->world), &v, &n));
+  if (n == sizeof *m) memcpy(m, v, sizeof *m);
+  fsdp_free(v);
+  if (n != sizeof *m)
+    return fsdp_error(FSDP_ERR_COMM, "nccl: store key '%s' holds %zu bytes, not the %zu of a "
+                      "unique id", key, n, sizeof *m);
+  return FSDP_SUCCESS;
+}
+
+/* Rank 0's unique id on every rank of c's world. Rank 0 sends even when it
+ * has no id, so that the others fail with it instead of waiting. */
+static fsdp_status_t share_id(fsdp_comm_t c, ncclUniqueId *id) {
+  id_msg_t m;
+  memset(&m, 0, sizeof m);
+  fsdp_status_t st = FSDP_SUCCESS;
+  if (c->rank == 0) {
+    ncclResult_t r = ncclGetUniqueId(&m.id);
+    m.ok = r == ncclSuccess;
+    if (!m.ok) st = nccl_fail(c, r, "ncclGetUniqueId", NULL);
+  }
+  if (c->size > 1) {
+    fsdp_status_t sent = exchange(c, &m);
+    if (st == FSDP_SUCCESS) st = sent;
+  }
+  if (st == FSDP_SUCCESS && !m.ok)
+    st = fsdp_error(FSDP_ERR_COMM, "nccl: rank 0 could not make the unique id of "
+                    "communicator %d (see its message)", c->id);
+  *id = m.id;
+  return st;
+}
+
+static void impl_free(nccl_impl_t *im) {
+  if (im->scratch) cudaFree(im->scratch);
+  if (im->own) cudaStreamDestroy(im->own);
+  fsdp_free(im);
+}
+
+/* A new NCCL communicator over c's ranks on the current device. */
+static fsdp_status_t nccl_connect(fsdp_comm_t c) {
+  /* The id first: every rank takes part in its broadcast whatever happens
+   * to its own CUDA set-up after it. */
+  ncclUniqueId id;
+  memset(&id, 0, sizeof id);
+  FSDP_TRY(share_id(c, &id));
+  nccl_impl_t *im = fsdp_alloc(sizeof *im);
+  if (!im) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "comm: cannot allocate nccl state");
+  memset(im, 0, sizeof *im);
+  cudaError_t e = cudaGetDevice(&im->device);
+  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&im->own, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaMalloc((void **)&im->scratch, sizeof *im->scratch);
+  if (e != cudaSuccess) {
+    impl_free(im);
+    return cuda_fail(c, e, "CUDA set-up (is a GPU present and selected?)", NULL);
+  }
+  ncclResult_t r = ncclCommInitRank(&im->comm, c->size, id, c->rank);
+  if (r != ncclSuccess) {
+    impl_free(im);
+    return nccl_fail(c, r, "ncclCommInitRank", NULL);
+  }
+  c->impl = im;
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t nccl_create(fsdp_world_t world, fsdp_comm_t c) {
+  c->rank = fsdp_world_rank(world);
+  c->size = fsdp_world_size(world);
+  return nccl_connect(c);
+}
+
+/* On comm's device, whichever device is current in the caller. */
+static fsdp_status_t nccl_dup(fsdp_comm_t comm, fsdp_comm_t out) {
+  out->rank = comm->rank;
+  out->size = comm->size;
+  int prev = 0;
+  cudaGetDevice(&prev);
+  cudaError_t e = cudaSetDevice(impl_of(comm)->device);
+  if (e != cudaSuccess) return cuda_fail(out, e, "cudaSetDevice", NULL);
+  fsdp_status_t st = nccl_connect(out);
+  cudaSetDevice(prev);
+  return st;
+}
+
+static void nccl_destroy(fsdp_comm_t c) {
+  nccl_impl_t *im = impl_of(c);
+  if (atomic_load(&im->failed)) ncclCommAbort(im->comm);
+  else ncclCommDestroy(im->comm);
+  impl_free(im);
+  c->impl = NULL;
+}
+
+/* ---- collectives ---------------------------------------------------------- */
+
+static ncclDataType_t nccl_type(fsdp_dtype_t dtype) {
+  return dtype == FSDP_F64 ? ncclFloat64 : dtype == FSDP_BF16 ? ncclBfloat16 : ncclFloat32;
+}
+
+static ncclRedOp_t nccl_op(fsdp_reduce_op_t op) {
+  return op == FSDP_MAX ? ncclMax : op == FSDP_AVG ? ncclAvg : ncclSum;
+}
+
+/* Fails when the communicator failed before or NCCL reports an error from
+ * work already queued. */
+static fsdp_status_t check_health(fsdp_comm_t c, const fsdp_coll_t *k) {
+  nccl_impl_t *im = impl_of(c);
+  if (atomic_load(&im->failed))
+    return fsdp_error(FSDP_ERR_COMM, "nccl: communicator %d failed earlier (see the first "
+                      "error); destroy it and make a new one", c->id);
+  ncclResult_t async = ncclSuccess;
+  NCCL_TRY(c, ncclCommGetAsyncError(im->comm, &async), k);
+  if (async != ncclSuccess && async != ncclInProgress)
+    return nccl_fail(c, async, "an earlier operation (ncclCommGetAsyncError)", k);
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t nccl_enqueue(fsdp_comm_t c, const fsdp_coll_t *k, void *cuda_stream) {
+  FSDP_TRY(check_health(c, k));
+  nccl_impl_t *im = impl_of(c);
+  cudaStream_t s = cuda_stream;
+  ncclDataType_t t = nccl_type(k->dtype);
+  switch (k->kind) {
+  case FSDP_COLL_ALL_GATHER:
+    NCCL_TRY(c, ncclAllGather(k->send, k->recv, k->count, t, im->comm, s), k);
+    return FSDP_SUCCESS;
+  case FSDP_COLL_REDUCE_SCATTER:
+    NCCL_TRY(c, ncclReduceScatter(k->send, k->recv, k->count, t, nccl_op(k->op), im->comm, s), k);
+    return FSDP_SUCCESS;
+  case FSDP_COLL_ALL_REDUCE:
+    NCCL_TRY(c, ncclAllReduce(k->send, k->recv, k->count, t, nccl_op(k->op), im->comm, s), k);
+    return FSDP_SUCCESS;
+  case FSDP_COLL_BROADCAST:
+    NCCL_TRY(c, ncclBroadcast(k->recv, k->recv, k->count, t, k->root, im->comm, s), k);
+    return FSDP_SUCCESS;
+  case FSDP_COLL_BARRIER: /* NCCL has none: a one-element all-reduce orders the streams */
+    NCCL_TRY(c, ncclAllReduce(im->scratch, im->scratch, 1, ncclFloat32, ncclSum, im->comm, s), k);
+    return FSDP_SUCCESS;
+  }
+  return fsdp_error(FSDP_ERR_INTERNAL, "comm nccl: unknown collective kind %d", (int)k->kind);
+}
+
+/* Waits for the communicator's own stream without blocking in CUDA, so that
+ * an abort or an asynchronous NCCL error ends the wait. */
+static fsdp_status_t wait_own(fsdp_comm_t c, const fsdp_coll_t *k) {
+  nccl_impl_t *im = impl_of(c);
+  const struct timespec nap = {0, 20000}; /* 20 us */
+  for (;;) {
+    cudaError_t e = cudaStreamQuery(im->own);
+    if (e == cudaSuccess) return FSDP_SUCCESS;
+    if (e != cudaErrorNotReady) return cuda_fail(c, e, "cudaStreamQuery", k);
+    if (atomic_load(&im->failed))
+      return fsdp_error(FSDP_ERR_COMM, "nccl: %s on communicator %d was aborted",
+                        fsdp_coll_name(k->kind), c->id);
+    FSDP_TRY(check_health(c, k));
+    nanosleep(&nap, NULL);
+  }
+}
+
+/* Host or CPU stream: the collective on the communicator's device and own
+ * stream, waited for here. The calling thread's device is restored. */
+static fsdp_status_t nccl_run(fsdp_comm_t c, const fsdp_coll_t *k) {
+  nccl_impl_t *im = impl_of(c);
+  int prev = 0;
+  cudaGetDevice(&prev);
+  cudaError_t e = prev == im->device ? cudaSuccess : cudaSetDevice(im->device);
+  if (e != cudaSuccess) return cuda_fail(c, e, "cudaSetDevice", k);
+  fsdp_status_t st = nccl_enqueue(c, k, im->own);
+  if (st == FSDP_SUCCESS) st = wait_own(c, k);
+  if (prev != im->device) cudaSetDevice(prev);
+  return st;
+}
+
+/* The watchdog thread: only a flag, which the waiting run sees (wait_own);
+ * destroy then aborts the NCCL communicator from the owning thread. */
+static void nccl_abort(fsdp_comm_t c) { atomic_store(&impl_of(c)->failed, 1); }
+
+/* NCCL counts are size_t. */
+const fsdp_comm_ops_t fsdp_comm_nccl_ops = {"nccl", SIZE_MAX, nccl_create, nccl_dup,
+                                            nccl_destroy, nccl_run, nccl_abort, nccl_enqueue};
+#endif
