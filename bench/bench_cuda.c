@@ -5,8 +5,9 @@
 #include "fsdp_config.h"
 
 #if FSDP_HAVE_CUDA
-#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
+
+#include "cuda/cublas_lazy.h"
 
 #define CU_TRY(call, what)                                                                  \
   do {                                                                                      \
@@ -20,11 +21,11 @@
 
 /* One n x n x n product; bf16: bf16 in and out, fp32 accumulation (what the
  * bf16 layers run); f32: fp32 throughout, no TF32 (what the fp32 layers run). */
-static cublasStatus_t gemm(cublasHandle_t h, int n, int bf16, const void *a, const void *b,
-                           void *c) {
+static cublasStatus_t gemm(const fsdp_cublas_t *cb, cublasHandle_t h, int n, int bf16,
+                           const void *a, const void *b, void *c) {
   const float one = 1.0f, zero = 0.0f;
   cudaDataType_t t = bf16 ? CUDA_R_16BF : CUDA_R_32F;
-  return cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a, t, n, b, t, n, &zero, c, t,
+  return cb->gemm_ex(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a, t, n, b, t, n, &zero, c, t,
                       n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
@@ -39,6 +40,12 @@ fsdp_status_t bench_cuda_peak_flops(fsdp_comm_t comm, int n, fsdp_dtype_t dtype,
   cudaEvent_t e0 = NULL, e1 = NULL;
   cublasHandle_t h = NULL;
   fsdp_status_t st = FSDP_SUCCESS;
+  const char *why = NULL;
+  const fsdp_cublas_t *cb = fsdp_cublas(&why);
+  if (!cb) {
+    fprintf(stderr, "fsdp-bench: peak: %s\n", why);
+    return FSDP_ERR_UNSUPPORTED;
+  }
   double best = 0.0, per = 2.0 * n * (double)n * n;
   CU_TRY(cudaMalloc(&a, bytes), "cudaMalloc");
   CU_TRY(cudaMalloc(&b, bytes), "cudaMalloc");
@@ -49,8 +56,8 @@ fsdp_status_t bench_cuda_peak_flops(fsdp_comm_t comm, int n, fsdp_dtype_t dtype,
   CU_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
   CU_TRY(cudaEventCreate(&e0), "cudaEventCreate");
   CU_TRY(cudaEventCreate(&e1), "cudaEventCreate");
-  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS || cublasSetStream(h, s) != CUBLAS_STATUS_SUCCESS ||
-      gemm(h, n, bf16, a, b, c) != CUBLAS_STATUS_SUCCESS) { /* and a warm-up product */
+  if (cb->create(&h) != CUBLAS_STATUS_SUCCESS || cb->set_stream(h, s) != CUBLAS_STATUS_SUCCESS ||
+      gemm(cb, h, n, bf16, a, b, c) != CUBLAS_STATUS_SUCCESS) { /* and a warm-up product */
     fprintf(stderr, "fsdp-bench: peak: cuBLAS could not run a %s %d^3 product\n",
             fsdp_dtype_name(dtype), n);
     st = FSDP_ERR_SYSTEM;
@@ -63,7 +70,7 @@ fsdp_status_t bench_cuda_peak_flops(fsdp_comm_t comm, int n, fsdp_dtype_t dtype,
     long k = 0;
     CU_TRY(cudaEventRecord(e0, s), "cudaEventRecord");
     while (k < 16 || fsdp_time_now() - t0 < 0.5) {
-      for (int i = 0; i < 16; i++, k++) gemm(h, n, bf16, a, b, c);
+      for (int i = 0; i < 16; i++, k++) gemm(cb, h, n, bf16, a, b, c);
       CU_TRY(cudaStreamSynchronize(s), "products");
     }
     CU_TRY(cudaEventRecord(e1, s), "cudaEventRecord");
@@ -73,7 +80,7 @@ fsdp_status_t bench_cuda_peak_flops(fsdp_comm_t comm, int n, fsdp_dtype_t dtype,
     if (ms > 0 && k * per / (ms * 1e-3) > best) best = k * per / (ms * 1e-3);
   }
 out:
-  if (h) cublasDestroy(h);
+  if (h) cb->destroy(h);
   if (e0) cudaEventDestroy(e0);
   if (e1) cudaEventDestroy(e1);
   if (s) cudaStreamDestroy(s);

@@ -77,8 +77,10 @@ FSDP_API int fsdp_event_query(fsdp_event_t event);
 
 /* CUDA devices this process can use; 0 when CUDA is not built or none works. */
 FSDP_API int fsdp_cuda_device_count(void);
-/* Makes `ordinal` the calling thread's current device (cudaSetDevice). */
+/* Makes `ordinal` the calling thread's current device (cudaSetDevice); the
+ * current device is per thread, as in CUDA. */
 FSDP_API fsdp_status_t fsdp_cuda_set_device(int ordinal);
+FSDP_API fsdp_status_t fsdp_cuda_get_device(int *ordinal);
 /* high_priority: 1 for communication streams (the greatest priority the device
  * offers), 0 for compute. */
 FSDP_API fsdp_status_t fsdp_stream_create_cuda(const char *name, int high_priority,

@@ -2,7 +2,16 @@
  * matrix products through cuBLAS, and the linear / conv1d layers on them. */
 #include <mutex>
 
+#include "cuda/cublas_lazy.h"
 #include "cuda/cuda_internal.cuh"
+
+/* cuBLAS, opened on first use (cublas_lazy.h); NULL with the reason set. */
+static const fsdp_cublas_t *cublas_api(void) {
+  const char *why = nullptr;
+  const fsdp_cublas_t *api = fsdp_cublas(&why);
+  if (!api) fsdp_error(FSDP_ERR_UNSUPPORTED, "cuBLAS: %s", why);
+  return api;
+}
 
 /* ---- errors ---- */
 
@@ -22,7 +31,9 @@ fsdp_status_t fsdp_cublas_fail(cublasStatus_t s, const char *expr, const char *f
                                ? FSDP_ERR_UNSUPPORTED
                            : s == CUBLAS_STATUS_INVALID_VALUE ? FSDP_ERR_INVALID_ARGUMENT
                                                               : FSDP_ERR_SYSTEM;
-  return fsdp_error(st, "%s:%d: %s failed: %s", file, line, expr, cublasGetStatusString(s));
+  const fsdp_cublas_t *api = fsdp_cublas(nullptr);
+  return fsdp_error(st, "%s:%d: %s failed: %s", file, line, expr,
+                    api ? api->status_string(s) : "cuBLAS status");
 }
 
 /* ---- handle cache ----
@@ -43,11 +54,13 @@ int blas_count;
 } // namespace
 
 static fsdp_status_t blas_create(int device, cudaStream_t stream, cublasHandle_t *out) {
+  const fsdp_cublas_t *api = cublas_api();
+  if (!api) return FSDP_ERR_UNSUPPORTED;
   cublasHandle_t h = nullptr;
-  CUBLAS_CHECK(cublasCreate(&h));
-  const cublasStatus_t st = cublasSetStream(h, stream);
+  CUBLAS_CHECK(api->create(&h));
+  const cublasStatus_t st = api->set_stream(h, stream);
   if (st != CUBLAS_STATUS_SUCCESS) {
-    cublasDestroy(h);
+    api->destroy(h);
     return fsdp_cublas_fail(st, "cublasSetStream(h, stream)", __FILE__, __LINE__);
   }
   blas_slots[blas_count++] = blas_slot{device, stream, h};
@@ -82,7 +95,8 @@ fsdp_status_t fsdp_cuda_blas_release(void) {
     /* A handle is destroyed on the device it was made on. */
     const cudaError_t e = cudaSetDevice(blas_slots[i].device);
     const cublasStatus_t s =
-        e == cudaSuccess ? cublasDestroy(blas_slots[i].handle) : CUBLAS_STATUS_SUCCESS;
+        e == cudaSuccess ? fsdp_cublas(nullptr)->destroy(blas_slots[i].handle)
+                         : CUBLAS_STATUS_SUCCESS; /* a handle exists: cuBLAS is open */
     if (first == FSDP_SUCCESS && e != cudaSuccess)
       first = fsdp_cuda_fail(e, "cudaSetDevice(device)", __FILE__, __LINE__);
     else if (first == FSDP_SUCCESS && s != CUBLAS_STATUS_SUCCESS)
@@ -112,14 +126,15 @@ fsdp_status_t fsdp_cuda_blas_release(void) {
 fsdp_status_t fsdp_cuda_gemm(const struct fsdp_gemm *g, cudaStream_t stream) {
   cublasHandle_t h = nullptr;
   FSDP_TRY(blas_handle(stream, &h));
+  const fsdp_cublas_t *api = fsdp_cublas(nullptr); /* open: a handle exists */
   const cublasOperation_t opA = g->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t opB = g->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   if (g->batch == 1)
-    CUBLAS_CHECK(cublasGemmEx(h, opB, opA, g->n, g->m, g->k, &g->alpha, g->B, g->ab, g->ldb, g->A,
+    CUBLAS_CHECK(api->gemm_ex(h, opB, opA, g->n, g->m, g->k, &g->alpha, g->B, g->ab, g->ldb, g->A,
                               g->ab, g->lda, &g->beta, g->C, g->c, g->ldc, CUBLAS_COMPUTE_32F,
                               CUBLAS_GEMM_DEFAULT));
   else
-    CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+    CUBLAS_CHECK(api->gemm_strided_batched_ex(
         h, opB, opA, g->n, g->m, g->k, &g->alpha, g->B, g->ab, g->ldb, g->strideB, g->A, g->ab,
         g->lda, g->strideA, &g->beta, g->C, g->c, g->ldc, g->strideC, g->batch,
         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));

@@ -16,52 +16,9 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "device/stream_impl.h"
 #include "device/stream_internal.h"
 #include "fsdp/device.h"
-
-#define STREAM_NAME_MAX 16 /* pthread names are at most 15 chars + NUL */
-#define STREAM_ERROR_MAX 1024
-
-/* A queued unit of work: a host function, or (fn == NULL) a wait for another
- * stream to reach a ticket. Capturing (stream, ticket) at enqueue time, rather
- * than the event, means the event may be re-recorded or destroyed right away. */
-typedef struct task {
-  struct task *next;
-  fsdp_host_fn fn;
-  fsdp_host_fn on_skip; /* releases arg when the task is skipped; may be NULL */
-  void *arg;
-  struct fsdp_stream *wait_stream;
-  uint64_t wait_ticket;
-} task_t;
-
-typedef struct stream_ops {
-  fsdp_status_t (*enqueue)(struct fsdp_stream *s, task_t *t);
-  fsdp_status_t (*synchronize)(struct fsdp_stream *s);
-  void (*destroy)(struct fsdp_stream *s);
-} stream_ops_t;
-
-struct fsdp_stream {
-  const stream_ops_t *ops;
-  fsdp_device_kind_t kind;
-  char name[STREAM_NAME_MAX];
-  pthread_t thread;
-  pthread_mutex_t mu;      /* guards everything below */
-  pthread_cond_t work_cv;  /* worker: a task arrived or stop was asked */
-  pthread_cond_t done_cv;  /* waiters: `completed` advanced */
-  task_t *head, *tail;     /* unbounded FIFO */
-  uint64_t enqueued;       /* tasks ever queued */
-  uint64_t completed;      /* tasks ever run or skipped */
-  int stopping;
-  /* Sticky error: the first failure and its text, taken on the worker thread. */
-  fsdp_status_t error;
-  char error_msg[STREAM_ERROR_MAX];
-};
-
-struct fsdp_event {
-  pthread_mutex_t mu; /* record and wait may happen on different threads */
-  struct fsdp_stream *stream; /* NULL: never recorded or host stream (complete) */
-  uint64_t ticket;
-};
 
 /* ---- worker side --------------------------------------------------------- */
 
@@ -77,11 +34,7 @@ static fsdp_status_t stream_wait_ticket(struct fsdp_stream *s, uint64_t ticket, 
 }
 
 /* Runs one task on the worker; returns its status and fills msg on failure. */
-static fsdp_status_t task_run(struct fsdp_stream *s, task_t *t, char *msg) {
-  if (!t->fn) {
-    if (t->wait_stream == s) return FSDP_SUCCESS; /* FIFO already orders it */
-    return stream_wait_ticket(t->wait_stream, t->wait_ticket, msg);
-  }
+fsdp_status_t fsdp_task_call(struct fsdp_stream *s, task_t *t, char *msg) {
   fsdp_error_set(""); /* so a failure that sets no message is not given a stale one */
   fsdp_status_t st = t->fn(t->arg);
   if (st == FSDP_SUCCESS) return st;
@@ -91,6 +44,34 @@ static fsdp_status_t task_run(struct fsdp_stream *s, task_t *t, char *msg) {
     snprintf(msg, STREAM_ERROR_MAX, "stream '%s': a queued function failed (%s) without "
              "setting an error message", s->name, fsdp_status_string(st));
   return st;
+}
+
+static fsdp_status_t task_run(struct fsdp_stream *s, task_t *t, char *msg) {
+#if FSDP_HAVE_CUDA
+  if (t->wait_cu) {
+    fsdp_status_t st = fsdp_cu_event_wait(t->wait_cu);
+    if (st != FSDP_SUCCESS) snprintf(msg, STREAM_ERROR_MAX, "%s", fsdp_last_error());
+    return st;
+  }
+#endif
+  if (!t->fn) {
+    if (t->wait_stream == s) return FSDP_SUCCESS; /* FIFO already orders it */
+    return stream_wait_ticket(t->wait_stream, t->wait_ticket, msg);
+  }
+  return fsdp_task_call(s, t, msg);
+}
+
+static void task_free(task_t *t) {
+#if FSDP_HAVE_CUDA
+  if (t->wait_cu) fsdp_cu_event_unref(t->wait_cu);
+#endif
+  fsdp_free(t);
+}
+
+void fsdp_stream_set_sticky(struct fsdp_stream *s, fsdp_status_t st, const char *msg) {
+  if (st == FSDP_SUCCESS || s->error != FSDP_SUCCESS) return;
+  s->error = st;
+  snprintf(s->error_msg, STREAM_ERROR_MAX, "%s", msg);
 }
 
 static void *stream_worker(void *arg) {
@@ -111,13 +92,10 @@ static void *stream_worker(void *arg) {
       st = task_run(s, t, msg);
     else if (t->on_skip)
       t->on_skip(t->arg);
-    fsdp_free(t);
+    task_free(t);
 
     pthread_mutex_lock(&s->mu);
-    if (st != FSDP_SUCCESS && s->error == FSDP_SUCCESS) {
-      s->error = st;
-      memcpy(s->error_msg, msg, STREAM_ERROR_MAX);
-    }
+    fsdp_stream_set_sticky(s, st, msg);
     /* Skipped tasks count as completed so that no waiter hangs on a failure. */
     s->completed++;
     pthread_cond_broadcast(&s->done_cv);
@@ -128,7 +106,7 @@ static void *stream_worker(void *arg) {
 
 /* ---- CPU ops ------------------------------------------------------------- */
 
-static void stream_fini_sync(struct fsdp_stream *s) {
+void fsdp_stream_fini_sync(struct fsdp_stream *s) {
   pthread_cond_destroy(&s->done_cv);
   pthread_cond_destroy(&s->work_cv);
   pthread_mutex_destroy(&s->mu);
@@ -153,6 +131,15 @@ static fsdp_status_t report_sticky(fsdp_status_t st, const char *msg) {
   return st;
 }
 
+fsdp_status_t fsdp_stream_sticky(struct fsdp_stream *s) {
+  char msg[STREAM_ERROR_MAX];
+  pthread_mutex_lock(&s->mu);
+  fsdp_status_t st = s->error;
+  if (st != FSDP_SUCCESS) memcpy(msg, s->error_msg, STREAM_ERROR_MAX);
+  pthread_mutex_unlock(&s->mu);
+  return report_sticky(st, msg);
+}
+
 static fsdp_status_t cpu_synchronize(struct fsdp_stream *s) {
   char msg[STREAM_ERROR_MAX];
   pthread_mutex_lock(&s->mu);
@@ -167,7 +154,7 @@ static void cpu_destroy(struct fsdp_stream *s) {
   pthread_cond_signal(&s->work_cv);
   pthread_mutex_unlock(&s->mu);
   pthread_join(s->thread, NULL); /* the worker drains the queue before it exits */
-  stream_fini_sync(s);
+  fsdp_stream_fini_sync(s);
   fsdp_free(s);
 }
 
@@ -175,7 +162,7 @@ static const stream_ops_t cpu_ops = {cpu_enqueue, cpu_synchronize, cpu_destroy};
 
 /* ---- public API ---------------------------------------------------------- */
 
-static fsdp_status_t stream_init_sync(struct fsdp_stream *s) {
+fsdp_status_t fsdp_stream_init_sync(struct fsdp_stream *s) {
   if (pthread_mutex_init(&s->mu, NULL) != 0) goto fail_mu;
   if (pthread_cond_init(&s->work_cv, NULL) != 0) goto fail_work;
   if (pthread_cond_init(&s->done_cv, NULL) != 0) goto fail_done;
@@ -198,14 +185,14 @@ fsdp_status_t fsdp_stream_create(const char *name, fsdp_stream_t *stream) {
   s->ops = &cpu_ops;
   s->kind = FSDP_DEVICE_CPU;
   snprintf(s->name, sizeof s->name, "%s", label); /* truncated to 15 chars */
-  fsdp_status_t st = stream_init_sync(s);
+  fsdp_status_t st = fsdp_stream_init_sync(s);
   if (st != FSDP_SUCCESS) {
     fsdp_free(s);
     return st;
   }
   int rc = pthread_create(&s->thread, NULL, stream_worker, s);
   if (rc != 0) {
-    stream_fini_sync(s);
+    fsdp_stream_fini_sync(s);
     fsdp_free(s);
     return fsdp_error(FSDP_ERR_SYSTEM, "stream '%s': pthread_create failed (%s); check the "
                       "process thread limit (ulimit -u)", label, strerror(rc));
@@ -265,14 +252,26 @@ fsdp_status_t fsdp_event_create(fsdp_event_t *event) {
   return FSDP_SUCCESS;
 }
 
+/* Drops the CUDA record an event holds, if any; caller holds event->mu. */
+static void event_drop_cu(fsdp_event_t event) {
+#if FSDP_HAVE_CUDA
+  if (event->cu) fsdp_cu_event_unref(event->cu);
+#endif
+  event->cu = NULL;
+}
+
 void fsdp_event_destroy(fsdp_event_t event) {
   if (!event) return;
+  event_drop_cu(event);
   pthread_mutex_destroy(&event->mu);
   fsdp_free(event);
 }
 
 fsdp_status_t fsdp_event_record(fsdp_event_t event, fsdp_stream_t stream) {
   if (!event) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_event_record: event is NULL");
+#if FSDP_HAVE_CUDA
+  if (stream && stream->kind == FSDP_DEVICE_CUDA) return fsdp_cu_event_record(event, stream);
+#endif
   uint64_t ticket = 0;
   if (stream) {
     pthread_mutex_lock(&stream->mu);
@@ -280,17 +279,25 @@ fsdp_status_t fsdp_event_record(fsdp_event_t event, fsdp_stream_t stream) {
     pthread_mutex_unlock(&stream->mu);
   }
   pthread_mutex_lock(&event->mu);
+  event_drop_cu(event);
   event->stream = stream;
   event->ticket = ticket;
   pthread_mutex_unlock(&event->mu);
   return FSDP_SUCCESS;
 }
 
-/* The (stream, ticket) an event names right now; stream NULL means complete. */
-static struct fsdp_stream *event_target(fsdp_event_t event, uint64_t *ticket) {
+/* The (stream, ticket) an event names right now; stream NULL means complete.
+ * When the last record was on a CUDA stream, *cu gets a reference to it (the
+ * caller drops it) and the ticket is meaningless. */
+static struct fsdp_stream *event_target(fsdp_event_t event, uint64_t *ticket,
+                                        struct cu_event **cu) {
   pthread_mutex_lock(&event->mu);
   struct fsdp_stream *s = event->stream;
   *ticket = event->ticket;
+  *cu = NULL;
+#if FSDP_HAVE_CUDA
+  *cu = fsdp_cu_event_ref(event);
+#endif
   pthread_mutex_unlock(&event->mu);
   return s;
 }
@@ -299,8 +306,16 @@ fsdp_status_t fsdp_event_synchronize(fsdp_event_t event) {
   if (!event)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_event_synchronize: event is NULL");
   uint64_t ticket;
-  struct fsdp_stream *s = event_target(event, &ticket);
+  struct cu_event *cu;
+  struct fsdp_stream *s = event_target(event, &ticket, &cu);
   if (!s) return FSDP_SUCCESS;
+#if FSDP_HAVE_CUDA
+  if (cu) {
+    fsdp_status_t st = fsdp_cu_event_wait(cu);
+    fsdp_cu_event_unref(cu);
+    return st != FSDP_SUCCESS ? st : fsdp_stream_sticky(s);
+  }
+#endif
   char msg[STREAM_ERROR_MAX];
   return report_sticky(stream_wait_ticket(s, ticket, msg), msg);
 }
@@ -310,16 +325,43 @@ fsdp_status_t fsdp_stream_wait_event(fsdp_stream_t stream, fsdp_event_t event) {
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_stream_wait_event: event is NULL");
   if (!stream) return fsdp_event_synchronize(event);
   uint64_t ticket;
-  struct fsdp_stream *s = event_target(event, &ticket);
+  struct cu_event *cu;
+  struct fsdp_stream *s = event_target(event, &ticket, &cu);
   if (!s) return FSDP_SUCCESS; /* already complete: nothing to order against */
+#if FSDP_HAVE_CUDA
+  if (stream->kind == FSDP_DEVICE_CUDA) {
+    if (!cu) return fsdp_event_synchronize(event); /* a CPU event: the host waits */
+    fsdp_status_t st = fsdp_cu_stream_wait(stream, cu);
+    fsdp_cu_event_unref(cu);
+    return st;
+  }
+  if (cu) { /* a CPU worker waits for a CUDA record: the task owns the reference */
+    task_t *t = fsdp_alloc(sizeof *t);
+    if (!t) {
+      fsdp_cu_event_unref(cu);
+      return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "stream '%s': cannot allocate a task",
+                        stream->name);
+    }
+    t->wait_cu = cu;
+    return stream->ops->enqueue(stream, t);
+  }
+#endif
   return stream_push(stream, NULL, NULL, NULL, s, ticket);
 }
 
 int fsdp_event_query(fsdp_event_t event) {
   if (!event) return 1;
   uint64_t ticket;
-  struct fsdp_stream *s = event_target(event, &ticket);
+  struct cu_event *cu;
+  struct fsdp_stream *s = event_target(event, &ticket, &cu);
   if (!s) return 1;
+#if FSDP_HAVE_CUDA
+  if (cu) {
+    int done = fsdp_cu_event_done(cu);
+    fsdp_cu_event_unref(cu);
+    return done;
+  }
+#endif
   pthread_mutex_lock(&s->mu);
   int done = s->completed >= ticket;
   pthread_mutex_unlock(&s->mu);

@@ -1,0 +1,339 @@
+/* src/device/cuda_stream.c — CUDA streams, CUDA event records and device
+ * memory (the CUDA section of include/fsdp/device.h). Plain C over the CUDA
+ * runtime API; without CUDA in the build every entry point reports
+ * FSDP_ERR_UNSUPPORTED and host memory still works through the CPU kind.
+ *
+ * An fsdp_event recorded on a CUDA stream holds one reference to a cu_event,
+ * a cudaEvent_t made for that record (timing disabled). A CPU worker told to
+ * wait for it takes its own reference, so recording the fsdp_event again (a
+ * new cu_event) never moves the point that worker waits for. Spent cu_events
+ * go to a free list and are reused, so steady-state steps create none. */
+#include <stdio.h>
+#include <string.h>
+
+#include "core/internal.h"
+#include "device/stream_impl.h"
+#include "fsdp/device.h"
+
+#if FSDP_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+static fsdp_status_t cuda_fail(cudaError_t rc, const char *what, const char *name) {
+  return fsdp_error(FSDP_ERR_SYSTEM, "CUDA: %s%s%s%s failed: %s (%s)", what, name ? " '" : "",
+                    name ? name : "", name ? "'" : "", cudaGetErrorString(rc),
+                    cudaGetErrorName(rc));
+}
+
+/* ---- event records --------------------------------------------------------- */
+
+struct cu_event {
+  cudaEvent_t ev;
+  int refs; /* guarded by pool_mu */
+  struct cu_event *next_free;
+};
+
+static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct cu_event *pool;
+
+static fsdp_status_t cu_event_new(struct cu_event **out) {
+  pthread_mutex_lock(&pool_mu);
+  struct cu_event *c = pool;
+  if (c) pool = c->next_free;
+  pthread_mutex_unlock(&pool_mu);
+  if (!c) {
+    if (!(c = fsdp_alloc(sizeof *c)))
+      return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "CUDA: cannot allocate an event record");
+    cudaError_t rc = cudaEventCreateWithFlags(&c->ev, cudaEventDisableTiming);
+    if (rc != cudaSuccess) {
+      fsdp_free(c);
+      return cuda_fail(rc, "cudaEventCreateWithFlags", NULL);
+    }
+  }
+  c->refs = 1;
+  c->next_free = NULL;
+  *out = c;
+  return FSDP_SUCCESS;
+}
+
+void fsdp_cu_event_unref(struct cu_event *c) {
+  pthread_mutex_lock(&pool_mu);
+  if (--c->refs == 0) {
+    c->next_free = pool; /* a cudaEvent may be recorded again once nobody waits on it */
+    pool = c;
+  }
+  pthread_mutex_unlock(&pool_mu);
+}
+
+struct cu_event *fsdp_cu_event_ref(struct fsdp_event *e) {
+  struct cu_event *c = e->cu;
+  if (!c) return NULL;
+  pthread_mutex_lock(&pool_mu);
+  c->refs++;
+  pthread_mutex_unlock(&pool_mu);
+  return c;
+}
+
+fsdp_status_t fsdp_cu_event_record(struct fsdp_event *e, struct fsdp_stream *s) {
+  struct cu_event *c = NULL;
+  FSDP_TRY(cu_event_new(&c));
+  cudaError_t rc = cudaEventRecord(c->ev, (cudaStream_t)s->cuda);
+  if (rc != cudaSuccess) {
+    fsdp_cu_event_unref(c);
+    return cuda_fail(rc, "cudaEventRecord on stream", s->name);
+  }
+  pthread_mutex_lock(&e->mu);
+  struct cu_event *old = e->cu;
+  e->cu = c;
+  e->stream = s;
+  e->ticket = 0;
+  pthread_mutex_unlock(&e->mu);
+  if (old) fsdp_cu_event_unref(old);
+  return FSDP_SUCCESS;
+}
+
+fsdp_status_t fsdp_cu_event_wait(struct cu_event *c) {
+  cudaError_t rc = cudaEventSynchronize(c->ev);
+  return rc == cudaSuccess ? FSDP_SUCCESS : cuda_fail(rc, "cudaEventSynchronize", NULL);
+}
+
+int fsdp_cu_event_done(struct cu_event *c) { return cudaEventQuery(c->ev) != cudaErrorNotReady; }
+
+fsdp_status_t fsdp_cu_stream_wait(struct fsdp_stream *s, struct cu_event *c) {
+  cudaError_t rc = cudaStreamWaitEvent((cudaStream_t)s->cuda, c->ev, 0);
+  return rc == cudaSuccess ? FSDP_SUCCESS : cuda_fail(rc, "cudaStreamWaitEvent on", s->name);
+}
+
+/* ---- streams --------------------------------------------------------------- */
+
+/* CUDA calls this on its own thread once the stream reaches the task. */
+static void CUDART_CB host_trampoline(void *arg) {
+  task_t *t = arg;
+  struct fsdp_stream *s = t->owner;
+  char msg[STREAM_ERROR_MAX];
+  pthread_mutex_lock(&s->mu);
+  int skip = s->error != FSDP_SUCCESS;
+  pthread_mutex_unlock(&s->mu);
+  fsdp_status_t st = FSDP_SUCCESS;
+  if (!skip)
+    st = fsdp_task_call(s, t, msg);
+  else if (t->on_skip)
+    t->on_skip(t->arg);
+  if (st != FSDP_SUCCESS) {
+    pthread_mutex_lock(&s->mu);
+    fsdp_stream_set_sticky(s, st, msg);
+    pthread_mutex_unlock(&s->mu);
+  }
+  fsdp_free(t);
+}
+
+static fsdp_status_t cuda_enqueue(struct fsdp_stream *s, task_t *t) {
+  /* Waits never reach here: fsdp_stream_wait_event turns them into
+   * cudaStreamWaitEvent or a host wait. */
+  t->owner = s;
+  cudaError_t rc = cudaLaunchHostFunc((cudaStream_t)s->cuda, host_trampoline, t);
+  if (rc != cudaSuccess) {
+    fsdp_free(t);
+    return cuda_fail(rc, "cudaLaunchHostFunc on stream", s->name);
+  }
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t cuda_synchronize(struct fsdp_stream *s) {
+  cudaError_t rc = cudaStreamSynchronize((cudaStream_t)s->cuda);
+  if (rc != cudaSuccess) return cuda_fail(rc, "cudaStreamSynchronize on", s->name);
+  return fsdp_stream_sticky(s);
+}
+
+static void cuda_destroy(struct fsdp_stream *s) {
+  cudaStreamSynchronize((cudaStream_t)s->cuda);
+  cudaStreamDestroy((cudaStream_t)s->cuda);
+  fsdp_stream_fini_sync(s);
+  fsdp_free(s);
+}
+
+static const stream_ops_t cuda_ops = {cuda_enqueue, cuda_synchronize, cuda_destroy};
+
+fsdp_status_t fsdp_stream_create_cuda(const char *name, int high_priority,
+                                      fsdp_stream_t *stream) {
+  if (!stream)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_stream_create_cuda: stream is NULL");
+  const char *label = name && *name ? name : "fsdp-cuda";
+  int least = 0, greatest = 0;
+  cudaError_t rc = cudaDeviceGetStreamPriorityRange(&least, &greatest);
+  if (rc != cudaSuccess) return cuda_fail(rc, "cudaDeviceGetStreamPriorityRange for", label);
+  struct fsdp_stream *s = fsdp_alloc(sizeof *s);
+  if (!s) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "stream '%s': cannot allocate it", label);
+  s->ops = &cuda_ops;
+  s->kind = FSDP_DEVICE_CUDA;
+  snprintf(s->name, sizeof s->name, "%s", label);
+  fsdp_status_t st = fsdp_stream_init_sync(s);
+  if (st != FSDP_SUCCESS) {
+    fsdp_free(s);
+    return st;
+  }
+  cudaStream_t cs;
+  rc = cudaStreamCreateWithPriority(&cs, cudaStreamNonBlocking, high_priority ? greatest : least);
+  if (rc != cudaSuccess) {
+    fsdp_stream_fini_sync(s);
+    fsdp_free(s);
+    return cuda_fail(rc, "cudaStreamCreateWithPriority for", label);
+  }
+  s->cuda = cs;
+  *stream = s;
+  return FSDP_SUCCESS;
+}
+
+/* ---- devices and memory ---------------------------------------------------- */
+
+int fsdp_cuda_device_count(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError(); /* clear it: no driver or no device is an answer, not a fault */
+    return 0;
+  }
+  return n;
+}
+
+fsdp_status_t fsdp_cuda_set_device(int ordinal) {
+  int n = fsdp_cuda_device_count();
+  if (ordinal < 0 || ordinal >= n)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "CUDA device %d does not exist: this process sees %d device%s", ordinal, n,
+                      n == 1 ? "" : "s");
+  cudaError_t rc = cudaSetDevice(ordinal);
+  return rc == cudaSuccess ? FSDP_SUCCESS : cuda_fail(rc, "cudaSetDevice", NULL);
+}
+
+fsdp_status_t fsdp_cuda_get_device(int *ordinal) {
+  if (!ordinal) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_cuda_get_device: NULL");
+  cudaError_t rc = cudaGetDevice(ordinal);
+  return rc == cudaSuccess ? FSDP_SUCCESS : cuda_fail(rc, "cudaGetDevice", NULL);
+}
+
+static fsdp_status_t cuda_alloc(size_t bytes, void **ptr) {
+  cudaError_t rc = cudaMalloc(ptr, bytes);
+  if (rc == cudaSuccess) return FSDP_SUCCESS;
+  cudaGetLastError();
+  size_t free_b = 0, total_b = 0;
+  cudaMemGetInfo(&free_b, &total_b);
+  return fsdp_error(rc == cudaErrorMemoryAllocation ? FSDP_ERR_OUT_OF_MEMORY : FSDP_ERR_SYSTEM,
+                    "CUDA: cudaMalloc of %zu bytes failed: %s (%zu of %zu bytes free)", bytes,
+                    cudaGetErrorString(rc), free_b, total_b);
+}
+
+static void cuda_free(void *p) { cudaFree(p); }
+
+int fsdp_is_device_pointer(const void *p) {
+  /* Host collectives ask on every call: without a device, answer at once. */
+  static int devices = -1;
+  if (devices < 0) devices = fsdp_cuda_device_count(); /* a benign race: same answer */
+  struct cudaPointerAttributes a;
+  if (!p || devices == 0 || cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return a.type == cudaMemoryTypeDevice;
+}
+
+fsdp_status_t fsdp_device_copy(void *dst, const void *src, size_t bytes, fsdp_stream_t stream) {
+  if (bytes == 0) return FSDP_SUCCESS;
+  if (!dst || !src)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_device_copy: NULL buffer (%zu bytes)",
+                      bytes);
+  cudaError_t rc;
+  if (stream && stream->kind == FSDP_DEVICE_CUDA)
+    rc = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)stream->cuda);
+  else if (!fsdp_is_device_pointer(dst) && !fsdp_is_device_pointer(src))
+    return memcpy(dst, src, bytes), FSDP_SUCCESS;
+  else
+    rc = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
+  return rc == cudaSuccess ? FSDP_SUCCESS : cuda_fail(rc, "copy (cudaMemcpy)", NULL);
+}
+
+fsdp_status_t fsdp_device_zero(void *dst, size_t bytes, fsdp_stream_t stream) {
+  if (bytes == 0) return FSDP_SUCCESS;
+  if (!dst) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_device_zero: NULL buffer");
+  cudaError_t rc;
+  if (stream && stream->kind == FSDP_DEVICE_CUDA)
+    rc = cudaMemsetAsync(dst, 0, bytes, (cudaStream_t)stream->cuda);
+  else if (!fsdp_is_device_pointer(dst))
+    return memset(dst, 0, bytes), FSDP_SUCCESS;
+  else
+    rc = cudaMemset(dst, 0, bytes);
+  return rc == cudaSuccess ? FSDP_SUCCESS : cuda_fail(rc, "cudaMemset", NULL);
+}
+
+#else /* no CUDA in this build */
+
+static fsdp_status_t no_cuda(const char *what) {
+  return fsdp_error(FSDP_ERR_UNSUPPORTED,
+                    "%s: this fsdp was built without CUDA (configure with nvcc on PATH, "
+                    "-Dcuda=enabled)", what);
+}
+
+fsdp_status_t fsdp_stream_create_cuda(const char *name, int high_priority,
+                                      fsdp_stream_t *stream) {
+  (void)name, (void)high_priority, (void)stream;
+  return no_cuda("fsdp_stream_create_cuda");
+}
+int fsdp_cuda_device_count(void) { return 0; }
+fsdp_status_t fsdp_cuda_set_device(int ordinal) {
+  (void)ordinal;
+  return no_cuda("fsdp_cuda_set_device");
+}
+fsdp_status_t fsdp_cuda_get_device(int *ordinal) {
+  (void)ordinal;
+  return no_cuda("fsdp_cuda_get_device");
+}
+static fsdp_status_t cuda_alloc(size_t bytes, void **ptr) {
+  (void)bytes, (void)ptr;
+  return no_cuda("fsdp_device_alloc(FSDP_DEVICE_CUDA)");
+}
+static void cuda_free(void *p) { (void)p; }
+int fsdp_is_device_pointer(const void *p) { return (void)p, 0; }
+fsdp_status_t fsdp_device_copy(void *dst, const void *src, size_t bytes, fsdp_stream_t stream) {
+  (void)stream;
+  if (bytes && (!dst || !src))
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_device_copy: NULL buffer (%zu bytes)",
+                      bytes);
+  if (bytes) memcpy(dst, src, bytes);
+  return FSDP_SUCCESS;
+}
+fsdp_status_t fsdp_device_zero(void *dst, size_t bytes, fsdp_stream_t stream) {
+  (void)stream;
+  if (bytes && !dst) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_device_zero: NULL buffer");
+  if (bytes) memset(dst, 0, bytes);
+  return FSDP_SUCCESS;
+}
+#endif
+
+/* ---- both builds ----------------------------------------------------------- */
+
+fsdp_device_kind_t fsdp_stream_device(fsdp_stream_t stream) {
+  return stream ? stream->kind : FSDP_DEVICE_CPU;
+}
+
+void *fsdp_stream_cuda_handle(fsdp_stream_t stream) {
+  return stream && stream->kind == FSDP_DEVICE_CUDA ? stream->cuda : NULL;
+}
+
+fsdp_status_t fsdp_device_alloc(fsdp_device_kind_t kind, size_t bytes, void **ptr) {
+  if (!ptr) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_device_alloc: ptr is NULL");
+  *ptr = NULL;
+  if (bytes == 0) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_device_alloc: 0 bytes");
+  if (kind == FSDP_DEVICE_CUDA) return cuda_alloc(bytes, ptr);
+  if (kind != FSDP_DEVICE_CPU)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_device_alloc: device kind %d unknown",
+                      (int)kind);
+  if (!(*ptr = fsdp_alloc(bytes)))
+    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of host memory", bytes);
+  return FSDP_SUCCESS;
+}
+
+void fsdp_device_free(fsdp_device_kind_t kind, void *ptr) {
+  if (!ptr) return;
+  if (kind == FSDP_DEVICE_CUDA)
+    cuda_free(ptr);
+  else
+    fsdp_free(ptr);
+}
