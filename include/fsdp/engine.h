@@ -33,11 +33,33 @@
  *
  * Mixed precision (param_dtype FSDP_BF16): master shards and optimizer state stay
  * fp32; after every update the shard is rounded to bf16 and that is what the
- * gathers move (half the bytes); views show the bf16 values widened to f32 (the
- * CPU computes in fp32), so compute sees exactly the parameters a bf16 GPU run
- * sees. Gradients are reduced in fp32. Costs per rank: +2 bytes per parameter / N
- * for the bf16 shard, and on the CPU each gather buffer has an f32 twin (6 bytes
- * per gathered element instead of 4).
+ * gathers move (half the bytes). On CUDA, views show the gathered bf16 itself
+ * (view.dtype FSDP_BF16); on the CPU they show it widened to f32 (the CPU
+ * computes in fp32), so compute sees exactly the parameters a bf16 GPU run
+ * sees. Costs per rank: +2 bytes per parameter / N for the bf16 shard, and on
+ * the CPU each gather buffer has an f32 twin (6 bytes per gathered element).
+ * Gradients are reduced in reduce_dtype: FSDP_F32 (default), or FSDP_BF16 (the
+ * fp32 gradient is rounded to bf16, reduced in bf16 — each pairwise sum rounded
+ * — and added into the fp32 gradient shard: half the bytes, about 3 significant
+ * digits per micro-batch; costs a bf16 copy of the largest unit's gradient).
+ *
+ * Devices (config.device): FSDP_DEVICE_CPU keeps everything in host memory.
+ * FSDP_DEVICE_CUDA keeps shards, optimizer state, gather and gradient buffers
+ * in device memory of the device current when fsdp_engine_create is called
+ * (choose it first: fsdp_cuda_set_device, e.g. local rank % device count). They
+ * are allocated at materialize and reused: nothing is allocated inside a step,
+ * so memory is a function of the configuration. Compute goes on
+ * fsdp_engine_stream (a CUDA stream); the optimizer step runs there too.
+ * Communication (config.comm_backend):
+ *   "nccl"        gathers and reductions queued on two high-priority CUDA
+ *                 streams, ordered against compute by events: no host
+ *                 synchronisation inside a micro-batch; the step synchronises
+ *                 once (the gradient norm comes back to the host);
+ *   NULL, "mpi"   the world's host backend on worker threads, device buffers
+ *                 staged through pinned host memory (several ranks may share a
+ *                 GPU, which NCCL refuses); acquiring a unit waits on the host
+ *                 for its gather.
+ * The host communicator (fsdp_engine_comm) is always the world's.
  * Gradient accumulation over grad_accum micro-batches:
  *   default                each micro-batch's gradients are reduce-scattered into
  *                          the fp32 gradient shard: grad_accum x the traffic;
@@ -48,8 +70,10 @@
  *                          traffic, +4P bytes per rank.
  *
  * Streams: compute happens on fsdp_engine_stream (the calling thread on the CPU
- * backend); gathers and reductions run on two communication streams of their own
- * and overlap compute. Views are valid from acquire until release.
+ * backend, FSDP_HOST_STREAM; a CUDA stream on CUDA); gathers and reductions run
+ * on two communication streams of their own and overlap compute. Views are
+ * valid from acquire until release; on CUDA the caller queues its work that
+ * uses them on fsdp_engine_stream before the release.
  *
  * Thread safety: one engine is driven by one thread. Distinct engines are
  * independent. Errors: after a failed collective the engine is poisoned and
@@ -188,7 +212,11 @@ typedef struct {
 
 /* What this rank owns of a unit, for checkpoints and tests. Pointers stay owned
  * by the engine and valid until destroy; m and v are NULL when the optimizer
- * keeps no such state. Elements past `count` are padding. */
+ * keeps no such state. Elements past `count` are padding. On CUDA they point at
+ * host copies that fsdp_unit_shard refreshes from the device (it waits for the
+ * engine's streams); what the caller writes into them reaches the device at the
+ * next fsdp_engine_set_step (checkpoint loaders call it), and is discarded by an
+ * fsdp_engine_step before that. */
 typedef struct {
   size_t offset, count, capacity;
   float *master, *grad, *m, *v;
@@ -196,7 +224,9 @@ typedef struct {
 
 FSDP_API fsdp_status_t fsdp_engine_create(fsdp_world_t world, const fsdp_config_t *cfg,
                                           fsdp_engine_t *engine);
-/* Waits for queued work, frees everything. NULL is ignored. */
+/* Waits for queued work, frees everything. NULL is ignored. On CUDA it also
+ * drops the process's cached cuBLAS handles (they are made again on first
+ * use): destroy an engine while no other engine of the process computes. */
 FSDP_API void fsdp_engine_destroy(fsdp_engine_t engine);
 
 /* Registers a unit in forward execution order. kind is a free label used by

@@ -9,6 +9,10 @@
 
 #include "engine/engine_internal.h"
 #include "engine/shard.h"
+#include "fsdp_config.h"
+#if FSDP_HAVE_CUDA
+#include "cuda/kernels.h"
+#endif
 
 static const char *const strategy_names[] = {"zero3", "zero2", "noshard"};
 
@@ -53,11 +57,31 @@ static fsdp_status_t config_check(const fsdp_config_t *c) {
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
                       "config.param_dtype %s: parameters are stored in f32 or bf16",
                       fsdp_dtype_name(c->param_dtype));
+  if (c->reduce_dtype != FSDP_F32 && c->reduce_dtype != FSDP_BF16)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "config.reduce_dtype %s: gradients are reduced in f32 or bf16",
+                      fsdp_dtype_name(c->reduce_dtype));
+  if (c->device != FSDP_DEVICE_CPU && c->device != FSDP_DEVICE_CUDA)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "config.device %d is neither CPU nor CUDA",
+                      (int)c->device);
+  if (c->device == FSDP_DEVICE_CUDA && fsdp_cuda_device_count() == 0)
+    return fsdp_error(FSDP_ERR_UNSUPPORTED,
+                      "config.device is CUDA but %s", FSDP_HAVE_CUDA
+                          ? "no CUDA device is usable by this process (driver, "
+                            "CUDA_VISIBLE_DEVICES?)"
+                          : "this fsdp was built without CUDA (configure with nvcc on PATH)");
+  if (c->device == FSDP_DEVICE_CPU && c->comm_backend && strcmp(c->comm_backend, "nccl") == 0)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "config.comm_backend 'nccl' needs config.device CUDA");
   if (c->align == 0 || (c->align & (c->align - 1)) != 0)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
                       "config.align %zu must be a power of two", c->align);
   FSDP_TRY(fsdp_optim_check(&c->optim));
   return fsdp_schedule_check(&c->schedule);
+}
+
+static fsdp_status_t worker_set_device(void *arg) {
+  return fsdp_cuda_set_device(((struct fsdp_engine *)arg)->device);
 }
 
 fsdp_status_t fsdp_engine_create(fsdp_world_t world, const fsdp_config_t *cfg,
@@ -77,14 +101,44 @@ fsdp_status_t fsdp_engine_create(fsdp_world_t world, const fsdp_config_t *cfg,
   e->nranks = fsdp_world_size(world);
   e->shard_world = c->strategy == FSDP_NO_SHARD ? 1 : e->nranks;
   e->bf16 = c->param_dtype == FSDP_BF16;
+  e->cuda = c->device == FSDP_DEVICE_CUDA;
+  e->widen = e->bf16 && !e->cuda;
+  e->bf16_reduce = c->reduce_dtype == FSDP_BF16;
   pthread_mutex_init(&e->tl_lock, NULL);
 
   fsdp_status_t st;
+  if (c->comm_backend && !(e->comm_backend = fsdp_strdup(c->comm_backend))) {
+    st = fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: out of host memory");
+    goto fail;
+  }
+  e->cfg.comm_backend = e->comm_backend;
+  /* The host communicator (gradient norm, the caller's metrics) is always the
+   * world's; gathers and reductions use the configured backend. */
   FSDP_TRYG(st, fsdp_comm_create(world, &e->comm_host), fail);
-  FSDP_TRYG(st, fsdp_comm_dup(e->comm_host, &e->comm_gather), fail);
-  FSDP_TRYG(st, fsdp_comm_dup(e->comm_host, &e->comm_reduce), fail);
-  FSDP_TRYG(st, fsdp_stream_create("fsdp-gather", &e->s_gather), fail);
-  FSDP_TRYG(st, fsdp_stream_create("fsdp-reduce", &e->s_reduce), fail);
+  if (e->comm_backend) {
+    FSDP_TRYG(st, fsdp_comm_create_backend(world, e->comm_backend, &e->comm_gather), fail);
+    FSDP_TRYG(st, fsdp_comm_dup(e->comm_gather, &e->comm_reduce), fail);
+  } else {
+    FSDP_TRYG(st, fsdp_comm_dup(e->comm_host, &e->comm_gather), fail);
+    FSDP_TRYG(st, fsdp_comm_dup(e->comm_host, &e->comm_reduce), fail);
+  }
+  if (e->cuda && strcmp(fsdp_comm_backend(e->comm_gather), "nccl") == 0) {
+    /* NCCL queues on CUDA streams: communication never waits for the host. */
+    FSDP_TRYG(st, fsdp_stream_create_cuda("fsdp-gather", 1, &e->s_gather), fail);
+    FSDP_TRYG(st, fsdp_stream_create_cuda("fsdp-reduce", 1, &e->s_reduce), fail);
+  } else {
+    /* Host backends (on CUDA: staged through pinned memory) run on workers. */
+    FSDP_TRYG(st, fsdp_stream_create("fsdp-gather", &e->s_gather), fail);
+    FSDP_TRYG(st, fsdp_stream_create("fsdp-reduce", &e->s_reduce), fail);
+    if (e->cuda) {
+      FSDP_TRYG(st, fsdp_stream_create_cuda("fsdp-aux", 1, &e->s_aux), fail);
+      /* The current device is per thread: the workers take the caller's. */
+      FSDP_TRYG(st, fsdp_cuda_get_device(&e->device), fail);
+      FSDP_TRYG(st, fsdp_stream_launch(e->s_gather, worker_set_device, e), fail);
+      FSDP_TRYG(st, fsdp_stream_launch(e->s_reduce, worker_set_device, e), fail);
+    }
+  }
+  if (e->cuda) FSDP_TRYG(st, fsdp_stream_create_cuda("fsdp-compute", 0, &e->s_compute), fail);
   FSDP_TRYG(st, fsdp_event_create(&e->compute_done), fail);
   *engine = e;
   return FSDP_SUCCESS;
@@ -93,20 +147,41 @@ fail:
   return st;
 }
 
-static void unit_free(struct unit *u) {
+void *fsdp_engine_alloc(const struct fsdp_engine *e, size_t bytes) {
+  void *p = NULL;
+  fsdp_device_kind_t kind = e->cuda ? FSDP_DEVICE_CUDA : FSDP_DEVICE_CPU;
+  if (fsdp_device_alloc(kind, bytes, &p) != FSDP_SUCCESS) return NULL;
+  if (e->cuda && fsdp_device_zero(p, bytes, FSDP_HOST_STREAM) != FSDP_SUCCESS) {
+    fsdp_device_free(kind, p);
+    return NULL;
+  }
+  return p; /* fsdp_alloc zeroes host memory */
+}
+
+void fsdp_engine_free(const struct fsdp_engine *e, void *p) {
+  fsdp_device_free(e->cuda ? FSDP_DEVICE_CUDA : FSDP_DEVICE_CPU, p);
+}
+
+fsdp_status_t fsdp_engine_zero(const struct fsdp_engine *e, void *p, size_t bytes) {
+  if (!e->cuda) return memset(p, 0, bytes), FSDP_SUCCESS;
+  return fsdp_device_zero(p, bytes, e->s_compute);
+}
+
+static void unit_free(const struct fsdp_engine *e, struct unit *u) {
   for (int t = 0; t < u->n_tensors; t++) free(u->tensors[t].name);
   free(u->tensors);
   free(u->name);
   free(u->kind);
   free(u->param_ptrs);
   free(u->grad_ptrs);
-  fsdp_free(u->master);
-  fsdp_free(u->grad);
-  fsdp_free(u->m);
-  fsdp_free(u->v);
-  fsdp_free(u->full_grad);
-  fsdp_free(u->lp);
-  fsdp_free(u->rounded);
+  fsdp_engine_free(e, u->master);
+  fsdp_engine_free(e, u->grad);
+  fsdp_engine_free(e, u->m);
+  fsdp_engine_free(e, u->v);
+  fsdp_engine_free(e, u->full_grad);
+  fsdp_engine_free(e, u->lp);
+  fsdp_engine_free(e, u->rounded);
+  for (int i = 0; i < 4; i++) fsdp_free(u->mirror[i]);
   fsdp_event_destroy(u->ready);
   fsdp_event_destroy(u->reduced);
 }
@@ -116,16 +191,27 @@ void fsdp_engine_destroy(fsdp_engine_t e) {
   /* Streams first: their queued work may still touch buffers freed below. */
   fsdp_stream_destroy(e->s_gather);
   fsdp_stream_destroy(e->s_reduce);
-  for (int i = 0; i < e->n_units; i++) unit_free(&e->units[i]);
+  fsdp_stream_destroy(e->s_compute);
+  fsdp_stream_destroy(e->s_aux);
+#if FSDP_HAVE_CUDA
+  /* cuBLAS handles are cached per stream: drop the ones bound to these. */
+  if (e->cuda) fsdp_cuda_blas_release();
+#endif
+  for (int i = 0; i < e->n_units; i++) unit_free(e, &e->units[i]);
   free(e->units);
   for (int i = 0; i < e->n_pslots; i++) {
-    fsdp_free(e->pslots[i].buf);
-    fsdp_free(e->pslots[i].lp);
+    fsdp_engine_free(e, e->pslots[i].buf);
+    fsdp_engine_free(e, e->pslots[i].lp);
     fsdp_event_destroy(e->pslots[i].free_ev);
   }
   free(e->pslots);
-  for (int i = 0; i < e->n_gslots; i++) fsdp_free(e->gslots[i].buf);
-  fsdp_free(e->staging);
+  for (int i = 0; i < e->n_gslots; i++) fsdp_engine_free(e, e->gslots[i].buf);
+  fsdp_engine_free(e, e->staging);
+  fsdp_engine_free(e, e->grad_lp);
+  fsdp_engine_free(e, e->staging_lp);
+  fsdp_engine_free(e, e->norm_dev);
+  fsdp_free(e->norm_host);
+  free(e->comm_backend);
   fsdp_event_destroy(e->compute_done);
   free(e->fwd_release);
   free(e->tl);
@@ -256,7 +342,7 @@ fsdp_status_t fsdp_unit_add(fsdp_engine_t e, const char *name, const char *kind,
   memset(u, 0, sizeof *u);
   fsdp_status_t st = unit_fill(e, u, name, kind, tensors, n_tensors);
   if (st != FSDP_SUCCESS) {
-    unit_free(u);
+    unit_free(e, u);
     return st;
   }
   *unit = e->n_units++;
@@ -275,11 +361,27 @@ void fsdp_unit_segments(const struct unit *u, size_t lo, size_t hi, fsdp_segment
   }
 }
 
-struct init_ctx { const struct fsdp_engine *e; const struct unit *u; };
+struct init_ctx { const struct fsdp_engine *e; const struct unit *u; float *dst; };
 static void init_segment(const struct tensor *t, size_t first, size_t n, size_t flat, void *ctx) {
   const struct init_ctx *c = ctx;
-  fsdp_init_fill(c->u->master + (flat - c->u->shard_offset), n, c->e->seed, t->name, first,
+  fsdp_init_fill(c->dst + (flat - c->u->shard_offset), n, c->e->seed, t->name, first,
                  t->init, t->init_scale);
+}
+
+/* Fills u's master shard with its initial values (on CUDA through the host). */
+static fsdp_status_t unit_init(struct fsdp_engine *e, struct unit *u) {
+  size_t bytes = u->shard * sizeof(float);
+  struct init_ctx ctx = {e, u, e->cuda ? fsdp_alloc(bytes) : u->master};
+  if (!ctx.dst)
+    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "unit '%s': %zu bytes to initialise it", u->name,
+                      bytes);
+  fsdp_unit_segments(u, u->shard_offset, u->shard_offset + u->count, init_segment, &ctx);
+  fsdp_status_t st = FSDP_SUCCESS;
+  if (e->cuda) {
+    st = fsdp_device_copy(u->master, ctx.dst, bytes, FSDP_HOST_STREAM);
+    fsdp_free(ctx.dst);
+  }
+  return st != FSDP_SUCCESS ? st : fsdp_unit_refresh_params(e, u);
 }
 
 static fsdp_status_t unit_materialize(struct fsdp_engine *e, struct unit *u) {
@@ -290,26 +392,25 @@ static fsdp_status_t unit_materialize(struct fsdp_engine *e, struct unit *u) {
   u->shard_offset = e->shard_world == 1 ? 0 : (size_t)e->rank * u->shard;
   u->count = end - begin;
   size_t bytes = u->shard * sizeof(float);
-  u->master = fsdp_alloc(bytes);
-  u->grad = fsdp_alloc(bytes);
+  u->master = fsdp_engine_alloc(e, bytes);
+  u->grad = fsdp_engine_alloc(e, bytes);
   int moments = e->cfg.optim.kind == FSDP_OPTIM_ADAMW ? 2
                 : e->cfg.optim.momentum > 0.0f        ? 1 : 0;
-  if (moments >= 1) u->m = fsdp_alloc(bytes);
-  if (moments == 2) u->v = fsdp_alloc(bytes);
-  if (e->cfg.accumulate_full_grads) u->full_grad = fsdp_alloc(u->padded * sizeof(float));
+  if (moments >= 1) u->m = fsdp_engine_alloc(e, bytes);
+  if (moments == 2) u->v = fsdp_engine_alloc(e, bytes);
+  if (e->cfg.accumulate_full_grads) u->full_grad = fsdp_engine_alloc(e, u->padded * sizeof(float));
   if (!u->master || !u->grad || (moments >= 1 && !u->m) || (moments == 2 && !u->v) ||
       (e->cfg.accumulate_full_grads && !u->full_grad))
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY,
                       "unit '%s': cannot allocate its shard state (%zu bytes per buffer)",
                       u->name, bytes);
-  if (e->bf16) u->lp = fsdp_alloc(u->shard * sizeof(uint16_t));
-  if (e->bf16 && e->shard_world == 1) u->rounded = fsdp_alloc(bytes);
-  if (e->bf16 && (!u->lp || (e->shard_world == 1 && !u->rounded)))
+  if (e->bf16) u->lp = fsdp_engine_alloc(e, u->shard * sizeof(uint16_t));
+  /* One shard on the CPU: views read a widened copy (CUDA reads lp itself). */
+  if (e->widen && e->shard_world == 1) u->rounded = fsdp_engine_alloc(e, bytes);
+  if (e->bf16 && (!u->lp || (e->widen && e->shard_world == 1 && !u->rounded)))
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "unit '%s': cannot allocate its bf16 copy",
                       u->name);
-  struct init_ctx ctx = {e, u};
-  fsdp_unit_segments(u, u->shard_offset, u->shard_offset + u->count, init_segment, &ctx);
-  fsdp_unit_refresh_params(e, u);
+  FSDP_TRY(unit_init(e, u));
   if (e->max_padded < u->padded) e->max_padded = u->padded;
   if (e->max_shard < u->shard) e->max_shard = u->shard;
   return FSDP_SUCCESS;
@@ -330,31 +431,52 @@ static fsdp_status_t pools_create(struct fsdp_engine *e) {
     struct pslot *p = &e->pslots[i];
     p->capacity = c->strategy == FSDP_SHARD_GRAD_OP ? e->units[i].padded : e->max_padded;
     p->owner = -1;
-    p->buf = fsdp_alloc(p->capacity * sizeof(float));
-    if (e->bf16) p->lp = fsdp_alloc(p->capacity * sizeof(uint16_t));
-    if (!p->buf || (e->bf16 && !p->lp))
+    int f32 = !e->bf16 || e->widen;
+    if (f32) p->buf = fsdp_engine_alloc(e, p->capacity * sizeof(float));
+    if (e->bf16) p->lp = fsdp_engine_alloc(e, p->capacity * sizeof(uint16_t));
+    if ((f32 && !p->buf) || (e->bf16 && !p->lp))
       return fsdp_error(FSDP_ERR_OUT_OF_MEMORY,
-                        "engine: cannot allocate a %zu-byte gather buffer",
-                        p->capacity * sizeof(float));
+                        "engine: cannot allocate a %zu-byte gather buffer (%s)",
+                        p->capacity * fsdp_gather_elem_bytes(e), fsdp_last_error());
     FSDP_TRY(fsdp_event_create(&p->free_ev));
-    e->param_pool_bytes += p->capacity * (sizeof(float) + (e->bf16 ? sizeof(uint16_t) : 0));
+    e->param_pool_bytes += p->capacity * fsdp_gather_elem_bytes(e);
   }
   /* accumulate_full_grads keeps one full gradient per unit instead. */
   e->n_gslots = c->accumulate_full_grads ? 0 : FSDP_GRAD_SLOTS;
   for (int i = 0; i < e->n_gslots; i++) {
     e->gslots[i].owner = -1;
-    if (!(e->gslots[i].buf = fsdp_alloc(e->max_padded * sizeof(float))))
+    if (!(e->gslots[i].buf = fsdp_engine_alloc(e, e->max_padded * sizeof(float))))
       return fsdp_error(FSDP_ERR_OUT_OF_MEMORY,
-                        "engine: cannot allocate a %zu-byte gradient buffer",
-                        e->max_padded * sizeof(float));
+                        "engine: cannot allocate a %zu-byte gradient buffer (%s)",
+                        e->max_padded * sizeof(float), fsdp_last_error());
     e->grad_pool_bytes += e->max_padded * sizeof(float);
   }
   if (c->accumulate_full_grads)
     for (int i = 0; i < e->n_units; i++) e->grad_pool_bytes += e->units[i].padded * sizeof(float);
+  /* The reduction's output shard, in the reduce dtype; bf16 also casts the
+   * full gradient into a bf16 buffer first. */
   size_t staging = e->shard_world == 1 ? 0 : e->max_shard;
-  if (staging && !(e->staging = fsdp_alloc(staging * sizeof(float))))
-    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: cannot allocate the reduce buffer");
-  e->staging_bytes = staging * sizeof(float);
+  if (e->bf16_reduce && e->nranks > 1) {
+    e->grad_lp = fsdp_engine_alloc(e, e->max_padded * sizeof(uint16_t));
+    if (staging) e->staging_lp = fsdp_engine_alloc(e, staging * sizeof(uint16_t));
+    if (!e->grad_lp || (staging && !e->staging_lp))
+      return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: cannot allocate the bf16 reduce buffers");
+    e->staging_bytes = (e->max_padded + staging) * sizeof(uint16_t);
+  } else if (staging) {
+    if (!(e->staging = fsdp_engine_alloc(e, staging * sizeof(float))))
+      return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: cannot allocate the reduce buffer");
+    e->staging_bytes = staging * sizeof(float);
+  }
+  if (e->cuda) {
+#if FSDP_HAVE_CUDA
+    size_t n = (size_t)e->n_units + FSDP_CUDA_SUMSQ_PARTIALS;
+    e->norm_dev = fsdp_engine_alloc(e, n * sizeof(double));
+    e->norm_host = fsdp_alloc((size_t)e->n_units * sizeof(double));
+    if (!e->norm_dev || !e->norm_host)
+      return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: cannot allocate the norm buffers");
+    e->staging_bytes += n * sizeof(double);
+#endif
+  }
   e->fwd_release = calloc((size_t)e->n_units, sizeof *e->fwd_release);
   if (!e->fwd_release) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: out of host memory");
   return FSDP_SUCCESS;
@@ -431,9 +553,12 @@ fsdp_status_t fsdp_engine_load_tensor(fsdp_engine_t e, const char *name, const f
     size_t lo = u->shard_offset, hi = u->shard_offset + u->count;
     size_t a = t->offset > lo ? t->offset : lo;
     size_t b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
-    if (a < b) memcpy(u->master + (a - lo), buf + (a - t->offset), (b - a) * sizeof(float));
-    fsdp_unit_refresh_params(e, u);
-  } else {
+    if (a < b)
+      st = fsdp_device_copy(u->master + (a - lo), buf + (a - t->offset), (b - a) * sizeof(float),
+                            FSDP_HOST_STREAM);
+    if (st == FSDP_SUCCESS) st = fsdp_unit_refresh_params(e, u);
+  }
+  if (st != FSDP_SUCCESS) {
     fsdp_engine_poison(e, st);
   }
   fsdp_free(buf);
@@ -452,16 +577,21 @@ fsdp_status_t fsdp_engine_read_tensor(fsdp_engine_t e, const char *name, float *
   if ((root == -1 || root == e->rank) && !full)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
                       "fsdp_engine_read_tensor('%s'): no output buffer on rank %d", name, e->rank);
-  if (e->shard_world == 1) {
-    if (full) memcpy(full, u->master + t->offset, t->numel * sizeof(float));
-    return FSDP_SUCCESS;
-  }
+  FSDP_TRY(fsdp_stream_synchronize(e->s_compute)); /* the last step's update */
+  if (e->shard_world == 1)
+    return full ? fsdp_device_copy(full, u->master + t->offset, t->numel * sizeof(float),
+                                   FSDP_HOST_STREAM)
+                : FSDP_SUCCESS;
   float *buf = fsdp_alloc(u->padded * sizeof(float));
   if (!buf)
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "fsdp_engine_read_tensor('%s'): %zu bytes", name,
                       u->padded * sizeof(float));
-  fsdp_status_t st = fsdp_all_gather(e->comm_host, u->master, buf, u->shard, FSDP_F32,
-                                     FSDP_HOST_STREAM);
+  /* The host communicator moves host memory: this rank's shard goes in place. */
+  float *mine = buf + (size_t)e->rank * u->shard;
+  fsdp_status_t st = fsdp_device_copy(mine, u->master, u->shard * sizeof(float),
+                                      FSDP_HOST_STREAM);
+  if (st == FSDP_SUCCESS)
+    st = fsdp_all_gather(e->comm_host, mine, buf, u->shard, FSDP_F32, FSDP_HOST_STREAM);
   if (st == FSDP_SUCCESS && (root == -1 || root == e->rank))
     memcpy(full, buf + t->offset, t->numel * sizeof(float));
   if (st != FSDP_SUCCESS) fsdp_engine_poison(e, st);
@@ -497,7 +627,19 @@ fsdp_status_t fsdp_engine_set_step(fsdp_engine_t e, int64_t step) {
                         "fsdp_engine_set_step while unit '%s' is %s: finish the step first",
                         e->units[i].name, e->units[i].held >= 0 ? "acquired" : "holding gradients");
   fsdp_engine_drop_gathers(e);
-  for (int i = 0; i < e->n_units; i++) fsdp_unit_refresh_params(e, &e->units[i]);
+  for (int i = 0; i < e->n_units; i++) {
+    struct unit *u = &e->units[i];
+    if (u->mirror_dirty) { /* what a loader wrote into fsdp_unit_shard's host copies */
+      float *dev[4] = {u->master, u->grad, u->m, u->v};
+      for (int k = 0; k < 4; k++)
+        if (dev[k])
+          FSDP_TRY(fsdp_device_copy(dev[k], u->mirror[k], u->shard * sizeof(float),
+                                    FSDP_HOST_STREAM));
+      u->mirror_dirty = 0;
+    }
+    FSDP_TRY(fsdp_unit_refresh_params(e, u));
+  }
+  FSDP_TRY(fsdp_stream_synchronize(e->s_compute));
   e->step = step;
   return FSDP_SUCCESS;
 }
@@ -507,7 +649,7 @@ int64_t fsdp_engine_step_count(fsdp_engine_t e) { return e ? e->step : 0; }
 const fsdp_config_t *fsdp_engine_config(fsdp_engine_t e) { return e ? &e->cfg : NULL; }
 fsdp_world_t fsdp_engine_world(fsdp_engine_t e) { return e ? e->world : NULL; }
 fsdp_comm_t fsdp_engine_comm(fsdp_engine_t e) { return e ? e->comm_host : NULL; }
-fsdp_stream_t fsdp_engine_stream(fsdp_engine_t e) { (void)e; return FSDP_HOST_STREAM; }
+fsdp_stream_t fsdp_engine_stream(fsdp_engine_t e) { return e ? e->s_compute : FSDP_HOST_STREAM; }
 
 static fsdp_status_t unit_get(fsdp_engine_t e, fsdp_unit_t unit, const char *what,
                               struct unit **u) {
@@ -535,7 +677,24 @@ fsdp_status_t fsdp_unit_shard(fsdp_engine_t e, fsdp_unit_t unit, fsdp_shard_t *s
     return fsdp_error(FSDP_ERR_INVALID_USAGE, "fsdp_unit_shard('%s') before materialize",
                       u->name);
   if (!shard) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_unit_shard: shard is NULL");
-  *shard = (fsdp_shard_t){u->shard_offset, u->count, u->shard, u->master, u->grad, u->m, u->v};
+  if (!e->cuda) {
+    *shard = (fsdp_shard_t){u->shard_offset, u->count, u->shard, u->master, u->grad, u->m, u->v};
+    return FSDP_SUCCESS;
+  }
+  /* CUDA: host copies, refreshed now; see fsdp_unit_shard in engine.h. */
+  FSDP_TRY(fsdp_stream_synchronize(e->s_compute));
+  FSDP_TRY(fsdp_stream_synchronize(e->s_reduce));
+  float *dev[4] = {u->master, u->grad, u->m, u->v};
+  for (int k = 0; k < 4; k++) {
+    if (!dev[k]) continue;
+    if (!u->mirror[k] && !(u->mirror[k] = fsdp_alloc(u->shard * sizeof(float))))
+      return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "fsdp_unit_shard('%s'): %zu bytes of host memory",
+                        u->name, u->shard * sizeof(float));
+    FSDP_TRY(fsdp_device_copy(u->mirror[k], dev[k], u->shard * sizeof(float), FSDP_HOST_STREAM));
+  }
+  u->mirror_dirty = 1;
+  *shard = (fsdp_shard_t){u->shard_offset, u->count,     u->shard,   u->mirror[0],
+                          u->mirror[1],    u->mirror[2], u->mirror[3]};
   return FSDP_SUCCESS;
 }
 
@@ -564,10 +723,16 @@ fsdp_status_t fsdp_unit_tensor(fsdp_engine_t e, fsdp_unit_t unit, int index,
 
 /* ---- memory and timeline ------------------------------------------------ */
 
-void fsdp_unit_refresh_params(const struct fsdp_engine *e, struct unit *u) {
-  if (!e->bf16) return;
+fsdp_status_t fsdp_unit_refresh_params(const struct fsdp_engine *e, struct unit *u) {
+  if (!e->bf16) return FSDP_SUCCESS;
+#if FSDP_HAVE_CUDA
+  if (e->cuda)
+    return fsdp_cuda_f32_to_bf16(u->lp, u->master, u->shard,
+                                 (fsdp_cuda_stream_t)fsdp_stream_cuda_handle(e->s_compute));
+#endif
   for (size_t i = 0; i < u->shard; i++) u->lp[i] = fsdp_f32_to_bf16(u->master[i]);
   for (size_t i = 0; u->rounded && i < u->shard; i++) u->rounded[i] = fsdp_bf16_to_f32(u->lp[i]);
+  return FSDP_SUCCESS;
 }
 
 void fsdp_mem_track(size_t *live, size_t *peak, size_t add, size_t sub) {

@@ -43,6 +43,10 @@ struct unit {
   uint16_t *lp;                 /* bf16 params: the master shard rounded, what is gathered */
   float *rounded;               /* bf16 params on one shard: lp widened, what views show */
   float *full_grad;             /* accumulate_full_grads only: padded-sized */
+  /* CUDA: host copies of master, grad, m, v that fsdp_unit_shard hands out;
+   * written back at fsdp_engine_set_step while mirror_dirty. */
+  float *mirror[4];
+  int mirror_dirty;
 
   int slot;      /* param slot holding the gathered params, -1 none */
   int held;      /* acquired by the caller: -1 no, else the pass */
@@ -58,8 +62,8 @@ struct unit {
 };
 
 struct pslot {
-  float *buf;      /* what views show (f32) */
-  uint16_t *lp;    /* bf16 params: the gathered bf16 bytes, widened into buf */
+  float *buf;      /* what views show (f32); NULL on CUDA with bf16 params */
+  uint16_t *lp;    /* bf16 params: the gathered bf16 bytes (CPU: widened into buf) */
   size_t capacity; /* elements */
   int owner;       /* unit or -1 */
   fsdp_event_t free_ev; /* compute stream passed the last use */
@@ -82,7 +86,11 @@ struct fsdp_engine {
   fsdp_config_t cfg;
   int rank, nranks;
   int shard_world; /* ranks a unit is sharded over: nranks, or 1 for NO_SHARD */
-  int bf16;        /* param_dtype is bf16: gathers move bf16, compute sees it widened */
+  int bf16;        /* param_dtype is bf16: gathers move bf16 */
+  int cuda;        /* config.device is CUDA: every buffer below is device memory */
+  int widen;       /* bf16 on the CPU: gathered bf16 is widened to f32 for compute */
+  int bf16_reduce; /* reduce_dtype is bf16 */
+  char *comm_backend; /* config.comm_backend, copied (cfg.comm_backend points here) */
   int materialized;
   uint64_t seed;
 
@@ -91,12 +99,18 @@ struct fsdp_engine {
 
   fsdp_comm_t comm_host, comm_gather, comm_reduce;
   fsdp_stream_t s_gather, s_reduce;
+  fsdp_stream_t s_compute; /* CUDA: the compute stream; CPU: the host stream (NULL) */
+  fsdp_stream_t s_aux;     /* CUDA with worker comm streams: their kernels' stream */
+  int device;              /* CUDA: the device ordinal current at creation */
 
   struct pslot *pslots;
   int n_pslots;
   struct gslot gslots[FSDP_GRAD_SLOTS];
   int n_gslots, next_gslot;
   float *staging; /* reduction output, one shard; used on the reduce stream only */
+  uint16_t *grad_lp, *staging_lp; /* bf16 reduce: the cast gradient and its reduced shard */
+  double *norm_dev;  /* CUDA step: per-unit sums of squares, then the partials */
+  double *norm_host; /* CUDA step: the per-unit sums, copied back */
   size_t max_padded, max_shard;
 
   /* schedule */
@@ -127,10 +141,19 @@ struct fsdp_engine {
 void fsdp_tl_add(struct fsdp_engine *e, fsdp_tl_kind_t kind, int unit, fsdp_pass_t pass,
                  int stream, double t0, double t1, size_t bytes);
 void fsdp_mem_track(size_t *live, size_t *peak, size_t add, size_t sub);
-/* Bytes a gathered copy of u occupies: f32, plus the bf16 bytes gathered. */
-static inline size_t fsdp_unit_gathered_bytes(const struct fsdp_engine *e, const struct unit *u) {
-  return u->padded * (sizeof(float) + (e->bf16 ? sizeof(uint16_t) : 0));
+/* Bytes per element of a gather buffer: what is gathered, plus the f32 twin
+ * the CPU widens bf16 into. */
+static inline size_t fsdp_gather_elem_bytes(const struct fsdp_engine *e) {
+  return e->bf16 ? sizeof(uint16_t) + (e->widen ? sizeof(float) : 0) : sizeof(float);
 }
+static inline size_t fsdp_unit_gathered_bytes(const struct fsdp_engine *e, const struct unit *u) {
+  return u->padded * fsdp_gather_elem_bytes(e);
+}
+/* Memory of the engine's device, zeroed; NULL on failure (the error is set). */
+void *fsdp_engine_alloc(const struct fsdp_engine *e, size_t bytes);
+void fsdp_engine_free(const struct fsdp_engine *e, void *p);
+/* Zeroes bytes at p in stream order on the compute stream (CPU: now). */
+fsdp_status_t fsdp_engine_zero(const struct fsdp_engine *e, void *p, size_t bytes);
 fsdp_status_t fsdp_engine_poison(struct fsdp_engine *e, fsdp_status_t st);
 fsdp_status_t fsdp_engine_check_live(struct fsdp_engine *e);
 
@@ -144,6 +167,6 @@ void fsdp_unit_segments(const struct unit *u, size_t lo, size_t hi, fsdp_segment
 void fsdp_engine_drop_gathers(struct fsdp_engine *e);
 /* After the master shard of u changed: its bf16 copy (and widened view copy)
  * follow. No-op for f32 parameters. */
-void fsdp_unit_refresh_params(const struct fsdp_engine *e, struct unit *u);
+fsdp_status_t fsdp_unit_refresh_params(const struct fsdp_engine *e, struct unit *u);
 
 #endif

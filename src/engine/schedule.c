@@ -6,41 +6,100 @@
 
 #include "comm/comm_internal.h"
 #include "engine/engine_internal.h"
+#include "fsdp_config.h"
+#if FSDP_HAVE_CUDA
+#include "cuda/kernels.h"
+#endif
 
 static const char *pass_name(fsdp_pass_t p) { return p == FSDP_FORWARD ? "forward" : "backward"; }
 static int unit_index(const struct fsdp_engine *e, const struct unit *u) {
   return (int)(u - e->units);
 }
 
-/* ---- stream work: timeline marks and gradient accumulation -------------- */
+/* ---- stream work: timeline marks, casts and gradient accumulation -------- *
+ * On the CPU these run as host functions on the communication streams. On
+ * CUDA with NCCL (communication streams are CUDA streams) the kernels are
+ * queued on those streams when the engine issues the work, and the timeline
+ * marks are host functions only while a timeline is kept. On CUDA with a host
+ * backend (worker streams) the host functions launch the kernels on the aux
+ * stream of the worker and wait for them there. */
+
+/* Host functions on a CUDA stream stall it briefly: only for the timeline. */
+static int marks_on(const struct fsdp_engine *e, fsdp_stream_t s) {
+  return !fsdp_stream_cuda_handle(s) || e->cfg.timeline_capacity > 0;
+}
 
 static fsdp_status_t mark_begin(void *arg) {
   ((struct stream_op *)arg)->t_begin = fsdp_time_now();
   return FSDP_SUCCESS;
 }
 
-/* Widens a bf16 gather for compute, then the timeline mark. */
+/* Widens a bf16 gather for compute on the CPU, then the timeline mark. */
 static fsdp_status_t gather_end(void *arg) {
   struct stream_op *op = arg;
   for (size_t i = 0; op->lp && i < op->u->padded; i++) op->dst[i] = fsdp_bf16_to_f32(op->lp[i]);
   fsdp_tl_add(op->eng, FSDP_TL_ALL_GATHER, unit_index(op->eng, op->u), op->pass, 1, op->t_begin,
-              fsdp_time_now(), op->u->shard * sizeof(float));
+              fsdp_time_now(), op->u->shard * fsdp_gather_elem_bytes(op->eng));
   return FSDP_SUCCESS;
 }
 
-/* grad shard += scale * reduced gradient, then the timeline mark. Runs on the
- * reduce stream after the collective, so it never races with the next one. */
-static fsdp_status_t reduce_end(void *arg) {
+static fsdp_status_t reduce_mark(void *arg) {
   struct stream_op *op = arg;
   struct fsdp_engine *e = op->eng;
-  struct unit *u = op->u;
-  const float *src = e->shard_world > 1 ? e->staging : u->reduce_src;
-  const float scale = u->reduce_scale;
-  float *restrict g = u->grad;
-  for (size_t i = 0; i < u->shard; i++) g[i] += scale * src[i];
-  fsdp_tl_add(e, FSDP_TL_REDUCE, unit_index(e, u), FSDP_BACKWARD, 2, op->t_begin,
-              fsdp_time_now(), u->shard * sizeof(float));
+  fsdp_tl_add(e, FSDP_TL_REDUCE, unit_index(e, op->u), FSDP_BACKWARD, 2, op->t_begin,
+              fsdp_time_now(), op->u->shard * (e->bf16_reduce ? sizeof(uint16_t) : sizeof(float)));
   return FSDP_SUCCESS;
+}
+
+/* bf16 reduce dtype: the full fp32 gradient rounded into grad_lp. */
+static fsdp_status_t cast_grad(struct fsdp_engine *e, struct unit *u, void *stream) {
+#if FSDP_HAVE_CUDA
+  if (e->cuda)
+    return fsdp_cuda_f32_to_bf16(e->grad_lp, u->reduce_src, u->padded, (fsdp_cuda_stream_t)stream);
+#endif
+  (void)stream;
+  for (size_t i = 0; i < u->padded; i++) e->grad_lp[i] = fsdp_f32_to_bf16(u->reduce_src[i]);
+  return FSDP_SUCCESS;
+}
+
+/* grad shard += scale * reduced gradient (the averaging is folded in here). */
+static fsdp_status_t accumulate(struct fsdp_engine *e, struct unit *u, void *stream) {
+  const int lp = e->bf16_reduce && e->nranks > 1;
+  const float *src = e->shard_world > 1 ? e->staging : u->reduce_src;
+  const uint16_t *src_lp = e->shard_world > 1 ? e->staging_lp : e->grad_lp;
+  const float scale = u->reduce_scale;
+#if FSDP_HAVE_CUDA
+  if (e->cuda)
+    return lp ? fsdp_cuda_axpy_bf16(u->grad, src_lp, scale, u->shard, (fsdp_cuda_stream_t)stream)
+              : fsdp_cuda_axpy(u->grad, src, scale, u->shard, (fsdp_cuda_stream_t)stream);
+#endif
+  (void)stream;
+  float *restrict g = u->grad;
+  if (lp)
+    for (size_t i = 0; i < u->shard; i++) g[i] += scale * fsdp_bf16_to_f32(src_lp[i]);
+  else
+    for (size_t i = 0; i < u->shard; i++) g[i] += scale * src[i];
+  return FSDP_SUCCESS;
+}
+
+/* Host-function forms for worker streams; on CUDA they run the kernel on the
+ * aux stream and wait for it, so the worker's next task sees the result. */
+static fsdp_status_t on_worker(struct stream_op *op,
+                               fsdp_status_t (*fn)(struct fsdp_engine *, struct unit *, void *)) {
+  struct fsdp_engine *e = op->eng;
+  FSDP_TRY(fn(e, op->u, fsdp_stream_cuda_handle(e->s_aux)));
+  return e->cuda ? fsdp_stream_synchronize(e->s_aux) : FSDP_SUCCESS;
+}
+static fsdp_status_t cast_task(void *arg) { return on_worker(arg, cast_grad); }
+static fsdp_status_t accumulate_task(void *arg) { return on_worker(arg, accumulate); }
+
+/* Queues fn on the reduce stream: a kernel on a CUDA stream, else a task. */
+static fsdp_status_t reduce_queue(struct fsdp_engine *e, struct unit *u,
+                                  fsdp_status_t (*fn)(struct fsdp_engine *, struct unit *, void *),
+                                  fsdp_host_fn task) {
+  void *cs = fsdp_stream_cuda_handle(e->s_reduce);
+  if (cs) return fn(e, u, cs);
+  return fsdp_stream_launch(e->s_reduce, task, &u->reduce_op);
 }
 
 /* ---- gathers ------------------------------------------------------------ */
@@ -58,22 +117,23 @@ static fsdp_status_t gather_issue(struct fsdp_engine *e, struct unit *u, int slo
   p->owner = unit_index(e, u);
   u->slot = slot;
   fsdp_mem_track(&e->gathered, &e->gathered_peak, fsdp_unit_gathered_bytes(e, u), 0);
-  u->gather_op = (struct stream_op){e, u, pass, 0.0, e->bf16 ? p->lp : NULL, p->buf};
+  u->gather_op = (struct stream_op){e, u, pass, 0.0, e->widen ? p->lp : NULL, p->buf};
+  int marks = marks_on(e, e->s_gather);
   FSDP_TRY(fsdp_stream_wait_event(e->s_gather, p->free_ev));
-  FSDP_TRY(fsdp_stream_launch(e->s_gather, mark_begin, &u->gather_op));
+  if (marks) FSDP_TRY(fsdp_stream_launch(e->s_gather, mark_begin, &u->gather_op));
   fsdp_comm_set_tag(e->comm_gather, u->name); /* names the unit in timeouts and desyncs */
   if (e->bf16)
     FSDP_TRY(fsdp_all_gather(e->comm_gather, u->lp, p->lp, u->shard, FSDP_BF16, e->s_gather));
   else
     FSDP_TRY(fsdp_all_gather(e->comm_gather, u->master, p->buf, u->shard, FSDP_F32, e->s_gather));
-  FSDP_TRY(fsdp_stream_launch(e->s_gather, gather_end, &u->gather_op));
+  if (marks) FSDP_TRY(fsdp_stream_launch(e->s_gather, gather_end, &u->gather_op));
   return fsdp_event_record(u->ready, e->s_gather);
 }
 
 static fsdp_status_t slot_release(struct fsdp_engine *e, struct unit *u) {
   struct pslot *p = &e->pslots[u->slot];
   /* The next gather into this buffer must wait until compute has passed it. */
-  FSDP_TRY(fsdp_event_record(p->free_ev, fsdp_engine_stream(e)));
+  FSDP_TRY(fsdp_event_record(p->free_ev, e->s_compute));
   p->owner = -1;
   u->slot = -1;
   fsdp_mem_track(&e->gathered, &e->gathered_peak, 0, fsdp_unit_gathered_bytes(e, u));
@@ -133,8 +193,8 @@ static fsdp_status_t grad_buffer(struct fsdp_engine *e, struct unit *u, float **
   size_t bytes = u->padded * sizeof(float);
   if (e->cfg.accumulate_full_grads) {
     if (u->bwd_count == 0) {
-      FSDP_TRY(fsdp_event_synchronize(u->reduced));
-      memset(u->full_grad, 0, bytes);
+      FSDP_TRY(fsdp_stream_wait_event(e->s_compute, u->reduced));
+      FSDP_TRY(fsdp_engine_zero(e, u->full_grad, bytes));
       fsdp_mem_track(&e->grads_live, &e->grads_peak, bytes, 0);
     }
     *buf = u->full_grad;
@@ -148,16 +208,16 @@ static fsdp_status_t grad_buffer(struct fsdp_engine *e, struct unit *u, float **
                       "by acquired units; release units sooner", u->name, e->n_gslots);
   int slot = (e->next_gslot + k) % e->n_gslots;
   struct gslot *g = &e->gslots[slot];
-  if (g->busy) { /* wait for the reduction still reading it */
+  if (g->busy) { /* compute waits for the reduction still reading it */
     struct unit *prev = &e->units[g->owner];
-    FSDP_TRY(fsdp_event_synchronize(prev->reduced));
+    FSDP_TRY(fsdp_stream_wait_event(e->s_compute, prev->reduced));
     fsdp_mem_track(&e->grads_live, &e->grads_peak, 0, prev->padded * sizeof(float));
   }
   u->gslot = slot;
   e->next_gslot = (slot + 1) % e->n_gslots;
   g->busy = g->held = 1;
   g->owner = unit_index(e, u);
-  memset(g->buf, 0, bytes);
+  FSDP_TRY(fsdp_engine_zero(e, g->buf, bytes));
   fsdp_mem_track(&e->grads_live, &e->grads_peak, bytes, 0);
   *buf = g->buf;
   return FSDP_SUCCESS;
@@ -166,22 +226,29 @@ static fsdp_status_t grad_buffer(struct fsdp_engine *e, struct unit *u, float **
 /* Starts the reduction of a unit's full gradient into its fp32 shard. The sum
  * runs in the collective; the averaging scale is folded into accumulation. */
 static fsdp_status_t reduce_issue(struct fsdp_engine *e, struct unit *u, float *src) {
-  FSDP_TRY(fsdp_event_synchronize(u->reduced)); /* its closure is about to be reused */
+  int marks = marks_on(e, e->s_reduce);
+  /* Queued host functions read the closure: let the last ones finish. */
+  if (marks || !e->cuda) FSDP_TRY(fsdp_event_synchronize(u->reduced));
   u->reduce_src = src;
   u->reduce_scale = e->cfg.grad_reduce == FSDP_AVG
                         ? 1.0f / (float)((double)e->nranks * e->cfg.grad_accum) : 1.0f;
   u->reduce_op = (struct stream_op){e, u, FSDP_BACKWARD, 0.0, NULL, NULL};
-  FSDP_TRY(fsdp_event_record(e->compute_done, fsdp_engine_stream(e)));
+  FSDP_TRY(fsdp_event_record(e->compute_done, e->s_compute));
   FSDP_TRY(fsdp_stream_wait_event(e->s_reduce, e->compute_done));
-  FSDP_TRY(fsdp_stream_launch(e->s_reduce, mark_begin, &u->reduce_op));
+  if (marks) FSDP_TRY(fsdp_stream_launch(e->s_reduce, mark_begin, &u->reduce_op));
   fsdp_comm_set_tag(e->comm_reduce, u->name);
+  int lp = e->bf16_reduce && e->nranks > 1;
+  if (lp) FSDP_TRY(reduce_queue(e, u, cast_grad, cast_task));
+  const void *send = lp ? (const void *)e->grad_lp : (const void *)src;
+  fsdp_dtype_t dt = lp ? FSDP_BF16 : FSDP_F32;
   if (e->shard_world > 1)
-    FSDP_TRY(fsdp_reduce_scatter(e->comm_reduce, src, e->staging, u->shard, FSDP_F32, FSDP_SUM,
-                                 e->s_reduce));
+    FSDP_TRY(fsdp_reduce_scatter(e->comm_reduce, send, lp ? (void *)e->staging_lp : e->staging,
+                                 u->shard, dt, FSDP_SUM, e->s_reduce));
   else if (e->nranks > 1)
-    FSDP_TRY(fsdp_all_reduce(e->comm_reduce, src, src, u->padded, FSDP_F32, FSDP_SUM,
+    FSDP_TRY(fsdp_all_reduce(e->comm_reduce, send, (void *)send, u->padded, dt, FSDP_SUM,
                              e->s_reduce));
-  FSDP_TRY(fsdp_stream_launch(e->s_reduce, reduce_end, &u->reduce_op));
+  FSDP_TRY(reduce_queue(e, u, accumulate, accumulate_task));
+  if (marks) FSDP_TRY(fsdp_stream_launch(e->s_reduce, reduce_mark, &u->reduce_op));
   return fsdp_event_record(u->reduced, e->s_reduce);
 }
 
@@ -255,12 +322,17 @@ static fsdp_status_t acquire(struct fsdp_engine *e, struct unit *u, fsdp_pass_t 
   }
   e->fwd_done = e->fwd_done && !starts;
   FSDP_TRY(prefetch(e, pass, pos));
-  FSDP_TRY(fsdp_stream_wait_event(fsdp_engine_stream(e), u->ready));
-  const float *base = e->shard_world > 1 ? e->pslots[u->slot].buf
-                      : e->bf16          ? u->rounded
-                                         : u->master;
+  FSDP_TRY(fsdp_stream_wait_event(e->s_compute, u->ready));
+  /* bf16 on CUDA: views show the gathered bf16 itself. */
+  int lp = e->bf16 && !e->widen;
+  const void *base = e->shard_world > 1 ? (lp ? (const void *)e->pslots[u->slot].lp
+                                              : (const void *)e->pslots[u->slot].buf)
+                     : lp      ? (const void *)u->lp
+                     : e->bf16 ? (const void *)u->rounded
+                               : (const void *)u->master;
+  size_t elem = lp ? sizeof(uint16_t) : sizeof(float);
   for (int i = 0; i < u->n_tensors; i++)
-    u->param_ptrs[i] = (float *)base + u->tensors[i].offset;
+    u->param_ptrs[i] = (float *)((char *)base + u->tensors[i].offset * elem);
   if (pass == FSDP_BACKWARD) {
     float *g = NULL;
     FSDP_TRY(grad_buffer(e, u, &g));
@@ -271,7 +343,7 @@ static fsdp_status_t acquire(struct fsdp_engine *e, struct unit *u, fsdp_pass_t 
   }
   u->held = (int)pass;
   *view = (fsdp_view_t){u->n_tensors, u->param_ptrs, pass == FSDP_BACKWARD ? u->grad_ptrs : NULL,
-                        FSDP_F32};
+                        lp ? FSDP_BF16 : FSDP_F32};
   return FSDP_SUCCESS;
 }
 

@@ -7,6 +7,10 @@
 
 #include "comm/comm_internal.h"
 #include "engine/engine_internal.h"
+#include "fsdp_config.h"
+#if FSDP_HAVE_CUDA
+#include "cuda/kernels.h"
+#endif
 
 static fsdp_status_t step_ready(struct fsdp_engine *e) {
   FSDP_TRY(fsdp_engine_check_live(e));
@@ -29,30 +33,71 @@ static fsdp_status_t step_ready(struct fsdp_engine *e) {
   return FSDP_SUCCESS;
 }
 
-/* Sum of squares of this rank's real gradient elements; padding never counts. */
-static double shard_sumsq(const struct fsdp_engine *e) {
-  double total = 0.0;
+/* Sum of squares of this rank's real gradient elements; padding never counts.
+ * Units are added in order on both devices (CUDA: one sum per unit on the
+ * compute stream, copied back; the step's one synchronisation). */
+static fsdp_status_t shard_sumsq(const struct fsdp_engine *e, double *total) {
+  *total = 0.0;
+#if FSDP_HAVE_CUDA
+  if (e->cuda) {
+    fsdp_cuda_stream_t cs = (fsdp_cuda_stream_t)fsdp_stream_cuda_handle(e->s_compute);
+    FSDP_TRY(fsdp_device_zero(e->norm_dev, (size_t)e->n_units * sizeof(double), e->s_compute));
+    for (int i = 0; i < e->n_units; i++)
+      if (e->units[i].count)
+        FSDP_TRY(fsdp_cuda_sum_squares(e->norm_dev + i, e->norm_dev + e->n_units,
+                                       e->units[i].grad, e->units[i].count, cs));
+    FSDP_TRY(fsdp_device_copy(e->norm_host, e->norm_dev, (size_t)e->n_units * sizeof(double),
+                              e->s_compute));
+    FSDP_TRY(fsdp_stream_synchronize(e->s_compute));
+    for (int i = 0; i < e->n_units; i++) *total += e->norm_host[i];
+    return FSDP_SUCCESS;
+  }
+#endif
   for (int i = 0; i < e->n_units; i++) {
     const struct unit *u = &e->units[i];
     double s = 0.0;
     for (size_t k = 0; k < u->count; k++) s += (double)u->grad[k] * u->grad[k];
-    total += s;
+    *total += s;
   }
-  return total;
+  return FSDP_SUCCESS;
 }
 
 struct update_ctx {
   const struct fsdp_engine *e;
   const struct unit *u;
   float lr, coef;
+  fsdp_status_t st; /* CUDA: the first launch failure */
 };
+
+#if FSDP_HAVE_CUDA
+static void update_segment_cuda(const struct tensor *t, size_t k, size_t n, struct update_ctx *c) {
+  const fsdp_optim_config_t *o = &c->e->cfg.optim;
+  fsdp_cuda_stream_t cs = (fsdp_cuda_stream_t)fsdp_stream_cuda_handle(c->e->s_compute);
+  float *p = c->u->master + k, *g = c->u->grad + k;
+  fsdp_status_t st = FSDP_SUCCESS;
+  if (c->coef != 1.0f) st = fsdp_cuda_scale(g, c->coef, n, cs);
+  if (st == FSDP_SUCCESS && o->kind == FSDP_OPTIM_ADAMW)
+    st = fsdp_cuda_adamw_update(p, g, c->u->m + k, c->u->v + k, n, o, c->lr, c->e->step + 1,
+                                !t->no_decay, cs);
+  else if (st == FSDP_SUCCESS)
+    st = fsdp_cuda_sgd_update(p, g, c->u->m ? c->u->m + k : NULL, n, o, c->lr, c->e->step == 0,
+                              !t->no_decay, cs);
+  if (c->st == FSDP_SUCCESS) c->st = st;
+}
+#endif
 
 static void update_segment(const struct tensor *t, size_t first, size_t n, size_t flat,
                            void *arg) {
   (void)first;
-  const struct update_ctx *c = arg;
+  struct update_ctx *c = arg;
   const fsdp_optim_config_t *o = &c->e->cfg.optim;
   size_t k = flat - c->u->shard_offset;
+#if FSDP_HAVE_CUDA
+  if (c->e->cuda) {
+    update_segment_cuda(t, k, n, c);
+    return;
+  }
+#endif
   float *p = c->u->master + k, *g = c->u->grad + k;
   if (c->coef != 1.0f)
     for (size_t i = 0; i < n; i++) g[i] *= c->coef;
@@ -68,7 +113,9 @@ static fsdp_status_t step(struct fsdp_engine *e, fsdp_step_stats_t *stats) {
   for (int i = 0; i < e->n_gslots; i++) e->gslots[i].busy = e->gslots[i].held = 0;
   e->grads_live = 0;
 
-  double local = shard_sumsq(e), global = local;
+  double local = 0.0;
+  FSDP_TRY(shard_sumsq(e, &local));
+  double global = local;
   if (e->shard_world > 1) {
     fsdp_comm_set_tag(e->comm_host, "grad_norm"); /* named in timeouts and desyncs */
     double t0 = fsdp_time_now();
@@ -84,13 +131,17 @@ static fsdp_status_t step(struct fsdp_engine *e, fsdp_step_stats_t *stats) {
   float lr = fsdp_schedule_lr(&e->cfg.schedule, e->cfg.optim.lr, e->step);
   for (int i = 0; i < e->n_units; i++) {
     struct unit *u = &e->units[i];
-    struct update_ctx ctx = {e, u, lr, (float)coef};
+    struct update_ctx ctx = {e, u, lr, (float)coef, FSDP_SUCCESS};
     fsdp_unit_segments(u, u->shard_offset, u->shard_offset + u->count, update_segment, &ctx);
-    fsdp_unit_refresh_params(e, u);
-    memset(u->grad, 0, u->shard * sizeof(float));
+    FSDP_TRY(ctx.st);
+    FSDP_TRY(fsdp_unit_refresh_params(e, u));
+    FSDP_TRY(fsdp_engine_zero(e, u->grad, u->shard * sizeof(float)));
     u->bwd_count = 0;
   }
   fsdp_engine_drop_gathers(e);
+  /* The next gathers read the updated shards: they wait for the compute
+   * stream to pass the update (on the CPU it already has). */
+  for (int i = 0; i < e->n_pslots; i++) FSDP_TRY(fsdp_event_record(e->pslots[i].free_ev, e->s_compute));
   e->step++;
   if (stats) *stats = (fsdp_step_stats_t){e->step, lr, norm, coef};
   return FSDP_SUCCESS;

@@ -103,6 +103,10 @@ fsdp_status_t fsdp_mlp_create(fsdp_engine_t engine, const int *widths, int n_lay
                               int max_batch, fsdp_mlp_t *mlp) {
   if (!mlp) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "mlp: output handle is NULL");
   FSDP_TRY(check_shape(engine, widths, n_layers, max_batch));
+  if (fsdp_engine_config(engine)->device != FSDP_DEVICE_CPU)
+    return fsdp_error(FSDP_ERR_UNSUPPORTED,
+                      "mlp: the MLP computes on the CPU only; use an engine with config.device "
+                      "FSDP_DEVICE_CPU (GPT-2 runs on CUDA)");
   struct fsdp_mlp *m = fsdp_alloc(sizeof *m);
   if (!m) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "mlp: out of memory for the handle");
   m->engine = engine;

@@ -1,0 +1,252 @@
+/* tests/cuda/test_engine_cuda.c — the engine on a CUDA device against the same
+ * engine on the CPU, model-free: each unit's backward writes a known gradient
+ * (a function of step, tensor, element and rank), so any difference comes from
+ * the engine itself — gathers, reductions (NCCL or staged MPI, fp32 or bf16),
+ * accumulation, clipping, AdamW and the bf16 parameter copies. Also checks that
+ * the memory the engine reports is what the device gave up.
+ *
+ * Runs under mpirun at N = 1 (every backend built: the world's, and NCCL) and
+ * N = 2 (the MPI backend with device buffers staged through pinned memory:
+ * both ranks may share one GPU). Exits 77 (skipped) without a usable GPU. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "mpi/mpi_check.h"
+#include "fsdp/fsdp.h"
+#include "fsdp_config.h"
+
+#define STEPS 6
+
+typedef struct {
+  const char *name;
+  int n;
+  struct { const char *name; int64_t rows, cols; int no_decay; } t[2];
+} unit_spec_t;
+
+/* Odd sizes so that every unit has padding at every world size. */
+static const unit_spec_t units[] = {
+    {"a", 2, {{"a.w", 37, 19, 0}, {"a.b", 19, 1, 1}}},
+    {"b", 1, {{"b.w", 64, 33, 0}, {NULL, 0, 0, 0}}},
+    {"c", 2, {{"c.w", 1000, 1, 0}, {"c.b", 7, 1, 1}}},
+};
+#define N_UNITS 3
+
+typedef struct {
+  fsdp_strategy_t strategy;
+  fsdp_dtype_t param, reduce;
+  const char *backend; /* NULL: the world's */
+} case_t;
+
+static fsdp_world_t world;
+static int rank, nranks;
+
+static size_t numel(int u, int t) { return (size_t)(units[u].t[t].rows * units[u].t[t].cols); }
+
+static float grad_value(int step, int u, int t, size_t i) {
+  return 0.02f * sinf(0.37f * (float)i + 1.3f * (float)step + 0.7f * (float)u + (float)t) *
+         (1.0f + (float)rank);
+}
+
+static fsdp_engine_t make_engine(const case_t *c, fsdp_device_kind_t dev) {
+  fsdp_config_t cfg = FSDP_CONFIG_INIT;
+  cfg.strategy = c->strategy;
+  cfg.param_dtype = c->param;
+  cfg.reduce_dtype = c->reduce;
+  cfg.device = dev;
+  cfg.comm_backend = dev == FSDP_DEVICE_CUDA ? c->backend : NULL;
+  cfg.optim.lr = 1e-2f;
+  cfg.optim.weight_decay = 0.1f;
+  cfg.optim.max_grad_norm = 0.5f;
+  fsdp_engine_t e = NULL;
+  ck_assert_msg(fsdp_engine_create(world, &cfg, &e) == FSDP_SUCCESS, "create: %s",
+                fsdp_last_error());
+  for (int u = 0; u < N_UNITS; u++) {
+    fsdp_tensor_desc_t d[2];
+    for (int t = 0; t < units[u].n; t++)
+      d[t] = (fsdp_tensor_desc_t){units[u].t[t].name, 2, {units[u].t[t].rows, units[u].t[t].cols},
+                                  FSDP_INIT_NORMAL, 0.5f, units[u].t[t].no_decay};
+    fsdp_unit_t id;
+    ck_assert_int_eq(fsdp_unit_add(e, units[u].name, "Linear", d, units[u].n, &id),
+                     FSDP_SUCCESS);
+  }
+  ck_assert_msg(fsdp_engine_materialize(e, 99) == FSDP_SUCCESS, "materialize: %s",
+                fsdp_last_error());
+  return e;
+}
+
+/* The view's parameter t as f32 on the host. */
+static void param_to_host(fsdp_engine_t e, const fsdp_view_t *v, int t, size_t n, float *out) {
+  if (v->dtype == FSDP_F32) {
+    ck_assert_int_eq(fsdp_device_copy(out, v->param[t], n * sizeof(float), fsdp_engine_stream(e)),
+                     FSDP_SUCCESS);
+    ck_assert_int_eq(fsdp_stream_synchronize(fsdp_engine_stream(e)), FSDP_SUCCESS);
+    return;
+  }
+  uint16_t *lp = malloc(n * sizeof *lp);
+  ck_assert_int_eq(fsdp_device_copy(lp, v->param[t], n * sizeof *lp, fsdp_engine_stream(e)),
+                   FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_stream_synchronize(fsdp_engine_stream(e)), FSDP_SUCCESS);
+  for (size_t i = 0; i < n; i++) out[i] = fsdp_bf16_to_f32(lp[i]);
+  free(lp);
+}
+
+static double rel_diff(const float *a, const float *b, size_t n) {
+  double d = 0.0, scale = 1e-30;
+  for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(b[i]));
+  for (size_t i = 0; i < n; i++) d = fmax(d, fabs((double)a[i] - b[i]) / scale);
+  return d;
+}
+
+static const case_t cases[] = {
+    {FSDP_FULL_SHARD, FSDP_F32, FSDP_F32, NULL},
+    {FSDP_SHARD_GRAD_OP, FSDP_F32, FSDP_F32, NULL},
+    {FSDP_FULL_SHARD, FSDP_BF16, FSDP_F32, NULL},
+    {FSDP_FULL_SHARD, FSDP_BF16, FSDP_BF16, NULL},
+    {FSDP_NO_SHARD, FSDP_F32, FSDP_BF16, NULL},
+    {FSDP_FULL_SHARD, FSDP_F32, FSDP_F32, "nccl"},
+    {FSDP_FULL_SHARD, FSDP_BF16, FSDP_BF16, "nccl"},
+};
+
+START_TEST(engine_matches_cpu) {
+  const case_t *c = &cases[_i];
+  if (c->backend && (!FSDP_HAVE_NCCL || nranks > 1)) return; /* NCCL: one rank per GPU */
+  fsdp_engine_t cpu = make_engine(c, FSDP_DEVICE_CPU), gpu = make_engine(c, FSDP_DEVICE_CUDA);
+  /* Parameters: fp32 agree to the optimizer kernels' rounding; bf16 copies may
+   * sit one bf16 step (2^-8) apart where the fp32 masters straddle a rounding
+   * boundary. */
+  double tol = c->param == FSDP_BF16 || c->reduce == FSDP_BF16 ? 1e-2 : 1e-5;
+  double worst = 0.0;
+  float *a = malloc(64 * 1024 * sizeof(float)), *b = malloc(64 * 1024 * sizeof(float));
+  for (int s = 0; s < STEPS; s++) {
+    for (int u = 0; u < N_UNITS; u++) {
+      fsdp_view_t vc, vg;
+      ck_assert_int_eq(fsdp_unit_acquire(cpu, u, FSDP_FORWARD, &vc), FSDP_SUCCESS);
+      ck_assert_msg(fsdp_unit_acquire(gpu, u, FSDP_FORWARD, &vg) == FSDP_SUCCESS, "%s",
+                    fsdp_last_error());
+      for (int t = 0; t < units[u].n; t++) {
+        param_to_host(gpu, &vg, t, numel(u, t), a);
+        double d = rel_diff(a, vc.param[t], numel(u, t));
+        worst = fmax(worst, d);
+        ck_assert_msg(d <= tol, "step %d, %s: GPU parameters differ from the CPU's by %g > %g",
+                      s, units[u].t[t].name, d, tol);
+      }
+      ck_assert_int_eq(fsdp_unit_release(cpu, u, FSDP_FORWARD), FSDP_SUCCESS);
+      ck_assert_int_eq(fsdp_unit_release(gpu, u, FSDP_FORWARD), FSDP_SUCCESS);
+    }
+    for (int u = N_UNITS - 1; u >= 0; u--) {
+      fsdp_view_t vc, vg;
+      ck_assert_int_eq(fsdp_unit_acquire(cpu, u, FSDP_BACKWARD, &vc), FSDP_SUCCESS);
+      ck_assert_msg(fsdp_unit_acquire(gpu, u, FSDP_BACKWARD, &vg) == FSDP_SUCCESS, "%s",
+                    fsdp_last_error());
+      for (int t = 0; t < units[u].n; t++) {
+        size_t n = numel(u, t);
+        for (size_t i = 0; i < n; i++) b[i] = grad_value(s, u, t, i);
+        memcpy(vc.grad[t], b, n * sizeof(float));
+        ck_assert_int_eq(fsdp_device_copy(vg.grad[t], b, n * sizeof(float),
+                                          fsdp_engine_stream(gpu)), FSDP_SUCCESS);
+        ck_assert_int_eq(fsdp_stream_synchronize(fsdp_engine_stream(gpu)), FSDP_SUCCESS);
+      }
+      ck_assert_int_eq(fsdp_unit_release(cpu, u, FSDP_BACKWARD), FSDP_SUCCESS);
+      ck_assert_int_eq(fsdp_unit_release(gpu, u, FSDP_BACKWARD), FSDP_SUCCESS);
+    }
+    fsdp_step_stats_t sc, sg;
+    ck_assert_int_eq(fsdp_engine_step(cpu, &sc), FSDP_SUCCESS);
+    ck_assert_msg(fsdp_engine_step(gpu, &sg) == FSDP_SUCCESS, "%s", fsdp_last_error());
+    double dn = fabs(sg.grad_norm - sc.grad_norm) / sc.grad_norm;
+    ck_assert_msg(dn <= (c->reduce == FSDP_BF16 ? 1e-2 : 1e-5),
+                  "step %d: gradient norm %g on the GPU, %g on the CPU", s, sg.grad_norm,
+                  sc.grad_norm);
+  }
+  for (int u = 0; u < N_UNITS; u++)
+    for (int t = 0; t < units[u].n; t++) {
+      ck_assert_int_eq(fsdp_engine_read_tensor(gpu, units[u].t[t].name, a, -1), FSDP_SUCCESS);
+      ck_assert_int_eq(fsdp_engine_read_tensor(cpu, units[u].t[t].name, b, -1), FSDP_SUCCESS);
+      double d = rel_diff(a, b, numel(u, t));
+      worst = fmax(worst, d);
+      ck_assert_msg(d <= tol, "%s: final GPU master differs from the CPU's by %g > %g",
+                    units[u].t[t].name, d, tol);
+    }
+  if (rank == 0)
+    printf("engine N=%d %s param %s reduce %s backend %s: worst relative difference %.3g "
+           "(tolerance %.0e)\n", nranks, fsdp_strategy_name(c->strategy),
+           fsdp_dtype_name(c->param), fsdp_dtype_name(c->reduce),
+           fsdp_comm_backend(fsdp_engine_comm(gpu)), worst, tol);
+  free(a);
+  free(b);
+  fsdp_engine_destroy(gpu);
+  fsdp_engine_destroy(cpu);
+}
+END_TEST
+
+/* The engine's reserved bytes against what cudaMemGetInfo says it took at
+ * materialize. Units of 8 M parameters make the allocator's rounding (2 MiB
+ * pages) a small part of each buffer. */
+START_TEST(memory_matches_device) {
+  fsdp_config_t cfg = FSDP_CONFIG_INIT;
+  cfg.device = FSDP_DEVICE_CUDA;
+  cfg.param_dtype = FSDP_BF16;
+  fsdp_engine_t e = NULL;
+  ck_assert_int_eq(fsdp_engine_create(world, &cfg, &e), FSDP_SUCCESS);
+  for (int u = 0; u < 6; u++) {
+    char name[16];
+    snprintf(name, sizeof name, "m%d.w", u);
+    fsdp_tensor_desc_t d = {name, 2, {4096, 2048}, FSDP_INIT_ZEROS, 0.0f, 0};
+    fsdp_unit_t id;
+    ck_assert_int_eq(fsdp_unit_add(e, name, "Linear", &d, 1, &id), FSDP_SUCCESS);
+  }
+  ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+  size_t free0, free1, total;
+  ck_assert_int_eq(cudaMemGetInfo(&free0, &total), cudaSuccess);
+  ck_assert_int_eq(fsdp_engine_materialize(e, 1), FSDP_SUCCESS);
+  ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+  ck_assert_int_eq(cudaMemGetInfo(&free1, &total), cudaSuccess);
+  fsdp_mem_stats_t m;
+  fsdp_engine_memory(e, &m);
+  double device = (double)(free0 - free1), engine = (double)m.total_reserved;
+  double ratio = engine / device;
+  /* Other ranks sharing the GPU allocate at the same time: judge rank 0 of a
+   * one-rank world only. */
+  if (nranks == 1) {
+    printf("memory: engine reports %.1f MiB reserved, the device gave %.1f MiB (ratio %.3f)\n",
+           engine / 1048576.0, device / 1048576.0, ratio);
+    ck_assert_msg(fabs(ratio - 1.0) <= 0.05,
+                  "engine reports %.0f bytes, the device lost %.0f (%.1f%% apart, limit 5%%)",
+                  engine, device, 100.0 * fabs(ratio - 1.0));
+  }
+  fsdp_engine_destroy(e);
+}
+END_TEST
+
+static Suite *suite(void) {
+  Suite *s = suite_create("engine_cuda");
+  TCase *tc = tcase_create("engine");
+  tcase_set_timeout(tc, 240);
+  tcase_add_loop_test(tc, engine_matches_cpu, 0, (int)(sizeof cases / sizeof cases[0]));
+  tcase_add_test(tc, memory_matches_device);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  if (fsdp_cuda_device_count() == 0) {
+    printf("test_engine_cuda: SKIP: no usable CUDA device\n");
+    return 77;
+  }
+  world = fsdp_mpi_check_world();
+  if (!world) return EXIT_FAILURE;
+  rank = fsdp_world_rank(world);
+  nranks = fsdp_world_size(world);
+  /* NCCL and the engine use the current device: one per local rank where
+   * there are enough, else all share device 0 (MPI backend only). */
+  if (fsdp_cuda_set_device(fsdp_world_local_rank(world) % fsdp_cuda_device_count()) !=
+      FSDP_SUCCESS) {
+    printf("test_engine_cuda: %s\n", fsdp_last_error());
+    return EXIT_FAILURE;
+  }
+  return fsdp_mpi_check_run(suite());
+}
