@@ -1,19 +1,48 @@
 #!/usr/bin/env python3
 """bench/compare_pytorch.py — the same GPT-2 trained by fsdp (fsdp-bench under
 mpirun) and by PyTorch FSDP2 (fully_shard, one process per rank), one after the
-other in one invocation, with the same configuration, batch, dtype (fp32),
-optimizer (AdamW), world size and threads (one BLAS / intra-op thread per rank).
+other in one invocation, with the same configuration, batch, dtype, optimizer
+(AdamW), world size and threads (one BLAS / intra-op thread per rank).
 
 Prints both tokens/s (median over the timed steps; per step the slowest rank),
-both peak memories per rank — the resident high-water mark (Linux VmHWM, reset
-just before the model is built) and its growth over the resident size at that
-point — and the ratios. CPU: gloo backend. GPU: pass --device cuda (NCCL),
-e.g. --preset 124M; fsdp-bench runs on the backend it was built with, which is
-the CPU/MPI one until fsdp's CUDA backend lands: until then a cuda comparison
-compares unlike devices, and the output says which backend each side used.
+both peak memories per rank and the ratios.
+
+CPU (the default, --device cpu): fp32 on both sides; PyTorch on gloo, fsdp on
+the backend its world runs (MPI). Memory is the resident high-water mark (Linux
+VmHWM, reset just before the model is built) and its growth over the resident
+size at that point, since PyTorch has no allocator statistics on the CPU.
+
+GPU (--device cuda): like for like on the GPUs, one GPU per rank on both sides:
+fsdp-bench --device cuda --comm nccl, PyTorch FSDP2 on NCCL with rank r on
+cuda:r (fsdp-bench takes local rank % visible GPUs, the same GPU). Both use
+NCCL, which needs one GPU per rank: with more ranks than visible GPUs the
+script refuses (it does not fall back to fsdp's mpi backend, since PyTorch's
+side could not run either and the two would no longer compare like with like).
+  --dtype f32   fp32 everything; TF32 off on both (fsdp's cuBLAS computes in
+                CUBLAS_COMPUTE_32F; PyTorch: set_float32_matmul_precision
+                ("highest")).
+  --dtype bf16  parameters gathered and computed in bf16, fp32 master weights,
+                optimizer state and gradient reduction: fsdp-bench --dtype bf16
+                --reduce-dtype f32; PyTorch fully_shard(mp_policy=
+                MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                reduce_dtype=torch.float32)) on every block and the root, its
+                sharded parameters and AdamW in fp32. bf16 is GPU only (fsdp's
+                CPU kernels compute in fp32, PyTorch's would in bf16).
+Memory is device memory: the headline is the GPU memory in use after the timed
+steps (cudaMemGetInfo: total - free, CUDA context and NCCL buffers included) on
+both sides — fsdp-bench's device_peak_bytes and torch.cuda.mem_get_info() at
+the same point — the largest rank's; PyTorch's allocator peak
+(torch.cuda.max_memory_allocated) and reserved peak are printed beside it
+(fsdp allocates its pools once, so in use after the steps is its peak; the
+allocator peak leaves out the context, so it is no like-for-like ratio). Host
+RSS is still recorded in the JSON. MFU: the model FLOPs per token fsdp-bench
+reports x each side's tokens/s / the cuBLAS peak fsdp-bench measured on the
+same GPUs (--dtype's matmul), so both sides use one peak.
 
 Without torch it says how to install it and exits 0.
     python3 bench/compare_pytorch.py --np 2              # the small preset on CPU
+    python3 bench/compare_pytorch.py --device cuda --np 1 --preset 124M \\
+        --seq-len 1024 --micro-batch 16 --dtype bf16      # one GPU, GPT-2 124M
 """
 import argparse
 import json
@@ -130,7 +159,9 @@ def build_gpt(torch, cfg):
             x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
             for block in self.h:
                 x = block(x)
-            logits = F.linear(self.ln_f(x), self.wte.weight)  # tied output head
+            # Tied output head. Under bf16 the logits stay bf16, as fsdp's: the
+            # cross-entropy kernel accumulates its statistics in fp32 either way.
+            logits = F.linear(self.ln_f(x), self.wte.weight)
             return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
     return GPT()
@@ -140,17 +171,18 @@ def torch_rank(rank, args, port, queue):
     import torch
     import torch.distributed as dist
     try:
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     except ImportError:  # torch < 2.6
-        from torch.distributed._composable.fsdp import fully_shard
+        from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
 
     torch.set_num_threads(args.threads)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     cuda = args.device == "cuda"
-    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=args.np)
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
-    if cuda:
+    if cuda:  # one GPU per rank (main checked there are enough), before NCCL starts
         torch.cuda.set_device(device)
+        torch.set_float32_matmul_precision("highest")  # no TF32: fsdp's fp32 GEMMs have none
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=args.np)
     cfg = PRESETS[args.preset]
     T = args.seq_len or cfg["block_size"]
     torch.manual_seed(args.seed)
@@ -158,9 +190,13 @@ def torch_rank(rank, args, port, queue):
     rss_base = status_bytes("VmRSS")
     with torch.device(device):
         model = build_gpt(torch, cfg)
+    # bf16: gathers and compute in bf16; the sharded parameters (AdamW's master
+    # weights and state) stay fp32 and gradients are reduced in fp32.
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+        if args.dtype == "bf16" else MixedPrecisionPolicy()
     for block in model.h:                       # one unit per block, as --wrap GPT2Block
-        fully_shard(block, reshard_after_forward=True)
-    fully_shard(model, reshard_after_forward=True)  # the root: wte, wpe, ln_f
+        fully_shard(block, reshard_after_forward=True, mp_policy=mp)
+    fully_shard(model, reshard_after_forward=True, mp_policy=mp)  # the root: wte, wpe, ln_f
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                             weight_decay=0.0)
     g = torch.Generator().manual_seed(args.seed + 1000 * rank + 1)
@@ -188,20 +224,38 @@ def torch_rank(rank, args, port, queue):
         first = loss if first is None else first
     t = torch.tensor(times, dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    mem = torch.tensor([status_bytes("VmHWM"), rss_base,
-                        torch.cuda.max_memory_allocated() if cuda else 0], dtype=torch.float64,
+    if cuda:  # as fsdp-bench's device_peak_bytes: cudaMemGetInfo total - free, now
+        free, total = torch.cuda.mem_get_info(device)
+        gpu = [torch.cuda.max_memory_allocated(device), total - free,
+               torch.cuda.max_memory_reserved(device)]
+    else:
+        gpu = [0, 0, 0]
+    mem = torch.tensor([status_bytes("VmHWM"), rss_base] + gpu, dtype=torch.float64,
                        device=device)
     dist.all_reduce(mem, op=dist.ReduceOp.MAX)
     losses = torch.tensor([first, loss], dtype=torch.float64, device=device)
     dist.all_reduce(losses)
     if rank == 0:
         step_s = median(t.tolist())
-        queue.put(dict(tokens_per_s=args.np * B * T / step_s, step_ms=step_s * 1e3,
-                       rss_peak=mem[0].item(), rss_base=mem[1].item(),
-                       cuda_peak=mem[2].item(), loss_first=losses[0].item() / args.np,
-                       loss_last=losses[1].item() / args.np, torch=torch.__version__,
-                       params=sum(p.numel() for p in model.parameters())))  # DTensor: global
+        r = dict(tokens_per_s=args.np * B * T / step_s, step_ms=step_s * 1e3,
+                 rss_peak=mem[0].item(), rss_base=mem[1].item(),
+                 cuda_peak=mem[2].item(), loss_first=losses[0].item() / args.np,
+                 loss_last=losses[1].item() / args.np, torch=torch.__version__,
+                 params=sum(p.numel() for p in model.parameters()))  # DTensor: global
+        if cuda:  # bytes, the largest rank's
+            r.update(device_in_use=mem[3].item(), device_reserved_peak=mem[4].item(),
+                     gpu=torch.cuda.get_device_name(device), cuda_runtime=torch.version.cuda,
+                     nccl=nccl_version(torch))
+        queue.put(r)
     dist.destroy_process_group()
+
+
+def nccl_version(torch):
+    try:
+        v = torch.cuda.nccl.version()
+    except Exception:  # torch built without NCCL
+        return "?"
+    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
 
 
 def run_torch(args):
@@ -248,21 +302,42 @@ def run_fsdp(args):
         cmd.append("--allow-run-as-root")
     cmd += [bench, "--json", "--preset", args.preset, "--micro-batch", str(args.micro_batch),
             "--warmup", str(args.warmup), "--iters", str(args.iters), "--strategy", "zero3",
-            "--prefetch", str(args.prefetch), "--peak-size", "0", "--seed", str(args.seed)]
+            "--prefetch", str(args.prefetch)]
+    if args.device == "cuda":  # NCCL, one GPU per rank; the default --peak-size: cuBLAS peak, MFU
+        cmd += ["--device", "cuda", "--comm", "nccl", "--dtype", args.dtype,
+                "--reduce-dtype", "f32", "--seed", str(args.seed)]
+    else:
+        cmd += ["--peak-size", "0", "--seed", str(args.seed)]
     if args.seq_len:
         cmd += ["--seq-len", str(args.seq_len)]
     env = dict(os.environ, OMPI_MCA_mpi_yield_when_idle="1", OMPI_MCA_btl="self,vader",
                OPENBLAS_NUM_THREADS=str(args.threads), OMP_NUM_THREADS=str(args.threads))
-    out = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
-    doc = json.loads(out)
-    r = doc["results"][0]
-    return dict(backend=doc["backend"], tokens_per_s=r["tokens_per_s"]["median"],
-                step_ms=r["step_ms"]["median"],
-                rss_peak=r["memory"]["rss_peak"], rss_base=r["memory"]["rss_base"],
-                model_peak=r["memory"]["model_peak"], exposed_ms=r["exposed_comm_ms"]["median"],
-                compute_ms=r["compute_ms"]["median"], comm_ms=r["comm_ms"]["median"],
-                loss_first=r["loss_first"], loss_last=r["loss_last"], wrong=r["wrong"],
-                params=r["params"], command=" ".join(cmd[cmd.index(bench):]))
+    command = " ".join(cmd[cmd.index(bench):])
+    try:
+        out = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
+        doc = json.loads(out)
+        r = doc["results"][0]
+    except subprocess.CalledProcessError as e:
+        sys.exit(f"compare_pytorch: fsdp-bench failed (exit status {e.returncode}; its message is "
+                 f"above):\n  {' '.join(cmd)}")
+    except (ValueError, KeyError, IndexError):
+        sys.exit(f"compare_pytorch: fsdp-bench printed no results JSON:\n  {' '.join(cmd)}")
+    res = dict(backend=doc["backend"], tokens_per_s=r["tokens_per_s"]["median"],
+               step_ms=r["step_ms"]["median"],
+               rss_peak=r["memory"]["rss_peak"], rss_base=r["memory"]["rss_base"],
+               model_peak=r["memory"]["model_peak"], exposed_ms=r["exposed_comm_ms"]["median"],
+               compute_ms=r["compute_ms"]["median"], comm_ms=r["comm_ms"]["median"],
+               loss_first=r["loss_first"], loss_last=r["loss_last"], wrong=r["wrong"],
+               params=r["params"], command=command)
+    if args.device == "cuda":
+        if "device_peak_bytes" not in r:
+            sys.exit("compare_pytorch: fsdp-bench reported no device memory (device_peak_bytes): "
+                     f"did it run on cuda?\n  {' '.join(cmd)}")
+        # comm: what the collectives ran on (--comm nccl); backend is the world's (mpirun's)
+        res.update(comm="nccl", dtype=r["dtype"], device_in_use=r["device_peak_bytes"],
+                   mfu=r["mfu"]["median"], peak_flops=r["peak_flops"],
+                   flops_per_token=r["flops_per_token"])
+    return res
 
 
 def main():
@@ -283,12 +358,26 @@ def main():
                     help="repeats in which other processes kept more than this share of the "
                          "cores busy are left out of the headline (default 0.10)")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                    help="cpu (default; gloo and fsdp's MPI world) or cuda: one GPU per rank, "
+                         "NCCL on both sides, device memory compared")
+    ap.add_argument("--dtype", default="f32", choices=("f32", "bf16"),
+                    help="f32 (default) or bf16 (cuda only): bf16 gathers and compute, fp32 "
+                         "master weights, optimizer and gradient reduction on both sides")
     ap.add_argument("--fsdp-bench", default=None, help="path (default build*/bench/fsdp-bench)")
     ap.add_argument("--mpirun", default=shutil.which("mpirun") or "mpirun")
     ap.add_argument("--json", action="store_true", help="one JSON document instead of the table")
     ap.add_argument("--json-file", default=None, help="also write that document here")
     args = ap.parse_args()
+    cuda = args.device == "cuda"
+    if args.np < 1 or args.micro_batch < 1 or args.iters < 1 or args.warmup < 0:
+        ap.error("--np, --micro-batch and --iters must be at least 1, --warmup at least 0")
+    if args.dtype == "bf16" and not cuda:
+        ap.error("--dtype bf16 compares GPUs only (--device cuda): on the CPU fsdp gathers bf16 "
+                 "but computes in fp32, and PyTorch would compute in bf16")
+    if not 0 <= args.seq_len <= PRESETS[args.preset]["block_size"]:
+        ap.error(f"--seq-len {args.seq_len}: the {args.preset} preset's context is "
+                 f"{PRESETS[args.preset]['block_size']} positions")
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -297,6 +386,20 @@ def main():
               "                    package index, are smaller)\n"
               "  then run again:   python3 bench/compare_pytorch.py --np 2")
         return 0
+    if cuda:
+        # device_count() asks NVML / the driver without creating a CUDA context here,
+        # so the spawned ranks start clean.
+        n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n_gpu == 0:
+            sys.exit(f"compare_pytorch: --device cuda: PyTorch sees no CUDA device (torch "
+                     f"{torch.__version__}, built for CUDA {torch.version.cuda or 'none: CPU-only'}"
+                     f"; CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}), "
+                     f"so there is no GPU to compare on; run without --device cuda for the CPU "
+                     f"comparison")
+        if args.np > n_gpu:
+            sys.exit(f"compare_pytorch: --device cuda runs one rank per GPU (NCCL, on both sides, "
+                     f"needs a GPU of its own for every rank): --np {args.np} but {n_gpu} GPU(s) "
+                     f"visible; use --np {n_gpu} or fewer")
 
     runs = []
     for _ in range(max(args.repeat, 1)):
@@ -314,17 +417,34 @@ def main():
     mem = fsdp["rss_peak"] / pt["rss_peak"]
     growth = (fsdp["rss_peak"] - fsdp["rss_base"]) / max(pt["rss_peak"] - pt["rss_base"], 1)
     cfg = PRESETS[args.preset]
-    met = speed >= 1.5 and mem < 1.0
+    if cuda:  # GPU memory in use after the timed steps, both sides measured alike
+        dev_mem = fsdp["device_in_use"] / max(pt["device_in_use"], 1)
+        for f, t in runs:  # PyTorch's MFU against the peak fsdp-bench measured in that repeat
+            t["mfu"] = (f["flops_per_token"] * t["tokens_per_s"] / f["peak_flops"]
+                        if f["peak_flops"] > 0 else 0.0)
+        met = speed >= 1.5 and dev_mem < 1.0
+    else:
+        met = speed >= 1.5 and mem < 1.0
     doc = dict(preset=args.preset, config=cfg, world_size=args.np, micro_batch=args.micro_batch,
-               iters=args.iters, dtype="f32", device=args.device, fsdp=fsdp, pytorch_fsdp2=pt,
+               iters=args.iters, dtype=args.dtype, device=args.device, fsdp=fsdp, pytorch_fsdp2=pt,
                tokens_per_s_ratio=speed, rss_peak_ratio=mem, rss_growth_ratio=growth,
                ratio_per_repeat=per_run, quiet_repeats=len(quiet), goal_met=met,
                repeats=[dict(fsdp=f, pytorch_fsdp2=t) for f, t in runs])
+    if cuda:
+        doc.update(seq_len=args.seq_len or cfg["block_size"], device_in_use_ratio=dev_mem,
+                   comm="nccl", one_gpu_per_rank=True,
+                   memory_compared="GPU memory in use after the timed steps (cudaMemGetInfo "
+                                   "total - free, context included), largest rank: fsdp-bench "
+                                   "device_peak_bytes vs torch.cuda.mem_get_info; goal_met uses "
+                                   "it", gpu=pt["gpu"])
     if args.json_file:
         with open(args.json_file, "w") as f:
             json.dump(doc, f, indent=1)
     if args.json:
         print(json.dumps(doc, indent=1))
+        return 0
+    if cuda:
+        report_cuda(args, cfg, runs, quiet, fsdp, pt, speed, dev_mem, met)
         return 0
     mib = 1 / 1048576
     T = args.seq_len or cfg["block_size"]
@@ -355,6 +475,57 @@ def main():
         print(f"warning: parameter counts differ: fsdp {fsdp['params']}, PyTorch {pt['params']}")
     print("goal (>= 1.5x tokens/s at lower peak memory): %s" % ("met" if met else "NOT met"))
     return 0
+
+
+def report_cuda(args, cfg, runs, quiet, fsdp, pt, speed, dev_mem, met):
+    """The table for --device cuda: device memory instead of RSS, MFU, and what ran where."""
+    mib = 1 / 1048576
+    T = args.seq_len or cfg["block_size"]
+    dtype = ("bf16 gathers and compute, fp32 master weights, AdamW state and gradient reduction"
+             if args.dtype == "bf16" else "fp32 (no TF32)")
+    print(f"GPT-2 {args.preset}: {cfg['n_layer']} layers x {cfg['n_embd']} wide, {cfg['n_head']} "
+          f"heads, T {T}, vocab {cfg['vocab_size']}, {fsdp['params']} parameters | {args.np} ranks "
+          f"x {args.micro_batch} sequences | {dtype} | AdamW | {args.warmup} warm-up + "
+          f"{args.iters} timed steps | {len(runs)} alternating repeats, {len(quiet)} quiet (other "
+          f"load < {args.max_other_load:.0%}): "
+          f"{'the quiet' if quiet else 'all (none was quiet)'} repeats' median runs shown")
+    print(f"device: cuda, one GPU per rank: {args.np} x {pt['gpu']} | fsdp: fsdp-bench --device "
+          f"cuda --comm nccl --dtype {args.dtype} --reduce-dtype f32 (mpirun world: "
+          f"{fsdp['backend']}) | PyTorch FSDP2 {pt['torch'].split('+')[0]}: NCCL {pt['nccl']}, "
+          f"CUDA {pt['cuda_runtime']}, mp_policy "
+          f"{'param bf16 / reduce fp32' if args.dtype == 'bf16' else 'none (fp32)'}")
+    print(f"{'':22} {'tokens/s':>10} {'step ms':>9} {'MFU':>7} {'GPU in use MiB':>15} "
+          f"{'loss first->last':>18}")
+    for name, r in (("fsdp (zero3, pf %d)" % args.prefetch, fsdp),
+                    ("PyTorch FSDP2 " + pt["torch"].split("+")[0], pt)):
+        mfu = f"{r['mfu']:.1%}" if fsdp["peak_flops"] > 0 else "n/a"
+        print(f"{name:22} {r['tokens_per_s']:10.0f} {r['step_ms']:9.2f} {mfu:>7} "
+              f"{r['device_in_use'] * mib:15.1f} {r['loss_first']:8.4f}->{r['loss_last']:.4f}")
+    print("GPU in use = cudaMemGetInfo total - free after the timed steps, the largest rank's, "
+          "CUDA context and NCCL buffers included, measured alike on both sides")
+    print(f"beside it: PyTorch's allocator peak {pt['cuda_peak'] * mib:.1f} MiB allocated, "
+          f"{pt['device_reserved_peak'] * mib:.1f} MiB reserved (no context); fsdp's engine "
+          f"accounting {fsdp['model_peak'] * mib:.1f} MiB (shards, gathered parameters, gradient "
+          f"buffers; no activations) | host RSS peak fsdp {fsdp['rss_peak'] * mib:.1f} MiB, "
+          f"PyTorch {pt['rss_peak'] * mib:.1f} MiB")
+    if fsdp["peak_flops"] > 0:
+        print(f"MFU = {fsdp['flops_per_token']:.4g} model FLOPs/token x tokens/s / "
+              f"{fsdp['peak_flops'] / 1e12:.1f} TFLOP/s, the cuBLAS {args.dtype} peak fsdp-bench "
+              f"measured on these GPUs (summed over ranks), for both sides")
+    reps = ", ".join(f"{f['tokens_per_s'] / t['tokens_per_s']:.2f}"
+                     f"{'' if (f, t) in quiet else '*'}" for f, t in runs)
+    print(f"ratio fsdp / PyTorch: tokens/s {speed:.2f}x (median over {'quiet' if quiet else 'all'} "
+          f"repeats; each repeat: {reps}; * = other load >= {args.max_other_load:.0%}) | "
+          f"GPU memory in use {dev_mem:.2f}x")
+    print("other load per repeat (fsdp / PyTorch, host CPU): " +
+          ", ".join(f"{f['other_load']:.0%}/{t['other_load']:.0%}" for f, t in runs))
+    print(f"fsdp step: compute {fsdp['compute_ms']:.2f} ms, communication {fsdp['comm_ms']:.2f} ms "
+          f"of which exposed {fsdp['exposed_ms']:.2f} ms | #wrong {fsdp['wrong']:.0f} | "
+          f"collectives: fsdp nccl on cuda, PyTorch nccl on cuda")
+    if fsdp["params"] != pt["params"]:
+        print(f"warning: parameter counts differ: fsdp {fsdp['params']}, PyTorch {pt['params']}")
+    print("goal (>= 1.5x tokens/s at lower peak memory; memory = GPU memory in use): %s"
+          % ("met" if met else "NOT met"))
 
 
 if __name__ == "__main__":
