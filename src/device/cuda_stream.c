@@ -28,26 +28,35 @@ static fsdp_status_t cuda_fail(cudaError_t rc, const char *what, const char *nam
 
 struct cu_event {
   cudaEvent_t ev;
-  int refs; /* guarded by pool_mu */
+  int device; /* an event records only on streams of its device */
+  int refs;   /* guarded by pool_mu */
   struct cu_event *next_free;
 };
 
 static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct cu_event *pool;
 
-static fsdp_status_t cu_event_new(struct cu_event **out) {
+/* A spent record of `device` from the pool, or a new one made there. */
+static fsdp_status_t cu_event_new(int device, struct cu_event **out) {
   pthread_mutex_lock(&pool_mu);
-  struct cu_event *c = pool;
-  if (c) pool = c->next_free;
+  struct cu_event **at = &pool;
+  while (*at && (*at)->device != device) at = &(*at)->next_free;
+  struct cu_event *c = *at;
+  if (c) *at = c->next_free;
   pthread_mutex_unlock(&pool_mu);
   if (!c) {
     if (!(c = fsdp_alloc(sizeof *c)))
       return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "CUDA: cannot allocate an event record");
+    int current = device;
+    cudaGetDevice(&current);
+    if (current != device) cudaSetDevice(device);
     cudaError_t rc = cudaEventCreateWithFlags(&c->ev, cudaEventDisableTiming);
+    if (current != device) cudaSetDevice(current);
     if (rc != cudaSuccess) {
       fsdp_free(c);
       return cuda_fail(rc, "cudaEventCreateWithFlags", NULL);
     }
+    c->device = device;
   }
   c->refs = 1;
   c->next_free = NULL;
@@ -75,7 +84,7 @@ struct cu_event *fsdp_cu_event_ref(struct fsdp_event *e) {
 
 fsdp_status_t fsdp_cu_event_record(struct fsdp_event *e, struct fsdp_stream *s) {
   struct cu_event *c = NULL;
-  FSDP_TRY(cu_event_new(&c));
+  FSDP_TRY(cu_event_new(s->device, &c));
   cudaError_t rc = cudaEventRecord(c->ev, (cudaStream_t)s->cuda);
   if (rc != cudaSuccess) {
     fsdp_cu_event_unref(c);
@@ -179,6 +188,7 @@ fsdp_status_t fsdp_stream_create_cuda(const char *name, int high_priority,
     return cuda_fail(rc, "cudaStreamCreateWithPriority for", label);
   }
   s->cuda = cs;
+  cudaGetDevice(&s->device);
   *stream = s;
   return FSDP_SUCCESS;
 }
@@ -245,8 +255,8 @@ fsdp_status_t fsdp_device_copy(void *dst, const void *src, size_t bytes, fsdp_st
     rc = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)stream->cuda);
   else if (!fsdp_is_device_pointer(dst) && !fsdp_is_device_pointer(src))
     return memcpy(dst, src, bytes), FSDP_SUCCESS;
-  else
-    rc = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
+  else if ((rc = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault)) == cudaSuccess)
+    rc = cudaStreamSynchronize(0); /* some cudaMemcpy forms return before they land */
   return rc == cudaSuccess ? FSDP_SUCCESS : cuda_fail(rc, "copy (cudaMemcpy)", NULL);
 }
 
@@ -258,8 +268,8 @@ fsdp_status_t fsdp_device_zero(void *dst, size_t bytes, fsdp_stream_t stream) {
     rc = cudaMemsetAsync(dst, 0, bytes, (cudaStream_t)stream->cuda);
   else if (!fsdp_is_device_pointer(dst))
     return memset(dst, 0, bytes), FSDP_SUCCESS;
-  else
-    rc = cudaMemset(dst, 0, bytes);
+  else if ((rc = cudaMemset(dst, 0, bytes)) == cudaSuccess)
+    rc = cudaStreamSynchronize(0); /* cudaMemset on device memory is asynchronous */
   return rc == cudaSuccess ? FSDP_SUCCESS : cuda_fail(rc, "cudaMemset", NULL);
 }
 

@@ -47,6 +47,7 @@ struct fsdp_stream {
   char name[STREAM_NAME_MAX];
   pthread_t thread;        /* CPU: the worker */
   void *cuda;              /* CUDA: the cudaStream_t */
+  int device;              /* CUDA: the device it was created on */
   pthread_mutex_t mu;      /* guards everything below */
   pthread_cond_t work_cv;  /* worker: a task arrived or stop was asked */
   pthread_cond_t done_cv;  /* waiters: `completed` advanced */

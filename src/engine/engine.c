@@ -188,15 +188,18 @@ static void unit_free(const struct fsdp_engine *e, struct unit *u) {
 
 void fsdp_engine_destroy(fsdp_engine_t e) {
   if (!e) return;
-  /* Streams first: their queued work may still touch buffers freed below. */
+  /* Streams first: their queued work may still touch buffers freed below.
+   * cuBLAS handles are cached per stream: released while these still exist. */
+#if FSDP_HAVE_CUDA
+  if (e->cuda) {
+    fsdp_stream_synchronize(e->s_compute);
+    fsdp_cuda_blas_release();
+  }
+#endif
   fsdp_stream_destroy(e->s_gather);
   fsdp_stream_destroy(e->s_reduce);
   fsdp_stream_destroy(e->s_compute);
   fsdp_stream_destroy(e->s_aux);
-#if FSDP_HAVE_CUDA
-  /* cuBLAS handles are cached per stream: drop the ones bound to these. */
-  if (e->cuda) fsdp_cuda_blas_release();
-#endif
   for (int i = 0; i < e->n_units; i++) unit_free(e, &e->units[i]);
   free(e->units);
   for (int i = 0; i < e->n_pslots; i++) {
@@ -492,6 +495,7 @@ fsdp_status_t fsdp_engine_materialize(fsdp_engine_t e, uint64_t seed) {
   e->seed = seed;
   for (int i = 0; i < e->n_units; i++) FSDP_TRY(unit_materialize(e, &e->units[i]));
   FSDP_TRY(pools_create(e));
+  FSDP_TRY(fsdp_stream_synchronize(e->s_compute)); /* CUDA: the bf16 casts, before gathers */
   e->materialized = 1;
   return FSDP_SUCCESS;
 }
@@ -522,6 +526,8 @@ void fsdp_engine_drop_gathers(struct fsdp_engine *e) {
     struct unit *u = &e->units[i];
     if (u->slot >= 0 && u->held < 0) {
       fsdp_event_synchronize(u->ready);
+      /* The next gather into it waits until compute has passed its last use. */
+      fsdp_event_record(e->pslots[u->slot].free_ev, e->s_compute);
       e->pslots[u->slot].owner = -1;
       fsdp_mem_track(&e->gathered, &e->gathered_peak, 0, fsdp_unit_gathered_bytes(e, u));
       u->slot = -1;
@@ -548,8 +554,10 @@ fsdp_status_t fsdp_engine_load_tensor(fsdp_engine_t e, const char *name, const f
   if (e->rank == root) memcpy(buf, full, t->numel * sizeof(float));
   fsdp_status_t st = fsdp_broadcast(e->comm_host, buf, t->numel, FSDP_F32, root,
                                     FSDP_HOST_STREAM);
+  if (st == FSDP_SUCCESS) st = fsdp_stream_synchronize(e->s_compute); /* the last update */
   if (st == FSDP_SUCCESS) {
     fsdp_engine_drop_gathers(e);
+    u->mirror_dirty = 0;
     size_t lo = u->shard_offset, hi = u->shard_offset + u->count;
     size_t a = t->offset > lo ? t->offset : lo;
     size_t b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
@@ -557,6 +565,7 @@ fsdp_status_t fsdp_engine_load_tensor(fsdp_engine_t e, const char *name, const f
       st = fsdp_device_copy(u->master + (a - lo), buf + (a - t->offset), (b - a) * sizeof(float),
                             FSDP_HOST_STREAM);
     if (st == FSDP_SUCCESS) st = fsdp_unit_refresh_params(e, u);
+    if (st == FSDP_SUCCESS) st = fsdp_stream_synchronize(e->s_compute);
   }
   if (st != FSDP_SUCCESS) {
     fsdp_engine_poison(e, st);

@@ -117,8 +117,10 @@ static fsdp_status_t gather_issue(struct fsdp_engine *e, struct unit *u, int slo
   p->owner = unit_index(e, u);
   u->slot = slot;
   fsdp_mem_track(&e->gathered, &e->gathered_peak, fsdp_unit_gathered_bytes(e, u), 0);
-  u->gather_op = (struct stream_op){e, u, pass, 0.0, e->widen ? p->lp : NULL, p->buf};
   int marks = marks_on(e, e->s_gather);
+  /* Queued host functions of its last gather read the closure (CPU: done). */
+  if (marks) FSDP_TRY(fsdp_event_synchronize(u->ready));
+  u->gather_op = (struct stream_op){e, u, pass, 0.0, e->widen ? p->lp : NULL, p->buf};
   FSDP_TRY(fsdp_stream_wait_event(e->s_gather, p->free_ev));
   if (marks) FSDP_TRY(fsdp_stream_launch(e->s_gather, mark_begin, &u->gather_op));
   fsdp_comm_set_tag(e->comm_gather, u->name); /* names the unit in timeouts and desyncs */

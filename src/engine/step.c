@@ -137,6 +137,7 @@ static fsdp_status_t step(struct fsdp_engine *e, fsdp_step_stats_t *stats) {
     FSDP_TRY(fsdp_unit_refresh_params(e, u));
     FSDP_TRY(fsdp_engine_zero(e, u->grad, u->shard * sizeof(float)));
     u->bwd_count = 0;
+    u->mirror_dirty = 0; /* host copies from before the update are stale */
   }
   fsdp_engine_drop_gathers(e);
   /* The next gathers read the updated shards: they wait for the compute
