@@ -293,7 +293,9 @@ static fsdp_status_t other_load(model_t *m, bench_result_t *r, const series_t *s
   if (r->other_load < 0) return FSDP_SUCCESS;
   r->other_cpu += v[0] > self ? v[0] - self : 0.0;
   r->timed_wall += v[1];
-  r->other_load = r->other_cpu / (r->timed_wall * (double)sysconf(_SC_NPROCESSORS_ONLN));
+  /* The machine's counters span slightly more than the timed window: on a
+   * saturated machine the ratio can pass 1 by that skew. */
+  r->other_load = fmin(1.0, r->other_cpu / (r->timed_wall * (double)sysconf(_SC_NPROCESSORS_ONLN)));
   return FSDP_SUCCESS;
 }
 
