@@ -264,7 +264,11 @@ def stalled(r, kind):
         check(reports and all("rank 1 never issued it" in l for l in reports),
               f"no report naming rank 1 missing:\n{err[-3000:]}")
     else:  # no store under mpirun: the operation and its number, then MPI_Abort
-        check(reports and "MPI_ABORT" in err, f"no timeout report:\n{err[-3000:]}")
+        # Our report must say it aborts; Open MPI's own "MPI_ABORT was invoked"
+        # banner is sometimes lost when several ranks abort at once (its
+        # show_help unpack error), so it is not required.
+        check(reports and all("aborting the job (MPI_Abort)" in l for l in reports),
+              f"no timeout report:\n{err[-3000:]}")
 
 
 def escalated(r):
