@@ -7,7 +7,9 @@ No timings are asserted: only structure and exact quantities.
 
     check_bench.py fsdp  MPIRUN NP FSDP_BENCH
     check_bench.py trace MPIRUN NP FSDP_BENCH OUT.json
-    check_bench.py coll  MPIRUN NP COLL_BENCH
+    check_bench.py coll  MPIRUN NP COLL_BENCH [COLL_BENCH ARGS...]
+
+A run that asked for CUDA exits 77 (skipped) when the bench finds no GPU.
 """
 import json
 import os
@@ -17,11 +19,18 @@ import sys
 STATS = ("median", "min", "max", "p10", "p90")
 
 
+NO_GPU = "no usable CUDA device"
+
+
 def launch(mpirun, np, argv):
     cmd = [mpirun, "--oversubscribe", "--bind-to", "none", "-np", str(np)] + argv
     if os.geteuid() == 0:
         cmd.insert(1, "--allow-run-as-root")
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sys.stderr.write(p.stderr)
+    if p.returncode != 0 and NO_GPU in p.stderr:  # said only when cuda was asked for
+        print("SKIP: no usable CUDA device")
+        sys.exit(77)
     if p.returncode != 0:
         sys.exit(f"FAIL: {' '.join(cmd)} exited {p.returncode}\n{p.stdout}")
     return p.stdout
@@ -122,11 +131,17 @@ def check_trace(mpirun, np, exe, path):
           "well-formed and nested")
 
 
-def check_coll(mpirun, np, exe):
+def check_coll(mpirun, np, exe, extra):
     out = launch(mpirun, np, [exe, "--json", "-b", "64", "-e", "64K", "-f", "8", "-n", "3",
-                              "-w", "1"])
+                              "-w", "1"] + extra)
     doc = json.loads(out)
     expect(doc["bench"] == "coll_bench" and doc["ranks"] == np, "header fields")
+    if "--backend" in extra:
+        want = extra[extra.index("--backend") + 1]
+        expect(doc["backend"] == want, f"backend {doc['backend']}, asked for {want}")
+    cuda = "--device" in extra and extra[extra.index("--device") + 1] == "cuda"
+    expect(doc["device"].startswith("cuda:") if cuda or doc["backend"] == "nccl"
+           else doc["device"] == "cpu", f"buffers on {doc['device']}")
     expect(doc["wrong"] == 0, f"{doc['wrong']} wrong elements")
     rows = doc["rows"]
     for coll in ("all_gather", "reduce_scatter"):
@@ -138,7 +153,8 @@ def check_coll(mpirun, np, exe):
                        r["size"] % (4 * np) == 0, f"{coll}: size, count, wrong: {r}")
                 bus = r["algbw"] * (np - 1) / np
                 expect(abs(r["busbw"] - bus) <= 1e-3 + 1e-3 * bus, f"{coll}: busbw formula {r}")
-    print(f"coll_bench --json at N={np}: {len(rows)} rows, 0 wrong")
+    print(f"coll_bench --json at N={np} over {doc['backend']} on {doc['device']}: "
+          f"{len(rows)} rows, 0 wrong")
 
 
 def main():
@@ -150,7 +166,7 @@ def main():
     elif what == "trace":
         check_trace(mpirun, np, exe, sys.argv[5])
     elif what == "coll":
-        check_coll(mpirun, np, exe)
+        check_coll(mpirun, np, exe, sys.argv[5:])
     else:
         sys.exit(__doc__)
 

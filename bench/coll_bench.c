@@ -7,7 +7,15 @@
  * size S moves count = S / sizeof(type) elements in all, S / N per rank.
  * algbw = S / time, busbw = algbw * (N - 1) / N for both collectives; time is
  * the mean over iterations of the slowest rank. Values are small integers, so
- * every sum is exact in every type and the check is bitwise. */
+ * every sum is exact in every type and the check is bitwise.
+ *
+ * --backend picks the communicator measured (mpi, gloo, self or nccl) and
+ * --device where its buffers live: cuda buffers come from fsdp_device_alloc on
+ * device local_rank % devices and are filled and checked through host copies
+ * outside the timed loop; with -s 1 the collectives are queued on a CUDA
+ * stream (nccl enqueues, the host backends stage through pinned memory). The
+ * bench's own bookkeeping (barriers, the slowest rank's time, wrong counts)
+ * goes over a second communicator on the world's backend. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,11 +29,15 @@ static const char usage_text[] =
     "  -n, --iters N        timed iterations per row (default 20)\n"
     "  -w, --warmup N       untimed iterations first (default 5)\n"
     "  -c, --check 0|1      check every row's result element by element (default 1)\n"
-    "  -d, --datatype T     float (default), double, bfloat16 (all_gather only)\n"
+    "  -d, --datatype T     float (default), double, bfloat16 (sums exact up to 32 ranks)\n"
     "  -o, --op OP          reduce-scatter operation: sum (default) or max\n"
     "  -s, --stream 0|1     1: issue on a communication stream, as the engine does\n"
     "                       (default); 0: on the calling thread\n"
     "  --coll NAME          all_gather, reduce_scatter or all (default)\n"
+    "  --backend NAME       communicator measured: mpi, gloo, self or nccl (default: the\n"
+    "                       world's backend, as fsdp_comm_create gives)\n"
+    "  --device cpu|cuda    where the buffers live (default: cuda with nccl, else cpu);\n"
+    "                       cuda: device local_rank %% devices, -s 1 queues on a CUDA stream\n"
     "  --json               one JSON document on stdout (rank 0) instead of the table\n"
     "  --json-file PATH     also write that document to PATH (the table still prints)\n"
     "Columns: size (B), count (elements in all), type, redop, time (us, mean of the\n"
@@ -41,6 +53,8 @@ typedef struct {
   fsdp_dtype_t dtype;
   fsdp_reduce_op_t op;
   int colls; /* bit mask of coll_t */
+  const char *backend; /* NULL: the world's */
+  int device;          /* fsdp_device_kind_t, or -1 until chosen */
   int json;
   const char *json_file; /* also write the JSON document here */
 } coll_opts_t;
@@ -54,10 +68,13 @@ typedef struct {
 } coll_row_t;
 
 typedef struct {
-  fsdp_comm_t comm;
+  fsdp_comm_t comm; /* measured */
+  fsdp_comm_t ctrl; /* host reductions and barriers of the bench itself */
   fsdp_stream_t stream;
-  int rank, nranks;
-  void *send, *recv; /* each maxbytes: the host buffers the MPI backend reads */
+  fsdp_device_kind_t kind;
+  int rank, nranks, ordinal; /* ordinal: the CUDA device, -1 on the CPU */
+  void *send, *recv; /* each maxbytes, of kind */
+  void *host;        /* maxbytes of host memory to fill and check device buffers */
 } coll_ctx_t;
 
 /* ---- flags ----------------------------------------------------------------- */
@@ -74,6 +91,11 @@ static int parse_word(const char *a, const char *v, coll_opts_t *o) {
     if (!strcmp(v, "all_gather")) return o->colls = 1 << COLL_ALL_GATHER, 0;
     if (!strcmp(v, "reduce_scatter")) return o->colls = 1 << COLL_REDUCE_SCATTER, 0;
     if (!strcmp(v, "all")) return o->colls = 3, 0;
+  } else if (!strcmp(a, "--backend")) {
+    return o->backend = v, 0;
+  } else if (!strcmp(a, "--device")) {
+    if (!strcmp(v, "cpu")) return o->device = FSDP_DEVICE_CPU, 0;
+    if (!strcmp(v, "cuda")) return o->device = FSDP_DEVICE_CUDA, 0;
   } else if (!strcmp(a, "-f") || !strcmp(a, "--stepfactor")) {
     return bench_parse_double("coll_bench", a, v, &o->factor);
   } else {
@@ -112,9 +134,11 @@ static int parse(int argc, char **argv, coll_opts_t *o) {
   }
   if (o->iters < 1 || o->factor <= 1.0 || o->minbytes < 1 || o->maxbytes < o->minbytes)
     return fprintf(stderr, "coll_bench: need -n >= 1, -f > 1 and 1 <= -b <= -e\n"), -1;
-  if (o->dtype == FSDP_BF16 && (o->colls & (1 << COLL_REDUCE_SCATTER)))
-    return fprintf(stderr, "coll_bench: reductions run in f32 or f64; use -d bfloat16 with "
-                           "--coll all_gather\n"), -1;
+  int nccl = o->backend && !strcmp(o->backend, "nccl");
+  if (nccl && o->device == FSDP_DEVICE_CPU)
+    return fprintf(stderr, "coll_bench: --backend nccl takes CUDA device buffers, not "
+                           "--device cpu\n"), -1;
+  if (o->device < 0) o->device = nccl ? FSDP_DEVICE_CUDA : FSDP_DEVICE_CPU;
   return 0;
 }
 
@@ -163,9 +187,14 @@ static void operands(const coll_ctx_t *c, coll_t coll, int inplace, size_t per, 
   }
 }
 
-static void fill(const coll_ctx_t *c, const coll_opts_t *o, coll_t coll, void *send, size_t per) {
+/* This rank's contribution into send (through c->host for device buffers). */
+static fsdp_status_t fill(const coll_ctx_t *c, const coll_opts_t *o, coll_t coll, void *send,
+                          size_t per) {
   size_t n = coll == COLL_ALL_GATHER ? per : per * (size_t)c->nranks;
-  for (size_t i = 0; i < n; i++) store(send, o->dtype, i, value(c->rank, i));
+  void *dst = c->kind == FSDP_DEVICE_CPU ? send : c->host;
+  for (size_t i = 0; i < n; i++) store(dst, o->dtype, i, value(c->rank, i));
+  if (dst == send) return FSDP_SUCCESS;
+  return fsdp_device_copy(send, dst, n * fsdp_dtype_size(o->dtype), FSDP_HOST_STREAM);
 }
 
 static fsdp_status_t issue(const coll_ctx_t *c, const coll_opts_t *o, coll_t coll, void *send,
@@ -184,15 +213,20 @@ static fsdp_status_t check_row(const coll_ctx_t *c, const coll_opts_t *o, coll_r
                                size_t per, size_t esz) {
   void *send, *recv;
   operands(c, row->coll, row->inplace, per, esz, &send, &recv);
-  fill(c, o, row->coll, send, per);
+  BENCH_TRY(fill(c, o, row->coll, send, per));
   BENCH_TRY(issue(c, o, row->coll, send, recv, per));
   BENCH_TRY(finish(c, o));
   size_t n = row->coll == COLL_ALL_GATHER ? per * (size_t)c->nranks : per;
+  const void *res = recv;
+  if (c->kind != FSDP_DEVICE_CPU) {
+    BENCH_TRY(fsdp_device_copy(c->host, recv, n * esz, FSDP_HOST_STREAM));
+    res = c->host;
+  }
   double wrong = 0;
   for (size_t i = 0; i < n; i++)
-    wrong += load(recv, o->dtype, i) != expected(c, o, row->coll, per, i);
+    wrong += load(res, o->dtype, i) != expected(c, o, row->coll, per, i);
   row->wrong = wrong;
-  return bench_reduce(c->comm, &row->wrong, 1, FSDP_SUM);
+  return bench_reduce(c->ctrl, &row->wrong, 1, FSDP_SUM);
 }
 
 /* ---- timing ---------------------------------------------------------------- */
@@ -201,15 +235,15 @@ static fsdp_status_t time_row(const coll_ctx_t *c, const coll_opts_t *o, coll_ro
                               size_t per, size_t esz) {
   void *send, *recv;
   operands(c, row->coll, row->inplace, per, esz, &send, &recv);
-  fill(c, o, row->coll, send, per);
+  BENCH_TRY(fill(c, o, row->coll, send, per));
   for (int64_t i = 0; i < o->warmup; i++) BENCH_TRY(issue(c, o, row->coll, send, recv, per));
   BENCH_TRY(finish(c, o));
-  BENCH_TRY(fsdp_barrier(c->comm, FSDP_HOST_STREAM));
+  BENCH_TRY(fsdp_barrier(c->ctrl, FSDP_HOST_STREAM));
   double t0 = fsdp_time_now();
   for (int64_t i = 0; i < o->iters; i++) BENCH_TRY(issue(c, o, row->coll, send, recv, per));
   BENCH_TRY(finish(c, o));
   double secs = (fsdp_time_now() - t0) / (double)o->iters;
-  BENCH_TRY(bench_reduce(c->comm, &secs, 1, FSDP_MAX));
+  BENCH_TRY(bench_reduce(c->ctrl, &secs, 1, FSDP_MAX));
   row->time_us = secs * 1e6;
   row->algbw = (double)row->bytes / secs / 1e9;
   row->busbw = row->algbw * (c->nranks - 1) / c->nranks;
@@ -225,11 +259,19 @@ static fsdp_status_t run_row(const coll_ctx_t *c, const coll_opts_t *o, coll_row
 
 /* ---- output ---------------------------------------------------------------- */
 
+/* "cpu" or "cuda:<ordinal>" (rank 0's; every rank takes local_rank % devices). */
+static const char *device_name(const coll_ctx_t *c, char buf[32]) {
+  if (c->kind == FSDP_DEVICE_CPU) return "cpu";
+  snprintf(buf, 32, "cuda:%d", c->ordinal);
+  return buf;
+}
+
 static void print_header(const coll_ctx_t *c, const coll_opts_t *o) {
-  printf("# coll_bench: fsdp comm over %s, %d ranks | -b %lld -e %lld -f %g | %lld iterations "
-         "after %lld warm-up | %s | check %s\n#\n",
-         fsdp_comm_backend(c->comm), c->nranks, (long long)o->minbytes, (long long)o->maxbytes,
-         o->factor, (long long)o->iters, (long long)o->warmup,
+  char dev[32];
+  printf("# coll_bench: fsdp comm over %s, %d ranks, %s buffers | -b %lld -e %lld -f %g | %lld "
+         "iterations after %lld warm-up | %s | check %s\n#\n",
+         fsdp_comm_backend(c->comm), c->nranks, device_name(c, dev), (long long)o->minbytes,
+         (long long)o->maxbytes, o->factor, (long long)o->iters, (long long)o->warmup,
          o->stream ? "communication stream" : "calling thread", o->check ? "on" : "off");
   printf("#%55s%33s%33s\n", "", "out-of-place", "in-place");
   printf("# %-14s %12s %12s %6s %6s %9s %7s %7s %6s %9s %7s %7s %6s\n", "collective", "size",
@@ -256,10 +298,11 @@ static void print_json(FILE *f, const coll_ctx_t *c, const coll_opts_t *o, const
                        double wrong, double avg_busbw) {
   bench_machine_t m;
   bench_machine(&m);
-  fprintf(f, "{\"bench\":\"coll_bench\",\"backend\":\"%s\",\"ranks\":%d,\"iters\":%lld,"
-         "\"warmup\":%lld,\"stream\":%d,\"check\":%d,\"machine\":",
-         fsdp_comm_backend(c->comm), c->nranks, (long long)o->iters, (long long)o->warmup,
-         (int)o->stream, (int)o->check);
+  char dev[32];
+  fprintf(f, "{\"bench\":\"coll_bench\",\"backend\":\"%s\",\"device\":\"%s\",\"ranks\":%d,"
+          "\"iters\":%lld,\"warmup\":%lld,\"stream\":%d,\"check\":%d,\"machine\":",
+          fsdp_comm_backend(c->comm), device_name(c, dev), c->nranks, (long long)o->iters,
+          (long long)o->warmup, (int)o->stream, (int)o->check);
   bench_machine_json(f, &m);
   fprintf(f, ",\"rows\":[");
   for (int i = 0; i < n; i++)
@@ -318,19 +361,32 @@ static int report(const coll_ctx_t *c, const coll_opts_t *o, const coll_row_t *r
   return 1;
 }
 
+/* 1 when any rank failed: a rank that cannot go on makes every rank stop
+ * (through ctrl) rather than leave the others waiting in a collective. */
+static int agree(const coll_ctx_t *c, int failed) {
+  double any = failed;
+  if (bench_reduce(c->ctrl, &any, 1, FSDP_MAX) == FSDP_SUCCESS) return any != 0;
+  fprintf(stderr, "coll_bench: rank %d: %s\n", c->rank, fsdp_last_error());
+  return 1;
+}
+
+static int allocate(coll_ctx_t *c, const coll_opts_t *o) {
+  size_t bytes = (size_t)o->maxbytes + 64;
+  fsdp_status_t st = fsdp_device_alloc(c->kind, bytes, &c->send);
+  if (st == FSDP_SUCCESS) st = fsdp_device_alloc(c->kind, bytes, &c->recv);
+  if (st == FSDP_SUCCESS && c->kind != FSDP_DEVICE_CPU)
+    st = fsdp_device_alloc(FSDP_DEVICE_CPU, bytes, &c->host);
+  if (st != FSDP_SUCCESS)
+    fprintf(stderr, "coll_bench: rank %d: cannot allocate the %zu-byte buffers: %s\n", c->rank,
+            bytes, fsdp_last_error());
+  return agree(c, st != FSDP_SUCCESS);
+}
+
 static int run(coll_ctx_t *c, const coll_opts_t *o) {
   int max_rows = 4 * count_rows(c, o), n = 0;
   coll_row_t *rows = calloc((size_t)(max_rows ? max_rows : 1), sizeof *rows);
-  /* Host buffers: the MPI and self backends read host memory. A device backend
-   * needs device buffers here (and device-side fill/check) once device.h has
-   * an allocator; nothing else in this file changes. */
-  c->send = calloc((size_t)o->maxbytes + 64, 1);
-  c->recv = calloc((size_t)o->maxbytes + 64, 1);
-  if (!rows || !c->send || !c->recv) {
-    fprintf(stderr, "coll_bench: cannot allocate 2 x %lld bytes\n", (long long)o->maxbytes);
-    free(rows);
-    return 1;
-  }
+  if (!rows) return fprintf(stderr, "coll_bench: out of memory\n"), 1;
+  if (allocate(c, o)) return free(rows), 1;
   if (c->rank == 0 && !o->json) print_header(c, o);
   fsdp_status_t st = sweep(c, o, rows, &n);
   int bad = st == FSDP_SUCCESS && c->rank == 0 ? report(c, o, rows, n) : 0;
@@ -342,26 +398,62 @@ static int run(coll_ctx_t *c, const coll_opts_t *o) {
   return st != FSDP_SUCCESS || wrong != 0 || bad ? 1 : 0;
 }
 
+/* Device local_rank % devices for CUDA buffers; 0, or 1 after saying why. */
+static int select_device(fsdp_world_t world, coll_ctx_t *c) {
+  if (c->kind != FSDP_DEVICE_CUDA) return 0;
+  int n = fsdp_cuda_device_count();
+  if (n < 1)
+    return fprintf(stderr, "coll_bench: rank %d: --device cuda: no usable CUDA device (fsdp "
+                           "built without CUDA, or no GPU visible to this process)\n", c->rank), 1;
+  c->ordinal = fsdp_world_local_rank(world) % n;
+  if (fsdp_cuda_set_device(c->ordinal) == FSDP_SUCCESS) return 0;
+  return fprintf(stderr, "coll_bench: rank %d: %s\n", c->rank, fsdp_last_error()), 1;
+}
+
+/* The device, the measured communicator (created by every rank or none: its
+ * create is collective) and the stream the collectives are issued on. */
+static int open_comm(fsdp_world_t world, const coll_opts_t *o, coll_ctx_t *c) {
+  c->kind = (fsdp_device_kind_t)o->device;
+  c->ordinal = -1;
+  if (agree(c, select_device(world, c))) return 1;
+  if (fsdp_comm_create_backend(world, o->backend, &c->comm)) goto fail;
+  if (c->kind == FSDP_DEVICE_CUDA && o->stream ? fsdp_stream_create_cuda("coll-bench", 1, &c->stream)
+                                               : fsdp_stream_create("coll-bench", &c->stream))
+    goto fail;
+  return 0;
+fail:
+  fprintf(stderr, "coll_bench: %s\n", fsdp_last_error());
+  return 1;
+}
+
 int main(int argc, char **argv) {
-  coll_opts_t o = {1 << 10, 16 << 20, 20, 5, 1, 1, 4.0, FSDP_F32, FSDP_SUM, 3, 0, NULL};
+  coll_opts_t o = {1 << 10, 16 << 20, 20, 5, 1, 1, 4.0, FSDP_F32, FSDP_SUM, 3, NULL, -1, 0, NULL};
   int p = parse(argc, argv, &o);
   if (p) return p > 0 ? 0 : 2;
   coll_ctx_t c = {0};
   fsdp_world_t world = NULL;
   int rc = 1;
-  if (fsdp_world_init(&world, NULL) || fsdp_comm_create(world, &c.comm) ||
-      fsdp_stream_create("coll-bench", &c.stream)) {
+  if (fsdp_world_init(&world, NULL) || fsdp_comm_create(world, &c.ctrl)) {
     fprintf(stderr, "coll_bench: %s\n", fsdp_last_error());
     goto done;
   }
-  c.rank = fsdp_comm_rank(c.comm);
-  c.nranks = fsdp_comm_size(c.comm);
-  rc = run(&c, &o);
+  c.rank = fsdp_comm_rank(c.ctrl);
+  c.nranks = fsdp_comm_size(c.ctrl);
+  /* bf16 holds every integer up to 256: the sums of up to 32 values in [-8, 8]. */
+  if (o.dtype == FSDP_BF16 && (o.colls & (1 << COLL_REDUCE_SCATTER)) && c.nranks > 32) {
+    if (c.rank == 0)
+      fprintf(stderr, "coll_bench: -d bfloat16 reduce_scatter checks exact sums of up to 32 "
+                      "ranks, not %d; use --coll all_gather or float\n", c.nranks);
+    goto done;
+  }
+  if (open_comm(world, &o, &c) == 0) rc = run(&c, &o);
 done:
   fsdp_stream_destroy(c.stream);
   fsdp_comm_destroy(c.comm);
+  fsdp_comm_destroy(c.ctrl);
   fsdp_world_destroy(world);
-  free(c.send);
-  free(c.recv);
+  fsdp_device_free(c.kind, c.send);
+  fsdp_device_free(c.kind, c.recv);
+  fsdp_device_free(FSDP_DEVICE_CPU, c.host);
   return rc;
 }

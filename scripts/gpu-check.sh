@@ -4,7 +4,8 @@
 # runs the CUDA suite (every kernel of src/cuda against the CPU reference on
 # fresh random inputs; the engine on the GPU against the CPU engine with NCCL at
 # N = 1 and MPI at N = 2 on one GPU, and its memory against the device's; a
-# small GPT-2 trained on the GPU against the CPU), then the bench (GPT-2 124M,
+# small GPT-2 trained on the GPU against the CPU; coll_bench on device buffers
+# over NCCL and over MPI staging), then the bench (GPT-2 124M,
 # 16 x 1024 tokens per micro-step, bf16, NCCL, one GPU), and prints a short
 # table last. Exits 0 only when everything ran and passed. Budget: build about
 # 1 minute on 16 cores, suite bounded at 5 minutes, bench about 1 minute.
@@ -55,7 +56,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sed 's/^/device:
 grep -h "^test_kernels: SKIP\|: SKIP" "$log/testlog.txt" 2>/dev/null | head -3 || true
 echo "-- CUDA suite (meson test --suite cuda): exit $status"
 grep -hE "^ *[0-9]+/[0-9]+ .*(OK|FAIL|SKIP|TIMEOUT|ERROR)" "$log/testlog.txt" 2>/dev/null || true
-grep -hE "^(engine N=|memory:|gpt2 cuda)" "$log/testlog.txt" 2>/dev/null | sort -u || true
+grep -hE "^(engine N=|memory:|gpt2 cuda|coll_bench --json)" "$log/testlog.txt" 2>/dev/null | sort -u || true
 if [ -s "$report" ]; then
   echo "-- kernels against the CPU reference"
   cat "$report"
