@@ -2,8 +2,8 @@
  *
  * Backends: "mpi" (host buffers, one duplicated MPI communicator per
  * fsdp_comm_t), "gloo" (env:// worlds: host buffers over Gloo's TCP transport,
- * one Gloo context per fsdp_comm_t; reduce_scatter is an all_reduce plus this
- * rank's slice, which moves twice the bytes), "self" (one rank, plain copies,
+ * one Gloo context per fsdp_comm_t; reduce_scatter is a ring of N-1 steps
+ * over Gloo's point-to-point buffers), "self" (one rank, plain copies,
  * no MPI) and, when fsdp was built with NCCL, "nccl" (CUDA device buffers,
  * one ncclComm_t per fsdp_comm_t on the CUDA device current when it was
  * created; every world kind). Every backend runs every collective below in

@@ -9,11 +9,12 @@
  * Gloo has no reduce-scatter in its collective API (only the legacy
  * ReduceScatterHalvingDoubling class, whose buffers are bound at construction
  * and whose device thread busy-polls when a peer runs ahead: unfit for
- * per-call buffers), so reduce_scatter is an all_reduce of the whole buffer
- * followed by taking this rank's slice. That moves twice the bytes of a real
- * reduce-scatter (2(N-1)/N of the buffer per rank instead of (N-1)/N) and,
- * unless the call is in place, reduces into a scratch buffer of the full
- * size kept by the communicator.
+ * per-call buffers), so reduce_scatter is a ring of its own over Gloo's
+ * unbound buffers: N-1 steps, each sending one slice to the next rank while
+ * receiving one from the previous and adding this rank's contribution, so each
+ * rank moves (N-1)/N of the buffer (an all-reduce would move twice that) and
+ * holds two slices of scratch. Each slice is reduced in ring order, N-1
+ * pairwise steps, as comm.h allows.
  *
  * Timeouts: every context gets the world's collective timeout, so a blocked
  * call throws at the deadline; the watchdog (comm_watch.c) fires at the same
@@ -22,6 +23,7 @@
  * rank fail at once instead of at their own deadline. Exceptions never cross
  * into C: every entry point catches them and returns FSDP_ERR_COMM. */
 #include <chrono>
+#include <functional>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -38,6 +40,7 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
 
 extern "C" {
 #include "core/internal.h"
@@ -88,7 +91,7 @@ using Context = gloo::rendezvous::Context;
 
 struct Impl {
   std::shared_ptr<Context> ctx;
-  std::vector<unsigned char> scratch; /* reduce_scatter's full-size result */
+  std::vector<unsigned char> acc, in; /* reduce_scatter's slices: sent, received */
 };
 
 Impl *impl_of(fsdp_comm_t c) { return static_cast<Impl *>(c->impl); }
@@ -120,7 +123,7 @@ fsdp_status_t connect(fsdp_comm_t c) {
     Store store(fsdp_world_store(c->world), fsdp_world_rendezvous_timeout(c->world));
     gloo::rendezvous::PrefixStore prefixed("comm/" + std::to_string(c->id), store);
     ctx->connectFullMesh(prefixed, dev);
-    c->impl = new Impl{ctx, {}};
+    c->impl = new Impl{ctx, {}, {}};
     return FSDP_SUCCESS;
   } catch (const std::exception &e) {
     return fsdp_error(FSDP_ERR_COMM, "gloo: cannot connect communicator %d on rank %d of %d: "
@@ -132,53 +135,79 @@ fsdp_status_t connect(fsdp_comm_t c) {
 
 using Ctx = std::shared_ptr<Context>;
 
+/* out = a (op) b, elementwise; bf16 as uint16_t bit patterns combined in
+ * fp32 and rounded once per pairwise step (fsdp_bf16_combine). */
+using Fn = std::function<void(void *, const void *, const void *, size_t)>;
+
+Fn reduce_fn(fsdp_dtype_t dt, fsdp_reduce_op_t op) {
+  using Raw = void (*)(void *, const void *, const void *, size_t);
+  bool max = op == FSDP_MAX;
+  if (dt == FSDP_F64) return max ? Raw(&gloo::max<double>) : Raw(&gloo::sum<double>);
+  if (dt == FSDP_F32) return max ? Raw(&gloo::max<float>) : Raw(&gloo::sum<float>);
+  return [op](void *c, const void *a, const void *b, size_t n) {
+    fsdp_bf16_combine(static_cast<uint16_t *>(c), static_cast<const uint16_t *>(a),
+                      static_cast<const uint16_t *>(b), n, op);
+  };
+}
+
 template <typename T>
-void allreduce(const Ctx &ctx, const void *send, void *recv, size_t n, fsdp_reduce_op_t op) {
-  using Fn = void (*)(void *, const void *, const void *, size_t);
+void allreduce(const Ctx &ctx, const void *send, void *recv, size_t n, const Fn &fn) {
   gloo::AllreduceOptions o(ctx);
   if (send != recv) o.setInput(static_cast<T *>(const_cast<void *>(send)), n);
   o.setOutput(static_cast<T *>(recv), n);
-  o.setReduceFunction(op == FSDP_MAX ? static_cast<Fn>(&gloo::max<T>)
-                                     : static_cast<Fn>(&gloo::sum<T>));
-  gloo::allreduce(o);
-}
-
-/* bf16 as uint16_t bit patterns, combined in fp32 and rounded once per
- * pairwise step (fsdp_bf16_combine). */
-void allreduce_bf16(const Ctx &ctx, const void *send, void *recv, size_t n, fsdp_reduce_op_t op) {
-  gloo::AllreduceOptions o(ctx);
-  if (send != recv) o.setInput(static_cast<uint16_t *>(const_cast<void *>(send)), n);
-  o.setOutput(static_cast<uint16_t *>(recv), n);
-  o.setReduceFunction([op](void *c, const void *a, const void *b, size_t count) {
-    fsdp_bf16_combine(static_cast<uint16_t *>(c), static_cast<const uint16_t *>(a),
-                      static_cast<const uint16_t *>(b), count, op);
-  });
+  o.setReduceFunction(fn);
   gloo::allreduce(o);
 }
 
 void allreduce_any(const Ctx &ctx, const void *send, void *recv, size_t n, fsdp_dtype_t dt,
                    fsdp_reduce_op_t op) {
+  Fn fn = reduce_fn(dt, op);
   if (dt == FSDP_F64)
-    allreduce<double>(ctx, send, recv, n, op);
+    allreduce<double>(ctx, send, recv, n, fn);
   else if (dt == FSDP_BF16)
-    allreduce_bf16(ctx, send, recv, n, op);
+    allreduce<uint16_t>(ctx, send, recv, n, fn);
   else
-    allreduce<float>(ctx, send, recv, n, op);
+    allreduce<float>(ctx, send, recv, n, fn);
 }
 
-/* All-reduce of the whole buffer, then this rank's slice (see the top). */
+/* Gloo's waits throw on a timeout or a closed connection; false is an abort. */
+void wait_both(gloo::transport::UnboundBuffer &in, gloo::transport::UnboundBuffer &out) {
+  if (!in.waitRecv() || !out.waitSend())
+    throw std::runtime_error("reduce_scatter: wait aborted");
+}
+
+/* The ring of the top: at step s rank r sends the partial sum of slice
+ * (r-s-1) mod N to rank r+1 and receives that of slice (r-s-2) mod N from
+ * r-1, which it combines with its own contribution; after N-1 steps that is
+ * slice r, complete, written straight into recv. In place, recv is the
+ * rank's own slice of send, read and written elementwise at the last step. */
 void reduce_scatter(fsdp_comm_t c, const fsdp_coll_t *k) {
   Impl *im = impl_of(c);
-  size_t es = fsdp_dtype_size(k->dtype), slice = k->count * es;
-  size_t full = slice * static_cast<size_t>(c->size);
-  if (k->in_place) {
-    void *buf = const_cast<void *>(k->send);
-    allreduce_any(im->ctx, buf, buf, k->count * c->size, k->dtype, k->op);
-    return; /* the rank's slice is recv already */
+  const Ctx &ctx = im->ctx;
+  const int n = c->size, r = c->rank;
+  const size_t slice = k->count * fsdp_dtype_size(k->dtype);
+  const unsigned char *own = static_cast<const unsigned char *>(k->send);
+  auto at = [&](int i) { return own + static_cast<size_t>(((i % n) + n) % n) * slice; };
+  if (n == 1 || slice == 0) {
+    if (!k->in_place && slice) std::memcpy(k->recv, own, slice);
+    return;
   }
-  if (im->scratch.size() < full) im->scratch.resize(full);
-  allreduce_any(im->ctx, k->send, im->scratch.data(), k->count * c->size, k->dtype, k->op);
-  std::memcpy(k->recv, im->scratch.data() + static_cast<size_t>(c->rank) * slice, slice);
+  if (im->acc.size() < slice) im->acc.resize(slice), im->in.resize(slice);
+  Fn fn = reduce_fn(k->dtype, k->op);
+  auto own_buf = ctx->createUnboundBuffer(const_cast<unsigned char *>(own), slice * n);
+  auto acc_buf = ctx->createUnboundBuffer(im->acc.data(), slice);
+  auto in_buf = ctx->createUnboundBuffer(im->in.data(), slice);
+  const uint64_t slot = ctx->nextSlot(n - 1);
+  for (int s = 0; s < n - 1; s++) {
+    in_buf->recv((r + n - 1) % n, slot + s, 0, slice);
+    if (s == 0)
+      own_buf->send((r + 1) % n, slot, static_cast<size_t>(at(r - 1) - own), slice);
+    else
+      acc_buf->send((r + 1) % n, slot + s, 0, slice);
+    wait_both(*in_buf, s == 0 ? *own_buf : *acc_buf);
+    void *dst = s == n - 2 ? k->recv : im->acc.data();
+    fn(dst, im->in.data(), at(r - s - 2), k->count);
+  }
 }
 
 void all_gather(const Ctx &ctx, const fsdp_coll_t *k) {
