@@ -103,6 +103,14 @@ FSDP_API fsdp_status_t fsdp_device_copy(void *dst, const void *src, size_t bytes
                                         fsdp_stream_t stream);
 /* Sets bytes to zero, with fsdp_device_copy's stream rules. */
 FSDP_API fsdp_status_t fsdp_device_zero(void *dst, size_t bytes, fsdp_stream_t stream);
+/* Page-locked host memory (cudaHostAlloc, portable: every device may use it),
+ * which copies queued on a CUDA stream move without blocking the caller. Not
+ * initialised; the caller frees it with fsdp_pinned_free (NULL is ignored),
+ * which waits for the device like cudaFreeHost. Needs a usable CUDA device:
+ * otherwise FSDP_ERR_UNSUPPORTED (built without CUDA) or FSDP_ERR_SYSTEM with
+ * CUDA's message; FSDP_ERR_OUT_OF_MEMORY when the pages cannot be locked. */
+FSDP_API fsdp_status_t fsdp_pinned_alloc(size_t bytes, void **ptr);
+FSDP_API void fsdp_pinned_free(void *ptr);
 /* 1 when p points into CUDA device memory (not host, pinned or managed). */
 FSDP_API int fsdp_is_device_pointer(const void *p);
 

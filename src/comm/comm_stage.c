@@ -5,7 +5,7 @@
  * (the host, or the worker of a CPU stream), so the backend never sees a
  * device pointer.
  *
- * The pinned buffer belongs to the communicator: allocated (cudaHostAlloc) on
+ * The pinned buffer belongs to the communicator: allocated (fsdp_pinned_alloc) on
  * the first collective that needs it, regrown only when a larger one comes,
  * and freed by fsdp_comm_destroy, so a training loop that repeats the same
  * collectives allocates nothing after its first step. It holds the largest
@@ -13,6 +13,7 @@
  * buffer). A communicator is used from one stream at a time (comm.h), so one
  * buffer per communicator suffices. Built to a pass-through without CUDA. */
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "comm/comm_internal.h"
@@ -24,11 +25,13 @@
 static fsdp_status_t stage_reserve(fsdp_comm_t comm, size_t bytes) {
   if (bytes <= comm->stage_bytes) return FSDP_SUCCESS;
   void *p = NULL;
-  cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
-  if (e != cudaSuccess)
-    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "comm: cannot pin %zu bytes of host memory to "
-                      "stage device buffers for the %s backend: %s", bytes, comm->ops->name,
-                      cudaGetErrorString(e));
+  fsdp_status_t st = fsdp_pinned_alloc(bytes, &p);
+  if (st != FSDP_SUCCESS) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", fsdp_last_error());
+    return fsdp_error(st, "comm: staging device buffers for the %s backend: %s",
+                      comm->ops->name, why);
+  }
   fsdp_stage_free(comm);
   comm->stage = p;
   comm->stage_bytes = bytes;
@@ -80,7 +83,7 @@ fsdp_status_t fsdp_stage_out(fsdp_comm_t comm, const fsdp_coll_t *c, const fsdp_
 }
 
 void fsdp_stage_free(fsdp_comm_t comm) {
-  if (comm->stage) cudaFreeHost(comm->stage);
+  fsdp_pinned_free(comm->stage);
   comm->stage = NULL;
   comm->stage_bytes = 0;
 }

@@ -233,6 +233,18 @@ static fsdp_status_t cuda_alloc(size_t bytes, void **ptr) {
 
 static void cuda_free(void *p) { cudaFree(p); }
 
+static fsdp_status_t pinned_alloc(size_t bytes, void **ptr) {
+  cudaError_t rc = cudaHostAlloc(ptr, bytes, cudaHostAllocPortable);
+  if (rc == cudaSuccess) return FSDP_SUCCESS;
+  cudaGetLastError();
+  *ptr = NULL;
+  return fsdp_error(rc == cudaErrorMemoryAllocation ? FSDP_ERR_OUT_OF_MEMORY : FSDP_ERR_SYSTEM,
+                    "CUDA: cannot pin %zu bytes of host memory (cudaHostAlloc): %s", bytes,
+                    cudaGetErrorString(rc));
+}
+
+static void pinned_free(void *p) { cudaFreeHost(p); }
+
 int fsdp_is_device_pointer(const void *p) {
   /* Host collectives ask on every call: without a device, answer at once. */
   static int devices = -1;
@@ -300,6 +312,11 @@ static fsdp_status_t cuda_alloc(size_t bytes, void **ptr) {
   return no_cuda("fsdp_device_alloc(FSDP_DEVICE_CUDA)");
 }
 static void cuda_free(void *p) { (void)p; }
+static fsdp_status_t pinned_alloc(size_t bytes, void **ptr) {
+  (void)bytes, (void)ptr;
+  return no_cuda("fsdp_pinned_alloc");
+}
+static void pinned_free(void *p) { (void)p; }
 int fsdp_is_device_pointer(const void *p) { return (void)p, 0; }
 fsdp_status_t fsdp_device_copy(void *dst, const void *src, size_t bytes, fsdp_stream_t stream) {
   (void)stream;
@@ -338,6 +355,17 @@ fsdp_status_t fsdp_device_alloc(fsdp_device_kind_t kind, size_t bytes, void **pt
   if (!(*ptr = fsdp_alloc(bytes)))
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of host memory", bytes);
   return FSDP_SUCCESS;
+}
+
+fsdp_status_t fsdp_pinned_alloc(size_t bytes, void **ptr) {
+  if (!ptr) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_pinned_alloc: ptr is NULL");
+  *ptr = NULL;
+  if (bytes == 0) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_pinned_alloc: 0 bytes");
+  return pinned_alloc(bytes, ptr);
+}
+
+void fsdp_pinned_free(void *ptr) {
+  if (ptr) pinned_free(ptr);
 }
 
 void fsdp_device_free(fsdp_device_kind_t kind, void *ptr) {

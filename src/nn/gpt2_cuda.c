@@ -10,9 +10,7 @@
  * results: 7 BTC fp32 elements of scratch (28 BTC bytes, shared by all
  * layers) and, per layer, casts over 4 BTC elements forward and 10 BTC
  * backward: memory-bound passes, small beside the T^2 attention itself.
- *
- * The one place outside src/device that touches the CUDA runtime: the pinned
- * host buffers (cudaMallocHost), which fsdp/device.h does not offer yet. */
+ */
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,8 +19,6 @@
 #include "nn/gpt2_ops.h"
 
 #if FSDP_HAVE_CUDA
-#include <cuda_runtime_api.h>
-
 #include "cuda/kernels.h"
 
 enum { READ_CHUNK = 1 << 20 }; /* bytes of the pinned buffer `read` copies through */
@@ -42,43 +38,28 @@ struct gpt2_dev {
   float *qkv32, *y32, *dqkv32;   /* bf16 only: (B,T,3C) (B,T,C) (B,T,3C) */
 };
 
-/* Zeroed on the legacy default stream, which the engine's non-blocking
- * streams do not wait for: hence the wait here, at create, never in a step. */
+/* Zeroed on the host stream, which returns when the zeros have landed (the
+ * engine's non-blocking streams do not wait for the legacy stream): at
+ * create, never in a step. */
 static fsdp_status_t cuda_alloc(void **p, size_t bytes) {
   FSDP_TRY(fsdp_device_alloc(FSDP_DEVICE_CUDA, bytes, p));
   fsdp_status_t st = fsdp_device_zero(*p, bytes, FSDP_HOST_STREAM);
-  cudaError_t rc = st == FSDP_SUCCESS ? cudaStreamSynchronize(0) : cudaSuccess;
-  if (rc != cudaSuccess)
-    st = fsdp_error(FSDP_ERR_SYSTEM, "GPT-2: zeroing %zu bytes of device memory: %s", bytes,
-                    cudaGetErrorString(rc));
   if (st != FSDP_SUCCESS) fsdp_device_free(FSDP_DEVICE_CUDA, *p), *p = NULL;
   return st;
 }
 
 static void cuda_free(void *p) { fsdp_device_free(FSDP_DEVICE_CUDA, p); }
 
-static fsdp_status_t pinned_alloc(void **p, size_t bytes) {
-  cudaError_t rc = cudaMallocHost(p, bytes);
-  if (rc == cudaSuccess) return FSDP_SUCCESS;
-  *p = NULL;
-  return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "GPT-2: cannot pin %zu bytes of host memory (%s)",
-                    bytes, cudaGetErrorString(rc));
-}
-
-static void pinned_free(void *p) {
-  if (p) cudaFreeHost(p);
-}
-
 static void cuda_destroy(gpt2_dev_t *d) {
   if (!d) return;
-  /* cudaFree and cudaFreeHost wait for the device: no queued kernel still reads these. */
+  /* Device and pinned frees wait for the device: no queued kernel still reads these. */
   if (d->staged) fsdp_event_destroy(d->staged);
   if (d->lossed) fsdp_event_destroy(d->lossed);
   void *dev[] = {d->tok, d->tgt, d->losses, d->att_scratch, d->qkv32, d->y32, d->dqkv32};
   for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cuda_free(dev[i]);
-  pinned_free(d->stage_h);
-  pinned_free(d->losses_h);
-  pinned_free(d->chunk_h);
+  fsdp_pinned_free(d->stage_h);
+  fsdp_pinned_free(d->losses_h);
+  fsdp_pinned_free(d->chunk_h);
   free(d);
 }
 
@@ -348,9 +329,9 @@ static fsdp_status_t dev_buffers(gpt2_dev_t *d, int bf16, size_t *bytes) {
       FSDP_TRY(cuda_alloc(dev[i].p, dev[i].bytes));
       *bytes += dev[i].bytes;
     }
-  FSDP_TRY(pinned_alloc((void **)&d->stage_h, 2 * BT * sizeof(int)));
-  FSDP_TRY(pinned_alloc((void **)&d->losses_h, BT * sizeof(float)));
-  FSDP_TRY(pinned_alloc(&d->chunk_h, READ_CHUNK));
+  FSDP_TRY(fsdp_pinned_alloc(2 * BT * sizeof(int), (void **)&d->stage_h));
+  FSDP_TRY(fsdp_pinned_alloc(BT * sizeof(float), (void **)&d->losses_h));
+  FSDP_TRY(fsdp_pinned_alloc(READ_CHUNK, &d->chunk_h));
   FSDP_TRY(fsdp_event_create(&d->staged));
   return fsdp_event_create(&d->lossed);
 }

@@ -375,6 +375,39 @@ START_TEST(invalid_arguments_are_reported) {
 }
 END_TEST
 
+/* Pinned memory: a round trip through device memory on a CUDA stream where a
+ * GPU is usable; elsewhere a refusal that says what could not be pinned. */
+START_TEST(pinned_memory_round_trip_or_clear_refusal) {
+  void *p = &p;
+  ck_assert_int_eq(fsdp_pinned_alloc(0, &p), FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_null(p);
+  ck_assert_int_eq(fsdp_pinned_alloc(64, NULL), FSDP_ERR_INVALID_ARGUMENT);
+  enum { N = 4096 };
+  fsdp_status_t st = fsdp_pinned_alloc(2 * N, &p);
+  if (fsdp_cuda_device_count() == 0) {
+    ck_assert_int_ne(st, FSDP_SUCCESS);
+    ck_assert_ptr_null(p);
+    ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "pin"));
+    fsdp_pinned_free(NULL);
+    return;
+  }
+  ck_assert_int_eq(st, FSDP_SUCCESS);
+  unsigned char *h = p, *d = NULL;
+  for (int i = 0; i < N; i++) h[i] = (unsigned char)(i * 7 + 3), h[N + i] = 0;
+  fsdp_stream_t s;
+  ck_assert_int_eq(fsdp_device_alloc(FSDP_DEVICE_CUDA, N, (void **)&d), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_stream_create_cuda("pinned", 0, &s), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_device_copy(d, h, N, s), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_device_copy(h + N, d, N, s), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_stream_synchronize(s), FSDP_SUCCESS);
+  ck_assert_int_eq(memcmp(h, h + N, N), 0);
+  ck_assert_int_eq(fsdp_is_device_pointer(h), 0);
+  fsdp_stream_destroy(s);
+  fsdp_device_free(FSDP_DEVICE_CUDA, d);
+  fsdp_pinned_free(p);
+}
+END_TEST
+
 static Suite *device_suite(void) {
   Suite *s = suite_create("device");
   TCase *tc = tcase_create("cpu_stream");
@@ -393,6 +426,7 @@ static Suite *device_suite(void) {
   tcase_add_test(tc, destroy_drains_queue);
   tcase_add_test(tc, worker_thread_is_named);
   tcase_add_test(tc, invalid_arguments_are_reported);
+  tcase_add_test(tc, pinned_memory_round_trip_or_clear_refusal);
   suite_add_tcase(s, tc);
   return s;
 }
