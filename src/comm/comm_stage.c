@@ -20,8 +20,6 @@
 #include "core/internal.h"
 
 #if FSDP_HAVE_CUDA
-#include <cuda_runtime.h>
-
 static fsdp_status_t stage_reserve(fsdp_comm_t comm, size_t bytes) {
   if (bytes <= comm->stage_bytes) return FSDP_SUCCESS;
   void *p = NULL;
