@@ -123,6 +123,12 @@ fsdp_status_t connect(fsdp_comm_t c) {
     Store store(fsdp_world_store(c->world), fsdp_world_rendezvous_timeout(c->world));
     gloo::rendezvous::PrefixStore prefixed("comm/" + std::to_string(c->id), store);
     ctx->connectFullMesh(prefixed, dev);
+    /* connectFullMesh returns on a rank once its own pairs are up, while a
+     * peer may still be finishing its side: a communicator destroyed at once
+     * then closes sockets under that peer's handshake ("Connection closed by
+     * peer"). One barrier makes create return only when every rank is done. */
+    gloo::BarrierOptions ready(ctx);
+    gloo::barrier(ready);
     c->impl = new Impl{ctx, {}, {}};
     return FSDP_SUCCESS;
   } catch (const std::exception &e) {

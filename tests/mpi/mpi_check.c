@@ -1,10 +1,11 @@
-/* tests/mpi/mpi_check.c — Check runner for programs under mpirun: in-process
- * tests, per-rank failure lines, and one exit status agreed by every rank. */
+/* tests/mpi/mpi_check.c — Check runner for programs under mpirun or fsdp-run:
+ * in-process tests, per-rank failure lines, and one exit status agreed by
+ * every rank. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "fsdp/core.h"
+#include "fsdp/fsdp.h"
 #include "mpi/mpi_check.h"
 
 static fsdp_world_t shared_world;
@@ -34,13 +35,29 @@ static void print_failures(SRunner *sr, int rank) {
   free(failed);
 }
 
+/* Sums the counts over the shared world's ranks with the world's own backend
+ * (gloo under fsdp-run); 0, or -1 after printing why. */
+static int sum_over_world(double *x, int n) {
+  fsdp_comm_t c = NULL;
+  fsdp_status_t st = fsdp_comm_create(shared_world, &c);
+  if (st == FSDP_SUCCESS) st = fsdp_all_reduce(c, x, x, (size_t)n, FSDP_F64, FSDP_SUM,
+                                               FSDP_HOST_STREAM);
+  fsdp_comm_destroy(c);
+  if (st == FSDP_SUCCESS) return 0;
+  fprintf(stderr, "mpi_check: summing failures over the ranks: %s\n", fsdp_last_error());
+  return -1;
+}
+
 int fsdp_mpi_check_run(Suite *s) {
-  /* A program that made no world yet gets the shared one, so MPI is up. */
+  /* A program that made no world yet gets the shared one (MPI under mpirun). */
   if (!mpi_alive() && !fsdp_mpi_check_world()) return EXIT_FAILURE;
   int rank = 0, nranks = 1, alive = mpi_alive();
   if (alive) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+  } else if (shared_world) {
+    rank = fsdp_world_rank(shared_world);
+    nranks = fsdp_world_size(shared_world);
   }
   SRunner *sr = srunner_create(s);
   srunner_set_fork_status(sr, CK_NOFORK); /* children cannot join our collectives */
@@ -49,12 +66,16 @@ int fsdp_mpi_check_run(Suite *s) {
   print_failures(sr, rank);
   fflush(stderr);
   srunner_free(sr);
-  if (alive)
+  double sums[2] = {local[0], local[1]};
+  if (alive) {
     MPI_Allreduce(local, total, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  else
-    total[0] = local[0], total[1] = local[1];
+  } else {
+    if (nranks > 1 && sum_over_world(sums, 2)) sums[0] += 1; /* cannot agree: fail */
+    total[0] = (int)sums[0], total[1] = (int)sums[1];
+  }
   if (rank == 0)
-    printf("mpi_check: %d checks over %d rank(s), %d failed\n", total[1], nranks, total[0]);
+    printf("mpi_check: %d checks over %d rank(s), %d failed%s\n", total[1], nranks, total[0],
+           getenv("FSDP_DESYNC_CHECK") ? " (desync check on)" : "");
   if (shared_world) fsdp_world_destroy(shared_world);
   shared_world = NULL;
   return total[0] == 0 ? EXIT_SUCCESS : EXIT_FAILURE;

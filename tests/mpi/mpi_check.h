@@ -1,4 +1,5 @@
-/* tests/mpi/mpi_check.h — the harness every MPI test program uses.
+/* tests/mpi/mpi_check.h — the harness every multi-rank test program uses,
+ * under mpirun (MPI world) or fsdp-run (env:// world, gloo).
  *
  * Check runs in-process (CK_NOFORK) because forked children cannot take part in
  * the parent's MPI collectives. Each rank prints its own failures; the failure
@@ -19,9 +20,9 @@
  *      fsdp_mpi_check_run destroys it after the failure count is reduced.
  *        return fsdp_mpi_check_run(my_suite());
  *
- * Either way, some world must be alive when the failure count is reduced; when
- * the program was started without mpirun (a world of one, no MPI) the count is
- * simply this process's. */
+ * Either way, some world must be alive when the failure count is reduced: over
+ * MPI_COMM_WORLD when MPI is up, else over the shared world's own backend
+ * (fsdp-run), else (a world of one) the count is simply this process's. */
 #ifndef FSDP_TESTS_MPI_CHECK_H
 #define FSDP_TESTS_MPI_CHECK_H
 

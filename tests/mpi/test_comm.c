@@ -1,8 +1,10 @@
-/* tests/mpi/test_comm.c — collectives against a serial reference, at whatever
- * rank count mpirun gives (1..4): every collective on the host stream and on a
+/* tests/mpi/test_comm.c — collectives against a serial reference on the
+ * world's backend, at whatever rank count the launcher gives (1..4): mpi under
+ * mpirun, gloo under fsdp-run. Every collective on the host stream and on a
  * worker stream, counts from 0 to 1<<20, SUM/AVG/MAX, f32/bf16/f64, in-place
- * forms, two communicators in flight on two streams, argument errors that fail
- * on every rank without hanging, the self backend, and world bootstrap.
+ * forms, bf16 rounding within comm.h's bound, two communicators in flight on
+ * two streams, argument errors that fail on every rank without hanging, the
+ * self backend, backends by name, and the world each launcher makes.
  *
  * Data is a pure function of (rank, index, salt) with small integer values, so
  * each rank computes every other rank's contribution locally and sums are exact.
@@ -23,12 +25,12 @@
 static fsdp_world_t world;
 static int rank, nranks;
 
-/* Per-test fixture: a fresh communicator and a worker stream. */
+/* Fixture: a communicator and a worker stream. */
 static fsdp_comm_t comm;
 static fsdp_stream_t worker;
 
 static void setup(void) {
-  ck_assert_int_eq(fsdp_comm_create(world, &comm), FSDP_SUCCESS);
+  ck_assert_msg(fsdp_comm_create(world, &comm) == FSDP_SUCCESS, "%s", fsdp_last_error());
   ck_assert_int_eq(fsdp_stream_create("test-comm", &worker), FSDP_SUCCESS);
 }
 
@@ -416,15 +418,21 @@ END_TEST
 
 /* ---- backends by name ---------------------------------------------------- */
 
+/* The backend the launcher implies: mpirun's variables, or fsdp-run's. */
+static const char *launcher_backend(void) {
+  return getenv("OMPI_COMM_WORLD_SIZE") ? "mpi" : "gloo";
+}
+
 START_TEST(backend_by_name) {
+  const char *own = launcher_backend(), *other = strcmp(own, "mpi") ? "mpi" : "gloo";
   fsdp_comm_t c = NULL;
   ck_assert_int_eq(fsdp_comm_create_backend(world, NULL, &c), FSDP_SUCCESS);
-  ck_assert_str_eq(fsdp_comm_backend(c), "mpi");
+  ck_assert_str_eq(fsdp_comm_backend(c), own);
   fsdp_comm_destroy(c);
-  ck_assert_int_eq(fsdp_comm_create_backend(world, "mpi", &c), FSDP_SUCCESS);
-  ck_assert_str_eq(fsdp_comm_backend(c), "mpi");
+  ck_assert_msg(fsdp_comm_create_backend(world, own, &c) == FSDP_SUCCESS, "%s", fsdp_last_error());
+  ck_assert_str_eq(fsdp_comm_backend(c), own);
   fsdp_comm_destroy(c);
-  /* A one-rank MPI world may use "self"; a larger one may not. */
+  /* A one-rank world may use "self"; a larger one may not. */
   fsdp_status_t st = fsdp_comm_create_backend(world, "self", &c);
   if (nranks == 1) {
     ck_assert_int_eq(st, FSDP_SUCCESS);
@@ -433,8 +441,10 @@ START_TEST(backend_by_name) {
   } else {
     expect_error(st, (expect_t){FSDP_ERR_UNSUPPORTED, "'self' is not available"}, "self");
   }
-  expect_error(fsdp_comm_create_backend(world, "gloo", &c),
-               (expect_t){FSDP_ERR_UNSUPPORTED, "offers: mpi"}, "gloo in an MPI world");
+  char offers[32];
+  snprintf(offers, sizeof offers, "offers: %s", own);
+  expect_error(fsdp_comm_create_backend(world, other, &c),
+               (expect_t){FSDP_ERR_UNSUPPORTED, offers}, "the other launcher's backend");
   expect_error(fsdp_comm_create_backend(world, "nvlink", &c),
                (expect_t){FSDP_ERR_INVALID_ARGUMENT, "unknown backend 'nvlink'"}, "unknown");
 #if FSDP_HAVE_NCCL
@@ -451,24 +461,61 @@ START_TEST(backend_by_name) {
 }
 END_TEST
 
+/* Communicators created and destroyed back to back, with no collective
+ * between: create returns on every rank only when all of them are connected,
+ * so a rank that destroys at once never breaks a peer still connecting. */
+START_TEST(comms_created_and_destroyed_back_to_back) {
+  fsdp_status_t st = FSDP_SUCCESS;
+  for (int i = 0; i < 40 && st == FSDP_SUCCESS; i++) {
+    fsdp_comm_t c = NULL;
+    st = fsdp_comm_create(world, &c);
+    fsdp_comm_destroy(c);
+  }
+  ck_assert_msg(st == FSDP_SUCCESS, "%s", fsdp_last_error());
+  ck_assert_int_eq(fsdp_barrier(comm, FSDP_HOST_STREAM), FSDP_SUCCESS);
+}
+END_TEST
+
 /* ---- world --------------------------------------------------------------- */
 
 START_TEST(world_reports_launcher_layout) {
-  ck_assert_str_eq(fsdp_world_backend(world), "mpi");
-  const char *env_size = getenv("OMPI_COMM_WORLD_SIZE");
-  if (env_size) ck_assert_int_eq(nranks, atoi(env_size));
+  const char *own = launcher_backend();
+  ck_assert_str_eq(fsdp_world_backend(world), own);
+  ck_assert_str_eq(fsdp_comm_backend(comm), own);
+  if (!strcmp(own, "mpi")) {
+    ck_assert_int_eq(nranks, atoi(getenv("OMPI_COMM_WORLD_SIZE")));
+  } else { /* fsdp-run's torchrun variables */
+    ck_assert_int_eq(nranks, atoi(getenv("WORLD_SIZE")));
+    ck_assert_int_eq(rank, atoi(getenv("RANK")));
+    ck_assert_int_eq(fsdp_world_local_rank(world), atoi(getenv("LOCAL_RANK")));
+  }
   ck_assert_int_ge(rank, 0);
   ck_assert_int_lt(rank, nranks);
-  /* mpirun in the test suite starts every rank on this one node. */
+  /* The test suite starts every rank on this one node. */
   ck_assert_int_eq(fsdp_world_local_size(world), nranks);
   ck_assert_int_eq(fsdp_world_local_rank(world), rank);
   ck_assert_int_eq(fsdp_comm_size(comm), nranks);
   ck_assert_int_eq(fsdp_comm_rank(comm), rank);
-  ck_assert_str_eq(fsdp_comm_backend(comm), "mpi");
 }
 END_TEST
 
+/* env:// rendezvous once per process; a single-rank world still works. */
+static void check_env_world_is_once(void) {
+  fsdp_world_t again = NULL;
+  ck_assert_int_eq(fsdp_world_init(&again, NULL), FSDP_ERR_INVALID_USAGE);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "already has an env:// world"));
+  fsdp_world_opts_t solo = FSDP_WORLD_OPTS_INIT;
+  solo.launch = FSDP_LAUNCH_SINGLE;
+  ck_assert_int_eq(fsdp_world_init(&again, &solo), FSDP_SUCCESS);
+  ck_assert_str_eq(fsdp_world_backend(again), "self");
+  fsdp_world_destroy(again);
+}
+
 START_TEST(world_checks_expected_size) {
+  if (strcmp(launcher_backend(), "mpi")) {
+    check_env_world_is_once();
+    return;
+  }
   fsdp_world_opts_t o = FSDP_WORLD_OPTS_INIT;
   fsdp_world_t w = NULL;
   o.expected_world_size = nranks;
@@ -533,6 +580,8 @@ static const struct {
 };
 
 START_TEST(world_without_launcher) {
+  /* Under fsdp-run RANK stays visible and a case would rendezvous for real. */
+  if (strcmp(launcher_backend(), "mpi")) return;
   hide_launcher();
   if (no_launcher_cases[_i].world_size) setenv("WORLD_SIZE", no_launcher_cases[_i].world_size, 1);
   if (no_launcher_cases[_i].master_addr)
@@ -559,7 +608,10 @@ static Suite *comm_suite(void) {
   Suite *s = suite_create("comm");
   TCase *tc = tcase_create("collectives");
   tcase_set_timeout(tc, 240);
-  tcase_add_checked_fixture(tc, setup, teardown);
+  /* One communicator for every collective, as a trainer holds it (a gloo mesh
+   * is set up once); the world cases below get a fresh one each, which also
+   * covers creating and destroying communicators back to back. */
+  tcase_add_unchecked_fixture(tc, setup, teardown);
   tcase_add_loop_test(tc, all_gather_matches_reference, 0, N_GATHER_CASES);
   tcase_add_loop_test(tc, reduce_scatter_matches_reference, 0, N_REDUCE_CASES);
   tcase_add_loop_test(tc, all_reduce_matches_reference, 0, N_REDUCE_CASES);
@@ -576,6 +628,7 @@ static Suite *comm_suite(void) {
   tcase_add_test(tw, world_reports_launcher_layout);
   tcase_add_test(tw, world_checks_expected_size);
   tcase_add_test(tw, backend_by_name);
+  tcase_add_test(tw, comms_created_and_destroyed_back_to_back);
   tcase_add_loop_test(tw, world_without_launcher, 0,
                       sizeof no_launcher_cases / sizeof no_launcher_cases[0]);
   suite_add_tcase(s, tw);
