@@ -22,11 +22,19 @@ STATS = ("median", "min", "max", "p10", "p90")
 NO_GPU = "no usable CUDA device"
 
 
-def launch(mpirun, np, argv):
+def launch(mpirun, np, argv, timeout=100):
+    """Runs under mpirun; stderr is captured (to spot a missing GPU) and always
+    passed on, also when the run outlives `timeout` seconds (below meson's limit)."""
     cmd = [mpirun, "--oversubscribe", "--bind-to", "none", "-np", str(np)] + argv
     if os.geteuid() == 0:
         cmd.insert(1, "--allow-run-as-root")
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
+        sys.stderr.write(err or "")
+        sys.exit(f"FAIL: {' '.join(cmd)} still running after {timeout} s")
     sys.stderr.write(p.stderr)
     if p.returncode != 0 and NO_GPU in p.stderr:  # said only when cuda was asked for
         print("SKIP: no usable CUDA device")
@@ -44,7 +52,8 @@ def expect(cond, what):
 def check_fsdp(mpirun, np, exe):
     out = launch(mpirun, np, [exe, "--json", "--preset", "tiny", "--micro-batch", "2",
                               "-w", "1", "-n", "3", "--rounds", "2", "--peak-size", "128", "--sweep",
-                              "--sweep-strategies", "zero3,zero2,noshard", "--sweep-prefetch", "0,1"])
+                              "--sweep-strategies", "zero3,zero2,noshard", "--sweep-prefetch", "0,1"],
+                 timeout=280)
     doc = json.loads(out)
     expect(doc["bench"] == "fsdp-bench" and doc["world_size"] == np and doc["rounds"] == 2,
            "header fields")
@@ -98,7 +107,7 @@ def nested(spans):
 
 def check_trace(mpirun, np, exe, path):
     launch(mpirun, np, [exe, "--preset", "tiny", "--micro-batch", "2", "-w", "1", "-n", "3",
-                        "--peak-size", "0", "--trace", path])
+                        "--peak-size", "0", "--trace", path], timeout=280)
     with open(path) as f:
         doc = json.load(f)  # well-formed JSON or this raises
     ev = doc["traceEvents"]

@@ -2,6 +2,7 @@
  * in the nccl-tests mould: a size sweep, out-of-place and in-place, time,
  * algorithm and bus bandwidth, and a wrong-element count for every row; exit
  * status 1 when any element is wrong. Launch with mpirun -np N coll_bench ...
+ * or fsdp-run --nproc-per-node N coll_bench ...
  *
  * Sizes are bytes of the whole (gathered) buffer, as in nccl-tests: a row of
  * size S moves count = S / sizeof(type) elements in all, S / N per rank.
@@ -23,6 +24,7 @@
 
 static const char usage_text[] =
     "usage: coll_bench [options]        launch with: mpirun -np N coll_bench ...\n"
+    "                                   or fsdp-run --nproc-per-node N coll_bench ...\n"
     "  -b, --minbytes S     smallest buffer, bytes of the gathered whole (default 1K)\n"
     "  -e, --maxbytes S     largest (default 16M); K, M, G suffixes\n"
     "  -f, --stepfactor F   size multiplier between rows (default 4)\n"
@@ -208,12 +210,31 @@ static fsdp_status_t finish(const coll_ctx_t *c, const coll_opts_t *o) {
   return o->stream ? fsdp_stream_synchronize(c->stream) : FSDP_SUCCESS;
 }
 
+/* 1 when any rank failed: a rank that cannot go on makes every rank stop
+ * (through ctrl) rather than leave the others waiting in a collective. */
+static int agree(const coll_ctx_t *c, int failed) {
+  double any = failed;
+  if (bench_reduce(c->ctrl, &any, 1, FSDP_MAX) == FSDP_SUCCESS) return any != 0;
+  fprintf(stderr, "coll_bench: rank %d: %s\n", c->rank, fsdp_last_error());
+  return 1;
+}
+
+static int peer_failed; /* this rank stopped because another one failed */
+
+/* The fill's status once every rank has filled: a rank whose copy failed
+ * stops them all before the collective rather than leave them in it. */
+static fsdp_status_t filled(const coll_ctx_t *c, fsdp_status_t st) {
+  if (!agree(c, st != FSDP_SUCCESS)) return FSDP_SUCCESS;
+  if (st == FSDP_SUCCESS) peer_failed = 1, st = FSDP_ERR_COMM;
+  return st;
+}
+
 /* One collective on fresh data, then every element of this rank's result. */
 static fsdp_status_t check_row(const coll_ctx_t *c, const coll_opts_t *o, coll_row_t *row,
                                size_t per, size_t esz) {
   void *send, *recv;
   operands(c, row->coll, row->inplace, per, esz, &send, &recv);
-  BENCH_TRY(fill(c, o, row->coll, send, per));
+  BENCH_TRY(filled(c, fill(c, o, row->coll, send, per)));
   BENCH_TRY(issue(c, o, row->coll, send, recv, per));
   BENCH_TRY(finish(c, o));
   size_t n = row->coll == COLL_ALL_GATHER ? per * (size_t)c->nranks : per;
@@ -235,7 +256,7 @@ static fsdp_status_t time_row(const coll_ctx_t *c, const coll_opts_t *o, coll_ro
                               size_t per, size_t esz) {
   void *send, *recv;
   operands(c, row->coll, row->inplace, per, esz, &send, &recv);
-  BENCH_TRY(fill(c, o, row->coll, send, per));
+  BENCH_TRY(filled(c, fill(c, o, row->coll, send, per)));
   for (int64_t i = 0; i < o->warmup; i++) BENCH_TRY(issue(c, o, row->coll, send, recv, per));
   BENCH_TRY(finish(c, o));
   BENCH_TRY(fsdp_barrier(c->ctrl, FSDP_HOST_STREAM));
@@ -361,22 +382,15 @@ static int report(const coll_ctx_t *c, const coll_opts_t *o, const coll_row_t *r
   return 1;
 }
 
-/* 1 when any rank failed: a rank that cannot go on makes every rank stop
- * (through ctrl) rather than leave the others waiting in a collective. */
-static int agree(const coll_ctx_t *c, int failed) {
-  double any = failed;
-  if (bench_reduce(c->ctrl, &any, 1, FSDP_MAX) == FSDP_SUCCESS) return any != 0;
-  fprintf(stderr, "coll_bench: rank %d: %s\n", c->rank, fsdp_last_error());
-  return 1;
-}
-
-static int allocate(coll_ctx_t *c, const coll_opts_t *o) {
+/* The buffers on every rank, or 1 on all when any rank lacks them (failed:
+ * this rank already knows it cannot go on). */
+static int allocate(coll_ctx_t *c, const coll_opts_t *o, int failed) {
   size_t bytes = (size_t)o->maxbytes + 64;
-  fsdp_status_t st = fsdp_device_alloc(c->kind, bytes, &c->send);
+  fsdp_status_t st = failed ? FSDP_ERR_OUT_OF_MEMORY : fsdp_device_alloc(c->kind, bytes, &c->send);
   if (st == FSDP_SUCCESS) st = fsdp_device_alloc(c->kind, bytes, &c->recv);
   if (st == FSDP_SUCCESS && c->kind != FSDP_DEVICE_CPU)
     st = fsdp_device_alloc(FSDP_DEVICE_CPU, bytes, &c->host);
-  if (st != FSDP_SUCCESS)
+  if (st != FSDP_SUCCESS && !failed)
     fprintf(stderr, "coll_bench: rank %d: cannot allocate the %zu-byte buffers: %s\n", c->rank,
             bytes, fsdp_last_error());
   return agree(c, st != FSDP_SUCCESS);
@@ -385,12 +399,14 @@ static int allocate(coll_ctx_t *c, const coll_opts_t *o) {
 static int run(coll_ctx_t *c, const coll_opts_t *o) {
   int max_rows = 4 * count_rows(c, o), n = 0;
   coll_row_t *rows = calloc((size_t)(max_rows ? max_rows : 1), sizeof *rows);
-  if (!rows) return fprintf(stderr, "coll_bench: out of memory\n"), 1;
-  if (allocate(c, o)) return free(rows), 1;
+  if (!rows) fprintf(stderr, "coll_bench: rank %d: out of memory for %d rows\n", c->rank, max_rows);
+  if (allocate(c, o, !rows)) return free(rows), 1;
   if (c->rank == 0 && !o->json) print_header(c, o);
   fsdp_status_t st = sweep(c, o, rows, &n);
   int bad = st == FSDP_SUCCESS && c->rank == 0 ? report(c, o, rows, n) : 0;
-  if (st != FSDP_SUCCESS) fprintf(stderr, "coll_bench: rank %d: %s\n", c->rank, fsdp_last_error());
+  if (st != FSDP_SUCCESS)
+    fprintf(stderr, "coll_bench: rank %d: %s\n", c->rank,
+            peer_failed ? "stopped: another rank could not fill its buffer" : fsdp_last_error());
   /* Every rank knows the (reduced) wrong counts; rank 0 alone knows its IO. */
   double wrong = 0;
   for (int i = 0; i < n; i++) wrong += rows[i].wrong;
@@ -416,14 +432,13 @@ static int open_comm(fsdp_world_t world, const coll_opts_t *o, coll_ctx_t *c) {
   c->kind = (fsdp_device_kind_t)o->device;
   c->ordinal = -1;
   if (agree(c, select_device(world, c))) return 1;
-  if (fsdp_comm_create_backend(world, o->backend, &c->comm)) goto fail;
-  if (c->kind == FSDP_DEVICE_CUDA && o->stream ? fsdp_stream_create_cuda("coll-bench", 1, &c->stream)
-                                               : fsdp_stream_create("coll-bench", &c->stream))
-    goto fail;
-  return 0;
-fail:
-  fprintf(stderr, "coll_bench: %s\n", fsdp_last_error());
-  return 1;
+  fsdp_status_t st = fsdp_comm_create_backend(world, o->backend, &c->comm);
+  if (st == FSDP_SUCCESS)
+    st = c->kind == FSDP_DEVICE_CUDA && o->stream
+             ? fsdp_stream_create_cuda("coll-bench", 1, &c->stream)
+             : fsdp_stream_create("coll-bench", &c->stream);
+  if (st != FSDP_SUCCESS) fprintf(stderr, "coll_bench: rank %d: %s\n", c->rank, fsdp_last_error());
+  return agree(c, st != FSDP_SUCCESS);
 }
 
 int main(int argc, char **argv) {

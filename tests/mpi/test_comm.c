@@ -25,18 +25,31 @@
 static fsdp_world_t world;
 static int rank, nranks;
 
-/* Fixture: a communicator and a worker stream. */
+/* Fixtures: a communicator and a worker stream. The stream is fresh for every
+ * test, so one test's sticky stream error never reaches the next. */
 static fsdp_comm_t comm;
 static fsdp_stream_t worker;
 
-static void setup(void) {
+static void setup_comm(void) {
   ck_assert_msg(fsdp_comm_create(world, &comm) == FSDP_SUCCESS, "%s", fsdp_last_error());
+}
+
+static void teardown_comm(void) { fsdp_comm_destroy(comm); }
+
+static void setup_stream(void) {
   ck_assert_int_eq(fsdp_stream_create("test-comm", &worker), FSDP_SUCCESS);
 }
 
+static void teardown_stream(void) { fsdp_stream_destroy(worker); }
+
+static void setup(void) {
+  setup_comm();
+  setup_stream();
+}
+
 static void teardown(void) {
-  fsdp_stream_destroy(worker);
-  fsdp_comm_destroy(comm);
+  teardown_stream();
+  teardown_comm();
 }
 
 /* ---- data ---------------------------------------------------------------- */
@@ -418,9 +431,11 @@ END_TEST
 
 /* ---- backends by name ---------------------------------------------------- */
 
-/* The backend the launcher implies: mpirun's variables, or fsdp-run's. */
+/* The backend the launcher implies: fsdp-run's torchrun variables (without
+ * an MPI launcher's), else mpi. The suite runs under these two only. */
 static const char *launcher_backend(void) {
-  return getenv("OMPI_COMM_WORLD_SIZE") ? "mpi" : "gloo";
+  int mpi = getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
+  return !mpi && getenv("MASTER_ADDR") && getenv("WORLD_SIZE") ? "gloo" : "mpi";
 }
 
 START_TEST(backend_by_name) {
@@ -483,7 +498,8 @@ START_TEST(world_reports_launcher_layout) {
   ck_assert_str_eq(fsdp_world_backend(world), own);
   ck_assert_str_eq(fsdp_comm_backend(comm), own);
   if (!strcmp(own, "mpi")) {
-    ck_assert_int_eq(nranks, atoi(getenv("OMPI_COMM_WORLD_SIZE")));
+    const char *size = getenv("OMPI_COMM_WORLD_SIZE");
+    if (size) ck_assert_int_eq(nranks, atoi(size));
   } else { /* fsdp-run's torchrun variables */
     ck_assert_int_eq(nranks, atoi(getenv("WORLD_SIZE")));
     ck_assert_int_eq(rank, atoi(getenv("RANK")));
@@ -611,7 +627,8 @@ static Suite *comm_suite(void) {
   /* One communicator for every collective, as a trainer holds it (a gloo mesh
    * is set up once); the world cases below get a fresh one each, which also
    * covers creating and destroying communicators back to back. */
-  tcase_add_unchecked_fixture(tc, setup, teardown);
+  tcase_add_unchecked_fixture(tc, setup_comm, teardown_comm);
+  tcase_add_checked_fixture(tc, setup_stream, teardown_stream);
   tcase_add_loop_test(tc, all_gather_matches_reference, 0, N_GATHER_CASES);
   tcase_add_loop_test(tc, reduce_scatter_matches_reference, 0, N_REDUCE_CASES);
   tcase_add_loop_test(tc, all_reduce_matches_reference, 0, N_REDUCE_CASES);
