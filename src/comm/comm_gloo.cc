@@ -23,9 +23,9 @@
  * rank fail at once instead of at their own deadline. Exceptions never cross
  * into C: every entry point catches them and returns FSDP_ERR_COMM. */
 #include <chrono>
-#include <functional>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
