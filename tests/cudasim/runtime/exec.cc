@@ -162,6 +162,7 @@ struct executor {
 thread_local std::unique_ptr<executor> ex;
 
 void fiber_main(fiber *f);
+void lane_start(block_state *b, lane &t, unsigned i);
 
 /* ---- fibers ---- */
 
@@ -251,8 +252,8 @@ void fiber_main(fiber *f) {
   for (;;) {
     block_state *b = ex->blk;
     while (!b->failed && b->next < b->n) {
-      lane &l = b->lanes[b->next++];
-      l.st = RUNNING;
+      lane &l = b->lanes[b->next];
+      lane_start(b, l, b->next++);
       l.f = f;
       ex->cur = &l;
       current = &l.view;
@@ -436,6 +437,9 @@ void free_shared(block_state *b) {
 
 /* ---- blocks ---- */
 
+/* Lanes and warps are reused from block to block (a launch may have 65536
+ * blocks): only what a block changes is reset; a lane's view is filled when
+ * it starts. */
 void block_setup(block_state *b, const launch &l, uint3 idx) {
   b->l = &l;
   b->idx = idx;
@@ -445,16 +449,19 @@ void block_setup(block_state *b, const launch &l, uint3 idx) {
   b->static_bytes = 0;
   b->dynamic_made = false;
   b->ready.clear();
-  b->lanes.assign(b->n, lane());
-  b->warps.assign((b->n + 31) / 32, warp_state());
-  for (unsigned i = 0; i < b->n; ++i) {
-    lane &t = b->lanes[i];
-    t.linear = i;
-    t.view.thread_idx = uint3{i % l.block.x, i / l.block.x % l.block.y, i / (l.block.x * l.block.y)};
-    t.view.block_idx = idx;
-    t.view.block_dim = l.block;
-    t.view.grid_dim = l.grid;
-  }
+  if (b->lanes.size() != b->n) b->lanes.resize(b->n);
+  if (b->warps.size() != (b->n + 31) / 32) b->warps.resize((b->n + 31) / 32);
+  for (warp_state &w : b->warps) w.arrived = 0;
+}
+
+void lane_start(block_state *b, lane &t, unsigned i) {
+  const launch &l = *b->l;
+  t.linear = i;
+  t.st = RUNNING;
+  t.view.thread_idx = uint3{i % l.block.x, i / l.block.x % l.block.y, i / (l.block.x * l.block.y)};
+  t.view.block_idx = b->idx;
+  t.view.block_dim = l.block;
+  t.view.grid_dim = l.grid;
 }
 
 void run_block(block_state *b) {
