@@ -127,10 +127,12 @@ struct config {
 config cfg;
 std::once_flag cfg_once;
 device_state *devs; /* cfg.devices of them, never freed (workers may outlive main) */
-std::mutex mem_mu;
-std::map<uintptr_t, allocation> allocs;
-std::mutex graveyard_mu;
-std::vector<CUstream_st *> graveyard; /* destroyed streams: events may still name them */
+/* Never destroyed: workers and late frees may run during exit, and the
+ * destroyed streams must stay reachable (not leaks) until the end. */
+std::mutex &mem_mu = *new std::mutex;
+std::map<uintptr_t, allocation> &allocs = *new std::map<uintptr_t, allocation>;
+std::mutex &graveyard_mu = *new std::mutex;
+std::vector<CUstream_st *> &graveyard = *new std::vector<CUstream_st *>; /* events may name them */
 
 thread_local int cur_device = 0;
 thread_local cudaError_t last_error = cudaSuccess;
@@ -173,7 +175,10 @@ cudaError_t refuse(cudaError_t e, const char *fmt, ...) {
   return fail(e);
 }
 
-enum gate { QUERY, WORK_CALL };
+/* QUERY: allowed anywhere; WORK_CALL: not in host functions, and refused
+ * after a fault; CLEANUP: not in host functions, but done after a fault too
+ * (so that a failed program can still release its memory). */
+enum gate { QUERY, WORK_CALL, CLEANUP };
 
 /* Every entry point starts here: configuration, the driver, the device, host
  * functions (WORK_CALL is forbidden there) and the sticky error. */
@@ -181,7 +186,7 @@ cudaError_t enter(const char *name, gate g) {
   std::call_once(cfg_once, read_config);
   if (cfg.old_driver) return fail(cudaErrorInsufficientDriver);
   if (cfg.devices == 0) return fail(cudaErrorNoDevice);
-  if (g == WORK_CALL && in_host_fn)
+  if (g != QUERY && in_host_fn)
     return refuse(cudaErrorNotPermitted, "%s called inside a host function "
                   "(cudaLaunchHostFunc): CUDA forbids CUDA calls there", name);
   if (g == WORK_CALL) {
@@ -647,8 +652,9 @@ cudaError_t cudaMalloc(void **p, size_t size) {
 }
 
 cudaError_t cudaFree(void *p) {
-  ENTER(WORK_CALL);
-  return release(p, true, "cudaFree");
+  ENTER(CLEANUP);
+  const cudaError_t e = release(p, true, "cudaFree");
+  return e != cudaSuccess ? e : fail((cudaError_t)devs[cur_device].sticky.load());
 }
 
 cudaError_t cudaHostAlloc(void **p, size_t size, unsigned flags) {
@@ -660,7 +666,7 @@ cudaError_t cudaHostAlloc(void **p, size_t size, unsigned flags) {
 cudaError_t cudaMallocHost(void **p, size_t size) { return cudaHostAlloc(p, size, 0); }
 
 cudaError_t cudaFreeHost(void *p) {
-  ENTER(WORK_CALL);
+  ENTER(CLEANUP);
   return release(p, false, "cudaFreeHost");
 }
 
@@ -779,7 +785,7 @@ cudaError_t cudaStreamCreate(cudaStream_t *ps) { return cudaStreamCreateWithPrio
 /* Waits for the stream's work, then stops its worker. The struct stays (an
  * event may still name it; a later use of the handle is reported). */
 cudaError_t cudaStreamDestroy(cudaStream_t h) {
-  ENTER(WORK_CALL);
+  ENTER(CLEANUP);
   if (!h) return refuse(cudaErrorInvalidResourceHandle, "cudaStreamDestroy(NULL)");
   CUstream_st *s;
   if (cudaError_t e = resolve(h, &s)) return e;
