@@ -18,8 +18,8 @@
 #include "comm/comm_internal.h"
 #include "core/internal.h"
 #include "device/stream_internal.h"
-#include "dist/world_env.h"
-#include "dist/world_internal.h"
+#include "world/world_internal.h"
+#include "world/world_mpi.h"
 
 const char *fsdp_coll_name(fsdp_coll_kind_t kind) {
   static const char *names[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast",

@@ -46,7 +46,7 @@ extern "C" {
 #include "core/internal.h"
 }
 #include "comm/comm_internal.h"
-#include "dist/world_env.h"
+#include "world/world_internal.h"
 
 namespace {
 

@@ -12,7 +12,7 @@
 
 #include "comm/comm_internal.h"
 #include "core/internal.h"
-#include "dist/world_internal.h"
+#include "world/world_mpi.h"
 
 typedef struct {
   MPI_Comm comm;

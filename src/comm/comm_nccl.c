@@ -27,8 +27,8 @@
 
 #include "comm/comm_internal.h"
 #include "core/internal.h"
-#include "dist/world_env.h"
-#include "dist/world_internal.h"
+#include "world/world_internal.h"
+#include "world/world_mpi.h"
 
 /* nccl.h declares ncclGroupStart() and others without (void). */
 #pragma GCC diagnostic push

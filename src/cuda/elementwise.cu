@@ -35,7 +35,7 @@ static fsdp_status_t relu_backward(T *dinp, const T *out, const T *dout, size_t 
   });
 }
 
-/* ---- GELU: the CPU's formulas (src/nn/transformer.c), tanh via one expf ---- */
+/* ---- GELU: the CPU's formulas (src/nn/gelu.c), tanh via one expf ---- */
 
 #define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
 #define GELU_C 0.044715f

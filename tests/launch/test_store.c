@@ -1,4 +1,4 @@
-/* tests/launch/test_store.c — the env:// key-value store (src/dist/store.h)
+/* tests/launch/test_store.c — the env:// key-value store (src/world/store.h)
  * in one process: a server thread and clients on loopback. Values round-trip
  * byte for byte, a get waits for a set from another client, counters add up
  * under concurrent clients, every deadline is honoured and named, and a
@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "core/internal.h"
-#include "dist/store.h"
+#include "world/store.h"
 
 static fsdp_store_server_t *server;
 static int port;

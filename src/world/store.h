@@ -1,4 +1,4 @@
-/* src/dist/store.h — the env:// key-value store: a small TCP server (run by
+/* src/world/store.h — the env:// key-value store: a small TCP server (run by
  * rank 0 of an env:// world) and its clients. It carries the rendezvous, the
  * gloo full-mesh addresses of every communicator, the watchdog's progress
  * reports, and (with the CUDA issue) the NCCL unique id.
@@ -16,8 +16,8 @@
  * connection; its calls are serialised by a mutex, so a thread that must not
  * wait behind another's get (the watchdog) opens a client of its own.
  * Not installed. */
-#ifndef FSDP_DIST_STORE_H
-#define FSDP_DIST_STORE_H
+#ifndef FSDP_WORLD_STORE_H
+#define FSDP_WORLD_STORE_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,4 +1,4 @@
-/* src/dist/world.c — world bootstrap (include/fsdp/world.h): finds out how the
+/* src/world/world.c — world bootstrap (include/fsdp/world.h): finds out how the
  * process was launched (mpirun, env:// or nothing), starts MPI at the thread
  * level communication streams need or joins the env:// rendezvous
  * (rendezvous.c), resolves the deadlines, and answers rank/size questions. A
@@ -13,9 +13,9 @@
 #include <string.h>
 
 #include "core/internal.h"
-#include "dist/env_world.h"
-#include "dist/world_env.h"
-#include "dist/world_internal.h"
+#include "world/rendezvous.h"
+#include "world/world_internal.h"
+#include "world/world_mpi.h"
 
 struct fsdp_world {
   int rank, size;
