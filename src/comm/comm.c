@@ -176,8 +176,8 @@ void fsdp_comm_set_tag(fsdp_comm_t comm, const char *tag) {
 }
 
 int fsdp_comm_rank(fsdp_comm_t comm) { return comm ? comm->rank : -1; }
-int fsdp_comm_size(fsdp_comm_t comm) { return comm ? comm->size : 0; }
-const char *fsdp_comm_backend(fsdp_comm_t comm) { return comm ? comm->ops->name : "none"; }
+int fsdp_comm_size(fsdp_comm_t comm) { return comm ? comm->size : -1; }
+const char *fsdp_comm_backend(fsdp_comm_t comm) { return comm ? comm->ops->name : NULL; }
 
 /* ---- validation ---------------------------------------------------------- */
 

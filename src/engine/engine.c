@@ -84,14 +84,26 @@ static fsdp_status_t worker_set_device(void *arg) {
   return fsdp_cuda_set_device(((struct fsdp_engine *)arg)->device);
 }
 
+fsdp_status_t fsdp_config_resolve(const fsdp_config_t *cfg, fsdp_config_t *out) {
+  if (!cfg || !out)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_config_resolve: cfg and out must not "
+                      "be NULL");
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  FSDP_TRY(fsdp_opts_import(&c, cfg, sizeof c, FSDP_CONFIG_MAGIC, "fsdp_config_t",
+                            "FSDP_CONFIG_INIT"));
+  FSDP_TRY(config_check(&c));
+  *out = c;
+  return FSDP_SUCCESS;
+}
+
 fsdp_status_t fsdp_engine_create(fsdp_world_t world, const fsdp_config_t *cfg,
                                  fsdp_engine_t *engine) {
   if (!world || !engine)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_create: world and engine "
                       "must not be NULL");
-  fsdp_config_t defaults = FSDP_CONFIG_INIT;
-  const fsdp_config_t *c = cfg ? cfg : &defaults;
-  FSDP_TRY(config_check(c));
+  fsdp_config_t resolved = FSDP_CONFIG_INIT;
+  if (cfg) FSDP_TRY(fsdp_config_resolve(cfg, &resolved));
+  const fsdp_config_t *c = &resolved;
 
   struct fsdp_engine *e = calloc(1, sizeof *e);
   if (!e) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: out of host memory");
@@ -653,8 +665,8 @@ fsdp_status_t fsdp_engine_set_step(fsdp_engine_t e, int64_t step) {
   return FSDP_SUCCESS;
 }
 
-int fsdp_engine_num_units(fsdp_engine_t e) { return e ? e->n_units : 0; }
-int64_t fsdp_engine_step_count(fsdp_engine_t e) { return e ? e->step : 0; }
+int fsdp_engine_num_units(fsdp_engine_t e) { return e ? e->n_units : -1; }
+int64_t fsdp_engine_step_count(fsdp_engine_t e) { return e ? e->step : -1; }
 const fsdp_config_t *fsdp_engine_config(fsdp_engine_t e) { return e ? &e->cfg : NULL; }
 fsdp_world_t fsdp_engine_world(fsdp_engine_t e) { return e ? e->world : NULL; }
 fsdp_comm_t fsdp_engine_comm(fsdp_engine_t e) { return e ? e->comm_host : NULL; }
@@ -749,8 +761,10 @@ void fsdp_mem_track(size_t *live, size_t *peak, size_t add, size_t sub) {
   if (*live > *peak) *peak = *live;
 }
 
-void fsdp_engine_memory(fsdp_engine_t e, fsdp_mem_stats_t *mem) {
-  if (!e || !mem) return;
+fsdp_status_t fsdp_engine_memory(fsdp_engine_t e, fsdp_mem_stats_t *mem) {
+  if (!e || !mem)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_memory: engine and mem must "
+                      "not be NULL");
   memset(mem, 0, sizeof *mem);
   for (int i = 0; i < e->n_units && e->materialized; i++) {
     const struct unit *u = &e->units[i];
@@ -769,6 +783,7 @@ void fsdp_engine_memory(fsdp_engine_t e, fsdp_mem_stats_t *mem) {
   mem->grad_pool = e->grad_pool_bytes;
   mem->staging = e->staging_bytes;
   mem->total_reserved = mem->persistent + mem->param_pool + mem->grad_pool + mem->staging;
+  return FSDP_SUCCESS;
 }
 
 void fsdp_engine_reset_peaks(fsdp_engine_t e) {
@@ -796,17 +811,20 @@ void fsdp_tl_add(struct fsdp_engine *e, fsdp_tl_kind_t kind, int unit, fsdp_pass
   pthread_mutex_unlock(&e->tl_lock);
 }
 
-const fsdp_tl_event_t *fsdp_engine_timeline(fsdp_engine_t e, size_t *count, size_t *dropped) {
-  if (!e) return NULL;
+fsdp_status_t fsdp_engine_timeline(fsdp_engine_t e, const fsdp_tl_event_t **events,
+                                   size_t *count, size_t *dropped) {
+  if (!e || !events || !count)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_timeline: engine, events and "
+                      "count must not be NULL");
   /* Streams append (and may grow the array) while they run: let them finish. */
   fsdp_stream_synchronize(e->s_gather);
   fsdp_stream_synchronize(e->s_reduce);
   pthread_mutex_lock(&e->tl_lock);
-  if (count) *count = e->tl_count;
+  *count = e->tl_count;
   if (dropped) *dropped = e->tl_dropped;
-  const fsdp_tl_event_t *tl = e->tl;
+  *events = e->tl;
   pthread_mutex_unlock(&e->tl_lock);
-  return tl;
+  return FSDP_SUCCESS;
 }
 
 void fsdp_engine_timeline_clear(fsdp_engine_t e) {

@@ -167,7 +167,8 @@ START_TEST(checkpointing_on_cuda) {
 END_TEST
 
 int main(void) {
-  fsdp_world_opts_t wo = {.launch = FSDP_LAUNCH_SINGLE};
+  fsdp_world_opts_t wo = FSDP_WORLD_OPTS_INIT;
+  wo.launch = FSDP_LAUNCH_SINGLE;
   if (fsdp_cuda_device_count() < 1) {
     printf("test_gpt2_cuda: SKIP: no usable CUDA device (or fsdp built without CUDA)\n");
     return 77;

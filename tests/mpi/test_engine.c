@@ -179,7 +179,8 @@ START_TEST(overlap) {
   fsdp_engine_timeline_clear(e);
   run_step(e, 16000000);
   size_t n;
-  const fsdp_tl_event_t *tl = fsdp_engine_timeline(e, &n, NULL);
+  const fsdp_tl_event_t *tl = NULL;
+  ck_assert_int_eq(fsdp_engine_timeline(e, &tl, &n, NULL), FSDP_SUCCESS);
   /* With prefetch the gather of unit k+1 is queued before unit k's compute and
    * starts as soon as the gather thread runs: it must be seen overlapping at
    * least once (every time, unless a loaded machine delays the thread past the

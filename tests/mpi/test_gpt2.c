@@ -121,7 +121,8 @@ START_TEST(gpt2_sample_everywhere) {
 END_TEST
 
 int main(void) {
-  fsdp_world_opts_t single = {.launch = FSDP_LAUNCH_SINGLE};
+  fsdp_world_opts_t single = FSDP_WORLD_OPTS_INIT;
+  single.launch = FSDP_LAUNCH_SINGLE;
   if (fsdp_world_init(&world, NULL) != FSDP_SUCCESS ||
       fsdp_world_init(&solo, &single) != FSDP_SUCCESS) {
     fprintf(stderr, "world: %s\n", fsdp_last_error());

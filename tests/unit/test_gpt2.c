@@ -11,7 +11,8 @@
 
 static fsdp_world_t world;
 static void setup(void) {
-  fsdp_world_opts_t o = {.launch = FSDP_LAUNCH_SINGLE};
+  fsdp_world_opts_t o = FSDP_WORLD_OPTS_INIT;
+  o.launch = FSDP_LAUNCH_SINGLE;
   ck_assert_int_eq(fsdp_world_init(&world, &o), FSDP_SUCCESS);
 }
 static void teardown(void) { fsdp_world_destroy(world); }
