@@ -264,7 +264,6 @@ void fsdp_store_close(fsdp_store_t *s) {
   free(s);
 }
 
-const char *fsdp_store_address(const fsdp_store_t *s) { return s ? s->addr : "(no store)"; }
 
 fsdp_status_t fsdp_store_set(fsdp_store_t *s, const char *key, const void *value, size_t len) {
   store_reply_t r;

@@ -48,8 +48,6 @@ void fsdp_store_server_stop(fsdp_store_server_t *server);
 fsdp_status_t fsdp_store_connect(const char *host, int port, double timeout_s,
                                  fsdp_store_t **out);
 void fsdp_store_close(fsdp_store_t *store);
-/* "host:port" as given to fsdp_store_connect; valid until close. */
-const char *fsdp_store_address(const fsdp_store_t *store);
 
 fsdp_status_t fsdp_store_set(fsdp_store_t *store, const char *key, const void *value,
                              size_t len);
