@@ -391,7 +391,21 @@ START_TEST(memory_formula) {
   fsdp_engine_memory(e, &m);
   /* One rank: shards are whole, views read the master, nothing is gathered. */
   ck_assert_uint_eq(m.gathered_params_peak, 0);
+  ck_assert_uint_gt(m.grads_in_flight_peak, 0);
   ck_assert_uint_le(m.grads_in_flight_peak, m.grad_pool);
+  /* After the step nothing is in flight; reset_peaks brings the peaks down to
+   * what is live now, and the next pass raises them again. */
+  ck_assert_int_eq(fsdp_engine_step(e, NULL), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_engine_memory(e, &m), FSDP_SUCCESS);
+  ck_assert_uint_eq(m.grads_in_flight, 0);
+  const size_t peak = m.grads_in_flight_peak;
+  fsdp_engine_reset_peaks(e);
+  ck_assert_int_eq(fsdp_engine_memory(e, &m), FSDP_SUCCESS);
+  ck_assert_uint_eq(m.grads_in_flight_peak, 0);
+  run_pass(e, u, 3, 1.0f);
+  ck_assert_int_eq(fsdp_engine_memory(e, &m), FSDP_SUCCESS);
+  ck_assert_uint_eq(m.grads_in_flight_peak, peak);
+  ck_assert_int_ne(fsdp_engine_memory(NULL, &m), FSDP_SUCCESS);
   fsdp_engine_destroy(e);
   c.optim.kind = FSDP_OPTIM_SGD;
   c.optim.momentum = 0.5f;
