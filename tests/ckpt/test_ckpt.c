@@ -20,6 +20,7 @@
 
 #include "ckpt/json.h"
 #include "ckpt_model.h"
+#include "common/check_run.h"
 
 static const char *tool = "fsdp-ckpt";
 static fsdp_world_t world;
@@ -606,9 +607,5 @@ static Suite *ckpt_suite(void) {
 
 int main(int argc, char **argv) {
   if (argc > 1) tool = argv[1];
-  SRunner *sr = srunner_create(ckpt_suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return check_run(ckpt_suite());
 }

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/check_run.h"
 #include "fsdp/fsdp.h"
 
 enum { B = 4, T = 32, STEPS = 6, SAMPLE = 16 };
@@ -166,6 +167,17 @@ START_TEST(checkpointing_on_cuda) {
 }
 END_TEST
 
+static Suite *gpt2_cuda_suite(void) {
+  Suite *s = suite_create("gpt2_cuda");
+  TCase *tc = tcase_create("train");
+  tcase_set_timeout(tc, 240);
+  tcase_add_test(tc, fp32_matches_cpu);
+  tcase_add_test(tc, bf16_follows_cpu);
+  tcase_add_test(tc, checkpointing_on_cuda);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
 int main(void) {
   fsdp_world_opts_t wo = FSDP_WORLD_OPTS_INIT;
   wo.launch = FSDP_LAUNCH_SINGLE;
@@ -177,18 +189,7 @@ int main(void) {
     fprintf(stderr, "test_gpt2_cuda: %s\n", fsdp_last_error());
     return 1;
   }
-  Suite *s = suite_create("gpt2_cuda");
-  TCase *tc = tcase_create("train");
-  tcase_set_timeout(tc, 240);
-  tcase_add_test(tc, fp32_matches_cpu);
-  tcase_add_test(tc, bf16_follows_cpu);
-  tcase_add_test(tc, checkpointing_on_cuda);
-  suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
+  const int rc = check_run(gpt2_cuda_suite());
   fsdp_world_destroy(world);
-  if (failed) return 1;
-  return skipped ? 77 : 0;
+  return rc ? rc : skipped ? 77 : 0;
 }

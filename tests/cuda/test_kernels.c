@@ -16,6 +16,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/arrays.h"
+#include "common/rng.h"
 #include "cuda/kernels.h"
 #include "fsdp/nn.h"
 #include "fsdp/optim.h"
@@ -34,7 +36,6 @@
 
 static cudaStream_t stream;
 static unsigned long long seed;
-static uint64_t rng_state;
 
 /* ---- the result table: one row per kernel, the worst case over its cases ---- */
 
@@ -92,38 +93,7 @@ static void print_table(FILE *f) {
   }
 }
 
-/* ---- random inputs ---- */
-
-static double rnd(void) { /* uniform in [-1, 1), splitmix64 */
-  uint64_t x = (rng_state += 0x9E3779B97F4A7C15ULL);
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return (double)((x ^ (x >> 31)) >> 11) / 9007199254740992.0 * 2.0 - 1.0;
-}
-
-static void *xmalloc(size_t bytes) {
-  void *p = malloc(bytes ? bytes : 1);
-  ck_assert_ptr_nonnull(p);
-  return p;
-}
-
-static float *rand_floats(size_t n, double offset, double spread) {
-  float *x = xmalloc(n * sizeof(float));
-  for (size_t i = 0; i < n; ++i) x[i] = (float)(offset + spread * rnd());
-  return x;
-}
-
-static float *copy_floats(const float *x, size_t n) {
-  float *y = xmalloc(n * sizeof(float));
-  memcpy(y, x, n * sizeof(float));
-  return y;
-}
-
-static int *rand_tokens(size_t n, int V) {
-  int *t = xmalloc(n * sizeof(int));
-  for (size_t i = 0; i < n; ++i) t[i] = (int)((rnd() + 1.0) * 0.5 * V) % V;
-  return t;
-}
+/* ---- random inputs (common/rng.h) ---- */
 
 /* x rounded to bf16 in place: the CPU then computes on exactly what the GPU reads. */
 static float *round_bf16(float *x, size_t n) {
@@ -328,7 +298,7 @@ static void matmul_case(const struct mm_kind *k, int bf16, int B, int C, int OC,
 }
 
 START_TEST(matmul) {
-  rng_state = seed + 1000 + (uint64_t)_i;
+  rng_seed(seed + 1000 + (uint64_t)_i);
   for (int k = 0; k < LEN(kMatmulKinds); ++k)
     for (int bf16 = 0; bf16 <= 1; ++bf16)
       matmul_case(&kMatmulKinds[k], bf16, kMatmul[_i].B, kMatmul[_i].C, kMatmul[_i].OC,
@@ -419,7 +389,7 @@ static void residual_case(int bf16, size_t n) {
 }
 
 START_TEST(elementwise) {
-  rng_state = seed + 2000 + (uint64_t)_i;
+  rng_seed(seed + 2000 + (uint64_t)_i);
   for (int bf16 = 0; bf16 <= 1; ++bf16) {
     for (int u = 0; u < LEN(kUnary); ++u) {
       unary_case(u, bf16, kSizes[_i]);
@@ -488,7 +458,7 @@ static void layernorm_case(int bf16, int N, int C, double offset, int with_dinp)
 }
 
 START_TEST(layernorm) {
-  rng_state = seed + 3000 + (uint64_t)_i;
+  rng_seed(seed + 3000 + (uint64_t)_i);
   for (int bf16 = 0; bf16 <= 1; ++bf16)
     layernorm_case(bf16, kLayernorm[_i].N, kLayernorm[_i].C, kLayernorm[_i].offset,
                    kLayernorm[_i].dinp);
@@ -543,7 +513,7 @@ static void embedding_case(int bf16, int B, int T, int C, int V) {
 }
 
 START_TEST(embedding) {
-  rng_state = seed + 4000 + (uint64_t)_i;
+  rng_seed(seed + 4000 + (uint64_t)_i);
   for (int bf16 = 0; bf16 <= 1; ++bf16)
     embedding_case(bf16, kEmbedding[_i].B, kEmbedding[_i].T, kEmbedding[_i].C,
                    kEmbedding[_i].V);
@@ -558,7 +528,7 @@ static const struct { int B, T, C, NH; } kAttention[] = {
 };
 
 START_TEST(attention) {
-  rng_state = seed + 5000 + (uint64_t)_i;
+  rng_seed(seed + 5000 + (uint64_t)_i);
   const int B = kAttention[_i].B, T = kAttention[_i].T, C = kAttention[_i].C,
             NH = kAttention[_i].NH;
   const size_t nqkv = (size_t)B * T * 3 * C, no = (size_t)B * T * C,
@@ -631,7 +601,7 @@ static void xent_case(int bf16, int B, int V, int bad) {
 }
 
 START_TEST(softmax_xent) {
-  rng_state = seed + 6000 + (uint64_t)_i;
+  rng_seed(seed + 6000 + (uint64_t)_i);
   for (int bf16 = 0; bf16 <= 1; ++bf16)
     xent_case(bf16, kXent[_i].B, kXent[_i].V, kXent[_i].bad);
 }
@@ -646,7 +616,7 @@ static const struct { float lr, wd; int decay; int64_t t; } kAdamw[] = {
 };
 
 START_TEST(adamw) {
-  rng_state = seed + 7000 + (uint64_t)_i;
+  rng_seed(seed + 7000 + (uint64_t)_i);
   fsdp_optim_config_t c = FSDP_OPTIM_CONFIG_INIT;
   c.weight_decay = kAdamw[_i].wd;
   const size_t n = OPT_N;
@@ -670,7 +640,7 @@ static const struct { float momentum; int nesterov, first, decay; } kSgd[] = {
 };
 
 START_TEST(sgd) {
-  rng_state = seed + 8000 + (uint64_t)_i;
+  rng_seed(seed + 8000 + (uint64_t)_i);
   fsdp_optim_config_t c = FSDP_OPTIM_CONFIG_INIT;
   c.kind = FSDP_OPTIM_SGD;
   c.momentum = kSgd[_i].momentum;
@@ -697,7 +667,7 @@ END_TEST
 static const size_t kSumsq[] = {0, 1, 1000, 4097, 10000019};
 
 START_TEST(sum_squares) {
-  rng_state = seed + 9000 + (uint64_t)_i;
+  rng_seed(seed + 9000 + (uint64_t)_i);
   const size_t n = kSumsq[_i];
   float *x = rand_floats(n, 0, 1);
   double want = 0.0, got[2];
@@ -717,7 +687,7 @@ START_TEST(sum_squares) {
 END_TEST
 
 START_TEST(scale_axpy) {
-  rng_state = seed + 10000 + (uint64_t)_i;
+  rng_seed(seed + 10000 + (uint64_t)_i);
   const size_t n = kSizes[_i];
   const float s = 0.37f, a = 0.25f;
   float *x = rand_floats(n, 0, 1), *y = rand_floats(n, 0, 1), *y16 = copy_floats(y, n);
@@ -767,7 +737,7 @@ static float *cast_inputs(size_t n) {
 }
 
 START_TEST(casts) {
-  rng_state = seed + 11000;
+  rng_seed(seed + 11000);
   const size_t n = kSizes[LEN(kSizes) - 1];
   float *x = cast_inputs(n);
   uint16_t *want = xmalloc(n * 2), *got = xmalloc(n * 2);

@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "common/check_run.h"
 #include "core/internal.h"
 #include "world/store.h"
 
@@ -245,10 +246,4 @@ static Suite *store_suite(void) {
   return s;
 }
 
-int main(void) {
-  SRunner *sr = srunner_create(store_suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return check_run(store_suite()); }

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/check_run.h"
 #include "core/internal.h"
 #include "device/stream_internal.h"
 #include "fsdp/device.h"
@@ -431,10 +432,4 @@ static Suite *device_suite(void) {
   return s;
 }
 
-int main(void) {
-  SRunner *sr = srunner_create(device_suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+int main(void) { return check_run(device_suite()); }

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/check_run.h"
 #include "fsdp/fsdp.h"
 
 static fsdp_world_t world;
@@ -486,10 +487,4 @@ static Suite *engine_suite(void) {
   return s;
 }
 
-int main(void) {
-  SRunner *sr = srunner_create(engine_suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return check_run(engine_suite()); }
