@@ -21,15 +21,14 @@
 #include "ckpt/json.h"
 #include "ckpt_model.h"
 #include "common/check_run.h"
+#include "common/solo_world.h"
 
 static const char *tool = "fsdp-ckpt";
 static fsdp_world_t world;
 static char tmp[64];
 
 static void setup(void) {
-  fsdp_world_opts_t o = FSDP_WORLD_OPTS_INIT;
-  o.launch = FSDP_LAUNCH_SINGLE;
-  ck_assert_int_eq(fsdp_world_init(&world, &o), FSDP_SUCCESS);
+  ck_assert_int_eq(solo_world_init(&world), FSDP_SUCCESS);
   snprintf(tmp, sizeof tmp, "/tmp/fsdp-ckpt-test-XXXXXX");
   ck_assert_ptr_nonnull(mkdtemp(tmp));
 }

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "common/mpi_check.h"
+#include "common/solo_world.h"
 #include "fsdp/fsdp.h"
 
 static fsdp_world_t shared_world, solo_world;
@@ -42,10 +43,7 @@ int mpi_check_join_gpu(fsdp_world_t *world, int *rank, int *nranks) {
 }
 
 fsdp_world_t mpi_check_solo(void) {
-  if (solo_world) return solo_world;
-  fsdp_world_opts_t single = FSDP_WORLD_OPTS_INIT;
-  single.launch = FSDP_LAUNCH_SINGLE;
-  if (fsdp_world_init(&solo_world, &single) != FSDP_SUCCESS) {
+  if (!solo_world && solo_world_init(&solo_world) != FSDP_SUCCESS) {
     fprintf(stderr, "mpi_check: cannot create the solo world: %s\n", fsdp_last_error());
     solo_world = NULL;
   }

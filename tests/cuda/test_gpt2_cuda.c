@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "common/check_run.h"
+#include "common/solo_world.h"
 #include "fsdp/fsdp.h"
 
 enum { B = 4, T = 32, STEPS = 6, SAMPLE = 16 };
@@ -179,13 +180,11 @@ static Suite *gpt2_cuda_suite(void) {
 }
 
 int main(void) {
-  fsdp_world_opts_t wo = FSDP_WORLD_OPTS_INIT;
-  wo.launch = FSDP_LAUNCH_SINGLE;
   if (fsdp_cuda_device_count() < 1) {
     printf("test_gpt2_cuda: SKIP: no usable CUDA device (or fsdp built without CUDA)\n");
     return 77;
   }
-  if (fsdp_world_init(&world, &wo) != FSDP_SUCCESS) {
+  if (solo_world_init(&world) != FSDP_SUCCESS) {
     fprintf(stderr, "test_gpt2_cuda: %s\n", fsdp_last_error());
     return 1;
   }

@@ -9,15 +9,12 @@
 #include <string.h>
 
 #include "common/check_run.h"
+#include "common/solo_world.h"
 #include "fsdp/fsdp.h"
 
 static fsdp_world_t world;
 
-static void setup(void) {
-  fsdp_world_opts_t o = FSDP_WORLD_OPTS_INIT;
-  o.launch = FSDP_LAUNCH_SINGLE;
-  ck_assert_int_eq(fsdp_world_init(&world, &o), FSDP_SUCCESS);
-}
+static void setup(void) { ck_assert_int_eq(solo_world_init(&world), FSDP_SUCCESS); }
 static void teardown(void) { fsdp_world_destroy(world); }
 
 static fsdp_tensor_desc_t desc2(const char *name, int64_t a, int64_t b) {
