@@ -19,8 +19,8 @@
 #include <unistd.h>
 
 #include "ckpt/json.h"
-#include "ckpt_model.h"
 #include "common/check_run.h"
+#include "common/ckpt_model.h"
 #include "common/solo_world.h"
 
 static const char *tool = "fsdp-ckpt";
