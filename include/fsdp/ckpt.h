@@ -64,16 +64,27 @@ typedef struct {
 /* Sets (or replaces) key. FSDP_ERR_INVALID_ARGUMENT when the key is not valid
  * or the table is full. */
 FSDP_API fsdp_status_t fsdp_ckpt_meta_set(fsdp_ckpt_meta_t *meta, const char *key, int64_t value);
-/* 1 and *value when key is present, else 0. */
-FSDP_API int fsdp_ckpt_meta_get(const fsdp_ckpt_meta_t *meta, const char *key, int64_t *value);
+/* *value when key is present; FSDP_ERR_INVALID_ARGUMENT naming the key when not. */
+FSDP_API fsdp_status_t fsdp_ckpt_meta_get(const fsdp_ckpt_meta_t *meta, const char *key,
+                                          int64_t *value);
 
 /* ---- save and load (collective: every rank of the engine calls them) -------- */
 
+/* Save options: start from FSDP_CKPT_SAVE_OPTS_INIT (size, magic and version
+ * first, fields only appended, as fsdp_config_t). */
 typedef struct {
-  int overwrite;                /* replace an existing committed step-<k> */
-  const fsdp_ckpt_meta_t *meta; /* trainer state, may be NULL */
+  size_t size;                  /* sizeof(fsdp_ckpt_save_opts_t) as compiled */
+  unsigned int magic;           /* FSDP_CKPT_SAVE_OPTS_MAGIC */
+  unsigned int version;         /* FSDP_VERSION_CODE */
+  int overwrite;                /* 0; 1: replace an existing committed step-<k> */
+  const fsdp_ckpt_meta_t *meta; /* NULL; trainer state to record */
 } fsdp_ckpt_save_opts_t;
-#define FSDP_CKPT_SAVE_OPTS_INIT {0, NULL}
+#define FSDP_CKPT_SAVE_OPTS_MAGIC 0xf5d9c0f3u
+#define FSDP_CKPT_SAVE_OPTS_INIT                                                     \
+  {                                                                                  \
+    .size = sizeof(fsdp_ckpt_save_opts_t), .magic = FSDP_CKPT_SAVE_OPTS_MAGIC,       \
+    .version = FSDP_VERSION_CODE, .overwrite = 0, .meta = NULL                       \
+  }
 
 /* Saves the engine's master shards, optimizer state and step (k =
  * fsdp_engine_step_count) as <save_dir>/step-<k>, creating save_dir if needed,
@@ -85,14 +96,23 @@ FSDP_API fsdp_status_t fsdp_ckpt_save(fsdp_engine_t engine, const char *save_dir
                                       const fsdp_ckpt_save_opts_t *opts, char *path_out,
                                       size_t cap);
 
+/* Load options: start from FSDP_CKPT_LOAD_OPTS_INIT (as above). */
 typedef struct {
+  size_t size;          /* sizeof(fsdp_ckpt_load_opts_t) as compiled */
+  unsigned int magic;   /* FSDP_CKPT_LOAD_OPTS_MAGIC */
+  unsigned int version; /* FSDP_VERSION_CODE */
   /* Optimizer state of another kind than the engine's (AdamW vs SGD momentum):
-   * 0 refuses; 1 loads the parameters and step and zeroes the state. A
+   * 0 (default) refuses; 1 loads the parameters and step and zeroes the state. A
    * checkpoint without optimizer state (weights only, e.g. from import) always
    * loads this way. */
   int reset_optim;
 } fsdp_ckpt_load_opts_t;
-#define FSDP_CKPT_LOAD_OPTS_INIT {0}
+#define FSDP_CKPT_LOAD_OPTS_MAGIC 0xf5d9c0f4u
+#define FSDP_CKPT_LOAD_OPTS_INIT                                                     \
+  {                                                                                  \
+    .size = sizeof(fsdp_ckpt_load_opts_t), .magic = FSDP_CKPT_LOAD_OPTS_MAGIC,       \
+    .version = FSDP_VERSION_CODE, .reset_optim = 0                                   \
+  }
 
 /* Loads a checkpoint into a materialized engine of any world size, strategy and
  * wrapping: tensors are matched by name and must agree in shape and dtype, and
@@ -142,7 +162,7 @@ typedef struct {
   size_t align;
   const fsdp_ckpt_meta_t *meta;
 } fsdp_ckpt_info_t;
-FSDP_API void fsdp_ckpt_info(fsdp_ckpt_t ckpt, fsdp_ckpt_info_t *info);
+FSDP_API fsdp_status_t fsdp_ckpt_info(fsdp_ckpt_t ckpt, fsdp_ckpt_info_t *info);
 
 typedef struct {
   const char *name, *unit;
@@ -153,7 +173,7 @@ typedef struct {
 } fsdp_ckpt_tensor_t;
 FSDP_API fsdp_status_t fsdp_ckpt_tensor(fsdp_ckpt_t ckpt, int index, fsdp_ckpt_tensor_t *t);
 /* State s's name: 0 "param", then "exp_avg", "exp_avg_sq" (AdamW) or
- * "momentum_buffer" (SGD); NULL when out of range. */
+ * "momentum_buffer" (SGD); "unknown" when out of range. */
 FSDP_API const char *fsdp_ckpt_state_name(fsdp_ckpt_t ckpt, int state);
 
 /* Checks every shard file: header fields, size, CRC-32. Without a model. */

@@ -168,7 +168,9 @@ static fsdp_status_t check_crcs(ckpt_files_t *f, int rank, int nranks) {
 fsdp_status_t fsdp_ckpt_load(fsdp_engine_t e, const char *path, const fsdp_ckpt_load_opts_t *opts,
                              fsdp_ckpt_meta_t *meta, char *path_out, size_t cap) {
   fsdp_ckpt_load_opts_t o = FSDP_CKPT_LOAD_OPTS_INIT;
-  if (opts) o = *opts;
+  if (opts)
+    FSDP_TRY(fsdp_opts_import(&o, opts, sizeof o, FSDP_CKPT_LOAD_OPTS_MAGIC,
+                              "fsdp_ckpt_load_opts_t", "FSDP_CKPT_LOAD_OPTS_INIT"));
   if (!e) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_ckpt_load: engine is NULL");
   fsdp_comm_t comm = fsdp_engine_comm(e);
   ckpt_manifest_t m = {0};

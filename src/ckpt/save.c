@@ -186,8 +186,11 @@ static fsdp_status_t save_files(fsdp_engine_t e, save_ctx_t *c, ckpt_manifest_t 
 fsdp_status_t fsdp_ckpt_save(fsdp_engine_t e, const char *save_dir,
                              const fsdp_ckpt_save_opts_t *opts, char *path_out, size_t cap) {
   fsdp_ckpt_save_opts_t o = FSDP_CKPT_SAVE_OPTS_INIT;
-  if (opts) o = *opts;
-  fsdp_status_t st = ckpt_engine_idle(e, "fsdp_ckpt_save");
+  fsdp_status_t st = FSDP_SUCCESS;
+  if (opts)
+    st = fsdp_opts_import(&o, opts, sizeof o, FSDP_CKPT_SAVE_OPTS_MAGIC, "fsdp_ckpt_save_opts_t",
+                          "FSDP_CKPT_SAVE_OPTS_INIT");
+  if (!st) st = ckpt_engine_idle(e, "fsdp_ckpt_save");
   if (st) return st; /* the same on every rank: nothing collective has started */
   save_ctx_t c = {fsdp_engine_comm(e), fsdp_comm_rank(fsdp_engine_comm(e)), save_dir, {0}, -1};
   ckpt_manifest_t m = {0};

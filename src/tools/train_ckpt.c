@@ -45,7 +45,7 @@ static void warn_mismatch(const trainer_t *t, const fsdp_ckpt_meta_t *meta) {
   if (t->rank != 0 || trainer_meta(t, &now)) return;
   for (int i = 0; i < now.n; i++) {
     int64_t then;
-    if (fsdp_ckpt_meta_get(meta, now.kv[i].key, &then) && then != now.kv[i].value)
+    if (fsdp_ckpt_meta_get(meta, now.kv[i].key, &then) == FSDP_SUCCESS && then != now.kv[i].value)
       fprintf(stderr, "fsdp-train: warning: the checkpoint was trained with %s %" PRId64 ", this "
               "run uses %" PRId64 ": it will not continue exactly as the original run would\n",
               now.kv[i].key, then, now.kv[i].value);
@@ -100,7 +100,9 @@ int train_save(trainer_t *t, int step) {
     return 0;
   fsdp_ckpt_meta_t meta;
   if (trainer_meta(t, &meta)) return -1;
-  fsdp_ckpt_save_opts_t so = {o->save_overwrite, &meta};
+  fsdp_ckpt_save_opts_t so = FSDP_CKPT_SAVE_OPTS_INIT;
+  so.overwrite = o->save_overwrite;
+  so.meta = &meta;
   char dir[4096];
   double t0 = fsdp_time_now();
   if (fsdp_ckpt_save(t->eng, o->save_dir, &so, dir, sizeof dir)) return -1;

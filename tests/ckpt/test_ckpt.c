@@ -19,15 +19,16 @@
 #include <unistd.h>
 
 #include "ckpt/json.h"
-#include "ckpt_model.h"
+#include "common/check_run.h"
+#include "common/ckpt_model.h"
+#include "common/solo_world.h"
 
 static const char *tool = "fsdp-ckpt";
 static fsdp_world_t world;
 static char tmp[64];
 
 static void setup(void) {
-  fsdp_world_opts_t o = {.launch = FSDP_LAUNCH_SINGLE};
-  ck_assert_int_eq(fsdp_world_init(&world, &o), FSDP_SUCCESS);
+  ck_assert_int_eq(solo_world_init(&world), FSDP_SUCCESS);
   snprintf(tmp, sizeof tmp, "/tmp/fsdp-ckpt-test-XXXXXX");
   ck_assert_ptr_nonnull(mkdtemp(tmp));
 }
@@ -138,14 +139,15 @@ static void round_trip(fsdp_strategy_t saved, fsdp_strategy_t live, fsdp_optim_k
   fsdp_engine_t a = trained(saved, o, 7);
   fsdp_ckpt_meta_t meta = {0}, back = {0};
   ck_assert_int_eq(fsdp_ckpt_meta_set(&meta, "seed", -3), FSDP_SUCCESS);
+  fsdp_ckpt_save_opts_t so = FSDP_CKPT_SAVE_OPTS_INIT;
+  so.meta = &meta;
   char dir[512];
-  ck_assert_int_eq(fsdp_ckpt_save(a, path("run", ""), &(fsdp_ckpt_save_opts_t){0, &meta}, dir,
-                                  sizeof dir), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_ckpt_save(a, path("run", ""), &so, dir, sizeof dir), FSDP_SUCCESS);
   ck_assert_str_eq(dir, path("run/step-7", ""));
   fsdp_engine_t b = ckm_create(world, live, o, variant, 99);
   ck_assert_int_eq(fsdp_ckpt_load(b, path("run", ""), NULL, &back, NULL, 0), FSDP_SUCCESS);
   int64_t seed;
-  ck_assert(fsdp_ckpt_meta_get(&back, "seed", &seed) && seed == -3);
+  ck_assert(fsdp_ckpt_meta_get(&back, "seed", &seed) == FSDP_SUCCESS && seed == -3);
   if (variant == CKM_BASE) assert_same_state(a, b);
   ck_assert_int_eq(ckm_train(a, 3, 0), 0);
   ck_assert_int_eq(ckm_train(b, 3, 0), 0);
@@ -177,7 +179,8 @@ START_TEST(test_optimizer_mismatch) {
   ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "reset_optim"));
   float *after = snapshot(b, &n);
   ck_assert(memcmp(before, after, n * sizeof(float)) == 0);
-  fsdp_ckpt_load_opts_t lo = {1};
+  fsdp_ckpt_load_opts_t lo = FSDP_CKPT_LOAD_OPTS_INIT;
+  lo.reset_optim = 1;
   ck_assert_int_eq(fsdp_ckpt_load(b, path("run", ""), &lo, NULL, NULL, 0), FSDP_SUCCESS);
   ck_assert_int_eq(fsdp_engine_step_count(b), 4);
   fsdp_shard_t sa, sb;
@@ -203,7 +206,8 @@ START_TEST(test_overwrite) {
   fsdp_ckpt_info(c, &in);
   uint64_t id = in.id;
   fsdp_ckpt_close(c);
-  fsdp_ckpt_save_opts_t o = {1, NULL};
+  fsdp_ckpt_save_opts_t o = FSDP_CKPT_SAVE_OPTS_INIT;
+  o.overwrite = 1;
   ck_assert_int_eq(fsdp_ckpt_save(a, path("run", ""), &o, NULL, 0), FSDP_SUCCESS);
   ck_assert_int_eq(fsdp_ckpt_open(path("run", ""), &c), FSDP_SUCCESS);
   fsdp_ckpt_info(c, &in);
@@ -602,9 +606,5 @@ static Suite *ckpt_suite(void) {
 
 int main(int argc, char **argv) {
   if (argc > 1) tool = argv[1];
-  SRunner *sr = srunner_create(ckpt_suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return check_run(ckpt_suite());
 }
