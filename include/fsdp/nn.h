@@ -185,6 +185,37 @@ FSDP_API fsdp_status_t fsdp_gpt2_generate(fsdp_gpt2_t gpt, const int *prompt, in
  * when nothing is checkpointed). */
 FSDP_API size_t fsdp_gpt2_activation_bytes(fsdp_gpt2_t gpt, size_t *without_checkpointing);
 
+
+/* ---- activation memory, computed before anything is allocated ------------
+ * What GPT-2's activation arena takes for a configuration, by the same code
+ * that carves it (alignment included), without an engine. Layouts: what the
+ * kernels keep across a step. */
+typedef enum {
+  FSDP_GPT2_LAYOUT_BUILT = 0, /* the layout this build's kernels use */
+  FSDP_GPT2_LAYOUT_PROBS,     /* attention keeps (B,NH,T,T) fp32 probabilities;
+                                 logits and their gradient are two (B,T,V) buffers */
+  FSDP_GPT2_LAYOUT_FLASH,     /* attention keeps the (B,NH,T) fp32 log-sum-exp;
+                                 one (B,T,Vp) buffer, the gradient over the logits */
+} fsdp_gpt2_layout_t;
+
+typedef struct {
+  size_t per_layer;    /* one block's saved activations */
+  size_t attention;    /* of per_layer: what attention keeps for backward */
+  size_t inputs;       /* the L + 1 block inputs, kept across the step */
+  size_t common;       /* ln_f, logits (and their gradient), backward scratch */
+  size_t saved;        /* nothing checkpointed: inputs + L x per_layer + common */
+  size_t checkpointed; /* every block checkpointed: inputs + per_layer + common */
+} fsdp_gpt2_memory_t;
+
+/* Fills *out for micro-batch B x T with activations of act_dtype (FSDP_F32, or
+ * FSDP_BF16 as on a bf16 CUDA engine; LayerNorm statistics and attention's
+ * state are fp32 either way) and buffers aligned to 256 bytes as on CUDA.
+ * Excludes the CUDA kernels' own scratch. FSDP_ERR_INVALID_ARGUMENT naming
+ * the bad value. Thread-safe; allocates nothing. */
+FSDP_API fsdp_status_t fsdp_gpt2_memory(const fsdp_gpt2_config_t *c, int B, int T,
+                                        fsdp_dtype_t act_dtype, fsdp_gpt2_layout_t layout,
+                                        fsdp_gpt2_memory_t *out);
+
 #ifdef __cplusplus
 }
 #endif

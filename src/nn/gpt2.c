@@ -55,6 +55,8 @@ struct fsdp_gpt2 {
   const gpt2_ops_t *ops; /* the kernels: CPU, CUDA fp32 or CUDA bf16 */
   gpt2_dev_t *dev;       /* their state */
   size_t align;          /* bytes each buffer in the arena is rounded up to */
+  size_t esize;          /* bytes per activation element (the table's act_size) */
+  fsdp_gpt2_layout_t layout; /* what the kernels keep: FSDP_GPT2_LAYOUT_PROBS today */
   void *arena;           /* every buffer below, in the backend's memory */
   struct acts *acts;     /* (L) saved, or pointing into scratch for checkpointed units */
   struct acts *scratch;  /* (max blocks per checkpointed unit) */
@@ -249,9 +251,21 @@ static void *take(const struct fsdp_gpt2 *g, char *base, size_t *at, size_t n, s
   return p;
 }
 
+/* The layout the kernels of this build use. */
+static const fsdp_gpt2_layout_t built_layout = FSDP_GPT2_LAYOUT_PROBS;
+
+/* The vocabulary rounded up to a multiple of 128 (50257 -> 50304). */
+static size_t padded_vocab(size_t V) { return (V + 127) / 128 * 128; }
+
+/* Attention's saved state: probabilities (B,NH,T,T) or the log-sum-exp (B,NH,T). */
+static size_t att_elems(const struct fsdp_gpt2 *g) {
+  size_t bnt = (size_t)g->maxB * (size_t)g->c.n_head * (size_t)g->maxT;
+  return g->layout == FSDP_GPT2_LAYOUT_FLASH ? bnt : bnt * (size_t)g->maxT;
+}
+
 static void acts_carve(const struct fsdp_gpt2 *g, struct acts *a, char *base, size_t *at) {
   size_t BT = (size_t)g->maxB * (size_t)g->maxT, C = (size_t)g->c.n_embd;
-  size_t e = g->ops->act_size, f = sizeof(float);
+  size_t e = g->esize, f = sizeof(float);
   a->ln1 = take(g, base, at, BT * C, e);
   a->ln1_mean = take(g, base, at, BT, f);
   a->ln1_rstd = take(g, base, at, BT, f);
@@ -263,18 +277,20 @@ static void acts_carve(const struct fsdp_gpt2 *g, struct acts *a, char *base, si
   a->ln2_rstd = take(g, base, at, BT, f);
   a->fch = take(g, base, at, 4 * BT * C, e);
   a->fch_gelu = take(g, base, at, 4 * BT * C, e);
-  a->att = take(g, base, at, (size_t)g->maxB * (size_t)g->c.n_head * (size_t)g->maxT * g->maxT, f);
+  a->att = take(g, base, at, att_elems(g), f);
 }
 
-/* ln_f, the logits and the backward scratch. */
+/* ln_f, the logits (and their gradient, unless it is written over them) and
+ * the backward scratch. */
 static void common_carve(struct fsdp_gpt2 *g, char *base, size_t *at) {
   size_t BT = (size_t)g->maxB * (size_t)g->maxT, C = (size_t)g->c.n_embd;
-  size_t V = (size_t)g->c.vocab_size, e = g->ops->act_size, f = sizeof(float);
+  size_t V = (size_t)g->c.vocab_size, e = g->esize, f = sizeof(float);
+  const int flash = g->layout == FSDP_GPT2_LAYOUT_FLASH;
   g->lnf = take(g, base, at, BT * C, e);
   g->lnf_mean = take(g, base, at, BT, f);
   g->lnf_rstd = take(g, base, at, BT, f);
-  g->logits = take(g, base, at, BT * V, e);
-  g->dlogits = take(g, base, at, BT * V, e);
+  g->logits = take(g, base, at, BT * (flash ? padded_vocab(V) : V), e);
+  g->dlogits = flash ? g->logits : take(g, base, at, BT * V, e);
   g->dres = take(g, base, at, BT * C, e);
   g->d1 = take(g, base, at, BT * C, e);
   g->d3 = take(g, base, at, 3 * BT * C, e);
@@ -282,22 +298,76 @@ static void common_carve(struct fsdp_gpt2 *g, char *base, size_t *at) {
   g->d4b = take(g, base, at, 4 * BT * C, e);
 }
 
+/* Dry run of the carving for g's shape: one block's bytes (and its
+ * attention's), the block inputs', the common buffers'. */
+static void arena_parts(const struct fsdp_gpt2 *g, fsdp_gpt2_memory_t *m) {
+  struct fsdp_gpt2 dry = *g; /* common_carve writes pointers: into a copy */
+  struct acts a;
+  *m = (fsdp_gpt2_memory_t){0};
+  acts_carve(&dry, &a, NULL, &m->per_layer);
+  m->attention = span(g, att_elems(g), sizeof(float));
+  common_carve(&dry, NULL, &m->common);
+  m->inputs = (size_t)(g->c.n_layer + 1) *
+              span(g, (size_t)g->maxB * g->maxT * g->c.n_embd, g->esize);
+  m->saved = m->inputs + (size_t)g->c.n_layer * m->per_layer + m->common;
+  m->checkpointed = m->inputs + m->per_layer + m->common;
+}
+
+fsdp_status_t fsdp_gpt2_memory(const fsdp_gpt2_config_t *c, int B, int T, fsdp_dtype_t act_dtype,
+                               fsdp_gpt2_layout_t layout, fsdp_gpt2_memory_t *out) {
+  if (!out) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_gpt2_memory: NULL output");
+  FSDP_TRY(fsdp_gpt2_config_check(c));
+  if (B < 1 || T < 1 || T > c->block_size)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "fsdp_gpt2_memory: batch %d must be >= 1 and T %d in [1, %d]", B, T,
+                      c->block_size);
+  if (act_dtype != FSDP_F32 && act_dtype != FSDP_BF16)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "fsdp_gpt2_memory: activations are f32 or bf16, not %s",
+                      fsdp_dtype_name(act_dtype));
+  if (layout < FSDP_GPT2_LAYOUT_BUILT || layout > FSDP_GPT2_LAYOUT_FLASH)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_gpt2_memory: unknown layout %d",
+                      (int)layout);
+  const struct fsdp_gpt2 g = {.c = *c, .maxB = B, .maxT = T, .align = 256,
+                              .esize = fsdp_dtype_size(act_dtype),
+                              .layout = layout == FSDP_GPT2_LAYOUT_BUILT ? built_layout : layout};
+  arena_parts(&g, out);
+  return FSDP_SUCCESS;
+}
+
 /* One arena in the backend's memory: the block inputs, the saved (or
  * recompute scratch) activations of every block, ln_f, logits, backward
  * scratch; and a host row for sampling. backend: the kernels' own bytes. */
-static fsdp_status_t alloc_acts(struct fsdp_gpt2 *g, size_t backend) {
-  int L = g->c.n_layer, maxk = 0, saved = 0;
+/* Blocks whose activations the arena holds at once: the saved ones, plus
+ * the largest checkpointed unit's recompute scratch. *maxk: that unit's. */
+static int arena_blocks(const struct fsdp_gpt2 *g, int *maxk) {
+  int saved = 0;
+  *maxk = 0;
   for (int u = 0; u < g->n_units; u++)
-    if (g->units[u].checkpoint) maxk = g->units[u].count > maxk ? g->units[u].count : maxk;
+    if (g->units[u].checkpoint) *maxk = g->units[u].count > *maxk ? g->units[u].count : *maxk;
     else saved += g->units[u].count;
-  struct acts dry;
-  size_t per = 0, common = 0, V = (size_t)g->c.vocab_size;
-  acts_carve(g, &dry, NULL, &per);
-  common_carve(g, NULL, &common);
-  size_t xs = (size_t)(L + 1) * span(g, (size_t)g->maxB * g->maxT * g->c.n_embd, g->ops->act_size);
-  size_t arena = xs + (size_t)(saved + maxk) * per + common;
+  return saved + *maxk;
+}
+
+/* The arena's bytes for g's units at micro-batch B x T. */
+static size_t arena_bytes_at(const struct fsdp_gpt2 *g, int B, int T) {
+  struct fsdp_gpt2 t = *g;
+  t.maxB = B, t.maxT = T;
+  fsdp_gpt2_memory_t m;
+  arena_parts(&t, &m);
+  int maxk;
+  return m.inputs + (size_t)arena_blocks(g, &maxk) * m.per_layer + m.common;
+}
+
+static fsdp_status_t alloc_acts(struct fsdp_gpt2 *g, size_t backend) {
+  int L = g->c.n_layer, maxk;
+  const int blocks = arena_blocks(g, &maxk);
+  fsdp_gpt2_memory_t m;
+  arena_parts(g, &m);
+  size_t V = (size_t)g->c.vocab_size, xs = m.inputs;
+  size_t arena = xs + (size_t)blocks * m.per_layer + m.common;
   g->act_bytes = arena + V * sizeof(float) + backend;
-  g->act_bytes_full = xs + (size_t)L * per + common + V * sizeof(float) + backend;
+  g->act_bytes_full = m.saved + V * sizeof(float) + backend;
   g->acts = calloc((size_t)L, sizeof *g->acts);
   g->scratch = calloc((size_t)(maxk ? maxk : 1), sizeof *g->scratch);
   g->row = calloc(V, sizeof *g->row);
@@ -323,14 +393,67 @@ static fsdp_status_t alloc_acts(struct fsdp_gpt2 *g, size_t backend) {
   return FSDP_SUCCESS;
 }
 
+static double gib(size_t b) { return (double)b / (1u << 30); }
+
+/* Device bytes the model allocates at B x T: its arena and the CUDA kernels'
+ * own scratch. */
+static size_t device_need(const struct fsdp_gpt2 *g, int B, int T, fsdp_dtype_t dt) {
+  gpt2_dims_t d = {B, T, g->c.n_embd, g->c.n_head, g->c.vocab_size};
+  return arena_bytes_at(g, B, T) + gpt2_cuda_scratch_bytes(dt, &d);
+}
+
+/* Before anything is allocated on the device: the activations for max_batch
+ * x max_T fit in what is free, or an error saying by how much they do not and
+ * what would fit instead (a smaller micro-batch, checkpointing every block, a
+ * shorter sequence), each by the same arithmetic. */
+static fsdp_status_t check_fits(const struct fsdp_gpt2 *g, fsdp_dtype_t dt) {
+  size_t free_b = 0, total_b = 0;
+  FSDP_TRY(fsdp_cuda_mem_info(&free_b, &total_b));
+  const size_t need = device_need(g, g->maxB, g->maxT, dt);
+  if (need <= free_b) return FSDP_SUCCESS;
+  fsdp_gpt2_memory_t m;
+  arena_parts(g, &m);
+  int b = g->maxB - 1, t = g->maxT - 1, maxk;
+  while (b >= 1 && device_need(g, b, g->maxT, dt) > free_b) b--;
+  while (t >= 1 && device_need(g, g->maxB, t, dt) > free_b) t--;
+  gpt2_dims_t d = {g->maxB, g->maxT, g->c.n_embd, g->c.n_head, g->c.vocab_size};
+  const size_t ckpt = m.checkpointed + gpt2_cuda_scratch_bytes(dt, &d);
+  const int blocks = arena_blocks(g, &maxk);
+  char fix[512];
+  int n = snprintf(fix, sizeof fix, "to fit, ");
+  if (b >= 1) n += snprintf(fix + n, sizeof fix - (size_t)n, "a micro-batch of %d (max_batch), ", b);
+  else n += snprintf(fix + n, sizeof fix - (size_t)n, "no micro-batch of sequence %d fits; ", g->maxT);
+  if (blocks > 1)
+    n += snprintf(fix + n, sizeof fix - (size_t)n,
+                  "activation checkpointing of every block (wrap_kinds and checkpoint_kinds "
+                  "\"GPT2Block\": %.2f GiB%s), ", gib(ckpt), ckpt <= free_b ? "" : ", still too much");
+  if (t >= 1) snprintf(fix + n, sizeof fix - (size_t)n, "or a sequence length of %d (max_T)", t);
+  else snprintf(fix + n, sizeof fix - (size_t)n, "or a smaller model");
+  return fsdp_error(FSDP_ERR_OUT_OF_MEMORY,
+                    "GPT-2 on CUDA: micro-batch %d x %d needs %.2f GiB of device memory (%d "
+                    "blocks' activations of %.2f GiB each, %.2f GiB of it attention's; block "
+                    "inputs %.2f GiB; logits and backward scratch %.2f GiB; kernel scratch "
+                    "%.2f GiB) but the device has %.2f GiB free of %.2f GiB, and the parameters "
+                    "come later at materialize; %s",
+                    g->maxB, g->maxT, gib(need), blocks, gib(m.per_layer), gib(m.attention),
+                    gib(m.inputs), gib(m.common), gib(need - arena_bytes_at(g, g->maxB, g->maxT)),
+                    gib(free_b), gib(total_b), fix);
+}
+
 /* CUDA kernels on a CUDA engine (bf16 ones when its views hand out bf16),
  * else the CPU's. *bytes: device memory the kernels hold of their own. */
 static fsdp_status_t pick_backend(struct fsdp_gpt2 *g, size_t *bytes) {
   const fsdp_config_t *cfg = fsdp_engine_config(g->eng);
   *bytes = 0;
   g->align = 1;
-  if (cfg->device != FSDP_DEVICE_CUDA) return gpt2_backend_cpu(&g->ops, &g->dev);
+  g->layout = built_layout;
+  if (cfg->device != FSDP_DEVICE_CUDA) {
+    g->esize = sizeof(float);
+    return gpt2_backend_cpu(&g->ops, &g->dev);
+  }
   g->align = 256; /* each buffer starts where cuBLAS and the kernels like it */
+  g->esize = cfg->param_dtype == FSDP_BF16 ? 2 : sizeof(float);
+  FSDP_TRY(check_fits(g, cfg->param_dtype));
   gpt2_dims_t d = {g->maxB, g->maxT, g->c.n_embd, g->c.n_head, g->c.vocab_size};
   return gpt2_backend_cuda(cfg->param_dtype, &d, &g->ops, &g->dev, bytes);
 }
@@ -442,7 +565,7 @@ static fsdp_status_t block_backward(struct fsdp_gpt2 *g, float *const *p, float 
 
 static void *x_at(const struct fsdp_gpt2 *g, int l, int B, int T) {
   size_t n = (size_t)B * (size_t)T * (size_t)g->c.n_embd;
-  return (char *)g->xs + (size_t)l * span(g, n, g->ops->act_size);
+  return (char *)g->xs + (size_t)l * span(g, n, g->esize);
 }
 
 static fsdp_status_t check_batch(const struct fsdp_gpt2 *g, const int *tokens,

@@ -352,22 +352,39 @@ static const gpt2_ops_t bf16_ops = {
     .read = bf16_read,
 };
 
-static fsdp_status_t dev_buffers(gpt2_dev_t *d, int bf16, size_t *bytes) {
-  const gpt2_dims_t *m = &d->dims;
+enum { N_DEV_BUFFERS = 7 };
+
+/* Bytes of each device buffer, in dev_buffers' order (0: not needed). */
+static void dev_sizes(const gpt2_dims_t *m, int bf16, size_t sz[N_DEV_BUFFERS]) {
   size_t BT = (size_t)m->maxB * (size_t)m->maxT, BTC = BT * (size_t)m->C;
   size_t att = (size_t)m->NH * (size_t)m->maxT * (size_t)m->maxT;
-  struct { void **p; size_t bytes; } dev[] = {
-      {(void **)&d->tok, BT * sizeof(int)},   {(void **)&d->tgt, BT * sizeof(int)},
-      {(void **)&d->losses, BT * sizeof(float)}, {(void **)&d->att_scratch, att * sizeof(float)},
-      {(void **)&d->qkv32, bf16 ? 3 * BTC * sizeof(float) : 0},
-      {(void **)&d->y32, bf16 ? BTC * sizeof(float) : 0},
-      {(void **)&d->dqkv32, bf16 ? 3 * BTC * sizeof(float) : 0},
-  };
+  const size_t s[N_DEV_BUFFERS] = {BT * sizeof(int), BT * sizeof(int), BT * sizeof(float),
+                                   att * sizeof(float), bf16 ? 3 * BTC * sizeof(float) : 0,
+                                   bf16 ? BTC * sizeof(float) : 0,
+                                   bf16 ? 3 * BTC * sizeof(float) : 0};
+  memcpy(sz, s, sizeof s);
+}
+
+size_t gpt2_cuda_scratch_bytes(fsdp_dtype_t dtype, const gpt2_dims_t *dims) {
+  size_t sz[N_DEV_BUFFERS], total = 0;
+  dev_sizes(dims, dtype == FSDP_BF16, sz);
+  for (int i = 0; i < N_DEV_BUFFERS; i++) total += sz[i];
+  return total;
+}
+
+static fsdp_status_t dev_buffers(gpt2_dev_t *d, int bf16, size_t *bytes) {
+  const gpt2_dims_t *m = &d->dims;
+  size_t BT = (size_t)m->maxB * (size_t)m->maxT, sz[N_DEV_BUFFERS];
+  dev_sizes(m, bf16, sz);
+  void **dev[N_DEV_BUFFERS] = {(void **)&d->tok,         (void **)&d->tgt,
+                               (void **)&d->losses,      (void **)&d->att_scratch,
+                               (void **)&d->qkv32,       (void **)&d->y32,
+                               (void **)&d->dqkv32};
   *bytes = 0;
-  for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
-    if (dev[i].bytes) {
-      FSDP_TRY(cuda_alloc(dev[i].p, dev[i].bytes));
-      *bytes += dev[i].bytes;
+  for (int i = 0; i < N_DEV_BUFFERS; i++)
+    if (sz[i]) {
+      FSDP_TRY(cuda_alloc(dev[i], sz[i]));
+      *bytes += sz[i];
     }
   FSDP_TRY(fsdp_pinned_alloc(2 * BT * sizeof(int), (void **)&d->stage_h));
   FSDP_TRY(fsdp_pinned_alloc(BT * sizeof(float), (void **)&d->losses_h));
@@ -395,6 +412,11 @@ fsdp_status_t gpt2_backend_cuda(fsdp_dtype_t dtype, const gpt2_dims_t *dims,
 }
 
 #else
+
+size_t gpt2_cuda_scratch_bytes(fsdp_dtype_t dtype, const gpt2_dims_t *dims) {
+  (void)dtype, (void)dims;
+  return 0;
+}
 
 fsdp_status_t gpt2_backend_cuda(fsdp_dtype_t dtype, const gpt2_dims_t *dims,
                                 const gpt2_ops_t **ops, gpt2_dev_t **out, size_t *scratch_bytes) {

@@ -82,6 +82,8 @@ typedef struct {
 } gpt2_ops_t;
 
 fsdp_status_t gpt2_backend_cpu(const gpt2_ops_t **ops, gpt2_dev_t **d);
+/* Device bytes gpt2_backend_cuda allocates for dims (0 without CUDA). */
+size_t gpt2_cuda_scratch_bytes(fsdp_dtype_t dtype, const gpt2_dims_t *dims);
 /* dtype FSDP_F32 or FSDP_BF16. *scratch_bytes: device memory the backend holds
  * (staging, the bf16 attention's fp32 copies, attention backward's scratch).
  * FSDP_ERR_UNSUPPORTED when fsdp was built without CUDA. */

@@ -170,6 +170,64 @@ START_TEST(checkpointing_on_cuda) {
 }
 END_TEST
 
+/* The CUDA kernels' own device buffers (gpt2_cuda.c): tokens, targets and
+ * losses; attention backward's (NH,T,T) fp32 scratch; bf16: qkv, y and dqkv
+ * widened to fp32. */
+static size_t kernel_scratch(const fsdp_gpt2_config_t *c, size_t b, size_t t) {
+  return 3 * b * t * 4 + (size_t)c->n_head * t * t * 4 + 7 * b * t * (size_t)c->n_embd * 4;
+}
+
+static size_t need_at(const fsdp_gpt2_config_t *c, int b, int t) {
+  fsdp_gpt2_memory_t m;
+  ck_assert_int_eq(fsdp_gpt2_memory(c, b, t, FSDP_BF16, FSDP_GPT2_LAYOUT_BUILT, &m),
+                   FSDP_SUCCESS);
+  return m.saved + kernel_scratch(c, (size_t)b, (size_t)t);
+}
+
+/* GPT-2 1558M at 16 x 1024 in bf16 without checkpointing does not fit the
+ * simulated 80 GiB device: create refuses before allocating anything, saying
+ * what it needs, what is free, and three ways to fit, each of which the
+ * arithmetic confirms is the largest that does. */
+START_TEST(too_big_is_refused_in_words) {
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  c.device = FSDP_DEVICE_CUDA;
+  c.param_dtype = FSDP_BF16;
+  fsdp_engine_t e = NULL;
+  fsdp_status_t st = fsdp_engine_create(world, &c, &e);
+  if (st == FSDP_ERR_UNSUPPORTED) return;
+  ck_assert_msg(st == FSDP_SUCCESS, "engine: %s", fsdp_last_error());
+  fsdp_gpt2_config_t big;
+  ck_assert_int_eq(fsdp_gpt2_preset("1558M", &big), FSDP_SUCCESS);
+  size_t free0 = 0, free1 = 0, total = 0;
+  ck_assert_int_eq(fsdp_cuda_mem_info(&free0, &total), FSDP_SUCCESS);
+  fsdp_gpt2_opts_t o = {"GPT2Block", 0, NULL, 16, 1024};
+  fsdp_gpt2_t g = NULL;
+  st = fsdp_gpt2_create(e, &big, &o, &g);
+  char msg[2048];
+  snprintf(msg, sizeof msg, "%s", fsdp_last_error());
+  printf("gpt2 cuda 1558M 16 x 1024 bf16 on %.0f GiB: %s\n", (double)total / (1u << 30), msg);
+  ck_assert_int_eq(fsdp_cuda_mem_info(&free1, &total), FSDP_SUCCESS);
+  fsdp_engine_destroy(e);
+  ck_assert_msg(st == FSDP_ERR_OUT_OF_MEMORY, "create: %d %s", (int)st, msg);
+  ck_assert_ptr_null(g);
+  ck_assert_uint_eq(free1, free0); /* refused before allocating */
+  char want[128];
+  snprintf(want, sizeof want, "needs %.2f GiB", (double)need_at(&big, 16, 1024) / (1u << 30));
+  ck_assert_msg(strstr(msg, want), "'%s' not in: %s", want, msg);
+  snprintf(want, sizeof want, "%.2f GiB free of %.2f GiB", (double)free0 / (1u << 30),
+           (double)total / (1u << 30));
+  ck_assert_msg(strstr(msg, want), "'%s' not in: %s", want, msg);
+  const char *mb = strstr(msg, "a micro-batch of "), *sl = strstr(msg, "a sequence length of ");
+  ck_assert_msg(mb && sl && strstr(msg, "checkpointing of every block"), "%s", msg);
+  ck_assert_ptr_null(strstr(msg, "still too much")); /* checkpointing fits */
+  const int b = atoi(mb + strlen("a micro-batch of ")), t = atoi(sl + strlen("a sequence length of "));
+  ck_assert_msg(b >= 1 && need_at(&big, b, 1024) <= free0 && need_at(&big, b + 1, 1024) > free0,
+                "micro-batch %d is not the largest that fits", b);
+  ck_assert_msg(t >= 1 && need_at(&big, 16, t) <= free0 && need_at(&big, 16, t + 1) > free0,
+                "sequence length %d is not the largest that fits", t);
+}
+END_TEST
+
 static Suite *gpt2_cuda_suite(void) {
   Suite *s = suite_create("gpt2_cuda");
   TCase *tc = tcase_create("train");
@@ -177,6 +235,7 @@ static Suite *gpt2_cuda_suite(void) {
   tcase_add_test(tc, fp32_matches_cpu);
   tcase_add_test(tc, bf16_follows_cpu);
   tcase_add_test(tc, checkpointing_on_cuda);
+  tcase_add_test(tc, too_big_is_refused_in_words);
   suite_add_tcase(s, tc);
   return s;
 }

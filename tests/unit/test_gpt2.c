@@ -1,7 +1,8 @@
 /* tests/unit/test_gpt2.c — GPT-2 on one rank: the published parameter counts,
  * the unit plans the wrap policies make, the model's gradient against finite
  * differences, activation checkpointing giving identical gradients with the
- * memory the shapes predict, and sampling. */
+ * memory the shapes predict, the activation memory computed without a model
+ * (fsdp_gpt2_memory), and sampling. */
 #include <check.h>
 #include <math.h>
 #include <stdlib.h>
@@ -235,12 +236,74 @@ START_TEST(sampling_and_errors) {
 }
 END_TEST
 
+/* fsdp_gpt2_memory: the arena by the shapes, for both layouts, at a shape
+ * where every buffer is a multiple of the 256-byte alignment (so the formula
+ * is exact); the issue's numbers at 124M and 1558M; bad arguments named. */
+START_TEST(memory_plan) {
+  const fsdp_gpt2_config_t c = {3, 4, 64, 64, 250};
+  const size_t Bm = 2, Tm = 64, C = 64, NH = 4, BT = Bm * Tm, f = sizeof(float);
+  fsdp_gpt2_memory_t m[2];
+  ck_assert_int_eq(fsdp_gpt2_memory(&c, 2, 64, FSDP_F32, FSDP_GPT2_LAYOUT_PROBS, &m[0]),
+                   FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_gpt2_memory(&c, 2, 64, FSDP_F32, FSDP_GPT2_LAYOUT_FLASH, &m[1]),
+                   FSDP_SUCCESS);
+  /* Per block: 15 C activations and 4 LayerNorm statistics per token, plus
+   * attention's (B,NH,T,T) probabilities or (B,NH,T) log-sum-exp. */
+  ck_assert_uint_eq(m[0].attention, Bm * NH * Tm * Tm * f);
+  ck_assert_uint_eq(m[1].attention, Bm * NH * Tm * f);
+  ck_assert_uint_eq(m[0].per_layer, BT * (15 * C + 4) * f + m[0].attention);
+  ck_assert_uint_eq(m[1].per_layer, BT * (15 * C + 4) * f + m[1].attention);
+  ck_assert_uint_eq(m[0].inputs, 4 * BT * C * f);
+  /* ln_f (C + 2), backward scratch 13 C, and logits: V twice, or Vp = 256 once. */
+  ck_assert_uint_eq(m[0].common, BT * (14 * C + 2 + 2 * 250) * f);
+  ck_assert_uint_eq(m[1].common, BT * (14 * C + 2 + 256) * f);
+  for (int i = 0; i < 2; i++) {
+    ck_assert_uint_eq(m[i].saved, m[i].inputs + 3 * m[i].per_layer + m[i].common);
+    ck_assert_uint_eq(m[i].checkpointed, m[i].inputs + m[i].per_layer + m[i].common);
+  }
+  /* Today's kernels keep probabilities. */
+  fsdp_gpt2_memory_t built;
+  ck_assert_int_eq(fsdp_gpt2_memory(&c, 2, 64, FSDP_F32, FSDP_GPT2_LAYOUT_BUILT, &built),
+                   FSDP_SUCCESS);
+  ck_assert_int_eq(memcmp(&built, &m[0], sizeof built), 0);
+  /* Issue 15: 768 MiB of probabilities per layer at 124M, 16 x 1024 (1600 MiB
+   * at 1558M); the log-sum-exp is 768 KiB. */
+  const struct { const char *name; size_t nh; } p[] = {{"124M", 12}, {"1558M", 25}};
+  for (int i = 0; i < 2; i++) {
+    fsdp_gpt2_config_t pc;
+    ck_assert_int_eq(fsdp_gpt2_preset(p[i].name, &pc), FSDP_SUCCESS);
+    ck_assert_int_eq(fsdp_gpt2_memory(&pc, 16, 1024, FSDP_BF16, FSDP_GPT2_LAYOUT_PROBS, &m[0]),
+                     FSDP_SUCCESS);
+    ck_assert_int_eq(fsdp_gpt2_memory(&pc, 16, 1024, FSDP_BF16, FSDP_GPT2_LAYOUT_FLASH, &m[1]),
+                     FSDP_SUCCESS);
+    ck_assert_uint_eq(m[0].attention, 16 * p[i].nh * 1024 * 1024 * f);
+    ck_assert_uint_eq(m[1].attention, 16 * p[i].nh * 1024 * f);
+    ck_assert_uint_eq(m[0].per_layer - m[1].per_layer, m[0].attention - m[1].attention);
+  }
+  /* Errors name the value. */
+  fsdp_gpt2_memory_t x;
+  ck_assert_int_eq(fsdp_gpt2_memory(&c, 2, 65, FSDP_F32, FSDP_GPT2_LAYOUT_PROBS, &x),
+                   FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "T 65"));
+  ck_assert_int_eq(fsdp_gpt2_memory(&c, 0, 8, FSDP_F32, FSDP_GPT2_LAYOUT_PROBS, &x),
+                   FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "batch 0"));
+  ck_assert_int_eq(fsdp_gpt2_memory(&c, 2, 8, FSDP_F64, FSDP_GPT2_LAYOUT_PROBS, &x),
+                   FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "f64"));
+  ck_assert_int_eq(fsdp_gpt2_memory(&c, 2, 8, FSDP_F32, (fsdp_gpt2_layout_t)7, &x),
+                   FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "layout 7"));
+}
+END_TEST
+
 static Suite *gpt2_suite(void) {
   Suite *s = suite_create("gpt2");
   TCase *tc = tcase_create("gpt2");
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, published_sizes);
+  tcase_add_test(tc, memory_plan);
   tcase_add_test(tc, wrap_plans);
   tcase_add_loop_test(tc, gradient_check, 0, 2);
   tcase_add_loop_test(tc, checkpoint_identical, 0, 3);
