@@ -339,7 +339,7 @@ uint64_t enqueue(CUstream_st *s, op o) {
 
 /* Waits (host) until s has run everything queued so far. */
 void drain(CUstream_st *s) {
-  uint64_t seq;
+  uint64_t seq = 0;
   {
     std::lock_guard<std::mutex> g(s->mu);
     seq = s->enqueued;
@@ -488,7 +488,7 @@ cudaError_t enqueue_launch(launch *l, cudaStream_t stream) {
   if (check_launch(*l, &why) != cudaSuccess)
     return refuse(cudaErrorInvalidConfiguration, "kernel '%s' (%s) refused: %s", l->name.c_str(),
                   describe(*l).c_str(), why.c_str());
-  CUstream_st *s;
+  CUstream_st *s = nullptr;
   if (cudaError_t e = resolve(stream, &s)) return e;
   char call[256];
   snprintf(call, sizeof call, "launch of kernel '%s' at %s", l->name.c_str(), l->site.c_str());
@@ -715,7 +715,7 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
                             cudaStream_t stream) {
   ENTER(WORK_CALL);
-  CUstream_st *s;
+  CUstream_st *s = nullptr;
   if (cudaError_t e = resolve(stream, &s)) return e;
   if (n == 0) return cudaSuccess;
   enum cudaMemcpyKind k;
@@ -739,7 +739,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcp
 
 cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t stream) {
   ENTER(WORK_CALL);
-  CUstream_st *s;
+  CUstream_st *s = nullptr;
   if (cudaError_t e = resolve(stream, &s)) return e;
   if (n == 0) return cudaSuccess;
   if (!p) return refuse(cudaErrorInvalidValue, "cudaMemset: NULL pointer");
@@ -787,7 +787,7 @@ cudaError_t cudaStreamCreate(cudaStream_t *ps) { return cudaStreamCreateWithPrio
 cudaError_t cudaStreamDestroy(cudaStream_t h) {
   ENTER(CLEANUP);
   if (!h) return refuse(cudaErrorInvalidResourceHandle, "cudaStreamDestroy(NULL)");
-  CUstream_st *s;
+  CUstream_st *s = nullptr;
   if (cudaError_t e = resolve(h, &s)) return e;
   drain(s);
   {
@@ -810,7 +810,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t h) {
 
 cudaError_t cudaStreamSynchronize(cudaStream_t h) {
   ENTER(WORK_CALL);
-  CUstream_st *s;
+  CUstream_st *s = nullptr;
   if (cudaError_t e = resolve(h, &s)) return e;
   if (s->legacy) {
     /* The legacy stream's synchronize waits for the blocking streams too. */
@@ -825,7 +825,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t h) {
 
 cudaError_t cudaStreamQuery(cudaStream_t h) {
   ENTER(WORK_CALL);
-  CUstream_st *s;
+  CUstream_st *s = nullptr;
   if (cudaError_t e = resolve(h, &s)) return e;
   std::lock_guard<std::mutex> g(s->mu);
   return s->completed == s->enqueued ? cudaSuccess : cudaErrorNotReady;
@@ -833,7 +833,7 @@ cudaError_t cudaStreamQuery(cudaStream_t h) {
 
 cudaError_t cudaStreamGetPriority(cudaStream_t h, int *priority) {
   ENTER(QUERY);
-  CUstream_st *s;
+  CUstream_st *s = nullptr;
   if (cudaError_t e = resolve(h, &s)) return e;
   if (priority) *priority = s->priority;
   return cudaSuccess;
@@ -841,7 +841,7 @@ cudaError_t cudaStreamGetPriority(cudaStream_t h, int *priority) {
 
 cudaError_t cudaStreamGetFlags(cudaStream_t h, unsigned *flags) {
   ENTER(QUERY);
-  CUstream_st *s;
+  CUstream_st *s = nullptr;
   if (cudaError_t e = resolve(h, &s)) return e;
   if (flags) *flags = s->flags;
   return cudaSuccess;
@@ -849,7 +849,7 @@ cudaError_t cudaStreamGetFlags(cudaStream_t h, unsigned *flags) {
 
 cudaError_t cudaLaunchHostFunc(cudaStream_t h, cudaHostFn_t fn, void *data) {
   ENTER(WORK_CALL);
-  CUstream_st *s;
+  CUstream_st *s = nullptr;
   if (cudaError_t e = resolve(h, &s)) return e;
   if (!fn) return refuse(cudaErrorInvalidValue, "cudaLaunchHostFunc: NULL function");
   op o;
@@ -864,7 +864,7 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t h, cudaHostFn_t fn, void *data) {
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t h, cudaEvent_t ev, unsigned flags) {
   ENTER(WORK_CALL);
-  CUstream_st *s;
+  CUstream_st *s = nullptr;
   if (cudaError_t e = resolve(h, &s)) return e;
   if (!ev || ev->magic != kEventMagic)
     return refuse(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: %p is not an event",
@@ -915,7 +915,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t h) {
   if (!e || e->magic != kEventMagic)
     return refuse(cudaErrorInvalidResourceHandle, "cudaEventRecord: %p is not an event",
                   (void *)e);
-  CUstream_st *s;
+  CUstream_st *s = nullptr;
   if (cudaError_t err = resolve(h, &s)) return err;
   if (s->device != e->device)
     return refuse(cudaErrorInvalidResourceHandle, "cudaEventRecord: event of device %d on a "
@@ -942,8 +942,8 @@ static cudaError_t event_target(cudaEvent_t e, CUstream_st **s, uint64_t *seq) {
 
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   ENTER(WORK_CALL);
-  CUstream_st *s;
-  uint64_t seq;
+  CUstream_st *s = nullptr;
+  uint64_t seq = 0;
   if (cudaError_t err = event_target(e, &s, &seq)) return err;
   if (!s) return cudaSuccess;
   std::lock_guard<std::mutex> g(s->mu);
@@ -952,8 +952,8 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   ENTER(WORK_CALL);
-  CUstream_st *s;
-  uint64_t seq;
+  CUstream_st *s = nullptr;
+  uint64_t seq = 0;
   if (cudaError_t err = event_target(e, &s, &seq)) return err;
   if (s) wait_for(s, seq);
   return fail((cudaError_t)devs[e->device].sticky.load());
@@ -965,8 +965,8 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
   double t[2];
   cudaEvent_t ev[2] = {a, b};
   for (int i = 0; i < 2; ++i) {
-    CUstream_st *s;
-    uint64_t seq;
+    CUstream_st *s = nullptr;
+    uint64_t seq = 0;
     if (cudaError_t err = event_target(ev[i], &s, &seq)) return err;
     if (ev[i]->flags & cudaEventDisableTiming)
       return refuse(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: an event was created "
