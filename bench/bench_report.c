@@ -130,10 +130,16 @@ static double gib(double bytes) { return bytes / 1073741824.0; }
 static int memory_rows(const char *preset, int B, int T, fsdp_dtype_t dt) {
   fsdp_gpt2_config_t c;
   if (fsdp_gpt2_preset(preset, &c) != FSDP_SUCCESS) return 1;
+  if (T > c.block_size) {
+    printf("%-6s (sequence length %d is past its context of %d)\n", preset, T, c.block_size);
+    return 0;
+  }
   const struct { const char *name; fsdp_gpt2_layout_t l; } layouts[] = {
-      {"before", FSDP_GPT2_LAYOUT_PROBS}, {"after", FSDP_GPT2_LAYOUT_FLASH}};
+      {"before", FSDP_GPT2_LAYOUT_PROBS},
+      {"now", FSDP_GPT2_LAYOUT_BUILT},
+      {"after", FSDP_GPT2_LAYOUT_FLASH}};
   const double state = 18.0 * (double)fsdp_gpt2_num_params(&c);
-  for (size_t i = 0; i < 2; i++) {
+  for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++) {
     fsdp_gpt2_memory_t m;
     if (fsdp_gpt2_memory(&c, B, T, dt, layouts[i].l, &m) != FSDP_SUCCESS) return 1;
     printf("%-6s %-7s %9.1f %10.1f %9.2f %9.2f %10.2f %10.2f %12.2f\n", preset,
@@ -151,6 +157,7 @@ int bench_print_memory_plan(const bench_opts_t *o) {
          "activations\n"
          "before: attention keeps (B,NH,T,T) fp32 probabilities, logits and their gradient "
          "are two (B,T,V) buffers\n"
+         "now:    this build's kernels\n"
          "after:  attention keeps the (B,NH,T) fp32 log-sum-exp, the gradient is written over "
          "one (B,T,Vp) buffer\n"
          "1 GPU: 18 B/param of model state (bf16 gathered, fp32 master + gradient, AdamW "

@@ -99,7 +99,8 @@ void bench_print_header(const bench_opts_t *o, int nranks, const char *backend,
 void bench_print_row(const bench_result_t *r);
 /* --memory-plan: GPT-2 124M and 1558M (and --preset) at --micro-batch x
  * --seq-len in --dtype, before (attention's fp32 probabilities, two logits
- * buffers) and after (log-sum-exp, one padded logits buffer) issue 15; computed
+ * buffers), now (this build) and after (log-sum-exp, one padded logits
+ * buffer) issue 15; computed
  * by fsdp_gpt2_memory, nothing run. 0, or 1 after printing why. */
 int bench_print_memory_plan(const bench_opts_t *o);
 /* The JSON document (--json on stdout, --json-file to a file). */

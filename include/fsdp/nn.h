@@ -171,8 +171,10 @@ FSDP_API fsdp_status_t fsdp_gpt2_forward_backward(fsdp_gpt2_t gpt, const int *to
                                                   float loss_scale, double *loss_sum);
 /* Forward only. targets and loss_sum may be NULL; *logits (may be NULL) points
  * at the (B,T,V) fp32 logits in host memory, valid until the next call on gpt.
- * On CUDA they are copied (and widened from bf16) into a host buffer of
- * max_batch x max_T x V floats that the first call asking for them allocates;
+ * The model keeps logits rows V rounded up to a multiple of 128 apart (one
+ * buffer, their gradient written over them in training); they are copied (on
+ * CUDA widened from bf16) and packed V apart into a host buffer of max_batch x
+ * max_T x that many floats, which the first call asking for them allocates;
  * pass NULL when only the loss is wanted. */
 FSDP_API fsdp_status_t fsdp_gpt2_forward(fsdp_gpt2_t gpt, const int *tokens, const int *targets,
                                          int B, int T, double *loss_sum, const float **logits);
@@ -191,7 +193,8 @@ FSDP_API size_t fsdp_gpt2_activation_bytes(fsdp_gpt2_t gpt, size_t *without_chec
  * that carves it (alignment included), without an engine. Layouts: what the
  * kernels keep across a step. */
 typedef enum {
-  FSDP_GPT2_LAYOUT_BUILT = 0, /* the layout this build's kernels use */
+  FSDP_GPT2_LAYOUT_BUILT = 0, /* this build's kernels: fp32 probabilities, and one
+                                 (B,T,Vp) buffer, the gradient over the logits */
   FSDP_GPT2_LAYOUT_PROBS,     /* attention keeps (B,NH,T,T) fp32 probabilities;
                                  logits and their gradient are two (B,T,V) buffers */
   FSDP_GPT2_LAYOUT_FLASH,     /* attention keeps the (B,NH,T) fp32 log-sum-exp;

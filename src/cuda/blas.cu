@@ -279,3 +279,49 @@ fsdp_status_t fsdp_cuda_conv1d_backward_bf16(uint16_t *dinp, float *dweight, flo
   return matmul_backward(as_bf16(dinp), dweight, dbias, as_bf16(dout), as_bf16(inp),
                          as_bf16(weight), B, C, OC, false, stream);
 }
+
+/* ---- GPT-2's vocabulary head: logits rows ld apart ---- */
+
+template <typename T>
+static fsdp_status_t head_forward(T *logits, int ld, const T *inp, const T *wte, int B, int C,
+                                  int V, cudaStream_t s) {
+  if (B <= 0 || V <= 0) return FSDP_SUCCESS;
+  if (C <= 0) { /* cuBLAS rejects a leading dimension of 0: an empty sum is 0 */
+    for (int b = 0; b < B; b++)
+      CUDA_CHECK(cudaMemsetAsync(logits + (size_t)b * ld, 0, (size_t)V * sizeof(T), s));
+    return FSDP_SUCCESS;
+  }
+  return gemm(false, true, B, V, C, inp, C, wte, C, 0.0f, logits, ld, s);
+}
+
+template <typename T>
+static fsdp_status_t head_backward(T *dinp, float *dwte, const T *dlogits, int ld, const T *inp,
+                                   const T *wte, int B, int C, int V, cudaStream_t s) {
+  if (B <= 0 || V <= 0 || C <= 0) return FSDP_SUCCESS;
+  if (dinp) FSDP_TRY(gemm(false, false, B, C, V, dlogits, ld, wte, C, 1.0f, dinp, C, s));
+  return gemm(true, false, V, C, B, dlogits, ld, inp, C, 1.0f, dwte, C, s);
+}
+
+fsdp_status_t fsdp_cuda_head_forward(float *logits, int ld, const float *inp, const float *wte,
+                                     int B, int C, int V, fsdp_cuda_stream_t stream) {
+  return head_forward(logits, ld, inp, wte, B, C, V, stream);
+}
+
+fsdp_status_t fsdp_cuda_head_forward_bf16(uint16_t *logits, int ld, const uint16_t *inp,
+                                          const uint16_t *wte, int B, int C, int V,
+                                          fsdp_cuda_stream_t stream) {
+  return head_forward(as_bf16(logits), ld, as_bf16(inp), as_bf16(wte), B, C, V, stream);
+}
+
+fsdp_status_t fsdp_cuda_head_backward(float *dinp, float *dwte, const float *dlogits, int ld,
+                                      const float *inp, const float *wte, int B, int C, int V,
+                                      fsdp_cuda_stream_t stream) {
+  return head_backward(dinp, dwte, dlogits, ld, inp, wte, B, C, V, stream);
+}
+
+fsdp_status_t fsdp_cuda_head_backward_bf16(uint16_t *dinp, float *dwte, const uint16_t *dlogits,
+                                           int ld, const uint16_t *inp, const uint16_t *wte,
+                                           int B, int C, int V, fsdp_cuda_stream_t stream) {
+  return head_backward(as_bf16(dinp), dwte, as_bf16(dlogits), ld, as_bf16(inp), as_bf16(wte), B,
+                       C, V, stream);
+}

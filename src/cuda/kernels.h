@@ -68,6 +68,23 @@ fsdp_status_t fsdp_cuda_linear_backward_bf16(uint16_t *dinp, float *dweight, flo
                                              const uint16_t *dout, const uint16_t *inp,
                                              const uint16_t *weight, int B, int C, int OC,
                                              fsdp_cuda_stream_t stream);
+/* GPT-2's tied vocabulary head, wte (V,C), no bias: logits (B,V) with rows ld
+ * apart (ld >= V; GPT-2 pads V to a multiple of 128 so that every leading
+ * dimension of the three vocabulary products is aligned for the tensor-core
+ * kernels); columns [V, ld) are neither read nor written. Forward writes
+ * (beta = 0); backward adds: dinp (B,C) += dlogits @ wte (dinp may be NULL),
+ * dwte (V,C) += dlogits^T @ inp. */
+fsdp_status_t fsdp_cuda_head_forward(float *logits, int ld, const float *inp, const float *wte,
+                                     int B, int C, int V, fsdp_cuda_stream_t stream);
+fsdp_status_t fsdp_cuda_head_forward_bf16(uint16_t *logits, int ld, const uint16_t *inp,
+                                          const uint16_t *wte, int B, int C, int V,
+                                          fsdp_cuda_stream_t stream);
+fsdp_status_t fsdp_cuda_head_backward(float *dinp, float *dwte, const float *dlogits, int ld,
+                                      const float *inp, const float *wte, int B, int C, int V,
+                                      fsdp_cuda_stream_t stream);
+fsdp_status_t fsdp_cuda_head_backward_bf16(uint16_t *dinp, float *dwte, const uint16_t *dlogits,
+                                           int ld, const uint16_t *inp, const uint16_t *wte,
+                                           int B, int C, int V, fsdp_cuda_stream_t stream);
 /* The same with the weight stored (C,OC), GPT-2's Conv1D. */
 fsdp_status_t fsdp_cuda_conv1d_forward(float *out, const float *inp, const float *weight,
                                        const float *bias, int B, int C, int OC,
@@ -179,6 +196,18 @@ fsdp_status_t fsdp_cuda_softmax_xent(float *dlogits, float *losses, const float 
 fsdp_status_t fsdp_cuda_softmax_xent_bf16(uint16_t *dlogits, float *losses,
                                           const uint16_t *logits, const int *targets, int B,
                                           int V, float scale, fsdp_cuda_stream_t stream);
+
+/* Fused in place, for GPT-2's head: logits (B,V) rows ld apart; losses[b] as
+ * above; with grad, each row is overwritten by (softmax - onehot) * scale in
+ * the same kernel (the row's target logit is read before any write), so one
+ * buffer holds the logits and then their gradient. Columns [V, ld) are not
+ * touched. */
+fsdp_status_t fsdp_cuda_xent_inplace(float *logits, int ld, float *losses, const int *targets,
+                                     int B, int V, float scale, int grad,
+                                     fsdp_cuda_stream_t stream);
+fsdp_status_t fsdp_cuda_xent_inplace_bf16(uint16_t *logits, int ld, float *losses,
+                                          const int *targets, int B, int V, float scale,
+                                          int grad, fsdp_cuda_stream_t stream);
 
 /* ---- optimizer and shard kernels (fp32 shards) ---- */
 

@@ -56,7 +56,9 @@ struct fsdp_gpt2 {
   gpt2_dev_t *dev;       /* their state */
   size_t align;          /* bytes each buffer in the arena is rounded up to */
   size_t esize;          /* bytes per activation element (the table's act_size) */
-  fsdp_gpt2_layout_t layout; /* what the kernels keep: FSDP_GPT2_LAYOUT_PROBS today */
+  int att_lse;           /* attention keeps the log-sum-exp, not probabilities */
+  int one_head;          /* the logits' gradient is written over them, rows ldv apart */
+  int ldv;               /* the logits' row stride: V, or V padded to a multiple of 128 */
   void *arena;           /* every buffer below, in the backend's memory */
   struct acts *acts;     /* (L) saved, or pointing into scratch for checkpointed units */
   struct acts *scratch;  /* (max blocks per checkpointed unit) */
@@ -251,16 +253,21 @@ static void *take(const struct fsdp_gpt2 *g, char *base, size_t *at, size_t n, s
   return p;
 }
 
-/* The layout the kernels of this build use. */
-static const fsdp_gpt2_layout_t built_layout = FSDP_GPT2_LAYOUT_PROBS;
-
 /* The vocabulary rounded up to a multiple of 128 (50257 -> 50304). */
-static size_t padded_vocab(size_t V) { return (V + 127) / 128 * 128; }
+static int padded_vocab(int V) { return (V + 127) / 128 * 128; }
+
+/* What the kernels keep under a layout; FSDP_GPT2_LAYOUT_BUILT is this
+ * build's: fp32 probabilities, one padded logits buffer. */
+static void set_layout(struct fsdp_gpt2 *g, fsdp_gpt2_layout_t layout) {
+  g->att_lse = layout == FSDP_GPT2_LAYOUT_FLASH;
+  g->one_head = layout != FSDP_GPT2_LAYOUT_PROBS;
+  g->ldv = g->one_head ? padded_vocab(g->c.vocab_size) : g->c.vocab_size;
+}
 
 /* Attention's saved state: probabilities (B,NH,T,T) or the log-sum-exp (B,NH,T). */
 static size_t att_elems(const struct fsdp_gpt2 *g) {
   size_t bnt = (size_t)g->maxB * (size_t)g->c.n_head * (size_t)g->maxT;
-  return g->layout == FSDP_GPT2_LAYOUT_FLASH ? bnt : bnt * (size_t)g->maxT;
+  return g->att_lse ? bnt : bnt * (size_t)g->maxT;
 }
 
 static void acts_carve(const struct fsdp_gpt2 *g, struct acts *a, char *base, size_t *at) {
@@ -284,13 +291,12 @@ static void acts_carve(const struct fsdp_gpt2 *g, struct acts *a, char *base, si
  * the backward scratch. */
 static void common_carve(struct fsdp_gpt2 *g, char *base, size_t *at) {
   size_t BT = (size_t)g->maxB * (size_t)g->maxT, C = (size_t)g->c.n_embd;
-  size_t V = (size_t)g->c.vocab_size, e = g->esize, f = sizeof(float);
-  const int flash = g->layout == FSDP_GPT2_LAYOUT_FLASH;
+  size_t ldv = (size_t)g->ldv, e = g->esize, f = sizeof(float);
   g->lnf = take(g, base, at, BT * C, e);
   g->lnf_mean = take(g, base, at, BT, f);
   g->lnf_rstd = take(g, base, at, BT, f);
-  g->logits = take(g, base, at, BT * (flash ? padded_vocab(V) : V), e);
-  g->dlogits = flash ? g->logits : take(g, base, at, BT * V, e);
+  g->logits = take(g, base, at, BT * ldv, e);
+  g->dlogits = g->one_head ? g->logits : take(g, base, at, BT * ldv, e);
   g->dres = take(g, base, at, BT * C, e);
   g->d1 = take(g, base, at, BT * C, e);
   g->d3 = take(g, base, at, 3 * BT * C, e);
@@ -328,9 +334,9 @@ fsdp_status_t fsdp_gpt2_memory(const fsdp_gpt2_config_t *c, int B, int T, fsdp_d
   if (layout < FSDP_GPT2_LAYOUT_BUILT || layout > FSDP_GPT2_LAYOUT_FLASH)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_gpt2_memory: unknown layout %d",
                       (int)layout);
-  const struct fsdp_gpt2 g = {.c = *c, .maxB = B, .maxT = T, .align = 256,
-                              .esize = fsdp_dtype_size(act_dtype),
-                              .layout = layout == FSDP_GPT2_LAYOUT_BUILT ? built_layout : layout};
+  struct fsdp_gpt2 g = {.c = *c, .maxB = B, .maxT = T, .align = 256,
+                        .esize = fsdp_dtype_size(act_dtype)};
+  set_layout(&g, layout);
   arena_parts(&g, out);
   return FSDP_SUCCESS;
 }
@@ -446,7 +452,7 @@ static fsdp_status_t pick_backend(struct fsdp_gpt2 *g, size_t *bytes) {
   const fsdp_config_t *cfg = fsdp_engine_config(g->eng);
   *bytes = 0;
   g->align = 1;
-  g->layout = built_layout;
+  set_layout(g, FSDP_GPT2_LAYOUT_BUILT);
   if (cfg->device != FSDP_DEVICE_CUDA) {
     g->esize = sizeof(float);
     return gpt2_backend_cpu(&g->ops, &g->dev);
@@ -630,7 +636,8 @@ static fsdp_status_t forward(struct fsdp_gpt2 *g, const int *tokens, const int *
   FSDP_TRY(blocks_forward(g, B, T));
   FSDP_TRY(k->layernorm_forward(g->lnf, g->lnf_mean, g->lnf_rstd, x_at(g, g->c.n_layer, B, T),
                                 r->view.param[lnf], r->view.param[lnf + 1], BT, C, g->dev));
-  return k->linear_forward(g->logits, g->lnf, r->view.param[0], BT, C, g->c.vocab_size, g->dev);
+  return k->head_forward(g->logits, g->ldv, g->lnf, r->view.param[0], BT, C, g->c.vocab_size,
+                         g->dev);
 }
 
 static fsdp_status_t blocks_backward(struct fsdp_gpt2 *g, int B, int T) {
@@ -659,8 +666,8 @@ static fsdp_status_t backward(struct fsdp_gpt2 *g, int B, int T) {
   float *const *p = r->view.param, *const *dp = r->view.grad;
   const int lnf = r->view.n - 2;
   FSDP_TRY(k->zero(g->d1, n, g->dev));
-  FSDP_TRY(k->linear_backward(g->d1, dp[0], g->dlogits, g->lnf, p[0], BT, C, g->c.vocab_size,
-                              g->dev));
+  FSDP_TRY(k->head_backward(g->d1, dp[0], g->dlogits, g->ldv, g->lnf, p[0], BT, C,
+                            g->c.vocab_size, g->dev));
   FSDP_TRY(k->zero(g->dres, n, g->dev));
   FSDP_TRY(k->layernorm_backward(g->dres, dp[lnf], dp[lnf + 1], g->d1,
                                  x_at(g, g->c.n_layer, B, T), p[lnf], g->lnf_mean, g->lnf_rstd,
@@ -675,7 +682,7 @@ fsdp_status_t fsdp_gpt2_forward_backward(fsdp_gpt2_t g, const int *tokens, const
   if (!g || !targets) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "GPT-2: NULL argument");
   FSDP_TRY(check_batch(g, tokens, targets, B, T));
   FSDP_TRY(forward(g, tokens, targets, B, T));
-  FSDP_TRY(g->ops->xent(g->dlogits, g->logits, g->tgt, B * T, g->c.vocab_size, loss_scale,
+  FSDP_TRY(g->ops->xent(g->dlogits, g->ldv, g->tgt, B * T, g->c.vocab_size, loss_scale, 1,
                         g->dev));
   FSDP_TRY(fsdp_unit_release(g->eng, g->units[0].id, FSDP_FORWARD));
   FSDP_TRY(backward(g, B, T));
@@ -692,7 +699,7 @@ static fsdp_status_t forward_loss(struct fsdp_gpt2 *g, const int *tokens, const 
   FSDP_TRY(forward(g, tokens, targets, B, T));
   FSDP_TRY(fsdp_unit_release(g->eng, g->units[0].id, FSDP_FORWARD));
   if (!loss_sum || !targets) return FSDP_SUCCESS;
-  FSDP_TRY(g->ops->xent(NULL, g->logits, g->tgt, B * T, g->c.vocab_size, 1.0f, g->dev));
+  FSDP_TRY(g->ops->xent(g->logits, g->ldv, g->tgt, B * T, g->c.vocab_size, 1.0f, 0, g->dev));
   return g->ops->loss(loss_sum, g->dev);
 }
 
@@ -701,13 +708,16 @@ fsdp_status_t fsdp_gpt2_forward(fsdp_gpt2_t g, const int *tokens, const int *tar
   if (!g) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "GPT-2: NULL model");
   FSDP_TRY(forward_loss(g, tokens, targets, B, T, loss_sum));
   if (!logits) return FSDP_SUCCESS;
-  if (g->ops->memory == FSDP_DEVICE_CPU) return *logits = g->logits, FSDP_SUCCESS;
-  size_t n = (size_t)B * (size_t)T * (size_t)g->c.vocab_size;
+  size_t rows = (size_t)B * (size_t)T, V = (size_t)g->c.vocab_size, ld = (size_t)g->ldv;
   if (!g->logits_host) /* once, on the first call that asks */
-    g->logits_host = malloc((size_t)g->maxB * g->maxT * g->c.vocab_size * sizeof(float));
+    g->logits_host = malloc((size_t)g->maxB * g->maxT * ld * sizeof(float));
   if (!g->logits_host)
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "GPT-2: no host memory to copy the logits to");
-  FSDP_TRY(g->ops->read(g->logits_host, g->logits, n, g->dev));
+  /* rows ld apart, then packed V apart in place (each row moves to a lower
+   * or the same address, in order) */
+  FSDP_TRY(g->ops->read(g->logits_host, g->logits, rows * ld, g->dev));
+  for (size_t r = 1; r < rows && ld != V; r++)
+    memmove(g->logits_host + r * V, g->logits_host + r * ld, V * sizeof(float));
   *logits = g->logits_host;
   return FSDP_SUCCESS;
 }
@@ -738,7 +748,7 @@ static int sample_token(float *row, int V, float temperature, double u) {
 static fsdp_status_t next_logits(struct fsdp_gpt2 *g, const int *ctx, int T) {
   size_t V = (size_t)g->c.vocab_size;
   FSDP_TRY(forward_loss(g, ctx, NULL, 1, T, NULL));
-  const char *last = (const char *)g->logits + (size_t)(T - 1) * V * g->ops->act_size;
+  const char *last = (const char *)g->logits + (size_t)(T - 1) * (size_t)g->ldv * g->esize;
   return g->ops->read(g->row, last, V, g->dev);
 }
 

@@ -116,14 +116,15 @@ static fsdp_status_t f32_layernorm_backward(void *dinp, float *dw, float *db, co
   return fsdp_cuda_layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, d->s);
 }
 
-static fsdp_status_t f32_linear_forward(void *out, const void *inp, const void *w, int B, int C,
-                                        int OC, gpt2_dev_t *d) {
-  return fsdp_cuda_linear_forward(out, inp, w, NULL, B, C, OC, d->s);
+static fsdp_status_t f32_head_forward(void *logits, int ld, const void *inp, const void *wte,
+                                      int BT, int C, int V, gpt2_dev_t *d) {
+  return fsdp_cuda_head_forward(logits, ld, inp, wte, BT, C, V, d->s);
 }
 
-static fsdp_status_t f32_linear_backward(void *dinp, float *dw, const void *dout, const void *inp,
-                                         const void *w, int B, int C, int OC, gpt2_dev_t *d) {
-  return fsdp_cuda_linear_backward(dinp, dw, NULL, dout, inp, w, B, C, OC, d->s);
+static fsdp_status_t f32_head_backward(void *dinp, float *dwte, const void *dlogits, int ld,
+                                       const void *inp, const void *wte, int BT, int C, int V,
+                                       gpt2_dev_t *d) {
+  return fsdp_cuda_head_backward(dinp, dwte, dlogits, ld, inp, wte, BT, C, V, d->s);
 }
 
 static fsdp_status_t f32_conv1d_forward(void *out, const void *inp, const void *w, const void *b,
@@ -170,9 +171,9 @@ static fsdp_status_t loss_copy(int BT, gpt2_dev_t *d) {
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t f32_xent(void *dlogits, const void *logits, const int *tgt, int BT, int V,
-                              float scale, gpt2_dev_t *d) {
-  FSDP_TRY(fsdp_cuda_softmax_xent(dlogits, d->losses, logits, tgt, BT, V, scale, d->s));
+static fsdp_status_t f32_xent(void *logits, int ld, const int *tgt, int BT, int V, float scale,
+                         int grad, gpt2_dev_t *d) {
+  FSDP_TRY(fsdp_cuda_xent_inplace(logits, ld, d->losses, tgt, BT, V, scale, grad, d->s));
   return loss_copy(BT, d);
 }
 
@@ -227,15 +228,15 @@ static fsdp_status_t bf16_layernorm_backward(void *dinp, float *dw, float *db, c
   return fsdp_cuda_layernorm_backward_bf16(dinp, dw, db, dout, inp, w, mean, rstd, N, C, d->s);
 }
 
-static fsdp_status_t bf16_linear_forward(void *out, const void *inp, const void *w, int B, int C,
-                                         int OC, gpt2_dev_t *d) {
-  return fsdp_cuda_linear_forward_bf16(out, inp, w, NULL, B, C, OC, d->s);
+static fsdp_status_t bf16_head_forward(void *logits, int ld, const void *inp, const void *wte,
+                                       int BT, int C, int V, gpt2_dev_t *d) {
+  return fsdp_cuda_head_forward_bf16(logits, ld, inp, wte, BT, C, V, d->s);
 }
 
-static fsdp_status_t bf16_linear_backward(void *dinp, float *dw, const void *dout,
-                                          const void *inp, const void *w, int B, int C, int OC,
-                                          gpt2_dev_t *d) {
-  return fsdp_cuda_linear_backward_bf16(dinp, dw, NULL, dout, inp, w, B, C, OC, d->s);
+static fsdp_status_t bf16_head_backward(void *dinp, float *dwte, const void *dlogits, int ld,
+                                        const void *inp, const void *wte, int BT, int C, int V,
+                                        gpt2_dev_t *d) {
+  return fsdp_cuda_head_backward_bf16(dinp, dwte, dlogits, ld, inp, wte, BT, C, V, d->s);
 }
 
 static fsdp_status_t bf16_conv1d_forward(void *out, const void *inp, const void *w, const void *b,
@@ -284,9 +285,9 @@ static fsdp_status_t bf16_attention_backward(void *dqkv, const void *dout, const
   return fsdp_cuda_f32_to_bf16(dqkv, d->dqkv32, 3 * n, d->s);
 }
 
-static fsdp_status_t bf16_xent(void *dlogits, const void *logits, const int *tgt, int BT, int V,
-                               float scale, gpt2_dev_t *d) {
-  FSDP_TRY(fsdp_cuda_softmax_xent_bf16(dlogits, d->losses, logits, tgt, BT, V, scale, d->s));
+static fsdp_status_t bf16_xent(void *logits, int ld, const int *tgt, int BT, int V, float scale,
+                          int grad, gpt2_dev_t *d) {
+  FSDP_TRY(fsdp_cuda_xent_inplace_bf16(logits, ld, d->losses, tgt, BT, V, scale, grad, d->s));
   return loss_copy(BT, d);
 }
 
@@ -309,8 +310,8 @@ static const gpt2_ops_t f32_ops = {
     .embedding_backward = f32_embedding_backward,
     .layernorm_forward = f32_layernorm_forward,
     .layernorm_backward = f32_layernorm_backward,
-    .linear_forward = f32_linear_forward,
-    .linear_backward = f32_linear_backward,
+    .head_forward = f32_head_forward,
+    .head_backward = f32_head_backward,
     .conv1d_forward = f32_conv1d_forward,
     .conv1d_backward = f32_conv1d_backward,
     .gelu_forward = f32_gelu_forward,
@@ -338,8 +339,8 @@ static const gpt2_ops_t bf16_ops = {
     .embedding_backward = bf16_embedding_backward,
     .layernorm_forward = bf16_layernorm_forward,
     .layernorm_backward = bf16_layernorm_backward,
-    .linear_forward = bf16_linear_forward,
-    .linear_backward = bf16_linear_backward,
+    .head_forward = bf16_head_forward,
+    .head_backward = bf16_head_backward,
     .conv1d_forward = bf16_conv1d_forward,
     .conv1d_backward = bf16_conv1d_backward,
     .gelu_forward = bf16_gelu_forward,

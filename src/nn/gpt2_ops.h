@@ -51,11 +51,15 @@ typedef struct {
   fsdp_status_t (*layernorm_backward)(void *dinp, float *dw, float *db, const void *dout,
                                       const void *inp, const void *w, const float *mean,
                                       const float *rstd, int N, int C, gpt2_dev_t *d);
-  /* Weight (OC,C): the tied output head. */
-  fsdp_status_t (*linear_forward)(void *out, const void *inp, const void *w, int B, int C, int OC,
-                                  gpt2_dev_t *d);
-  fsdp_status_t (*linear_backward)(void *dinp, float *dw, const void *dout, const void *inp,
-                                   const void *w, int B, int C, int OC, gpt2_dev_t *d);
+  /* The tied vocabulary head, wte (V,C): logits (BT,V) with rows ld apart (ld
+   * >= V; the model pads to a multiple of 128 so that every leading dimension
+   * of the three vocabulary products is aligned). Columns [V, ld) are neither
+   * read nor written. Backward adds into dinp and dwte. */
+  fsdp_status_t (*head_forward)(void *logits, int ld, const void *inp, const void *wte, int BT,
+                                int C, int V, gpt2_dev_t *d);
+  fsdp_status_t (*head_backward)(void *dinp, float *dwte, const void *dlogits, int ld,
+                                 const void *inp, const void *wte, int BT, int C, int V,
+                                 gpt2_dev_t *d);
   /* Weight (C,OC): GPT-2's Conv1D. */
   fsdp_status_t (*conv1d_forward)(void *out, const void *inp, const void *w, const void *b, int B,
                                   int C, int OC, gpt2_dev_t *d);
@@ -72,10 +76,12 @@ typedef struct {
   fsdp_status_t (*attention_backward)(void *dqkv, const void *dout, const void *qkv,
                                       const float *att, int B, int T, int C, int NH,
                                       gpt2_dev_t *d);
-  /* Cross-entropy of logits (BT,V): writes dlogits (may be NULL) and starts the
-   * loss, which `loss` then returns summed in double. */
-  fsdp_status_t (*xent)(void *dlogits, const void *logits, const int *tgt, int BT, int V,
-                        float scale, gpt2_dev_t *d);
+  /* Cross-entropy of logits (BT,V; rows ld apart), fused with its gradient:
+   * starts the loss, which `loss` then returns summed in double, and with grad
+   * writes (softmax - onehot) * scale over the logits in the same kernel, so
+   * one buffer serves both. */
+  fsdp_status_t (*xent)(void *logits, int ld, const int *tgt, int BT, int V, float scale,
+                        int grad, gpt2_dev_t *d);
   fsdp_status_t (*loss)(double *sum, gpt2_dev_t *d);
   /* Copies n activations to host fp32, waiting for them. */
   fsdp_status_t (*read)(float *host, const void *act, size_t n, gpt2_dev_t *d);
