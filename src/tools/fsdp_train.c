@@ -182,6 +182,7 @@ fail:
           fsdp_last_error());
   rc = 1;
 done:
+  fsdp_ckpt_unlock(t.lock);
   fsdp_engine_destroy(t.eng);
   fsdp_world_destroy(t.world);
   return rc;
