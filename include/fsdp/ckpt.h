@@ -53,7 +53,8 @@
  * rank R SIGKILL itself after writing B bytes of its files of the save of step K
  * (rank 0's bytes count its shard, then the manifest); stop:... sends SIGSTOP
  * instead (a save held in progress); enospc:latest:step=K makes the write of
- * `latest.tmp` in the save of step K fail with ENOSPC, as a full disk does
+ * `latest.tmp` in the commit of the save of step K (not a later repair) fail
+ * with ENOSPC, as a full disk does
  * (leaving step-K committed, `latest` at the previous step and an empty
  * latest.tmp). Crash and recovery tests use them.
  *

@@ -122,15 +122,19 @@ static fsdp_status_t publish(const char *tmp, const char *final) {
   return ckpt_remove_dir(tmp);
 }
 
-fsdp_status_t ckpt_point_latest(const char *save_dir, int64_t step) {
+static fsdp_status_t point_latest(const char *save_dir, int64_t step, int fail_errno) {
   char tmp[CKPT_PATH_MAX], latest[CKPT_PATH_MAX], text[64];
   FSDP_TRY(ckpt_path(tmp, sizeof tmp, "%s/latest.tmp", save_dir));
   FSDP_TRY(ckpt_path(latest, sizeof latest, "%s/latest", save_dir));
   int n = snprintf(text, sizeof text, "step-%" PRId64 "\n", step);
-  FSDP_TRY(write_small(tmp, text, (size_t)n, NULL, ckpt_fault_enospc("latest", step) ? ENOSPC : 0));
+  FSDP_TRY(write_small(tmp, text, (size_t)n, NULL, fail_errno));
   if (rename(tmp, latest) != 0)
     return fsdp_error(FSDP_ERR_IO, "%s: cannot rename to %s: %s", tmp, latest, strerror(errno));
   return ckpt_fsync_dir(save_dir);
+}
+
+fsdp_status_t ckpt_point_latest(const char *save_dir, int64_t step) {
+  return point_latest(save_dir, step, 0);
 }
 
 fsdp_status_t ckpt_commit(const ckpt_manifest_t *m, const char *save_dir, const char *tmp,
@@ -146,7 +150,7 @@ fsdp_status_t ckpt_commit(const ckpt_manifest_t *m, const char *save_dir, const 
   FSDP_TRY(ckpt_path(final, sizeof final, "%s/step-%" PRId64, save_dir, m->step));
   FSDP_TRY(publish(tmp, final));
   FSDP_TRY(ckpt_fsync_dir(save_dir));
-  FSDP_TRY(ckpt_point_latest(save_dir, m->step));
+  FSDP_TRY(point_latest(save_dir, m->step, ckpt_fault_enospc("latest", m->step) ? ENOSPC : 0));
   if (path_out && cap) snprintf(path_out, cap, "%s", final);
   return FSDP_SUCCESS;
 }
