@@ -193,7 +193,7 @@ FSDP_API fsdp_status_t fsdp_ckpt_lock(fsdp_engine_t engine, const char *save_dir
  * releases the lock. NULL is ignored. Local. */
 FSDP_API void fsdp_ckpt_unlock(fsdp_ckpt_lock_t lock);
 
-/* Collective. Before training: every rank creates, writes (4 KiB), fsyncs and
+/* Collective, on a materialised engine. Before training: every rank creates, writes (4 KiB), fsyncs and
  * removes a probe file in save_dir (creating save_dir), and checks with
  * statvfs that the free space (f_bavail) holds one more checkpoint of this
  * engine: every rank's shard (header + parameters + optimizer state, as the

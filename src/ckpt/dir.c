@@ -239,25 +239,51 @@ static int64_t step_of(const char *name) {
   return *end ? -1 : k;
 }
 
-/* The newest complete step in save_dir (-1: none); *seen: whether any step
- * directory exists; why: the newest incomplete one's problem. */
-static fsdp_status_t newest_complete(const char *save_dir, int64_t *newest, int *seen, char *why,
-                                     size_t cap) {
+static int by_step_desc(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* The k of every step-<k> directory in save_dir, newest first (*ks malloc'd). */
+static fsdp_status_t list_steps(const char *save_dir, int64_t **ks, int *n) {
   DIR *d = opendir(save_dir);
   if (!d) return fsdp_error(FSDP_ERR_IO, "%s: cannot open directory: %s", save_dir, strerror(errno));
   struct dirent *ent;
-  int64_t best = -1, bad = -1, k;
-  char path[CKPT_PATH_MAX];
-  *seen = 0;
-  while ((ent = readdir(d)) != NULL) {
+  int cap = 0;
+  int64_t k;
+  *ks = NULL;
+  *n = 0;
+  fsdp_status_t st = FSDP_SUCCESS;
+  while (!st && (ent = readdir(d)) != NULL) {
     if ((k = step_of(ent->d_name)) < 0) continue;
-    *seen = 1;
-    if (k <= best || ckpt_path(path, sizeof path, "%s/%s", save_dir, ent->d_name)) continue;
-    if (ckpt_step_complete(path, k) == FSDP_SUCCESS) best = k;
-    else if (k > bad) bad = k, snprintf(why, cap, "%s", fsdp_last_error());
+    int64_t *grown = *n < cap ? *ks : realloc(*ks, (size_t)(cap = 2 * cap + 16) * sizeof k);
+    if (!grown) st = fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "%s: listing steps", save_dir);
+    else (*ks = grown)[(*n)++] = k;
   }
   closedir(d);
-  *newest = best;
+  if (*n) qsort(*ks, (size_t)*n, sizeof **ks, by_step_desc);
+  return st;
+}
+
+/* The newest complete step in save_dir (-1: none); *seen: whether any step
+ * directory exists; why: the newest incomplete one's problem. Checks steps
+ * newest first and stops at the first complete one. */
+static fsdp_status_t newest_complete(const char *save_dir, int64_t *newest, int *seen, char *why,
+                                     size_t cap) {
+  int64_t *ks = NULL;
+  int n = 0;
+  char path[CKPT_PATH_MAX];
+  fsdp_status_t listed = list_steps(save_dir, &ks, &n);
+  if (listed) return free(ks), listed;
+  *seen = n > 0;
+  *newest = -1;
+  for (int i = 0; i < n && *newest < 0; i++) {
+    fsdp_status_t st = ckpt_path(path, sizeof path, "%s/step-%" PRId64, save_dir, ks[i]);
+    if (!st) st = ckpt_step_complete(path, ks[i]);
+    if (!st) *newest = ks[i];
+    else if (!why[0]) snprintf(why, cap, "%s", fsdp_last_error());
+  }
+  free(ks);
   return FSDP_SUCCESS;
 }
 

@@ -190,6 +190,22 @@ static fsdp_status_t save_files(fsdp_engine_t e, save_ctx_t *c, ckpt_manifest_t 
   return st;
 }
 
+/* A new step directory: rank 0 prepares it (and holds its guard until the
+ * save is committed or discarded), every rank writes into it. */
+static fsdp_status_t save_new(fsdp_engine_t e, save_ctx_t *c, ckpt_manifest_t *m, int overwrite,
+                              char *path_out, size_t cap) {
+  fsdp_status_t st = c->rank == 0
+      ? ckpt_prepare(c->save_dir, m->step, m->id, overwrite, c->tmp, sizeof c->tmp, &c->guard)
+      : ckpt_path(c->tmp, sizeof c->tmp, "%s/step-%" PRId64 ".tmp-%016" PRIx64, c->save_dir,
+                  m->step, m->id);
+  st = ckpt_agree(c->comm, st);
+  c->fault = ckpt_fault_budget(c->rank, m->step);
+  if (!st) st = save_files(e, c, m, path_out, cap);
+  ckpt_guard_release(c->guard);
+  c->guard = -1;
+  return st;
+}
+
 fsdp_status_t fsdp_ckpt_save(fsdp_engine_t e, const char *save_dir,
                              const fsdp_ckpt_save_opts_t *opts, char *path_out, size_t cap) {
   fsdp_ckpt_save_opts_t o = FSDP_CKPT_SAVE_OPTS_INIT;
@@ -208,16 +224,9 @@ fsdp_status_t fsdp_ckpt_save(fsdp_engine_t e, const char *save_dir,
   m.id = c.rank == 0 ? ckpt_random_id() : 0;
   st = ckpt_agree(c.comm, st);
   if (!st) st = share_id(c.comm, &m.id);
-  int adopted = 0;
+  int adopted = 0; /* step-<k> already committed with exactly this state */
   if (!st && !o.overwrite) st = ckpt_adopt(e, save_dir, &m, &adopted, path_out, cap);
-  if (!st && !adopted && c.rank == 0)
-    st = ckpt_prepare(save_dir, m.step, m.id, o.overwrite, c.tmp, sizeof c.tmp, &c.guard);
-  if (!st && !adopted && c.rank != 0)
-    st = ckpt_path(c.tmp, sizeof c.tmp, "%s/step-%" PRId64 ".tmp-%016" PRIx64, save_dir, m.step, m.id);
-  if (!adopted) st = ckpt_agree(c.comm, st);
-  c.fault = ckpt_fault_budget(c.rank, m.step);
-  if (!st && !adopted) st = save_files(e, &c, &m, path_out, cap);
-  ckpt_guard_release(c.guard);
+  if (!st && !adopted) st = save_new(e, &c, &m, o.overwrite, path_out, cap);
   ckpt_manifest_free(&m);
   return st;
 }

@@ -21,6 +21,7 @@ static const char usage_text[] =
     "  import IN.safetensors SAVE_DIR   a weights-only checkpoint (step 0) to --resume from\n"
     "  reshard PATH --world N SAVE_DIR  rewrite the checkpoint for N ranks\n"
     "PATH is a step directory (SAVE_DIR/step-K) or a save directory (its `latest` is used).\n"
+    "repair, import and reshard take SAVE_DIR's lock: refused while a trainer saves there.\n"
     "--stats prints the command's wall time and peak resident memory to stderr.\n"
     "Exit status: 0 success, 1 the checkpoint or file is bad (the message says which and why),\n"
     "2 usage.\n";
@@ -100,9 +101,20 @@ static fsdp_status_t with_ckpt(const char *cmd, const char *path, char **rest) {
   } else if (!strcmp(cmd, "export")) {
     st = fsdp_ckpt_export(c, rest[0]);
   } else {
-    st = fsdp_ckpt_reshard(c, atoi(rest[0]), rest[1]);
+    fsdp_ckpt_lock_t lock; /* a trainer saving into the output directory is not raced */
+    st = fsdp_ckpt_lock(NULL, rest[1], &lock);
+    if (!st) st = fsdp_ckpt_reshard(c, atoi(rest[0]), rest[1]);
+    fsdp_ckpt_unlock(lock);
   }
   fsdp_ckpt_close(c);
+  return st;
+}
+
+static fsdp_status_t import_locked(const char *file, const char *out_dir) {
+  fsdp_ckpt_lock_t lock;
+  fsdp_status_t st = fsdp_ckpt_lock(NULL, out_dir, &lock);
+  if (!st) st = fsdp_ckpt_import(file, out_dir);
+  fsdp_ckpt_unlock(lock);
   return st;
 }
 
@@ -145,7 +157,7 @@ int main(int argc, char **argv) {
     return fputs(usage_text, stderr), 2;
   double t0 = fsdp_time_now();
   fsdp_status_t st;
-  if (!strcmp(cmd, "import")) st = fsdp_ckpt_import(argv[2], argv[3]);
+  if (!strcmp(cmd, "import")) st = import_locked(argv[2], argv[3]);
   else if (!strcmp(cmd, "repair")) st = repair(argv[2]);
   else st = with_ckpt(cmd, argv[2], argv + (n == 4 ? 4 : 3));
   if (stats) print_stats(t0);

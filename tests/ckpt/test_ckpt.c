@@ -513,7 +513,8 @@ START_TEST(test_sweep_keeps_live_save) {
 END_TEST
 
 /* The run lock: a second holder is refused with the first named (also
- * fsdp-ckpt repair); a lock left by a killed process is taken over. */
+ * fsdp-ckpt repair and reshard into the directory); a lock left by a killed
+ * process is taken over. */
 START_TEST(test_lock) {
   fsdp_ckpt_lock_t a, b;
   ck_assert_int_eq(fsdp_ckpt_lock(NULL, path("run", ""), &a), FSDP_SUCCESS);
@@ -525,7 +526,14 @@ START_TEST(test_lock) {
   snprintf(args, sizeof args, "repair %s", path("run", ""));
   ck_assert_int_eq(run_tool(args, err, sizeof err), 1);
   ck_assert_msg(strstr(err, want), "%s", err);
+  fsdp_engine_t e = trained(FSDP_FULL_SHARD, FSDP_OPTIM_ADAMW, 2);
+  ck_assert_int_eq(fsdp_ckpt_save(e, path("src", ""), NULL, NULL, 0), FSDP_SUCCESS);
+  fsdp_engine_destroy(e);
+  snprintf(args, sizeof args, "reshard %s --world 2 %s", path("src", ""), path("run", ""));
+  ck_assert_int_eq(run_tool(args, err, sizeof err), 1);
+  ck_assert_msg(strstr(err, want), "%s", err);
   fsdp_ckpt_unlock(a);
+  ck_assert_int_eq(run_tool(args, err, sizeof err), 0); /* once released */
   pid_t pid = fork();
   ck_assert_int_ge(pid, 0);
   if (pid == 0) {
