@@ -98,8 +98,8 @@ static fsdp_status_t lock_local(const char *save_dir, int world, int *fd) {
     st = held_elsewhere(errno) ? refuse_held(*fd, path)
                                : fsdp_error(FSDP_ERR_IO, "%s: cannot lock: %s", path,
                                             strerror(errno));
-  holder_text(world, holder, sizeof holder);
-  size_t n = strlen(holder);
+  if (!st) holder_text(world, holder, sizeof holder);
+  size_t n = st ? 0 : strlen(holder);
   if (!st && (ftruncate(*fd, 0) != 0 || pwrite(*fd, holder, n, 0) != (ssize_t)n || fsync(*fd)))
     st = fsdp_error(FSDP_ERR_IO, "%s: cannot record the lock's holder: %s", path, strerror(errno));
   if (st) close(*fd), *fd = -1;
