@@ -6,7 +6,9 @@
 #  2. a full disk while writing `latest` (FSDP_CKPT_FAULT=enospc:latest) leaves
 #     step-10 committed, `latest` at step-5 and an empty latest.tmp; the restart
 #     (mpirun, and fsdp-run --max-restarts 1 in one command) repairs `latest`,
-#     resumes from step-10 and finishes with the uninterrupted run's losses;
+#     resumes from step-10 and finishes with the uninterrupted run's losses; a
+#     restart from step-5 itself re-runs 6-10 and keeps the identical step-10,
+#     while another state at step 10 (another --lr) is still refused;
 #  3. `latest` missing or dangling: a fresh run is refused (the directory
 #     holds checkpoints); --resume auto repairs it; a `latest` that is a
 #     symbolic link to a step resumes from it;
@@ -82,6 +84,8 @@ FSDP_CKPT_FAULT=enospc:latest:step=10 train 2 --save-dir "$DIR/full" --save-ever
 grep -q "full/latest.tmp: write failed after 0 bytes: No space left on device" "$DIR/full-1.err" ||
   fail "full disk message: $(cat "$DIR/full-1.err")"
 check_full_disk_state "$DIR/full"
+cp -r "$DIR/full" "$DIR/again"
+cp -r "$DIR/full" "$DIR/other"
 train 2 --save-dir "$DIR/full" --save-every 5 --resume auto > "$DIR/full-2.json" 2> "$DIR/full-2.err" ||
   fail "the restart after a full disk failed: $(cat "$DIR/full-2.err")"
 grep -q "full/latest repaired (\`latest\` named step-5, older than the newest complete step-10): now step-10" \
@@ -92,6 +96,22 @@ diff <(losses "$DIR/ref.json" | sed -n '11,20p') <(losses "$DIR/full-2.json") ||
 [ ! -e "$DIR/full/latest.tmp" ] || fail "latest.tmp left behind"
 n=$(verify_all "$DIR/full")
 echo "full disk at latest (mpirun): state step-10 + latest step-5 + empty latest.tmp; the restart repaired latest, resumed at 10, matched; $n steps verify"
+
+# A restart from step-5 itself (an explicit path: no repair) re-runs steps 6-10
+# and finds step-10 committed with exactly its state: kept, not refused.
+id10=$("$CKPT" inspect "$DIR/again/step-10" | grep -o 'id [0-9a-f]*')
+train 2 --save-dir "$DIR/again" --save-every 5 --resume "$DIR/again/step-5" > "$DIR/again.json" \
+  2> "$DIR/again.err" || fail "the restart from step-5 was refused: $(cat "$DIR/again.err")"
+[ "$("$CKPT" inspect "$DIR/again/step-10" | grep -o 'id [0-9a-f]*')" = "$id10" ] ||
+  fail "step-10 was rewritten"
+[ "$(cat "$DIR/again/latest")" = "step-20" ] || fail "latest is $(cat "$DIR/again/latest")"
+diff <(losses "$DIR/ref.json" | sed -n '6,20p') <(losses "$DIR/again.json") ||
+  fail "the run restarted from step-5 does not match the uninterrupted one"
+train 2 --save-dir "$DIR/other" --save-every 5 --resume "$DIR/other/step-5" --lr 0.01 \
+  > /dev/null 2> "$DIR/other.err" && fail "another state at step 10 replaced the committed one"
+grep -q "other/step-10 already exists and is not this run's state at step 10 (.*rank-0-of-2.bin: byte [0-9]* differs)" \
+  "$DIR/other.err" || fail "another state at step 10: $(cat "$DIR/other.err")"
+echo "the same steps re-run from step-5: step-10 ($id10) kept and the run finished; another learning rate refused at step 10; $(verify_all "$DIR/again") + $(verify_all "$DIR/other") steps verify"
 
 FSDP_TEST_TAG=$TAG FSDP_CKPT_FAULT=enospc:latest:step=10 "$RUN" --nproc-per-node 2 --master-port 0 --max-restarts 1 \
   "$TRAIN" --preset tiny --data "$DIR/text" --global-batch 12 --steps 20 --eval-every 0 --json \
