@@ -220,10 +220,11 @@ typedef struct {
  * file has its header and size: a few small reads per step, newest first until
  * one passes; the shards' full CRCs are left to the load that follows
  * (fsdp_ckpt_load checks them all, shared across ranks). Never moves `latest`
- * to an older step than a complete one it names, never deletes a step, and
- * removes a leftover latest.tmp when it rewrites. Step directories but none
- * complete: FSDP_ERR_FORMAT naming the newest one's problem, nothing changed.
- * Run by rank 0 (or this process) while holding the lock. */
+ * to an older step than a complete one it names, never deletes a step; a
+ * leftover latest.tmp is replaced (and renamed away) when it rewrites. Step
+ * directories but none complete: FSDP_ERR_FORMAT naming the newest one's
+ * problem, nothing changed. Collective with an engine (rank 0 repairs, every
+ * rank gets step, was and changed); run while holding the lock. */
 FSDP_API fsdp_status_t fsdp_ckpt_repair(fsdp_engine_t engine, const char *save_dir,
                                         fsdp_ckpt_repair_t *out);
 

@@ -300,7 +300,7 @@ static int64_t latest_step(const char *save_dir, char *why, size_t cap) {
 }
 
 fsdp_status_t ckpt_repair_local(const char *save_dir, fsdp_ckpt_repair_t *out) {
-  char why[1024] = "", bad[1024] = "", path[CKPT_PATH_MAX];
+  char why[1024] = "", bad[1024] = "";
   int seen = 0;
   *out = (fsdp_ckpt_repair_t){.step = -1, .was = -1};
   FSDP_TRY(newest_complete(save_dir, &out->step, &seen, bad, sizeof bad));
@@ -317,11 +317,8 @@ fsdp_status_t ckpt_repair_local(const char *save_dir, fsdp_ckpt_repair_t *out) {
              "newest complete step-%" PRId64, out->was, out->step);
   else
     snprintf(out->reason, sizeof out->reason, "%s", why);
-  FSDP_TRY(ckpt_point_latest(save_dir, out->step));
+  FSDP_TRY(ckpt_point_latest(save_dir, out->step)); /* renames a leftover latest.tmp away */
   out->changed = 1;
-  FSDP_TRY(ckpt_path(path, sizeof path, "%s/latest.tmp", save_dir));
-  if (unlink(path) != 0 && errno != ENOENT)
-    return fsdp_error(FSDP_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
   return FSDP_SUCCESS;
 }
 
