@@ -19,6 +19,7 @@
 #include "core/internal.h"
 #include "fsdp/fsdp.h"
 #include "fsdp_config.h"
+#include "cuda_gate.h"
 #include "mpi/mpi_check.h"
 
 static fsdp_world_t world;
@@ -242,11 +243,9 @@ static TCase *collectives(const char *name, void (*fixture)(void)) {
 }
 
 int main(void) {
+  const int gate = fsdp_cuda_gate("test_comm_cuda");
+  if (gate) return gate;
   int devices = fsdp_cuda_device_count();
-  if (devices == 0) {
-    printf("skipped: no usable CUDA device (or fsdp built without CUDA)\n");
-    return 77;
-  }
   world = fsdp_mpi_check_world(); /* the harness owns it and destroys it */
   if (!world) return EXIT_FAILURE;
   rank = fsdp_world_rank(world);

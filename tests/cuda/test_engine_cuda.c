@@ -16,6 +16,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "cuda_gate.h"
 #include "mpi/mpi_check.h"
 #include "fsdp/fsdp.h"
 #include "fsdp_config.h"
@@ -233,10 +234,8 @@ static Suite *suite(void) {
 }
 
 int main(void) {
-  if (fsdp_cuda_device_count() == 0) {
-    printf("test_engine_cuda: SKIP: no usable CUDA device\n");
-    return 77;
-  }
+  const int gate = fsdp_cuda_gate("test_engine_cuda");
+  if (gate) return gate;
   world = fsdp_mpi_check_world();
   if (!world) return EXIT_FAILURE;
   rank = fsdp_world_rank(world);

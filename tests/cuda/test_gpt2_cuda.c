@@ -11,6 +11,8 @@
  * usable GPU or when the engine has no CUDA backend (FSDP_ERR_UNSUPPORTED).
  * CK_FORK=no: a forked child cannot use its parent's CUDA context. */
 #include <check.h>
+
+#include "cuda_gate.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -168,10 +170,8 @@ END_TEST
 
 int main(void) {
   fsdp_world_opts_t wo = {.launch = FSDP_LAUNCH_SINGLE};
-  if (fsdp_cuda_device_count() < 1) {
-    printf("test_gpt2_cuda: SKIP: no usable CUDA device (or fsdp built without CUDA)\n");
-    return 77;
-  }
+  const int gate = fsdp_cuda_gate("test_gpt2_cuda");
+  if (gate) return gate;
   if (fsdp_world_init(&world, &wo) != FSDP_SUCCESS) {
     fprintf(stderr, "test_gpt2_cuda: %s\n", fsdp_last_error());
     return 1;
@@ -189,5 +189,6 @@ int main(void) {
   srunner_free(sr);
   fsdp_world_destroy(world);
   if (failed) return 1;
-  return skipped ? 77 : 0;
+  const char *req = getenv("FSDP_REQUIRE_GPU");
+  return !skipped ? 0 : req && *req && strcmp(req, "0") != 0 ? 1 : 77;
 }
