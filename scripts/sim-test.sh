@@ -33,7 +33,8 @@ run() {
   shift
   log=$(mktemp)
   local status=0
-  meson test -C "$dir" --no-rebuild --print-errorlogs --num-processes 2 "$@" | tee "$log" ||
+  meson test -C "$dir" --no-rebuild --print-errorlogs --num-processes 2 --timeout-multiplier 3 "$@" |
+    tee "$log" ||
     status=$?
   if ! grep -qE "^Skipped: +0$" "$log"; then
     echo "sim-test: $dir: a test was skipped (see above); the simulator must run every one"
@@ -55,9 +56,9 @@ if [ "$what" != tsan ]; then
 fi
 if [ "$what" != asan ]; then
   build build-tsan thread tests/cuda/test_engine_cuda tests/cuda/test_gpt2_cuda \
-    tests/cudasim/test_sim tests/cudasim/libcublas.so.13
+    tests/cudasim/cublas/libcublas.so.13
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/cudasim/tsan.supp" \
-    run build-tsan --suite cuda simulator engine-np1 engine-np2 gpt2 || status=1
+    run build-tsan --suite cuda engine-np1 engine-np2 gpt2 || status=1
   echo "sim-test: TSan engine/GPT-2 done at $((SECONDS - start)) s"
 fi
 exit "$status"
