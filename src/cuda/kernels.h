@@ -183,6 +183,23 @@ fsdp_status_t fsdp_cuda_attention_backward(float *dqkv, float *scratch, const fl
                                            const float *qkv, const float *att, int B, int T,
                                            int C, int NH, fsdp_cuda_stream_t stream);
 
+/* bf16 on tensor cores (bf16 cuBLAS products, fp32 accumulation), keeping
+ * only lse (B,NH,T) fp32, the log-sum-exp of each row's scaled scores, for
+ * backward: no (B,NH,T,T) per layer. Scores and dP are fp32, probabilities
+ * and dscore bf16 (the products' operands); the causal softmax reads only the
+ * unmasked half; backward recomputes the scores and p = exp(s - lse).
+ * scratch: fsdp_cuda_attention_lse_scratch_bytes(T, NH) (one batch row at a
+ * time, contents not kept: share it between layers). Backward adds into
+ * dqkv. */
+size_t fsdp_cuda_attention_lse_scratch_bytes(int T, int NH);
+fsdp_status_t fsdp_cuda_attention_lse_forward_bf16(uint16_t *out, float *lse, void *scratch,
+                                                   const uint16_t *qkv, int B, int T, int C,
+                                                   int NH, fsdp_cuda_stream_t stream);
+fsdp_status_t fsdp_cuda_attention_lse_backward_bf16(uint16_t *dqkv, void *scratch,
+                                                    const uint16_t *dout, const uint16_t *qkv,
+                                                    const float *lse, int B, int T, int C,
+                                                    int NH, fsdp_cuda_stream_t stream);
+
 /* ---- softmax cross-entropy ----
  * For logits (B,V) and targets (B): losses[b] (fp32, may be NULL) = the row's
  * loss, computed in double and rounded once (the CPU returns their double sum;

@@ -49,7 +49,8 @@ static const char *const kKernels[] = {
     "layernorm_forward", "layernorm_backward", "layernorm_forward_bf16",
     "layernorm_backward_bf16", "embedding_forward", "embedding_backward",
     "embedding_forward_bf16", "embedding_backward_bf16", "attention_forward",
-    "attention_backward", "softmax_xent", "softmax_xent_bf16", "head_forward", "head_backward",
+    "attention_backward", "attention_lse_forward_bf16", "attention_lse_backward_bf16",
+    "softmax_xent", "softmax_xent_bf16", "head_forward", "head_backward",
     "head_forward_bf16", "head_backward_bf16", "xent_inplace", "xent_inplace_bf16",
     "adamw_update", "sgd_update",
     "sum_squares", "scale", "axpy", "axpy_bf16", "f32_to_bf16", "bf16_to_f32"};
@@ -557,6 +558,52 @@ START_TEST(attention) {
 }
 END_TEST
 
+/* bf16 attention keeping the log-sum-exp: against the CPU's fp32 attention on
+ * the same bf16-rounded inputs, forward and backward (its lse: exp(s - lse)
+ * summed over a row must be 1, checked through the output, which is a convex
+ * combination of v rows only then). Shapes: small, odd, and T = 1024 with
+ * GPT-2's head size 64 (2 heads: the simulator's products are slow). */
+static const struct { int B, T, C, NH; } kAttentionLse[] = {
+    {2, 65, 48, 3}, {1, 1, 8, 2}, {2, 200, 128, 4}, {1, 1024, 128, 2},
+};
+
+START_TEST(attention_lse_bf16) {
+  rng_seed(seed + 5500 + (uint64_t)_i);
+  const int B = kAttentionLse[_i].B, T = kAttentionLse[_i].T, C = kAttentionLse[_i].C,
+            NH = kAttentionLse[_i].NH;
+  const size_t nqkv = (size_t)B * T * 3 * C, no = (size_t)B * T * C,
+               natt = (size_t)B * NH * T * T;
+  float *qkv = round_bf16(rand_floats(nqkv, 0, 1), nqkv);
+  float *dout = round_bf16(rand_floats(no, 0, 1), no);
+  float *dqkv = round_bf16(rand_floats(nqkv, 0, 1), nqkv), *out = xmalloc(no * 4);
+  float *att = xmalloc(natt * 4);
+  uint16_t *g_qkv = dev_bf16(qkv, nqkv), *g_out = dev_alloc(no * 2), *g_dqkv = dev_bf16(dqkv, nqkv);
+  void *g_scratch = dev_alloc(fsdp_cuda_attention_lse_scratch_bytes(T, NH));
+  float *g_lse = dev_alloc((size_t)B * NH * T * 4);
+  OK(fsdp_cuda_attention_lse_forward_bf16(g_out, g_lse, g_scratch, g_qkv, B, T, C, NH, stream));
+  OK(fsdp_cuda_attention_lse_backward_bf16(g_dqkv, g_scratch, dev_bf16(dout, no), g_qkv, g_lse, B,
+                                           T, C, NH, stream));
+  fsdp_attention_forward(out, att, qkv, B, T, C, NH);
+  fsdp_attention_backward(dqkv, dout, qkv, att, B, T, C, NH);
+  float *got = back_bf16(g_out, no), *got_d = back_bf16(g_dqkv, nqkv);
+  /* out is a convex combination of v rows: bf16 probabilities (2^-9 relative
+   * each, summing to 1) and the bf16 output (2^-9 of |out| <= max|v|) bound
+   * its error by 2^-8 max|v|, whatever the row's length; against the RMS of
+   * out, which shrinks like 1/sqrt(T) while a row of 2 tokens keeps O(|v|),
+   * the relative measure would not be bounded. Tolerance 2^-7 max|v|. */
+  double vmax = 0.0, worst = 0.0;
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t)
+      for (int c = 0; c < C; ++c)
+        vmax = fmax(vmax, fabs(qkv[((size_t)b * T + t) * 3 * C + 2 * C + c]));
+  for (size_t i = 0; i < no; ++i)
+    worst = isnan(got[i]) ? INFINITY : fmax(worst, fabs((double)got[i] - out[i]));
+  check_err("attention_lse_forward_bf16", "out (|error| / max|v|)", worst / vmax, 1.0 / 128);
+  check_err("attention_lse_backward_bf16", "dqkv", rel_err(got_d, dqkv, nqkv), TOL_BF16);
+  free(qkv), free(dout), free(dqkv), free(out), free(att), free(got), free(got_d);
+}
+END_TEST
+
 START_TEST(attention_rejects_uneven_heads) {
   float *buf = dev_alloc(3 * 10 * 4 * 4);
   ck_assert_int_eq(fsdp_cuda_attention_forward(buf, buf, buf, 1, 1, 10, 3, stream),
@@ -894,6 +941,7 @@ static Suite *kernels_suite(void) {
   add_test(s, "layernorm", layernorm, LEN(kLayernorm));
   add_test(s, "embedding", embedding, LEN(kEmbedding));
   add_test(s, "attention", attention, LEN(kAttention));
+  add_test(s, "attention_lse_bf16", attention_lse_bf16, LEN(kAttentionLse));
   add_test(s, "attention_heads", attention_rejects_uneven_heads, 1);
   add_test(s, "softmax_xent", softmax_xent, LEN(kXent));
   add_test(s, "head", head, LEN(kHead));
