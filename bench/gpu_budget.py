@@ -54,7 +54,36 @@ def klass(name, flops, nbytes, unit, eff, launches, note):
                 note=note)
 
 
-def new_design(d):
+def flash_attention(d):
+    """A fused causal flash kernel (not built): scores stay on chip."""
+    L, N, C, NH, T, hs, B = (d[k] for k in ("L", "N", "C", "NH", "T", "hs", "B"))
+    bf, lse = 2, B * NH * T * 4
+    return [
+        klass("attention forward", 2 * B * NH * T * T * hs * L,
+              L * ((N * 3 * C + N * C) * bf + lse), "tc", EFF["flash"], L,
+              "flash, bf16, causal half only, fp32 statistics, LSE kept"),
+        klass("attention backward", 5 * B * NH * T * T * hs * L,
+              L * ((N * 3 * C + 2 * N * C + N * 3 * C) * bf + 2 * lse), "tc", EFF["flash"],
+              2 * L, "flash, recomputes scores from the LSE"),
+    ]
+
+
+def cublas_attention(d):
+    """What is built (attention.cu, *_lse_*): bf16 cuBLAS products over the
+    full T x T per batch row, fp32 scores and dP, bf16 p and dscore through
+    a one-batch-row scratch (larger than L2 at 124M: counted as HBM)."""
+    L, N, C, NH, T, hs, B = (d[k] for k in ("L", "N", "C", "NH", "T", "hs", "B"))
+    bf, tt, lse = 2, B * NH * T * T, B * NH * T * 4
+    return [
+        klass("attention products", 14 * B * NH * T * T * hs * L,
+              L * (4 * N * 3 * C * bf + 2 * N * C * bf), "tc", EFF["tc"], 7 * B * L,
+              "bf16 cuBLAS, full T x T: 2 forward, 5 backward"),
+        klass("attention softmax + T^2 traffic", 0, L * (38 * tt + 3 * lse), "mem", EFF["mem"],
+              2 * L, "fp32 s/dP, bf16 p/ds: 12 B fwd + 26 B bwd per score; LSE kept"),
+    ]
+
+
+def new_design(d, flash=False):
     L, N, C, Vp, NH, T, hs, B = (d[k] for k in ("L", "N", "C", "Vp", "NH", "T", "hs", "B"))
     bf, f4 = 2, 4
     lin = linears(d)
@@ -63,9 +92,6 @@ def new_design(d):
     mm_b = L * sum(4 * N * K * M for K, M in lin)
     mm_bb = L * sum((N * M + K * M + N * K) * bf + (N * K + N * M) * bf + K * M * f4
                     for K, M in lin)
-    att_f = 2 * B * NH * T * T * hs * L  # QK^T and PV, causal half
-    att_b = 5 * B * NH * T * T * hs * L  # S recomputed, dV, dP, dQ, dK
-    lse = B * NH * T * f4
     ln = 2 * L + 1
     P = d["P"]
     return [
@@ -76,10 +102,7 @@ def new_design(d):
         klass("bias gradients", 0, L * sum(N * M * bf for _, M in lin), "mem", EFF["mem"], 4 * L,
               "column sums, partials over all SMs"),
         klass("GELU backward", 0, L * 3 * N * 4 * C * bf, "mem", EFF["mem"], L, ""),
-        klass("attention forward", att_f, L * ((N * 3 * C + N * C) * bf + lse), "tc",
-              EFF["flash"], L, "flash, bf16, causal half only, fp32 statistics, LSE kept"),
-        klass("attention backward", att_b, L * ((N * 3 * C + 2 * N * C + N * 3 * C) * bf + 2 * lse),
-              "tc", EFF["flash"], 2 * L, "flash, recomputes scores from the LSE"),
+    ] + (flash_attention(d) if flash else cublas_attention(d)) + [
         klass("residual + LayerNorm forward", 0, ln * (4 * N * C * bf + 8 * N), "mem", EFF["mem"],
               ln, "fused: reads x and the branch, writes x' and ln(x')"),
         klass("LayerNorm backward", 0, ln * (4 * N * C * bf + 8 * N), "mem", EFF["mem"], ln,
@@ -160,7 +183,9 @@ def model_flops(d):
 def budget(preset, B, T, measured):
     d = dims(preset, B, T)
     out = {"dims": d, "model_flops": model_flops(d), "measured_peak": measured}
-    for name, fn, launch in (("today", today, LAUNCH_S), ("new", new_design, 0.0)):
+    designs = (("today", today, LAUNCH_S), ("new", new_design, 0.0),
+               ("flash", lambda d: new_design(d, flash=True), 0.0))
+    for name, fn, launch in designs:
         ks = [timed(k, launch if k["name"] == "AdamW" else 0.0) for k in fn(d)]
         roof = sum(k["roof_s"] for k in ks)
         est = sum(k["est_s"] for k in ks)
@@ -213,9 +238,13 @@ def markdown(b):
         "",
         fmt_table(b, "today"),
         "",
-        "### The design of issue 15",
+        "### Issue 15 as built (attention: cuBLAS bf16 products + LSE softmax)",
         "",
         fmt_table(b, "new"),
+        "",
+        "### With a fused flash-attention kernel instead (not built)",
+        "",
+        fmt_table(b, "flash"),
     ])
 
 
@@ -241,7 +270,7 @@ def main():
         json.dump(b, sys.stdout, indent=1)
         return 0
     if a.summary:
-        for name in ("today", "new"):
+        for name in ("today", "new", "flash"):
             r = b[name]
             print(f"budget ({name}): estimate {r['est_s'] * 1e3:.1f} ms per step, roofline "
                   f"{r['roof_s'] * 1e3:.1f} ms, MFU {r['mfu'] * 100:.0f} % of "

@@ -144,8 +144,9 @@ typedef struct fsdp_gpt2 *fsdp_gpt2_t;
  *   compute stream (fsdp_engine_stream) of the device current at
  *   fsdp_engine_create; activations live in device memory. param_dtype f32:
  *   fp32 throughout. bf16: parameters, activations and activation gradients in
- *   bf16; parameter gradients, LayerNorm statistics, attention probabilities
- *   and the loss in fp32 (attention runs in fp32 between casts).
+ *   bf16; parameter gradients, LayerNorm statistics and the loss in fp32;
+ *   attention on tensor cores (bf16 products, fp32 scores and statistics)
+ *   keeping per layer only its (B,NH,T) fp32 log-sum-exp.
  * Every call below takes and returns host memory whatever the device: tokens,
  * targets, losses, logits, samples. On CUDA a micro-batch synchronises the
  * host once, for its loss; tokens and targets travel through a pinned staging
@@ -193,8 +194,10 @@ FSDP_API size_t fsdp_gpt2_activation_bytes(fsdp_gpt2_t gpt, size_t *without_chec
  * that carves it (alignment included), without an engine. Layouts: what the
  * kernels keep across a step. */
 typedef enum {
-  FSDP_GPT2_LAYOUT_BUILT = 0, /* this build's kernels: fp32 probabilities, and one
-                                 (B,T,Vp) buffer, the gradient over the logits */
+  FSDP_GPT2_LAYOUT_BUILT = 0, /* this build's kernels: one (B,T,Vp) buffer, the
+                                 gradient over the logits; attention keeps the
+                                 log-sum-exp with bf16 activations (CUDA), the
+                                 fp32 probabilities with fp32 ones */
   FSDP_GPT2_LAYOUT_PROBS,     /* attention keeps (B,NH,T,T) fp32 probabilities;
                                  logits and their gradient are two (B,T,V) buffers */
   FSDP_GPT2_LAYOUT_FLASH,     /* attention keeps the (B,NH,T) fp32 log-sum-exp;

@@ -256,10 +256,13 @@ static void *take(const struct fsdp_gpt2 *g, char *base, size_t *at, size_t n, s
 /* The vocabulary rounded up to a multiple of 128 (50257 -> 50304). */
 static int padded_vocab(int V) { return (V + 127) / 128 * 128; }
 
-/* What the kernels keep under a layout; FSDP_GPT2_LAYOUT_BUILT is this
- * build's: fp32 probabilities, one padded logits buffer. */
+/* What the kernels keep under a layout (g->esize set); FSDP_GPT2_LAYOUT_BUILT
+ * is this build's: one padded logits buffer, and attention's log-sum-exp with
+ * bf16 activations (the bf16 CUDA table, gpt2_cuda.c), its probabilities with
+ * fp32 ones (CPU and CUDA fp32). pick_backend checks the table agrees. */
 static void set_layout(struct fsdp_gpt2 *g, fsdp_gpt2_layout_t layout) {
-  g->att_lse = layout == FSDP_GPT2_LAYOUT_FLASH;
+  g->att_lse = layout == FSDP_GPT2_LAYOUT_FLASH ||
+               (layout == FSDP_GPT2_LAYOUT_BUILT && g->esize == 2);
   g->one_head = layout != FSDP_GPT2_LAYOUT_PROBS;
   g->ldv = g->one_head ? padded_vocab(g->c.vocab_size) : g->c.vocab_size;
 }
@@ -437,11 +440,12 @@ static fsdp_status_t check_fits(const struct fsdp_gpt2 *g, fsdp_dtype_t dt) {
   else snprintf(fix + n, sizeof fix - (size_t)n, "or a smaller model");
   return fsdp_error(FSDP_ERR_OUT_OF_MEMORY,
                     "GPT-2 on CUDA: micro-batch %d x %d needs %.2f GiB of device memory (%d "
-                    "blocks' activations of %.2f GiB each, %.2f GiB of it attention's; block "
+                    "blocks' activations of %.2f GiB each, %.1f MiB of it attention's; block "
                     "inputs %.2f GiB; logits and backward scratch %.2f GiB; kernel scratch "
                     "%.2f GiB) but the device has %.2f GiB free of %.2f GiB, and the parameters "
                     "come later at materialize; %s",
-                    g->maxB, g->maxT, gib(need), blocks, gib(m.per_layer), gib(m.attention),
+                    g->maxB, g->maxT, gib(need), blocks, gib(m.per_layer),
+                    (double)m.attention / (1u << 20),
                     gib(m.inputs), gib(m.common), gib(need - arena_bytes_at(g, g->maxB, g->maxT)),
                     gib(free_b), gib(total_b), fix);
 }
@@ -452,16 +456,22 @@ static fsdp_status_t pick_backend(struct fsdp_gpt2 *g, size_t *bytes) {
   const fsdp_config_t *cfg = fsdp_engine_config(g->eng);
   *bytes = 0;
   g->align = 1;
-  set_layout(g, FSDP_GPT2_LAYOUT_BUILT);
-  if (cfg->device != FSDP_DEVICE_CUDA) {
-    g->esize = sizeof(float);
-    return gpt2_backend_cpu(&g->ops, &g->dev);
+  g->esize = sizeof(float);
+  if (cfg->device == FSDP_DEVICE_CUDA) {
+    g->align = 256; /* each buffer starts where cuBLAS and the kernels like it */
+    g->esize = cfg->param_dtype == FSDP_BF16 ? 2 : sizeof(float);
   }
-  g->align = 256; /* each buffer starts where cuBLAS and the kernels like it */
-  g->esize = cfg->param_dtype == FSDP_BF16 ? 2 : sizeof(float);
-  FSDP_TRY(check_fits(g, cfg->param_dtype));
-  gpt2_dims_t d = {g->maxB, g->maxT, g->c.n_embd, g->c.n_head, g->c.vocab_size};
-  return gpt2_backend_cuda(cfg->param_dtype, &d, &g->ops, &g->dev, bytes);
+  set_layout(g, FSDP_GPT2_LAYOUT_BUILT);
+  if (cfg->device != FSDP_DEVICE_CUDA) FSDP_TRY(gpt2_backend_cpu(&g->ops, &g->dev));
+  else {
+    FSDP_TRY(check_fits(g, cfg->param_dtype));
+    gpt2_dims_t d = {g->maxB, g->maxT, g->c.n_embd, g->c.n_head, g->c.vocab_size};
+    FSDP_TRY(gpt2_backend_cuda(cfg->param_dtype, &d, &g->ops, &g->dev, bytes));
+  }
+  if (g->ops->att_lse != g->att_lse || g->ops->act_size != g->esize)
+    return fsdp_error(FSDP_ERR_INTERNAL, "GPT-2: the %s kernels do not keep the layout sized "
+                      "for them", g->ops->name);
+  return FSDP_SUCCESS;
 }
 
 void fsdp_gpt2_destroy(fsdp_gpt2_t g) {

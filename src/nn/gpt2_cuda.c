@@ -4,12 +4,10 @@
  * host fills and reads between synchronisations.
  *
  * bf16: activations, weights and activation gradients are bf16; parameter
- * gradients, LayerNorm statistics, attention probabilities and losses fp32.
- * Attention has only an fp32 kernel, so the bf16 table widens qkv (and in
- * backward d(out) and dqkv) into fp32 scratch around it and narrows the
- * results: 7 BTC fp32 elements of scratch (28 BTC bytes, shared by all
- * layers) and, per layer, casts over 4 BTC elements forward and 10 BTC
- * backward: memory-bound passes, small beside the T^2 attention itself.
+ * gradients, LayerNorm statistics and losses fp32. Attention runs on tensor
+ * cores in bf16 and keeps per layer only the (B,NH,T) fp32 log-sum-exp
+ * (att_lse); its T^2 scratch is one batch row's, shared by all layers. fp32:
+ * attention keeps (B,NH,T,T) fp32 probabilities.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -34,8 +32,8 @@ struct gpt2_dev {
   void *chunk_h;                 /* (READ_CHUNK bytes) pinned */
   fsdp_event_t staged, lossed;   /* stage_h and losses_h are free / filled */
   int loss_rows;                 /* rows of the loss in flight */
-  float *att_scratch;            /* (NH,T,T) attention backward */
-  float *qkv32, *y32, *dqkv32;   /* bf16 only: (B,T,3C) (B,T,C) (B,T,3C) */
+  void *att_scratch;             /* fp32: (NH,T,T) floats for backward; bf16: one batch row's
+                                    scores, dP, p and dscore (attention_lse) */
 };
 
 /* Zeroed on the host stream, which returns when the zeros have landed (the
@@ -55,7 +53,7 @@ static void cuda_destroy(gpt2_dev_t *d) {
   /* Device and pinned frees wait for the device: no queued kernel still reads these. */
   if (d->staged) fsdp_event_destroy(d->staged);
   if (d->lossed) fsdp_event_destroy(d->lossed);
-  void *dev[] = {d->tok, d->tgt, d->losses, d->att_scratch, d->qkv32, d->y32, d->dqkv32};
+  void *dev[] = {d->tok, d->tgt, d->losses, d->att_scratch};
   for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cuda_free(dev[i]);
   fsdp_pinned_free(d->stage_h);
   fsdp_pinned_free(d->losses_h);
@@ -264,25 +262,17 @@ static fsdp_status_t bf16_residual_forward(void *out, const void *a, const void 
   return fsdp_cuda_residual_forward_bf16(out, a, b, n, d->s);
 }
 
+/* att is the (B,NH,T) log-sum-exp: tensor-core attention (attention.cu). */
 static fsdp_status_t bf16_attention_forward(void *out, float *att, const void *qkv, int B, int T,
                                             int C, int NH, gpt2_dev_t *d) {
-  size_t n = (size_t)B * (size_t)T * (size_t)C;
-  FSDP_TRY(fsdp_cuda_bf16_to_f32(d->qkv32, qkv, 3 * n, d->s));
-  FSDP_TRY(fsdp_cuda_attention_forward(d->y32, att, d->qkv32, B, T, C, NH, d->s));
-  return fsdp_cuda_f32_to_bf16(out, d->y32, n, d->s);
+  return fsdp_cuda_attention_lse_forward_bf16(out, att, d->att_scratch, qkv, B, T, C, NH, d->s);
 }
 
-/* dqkv += gradient, rounded once: widened, added into in fp32, narrowed. */
 static fsdp_status_t bf16_attention_backward(void *dqkv, const void *dout, const void *qkv,
                                              const float *att, int B, int T, int C, int NH,
                                              gpt2_dev_t *d) {
-  size_t n = (size_t)B * (size_t)T * (size_t)C;
-  FSDP_TRY(fsdp_cuda_bf16_to_f32(d->qkv32, qkv, 3 * n, d->s));
-  FSDP_TRY(fsdp_cuda_bf16_to_f32(d->y32, dout, n, d->s));
-  FSDP_TRY(fsdp_cuda_bf16_to_f32(d->dqkv32, dqkv, 3 * n, d->s));
-  FSDP_TRY(fsdp_cuda_attention_backward(d->dqkv32, d->att_scratch, d->y32, d->qkv32, att, B, T,
-                                        C, NH, d->s));
-  return fsdp_cuda_f32_to_bf16(dqkv, d->dqkv32, 3 * n, d->s);
+  return fsdp_cuda_attention_lse_backward_bf16(dqkv, d->att_scratch, dout, qkv, att, B, T, C, NH,
+                                               d->s);
 }
 
 static fsdp_status_t bf16_xent(void *logits, int ld, const int *tgt, int BT, int V, float scale,
@@ -329,6 +319,7 @@ static const gpt2_ops_t bf16_ops = {
     .memory = FSDP_DEVICE_CUDA,
     .dtype = FSDP_BF16,
     .act_size = sizeof(uint16_t),
+    .att_lse = 1,
     .alloc = cuda_alloc,
     .free = cuda_free,
     .destroy = cuda_destroy,
@@ -353,16 +344,14 @@ static const gpt2_ops_t bf16_ops = {
     .read = bf16_read,
 };
 
-enum { N_DEV_BUFFERS = 7 };
+enum { N_DEV_BUFFERS = 4 };
 
-/* Bytes of each device buffer, in dev_buffers' order (0: not needed). */
+/* Bytes of each device buffer, in dev_buffers' order. */
 static void dev_sizes(const gpt2_dims_t *m, int bf16, size_t sz[N_DEV_BUFFERS]) {
-  size_t BT = (size_t)m->maxB * (size_t)m->maxT, BTC = BT * (size_t)m->C;
-  size_t att = (size_t)m->NH * (size_t)m->maxT * (size_t)m->maxT;
-  const size_t s[N_DEV_BUFFERS] = {BT * sizeof(int), BT * sizeof(int), BT * sizeof(float),
-                                   att * sizeof(float), bf16 ? 3 * BTC * sizeof(float) : 0,
-                                   bf16 ? BTC * sizeof(float) : 0,
-                                   bf16 ? 3 * BTC * sizeof(float) : 0};
+  size_t BT = (size_t)m->maxB * (size_t)m->maxT;
+  size_t att = bf16 ? fsdp_cuda_attention_lse_scratch_bytes(m->maxT, m->NH)
+                    : (size_t)m->NH * (size_t)m->maxT * (size_t)m->maxT * sizeof(float);
+  const size_t s[N_DEV_BUFFERS] = {BT * sizeof(int), BT * sizeof(int), BT * sizeof(float), att};
   memcpy(sz, s, sizeof s);
 }
 
@@ -377,10 +366,8 @@ static fsdp_status_t dev_buffers(gpt2_dev_t *d, int bf16, size_t *bytes) {
   const gpt2_dims_t *m = &d->dims;
   size_t BT = (size_t)m->maxB * (size_t)m->maxT, sz[N_DEV_BUFFERS];
   dev_sizes(m, bf16, sz);
-  void **dev[N_DEV_BUFFERS] = {(void **)&d->tok,         (void **)&d->tgt,
-                               (void **)&d->losses,      (void **)&d->att_scratch,
-                               (void **)&d->qkv32,       (void **)&d->y32,
-                               (void **)&d->dqkv32};
+  void **dev[N_DEV_BUFFERS] = {(void **)&d->tok, (void **)&d->tgt, (void **)&d->losses,
+                               (void **)&d->att_scratch};
   *bytes = 0;
   for (int i = 0; i < N_DEV_BUFFERS; i++)
     if (sz[i]) {

@@ -7,7 +7,7 @@
  * Pointers typed void * are activations in the table's dtype (float, or bf16
  * as uint16_t) and parameters as the engine's view hands them out (the same
  * dtype); float * are always fp32: parameter gradients, LayerNorm statistics,
- * attention probabilities. Every pointer lives in the table's memory, except
+ * attention's saved state (probabilities, or the log-sum-exp: att_lse). Every pointer lives in the table's memory, except
  * the host arguments of stage and read. Kernels follow nn.h: outputs first,
  * backward adds into gradients, dims last, then the backend state. On CUDA
  * every call is queued on the stream bound by bind and returns at once, except
@@ -29,6 +29,8 @@ typedef struct {
   fsdp_device_kind_t memory;  /* where buffers live */
   fsdp_dtype_t dtype;         /* activations, and parameters in views */
   size_t act_size;            /* bytes per activation element */
+  int att_lse;                /* 1: attention keeps the (B,NH,T) log-sum-exp in att, not the
+                                 (B,NH,T,T) probabilities (the bf16 CUDA table) */
 
   /* Buffers in the table's memory, zeroed; free ignores NULL. */
   fsdp_status_t (*alloc)(void **p, size_t bytes);
