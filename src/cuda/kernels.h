@@ -229,10 +229,17 @@ fsdp_status_t fsdp_cuda_xent_inplace_bf16(uint16_t *logits, int ld, float *losse
 /* ---- optimizer and shard kernels (fp32 shards) ---- */
 
 /* AdamW and SGD with the semantics of fsdp_adamw_update / fsdp_sgd_update
- * (the bias corrections are computed on the host in double, as there). */
-fsdp_status_t fsdp_cuda_adamw_update(float *param, const float *grad, float *m, float *v,
-                                     size_t n, const fsdp_optim_config_t *c, float lr, int64_t t,
-                                     int decay, fsdp_cuda_stream_t stream);
+ * (the bias corrections are computed on the host in double, as there).
+ * AdamW over a whole shard in one launch (the engine's step: one per unit
+ * instead of two per tensor piece). runs (device memory, n_runs >= 1 when n >
+ * 0): start << 1 | decay for each run of elements sharing a decay flag,
+ * starts ascending from 0. Gradients are read times coef (clipping; not
+ * written back). The same arithmetic as fsdp_adamw_update on each run after
+ * the gradients were scaled. */
+fsdp_status_t fsdp_cuda_adamw_multi(float *param, const float *grad, float *m, float *v,
+                                    size_t n, const unsigned long long *runs, int n_runs,
+                                    float coef, const fsdp_optim_config_t *c, float lr,
+                                    int64_t t, fsdp_cuda_stream_t stream);
 fsdp_status_t fsdp_cuda_sgd_update(float *param, const float *grad, float *buf, size_t n,
                                    const fsdp_optim_config_t *c, float lr, int first, int decay,
                                    fsdp_cuda_stream_t stream);

@@ -42,6 +42,9 @@ struct unit {
   size_t count; /* real elements of this rank's slice */
 
   float *master, *grad, *m, *v; /* shard-sized, persistent */
+  unsigned long long *decay_runs; /* CUDA AdamW: start << 1 | decay of each run of the shard's
+                                     elements sharing a decay flag (device); n_runs of them */
+  int n_runs;
   uint16_t *lp;                 /* bf16 params: the master shard rounded, what is gathered */
   float *rounded;               /* bf16 params on one shard: lp widened, what views show */
   float *full_grad;             /* accumulate_full_grads only: padded-sized */

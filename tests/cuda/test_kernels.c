@@ -780,9 +780,19 @@ START_TEST(adamw) {
   float *p = rand_floats(n, 0, 1), *g = rand_floats(n, 0, 1), *m = rand_floats(n, 0, 0.1);
   float *v = rand_floats(n, 0.005, 0.005); /* second moments are >= 0 */
   float *g_p = dev_f32(p, n), *g_m = dev_f32(m, n), *g_v = dev_f32(v, n);
-  OK(fsdp_cuda_adamw_update(g_p, dev_f32(g, n), g_m, g_v, n, &c, kAdamw[_i].lr, kAdamw[_i].t,
-                            kAdamw[_i].decay, stream));
-  fsdp_adamw_update(p, g, m, v, n, &c, kAdamw[_i].lr, kAdamw[_i].t, kAdamw[_i].decay);
+  /* One launch over three runs of alternating decay (as a unit's tensors),
+   * with a clipping factor on case 1, against the CPU run by run. */
+  const size_t cut[4] = {0, n / 3, 2 * n / 3, n};
+  const int d0 = kAdamw[_i].decay;
+  const float coef = _i == 1 ? 0.5f : 1.0f;
+  unsigned long long runs[3];
+  for (int r = 0; r < 3; r++) runs[r] = (unsigned long long)cut[r] << 1 | (unsigned)(d0 ^ (r & 1));
+  OK(fsdp_cuda_adamw_multi(g_p, dev_f32(g, n), g_m, g_v, n, dev_copy(runs, sizeof runs), 3, coef,
+                           &c, kAdamw[_i].lr, kAdamw[_i].t, stream));
+  for (size_t i = 0; i < n && coef != 1.0f; i++) g[i] *= coef;
+  for (int r = 0; r < 3; r++)
+    fsdp_adamw_update(p + cut[r], g + cut[r], m + cut[r], v + cut[r], cut[r + 1] - cut[r], &c,
+                      kAdamw[_i].lr, kAdamw[_i].t, d0 ^ (r & 1));
   float *got_p = back_f32(g_p, n), *got_m = back_f32(g_m, n), *got_v = back_f32(g_v, n);
   double err = max2(rel_err(got_p, p, n), rel_err(got_m, m, n));
   check_err("adamw_update", "param/m/v", max2(err, rel_err(got_v, v, n)), TOL_F32);
