@@ -37,6 +37,8 @@ static MPI_Datatype mpi_type(fsdp_dtype_t dtype) {
     return MPI_DOUBLE;
   case FSDP_BF16:
     return MPI_UINT16_T; /* moved as bits, reduced by the bf16 user ops */
+  case FSDP_F16:
+    return MPI_UINT16_T; /* moved as bits; never reduced (check_reduction) */
   default:
     return MPI_FLOAT;
   }

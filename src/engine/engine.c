@@ -53,9 +53,9 @@ static fsdp_status_t config_check(const fsdp_config_t *c) {
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
                       "config.grad_reduce must be FSDP_SUM or FSDP_AVG, not %d",
                       (int)c->grad_reduce);
-  if (c->param_dtype != FSDP_F32 && c->param_dtype != FSDP_BF16)
+  if (c->param_dtype != FSDP_F32 && c->param_dtype != FSDP_BF16 && c->param_dtype != FSDP_F16)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
-                      "config.param_dtype %s: parameters are stored in f32 or bf16",
+                      "config.param_dtype %s: parameters are stored in f32, bf16 or f16",
                       fsdp_dtype_name(c->param_dtype));
   if (c->reduce_dtype != FSDP_F32 && c->reduce_dtype != FSDP_BF16)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
@@ -112,9 +112,12 @@ fsdp_status_t fsdp_engine_create(fsdp_world_t world, const fsdp_config_t *cfg,
   e->rank = fsdp_world_rank(world);
   e->nranks = fsdp_world_size(world);
   e->shard_world = c->strategy == FSDP_NO_SHARD ? 1 : e->nranks;
-  e->bf16 = c->param_dtype == FSDP_BF16;
+  e->lowp = c->param_dtype == FSDP_BF16 || c->param_dtype == FSDP_F16;
+  e->lp_dtype = c->param_dtype;
+  e->to_lp = c->param_dtype == FSDP_F16 ? fsdp_f32_to_f16 : fsdp_f32_to_bf16;
+  e->from_lp = c->param_dtype == FSDP_F16 ? fsdp_f16_to_f32 : fsdp_bf16_to_f32;
   e->cuda = c->device == FSDP_DEVICE_CUDA;
-  e->widen = e->bf16 && !e->cuda;
+  e->widen = e->lowp && !e->cuda;
   e->bf16_reduce = c->reduce_dtype == FSDP_BF16;
   pthread_mutex_init(&e->tl_lock, NULL);
 
