@@ -42,6 +42,7 @@ typedef enum {
   FSDP_ERR_IO,               /* a file is missing, unreadable or ends early */
   FSDP_ERR_FORMAT,           /* a file's contents are not what they should be */
   FSDP_ERR_TIMEOUT,          /* a collective or the rendezvous passed its deadline */
+  FSDP_ERR_NONFINITE,        /* NaN or Inf in a loss, gradients or state: training diverged */
   FSDP_STATUS_COUNT
 } fsdp_status_t;
 

@@ -51,6 +51,10 @@ const char *fsdp_status_string(fsdp_status_t status) {
   case FSDP_ERR_TIMEOUT:
     return "timeout: a collective or the rendezvous did not finish before its deadline; "
            "fsdp_last_error() names the operation and the ranks that never arrived";
+  case FSDP_ERR_NONFINITE:
+    return "non-finite values: a loss, gradient or saved state holds NaN or Inf; lower the "
+           "learning rate, clip gradients, or (fp16) check the loss scale; "
+           "fsdp_last_error() says where";
   case FSDP_STATUS_COUNT:
     break;
   }

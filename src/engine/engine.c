@@ -36,6 +36,26 @@ fsdp_status_t fsdp_strategy_parse(const char *text, fsdp_strategy_t *out) {
                     "or noshard (no_shard)", text ? text : "(null)");
 }
 
+/* Written as !(x in range) so that NaN fails too. */
+static fsdp_status_t scaler_check(const fsdp_config_t *c) {
+  if (c->max_consecutive_skips < 0)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "config.max_consecutive_skips %d is negative",
+                      c->max_consecutive_skips);
+  if (!(c->loss_scale_init >= 0.0 && c->loss_scale_init < 1e300))
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "config.loss_scale_init %g must be finite "
+                      "and > 0 (0: the default)", c->loss_scale_init);
+  if (!(c->loss_scale_growth >= 1.0 && c->loss_scale_growth < 1e300))
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "config.loss_scale_growth %g must be finite "
+                      "and >= 1", c->loss_scale_growth);
+  if (!(c->loss_scale_backoff > 0.0 && c->loss_scale_backoff <= 1.0))
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "config.loss_scale_backoff %g must be in "
+                      "(0, 1]", c->loss_scale_backoff);
+  if (c->loss_scale_interval < 1)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "config.loss_scale_interval %d must be >= 1",
+                      c->loss_scale_interval);
+  return FSDP_SUCCESS;
+}
+
 static fsdp_status_t config_check(const fsdp_config_t *c) {
   if ((unsigned)c->strategy > FSDP_NO_SHARD)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "config.strategy %d is not a strategy",
@@ -77,7 +97,14 @@ static fsdp_status_t config_check(const fsdp_config_t *c) {
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
                       "config.align %zu must be a power of two", c->align);
   FSDP_TRY(fsdp_optim_check(&c->optim));
+  FSDP_TRY(scaler_check(c));
   return fsdp_schedule_check(&c->schedule);
+}
+
+/* Unset values become their defaults (see fsdp_config_t). */
+static void config_defaults(fsdp_config_t *c) {
+  if (c->max_consecutive_skips == 0) c->max_consecutive_skips = 20;
+  if (c->loss_scale_init == 0.0) c->loss_scale_init = c->param_dtype == FSDP_F16 ? 65536.0 : 1.0;
 }
 
 static fsdp_status_t worker_set_device(void *arg) {
@@ -92,6 +119,7 @@ fsdp_status_t fsdp_config_resolve(const fsdp_config_t *cfg, fsdp_config_t *out) 
   FSDP_TRY(fsdp_opts_import(&c, cfg, sizeof c, FSDP_CONFIG_MAGIC, "fsdp_config_t",
                             "FSDP_CONFIG_INIT"));
   FSDP_TRY(config_check(&c));
+  config_defaults(&c);
   *out = c;
   return FSDP_SUCCESS;
 }
@@ -119,6 +147,7 @@ fsdp_status_t fsdp_engine_create(fsdp_world_t world, const fsdp_config_t *cfg,
   e->cuda = c->device == FSDP_DEVICE_CUDA;
   e->widen = e->lowp && !e->cuda;
   e->bf16_reduce = c->reduce_dtype == FSDP_BF16;
+  e->loss_scale = c->loss_scale_init;
   pthread_mutex_init(&e->tl_lock, NULL);
 
   fsdp_status_t st;

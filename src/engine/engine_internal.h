@@ -129,6 +129,13 @@ struct fsdp_engine {
   int bwd_released;  /* backward releases so far */
   int64_t step;
 
+  /* numerics guard and loss scaler (step.c) */
+  int loss_bad;            /* a non-finite loss was reported since the last step */
+  int consecutive_skips;
+  int64_t skipped_total;
+  double loss_scale;       /* 1: no scaling */
+  int64_t good_steps;      /* updates in a row since the scale last changed */
+
   /* accounting */
   size_t gathered, gathered_peak, grads_live, grads_peak;
   size_t param_pool_bytes, grad_pool_bytes, staging_bytes;

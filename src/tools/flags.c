@@ -64,6 +64,7 @@ int flags_parse(const char *tool, const char *usage, int argc, char **argv, cons
 static int dtype_word(const char *v, fsdp_dtype_t *out) {
   if (!strcmp(v, "f32") || !strcmp(v, "fp32")) return *out = FSDP_F32, 0;
   if (!strcmp(v, "bf16")) return *out = FSDP_BF16, 0;
+  if (!strcmp(v, "f16") || !strcmp(v, "fp16")) return *out = FSDP_F16, 0;
   return -1;
 }
 
@@ -80,7 +81,7 @@ int flags_config_word(const char *tool, const char *flag, const char *v, fsdp_co
     return 1;
   }
   if (rc) fprintf(stderr, "%s: %s '%s': use %s\n", tool, flag, v,
-                  strcmp(flag, "--device") ? "f32 or bf16" : "cpu or cuda");
+                  strcmp(flag, "--device") ? "f32, bf16 or f16" : "cpu or cuda");
   return rc;
 }
 

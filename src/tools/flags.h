@@ -33,8 +33,9 @@ typedef int (*flag_word_fn)(void *ctx, const char *flag, const char *value);
 int flags_parse(const char *tool, const char *usage, int argc, char **argv, const flag_t *table,
                 size_t n, flag_word_fn word, void *ctx);
 
-/* The engine-config words both tools take: --device cpu|cuda, --dtype f32|bf16
- * (what parameters are gathered and computed in) and --reduce-dtype f32|bf16.
+/* The engine-config words both tools take: --device cpu|cuda, --dtype
+ * f32|bf16|f16 (what parameters are gathered and computed in) and
+ * --reduce-dtype (the same words; the engine reduces in f32 or bf16).
  * Returns 0 when taken, -1 after printing why the value is bad, 1 when the
  * flag is none of these. */
 int flags_config_word(const char *tool, const char *flag, const char *v, fsdp_config_t *cfg);

@@ -22,8 +22,12 @@ static const char usage_text[] =
     "sharding\n"
     "  --strategy zero3|zero2|noshard   (default zero3)\n"
     "  --prefetch D              units gathered ahead (default 1)\n"
-    "  --dtype f32|bf16          parameters as gathered and computed on (master stays f32);\n"
-    "                            on cuda, bf16 also makes activations bf16\n"
+    "  --dtype f32|bf16|f16      parameters as gathered and computed on (master stays f32);\n"
+    "                            on cuda, bf16 also makes activations bf16; f16 scales\n"
+    "                            the loss dynamically (GradScaler's rule)\n"
+    "  --loss-scale X            initial loss scale (f16 default 65536; 1 = none)\n"
+    "  --max-skips K             stop after K steps in a row skipped for NaN/Inf loss or\n"
+    "                            gradients (default 20; a skipped step is retried)\n"
     "  --reduce-dtype f32|bf16   what gradients are reduced in (default f32)\n"
     "device\n"
     "  --device cpu|cuda         where shards, gradients and compute live (default cpu;\n"
@@ -113,6 +117,8 @@ static int parse(int argc, char **argv, train_opts_t *o) {
       {"--momentum", NULL, FLAG_F32, &o->cfg.optim.momentum},
       {"--wd", NULL, FLAG_F32, &o->cfg.optim.weight_decay},
       {"--clip", NULL, FLAG_F32, &o->cfg.optim.max_grad_norm},
+      {"--loss-scale", NULL, FLAG_F32, &o->loss_scale},
+      {"--max-skips", NULL, FLAG_INT, &o->cfg.max_consecutive_skips},
       {"--warmup", NULL, FLAG_I64, &o->cfg.schedule.warmup_steps},
       {"--min-lr-ratio", NULL, FLAG_F32, &o->cfg.schedule.min_lr_ratio},
       {"--steps", NULL, FLAG_INT, &o->steps}, {"--epochs", NULL, FLAG_INT, &o->epochs},
@@ -142,6 +148,7 @@ static int finish_options(train_opts_t *o) {
   if (!o->global_batch) o->global_batch = gpt ? 32 : 128;
   if (!o->log_every) o->log_every = gpt ? 1 : 100;
   if (o->cfg.optim.lr == 0.0f) o->cfg.optim.lr = gpt ? 2e-3f : 1e-3f;
+  o->cfg.loss_scale_init = o->loss_scale; /* 0: the engine's default for the dtype */
   if (gpt && o->cfg.max_live_units == 0 && (o->wrap.wrap_kinds || o->wrap.wrap_min_params))
     o->cfg.max_live_units = o->cfg.prefetch_depth + 2; /* the root is held throughout */
   if ((o->save_every || (o->resume && !strcmp(o->resume, "auto"))) && !o->save_dir)

@@ -18,6 +18,7 @@ typedef struct {
   fsdp_gpt2_config_t gpt;
   int seq_len, eval_batches, sample;
   float temperature;
+  float loss_scale; /* --loss-scale; 0: the engine's default */
   fsdp_gpt2_opts_t wrap; /* wrap_kinds, wrap_min_params, checkpoint_kinds */
   /* checkpoints (train_ckpt.c) */
   const char *save_dir, *resume; /* resume: "auto" (save_dir's latest, if any) or a path */
@@ -48,6 +49,15 @@ fsdp_status_t train_engine(trainer_t *t, int total_steps);
 void train_report_step(trainer_t *t, int step, double loss, const fsdp_step_stats_t *st,
                        double secs, const char *unit, double per_step);
 void train_report_eval(trainer_t *t, int step, const char *metric, double loss, double value);
+/* The optimizer step after update `step` - 1's micro-batches (loss: the global
+ * mean): 0 when applied, 1 when the engine skipped it for non-finite values
+ * (reported; the caller retries the same step, so data and schedule stay a
+ * function of the update count and a resume is exact), -1 on an error (after
+ * max consecutive skips: FSDP_ERR_NONFINITE, the engine's message). */
+int train_update(trainer_t *t, int step, double loss, fsdp_step_stats_t *st);
+/* The factor of the loss the models' backward is asked for: the engine's loss
+ * scale (1 without fp16 loss scaling). */
+float train_loss_scale(const trainer_t *t);
 /* Prints the units: name, kind, parameters, bytes per rank. */
 void train_print_plan(const trainer_t *t, const char *what);
 /* Peak bytes per rank: persistent + gathered + gradients in flight + activations. */

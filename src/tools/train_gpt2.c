@@ -42,7 +42,7 @@ static int step(trainer_t *t, gpt_task_t *g, int s, double *loss) {
       return -1;
     double l;
     if (fsdp_gpt2_forward_backward(g->gpt, g->tok, g->tgt, (int)t->micro, T,
-                                   1.0f / (float)(t->micro * T), &l))
+                                   train_loss_scale(t) / (float)(t->micro * T), &l))
       return -1;
     sum += l;
   }
@@ -81,8 +81,13 @@ static int run(trainer_t *t, gpt_task_t *g) {
   for (int s = t->start_step; s < end; s++) {
     double ts = fsdp_time_now();
     fsdp_step_stats_t st;
-    if (step(t, g, s, &loss) || train_fault(t, s + 1) || fsdp_engine_step(t->eng, &st))
-      return -1;
+    if (step(t, g, s, &loss) || train_fault(t, s + 1)) return -1;
+    int skipped = train_update(t, s + 1, loss, &st);
+    if (skipped < 0) return -1;
+    if (skipped) {
+      s--; /* the same update again, on the same data */
+      continue;
+    }
     if (first < 0) first = loss;
     train_report_step(t, s + 1, loss, &st, fsdp_time_now() - ts, "tokens", tokens);
     if ((o->eval_every > 0 && (s + 1) % o->eval_every == 0) || s + 1 == o->steps) {

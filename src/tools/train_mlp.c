@@ -55,7 +55,8 @@ static int step(trainer_t *t, mlp_task_t *m, int64_t epoch, int64_t batch, doubl
       return -1;
     fill(&m->train, m->idx, (int)t->micro, m->x, m->y);
     double l;
-    if (fsdp_mlp_forward_backward(m->mlp, m->x, m->y, (int)t->micro, 1.0f / (float)t->micro, &l))
+    if (fsdp_mlp_forward_backward(m->mlp, m->x, m->y, (int)t->micro,
+                                  train_loss_scale(t) / (float)t->micro, &l))
       return -1;
     sum += l;
   }
@@ -72,9 +73,13 @@ static int run(trainer_t *t, mlp_task_t *m) {
   for (int k = t->start_step; k < end; k++) {
     double ts = fsdp_time_now();
     fsdp_step_stats_t st;
-    if (step(t, m, k / per_epoch, k % per_epoch, &loss) || train_fault(t, k + 1) ||
-        fsdp_engine_step(t->eng, &st))
-      return -1;
+    if (step(t, m, k / per_epoch, k % per_epoch, &loss) || train_fault(t, k + 1)) return -1;
+    int skipped = train_update(t, k + 1, loss, &st);
+    if (skipped < 0) return -1;
+    if (skipped) {
+      k--; /* the same update again, on the same batch */
+      continue;
+    }
     if (first < 0) first = loss;
     train_report_step(t, k + 1, loss, &st, fsdp_time_now() - ts, "samples",
                       (double)o->global_batch);
