@@ -18,6 +18,7 @@ typedef struct {
   float *x;             /* mlp: (accum, B, 784) */
   int *y;               /* mlp: (accum, B) */
   size_t act_bytes;
+  fsdp_step_stats_t last; /* the last step's: skipped_total counts the guard's skips */
 } model_t;
 
 enum { MLP_IN = 784, MLP_CLASSES = 10 };
@@ -86,22 +87,25 @@ static fsdp_status_t model_build(fsdp_world_t world, const bench_opts_t *o, fsdp
   return FSDP_SUCCESS;
 }
 
-/* One optimizer step over accum micro-batches; *loss: mean per token. */
+/* One optimizer step over accum micro-batches; *loss: mean per token. A step
+ * the numerics guard skips still counts (it did the work), in m->last. */
 static fsdp_status_t model_step(model_t *m, double *loss) {
   double sum = 0.0;
   size_t per = (size_t)m->B * m->T;
+  float scale = (float)fsdp_engine_loss_scale(m->eng) / (float)per;
   for (int k = 0; k < m->accum; k++) {
     double l = 0.0;
     if (m->gpt)
       BENCH_TRY(fsdp_gpt2_forward_backward(m->gpt, m->tok + k * per, m->tgt + k * per, m->B, m->T,
-                                           1.0f / (float)per, &l));
+                                           scale, &l));
     else
       BENCH_TRY(fsdp_mlp_forward_backward(m->mlp, m->x + k * per * MLP_IN, m->y + k * per, m->B,
-                                          1.0f / (float)per, &l));
+                                          scale, &l));
     sum += l;
   }
   *loss = sum / ((double)per * m->accum);
-  return fsdp_engine_step(m->eng, NULL);
+  BENCH_TRY(fsdp_engine_report_loss(m->eng, *loss));
+  return fsdp_engine_step(m->eng, &m->last);
 }
 
 /* ---- correctness ------------------------------------------------------------ */
@@ -174,7 +178,8 @@ static void model_sizes(const model_t *m, bench_result_t *r) {
  *              and the held root's. */
 static double predicted_bytes(const bench_result_t *r, const fsdp_config_t *c, int nranks) {
   double P = (double)r->params, U = (double)r->largest_unit;
-  int S = r->strategy == FSDP_NO_SHARD ? 1 : nranks, bf16 = c->param_dtype == FSDP_BF16;
+  int S = r->strategy == FSDP_NO_SHARD ? 1 : nranks;
+  int bf16 = c->param_dtype == FSDP_BF16 || c->param_dtype == FSDP_F16; /* 16-bit params */
   double persistent = 16.0 * P / S + (bf16 ? 2.0 * P / S + (S == 1 ? 4.0 * P : 0.0) : 0.0);
   double gathered = 0.0, elem = bf16 ? 6.0 : 4.0;
   int live = r->max_live < r->n_units ? r->max_live : r->n_units;
@@ -371,6 +376,8 @@ static fsdp_status_t measure(model_t *m, const bench_opts_t *o, bench_result_t *
   double wrong = 0.0;
   if (o->check) BENCH_TRY(bench_check(m, first, last, &wrong));
   r->wrong += wrong;
+  r->skipped_steps = (double)m->last.skipped_total;
+  r->loss_scale = fsdp_engine_loss_scale(m->eng);
   BENCH_TRY(memory(m, r, rss_base, nranks));
   if (round == (int)o->rounds - 1) summarise(r, nranks);
   return FSDP_SUCCESS;

@@ -26,6 +26,7 @@ static const char usage_text[] =
     "                            on cuda, bf16 also makes activations bf16; f16 scales\n"
     "                            the loss dynamically (GradScaler's rule)\n"
     "  --loss-scale X            initial loss scale (f16 default 65536; 1 = none)\n"
+    "  --loss-scale-interval N   good steps before the scale doubles (default 2000)\n"
     "  --max-skips K             stop after K steps in a row skipped for NaN/Inf loss or\n"
     "                            gradients (default 20; a skipped step is retried)\n"
     "  --reduce-dtype f32|bf16   what gradients are reduced in (default f32)\n"
@@ -118,6 +119,7 @@ static int parse(int argc, char **argv, train_opts_t *o) {
       {"--wd", NULL, FLAG_F32, &o->cfg.optim.weight_decay},
       {"--clip", NULL, FLAG_F32, &o->cfg.optim.max_grad_norm},
       {"--loss-scale", NULL, FLAG_F32, &o->loss_scale},
+      {"--loss-scale-interval", NULL, FLAG_INT, &o->cfg.loss_scale_interval},
       {"--max-skips", NULL, FLAG_INT, &o->cfg.max_consecutive_skips},
       {"--warmup", NULL, FLAG_I64, &o->cfg.schedule.warmup_steps},
       {"--min-lr-ratio", NULL, FLAG_F32, &o->cfg.schedule.min_lr_ratio},
