@@ -249,7 +249,7 @@ typedef struct {
   int world_size;
   const char *strategy;   /* "zero3", "zero2", "noshard", or "import" */
   const char *optimizer;  /* "adamw", "sgd" or "none" */
-  const char *param_dtype;/* what the engine gathered: "f32" or "bf16" */
+  const char *param_dtype;/* what the engine gathered: "f32", "bf16" or "f16" */
   int n_states;           /* 1 + optimizer states per element */
   int n_units, n_tensors;
   size_t numel;           /* parameters in all tensors */

@@ -178,11 +178,11 @@ static fsdp_status_t skip(struct fsdp_engine *e, const struct guard *g, double n
   if (e->consecutive_skips < e->cfg.max_consecutive_skips) return FSDP_SUCCESS;
   return fsdp_error(FSDP_ERR_NONFINITE,
                     "fsdp_engine_step: %d steps in a row skipped for non-finite values "
-                    "(config.max_consecutive_skips %d); the last, after update %lld, had a "
-                    "non-finite loss on %d of %d ranks and gradient norm %g%s: training has "
-                    "diverged; lower the learning rate or clip gradients",
+                    "(config.max_consecutive_skips %d); at the last, after update %lld, the "
+                    "gradient norm was %g and %d of %d ranks reported a non-finite loss%s: "
+                    "training has diverged; lower the learning rate or clip gradients",
                     e->consecutive_skips, e->cfg.max_consecutive_skips, (long long)e->step,
-                    (int)g->bad_loss, e->nranks, norm,
+                    norm, (int)g->bad_loss, e->nranks,
                     e->cfg.loss_scale_init != 1.0 ? " at the smallest loss scale tried" : "");
 }
 
