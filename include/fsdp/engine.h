@@ -203,6 +203,8 @@ typedef struct {
   fsdp_dtype_t dtype;
 } fsdp_view_t;
 
+/* Fields are only appended. A caller compiled against a header from before
+ * `skipped` (its config's size says so) gets only the fields it knows. */
 typedef struct {
   int64_t step;       /* updates done, this one included (a skipped step is not one) */
   float lr;           /* learning rate used (or that would have been, when skipped) */

@@ -4,6 +4,7 @@
  * in materialize.c; parameters move in and out in tensor_io.c; the per-step
  * schedule is schedule.c, the optimizer step step.c, memory accounting and
  * the timeline accounting.c. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -148,6 +149,12 @@ fsdp_status_t fsdp_engine_create(fsdp_world_t world, const fsdp_config_t *cfg,
   e->widen = e->lowp && !e->cuda;
   e->bf16_reduce = c->reduce_dtype == FSDP_BF16;
   e->loss_scale = c->loss_scale_init;
+  /* A caller compiled before the guard's stats fields passes a config that
+   * ends before max_consecutive_skips, and a smaller fsdp_step_stats_t: the
+   * step writes only the fields its header had. */
+  e->stats_bytes = cfg && cfg->size <= offsetof(fsdp_config_t, max_consecutive_skips)
+                       ? offsetof(fsdp_step_stats_t, skipped)
+                       : sizeof(fsdp_step_stats_t);
   pthread_mutex_init(&e->tl_lock, NULL);
 
   fsdp_status_t st;

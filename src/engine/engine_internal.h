@@ -135,6 +135,7 @@ struct fsdp_engine {
   int64_t skipped_total;
   double loss_scale;       /* 1: no scaling */
   int64_t good_steps;      /* updates in a row since the scale last changed */
+  size_t stats_bytes;      /* of fsdp_step_stats_t the caller's header has (see engine.c) */
 
   /* accounting */
   size_t gathered, gathered_peak, grads_live, grads_peak;

@@ -204,12 +204,11 @@ static fsdp_status_t step(struct fsdp_engine *e, fsdp_step_stats_t *stats) {
   if (st != FSDP_SUCCESS && st != FSDP_ERR_NONFINITE) return st;
   if (!skipped) e->consecutive_skips = 0;
   scaler_update(e, skipped);
-  if (stats)
-    *stats = (fsdp_step_stats_t){.step = e->step, .lr = lr, .grad_norm = norm,
-                                 .clip_coef = clip, .skipped = skipped,
-                                 .nonfinite_loss_ranks = (int)g.bad_loss,
-                                 .consecutive_skips = e->consecutive_skips,
-                                 .skipped_total = e->skipped_total, .loss_scale = scale};
+  fsdp_step_stats_t s = {.step = e->step, .lr = lr, .grad_norm = norm, .clip_coef = clip,
+                         .skipped = skipped, .nonfinite_loss_ranks = (int)g.bad_loss,
+                         .consecutive_skips = e->consecutive_skips,
+                         .skipped_total = e->skipped_total, .loss_scale = scale};
+  if (stats) memcpy(stats, &s, e->stats_bytes);
   return st;
 }
 

@@ -173,6 +173,7 @@ fsdp_status_t fsdp_engine_set_step(fsdp_engine_t e, int64_t step) {
   }
   FSDP_TRY(fsdp_stream_synchronize(e->s_compute));
   e->step = step;
+  e->loss_bad = 0; /* a loss reported for the abandoned step no longer counts */
   return FSDP_SUCCESS;
 }
 

@@ -129,6 +129,30 @@ START_TEST(config_from_older_header_gets_defaults) {
 }
 END_TEST
 
+/* A caller compiled before the guard's stats fields (its config ends before
+ * max_consecutive_skips) has a shorter fsdp_step_stats_t: nothing past the
+ * fields it knows is written. A current caller gets them all. */
+START_TEST(step_stats_of_an_older_header) {
+  for (int old = 1; old >= 0; old--) {
+    fsdp_config_t c = FSDP_CONFIG_INIT;
+    if (old) c.size = offsetof(fsdp_config_t, max_consecutive_skips);
+    fsdp_unit_t u[3];
+    fsdp_engine_t e = make_engine(&c, u);
+    fsdp_step_stats_t st;
+    memset(&st, 0xab, sizeof st);
+    run_pass(e, u, 3, 1.0f);
+    ck_assert_int_eq(fsdp_engine_step(e, &st), FSDP_SUCCESS);
+    ck_assert_int_eq(st.step, 1);
+    const unsigned char *tail = (const unsigned char *)&st + offsetof(fsdp_step_stats_t, skipped);
+    size_t untouched = 0, n = sizeof st - offsetof(fsdp_step_stats_t, skipped);
+    for (size_t i = 0; i < n; i++) untouched += tail[i] == 0xab;
+    if (old) ck_assert_uint_eq(untouched, n);
+    else ck_assert(st.skipped == 0 && st.skipped_total == 0 && st.loss_scale == 1.0);
+    fsdp_engine_destroy(e);
+  }
+}
+END_TEST
+
 /* Unset values resolve by dtype: fp16 scales the loss from 65536, the others
  * not at all; the engine starts at that scale. */
 START_TEST(config_loss_scale_defaults) {
@@ -506,6 +530,7 @@ static Suite *engine_suite(void) {
   tcase_add_test(tc, config_errors);
   tcase_add_test(tc, config_from_older_header_gets_defaults);
   tcase_add_test(tc, config_loss_scale_defaults);
+  tcase_add_test(tc, step_stats_of_an_older_header);
   tcase_add_test(tc, config_head_errors);
   tcase_add_test(tc, unit_add_errors);
   tcase_add_loop_test(tc, schedule_errors, 0, 3);
