@@ -53,6 +53,9 @@ for run in 2:zero3 3:zero2 2:zero3:bf16 2:zero3:f16; do
   if [ "$dtype" = f16 ]; then
     [ "$(grep -c '"event":"skip"' "$DIR/a$name.json")" -ge 4 ] || fail "$name: the scale never overflowed"
     grep -q '"loss_scaler": {"scale": 3' "$DIR/b$name/step-10/manifest.json" || fail "$name: no scale saved"
+    "$CKPT" reshard "$DIR/b$name/step-10" --world 3 "$DIR/r$name" > /dev/null
+    [ "$(grep loss_scaler "$DIR/r$name/step-10/manifest.json")" = \
+      "$(grep loss_scaler "$DIR/b$name/step-10/manifest.json")" ] || fail "$name: reshard lost the loss scale"
   fi
   "$CKPT" consolidate "$DIR/a$name" "$DIR/a$name.safetensors"
   "$CKPT" consolidate "$DIR/b$name" "$DIR/b$name.safetensors"
