@@ -5,6 +5,7 @@
  * learning-rate schedule and AdamW/SGD per tensor piece (so weight decay
  * follows each tensor's no_decay flag). */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "comm/comm_internal.h"
@@ -176,14 +177,15 @@ static fsdp_status_t skip(struct fsdp_engine *e, const struct guard *g, double n
   e->consecutive_skips++;
   e->skipped_total++;
   if (e->consecutive_skips < e->cfg.max_consecutive_skips) return FSDP_SUCCESS;
+  char scale[64] = "";
+  if (e->cfg.loss_scale_init != 1.0) snprintf(scale, sizeof scale, " (loss scale %g)", e->loss_scale);
   return fsdp_error(FSDP_ERR_NONFINITE,
                     "fsdp_engine_step: %d steps in a row skipped for non-finite values "
                     "(config.max_consecutive_skips %d); at the last, after update %lld, the "
-                    "gradient norm was %g and %d of %d ranks reported a non-finite loss%s: "
+                    "gradient norm was %g%s and %d of %d ranks reported a non-finite loss: "
                     "training has diverged; lower the learning rate or clip gradients",
                     e->consecutive_skips, e->cfg.max_consecutive_skips, (long long)e->step,
-                    norm, (int)g->bad_loss, e->nranks,
-                    e->cfg.loss_scale_init != 1.0 ? " at the smallest loss scale tried" : "");
+                    norm, scale, (int)g->bad_loss, e->nranks);
 }
 
 static fsdp_status_t step(struct fsdp_engine *e, fsdp_step_stats_t *stats) {
