@@ -817,6 +817,45 @@ START_TEST(test_save_refuses_nonfinite) {
 }
 END_TEST
 
+/* One unit, fp16 parameters (loss scaling on by default) or f32 (off). */
+static fsdp_engine_t scaler_engine(fsdp_dtype_t dtype) {
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  c.param_dtype = dtype;
+  fsdp_engine_t e;
+  ck_assert_int_eq(fsdp_engine_create(world, &c, &e), FSDP_SUCCESS);
+  fsdp_tensor_desc_t t = {"w", 1, {37}, FSDP_INIT_NORMAL, 0.1f, 0};
+  fsdp_unit_t u;
+  ck_assert_int_eq(fsdp_unit_add(e, "u", "Block", &t, 1, &u), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_engine_materialize(e, 1), FSDP_SUCCESS);
+  return e;
+}
+
+/* The loss scale and its good-step count come back bit for bit (a scale that
+ * is not a power of two, as a user's growth factor makes); an engine without
+ * loss scaling ignores them; an f32 run's checkpoint has none. */
+START_TEST(test_loss_scale_round_trip) {
+  const double scale = 1234.5678901234567;
+  fsdp_engine_t a = scaler_engine(FSDP_F16), b = scaler_engine(FSDP_F16);
+  fsdp_engine_t f32 = scaler_engine(FSDP_F32);
+  ck_assert_int_eq(fsdp_engine_set_scaler_state(a, scale, 7), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_ckpt_save(a, path("s", ""), NULL, NULL, 0), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_ckpt_load(b, path("s", ""), NULL, NULL, NULL, 0), FSDP_SUCCESS);
+  double got;
+  int64_t good;
+  ck_assert_int_eq(fsdp_engine_scaler_state(b, &got, &good), FSDP_SUCCESS);
+  ck_assert_msg(got == scale && good == 7, "restored %.17g, %lld", got, (long long)good);
+  ck_assert_int_eq(fsdp_ckpt_load(f32, path("s", ""), NULL, NULL, NULL, 0), FSDP_SUCCESS);
+  ck_assert(fsdp_engine_loss_scale(f32) == 1.0);
+  char text[4096] = "";
+  ck_assert_int_eq(fsdp_ckpt_save(f32, path("t", ""), NULL, NULL, 0), FSDP_SUCCESS);
+  read_text(path("t/step-0/manifest.json", ""), text, sizeof text);
+  ck_assert_ptr_null(strstr(text, "loss_scaler"));
+  fsdp_engine_destroy(a);
+  fsdp_engine_destroy(b);
+  fsdp_engine_destroy(f32);
+}
+END_TEST
+
 /* Weights with a NaN and an Inf imported from safetensors (the one way to
  * make such a checkpoint now): verify, through the library and fsdp-ckpt,
  * names the tensor, the count and the first index, and fails. */
@@ -903,6 +942,7 @@ static Suite *ckpt_suite(void) {
   tcase_add_test(tc, test_consolidate_memory);
   tcase_add_loop_test(tc, test_save_refuses_nonfinite, 0, 4);
   tcase_add_test(tc, test_verify_reports_nonfinite);
+  tcase_add_test(tc, test_loss_scale_round_trip);
   suite_add_tcase(s, tc);
   return s;
 }
