@@ -112,6 +112,10 @@ static int parse_strategies(const char *v, bench_opts_t *o) {
 /* Flags whose values are words or lists. */
 static int parse_word(void *ctx, const char *a, const char *v) {
   bench_opts_t *o = ctx;
+  static const char *const known[] = {"--strategy", "--preset", "--device", "--dtype",
+                                      "--reduce-dtype", "--hidden", "--sweep-prefetch",
+                                      "--sweep-strategies"};
+  if (!v) return flags_known(a, known, sizeof known / sizeof known[0]);
   if (!strcmp(a, "--strategy")) {
     if (fsdp_strategy_parse(v, &o->cfg.strategy) == FSDP_SUCCESS) return 0;
     return fprintf(stderr, "fsdp-bench: %s\n", fsdp_last_error()), -1;
@@ -156,7 +160,10 @@ static int finish_options(bench_opts_t *o) {
   int gpt = !strcmp(o->model, "gpt2");
   if (!gpt && strcmp(o->model, "mlp"))
     return fprintf(stderr, "fsdp-bench: --model '%s': use gpt2 or mlp\n", o->model), -1;
-  if (!o->seq_len) o->seq_len = o->gpt.block_size;
+  if (!o->seq_len)
+    return fprintf(stderr, "fsdp-bench: --seq-len 0: use a positive number (leave the flag "
+                   "out for the model's context)\n"), -1;
+  if (o->seq_len < 0) o->seq_len = o->gpt.block_size;
   if (!o->micro_batch) o->micro_batch = gpt ? 8 : 64;
   if (!gpt && o->cfg.device == FSDP_DEVICE_CUDA)
     return fprintf(stderr, "fsdp-bench: --device cuda runs gpt2 only (the MLP has CPU kernels "
@@ -223,6 +230,7 @@ int main(int argc, char **argv) {
   bench_opts_t o = {.model = "gpt2", .preset = "small", .wrap = {"GPT2Block", 0, NULL, 0, 0},
                     .hidden = {512, 256}, .n_hidden = 2, .cfg = FSDP_CONFIG_INIT, .warmup = 3,
                     .iters = 20, .rounds = 1, .check = 1, .peak_size = -1, .seed = 1,
+                    .seq_len = -1, /* -1: the context */
                     .strategies = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP, FSDP_NO_SHARD},
                     .n_strategies = 3, .depths = {0, 1, 2}, .n_depths = 3};
   fsdp_gpt2_preset("small", &o.gpt);

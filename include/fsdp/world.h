@@ -98,6 +98,25 @@ FSDP_API const char *fsdp_world_backend(fsdp_world_t world);
 /* The deadline of every collective of this world, in seconds. */
 FSDP_API double fsdp_world_timeout(fsdp_world_t world);
 
+/* Ends the whole job because this rank cannot go on (a fatal error after the
+ * world is up: bad input, a failed load, a failed collective), so that no
+ * other rank waits for it until a deadline. Prints message (one line; NULL:
+ * fsdp_last_error()) once to stderr with the status name, then:
+ *  - under mpirun: MPI_Abort(MPI_COMM_WORLD, 1); the MPI launcher kills every
+ *    rank, those blocked in a collective or in communicator creation
+ *    included, within about a second. A rank that instead returned and called
+ *    fsdp_world_destroy would block in MPI_Finalize while its peers wait;
+ *  - env:// (fsdp-run): marks the world failed (no exit barrier) and exits
+ *    with status 1; the launcher stops the others and names this rank as the
+ *    root cause. A rank still in a collective with it fails at its deadline;
+ *  - a single rank (or a NULL world): exits with status 1.
+ * Use it on a trainer's error path whenever the world has more than one rank
+ * and the failure may be this rank's alone. status is what failed (printed as
+ * its name; FSDP_SUCCESS prints none). Main thread; never returns; engines and
+ * communicators are not destroyed (the process ends). */
+FSDP_API void fsdp_world_abort(fsdp_world_t world, fsdp_status_t status, const char *message)
+    __attribute__((noreturn));
+
 #ifdef __cplusplus
 }
 #endif

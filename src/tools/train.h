@@ -37,6 +37,7 @@ typedef struct {
   double t0;
   int tty;               /* rank 0 writes to a terminal: a progress bar */
   fsdp_ckpt_lock_t lock; /* --save-dir's run lock (train_ckpt.c), NULL without */
+  char error[256];       /* why a tool-side step failed; "" means fsdp_last_error() */
 } trainer_t;
 
 /* Creates the engine once the task knows how many steps it will take (the
@@ -80,7 +81,7 @@ int train_end_step(const trainer_t *t);
 /* Test-only fault injection (FSDP_FAULT, train_fault.c), called in the middle
  * of every step: kills, stalls or fails this rank when the variable says so;
  * -1 when FSDP_FAULT is malformed, else 0. */
-int train_fault(const trainer_t *t, int step);
+int train_fault(trainer_t *t, int step);
 
 int train_mlp(trainer_t *t);
 int train_gpt2(trainer_t *t);

@@ -73,9 +73,18 @@ static int sample(trainer_t *t, gpt_task_t *g) {
   return rc;
 }
 
+/* The validation loss in fmt, or none_text when no evaluation ran. */
+static const char *val_text(int evals, double vl, const char *fmt, const char *none_text,
+                            char *buf, size_t n) {
+  if (!evals) return none_text;
+  snprintf(buf, n, fmt, vl);
+  return buf;
+}
+
 static int run(trainer_t *t, gpt_task_t *g) {
   const train_opts_t *o = t->o;
   double loss = 0, first = -1, vl = 0;
+  int evals = 0;
   double tokens = (double)o->global_batch * o->seq_len;
   int end = train_end_step(t), steps = end > t->start_step ? end - t->start_step : 0;
   for (int s = t->start_step; s < end; s++) {
@@ -92,23 +101,26 @@ static int run(trainer_t *t, gpt_task_t *g) {
     train_report_step(t, s + 1, loss, &st, fsdp_time_now() - ts, "tokens", tokens);
     if ((o->eval_every > 0 && (s + 1) % o->eval_every == 0) || s + 1 == o->steps) {
       if (evaluate(t, g, &vl)) return -1;
+      evals++;
       train_report_eval(t, s + 1, "val_loss", vl, vl);
     }
     if (train_save(t, s + 1)) return -1;
   }
   double secs = fsdp_time_now() - t->t0;
+  char text[64];
   if (o->sample > 0 && sample(t, g)) return -1;
   if (t->rank == 0 && o->json)
     printf("{\"event\":\"summary\",\"model\":\"gpt2\",\"ranks\":%d,\"strategy\":\"%s\","
            "\"steps\":%d,\"seconds\":%.2f,\"tokens_per_s\":%.1f,\"first_loss\":%.6f,"
-           "\"final_loss\":%.6f,\"val_loss\":%.6f,\"peak_bytes_per_rank\":%zu}\n", t->nranks,
+           "\"final_loss\":%.6f,\"val_loss\":%s,\"peak_bytes_per_rank\":%zu}\n", t->nranks,
            fsdp_strategy_name(o->cfg.strategy), steps, secs, tokens * steps / secs, first,
-           loss, vl, train_peak_bytes(t));
+           loss, val_text(evals, vl, "%.6f", "null", text, sizeof text), train_peak_bytes(t));
   else if (t->rank == 0)
     printf("done: gpt2, %d ranks, %s, %d steps in %.1f s (%.0f tokens/s) | loss %.4f -> %.4f | "
-           "val loss %.4f nats/byte | peak %.2f MiB/rank\n", t->nranks,
-           fsdp_strategy_name(o->cfg.strategy), steps, secs, tokens * steps / secs, first,
-           loss, vl, train_peak_bytes(t) / 1048576.0);
+           "%s | peak %.2f MiB/rank\n", t->nranks, fsdp_strategy_name(o->cfg.strategy), steps,
+           secs, tokens * steps / secs, first, loss,
+           val_text(evals, vl, "val loss %.4f nats/byte", "no eval ran", text, sizeof text),
+           train_peak_bytes(t) / 1048576.0);
   return 0;
 }
 

@@ -68,6 +68,7 @@ static int step(trainer_t *t, mlp_task_t *m, int64_t epoch, int64_t batch, doubl
 static int run(trainer_t *t, mlp_task_t *m) {
   const train_opts_t *o = t->o;
   double loss = 0, first = -1, tl = 0, acc = 0;
+  int evals = 0;
   int64_t per_epoch = m->sampler.batches_per_epoch;
   int end = train_end_step(t), s = end > t->start_step ? end - t->start_step : 0;
   for (int k = t->start_step; k < end; k++) {
@@ -85,21 +86,28 @@ static int run(trainer_t *t, mlp_task_t *m) {
                       (double)o->global_batch);
     if (k % per_epoch == per_epoch - 1) {
       if (evaluate(t, m, &tl, &acc)) return -1;
+      evals++;
       train_report_eval(t, k + 1, "test_accuracy", tl, acc);
     }
     if (train_save(t, k + 1)) return -1;
   }
+  char tl_text[32], acc_text[32], pct_text[32];
+  snprintf(tl_text, sizeof tl_text, "%.6f", tl);
+  snprintf(acc_text, sizeof acc_text, "%.4f", acc);
+  snprintf(pct_text, sizeof pct_text, "%.2f%%", 100 * acc);
   if (t->rank == 0 && o->json)
     printf("{\"event\":\"summary\",\"model\":\"mlp\",\"ranks\":%d,\"strategy\":\"%s\","
            "\"epochs\":%d,\"steps\":%d,\"seconds\":%.2f,\"first_loss\":%.6f,\"final_loss\":%.6f,"
-           "\"test_loss\":%.6f,\"test_accuracy\":%.4f,\"peak_bytes_per_rank\":%zu}\n",
+           "\"test_loss\":%s,\"test_accuracy\":%s,\"peak_bytes_per_rank\":%zu}\n",
            t->nranks, fsdp_strategy_name(o->cfg.strategy), o->epochs, s,
-           fsdp_time_now() - t->t0, first, loss, tl, acc, train_peak_bytes(t));
+           fsdp_time_now() - t->t0, first, loss, evals ? tl_text : "null",
+           evals ? acc_text : "null", train_peak_bytes(t));
   else if (t->rank == 0)
     printf("done: mlp, %d ranks, %s, %d epochs (%d steps) in %.1f s | loss %.4f -> %.4f | "
-           "test accuracy %.2f%% | peak %.2f MiB/rank\n", t->nranks,
+           "%s%s | peak %.2f MiB/rank\n", t->nranks,
            fsdp_strategy_name(o->cfg.strategy), o->epochs, s, fsdp_time_now() - t->t0, first,
-           loss, 100 * acc, train_peak_bytes(t) / 1048576.0);
+           loss, evals ? "test accuracy " : "no eval ran", evals ? pct_text : "",
+           train_peak_bytes(t) / 1048576.0);
   return 0;
 }
 
