@@ -291,6 +291,31 @@ FSDP_API fsdp_status_t fsdp_unit_add(fsdp_engine_t engine, const char *name, con
  * at every world size. Collective. */
 FSDP_API fsdp_status_t fsdp_engine_materialize(fsdp_engine_t engine, uint64_t seed);
 
+/* Start-up consistency: ranks started with different arguments would train
+ * different models without a word, or hang in mismatched collectives. This
+ * compares, collectively over the engine's ranks, the caller's n settings
+ * (keys[i] = values[i]: a trainer's flags, its data's identity), then the
+ * engine's resolved configuration (strategy, prefetch, accumulation, dtypes,
+ * optimizer, schedule, device, backend) and its unit plan so far (every unit,
+ * tensor name and shape). Call it on every rank at the same point, with the
+ * same keys in the same order; values are what may differ. Cost when the ranks
+ * agree: one all-gather of 16 bytes per rank (a hash and a length); on a
+ * mismatch, one more of the longest rank's settings. Both have the same size
+ * on every rank, so the check itself never hangs.
+ * fsdp_engine_materialize runs the engine's part on its own before any other
+ * collective, so an embedding trainer that never calls this still gets its
+ * configuration and model compared.
+ * Errors: FSDP_ERR_INVALID_USAGE on every rank when they differ, naming the
+ * first differing key and every rank's value, e.g. "ranks were started with
+ * different settings, seen by rank 0: --lr: rank 1 has 0.01, ranks 0, 2-3 have
+ * 0.002"; FSDP_ERR_INVALID_ARGUMENT for n < 0 or NULL arrays; a failed
+ * exchange as the collective's error. A NULL value reads as "(unset)";
+ * newlines and tabs in values read as spaces. keys and values are not kept.
+ * Collective; main thread. */
+FSDP_API fsdp_status_t fsdp_engine_check_consistency(fsdp_engine_t engine, int n,
+                                                     const char *const *keys,
+                                                     const char *const *values);
+
 /* Sets a whole tensor from `full` held by rank `root` (others pass NULL) and
  * broadcast to all: weights supplied by the user, as sync_module_states does.
  * Optimizer state of the tensor is left alone. Collective. */

@@ -2,7 +2,8 @@
  * engine's source files (engine.c: life cycle; units.c: the registry;
  * materialize.c: shards and pools; tensor_io.c: parameters in and out;
  * schedule.c: gathers and reductions; step.c: the optimizer step;
- * accounting.c: memory and the timeline). */
+ * accounting.c: memory and the timeline; consistency.c: the start-up
+ * comparison of configuration and plan across ranks). */
 #ifndef FSDP_ENGINE_INTERNAL_H
 #define FSDP_ENGINE_INTERNAL_H
 
@@ -169,6 +170,9 @@ void fsdp_engine_free(const struct fsdp_engine *e, void *p);
 fsdp_status_t fsdp_engine_zero(const struct fsdp_engine *e, void *p, size_t bytes);
 fsdp_status_t fsdp_engine_poison(struct fsdp_engine *e, fsdp_status_t st);
 fsdp_status_t fsdp_engine_check_live(struct fsdp_engine *e);
+/* The consistency check of the engine's own part, configuration and unit
+ * plan (consistency.c); fsdp_engine_materialize runs it first. */
+fsdp_status_t fsdp_engine_check_plan(struct fsdp_engine *e);
 
 /* The unit registry (units.c). fsdp_tensor_find: the tensor named `name` and
  * where it is (unit, index may be NULL), or NULL. fsdp_unit_get: unit `unit`,

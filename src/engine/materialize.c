@@ -151,6 +151,9 @@ fsdp_status_t fsdp_engine_materialize(fsdp_engine_t e, uint64_t seed) {
   if (e->n_units == 0)
     return fsdp_error(FSDP_ERR_INVALID_USAGE,
                       "fsdp_engine_materialize: no units were added");
+  /* Ranks that built different models would issue mismatched collectives
+   * from here on: compare first (one 16-byte all-gather when they agree). */
+  FSDP_TRY(fsdp_engine_check_plan(e));
   e->seed = seed;
   for (int i = 0; i < e->n_units; i++) FSDP_TRY(unit_materialize(e, &e->units[i]));
   FSDP_TRY(pools_create(e));

@@ -83,6 +83,14 @@ int train_end_step(const trainer_t *t);
  * -1 when FSDP_FAULT is malformed, else 0. */
 int train_fault(trainer_t *t, int step);
 
+/* Compares this rank's flags and data identity (path, size, content hash) with
+ * every other rank's (train_check.c); -1 with fsdp_last_error naming the
+ * first differing flag and each rank's value. Collective. */
+int train_check_consistency(trainer_t *t, const char *data_path, size_t data_bytes,
+                            uint64_t data_hash);
+/* FNV-1a 64 of n bytes, continuing from h (0 starts afresh). */
+uint64_t train_hash(uint64_t h, const void *data, size_t n);
+
 int train_mlp(trainer_t *t);
 int train_gpt2(trainer_t *t);
 

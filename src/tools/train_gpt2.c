@@ -126,8 +126,9 @@ static int run(trainer_t *t, gpt_task_t *g) {
 
 static int setup(trainer_t *t, gpt_task_t *g) {
   const train_opts_t *o = t->o;
-  if (fsdp_text_load(o->data ? o->data : "/usr/share/games/fortunes", 0.1, &g->text) ||
-      train_engine(t, o->steps))
+  const char *data = o->data ? o->data : "/usr/share/games/fortunes";
+  if (fsdp_text_load(data, 0.1, &g->text) || train_engine(t, o->steps) ||
+      train_check_consistency(t, data, g->text.n, train_hash(0, g->text.bytes, g->text.n)))
     return -1;
   fsdp_gpt2_opts_t w = o->wrap;
   w.max_batch = (int)t->micro;

@@ -111,12 +111,24 @@ static int run(trainer_t *t, mlp_task_t *m) {
   return 0;
 }
 
+static size_t idx_bytes(const fsdp_idx_dataset_t *ds) {
+  return (size_t)ds->n * ((size_t)ds->rows * (size_t)ds->cols + 1);
+}
+
+/* The data's identity for the consistency check: images, then labels. */
+static uint64_t idx_hash(const fsdp_idx_dataset_t *ds, uint64_t h) {
+  h = train_hash(h, ds->images, (size_t)ds->n * (size_t)ds->rows * (size_t)ds->cols);
+  return train_hash(h, ds->labels, (size_t)ds->n);
+}
+
 static int setup(trainer_t *t, mlp_task_t *m) {
   const train_opts_t *o = t->o;
   const char *dir = o->data ? o->data : "/usr/share/datasets/fashion-mnist";
   if (fsdp_fashion_mnist_load(dir, "train", &m->train) ||
       fsdp_fashion_mnist_load(dir, "t10k", &m->test) ||
-      train_engine(t, (int)(m->train.n / o->global_batch) * o->epochs))
+      train_engine(t, (int)(m->train.n / o->global_batch) * o->epochs) ||
+      train_check_consistency(t, dir, idx_bytes(&m->train) + idx_bytes(&m->test),
+                              idx_hash(&m->test, idx_hash(&m->train, 0))))
     return -1;
   int widths[8], d = m->train.rows * m->train.cols;
   widths[0] = d;

@@ -1,7 +1,8 @@
 /* src/world/world_internal.h — what the comm layer needs to know about a world
  * beyond MPI: how it was launched, its env:// store, its deadlines, and a slot
  * where the comm layer keeps per-world state (the watchdog). Free of mpi.h so
- * the C++ gloo adapter can include it. Only src/world and src/comm include it.
+ * the C++ gloo adapter can include it. Only src/world and src/comm include it
+ * (and src/engine/consistency.c, for fsdp_format_ranks).
  * Not installed. */
 #ifndef FSDP_WORLD_INTERNAL_H
 #define FSDP_WORLD_INTERNAL_H
