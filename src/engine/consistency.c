@@ -77,7 +77,8 @@ static int put_config(text_t *t, const fsdp_config_t *c) {
 
 /* Every unit and tensor, with shapes: the model each rank built. */
 static int put_plan(text_t *t, const struct fsdp_engine *e) {
-  if (putf(t, "engine.units", "%d", e->n_units)) return -1;
+  /* No count line first: a rank that lacks a unit then differs at that unit,
+   * which the message names. */
   for (int u = 0; u < e->n_units; u++) {
     const struct unit *un = &e->units[u];
     char key[64];

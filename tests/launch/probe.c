@@ -13,7 +13,8 @@
  *                   an all_gather they all issue
  *   count R         rank R passes a larger count to a shared all_gather
  *   skip-unit R     rank R's model lacks unit 'b' of a, b, c (equal sizes),
- *                   so its forward gathers 'c' where the others gather 'b'
+ *                   so its forward would gather 'c' where the others gather
+ *                   'b'; materialize's plan comparison stops it first
  *
  * The desync scenarios turn the check on (world opts) and end with a barrier
  * on a communicator of their own, so every rank has printed its report
