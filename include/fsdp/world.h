@@ -22,7 +22,7 @@
  *
  * Deadlines (collective timeout, rendezvous timeout) and the desync check come
  * from the options, else from the environment (FSDP_TIMEOUT_S,
- * FSDP_RENDEZVOUS_TIMEOUT_S, FSDP_DESYNC_CHECK=1), else the defaults. They
+ * FSDP_RENDEZVOUS_TIMEOUT_S, FSDP_DESYNC_CHECK=0 or 1), else the defaults. They
  * apply to every communicator made from the world (fsdp/comm.h says what
  * happens when a deadline passes).
  *
@@ -66,9 +66,11 @@ typedef struct {
   /* env:// only: how long ranks wait for each other to join (and, at destroy,
    * for each other to leave); 0: FSDP_RENDEZVOUS_TIMEOUT_S, else 300. */
   double rendezvous_timeout_s;
-  /* 1: every collective first compares a fingerprint (op, unit, count, dtype,
-   * sequence number) across ranks and fails on a mismatch instead of hanging
-   * (one small all-gather per collective); 0: on when FSDP_DESYNC_CHECK=1. */
+  /* The desync check (fsdp/comm.h): every collective first compares a
+   * fingerprint (op, unit, count, dtype, sequence number) across ranks and
+   * fails on a mismatch instead of hanging or overrunning a buffer (one
+   * all-gather of 72 bytes per rank per collective). 0: FSDP_DESYNC_CHECK
+   * decides ("0" off, else on: the default is on); 1: on; -1: off. */
   int desync_check;
 } fsdp_world_opts_t;
 

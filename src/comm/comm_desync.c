@@ -1,10 +1,14 @@
-/* src/comm/comm_desync.c — desync detection: before a collective runs, every
- * rank all-gathers a fixed-size fingerprint of it (operation, tag, count,
- * dtype, reduction, root, sequence number) on the same communicator and
- * compares. The exchange always matches in size, so ranks that are about to
- * issue different collectives (an extra one, another count, a skipped unit)
- * all fail with every differing fingerprint in the message instead of hanging
- * or corrupting memory. Costs one small all-gather per collective. */
+/* src/comm/comm_desync.c — desync detection, on unless turned off
+ * (world.h): before a collective runs, every rank all-gathers a fixed-size
+ * fingerprint of it (operation, tag, count, dtype, reduction, root, sequence
+ * number) on the same communicator and compares. The exchange always matches
+ * in size and kind, because every rank runs it before every collective, so
+ * ranks that are about to issue different collectives (an extra one, another
+ * count, a skipped unit) all fail with every differing fingerprint in the
+ * message instead of hanging or overrunning a buffer. Costs one all-gather of
+ * 72 bytes per rank per collective: one more exchange, which is what a small
+ * collective costs (README, "Desync check", has the numbers); a large one
+ * does not notice. */
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -131,24 +135,32 @@ static void describe_groups(const fingerprint_t *all, int size, char *buf, size_
   fsdp_free(ranks);
 }
 
-fsdp_status_t fsdp_desync_check(fsdp_comm_t c, const fsdp_coll_t *coll) {
-  if (!c->fingerprints) return FSDP_SUCCESS;
-  fingerprint_t mine = fingerprint_of(coll), *all = c->fingerprints;
+/* All-gathers the fingerprints into all (size of them) and fails naming
+ * every distinct one, or succeeds when they agree after all. */
+static fsdp_status_t compare_fingerprints(fsdp_comm_t c, const fingerprint_t *mine,
+                                          fingerprint_t *all) {
+  fingerprint_t copy = *mine;
   fsdp_coll_t ex;
   memset(&ex, 0, sizeof ex);
   ex.kind = FSDP_COLL_ALL_GATHER;
-  ex.send = &mine;
+  ex.send = &copy;
   ex.recv = all;
-  ex.count = sizeof mine / sizeof(float);
+  ex.count = sizeof copy / sizeof(float);
   ex.dtype = FSDP_F32;
-  ex.seq = coll->seq;
+  ex.seq = mine->seq;
   FSDP_TRY(c->ops->run(c, &ex));
   int same = 1;
-  for (int r = 0; r < c->size && same; r++) same = memcmp(&all[r], &mine, sizeof mine) == 0;
+  for (int r = 0; r < c->size && same; r++) same = memcmp(&all[r], mine, sizeof *mine) == 0;
   if (same) return FSDP_SUCCESS;
   char groups[900];
   describe_groups(all, c->size, groups, sizeof groups);
   return fsdp_error(FSDP_ERR_INVALID_USAGE, "desync on communicator %d, seen by rank %d: %s; "
                     "every rank must issue the same collectives in the same order",
                     c->id, c->rank, groups);
+}
+
+fsdp_status_t fsdp_desync_check(fsdp_comm_t c, const fsdp_coll_t *coll) {
+  if (!c->fingerprints) return FSDP_SUCCESS;
+  fingerprint_t mine = fingerprint_of(coll);
+  return compare_fingerprints(c, &mine, c->fingerprints);
 }

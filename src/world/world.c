@@ -330,7 +330,8 @@ static fsdp_status_t resolve_options(struct fsdp_world *w, const fsdp_world_opts
   if (v && strcmp(v, "0") != 0 && strcmp(v, "1") != 0)
     return fsdp_error(FSDP_ERR_INVALID_USAGE, "FSDP_DESYNC_CHECK='%s': use 1 (on) or 0 (off)",
                       v);
-  w->desync_check = o->desync_check == 1 || (v && *v == '1');
+  /* On unless asked off: the option first, then the environment. */
+  w->desync_check = o->desync_check ? o->desync_check == 1 : !(v && *v == '0');
   return FSDP_SUCCESS;
 }
 
@@ -345,9 +346,9 @@ fsdp_status_t fsdp_world_init(fsdp_world_t *world, const fsdp_world_opts_t *opts
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
                       "fsdp_world_init: expected_world_size is %d; use 0 (any) or a "
                       "positive rank count", o->expected_world_size);
-  if (o->desync_check != 0 && o->desync_check != 1)
+  if (o->desync_check < -1 || o->desync_check > 1)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_world_init: desync_check is %d; use 0 "
-                      "(FSDP_DESYNC_CHECK decides) or 1", o->desync_check);
+                      "(FSDP_DESYNC_CHECK decides), 1 (on) or -1 (off)", o->desync_check);
   struct fsdp_world *w = fsdp_alloc(sizeof *w);
   if (!w) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "fsdp_world_init: cannot allocate the world");
   fsdp_status_t st = resolve_options(w, o);
@@ -361,7 +362,7 @@ fsdp_status_t fsdp_world_init(fsdp_world_t *world, const fsdp_world_opts_t *opts
     fsdp_log_set_rank(w->rank);
   fsdp_log(FSDP_LOG_INFO, "world: rank %d of %d (local %d of %d), backend %s, timeout %g s%s",
            w->rank, w->size, w->local_rank, w->local_size, fsdp_world_backend(w), w->timeout_s,
-           w->desync_check ? ", desync check on" : "");
+           w->desync_check ? "" : ", desync check off");
   *world = w;
   return FSDP_SUCCESS;
 }

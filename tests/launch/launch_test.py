@@ -320,10 +320,16 @@ DESYNC = {
 }
 
 
-def desync(r, case, kind):
+def desync(r, case, kind, default=False):
+    """default: the check as the library has it by default, without
+    FSDP_DESYNC_CHECK or world opts (before issue 14 it was off: "count" died
+    in gloo::EnforceNotMet or MPI_ERR_TRUNCATE, "extra" hung until the
+    watchdog)."""
     cmd = r.launcher(kind, 4) + [r.tool("tests/launch/launch_probe"), case, "1"]
-    rc, out, err, secs, left = r.run(cmd, timeout=60)
-    print(f"{case} under {kind}: exit {rc} after {secs:.1f} s; leftovers {left}")
+    rc, out, err, secs, left = r.run(cmd, {"PROBE_DEFAULT_CHECK": "1"} if default else {},
+                                     timeout=60)
+    print(f"{case} under {kind}{' (default check)' if default else ''}: exit {rc} after "
+          f"{secs:.1f} s; leftovers {left}")
     check(rc != 0 and not left, f"rc {rc}, leftovers {left}")
     for rank in range(4):
         mine = [l for l in err.splitlines() if f"probe: rank {rank}: error" in l]
@@ -617,6 +623,8 @@ SCENARIOS = {
     "launcher-killed": lambda r: signalled(r, signal.SIGKILL),
     **{f"desync-{c}-{k}": (lambda c, k: lambda r: desync(r, c, k))(c, k)
        for c in DESYNC for k in ("fsdp-run", "mpirun")},
+    **{f"desync-{c}-default-{k}": (lambda c, k: lambda r: desync(r, c, k, True))(c, k)
+       for c in ("extra", "count") for k in ("fsdp-run", "mpirun")},
     **{f"bad-{c}": (lambda c: lambda r: bad_launch(r, c))(c)
        for c in ("fewer-ranks", "wrong-port", "wrong-address", "exit-before-join")},
     **{f"fail-{c}-{k}": (lambda c, k: lambda r: fail_fast(r, c, k))(c, k)

@@ -16,7 +16,8 @@
  *                   so its forward would gather 'c' where the others gather
  *                   'b'; materialize's plan comparison stops it first
  *
- * The desync scenarios turn the check on (world opts) and end with a barrier
+ * The desync scenarios turn the check on (world opts; with
+ * PROBE_DEFAULT_CHECK=1 they leave it to the default) and end with a barrier
  * on a communicator of their own, so every rank has printed its report
  * before the first one exits and a launcher stops the rest. */
 #include <signal.h>
@@ -108,7 +109,9 @@ int main(int argc, char **argv) {
   }
   if (getenv("RANK")) rank = atoi(getenv("RANK")); /* for messages before the world exists */
   fsdp_world_opts_t o = FSDP_WORLD_OPTS_INIT;
-  o.desync_check = desync;
+  /* PROBE_DEFAULT_CHECK=1: leave the check to the library's default (on). */
+  const char *dflt = getenv("PROBE_DEFAULT_CHECK");
+  o.desync_check = desync && !(dflt && !strcmp(dflt, "1"));
   fsdp_world_t w = NULL;
   fsdp_comm_t c = NULL, done = NULL;
   fsdp_status_t st = fsdp_world_init(&w, &o);
