@@ -543,6 +543,25 @@ def mismatch(r, case):
         print(lines[0])
 
 
+def mismatch_bench(r):
+    """fsdp-bench compares its own flags too (before: each rank timed its own
+    micro-batch and the job exited 0)."""
+    args = ["--preset", "tiny", "--iters", "2", "--warmup", "1", "--peak-size", "0"]
+    for kind in ("fsdp-run", "mpirun"):
+        if kind == "mpirun" and not r.a.mpirun:
+            continue
+        cmd = r.launcher(kind, 2) + [rank_wrapper(r, ["--micro-batch", "4"]),
+                                     r.tool("bench/fsdp-bench")] + args
+        rc, out, err, secs, left = r.run(cmd, {"FSDP_TIMEOUT_S": "30"}, timeout=60)
+        print(f"fsdp-bench --micro-batch differs on rank 1 under {kind}: exit {rc} after "
+              f"{secs:.1f} s; leftovers {left}")
+        check(rc != 0 and secs <= FAIL_FAST_S and not left, f"rc {rc}, {secs:.1f} s, {left}")
+        lines = [l for l in err.splitlines()
+                 if re.search(r"different settings.*--micro-batch: rank 0 has 8, rank 1 has 4", l)]
+        check(lines, f"{kind}: no message naming --micro-batch:\n{err[-3000:]}")
+        print(lines[0])
+
+
 def sigstopped(r):
     """A SIGSTOPped worker: rank 0's watchdog fires at the 2 s timeout, and
     fsdp-run resumes (SIGCONT) and stops rank 1 at once instead of after the
@@ -630,6 +649,7 @@ SCENARIOS = {
     **{f"fail-{c}-{k}": (lambda c, k: lambda r: fail_fast(r, c, k))(c, k)
        for c in ("data", "step") for k in ("fsdp-run", "mpirun")},
     **{f"mismatch-{c}": (lambda c: lambda r: mismatch(r, c))(c) for c in MISMATCH},
+    "mismatch-bench": mismatch_bench,
     "sigstop": sigstopped,
     "cli-small": cli_small,
 }
