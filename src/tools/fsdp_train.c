@@ -205,6 +205,7 @@ fail:
     char line[1200];
     snprintf(line, sizeof line, "fsdp-train: rank %d: %s", fsdp_world_rank(t.world),
              t.error[0] ? t.error : fsdp_last_error());
+    fsdp_ckpt_unlock(t.lock); /* the process ends in there */
     fsdp_world_abort(t.world, FSDP_SUCCESS, line);
   }
   fprintf(stderr, "fsdp-train: rank %d: %s\n", t.world ? fsdp_world_rank(t.world) : 0,
