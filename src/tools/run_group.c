@@ -338,8 +338,7 @@ static void report_worker(const group_t *g, const worker_t *w, const char *label
   describe(w, how, sizeof how);
   if (w->paused_by) {
     const char *abbrev = sigabbrev_np(w->paused_by);
-    snprintf(paused, sizeof paused, " after being stopped by SIG%s (no progress since)",
-             abbrev ? abbrev : "?");
+    snprintf(paused, sizeof paused, "; it had been paused by SIG%s", abbrev ? abbrev : "?");
   }
   fprintf(stderr, "fsdp-run:   %srank %d (local rank %d, host %s, pid %ld) %s%s\n", label,
           w->rank, w->local_rank, g->o->host, (long)w->pid, how, paused);

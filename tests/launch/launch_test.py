@@ -594,7 +594,7 @@ def sigstopped(r):
           f"grace 20 s); leftovers {left}")
     check(p.returncode != 0 and not left, f"rc {p.returncode}, leftovers {left}")
     check(secs < 12, f"took {secs:.1f} s: the stopped worker waited out the 20 s grace")
-    root = re.search(r"root cause: rank 1 .*stopped by SIGSTOP.*", err)
+    root = re.search(r"root cause: rank 1 .*paused by SIGSTOP.*", err)
     check(root, f"the root cause does not name the stopped rank 1:\n{err[-3000:]}")
     check(re.search(r"rank 0 was waiting for it: .*watchdog", err), f"no watchdog line:\n{err}")
     print(root.group(0))
