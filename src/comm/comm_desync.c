@@ -135,32 +135,24 @@ static void describe_groups(const fingerprint_t *all, int size, char *buf, size_
   fsdp_free(ranks);
 }
 
-/* All-gathers the fingerprints into all (size of them) and fails naming
- * every distinct one, or succeeds when they agree after all. */
-static fsdp_status_t compare_fingerprints(fsdp_comm_t c, const fingerprint_t *mine,
-                                          fingerprint_t *all) {
-  fingerprint_t copy = *mine;
+fsdp_status_t fsdp_desync_check(fsdp_comm_t c, const fsdp_coll_t *coll) {
+  if (!c->fingerprints) return FSDP_SUCCESS;
+  fingerprint_t mine = fingerprint_of(coll), *all = c->fingerprints;
   fsdp_coll_t ex;
   memset(&ex, 0, sizeof ex);
   ex.kind = FSDP_COLL_ALL_GATHER;
-  ex.send = &copy;
+  ex.send = &mine;
   ex.recv = all;
-  ex.count = sizeof copy / sizeof(float);
+  ex.count = sizeof mine / sizeof(float);
   ex.dtype = FSDP_F32;
-  ex.seq = mine->seq;
+  ex.seq = coll->seq;
   FSDP_TRY(c->ops->run(c, &ex));
   int same = 1;
-  for (int r = 0; r < c->size && same; r++) same = memcmp(&all[r], mine, sizeof *mine) == 0;
+  for (int r = 0; r < c->size && same; r++) same = memcmp(&all[r], &mine, sizeof mine) == 0;
   if (same) return FSDP_SUCCESS;
   char groups[900];
   describe_groups(all, c->size, groups, sizeof groups);
   return fsdp_error(FSDP_ERR_INVALID_USAGE, "desync on communicator %d, seen by rank %d: %s; "
                     "every rank must issue the same collectives in the same order",
                     c->id, c->rank, groups);
-}
-
-fsdp_status_t fsdp_desync_check(fsdp_comm_t c, const fsdp_coll_t *coll) {
-  if (!c->fingerprints) return FSDP_SUCCESS;
-  fingerprint_t mine = fingerprint_of(coll);
-  return compare_fingerprints(c, &mine, c->fingerprints);
 }

@@ -82,10 +82,8 @@ static int put_plan(text_t *t, const struct fsdp_engine *e) {
   for (int u = 0; u < e->n_units; u++) {
     const struct unit *un = &e->units[u];
     char key[64];
-    snprintf(key, sizeof key, "engine.unit[%d]", u);
-    if (putf(t, key, "%s (%s), %d tensors, %zu parameters", un->name, un->kind, un->n_tensors,
-             un->numel))
-      return -1;
+    /* Tensors before the unit's summary: a difference then names the tensor
+     * and both shapes, not just two parameter counts. */
     for (int i = 0; i < un->n_tensors; i++) {
       const struct tensor *x = &un->tensors[i];
       char shape[160] = "";
@@ -96,6 +94,10 @@ static int put_plan(text_t *t, const struct fsdp_engine *e) {
       snprintf(key, sizeof key, "engine.unit[%d].tensor[%d]", u, i);
       if (putf(t, key, "%s %s", x->name, shape)) return -1;
     }
+    snprintf(key, sizeof key, "engine.unit[%d]", u);
+    if (putf(t, key, "%s (%s), %d tensors, %zu parameters", un->name, un->kind, un->n_tensors,
+             un->numel))
+      return -1;
   }
   return 0;
 }
@@ -106,7 +108,7 @@ static uint64_t fnv1a(const char *p, size_t n) {
   return h;
 }
 
-/* Line `line` of a text as key and value pointers into a copy; 0 past the end. */
+/* Line `line` of a text, its key and value copied out; 0 past the end. */
 static int line_at(const char *text, int line, char *key, size_t nk, char *val, size_t nv) {
   const char *p = text;
   for (int i = 0; i < line && p; i++) {
@@ -134,7 +136,7 @@ static void describe_values(char **texts, int size, int line, char *buf, size_t 
     char key[200];
     if (!line_at(texts[r], line, key, sizeof key, vals[r], sizeof vals[r]))
       snprintf(vals[r], sizeof vals[r], "nothing (its list of settings ends earlier)");
-    else if (!strcmp(key, "")) snprintf(vals[r], sizeof vals[r], "(empty)");
+    else if (!vals[r][0]) snprintf(vals[r], sizeof vals[r], "(empty)");
   }
   for (int r = 0, groups = 0; r < size && used < n; r++) {
     if (done[r]) continue;

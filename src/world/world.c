@@ -203,18 +203,6 @@ static void mpi_stop(int rank, double timeout_s) {
 }
 
 /* Rank, size and the node-local split over our own dup of MPI_COMM_WORLD. */
-static fsdp_status_t mpi_world_split(struct fsdp_world *w);
-
-static fsdp_status_t mpi_world_fill(struct fsdp_world *w) {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  fsdp_mpi_guard_t *g = fsdp_mpi_guard_begin("world set-up (MPI_Comm_dup, MPI_Comm_split_type)",
-                                             rank, w->timeout_s);
-  fsdp_status_t st = mpi_world_split(w);
-  fsdp_mpi_guard_end(g);
-  return st;
-}
-
 static fsdp_status_t mpi_world_split(struct fsdp_world *w) {
   int rc = MPI_Comm_dup(MPI_COMM_WORLD, &w->comm);
   if (rc != MPI_SUCCESS) return mpi_fail("MPI_Comm_dup(MPI_COMM_WORLD)", rc);
@@ -232,6 +220,19 @@ static fsdp_status_t mpi_world_split(struct fsdp_world *w) {
   MPI_Comm_free(&node);
   w->kind = FSDP_WORLD_MPI;
   return FSDP_SUCCESS;
+}
+
+/* The split, under the collective deadline: both calls are collective, and a
+ * rank that never gets here (failed before MPI_Init returned everywhere, or
+ * stopped) would hold the others in them for ever. */
+static fsdp_status_t mpi_world_fill(struct fsdp_world *w) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  fsdp_mpi_guard_t *g = fsdp_mpi_guard_begin("world set-up (MPI_Comm_dup, MPI_Comm_split_type)",
+                                             rank, w->timeout_s);
+  fsdp_status_t st = mpi_world_split(w);
+  fsdp_mpi_guard_end(g);
+  return st;
 }
 
 static fsdp_status_t mpi_world_init(struct fsdp_world *w, int expected) {
@@ -390,6 +391,7 @@ void fsdp_world_abort(fsdp_world_t world, fsdp_status_t status, const char *mess
           status ? " [" : "", status ? fsdp_status_string(status) : "", status ? "]" : "");
   if (kind == FSDP_WORLD_MPI && world->size > 1) {
     fprintf(stderr, "fsdp: rank %d: aborting the job (MPI_Abort)\n", world->rank);
+    fflush(stdout);
     fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
