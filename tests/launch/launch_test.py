@@ -543,6 +543,23 @@ def mismatch(r, case):
         print(lines[0])
 
 
+def stalled_setup(r, kind):
+    """Rank 1 never creates its communicator: the others' creation ends at the
+    2 s collective deadline with a message naming it (before: MPI_Comm_dup
+    waited for ever under mpirun; gloo's connect waited the 300 s rendezvous
+    timeout)."""
+    cmd = r.launcher(kind, 2) + [r.tool("tests/launch/launch_probe"), "stall-setup", "1"]
+    rc, out, err, secs, left = r.run(cmd, {"FSDP_TIMEOUT_S": "2"}, timeout=60)
+    print(f"rank 1 stalls before communicator creation under {kind}: exit {rc} after "
+          f"{secs:.1f} s (timeout 2 s); leftovers {left}")
+    check(rc != 0 and secs <= FAIL_FAST_S and not left, f"rc {rc}, {secs:.1f} s, {left}")
+    want = (r"rank 0: communicator creation \(MPI_Comm_dup\) did not complete within the 2 s"
+            if kind == "mpirun" else r"probe: rank 0: error .*cannot connect communicator 0")
+    line = re.search(want + ".*", err)
+    check(line, f"no message naming communicator creation:\n{err[-3000:]}")
+    print(line.group(0)[:300])
+
+
 def mismatch_bench(r):
     """fsdp-bench compares its own flags too (before: each rank timed its own
     micro-batch and the job exited 0)."""
@@ -650,6 +667,8 @@ SCENARIOS = {
        for c in ("data", "step") for k in ("fsdp-run", "mpirun")},
     **{f"mismatch-{c}": (lambda c: lambda r: mismatch(r, c))(c) for c in MISMATCH},
     "mismatch-bench": mismatch_bench,
+    "stall-setup-fsdp-run": lambda r: stalled_setup(r, "fsdp-run"),
+    "stall-setup-mpirun": lambda r: stalled_setup(r, "mpirun"),
     "sigstop": sigstopped,
     "cli-small": cli_small,
 }

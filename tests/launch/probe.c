@@ -9,6 +9,9 @@
  *                   blocks (ignoring SIGTERM when PROBE_IGNORE_SIGTERM=1, to
  *                   make fsdp-run escalate); the others' all_reduce #K+1
  *                   times out
+ *   stall-setup R   rank R blocks before creating its communicator; the
+ *                   others' creation (MPI_Comm_dup, gloo's connect) must end
+ *                   at the collective deadline, not hang
  *   extra R         rank R issues an all_reduce the others do not, before
  *                   an all_gather they all issue
  *   count R         rank R passes a larger count to a shared all_gather
@@ -102,9 +105,9 @@ static fsdp_status_t run_skip_unit(fsdp_world_t w, int who) {
 int main(int argc, char **argv) {
   const char *what = argc > 1 ? argv[1] : "";
   int desync = !strcmp(what, "extra") || !strcmp(what, "count") || !strcmp(what, "skip-unit");
-  if (strcmp(what, "ok") && strcmp(what, "stall") && !desync) {
-    fprintf(stderr, "usage: probe ok | stall RANK ITER | extra RANK | count RANK | "
-            "skip-unit RANK\n");
+  if (strcmp(what, "ok") && strcmp(what, "stall") && strcmp(what, "stall-setup") && !desync) {
+    fprintf(stderr, "usage: probe ok | stall RANK ITER | stall-setup RANK | extra RANK | "
+            "count RANK | skip-unit RANK\n");
     return 2;
   }
   if (getenv("RANK")) rank = atoi(getenv("RANK")); /* for messages before the world exists */
@@ -117,6 +120,10 @@ int main(int argc, char **argv) {
   fsdp_status_t st = fsdp_world_init(&w, &o);
   if (st != FSDP_SUCCESS) return say(st, "");
   rank = fsdp_world_rank(w);
+  if (!strcmp(what, "stall-setup") && rank == (argc > 2 ? atoi(argv[2]) : 1)) {
+    fprintf(stderr, "probe: rank %d: stalling before communicator creation\n", rank);
+    for (;;) pause(); /* the hang under test: only a signal ends it */
+  }
   st = fsdp_comm_create(w, &c);
   if (st == FSDP_SUCCESS) st = fsdp_comm_create(w, &done);
   int who = argc > 2 ? atoi(argv[2]) : 1;
