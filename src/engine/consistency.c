@@ -16,6 +16,8 @@
 #include "engine/engine_internal.h"
 #include "world/world_internal.h" /* fsdp_format_ranks */
 
+#define TEXT_MAX 512 /* longest key or value a message shows, NUL included */
+
 typedef struct {
   char *text;
   size_t len, cap;
@@ -126,14 +128,14 @@ static int line_at(const char *text, int line, char *key, size_t nk, char *val, 
 
 /* ": rank 1 has 0.01, ranks 0, 2-3 have 0.002" for the values of one key. */
 static void describe_values(char **texts, int size, int line, char *buf, size_t n) {
-  char (*vals)[200] = fsdp_alloc((size_t)size * sizeof *vals);
+  char (*vals)[TEXT_MAX] = fsdp_alloc((size_t)size * sizeof *vals);
   int *ranks = fsdp_alloc(2 * (size_t)size * sizeof(int)), *done = ranks ? ranks + size : NULL;
   size_t used = 0;
   buf[0] = '\0';
   if (!vals || !ranks) goto out;
   memset(done, 0, (size_t)size * sizeof(int));
   for (int r = 0; r < size; r++) {
-    char key[200];
+    char key[TEXT_MAX];
     if (!line_at(texts[r], line, key, sizeof key, vals[r], sizeof vals[r]))
       snprintf(vals[r], sizeof vals[r], "nothing (its list of settings ends earlier)");
     else if (!vals[r][0]) snprintf(vals[r], sizeof vals[r], "(empty)");
@@ -159,7 +161,7 @@ out:
 static fsdp_status_t mismatch(const struct fsdp_engine *e, char **texts, int size) {
   int line = 0;
   for (;; line++) {
-    char k0[200], v0[200], k[200], v[200];
+    char k0[TEXT_MAX], v0[TEXT_MAX], k[TEXT_MAX], v[TEXT_MAX];
     int has0 = line_at(texts[0], line, k0, sizeof k0, v0, sizeof v0), differs = 0;
     for (int r = 1; r < size && !differs; r++) {
       int has = line_at(texts[r], line, k, sizeof k, v, sizeof v);
@@ -167,8 +169,12 @@ static fsdp_status_t mismatch(const struct fsdp_engine *e, char **texts, int siz
     }
     if (differs || !has0) break;
   }
-  char key[200] = "", val[200], values[1200];
+  char key[TEXT_MAX] = "", val[TEXT_MAX], values[1200];
   for (int r = 0; r < size && !key[0]; r++) line_at(texts[r], line, key, sizeof key, val, sizeof val);
+  if (!key[0]) /* the texts differ only past what one line here holds */
+    return fsdp_error(FSDP_ERR_INVALID_USAGE, "ranks were started with different settings, "
+                      "seen by rank %d: a setting longer than %d bytes differs; start every "
+                      "rank with the same arguments and data", e->rank, TEXT_MAX - 1);
   describe_values(texts, size, line, values, sizeof values);
   return fsdp_error(FSDP_ERR_INVALID_USAGE, "ranks were started with different settings, "
                     "seen by rank %d: %s: %s; start every rank with the same arguments and "
