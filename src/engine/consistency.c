@@ -74,7 +74,11 @@ static int put_config(text_t *t, const fsdp_config_t *c) {
               (double)o->beta2, (double)o->eps, (double)o->weight_decay, (double)o->momentum,
               o->nesterov, (double)o->max_grad_norm) ||
          putf(t, "engine.schedule", "kind %d warmup %" PRId64 " total %" PRId64 " min_lr_ratio "
-              "%.9g", (int)s->kind, s->warmup_steps, s->total_steps, (double)s->min_lr_ratio);
+              "%.9g", (int)s->kind, s->warmup_steps, s->total_steps, (double)s->min_lr_ratio) ||
+         putf(t, "engine.max_consecutive_skips", "%d", c->max_consecutive_skips) ||
+         putf(t, "engine.loss_scale", "init %.17g growth %.17g backoff %.17g interval %d",
+              c->loss_scale_init, c->loss_scale_growth, c->loss_scale_backoff,
+              c->loss_scale_interval);
 }
 
 /* Every unit and tensor, with shapes: the model each rank built. */

@@ -25,7 +25,7 @@ uint64_t train_hash(uint64_t h, const void *data, size_t n) {
   return h;
 }
 
-#define MAX_SETTINGS 48
+#define MAX_SETTINGS 64 /* fsdp-train passes 44 */
 
 typedef struct {
   const char *keys[MAX_SETTINGS];
@@ -97,6 +97,9 @@ static void add_flags(settings_t *s, const train_opts_t *o) {
   add(s, "--schedule", "%s", c->schedule.kind == FSDP_SCHED_CONSTANT ? "constant" : "cosine");
   add(s, "--warmup", "%" PRId64, c->schedule.warmup_steps);
   add_float(s, "--min-lr-ratio", c->schedule.min_lr_ratio);
+  add_float(s, "--loss-scale", o->loss_scale);
+  add(s, "--loss-scale-interval", "%d", c->loss_scale_interval);
+  add(s, "--max-skips", "%d", c->max_consecutive_skips);
   add(s, "--eval-every", "%d", o->eval_every);
   add(s, "--seed", "%" PRIu64, o->seed);
   add(s, "--save-dir", "%s", o->save_dir ? o->save_dir : "(none)");
