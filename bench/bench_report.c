@@ -94,10 +94,10 @@ static void result_json(FILE *f, const bench_opts_t *o, int nranks, const bench_
   fprintf(f, "\"memory\":{\"persistent\":%.0f,\"gathered_peak\":%.0f,\"grads_peak\":%.0f,"
          "\"model_peak\":%.0f,\"predicted\":%.0f,\"reserved\":%.0f,\"activations\":%.0f,"
          "\"rss_base\":%.0f,\"rss_peak\":%.0f},\"loss_first\":%.6f,\"loss_last\":%.6f,"
-         "\"other_load\":%.4f,\"wrong\":%.0f",
+         "\"other_load\":%.4f,\"wrong\":%.0f,\"skipped_steps\":%.0f,\"loss_scale\":%.9g",
          r->persistent, r->gathered_peak, r->grads_peak, r->model_peak, r->predicted,
          r->reserved, r->activations, r->rss_base, r->rss_peak, r->loss_first, r->loss_last,
-         r->other_load, r->wrong);
+         r->other_load, r->wrong, r->skipped_steps, r->loss_scale);
   if (r->device_used >= 0)
     fprintf(f, ",\"device\":\"cuda\",\"device_peak_bytes\":%.0f", r->device_used);
   fprintf(f, "}");

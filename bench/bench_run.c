@@ -18,6 +18,7 @@ typedef struct {
   float *x;             /* mlp: (accum, B, 784) */
   int *y;               /* mlp: (accum, B) */
   size_t act_bytes;
+  fsdp_step_stats_t last; /* the last step's: skipped_total counts the guard's skips */
 } model_t;
 
 enum { MLP_IN = 784, MLP_CLASSES = 10 };
@@ -63,6 +64,33 @@ static void model_free(model_t *m) {
   free(m->y);
 }
 
+/* The bench's own settings, compared across ranks before the model is
+ * built (the engine compares its configuration and plan itself): a rank with
+ * another --micro-batch or --iters would time different work or hang. */
+static fsdp_status_t bench_check_consistency(fsdp_engine_t eng, const bench_opts_t *o) {
+  char v[9][64];
+  const char *keys[9] = {"--model", "--preset", "--layers/heads/embd/context/vocab",
+                         "--seq-len", "--hidden", "--micro-batch",
+                         "--warmup/--iters/--rounds/--check", "--seed", "--peak-size"};
+  const char *values[9];
+  snprintf(v[0], sizeof v[0], "%s", o->model);
+  snprintf(v[1], sizeof v[1], "%s", o->preset ? o->preset : "(none)");
+  snprintf(v[2], sizeof v[2], "%d/%d/%d/%d/%d", o->gpt.n_layer, o->gpt.n_head, o->gpt.n_embd,
+           o->gpt.block_size, o->gpt.vocab_size);
+  snprintf(v[3], sizeof v[3], "%d", o->seq_len);
+  int k = 0;
+  v[4][0] = '\0';
+  for (int i = 0; i < o->n_hidden && k < (int)sizeof v[4]; i++)
+    k += snprintf(v[4] + k, sizeof v[4] - (size_t)k, "%s%d", i ? "," : "", o->hidden[i]);
+  snprintf(v[5], sizeof v[5], "%d", o->micro_batch);
+  snprintf(v[6], sizeof v[6], "%lld/%lld/%lld/%lld", (long long)o->warmup, (long long)o->iters,
+           (long long)o->rounds, (long long)o->check);
+  snprintf(v[7], sizeof v[7], "%llu", (unsigned long long)o->seed);
+  snprintf(v[8], sizeof v[8], "%lld", (long long)o->peak_size);
+  for (int i = 0; i < 9; i++) values[i] = v[i];
+  return fsdp_engine_check_consistency(eng, 9, keys, values);
+}
+
 static fsdp_status_t model_build(fsdp_world_t world, const bench_opts_t *o, fsdp_config_t *c,
                                  model_t *m) {
   int gpt = !strcmp(o->model, "gpt2");
@@ -70,6 +98,7 @@ static fsdp_status_t model_build(fsdp_world_t world, const bench_opts_t *o, fsdp
   m->T = gpt ? o->seq_len : 1;
   m->accum = c->grad_accum;
   BENCH_TRY(fsdp_engine_create(world, c, &m->eng));
+  BENCH_TRY(bench_check_consistency(m->eng, o));
   if (gpt) {
     fsdp_gpt2_opts_t w = o->wrap;
     w.max_batch = m->B;
@@ -86,22 +115,25 @@ static fsdp_status_t model_build(fsdp_world_t world, const bench_opts_t *o, fsdp
   return FSDP_SUCCESS;
 }
 
-/* One optimizer step over accum micro-batches; *loss: mean per token. */
+/* One optimizer step over accum micro-batches; *loss: mean per token. A step
+ * the numerics guard skips still counts (it did the work), in m->last. */
 static fsdp_status_t model_step(model_t *m, double *loss) {
   double sum = 0.0;
   size_t per = (size_t)m->B * m->T;
+  float scale = (float)fsdp_engine_loss_scale(m->eng) / (float)per;
   for (int k = 0; k < m->accum; k++) {
     double l = 0.0;
     if (m->gpt)
       BENCH_TRY(fsdp_gpt2_forward_backward(m->gpt, m->tok + k * per, m->tgt + k * per, m->B, m->T,
-                                           1.0f / (float)per, &l));
+                                           scale, &l));
     else
       BENCH_TRY(fsdp_mlp_forward_backward(m->mlp, m->x + k * per * MLP_IN, m->y + k * per, m->B,
-                                          1.0f / (float)per, &l));
+                                          scale, &l));
     sum += l;
   }
   *loss = sum / ((double)per * m->accum);
-  return fsdp_engine_step(m->eng, NULL);
+  BENCH_TRY(fsdp_engine_report_loss(m->eng, *loss));
+  return fsdp_engine_step(m->eng, &m->last);
 }
 
 /* ---- correctness ------------------------------------------------------------ */
@@ -174,7 +206,8 @@ static void model_sizes(const model_t *m, bench_result_t *r) {
  *              and the held root's. */
 static double predicted_bytes(const bench_result_t *r, const fsdp_config_t *c, int nranks) {
   double P = (double)r->params, U = (double)r->largest_unit;
-  int S = r->strategy == FSDP_NO_SHARD ? 1 : nranks, bf16 = c->param_dtype == FSDP_BF16;
+  int S = r->strategy == FSDP_NO_SHARD ? 1 : nranks;
+  int bf16 = c->param_dtype == FSDP_BF16 || c->param_dtype == FSDP_F16; /* 16-bit params */
   double persistent = 16.0 * P / S + (bf16 ? 2.0 * P / S + (S == 1 ? 4.0 * P : 0.0) : 0.0);
   double gathered = 0.0, elem = bf16 ? 6.0 : 4.0;
   int live = r->max_live < r->n_units ? r->max_live : r->n_units;
@@ -371,6 +404,8 @@ static fsdp_status_t measure(model_t *m, const bench_opts_t *o, bench_result_t *
   double wrong = 0.0;
   if (o->check) BENCH_TRY(bench_check(m, first, last, &wrong));
   r->wrong += wrong;
+  r->skipped_steps = (double)m->last.skipped_total;
+  r->loss_scale = fsdp_engine_loss_scale(m->eng);
   BENCH_TRY(memory(m, r, rss_base, nranks));
   if (round == (int)o->rounds - 1) summarise(r, nranks);
   return FSDP_SUCCESS;
@@ -422,7 +457,14 @@ int bench_run(fsdp_world_t world, const bench_opts_t *o, fsdp_strategy_t strateg
   }
   if (st == FSDP_ERR_OUT_OF_MEMORY && !*fsdp_last_error())
     fprintf(stderr, "fsdp-bench: out of host memory for the batches\n");
-  else if (st != FSDP_SUCCESS)
+  else if (st != FSDP_SUCCESS && fsdp_world_size(world) > 1) {
+    /* Perhaps this rank's failure alone: end the job rather than leave the
+     * others waiting for it (fsdp_world_abort prints the line once). */
+    char line[1200];
+    snprintf(line, sizeof line, "fsdp-bench: rank %d: %s", fsdp_world_rank(world),
+             fsdp_last_error());
+    fsdp_world_abort(world, FSDP_SUCCESS, line);
+  } else if (st != FSDP_SUCCESS)
     fprintf(stderr, "fsdp-bench: rank %d: %s\n", fsdp_world_rank(world), fsdp_last_error());
   series_free(&s);
   model_free(&m);

@@ -23,9 +23,10 @@ static const char usage_text[] =
     "  --micro-batch B            sequences (gpt2) or samples (mlp) per rank per micro-batch\n"
     "                             (default 8 for gpt2, 64 for mlp)\n"
     "  --micro-batches M          micro-batches per step (gradient accumulation, default 1)\n"
-    "  --dtype f32|bf16           parameters as gathered (default f32); bf16: fp32 master and\n"
+    "  --dtype f32|bf16|f16       parameters as gathered (default f32); bf16: fp32 master and\n"
     "                             optimizer, gathers move bf16, the CPU computes in fp32, a\n"
     "                             GPU in bf16 (activations too; fp32 gradients and statistics)\n"
+    "                             f16: gathers move fp16, the loss is scaled dynamically\n"
     "  --reduce-dtype f32|bf16    what gradients are reduced in (default f32)\n"
     "  --device cpu|cuda          where shards, gradients and compute live (default cpu;\n"
     "                             cuda: gpt2 only, GPU = local rank %% visible GPUs)\n"
@@ -113,6 +114,10 @@ static int parse_strategies(const char *v, bench_opts_t *o) {
 /* Flags whose values are words or lists. */
 static int parse_word(void *ctx, const char *a, const char *v) {
   bench_opts_t *o = ctx;
+  static const char *const known[] = {"--strategy", "--preset", "--device", "--dtype",
+                                      "--reduce-dtype", "--hidden", "--sweep-prefetch",
+                                      "--sweep-strategies"};
+  if (!v) return flags_known(a, known, sizeof known / sizeof known[0]);
   if (!strcmp(a, "--strategy")) {
     if (fsdp_strategy_parse(v, &o->cfg.strategy) == FSDP_SUCCESS) return 0;
     return fprintf(stderr, "fsdp-bench: %s\n", fsdp_last_error()), -1;
@@ -158,7 +163,10 @@ static int finish_options(bench_opts_t *o) {
   int gpt = !strcmp(o->model, "gpt2");
   if (!gpt && strcmp(o->model, "mlp"))
     return fprintf(stderr, "fsdp-bench: --model '%s': use gpt2 or mlp\n", o->model), -1;
-  if (!o->seq_len) o->seq_len = o->gpt.block_size;
+  if (!o->seq_len)
+    return fprintf(stderr, "fsdp-bench: --seq-len 0: use a positive number (leave the flag "
+                   "out for the model's context)\n"), -1;
+  if (o->seq_len < 0) o->seq_len = o->gpt.block_size;
   if (!o->micro_batch) o->micro_batch = gpt ? 8 : 64;
   if (!gpt && o->cfg.device == FSDP_DEVICE_CUDA)
     return fprintf(stderr, "fsdp-bench: --device cuda runs gpt2 only (the MLP has CPU kernels "
@@ -225,6 +233,7 @@ int main(int argc, char **argv) {
   bench_opts_t o = {.model = "gpt2", .preset = "small", .wrap = {"GPT2Block", 0, NULL, 0, 0},
                     .hidden = {512, 256}, .n_hidden = 2, .cfg = FSDP_CONFIG_INIT, .warmup = 3,
                     .iters = 20, .rounds = 1, .check = 1, .peak_size = -1, .seed = 1,
+                    .seq_len = -1, /* -1: the context */
                     .strategies = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP, FSDP_NO_SHARD},
                     .n_strategies = 3, .depths = {0, 1, 2}, .n_depths = 3};
   fsdp_gpt2_preset("small", &o.gpt);

@@ -50,6 +50,8 @@ typedef struct {
                                    largest over ranks (cudaMemGetInfo); -1: not measured */
   double loss_first, loss_last; /* mean per-token loss over ranks */
   double wrong;                 /* see bench_check, summed over rounds */
+  double skipped_steps;         /* steps the numerics guard skipped (NaN/Inf, fp16 overflow) */
+  double loss_scale;            /* at the end (1: no loss scaling) */
   /* Load from outside: CPU seconds the machine was busy during the timed steps
    * less what the ranks used themselves, over wall seconds x cores (one node
    * only; negative when unknown). */

@@ -118,7 +118,11 @@ typedef struct {
  * of `latest`. Otherwise it refuses (FSDP_ERR_INVALID_USAGE) naming the first
  * difference. Not while units are acquired or
  * between a backward and its step. If path_out is not NULL, it receives the
- * step directory (cap bytes). opts may be NULL. */
+ * step directory (cap bytes). opts may be NULL. A NaN or Inf in any rank's
+ * parameters or optimizer state refuses the save before anything is written:
+ * FSDP_ERR_NONFINITE on every rank, naming the rank, tensor, state and first
+ * bad index. The loss scale and its good-step count are saved with the step
+ * when the engine scales the loss, and restored by fsdp_ckpt_load. */
 FSDP_API fsdp_status_t fsdp_ckpt_save(fsdp_engine_t engine, const char *save_dir,
                                       const fsdp_ckpt_save_opts_t *opts, char *path_out,
                                       size_t cap);
@@ -245,7 +249,7 @@ typedef struct {
   int world_size;
   const char *strategy;   /* "zero3", "zero2", "noshard", or "import" */
   const char *optimizer;  /* "adamw", "sgd" or "none" */
-  const char *param_dtype;/* what the engine gathered: "f32" or "bf16" */
+  const char *param_dtype;/* what the engine gathered: "f32", "bf16" or "f16" */
   int n_states;           /* 1 + optimizer states per element */
   int n_units, n_tensors;
   size_t numel;           /* parameters in all tensors */
@@ -266,7 +270,11 @@ FSDP_API fsdp_status_t fsdp_ckpt_tensor(fsdp_ckpt_t ckpt, int index, fsdp_ckpt_t
  * "momentum_buffer" (SGD); "unknown" when out of range. */
 FSDP_API const char *fsdp_ckpt_state_name(fsdp_ckpt_t ckpt, int state);
 
-/* Checks every shard file: header fields, size, CRC-32. Without a model. */
+/* Checks every shard file: header fields, size, CRC-32, then that every
+ * element of every state is finite (FSDP_ERR_NONFINITE naming the tensors,
+ * the state, the count and the first index otherwise). Without a model.
+ * consolidate, reshard and export verify first, so they refuse such a
+ * checkpoint too. */
 FSDP_API fsdp_status_t fsdp_ckpt_verify(fsdp_ckpt_t ckpt);
 /* out[0..count) = elements [first, first+count) of tensor `index`, state
  * `state`, read from the shard files that hold them. */

@@ -85,16 +85,17 @@
  * (ncclCommGetAsyncError is checked before each one); after any NCCL error
  * the communicator refuses work and destroy aborts it.
  *
- * Desync check (world opts desync_check, FSDP_DESYNC_CHECK=1): before each
- * collective the ranks all-gather a fixed-size fingerprint of it (operation,
- * tag, count, dtype, reduction, root, sequence number) on the same
- * communicator. If they differ (an extra collective on one rank, another
- * count, a skipped unit) every rank fails with FSDP_ERR_INVALID_USAGE and a
- * message listing each distinct fingerprint and the ranks that issued it,
- * instead of hanging or mixing up buffers. Costs one small all-gather per
- * collective; a rank that issues a collective nobody else ever issues still
- * hangs there, until the deadline. nccl communicators are not checked (their
- * collectives never pass through the host). */
+ * Desync check (on by default; world opts desync_check -1 or
+ * FSDP_DESYNC_CHECK=0 turn it off): before each collective the ranks
+ * all-gather a fixed-size fingerprint of it (operation, tag, count, dtype,
+ * reduction, root, sequence number) on the same communicator. If they differ
+ * (an extra collective on one rank, another count, a skipped unit) every rank
+ * fails with FSDP_ERR_INVALID_USAGE and a message listing each distinct
+ * fingerprint and the ranks that issued it, instead of hanging or mixing up
+ * buffers. Costs one all-gather of 72 bytes per rank per collective (README,
+ * "Desync check", has the numbers); a rank that issues a collective nobody
+ * else ever issues still hangs there, until the deadline. nccl communicators
+ * are not checked (their collectives never pass through the host). */
 #ifndef FSDP_COMM_H
 #define FSDP_COMM_H
 

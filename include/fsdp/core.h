@@ -42,6 +42,7 @@ typedef enum {
   FSDP_ERR_IO,               /* a file is missing, unreadable or ends early */
   FSDP_ERR_FORMAT,           /* a file's contents are not what they should be */
   FSDP_ERR_TIMEOUT,          /* a collective or the rendezvous passed its deadline */
+  FSDP_ERR_NONFINITE,        /* NaN or Inf in a loss, gradients or state: training diverged */
   FSDP_STATUS_COUNT
 } fsdp_status_t;
 
@@ -69,15 +70,20 @@ typedef enum {
   FSDP_F32 = 0,
   FSDP_BF16,
   FSDP_F64,
+  FSDP_F16, /* IEEE binary16: 5-bit exponent, 11-bit significand, max 65504 */
   FSDP_DTYPE_COUNT
 } fsdp_dtype_t;
 
 FSDP_API size_t fsdp_dtype_size(fsdp_dtype_t dtype);     /* 0 for an invalid type */
-FSDP_API const char *fsdp_dtype_name(fsdp_dtype_t dtype); /* "f32", "bf16", "f64" */
+FSDP_API const char *fsdp_dtype_name(fsdp_dtype_t dtype); /* "f32", "bf16", "f64", "f16" */
 
 /* bf16 <-> f32 conversion (round to nearest even), used by the CPU backend. */
 FSDP_API uint16_t fsdp_f32_to_bf16(float x);
 FSDP_API float fsdp_bf16_to_f32(uint16_t x);
+/* fp16 <-> f32 (IEEE binary16, round to nearest even): magnitudes from 65520
+ * up become inf, below 2^-25 zero; subnormals are kept; NaN stays NaN. */
+FSDP_API uint16_t fsdp_f32_to_f16(float x);
+FSDP_API float fsdp_f16_to_f32(uint16_t x);
 
 /* Monotonic clock in seconds; the time base of the engine's timeline. */
 FSDP_API double fsdp_time_now(void);

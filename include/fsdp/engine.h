@@ -31,13 +31,17 @@
  * On one rank every strategy reads its (whole) master shard directly: nothing is
  * gathered and nothing is copied.
  *
- * Mixed precision (param_dtype FSDP_BF16): master shards and optimizer state stay
- * fp32; after every update the shard is rounded to bf16 and that is what the
- * gathers move (half the bytes). On CUDA, views show the gathered bf16 itself
- * (view.dtype FSDP_BF16); on the CPU they show it widened to f32 (the CPU
- * computes in fp32), so compute sees exactly the parameters a bf16 GPU run
- * sees. Costs per rank: +2 bytes per parameter / N for the bf16 shard, and on
- * the CPU each gather buffer has an f32 twin (6 bytes per gathered element).
+ * Mixed precision (param_dtype FSDP_BF16 or FSDP_F16): master shards and
+ * optimizer state stay fp32; after every update the shard is rounded (to
+ * nearest even) to the 16-bit type and that is what the gathers move (half the
+ * bytes). On CUDA, views show the gathered values themselves (view.dtype
+ * FSDP_BF16 or FSDP_F16; the nn models compute in bf16 only); on the CPU they
+ * show them widened to f32 (the CPU computes in fp32), so compute sees exactly
+ * the parameters a 16-bit GPU run sees. Costs per rank: +2 bytes per parameter
+ * / N for the 16-bit shard, and on the CPU each gather buffer has an f32 twin
+ * (6 bytes per gathered element). fp16 keeps 11 significant bits (bf16: 8) but
+ * only magnitudes from 6e-8 to 65504: parameters past it gather as Inf (caught
+ * by the numerics guard below), and fp16 runs use loss scaling by default.
  * Gradients are reduced in reduce_dtype: FSDP_F32 (default), or FSDP_BF16 (the
  * fp32 gradient is rounded to bf16, reduced in bf16 — each pairwise sum rounded
  * — and added into the fp32 gradient shard: half the bytes, about 3 significant
@@ -136,6 +140,14 @@ typedef struct {
   fsdp_device_kind_t device;     /* FSDP_DEVICE_CPU: where shards, gathers and gradients live */
   fsdp_dtype_t reduce_dtype;     /* FSDP_F32 (or FSDP_BF16): what gradients are reduced in */
   const char *comm_backend;      /* NULL (unset): the world's; "nccl" on CUDA (above); copied */
+  int max_consecutive_skips;     /* 0 (unset): 20; steps skipped in a row (non-finite loss or
+                                    gradients, see "Numerics guard") before fsdp_engine_step
+                                    fails with FSDP_ERR_NONFINITE */
+  double loss_scale_init;        /* 0 (unset): 65536 with param_dtype FSDP_F16, else 1;
+                                    1 = no loss scaling, else dynamic scaling from this value */
+  double loss_scale_growth;      /* 2.0: factor after loss_scale_interval good steps (>= 1) */
+  double loss_scale_backoff;     /* 0.5: factor after a skipped step (in (0, 1]) */
+  int loss_scale_interval;       /* 2000: good steps in a row before the scale grows */
 } fsdp_config_t;
 
 #define FSDP_CONFIG_MAGIC 0xf5d9c0f1u
@@ -148,7 +160,9 @@ typedef struct {
     .grad_reduce = FSDP_AVG, .param_dtype = FSDP_F32, .align = 16,                   \
     .timeline_capacity = 1 << 16, .optim = FSDP_OPTIM_CONFIG_INIT,                   \
     .schedule = FSDP_SCHEDULE_INIT, .device = FSDP_DEVICE_CPU,                       \
-    .reduce_dtype = FSDP_F32, .comm_backend = NULL                                   \
+    .reduce_dtype = FSDP_F32, .comm_backend = NULL, .max_consecutive_skips = 0,      \
+    .loss_scale_init = 0.0, .loss_scale_growth = 2.0, .loss_scale_backoff = 0.5,     \
+    .loss_scale_interval = 2000                                                      \
   }
 
 /* Checks cfg (the same checks as fsdp_engine_create) and writes to *out the
@@ -179,8 +193,8 @@ typedef struct {
  * full tensor i (row-major, shape as declared). grad[i] (backward only, else
  * NULL) is the full gradient buffer, fp32, zero at acquire: add into it.
  * dtype says what param[i] points at: FSDP_F32 floats, except on a CUDA engine
- * with param_dtype FSDP_BF16, where it is FSDP_BF16 and param[i] points at
- * bf16 values (uint16_t, cast from float *). On a CUDA engine both live in
+ * with param_dtype FSDP_BF16 or FSDP_F16, where it is that dtype and param[i]
+ * points at 16-bit values (uint16_t, cast from float *). On a CUDA engine both live in
  * device memory and are ready for work queued on fsdp_engine_stream. */
 typedef struct {
   int n;
@@ -189,11 +203,19 @@ typedef struct {
   fsdp_dtype_t dtype;
 } fsdp_view_t;
 
+/* Fields are only appended. A caller compiled against a header from before
+ * `skipped` (its config's size says so) gets only the fields it knows. */
 typedef struct {
-  int64_t step;       /* updates done, this one included */
-  float lr;           /* learning rate used */
-  double grad_norm;   /* global L2 norm before clipping */
-  double clip_coef;   /* factor applied to the gradients (1 = none) */
+  int64_t step;       /* updates done, this one included (a skipped step is not one) */
+  float lr;           /* learning rate used (or that would have been, when skipped) */
+  double grad_norm;   /* global L2 norm before clipping, unscaled (NaN/Inf when skipped) */
+  double clip_coef;   /* factor applied to the unscaled gradients (1 = none) */
+  int skipped;        /* 1: non-finite loss or gradients; nothing was updated */
+  int nonfinite_loss_ranks; /* ranks that reported a non-finite loss for this step */
+  int consecutive_skips;    /* skipped steps in a row, this one included (0 after an update) */
+  int64_t skipped_total;    /* skipped steps since the engine was created */
+  double loss_scale;  /* the scale this step's gradients carried (1 = none); the next
+                         step's is fsdp_engine_loss_scale */
 } fsdp_step_stats_t;
 
 /* Bytes per rank. Persistent: master, grad_shard, optim_state. Transient
@@ -269,6 +291,31 @@ FSDP_API fsdp_status_t fsdp_unit_add(fsdp_engine_t engine, const char *name, con
  * at every world size. Collective. */
 FSDP_API fsdp_status_t fsdp_engine_materialize(fsdp_engine_t engine, uint64_t seed);
 
+/* Start-up consistency: ranks started with different arguments would train
+ * different models without a word, or hang in mismatched collectives. This
+ * compares, collectively over the engine's ranks, the caller's n settings
+ * (keys[i] = values[i]: a trainer's flags, its data's identity), then the
+ * engine's resolved configuration (strategy, prefetch, accumulation, dtypes,
+ * optimizer, schedule, device, backend) and its unit plan so far (every unit,
+ * tensor name and shape). Call it on every rank at the same point, with the
+ * same keys in the same order; values are what may differ. Cost when the ranks
+ * agree: one all-gather of 16 bytes per rank (a hash and a length); on a
+ * mismatch, one more of the longest rank's settings. Both have the same size
+ * on every rank, so the check itself never hangs.
+ * fsdp_engine_materialize runs the engine's part on its own before any other
+ * collective, so an embedding trainer that never calls this still gets its
+ * configuration and model compared.
+ * Errors: FSDP_ERR_INVALID_USAGE on every rank when they differ, naming the
+ * first differing key and every rank's value, e.g. "ranks were started with
+ * different settings, seen by rank 0: --lr: rank 1 has 0.01, ranks 0, 2-3 have
+ * 0.002"; FSDP_ERR_INVALID_ARGUMENT for n < 0 or NULL arrays; a failed
+ * exchange as the collective's error. A NULL value reads as "(unset)";
+ * newlines and tabs in values read as spaces. keys and values are not kept.
+ * Collective; main thread. */
+FSDP_API fsdp_status_t fsdp_engine_check_consistency(fsdp_engine_t engine, int n,
+                                                     const char *const *keys,
+                                                     const char *const *values);
+
 /* Sets a whole tensor from `full` held by rank `root` (others pass NULL) and
  * broadcast to all: weights supplied by the user, as sync_module_states does.
  * Optimizer state of the tensor is left alone. Collective. */
@@ -284,8 +331,44 @@ FSDP_API fsdp_status_t fsdp_unit_acquire(fsdp_engine_t engine, fsdp_unit_t unit,
 FSDP_API fsdp_status_t fsdp_unit_release(fsdp_engine_t engine, fsdp_unit_t unit,
                                          fsdp_pass_t pass);
 
-/* Waits for every reduction, clips, updates the shards. stats may be NULL. */
+/* Waits for every reduction, clips, updates the shards. stats may be NULL.
+ *
+ * Numerics guard: the gradient-norm all-reduce (done every step, with or
+ * without clipping) also carries, per rank, whether its gradient shard holds
+ * NaN/Inf and whether it reported a non-finite loss (fsdp_engine_report_loss):
+ * 24 bytes instead of 8, no extra collective (NO_SHARD on several ranks, which
+ * had no norm all-reduce, now does this one). When any rank has either, every
+ * rank skips the step: parameters, optimizer state and the step count stay as
+ * they were (so the learning-rate schedule, a function of the step count, does
+ * not advance), the gradients are zeroed, stats->skipped is 1. After
+ * config.max_consecutive_skips skipped steps in a row the call fails with
+ * FSDP_ERR_NONFINITE (stats still filled in); the engine stays usable.
+ *
+ * Loss scaling (config.loss_scale_init != 1, the default with fp16 params; as
+ * PyTorch's GradScaler): the caller multiplies its loss by
+ * fsdp_engine_loss_scale before backward (the nn models' loss_scale argument);
+ * the step divides it out of the norm and the gradients (before clipping, in
+ * the same pass as the clip factor), skips on overflow and multiplies the scale
+ * by loss_scale_backoff, and by loss_scale_growth after loss_scale_interval
+ * good steps in a row. Checkpoints save and restore the scale. */
 FSDP_API fsdp_status_t fsdp_engine_step(fsdp_engine_t engine, fsdp_step_stats_t *stats);
+
+/* Reports this rank's loss for the coming step, so that the guard above skips
+ * it when the loss is NaN or Inf even if the gradients are finite. Local (no
+ * communication); call it any number of times between two steps (e.g. per
+ * micro-batch): one non-finite value marks the step. Ranks need not agree on
+ * whether they call it. */
+FSDP_API fsdp_status_t fsdp_engine_report_loss(fsdp_engine_t engine, double loss);
+/* What the caller multiplies its loss by before backward: 1 without loss
+ * scaling; -1 for a NULL engine. */
+FSDP_API double fsdp_engine_loss_scale(fsdp_engine_t engine);
+/* The scaler's state, for checkpoints: the scale and the good steps in a row
+ * since it last changed. Set restores both (scale finite and > 0, good_steps
+ * >= 0); both are FSDP_ERR_INVALID_ARGUMENT on bad values. */
+FSDP_API fsdp_status_t fsdp_engine_scaler_state(fsdp_engine_t engine, double *scale,
+                                                int64_t *good_steps);
+FSDP_API fsdp_status_t fsdp_engine_set_scaler_state(fsdp_engine_t engine, double scale,
+                                                    int64_t good_steps);
 
 /* Splits a global batch: this rank's micro-batch size and its first sample
  * index in each global micro-batch. Fails when world_size * grad_accum does not

@@ -22,7 +22,7 @@
  *
  * Deadlines (collective timeout, rendezvous timeout) and the desync check come
  * from the options, else from the environment (FSDP_TIMEOUT_S,
- * FSDP_RENDEZVOUS_TIMEOUT_S, FSDP_DESYNC_CHECK=1), else the defaults. They
+ * FSDP_RENDEZVOUS_TIMEOUT_S, FSDP_DESYNC_CHECK=0 or 1), else the defaults. They
  * apply to every communicator made from the world (fsdp/comm.h says what
  * happens when a deadline passes).
  *
@@ -66,9 +66,11 @@ typedef struct {
   /* env:// only: how long ranks wait for each other to join (and, at destroy,
    * for each other to leave); 0: FSDP_RENDEZVOUS_TIMEOUT_S, else 300. */
   double rendezvous_timeout_s;
-  /* 1: every collective first compares a fingerprint (op, unit, count, dtype,
-   * sequence number) across ranks and fails on a mismatch instead of hanging
-   * (one small all-gather per collective); 0: on when FSDP_DESYNC_CHECK=1. */
+  /* The desync check (fsdp/comm.h): every collective first compares a
+   * fingerprint (op, unit, count, dtype, sequence number) across ranks and
+   * fails on a mismatch instead of hanging or overrunning a buffer (one
+   * all-gather of 72 bytes per rank per collective). 0: FSDP_DESYNC_CHECK
+   * decides ("0" off, else on: the default is on); 1: on; -1: off. */
   int desync_check;
 } fsdp_world_opts_t;
 
@@ -97,6 +99,25 @@ FSDP_API int fsdp_world_local_size(fsdp_world_t world);
 FSDP_API const char *fsdp_world_backend(fsdp_world_t world);
 /* The deadline of every collective of this world, in seconds. */
 FSDP_API double fsdp_world_timeout(fsdp_world_t world);
+
+/* Ends the whole job because this rank cannot go on (a fatal error after the
+ * world is up: bad input, a failed load, a failed collective), so that no
+ * other rank waits for it until a deadline. Prints message (one line; NULL:
+ * fsdp_last_error()) once to stderr with the status name, then:
+ *  - under mpirun: MPI_Abort(MPI_COMM_WORLD, 1); the MPI launcher kills every
+ *    rank, those blocked in a collective or in communicator creation
+ *    included, within about a second. A rank that instead returned and called
+ *    fsdp_world_destroy would block in MPI_Finalize while its peers wait;
+ *  - env:// (fsdp-run): marks the world failed (no exit barrier) and exits
+ *    with status 1; the launcher stops the others and names this rank as the
+ *    root cause. A rank still in a collective with it fails at its deadline;
+ *  - a single rank (or a NULL world): exits with status 1.
+ * Use it on a trainer's error path whenever the world has more than one rank
+ * and the failure may be this rank's alone. status is what failed (printed as
+ * its name; FSDP_SUCCESS prints none). Main thread; never returns; engines and
+ * communicators are not destroyed (the process ends). */
+FSDP_API void fsdp_world_abort(fsdp_world_t world, fsdp_status_t status, const char *message)
+    __attribute__((noreturn));
 
 #ifdef __cplusplus
 }

@@ -61,6 +61,11 @@ typedef struct {
   uint64_t *section;   /* (world * n_units) byte offset of unit u in rank r's file */
   /* Informational, written by save for people reading the manifest. */
   const fsdp_config_t *cfg;
+  /* The engine's loss scaler (fsdp_engine_scaler_state), when it scales:
+   * "loss_scaler" in the manifest, optional. */
+  int has_scaler;
+  double loss_scale;
+  int64_t good_steps;
 } ckpt_manifest_t;
 
 /* ---- manifest (manifest.c) ------------------------------------------------ */

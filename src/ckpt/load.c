@@ -193,6 +193,9 @@ fsdp_status_t fsdp_ckpt_load(fsdp_engine_t e, const char *path, const fsdp_ckpt_
   if (!st) st = ckpt_agree(comm, check_crcs(&f, fsdp_comm_rank(comm), fsdp_comm_size(comm)));
   if (!st) st = ckpt_agree(comm, fill_engine(e, &f, load_state));
   if (!st) st = fsdp_engine_set_step(e, m.step);
+  /* The scale continues where it was; an engine without scaling ignores it. */
+  if (!st && m.has_scaler && fsdp_engine_config(e)->loss_scale_init != 1.0)
+    st = fsdp_engine_set_scaler_state(e, m.loss_scale, m.good_steps);
   if (!st && meta) *meta = m.meta;
   if (!st && path_out && cap) snprintf(path_out, cap, "%s", m.dir);
   ckpt_files_close(&f);

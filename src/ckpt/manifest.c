@@ -160,6 +160,9 @@ static void write_head(const ckpt_manifest_t *m, sbuf_t *sb) {
   for (int i = 0; i < m->meta.n; i++)
     sb_printf(sb, "%s\"%s\": %" PRId64, i ? ", " : "", m->meta.kv[i].key, m->meta.kv[i].value);
   sb_printf(sb, "},\n");
+  if (m->has_scaler) /* %.17g: the double comes back bit for bit */
+    sb_printf(sb, "  \"loss_scaler\": {\"scale\": %.17g, \"good_steps\": %" PRId64 "},\n",
+              m->loss_scale, m->good_steps);
 }
 
 static void write_units(const ckpt_manifest_t *m, sbuf_t *sb) {
@@ -317,6 +320,21 @@ static int read_trainer(mctx_t *c, const json_t *root, ckpt_manifest_t *m) {
   return 0;
 }
 
+/* Optional: checkpoints of engines without loss scaling have none. */
+static int read_scaler(mctx_t *c, const json_t *root, ckpt_manifest_t *m) {
+  const json_t *s = json_get(root, "loss_scaler");
+  if (!s) return 0;
+  if (s->type != JSON_OBJECT) return bad(c, s, "loss_scaler", "must be an object");
+  const json_t *v = field(c, s, "scale", JSON_NUMBER, "loss_scaler.scale");
+  if (!v || get_int(c, s, "good_steps", 0, INT64_MAX, "loss_scaler", &m->good_steps)) return -1;
+  char *end;
+  m->loss_scale = strtod(v->text, &end);
+  if (*end || !(m->loss_scale > 0.0 && m->loss_scale < 1e300))
+    return bad(c, v, "loss_scaler.scale", "must be a finite number > 0");
+  m->has_scaler = 1;
+  return 0;
+}
+
 static int read_range(mctx_t *c, const json_t *r, const char *path, ckpt_range_t *out) {
   int64_t a, b;
   if (r->type != JSON_ARRAY || r->n != 2 || !json_int(&r->items[0], &a) ||
@@ -412,7 +430,8 @@ static int read_head(mctx_t *c, const json_t *root, ckpt_manifest_t *m) {
   m->step = step;
   m->world = (int)world;
   m->align = (size_t)align;
-  return read_optimizer(c, root, m) || read_trainer(c, root, m) ? -1 : 0;
+  return read_optimizer(c, root, m) || read_trainer(c, root, m) || read_scaler(c, root, m) ? -1
+                                                                                          : 0;
 }
 
 static int read_tables(mctx_t *c, const json_t *root, ckpt_manifest_t *m) {

@@ -1,6 +1,9 @@
 /* src/ckpt/offline.c — a checkpoint opened by one process without an engine:
- * what it holds, whole-file verification, and element reads. The tools
+ * what it holds, whole-file verification (structure, CRC, finite values), and
+ * element reads. The tools
  * (consolidate, export, reshard) are built on it. */
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -58,10 +61,53 @@ const char *fsdp_ckpt_state_name(fsdp_ckpt_t c, int state) {
   return c->m.state_names[state];
 }
 
+/* Non-finite elements of one tensor's state: how many and the first. */
+static fsdp_status_t count_nonfinite(fsdp_ckpt_t c, int t, int s, float *buf, size_t cap,
+                                     size_t *bad, size_t *first) {
+  size_t numel = c->m.tensors[t].numel;
+  *bad = 0;
+  for (size_t at = 0; at < numel; at += cap) {
+    size_t n = numel - at < cap ? numel - at : cap;
+    FSDP_TRY(ckpt_read_elems(&c->f, t, s, at, n, buf));
+    for (size_t i = 0; i < n; i++)
+      if (!isfinite(buf[i]) && (*bad)++ == 0) *first = at + i;
+  }
+  return FSDP_SUCCESS;
+}
+
+/* Every element of every state: a NaN or Inf makes the checkpoint unusable
+ * (fsdp_ckpt_save never writes one; older versions did). The message names
+ * the first few tensors, each with its count and first index. */
+static fsdp_status_t check_finite(fsdp_ckpt_t c) {
+  enum { CAP = 1 << 16, SHOWN = 4 };
+  float *buf = malloc(CAP * sizeof(float));
+  if (!buf) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "fsdp_ckpt_verify: out of memory");
+  char msg[1024] = "";
+  size_t len = 0, total = 0;
+  int tensors = 0;
+  fsdp_status_t st = FSDP_SUCCESS;
+  for (int t = 0; t < c->m.n_tensors && !st; t++)
+    for (int s = 0; s < c->m.n_states && !st; s++) {
+      size_t bad = 0, first = 0;
+      st = count_nonfinite(c, t, s, buf, CAP, &bad, &first);
+      if (st || !bad) continue;
+      total += bad;
+      if (tensors++ < SHOWN && len < sizeof msg)
+        len += (size_t)snprintf(msg + len, sizeof msg - len, "%s %s (%s): %zu of %zu, first at "
+                                "index %zu", tensors > 1 ? ";" : "", c->m.tensors[t].name,
+                                c->m.state_names[s], bad, c->m.tensors[t].numel, first);
+    }
+  free(buf);
+  if (st || !total) return st;
+  return fsdp_error(FSDP_ERR_NONFINITE, "%s: %zu non-finite values (NaN/Inf) in %d tensor "
+                    "states:%s%s", c->m.dir, total, tensors, msg,
+                    tensors > SHOWN ? "; ..." : "");
+}
+
 fsdp_status_t fsdp_ckpt_verify(fsdp_ckpt_t c) {
   if (!c) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_ckpt_verify: handle is NULL");
   for (int r = 0; r < c->m.world; r++) FSDP_TRY(ckpt_check_file(&c->f, r, 1));
-  return FSDP_SUCCESS;
+  return check_finite(c);
 }
 
 fsdp_status_t fsdp_ckpt_read(fsdp_ckpt_t c, int index, int state, size_t first, size_t count,

@@ -15,6 +15,9 @@ static fsdp_status_t remap(const ckpt_manifest_t *old, int world, ckpt_manifest_
   m->align = old->align;
   m->n_states = old->n_states;
   m->meta = old->meta;
+  m->has_scaler = old->has_scaler; /* the loss scale resumes at any N */
+  m->loss_scale = old->loss_scale;
+  m->good_steps = old->good_steps;
   memcpy(m->state_names, old->state_names, sizeof m->state_names);
   memcpy(m->strategy, old->strategy, sizeof m->strategy);
   memcpy(m->optimizer, old->optimizer, sizeof m->optimizer);

@@ -2,6 +2,7 @@
  * every rank's shard file written in parallel, and rank 0's commit; plus the
  * agreement step that carries any rank's failure, message included, to all. */
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -96,9 +97,45 @@ fsdp_status_t ckpt_manifest_from_engine(fsdp_engine_t e, ckpt_manifest_t *m) {
   m->cfg = c;
   snprintf(m->strategy, sizeof m->strategy, "%s", fsdp_strategy_name(c->strategy));
   snprintf(m->param_dtype, sizeof m->param_dtype, "%s", fsdp_dtype_name(c->param_dtype));
+  m->has_scaler = c->loss_scale_init != 1.0;
+  if (m->has_scaler) FSDP_TRY(fsdp_engine_scaler_state(e, &m->loss_scale, &m->good_steps));
   FSDP_TRY(set_optimizer(e, m));
   FSDP_TRY(add_units(e, m));
   return ckpt_manifest_layout(m, "checkpoint of the live engine");
+}
+
+/* The tensor of unit u holding flat element f, and f's index in it. */
+static const ckpt_tensor_t *tensor_at(const ckpt_manifest_t *m, int u, size_t f, size_t *index) {
+  for (int t = 0; t < m->n_tensors; t++) {
+    const ckpt_tensor_t *ts = &m->tensors[t];
+    if (ts->unit == u && f >= ts->offset && f < ts->offset + ts->numel) {
+      *index = f - ts->offset;
+      return ts;
+    }
+  }
+  return NULL;
+}
+
+/* What write_unit would write, scanned first: a NaN or Inf is never saved. */
+static fsdp_status_t check_finite(fsdp_engine_t e, const ckpt_manifest_t *m, int rank) {
+  for (int u = 0; u < m->n_units; u++) {
+    fsdp_shard_t s;
+    FSDP_TRY(fsdp_unit_shard(e, u, &s));
+    const ckpt_range_t *g = &m->units[u].ranges[rank];
+    const float *bufs[CKPT_MAX_STATES] = {s.master, s.m, s.v};
+    for (int k = 0; k < m->n_states; k++)
+      for (size_t f = g->begin; f < g->end; f++) {
+        float x = bufs[k][f - s.offset];
+        if (isfinite(x)) continue;
+        size_t index = 0;
+        const ckpt_tensor_t *t = tensor_at(m, u, f, &index);
+        return fsdp_error(FSDP_ERR_NONFINITE, "fsdp_ckpt_save: step %" PRId64 " not saved: "
+                          "rank %d's %s of tensor '%s' is %g at index %zu; a checkpoint never "
+                          "holds NaN or Inf", m->step, rank, m->state_names[k],
+                          t ? t->name : m->units[u].name, (double)x, t ? index : f);
+      }
+  }
+  return FSDP_SUCCESS;
 }
 
 /* This rank's slice of each buffer of unit u, where the shard holds it. */
@@ -220,6 +257,7 @@ fsdp_status_t fsdp_ckpt_save(fsdp_engine_t e, const char *save_dir,
   if (!save_dir || !save_dir[0])
     st = fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_ckpt_save: no save directory given");
   if (!st) st = ckpt_manifest_from_engine(e, &m);
+  if (!st) st = check_finite(e, &m, c.rank);
   if (!st && o.meta) m.meta = *o.meta;
   m.id = c.rank == 0 ? ckpt_random_id() : 0;
   st = ckpt_agree(c.comm, st);

@@ -132,6 +132,9 @@ static fsdp_status_t comm_make(const fsdp_comm_ops_t *ops, fsdp_world_t world, f
   }
   st = from ? ops->dup(from, c) : ops->create(world, c);
   if (st != FSDP_SUCCESS) {
+    /* Creation is collective: the peers that did arrive are failing too, and
+     * the one that did not may never reach the exit barrier. */
+    fsdp_world_mark_failed(world);
     comm_free(c);
     return st;
   }

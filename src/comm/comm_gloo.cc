@@ -120,7 +120,9 @@ fsdp_status_t connect(fsdp_comm_t c) {
     Device dev = device_of(c);
     auto ctx = std::make_shared<Context>(c->rank, c->size);
     ctx->setTimeout(millis(fsdp_watch_timeout(c)));
-    Store store(fsdp_world_store(c->world), fsdp_world_rendezvous_timeout(c->world));
+    /* Creation is collective: a peer that never arrives fails it at the
+     * collective deadline, like any other collective. */
+    Store store(fsdp_world_store(c->world), fsdp_watch_timeout(c));
     gloo::rendezvous::PrefixStore prefixed("comm/" + std::to_string(c->id), store);
     ctx->connectFullMesh(prefixed, dev);
     /* connectFullMesh returns on a rank once its own pairs are up, while a

@@ -142,12 +142,13 @@ double fsdp_watch_timeout(fsdp_comm_t comm);
 
 /* ---- desync check (comm_desync.c) ---------------------------------------- */
 
-/* Allocates comm's fingerprint buffer when its world checks for desyncs. */
+/* Allocates comm's fingerprint buffer unless its world turned the desync
+ * check off. */
 fsdp_status_t fsdp_desync_setup(fsdp_comm_t comm);
 void fsdp_desync_free(fsdp_comm_t comm);
 /* Exchanges coll's fingerprint with every rank through the backend and fails
  * (FSDP_ERR_INVALID_USAGE, every differing fingerprint and its ranks in the
- * message) when they differ; a no-op unless set up. */
+ * message) when they differ; a no-op when off. */
 fsdp_status_t fsdp_desync_check(fsdp_comm_t comm, const fsdp_coll_t *coll);
 /* "all_gather #5 (unit 'h.1', 1024 f32 per rank)" into buf. */
 void fsdp_coll_describe(const fsdp_coll_t *coll, char *buf, size_t n);

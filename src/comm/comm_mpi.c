@@ -37,6 +37,8 @@ static MPI_Datatype mpi_type(fsdp_dtype_t dtype) {
     return MPI_DOUBLE;
   case FSDP_BF16:
     return MPI_UINT16_T; /* moved as bits, reduced by the bf16 user ops */
+  case FSDP_F16:
+    return MPI_UINT16_T; /* moved as bits; never reduced (check_reduction) */
   default:
     return MPI_FLOAT;
   }
@@ -62,7 +64,14 @@ static fsdp_status_t mpi_check(fsdp_comm_t c, int rc, const char *call, const fs
 static fsdp_status_t mpi_adopt(fsdp_comm_t c, MPI_Comm from) {
   mpi_impl_t *impl = fsdp_alloc(sizeof *impl);
   if (!impl) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "comm: cannot allocate mpi state");
+  /* Collective: a peer that failed or stalled before creating its
+   * communicator would block us here forever without a deadline. */
+  int rank = 0;
+  MPI_Comm_rank(from, &rank);
+  fsdp_mpi_guard_t *g = fsdp_mpi_guard_begin("communicator creation (MPI_Comm_dup)", rank,
+                                             fsdp_world_timeout(c->world));
   int rc = MPI_Comm_dup(from, &impl->comm);
+  fsdp_mpi_guard_end(g);
   if (rc != MPI_SUCCESS) {
     fsdp_free(impl);
     return mpi_check(c, rc, "MPI_Comm_dup", NULL);

@@ -188,7 +188,10 @@ static void nccl_destroy(fsdp_comm_t c) {
 /* ---- collectives ---------------------------------------------------------- */
 
 static ncclDataType_t nccl_type(fsdp_dtype_t dtype) {
-  return dtype == FSDP_F64 ? ncclFloat64 : dtype == FSDP_BF16 ? ncclBfloat16 : ncclFloat32;
+  return dtype == FSDP_F64    ? ncclFloat64
+         : dtype == FSDP_BF16 ? ncclBfloat16
+         : dtype == FSDP_F16  ? ncclFloat16
+                              : ncclFloat32;
 }
 
 static ncclRedOp_t nccl_op(fsdp_reduce_op_t op) {

@@ -1,4 +1,4 @@
-/* src/core/core.c — status text, per-thread last error, element types, bf16
+/* src/core/core.c — status text, per-thread last error, element types, bf16 and fp16
  * conversion, the monotonic clock, logging and aligned allocation. Everything
  * else in the library is built on these; none of it depends on MPI or devices. */
 #include <stdarg.h>
@@ -51,6 +51,10 @@ const char *fsdp_status_string(fsdp_status_t status) {
   case FSDP_ERR_TIMEOUT:
     return "timeout: a collective or the rendezvous did not finish before its deadline; "
            "fsdp_last_error() names the operation and the ranks that never arrived";
+  case FSDP_ERR_NONFINITE:
+    return "non-finite values: a loss, gradient or saved state holds NaN or Inf; lower the "
+           "learning rate, clip gradients, or (fp16) check the loss scale; "
+           "fsdp_last_error() says where";
   case FSDP_STATUS_COUNT:
     break;
   }
@@ -82,6 +86,7 @@ size_t fsdp_dtype_size(fsdp_dtype_t dtype) {
   case FSDP_F32:
     return 4;
   case FSDP_BF16:
+  case FSDP_F16:
     return 2;
   case FSDP_F64:
     return 8;
@@ -99,6 +104,8 @@ const char *fsdp_dtype_name(fsdp_dtype_t dtype) {
     return "bf16";
   case FSDP_F64:
     return "f64";
+  case FSDP_F16:
+    return "f16";
   case FSDP_DTYPE_COUNT:
     break;
   }
@@ -122,6 +129,43 @@ uint16_t fsdp_f32_to_bf16(float x) {
 float fsdp_bf16_to_f32(uint16_t x) {
   uint32_t u = (uint32_t)x << 16;
   float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* Subnormal fp16 (|x| < 2^-14): the significand rounded to units of 2^-24. */
+static uint16_t f16_subnormal(uint32_t a) {
+  if (a < 0x33000000u) return 0; /* below 2^-25, or exactly it (a tie to even 0) */
+  uint32_t shift = 126u - (a >> 23), m = (a & 0x7fffffu) | 0x800000u;
+  uint32_t q = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+  if (rem > half || (rem == half && (q & 1u))) q++; /* may carry into the smallest normal */
+  return (uint16_t)q;
+}
+
+uint16_t fsdp_f32_to_f16(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+  uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return sign | 0x7e00u | (uint16_t)((a >> 13) & 0x3ffu); /* quiet NaN */
+  if (a >= 0x477ff000u) return sign | 0x7c00u; /* 65520 and up round past 65504: inf */
+  if (a < 0x38800000u) return sign | f16_subnormal(a);
+  a += 0xfffu + ((a >> 13) & 1u); /* nearest, ties to even; carries into the exponent */
+  return sign | (uint16_t)((a - 0x38000000u) >> 13); /* rebias 127 -> 15 */
+}
+
+float fsdp_f16_to_f32(uint16_t x) {
+  uint32_t sign = (uint32_t)(x & 0x8000u) << 16, e = (x >> 10) & 0x1fu, m = x & 0x3ffu, u;
+  float f;
+  if (e == 0x1fu) {
+    u = sign | 0x7f800000u | (m << 13);
+  } else if (e) {
+    u = sign | ((e + 112u) << 23) | (m << 13);
+  } else {
+    f = (float)m * 0x1p-24f; /* subnormal or zero: exact in f32 */
+    memcpy(&u, &f, sizeof u);
+    u |= sign;
+  }
   memcpy(&f, &u, sizeof f);
   return f;
 }

@@ -77,6 +77,30 @@ __device__ __forceinline__ uint16_t fsdp_bf16_bits(float x) {
   return (uint16_t)(u >> 16);
 }
 
+/* fsdp_f32_to_f16 and fsdp_f16_to_f32 bit for bit (src/core/core.c): fp16
+ * parameters are only cast on the device, never computed in. */
+__device__ __forceinline__ uint16_t fsdp_f16_bits(float x) {
+  uint32_t u = __float_as_uint(x), a = u & 0x7fffffffu;
+  uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+  if (a > 0x7f800000u) return sign | 0x7e00u | (uint16_t)((a >> 13) & 0x3ffu);
+  if (a >= 0x477ff000u) return sign | 0x7c00u;
+  if (a >= 0x38800000u) {
+    a += 0xfffu + ((a >> 13) & 1u);
+    return sign | (uint16_t)((a - 0x38000000u) >> 13);
+  }
+  if (a < 0x33000000u) return sign;
+  uint32_t shift = 126u - (a >> 23), m = (a & 0x7fffffu) | 0x800000u;
+  uint32_t q = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+  if (rem > half || (rem == half && (q & 1u))) q++;
+  return sign | (uint16_t)q;
+}
+__device__ __forceinline__ float fsdp_f16_value(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0x1fu) return __uint_as_float(sign | 0x7f800000u | (m << 13));
+  if (e) return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
+  return __uint_as_float(sign | __float_as_uint((float)m * 0x1p-24f));
+}
+
 __device__ __forceinline__ float load(const float *p) { return *p; }
 __device__ __forceinline__ float load(const bf16 *p) { return __uint_as_float((uint32_t)p->bits << 16); }
 __device__ __forceinline__ void store(float *p, float x) { *p = x; }

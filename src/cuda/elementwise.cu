@@ -1,6 +1,6 @@
 /* src/cuda/elementwise.cu — elementwise kernels: GELU and the residual
  * add (fp32 and bf16), the shard kernels axpy and scale, and the f32 <-> bf16
- * casts. Grid-stride loops over size_t indices; math in fp32. */
+ * and f32 <-> fp16 casts. Grid-stride loops over size_t indices; math in fp32. */
 #include "cuda/cuda_internal.cuh"
 
 /* Runs f(i) for every i < n: a grid-stride loop, so any n fits the capped grid. */
@@ -111,4 +111,12 @@ fsdp_status_t fsdp_cuda_bf16_to_f32(float *out, const uint16_t *inp, size_t n,
                                     fsdp_cuda_stream_t stream) {
   return for_each(n, stream,
                   [=] __device__(size_t i) { out[i] = __uint_as_float((uint32_t)inp[i] << 16); });
+}
+fsdp_status_t fsdp_cuda_f32_to_f16(uint16_t *out, const float *inp, size_t n,
+                                   fsdp_cuda_stream_t stream) {
+  return for_each(n, stream, [=] __device__(size_t i) { out[i] = fsdp_f16_bits(inp[i]); });
+}
+fsdp_status_t fsdp_cuda_f16_to_f32(float *out, const uint16_t *inp, size_t n,
+                                   fsdp_cuda_stream_t stream) {
+  return for_each(n, stream, [=] __device__(size_t i) { out[i] = fsdp_f16_value(inp[i]); });
 }

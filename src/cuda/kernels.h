@@ -265,6 +265,13 @@ fsdp_status_t fsdp_cuda_f32_to_bf16(uint16_t *out, const float *inp, size_t n,
                                     fsdp_cuda_stream_t stream);
 fsdp_status_t fsdp_cuda_bf16_to_f32(float *out, const uint16_t *inp, size_t n,
                                     fsdp_cuda_stream_t stream);
+/* The same for IEEE fp16 with fsdp_f32_to_f16's rounding (nearest even,
+ * overflow to inf, subnormals kept): fp16 parameters are gathered, not
+ * computed in, so these casts are all the fp16 kernels there are. */
+fsdp_status_t fsdp_cuda_f32_to_f16(uint16_t *out, const float *inp, size_t n,
+                                   fsdp_cuda_stream_t stream);
+fsdp_status_t fsdp_cuda_f16_to_f32(float *out, const uint16_t *inp, size_t n,
+                                   fsdp_cuda_stream_t stream);
 
 #ifdef __cplusplus
 }

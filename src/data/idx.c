@@ -142,8 +142,8 @@ static fsdp_status_t idx_read_stream(gzFile f, const char *path, const idx_kind_
   FSDP_TRYG(st, gz_read_bytes(f, path, data, (size_t)bytes, &got), fail);
   if (got < bytes) {
     st =
-        fsdp_error(FSDP_ERR_IO, "%s: truncated: header says %s but the file ends after %zu of them",
-                   path, desc, got);
+        fsdp_error(FSDP_ERR_IO, "%s: truncated: header says %s but the file ends after %zu of "
+                   "those %llu bytes", path, desc, got, (unsigned long long)bytes);
     goto fail;
   }
   /* Reading past the data also makes zlib check the gzip trailer. */

@@ -4,6 +4,7 @@
  * in materialize.c; parameters move in and out in tensor_io.c; the per-step
  * schedule is schedule.c, the optimizer step step.c, memory accounting and
  * the timeline accounting.c. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +37,26 @@ fsdp_status_t fsdp_strategy_parse(const char *text, fsdp_strategy_t *out) {
                     "or noshard (no_shard)", text ? text : "(null)");
 }
 
+/* Written as !(x in range) so that NaN fails too. */
+static fsdp_status_t scaler_check(const fsdp_config_t *c) {
+  if (c->max_consecutive_skips < 0)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "config.max_consecutive_skips %d is negative",
+                      c->max_consecutive_skips);
+  if (!(c->loss_scale_init >= 0.0 && c->loss_scale_init < 1e300))
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "config.loss_scale_init %g must be finite "
+                      "and > 0 (0: the default)", c->loss_scale_init);
+  if (!(c->loss_scale_growth >= 1.0 && c->loss_scale_growth < 1e300))
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "config.loss_scale_growth %g must be finite "
+                      "and >= 1", c->loss_scale_growth);
+  if (!(c->loss_scale_backoff > 0.0 && c->loss_scale_backoff <= 1.0))
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "config.loss_scale_backoff %g must be in "
+                      "(0, 1]", c->loss_scale_backoff);
+  if (c->loss_scale_interval < 1)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "config.loss_scale_interval %d must be >= 1",
+                      c->loss_scale_interval);
+  return FSDP_SUCCESS;
+}
+
 static fsdp_status_t config_check(const fsdp_config_t *c) {
   if ((unsigned)c->strategy > FSDP_NO_SHARD)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "config.strategy %d is not a strategy",
@@ -53,9 +74,9 @@ static fsdp_status_t config_check(const fsdp_config_t *c) {
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
                       "config.grad_reduce must be FSDP_SUM or FSDP_AVG, not %d",
                       (int)c->grad_reduce);
-  if (c->param_dtype != FSDP_F32 && c->param_dtype != FSDP_BF16)
+  if (c->param_dtype != FSDP_F32 && c->param_dtype != FSDP_BF16 && c->param_dtype != FSDP_F16)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
-                      "config.param_dtype %s: parameters are stored in f32 or bf16",
+                      "config.param_dtype %s: parameters are stored in f32, bf16 or f16",
                       fsdp_dtype_name(c->param_dtype));
   if (c->reduce_dtype != FSDP_F32 && c->reduce_dtype != FSDP_BF16)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
@@ -77,7 +98,14 @@ static fsdp_status_t config_check(const fsdp_config_t *c) {
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
                       "config.align %zu must be a power of two", c->align);
   FSDP_TRY(fsdp_optim_check(&c->optim));
+  FSDP_TRY(scaler_check(c));
   return fsdp_schedule_check(&c->schedule);
+}
+
+/* Unset values become their defaults (see fsdp_config_t). */
+static void config_defaults(fsdp_config_t *c) {
+  if (c->max_consecutive_skips == 0) c->max_consecutive_skips = 20;
+  if (c->loss_scale_init == 0.0) c->loss_scale_init = c->param_dtype == FSDP_F16 ? 65536.0 : 1.0;
 }
 
 static fsdp_status_t worker_set_device(void *arg) {
@@ -92,6 +120,7 @@ fsdp_status_t fsdp_config_resolve(const fsdp_config_t *cfg, fsdp_config_t *out) 
   FSDP_TRY(fsdp_opts_import(&c, cfg, sizeof c, FSDP_CONFIG_MAGIC, "fsdp_config_t",
                             "FSDP_CONFIG_INIT"));
   FSDP_TRY(config_check(&c));
+  config_defaults(&c);
   *out = c;
   return FSDP_SUCCESS;
 }
@@ -112,10 +141,20 @@ fsdp_status_t fsdp_engine_create(fsdp_world_t world, const fsdp_config_t *cfg,
   e->rank = fsdp_world_rank(world);
   e->nranks = fsdp_world_size(world);
   e->shard_world = c->strategy == FSDP_NO_SHARD ? 1 : e->nranks;
-  e->bf16 = c->param_dtype == FSDP_BF16;
+  e->lowp = c->param_dtype == FSDP_BF16 || c->param_dtype == FSDP_F16;
+  e->lp_dtype = c->param_dtype;
+  e->to_lp = c->param_dtype == FSDP_F16 ? fsdp_f32_to_f16 : fsdp_f32_to_bf16;
+  e->from_lp = c->param_dtype == FSDP_F16 ? fsdp_f16_to_f32 : fsdp_bf16_to_f32;
   e->cuda = c->device == FSDP_DEVICE_CUDA;
-  e->widen = e->bf16 && !e->cuda;
+  e->widen = e->lowp && !e->cuda;
   e->bf16_reduce = c->reduce_dtype == FSDP_BF16;
+  e->loss_scale = c->loss_scale_init;
+  /* A caller compiled before the guard's stats fields passes a config that
+   * ends before max_consecutive_skips, and a smaller fsdp_step_stats_t: the
+   * step writes only the fields its header had. */
+  e->stats_bytes = cfg && cfg->size <= offsetof(fsdp_config_t, max_consecutive_skips)
+                       ? offsetof(fsdp_step_stats_t, skipped)
+                       : sizeof(fsdp_step_stats_t);
   pthread_mutex_init(&e->tl_lock, NULL);
 
   fsdp_status_t st;

@@ -2,7 +2,8 @@
  * engine's source files (engine.c: life cycle; units.c: the registry;
  * materialize.c: shards and pools; tensor_io.c: parameters in and out;
  * schedule.c: gathers and reductions; step.c: the optimizer step;
- * accounting.c: memory and the timeline). */
+ * accounting.c: memory and the timeline; consistency.c: the start-up
+ * comparison of configuration and plan across ranks). */
 #ifndef FSDP_ENGINE_INTERNAL_H
 #define FSDP_ENGINE_INTERNAL_H
 
@@ -30,7 +31,7 @@ struct stream_op {
   struct unit *u;
   fsdp_pass_t pass;
   double t_begin;
-  const uint16_t *lp; /* bf16 gathers: the gathered bytes to widen into dst */
+  const uint16_t *lp; /* 16-bit gathers on the CPU: the gathered values to widen into dst */
   float *dst;
 };
 
@@ -45,8 +46,8 @@ struct unit {
   unsigned long long *decay_runs; /* CUDA AdamW: start << 1 | decay of each run of the shard's
                                      elements sharing a decay flag (device); n_runs of them */
   int n_runs;
-  uint16_t *lp;                 /* bf16 params: the master shard rounded, what is gathered */
-  float *rounded;               /* bf16 params on one shard: lp widened, what views show */
+  uint16_t *lp;                 /* 16-bit params: the master shard rounded, what is gathered */
+  float *rounded;               /* 16-bit params on one shard (CPU): lp widened, what views show */
   float *full_grad;             /* accumulate_full_grads only: padded-sized */
   /* CUDA: host copies of master, grad, m, v that fsdp_unit_shard hands out;
    * written back at fsdp_engine_set_step while mirror_dirty. */
@@ -67,8 +68,8 @@ struct unit {
 };
 
 struct pslot {
-  float *buf;      /* what views show (f32); NULL on CUDA with bf16 params */
-  uint16_t *lp;    /* bf16 params: the gathered bf16 bytes (CPU: widened into buf) */
+  float *buf;      /* what views show (f32); NULL on CUDA with 16-bit params */
+  uint16_t *lp;    /* 16-bit params: the gathered values (CPU: widened into buf) */
   size_t capacity; /* elements */
   int owner;       /* unit or -1 */
   fsdp_event_t free_ev; /* compute stream passed the last use */
@@ -91,9 +92,12 @@ struct fsdp_engine {
   fsdp_config_t cfg;
   int rank, nranks;
   int shard_world; /* ranks a unit is sharded over: nranks, or 1 for NO_SHARD */
-  int bf16;        /* param_dtype is bf16: gathers move bf16 */
+  int lowp;        /* param_dtype is bf16 or f16: gathers move 16-bit values */
+  fsdp_dtype_t lp_dtype;         /* that dtype (FSDP_F32 when !lowp) */
+  uint16_t (*to_lp)(float);      /* its CPU conversions (fsdp_f32_to_bf16 / _f16) */
+  float (*from_lp)(uint16_t);
   int cuda;        /* config.device is CUDA: every buffer below is device memory */
-  int widen;       /* bf16 on the CPU: gathered bf16 is widened to f32 for compute */
+  int widen;       /* 16-bit params on the CPU: gathers are widened to f32 for compute */
   int bf16_reduce; /* reduce_dtype is bf16 */
   char *comm_backend; /* config.comm_backend, copied (cfg.comm_backend points here) */
   int materialized;
@@ -129,6 +133,14 @@ struct fsdp_engine {
   int bwd_released;  /* backward releases so far */
   int64_t step;
 
+  /* numerics guard and loss scaler (step.c) */
+  int loss_bad;            /* a non-finite loss was reported since the last step */
+  int consecutive_skips;
+  int64_t skipped_total;
+  double loss_scale;       /* 1: no scaling */
+  int64_t good_steps;      /* updates in a row since the scale last changed */
+  size_t stats_bytes;      /* of fsdp_step_stats_t the caller's header has (see engine.c) */
+
   /* accounting */
   size_t gathered, gathered_peak, grads_live, grads_peak;
   size_t param_pool_bytes, grad_pool_bytes, staging_bytes;
@@ -149,7 +161,7 @@ void fsdp_mem_track(size_t *live, size_t *peak, size_t add, size_t sub);
 /* Bytes per element of a gather buffer: what is gathered, plus the f32 twin
  * the CPU widens bf16 into. */
 static inline size_t fsdp_gather_elem_bytes(const struct fsdp_engine *e) {
-  return e->bf16 ? sizeof(uint16_t) + (e->widen ? sizeof(float) : 0) : sizeof(float);
+  return e->lowp ? sizeof(uint16_t) + (e->widen ? sizeof(float) : 0) : sizeof(float);
 }
 static inline size_t fsdp_unit_gathered_bytes(const struct fsdp_engine *e, const struct unit *u) {
   return u->padded * fsdp_gather_elem_bytes(e);
@@ -161,6 +173,9 @@ void fsdp_engine_free(const struct fsdp_engine *e, void *p);
 fsdp_status_t fsdp_engine_zero(const struct fsdp_engine *e, void *p, size_t bytes);
 fsdp_status_t fsdp_engine_poison(struct fsdp_engine *e, fsdp_status_t st);
 fsdp_status_t fsdp_engine_check_live(struct fsdp_engine *e);
+/* The consistency check of the engine's own part, configuration and unit
+ * plan (consistency.c); fsdp_engine_materialize runs it first. */
+fsdp_status_t fsdp_engine_check_plan(struct fsdp_engine *e);
 
 /* The unit registry (units.c). fsdp_tensor_find: the tensor named `name` and
  * where it is (unit, index may be NULL), or NULL. fsdp_unit_get: unit `unit`,

@@ -99,11 +99,11 @@ static fsdp_status_t unit_materialize(struct fsdp_engine *e, struct unit *u) {
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY,
                       "unit '%s': cannot allocate its shard state (%zu bytes per buffer)",
                       u->name, bytes);
-  if (e->bf16) u->lp = fsdp_engine_alloc(e, u->shard * sizeof(uint16_t));
+  if (e->lowp) u->lp = fsdp_engine_alloc(e, u->shard * sizeof(uint16_t));
   /* One shard on the CPU: views read a widened copy (CUDA reads lp itself). */
   if (e->widen && e->shard_world == 1) u->rounded = fsdp_engine_alloc(e, bytes);
-  if (e->bf16 && (!u->lp || (e->widen && e->shard_world == 1 && !u->rounded)))
-    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "unit '%s': cannot allocate its bf16 copy",
+  if (e->lowp && (!u->lp || (e->widen && e->shard_world == 1 && !u->rounded)))
+    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "unit '%s': cannot allocate its 16-bit copy",
                       u->name);
   FSDP_TRY(unit_init(e, u));
   if (e->cuda && e->cfg.optim.kind == FSDP_OPTIM_ADAMW) FSDP_TRY(decay_runs(e, u));
@@ -127,10 +127,10 @@ static fsdp_status_t pools_create(struct fsdp_engine *e) {
     struct pslot *p = &e->pslots[i];
     p->capacity = c->strategy == FSDP_SHARD_GRAD_OP ? e->units[i].padded : e->max_padded;
     p->owner = -1;
-    int f32 = !e->bf16 || e->widen;
+    int f32 = !e->lowp || e->widen;
     if (f32) p->buf = fsdp_engine_alloc(e, p->capacity * sizeof(float));
-    if (e->bf16) p->lp = fsdp_engine_alloc(e, p->capacity * sizeof(uint16_t));
-    if ((f32 && !p->buf) || (e->bf16 && !p->lp))
+    if (e->lowp) p->lp = fsdp_engine_alloc(e, p->capacity * sizeof(uint16_t));
+    if ((f32 && !p->buf) || (e->lowp && !p->lp))
       return fsdp_error(FSDP_ERR_OUT_OF_MEMORY,
                         "engine: cannot allocate a %zu-byte gather buffer (%s)",
                         p->capacity * fsdp_gather_elem_bytes(e), fsdp_last_error());
@@ -185,6 +185,9 @@ fsdp_status_t fsdp_engine_materialize(fsdp_engine_t e, uint64_t seed) {
   if (e->n_units == 0)
     return fsdp_error(FSDP_ERR_INVALID_USAGE,
                       "fsdp_engine_materialize: no units were added");
+  /* Ranks that built different models would issue mismatched collectives
+   * from here on: compare first (one 16-byte all-gather when they agree). */
+  FSDP_TRY(fsdp_engine_check_plan(e));
   e->seed = seed;
   for (int i = 0; i < e->n_units; i++) FSDP_TRY(unit_materialize(e, &e->units[i]));
   FSDP_TRY(pools_create(e));

@@ -34,10 +34,11 @@ static fsdp_status_t mark_begin(void *arg) {
   return FSDP_SUCCESS;
 }
 
-/* Widens a bf16 gather for compute on the CPU, then the timeline mark. */
+/* Widens a 16-bit gather for compute on the CPU, then the timeline mark. */
 static fsdp_status_t gather_end(void *arg) {
   struct stream_op *op = arg;
-  for (size_t i = 0; op->lp && i < op->u->padded; i++) op->dst[i] = fsdp_bf16_to_f32(op->lp[i]);
+  float (*from_lp)(uint16_t) = op->eng->from_lp;
+  for (size_t i = 0; op->lp && i < op->u->padded; i++) op->dst[i] = from_lp(op->lp[i]);
   fsdp_tl_add(op->eng, FSDP_TL_ALL_GATHER, unit_index(op->eng, op->u), op->pass, 1, op->t_begin,
               fsdp_time_now(), op->u->shard * fsdp_gather_elem_bytes(op->eng));
   return FSDP_SUCCESS;
@@ -124,8 +125,8 @@ static fsdp_status_t gather_issue(struct fsdp_engine *e, struct unit *u, int slo
   FSDP_TRY(fsdp_stream_wait_event(e->s_gather, p->free_ev));
   if (marks) FSDP_TRY(fsdp_stream_launch(e->s_gather, mark_begin, &u->gather_op));
   fsdp_comm_set_tag(e->comm_gather, u->name); /* names the unit in timeouts and desyncs */
-  if (e->bf16)
-    FSDP_TRY(fsdp_all_gather(e->comm_gather, u->lp, p->lp, u->shard, FSDP_BF16, e->s_gather));
+  if (e->lowp)
+    FSDP_TRY(fsdp_all_gather(e->comm_gather, u->lp, p->lp, u->shard, e->lp_dtype, e->s_gather));
   else
     FSDP_TRY(fsdp_all_gather(e->comm_gather, u->master, p->buf, u->shard, FSDP_F32, e->s_gather));
   if (marks) FSDP_TRY(fsdp_stream_launch(e->s_gather, gather_end, &u->gather_op));
@@ -325,12 +326,12 @@ static fsdp_status_t acquire(struct fsdp_engine *e, struct unit *u, fsdp_pass_t 
   e->fwd_done = e->fwd_done && !starts;
   FSDP_TRY(prefetch(e, pass, pos));
   FSDP_TRY(fsdp_stream_wait_event(e->s_compute, u->ready));
-  /* bf16 on CUDA: views show the gathered bf16 itself. */
-  int lp = e->bf16 && !e->widen;
+  /* 16-bit params on CUDA: views show the gathered values themselves. */
+  int lp = e->lowp && !e->widen;
   const void *base = e->shard_world > 1 ? (lp ? (const void *)e->pslots[u->slot].lp
                                               : (const void *)e->pslots[u->slot].buf)
                      : lp      ? (const void *)u->lp
-                     : e->bf16 ? (const void *)u->rounded
+                     : e->lowp ? (const void *)u->rounded
                                : (const void *)u->master;
   size_t elem = lp ? sizeof(uint16_t) : sizeof(float);
   for (int i = 0; i < u->n_tensors; i++)
@@ -345,7 +346,7 @@ static fsdp_status_t acquire(struct fsdp_engine *e, struct unit *u, fsdp_pass_t 
   }
   u->held = (int)pass;
   *view = (fsdp_view_t){u->n_tensors, u->param_ptrs, pass == FSDP_BACKWARD ? u->grad_ptrs : NULL,
-                        lp ? FSDP_BF16 : FSDP_F32};
+                        lp ? e->lp_dtype : FSDP_F32};
   return FSDP_SUCCESS;
 }
 

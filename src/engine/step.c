@@ -1,8 +1,11 @@
 /* src/engine/step.c — the optimizer step on this rank's shards: wait for the
  * reductions, the global gradient norm (one all-reduce of the shard sums of
- * squares), clipping, the learning-rate schedule and AdamW/SGD per tensor piece
- * (so weight decay follows each tensor's no_decay flag). */
+ * squares, which also carries the numerics guard's flags), skipping steps with
+ * non-finite loss or gradients, the dynamic loss scale, clipping, the
+ * learning-rate schedule and AdamW/SGD per tensor piece (so weight decay
+ * follows each tensor's no_decay flag). */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "comm/comm_internal.h"
@@ -120,33 +123,41 @@ static fsdp_status_t update_unit(const struct fsdp_engine *e, const struct unit 
   return ctx.st;
 }
 
-static fsdp_status_t step(struct fsdp_engine *e, fsdp_step_stats_t *stats) {
-  FSDP_TRY(fsdp_stream_synchronize(e->s_reduce));
-  for (int i = 0; i < e->n_gslots; i++) e->gslots[i].busy = e->gslots[i].held = 0;
-  e->grads_live = 0;
+/* What the ranks agree on before updating: the global sum of squares of the
+ * (scaled) gradients and how many ranks saw a non-finite loss or gradient
+ * shard. One all-reduce, the norm's, carries all three; NO_SHARD ranks hold
+ * the same gradients, so only rank 0 adds its sum there. */
+struct guard {
+  double sumsq, bad_loss, bad_grad;
+};
 
+static fsdp_status_t agree(struct fsdp_engine *e, struct guard *g) {
   double local = 0.0;
   FSDP_TRY(shard_sumsq(e, &local));
-  double global = local;
-  if (e->shard_world > 1) {
-    fsdp_comm_set_tag(e->comm_host, "grad_norm"); /* named in timeouts and desyncs */
-    double t0 = fsdp_time_now();
-    FSDP_TRY(fsdp_all_reduce(e->comm_host, &local, &global, 1, FSDP_F64, FSDP_SUM,
-                             FSDP_HOST_STREAM));
-    /* On the timeline: it absorbs the ranks' skew, which is waiting, not compute. */
-    fsdp_tl_add(e, FSDP_TL_REDUCE, -1, FSDP_BACKWARD, 0, t0, fsdp_time_now(), sizeof local);
-  }
-  double norm = sqrt(global), coef = 1.0;
-  float max_norm = e->cfg.optim.max_grad_norm;
-  if (max_norm > 0.0f && norm > max_norm) coef = max_norm / (norm + 1e-6);
+  int replicated = e->shard_world == 1;
+  struct guard mine = {replicated && e->rank != 0 ? 0.0 : local, e->loss_bad, !isfinite(local)};
+  *g = mine;
+  if (e->nranks == 1) return FSDP_SUCCESS;
+  fsdp_comm_set_tag(e->comm_host, "grad_norm"); /* named in timeouts and desyncs */
+  double t0 = fsdp_time_now();
+  FSDP_TRY(fsdp_all_reduce(e->comm_host, &mine, g, 3, FSDP_F64, FSDP_SUM, FSDP_HOST_STREAM));
+  /* On the timeline: it absorbs the ranks' skew, which is waiting, not compute. */
+  fsdp_tl_add(e, FSDP_TL_REDUCE, -1, FSDP_BACKWARD, 0, t0, fsdp_time_now(), sizeof mine);
+  return FSDP_SUCCESS;
+}
 
-  float lr = fsdp_schedule_lr(&e->cfg.schedule, e->cfg.optim.lr, e->step);
+/* The gradients are consumed either way: zeroed for the next accumulation. */
+static fsdp_status_t clear_grads(struct fsdp_engine *e, struct unit *u) {
+  u->bwd_count = 0;
+  return fsdp_engine_zero(e, u->grad, u->shard * sizeof(float));
+}
+
+static fsdp_status_t update(struct fsdp_engine *e, float lr, double coef) {
   for (int i = 0; i < e->n_units; i++) {
     struct unit *u = &e->units[i];
     FSDP_TRY(update_unit(e, u, lr, (float)coef));
     FSDP_TRY(fsdp_unit_refresh_params(e, u));
-    FSDP_TRY(fsdp_engine_zero(e, u->grad, u->shard * sizeof(float)));
-    u->bwd_count = 0;
+    FSDP_TRY(clear_grads(e, u));
     u->mirror_dirty = 0; /* host copies from before the update are stale */
   }
   fsdp_engine_drop_gathers(e);
@@ -154,15 +165,100 @@ static fsdp_status_t step(struct fsdp_engine *e, fsdp_step_stats_t *stats) {
    * stream to pass the update (on the CPU it already has). */
   for (int i = 0; i < e->n_pslots; i++) FSDP_TRY(fsdp_event_record(e->pslots[i].free_ev, e->s_compute));
   e->step++;
-  if (stats) *stats = (fsdp_step_stats_t){e->step, lr, norm, coef};
   return FSDP_SUCCESS;
+}
+
+/* GradScaler's rule: back off on a skipped step, grow after an interval of
+ * good ones. Without scaling (scale 1) nothing changes. */
+static void scaler_update(struct fsdp_engine *e, int skipped) {
+  const fsdp_config_t *c = &e->cfg;
+  if (c->loss_scale_init == 1.0) return;
+  if (skipped) {
+    e->loss_scale *= c->loss_scale_backoff;
+    e->good_steps = 0;
+  } else if (++e->good_steps >= c->loss_scale_interval) {
+    e->loss_scale *= c->loss_scale_growth;
+    e->good_steps = 0;
+  }
+}
+
+static fsdp_status_t skip(struct fsdp_engine *e, const struct guard *g, double norm) {
+  for (int i = 0; i < e->n_units; i++) FSDP_TRY(clear_grads(e, &e->units[i]));
+  e->consecutive_skips++;
+  e->skipped_total++;
+  if (e->consecutive_skips < e->cfg.max_consecutive_skips) return FSDP_SUCCESS;
+  char scale[64] = "";
+  if (e->cfg.loss_scale_init != 1.0) snprintf(scale, sizeof scale, " (loss scale %g)", e->loss_scale);
+  return fsdp_error(FSDP_ERR_NONFINITE,
+                    "fsdp_engine_step: %d steps in a row skipped for non-finite values "
+                    "(config.max_consecutive_skips %d); at the last, after update %lld, the "
+                    "gradient norm was %g%s and %d of %d ranks reported a non-finite loss: "
+                    "training has diverged; lower the learning rate or clip gradients",
+                    e->consecutive_skips, e->cfg.max_consecutive_skips, (long long)e->step,
+                    norm, scale, (int)g->bad_loss, e->nranks);
+}
+
+static fsdp_status_t step(struct fsdp_engine *e, fsdp_step_stats_t *stats) {
+  FSDP_TRY(fsdp_stream_synchronize(e->s_reduce));
+  for (int i = 0; i < e->n_gslots; i++) e->gslots[i].busy = e->gslots[i].held = 0;
+  e->grads_live = 0;
+
+  struct guard g;
+  FSDP_TRY(agree(e, &g));
+  e->loss_bad = 0;
+  double scale = e->loss_scale, norm = sqrt(g.sumsq) / scale, clip = 1.0;
+  int skipped = g.bad_loss > 0 || g.bad_grad > 0 || !isfinite(norm);
+  float max_norm = e->cfg.optim.max_grad_norm;
+  if (!skipped && max_norm > 0.0f && norm > max_norm) clip = max_norm / (norm + 1e-6);
+  float lr = fsdp_schedule_lr(&e->cfg.schedule, e->cfg.optim.lr, e->step);
+
+  fsdp_status_t st = skipped ? skip(e, &g, norm) : update(e, lr, clip / scale);
+  if (st != FSDP_SUCCESS && st != FSDP_ERR_NONFINITE) return st;
+  if (!skipped) e->consecutive_skips = 0;
+  scaler_update(e, skipped);
+  fsdp_step_stats_t s = {.step = e->step, .lr = lr, .grad_norm = norm, .clip_coef = clip,
+                         .skipped = skipped, .nonfinite_loss_ranks = (int)g.bad_loss,
+                         .consecutive_skips = e->consecutive_skips,
+                         .skipped_total = e->skipped_total, .loss_scale = scale};
+  if (stats) memcpy(stats, &s, e->stats_bytes);
+  return st;
 }
 
 fsdp_status_t fsdp_engine_step(fsdp_engine_t e, fsdp_step_stats_t *stats) {
   FSDP_TRY(step_ready(e));
   double t0 = fsdp_time_now();
   fsdp_status_t st = step(e, stats);
+  if (st == FSDP_ERR_NONFINITE) return st; /* nothing was updated: the engine stays usable */
   if (st != FSDP_SUCCESS) return fsdp_engine_poison(e, st);
   fsdp_tl_add(e, FSDP_TL_STEP, -1, FSDP_BACKWARD, 0, t0, fsdp_time_now(), 0);
+  return FSDP_SUCCESS;
+}
+
+fsdp_status_t fsdp_engine_report_loss(fsdp_engine_t e, double loss) {
+  if (!e) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_report_loss: engine is NULL");
+  if (!isfinite(loss)) e->loss_bad = 1;
+  return FSDP_SUCCESS;
+}
+
+double fsdp_engine_loss_scale(fsdp_engine_t e) { return e ? e->loss_scale : -1.0; }
+
+fsdp_status_t fsdp_engine_scaler_state(fsdp_engine_t e, double *scale, int64_t *good_steps) {
+  if (!e || !scale || !good_steps)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_scaler_state: NULL argument");
+  *scale = e->loss_scale;
+  *good_steps = e->good_steps;
+  return FSDP_SUCCESS;
+}
+
+fsdp_status_t fsdp_engine_set_scaler_state(fsdp_engine_t e, double scale, int64_t good_steps) {
+  if (!e) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_set_scaler_state: engine is NULL");
+  if (!(scale > 0.0 && scale < 1e300) || good_steps < 0)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_set_scaler_state: scale %g must "
+                      "be finite and > 0, good_steps %lld >= 0", scale, (long long)good_steps);
+  if (e->cfg.loss_scale_init == 1.0 && scale != 1.0)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_set_scaler_state: scale %g, but "
+                      "this engine has no loss scaling (config.loss_scale_init 1)", scale);
+  e->loss_scale = scale;
+  e->good_steps = good_steps;
   return FSDP_SUCCESS;
 }

@@ -173,17 +173,20 @@ fsdp_status_t fsdp_engine_set_step(fsdp_engine_t e, int64_t step) {
   }
   FSDP_TRY(fsdp_stream_synchronize(e->s_compute));
   e->step = step;
+  e->loss_bad = 0; /* a loss reported for the abandoned step no longer counts */
   return FSDP_SUCCESS;
 }
 
 fsdp_status_t fsdp_unit_refresh_params(const struct fsdp_engine *e, struct unit *u) {
-  if (!e->bf16) return FSDP_SUCCESS;
+  if (!e->lowp) return FSDP_SUCCESS;
 #if FSDP_HAVE_CUDA
-  if (e->cuda)
-    return fsdp_cuda_f32_to_bf16(u->lp, u->master, u->shard,
-                                 (fsdp_cuda_stream_t)fsdp_stream_cuda_handle(e->s_compute));
+  if (e->cuda) {
+    fsdp_cuda_stream_t cs = (fsdp_cuda_stream_t)fsdp_stream_cuda_handle(e->s_compute);
+    return e->lp_dtype == FSDP_F16 ? fsdp_cuda_f32_to_f16(u->lp, u->master, u->shard, cs)
+                                   : fsdp_cuda_f32_to_bf16(u->lp, u->master, u->shard, cs);
+  }
 #endif
-  for (size_t i = 0; i < u->shard; i++) u->lp[i] = fsdp_f32_to_bf16(u->master[i]);
-  for (size_t i = 0; u->rounded && i < u->shard; i++) u->rounded[i] = fsdp_bf16_to_f32(u->lp[i]);
+  for (size_t i = 0; i < u->shard; i++) u->lp[i] = e->to_lp(u->master[i]);
+  for (size_t i = 0; u->rounded && i < u->shard; i++) u->rounded[i] = e->from_lp(u->lp[i]);
   return FSDP_SUCCESS;
 }

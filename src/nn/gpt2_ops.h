@@ -7,7 +7,8 @@
  * Pointers typed void * are activations in the table's dtype (float, or bf16
  * as uint16_t) and parameters as the engine's view hands them out (the same
  * dtype); float * are always fp32: parameter gradients, LayerNorm statistics,
- * attention's saved state (probabilities, or the log-sum-exp: att_lse). Every pointer lives in the table's memory, except
+ * attention's saved state (probabilities, or the log-sum-exp: att_lse). Every
+ * pointer lives in the table's memory, except
  * the host arguments of stage and read. Kernels follow nn.h: outputs first,
  * backward adds into gradients, dims last, then the backend state. On CUDA
  * every call is queued on the stream bound by bind and returns at once, except

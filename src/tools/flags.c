@@ -40,6 +40,12 @@ static const flag_t *lookup(const flag_t *table, size_t n, const char *a) {
   return NULL;
 }
 
+int flags_known(const char *flag, const char *const *names, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (!strcmp(flag, names[i])) return 1;
+  return 0;
+}
+
 int flags_parse(const char *tool, const char *usage, int argc, char **argv, const flag_t *table,
                 size_t n, flag_word_fn word, void *ctx) {
   for (int i = 1; i < argc; i++) {
@@ -54,6 +60,11 @@ int flags_parse(const char *tool, const char *usage, int argc, char **argv, cons
       *(const char **)f->ptr = NULL;
       continue;
     }
+    if (a[0] != '-')
+      return fprintf(stderr, "%s: unexpected argument '%s': %s takes only options (see --help)\n",
+                     tool, a, tool), -1;
+    if (!v && !f && !word(ctx, a, NULL))
+      return fprintf(stderr, "%s: unknown option '%s' (see --help)\n", tool, a), -1;
     if (!v) return fprintf(stderr, "%s: %s needs a value (see --help)\n", tool, a), -1;
     i++;
     if (f ? parse_value(tool, f, a, v) : word(ctx, a, v)) return -1;
@@ -64,6 +75,7 @@ int flags_parse(const char *tool, const char *usage, int argc, char **argv, cons
 static int dtype_word(const char *v, fsdp_dtype_t *out) {
   if (!strcmp(v, "f32") || !strcmp(v, "fp32")) return *out = FSDP_F32, 0;
   if (!strcmp(v, "bf16")) return *out = FSDP_BF16, 0;
+  if (!strcmp(v, "f16") || !strcmp(v, "fp16")) return *out = FSDP_F16, 0;
   return -1;
 }
 
@@ -80,7 +92,7 @@ int flags_config_word(const char *tool, const char *flag, const char *v, fsdp_co
     return 1;
   }
   if (rc) fprintf(stderr, "%s: %s '%s': use %s\n", tool, flag, v,
-                  strcmp(flag, "--device") ? "f32 or bf16" : "cpu or cuda");
+                  strcmp(flag, "--device") ? "f32, bf16 or f16" : "cpu or cuda");
   return rc;
 }
 

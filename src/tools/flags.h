@@ -25,16 +25,23 @@ typedef struct {
 } flag_t;
 
 /* Flags not in the table arrive here with their value; return 0 when taken,
- * -1 (after printing why) when not. */
+ * -1 (after printing why) when not. A flag that ends the command line
+ * arrives with value NULL: return 1 if it is one of yours (it then "needs a
+ * value"), 0 if not (an unknown option), printing nothing. */
 typedef int (*flag_word_fn)(void *ctx, const char *flag, const char *value);
+
+/* 1 when flag is one of names[0..n), else 0: a flag_word_fn's answer for a
+ * value-less last flag. */
+int flags_known(const char *flag, const char *const *names, size_t n);
 
 /* Returns 0 when parsed, 1 after printing usage for --help/-h, -1 after
  * printing "<tool>: <what is wrong>" to stderr. */
 int flags_parse(const char *tool, const char *usage, int argc, char **argv, const flag_t *table,
                 size_t n, flag_word_fn word, void *ctx);
 
-/* The engine-config words both tools take: --device cpu|cuda, --dtype f32|bf16
- * (what parameters are gathered and computed in) and --reduce-dtype f32|bf16.
+/* The engine-config words both tools take: --device cpu|cuda, --dtype
+ * f32|bf16|f16 (what parameters are gathered and computed in) and
+ * --reduce-dtype (the same words; the engine reduces in f32 or bf16).
  * Returns 0 when taken, -1 after printing why the value is bad, 1 when the
  * flag is none of these. */
 int flags_config_word(const char *tool, const char *flag, const char *v, fsdp_config_t *cfg);

@@ -13,7 +13,8 @@ static const char usage_text[] =
     "usage: fsdp-ckpt [--stats] COMMAND ...\n"
     "  inspect PATH                     step, world size, strategy, optimizer, trainer state,\n"
     "                                   tensors with their shapes and units\n"
-    "  verify PATH                      every shard's header, size and CRC-32 (no model needed)\n"
+    "  verify PATH                      every shard's header, size and CRC-32, and no NaN/Inf\n"
+    "                                   (no model needed)\n"
     "  repair SAVE_DIR                  point a missing, dangling or lagging `latest` at the\n"
     "                                   newest complete step (takes the directory's lock)\n"
     "  consolidate PATH OUT.safetensors every tensor and optimizer state in one file\n"
@@ -95,7 +96,7 @@ static fsdp_status_t with_ckpt(const char *cmd, const char *path, char **rest) {
     st = inspect(c) ? FSDP_ERR_INTERNAL : FSDP_SUCCESS;
   } else if (!strcmp(cmd, "verify")) {
     st = fsdp_ckpt_verify(c);
-    if (!st) print_summary(c), printf("ok: every shard's size and CRC-32 match the manifest\n");
+    if (!st) print_summary(c), printf("ok: every shard's size and CRC-32 match the manifest; every value is finite\n");
   } else if (!strcmp(cmd, "consolidate")) {
     st = fsdp_ckpt_consolidate(c, rest[0]);
   } else if (!strcmp(cmd, "export")) {

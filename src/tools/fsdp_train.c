@@ -22,8 +22,13 @@ static const char usage_text[] =
     "sharding\n"
     "  --strategy zero3|zero2|noshard   (default zero3)\n"
     "  --prefetch D              units gathered ahead (default 1)\n"
-    "  --dtype f32|bf16          parameters as gathered and computed on (master stays f32);\n"
-    "                            on cuda, bf16 also makes activations bf16\n"
+    "  --dtype f32|bf16|f16      parameters as gathered and computed on (master stays f32);\n"
+    "                            on cuda, bf16 also makes activations bf16; f16 scales\n"
+    "                            the loss dynamically (GradScaler's rule)\n"
+    "  --loss-scale X            initial loss scale (f16 default 65536; 1 = none)\n"
+    "  --loss-scale-interval N   good steps before the scale doubles (default 2000)\n"
+    "  --max-skips K             stop after K steps in a row skipped for NaN/Inf loss or\n"
+    "                            gradients (default 20; a skipped step is retried)\n"
     "  --reduce-dtype f32|bf16   what gradients are reduced in (default f32)\n"
     "device\n"
     "  --device cpu|cuda         where shards, gradients and compute live (default cpu;\n"
@@ -72,6 +77,9 @@ static int parse_list(const char *v, train_opts_t *o) {
 /* Flags whose values are words or lists, not numbers. */
 static int parse_word(void *ctx, const char *a, const char *v) {
   train_opts_t *o = ctx;
+  static const char *const known[] = {"--strategy", "--preset", "--optim", "--schedule",
+                                      "--hidden", "--device", "--dtype", "--reduce-dtype"};
+  if (!v) return flags_known(a, known, sizeof known / sizeof known[0]);
   if (!strcmp(a, "--strategy") || !strcmp(a, "--preset")) {
     fsdp_status_t st = !strcmp(a, "--strategy") ? fsdp_strategy_parse(v, &o->cfg.strategy)
                                                 : fsdp_gpt2_preset(v, &o->gpt);
@@ -113,6 +121,9 @@ static int parse(int argc, char **argv, train_opts_t *o) {
       {"--momentum", NULL, FLAG_F32, &o->cfg.optim.momentum},
       {"--wd", NULL, FLAG_F32, &o->cfg.optim.weight_decay},
       {"--clip", NULL, FLAG_F32, &o->cfg.optim.max_grad_norm},
+      {"--loss-scale", NULL, FLAG_F32, &o->loss_scale},
+      {"--loss-scale-interval", NULL, FLAG_INT, &o->cfg.loss_scale_interval},
+      {"--max-skips", NULL, FLAG_INT, &o->cfg.max_consecutive_skips},
       {"--warmup", NULL, FLAG_I64, &o->cfg.schedule.warmup_steps},
       {"--min-lr-ratio", NULL, FLAG_F32, &o->cfg.schedule.min_lr_ratio},
       {"--steps", NULL, FLAG_INT, &o->steps}, {"--epochs", NULL, FLAG_INT, &o->epochs},
@@ -138,10 +149,14 @@ static int finish_options(train_opts_t *o) {
   if (!gpt && o->cfg.device == FSDP_DEVICE_CUDA)
     return fprintf(stderr, "fsdp-train: --device cuda trains gpt2 only (the MLP has CPU "
                    "kernels only)\n"), -1;
-  if (!o->seq_len) o->seq_len = o->gpt.block_size;
-  if (!o->global_batch) o->global_batch = gpt ? 32 : 128;
+  if (!o->seq_len || !o->global_batch)
+    return fprintf(stderr, "fsdp-train: --%s 0: use a positive number (leave the flag out "
+                   "for the default)\n", !o->seq_len ? "seq-len" : "global-batch"), -1;
+  if (o->seq_len < 0) o->seq_len = o->gpt.block_size;
+  if (o->global_batch < 0) o->global_batch = gpt ? 32 : 128;
   if (!o->log_every) o->log_every = gpt ? 1 : 100;
   if (o->cfg.optim.lr == 0.0f) o->cfg.optim.lr = gpt ? 2e-3f : 1e-3f;
+  o->cfg.loss_scale_init = o->loss_scale; /* 0: the engine's default for the dtype */
   if (gpt && o->cfg.max_live_units == 0 && (o->wrap.wrap_kinds || o->wrap.wrap_min_params))
     o->cfg.max_live_units = o->cfg.prefetch_depth + 2; /* the root is held throughout */
   if ((o->save_every || (o->resume && !strcmp(o->resume, "auto"))) && !o->save_dir)
@@ -155,6 +170,7 @@ int main(int argc, char **argv) {
   train_opts_t o = {.model = "gpt2", .cfg = FSDP_CONFIG_INIT, .hidden = {512, 256},
                     .n_hidden = 2, .steps = 1000, .epochs = 5, .eval_every = 250,
                     .seed = 1, .eval_batches = 4, .temperature = 0.8f,
+                    .seq_len = -1, .global_batch = -1, /* -1: not given */
                     .wrap = {"GPT2Block", 0, NULL, 0, 0}};
   fsdp_gpt2_preset("small", &o.gpt);
   o.cfg.optim.lr = 0.0f; /* per model, below */
@@ -173,15 +189,27 @@ int main(int argc, char **argv) {
   if (fsdp_world_init(&t.world, NULL)) goto fail;
   t.rank = fsdp_world_rank(t.world);
   t.nranks = fsdp_world_size(t.world);
-  if (flags_select_device("fsdp-train", t.world, &o.cfg)) goto done;
+  if (flags_select_device("fsdp-train", t.world, &o.cfg)) {
+    if (t.nranks > 1) fsdp_world_abort(t.world, FSDP_SUCCESS, "fsdp-train: no CUDA device");
+    goto done;
+  }
   /* Open MPI hands rank 0 a pseudo-terminal even when mpirun's output is piped. */
   t.tty = t.rank == 0 && isatty(STDOUT_FILENO) && !o.json && !getenv("OMPI_COMM_WORLD_SIZE");
   rc = (!strcmp(o.model, "gpt2") ? train_gpt2(&t) : train_mlp(&t)) ? 1 : 0;
   if (rc) goto fail;
   goto done;
 fail:
+  /* This rank's failure may be its own (a file only it cannot read): with
+   * peers, end the job now instead of leaving them waiting for us. */
+  if (t.world && fsdp_world_size(t.world) > 1) {
+    char line[1200];
+    snprintf(line, sizeof line, "fsdp-train: rank %d: %s", fsdp_world_rank(t.world),
+             t.error[0] ? t.error : fsdp_last_error());
+    fsdp_ckpt_unlock(t.lock); /* the process ends in there */
+    fsdp_world_abort(t.world, FSDP_SUCCESS, line);
+  }
   fprintf(stderr, "fsdp-train: rank %d: %s\n", t.world ? fsdp_world_rank(t.world) : 0,
-          fsdp_last_error());
+          t.error[0] ? t.error : fsdp_last_error());
   rc = 1;
 done:
   fsdp_ckpt_unlock(t.lock);

@@ -2,8 +2,10 @@
  * local worker with its env:// variables, echo their stderr line by line
  * with a rank prefix (remembering each one's last line), and supervise them
  * from a single poll loop fed by a self-pipe of signals. The first failure
- * stops the others (SIGTERM, SIGKILL after the grace period) and is reported
- * as the root cause; SIGINT and SIGTERM sent to fsdp-run are passed on.
+ * stops the others (SIGCONT, then SIGTERM, SIGKILL after the grace period) and
+ * is reported as the root cause — or, when that rank's watchdog names the one
+ * peer it waited for (a stopped or stuck rank), that peer; SIGINT and SIGTERM
+ * sent to fsdp-run are passed on.
  *
  * No orphans: workers share one process group of their own (signals reach
  * their children too) and ask the kernel to kill them if fsdp-run dies
@@ -34,6 +36,7 @@ typedef struct {
   char last[LINE_BYTES];      /* the last non-empty line it wrote to stderr */
   int reaped, status, round;  /* round: supervision round that reaped it */
   int stopped_with;           /* the signal fsdp-run sent it, 0 none */
+  int paused_by;              /* a stop signal (SIGSTOP, SIGTSTP) it was seen stopped by, 0 none */
 } worker_t;
 
 typedef struct {
@@ -195,12 +198,16 @@ static void read_pipe(worker_t *w) {
 
 static int failed_status(int status) { return !WIFEXITED(status) || WEXITSTATUS(status) != 0; }
 
+/* SIGCONT first: a stopped worker would otherwise hold SIGTERM pending until
+ * the SIGKILL after the grace period. */
 static void signal_all(group_t *g, int sig) {
   for (int i = 0; i < g->n; i++)
     if (!g->w[i].reaped) {
+      kill(g->w[i].pid, SIGCONT);
       kill(g->w[i].pid, sig);
       g->w[i].stopped_with = sig;
     }
+  if (g->pgid > 0) killpg(g->pgid, SIGCONT);
   if (g->pgid > 0) killpg(g->pgid, sig); /* their own children too */
 }
 
@@ -216,7 +223,13 @@ static void reap(group_t *g) {
   g->round++;
   for (int i = 0; i < g->n; i++) {
     worker_t *w = &g->w[i];
-    if (w->reaped || waitpid(w->pid, &w->status, WNOHANG) != w->pid) continue;
+    int status;
+    if (w->reaped || waitpid(w->pid, &status, WNOHANG | WUNTRACED) != w->pid) continue;
+    if (WIFSTOPPED(status)) { /* remembered for the report; it is still alive */
+      w->paused_by = WSTOPSIG(status);
+      continue;
+    }
+    w->status = status;
     w->reaped = 1;
     w->round = g->round;
     if (w->fd >= 0) g->drain_until = now_s() + DRAIN_S;
@@ -321,19 +334,56 @@ static void describe(const worker_t *w, char *buf, size_t n) {
 }
 
 static void report_worker(const group_t *g, const worker_t *w, const char *label) {
-  char how[96];
+  char how[96], paused[64] = "";
   describe(w, how, sizeof how);
-  fprintf(stderr, "fsdp-run:   %srank %d (local rank %d, host %s, pid %ld) %s\n", label,
-          w->rank, w->local_rank, g->o->host, (long)w->pid, how);
+  if (w->paused_by) {
+    const char *abbrev = sigabbrev_np(w->paused_by);
+    snprintf(paused, sizeof paused, "; it had been paused by SIG%s", abbrev ? abbrev : "?");
+  }
+  fprintf(stderr, "fsdp-run:   %srank %d (local rank %d, host %s, pid %ld) %s%s\n", label,
+          w->rank, w->local_rank, g->o->host, (long)w->pid, how, paused);
   fprintf(stderr, "fsdp-run:     last error line: %s\n", w->last[0] ? w->last
                                                                     : "(nothing on stderr)");
 }
 
+/* The rank a watchdog report in w's last line names as never arriving
+ * ("...; rank 3 never issued it", "; rank 3 published no progress"), when it
+ * names exactly one; -1 otherwise. */
+static int waited_for(const worker_t *w) {
+  if (!strstr(w->last, "watchdog:")) return -1;
+  static const char *const how[] = {" never issued it", " published no progress",
+                                    " issued it but its stream"};
+  for (size_t i = 0; i < sizeof how / sizeof how[0]; i++) {
+    const char *end = strstr(w->last, how[i]);
+    if (!end) continue;
+    const char *p = end;
+    while (p > w->last && p[-1] >= '0' && p[-1] <= '9') p--;
+    if (p < end && p - w->last >= 7 && !strncmp(p - 7, "; rank ", 7)) return atoi(p);
+  }
+  return -1;
+}
+
+/* The root cause, or the local worker it was waiting for when its watchdog
+ * names one: a rank that hangs (stopped, stuck) is why the others time out. */
+static const worker_t *blamed(const group_t *g, const worker_t *root, const worker_t **reporter) {
+  *reporter = NULL;
+  int r = root ? waited_for(root) : -1;
+  for (int i = 0; r >= 0 && i < g->n; i++)
+    if (g->w[i].rank == r && &g->w[i] != root) {
+      *reporter = root;
+      return &g->w[i];
+    }
+  return root;
+}
+
 static void report(const group_t *g) {
-  const worker_t *root = root_cause(g);
+  const worker_t *reporter, *root = blamed(g, root_cause(g), &reporter);
   fprintf(stderr, "fsdp-run: worker group failed on %s (attempt %d of %d)\n", g->o->host,
           g->attempt + 1, g->o->max_restarts + 1);
   if (root) report_worker(g, root, "root cause: ");
+  if (reporter)
+    fprintf(stderr, "fsdp-run:     rank %d was waiting for it: %s\n", reporter->rank,
+            reporter->last);
   for (int i = 0; i < g->n; i++)
     if (&g->w[i] != root && g->w[i].reaped &&
         (failed_status(g->w[i].status) || g->w[i].stopped_with))

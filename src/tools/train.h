@@ -18,6 +18,7 @@ typedef struct {
   fsdp_gpt2_config_t gpt;
   int seq_len, eval_batches, sample;
   float temperature;
+  float loss_scale; /* --loss-scale; 0: the engine's default */
   fsdp_gpt2_opts_t wrap; /* wrap_kinds, wrap_min_params, checkpoint_kinds */
   /* checkpoints (train_ckpt.c) */
   const char *save_dir, *resume; /* resume: "auto" (save_dir's latest, if any) or a path */
@@ -36,6 +37,7 @@ typedef struct {
   double t0;
   int tty;               /* rank 0 writes to a terminal: a progress bar */
   fsdp_ckpt_lock_t lock; /* --save-dir's run lock (train_ckpt.c), NULL without */
+  char error[256];       /* why a tool-side step failed; "" means fsdp_last_error() */
 } trainer_t;
 
 /* Creates the engine once the task knows how many steps it will take (the
@@ -48,6 +50,15 @@ fsdp_status_t train_engine(trainer_t *t, int total_steps);
 void train_report_step(trainer_t *t, int step, double loss, const fsdp_step_stats_t *st,
                        double secs, const char *unit, double per_step);
 void train_report_eval(trainer_t *t, int step, const char *metric, double loss, double value);
+/* The optimizer step after update `step` - 1's micro-batches (loss: the global
+ * mean): 0 when applied, 1 when the engine skipped it for non-finite values
+ * (reported; the caller retries the same step, so data and schedule stay a
+ * function of the update count and a resume is exact), -1 on an error (after
+ * max consecutive skips: FSDP_ERR_NONFINITE, the engine's message). */
+int train_update(trainer_t *t, int step, double loss, fsdp_step_stats_t *st);
+/* The factor of the loss the models' backward is asked for: the engine's loss
+ * scale (1 without fp16 loss scaling). */
+float train_loss_scale(const trainer_t *t);
 /* Prints the units: name, kind, parameters, bytes per rank. */
 void train_print_plan(const trainer_t *t, const char *what);
 /* Peak bytes per rank: persistent + gathered + gradients in flight + activations. */
@@ -70,7 +81,15 @@ int train_end_step(const trainer_t *t);
 /* Test-only fault injection (FSDP_FAULT, train_fault.c), called in the middle
  * of every step: kills, stalls or fails this rank when the variable says so;
  * -1 when FSDP_FAULT is malformed, else 0. */
-int train_fault(const trainer_t *t, int step);
+int train_fault(trainer_t *t, int step);
+
+/* Compares this rank's flags and data identity (path, size, content hash) with
+ * every other rank's (train_check.c); -1 with fsdp_last_error naming the
+ * first differing flag and each rank's value. Collective. */
+int train_check_consistency(trainer_t *t, const char *data_path, size_t data_bytes,
+                            uint64_t data_hash);
+/* FNV-1a 64 of n bytes, continuing from h (0 starts afresh). */
+uint64_t train_hash(uint64_t h, const void *data, size_t n);
 
 int train_mlp(trainer_t *t);
 int train_gpt2(trainer_t *t);

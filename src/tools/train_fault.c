@@ -7,6 +7,9 @@
  *     kill   the rank sends itself SIGKILL (a crash: no message, no cleanup)
  *     stall  the rank stops calling collectives and blocks forever (a hang)
  *     exit   the rank prints an error line and exits with status 3
+ *     fail   the step returns an error on that rank alone (t->error says why):
+ *            the trainer's own error path, while the others wait in a
+ *            collective for it
  *   S counts from 1 (the step being taken). A is the launch attempt it fires
  *   in (FSDP_RESTART_COUNT, default 0), so a restarted group runs clean.
  *
@@ -19,7 +22,7 @@
 
 #include "tools/train.h"
 
-typedef enum { FAULT_NONE = 0, FAULT_KILL, FAULT_STALL, FAULT_EXIT } fault_action_t;
+typedef enum { FAULT_NONE = 0, FAULT_KILL, FAULT_STALL, FAULT_EXIT, FAULT_FAIL } fault_action_t;
 
 typedef struct {
   fault_action_t action;
@@ -37,17 +40,18 @@ static int fault_parse(const char *spec, fault_t *f) {
   f->action = !strcmp(action, "kill")    ? FAULT_KILL
               : !strcmp(action, "stall") ? FAULT_STALL
               : !strcmp(action, "exit")  ? FAULT_EXIT
+              : !strcmp(action, "fail")  ? FAULT_FAIL
                                          : FAULT_NONE;
   return f->action == FAULT_NONE || f->rank < 0 || f->step < 1 || f->attempt < 0 ? -1 : 0;
 }
 
-int train_fault(const trainer_t *t, int step) {
+int train_fault(trainer_t *t, int step) {
   const char *spec = getenv("FSDP_FAULT");
   if (!spec || !*spec) return 0;
   fault_t f;
   if (fault_parse(spec, &f)) {
     fprintf(stderr, "fsdp-train: FSDP_FAULT='%s' is not ACTION:rank=R:step=S[:attempt=A] "
-            "with ACTION kill, stall or exit\n", spec);
+            "with ACTION kill, stall, exit or fail\n", spec);
     return -1;
   }
   const char *rc = getenv("FSDP_RESTART_COUNT");
@@ -56,6 +60,9 @@ int train_fault(const trainer_t *t, int step) {
   if (f.action == FAULT_KILL) raise(SIGKILL);
   if (f.action == FAULT_STALL)
     for (;;) pause(); /* the hang being simulated: only a signal ends it */
+  if (f.action == FAULT_FAIL)
+    return snprintf(t->error, sizeof t->error, "injected failure at step %d (FSDP_FAULT=%s)",
+                    step, spec), -1;
   fprintf(stderr, "fsdp-train: rank %d: injected failure at step %d (FSDP_FAULT=%s)\n",
           t->rank, step, spec);
   exit(3); /* like a trainer that gives up on its own, without a collective goodbye */

@@ -42,7 +42,7 @@ static int step(trainer_t *t, gpt_task_t *g, int s, double *loss) {
       return -1;
     double l;
     if (fsdp_gpt2_forward_backward(g->gpt, g->tok, g->tgt, (int)t->micro, T,
-                                   1.0f / (float)(t->micro * T), &l))
+                                   train_loss_scale(t) / (float)(t->micro * T), &l))
       return -1;
     sum += l;
   }
@@ -73,44 +73,62 @@ static int sample(trainer_t *t, gpt_task_t *g) {
   return rc;
 }
 
+/* The validation loss in fmt, or none_text when no evaluation ran. */
+static const char *val_text(int evals, double vl, const char *fmt, const char *none_text,
+                            char *buf, size_t n) {
+  if (!evals) return none_text;
+  snprintf(buf, n, fmt, vl);
+  return buf;
+}
+
 static int run(trainer_t *t, gpt_task_t *g) {
   const train_opts_t *o = t->o;
   double loss = 0, first = -1, vl = 0;
+  int evals = 0;
   double tokens = (double)o->global_batch * o->seq_len;
   int end = train_end_step(t), steps = end > t->start_step ? end - t->start_step : 0;
   for (int s = t->start_step; s < end; s++) {
     double ts = fsdp_time_now();
     fsdp_step_stats_t st;
-    if (step(t, g, s, &loss) || train_fault(t, s + 1) || fsdp_engine_step(t->eng, &st))
-      return -1;
+    if (step(t, g, s, &loss) || train_fault(t, s + 1)) return -1;
+    int skipped = train_update(t, s + 1, loss, &st);
+    if (skipped < 0) return -1;
+    if (skipped) {
+      s--; /* the same update again, on the same data */
+      continue;
+    }
     if (first < 0) first = loss;
     train_report_step(t, s + 1, loss, &st, fsdp_time_now() - ts, "tokens", tokens);
     if ((o->eval_every > 0 && (s + 1) % o->eval_every == 0) || s + 1 == o->steps) {
       if (evaluate(t, g, &vl)) return -1;
+      evals++;
       train_report_eval(t, s + 1, "val_loss", vl, vl);
     }
     if (train_save(t, s + 1)) return -1;
   }
   double secs = fsdp_time_now() - t->t0;
+  char text[64];
   if (o->sample > 0 && sample(t, g)) return -1;
   if (t->rank == 0 && o->json)
     printf("{\"event\":\"summary\",\"model\":\"gpt2\",\"ranks\":%d,\"strategy\":\"%s\","
            "\"steps\":%d,\"seconds\":%.2f,\"tokens_per_s\":%.1f,\"first_loss\":%.6f,"
-           "\"final_loss\":%.6f,\"val_loss\":%.6f,\"peak_bytes_per_rank\":%zu}\n", t->nranks,
+           "\"final_loss\":%.6f,\"val_loss\":%s,\"peak_bytes_per_rank\":%zu}\n", t->nranks,
            fsdp_strategy_name(o->cfg.strategy), steps, secs, tokens * steps / secs, first,
-           loss, vl, train_peak_bytes(t));
+           loss, val_text(evals, vl, "%.6f", "null", text, sizeof text), train_peak_bytes(t));
   else if (t->rank == 0)
     printf("done: gpt2, %d ranks, %s, %d steps in %.1f s (%.0f tokens/s) | loss %.4f -> %.4f | "
-           "val loss %.4f nats/byte | peak %.2f MiB/rank\n", t->nranks,
-           fsdp_strategy_name(o->cfg.strategy), steps, secs, tokens * steps / secs, first,
-           loss, vl, train_peak_bytes(t) / 1048576.0);
+           "%s | peak %.2f MiB/rank\n", t->nranks, fsdp_strategy_name(o->cfg.strategy), steps,
+           secs, tokens * steps / secs, first, loss,
+           val_text(evals, vl, "val loss %.4f nats/byte", "no eval ran", text, sizeof text),
+           train_peak_bytes(t) / 1048576.0);
   return 0;
 }
 
 static int setup(trainer_t *t, gpt_task_t *g) {
   const train_opts_t *o = t->o;
-  if (fsdp_text_load(o->data ? o->data : "/usr/share/games/fortunes", 0.1, &g->text) ||
-      train_engine(t, o->steps))
+  const char *data = o->data ? o->data : "/usr/share/games/fortunes";
+  if (fsdp_text_load(data, 0.1, &g->text) || train_engine(t, o->steps) ||
+      train_check_consistency(t, data, g->text.n, train_hash(0, g->text.bytes, g->text.n)))
     return -1;
   fsdp_gpt2_opts_t w = o->wrap;
   w.max_batch = (int)t->micro;

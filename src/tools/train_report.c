@@ -1,6 +1,7 @@
 /* src/tools/train_report.c — what fsdp-train's tasks share: engine set-up and
  * the output (per-step lines, a progress bar on a terminal, JSON lines with
  * --json, the unit plan, memory per rank). */
+#include <math.h>
 #include <stdio.h>
 
 #include "tools/train.h"
@@ -31,11 +32,53 @@ static void json_step(trainer_t *t, int step, double loss, const fsdp_step_stats
   fsdp_mem_stats_t m;
   fsdp_engine_memory(t->eng, &m);
   printf("{\"event\":\"step\",\"step\":%d,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6f,"
-         "\"%s_per_s\":%.1f,\"step_ms\":%.3f,\"mem\":{\"persistent\":%zu,\"gathered_peak\":%zu,"
+         "\"%s_per_s\":%.1f,\"step_ms\":%.3f,\"skipped_total\":%lld,\"loss_scale\":%.9g,"
+         "\"mem\":{\"persistent\":%zu,\"gathered_peak\":%zu,"
          "\"grads_peak\":%zu,\"activations\":%zu,\"peak\":%zu}}\n",
-         step, loss, st->lr, st->grad_norm, unit, per_step / secs, secs * 1e3, m.persistent,
+         step, loss, st->lr, st->grad_norm, unit, per_step / secs, secs * 1e3,
+         (long long)st->skipped_total, st->loss_scale, m.persistent,
          m.gathered_params_peak, m.grads_in_flight_peak, t->act_bytes, train_peak_bytes(t));
 }
+
+/* JSON has no NaN or Inf: non-finite values are written as strings. */
+static void json_number(const char *key, double x) {
+  if (isfinite(x)) printf("\"%s\":%.6g", key, x);
+  else printf("\"%s\":\"%s\"", key, isnan(x) ? "nan" : x > 0 ? "inf" : "-inf");
+}
+
+static void report_skip(const trainer_t *t, int step, double loss, const fsdp_step_stats_t *st) {
+  if (t->rank != 0) return;
+  double next = fsdp_engine_loss_scale(t->eng);
+  if (t->o->json) {
+    printf("{\"event\":\"skip\",\"step\":%d,", step);
+    json_number("loss", loss);
+    printf(",");
+    json_number("grad_norm", st->grad_norm);
+    printf(",\"nonfinite_loss_ranks\":%d,\"consecutive\":%d,\"skipped_total\":%lld,"
+           "\"loss_scale\":%.9g,\"next_loss_scale\":%.9g}\n", st->nonfinite_loss_ranks,
+           st->consecutive_skips, (long long)st->skipped_total, st->loss_scale, next);
+  } else {
+    printf("%sskip  %5d | loss %.4f | norm %g | non-finite: update not applied (%d in a row, %lld "
+           "in all)", t->tty ? "\n" : "", step, loss, st->grad_norm, st->consecutive_skips,
+           (long long)st->skipped_total);
+    if (st->loss_scale != next) printf(" | loss scale %g -> %g", st->loss_scale, next);
+    printf("\n");
+  }
+  fflush(stdout);
+}
+
+int train_update(trainer_t *t, int step, double loss, fsdp_step_stats_t *st) {
+  /* Every rank knows the global loss; a rank's own NaN also reaches the engine
+   * through its gradients. */
+  if (fsdp_engine_report_loss(t->eng, loss)) return -1;
+  fsdp_status_t rc = fsdp_engine_step(t->eng, st);
+  if (rc == FSDP_ERR_NONFINITE) report_skip(t, step, loss, st);
+  if (rc) return -1;
+  if (st->skipped) report_skip(t, step, loss, st);
+  return st->skipped ? 1 : 0;
+}
+
+float train_loss_scale(const trainer_t *t) { return (float)fsdp_engine_loss_scale(t->eng); }
 
 void train_report_step(trainer_t *t, int step, double loss, const fsdp_step_stats_t *st,
                        double secs, const char *unit, double per_step) {

@@ -7,10 +7,13 @@
  * makes none either. */
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "core/internal.h"
 #include "world/rendezvous.h"
@@ -124,17 +127,83 @@ static fsdp_status_t mpi_start(void) {
   return FSDP_SUCCESS;
 }
 
-static void mpi_stop(void) {
+/* ---- set-up deadlines (world_mpi.h) ------------------------------------ */
+
+struct fsdp_mpi_guard {
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int done, rank;
+  double timeout_s;
+  const char *what;
+};
+
+static void *guard_main(void *arg) {
+  struct fsdp_mpi_guard *g = arg;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  double t = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + g->timeout_s;
+  ts.tv_sec = (time_t)t;
+  ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+  pthread_mutex_lock(&g->mu);
+  int rc = 0;
+  while (!g->done && rc == 0) rc = pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+  int expired = !g->done;
+  pthread_mutex_unlock(&g->mu);
+  if (!expired) return NULL;
+  fprintf(stderr, "fsdp: rank %d: %s did not complete within the %g s timeout "
+          "(FSDP_TIMEOUT_S): a peer failed or stalled outside a collective; aborting the job "
+          "(MPI_Abort)\n", g->rank, g->what, g->timeout_s);
+  fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  return NULL;
+}
+
+fsdp_mpi_guard_t *fsdp_mpi_guard_begin(const char *what, int rank, double timeout_s) {
+  struct fsdp_mpi_guard *g = calloc(1, sizeof *g);
+  if (!g) return NULL;
+  *g = (struct fsdp_mpi_guard){.rank = rank, .timeout_s = timeout_s, .what = what};
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&g->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  pthread_mutex_init(&g->mu, NULL);
+  if (pthread_create(&g->thread, NULL, guard_main, g) == 0) return g;
+  fsdp_log(FSDP_LOG_WARN, "world: no thread to watch %s; it runs without a deadline", what);
+  pthread_cond_destroy(&g->cv);
+  pthread_mutex_destroy(&g->mu);
+  free(g);
+  return NULL;
+}
+
+void fsdp_mpi_guard_end(fsdp_mpi_guard_t *g) {
+  if (!g) return;
+  pthread_mutex_lock(&g->mu);
+  g->done = 1;
+  pthread_cond_signal(&g->cv);
+  pthread_mutex_unlock(&g->mu);
+  pthread_join(g->thread, NULL);
+  pthread_cond_destroy(&g->cv);
+  pthread_mutex_destroy(&g->mu);
+  free(g);
+}
+
+static void mpi_stop(int rank, double timeout_s) {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (--mpi_worlds_alive == 0 && mpi_started_by_us) {
-    if (!finalized) MPI_Finalize();
+    if (!finalized) {
+      fsdp_mpi_guard_t *g = fsdp_mpi_guard_begin("MPI_Finalize", rank, timeout_s);
+      MPI_Finalize();
+      fsdp_mpi_guard_end(g);
+    }
     mpi_started_by_us = 0;
   }
 }
 
 /* Rank, size and the node-local split over our own dup of MPI_COMM_WORLD. */
-static fsdp_status_t mpi_world_fill(struct fsdp_world *w) {
+static fsdp_status_t mpi_world_split(struct fsdp_world *w) {
   int rc = MPI_Comm_dup(MPI_COMM_WORLD, &w->comm);
   if (rc != MPI_SUCCESS) return mpi_fail("MPI_Comm_dup(MPI_COMM_WORLD)", rc);
   MPI_Comm_set_errhandler(w->comm, MPI_ERRORS_RETURN);
@@ -153,6 +222,19 @@ static fsdp_status_t mpi_world_fill(struct fsdp_world *w) {
   return FSDP_SUCCESS;
 }
 
+/* The split, under the collective deadline: both calls are collective, and a
+ * rank that never gets here (failed before MPI_Init returned everywhere, or
+ * stopped) would hold the others in them for ever. */
+static fsdp_status_t mpi_world_fill(struct fsdp_world *w) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  fsdp_mpi_guard_t *g = fsdp_mpi_guard_begin("world set-up (MPI_Comm_dup, MPI_Comm_split_type)",
+                                             rank, w->timeout_s);
+  fsdp_status_t st = mpi_world_split(w);
+  fsdp_mpi_guard_end(g);
+  return st;
+}
+
 static fsdp_status_t mpi_world_init(struct fsdp_world *w, int expected) {
   FSDP_TRY(mpi_start());
   mpi_worlds_alive++;
@@ -164,7 +246,7 @@ static fsdp_status_t mpi_world_init(struct fsdp_world *w, int expected) {
                     expected, w->size, expected);
     MPI_Comm_free(&w->comm);
   }
-  if (st != FSDP_SUCCESS) mpi_stop();
+  if (st != FSDP_SUCCESS) mpi_stop(w->rank, w->timeout_s);
   return st;
 }
 
@@ -249,7 +331,8 @@ static fsdp_status_t resolve_options(struct fsdp_world *w, const fsdp_world_opts
   if (v && strcmp(v, "0") != 0 && strcmp(v, "1") != 0)
     return fsdp_error(FSDP_ERR_INVALID_USAGE, "FSDP_DESYNC_CHECK='%s': use 1 (on) or 0 (off)",
                       v);
-  w->desync_check = o->desync_check == 1 || (v && *v == '1');
+  /* On unless asked off: the option first, then the environment. */
+  w->desync_check = o->desync_check ? o->desync_check == 1 : !(v && *v == '0');
   return FSDP_SUCCESS;
 }
 
@@ -264,9 +347,9 @@ fsdp_status_t fsdp_world_init(fsdp_world_t *world, const fsdp_world_opts_t *opts
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
                       "fsdp_world_init: expected_world_size is %d; use 0 (any) or a "
                       "positive rank count", o->expected_world_size);
-  if (o->desync_check != 0 && o->desync_check != 1)
+  if (o->desync_check < -1 || o->desync_check > 1)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_world_init: desync_check is %d; use 0 "
-                      "(FSDP_DESYNC_CHECK decides) or 1", o->desync_check);
+                      "(FSDP_DESYNC_CHECK decides), 1 (on) or -1 (off)", o->desync_check);
   struct fsdp_world *w = fsdp_alloc(sizeof *w);
   if (!w) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "fsdp_world_init: cannot allocate the world");
   fsdp_status_t st = resolve_options(w, o);
@@ -280,7 +363,7 @@ fsdp_status_t fsdp_world_init(fsdp_world_t *world, const fsdp_world_opts_t *opts
     fsdp_log_set_rank(w->rank);
   fsdp_log(FSDP_LOG_INFO, "world: rank %d of %d (local %d of %d), backend %s, timeout %g s%s",
            w->rank, w->size, w->local_rank, w->local_size, fsdp_world_backend(w), w->timeout_s,
-           w->desync_check ? ", desync check on" : "");
+           w->desync_check ? "" : ", desync check off");
   *world = w;
   return FSDP_SUCCESS;
 }
@@ -293,13 +376,32 @@ void fsdp_world_destroy(fsdp_world_t world) {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Comm_free(&world->comm);
-    mpi_stop();
+    mpi_stop(world->rank, world->timeout_s);
   }
   if (world->env) {
     fsdp_env_world_stop(world->env, atomic_load(&world->failed));
     env_world_alive = 0;
   }
   fsdp_free(world);
+}
+
+void fsdp_world_abort(fsdp_world_t world, fsdp_status_t status, const char *message) {
+  fsdp_world_kind_t kind = world ? world->kind : FSDP_WORLD_SELF;
+  fprintf(stderr, "%s%s%s%s\n", message ? message : fsdp_last_error(),
+          status ? " [" : "", status ? fsdp_status_string(status) : "", status ? "]" : "");
+  if (kind == FSDP_WORLD_MPI && world->size > 1) {
+    fprintf(stderr, "fsdp: rank %d: aborting the job (MPI_Abort)\n", world->rank);
+    fflush(stdout);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  fflush(stderr);
+  fflush(stdout);
+  if (world && world->env) {
+    fsdp_world_mark_failed(world);
+    fsdp_env_world_stop(world->env, 1); /* closes the store without the exit barrier */
+  }
+  _exit(1);
 }
 
 int fsdp_world_rank(fsdp_world_t world) { return world ? world->rank : -1; }

@@ -1,7 +1,8 @@
 /* src/world/world_internal.h — what the comm layer needs to know about a world
  * beyond MPI: how it was launched, its env:// store, its deadlines, and a slot
  * where the comm layer keeps per-world state (the watchdog). Free of mpi.h so
- * the C++ gloo adapter can include it. Only src/world and src/comm include it.
+ * the C++ gloo adapter can include it. Only src/world and src/comm include it
+ * (and src/engine/consistency.c, for fsdp_format_ranks).
  * Not installed. */
 #ifndef FSDP_WORLD_INTERNAL_H
 #define FSDP_WORLD_INTERNAL_H
@@ -18,7 +19,8 @@ extern "C" {
 typedef enum { FSDP_WORLD_SELF = 0, FSDP_WORLD_MPI, FSDP_WORLD_ENV } fsdp_world_kind_t;
 
 fsdp_world_kind_t fsdp_world_kind(fsdp_world_t world);
-/* 1 when collectives exchange fingerprints first (world opts or FSDP_DESYNC_CHECK). */
+/* 1 when collectives exchange fingerprints first: the default; 0 when world
+ * opts (-1) or FSDP_DESYNC_CHECK=0 turned it off. */
 int fsdp_world_desync_check(fsdp_world_t world);
 double fsdp_world_rendezvous_timeout(fsdp_world_t world);
 

@@ -8,7 +8,8 @@
  * shared safely (a live save survives another's sweep, the run lock, `latest`
  * repaired after a full disk and when missing, dangling or a link, the
  * writability and space probe); export -> import is
- * bitwise; strict safetensors validation; consolidate's memory stays flat.
+ * bitwise; strict safetensors validation; consolidate's memory stays flat; a
+ * NaN/Inf is never saved and verify reports one.
  * argv[1] is the fsdp-ckpt executable. */
 #include <check.h>
 #include <dirent.h>
@@ -784,6 +785,106 @@ START_TEST(test_safetensors_strict) {
 }
 END_TEST
 
+/* ---- non-finite values -------------------------------------------------------------- */
+
+/* A NaN or Inf planted in the parameters (or AdamW's exp_avg) of u1.w at index
+ * 100: the save is refused naming tensor, state and index, nothing is written
+ * and `latest` stays at the last good step. */
+START_TEST(test_save_refuses_nonfinite) {
+  const float bad = _i % 2 ? INFINITY : NAN;
+  fsdp_engine_t e = trained(FSDP_FULL_SHARD, FSDP_OPTIM_ADAMW, 2);
+  ck_assert_int_eq(fsdp_ckpt_save(e, path("run", ""), NULL, NULL, 0), FSDP_SUCCESS);
+  ck_assert_int_eq(ckm_train(e, 1, 0), 0);
+  fsdp_shard_t s;
+  ck_assert_int_eq(fsdp_unit_shard(e, 1, &s), FSDP_SUCCESS);
+  (_i < 2 ? s.master : s.m)[100] = bad;
+  ck_assert_int_eq(fsdp_engine_set_step(e, fsdp_engine_step_count(e)), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_ckpt_save(e, path("run", ""), NULL, NULL, 0), FSDP_ERR_NONFINITE);
+  const char *msg = fsdp_last_error();
+  ck_assert_msg(strstr(msg, "'u1.w'") && strstr(msg, "index 100") && strstr(msg, "step 3") &&
+                strstr(msg, _i < 2 ? "param" : "exp_avg"), "message: %s", msg);
+  struct stat sb;
+  ck_assert_int_ne(stat(path("run/step-3", ""), &sb), 0);
+  char latest[64] = "";
+  read_text(path("run/latest", ""), latest, sizeof latest);
+  ck_assert_msg(!strncmp(latest, "step-2", 6), "latest is '%s'", latest);
+  DIR *d = opendir(path("run", ""));
+  struct dirent *ent;
+  while ((ent = readdir(d)) != NULL)
+    ck_assert_msg(!strstr(ent->d_name, ".tmp"), "left behind: %s", ent->d_name);
+  closedir(d);
+  fsdp_engine_destroy(e);
+}
+END_TEST
+
+/* One unit, fp16 parameters (loss scaling on by default) or f32 (off). */
+static fsdp_engine_t scaler_engine(fsdp_dtype_t dtype) {
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  c.param_dtype = dtype;
+  fsdp_engine_t e;
+  ck_assert_int_eq(fsdp_engine_create(world, &c, &e), FSDP_SUCCESS);
+  fsdp_tensor_desc_t t = {"w", 1, {37}, FSDP_INIT_NORMAL, 0.1f, 0};
+  fsdp_unit_t u;
+  ck_assert_int_eq(fsdp_unit_add(e, "u", "Block", &t, 1, &u), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_engine_materialize(e, 1), FSDP_SUCCESS);
+  return e;
+}
+
+/* The loss scale and its good-step count come back bit for bit (a scale that
+ * is not a power of two, as a user's growth factor makes); an engine without
+ * loss scaling ignores them; an f32 run's checkpoint has none. */
+START_TEST(test_loss_scale_round_trip) {
+  const double scale = 1234.5678901234567;
+  fsdp_engine_t a = scaler_engine(FSDP_F16), b = scaler_engine(FSDP_F16);
+  fsdp_engine_t f32 = scaler_engine(FSDP_F32);
+  ck_assert_int_eq(fsdp_engine_set_scaler_state(a, scale, 7), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_ckpt_save(a, path("s", ""), NULL, NULL, 0), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_ckpt_load(b, path("s", ""), NULL, NULL, NULL, 0), FSDP_SUCCESS);
+  double got;
+  int64_t good;
+  ck_assert_int_eq(fsdp_engine_scaler_state(b, &got, &good), FSDP_SUCCESS);
+  ck_assert_msg(got == scale && good == 7, "restored %.17g, %lld", got, (long long)good);
+  ck_assert_int_eq(fsdp_ckpt_load(f32, path("s", ""), NULL, NULL, NULL, 0), FSDP_SUCCESS);
+  ck_assert(fsdp_engine_loss_scale(f32) == 1.0);
+  char text[4096] = "";
+  ck_assert_int_eq(fsdp_ckpt_save(f32, path("t", ""), NULL, NULL, 0), FSDP_SUCCESS);
+  read_text(path("t/step-0/manifest.json", ""), text, sizeof text);
+  ck_assert_ptr_null(strstr(text, "loss_scaler"));
+  fsdp_engine_destroy(a);
+  fsdp_engine_destroy(b);
+  fsdp_engine_destroy(f32);
+}
+END_TEST
+
+/* Weights with a NaN and an Inf imported from safetensors (the one way to
+ * make such a checkpoint now): verify, through the library and fsdp-ckpt,
+ * names the tensor, the count and the first index, and fails. */
+START_TEST(test_verify_reports_nonfinite) {
+  const char *file = path("nan.safetensors", "");
+  const char *header = "{\"a\":{\"dtype\":\"F32\",\"shape\":[5],\"data_offsets\":[0,20]}}";
+  const float data[5] = {1.0f, 2.0f, NAN, 3.0f, -INFINITY};
+  FILE *f = fopen(file, "wb");
+  ck_assert_ptr_nonnull(f);
+  uint64_t n = strlen(header);
+  for (int i = 0; i < 8; i++) fputc((int)(n >> (8 * i)) & 0xff, f);
+  fputs(header, f);
+  fwrite(data, sizeof data, 1, f);
+  fclose(f);
+  ck_assert_int_eq(fsdp_ckpt_import(file, path("imp", "")), FSDP_SUCCESS);
+  fsdp_ckpt_t c;
+  ck_assert_int_eq(fsdp_ckpt_open(path("imp", ""), &c), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_ckpt_verify(c), FSDP_ERR_NONFINITE);
+  ck_assert_msg(strstr(fsdp_last_error(), "a (param): 2 of 5, first at index 2"), "message: %s",
+                fsdp_last_error());
+  fsdp_ckpt_close(c);
+  char args[700], err[2048];
+  snprintf(args, sizeof args, "verify %s", path("imp", ""));
+  ck_assert_int_ne(run_tool(args, err, sizeof err), 0);
+  ck_assert_msg(strstr(err, "2 non-finite values") && strstr(err, "first at index 2"),
+                "fsdp-ckpt said: %s", err);
+}
+END_TEST
+
 /* ---- consolidate streams ----------------------------------------------------------- */
 
 /* Peak RSS of fsdp-ckpt (its own --stats) consolidating a model whose
@@ -839,6 +940,9 @@ static Suite *ckpt_suite(void) {
   tcase_add_test(tc, test_export_import);
   tcase_add_loop_test(tc, test_safetensors_strict, 0, sizeof st_cases / sizeof st_cases[0]);
   tcase_add_test(tc, test_consolidate_memory);
+  tcase_add_loop_test(tc, test_save_refuses_nonfinite, 0, 4);
+  tcase_add_test(tc, test_verify_reports_nonfinite);
+  tcase_add_test(tc, test_loss_scale_round_trip);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -2,8 +2,9 @@
 # tests/ckpt/test_ckpt_train.sh — fsdp-train's checkpoints under mpirun:
 #  1. exact resume: 20 uninterrupted steps vs 10 (--stop-after, as if preempted)
 #     + new processes + --resume auto + 10 (N = 2 ZeRO-3, N = 3 ZeRO-2, N = 2
-#     with bf16 parameters): the same losses and bit-identical final weights and
-#     optimizer state;
+#     with bf16 parameters, N = 2 with fp16 parameters and a loss scale that
+#     overflows and backs off every few steps): the same losses, skipped steps
+#     and loss scales, and bit-identical final weights and optimizer state;
 #  2. crash safety: rank 1 killed (SIGKILL, FSDP_CKPT_FAULT) in the middle of
 #     writing step 10 leaves `latest` at step-5, which loads; --resume auto
 #     continues from it, finishes, and the leftover temporary directory is gone;
@@ -26,11 +27,16 @@ train() { # np, then fsdp-train flags
 }
 losses() { grep -o '"event":"step","step":[0-9]*,"loss":[0-9.e+-]*' "$@"; }
 
-# Runs named <N><strategy>[-bf16]; the first (N = 2, ZeRO-3) is the reference below.
-for run in 2:zero3 3:zero2 2:zero3:bf16; do
+# Runs named <N><strategy>[-bf16|-f16]; the first (N = 2, ZeRO-3) is the reference
+# below. f16: a loss scale of 3e38 doubles past fp32's range every 3 good steps,
+# overflows, is skipped and backs off: the resume must restore the scale and
+# its good-step count for the same steps to be skipped with the same scales.
+scaler_flags=(--loss-scale 3e38 --loss-scale-interval 3)
+for run in 2:zero3 3:zero2 2:zero3:bf16 2:zero3:f16; do
   IFS=: read -r np strategy dtype <<< "$run"
   name=$np$strategy${dtype:+-$dtype}
   flags=(--strategy "$strategy" --dtype "${dtype:-f32}" --save-every 10)
+  [ "$dtype" = f16 ] && flags+=("${scaler_flags[@]}")
   train "$np" "${flags[@]}" --save-dir "$DIR/a$name" > "$DIR/a$name.json"
   train "$np" "${flags[@]}" --save-dir "$DIR/b$name" --stop-after 10 > "$DIR/b$name-1.json"
   [ "$(cat "$DIR/b$name/latest")" = "step-10" ] || fail "$name: --stop-after 10 did not leave step-10"
@@ -41,6 +47,16 @@ for run in 2:zero3 3:zero2 2:zero3:bf16; do
   diff <(losses "$DIR/a$name.json") \
        <(losses "$DIR/b$name-1.json" "$DIR/b$name-2.json" | sed 's/^[^:]*json://') \
     || fail "$name: losses of the resumed run differ"
+  scales() { grep -o '"event":"skip","step":[0-9]*\|"loss_scale":[0-9.e+-]*' "$@" | sed 's/^[^:]*json://'; }
+  diff <(scales "$DIR/a$name.json") <(scales "$DIR/b$name-1.json" "$DIR/b$name-2.json") \
+    || fail "$name: skipped steps or loss scales of the resumed run differ"
+  if [ "$dtype" = f16 ]; then
+    [ "$(grep -c '"event":"skip"' "$DIR/a$name.json")" -ge 4 ] || fail "$name: the scale never overflowed"
+    grep -q '"loss_scaler": {"scale": 3' "$DIR/b$name/step-10/manifest.json" || fail "$name: no scale saved"
+    "$CKPT" reshard "$DIR/b$name/step-10" --world 3 "$DIR/r$name" > /dev/null
+    [ "$(grep loss_scaler "$DIR/r$name/step-10/manifest.json")" = \
+      "$(grep loss_scaler "$DIR/b$name/step-10/manifest.json")" ] || fail "$name: reshard lost the loss scale"
+  fi
   "$CKPT" consolidate "$DIR/a$name" "$DIR/a$name.safetensors"
   "$CKPT" consolidate "$DIR/b$name" "$DIR/b$name.safetensors"
   cmp "$DIR/a$name.safetensors" "$DIR/b$name.safetensors" || fail "$name: final weights differ"
@@ -86,3 +102,18 @@ if train 3 --resume "$DIR/flip" > /dev/null 2> "$DIR/flip.err"; then fail "resum
 if train 2 --save-dir "$DIR/a$ref" > /dev/null 2> "$DIR/fresh.err"; then fail "a fresh run reused a save dir"; fi
 grep -q "already holds checkpoints" "$DIR/fresh.err" || fail "fresh run into a used dir: $(cat "$DIR/fresh.err")"
 echo "bad input: shape mismatch, missing latest, a corrupt shard (seen by rank 1 of 3, named by all), a used save dir"
+
+# 4. divergence (issue 14, case 2): --lr 1e8 --clip 0 drives the loss to NaN within
+#    a few steps. That step is skipped on both ranks and retried; after --max-skips
+#    3 in a row the run stops with the reason on every rank and a non-zero status,
+#    and every committed step verifies (no NaN or Inf), `latest` included.
+if train 2 --save-dir "$DIR/nan" --save-every 1 --lr 1e8 --clip 0 --max-skips 3 \
+  > "$DIR/nan.json" 2> "$DIR/nan.err"; then fail "the diverged run exited 0"; fi
+[ "$(grep -c "3 steps in a row skipped for non-finite values" "$DIR/nan.err")" -eq 2 ] ||
+  fail "not every rank gave the reason: $(cat "$DIR/nan.err")"
+[ "$(grep -c '"event":"skip"' "$DIR/nan.json")" -eq 3 ] || fail "expected 3 skip events"
+last=$(grep -o '"event":"step","step":[0-9]*' "$DIR/nan.json" | tail -1 | grep -o '[0-9]*$')
+[ "$(cat "$DIR/nan/latest")" = "step-$last" ] || fail "latest is $(cat "$DIR/nan/latest"), not step-$last"
+for d in "$DIR"/nan/step-*; do "$CKPT" verify "$d" > /dev/null || fail "$d does not verify"; done
+"$CKPT" export "$DIR/nan" "$DIR/nan.safetensors" > /dev/null || fail "the last good step does not export"
+echo "divergence: skipped 3 times after step $last, stopped with the reason on both ranks; step-1..$last verify"

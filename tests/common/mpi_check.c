@@ -4,6 +4,7 @@
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/mpi_check.h"
 #include "common/solo_world.h"
@@ -104,9 +105,10 @@ int mpi_check_run(Suite *s) {
     if (nranks > 1 && sum_over_world(sums, 2)) sums[0] += 1; /* cannot agree: fail */
     total[0] = (int)sums[0], total[1] = (int)sums[1];
   }
+  const char *desync = getenv("FSDP_DESYNC_CHECK"); /* on unless set to 0 */
   if (rank == 0)
-    printf("mpi_check: %d checks over %d rank(s), %d failed%s\n", total[1], nranks, total[0],
-           getenv("FSDP_DESYNC_CHECK") ? " (desync check on)" : "");
+    printf("mpi_check: %d checks over %d rank(s), %d failed (desync check %s)\n", total[1],
+           nranks, total[0], desync && !strcmp(desync, "0") ? "off" : "on");
   fsdp_world_destroy(solo_world);
   fsdp_world_destroy(shared_world);
   solo_world = shared_world = NULL;

@@ -53,7 +53,8 @@ static const char *const kKernels[] = {
     "softmax_xent", "softmax_xent_bf16", "head_forward", "head_backward",
     "head_forward_bf16", "head_backward_bf16", "xent_inplace", "xent_inplace_bf16",
     "adamw_update", "sgd_update",
-    "sum_squares", "scale", "axpy", "axpy_bf16", "f32_to_bf16", "bf16_to_f32"};
+    "sum_squares", "scale", "axpy", "axpy_bf16", "f32_to_bf16", "bf16_to_f32",
+    "f32_to_f16", "f16_to_f32"};
 
 static struct {
   double err, tol;
@@ -934,6 +935,39 @@ START_TEST(casts) {
 }
 END_TEST
 
+/* fp16 casts: bit for bit against fsdp_f32_to_f16 / fsdp_f16_to_f32 over the
+ * same inputs (normals, subnormals, overflow past 65504, NaN, inf) and every
+ * one of the 65536 fp16 patterns. */
+START_TEST(casts_f16) {
+  rng_seed(seed + 12000);
+  const size_t n = kSizes[LEN(kSizes) - 1];
+  float *x = cast_inputs(n);
+  uint16_t *want = xmalloc(n * 2), *got = xmalloc(n * 2);
+  for (size_t i = 0; i < n; ++i) want[i] = fsdp_f32_to_f16(x[i]);
+  uint16_t *g_h = dev_alloc(n * 2);
+  OK(fsdp_cuda_f32_to_f16(g_h, dev_f32(x, n), n, stream));
+  host_copy(got, g_h, n * 2);
+  size_t bad = 0, first = 0;
+  for (size_t i = n; i-- > 0;)
+    if (got[i] != want[i]) bad++, first = i;
+  check_err("f32_to_f16", "bits", bad ? INFINITY : 0.0, TOL_EXACT);
+  ck_assert_msg(!bad, "f32_to_f16: %zu of %zu differ, first at %zu: %a gave 0x%04x not 0x%04x",
+                bad, n, first, (double)x[first], got[first], want[first]);
+  uint16_t *all = xmalloc(65536 * 2);
+  for (uint32_t i = 0; i < 65536; ++i) all[i] = (uint16_t)i;
+  float *g_f = dev_alloc(65536 * 4), *wide = xmalloc(65536 * 4);
+  OK(fsdp_cuda_f16_to_f32(g_f, dev_copy(all, 65536 * 2), 65536, stream));
+  host_copy(wide, g_f, 65536 * 4);
+  bad = 0;
+  for (uint32_t i = 0; i < 65536; ++i) {
+    const float w = fsdp_f16_to_f32((uint16_t)i);
+    bad += memcmp(&w, &wide[i], sizeof w) != 0;
+  }
+  check_err("f16_to_f32", "bits", bad ? INFINITY : 0.0, TOL_EXACT);
+  free(x), free(want), free(got), free(all), free(wide);
+}
+END_TEST
+
 /* ---- the suite ---- */
 
 static void add_test(Suite *s, const char *name, const TTest *test, int n) {
@@ -960,6 +994,7 @@ static Suite *kernels_suite(void) {
   add_test(s, "sum_squares", sum_squares, LEN(kSumsq));
   add_test(s, "scale_axpy", scale_axpy, LEN(kSizes));
   add_test(s, "casts", casts, 1);
+  add_test(s, "casts_f16", casts_f16, 1);
   return s;
 }
 

@@ -314,15 +314,22 @@ DESYNC = {
               r"all_reduce #1 \(1 f32, sum\)"],
     "count": [r"ranks 0, 2-3 issued all_gather #1 \(4 f32 per rank\) but rank 1 issued "
               r"all_gather #1 \(5 f32 per rank\)"],
-    "skip-unit": [r"ranks 0, 2-3 issued all_gather #2 for 'b' \(16 f32 per rank\) but rank 1 "
-                  r"issued all_gather #2 for 'c' \(16 f32 per rank\)"],
+    # Caught before any gather since issue 14: materialize compares the plans.
+    "skip-unit": [r"different settings, seen by rank \d: engine\.unit\[1\]\.tensor\[0\]: "
+                  r"ranks 0, 2-3 have b\.w 64, rank 1 has c\.w 64"],
 }
 
 
-def desync(r, case, kind):
+def desync(r, case, kind, default=False):
+    """default: the check as the library has it by default, without
+    FSDP_DESYNC_CHECK or world opts (before issue 14 it was off: "count" died
+    in gloo::EnforceNotMet or MPI_ERR_TRUNCATE, "extra" hung until the
+    watchdog)."""
     cmd = r.launcher(kind, 4) + [r.tool("tests/launch/launch_probe"), case, "1"]
-    rc, out, err, secs, left = r.run(cmd, timeout=60)
-    print(f"{case} under {kind}: exit {rc} after {secs:.1f} s; leftovers {left}")
+    rc, out, err, secs, left = r.run(cmd, {"PROBE_DEFAULT_CHECK": "1"} if default else {},
+                                     timeout=60)
+    print(f"{case} under {kind}{' (default check)' if default else ''}: exit {rc} after "
+          f"{secs:.1f} s; leftovers {left}")
     check(rc != 0 and not left, f"rc {rc}, leftovers {left}")
     for rank in range(4):
         mine = [l for l in err.splitlines() if f"probe: rank {rank}: error" in l]
@@ -442,6 +449,201 @@ def signalled(r, sig):
     check(rc == (128 + sig if sig == signal.SIGINT else -sig), f"exit status {rc}")
 
 
+# ---- issue 14: fail fast, rank consistency, stopped workers, small ----------
+
+# A rank that fails on its own must end the job within this, far below the
+# 30 s collective timeout these runs use: the bound is what start-up of a
+# 2-rank job costs here under load, not a deadline to wait out.
+FAIL_FAST_S = 15.0
+
+
+def rank_wrapper(r, extra, rank1_dir=None):
+    """A script that runs its arguments, adding `extra` on rank 1 only (the
+    rank read from mpirun's or fsdp-run's environment), and on rank 1 from
+    rank1_dir when given (relative paths then name other files)."""
+    path = os.path.join(r.tmp, f"rank1-{uuid.uuid4().hex[:8]}.sh")
+    cd = f"cd '{rank1_dir}' && " if rank1_dir else ""
+    with open(path, "w") as f:
+        f.write("#!/bin/sh\n"
+                f'if [ "${{OMPI_COMM_WORLD_RANK:-$RANK}}" = 1 ]; then {cd}exec "$@" ' +
+                " ".join(f"'{a}'" for a in extra) + "\nfi\nexec \"$@\"\n")
+    os.chmod(path, 0o755)
+    return path
+
+
+def gpt2_small_args(r):
+    args = train_args(r, "gpt2")
+    args[args.index("--steps") + 1] = "4"
+    return args
+
+
+def fail_fast(r, case, kind):
+    """Rank 1 alone fails: before any collective (its --data does not exist)
+    or inside a step while rank 0 waits in a collective (FSDP_FAULT=fail).
+    Before the fix mpirun hung in MPI_Finalize / MPI_Comm_dup until killed."""
+    extra = ["--data", "/nonexistent"] if case == "data" else []
+    env = {"FSDP_TIMEOUT_S": "30"}
+    if case == "step":
+        env["FSDP_FAULT"] = "fail:rank=1:step=2"
+    cmd = r.launcher(kind, 2) + [rank_wrapper(r, extra), r.tool("fsdp-train")] + \
+        gpt2_small_args(r)
+    rc, out, err, secs, left = r.run(cmd, env, timeout=60)
+    print(f"rank 1 fails ({case}) under {kind}: exit {rc} after {secs:.1f} s "
+          f"(bound {FAIL_FAST_S:g} s, collective timeout 30 s); leftovers {left}")
+    check(rc != 0, f"{kind} exited 0")
+    check(secs <= FAIL_FAST_S, f"{kind} took {secs:.1f} s > {FAIL_FAST_S:g} s")
+    check(not left, f"processes left behind: {left}")
+    why = "/nonexistent: cannot open" if case == "data" else "injected failure at step 2"
+    lines = [l for l in err.splitlines() if "rank 1:" in l and why in l]
+    check(lines, f"no message naming rank 1 and the cause:\n{err[-3000:]}")
+    print(lines[0])
+
+
+# Flags one rank gets differently, what the others have, and the message part.
+MISMATCH = {
+    "lr": (["--lr", "0.01"], r"--lr: rank 0 has 0\.002, rank 1 has 0\.01"),
+    "seed": (["--seed", "5"], r"--seed: rank 0 has 1, rank 1 has 5"),
+    "global-batch": (["--global-batch", "4"], r"--global-batch: rank 0 has 8, rank 1 has 4"),
+    "strategy": (["--strategy", "zero2"], r"--strategy: rank 0 has zero3, rank 1 has zero2"),
+    "micro-batches": (["--micro-batches", "2"],
+                      r"--micro-batches: rank 0 has 1, rank 1 has 2"),
+    "layers": (["--layers", "3"], r"--layers: rank 0 has 2, rank 1 has 3"),
+    "data": (None, r"data content \(FNV-1a 64\): rank 0 has [0-9a-f]{16}, rank 1 has"),
+}
+
+
+def mismatch(r, case):
+    """Ranks started with different settings are named at start-up, under both
+    launchers. Before the fix: --lr/--seed/--global-batch exited 0 with a
+    different model, --strategy/--micro-batches hung until the watchdog,
+    --layers under fsdp-run died of an uncaught gloo::EnforceNotMet."""
+    extra, pattern = MISMATCH[case]
+    args, rank1_dir = gpt2_small_args(r), None
+    if extra is None:  # one relative path, same size, other bytes on rank 1
+        i = args.index("--data") + 1
+        text = open(args[i]).read()
+        rank1_dir = os.path.join(r.tmp, "rank1")
+        os.makedirs(rank1_dir, exist_ok=True)
+        open(os.path.join(rank1_dir, "text.txt"), "w").write(text[::-1])
+        args[i], extra = "text.txt", []
+    for kind in ("fsdp-run", "mpirun"):
+        if kind == "mpirun" and not r.a.mpirun:
+            continue
+        cmd = r.launcher(kind, 2) + [rank_wrapper(r, extra, rank1_dir),
+                                     r.tool("fsdp-train")] + args
+        rc, out, err, secs, left = r.run(cmd, {"FSDP_TIMEOUT_S": "30"}, timeout=60)
+        print(f"{case} differs on rank 1 under {kind}: exit {rc} after {secs:.1f} s; "
+              f"leftovers {left}")
+        check(rc != 0, f"{kind}: exit 0 although rank 1 ran with {extra}")
+        check(secs <= FAIL_FAST_S and not left, f"{kind}: {secs:.1f} s, leftovers {left}")
+        lines = [l for l in err.splitlines() if "ranks were started with different settings"
+                 in l and re.search(pattern, l)]
+        check(lines, f"{kind}: no message naming the setting and both ranks' values:\n"
+              f"{err[-3000:]}")
+        print(lines[0])
+
+
+def stalled_setup(r, kind):
+    """Rank 1 never creates its communicator: the others' creation ends at the
+    2 s collective deadline with a message naming it (before: MPI_Comm_dup
+    waited for ever under mpirun; gloo's connect waited the 300 s rendezvous
+    timeout)."""
+    cmd = r.launcher(kind, 2) + [r.tool("tests/launch/launch_probe"), "stall-setup", "1"]
+    rc, out, err, secs, left = r.run(cmd, {"FSDP_TIMEOUT_S": "2"}, timeout=60)
+    print(f"rank 1 stalls before communicator creation under {kind}: exit {rc} after "
+          f"{secs:.1f} s (timeout 2 s); leftovers {left}")
+    check(rc != 0 and secs <= FAIL_FAST_S and not left, f"rc {rc}, {secs:.1f} s, {left}")
+    want = (r"rank 0: communicator creation \(MPI_Comm_dup\) did not complete within the 2 s"
+            if kind == "mpirun" else r"probe: rank 0: error .*cannot connect communicator 0")
+    line = re.search(want + ".*", err)
+    check(line, f"no message naming communicator creation:\n{err[-3000:]}")
+    print(line.group(0)[:300])
+
+
+def mismatch_bench(r):
+    """fsdp-bench compares its own flags too (before: each rank timed its own
+    micro-batch and the job exited 0)."""
+    args = ["--preset", "tiny", "--iters", "2", "--warmup", "1", "--peak-size", "0"]
+    for kind in ("fsdp-run", "mpirun"):
+        if kind == "mpirun" and not r.a.mpirun:
+            continue
+        cmd = r.launcher(kind, 2) + [rank_wrapper(r, ["--micro-batch", "4"]),
+                                     r.tool("bench/fsdp-bench")] + args
+        rc, out, err, secs, left = r.run(cmd, {"FSDP_TIMEOUT_S": "30"}, timeout=60)
+        print(f"fsdp-bench --micro-batch differs on rank 1 under {kind}: exit {rc} after "
+              f"{secs:.1f} s; leftovers {left}")
+        check(rc != 0 and secs <= FAIL_FAST_S and not left, f"rc {rc}, {secs:.1f} s, {left}")
+        lines = [l for l in err.splitlines()
+                 if re.search(r"different settings.*--micro-batch: rank 0 has 8, rank 1 has 4", l)]
+        check(lines, f"{kind}: no message naming --micro-batch:\n{err[-3000:]}")
+        print(lines[0])
+
+
+def sigstopped(r):
+    """A SIGSTOPped worker: rank 0's watchdog fires at the 2 s timeout, and
+    fsdp-run resumes (SIGCONT) and stops rank 1 at once instead of after the
+    grace period, naming rank 1 as the root cause (before: timeout + grace,
+    and the root cause named rank 0, which reported the timeout)."""
+    tag = uuid.uuid4().hex
+    env = dict(r.base_env, FSDP_TEST_TAG=tag, FSDP_TIMEOUT_S="2")
+    args = train_args(r, "gpt2")
+    args[args.index("--steps") + 1] = "100000"
+    cmd = r.launcher("fsdp-run", 2) + ["--grace", "20", r.tool("fsdp-train")] + args
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    line = p.stdout.readline()  # rank 0's first step: every rank is training
+    while line and '"event":"step"' not in line and time.monotonic() < deadline:
+        line = p.stdout.readline()
+    victims = [pid for pid, _ in tagged_processes(tag)
+               if b"RANK=1" in open(f"/proc/{pid}/environ", "rb").read().split(b"\0")]
+    check(victims, "rank 1 not found")
+    os.kill(victims[0], signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        out, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        raise Failure(f"fsdp-run still running 60 s after SIGSTOP:\n{err[-3000:]}")
+    secs = time.monotonic() - t0
+    left = wait_no_orphans(tag, t0 + TEARDOWN_S)
+    print(f"rank 1 SIGSTOPped: fsdp-run exit {p.returncode} {secs:.1f} s later (timeout 2 s, "
+          f"grace 20 s); leftovers {left}")
+    check(p.returncode != 0 and not left, f"rc {p.returncode}, leftovers {left}")
+    check(secs < 12, f"took {secs:.1f} s: the stopped worker waited out the 20 s grace")
+    root = re.search(r"root cause: rank 1 .*paused by SIGSTOP.*", err)
+    check(root, f"the root cause does not name the stopped rank 1:\n{err[-3000:]}")
+    check(re.search(r"rank 0 was waiting for it: .*watchdog", err), f"no watchdog line:\n{err}")
+    print(root.group(0))
+
+
+def cli_small(r):
+    """Small CLI defects (issue 14, case 9), each a one-rank run."""
+    tool, args = r.tool("fsdp-train"), gpt2_small_args(r)
+    cases = [
+        (["--steps", "2", "--bogus"], 2, "unknown option '--bogus'"),
+        (["stray"], 2, "unexpected argument 'stray'"),
+        (["--steps"], 2, "--steps needs a value"),
+        (args + ["--global-batch", "0"], 2, "--global-batch 0: use a positive number"),
+        (args + ["--seq-len", "0"], 2, "--seq-len 0: use a positive number"),
+    ]
+    for argv, want_rc, words in cases:
+        rc, out, err, secs, left = r.run([tool] + argv, timeout=60)
+        print(f"fsdp-train {' '.join(argv[-2:])}: exit {rc}: {err.strip()[-120:]}")
+        check(rc == want_rc and words in err, f"expected exit {want_rc} and '{words}':\n{err}")
+    # --stop-after before any evaluation: the done line says so (was: val loss 0.0000)
+    plain = [a for a in args if a != "--json"]
+    rc, out, err, secs, left = r.run([tool] + plain + ["--stop-after", "2", "--eval-every", "0"])
+    done = [l for l in out.splitlines() if l.startswith("done:")]
+    check(rc == 0 and done and "no eval ran" in done[0] and "val loss" not in done[0],
+          f"done line: {done}\n{err[-2000:]}")
+    print(done[0])
+    rc, out, err, secs, left = r.run([tool] + args + ["--stop-after", "2", "--eval-every", "0"])
+    summary = events(out, "summary")
+    check(rc == 0 and summary and summary[0]["val_loss"] is None, f"summary: {summary}")
+    print("JSON summary val_loss: null")
+
+
 SCENARIOS = {
     "parity-gpt2": lambda r: parity(r, "gpt2"),
     "parity-mlp": lambda r: parity(r, "mlp"),
@@ -457,8 +659,18 @@ SCENARIOS = {
     "launcher-killed": lambda r: signalled(r, signal.SIGKILL),
     **{f"desync-{c}-{k}": (lambda c, k: lambda r: desync(r, c, k))(c, k)
        for c in DESYNC for k in ("fsdp-run", "mpirun")},
+    **{f"desync-{c}-default-{k}": (lambda c, k: lambda r: desync(r, c, k, True))(c, k)
+       for c in ("extra", "count") for k in ("fsdp-run", "mpirun")},
     **{f"bad-{c}": (lambda c: lambda r: bad_launch(r, c))(c)
        for c in ("fewer-ranks", "wrong-port", "wrong-address", "exit-before-join")},
+    **{f"fail-{c}-{k}": (lambda c, k: lambda r: fail_fast(r, c, k))(c, k)
+       for c in ("data", "step") for k in ("fsdp-run", "mpirun")},
+    **{f"mismatch-{c}": (lambda c: lambda r: mismatch(r, c))(c) for c in MISMATCH},
+    "mismatch-bench": mismatch_bench,
+    "stall-setup-fsdp-run": lambda r: stalled_setup(r, "fsdp-run"),
+    "stall-setup-mpirun": lambda r: stalled_setup(r, "mpirun"),
+    "sigstop": sigstopped,
+    "cli-small": cli_small,
 }
 
 

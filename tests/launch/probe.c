@@ -9,13 +9,18 @@
  *                   blocks (ignoring SIGTERM when PROBE_IGNORE_SIGTERM=1, to
  *                   make fsdp-run escalate); the others' all_reduce #K+1
  *                   times out
+ *   stall-setup R   rank R blocks before creating its communicator; the
+ *                   others' creation (MPI_Comm_dup, gloo's connect) must end
+ *                   at the collective deadline, not hang
  *   extra R         rank R issues an all_reduce the others do not, before
  *                   an all_gather they all issue
  *   count R         rank R passes a larger count to a shared all_gather
  *   skip-unit R     rank R's model lacks unit 'b' of a, b, c (equal sizes),
- *                   so its forward gathers 'c' where the others gather 'b'
+ *                   so its forward would gather 'c' where the others gather
+ *                   'b'; materialize's plan comparison stops it first
  *
- * The desync scenarios turn the check on (world opts) and end with a barrier
+ * The desync scenarios turn the check on (world opts; with
+ * PROBE_DEFAULT_CHECK=1 they leave it to the default) and end with a barrier
  * on a communicator of their own, so every rank has printed its report
  * before the first one exits and a launcher stops the rest. */
 #include <signal.h>
@@ -100,19 +105,25 @@ static fsdp_status_t run_skip_unit(fsdp_world_t w, int who) {
 int main(int argc, char **argv) {
   const char *what = argc > 1 ? argv[1] : "";
   int desync = !strcmp(what, "extra") || !strcmp(what, "count") || !strcmp(what, "skip-unit");
-  if (strcmp(what, "ok") && strcmp(what, "stall") && !desync) {
-    fprintf(stderr, "usage: probe ok | stall RANK ITER | extra RANK | count RANK | "
-            "skip-unit RANK\n");
+  if (strcmp(what, "ok") && strcmp(what, "stall") && strcmp(what, "stall-setup") && !desync) {
+    fprintf(stderr, "usage: probe ok | stall RANK ITER | stall-setup RANK | extra RANK | "
+            "count RANK | skip-unit RANK\n");
     return 2;
   }
   if (getenv("RANK")) rank = atoi(getenv("RANK")); /* for messages before the world exists */
   fsdp_world_opts_t o = FSDP_WORLD_OPTS_INIT;
-  o.desync_check = desync;
+  /* PROBE_DEFAULT_CHECK=1: leave the check to the library's default (on). */
+  const char *dflt = getenv("PROBE_DEFAULT_CHECK");
+  o.desync_check = desync && !(dflt && !strcmp(dflt, "1"));
   fsdp_world_t w = NULL;
   fsdp_comm_t c = NULL, done = NULL;
   fsdp_status_t st = fsdp_world_init(&w, &o);
   if (st != FSDP_SUCCESS) return say(st, "");
   rank = fsdp_world_rank(w);
+  if (!strcmp(what, "stall-setup") && rank == (argc > 2 ? atoi(argv[2]) : 1)) {
+    fprintf(stderr, "probe: rank %d: stalling before communicator creation\n", rank);
+    for (;;) pause(); /* the hang under test: only a signal ends it */
+  }
   st = fsdp_comm_create(w, &c);
   if (st == FSDP_SUCCESS) st = fsdp_comm_create(w, &done);
   int who = argc > 2 ? atoi(argv[2]) : 1;

@@ -1,7 +1,8 @@
 /* tests/mpi/test_engine.c — the engine across ranks: the materialised model does
  * not depend on N; weights from rank `root` reach every shard; the memory each
  * rank reports follows the ZeRO formulas; with prefetch on, gathers overlap
- * compute (read off the engine's timeline). */
+ * compute (read off the engine's timeline); ranks with other settings or
+ * another model are named at start-up. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -235,6 +236,40 @@ START_TEST(live_cap) {
 }
 END_TEST
 
+/* fsdp_engine_check_consistency: equal settings pass; one rank's other value
+ * fails on every rank with the key and each rank's value; and materialize
+ * compares the plans by itself: the last rank's third unit has another shape. */
+START_TEST(consistency) {
+  if (nranks == 1) return;
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  fsdp_engine_t e;
+  ck_assert_int_eq(fsdp_engine_create(world, &c, &e), FSDP_SUCCESS);
+  const char *keys[3] = {"--seed", "--lr", "--data"};
+  const char *same[3] = {"1", "0.002", "text.txt"};
+  ck_assert_int_eq(fsdp_engine_check_consistency(e, 3, keys, same), FSDP_SUCCESS);
+  const char *mine[3] = {"1", rank == nranks - 1 ? "0.01" : "0.002", "text.txt"};
+  ck_assert_int_eq(fsdp_engine_check_consistency(e, 3, keys, mine), FSDP_ERR_INVALID_USAGE);
+  char want[160];
+  if (nranks == 2) snprintf(want, sizeof want, "--lr: rank 0 has 0.002, rank 1 has 0.01");
+  else snprintf(want, sizeof want, "--lr: ranks 0-%d have 0.002, rank %d has 0.01", nranks - 2,
+                nranks - 1);
+  ck_assert_msg(strstr(fsdp_last_error(), want), "'%s' lacks '%s'", fsdp_last_error(), want);
+  for (int k = 0; k < 3; k++) {
+    char name[24];
+    snprintf(name, sizeof name, "u%d.w", k);
+    int64_t rows = k == 2 && rank == nranks - 1 ? 9 : 8;
+    fsdp_tensor_desc_t t = {name, 2, {rows, 4}, FSDP_INIT_NORMAL, 0.02f, 0};
+    fsdp_unit_t u;
+    ck_assert_int_eq(fsdp_unit_add(e, name, "Block", &t, 1, &u), FSDP_SUCCESS);
+  }
+  ck_assert_int_eq(fsdp_engine_materialize(e, 1), FSDP_ERR_INVALID_USAGE);
+  ck_assert_msg(strstr(fsdp_last_error(), "engine.unit[2].tensor[0]: ") &&
+                strstr(fsdp_last_error(), " u2.w 8x4, rank") &&
+                strstr(fsdp_last_error(), " has u2.w 9x4"), "%s", fsdp_last_error());
+  fsdp_engine_destroy(e);
+}
+END_TEST
+
 static Suite *engine_suite(void) {
   Suite *s = suite_create("engine-mpi");
   TCase *tc = tcase_create("engine");
@@ -244,6 +279,7 @@ static Suite *engine_suite(void) {
   tcase_add_loop_test(tc, memory, 0, 5);
   tcase_add_loop_test(tc, overlap, 0, 2);
   tcase_add_test(tc, live_cap);
+  tcase_add_test(tc, consistency);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -7,6 +7,10 @@
  * order and the split of the mean (1/B_local, then 1/N), so the N-rank run must
  * stay within a small multiple of that floor.
  *
+ * fp16 parameters with dynamic loss scaling get the same parity check (their
+ * tolerance is argued at TOL_FLOOR_F16), and a forced overflow (a scale of
+ * 2^126) must skip, back off and recover.
+ *
  * The bitwise variant uses an additive linear model with an L1 loss on integer
  * inputs: every gradient is an integer, so every sum is exact in any order and
  * the N-rank parameters must equal the one-rank ones bit for bit. */
@@ -59,11 +63,16 @@ typedef struct {
   float clip;
   fsdp_dtype_t dtype; /* parameters as gathered and computed on */
   fsdp_dtype_t reduce; /* gradients as reduced */
+  double loss_scale;   /* config.loss_scale_init (0: the dtype's default) */
+  int scale_interval;  /* config.loss_scale_interval (0: the default) */
 } run_cfg_t;
 
 typedef struct {
   double loss[STEPS];
   double min_clip;
+  int skipped;                  /* steps skipped (and retried on the same data) */
+  double scale[STEPS];          /* loss scale each applied update carried */
+  double first_skip_scale, after_skip_scale; /* the scale at the first skip, and next */
   float *params; /* every tensor, concatenated */
   size_t n_params;
 } run_out_t;
@@ -87,6 +96,9 @@ static fsdp_config_t engine_config(const run_cfg_t *r) {
   c.schedule.kind = FSDP_SCHED_WARMUP_COSINE;
   c.schedule.warmup_steps = 5;
   c.schedule.total_steps = STEPS;
+  c.loss_scale_init = r->loss_scale;
+  if (r->scale_interval) c.loss_scale_interval = r->scale_interval;
+  c.max_consecutive_skips = 64;
   return c;
 }
 
@@ -105,6 +117,7 @@ static void train(fsdp_world_t w, const run_cfg_t *r, int reverse, run_out_t *ou
   float x[GLOBAL_BATCH][IN];
   int y[GLOBAL_BATCH];
   out->min_clip = 1.0;
+  out->skipped = 0;
   for (int s = 0; s < STEPS; s++) {
     double local = 0.0, total = 0.0;
     for (int m = 0; m < r->accum; m++) {
@@ -114,7 +127,8 @@ static void train(fsdp_world_t w, const run_cfg_t *r, int reverse, run_out_t *ou
         y[b] = ys[s][src];
       }
       double l;
-      ck_assert_int_eq(fsdp_mlp_forward_backward(mlp, &x[0][0], y, (int)mb, 1.0f / (float)mb, &l),
+      float scale = (float)fsdp_engine_loss_scale(e);
+      ck_assert_int_eq(fsdp_mlp_forward_backward(mlp, &x[0][0], y, (int)mb, scale / (float)mb, &l),
                        FSDP_SUCCESS);
       local += l;
     }
@@ -122,7 +136,17 @@ static void train(fsdp_world_t w, const run_cfg_t *r, int reverse, run_out_t *ou
                                      FSDP_SUM, FSDP_HOST_STREAM), FSDP_SUCCESS);
     out->loss[s] = total / GLOBAL_BATCH;
     fsdp_step_stats_t st;
+    ck_assert_int_eq(fsdp_engine_report_loss(e, out->loss[s]), FSDP_SUCCESS);
     ck_assert_int_eq(fsdp_engine_step(e, &st), FSDP_SUCCESS);
+    if (st.skipped && out->skipped++ == 0) {
+      out->first_skip_scale = st.loss_scale;
+      out->after_skip_scale = fsdp_engine_loss_scale(e);
+    }
+    if (st.skipped) { /* as fsdp-train does: the same update again, on the same data */
+      s--;
+      continue;
+    }
+    out->scale[s] = st.loss_scale;
     if (st.clip_coef < out->min_clip) out->min_clip = st.clip_coef;
   }
   out->n_params = 0;
@@ -160,16 +184,25 @@ static double distance(const run_out_t *a, const run_out_t *b) {
  * 0.04: not a parity case.) That the bf16 path sums the right slices exactly is
  * asserted bitwise below, with integer gradients bf16 holds exactly. */
 #define TOL_FLOOR_BF16_REDUCE (1.0 / 32)
+/* fp16 parameters with loss scaling: fp16 keeps 11 significant bits, so a flip
+ * of one element's rounding is a 2^-11 relative step; the floor is a quarter
+ * of it, as for bf16. The scale (2^16 by default) is a power of two applied to
+ * fp32 gradients: the largest scaled gradient here, |dlogit| <= 2^16 / B, is
+ * far from fp32's overflow (2^128) and its subnormals, so scaling and the
+ * step's unscaling are exact and add nothing; no step may be skipped. */
+#define TOL_FLOOR_F16 (1.0 / 8192)
 #define TOL_FACTOR 10.0
 
 #define F32 FSDP_F32
 #define BF16 FSDP_BF16
+#define F16 FSDP_F16
 static const run_cfg_t parity_cases[] = {
-    {0, FSDP_OPTIM_SGD, 1, 0, 0.0f, F32, F32},    {0, FSDP_OPTIM_SGD, 2, 0, 0.5f, F32, F32},
-    {0, FSDP_OPTIM_SGD, 2, 1, 0.0f, F32, F32},    {0, FSDP_OPTIM_ADAMW, 1, 0, 0.0f, F32, F32},
-    {0, FSDP_OPTIM_ADAMW, 1, 0, 0.5f, F32, F32},  {0, FSDP_OPTIM_ADAMW, 2, 0, 0.0f, F32, F32},
-    {0, FSDP_OPTIM_ADAMW, 2, 1, 0.5f, F32, F32},  {0, FSDP_OPTIM_ADAMW, 2, 0, 0.5f, BF16, F32},
-    {0, FSDP_OPTIM_SGD, 2, 1, 0.0f, F32, BF16},
+    {0, FSDP_OPTIM_ADAMW, 2, 0, 0.5f, F16, F32, 0, 0},  {0, FSDP_OPTIM_SGD, 1, 0, 0.0f, F16, F32, 0, 0},
+    {0, FSDP_OPTIM_SGD, 1, 0, 0.0f, F32, F32, 0, 0},    {0, FSDP_OPTIM_SGD, 2, 0, 0.5f, F32, F32, 0, 0},
+    {0, FSDP_OPTIM_SGD, 2, 1, 0.0f, F32, F32, 0, 0},    {0, FSDP_OPTIM_ADAMW, 1, 0, 0.0f, F32, F32, 0, 0},
+    {0, FSDP_OPTIM_ADAMW, 1, 0, 0.5f, F32, F32, 0, 0},  {0, FSDP_OPTIM_ADAMW, 2, 0, 0.0f, F32, F32, 0, 0},
+    {0, FSDP_OPTIM_ADAMW, 2, 1, 0.5f, F32, F32, 0, 0},  {0, FSDP_OPTIM_ADAMW, 2, 0, 0.5f, BF16, F32, 0, 0},
+    {0, FSDP_OPTIM_SGD, 2, 1, 0.0f, F32, BF16, 0, 0},
 };
 
 START_TEST(parity) {
@@ -181,7 +214,10 @@ START_TEST(parity) {
   double floor = distance(&noise, &ref);
   double tol = fmax(TOL_FACTOR * floor, r.reduce == FSDP_BF16 ? TOL_FLOOR_BF16_REDUCE
                                         : r.dtype == FSDP_BF16 ? TOL_FLOOR_BF16
+                                        : r.dtype == FSDP_F16  ? TOL_FLOOR_F16
                                                                : TOL_FLOOR);
+  ck_assert_msg(!ref.skipped && (r.dtype != FSDP_F16 || ref.scale[STEPS - 1] == 65536.0),
+                "reference: %d steps skipped, loss scale %g", ref.skipped, ref.scale[STEPS - 1]);
   if (r.clip > 0) ck_assert_msg(ref.min_clip < 1.0, "clipping never engaged");
   ck_assert_msg(ref.loss[STEPS - 1] < 0.8 * ref.loss[0], "the reference did not learn: %g -> %g",
                 ref.loss[0], ref.loss[STEPS - 1]);
@@ -197,10 +233,45 @@ START_TEST(parity) {
              r.clip, fsdp_dtype_name(r.dtype), fsdp_dtype_name(r.reduce), d, floor, tol);
     ck_assert_msg(d <= tol, "%s: N=%d differs from N=1 by %g > tolerance %g",
                   fsdp_strategy_name(r.strategy), nranks, d, tol);
+    ck_assert_int_eq(got.skipped, 0);
     free(got.params);
   }
   free(ref.params);
   free(noise.params);
+}
+END_TEST
+
+/* ---- forced overflow: fp16 with a loss scale of 2^128 ---------------------- */
+
+/* A scale of 2^128 is past fp32's range: the scaled loss gradient, and every
+ * gradient after it, is Inf or NaN (this MLP's gradients stay finite up to
+ * 2^127: measured). The step is skipped on every rank, the scale halves to
+ * 2^127, training then learns exactly as at the default scale (the scale is a
+ * power of two: unscaling is exact), and after each interval of 5 good steps
+ * the scale grows back to 2^128, overflows and backs off again. */
+START_TEST(overflow_backs_off_and_recovers) {
+  run_cfg_t r = {(fsdp_strategy_t)_i, FSDP_OPTIM_ADAMW, 1, 0, 0.0f, F16, F32, 0x1p128, 5};
+  run_out_t got, plain;
+  train(world, &r, 0, &got);
+  r.loss_scale = 0;
+  train(world, &r, 0, &plain);
+  if (rank == 0)
+    printf("overflow N=%d %s: %d skipped, scale %g -> %g at the first, %g at the end; loss "
+           "%.4f -> %.4f (default scale: %.4f)\n", nranks, fsdp_strategy_name(r.strategy),
+           got.skipped, got.first_skip_scale, got.after_skip_scale, got.scale[STEPS - 1],
+           got.loss[0], got.loss[STEPS - 1], plain.loss[STEPS - 1]);
+  ck_assert_msg(got.skipped >= 1 && got.first_skip_scale == 0x1p128 &&
+                got.after_skip_scale == 0x1p127, "no overflow at 2^128: %d skipped",
+                got.skipped);
+  /* Only a scale grown back to 2^128 overflows again. */
+  ck_assert_msg(got.skipped >= 2, "the scale never grew back: %d skipped", got.skipped);
+  ck_assert_msg(got.loss[STEPS - 1] < 0.8 * got.loss[0], "no recovery: loss %g -> %g",
+                got.loss[0], got.loss[STEPS - 1]);
+  ck_assert_msg(fabs(got.loss[STEPS - 1] - plain.loss[STEPS - 1]) < 0.05 * plain.loss[STEPS - 1],
+                "after the overflow the loss %g is not the default scale's %g",
+                got.loss[STEPS - 1], plain.loss[STEPS - 1]);
+  free(got.params);
+  free(plain.params);
 }
 END_TEST
 
@@ -303,6 +374,7 @@ static Suite *parity_suite(void) {
   tcase_set_timeout(tc, 600);
   tcase_add_loop_test(tc, parity, 0, (int)(sizeof parity_cases / sizeof parity_cases[0]));
   tcase_add_loop_test(tc, bitwise, 0, 12);
+  tcase_add_loop_test(tc, overflow_backs_off_and_recovers, 0, 3);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -1,4 +1,4 @@
-/* tests/unit/test_core.c — status text, last error, element types, bf16
+/* tests/unit/test_core.c — status text, last error, element types, bf16 and fp16
  * conversion, clock and aligned allocation (src/core). */
 #include <check.h>
 #include <math.h>
@@ -74,6 +74,7 @@ static const struct {
     {FSDP_F32, 4, "f32"},
     {FSDP_BF16, 2, "bf16"},
     {FSDP_F64, 8, "f64"},
+    {FSDP_F16, 2, "f16"},
     {FSDP_DTYPE_COUNT, 0, "invalid"},
     {(fsdp_dtype_t)-1, 0, "invalid"},
 };
@@ -125,6 +126,44 @@ START_TEST(bf16_nan_stays_nan) {
     ck_assert_msg(isnan(fsdp_bf16_to_f32(b)), "NaN 0x%08x became 0x%04x", nans[i], b);
     ck_assert_uint_eq(b >> 15, nans[i] >> 31); /* sign kept */
   }
+}
+END_TEST
+
+/* fp16 against the compiler's own IEEE binary16 (_Float16, round to nearest
+ * even): every f32 whose top 16 bits vary with fixed low bits chosen to hit
+ * ties, just-above and just-below cases, in every exponent range (normal,
+ * subnormal, overflow to inf). */
+START_TEST(f16_matches_ieee) {
+  const uint32_t lows[] = {0x0000u, 0x1000u, 0x0fffu, 0x1001u, 0x2000u, 0x3000u, 0xffffu};
+  for (uint32_t hi = 0; hi < 0x10000u; hi++)
+    for (size_t k = 0; k < sizeof lows / sizeof lows[0]; k++) {
+      float x = f32_from_bits(hi << 16 | lows[k]);
+      if (isnan(x)) continue;
+      _Float16 ref = (_Float16)x;
+      uint16_t want, got = fsdp_f32_to_f16(x);
+      memcpy(&want, &ref, sizeof want);
+      ck_assert_msg(got == want, "f32 0x%08x -> f16 0x%04x, want 0x%04x", hi << 16 | lows[k], got,
+                    want);
+    }
+}
+END_TEST
+
+START_TEST(f16_round_trip_and_nan) {
+  for (uint32_t h = 0; h < 0x10000u; h++) {
+    float f = fsdp_f16_to_f32((uint16_t)h);
+    _Float16 ref;
+    uint16_t bits = (uint16_t)h;
+    memcpy(&ref, &bits, sizeof ref);
+    if (isnan((float)ref)) {
+      ck_assert_msg(isnan(f), "f16 NaN 0x%04x widened to %g", h, (double)f);
+      ck_assert_msg(isnan(fsdp_f16_to_f32(fsdp_f32_to_f16(f))), "NaN 0x%04x lost", h);
+      continue;
+    }
+    ck_assert_msg(f == (float)ref, "f16 0x%04x -> %g, want %g", h, (double)f, (double)ref);
+    ck_assert_uint_eq(fsdp_f32_to_f16(f), h);
+  }
+  ck_assert_uint_eq(fsdp_f32_to_f16(65520.0f), 0x7c00u); /* overflow is inf, not 65504 */
+  ck_assert_uint_eq(fsdp_f32_to_f16(-1e30f), 0xfc00u);
 }
 END_TEST
 
@@ -186,6 +225,8 @@ static Suite *core_suite(void) {
   tcase_add_loop_test(tc, bf16_rounding, 0, sizeof bf16_table / sizeof bf16_table[0]);
   tcase_add_test(tc, bf16_nan_stays_nan);
   tcase_add_test(tc, bf16_round_trip_is_exact);
+  tcase_add_test(tc, f16_matches_ieee);
+  tcase_add_test(tc, f16_round_trip_and_nan);
   tcase_add_test(tc, time_is_monotonic);
   tcase_add_loop_test(tc, alloc_is_aligned_and_zeroed, 0,
                       sizeof alloc_sizes / sizeof alloc_sizes[0]);

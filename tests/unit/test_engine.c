@@ -70,6 +70,8 @@ START_TEST(config_errors) {
   static const struct { int field; const char *needle; } cases[] = {
       {0, "strategy"}, {1, "prefetch_depth"}, {2, "max_live_units"}, {3, "grad_accum"},
       {4, "grad_reduce"}, {5, "align"}, {6, "lr"}, {7, "param_dtype"},
+      {8, "max_consecutive_skips"}, {9, "loss_scale_init"}, {10, "loss_scale_growth"},
+      {11, "loss_scale_backoff"}, {12, "loss_scale_interval"}, {13, "loss_scale_backoff"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     fsdp_config_t c = FSDP_CONFIG_INIT;
@@ -82,6 +84,12 @@ START_TEST(config_errors) {
       case 5: c.align = 12; break;
       case 6: c.optim.lr = -1.0f; break;
       case 7: c.param_dtype = FSDP_F64; break;
+      case 8: c.max_consecutive_skips = -1; break;
+      case 9: c.loss_scale_init = NAN; break;
+      case 10: c.loss_scale_growth = 0.5; break;
+      case 11: c.loss_scale_backoff = 0.0; break;
+      case 12: c.loss_scale_interval = 0; break;
+      case 13: c.loss_scale_backoff = 1.5; break;
     }
     fsdp_engine_t e = NULL;
     ck_assert_int_ne(fsdp_engine_create(world, &c, &e), FSDP_SUCCESS);
@@ -116,6 +124,53 @@ START_TEST(config_from_older_header_gets_defaults) {
   ck_assert_int_eq(fsdp_config_resolve(&c, &out), FSDP_SUCCESS);
   ck_assert_int_eq(out.reduce_dtype, FSDP_F32);
   ck_assert_int_eq(out.grad_accum, 3);
+  ck_assert_int_eq(out.max_consecutive_skips, 20); /* past the old size: the defaults */
+  ck_assert(out.loss_scale_init == 1.0 && out.loss_scale_interval == 2000);
+}
+END_TEST
+
+/* A caller compiled before the guard's stats fields (its config ends before
+ * max_consecutive_skips) has a shorter fsdp_step_stats_t: nothing past the
+ * fields it knows is written. A current caller gets them all. */
+START_TEST(step_stats_of_an_older_header) {
+  for (int old = 1; old >= 0; old--) {
+    fsdp_config_t c = FSDP_CONFIG_INIT;
+    if (old) c.size = offsetof(fsdp_config_t, max_consecutive_skips);
+    fsdp_unit_t u[3];
+    fsdp_engine_t e = make_engine(&c, u);
+    fsdp_step_stats_t st;
+    memset(&st, 0xab, sizeof st);
+    run_pass(e, u, 3, 1.0f);
+    ck_assert_int_eq(fsdp_engine_step(e, &st), FSDP_SUCCESS);
+    ck_assert_int_eq(st.step, 1);
+    const unsigned char *tail = (const unsigned char *)&st + offsetof(fsdp_step_stats_t, skipped);
+    size_t untouched = 0, n = sizeof st - offsetof(fsdp_step_stats_t, skipped);
+    for (size_t i = 0; i < n; i++) untouched += tail[i] == 0xab;
+    if (old) ck_assert_uint_eq(untouched, n);
+    else ck_assert(st.skipped == 0 && st.skipped_total == 0 && st.loss_scale == 1.0);
+    fsdp_engine_destroy(e);
+  }
+}
+END_TEST
+
+/* Unset values resolve by dtype: fp16 scales the loss from 65536, the others
+ * not at all; the engine starts at that scale. */
+START_TEST(config_loss_scale_defaults) {
+  fsdp_config_t c = FSDP_CONFIG_INIT, out;
+  c.param_dtype = FSDP_F16;
+  ck_assert_int_eq(fsdp_config_resolve(&c, &out), FSDP_SUCCESS);
+  ck_assert(out.loss_scale_init == 65536.0 && out.loss_scale_growth == 2.0 &&
+            out.loss_scale_backoff == 0.5 && out.loss_scale_interval == 2000);
+  ck_assert_int_eq(out.max_consecutive_skips, 20);
+  c.param_dtype = FSDP_BF16;
+  ck_assert_int_eq(fsdp_config_resolve(&c, &out), FSDP_SUCCESS);
+  ck_assert(out.loss_scale_init == 1.0);
+  fsdp_engine_t e;
+  c.param_dtype = FSDP_F16;
+  ck_assert_int_eq(fsdp_engine_create(world, &c, &e), FSDP_SUCCESS);
+  ck_assert(fsdp_engine_loss_scale(e) == 65536.0);
+  fsdp_engine_destroy(e);
+  ck_assert(fsdp_engine_loss_scale(NULL) == -1.0);
 }
 END_TEST
 
@@ -414,12 +469,16 @@ START_TEST(memory_formula) {
 }
 END_TEST
 
-/* bf16 parameters: views show the master rounded to bf16 (and widened), updates
- * still land on the fp32 master, and the bf16 copy costs 2 bytes per parameter
- * (plus its f32 widening when the shard is whole, as on one rank). */
+/* 16-bit parameters (_i: bf16, fp16 with its default loss scale): views show
+ * the master rounded to the type (and widened), updates still land on the
+ * fp32 master (the scaled gradient unscaled exactly), and the 16-bit copy
+ * costs 2 bytes per parameter (plus its f32 widening when the shard is whole,
+ * as on one rank). */
 START_TEST(bf16_params) {
   fsdp_config_t c = FSDP_CONFIG_INIT;
-  c.param_dtype = FSDP_BF16;
+  c.param_dtype = _i ? FSDP_F16 : FSDP_BF16;
+  uint16_t (*to)(float) = _i ? fsdp_f32_to_f16 : fsdp_f32_to_bf16;
+  float (*from)(uint16_t) = _i ? fsdp_f16_to_f32 : fsdp_bf16_to_f32;
   c.optim.kind = FSDP_OPTIM_SGD;
   c.optim.lr = 1e-3f;
   fsdp_unit_t u[3];
@@ -431,7 +490,7 @@ START_TEST(bf16_params) {
     ck_assert_int_eq(fsdp_unit_acquire(e, u[0], FSDP_FORWARD, &v), FSDP_SUCCESS);
     int differ = 0;
     for (int i = 0; i < 35; i++) {
-      ck_assert_float_eq(v.param[0][i], fsdp_bf16_to_f32(fsdp_f32_to_bf16(master[i])));
+      ck_assert_float_eq(v.param[0][i], from(to(master[i])));
       differ += v.param[0][i] != master[i];
     }
     ck_assert_int_gt(differ, 0); /* the master keeps the bits bf16 drops */
@@ -442,13 +501,13 @@ START_TEST(bf16_params) {
     }
     for (int i = 2; i >= 0; i--) {
       ck_assert_int_eq(fsdp_unit_acquire(e, u[i], FSDP_BACKWARD, &v), FSDP_SUCCESS);
-      v.grad[0][0] += 1.0f;
+      v.grad[0][0] += (float)fsdp_engine_loss_scale(e);
       ck_assert_int_eq(fsdp_unit_release(e, u[i], FSDP_BACKWARD), FSDP_SUCCESS);
     }
     ck_assert_int_eq(fsdp_engine_step(e, NULL), FSDP_SUCCESS);
     float after[35];
     fsdp_engine_read_tensor(e, "w0", after, -1);
-    ck_assert_float_eq(after[0], master[0] - 1e-3f); /* below bf16's resolution near 1 */
+    ck_assert_float_eq(after[0], master[0] - 1e-3f); /* on the fp32 master, unrounded */
   }
   size_t padded = 0;
   for (int i = 0; i < 3; i++) {
@@ -470,6 +529,8 @@ static Suite *engine_suite(void) {
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, config_errors);
   tcase_add_test(tc, config_from_older_header_gets_defaults);
+  tcase_add_test(tc, config_loss_scale_defaults);
+  tcase_add_test(tc, step_stats_of_an_older_header);
   tcase_add_test(tc, config_head_errors);
   tcase_add_test(tc, unit_add_errors);
   tcase_add_loop_test(tc, schedule_errors, 0, 3);
@@ -479,7 +540,7 @@ static Suite *engine_suite(void) {
   tcase_add_test(tc, step_numerics);
   tcase_add_test(tc, memory_formula);
   tcase_add_loop_test(tc, accumulation, 0, 4);
-  tcase_add_test(tc, bf16_params);
+  tcase_add_loop_test(tc, bf16_params, 0, 2);
   suite_add_tcase(s, tc);
   return s;
 }
