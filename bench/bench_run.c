@@ -354,7 +354,8 @@ static fsdp_status_t measure(model_t *m, const bench_opts_t *o, bench_result_t *
   double first = 0.0, last = 0.0;
   BENCH_TRY(timed_steps(m, o, s, &first, &last));
   size_t n = 0, dropped = 0;
-  const fsdp_tl_event_t *tl = fsdp_engine_timeline(m->eng, &n, &dropped);
+  const fsdp_tl_event_t *tl = NULL;
+  BENCH_TRY(fsdp_engine_timeline(m->eng, &tl, &n, &dropped));
   if (dropped)
     fprintf(stderr, "fsdp-bench: %zu timeline events dropped: the split is incomplete\n", dropped);
   bench_split_steps(tl, n, s->w, n_it, s->split);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/gpu-check.sh — the GPU checks of issue 4 in one command, for a machine
+# scripts/gpu-check.sh — every GPU check in one command, for a machine
 # with an NVIDIA GPU and the CUDA toolkit: sets up and builds build/ with CUDA,
 # runs the CUDA suite (every kernel of src/cuda against the CPU reference on
 # fresh random inputs; the engine on the GPU against the CPU engine with NCCL at

@@ -24,9 +24,24 @@
  * <save_dir>/step-<k>.tmp-<id>/; after a collective check rank 0 writes and
  * fsyncs the manifest, renames the directory to step-<k>, fsyncs <save_dir>,
  * then replaces `latest` by write-fsync-rename. A crash at any point leaves the
- * previous checkpoint and `latest` intact; the next save removes stale
- * step-*.tmp-* directories and nothing ever reads them. Two jobs must not save
- * into one directory at the same time.
+ * previous checkpoint and `latest` intact; the next save removes the
+ * step-*.tmp-* directories of dead saves (a live save's guard, below, keeps
+ * its own) and nothing ever reads them. A save that finds step-<k> committed
+ * keeps it when it holds exactly this save's bytes (see fsdp_ckpt_save).
+ *
+ * Sharing a save directory (<save_dir>/lock, see "the save directory of a run"
+ * below): byte 0 of the lock file is the run lock (fsdp_ckpt_lock), so a second
+ * run is refused with the holder named; byte 1 + (id mod 2^40) is held by rank 0
+ * for the life of the save with that checkpoint id. Both are fcntl open file
+ * description locks (F_OFD_SETLK), chosen because: the kernel drops them when
+ * the holding process dies (a stale lock file never blocks a restart); they
+ * belong to one open file, not the whole process, so reading the lock file or
+ * a second engine in the same process does not release or share them (classic
+ * POSIX fcntl locks are dropped by any close of the file in the process);
+ * unlike flock they are byte ranges, one file for the run and every save; and
+ * on NFS they are real server-side locks (NLM/NFSv4; Linux emulates flock with
+ * the same locks there), where a crashed client's locks are dropped when its
+ * lease expires (about 90 s with NFSv4).
  *
  * Errors: every function returns fsdp_status_t and fsdp_last_error() names the
  * file and the problem (FSDP_ERR_IO: missing, unreadable or short; FSDP_ERR_FORMAT:
@@ -36,7 +51,12 @@
  *
  * Test hook (not an API): FSDP_CKPT_FAULT=kill:rank=R:step=K:after_bytes=B makes
  * rank R SIGKILL itself after writing B bytes of its files of the save of step K
- * (rank 0's bytes count its shard, then the manifest). Crash tests use it.
+ * (rank 0's bytes count its shard, then the manifest); stop:... sends SIGSTOP
+ * instead (a save held in progress); enospc:latest:step=K makes the write of
+ * `latest.tmp` in the commit of the save of step K (not a later repair) fail
+ * with ENOSPC, as a full disk does
+ * (leaving step-K committed, `latest` at the previous step and an empty
+ * latest.tmp). Crash and recovery tests use them.
  *
  * Thread safety: a checkpoint handle is used by one thread at a time. */
 #ifndef FSDP_CKPT_H
@@ -64,35 +84,62 @@ typedef struct {
 /* Sets (or replaces) key. FSDP_ERR_INVALID_ARGUMENT when the key is not valid
  * or the table is full. */
 FSDP_API fsdp_status_t fsdp_ckpt_meta_set(fsdp_ckpt_meta_t *meta, const char *key, int64_t value);
-/* 1 and *value when key is present, else 0. */
-FSDP_API int fsdp_ckpt_meta_get(const fsdp_ckpt_meta_t *meta, const char *key, int64_t *value);
+/* *value when key is present; FSDP_ERR_INVALID_ARGUMENT naming the key when not. */
+FSDP_API fsdp_status_t fsdp_ckpt_meta_get(const fsdp_ckpt_meta_t *meta, const char *key,
+                                          int64_t *value);
 
 /* ---- save and load (collective: every rank of the engine calls them) -------- */
 
+/* Save options: start from FSDP_CKPT_SAVE_OPTS_INIT (size, magic and version
+ * first, fields only appended, as fsdp_config_t). */
 typedef struct {
-  int overwrite;                /* replace an existing committed step-<k> */
-  const fsdp_ckpt_meta_t *meta; /* trainer state, may be NULL */
+  size_t size;                  /* sizeof(fsdp_ckpt_save_opts_t) as compiled */
+  unsigned int magic;           /* FSDP_CKPT_SAVE_OPTS_MAGIC */
+  unsigned int version;         /* FSDP_VERSION_CODE */
+  int overwrite;                /* 0; 1: replace an existing committed step-<k> */
+  const fsdp_ckpt_meta_t *meta; /* NULL; trainer state to record */
 } fsdp_ckpt_save_opts_t;
-#define FSDP_CKPT_SAVE_OPTS_INIT {0, NULL}
+#define FSDP_CKPT_SAVE_OPTS_MAGIC 0xf5d9c0f3u
+#define FSDP_CKPT_SAVE_OPTS_INIT                                                     \
+  {                                                                                  \
+    .size = sizeof(fsdp_ckpt_save_opts_t), .magic = FSDP_CKPT_SAVE_OPTS_MAGIC,       \
+    .version = FSDP_VERSION_CODE, .overwrite = 0, .meta = NULL                       \
+  }
 
 /* Saves the engine's master shards, optimizer state and step (k =
  * fsdp_engine_step_count) as <save_dir>/step-<k>, creating save_dir if needed,
- * and points `latest` at it. Refuses (FSDP_ERR_INVALID_USAGE) when step-<k> is
- * already committed unless opts->overwrite. Not while units are acquired or
+ * and points `latest` at it. When step-<k> is already committed (and not
+ * opts->overwrite) it is kept only if it is exactly what this save would
+ * write but for its random id: the same manifest (model, layout, optimizer,
+ * configuration, trainer state) and every rank's shard equal byte for byte
+ * (each rank reads its own file once) with the CRC its manifest records; then
+ * nothing is written, `latest` is repaired (fsdp_ckpt_repair) and the call
+ * succeeds. That is the restart that re-ran the steps after a failed update
+ * of `latest`. Otherwise it refuses (FSDP_ERR_INVALID_USAGE) naming the first
+ * difference. Not while units are acquired or
  * between a backward and its step. If path_out is not NULL, it receives the
  * step directory (cap bytes). opts may be NULL. */
 FSDP_API fsdp_status_t fsdp_ckpt_save(fsdp_engine_t engine, const char *save_dir,
                                       const fsdp_ckpt_save_opts_t *opts, char *path_out,
                                       size_t cap);
 
+/* Load options: start from FSDP_CKPT_LOAD_OPTS_INIT (as above). */
 typedef struct {
+  size_t size;          /* sizeof(fsdp_ckpt_load_opts_t) as compiled */
+  unsigned int magic;   /* FSDP_CKPT_LOAD_OPTS_MAGIC */
+  unsigned int version; /* FSDP_VERSION_CODE */
   /* Optimizer state of another kind than the engine's (AdamW vs SGD momentum):
-   * 0 refuses; 1 loads the parameters and step and zeroes the state. A
+   * 0 (default) refuses; 1 loads the parameters and step and zeroes the state. A
    * checkpoint without optimizer state (weights only, e.g. from import) always
    * loads this way. */
   int reset_optim;
 } fsdp_ckpt_load_opts_t;
-#define FSDP_CKPT_LOAD_OPTS_INIT {0}
+#define FSDP_CKPT_LOAD_OPTS_MAGIC 0xf5d9c0f4u
+#define FSDP_CKPT_LOAD_OPTS_INIT                                                     \
+  {                                                                                  \
+    .size = sizeof(fsdp_ckpt_load_opts_t), .magic = FSDP_CKPT_LOAD_OPTS_MAGIC,       \
+    .version = FSDP_VERSION_CODE, .reset_optim = 0                                   \
+  }
 
 /* Loads a checkpoint into a materialized engine of any world size, strategy and
  * wrapping: tensors are matched by name and must agree in shape and dtype, and
@@ -114,9 +161,72 @@ FSDP_API fsdp_status_t fsdp_ckpt_load(fsdp_engine_t engine, const char *path,
                                       char *path_out, size_t cap);
 
 /* The step directory `path` names: path itself when it holds manifest.json,
- * else path/<contents of path/latest>. FSDP_ERR_IO naming the file when
- * neither exists. Local, no collectives. */
+ * else the target of path/latest when that is a symbolic link to a step
+ * directory, else path/<contents of path/latest>. FSDP_ERR_IO naming the file
+ * when none exists. Local, no collectives. */
 FSDP_API fsdp_status_t fsdp_ckpt_resolve(const char *path, char *step_dir, size_t cap);
+
+/* ---- the save directory of a run ---------------------------------------------
+ * A trainer opens its save directory before the first step: fsdp_ckpt_lock,
+ * then fsdp_ckpt_probe, then (to continue) fsdp_ckpt_repair and
+ * fsdp_ckpt_load; fsdp_ckpt_unlock at the end. engine may be NULL for the lock
+ * and the repair: this process alone (offline tools); with an engine they are
+ * collective: every rank calls them and the outcome, message included, is
+ * the same on every rank. */
+
+typedef struct fsdp_ckpt_lock *fsdp_ckpt_lock_t;
+
+/* Creates save_dir if needed and takes its run lock: rank 0 alone holds it
+ * (every other save of the run goes through rank 0, and one lock means one
+ * lock-server round trip on NFS, not N), records the holder in <save_dir>/lock
+ * ("fsdp-train pid 4242 on host h, run <random id>, started <UTC time>, 2
+ * ranks") and keeps it until fsdp_ckpt_unlock or its process ends (a forked
+ * child without exec shares it; exec does not inherit it). Another run holding
+ * it: FSDP_ERR_INVALID_USAGE naming the holder. A lock file left by a dead
+ * process holds no lock and is taken over. An unwritable directory:
+ * FSDP_ERR_IO. *lock is NULL on failure. fsdp_ckpt_save does not require the
+ * lock: a saver without it is not excluded, but is never harmed by another's
+ * sweep either. */
+FSDP_API fsdp_status_t fsdp_ckpt_lock(fsdp_engine_t engine, const char *save_dir,
+                                      fsdp_ckpt_lock_t *lock);
+/* Empties the holder record (the file is never removed: see dir.c) and
+ * releases the lock. NULL is ignored. Local. */
+FSDP_API void fsdp_ckpt_unlock(fsdp_ckpt_lock_t lock);
+
+/* Collective, on a materialised engine. Before training: every rank creates, writes (4 KiB), fsyncs and
+ * removes a probe file in save_dir (creating save_dir), and checks with
+ * statvfs that the free space (f_bavail) holds one more checkpoint of this
+ * engine: every rank's shard (header + parameters + optimizer state, as the
+ * manifest will list them), the manifest and `latest`, rounded to blocks. One
+ * more, because the previous checkpoint stays until the new one commits;
+ * checkpoints are never pruned, so later saves need more and a disk that fills
+ * later still fails that save (safely). FSDP_ERR_IO naming the rank and the
+ * error, or the bytes needed and free. *need_bytes and *free_bytes (may be
+ * NULL) receive the figures. */
+FSDP_API fsdp_status_t fsdp_ckpt_probe(fsdp_engine_t engine, const char *save_dir,
+                                       uint64_t *need_bytes, uint64_t *free_bytes);
+
+typedef struct {
+  int64_t step;     /* the step `latest` names now; -1: no checkpoint in the directory */
+  int64_t was;      /* the complete step it named before; -1: missing, dangling or bad */
+  int changed;      /* 1 when `latest` was rewritten */
+  char reason[512]; /* why it was (rank 0 only), "" when not */
+} fsdp_ckpt_repair_t;
+
+/* Points `latest` at the newest complete step of save_dir when it is missing,
+ * dangling, unreadable, names an incomplete step, or lags behind (a save that
+ * committed step-<k> but failed to update `latest`). Complete means the
+ * manifest reads (its CRC and structure) and names that step, and every shard
+ * file has its header and size: a few small reads per step, newest first until
+ * one passes; the shards' full CRCs are left to the load that follows
+ * (fsdp_ckpt_load checks them all, shared across ranks). Never moves `latest`
+ * to an older step than a complete one it names, never deletes a step; a
+ * leftover latest.tmp is replaced (and renamed away) when it rewrites. Step
+ * directories but none complete: FSDP_ERR_FORMAT naming the newest one's
+ * problem, nothing changed. Collective with an engine (rank 0 repairs, every
+ * rank gets step, was and changed); run while holding the lock. */
+FSDP_API fsdp_status_t fsdp_ckpt_repair(fsdp_engine_t engine, const char *save_dir,
+                                        fsdp_ckpt_repair_t *out);
 
 /* ---- offline access (one process, no engine, no MPI) ------------------------- */
 
@@ -142,7 +252,7 @@ typedef struct {
   size_t align;
   const fsdp_ckpt_meta_t *meta;
 } fsdp_ckpt_info_t;
-FSDP_API void fsdp_ckpt_info(fsdp_ckpt_t ckpt, fsdp_ckpt_info_t *info);
+FSDP_API fsdp_status_t fsdp_ckpt_info(fsdp_ckpt_t ckpt, fsdp_ckpt_info_t *info);
 
 typedef struct {
   const char *name, *unit;
@@ -153,7 +263,7 @@ typedef struct {
 } fsdp_ckpt_tensor_t;
 FSDP_API fsdp_status_t fsdp_ckpt_tensor(fsdp_ckpt_t ckpt, int index, fsdp_ckpt_tensor_t *t);
 /* State s's name: 0 "param", then "exp_avg", "exp_avg_sq" (AdamW) or
- * "momentum_buffer" (SGD); NULL when out of range. */
+ * "momentum_buffer" (SGD); "unknown" when out of range. */
 FSDP_API const char *fsdp_ckpt_state_name(fsdp_ckpt_t ckpt, int state);
 
 /* Checks every shard file: header fields, size, CRC-32. Without a model. */

@@ -23,6 +23,12 @@ extern "C" {
 #define FSDP_VERSION_MAJOR 0
 #define FSDP_VERSION_MINOR 1
 #define FSDP_VERSION_PATCH 0
+/* major * 10000 + minor * 100 + patch, as in the headers compiled against. */
+#define FSDP_VERSION_CODE (FSDP_VERSION_MAJOR * 10000 + FSDP_VERSION_MINOR * 100 + FSDP_VERSION_PATCH)
+
+/* The running library's FSDP_VERSION_CODE (a program may run against a newer
+ * libfsdp than the headers it was compiled with). */
+FSDP_API int fsdp_get_version(void);
 
 typedef enum {
   FSDP_SUCCESS = 0,
@@ -38,6 +44,16 @@ typedef enum {
   FSDP_ERR_TIMEOUT,          /* a collective or the rendezvous passed its deadline */
   FSDP_STATUS_COUNT
 } fsdp_status_t;
+
+/* Queries follow one rule:
+ *   - a property of a handle (fsdp_world_rank, fsdp_engine_num_units,
+ *     fsdp_engine_stream, ...) or a predicate (fsdp_event_query) returns the
+ *     value itself; on a NULL handle it returns -1 (numbers) or NULL (handles,
+ *     pointers, strings);
+ *   - the name of a value (fsdp_dtype_name, fsdp_strategy_name, ...) returns a
+ *     static or handle-owned string, "unknown" for a value that has none;
+ *   - everything else (filling a caller's struct, looking up by index or name)
+ *     returns fsdp_status_t and writes its outputs only on success. */
 
 /* A fixed, static description of a status code with what to do next. */
 FSDP_API const char *fsdp_status_string(fsdp_status_t status);

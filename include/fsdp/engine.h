@@ -107,26 +107,55 @@ FSDP_API const char *fsdp_strategy_name(fsdp_strategy_t s); /* "zero3","zero2","
 /* Parses "zero3"/"full_shard", "zero2"/"shard_grad_op", "noshard"/"no_shard". */
 FSDP_API fsdp_status_t fsdp_strategy_parse(const char *text, fsdp_strategy_t *out);
 
+/* Engine configuration. Start from FSDP_CONFIG_INIT and set what you need.
+ *
+ * Compatibility (the NCCL ncclConfig_t rule): size, magic and version come
+ * first and are set by FSDP_CONFIG_INIT; new fields are only ever appended. A
+ * program compiled against an older header passes its smaller size, and every
+ * field past it takes its default; a config not made by FSDP_CONFIG_INIT (magic
+ * wrong) or from a newer header than the library is refused with a message.
+ * optim and schedule are embedded by value and frozen: options added later
+ * become fields of this struct. Fields whose default depends on something else
+ * use an "unset" value (0 or NULL, said below) that fsdp_config_resolve and
+ * fsdp_engine_create replace. */
 typedef struct {
-  fsdp_strategy_t strategy;
-  int prefetch_depth;            /* units gathered ahead; 0 = off */
-  int max_live_units;            /* hard cap on gathered units; 0 = depth + 1 */
-  int grad_accum;                /* micro-batches per step */
-  int accumulate_full_grads;     /* see above */
+  size_t size;                   /* sizeof(fsdp_config_t) as the caller compiled it */
+  unsigned int magic;            /* FSDP_CONFIG_MAGIC */
+  unsigned int version;          /* FSDP_VERSION_CODE of the caller's header */
+  fsdp_strategy_t strategy;      /* FSDP_FULL_SHARD */
+  int prefetch_depth;            /* 1: units gathered ahead; 0 = off */
+  int max_live_units;            /* 0 (unset): prefetch_depth + 1; hard cap on gathered units */
+  int grad_accum;                /* 1: micro-batches per step */
+  int accumulate_full_grads;     /* 0: see above */
   fsdp_reduce_op_t grad_reduce;  /* FSDP_AVG: mean over ranks and micro-batches */
-  fsdp_dtype_t param_dtype;      /* FSDP_F32 or FSDP_BF16: what is gathered (below) */
-  size_t align;                  /* shard alignment in elements (power of two) */
-  size_t timeline_capacity;      /* events kept; 0 = no timeline */
-  fsdp_optim_config_t optim;
-  fsdp_schedule_t schedule;
-  fsdp_device_kind_t device;     /* where shards, gathers and gradients live (below) */
-  fsdp_dtype_t reduce_dtype;     /* FSDP_F32 or FSDP_BF16: what gradients are reduced in */
-  const char *comm_backend;      /* NULL: the world's; "nccl" on CUDA (below); copied */
+  fsdp_dtype_t param_dtype;      /* FSDP_F32 (or FSDP_BF16): what is gathered (above) */
+  size_t align;                  /* 16: shard alignment in elements (power of two) */
+  size_t timeline_capacity;      /* 65536: events kept; 0 = no timeline */
+  fsdp_optim_config_t optim;     /* FSDP_OPTIM_CONFIG_INIT (AdamW, lr 1e-3) */
+  fsdp_schedule_t schedule;      /* FSDP_SCHEDULE_INIT (constant) */
+  fsdp_device_kind_t device;     /* FSDP_DEVICE_CPU: where shards, gathers and gradients live */
+  fsdp_dtype_t reduce_dtype;     /* FSDP_F32 (or FSDP_BF16): what gradients are reduced in */
+  const char *comm_backend;      /* NULL (unset): the world's; "nccl" on CUDA (above); copied */
 } fsdp_config_t;
 
-#define FSDP_CONFIG_INIT                                                              \
-  {FSDP_FULL_SHARD, 1, 0, 1, 0, FSDP_AVG, FSDP_F32, 16, 1 << 16, FSDP_OPTIM_CONFIG_INIT, \
-   FSDP_SCHEDULE_INIT, FSDP_DEVICE_CPU, FSDP_F32, NULL}
+#define FSDP_CONFIG_MAGIC 0xf5d9c0f1u
+
+#define FSDP_CONFIG_INIT                                                             \
+  {                                                                                  \
+    .size = sizeof(fsdp_config_t), .magic = FSDP_CONFIG_MAGIC,                       \
+    .version = FSDP_VERSION_CODE, .strategy = FSDP_FULL_SHARD, .prefetch_depth = 1,  \
+    .max_live_units = 0, .grad_accum = 1, .accumulate_full_grads = 0,                \
+    .grad_reduce = FSDP_AVG, .param_dtype = FSDP_F32, .align = 16,                   \
+    .timeline_capacity = 1 << 16, .optim = FSDP_OPTIM_CONFIG_INIT,                   \
+    .schedule = FSDP_SCHEDULE_INIT, .device = FSDP_DEVICE_CPU,                       \
+    .reduce_dtype = FSDP_F32, .comm_backend = NULL                                   \
+  }
+
+/* Checks cfg (the same checks as fsdp_engine_create) and writes to *out the
+ * configuration an engine would run with: the caller's fields, defaults for
+ * fields past its size, unset values resolved. comm_backend stays the caller's
+ * pointer. FSDP_ERR_INVALID_ARGUMENT with the field and value when wrong. */
+FSDP_API fsdp_status_t fsdp_config_resolve(const fsdp_config_t *cfg, fsdp_config_t *out);
 
 typedef enum {
   FSDP_INIT_ZEROS = 0,
@@ -296,13 +325,14 @@ FSDP_API fsdp_world_t fsdp_engine_world(fsdp_engine_t engine);
 FSDP_API fsdp_comm_t fsdp_engine_comm(fsdp_engine_t engine);
 FSDP_API fsdp_stream_t fsdp_engine_stream(fsdp_engine_t engine);
 
-FSDP_API void fsdp_engine_memory(fsdp_engine_t engine, fsdp_mem_stats_t *mem);
+FSDP_API fsdp_status_t fsdp_engine_memory(fsdp_engine_t engine, fsdp_mem_stats_t *mem);
 FSDP_API void fsdp_engine_reset_peaks(fsdp_engine_t engine);
 
-/* The recorded events, oldest first; valid until the next engine call. Events
- * past timeline_capacity are counted in *dropped and not kept. */
-FSDP_API const fsdp_tl_event_t *fsdp_engine_timeline(fsdp_engine_t engine, size_t *count,
-                                                     size_t *dropped);
+/* The recorded events, oldest first, in *events (valid until the next engine
+ * call) and their number in *count. Events past timeline_capacity are counted
+ * in *dropped (may be NULL) and not kept. Waits for the engine's streams. */
+FSDP_API fsdp_status_t fsdp_engine_timeline(fsdp_engine_t engine, const fsdp_tl_event_t **events,
+                                            size_t *count, size_t *dropped);
 FSDP_API void fsdp_engine_timeline_clear(fsdp_engine_t engine);
 
 /* Shard layout as the engine computes it: numel elements padded to a multiple

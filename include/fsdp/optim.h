@@ -27,7 +27,14 @@ typedef struct {
   float max_grad_norm; /* clip by the global L2 norm over all shards; 0 = off */
 } fsdp_optim_config_t;
 
-#define FSDP_OPTIM_CONFIG_INIT {FSDP_OPTIM_ADAMW, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 0.0f, 0, 0.0f}
+/* Defaults. A value type (also taken by the pure update functions below) and
+ * frozen inside fsdp_config_t: new optimizer options are appended there. */
+#define FSDP_OPTIM_CONFIG_INIT                                                       \
+  {                                                                                  \
+    .kind = FSDP_OPTIM_ADAMW, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f,            \
+    .eps = 1e-8f, .weight_decay = 0.0f, .momentum = 0.0f, .nesterov = 0,              \
+    .max_grad_norm = 0.0f                                                            \
+  }
 
 typedef enum { FSDP_SCHED_CONSTANT = 0, FSDP_SCHED_WARMUP_COSINE } fsdp_schedule_kind_t;
 
@@ -38,7 +45,9 @@ typedef struct {
   float min_lr_ratio;
 } fsdp_schedule_t;
 
-#define FSDP_SCHEDULE_INIT {FSDP_SCHED_CONSTANT, 0, 0, 0.0f}
+/* Constant learning rate. A value type, frozen like fsdp_optim_config_t. */
+#define FSDP_SCHEDULE_INIT                                                           \
+  { .kind = FSDP_SCHED_CONSTANT, .warmup_steps = 0, .total_steps = 0, .min_lr_ratio = 0.0f }
 
 /* Learning rate of update number `step` (0-based). */
 FSDP_API float fsdp_schedule_lr(const fsdp_schedule_t *sched, float base_lr, int64_t step);

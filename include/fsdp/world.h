@@ -53,8 +53,13 @@ typedef enum {
 #define FSDP_DEFAULT_TIMEOUT_S 600.0            /* a collective: 10 minutes */
 #define FSDP_DEFAULT_RENDEZVOUS_TIMEOUT_S 300.0 /* env:// joining: 5 minutes */
 
+/* World options: start from FSDP_WORLD_OPTS_INIT. size, magic and version
+ * first, fields only appended (see fsdp_config_t in engine.h). */
 typedef struct {
-  fsdp_launch_t launch;
+  size_t size;           /* sizeof(fsdp_world_opts_t) as the caller compiled it */
+  unsigned int magic;    /* FSDP_WORLD_OPTS_MAGIC */
+  unsigned int version;  /* FSDP_VERSION_CODE */
+  fsdp_launch_t launch;  /* FSDP_LAUNCH_AUTO */
   int expected_world_size; /* 0: accept what the launcher gives; else must match */
   /* Deadline of every collective in seconds; 0: FSDP_TIMEOUT_S, else 600. */
   double timeout_s;
@@ -67,7 +72,13 @@ typedef struct {
   int desync_check;
 } fsdp_world_opts_t;
 
-#define FSDP_WORLD_OPTS_INIT {FSDP_LAUNCH_AUTO, 0, 0.0, 0.0, 0}
+#define FSDP_WORLD_OPTS_MAGIC 0xf5d9c0f2u
+#define FSDP_WORLD_OPTS_INIT                                                         \
+  {                                                                                  \
+    .size = sizeof(fsdp_world_opts_t), .magic = FSDP_WORLD_OPTS_MAGIC,               \
+    .version = FSDP_VERSION_CODE, .launch = FSDP_LAUNCH_AUTO, .expected_world_size = 0, \
+    .timeout_s = 0.0, .rendezvous_timeout_s = 0.0, .desync_check = 0                 \
+  }
 
 /* opts may be NULL (defaults). The world owns MPI when it initialised it and
  * finalises it in fsdp_world_destroy. Errors: FSDP_ERR_INVALID_USAGE for a

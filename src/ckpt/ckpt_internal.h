@@ -96,10 +96,17 @@ typedef struct {
   uint32_t crc;
   uint64_t bytes;
   int64_t *fault_budget; /* test hook: bytes left before SIGKILL, NULL none */
+  int fail_errno;        /* test hook: writes fail with this errno, 0 none */
+  int compare;           /* 1: compare with the existing file instead of writing */
+  char *scratch;         /* compare mode's read buffer */
 } ckpt_writer_t;
 
 /* Creates path (truncating) for writing. */
 fsdp_status_t ckpt_writer_open(ckpt_writer_t *w, const char *path, int64_t *fault_budget);
+/* A writer that writes nothing: ckpt_write checks the bytes against the
+ * existing file (FSDP_ERR_FORMAT naming the first differing byte) and close
+ * that the file ends there. The CRC and byte count are kept as in writing. */
+fsdp_status_t ckpt_writer_open_compare(ckpt_writer_t *w, const char *path);
 fsdp_status_t ckpt_write(ckpt_writer_t *w, const void *buf, size_t n);
 /* fsync and close; on failure the file is left for the caller to remove. */
 fsdp_status_t ckpt_writer_close(ckpt_writer_t *w);
@@ -107,6 +114,9 @@ void ckpt_writer_abort(ckpt_writer_t *w);
 
 /* The FSDP_CKPT_FAULT budget for this rank's save of step (or -1: none). */
 int64_t ckpt_fault_budget(int rank, int64_t step);
+/* 1 when FSDP_CKPT_FAULT=enospc:<file>:step=<step> asks writes of `file`
+ * ("latest") in the save of step to fail with ENOSPC (a full disk). */
+int ckpt_fault_enospc(const char *file, int64_t step);
 
 fsdp_status_t ckpt_read_whole(const char *path, char **buf, size_t *len);
 fsdp_status_t ckpt_pread(int fd, const char *path, void *buf, size_t n, uint64_t off);
@@ -126,14 +136,38 @@ fsdp_status_t ckpt_path(char *out, size_t cap, const char *fmt, ...)
 
 /* ---- commit protocol (commit.c) -------------------------------------------- */
 
+/* Makes dir and its missing parents; FSDP_ERR_IO when it is not a directory. */
+fsdp_status_t ckpt_make_dirs(const char *dir);
 /* Makes save_dir, refuses an existing step-<step> unless overwrite, removes
- * stale step-*.tmp-* and creates the temporary directory tmp_out. */
+ * the step-*.tmp-* of dead saves (a live save's guard keeps its own), takes
+ * this save's guard (*guard, for ckpt_guard_release once the save is
+ * committed or discarded) and creates the temporary directory tmp_out. */
 fsdp_status_t ckpt_prepare(const char *save_dir, int64_t step, uint64_t id, int overwrite,
-                           char *tmp_out, size_t cap);
+                           char *tmp_out, size_t cap, int *guard);
 /* Writes the manifest into tmp (fsynced), renames tmp to step-<step>
  * (replacing it when it exists), fsyncs save_dir, then replaces latest. */
 fsdp_status_t ckpt_commit(const ckpt_manifest_t *m, const char *save_dir, const char *tmp,
                           int64_t *fault_budget, char *path_out, size_t cap);
+/* Replaces save_dir/latest with "step-<step>" (write, fsync, rename, fsync). */
+fsdp_status_t ckpt_point_latest(const char *save_dir, int64_t step);
+
+/* ---- the save directory (dir.c) ------------------------------------------------ */
+
+/* <save_dir>/lock: byte 0 is the run lock (fsdp_ckpt_lock); byte 1 + (id mod
+ * 2^40) guards the save with checkpoint id `id` while it lives. Open file
+ * description locks (fcntl F_OFD_SETLK): see ckpt.h for why. */
+#define CKPT_LOCK_FILE "lock"
+/* Takes save `id`'s guard: *fd holds it. FSDP_ERR_INVALID_USAGE when another
+ * open file (a live save) holds it; FSDP_ERR_IO when the lock file cannot be
+ * opened or locked. */
+fsdp_status_t ckpt_guard_take(const char *save_dir, uint64_t id, int *fd);
+void ckpt_guard_release(int fd); /* -1 is ignored */
+/* Complete means: the manifest reads (CRC and structure), names step k, and
+ * every shard file has the header and the size the manifest says (no shard
+ * CRCs: that is the load's and verify's full read). */
+fsdp_status_t ckpt_step_complete(const char *step_dir, int64_t k);
+/* Rank 0's part of fsdp_ckpt_repair (one process, the caller holds the lock). */
+fsdp_status_t ckpt_repair_local(const char *save_dir, fsdp_ckpt_repair_t *out);
 
 /* ---- collective pieces (save.c) ---------------------------------------------- */
 
@@ -145,6 +179,22 @@ fsdp_status_t ckpt_agree(fsdp_comm_t comm, fsdp_status_t st);
 fsdp_status_t ckpt_engine_idle(fsdp_engine_t e, const char *what);
 /* The manifest of the live engine, without file sizes and CRCs. */
 fsdp_status_t ckpt_manifest_from_engine(fsdp_engine_t e, ckpt_manifest_t *m);
+/* Rank `rank`'s shard file of the live engine (header, then every unit's
+ * states) through w: written, or compared (ckpt_writer_open_compare). */
+fsdp_status_t ckpt_stream_shard(fsdp_engine_t e, const ckpt_manifest_t *m, int rank,
+                                ckpt_writer_t *w);
+
+/* ---- a step already committed (adopt.c) ---------------------------------------- */
+
+/* Collective, before a save of step k without overwrite. *adopted = 0 when
+ * step-<k> does not exist. When it does, it is adopted (*adopted = 1, `latest`
+ * repaired, path_out set) only if it is exactly what this save would write
+ * but for its random id: the same manifest text (model, layout, optimizer,
+ * configuration, trainer state) and, on every rank, its shard byte for byte
+ * with the CRC the manifest records. Anything else: FSDP_ERR_INVALID_USAGE
+ * naming the first difference (the old refusal to overwrite). */
+fsdp_status_t ckpt_adopt(fsdp_engine_t e, const char *save_dir, ckpt_manifest_t *m, int *adopted,
+                         char *path_out, size_t cap);
 
 /* ---- reading elements (read.c) --------------------------------------------- */
 

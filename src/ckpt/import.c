@@ -259,13 +259,15 @@ static fsdp_status_t write_shard(const st_file_t *f, ckpt_manifest_t *m) {
 static fsdp_status_t write_checkpoint(const st_file_t *f, int kept, const char *out_dir) {
   ckpt_manifest_t m = {0};
   char tmp[CKPT_PATH_MAX];
+  int guard = -1;
   fsdp_status_t st = make_manifest(f, kept, &m);
-  if (!st) st = ckpt_prepare(out_dir, 0, m.id, 0, tmp, sizeof tmp);
+  if (!st) st = ckpt_prepare(out_dir, 0, m.id, 0, tmp, sizeof tmp, &guard);
   if (st) return ckpt_manifest_free(&m), st;
   st = ckpt_path(m.dir, sizeof m.dir, "%s", tmp);
   if (!st) st = write_shard(f, &m);
   if (!st) st = ckpt_commit(&m, out_dir, tmp, NULL, NULL, 0);
   if (st) ckpt_discard(tmp);
+  ckpt_guard_release(guard);
   ckpt_manifest_free(&m);
   return st;
 }

@@ -1,6 +1,7 @@
-/* src/ckpt/io.c — checkpoint file I/O: writers that checksum and fsync,
- * positioned reads that name the file when it is short, directory fsync and
- * removal, random ids, and the FSDP_CKPT_FAULT test hook. */
+/* src/ckpt/io.c — checkpoint file I/O: writers that checksum and fsync (or
+ * compare against an existing file), positioned reads that name the file when
+ * it is short, directory fsync and removal, random ids, and the
+ * FSDP_CKPT_FAULT test hook. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -44,13 +45,28 @@ uint32_t ckpt_crc(uint32_t crc, const void *buf, size_t n) {
 
 /* ---- the test hook ------------------------------------------------------------ */
 
-int64_t ckpt_fault_budget(int rank, int64_t step) {
+/* kill or stop:rank=R:step=K:after_bytes=B; 0 when FSDP_CKPT_FAULT is not one. */
+static int fault_signal(int *rank, long long *step, long long *bytes) {
   const char *s = getenv("FSDP_CKPT_FAULT");
+  char action[8];
+  if (!s || sscanf(s, "%7[a-z]:rank=%d:step=%lld:after_bytes=%lld", action, rank, step, bytes) != 4)
+    return 0;
+  return !strcmp(action, "kill") ? SIGKILL : !strcmp(action, "stop") ? SIGSTOP : 0;
+}
+
+int64_t ckpt_fault_budget(int rank, int64_t step) {
   int r;
   long long k, bytes;
-  if (!s || sscanf(s, "kill:rank=%d:step=%lld:after_bytes=%lld", &r, &k, &bytes) != 3)
-    return -1;
+  if (!fault_signal(&r, &k, &bytes)) return -1;
   return r == rank && k == step && bytes >= 0 ? bytes : -1;
+}
+
+int ckpt_fault_enospc(const char *file, int64_t step) {
+  const char *s = getenv("FSDP_CKPT_FAULT");
+  char what[16];
+  long long k;
+  return s && sscanf(s, "enospc:%15[a-z]:step=%lld", what, &k) == 2 && !strcmp(what, file) &&
+         k == step;
 }
 
 static void fault_charge(ckpt_writer_t *w, size_t *n) {
@@ -63,11 +79,21 @@ static void fault_charge(ckpt_writer_t *w, size_t *n) {
   *w->fault_budget = 0;
 }
 
+/* Fires once: a stopped process that is continued writes on normally. */
 static void fault_fire(const ckpt_writer_t *w) {
-  if (w->fault_budget && *w->fault_budget == 0) raise(SIGKILL);
+  int r;
+  long long k, bytes;
+  if (!w->fault_budget || *w->fault_budget != 0) return;
+  *w->fault_budget = -1;
+  raise(fault_signal(&r, &k, &bytes));
 }
 
 /* ---- writers ------------------------------------------------------------------ */
+
+static fsdp_status_t open_error(const char *path, int err) {
+  return fsdp_error(FSDP_ERR_IO, "%s: cannot open: %s%s", path, strerror(err),
+                    err == ENOENT ? " (the checkpoint is incomplete or the path is wrong)" : "");
+}
 
 fsdp_status_t ckpt_writer_open(ckpt_writer_t *w, const char *path, int64_t *fault_budget) {
   *w = (ckpt_writer_t){.fd = -1, .fault_budget = fault_budget};
@@ -78,12 +104,34 @@ fsdp_status_t ckpt_writer_open(ckpt_writer_t *w, const char *path, int64_t *faul
   return FSDP_SUCCESS;
 }
 
+fsdp_status_t ckpt_writer_open_compare(ckpt_writer_t *w, const char *path) {
+  *w = (ckpt_writer_t){.fd = -1, .compare = 1};
+  FSDP_TRY(ckpt_path(w->path, sizeof w->path, "%s", path));
+  w->fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (w->fd < 0) return open_error(path, errno);
+  w->scratch = malloc(CKPT_IO_CHUNK);
+  if (!w->scratch) return ckpt_writer_abort(w), fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "%s", path);
+  return FSDP_SUCCESS;
+}
+
+/* Compare mode: the next n bytes of the file must be buf's. */
+static fsdp_status_t compare_chunk(ckpt_writer_t *w, const char *buf, size_t n) {
+  FSDP_TRY(ckpt_pread(w->fd, w->path, w->scratch, n, w->bytes));
+  for (size_t i = 0; i < n; i++)
+    if (w->scratch[i] != buf[i])
+      return fsdp_error(FSDP_ERR_FORMAT, "%s: byte %llu differs", w->path,
+                        (unsigned long long)(w->bytes + i));
+  return FSDP_SUCCESS;
+}
+
 fsdp_status_t ckpt_write(ckpt_writer_t *w, const void *buf, size_t n) {
   const char *p = buf;
   while (n > 0) {
     size_t k = n < CKPT_IO_CHUNK ? n : CKPT_IO_CHUNK;
+    if (w->compare) FSDP_TRY(compare_chunk(w, p, k));
     fault_charge(w, &k);
-    ssize_t put = k ? write(w->fd, p, k) : 0;
+    if (w->fail_errno) errno = w->fail_errno;
+    ssize_t put = w->compare ? (ssize_t)k : w->fail_errno ? -1 : k ? write(w->fd, p, k) : 0;
     if (put < 0 && errno == EINTR) continue;
     if (put < 0)
       return fsdp_error(FSDP_ERR_IO, "%s: write failed after %llu bytes: %s", w->path,
@@ -98,6 +146,15 @@ fsdp_status_t ckpt_write(ckpt_writer_t *w, const void *buf, size_t n) {
 }
 
 fsdp_status_t ckpt_writer_close(ckpt_writer_t *w) {
+  if (w->compare) {
+    struct stat sb;
+    int ok = fstat(w->fd, &sb) == 0 && (uint64_t)sb.st_size == w->bytes;
+    ckpt_writer_abort(w);
+    if (!ok)
+      return fsdp_error(FSDP_ERR_FORMAT, "%s: longer than the %llu bytes expected", w->path,
+                        (unsigned long long)w->bytes);
+    return FSDP_SUCCESS;
+  }
   int fd = w->fd;
   w->fd = -1;
   if (fsync(fd) != 0) {
@@ -113,14 +170,11 @@ fsdp_status_t ckpt_writer_close(ckpt_writer_t *w) {
 void ckpt_writer_abort(ckpt_writer_t *w) {
   if (w->fd >= 0) close(w->fd);
   w->fd = -1;
+  free(w->scratch);
+  w->scratch = NULL;
 }
 
 /* ---- readers ------------------------------------------------------------------ */
-
-static fsdp_status_t open_error(const char *path, int err) {
-  return fsdp_error(FSDP_ERR_IO, "%s: cannot open: %s%s", path, strerror(err),
-                    err == ENOENT ? " (the checkpoint is incomplete or the path is wrong)" : "");
-}
 
 fsdp_status_t ckpt_read_whole(const char *path, char **buf, size_t *len) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);

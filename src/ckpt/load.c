@@ -3,6 +3,7 @@
  * read each rank's new elements from whichever old files hold them. */
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,16 @@
 static int is_file(const char *path) {
   struct stat sb;
   return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+/* `latest` as a symbolic link to a step directory (made by hand or by other
+ * tools): the step is the link's target. */
+static int is_step_link(const char *latest) {
+  struct stat sb;
+  char manifest[CKPT_PATH_MAX];
+  return lstat(latest, &sb) == 0 && S_ISLNK(sb.st_mode) && stat(latest, &sb) == 0 &&
+         S_ISDIR(sb.st_mode) && !ckpt_path(manifest, sizeof manifest, "%s/" CKPT_MANIFEST, latest) &&
+         is_file(manifest);
 }
 
 static fsdp_status_t read_latest(const char *dir, const char *latest, char *out, size_t cap) {
@@ -44,6 +55,8 @@ fsdp_status_t fsdp_ckpt_resolve(const char *path, char *step_dir, size_t cap) {
   FSDP_TRY(ckpt_path(probe, sizeof probe, "%s/" CKPT_MANIFEST, path));
   if (is_file(probe)) return ckpt_path(step_dir, cap, "%s", path);
   FSDP_TRY(ckpt_path(probe, sizeof probe, "%s/latest", path));
+  char target[PATH_MAX];
+  if (is_step_link(probe) && realpath(probe, target)) return ckpt_path(step_dir, cap, "%s", target);
   if (!is_file(probe))
     return fsdp_error(FSDP_ERR_IO, "%s: missing, and %s has no " CKPT_MANIFEST ": no committed "
                       "checkpoint here (pass a step directory such as %s/step-<k>)", probe, path,
@@ -168,7 +181,9 @@ static fsdp_status_t check_crcs(ckpt_files_t *f, int rank, int nranks) {
 fsdp_status_t fsdp_ckpt_load(fsdp_engine_t e, const char *path, const fsdp_ckpt_load_opts_t *opts,
                              fsdp_ckpt_meta_t *meta, char *path_out, size_t cap) {
   fsdp_ckpt_load_opts_t o = FSDP_CKPT_LOAD_OPTS_INIT;
-  if (opts) o = *opts;
+  if (opts)
+    FSDP_TRY(fsdp_opts_import(&o, opts, sizeof o, FSDP_CKPT_LOAD_OPTS_MAGIC,
+                              "fsdp_ckpt_load_opts_t", "FSDP_CKPT_LOAD_OPTS_INIT"));
   if (!e) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_ckpt_load: engine is NULL");
   fsdp_comm_t comm = fsdp_engine_comm(e);
   ckpt_manifest_t m = {0};

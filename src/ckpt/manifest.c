@@ -43,13 +43,15 @@ fsdp_status_t fsdp_ckpt_meta_set(fsdp_ckpt_meta_t *meta, const char *key, int64_
   return FSDP_SUCCESS;
 }
 
-int fsdp_ckpt_meta_get(const fsdp_ckpt_meta_t *meta, const char *key, int64_t *value) {
+fsdp_status_t fsdp_ckpt_meta_get(const fsdp_ckpt_meta_t *meta, const char *key,
+                                int64_t *value) {
   for (int i = 0; meta && key && i < meta->n; i++)
     if (!strcmp(meta->kv[i].key, key)) {
       if (value) *value = meta->kv[i].value;
-      return 1;
+      return FSDP_SUCCESS;
     }
-  return 0;
+  return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "checkpoint metadata has no key '%s'",
+                    key ? key : "(null)");
 }
 
 /* ---- allocation and layout -------------------------------------------------- */

@@ -30,14 +30,17 @@ void fsdp_ckpt_close(fsdp_ckpt_t c) {
   free(c);
 }
 
-void fsdp_ckpt_info(fsdp_ckpt_t c, fsdp_ckpt_info_t *info) {
-  if (!c || !info) return;
+fsdp_status_t fsdp_ckpt_info(fsdp_ckpt_t c, fsdp_ckpt_info_t *info) {
+  if (!c || !info)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_ckpt_info: handle and info must not "
+                      "be NULL");
   const ckpt_manifest_t *m = &c->m;
   size_t numel = 0;
   for (int u = 0; u < m->n_units; u++) numel += m->units[u].numel;
   *info = (fsdp_ckpt_info_t){m->dir, m->step, m->id, m->world, m->strategy, m->optimizer,
                              m->param_dtype, m->n_states, m->n_units, m->n_tensors, numel,
                              m->align, &m->meta};
+  return FSDP_SUCCESS;
 }
 
 fsdp_status_t fsdp_ckpt_tensor(fsdp_ckpt_t c, int index, fsdp_ckpt_tensor_t *t) {
@@ -51,7 +54,7 @@ fsdp_status_t fsdp_ckpt_tensor(fsdp_ckpt_t c, int index, fsdp_ckpt_tensor_t *t) 
 }
 
 const char *fsdp_ckpt_state_name(fsdp_ckpt_t c, int state) {
-  if (!c || state < 0 || state >= c->m.n_states) return NULL;
+  if (!c || state < 0 || state >= c->m.n_states) return "unknown";
   return c->m.state_names[state];
 }
 

@@ -64,13 +64,15 @@ fsdp_status_t fsdp_ckpt_reshard(fsdp_ckpt_t c, int world, const char *out_dir) {
   FSDP_TRY(fsdp_ckpt_verify(c));
   ckpt_manifest_t m = {0};
   char tmp[CKPT_PATH_MAX];
+  int guard = -1;
   fsdp_status_t st = remap(&c->m, world, &m);
-  if (!st) st = ckpt_prepare(out_dir, m.step, m.id, 0, tmp, sizeof tmp);
+  if (!st) st = ckpt_prepare(out_dir, m.step, m.id, 0, tmp, sizeof tmp, &guard);
   if (st) return ckpt_manifest_free(&m), st;
   st = ckpt_path(m.dir, sizeof m.dir, "%s", tmp);
   for (int r = 0; r < world && !st; r++) st = write_rank(&c->f, &m, r);
   if (!st) st = ckpt_commit(&m, out_dir, tmp, NULL, NULL, 0);
   if (st) ckpt_discard(tmp);
+  ckpt_guard_release(guard);
   ckpt_manifest_free(&m);
   return st;
 }

@@ -120,16 +120,22 @@ static fsdp_status_t write_unit(fsdp_engine_t e, const ckpt_manifest_t *m, int u
   return FSDP_SUCCESS;
 }
 
+fsdp_status_t ckpt_stream_shard(fsdp_engine_t e, const ckpt_manifest_t *m, int rank,
+                                ckpt_writer_t *w) {
+  uint8_t head[CKPT_HEADER_BYTES];
+  ckpt_header_encode(m, rank, head);
+  fsdp_status_t st = ckpt_write(w, head, sizeof head);
+  for (int u = 0; u < m->n_units && !st; u++) st = write_unit(e, m, u, rank, w);
+  return st;
+}
+
 static fsdp_status_t write_shard(fsdp_engine_t e, const ckpt_manifest_t *m, int rank,
                                  int64_t *fault, ckpt_file_t *out) {
   char path[CKPT_PATH_MAX];
-  uint8_t head[CKPT_HEADER_BYTES];
   ckpt_writer_t w;
   ckpt_shard_path(m, rank, path, sizeof path);
-  ckpt_header_encode(m, rank, head);
   FSDP_TRY(ckpt_writer_open(&w, path, fault));
-  fsdp_status_t st = ckpt_write(&w, head, sizeof head);
-  for (int u = 0; u < m->n_units && !st; u++) st = write_unit(e, m, u, rank, &w);
+  fsdp_status_t st = ckpt_stream_shard(e, m, rank, &w);
   if (st) return ckpt_writer_abort(&w), st;
   FSDP_TRY(ckpt_writer_close(&w));
   out->bytes = w.bytes;
@@ -165,6 +171,7 @@ typedef struct {
   const char *save_dir;
   char tmp[CKPT_PATH_MAX];
   int64_t fault;
+  int guard; /* rank 0: this save's guard, held until it is committed or discarded */
 } save_ctx_t;
 
 /* Past prepare: write, agree, gather, commit, agree. */
@@ -183,13 +190,32 @@ static fsdp_status_t save_files(fsdp_engine_t e, save_ctx_t *c, ckpt_manifest_t 
   return st;
 }
 
+/* A new step directory: rank 0 prepares it (and holds its guard until the
+ * save is committed or discarded), every rank writes into it. */
+static fsdp_status_t save_new(fsdp_engine_t e, save_ctx_t *c, ckpt_manifest_t *m, int overwrite,
+                              char *path_out, size_t cap) {
+  fsdp_status_t st = c->rank == 0
+      ? ckpt_prepare(c->save_dir, m->step, m->id, overwrite, c->tmp, sizeof c->tmp, &c->guard)
+      : ckpt_path(c->tmp, sizeof c->tmp, "%s/step-%" PRId64 ".tmp-%016" PRIx64, c->save_dir,
+                  m->step, m->id);
+  st = ckpt_agree(c->comm, st);
+  c->fault = ckpt_fault_budget(c->rank, m->step);
+  if (!st) st = save_files(e, c, m, path_out, cap);
+  ckpt_guard_release(c->guard);
+  c->guard = -1;
+  return st;
+}
+
 fsdp_status_t fsdp_ckpt_save(fsdp_engine_t e, const char *save_dir,
                              const fsdp_ckpt_save_opts_t *opts, char *path_out, size_t cap) {
   fsdp_ckpt_save_opts_t o = FSDP_CKPT_SAVE_OPTS_INIT;
-  if (opts) o = *opts;
-  fsdp_status_t st = ckpt_engine_idle(e, "fsdp_ckpt_save");
+  fsdp_status_t st = FSDP_SUCCESS;
+  if (opts)
+    st = fsdp_opts_import(&o, opts, sizeof o, FSDP_CKPT_SAVE_OPTS_MAGIC, "fsdp_ckpt_save_opts_t",
+                          "FSDP_CKPT_SAVE_OPTS_INIT");
+  if (!st) st = ckpt_engine_idle(e, "fsdp_ckpt_save");
   if (st) return st; /* the same on every rank: nothing collective has started */
-  save_ctx_t c = {fsdp_engine_comm(e), fsdp_comm_rank(fsdp_engine_comm(e)), save_dir, {0}, -1};
+  save_ctx_t c = {fsdp_engine_comm(e), fsdp_comm_rank(fsdp_engine_comm(e)), save_dir, {0}, -1, -1};
   ckpt_manifest_t m = {0};
   if (!save_dir || !save_dir[0])
     st = fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_ckpt_save: no save directory given");
@@ -198,12 +224,9 @@ fsdp_status_t fsdp_ckpt_save(fsdp_engine_t e, const char *save_dir,
   m.id = c.rank == 0 ? ckpt_random_id() : 0;
   st = ckpt_agree(c.comm, st);
   if (!st) st = share_id(c.comm, &m.id);
-  if (!st && c.rank == 0) st = ckpt_prepare(save_dir, m.step, m.id, o.overwrite, c.tmp, sizeof c.tmp);
-  if (!st && c.rank != 0)
-    st = ckpt_path(c.tmp, sizeof c.tmp, "%s/step-%" PRId64 ".tmp-%016" PRIx64, save_dir, m.step, m.id);
-  st = ckpt_agree(c.comm, st);
-  c.fault = ckpt_fault_budget(c.rank, m.step);
-  if (!st) st = save_files(e, &c, &m, path_out, cap);
+  int adopted = 0; /* step-<k> already committed with exactly this state */
+  if (!st && !o.overwrite) st = ckpt_adopt(e, save_dir, &m, &adopted, path_out, cap);
+  if (!st && !adopted) st = save_new(e, &c, &m, o.overwrite, path_out, cap);
   ckpt_manifest_free(&m);
   return st;
 }

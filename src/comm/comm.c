@@ -18,8 +18,8 @@
 #include "comm/comm_internal.h"
 #include "core/internal.h"
 #include "device/stream_internal.h"
-#include "dist/world_env.h"
-#include "dist/world_internal.h"
+#include "world/world_internal.h"
+#include "world/world_mpi.h"
 
 const char *fsdp_coll_name(fsdp_coll_kind_t kind) {
   static const char *names[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast",
@@ -176,8 +176,8 @@ void fsdp_comm_set_tag(fsdp_comm_t comm, const char *tag) {
 }
 
 int fsdp_comm_rank(fsdp_comm_t comm) { return comm ? comm->rank : -1; }
-int fsdp_comm_size(fsdp_comm_t comm) { return comm ? comm->size : 0; }
-const char *fsdp_comm_backend(fsdp_comm_t comm) { return comm ? comm->ops->name : "none"; }
+int fsdp_comm_size(fsdp_comm_t comm) { return comm ? comm->size : -1; }
+const char *fsdp_comm_backend(fsdp_comm_t comm) { return comm ? comm->ops->name : NULL; }
 
 /* ---- validation ---------------------------------------------------------- */
 

@@ -11,7 +11,7 @@
 
 #include "comm/comm_internal.h"
 #include "core/internal.h"
-#include "dist/world_env.h"
+#include "world/world_internal.h"
 
 #define FP_MAGIC 0x66736470u /* "fsdp" */
 

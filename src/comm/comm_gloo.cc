@@ -46,7 +46,7 @@ extern "C" {
 #include "core/internal.h"
 }
 #include "comm/comm_internal.h"
-#include "dist/world_env.h"
+#include "world/world_internal.h"
 
 namespace {
 
@@ -300,6 +300,14 @@ static void gloo_abort(fsdp_comm_t c) {
 
 /* The mpi backend's per-call limit (MPI counts are int), so that a program
  * accepted under mpirun is accepted under fsdp-run and the other way round. */
-const fsdp_comm_ops_t fsdp_comm_gloo_ops = {"gloo", 0x7fffffff, gloo_create, gloo_dup,
-                                            gloo_destroy, gloo_run, gloo_abort, nullptr};
+const fsdp_comm_ops_t fsdp_comm_gloo_ops = {
+    .name = "gloo",
+    .max_count = 0x7fffffff,
+    .create = gloo_create,
+    .dup = gloo_dup,
+    .destroy = gloo_destroy,
+    .run = gloo_run,
+    .abort = gloo_abort,
+    .enqueue = nullptr, /* C++: every member named (-Wmissing-field-initializers) */
+};
 }

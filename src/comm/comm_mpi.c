@@ -12,7 +12,7 @@
 
 #include "comm/comm_internal.h"
 #include "core/internal.h"
-#include "dist/world_internal.h"
+#include "world/world_mpi.h"
 
 typedef struct {
   MPI_Comm comm;
@@ -153,5 +153,12 @@ static void mpi_abort(fsdp_comm_t c) {
   MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
-const fsdp_comm_ops_t fsdp_comm_mpi_ops = {"mpi", INT_MAX, mpi_create, mpi_dup, mpi_destroy,
-                                           mpi_run, mpi_abort, NULL};
+const fsdp_comm_ops_t fsdp_comm_mpi_ops = {
+    .name = "mpi",
+    .max_count = INT_MAX,
+    .create = mpi_create,
+    .dup = mpi_dup,
+    .destroy = mpi_destroy,
+    .run = mpi_run,
+    .abort = mpi_abort,
+};

@@ -27,8 +27,8 @@
 
 #include "comm/comm_internal.h"
 #include "core/internal.h"
-#include "dist/world_env.h"
-#include "dist/world_internal.h"
+#include "world/world_internal.h"
+#include "world/world_mpi.h"
 
 /* nccl.h declares ncclGroupStart() and others without (void). */
 #pragma GCC diagnostic push
@@ -270,6 +270,14 @@ static fsdp_status_t nccl_run(fsdp_comm_t c, const fsdp_coll_t *k) {
 static void nccl_abort(fsdp_comm_t c) { atomic_store(&impl_of(c)->failed, 1); }
 
 /* NCCL counts are size_t. */
-const fsdp_comm_ops_t fsdp_comm_nccl_ops = {"nccl", SIZE_MAX, nccl_create, nccl_dup,
-                                            nccl_destroy, nccl_run, nccl_abort, nccl_enqueue};
+const fsdp_comm_ops_t fsdp_comm_nccl_ops = {
+    .name = "nccl",
+    .max_count = SIZE_MAX,
+    .create = nccl_create,
+    .dup = nccl_dup,
+    .destroy = nccl_destroy,
+    .run = nccl_run,
+    .abort = nccl_abort,
+    .enqueue = nccl_enqueue,
+};
 #endif

@@ -41,5 +41,11 @@ static fsdp_status_t self_run(fsdp_comm_t c, const fsdp_coll_t *k) {
 }
 
 /* A self communicator has no per-call count limit beyond size_t. */
-const fsdp_comm_ops_t fsdp_comm_self_ops = {"self", SIZE_MAX, self_create, self_dup,
-                                            self_destroy, self_run, NULL, NULL};
+const fsdp_comm_ops_t fsdp_comm_self_ops = {
+    .name = "self",
+    .max_count = SIZE_MAX,
+    .create = self_create,
+    .dup = self_dup,
+    .destroy = self_destroy,
+    .run = self_run,
+};

@@ -24,7 +24,7 @@
 
 #include "comm/comm_internal.h"
 #include "core/internal.h"
-#include "dist/world_env.h"
+#include "world/world_internal.h"
 
 #define WATCH_MSG_MAX 1024
 #define WATCH_REPORT_S 5.0 /* what the store queries of a report may take */

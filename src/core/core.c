@@ -188,3 +188,24 @@ char *fsdp_strdup(const char *s) {
   if (d) memcpy(d, s, n);
   return d;
 }
+
+int fsdp_get_version(void) { return FSDP_VERSION_CODE; }
+
+fsdp_status_t fsdp_opts_import(void *out, const void *in, size_t ours, unsigned int magic,
+                               const char *what, const char *init_macro) {
+  const fsdp_opts_head_t *h = in;
+  if (h->magic != magic)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "%s was not initialised by %s (magic 0x%x, want 0x%x): start from "
+                      "%s, then set the fields you need", what, init_macro, h->magic, magic,
+                      init_macro);
+  if (h->size < sizeof(fsdp_opts_head_t) || h->size > ours)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "%s has size %zu, this library's has %zu (version %d, caller's header %u): "
+                      "%s", what, h->size, ours, FSDP_VERSION_CODE, h->version,
+                      h->size > ours ? "link against the fsdp the program was compiled with"
+                                     : "the struct is damaged");
+  memcpy((char *)out + sizeof(fsdp_opts_head_t), (const char *)in + sizeof(fsdp_opts_head_t),
+         h->size - sizeof(fsdp_opts_head_t));
+  return FSDP_SUCCESS;
+}

@@ -41,6 +41,22 @@ void fsdp_log_set_rank(int rank);
     }                                                                               \
   } while (0)
 
+/* The head of every extensible option struct (fsdp_config_t and the *_opts_t
+ * of world.h and ckpt.h): size, magic, version. */
+typedef struct {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+} fsdp_opts_head_t;
+
+/* Copies the caller's option struct `in` over `out`, which holds the defaults
+ * (`ours` bytes, its head filled): fields past the caller's size keep them.
+ * Refuses (FSDP_ERR_INVALID_ARGUMENT, naming `what` and what to do) a struct
+ * whose magic is not `magic` (not made by init_macro) or whose size is
+ * not plausible or larger than ours (compiled against a newer header). */
+fsdp_status_t fsdp_opts_import(void *out, const void *in, size_t ours, unsigned int magic,
+                               const char *what, const char *init_macro);
+
 /* 64-byte aligned, zeroed allocation; NULL on failure (bytes 0 gives NULL). */
 void *fsdp_alloc(size_t bytes);
 void fsdp_free(void *p);

@@ -1,4 +1,4 @@
-/* src/cuda/elementwise.cu — elementwise kernels: ReLU, GELU and the residual
+/* src/cuda/elementwise.cu — elementwise kernels: GELU and the residual
  * add (fp32 and bf16), the shard kernels axpy and scale, and the f32 <-> bf16
  * casts. Grid-stride loops over size_t indices; math in fp32. */
 #include "cuda/cuda_internal.cuh"
@@ -17,25 +17,7 @@ template <typename F> static fsdp_status_t for_each(size_t n, cudaStream_t s, F 
   return FSDP_SUCCESS;
 }
 
-/* ---- ReLU ---- */
-
-template <typename T>
-static fsdp_status_t relu_forward(T *out, const T *inp, size_t n, cudaStream_t s) {
-  return for_each(n, s, [=] __device__(size_t i) {
-    const float x = load(inp + i);
-    store(out + i, x > 0.0f ? x : 0.0f);
-  });
-}
-
-template <typename T>
-static fsdp_status_t relu_backward(T *dinp, const T *out, const T *dout, size_t n,
-                                   cudaStream_t s) {
-  return for_each(n, s, [=] __device__(size_t i) {
-    if (load(out + i) > 0.0f) store(dinp + i, load(dinp + i) + load(dout + i));
-  });
-}
-
-/* ---- GELU: the CPU's formulas (src/nn/transformer.c), tanh via one expf ---- */
+/* ---- GELU: the CPU's formulas (src/nn/gelu.c), tanh via one expf ---- */
 
 #define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
 #define GELU_C 0.044715f
@@ -69,14 +51,6 @@ static fsdp_status_t residual_forward(T *out, const T *a, const T *b, size_t n, 
                   [=] __device__(size_t i) { store(out + i, load(a + i) + load(b + i)); });
 }
 
-template <typename T>
-static fsdp_status_t residual_backward(T *da, T *db, const T *dout, size_t n, cudaStream_t s) {
-  return for_each(n, s, [=] __device__(size_t i) {
-    const float d = load(dout + i);
-    store(da + i, load(da + i) + d);
-    store(db + i, load(db + i) + d);
-  });
-}
 
 /* ---- shard kernels ---- */
 
@@ -87,24 +61,6 @@ static fsdp_status_t axpy(float *y, const T *x, float scale, size_t n, cudaStrea
 }
 
 /* ---- the exported twins ---- */
-
-fsdp_status_t fsdp_cuda_relu_forward(float *out, const float *inp, size_t n,
-                                     fsdp_cuda_stream_t stream) {
-  return relu_forward(out, inp, n, stream);
-}
-fsdp_status_t fsdp_cuda_relu_forward_bf16(uint16_t *out, const uint16_t *inp, size_t n,
-                                          fsdp_cuda_stream_t stream) {
-  return relu_forward(as_bf16(out), as_bf16(inp), n, stream);
-}
-fsdp_status_t fsdp_cuda_relu_backward(float *dinp, const float *out, const float *dout, size_t n,
-                                      fsdp_cuda_stream_t stream) {
-  return relu_backward(dinp, out, dout, n, stream);
-}
-fsdp_status_t fsdp_cuda_relu_backward_bf16(uint16_t *dinp, const uint16_t *out,
-                                           const uint16_t *dout, size_t n,
-                                           fsdp_cuda_stream_t stream) {
-  return relu_backward(as_bf16(dinp), as_bf16(out), as_bf16(dout), n, stream);
-}
 
 fsdp_status_t fsdp_cuda_gelu_forward(float *out, const float *inp, size_t n,
                                      fsdp_cuda_stream_t stream) {
@@ -132,14 +88,6 @@ fsdp_status_t fsdp_cuda_residual_forward_bf16(uint16_t *out, const uint16_t *a,
                                               const uint16_t *b, size_t n,
                                               fsdp_cuda_stream_t stream) {
   return residual_forward(as_bf16(out), as_bf16(a), as_bf16(b), n, stream);
-}
-fsdp_status_t fsdp_cuda_residual_backward(float *da, float *db, const float *dout, size_t n,
-                                          fsdp_cuda_stream_t stream) {
-  return residual_backward(da, db, dout, n, stream);
-}
-fsdp_status_t fsdp_cuda_residual_backward_bf16(uint16_t *da, uint16_t *db, const uint16_t *dout,
-                                               size_t n, fsdp_cuda_stream_t stream) {
-  return residual_backward(as_bf16(da), as_bf16(db), as_bf16(dout), n, stream);
 }
 
 fsdp_status_t fsdp_cuda_scale(float *x, float s, size_t n, fsdp_cuda_stream_t stream) {

@@ -17,7 +17,7 @@
  *   says whether the work was launched (bad arguments, launch and cuBLAS
  *   errors, with file:line in fsdp_last_error()); a fault while the work runs
  *   surfaces at the next synchronising CUDA call, as CUDA errors do.
- * - No call allocates device memory (the issue: nothing is allocated inside a
+ * - No call allocates device memory (the engine allocates nothing inside a
  *   step). Scratch that the GPU needs and the CPU keeps on its stack is passed
  *   in. The one exception is the first cuBLAS call on a (device, stream): it
  *   creates that stream's cuBLAS handle (see fsdp_cuda_blas_release).
@@ -92,16 +92,6 @@ fsdp_status_t fsdp_cuda_blas_release(void);
 
 /* ---- elementwise layers (n elements) ---- */
 
-fsdp_status_t fsdp_cuda_relu_forward(float *out, const float *inp, size_t n,
-                                     fsdp_cuda_stream_t stream);
-fsdp_status_t fsdp_cuda_relu_forward_bf16(uint16_t *out, const uint16_t *inp, size_t n,
-                                          fsdp_cuda_stream_t stream);
-/* dinp += dout where out > 0. */
-fsdp_status_t fsdp_cuda_relu_backward(float *dinp, const float *out, const float *dout, size_t n,
-                                      fsdp_cuda_stream_t stream);
-fsdp_status_t fsdp_cuda_relu_backward_bf16(uint16_t *dinp, const uint16_t *out,
-                                           const uint16_t *dout, size_t n,
-                                           fsdp_cuda_stream_t stream);
 /* GELU, GPT-2's tanh form; backward adds dout * gelu'(inp) into dinp. */
 fsdp_status_t fsdp_cuda_gelu_forward(float *out, const float *inp, size_t n,
                                      fsdp_cuda_stream_t stream);
@@ -112,16 +102,12 @@ fsdp_status_t fsdp_cuda_gelu_backward(float *dinp, const float *inp, const float
 fsdp_status_t fsdp_cuda_gelu_backward_bf16(uint16_t *dinp, const uint16_t *inp,
                                            const uint16_t *dout, size_t n,
                                            fsdp_cuda_stream_t stream);
-/* out = a + b; backward adds dout into da and db. */
+/* out = a + b (its backward is two accumulations of dout: axpy). */
 fsdp_status_t fsdp_cuda_residual_forward(float *out, const float *a, const float *b, size_t n,
                                          fsdp_cuda_stream_t stream);
 fsdp_status_t fsdp_cuda_residual_forward_bf16(uint16_t *out, const uint16_t *a,
                                               const uint16_t *b, size_t n,
                                               fsdp_cuda_stream_t stream);
-fsdp_status_t fsdp_cuda_residual_backward(float *da, float *db, const float *dout, size_t n,
-                                          fsdp_cuda_stream_t stream);
-fsdp_status_t fsdp_cuda_residual_backward_bf16(uint16_t *da, uint16_t *db, const uint16_t *dout,
-                                               size_t n, fsdp_cuda_stream_t stream);
 
 /* ---- LayerNorm over the last dim of inp (N,C), eps 1e-5 ---- */
 

@@ -158,7 +158,11 @@ static void cpu_destroy(struct fsdp_stream *s) {
   fsdp_free(s);
 }
 
-static const stream_ops_t cpu_ops = {cpu_enqueue, cpu_synchronize, cpu_destroy};
+static const stream_ops_t cpu_ops = {
+    .enqueue = cpu_enqueue,
+    .synchronize = cpu_synchronize,
+    .destroy = cpu_destroy,
+};
 
 /* ---- public API ---------------------------------------------------------- */
 

@@ -160,7 +160,11 @@ static void cuda_destroy(struct fsdp_stream *s) {
   fsdp_free(s);
 }
 
-static const stream_ops_t cuda_ops = {cuda_enqueue, cuda_synchronize, cuda_destroy};
+static const stream_ops_t cuda_ops = {
+    .enqueue = cuda_enqueue,
+    .synchronize = cuda_synchronize,
+    .destroy = cuda_destroy,
+};
 
 fsdp_status_t fsdp_stream_create_cuda(const char *name, int high_priority,
                                       fsdp_stream_t *stream) {

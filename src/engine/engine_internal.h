@@ -1,6 +1,8 @@
 /* src/engine/engine_internal.h — the engine's private state, shared by the
- * engine's source files (engine.c: units and schedule; step.c: the optimizer
- * step; timeline.c: events and memory accounting). */
+ * engine's source files (engine.c: life cycle; units.c: the registry;
+ * materialize.c: shards and pools; tensor_io.c: parameters in and out;
+ * schedule.c: gathers and reductions; step.c: the optimizer step;
+ * accounting.c: memory and the timeline). */
 #ifndef FSDP_ENGINE_INTERNAL_H
 #define FSDP_ENGINE_INTERNAL_H
 
@@ -156,6 +158,15 @@ void fsdp_engine_free(const struct fsdp_engine *e, void *p);
 fsdp_status_t fsdp_engine_zero(const struct fsdp_engine *e, void *p, size_t bytes);
 fsdp_status_t fsdp_engine_poison(struct fsdp_engine *e, fsdp_status_t st);
 fsdp_status_t fsdp_engine_check_live(struct fsdp_engine *e);
+
+/* The unit registry (units.c). fsdp_tensor_find: the tensor named `name` and
+ * where it is (unit, index may be NULL), or NULL. fsdp_unit_get: unit `unit`,
+ * or an error naming `what`. fsdp_unit_free: everything a unit owns. */
+const struct tensor *fsdp_tensor_find(const struct fsdp_engine *e, const char *name, int *unit,
+                                      int *index);
+fsdp_status_t fsdp_unit_get(fsdp_engine_t e, fsdp_unit_t unit, const char *what,
+                            struct unit **u);
+void fsdp_unit_free(const struct fsdp_engine *e, struct unit *u);
 
 /* Calls fn for each piece of a tensor inside [lo, hi) of the unit's flat buffer
  * with the piece's first element within the tensor, its length and flat offset. */

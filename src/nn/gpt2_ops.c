@@ -153,12 +153,32 @@ static fsdp_status_t cpu_read(float *host, const void *act, size_t n, gpt2_dev_t
 }
 
 static const gpt2_ops_t cpu_ops = {
-    "cpu", FSDP_DEVICE_CPU, FSDP_F32, sizeof(float),
-    cpu_alloc, cpu_free, cpu_destroy, cpu_bind, cpu_stage, cpu_zero,
-    cpu_embedding_forward, cpu_embedding_backward, cpu_layernorm_forward,
-    cpu_layernorm_backward, cpu_linear_forward, cpu_linear_backward, cpu_conv1d_forward,
-    cpu_conv1d_backward, cpu_gelu_forward, cpu_gelu_backward, cpu_residual_forward,
-    cpu_attention_forward, cpu_attention_backward, cpu_xent, cpu_loss, cpu_read,
+    .name = "cpu",
+    .memory = FSDP_DEVICE_CPU,
+    .dtype = FSDP_F32,
+    .act_size = sizeof(float),
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .destroy = cpu_destroy,
+    .bind = cpu_bind,
+    .stage = cpu_stage,
+    .zero = cpu_zero,
+    .embedding_forward = cpu_embedding_forward,
+    .embedding_backward = cpu_embedding_backward,
+    .layernorm_forward = cpu_layernorm_forward,
+    .layernorm_backward = cpu_layernorm_backward,
+    .linear_forward = cpu_linear_forward,
+    .linear_backward = cpu_linear_backward,
+    .conv1d_forward = cpu_conv1d_forward,
+    .conv1d_backward = cpu_conv1d_backward,
+    .gelu_forward = cpu_gelu_forward,
+    .gelu_backward = cpu_gelu_backward,
+    .residual_forward = cpu_residual_forward,
+    .attention_forward = cpu_attention_forward,
+    .attention_backward = cpu_attention_backward,
+    .xent = cpu_xent,
+    .loss = cpu_loss,
+    .read = cpu_read,
 };
 
 fsdp_status_t gpt2_backend_cpu(const gpt2_ops_t **ops, gpt2_dev_t **d) {

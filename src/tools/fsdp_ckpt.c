@@ -1,6 +1,6 @@
-/* src/tools/fsdp_ckpt.c — fsdp-ckpt: look at, check and convert checkpoints
- * without MPI or a model: inspect, verify, consolidate, export, import,
- * reshard. Each command is a call into fsdp/ckpt.h. */
+/* src/tools/fsdp_ckpt.c — fsdp-ckpt: look at, check, repair and convert
+ * checkpoints without MPI or a model: inspect, verify, repair, consolidate,
+ * export, import, reshard. Each command is a call into fsdp/ckpt.h. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,11 +14,14 @@ static const char usage_text[] =
     "  inspect PATH                     step, world size, strategy, optimizer, trainer state,\n"
     "                                   tensors with their shapes and units\n"
     "  verify PATH                      every shard's header, size and CRC-32 (no model needed)\n"
+    "  repair SAVE_DIR                  point a missing, dangling or lagging `latest` at the\n"
+    "                                   newest complete step (takes the directory's lock)\n"
     "  consolidate PATH OUT.safetensors every tensor and optimizer state in one file\n"
     "  export PATH OUT.safetensors      parameters only, GPT-2 names, for other tools\n"
     "  import IN.safetensors SAVE_DIR   a weights-only checkpoint (step 0) to --resume from\n"
     "  reshard PATH --world N SAVE_DIR  rewrite the checkpoint for N ranks\n"
     "PATH is a step directory (SAVE_DIR/step-K) or a save directory (its `latest` is used).\n"
+    "repair, import and reshard take SAVE_DIR's lock: refused while a trainer saves there.\n"
     "--stats prints the command's wall time and peak resident memory to stderr.\n"
     "Exit status: 0 success, 1 the checkpoint or file is bad (the message says which and why),\n"
     "2 usage.\n";
@@ -98,16 +101,43 @@ static fsdp_status_t with_ckpt(const char *cmd, const char *path, char **rest) {
   } else if (!strcmp(cmd, "export")) {
     st = fsdp_ckpt_export(c, rest[0]);
   } else {
-    st = fsdp_ckpt_reshard(c, atoi(rest[0]), rest[1]);
+    fsdp_ckpt_lock_t lock; /* a trainer saving into the output directory is not raced */
+    st = fsdp_ckpt_lock(NULL, rest[1], &lock);
+    if (!st) st = fsdp_ckpt_reshard(c, atoi(rest[0]), rest[1]);
+    fsdp_ckpt_unlock(lock);
   }
   fsdp_ckpt_close(c);
   return st;
 }
 
+static fsdp_status_t import_locked(const char *file, const char *out_dir) {
+  fsdp_ckpt_lock_t lock;
+  fsdp_status_t st = fsdp_ckpt_lock(NULL, out_dir, &lock);
+  if (!st) st = fsdp_ckpt_import(file, out_dir);
+  fsdp_ckpt_unlock(lock);
+  return st;
+}
+
+/* Under the directory's lock, so a running trainer's `latest` is never touched. */
+static fsdp_status_t repair(const char *save_dir) {
+  fsdp_ckpt_lock_t lock;
+  fsdp_ckpt_repair_t rep;
+  fsdp_status_t st = fsdp_ckpt_lock(NULL, save_dir, &lock);
+  if (!st) st = fsdp_ckpt_repair(NULL, save_dir, &rep);
+  fsdp_ckpt_unlock(lock);
+  if (st) return st;
+  if (rep.step < 0) printf("%s: no checkpoint: nothing to repair\n", save_dir);
+  else if (rep.changed) printf("%s/latest repaired (%s): now step-%" PRId64 "\n", save_dir,
+                               rep.reason, rep.step);
+  else printf("%s/latest: step-%" PRId64 ", the newest complete step: nothing to repair\n",
+              save_dir, rep.step);
+  return FSDP_SUCCESS;
+}
+
 /* Arguments each command takes after its PATH (reshard: --world N OUT). */
 static int arity(const char *cmd) {
   static const struct { const char *name; int n; } table[] = {
-      {"inspect", 1}, {"verify", 1}, {"consolidate", 2}, {"export", 2}, {"import", 2},
+      {"inspect", 1}, {"verify", 1}, {"repair", 1}, {"consolidate", 2}, {"export", 2}, {"import", 2},
       {"reshard", 4}};
   for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
     if (!strcmp(cmd, table[i].name)) return table[i].n;
@@ -127,7 +157,8 @@ int main(int argc, char **argv) {
     return fputs(usage_text, stderr), 2;
   double t0 = fsdp_time_now();
   fsdp_status_t st;
-  if (!strcmp(cmd, "import")) st = fsdp_ckpt_import(argv[2], argv[3]);
+  if (!strcmp(cmd, "import")) st = import_locked(argv[2], argv[3]);
+  else if (!strcmp(cmd, "repair")) st = repair(argv[2]);
   else st = with_ckpt(cmd, argv[2], argv + (n == 4 ? 4 : 3));
   if (stats) print_stats(t0);
   if (st) {

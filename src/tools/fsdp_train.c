@@ -46,7 +46,9 @@ static const char usage_text[] =
     "  --log-every N             a step line every N steps (default 1; mlp 100)\n"
     "  --json                    one JSON object per line\n"
     "checkpoints (fsdp-ckpt inspects, verifies, converts them)\n"
-    "  --save-dir DIR            save into DIR/step-K (and DIR/latest) after the last step\n"
+    "  --save-dir DIR            save into DIR/step-K (and DIR/latest) after the last step;\n"
+    "                            DIR is locked for this run and checked for writability and\n"
+    "                            space for a checkpoint before the first step\n"
     "  --save-every N            ... and after every N steps\n"
     "  --save-overwrite          start afresh in a DIR that holds checkpoints, replacing\n"
     "                            the steps this run saves (else both are refused)\n"
@@ -182,6 +184,7 @@ fail:
           fsdp_last_error());
   rc = 1;
 done:
+  fsdp_ckpt_unlock(t.lock);
   fsdp_engine_destroy(t.eng);
   fsdp_world_destroy(t.world);
   return rc;

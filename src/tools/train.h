@@ -35,6 +35,7 @@ typedef struct {
   size_t act_bytes;      /* the model's activation buffers */
   double t0;
   int tty;               /* rank 0 writes to a terminal: a progress bar */
+  fsdp_ckpt_lock_t lock; /* --save-dir's run lock (train_ckpt.c), NULL without */
 } trainer_t;
 
 /* Creates the engine once the task knows how many steps it will take (the
@@ -54,10 +55,11 @@ size_t train_peak_bytes(const trainer_t *t);
 /* Sum of a double over ranks. */
 fsdp_status_t train_sum(const trainer_t *t, double *values, int n);
 
-/* --resume: loads the checkpoint into the materialised engine and sets
- * start_step (a fresh start when auto finds no checkpoint). Without it, a
- * --save-dir that already holds checkpoints is refused unless --save-overwrite.
- * 0 or -1. */
+/* Opens --save-dir (locks it into t->lock, probes writability and space) and
+ * --resume: repairs the save directory's `latest` when resuming from it, loads
+ * the checkpoint into the materialised engine and sets start_step (a fresh
+ * start when auto finds no checkpoint). Without --resume, a --save-dir that
+ * already holds checkpoints is refused unless --save-overwrite. 0 or -1. */
 int train_resume(trainer_t *t);
 /* After update `step` (1-based): saves when --save-every divides it or it is
  * the schedule's last, if --save-dir is set. 0 or -1. */

@@ -1,5 +1,7 @@
-/* src/tools/train_ckpt.c — fsdp-train's checkpoints: --resume after the model
- * is materialised, --save-dir/--save-every after updates, --stop-after.
+/* src/tools/train_ckpt.c — fsdp-train's checkpoints: the save directory
+ * opened before the first step (locked, probed, `latest` repaired), --resume
+ * after the model is materialised, --save-dir/--save-every after updates,
+ * --stop-after.
  *
  * What a resume needs besides the engine's shards and step: nothing. The text
  * windows of step s are a pure function of (seed, s), the MLP sampler's batch
@@ -9,7 +11,9 @@
  * checkpoint so a resume with different ones is pointed out. */
 #include <dirent.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -45,7 +49,7 @@ static void warn_mismatch(const trainer_t *t, const fsdp_ckpt_meta_t *meta) {
   if (t->rank != 0 || trainer_meta(t, &now)) return;
   for (int i = 0; i < now.n; i++) {
     int64_t then;
-    if (fsdp_ckpt_meta_get(meta, now.kv[i].key, &then) && then != now.kv[i].value)
+    if (fsdp_ckpt_meta_get(meta, now.kv[i].key, &then) == FSDP_SUCCESS && then != now.kv[i].value)
       fprintf(stderr, "fsdp-train: warning: the checkpoint was trained with %s %" PRId64 ", this "
               "run uses %" PRId64 ": it will not continue exactly as the original run would\n",
               now.kv[i].key, then, now.kv[i].value);
@@ -53,31 +57,67 @@ static void warn_mismatch(const trainer_t *t, const fsdp_ckpt_meta_t *meta) {
 }
 
 /* A fresh run into a directory that holds checkpoints would fail at its first
- * save (steps are never overwritten unless asked): say so before training. */
+ * save (steps are never overwritten unless asked): say so before training.
+ * Holding checkpoints: a `latest` (even dangling) or any step-<k> directory;
+ * rank 0 looks and every rank follows. */
 static int check_fresh(const trainer_t *t) {
   const train_opts_t *o = t->o;
   char latest[4096];
   struct stat sb;
   snprintf(latest, sizeof latest, "%s/latest", o->save_dir);
-  if (o->save_overwrite || stat(latest, &sb) != 0) return 0;
+  double held = t->rank == 0 && (lstat(latest, &sb) == 0 || has_steps(o->save_dir));
+  if (o->save_overwrite) return 0;
+  if (train_sum(t, &held, 1)) return -1;
+  if (held == 0) return 0;
   if (t->rank == 0)
-    fprintf(stderr, "fsdp-train: %s already holds checkpoints (%s): pass --resume auto to "
+    fprintf(stderr, "fsdp-train: %s already holds checkpoints: pass --resume auto to "
             "continue from them, --save-overwrite to replace them, or another --save-dir\n",
-            o->save_dir, latest);
+            o->save_dir);
   return -1;
+}
+
+/* Before the first step, so that nothing is trained for a directory that
+ * cannot take it: the run lock (a second trainer is refused, the holder
+ * named), then every rank's writability and the free space for a checkpoint. */
+static int open_save_dir(trainer_t *t) {
+  const train_opts_t *o = t->o;
+  uint64_t need, avail;
+  if (fsdp_ckpt_lock(t->eng, o->save_dir, &t->lock) ||
+      fsdp_ckpt_probe(t->eng, o->save_dir, &need, &avail))
+    return -1;
+  if (t->rank == 0 && !o->json)
+    printf("save dir %s: locked and writable; a checkpoint takes %.2f MiB, %.2f MiB free\n",
+           o->save_dir, need / 1048576.0, avail / 1048576.0);
+  return 0;
+}
+
+/* Whether --resume names the save directory itself (auto, or the same path). */
+static int resumes_save_dir(const train_opts_t *o) {
+  char a[PATH_MAX], b[PATH_MAX];
+  if (!strcmp(o->resume, "auto")) return 1;
+  return o->save_dir && realpath(o->resume, a) && realpath(o->save_dir, b) && !strcmp(a, b);
+}
+
+/* Points `latest` at the newest complete step (it lags after a failed update,
+ * or is missing or dangling); 1 when there is a checkpoint to load. */
+static int repair_latest(trainer_t *t, const char *dir) {
+  fsdp_ckpt_repair_t rep;
+  if (fsdp_ckpt_repair(t->eng, dir, &rep)) return -1;
+  if (rep.changed && t->rank == 0)
+    fprintf(stderr, "fsdp-train: warning: %s/latest repaired (%s): now step-%" PRId64 "\n", dir,
+            rep.reason, rep.step);
+  if (rep.step < 0 && t->rank == 0 && !t->o->json)
+    printf("no checkpoint in %s yet: starting from step 0\n", dir);
+  return rep.step >= 0;
 }
 
 int train_resume(trainer_t *t) {
   const train_opts_t *o = t->o;
+  if (o->save_dir && open_save_dir(t)) return -1;
   if (!o->resume) return o->save_dir ? check_fresh(t) : 0;
   const char *path = strcmp(o->resume, "auto") ? o->resume : o->save_dir;
-  char latest[4096];
-  struct stat sb;
-  snprintf(latest, sizeof latest, "%s/latest", path);
-  if (!strcmp(o->resume, "auto") && stat(latest, &sb) != 0 && !has_steps(path)) {
-    if (t->rank == 0 && !o->json) printf("no checkpoint in %s yet: starting from step 0\n", path);
-    return 0;
-  }
+  int found = resumes_save_dir(o) ? repair_latest(t, path) : 1;
+  if (found <= 0) return found;
   fsdp_ckpt_meta_t meta = {0};
   char dir[4096];
   double t0 = fsdp_time_now();
@@ -100,7 +140,9 @@ int train_save(trainer_t *t, int step) {
     return 0;
   fsdp_ckpt_meta_t meta;
   if (trainer_meta(t, &meta)) return -1;
-  fsdp_ckpt_save_opts_t so = {o->save_overwrite, &meta};
+  fsdp_ckpt_save_opts_t so = FSDP_CKPT_SAVE_OPTS_INIT;
+  so.overwrite = o->save_overwrite;
+  so.meta = &meta;
   char dir[4096];
   double t0 = fsdp_time_now();
   if (fsdp_ckpt_save(t->eng, o->save_dir, &so, dir, sizeof dir)) return -1;

@@ -4,7 +4,10 @@
  * bit-flipped, missing or stray shard, a corrupt manifest, a model of another
  * shape, no `latest`) fails with the file and the problem named, through the
  * library and fsdp-ckpt, and changes nothing in memory or on disk; a save
- * killed mid-write leaves the previous checkpoint current; export -> import is
+ * killed mid-write leaves the previous checkpoint current; a save directory
+ * shared safely (a live save survives another's sweep, the run lock, `latest`
+ * repaired after a full disk and when missing, dangling or a link, the
+ * writability and space probe); export -> import is
  * bitwise; strict safetensors validation; consolidate's memory stays flat.
  * argv[1] is the fsdp-ckpt executable. */
 #include <check.h>
@@ -19,15 +22,16 @@
 #include <unistd.h>
 
 #include "ckpt/json.h"
-#include "ckpt_model.h"
+#include "common/check_run.h"
+#include "common/ckpt_model.h"
+#include "common/solo_world.h"
 
 static const char *tool = "fsdp-ckpt";
 static fsdp_world_t world;
 static char tmp[64];
 
 static void setup(void) {
-  fsdp_world_opts_t o = {.launch = FSDP_LAUNCH_SINGLE};
-  ck_assert_int_eq(fsdp_world_init(&world, &o), FSDP_SUCCESS);
+  ck_assert_int_eq(solo_world_init(&world), FSDP_SUCCESS);
   snprintf(tmp, sizeof tmp, "/tmp/fsdp-ckpt-test-XXXXXX");
   ck_assert_ptr_nonnull(mkdtemp(tmp));
 }
@@ -138,14 +142,15 @@ static void round_trip(fsdp_strategy_t saved, fsdp_strategy_t live, fsdp_optim_k
   fsdp_engine_t a = trained(saved, o, 7);
   fsdp_ckpt_meta_t meta = {0}, back = {0};
   ck_assert_int_eq(fsdp_ckpt_meta_set(&meta, "seed", -3), FSDP_SUCCESS);
+  fsdp_ckpt_save_opts_t so = FSDP_CKPT_SAVE_OPTS_INIT;
+  so.meta = &meta;
   char dir[512];
-  ck_assert_int_eq(fsdp_ckpt_save(a, path("run", ""), &(fsdp_ckpt_save_opts_t){0, &meta}, dir,
-                                  sizeof dir), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_ckpt_save(a, path("run", ""), &so, dir, sizeof dir), FSDP_SUCCESS);
   ck_assert_str_eq(dir, path("run/step-7", ""));
   fsdp_engine_t b = ckm_create(world, live, o, variant, 99);
   ck_assert_int_eq(fsdp_ckpt_load(b, path("run", ""), NULL, &back, NULL, 0), FSDP_SUCCESS);
   int64_t seed;
-  ck_assert(fsdp_ckpt_meta_get(&back, "seed", &seed) && seed == -3);
+  ck_assert(fsdp_ckpt_meta_get(&back, "seed", &seed) == FSDP_SUCCESS && seed == -3);
   if (variant == CKM_BASE) assert_same_state(a, b);
   ck_assert_int_eq(ckm_train(a, 3, 0), 0);
   ck_assert_int_eq(ckm_train(b, 3, 0), 0);
@@ -177,7 +182,8 @@ START_TEST(test_optimizer_mismatch) {
   ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "reset_optim"));
   float *after = snapshot(b, &n);
   ck_assert(memcmp(before, after, n * sizeof(float)) == 0);
-  fsdp_ckpt_load_opts_t lo = {1};
+  fsdp_ckpt_load_opts_t lo = FSDP_CKPT_LOAD_OPTS_INIT;
+  lo.reset_optim = 1;
   ck_assert_int_eq(fsdp_ckpt_load(b, path("run", ""), &lo, NULL, NULL, 0), FSDP_SUCCESS);
   ck_assert_int_eq(fsdp_engine_step_count(b), 4);
   fsdp_shard_t sa, sb;
@@ -192,24 +198,36 @@ START_TEST(test_optimizer_mismatch) {
 }
 END_TEST
 
+/* Saving the same state twice keeps the first copy (nothing rewritten); a
+ * different state at the same step is refused; overwrite replaces it. */
 START_TEST(test_overwrite) {
   fsdp_engine_t a = trained(FSDP_FULL_SHARD, FSDP_OPTIM_ADAMW, 2);
   ck_assert_int_eq(fsdp_ckpt_save(a, path("run", ""), NULL, NULL, 0), FSDP_SUCCESS);
-  ck_assert_int_eq(fsdp_ckpt_save(a, path("run", ""), NULL, NULL, 0), FSDP_ERR_INVALID_USAGE);
-  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "step-2 already exists"));
   fsdp_ckpt_t c;
   ck_assert_int_eq(fsdp_ckpt_open(path("run", ""), &c), FSDP_SUCCESS);
   fsdp_ckpt_info_t in;
   fsdp_ckpt_info(c, &in);
   uint64_t id = in.id;
   fsdp_ckpt_close(c);
-  fsdp_ckpt_save_opts_t o = {1, NULL};
-  ck_assert_int_eq(fsdp_ckpt_save(a, path("run", ""), &o, NULL, 0), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_ckpt_save(a, path("run", ""), NULL, NULL, 0), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_ckpt_open(path("run", ""), &c), FSDP_SUCCESS);
+  fsdp_ckpt_info(c, &in);
+  ck_assert(in.id == id); /* kept, not rewritten */
+  fsdp_ckpt_close(c);
+  fsdp_engine_t other = ckm_create(world, FSDP_FULL_SHARD, FSDP_OPTIM_ADAMW, CKM_BASE, 7);
+  ck_assert_int_eq(ckm_train(other, 2, 0), 0);
+  ck_assert_int_eq(fsdp_ckpt_save(other, path("run", ""), NULL, NULL, 0), FSDP_ERR_INVALID_USAGE);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "step-2 already exists and is not this run's "
+                                                  "state at step 2"));
+  fsdp_ckpt_save_opts_t o = FSDP_CKPT_SAVE_OPTS_INIT;
+  o.overwrite = 1;
+  ck_assert_int_eq(fsdp_ckpt_save(other, path("run", ""), &o, NULL, 0), FSDP_SUCCESS);
   ck_assert_int_eq(fsdp_ckpt_open(path("run", ""), &c), FSDP_SUCCESS);
   fsdp_ckpt_info(c, &in);
   ck_assert(in.id != id);
   ck_assert_int_eq(fsdp_ckpt_verify(c), FSDP_SUCCESS);
   fsdp_ckpt_close(c);
+  fsdp_engine_destroy(other);
   fsdp_engine_destroy(a);
 }
 END_TEST
@@ -453,6 +471,226 @@ START_TEST(test_crash_mid_save) {
 }
 END_TEST
 
+/* ---- sharing a save directory ------------------------------------------------------ */
+
+static void verify_ok(const char *dir) {
+  fsdp_ckpt_t c;
+  ck_assert_msg(fsdp_ckpt_open(dir, &c) == FSDP_SUCCESS, "%s", fsdp_last_error());
+  ck_assert_msg(fsdp_ckpt_verify(c) == FSDP_SUCCESS, "%s", fsdp_last_error());
+  fsdp_ckpt_close(c);
+}
+
+/* Two savers into one directory: a save held in the middle of its shard
+ * (SIGSTOP by the fault hook, so its guard stays held) keeps its temporary
+ * directory through another process's save, and commits once continued. The
+ * old sweep deleted every step-*.tmp-*, the live one included. */
+START_TEST(test_sweep_keeps_live_save) {
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    setenv("FSDP_CKPT_FAULT", "stop:rank=0:step=20:after_bytes=100", 1);
+    fsdp_engine_t e = ckm_create(world, FSDP_FULL_SHARD, FSDP_OPTIM_ADAMW, CKM_BASE, 5);
+    if (!e || ckm_train(e, 20, 0)) _exit(3);
+    _exit(fsdp_ckpt_save(e, path("run", ""), NULL, NULL, 0) == FSDP_SUCCESS ? 0 : 4);
+  }
+  int status;
+  ck_assert_int_eq(waitpid(pid, &status, WUNTRACED), pid);
+  int stopped = WIFSTOPPED(status), live_tmp = has_tmp_dir(path("run", ""));
+  fsdp_engine_t a = trained(FSDP_FULL_SHARD, FSDP_OPTIM_ADAMW, 10);
+  fsdp_status_t st = fsdp_ckpt_save(a, path("run", ""), NULL, NULL, 0);
+  int kept = has_tmp_dir(path("run", ""));
+  kill(pid, SIGCONT);
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  ck_assert_msg(stopped && live_tmp, "the held save did not stop with its directory");
+  ck_assert_int_eq(st, FSDP_SUCCESS);
+  ck_assert_msg(kept, "the other save's sweep removed the live save's directory");
+  ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the held save failed (%d)", status);
+  verify_ok(path("run/step-10", ""));
+  verify_ok(path("run/step-20", ""));
+  ck_assert(!has_tmp_dir(path("run", "")));
+  fsdp_engine_destroy(a);
+}
+END_TEST
+
+/* The run lock: a second holder is refused with the first named (also
+ * fsdp-ckpt repair and reshard into the directory); a lock left by a killed
+ * process is taken over. */
+START_TEST(test_lock) {
+  fsdp_ckpt_lock_t a, b;
+  ck_assert_int_eq(fsdp_ckpt_lock(NULL, path("run", ""), &a), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_ckpt_lock(NULL, path("run", ""), &b), FSDP_ERR_INVALID_USAGE);
+  ck_assert_ptr_null(b);
+  char want[96], args[600], err[2048], text[512];
+  snprintf(want, sizeof want, "in use by another run (test_ckpt pid %d on host ", (int)getpid());
+  ck_assert_msg(strstr(fsdp_last_error(), want), "%s", fsdp_last_error());
+  snprintf(args, sizeof args, "repair %s", path("run", ""));
+  ck_assert_int_eq(run_tool(args, err, sizeof err), 1);
+  ck_assert_msg(strstr(err, want), "%s", err);
+  fsdp_engine_t e = trained(FSDP_FULL_SHARD, FSDP_OPTIM_ADAMW, 2);
+  ck_assert_int_eq(fsdp_ckpt_save(e, path("src", ""), NULL, NULL, 0), FSDP_SUCCESS);
+  fsdp_engine_destroy(e);
+  snprintf(args, sizeof args, "reshard %s --world 2 %s", path("src", ""), path("run", ""));
+  ck_assert_int_eq(run_tool(args, err, sizeof err), 1);
+  ck_assert_msg(strstr(err, want), "%s", err);
+  fsdp_ckpt_unlock(a);
+  ck_assert_int_eq(run_tool(args, err, sizeof err), 0); /* once released */
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    if (fsdp_ckpt_lock(NULL, path("run", ""), &a)) _exit(3);
+    raise(SIGKILL);
+  }
+  int status;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  ck_assert(WIFSIGNALED(status));
+  read_text(path("run/lock", ""), text, sizeof text);
+  snprintf(want, sizeof want, "test_ckpt pid %d on host ", (int)pid);
+  ck_assert_msg(strstr(text, want), "the dead holder's record: %s", text);
+  ck_assert_msg(fsdp_ckpt_lock(NULL, path("run", ""), &b) == FSDP_SUCCESS, "%s", fsdp_last_error());
+  fsdp_ckpt_unlock(b);
+  read_text(path("run/lock", ""), text, sizeof text);
+  ck_assert_str_eq(text, ""); /* released: no holder recorded */
+}
+END_TEST
+
+static void write_text(const char *file, const char *text) {
+  FILE *f = fopen(file, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+/* A full disk while writing `latest` leaves step-15 committed, `latest` at
+ * step-10 and an empty latest.tmp. The restart loads step-10, re-runs to 15
+ * and saves: the committed step-15 holds exactly that state, so it is kept
+ * and `latest` repaired (it used to be refused: "already exists"). */
+START_TEST(test_latest_full_disk) {
+  fsdp_engine_t a = trained(FSDP_FULL_SHARD, FSDP_OPTIM_ADAMW, 10);
+  ck_assert_int_eq(fsdp_ckpt_save(a, path("run", ""), NULL, NULL, 0), FSDP_SUCCESS);
+  ck_assert_int_eq(ckm_train(a, 5, 0), 0);
+  setenv("FSDP_CKPT_FAULT", "enospc:latest:step=15", 1);
+  fsdp_status_t st = fsdp_ckpt_save(a, path("run", ""), NULL, NULL, 0);
+  unsetenv("FSDP_CKPT_FAULT");
+  ck_assert_int_eq(st, FSDP_ERR_IO);
+  ck_assert_msg(strstr(fsdp_last_error(), "latest.tmp: write failed after 0 bytes: No space"),
+                "%s", fsdp_last_error());
+  char text[64];
+  read_text(path("run/latest", ""), text, sizeof text);
+  ck_assert_str_eq(text, "step-10\n");
+  struct stat sb;
+  ck_assert_int_eq(stat(path("run/latest.tmp", ""), &sb), 0);
+  ck_assert_int_eq(sb.st_size, 0);
+  verify_ok(path("run/step-15", ""));
+  fsdp_ckpt_t c;
+  fsdp_ckpt_info_t in;
+  ck_assert_int_eq(fsdp_ckpt_open(path("run/step-15", ""), &c), FSDP_SUCCESS);
+  fsdp_ckpt_info(c, &in);
+  uint64_t id = in.id;
+  fsdp_ckpt_close(c);
+
+  fsdp_engine_t b = ckm_create(world, FSDP_FULL_SHARD, FSDP_OPTIM_ADAMW, CKM_BASE, 99);
+  char dir[512];
+  ck_assert_int_eq(fsdp_ckpt_load(b, path("run", ""), NULL, NULL, dir, sizeof dir), FSDP_SUCCESS);
+  ck_assert_str_eq(dir, path("run/step-10", ""));
+  ck_assert_int_eq(ckm_train(b, 5, 0), 0);
+  st = fsdp_ckpt_save(b, path("run", ""), NULL, dir, sizeof dir);
+  ck_assert_msg(st == FSDP_SUCCESS, "%s", fsdp_last_error());
+  ck_assert_str_eq(dir, path("run/step-15", ""));
+  read_text(path("run/latest", ""), text, sizeof text);
+  ck_assert_str_eq(text, "step-15\n");
+  ck_assert_int_ne(stat(path("run/latest.tmp", ""), &sb), 0);
+  ck_assert_int_eq(fsdp_ckpt_open(path("run", ""), &c), FSDP_SUCCESS);
+  fsdp_ckpt_info(c, &in);
+  ck_assert(in.id == id);
+  ck_assert_int_eq(fsdp_ckpt_verify(c), FSDP_SUCCESS);
+  fsdp_ckpt_close(c);
+  verify_ok(path("run/step-10", ""));
+  fsdp_engine_destroy(b);
+  fsdp_engine_destroy(a);
+}
+END_TEST
+
+static void expect_repair(int64_t step, int changed, const char *reason) {
+  fsdp_ckpt_repair_t rep;
+  ck_assert_msg(fsdp_ckpt_repair(NULL, path("run", ""), &rep) == FSDP_SUCCESS, "%s",
+                fsdp_last_error());
+  ck_assert_int_eq(rep.step, step);
+  ck_assert_int_eq(rep.changed, changed);
+  ck_assert_msg(strstr(rep.reason, reason), "reason: %s", rep.reason);
+  char text[64], want[64];
+  if (!changed) return;
+  read_text(path("run/latest", ""), text, sizeof text);
+  snprintf(want, sizeof want, "step-%lld\n", (long long)step);
+  ck_assert_str_eq(text, want);
+}
+
+/* `latest` as a symbolic link to a step resolves (it was "missing"); missing,
+ * dangling, lagging or naming an incomplete step, it is repaired from the
+ * newest complete step; with no complete step nothing changes. */
+START_TEST(test_latest_repair) {
+  fsdp_engine_t a = trained(FSDP_FULL_SHARD, FSDP_OPTIM_ADAMW, 10);
+  ck_assert_int_eq(fsdp_ckpt_save(a, path("run", ""), NULL, NULL, 0), FSDP_SUCCESS);
+  ck_assert_int_eq(ckm_train(a, 5, 0), 0);
+  ck_assert_int_eq(fsdp_ckpt_save(a, path("run", ""), NULL, NULL, 0), FSDP_SUCCESS);
+  char latest[512], dir[512], args[600], err[2048];
+  snprintf(latest, sizeof latest, "%s", path("run/latest", ""));
+  ck_assert_int_eq(unlink(latest), 0);
+  ck_assert_int_eq(symlink("step-15", latest), 0);
+  ck_assert_msg(fsdp_ckpt_resolve(path("run", ""), dir, sizeof dir) == FSDP_SUCCESS, "%s",
+                fsdp_last_error());
+  ck_assert_ptr_nonnull(strstr(dir, "/run/step-15"));
+  verify_ok(path("run", ""));
+  snprintf(args, sizeof args, "verify %s", path("run", ""));
+  ck_assert_int_eq(run_tool(args, err, sizeof err), 0);
+  expect_repair(15, 0, "");
+  ck_assert_int_eq(unlink(latest), 0);
+  write_text(latest, "step-99\n");
+  expect_repair(15, 1, "step-99");
+  ck_assert_int_eq(unlink(latest), 0);
+  expect_repair(15, 1, "latest: missing");
+  ck_assert_int_eq(unlink(latest), 0);
+  ck_assert_int_eq(symlink("step-10", latest), 0);
+  expect_repair(15, 1, "`latest` named step-10, older than the newest complete step-15");
+  ck_assert_int_eq(unlink(path("run/step-15/rank-0-of-1.bin", "")), 0);
+  expect_repair(10, 1, "step-15/rank-0-of-1.bin");
+  ck_assert_int_eq(unlink(path("run/step-10/rank-0-of-1.bin", "")), 0);
+  char before[4096], after[4096];
+  fingerprint(path("run", ""), before, sizeof before);
+  fsdp_ckpt_repair_t rep;
+  ck_assert_int_eq(fsdp_ckpt_repair(NULL, path("run", ""), &rep), FSDP_ERR_FORMAT);
+  ck_assert_msg(strstr(fsdp_last_error(), "no complete checkpoint"), "%s", fsdp_last_error());
+  fingerprint(path("run", ""), after, sizeof after);
+  ck_assert_str_eq(before, after);
+  fsdp_engine_destroy(a);
+}
+END_TEST
+
+/* The probe: a checkpoint's size as saved, no probe file left behind, and a
+ * directory that cannot be written is refused naming the rank and the path. */
+START_TEST(test_probe) {
+  fsdp_engine_t a = trained(FSDP_FULL_SHARD, FSDP_OPTIM_ADAMW, 2);
+  uint64_t need = 0, avail = 0;
+  ck_assert_msg(fsdp_ckpt_probe(a, path("run", ""), &need, &avail) == FSDP_SUCCESS, "%s",
+                fsdp_last_error());
+  ck_assert_int_eq(fsdp_ckpt_save(a, path("run", ""), NULL, NULL, 0), FSDP_SUCCESS);
+  struct stat s1, s2;
+  ck_assert_int_eq(stat(path("run/step-2/rank-0-of-1.bin", ""), &s1), 0);
+  ck_assert_int_eq(stat(path("run/step-2/manifest.json", ""), &s2), 0);
+  uint64_t saved = (uint64_t)(s1.st_size + s2.st_size);
+  ck_assert_msg(need >= saved && need < saved + 8 * 65536, "need %llu, saved %llu",
+                (unsigned long long)need, (unsigned long long)saved);
+  ck_assert_uint_gt(avail, 0);
+  char listing[4096];
+  fingerprint(path("run", ""), listing, sizeof listing);
+  ck_assert_ptr_null(strstr(listing, ".probe"));
+  write_text(path("file", ""), "not a directory\n");
+  ck_assert_int_eq(fsdp_ckpt_probe(a, path("file/run", ""), NULL, NULL), FSDP_ERR_IO);
+  ck_assert_msg(strstr(fsdp_last_error(), "rank 0: the save directory is not writable: ") &&
+                strstr(fsdp_last_error(), "file/run"), "%s", fsdp_last_error());
+  fsdp_engine_destroy(a);
+}
+END_TEST
+
 /* ---- export / import ----------------------------------------------------------------- */
 
 START_TEST(test_export_import) {
@@ -593,6 +831,11 @@ static Suite *ckpt_suite(void) {
   tcase_add_test(tc, test_reshard);
   tcase_add_loop_test(tc, test_bad_input, 0, sizeof bad_cases / sizeof bad_cases[0]);
   tcase_add_test(tc, test_crash_mid_save);
+  tcase_add_test(tc, test_sweep_keeps_live_save);
+  tcase_add_test(tc, test_lock);
+  tcase_add_test(tc, test_latest_full_disk);
+  tcase_add_test(tc, test_latest_repair);
+  tcase_add_test(tc, test_probe);
   tcase_add_test(tc, test_export_import);
   tcase_add_loop_test(tc, test_safetensors_strict, 0, sizeof st_cases / sizeof st_cases[0]);
   tcase_add_test(tc, test_consolidate_memory);
@@ -602,9 +845,5 @@ static Suite *ckpt_suite(void) {
 
 int main(int argc, char **argv) {
   if (argc > 1) tool = argv[1];
-  SRunner *sr = srunner_create(ckpt_suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return check_run(ckpt_suite());
 }

@@ -16,11 +16,11 @@
 #include <string.h>
 
 #include "comm/comm_internal.h"
+#include "common/mpi_check.h"
+#include "cuda_gate.h"
 #include "core/internal.h"
 #include "fsdp/fsdp.h"
 #include "fsdp_config.h"
-#include "cuda_gate.h"
-#include "mpi/mpi_check.h"
 
 static fsdp_world_t world;
 static int rank, nranks;
@@ -242,24 +242,20 @@ static TCase *collectives(const char *name, void (*fixture)(void)) {
   return tc;
 }
 
-int main(void) {
-  const int gate = fsdp_cuda_gate("test_comm_cuda");
-  if (gate) return gate;
-  int devices = fsdp_cuda_device_count();
-  world = fsdp_mpi_check_world(); /* the harness owns it and destroys it */
-  if (!world) return EXIT_FAILURE;
-  rank = fsdp_world_rank(world);
-  nranks = fsdp_world_size(world);
-  if (fsdp_cuda_set_device(fsdp_world_local_rank(world) % devices) != FSDP_SUCCESS) {
-    fprintf(stderr, "rank %d: %s\n", rank, fsdp_last_error());
-    return EXIT_FAILURE;
-  }
+static Suite *comm_cuda_suite(void) {
   Suite *s = suite_create("comm-cuda");
   /* The world's host backend with staged device buffers (ranks may share a
    * GPU), then NCCL, which refuses two ranks on one GPU: only with a device
    * per local rank. */
   suite_add_tcase(s, collectives("staged", setup_staged));
-  if (FSDP_HAVE_NCCL && devices >= fsdp_world_local_size(world))
+  if (FSDP_HAVE_NCCL && fsdp_cuda_device_count() >= fsdp_world_local_size(world))
     suite_add_tcase(s, collectives("nccl", setup_nccl));
-  return fsdp_mpi_check_run(s);
+  return s;
+}
+
+int main(void) {
+  const int gate = fsdp_cuda_gate("test_comm_cuda");
+  if (gate) return gate;
+  const int rc = mpi_check_join_gpu(&world, &rank, &nranks);
+  return rc ? rc : mpi_check_run(comm_cuda_suite());
 }

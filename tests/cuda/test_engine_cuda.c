@@ -16,8 +16,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "common/mpi_check.h"
 #include "cuda_gate.h"
-#include "mpi/mpi_check.h"
 #include "fsdp/fsdp.h"
 #include "fsdp_config.h"
 
@@ -236,16 +236,6 @@ static Suite *suite(void) {
 int main(void) {
   const int gate = fsdp_cuda_gate("test_engine_cuda");
   if (gate) return gate;
-  world = fsdp_mpi_check_world();
-  if (!world) return EXIT_FAILURE;
-  rank = fsdp_world_rank(world);
-  nranks = fsdp_world_size(world);
-  /* NCCL and the engine use the current device: one per local rank where
-   * there are enough, else all share device 0 (MPI backend only). */
-  if (fsdp_cuda_set_device(fsdp_world_local_rank(world) % fsdp_cuda_device_count()) !=
-      FSDP_SUCCESS) {
-    printf("test_engine_cuda: %s\n", fsdp_last_error());
-    return EXIT_FAILURE;
-  }
-  return fsdp_mpi_check_run(suite());
+  const int rc = mpi_check_join_gpu(&world, &rank, &nranks);
+  return rc ? rc : mpi_check_run(suite());
 }

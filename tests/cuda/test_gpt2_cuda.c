@@ -11,13 +11,14 @@
  * usable GPU or when the engine has no CUDA backend (FSDP_ERR_UNSUPPORTED).
  * CK_FORK=no: a forked child cannot use its parent's CUDA context. */
 #include <check.h>
-
-#include "cuda_gate.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/check_run.h"
+#include "common/solo_world.h"
+#include "cuda_gate.h"
 #include "fsdp/fsdp.h"
 
 enum { B = 4, T = 32, STEPS = 6, SAMPLE = 16 };
@@ -168,14 +169,7 @@ START_TEST(checkpointing_on_cuda) {
 }
 END_TEST
 
-int main(void) {
-  fsdp_world_opts_t wo = {.launch = FSDP_LAUNCH_SINGLE};
-  const int gate = fsdp_cuda_gate("test_gpt2_cuda");
-  if (gate) return gate;
-  if (fsdp_world_init(&world, &wo) != FSDP_SUCCESS) {
-    fprintf(stderr, "test_gpt2_cuda: %s\n", fsdp_last_error());
-    return 1;
-  }
+static Suite *gpt2_cuda_suite(void) {
   Suite *s = suite_create("gpt2_cuda");
   TCase *tc = tcase_create("train");
   tcase_set_timeout(tc, 240);
@@ -183,12 +177,19 @@ int main(void) {
   tcase_add_test(tc, bf16_follows_cpu);
   tcase_add_test(tc, checkpointing_on_cuda);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
+  return s;
+}
+
+int main(void) {
+  const int gate = fsdp_cuda_gate("test_gpt2_cuda");
+  if (gate) return gate;
+  if (solo_world_init(&world) != FSDP_SUCCESS) {
+    fprintf(stderr, "test_gpt2_cuda: %s\n", fsdp_last_error());
+    return 1;
+  }
+  const int rc = check_run(gpt2_cuda_suite());
   fsdp_world_destroy(world);
-  if (failed) return 1;
+  if (rc || !skipped) return rc;
   const char *req = getenv("FSDP_REQUIRE_GPU");
-  return !skipped ? 0 : req && *req && strcmp(req, "0") != 0 ? 1 : 77;
+  return req && *req && strcmp(req, "0") != 0 ? 1 : 77;
 }

@@ -28,7 +28,7 @@ import tempfile
 import time
 import uuid
 
-TEARDOWN_S = 30.0  # the bound: every process gone within 30 s
+TEARDOWN_S = 30.0  # every process must be gone within 30 s of a failure
 SKIP = 77
 
 

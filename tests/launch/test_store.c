@@ -1,4 +1,4 @@
-/* tests/launch/test_store.c — the env:// key-value store (src/dist/store.h)
+/* tests/launch/test_store.c — the env:// key-value store (src/world/store.h)
  * in one process: a server thread and clients on loopback. Values round-trip
  * byte for byte, a get waits for a set from another client, counters add up
  * under concurrent clients, every deadline is honoured and named, and a
@@ -13,8 +13,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "common/check_run.h"
 #include "core/internal.h"
-#include "dist/store.h"
+#include "world/store.h"
 
 static fsdp_store_server_t *server;
 static int port;
@@ -245,10 +246,4 @@ static Suite *store_suite(void) {
   return s;
 }
 
-int main(void) {
-  SRunner *sr = srunner_create(store_suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return check_run(store_suite()); }

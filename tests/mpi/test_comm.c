@@ -17,10 +17,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/mpi_check.h"
 #include "core/internal.h"
 #include "fsdp/fsdp.h"
 #include "fsdp_config.h"
-#include "mpi/mpi_check.h"
 
 static fsdp_world_t world;
 static int rank, nranks;
@@ -653,9 +653,6 @@ static Suite *comm_suite(void) {
 }
 
 int main(void) {
-  world = fsdp_mpi_check_world(); /* the harness owns it and destroys it */
-  if (!world) return EXIT_FAILURE;
-  rank = fsdp_world_rank(world);
-  nranks = fsdp_world_size(world);
-  return fsdp_mpi_check_run(comm_suite());
+  if (mpi_check_join(&world, &rank, &nranks)) return EXIT_FAILURE;
+  return mpi_check_run(comm_suite());
 }

@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/mpi_check.h"
 #include "fsdp/fsdp.h"
-#include "mpi/mpi_check.h"
 
 static fsdp_world_t world;
 static int rank, nranks;
@@ -179,7 +179,8 @@ START_TEST(overlap) {
   fsdp_engine_timeline_clear(e);
   run_step(e, 16000000);
   size_t n;
-  const fsdp_tl_event_t *tl = fsdp_engine_timeline(e, &n, NULL);
+  const fsdp_tl_event_t *tl = NULL;
+  ck_assert_int_eq(fsdp_engine_timeline(e, &tl, &n, NULL), FSDP_SUCCESS);
   /* With prefetch the gather of unit k+1 is queued before unit k's compute and
    * starts as soon as the gather thread runs: it must be seen overlapping at
    * least once (every time, unless a loaded machine delays the thread past the
@@ -234,13 +235,7 @@ START_TEST(live_cap) {
 }
 END_TEST
 
-int main(void) {
-  if (fsdp_world_init(&world, NULL) != FSDP_SUCCESS) {
-    fprintf(stderr, "world: %s\n", fsdp_last_error());
-    return EXIT_FAILURE;
-  }
-  rank = fsdp_world_rank(world);
-  nranks = fsdp_world_size(world);
+static Suite *engine_suite(void) {
   Suite *s = suite_create("engine-mpi");
   TCase *tc = tcase_create("engine");
   tcase_set_timeout(tc, 300);
@@ -250,7 +245,10 @@ int main(void) {
   tcase_add_loop_test(tc, overlap, 0, 2);
   tcase_add_test(tc, live_cap);
   suite_add_tcase(s, tc);
-  int rc = fsdp_mpi_check_run(s);
-  fsdp_world_destroy(world);
-  return rc;
+  return s;
+}
+
+int main(void) {
+  if (mpi_check_join(&world, &rank, &nranks)) return EXIT_FAILURE;
+  return mpi_check_run(engine_suite());
 }

@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/mpi_check.h"
 #include "fsdp/fsdp.h"
-#include "mpi/mpi_check.h"
 
 #define STEPS 20
 #define GLOBAL_BATCH 12 /* divisible by N = 1..4 */
@@ -120,23 +120,17 @@ START_TEST(gpt2_sample_everywhere) {
 }
 END_TEST
 
-int main(void) {
-  fsdp_world_opts_t single = {.launch = FSDP_LAUNCH_SINGLE};
-  if (fsdp_world_init(&world, NULL) != FSDP_SUCCESS ||
-      fsdp_world_init(&solo, &single) != FSDP_SUCCESS) {
-    fprintf(stderr, "world: %s\n", fsdp_last_error());
-    return EXIT_FAILURE;
-  }
-  rank = fsdp_world_rank(world);
-  nranks = fsdp_world_size(world);
+static Suite *gpt2_suite(void) {
   Suite *s = suite_create("gpt2-mpi");
   TCase *tc = tcase_create("gpt2");
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, gpt2_parity);
   tcase_add_test(tc, gpt2_sample_everywhere);
   suite_add_tcase(s, tc);
-  int rc = fsdp_mpi_check_run(s);
-  fsdp_world_destroy(solo);
-  fsdp_world_destroy(world);
-  return rc;
+  return s;
+}
+
+int main(void) {
+  if (mpi_check_join(&world, &rank, &nranks) || !(solo = mpi_check_solo())) return EXIT_FAILURE;
+  return mpi_check_run(gpt2_suite());
 }

@@ -16,8 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/mpi_check.h"
 #include "fsdp/fsdp.h"
-#include "mpi/mpi_check.h"
 
 #define STEPS 30
 #define GLOBAL_BATCH 24 /* divisible by N * grad_accum for N = 1..4, accum 1, 2 */
@@ -297,24 +297,18 @@ START_TEST(bitwise) {
 }
 END_TEST
 
-int main(void) {
-  fsdp_world_opts_t single = {.launch = FSDP_LAUNCH_SINGLE};
-  if (fsdp_world_init(&world, NULL) != FSDP_SUCCESS ||
-      fsdp_world_init(&solo, &single) != FSDP_SUCCESS) {
-    fprintf(stderr, "world: %s\n", fsdp_last_error());
-    return EXIT_FAILURE;
-  }
-  rank = fsdp_world_rank(world);
-  nranks = fsdp_world_size(world);
-  make_data();
+static Suite *parity_suite(void) {
   Suite *s = suite_create("parity");
   TCase *tc = tcase_create("parity");
   tcase_set_timeout(tc, 600);
   tcase_add_loop_test(tc, parity, 0, (int)(sizeof parity_cases / sizeof parity_cases[0]));
   tcase_add_loop_test(tc, bitwise, 0, 12);
   suite_add_tcase(s, tc);
-  int rc = fsdp_mpi_check_run(s);
-  fsdp_world_destroy(solo);
-  fsdp_world_destroy(world);
-  return rc;
+  return s;
+}
+
+int main(void) {
+  if (mpi_check_join(&world, &rank, &nranks) || !(solo = mpi_check_solo())) return EXIT_FAILURE;
+  make_data();
+  return mpi_check_run(parity_suite());
 }

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/check_run.h"
 #include "core/internal.h"
 #include "fsdp/core.h"
 
@@ -194,10 +195,4 @@ static Suite *core_suite(void) {
   return s;
 }
 
-int main(void) {
-  SRunner *sr = srunner_create(core_suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+int main(void) { return check_run(core_suite()); }

@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "common/check_run.h"
 #include "fsdp/data.h"
 
 static char tmp_dir[64];
@@ -637,10 +638,7 @@ int main(void) {
     fprintf(stderr, "test_data: cannot create a temporary directory under %s\n", base);
     return EXIT_FAILURE;
   }
-  SRunner *sr = srunner_create(data_suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
+  const int rc = check_run(data_suite());
   nftw(tmp_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-  return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+  return rc;
 }

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/check_run.h"
 #include "core/internal.h"
 #include "device/stream_internal.h"
 #include "fsdp/device.h"
@@ -140,6 +141,15 @@ static fsdp_status_t b_finish(void *arg) {
   return FSDP_SUCCESS;
 }
 
+/* Queues on s the closed gate g, then x's b_finish, then a record of e: the
+ * event completes, with x->b_done set, only once g opens. */
+static void queue_gated_finish(fsdp_stream_t s, gate_t *g, xstream_t *x, fsdp_event_t e) {
+  gate_init(g);
+  fsdp_stream_launch(s, gate_wait_task, g);
+  fsdp_stream_launch(s, b_finish, x);
+  fsdp_event_record(e, s);
+}
+
 static fsdp_status_t a_observe(void *arg) {
   xstream_t *x = arg;
   x->a_saw = x->b_done;
@@ -150,11 +160,8 @@ START_TEST(stream_waits_for_event_on_other_stream) {
   fsdp_stream_t a = make_stream("stream-a"), b = make_stream("stream-b");
   fsdp_event_t eb = make_event(), ea = make_event();
   gate_t g;
-  gate_init(&g);
   xstream_t x = {0, 0};
-  fsdp_stream_launch(b, gate_wait_task, &g);
-  fsdp_stream_launch(b, b_finish, &x);
-  fsdp_event_record(eb, b);
+  queue_gated_finish(b, &g, &x, eb);
   ck_assert_int_eq(fsdp_stream_wait_event(a, eb), FSDP_SUCCESS);
   fsdp_stream_launch(a, a_observe, &x);
   fsdp_event_record(ea, a);
@@ -314,11 +321,8 @@ START_TEST(host_wait_event_blocks_caller) {
   fsdp_stream_t s = make_stream("host-wait");
   fsdp_event_t e = make_event();
   gate_t g;
-  gate_init(&g);
   xstream_t x = {0, 0};
-  fsdp_stream_launch(s, gate_wait_task, &g);
-  fsdp_stream_launch(s, b_finish, &x);
-  fsdp_event_record(e, s);
+  queue_gated_finish(s, &g, &x, e);
   pthread_t opener;
   ck_assert_int_eq(pthread_create(&opener, NULL, open_gate_thread, &g), 0);
   ck_assert_int_eq(fsdp_stream_wait_event(FSDP_HOST_STREAM, e), FSDP_SUCCESS);
@@ -431,10 +435,4 @@ static Suite *device_suite(void) {
   return s;
 }
 
-int main(void) {
-  SRunner *sr = srunner_create(device_suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+int main(void) { return check_run(device_suite()); }

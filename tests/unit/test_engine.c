@@ -4,17 +4,17 @@
  * memory follows the ZeRO formulas. */
 #include <check.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/check_run.h"
+#include "common/solo_world.h"
 #include "fsdp/fsdp.h"
 
 static fsdp_world_t world;
 
-static void setup(void) {
-  fsdp_world_opts_t o = {.launch = FSDP_LAUNCH_SINGLE};
-  ck_assert_int_eq(fsdp_world_init(&world, &o), FSDP_SUCCESS);
-}
+static void setup(void) { ck_assert_int_eq(solo_world_init(&world), FSDP_SUCCESS); }
 static void teardown(void) { fsdp_world_destroy(world); }
 
 static fsdp_tensor_desc_t desc2(const char *name, int64_t a, int64_t b) {
@@ -89,6 +89,49 @@ START_TEST(config_errors) {
                   fsdp_last_error());
     ck_assert_ptr_null(e);
   }
+}
+END_TEST
+
+/* A program compiled against an older header passes a smaller config: every
+ * field past its size takes its default, whatever the memory there holds. The
+ * "old header" here ends before reduce_dtype and comm_backend. */
+START_TEST(config_from_older_header_gets_defaults) {
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  c.size = offsetof(fsdp_config_t, reduce_dtype);
+  c.strategy = FSDP_SHARD_GRAD_OP;
+  c.grad_accum = 3;
+  c.reduce_dtype = (fsdp_dtype_t)77;          /* beyond the old size: never read */
+  c.comm_backend = "no such backend";         /* beyond the old size: never read */
+  fsdp_engine_t e = NULL;
+  ck_assert_int_eq(fsdp_engine_create(world, &c, &e), FSDP_SUCCESS);
+  const fsdp_config_t *got = fsdp_engine_config(e);
+  ck_assert_int_eq(got->strategy, FSDP_SHARD_GRAD_OP);
+  ck_assert_int_eq(got->grad_accum, 3);
+  ck_assert_int_eq(got->reduce_dtype, FSDP_F32);
+  ck_assert_ptr_null(got->comm_backend);
+  ck_assert_uint_eq(got->size, sizeof(fsdp_config_t));
+  fsdp_engine_destroy(e);
+
+  fsdp_config_t out;
+  ck_assert_int_eq(fsdp_config_resolve(&c, &out), FSDP_SUCCESS);
+  ck_assert_int_eq(out.reduce_dtype, FSDP_F32);
+  ck_assert_int_eq(out.grad_accum, 3);
+}
+END_TEST
+
+/* Not from FSDP_CONFIG_INIT, or from a newer header: refused, saying why. */
+START_TEST(config_head_errors) {
+  fsdp_config_t c = FSDP_CONFIG_INIT, out;
+  c.magic = 0;
+  fsdp_engine_t e = NULL;
+  ck_error(fsdp_engine_create(world, &c, &e), FSDP_ERR_INVALID_ARGUMENT, "FSDP_CONFIG_INIT");
+  ck_assert_ptr_null(e);
+  c = (fsdp_config_t)FSDP_CONFIG_INIT;
+  c.size = sizeof c + 8;
+  ck_error(fsdp_config_resolve(&c, &out), FSDP_ERR_INVALID_ARGUMENT, "link against");
+  c.size = 2;
+  ck_error(fsdp_config_resolve(&c, &out), FSDP_ERR_INVALID_ARGUMENT, "damaged");
+  ck_assert_int_eq(fsdp_get_version(), FSDP_VERSION_CODE);
 }
 END_TEST
 
@@ -346,7 +389,21 @@ START_TEST(memory_formula) {
   fsdp_engine_memory(e, &m);
   /* One rank: shards are whole, views read the master, nothing is gathered. */
   ck_assert_uint_eq(m.gathered_params_peak, 0);
+  ck_assert_uint_gt(m.grads_in_flight_peak, 0);
   ck_assert_uint_le(m.grads_in_flight_peak, m.grad_pool);
+  /* After the step nothing is in flight; reset_peaks brings the peaks down to
+   * what is live now, and the next pass raises them again. */
+  ck_assert_int_eq(fsdp_engine_step(e, NULL), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_engine_memory(e, &m), FSDP_SUCCESS);
+  ck_assert_uint_eq(m.grads_in_flight, 0);
+  const size_t peak = m.grads_in_flight_peak;
+  fsdp_engine_reset_peaks(e);
+  ck_assert_int_eq(fsdp_engine_memory(e, &m), FSDP_SUCCESS);
+  ck_assert_uint_eq(m.grads_in_flight_peak, 0);
+  run_pass(e, u, 3, 1.0f);
+  ck_assert_int_eq(fsdp_engine_memory(e, &m), FSDP_SUCCESS);
+  ck_assert_uint_eq(m.grads_in_flight_peak, peak);
+  ck_assert_int_ne(fsdp_engine_memory(NULL, &m), FSDP_SUCCESS);
   fsdp_engine_destroy(e);
   c.optim.kind = FSDP_OPTIM_SGD;
   c.optim.momentum = 0.5f;
@@ -412,6 +469,8 @@ static Suite *engine_suite(void) {
   TCase *tc = tcase_create("core");
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, config_errors);
+  tcase_add_test(tc, config_from_older_header_gets_defaults);
+  tcase_add_test(tc, config_head_errors);
   tcase_add_test(tc, unit_add_errors);
   tcase_add_loop_test(tc, schedule_errors, 0, 3);
   tcase_add_test(tc, batch_errors);
@@ -425,10 +484,4 @@ static Suite *engine_suite(void) {
   return s;
 }
 
-int main(void) {
-  SRunner *sr = srunner_create(engine_suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return check_run(engine_suite()); }

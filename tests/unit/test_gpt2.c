@@ -7,13 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/check_run.h"
+#include "common/solo_world.h"
 #include "fsdp/fsdp.h"
 
 static fsdp_world_t world;
-static void setup(void) {
-  fsdp_world_opts_t o = {.launch = FSDP_LAUNCH_SINGLE};
-  ck_assert_int_eq(fsdp_world_init(&world, &o), FSDP_SUCCESS);
-}
+static void setup(void) { ck_assert_int_eq(solo_world_init(&world), FSDP_SUCCESS); }
 static void teardown(void) { fsdp_world_destroy(world); }
 
 /* Small enough for finite differences, with no power-of-two sizes. */
@@ -236,7 +235,7 @@ START_TEST(sampling_and_errors) {
 }
 END_TEST
 
-int main(void) {
+static Suite *gpt2_suite(void) {
   Suite *s = suite_create("gpt2");
   TCase *tc = tcase_create("gpt2");
   tcase_add_checked_fixture(tc, setup, teardown);
@@ -248,9 +247,7 @@ int main(void) {
   tcase_add_test(tc, bf16_follows_f32);
   tcase_add_test(tc, sampling_and_errors);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return s;
 }
+
+int main(void) { return check_run(gpt2_suite()); }

@@ -1,8 +1,11 @@
-/* tests/unit/test_layers.c — GPT-2 block kernels (GELU, LayerNorm, embedding,
- * causal attention, residual) against float64 references written here:
- * forward values, gradients by central finite differences of the float64
- * forward, the += contract of backward kernels, and the invariants each
- * kernel promises (softmax rows, causality, normalised statistics). */
+/* tests/unit/test_layers.c — the CPU layer kernels, src/nn/layers.c (linear,
+ * ReLU, softmax cross-entropy, LayerNorm, embedding, causal attention,
+ * residual) and src/nn/gelu.c (GELU), against float64 references written
+ * here: forward values, gradients by central finite differences of the
+ * float64 forward (common/gradcheck.h), the += contract of backward kernels,
+ * and the invariants each kernel promises (softmax rows, causality,
+ * normalised statistics). The MLP end to end needs an engine and lives with
+ * the engine tests. */
 #include <check.h>
 #include <float.h>
 #include <math.h>
@@ -10,75 +13,21 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/arrays.h"
+#include "common/check_run.h"
+#include "common/gradcheck.h"
+#include "common/rng.h"
 #include "fsdp/nn.h"
 
 #define LEN(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
-/* Gradients: the loss is sum(out * R) for a random R, so dout = R, and the
- * numeric side is a central difference of a float64 forward with step H:
- * truncation O(H^2 f''') ~ 1e-8 and round-off ~ 1e-16 |loss| / H ~ 1e-11, so
- * it is exact next to the fp32 analytic gradient, whose error is a few fp32
- * ulps (6e-8) of sums of at most a few hundred O(1) terms: ~1e-6 absolute at
- * worst (2e-7 seen, attention at T = 70). |analytic - numeric| <=
- * GRAD_RTOL |numeric| + GRAD_ATOL leaves 50x room on that and still fails a
- * dropped or mis-scaled term, which is off by 1e-3 or more. */
-#define H 1e-4
-#define GRAD_RTOL 1e-3
-#define GRAD_ATOL 1e-5
 /* Forward values: fp32 kernels against float64 with O(1) outputs, a few ulps
  * of accumulated rounding (2e-7 seen); 1e-5 relative with a floor of 1e-5. */
 #define FWD_TOL 1e-5
 
-static uint64_t rng_state;
-
-static double rnd(void) { /* uniform in [-1, 1), splitmix64 */
-  uint64_t x = (rng_state += 0x9E3779B97F4A7C15ULL);
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return (double)((x ^ (x >> 31)) >> 11) / 9007199254740992.0 * 2.0 - 1.0;
-}
-
-/* n floats uniform in offset +- spread. */
-static float *rand_floats(size_t n, double offset, double spread) {
-  float *x = malloc((n ? n : 1) * sizeof(float));
-  ck_assert_ptr_nonnull(x);
-  for (size_t i = 0; i < n; ++i) x[i] = (float)(offset + spread * rnd());
-  return x;
-}
-
-static float *zeros(size_t n) {
-  float *x = calloc(n ? n : 1, sizeof(float));
-  ck_assert_ptr_nonnull(x);
-  return x;
-}
-
 static void assert_fwd(const char *what, size_t i, double got, double want) {
   ck_assert_msg(fabs(got - want) <= FWD_TOL * (1.0 + fabs(want)), "%s[%zu]: got %.9g want %.9g",
                 what, i, got, want);
-}
-
-/* A float64 loss over a problem whose inputs are float arrays. */
-typedef double (*loss64_fn)(const void *problem);
-
-/* Central difference of loss around x[i], x restored after. The probes are
- * stored in the fp32 array, so the divisor is the step actually taken. */
-static double numeric_grad(loss64_fn loss, const void *p, float *x, size_t i) {
-  const float x0 = x[i];
-  x[i] = (float)(x0 + H);
-  const double up = loss(p), dx_up = (double)x[i] - x0;
-  x[i] = (float)(x0 - H);
-  const double down = loss(p), dx_down = x0 - (double)x[i];
-  x[i] = x0;
-  return (up - down) / (dx_up + dx_down);
-}
-
-static void check_grads(const char *what, loss64_fn loss, const void *p, float *x,
-                        const float *analytic, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    const double num = numeric_grad(loss, p, x, i);
-    ck_assert_msg(fabs(analytic[i] - num) <= GRAD_RTOL * fabs(num) + GRAD_ATOL,
-                  "%s[%zu]: analytic %.9g vs numeric %.9g", what, i, analytic[i], num);
-  }
 }
 
 /* A second backward call into the same buffer must double it. */
@@ -88,12 +37,207 @@ static void assert_doubled(const char *what, const float *twice, const float *on
                   "%s[%zu]: %.9g after two calls, %.9g after one", what, i, twice[i], once[i]);
 }
 
-static float *copy_floats(const float *x, size_t n) {
-  float *y = malloc((n ? n : 1) * sizeof(float));
-  ck_assert_ptr_nonnull(y);
-  memcpy(y, x, n * sizeof(float));
-  return y;
+/* ---- linear ---- */
+
+static const struct { int B, C, OC; } kLinear[] = {{1, 1, 1}, {3, 5, 4}, {7, 16, 3}, {2, 33, 17}};
+
+struct lin {
+  int B, C, OC;
+  float *inp, *w, *b, *r; /* r (B,OC): the loss is sum(r * out) */
+};
+
+static struct lin lin_make(int i) {
+  rng_seed(1000 + (uint64_t)i);
+  struct lin l = {kLinear[i].B, kLinear[i].C, kLinear[i].OC, NULL, NULL, NULL, NULL};
+  l.inp = rand_floats((size_t)l.B * l.C, 0.0, 1.0);
+  l.w = rand_floats((size_t)l.OC * l.C, 0.0, 1.0);
+  l.b = rand_floats((size_t)l.OC, 0.0, 1.0);
+  l.r = rand_floats((size_t)l.B * l.OC, 0.0, 1.0);
+  return l;
 }
+
+static void lin_free(struct lin *l) { free(l->inp), free(l->w), free(l->b), free(l->r); }
+
+/* float64 sum(r * (inp @ w^T + b)), reading the float arrays as given. */
+static double lin_loss64(const void *p) {
+  const struct lin *l = p;
+  double loss = 0;
+  for (int b = 0; b < l->B; ++b)
+    for (int o = 0; o < l->OC; ++o) {
+      double acc = l->b[o];
+      for (int c = 0; c < l->C; ++c) acc += (double)l->inp[b * l->C + c] * l->w[o * l->C + c];
+      loss += acc * l->r[b * l->OC + o];
+    }
+  return loss;
+}
+
+START_TEST(linear_forward_matches_f64) {
+  struct lin l = lin_make(_i);
+  /* Not zeroed: the forward must overwrite what is there. */
+  float *out = xmalloc((size_t)l.B * l.OC * sizeof(float));
+  float *nob = xmalloc((size_t)l.B * l.OC * sizeof(float));
+  fsdp_linear_forward(out, l.inp, l.w, l.b, l.B, l.C, l.OC);
+  fsdp_linear_forward(nob, l.inp, l.w, NULL, l.B, l.C, l.OC);
+  for (int b = 0; b < l.B; ++b)
+    for (int o = 0; o < l.OC; ++o) {
+      double acc = 0;
+      for (int c = 0; c < l.C; ++c) acc += (double)l.inp[b * l.C + c] * l.w[o * l.C + c];
+      ck_assert_double_eq_tol(nob[b * l.OC + o], acc, 1e-5);
+      ck_assert_double_eq_tol(out[b * l.OC + o], acc + l.b[o], 1e-5);
+    }
+  free(out), free(nob);
+  lin_free(&l);
+}
+END_TEST
+
+START_TEST(linear_backward_gradcheck) {
+  struct lin l = lin_make(_i);
+  const size_t ni = (size_t)l.B * l.C, nw = (size_t)l.OC * l.C;
+  float *dinp = zeros(ni), *dw = zeros(nw), *db = zeros((size_t)l.OC);
+  fsdp_linear_backward(dinp, dw, db, l.r, l.inp, l.w, l.B, l.C, l.OC);
+  check_grads("dinp", lin_loss64, &l, l.inp, dinp, ni);
+  check_grads("dweight", lin_loss64, &l, l.w, dw, nw);
+  check_grads("dbias", lin_loss64, &l, l.b, db, (size_t)l.OC);
+  free(dinp), free(dw), free(db);
+  lin_free(&l);
+}
+END_TEST
+
+/* Backward must add to what is there (gradient accumulation, several uses of
+ * one input), and NULL dinp/dbias must skip those outputs only. */
+START_TEST(linear_backward_accumulates) {
+  struct lin l = lin_make(_i);
+  const size_t ni = (size_t)l.B * l.C, nw = (size_t)l.OC * l.C;
+  float *fresh_i = zeros(ni), *fresh_w = zeros(nw), *fresh_b = zeros((size_t)l.OC);
+  fsdp_linear_backward(fresh_i, fresh_w, fresh_b, l.r, l.inp, l.w, l.B, l.C, l.OC);
+  float *acc_i = xmalloc(ni * sizeof(float)), *acc_w = xmalloc(nw * sizeof(float));
+  float *acc_b = xmalloc((size_t)l.OC * sizeof(float));
+  for (size_t i = 0; i < ni; ++i) acc_i[i] = 0.5f + (float)i;
+  for (size_t i = 0; i < nw; ++i) acc_w[i] = -1.0f - (float)i;
+  for (int o = 0; o < l.OC; ++o) acc_b[o] = 3.0f * (float)o;
+  fsdp_linear_backward(acc_i, acc_w, acc_b, l.r, l.inp, l.w, l.B, l.C, l.OC);
+  for (size_t i = 0; i < ni; ++i) ck_assert_float_eq_tol(acc_i[i], 0.5f + (float)i + fresh_i[i], 1e-4f);
+  for (size_t i = 0; i < nw; ++i) ck_assert_float_eq_tol(acc_w[i], -1.0f - (float)i + fresh_w[i], 1e-4f);
+  for (int o = 0; o < l.OC; ++o) ck_assert_float_eq_tol(acc_b[o], 3.0f * (float)o + fresh_b[o], 1e-4f);
+  /* Weight-only backward (the first layer of a model) leaves dweight as the
+   * sum of two contributions and touches nothing else. */
+  fsdp_linear_backward(NULL, acc_w, NULL, l.r, l.inp, l.w, l.B, l.C, l.OC);
+  for (size_t i = 0; i < nw; ++i)
+    ck_assert_float_eq_tol(acc_w[i], -1.0f - (float)i + 2.0f * fresh_w[i], 1e-4f);
+  free(fresh_i), free(fresh_w), free(fresh_b), free(acc_i), free(acc_w), free(acc_b);
+  lin_free(&l);
+}
+END_TEST
+
+/* ---- ReLU ---- */
+
+START_TEST(relu_forward_backward) {
+  const size_t n = 257;
+  rng_seed(77);
+  float *x = xmalloc(n * sizeof(float));
+  for (size_t i = 0; i < n; ++i) { /* 0.1 away from 0, sign kept: no kink within GRAD_H */
+    const double d = rnd();
+    x[i] = (float)(d < 0 ? d - 0.1 : d + 0.1);
+  }
+  float *r = rand_floats(n, 0.0, 1.0);
+  float *y = xmalloc(n * sizeof(float)), *dx = xmalloc(n * sizeof(float));
+  fsdp_relu_forward(y, x, n);
+  for (size_t i = 0; i < n; ++i) {
+    ck_assert_float_eq(y[i], x[i] > 0 ? x[i] : 0.0f);
+    dx[i] = 2.0f; /* must be added to, not overwritten */
+  }
+  fsdp_relu_backward(dx, y, r, n);
+  /* Loss sum(r * relu(x)) is separable: the central difference of element i
+   * alone, in float64; |x| >= 0.1 > GRAD_H keeps both probes on one side of 0. */
+  for (size_t i = 0; i < n; ++i) {
+    double up = x[i] + GRAD_H, down = x[i] - GRAD_H;
+    double numeric = r[i] * ((up > 0 ? up : 0) - (down > 0 ? down : 0)) / (2 * GRAD_H);
+    assert_grad("relu dinp", i, dx[i] - 2.0, numeric);
+  }
+  /* In place, as the MLP uses it. */
+  fsdp_relu_forward(x, x, n);
+  ck_assert_mem_eq(x, y, n * sizeof(float));
+  free(x), free(r), free(y), free(dx);
+}
+END_TEST
+
+/* ---- softmax cross-entropy ---- */
+
+static const struct {
+  int B, V;
+  double spread; /* logits in +-spread around an offset */
+  double offset; /* large offsets overflow a naive exp */
+  float scale;
+} kXent[] = {
+    {1, 2, 1, 0, 1.0f}, {4, 10, 3, 0, 1.0f}, {5, 7, 2, 0, 0.125f},
+    {3, 33, 5, 0, 2.0f}, {2, 6, 4, 1000, 1.0f}, {2, 6, 4, -1000, 0.5f},
+};
+
+/* Stable float64 reference of one row: lse(row) - row[t]. */
+static double xent_row64(const double *row, int t, int V) {
+  double mx = row[0], s = 0;
+  for (int j = 1; j < V; ++j) mx = fmax(mx, row[j]);
+  for (int j = 0; j < V; ++j) s += exp(row[j] - mx);
+  return mx + log(s) - row[t];
+}
+
+START_TEST(softmax_xent_gradcheck) {
+  const int B = kXent[_i].B, V = kXent[_i].V;
+  const size_t n = (size_t)B * V;
+  rng_seed(500 + (uint64_t)_i);
+  float *logits = rand_floats(n, kXent[_i].offset, kXent[_i].spread);
+  float *dl = xmalloc(n * sizeof(float));
+  int *t = rand_tokens((size_t)B, V);
+  double *row = xmalloc((size_t)V * sizeof(double));
+  const double loss = fsdp_softmax_xent(dl, logits, t, B, V, kXent[_i].scale);
+  double want = 0;
+  for (int b = 0; b < B; ++b) {
+    for (int j = 0; j < V; ++j) row[j] = logits[(size_t)b * V + j];
+    want += xent_row64(row, t[b], V);
+  }
+  ck_assert(isfinite(loss));
+  ck_assert_double_eq_tol(loss, want, 1e-5 * (1.0 + fabs(want)));
+  for (int b = 0; b < B; ++b) {
+    for (int j = 0; j < V; ++j) row[j] = logits[(size_t)b * V + j];
+    for (int j = 0; j < V; ++j) {
+      const double x0 = row[j];
+      row[j] = x0 + GRAD_H;
+      const double up = xent_row64(row, t[b], V);
+      row[j] = x0 - GRAD_H;
+      const double down = xent_row64(row, t[b], V);
+      row[j] = x0;
+      assert_grad("dlogits", (size_t)b * V + j, dl[(size_t)b * V + j],
+                  kXent[_i].scale * (up - down) / (2 * GRAD_H));
+    }
+  }
+  /* Without dlogits only the loss is computed, and it is the same. */
+  ck_assert_double_eq(fsdp_softmax_xent(NULL, logits, t, B, V, 1.0f), loss);
+  free(logits), free(dl), free(row), free(t);
+}
+END_TEST
+
+START_TEST(softmax_xent_known_value) {
+  /* Uniform logits over V classes: loss log(V) per row; gradient 1/V - onehot. */
+  const float logits[2 * 4] = {0.3f, 0.3f, 0.3f, 0.3f, -2, -2, -2, -2};
+  const int t[2] = {1, 3};
+  float dl[8];
+  ck_assert_double_eq_tol(fsdp_softmax_xent(dl, logits, t, 2, 4, 1.0f), 2 * log(4.0), 1e-6);
+  for (int i = 0; i < 8; ++i)
+    ck_assert_float_eq_tol(dl[i], 0.25f - (i == 1 || i == 7 ? 1.0f : 0.0f), 1e-7f);
+}
+END_TEST
+
+START_TEST(softmax_xent_bad_target_is_nan) {
+  const float logits[2 * 3] = {1, 2, 3, 1, 2, 3};
+  const int t[2] = {0, 3};
+  float dl[6];
+  ck_assert(isnan(fsdp_softmax_xent(dl, logits, t, 2, 3, 1.0f)));
+  for (int j = 0; j < 3; ++j) {
+    ck_assert(isfinite(dl[j])); /* the good row is untouched by the bad one */
+    ck_assert(isnan(dl[3 + j]));
+  }
+}
+END_TEST
 
 /* ---- GELU ---- */
 
@@ -106,7 +250,7 @@ static const struct { size_t n; double spread; } kGelu[] = {{1, 1.0}, {37, 0.5},
 
 START_TEST(gelu_forward_backward) {
   const size_t n = kGelu[_i].n;
-  rng_state = 100 + (uint64_t)_i;
+  rng_seed(100 + (uint64_t)_i);
   float *x = rand_floats(n, 0.0, kGelu[_i].spread), *r = rand_floats(n, 0.0, 1.0);
   float *y = zeros(n), *dx = zeros(n), *dx2 = zeros(n);
   fsdp_gelu_forward(y, x, n);
@@ -114,9 +258,8 @@ START_TEST(gelu_forward_backward) {
   fsdp_gelu_backward(dx, x, r, n);
   /* sum(r * gelu(x)) is separable: the difference of element i alone. */
   for (size_t i = 0; i < n; ++i) {
-    const double num = r[i] * (gelu64(x[i] + H) - gelu64(x[i] - H)) / (2 * H);
-    ck_assert_msg(fabs(dx[i] - num) <= GRAD_RTOL * fabs(num) + GRAD_ATOL,
-                  "gelu dinp[%zu]: analytic %.9g vs numeric %.9g", i, dx[i], num);
+    const double num = r[i] * (gelu64(x[i] + GRAD_H) - gelu64(x[i] - GRAD_H)) / (2 * GRAD_H);
+    assert_grad("gelu dinp", i, dx[i], num);
   }
   memcpy(dx2, dx, n * sizeof(float));
   fsdp_gelu_backward(dx2, x, r, n);
@@ -153,7 +296,7 @@ struct ln {
 };
 
 static struct ln ln_make(int i) {
-  rng_state = 200 + (uint64_t)i;
+  rng_seed(200 + (uint64_t)i);
   struct ln l = {kLn[i].N, kLn[i].C, NULL, NULL, NULL, NULL};
   const size_t n = (size_t)l.N * l.C;
   l.inp = rand_floats(n, kLn[i].offset, 1.0);
@@ -279,12 +422,10 @@ struct emb {
 };
 
 static struct emb emb_make(int i) {
-  rng_state = 300 + (uint64_t)i;
+  rng_seed(300 + (uint64_t)i);
   struct emb e = {kEmb[i].B, kEmb[i].T, kEmb[i].C, kEmb[i].V, NULL, NULL, NULL, NULL};
   const size_t bt = (size_t)e.B * e.T;
-  e.tok = malloc(bt * sizeof(int));
-  ck_assert_ptr_nonnull(e.tok);
-  for (size_t j = 0; j < bt; ++j) e.tok[j] = (int)((rnd() + 1.0) * 0.5 * e.V) % e.V;
+  e.tok = rand_tokens(bt, e.V);
   if (bt > 1) e.tok[bt - 1] = e.tok[0]; /* a repeated token: the scatter must add */
   e.wte = rand_floats((size_t)e.V * e.C, 0.0, 1.0);
   e.wpe = rand_floats((size_t)e.T * e.C, 0.0, 1.0);
@@ -344,7 +485,7 @@ struct att {
 };
 
 static struct att att_make(int i) {
-  rng_state = 400 + (uint64_t)i;
+  rng_seed(400 + (uint64_t)i);
   struct att a = {kAtt[i].B, kAtt[i].T, kAtt[i].C, kAtt[i].NH, NULL, NULL};
   const size_t bt = (size_t)a.B * a.T;
   /* Spread 2 gives peaked and flat softmax rows alike. */
@@ -476,7 +617,7 @@ END_TEST
 
 START_TEST(residual_forward_backward) {
   const size_t n = 101;
-  rng_state = 500;
+  rng_seed(500);
   float *a = rand_floats(n, 0.0, 1.0), *b = rand_floats(n, 0.0, 1.0), *d = rand_floats(n, 0.0, 1.0);
   float *out = zeros(n), *da = zeros(n), *db = zeros(n);
   fsdp_residual_forward(out, a, b, n);
@@ -499,7 +640,20 @@ END_TEST
 
 static Suite *layers_suite(void) {
   Suite *s = suite_create("layers");
-  TCase *t = tcase_create("gelu");
+  TCase *t = tcase_create("linear");
+  tcase_add_loop_test(t, linear_forward_matches_f64, 0, LEN(kLinear));
+  tcase_add_loop_test(t, linear_backward_gradcheck, 0, LEN(kLinear));
+  tcase_add_loop_test(t, linear_backward_accumulates, 0, LEN(kLinear));
+  suite_add_tcase(s, t);
+  t = tcase_create("relu");
+  tcase_add_test(t, relu_forward_backward);
+  suite_add_tcase(s, t);
+  t = tcase_create("xent");
+  tcase_add_loop_test(t, softmax_xent_gradcheck, 0, LEN(kXent));
+  tcase_add_test(t, softmax_xent_known_value);
+  tcase_add_test(t, softmax_xent_bad_target_is_nan);
+  suite_add_tcase(s, t);
+  t = tcase_create("gelu");
   tcase_add_loop_test(t, gelu_forward_backward, 0, LEN(kGelu));
   tcase_add_test(t, gelu_tails_are_finite);
   suite_add_tcase(s, t);
@@ -525,10 +679,4 @@ static Suite *layers_suite(void) {
   return s;
 }
 
-int main(void) {
-  SRunner *sr = srunner_create(layers_suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return check_run(layers_suite()); }

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/check_run.h"
 #include "fsdp/optim.h"
 
 #define LEN(a) ((int)(sizeof(a) / sizeof((a)[0])))
@@ -248,10 +249,4 @@ static Suite *optim_suite(void) {
   return s;
 }
 
-int main(void) {
-  SRunner *sr = srunner_create(optim_suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return check_run(optim_suite()); }

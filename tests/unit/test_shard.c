@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/check_run.h"
 #include "engine/shard.h"
 #include "fsdp/engine.h"
 
@@ -220,10 +221,4 @@ static Suite *shard_suite(void) {
   return s;
 }
 
-int main(void) {
-  SRunner *sr = srunner_create(shard_suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return check_run(shard_suite()); }

@@ -1,4 +1,4 @@
-/* src/dist/world.c — world bootstrap (include/fsdp/world.h): finds out how the
+/* src/world/world.c — world bootstrap (include/fsdp/world.h): finds out how the
  * process was launched (mpirun, env:// or nothing), starts MPI at the thread
  * level communication streams need or joins the env:// rendezvous
  * (rendezvous.c), resolves the deadlines, and answers rank/size questions. A
@@ -13,9 +13,9 @@
 #include <string.h>
 
 #include "core/internal.h"
-#include "dist/env_world.h"
-#include "dist/world_env.h"
-#include "dist/world_internal.h"
+#include "world/rendezvous.h"
+#include "world/world_internal.h"
+#include "world/world_mpi.h"
 
 struct fsdp_world {
   int rank, size;
@@ -254,8 +254,11 @@ static fsdp_status_t resolve_options(struct fsdp_world *w, const fsdp_world_opts
 }
 
 fsdp_status_t fsdp_world_init(fsdp_world_t *world, const fsdp_world_opts_t *opts) {
-  static const fsdp_world_opts_t defaults = FSDP_WORLD_OPTS_INIT;
-  const fsdp_world_opts_t *o = opts ? opts : &defaults;
+  fsdp_world_opts_t resolved = FSDP_WORLD_OPTS_INIT;
+  if (opts)
+    FSDP_TRY(fsdp_opts_import(&resolved, opts, sizeof resolved, FSDP_WORLD_OPTS_MAGIC,
+                              "fsdp_world_opts_t", "FSDP_WORLD_OPTS_INIT"));
+  const fsdp_world_opts_t *o = &resolved;
   if (!world) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_world_init: world is NULL");
   if (o->expected_world_size < 0)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
@@ -300,14 +303,14 @@ void fsdp_world_destroy(fsdp_world_t world) {
 }
 
 int fsdp_world_rank(fsdp_world_t world) { return world ? world->rank : -1; }
-int fsdp_world_size(fsdp_world_t world) { return world ? world->size : 0; }
+int fsdp_world_size(fsdp_world_t world) { return world ? world->size : -1; }
 int fsdp_world_local_rank(fsdp_world_t world) { return world ? world->local_rank : -1; }
-int fsdp_world_local_size(fsdp_world_t world) { return world ? world->local_size : 0; }
-double fsdp_world_timeout(fsdp_world_t world) { return world ? world->timeout_s : 0.0; }
+int fsdp_world_local_size(fsdp_world_t world) { return world ? world->local_size : -1; }
+double fsdp_world_timeout(fsdp_world_t world) { return world ? world->timeout_s : -1.0; }
 
 const char *fsdp_world_backend(fsdp_world_t world) {
   static const char *names[] = {"self", "mpi", "gloo"};
-  return names[world ? world->kind : FSDP_WORLD_SELF];
+  return world ? names[world->kind] : NULL;
 }
 
 int fsdp_world_uses_mpi(fsdp_world_t world) { return world && world->kind == FSDP_WORLD_MPI; }

@@ -1,4 +1,4 @@
-/* src/dist/rendezvous.c — the env:// bootstrap (dist/env_world.h), as a
+/* src/world/rendezvous.c — the env:// bootstrap (world/rendezvous.h), as a
  * torchrun-style launcher (fsdp-run) sets it up: rank 0 serves the store at
  * MASTER_PORT, every rank connects to MASTER_ADDR:MASTER_PORT (rank 0 over
  * loopback), registers, and rank 0 announces a verdict once all WORLD_SIZE
@@ -20,8 +20,8 @@
 #include <unistd.h>
 
 #include "core/internal.h"
-#include "dist/env_world.h"
-#include "dist/world_env.h"
+#include "world/rendezvous.h"
+#include "world/world_internal.h"
 
 /* Rank 0 decides this much before the rendezvous timeout (at most 1 s, a
  * tenth of short timeouts), so that the ranks waiting for its verdict read it

@@ -1,4 +1,4 @@
-/* src/dist/store.h — the env:// key-value store: a small TCP server (run by
+/* src/world/store.h — the env:// key-value store: a small TCP server (run by
  * rank 0 of an env:// world) and its clients. It carries the rendezvous, the
  * gloo full-mesh addresses of every communicator, the watchdog's progress
  * reports, and (with the CUDA issue) the NCCL unique id.
@@ -16,8 +16,8 @@
  * connection; its calls are serialised by a mutex, so a thread that must not
  * wait behind another's get (the watchdog) opens a client of its own.
  * Not installed. */
-#ifndef FSDP_DIST_STORE_H
-#define FSDP_DIST_STORE_H
+#ifndef FSDP_WORLD_STORE_H
+#define FSDP_WORLD_STORE_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -48,8 +48,6 @@ void fsdp_store_server_stop(fsdp_store_server_t *server);
 fsdp_status_t fsdp_store_connect(const char *host, int port, double timeout_s,
                                  fsdp_store_t **out);
 void fsdp_store_close(fsdp_store_t *store);
-/* "host:port" as given to fsdp_store_connect; valid until close. */
-const char *fsdp_store_address(const fsdp_store_t *store);
 
 fsdp_status_t fsdp_store_set(fsdp_store_t *store, const char *key, const void *value,
                              size_t len);

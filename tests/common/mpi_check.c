@@ -1,22 +1,53 @@
-/* tests/mpi/mpi_check.c — Check runner for programs under mpirun or fsdp-run:
- * in-process tests, per-rank failure lines, and one exit status agreed by
- * every rank. */
+/* tests/common/mpi_check.c — Check runner for programs under mpirun or
+ * fsdp-run: the program's worlds, in-process tests, per-rank failure lines,
+ * and one exit status agreed by every rank. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "common/mpi_check.h"
+#include "common/solo_world.h"
 #include "fsdp/fsdp.h"
-#include "mpi/mpi_check.h"
 
-static fsdp_world_t shared_world;
+static fsdp_world_t shared_world, solo_world;
 
-fsdp_world_t fsdp_mpi_check_world(void) {
-  if (shared_world) return shared_world;
-  if (fsdp_world_init(&shared_world, NULL) != FSDP_SUCCESS) {
-    fprintf(stderr, "mpi_check: cannot create the shared world: %s\n", fsdp_last_error());
-    shared_world = NULL;
+/* The shared world (the launcher's), or NULL after printing why. */
+static fsdp_world_t shared_or_why(void) {
+  fsdp_world_t w = NULL;
+  if (fsdp_world_init(&w, NULL) == FSDP_SUCCESS) return w;
+  fprintf(stderr, "mpi_check: cannot create the shared world: %s\n", fsdp_last_error());
+  return NULL;
+}
+
+int mpi_check_join(fsdp_world_t *world, int *rank, int *nranks) {
+  if (!shared_world) shared_world = shared_or_why();
+  if (!shared_world) return EXIT_FAILURE;
+  *world = shared_world;
+  *rank = fsdp_world_rank(shared_world);
+  *nranks = fsdp_world_size(shared_world);
+  return 0;
+}
+
+int mpi_check_join_gpu(fsdp_world_t *world, int *rank, int *nranks) {
+  const int devices = fsdp_cuda_device_count();
+  if (devices == 0) {
+    printf("mpi_check: SKIP: no usable CUDA device (or fsdp built without CUDA)\n");
+    return 77;
   }
-  return shared_world;
+  if (mpi_check_join(world, rank, nranks)) return EXIT_FAILURE;
+  if (fsdp_cuda_set_device(fsdp_world_local_rank(*world) % devices) != FSDP_SUCCESS) {
+    fprintf(stderr, "mpi_check: rank %d: %s\n", *rank, fsdp_last_error());
+    return EXIT_FAILURE;
+  }
+  return 0;
+}
+
+fsdp_world_t mpi_check_solo(void) {
+  if (!solo_world && solo_world_init(&solo_world) != FSDP_SUCCESS) {
+    fprintf(stderr, "mpi_check: cannot create the solo world: %s\n", fsdp_last_error());
+    solo_world = NULL;
+  }
+  return solo_world;
 }
 
 static int mpi_alive(void) {
@@ -48,14 +79,14 @@ static int sum_over_world(double *x, int n) {
   return -1;
 }
 
-int fsdp_mpi_check_run(Suite *s) {
+int mpi_check_run(Suite *s) {
   /* A program that made no world yet gets the shared one (MPI under mpirun). */
-  if (!mpi_alive() && !fsdp_mpi_check_world()) return EXIT_FAILURE;
+  if (!shared_world && !(shared_world = shared_or_why())) return EXIT_FAILURE;
   int rank = 0, nranks = 1, alive = mpi_alive();
   if (alive) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &nranks);
-  } else if (shared_world) {
+  } else {
     rank = fsdp_world_rank(shared_world);
     nranks = fsdp_world_size(shared_world);
   }
@@ -76,7 +107,8 @@ int fsdp_mpi_check_run(Suite *s) {
   if (rank == 0)
     printf("mpi_check: %d checks over %d rank(s), %d failed%s\n", total[1], nranks, total[0],
            getenv("FSDP_DESYNC_CHECK") ? " (desync check on)" : "");
-  if (shared_world) fsdp_world_destroy(shared_world);
-  shared_world = NULL;
+  fsdp_world_destroy(solo_world);
+  fsdp_world_destroy(shared_world);
+  solo_world = shared_world = NULL;
   return total[0] == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -1,4 +1,4 @@
-/* src/dist/store_proto.h — the store's wire format and socket helpers, shared
+/* src/world/store_proto.h — the store's wire format and socket helpers, shared
  * by the server (store_server.c) and the client (store.c).
  *
  * A request is a 24-byte header (op, key length, value length, a 64-bit
@@ -8,8 +8,8 @@
  * in replies the counter of an add or the answer of a check. A connection
  * starts with a hello whose key is STORE_MAGIC, so a client that reached some
  * other service finds out at once instead of waiting for a timeout. */
-#ifndef FSDP_DIST_STORE_PROTO_H
-#define FSDP_DIST_STORE_PROTO_H
+#ifndef FSDP_WORLD_STORE_PROTO_H
+#define FSDP_WORLD_STORE_PROTO_H
 
 #include <stddef.h>
 #include <stdint.h>

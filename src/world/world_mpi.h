@@ -1,7 +1,7 @@
-/* src/dist/world_internal.h — what the comm layer needs to know about a world.
- * Only src/dist and src/comm may include this header (it pulls in mpi.h). */
-#ifndef FSDP_DIST_WORLD_INTERNAL_H
-#define FSDP_DIST_WORLD_INTERNAL_H
+/* src/world/world_mpi.h — what the comm layer needs to know about a world.
+ * Only src/world and src/comm may include this header (it pulls in mpi.h). */
+#ifndef FSDP_WORLD_MPI_H
+#define FSDP_WORLD_MPI_H
 
 #include <mpi.h>
 

@@ -1,12 +1,12 @@
-/* tests/ckpt/ckpt_model.c — the shared test model: units of prime-sized
+/* tests/common/ckpt_model.c — the shared test model: units of prime-sized
  * tensors, so shards split tensors at awkward places and some ranks own
  * nothing of a unit, and a loss whose gradient is nonlinear in the weights. */
-#include "ckpt_model.h"
-
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "common/ckpt_model.h"
 
 typedef struct {
   const char *name;

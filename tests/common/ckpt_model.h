@@ -1,9 +1,9 @@
-/* tests/ckpt/ckpt_model.h — what the checkpoint tests share: a model of
+/* tests/common/ckpt_model.h — what the checkpoint tests share: a model of
  * prime-sized tensors driven directly through the engine, deterministic
  * training on synthetic samples, and checkpoint comparison through the offline
  * reader. Helpers return 0 on success and print what failed otherwise. */
-#ifndef FSDP_TESTS_CKPT_MODEL_H
-#define FSDP_TESTS_CKPT_MODEL_H
+#ifndef FSDP_TESTS_COMMON_CKPT_MODEL_H
+#define FSDP_TESTS_COMMON_CKPT_MODEL_H
 
 #include "fsdp/ckpt.h"
 #include "fsdp/fsdp.h"

@@ -1,4 +1,4 @@
-/* src/dist/store_server.c — the store's server (dist/store.h): one thread
+/* src/world/store_server.c — the store's server (world/store.h): one thread
  * polling a listening socket and its clients. Requests are answered in order
  * per client; a get for a missing key parks its client (nothing more is read
  * from it) until a set or add creates the key or the get's deadline passes, so
@@ -18,8 +18,8 @@
 #include <unistd.h>
 
 #include "core/internal.h"
-#include "dist/store.h"
-#include "dist/store_proto.h"
+#include "world/store.h"
+#include "world/store_proto.h"
 
 typedef struct {
   char *key, *val;

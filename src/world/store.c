@@ -1,4 +1,4 @@
-/* src/dist/store.c — the store's client (dist/store.h) and the socket helpers
+/* src/world/store.c — the store's client (world/store.h) and the socket helpers
  * both ends share. A client is one TCP connection doing one request at a time;
  * every wait has a deadline, and a get's wait happens on the server, so the
  * client only adds a margin for the network before it declares the server
@@ -18,8 +18,8 @@
 #include <unistd.h>
 
 #include "core/internal.h"
-#include "dist/store.h"
-#include "dist/store_proto.h"
+#include "world/store.h"
+#include "world/store_proto.h"
 
 /* How long past a get's own timeout the client waits for the server's answer
  * before it declares the connection dead. */
@@ -264,7 +264,6 @@ void fsdp_store_close(fsdp_store_t *s) {
   free(s);
 }
 
-const char *fsdp_store_address(const fsdp_store_t *s) { return s ? s->addr : "(no store)"; }
 
 fsdp_status_t fsdp_store_set(fsdp_store_t *s, const char *key, const void *value, size_t len) {
   store_reply_t r;

@@ -1,11 +1,11 @@
-/* src/dist/env_world.h — the env:// bootstrap (rendezvous.c), used by
+/* src/world/rendezvous.h — the env:// bootstrap (rendezvous.c), used by
  * world.c: read RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and LOCAL_RANK,
  * LOCAL_WORLD_SIZE when given), serve the store on rank 0, and wait until
  * every rank has joined. Not installed. */
-#ifndef FSDP_DIST_ENV_WORLD_H
-#define FSDP_DIST_ENV_WORLD_H
+#ifndef FSDP_WORLD_RENDEZVOUS_H
+#define FSDP_WORLD_RENDEZVOUS_H
 
-#include "dist/store.h"
+#include "world/store.h"
 #include "fsdp/core.h"
 
 typedef struct fsdp_env_world fsdp_env_world_t;

@@ -1,14 +1,14 @@
-/* src/dist/world_env.h — what the comm layer needs to know about a world
+/* src/world/world_internal.h — what the comm layer needs to know about a world
  * beyond MPI: how it was launched, its env:// store, its deadlines, and a slot
  * where the comm layer keeps per-world state (the watchdog). Free of mpi.h so
- * the C++ gloo adapter can include it. Only src/dist and src/comm include it.
+ * the C++ gloo adapter can include it. Only src/world and src/comm include it.
  * Not installed. */
-#ifndef FSDP_DIST_WORLD_ENV_H
-#define FSDP_DIST_WORLD_ENV_H
+#ifndef FSDP_WORLD_INTERNAL_H
+#define FSDP_WORLD_INTERNAL_H
 
 #include <stddef.h>
 
-#include "dist/store.h"
+#include "world/store.h"
 #include "fsdp/world.h"
 
 #ifdef __cplusplus

@@ -1,0 +1,86 @@
+/* src/engine/accounting.c — memory accounting (persistent shards, gathered
+ * parameters and gradients in flight, with peaks) and the timeline of
+ * gathers, reductions, acquires, releases and steps. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine_internal.h"
+
+void fsdp_mem_track(size_t *live, size_t *peak, size_t add, size_t sub) {
+  *live = *live + add - sub;
+  if (*live > *peak) *peak = *live;
+}
+
+fsdp_status_t fsdp_engine_memory(fsdp_engine_t e, fsdp_mem_stats_t *mem) {
+  if (!e || !mem)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_memory: engine and mem must "
+                      "not be NULL");
+  memset(mem, 0, sizeof *mem);
+  for (int i = 0; i < e->n_units && e->materialized; i++) {
+    const struct unit *u = &e->units[i];
+    size_t b = u->shard * sizeof(float);
+    mem->master += b;
+    mem->grad_shard += b;
+    mem->optim_state += (u->m ? b : 0) + (u->v ? b : 0);
+    mem->param_copy += (u->lp ? u->shard * sizeof(uint16_t) : 0) + (u->rounded ? b : 0);
+  }
+  mem->persistent = mem->master + mem->grad_shard + mem->optim_state + mem->param_copy;
+  mem->gathered_params = e->gathered;
+  mem->gathered_params_peak = e->gathered_peak;
+  mem->grads_in_flight = e->grads_live;
+  mem->grads_in_flight_peak = e->grads_peak;
+  mem->param_pool = e->param_pool_bytes;
+  mem->grad_pool = e->grad_pool_bytes;
+  mem->staging = e->staging_bytes;
+  mem->total_reserved = mem->persistent + mem->param_pool + mem->grad_pool + mem->staging;
+  return FSDP_SUCCESS;
+}
+
+void fsdp_engine_reset_peaks(fsdp_engine_t e) {
+  if (!e) return;
+  e->gathered_peak = e->gathered;
+  e->grads_peak = e->grads_live;
+}
+
+void fsdp_tl_add(struct fsdp_engine *e, fsdp_tl_kind_t kind, int unit, fsdp_pass_t pass,
+                 int stream, double t0, double t1, size_t bytes) {
+  pthread_mutex_lock(&e->tl_lock);
+  if (e->tl_count == e->tl_cap && e->tl_cap < e->cfg.timeline_capacity) {
+    size_t cap = e->tl_cap ? 2 * e->tl_cap : 1024;
+    if (cap > e->cfg.timeline_capacity) cap = e->cfg.timeline_capacity;
+    fsdp_tl_event_t *grown = realloc(e->tl, cap * sizeof *grown);
+    if (grown) {
+      e->tl = grown;
+      e->tl_cap = cap;
+    }
+  }
+  if (e->tl_count < e->tl_cap)
+    e->tl[e->tl_count++] = (fsdp_tl_event_t){kind, unit, pass, stream, t0, t1, bytes};
+  else
+    e->tl_dropped++;
+  pthread_mutex_unlock(&e->tl_lock);
+}
+
+fsdp_status_t fsdp_engine_timeline(fsdp_engine_t e, const fsdp_tl_event_t **events,
+                                   size_t *count, size_t *dropped) {
+  if (!e || !events || !count)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_timeline: engine, events and "
+                      "count must not be NULL");
+  /* Streams append (and may grow the array) while they run: let them finish. */
+  fsdp_stream_synchronize(e->s_gather);
+  fsdp_stream_synchronize(e->s_reduce);
+  pthread_mutex_lock(&e->tl_lock);
+  *count = e->tl_count;
+  if (dropped) *dropped = e->tl_dropped;
+  *events = e->tl;
+  pthread_mutex_unlock(&e->tl_lock);
+  return FSDP_SUCCESS;
+}
+
+void fsdp_engine_timeline_clear(fsdp_engine_t e) {
+  if (!e) return;
+  pthread_mutex_lock(&e->tl_lock);
+  e->tl_count = e->tl_dropped = 0;
+  pthread_mutex_unlock(&e->tl_lock);
+}

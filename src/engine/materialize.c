@@ -1,0 +1,160 @@
+/* src/engine/materialize.c — materialisation: each rank's shards and optimizer
+ * state allocated and filled from (seed, name, index), and the gather and
+ * gradient pools sized from the configuration, once, before the first step. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine_internal.h"
+#include "engine/shard.h"
+#include "fsdp_config.h"
+#if FSDP_HAVE_CUDA
+#include "cuda/kernels.h"
+#endif
+
+void fsdp_unit_segments(const struct unit *u, size_t lo, size_t hi, fsdp_segment_fn fn,
+                        void *ctx) {
+  for (int i = 0; i < u->n_tensors; i++) {
+    const struct tensor *t = &u->tensors[i];
+    size_t a = t->offset > lo ? t->offset : lo;
+    size_t b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
+    if (a < b) fn(t, a - t->offset, b - a, a, ctx);
+  }
+}
+
+struct init_ctx { const struct fsdp_engine *e; const struct unit *u; float *dst; };
+static void init_segment(const struct tensor *t, size_t first, size_t n, size_t flat, void *ctx) {
+  const struct init_ctx *c = ctx;
+  fsdp_init_fill(c->dst + (flat - c->u->shard_offset), n, c->e->seed, t->name, first,
+                 t->init, t->init_scale);
+}
+
+/* Fills u's master shard with its initial values (on CUDA through the host). */
+static fsdp_status_t unit_init(struct fsdp_engine *e, struct unit *u) {
+  size_t bytes = u->shard * sizeof(float);
+  struct init_ctx ctx = {e, u, e->cuda ? fsdp_alloc(bytes) : u->master};
+  if (!ctx.dst)
+    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "unit '%s': %zu bytes to initialise it", u->name,
+                      bytes);
+  fsdp_unit_segments(u, u->shard_offset, u->shard_offset + u->count, init_segment, &ctx);
+  fsdp_status_t st = FSDP_SUCCESS;
+  if (e->cuda) {
+    st = fsdp_device_copy(u->master, ctx.dst, bytes, FSDP_HOST_STREAM);
+    fsdp_free(ctx.dst);
+  }
+  return st != FSDP_SUCCESS ? st : fsdp_unit_refresh_params(e, u);
+}
+
+static fsdp_status_t unit_materialize(struct fsdp_engine *e, struct unit *u) {
+  size_t begin, end;
+  FSDP_TRY(fsdp_shard_layout(u->numel, e->shard_world, e->cfg.align,
+                             e->shard_world == 1 ? 0 : e->rank, &u->padded, &u->shard, &begin,
+                             &end));
+  u->shard_offset = e->shard_world == 1 ? 0 : (size_t)e->rank * u->shard;
+  u->count = end - begin;
+  size_t bytes = u->shard * sizeof(float);
+  u->master = fsdp_engine_alloc(e, bytes);
+  u->grad = fsdp_engine_alloc(e, bytes);
+  int moments = e->cfg.optim.kind == FSDP_OPTIM_ADAMW ? 2
+                : e->cfg.optim.momentum > 0.0f        ? 1 : 0;
+  if (moments >= 1) u->m = fsdp_engine_alloc(e, bytes);
+  if (moments == 2) u->v = fsdp_engine_alloc(e, bytes);
+  if (e->cfg.accumulate_full_grads) u->full_grad = fsdp_engine_alloc(e, u->padded * sizeof(float));
+  if (!u->master || !u->grad || (moments >= 1 && !u->m) || (moments == 2 && !u->v) ||
+      (e->cfg.accumulate_full_grads && !u->full_grad))
+    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY,
+                      "unit '%s': cannot allocate its shard state (%zu bytes per buffer)",
+                      u->name, bytes);
+  if (e->bf16) u->lp = fsdp_engine_alloc(e, u->shard * sizeof(uint16_t));
+  /* One shard on the CPU: views read a widened copy (CUDA reads lp itself). */
+  if (e->widen && e->shard_world == 1) u->rounded = fsdp_engine_alloc(e, bytes);
+  if (e->bf16 && (!u->lp || (e->widen && e->shard_world == 1 && !u->rounded)))
+    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "unit '%s': cannot allocate its bf16 copy",
+                      u->name);
+  FSDP_TRY(unit_init(e, u));
+  if (e->max_padded < u->padded) e->max_padded = u->padded;
+  if (e->max_shard < u->shard) e->max_shard = u->shard;
+  return FSDP_SUCCESS;
+}
+
+/* Param slots: ZeRO-3 shares max_live_units slots of the largest unit's size;
+ * ZeRO-2 keeps every unit gathered from forward to backward, so each unit gets a
+ * slot of its own size; NO_SHARD reads the replicated master directly. */
+static fsdp_status_t pools_create(struct fsdp_engine *e) {
+  const fsdp_config_t *c = &e->cfg;
+  if (c->strategy == FSDP_FULL_SHARD)
+    e->n_pslots = c->max_live_units ? c->max_live_units : c->prefetch_depth + 1;
+  else if (c->strategy == FSDP_SHARD_GRAD_OP)
+    e->n_pslots = e->n_units;
+  e->pslots = calloc((size_t)(e->n_pslots ? e->n_pslots : 1), sizeof *e->pslots);
+  if (!e->pslots) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: out of host memory");
+  for (int i = 0; i < e->n_pslots; i++) {
+    struct pslot *p = &e->pslots[i];
+    p->capacity = c->strategy == FSDP_SHARD_GRAD_OP ? e->units[i].padded : e->max_padded;
+    p->owner = -1;
+    int f32 = !e->bf16 || e->widen;
+    if (f32) p->buf = fsdp_engine_alloc(e, p->capacity * sizeof(float));
+    if (e->bf16) p->lp = fsdp_engine_alloc(e, p->capacity * sizeof(uint16_t));
+    if ((f32 && !p->buf) || (e->bf16 && !p->lp))
+      return fsdp_error(FSDP_ERR_OUT_OF_MEMORY,
+                        "engine: cannot allocate a %zu-byte gather buffer (%s)",
+                        p->capacity * fsdp_gather_elem_bytes(e), fsdp_last_error());
+    FSDP_TRY(fsdp_event_create(&p->free_ev));
+    e->param_pool_bytes += p->capacity * fsdp_gather_elem_bytes(e);
+  }
+  /* accumulate_full_grads keeps one full gradient per unit instead. */
+  e->n_gslots = c->accumulate_full_grads ? 0 : FSDP_GRAD_SLOTS;
+  for (int i = 0; i < e->n_gslots; i++) {
+    e->gslots[i].owner = -1;
+    if (!(e->gslots[i].buf = fsdp_engine_alloc(e, e->max_padded * sizeof(float))))
+      return fsdp_error(FSDP_ERR_OUT_OF_MEMORY,
+                        "engine: cannot allocate a %zu-byte gradient buffer (%s)",
+                        e->max_padded * sizeof(float), fsdp_last_error());
+    e->grad_pool_bytes += e->max_padded * sizeof(float);
+  }
+  if (c->accumulate_full_grads)
+    for (int i = 0; i < e->n_units; i++) e->grad_pool_bytes += e->units[i].padded * sizeof(float);
+  /* The reduction's output shard, in the reduce dtype; bf16 also casts the
+   * full gradient into a bf16 buffer first. */
+  size_t staging = e->shard_world == 1 ? 0 : e->max_shard;
+  if (e->bf16_reduce && e->nranks > 1) {
+    e->grad_lp = fsdp_engine_alloc(e, e->max_padded * sizeof(uint16_t));
+    if (staging) e->staging_lp = fsdp_engine_alloc(e, staging * sizeof(uint16_t));
+    if (!e->grad_lp || (staging && !e->staging_lp))
+      return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: cannot allocate the bf16 reduce buffers");
+    e->staging_bytes = (e->max_padded + staging) * sizeof(uint16_t);
+  } else if (staging) {
+    if (!(e->staging = fsdp_engine_alloc(e, staging * sizeof(float))))
+      return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: cannot allocate the reduce buffer");
+    e->staging_bytes = staging * sizeof(float);
+  }
+  if (e->cuda) {
+#if FSDP_HAVE_CUDA
+    size_t n = (size_t)e->n_units + FSDP_CUDA_SUMSQ_PARTIALS;
+    e->norm_dev = fsdp_engine_alloc(e, n * sizeof(double));
+    e->norm_host = fsdp_alloc((size_t)e->n_units * sizeof(double));
+    if (!e->norm_dev || !e->norm_host)
+      return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: cannot allocate the norm buffers");
+    e->staging_bytes += n * sizeof(double);
+#endif
+  }
+  e->fwd_release = calloc((size_t)e->n_units, sizeof *e->fwd_release);
+  if (!e->fwd_release) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: out of host memory");
+  return FSDP_SUCCESS;
+}
+
+fsdp_status_t fsdp_engine_materialize(fsdp_engine_t e, uint64_t seed) {
+  FSDP_TRY(fsdp_engine_check_live(e));
+  if (e->materialized)
+    return fsdp_error(FSDP_ERR_INVALID_USAGE, "fsdp_engine_materialize called twice");
+  if (e->n_units == 0)
+    return fsdp_error(FSDP_ERR_INVALID_USAGE,
+                      "fsdp_engine_materialize: no units were added");
+  e->seed = seed;
+  for (int i = 0; i < e->n_units; i++) FSDP_TRY(unit_materialize(e, &e->units[i]));
+  FSDP_TRY(pools_create(e));
+  FSDP_TRY(fsdp_stream_synchronize(e->s_compute)); /* CUDA: the bf16 casts, before gathers */
+  e->materialized = 1;
+  return FSDP_SUCCESS;
+}

@@ -1,0 +1,189 @@
+/* src/engine/tensor_io.c — parameters in and out of the engine: whole tensors
+ * (set by a broadcast from a root, read by a gather), this rank's shard as
+ * checkpoints see it (on CUDA through host mirrors), fsdp_engine_set_step after
+ * a loader wrote shards, and the bf16 copy of a shard refreshed from its
+ * master. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine_internal.h"
+#include "engine/shard.h"
+#include "fsdp_config.h"
+#if FSDP_HAVE_CUDA
+#include "cuda/kernels.h"
+#endif
+
+static fsdp_status_t tensor_lookup(struct fsdp_engine *e, const char *what, const char *name,
+                                   struct unit **u, const struct tensor **t) {
+  FSDP_TRY(fsdp_engine_check_live(e));
+  if (!e->materialized)
+    return fsdp_error(FSDP_ERR_INVALID_USAGE, "%s('%s') before fsdp_engine_materialize",
+                      what, name ? name : "(null)");
+  for (int i = 0; i < e->n_units; i++)
+    if (e->units[i].held >= 0)
+      return fsdp_error(FSDP_ERR_INVALID_USAGE,
+                        "%s('%s') while unit '%s' is acquired: release every unit first",
+                        what, name ? name : "(null)", e->units[i].name);
+  int ui;
+  if (!name || !(*t = fsdp_tensor_find(e, name, &ui, NULL)))
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "%s: no tensor named '%s'", what,
+                      name ? name : "(null)");
+  *u = &e->units[ui];
+  return FSDP_SUCCESS;
+}
+
+void fsdp_engine_drop_gathers(struct fsdp_engine *e) {
+  for (int i = 0; i < e->n_units; i++) {
+    struct unit *u = &e->units[i];
+    if (u->slot >= 0 && u->held < 0) {
+      fsdp_event_synchronize(u->ready);
+      /* The next gather into it waits until compute has passed its last use. */
+      fsdp_event_record(e->pslots[u->slot].free_ev, e->s_compute);
+      e->pslots[u->slot].owner = -1;
+      fsdp_mem_track(&e->gathered, &e->gathered_peak, 0, fsdp_unit_gathered_bytes(e, u));
+      u->slot = -1;
+    }
+  }
+}
+
+fsdp_status_t fsdp_engine_load_tensor(fsdp_engine_t e, const char *name, const float *full,
+                                      int root) {
+  struct unit *u = NULL;
+  const struct tensor *t = NULL;
+  FSDP_TRY(tensor_lookup(e, "fsdp_engine_load_tensor", name, &u, &t));
+  if (root < 0 || root >= e->nranks)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "fsdp_engine_load_tensor('%s'): root %d is not a rank of %d", name, root,
+                      e->nranks);
+  if (e->rank == root && !full)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "fsdp_engine_load_tensor('%s'): root rank %d passed no data", name, root);
+  float *buf = fsdp_alloc(t->numel * sizeof(float));
+  if (!buf)
+    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "fsdp_engine_load_tensor('%s'): %zu bytes", name,
+                      t->numel * sizeof(float));
+  if (e->rank == root) memcpy(buf, full, t->numel * sizeof(float));
+  fsdp_status_t st = fsdp_broadcast(e->comm_host, buf, t->numel, FSDP_F32, root,
+                                    FSDP_HOST_STREAM);
+  if (st == FSDP_SUCCESS) st = fsdp_stream_synchronize(e->s_compute); /* the last update */
+  if (st == FSDP_SUCCESS) {
+    fsdp_engine_drop_gathers(e);
+    u->mirror_dirty = 0;
+    size_t lo = u->shard_offset, hi = u->shard_offset + u->count;
+    size_t a = t->offset > lo ? t->offset : lo;
+    size_t b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
+    if (a < b)
+      st = fsdp_device_copy(u->master + (a - lo), buf + (a - t->offset), (b - a) * sizeof(float),
+                            FSDP_HOST_STREAM);
+    if (st == FSDP_SUCCESS) st = fsdp_unit_refresh_params(e, u);
+    if (st == FSDP_SUCCESS) st = fsdp_stream_synchronize(e->s_compute);
+  }
+  if (st != FSDP_SUCCESS) {
+    fsdp_engine_poison(e, st);
+  }
+  fsdp_free(buf);
+  return st;
+}
+
+fsdp_status_t fsdp_engine_read_tensor(fsdp_engine_t e, const char *name, float *full,
+                                      int root) {
+  struct unit *u = NULL;
+  const struct tensor *t = NULL;
+  FSDP_TRY(tensor_lookup(e, "fsdp_engine_read_tensor", name, &u, &t));
+  if (root < -1 || root >= e->nranks)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "fsdp_engine_read_tensor('%s'): root %d is not -1 or a rank of %d", name,
+                      root, e->nranks);
+  if ((root == -1 || root == e->rank) && !full)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "fsdp_engine_read_tensor('%s'): no output buffer on rank %d", name, e->rank);
+  FSDP_TRY(fsdp_stream_synchronize(e->s_compute)); /* the last step's update */
+  if (e->shard_world == 1)
+    return full ? fsdp_device_copy(full, u->master + t->offset, t->numel * sizeof(float),
+                                   FSDP_HOST_STREAM)
+                : FSDP_SUCCESS;
+  float *buf = fsdp_alloc(u->padded * sizeof(float));
+  if (!buf)
+    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "fsdp_engine_read_tensor('%s'): %zu bytes", name,
+                      u->padded * sizeof(float));
+  /* The host communicator moves host memory: this rank's shard goes in place. */
+  float *mine = buf + (size_t)e->rank * u->shard;
+  fsdp_status_t st = fsdp_device_copy(mine, u->master, u->shard * sizeof(float),
+                                      FSDP_HOST_STREAM);
+  if (st == FSDP_SUCCESS)
+    st = fsdp_all_gather(e->comm_host, mine, buf, u->shard, FSDP_F32, FSDP_HOST_STREAM);
+  if (st == FSDP_SUCCESS && (root == -1 || root == e->rank))
+    memcpy(full, buf + t->offset, t->numel * sizeof(float));
+  if (st != FSDP_SUCCESS) fsdp_engine_poison(e, st);
+  fsdp_free(buf);
+  return st;
+}
+
+fsdp_status_t fsdp_unit_shard(fsdp_engine_t e, fsdp_unit_t unit, fsdp_shard_t *shard) {
+  struct unit *u = NULL;
+  FSDP_TRY(fsdp_unit_get(e, unit, "fsdp_unit_shard", &u));
+  if (!e->materialized)
+    return fsdp_error(FSDP_ERR_INVALID_USAGE, "fsdp_unit_shard('%s') before materialize",
+                      u->name);
+  if (!shard) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_unit_shard: shard is NULL");
+  if (!e->cuda) {
+    *shard = (fsdp_shard_t){u->shard_offset, u->count, u->shard, u->master, u->grad, u->m, u->v};
+    return FSDP_SUCCESS;
+  }
+  /* CUDA: host copies, refreshed now; see fsdp_unit_shard in engine.h. */
+  FSDP_TRY(fsdp_stream_synchronize(e->s_compute));
+  FSDP_TRY(fsdp_stream_synchronize(e->s_reduce));
+  float *dev[4] = {u->master, u->grad, u->m, u->v};
+  for (int k = 0; k < 4; k++) {
+    if (!dev[k]) continue;
+    if (!u->mirror[k] && !(u->mirror[k] = fsdp_alloc(u->shard * sizeof(float))))
+      return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "fsdp_unit_shard('%s'): %zu bytes of host memory",
+                        u->name, u->shard * sizeof(float));
+    FSDP_TRY(fsdp_device_copy(u->mirror[k], dev[k], u->shard * sizeof(float), FSDP_HOST_STREAM));
+  }
+  u->mirror_dirty = 1;
+  *shard = (fsdp_shard_t){u->shard_offset, u->count,     u->shard,   u->mirror[0],
+                          u->mirror[1],    u->mirror[2], u->mirror[3]};
+  return FSDP_SUCCESS;
+}
+
+fsdp_status_t fsdp_engine_set_step(fsdp_engine_t e, int64_t step) {
+  FSDP_TRY(fsdp_engine_check_live(e));
+  if (step < 0)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_set_step: step %lld is negative",
+                      (long long)step);
+  for (int i = 0; i < e->n_units; i++)
+    if (e->units[i].held >= 0 || e->units[i].bwd_count > 0)
+      return fsdp_error(FSDP_ERR_INVALID_USAGE,
+                        "fsdp_engine_set_step while unit '%s' is %s: finish the step first",
+                        e->units[i].name, e->units[i].held >= 0 ? "acquired" : "holding gradients");
+  fsdp_engine_drop_gathers(e);
+  for (int i = 0; i < e->n_units; i++) {
+    struct unit *u = &e->units[i];
+    if (u->mirror_dirty) { /* what a loader wrote into fsdp_unit_shard's host copies */
+      float *dev[4] = {u->master, u->grad, u->m, u->v};
+      for (int k = 0; k < 4; k++)
+        if (dev[k])
+          FSDP_TRY(fsdp_device_copy(dev[k], u->mirror[k], u->shard * sizeof(float),
+                                    FSDP_HOST_STREAM));
+      u->mirror_dirty = 0;
+    }
+    FSDP_TRY(fsdp_unit_refresh_params(e, u));
+  }
+  FSDP_TRY(fsdp_stream_synchronize(e->s_compute));
+  e->step = step;
+  return FSDP_SUCCESS;
+}
+
+fsdp_status_t fsdp_unit_refresh_params(const struct fsdp_engine *e, struct unit *u) {
+  if (!e->bf16) return FSDP_SUCCESS;
+#if FSDP_HAVE_CUDA
+  if (e->cuda)
+    return fsdp_cuda_f32_to_bf16(u->lp, u->master, u->shard,
+                                 (fsdp_cuda_stream_t)fsdp_stream_cuda_handle(e->s_compute));
+#endif
+  for (size_t i = 0; i < u->shard; i++) u->lp[i] = fsdp_f32_to_bf16(u->master[i]);
+  for (size_t i = 0; u->rounded && i < u->shard; i++) u->rounded[i] = fsdp_bf16_to_f32(u->lp[i]);
+  return FSDP_SUCCESS;
+}
