@@ -57,9 +57,6 @@ fi
 if [ "$what" != asan ]; then
   build build-tsan thread tests/cuda/test_engine_cuda tests/cuda/test_gpt2_cuda \
     tests/cudasim/cublas/libcublas.so.13
-  # Open MPI must not dlclose its components: TSan's called_from_lib
-  # suppressions (tests/cudasim/tsan.supp) abort when a matched library goes.
-  OMPI_MCA_mca_base_component_disable_dlclose=1 \
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/cudasim/tsan.supp" \
     run build-tsan --suite cuda engine-np1 engine-np2 gpt2 || status=1
   echo "sim-test: TSan engine/GPT-2 done at $((SECONDS - start)) s"
