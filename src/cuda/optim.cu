@@ -34,8 +34,8 @@ fsdp_status_t fsdp_cuda_adamw_update(float *param, const float *grad, float *m, 
   const float step_size = (float)(lr / bc1);
   const float inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2));
   const float keep = decay ? 1.0f - lr * c->weight_decay : 1.0f;
-  FSDP_LAUNCH(adamw_kernel, fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, stream, 
-      param, grad, m, v, n, c->beta1, c->beta2, c->eps, step_size, inv_sqrt_bc2, keep);
+  FSDP_LAUNCH(adamw_kernel, fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, stream, param, grad,
+              m, v, n, c->beta1, c->beta2, c->eps, step_size, inv_sqrt_bc2, keep);
   LAUNCH_CHECK();
   return FSDP_SUCCESS;
 }
@@ -85,8 +85,8 @@ fsdp_status_t fsdp_cuda_sgd_update(float *param, const float *grad, float *buf, 
                    : first                ? SGD_FIRST
                    : c->nesterov          ? SGD_NESTEROV
                                           : SGD_MOMENTUM;
-  FSDP_LAUNCH(sgd_kernel, fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, stream, param, grad, buf, n,
-                                                                           lr, wd, mu, mode);
+  FSDP_LAUNCH(sgd_kernel, fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, stream, param, grad,
+              buf, n, lr, wd, mu, mode);
   LAUNCH_CHECK();
   return FSDP_SUCCESS;
 }
