@@ -7,10 +7,13 @@
 #                against the CPU, the engine and collectives on "device"
 #                buffers under mpirun, GPT-2, coll_bench, the simulator's own
 #                tests);
-#   build-tsan/  ThreadSanitizer: the engine and GPT-2 cuda tests and the
-#                simulator's tests, with no report (a missing stream wait
-#                between the compute, gather and reduce streams is a race).
-# Usage: scripts/sim-test.sh [asan|tsan]   (default: both)
+#   build-tsan/  ThreadSanitizer: the engine cuda tests (N = 1, 2; the
+#                release-ordering test included), with no report (a missing
+#                stream wait between the compute, gather and reduce streams is
+#                a race). GPT-2 is left out: under TSan it outran 900 s on the
+#                shared 2-core machine (no report before it was stopped); run
+#                it with `scripts/sim-test.sh tsan-gpt2`.
+# Usage: scripts/sim-test.sh [asan|tsan|tsan-gpt2]   (default: asan and tsan)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OPENBLAS_NUM_THREADS=1
@@ -47,7 +50,7 @@ run() {
 what=${1:-both}
 start=$SECONDS
 status=0
-if [ "$what" != tsan ]; then
+if [ "$what" != tsan ] && [ "$what" != tsan-gpt2 ]; then
   # LeakSanitizer off: Open MPI keeps its allocations to the end.
   build build-sim address,undefined
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
@@ -58,7 +61,8 @@ if [ "$what" != asan ]; then
   build build-tsan thread tests/cuda/test_engine_cuda tests/cuda/test_gpt2_cuda \
     tests/cudasim/cublas/libcublas.so.13
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/cudasim/tsan.supp" \
-    run build-tsan --suite cuda engine-np1 engine-np2 gpt2 || status=1
-  echo "sim-test: TSan engine/GPT-2 done at $((SECONDS - start)) s"
+    run build-tsan --suite cuda engine-np1 engine-np2 $([ "$what" = tsan-gpt2 ] && echo gpt2) ||
+    status=1
+  echo "sim-test: TSan engine done at $((SECONDS - start)) s"
 fi
 exit "$status"

@@ -197,7 +197,8 @@ static fsdp_status_t matmul_forward(T *out, const T *inp, const T *weight, const
   if (B <= 0 || OC <= 0) return FSDP_SUCCESS;
   const size_t n = (size_t)B * (size_t)OC;
   if (bias) {
-    FSDP_LAUNCH(fill_rows_kernel, fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, s, out, bias, n, OC);
+    FSDP_LAUNCH(fill_rows_kernel, fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, s, out, bias,
+                n, OC);
     LAUNCH_CHECK();
   } else if (C <= 0) {
     CUDA_CHECK(cudaMemsetAsync(out, 0, n * sizeof(T), s)); /* 0 bits are 0.0 in bf16 too */

@@ -99,8 +99,8 @@ static fsdp_status_t layernorm_forward(T *out, float *mean, float *rstd, const T
                                        const T *weight, const T *bias, int N, int C,
                                        cudaStream_t s) {
   if (N <= 0 || C <= 0) return FSDP_SUCCESS;
-  FSDP_LAUNCH(layernorm_forward_kernel, row_blocks(N), LN_WARPS * 32, 0, s, out, mean, rstd, inp, weight,
-                                                                  bias, N, C);
+  FSDP_LAUNCH(layernorm_forward_kernel, row_blocks(N), LN_WARPS * 32, 0, s, out, mean, rstd, inp,
+              weight, bias, N, C);
   LAUNCH_CHECK();
   return FSDP_SUCCESS;
 }
@@ -111,12 +111,12 @@ static fsdp_status_t layernorm_backward(T *dinp, float *dweight, float *dbias, c
                                         const float *rstd, int N, int C, cudaStream_t s) {
   if (N <= 0 || C <= 0) return FSDP_SUCCESS;
   const unsigned col_blocks = (unsigned)((C + LN_TILE - 1) / LN_TILE);
-  FSDP_LAUNCH(layernorm_params_kernel, col_blocks, dim3(LN_TILE, LN_TILE), 0, s, dweight, dbias, dout, inp,
-                                                                       mean, rstd, N, C);
+  FSDP_LAUNCH(layernorm_params_kernel, col_blocks, dim3(LN_TILE, LN_TILE), 0, s, dweight, dbias,
+              dout, inp, mean, rstd, N, C);
   LAUNCH_CHECK();
   if (!dinp) return FSDP_SUCCESS;
-  FSDP_LAUNCH(layernorm_dinp_kernel, row_blocks(N), LN_WARPS * 32, 0, s, dinp, dout, inp, weight, mean,
-                                                               rstd, N, C);
+  FSDP_LAUNCH(layernorm_dinp_kernel, row_blocks(N), LN_WARPS * 32, 0, s, dinp, dout, inp, weight,
+              mean, rstd, N, C);
   LAUNCH_CHECK();
   return FSDP_SUCCESS;
 }

@@ -107,8 +107,8 @@ fsdp_status_t fsdp_cuda_sgd_update(float *param, const float *grad, float *buf, 
                    : first                ? SGD_FIRST
                    : c->nesterov          ? SGD_NESTEROV
                                           : SGD_MOMENTUM;
-  FSDP_LAUNCH(sgd_kernel, fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, stream, param, grad, buf, n,
-                                                                           lr, wd, mu, mode);
+  FSDP_LAUNCH(sgd_kernel, fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, stream, param, grad,
+              buf, n, lr, wd, mu, mode);
   LAUNCH_CHECK();
   return FSDP_SUCCESS;
 }

@@ -52,8 +52,8 @@ template <typename T>
 static fsdp_status_t softmax_xent(T *dlogits, float *losses, const T *logits, const int *targets,
                                   int B, int V, int ld, float scale, cudaStream_t s) {
   if (B <= 0 || V <= 0) return FSDP_SUCCESS;
-  FSDP_LAUNCH(xent_kernel, fsdp_grid((size_t)B, 1), XENT_BLOCK, 0, s, dlogits, losses, logits, targets, B,
-                                                            V, ld, scale);
+  FSDP_LAUNCH(xent_kernel, fsdp_grid((size_t)B, 1), XENT_BLOCK, 0, s, dlogits, losses, logits,
+              targets, B, V, ld, scale);
   LAUNCH_CHECK();
   return FSDP_SUCCESS;
 }

@@ -17,9 +17,9 @@
 
 #include "comm/comm_internal.h"
 #include "common/mpi_check.h"
+#include "cuda_gate.h"
 #include "core/internal.h"
 #include "fsdp/fsdp.h"
-#include "cuda_gate.h"
 #include "fsdp_config.h"
 
 static fsdp_world_t world;
