@@ -85,6 +85,21 @@ static fsdp_status_t blas_handle(cudaStream_t stream, cublasHandle_t *out) {
   return blas_create(device, stream, out);
 }
 
+fsdp_status_t fsdp_cuda_blas_prepare(fsdp_cuda_stream_t stream, int *created) {
+  int before;
+  {
+    std::lock_guard<std::mutex> guard(blas_lock);
+    before = blas_count;
+  }
+  cublasHandle_t h;
+  FSDP_TRY(blas_handle(stream, &h));
+  if (created) {
+    std::lock_guard<std::mutex> guard(blas_lock);
+    *created = blas_count > before;
+  }
+  return FSDP_SUCCESS;
+}
+
 /* Destroys every handle even when one fails, and reports the first failure. */
 fsdp_status_t fsdp_cuda_blas_release(void) {
   int current;

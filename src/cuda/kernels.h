@@ -20,7 +20,8 @@
  * - No call allocates device memory (the engine allocates nothing inside a
  *   step). Scratch that the GPU needs and the CPU keeps on its stack is passed
  *   in. The one exception is the first cuBLAS call on a (device, stream): it
- *   creates that stream's cuBLAS handle (see fsdp_cuda_blas_release).
+ *   creates that stream's cuBLAS handle unless fsdp_cuda_blas_prepare did
+ *   (see fsdp_cuda_blas_release).
  * - bf16 values are stored as uint16_t bit patterns, as fsdp_f32_to_bf16 makes
  *   them. In the _bf16 variants activations, weights and activation gradients
  *   are bf16, while parameter gradients (dweight, dbias, dwte, dwpe) and
@@ -106,6 +107,11 @@ fsdp_status_t fsdp_cuda_conv1d_backward_bf16(uint16_t *dinp, float *dweight, flo
  * stream's address; a new stream at the same address would inherit it). */
 #define FSDP_CUDA_MAX_BLAS_HANDLES 32
 fsdp_status_t fsdp_cuda_blas_release(void);
+/* Creates the cuBLAS handle of (current device, stream) now, so that no
+ * product pays for it later (the engine calls it at materialize, not at the
+ * first product while gathers are in flight). *created (may be NULL): 1 when
+ * this call made it, 0 when it was there. */
+fsdp_status_t fsdp_cuda_blas_prepare(fsdp_cuda_stream_t stream, int *created);
 
 /* ---- elementwise layers (n elements) ---- */
 

@@ -191,6 +191,13 @@ fsdp_status_t fsdp_engine_materialize(fsdp_engine_t e, uint64_t seed) {
   e->seed = seed;
   for (int i = 0; i < e->n_units; i++) FSDP_TRY(unit_materialize(e, &e->units[i]));
   FSDP_TRY(pools_create(e));
+#if FSDP_HAVE_CUDA
+  /* The compute stream's cuBLAS handle now, not at the first product of the
+   * first step while gathers are in flight. */
+  if (e->cuda)
+    FSDP_TRY(fsdp_cuda_blas_prepare(
+        (fsdp_cuda_stream_t)fsdp_stream_cuda_handle(e->s_compute), NULL));
+#endif
   FSDP_TRY(fsdp_stream_synchronize(e->s_compute)); /* CUDA: the bf16 casts, before gathers */
   e->materialized = 1;
   return FSDP_SUCCESS;

@@ -282,6 +282,20 @@ START_TEST(release_waits_for_compute) {
 }
 END_TEST
 
+/* The compute stream's cuBLAS handle exists once materialize returns: the
+ * first product of the first step does not create it while gathers are in
+ * flight (issue 15). */
+START_TEST(blas_handle_made_at_materialize) {
+  fsdp_engine_t e = make_engine(&cases[0], FSDP_DEVICE_CUDA);
+  int created = -1;
+  ck_assert_int_eq(fsdp_cuda_blas_prepare((fsdp_cuda_stream_t)fsdp_stream_cuda_handle(
+                                              fsdp_engine_stream(e)), &created),
+                   FSDP_SUCCESS);
+  fsdp_engine_destroy(e);
+  ck_assert_msg(created == 0, "the compute stream had no cuBLAS handle after materialize");
+}
+END_TEST
+
 /* The engine's reserved bytes against what cudaMemGetInfo says it took at
  * materialize. Units of 8 M parameters make the allocator's rounding (2 MiB
  * pages) a small part of each buffer. */
@@ -328,6 +342,7 @@ static Suite *suite(void) {
   tcase_add_loop_test(tc, engine_matches_cpu, 0, (int)(sizeof cases / sizeof cases[0]));
   tcase_add_loop_test(tc, release_waits_for_compute, 0, (int)(sizeof cases / sizeof cases[0]));
   tcase_add_test(tc, memory_matches_device);
+  tcase_add_test(tc, blas_handle_made_at_materialize);
   suite_add_tcase(s, tc);
   return s;
 }
