@@ -1,6 +1,6 @@
-/* src/ckpt/json.c — the strict JSON reader (recursive descent into a small
+/* src/core/json.c — the strict JSON reader (recursive descent into a small
  * tree) and the text buffer the manifest and safetensors writers build on. */
-#include "ckpt/json.h"
+#include "core/json.h"
 
 #include <errno.h>
 #include <stdarg.h>
