@@ -195,8 +195,9 @@ int main(int argc, char **argv) {
   }
   /* Open MPI hands rank 0 a pseudo-terminal even when mpirun's output is piped. */
   t.tty = t.rank == 0 && isatty(STDOUT_FILENO) && !o.json && !getenv("OMPI_COMM_WORLD_SIZE");
-  rc = (!strcmp(o.model, "gpt2") ? train_gpt2(&t) : train_mlp(&t)) ? 1 : 0;
-  if (rc) goto fail;
+  rc = !strcmp(o.model, "gpt2") ? train_gpt2(&t) : train_mlp(&t);
+  if (rc == -2) rc = 1; /* the task said why */
+  else if (rc) goto fail;
   goto done;
 fail:
   /* This rank's failure may be its own (a file only it cannot read): with
