@@ -32,6 +32,11 @@ typedef struct {
   int *ids, *tgt;             /* (micro, T) */
 } evaluator_t;
 
+/* 1 and *v when the checkpoint recorded key, else 0. */
+static inline int eval_meta(const evaluator_t *e, const char *key, int64_t *v) {
+  return fsdp_ckpt_meta_get(&e->meta, key, v) == FSDP_SUCCESS;
+}
+
 /* Mean loss (and perplexity, bits per byte) over the split: every position
  * in windows of T, or with --match-train fsdp-train's validation windows. */
 int eval_score(evaluator_t *e);

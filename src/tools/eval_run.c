@@ -79,8 +79,8 @@ static int score_all(evaluator_t *e, double acc[3], int64_t *windows) {
  * validation, seed + 1, batches 0 .. eval_batches-1), the same batch. */
 static int score_match_train(evaluator_t *e, double acc[3], int64_t *windows) {
   int64_t seed = 1, batches = 4;
-  fsdp_ckpt_meta_get(&e->meta, "seed", &seed);
-  fsdp_ckpt_meta_get(&e->meta, "eval_batches", &batches);
+  eval_meta(e, "seed", &seed);
+  eval_meta(e, "eval_batches", &batches);
   for (int64_t b = 0; b < batches; b++) {
     fsdp_status_t st = e->is_tokens
         ? fsdp_tokens_windows(&e->toks, 1, (uint64_t)seed + 1, b, e->offset, e->micro, e->T,

@@ -83,7 +83,7 @@ static int model_from_ckpt(evaluator_t *e, eval_opts_t *o) {
   fsdp_ckpt_t ck;
   if (fsdp_ckpt_open(o->ckpt, &ck)) return -1;
   fsdp_ckpt_info_t info;
-  fsdp_ckpt_info(ck, &info);
+  if (fsdp_ckpt_info(ck, &info)) return fsdp_ckpt_close(ck), -1;
   e->meta = *info.meta;
   e->step = info.step;
   const char *keys[] = {"gpt2.n_layer", "gpt2.n_head", "gpt2.n_embd", "gpt2.block_size",
@@ -92,7 +92,7 @@ static int model_from_ckpt(evaluator_t *e, eval_opts_t *o) {
                    &o->gpt.vocab_size};
   for (int i = 0; i < 5; i++) {
     int64_t v;
-    if (fsdp_ckpt_meta_get(&e->meta, keys[i], &v)) *fields[i] = (int)v;
+    if (eval_meta(e, keys[i], &v)) *fields[i] = (int)v;
   }
   int layers = 0;
   for (int i = 0; i < info.n_tensors; i++) { /* shapes win: they are what loads */
@@ -127,7 +127,7 @@ static int setup(evaluator_t *e, eval_opts_t *o) {
   int rc = model_from_ckpt(e, o);
   if (rc) return rc;
   int64_t v;
-  if (!o->seq_len) o->seq_len = fsdp_ckpt_meta_get(&e->meta, "seq_len", &v) ? (int)v : o->gpt.block_size;
+  if (!o->seq_len) o->seq_len = eval_meta(e, "seq_len", &v) ? (int)v : o->gpt.block_size;
   e->T = o->seq_len;
   if (o->tokenizer && fsdp_tokenizer_load(o->tokenizer, &e->tok)) return -1;
   if (e->tok && fsdp_tokenizer_vocab_size(e->tok) > o->gpt.vocab_size) {
@@ -140,8 +140,8 @@ static int setup(evaluator_t *e, eval_opts_t *o) {
   e->have_data = !o->no_score || o->logits_k;
   /* fsdp-train's validation batch when matching it, else --global-batch. */
   e->global_batch = o->global_batch ? o->global_batch : 8 * (int64_t)e->nranks;
-  if (o->match_train && !fsdp_ckpt_meta_get(&e->meta, "eval_global_batch", &e->global_batch) &&
-      !fsdp_ckpt_meta_get(&e->meta, "global_batch", &e->global_batch)) {
+  if (o->match_train && !eval_meta(e, "eval_global_batch", &e->global_batch) &&
+      !eval_meta(e, "global_batch", &e->global_batch)) {
     if (e->rank == 0) fprintf(stderr, "fsdp-eval: --match-train: %s does not record fsdp-train's "
                               "batch\n", o->ckpt);
     return -2;
@@ -150,7 +150,8 @@ static int setup(evaluator_t *e, eval_opts_t *o) {
       fsdp_engine_shard_batch(e->eng, e->global_batch, &e->micro, &e->offset))
     return -1;
   fsdp_gpt2_opts_t w = {"GPT2Block", 0, NULL, (int)e->micro, e->T};
-  fsdp_ckpt_load_opts_t lo = {.reset_optim = 1}; /* eval holds no optimizer state */
+  fsdp_ckpt_load_opts_t lo = FSDP_CKPT_LOAD_OPTS_INIT;
+  lo.reset_optim = 1; /* eval holds no optimizer state */
   if (fsdp_gpt2_create(e->eng, &o->gpt, &w, &e->gpt) || fsdp_engine_materialize(e->eng, 1) ||
       fsdp_ckpt_load(e->eng, o->ckpt, &lo, NULL, NULL, 0))
     return -1;
