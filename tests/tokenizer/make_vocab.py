@@ -43,30 +43,47 @@ def read_texts(paths):
             yield open(p, "rb").read().decode("utf-8", "replace")
 
 
+def pairs_of(w):
+    return zip(w, w[1:])
+
+
+def merge_word(w, best):
+    out, i = [], 0
+    while i < len(w):
+        if i + 1 < len(w) and (w[i], w[i + 1]) == best:
+            out.append(w[i] + w[i + 1])
+            i += 2
+        else:
+            out.append(w[i])
+            i += 1
+    return tuple(out)
+
+
 def learn(words, n_merges):
-    """words: {tuple of symbols: count}. Returns the merges, best first."""
+    """words: {tuple of symbols: count}. Returns the merges, best first: the
+    most frequent pair each time (ties: the larger pair), pair counts kept up to
+    date for the words a merge touches only."""
+    words = list(words.items())
+    pairs = collections.Counter()
+    for w, c in words:
+        for p in pairs_of(w):
+            pairs[p] += c
     merges = []
     for _ in range(n_merges):
-        pairs = collections.Counter()
-        for w, c in words.items():
-            for a, b in zip(w, w[1:]):
-                pairs[a, b] += c
+        pairs = +pairs  # drop counts that fell to zero
         if not pairs:
             break
         best = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))[0]
         merges.append(best)
-        merged = {}
-        for w, c in words.items():
-            out, i = [], 0
-            while i < len(w):
-                if i + 1 < len(w) and (w[i], w[i + 1]) == best:
-                    out.append(w[i] + w[i + 1])
-                    i += 2
-                else:
-                    out.append(w[i])
-                    i += 1
-            merged[tuple(out)] = merged.get(tuple(out), 0) + c
-        words = merged
+        for k, (w, c) in enumerate(words):
+            if best[0] not in w or best not in set(pairs_of(w)):
+                continue
+            for p in pairs_of(w):
+                pairs[p] -= c
+            w = merge_word(w, best)
+            for p in pairs_of(w):
+                pairs[p] += c
+            words[k] = (w, c)
     return merges
 
 
