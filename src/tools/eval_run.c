@@ -207,20 +207,30 @@ static int prompt_ids(evaluator_t *e, fsdp_token_buf_t *p) {
   return 0;
 }
 
-static void print_sample(const evaluator_t *e, const int *out, int n) {
-  if (e->o->json) printf("{\"event\":\"sample\",\"tokens\":[");
-  else printf("sample (%d tokens, temperature %.2f, top-k %d, seed %llu):\n", n,
-              (double)e->o->temperature, e->o->top_k, (unsigned long long)e->o->seed);
-  for (int i = 0; i < n && e->o->json; i++) printf(i ? ",%d" : "%d", out[i]);
-  if (e->o->json) printf("]}\n");
-  for (int i = 0; i < n && !e->o->json; i++) {
+static void print_tokens(const evaluator_t *e, const int *ids, size_t n) {
+  for (size_t i = 0; i < n; i++) {
     size_t len = 1;
-    const char *s = e->tok ? fsdp_tokenizer_token(e->tok, out[i], &len) : NULL;
+    const char *s = e->tok ? fsdp_tokenizer_token(e->tok, ids[i], &len) : NULL;
     if (s) fwrite(s, 1, len, stdout);
-    else if (e->o->gpt.vocab_size <= 256) putchar(isprint(out[i]) || isspace(out[i]) ? out[i] : '?');
-    else printf("[%d]", out[i]);
+    else if (e->o->gpt.vocab_size <= 256) putchar(isprint(ids[i]) || isspace(ids[i]) ? ids[i] : '?');
+    else printf("[%d]", ids[i]);
   }
-  if (!e->o->json) printf("\n");
+}
+
+/* The prompt, then the sample (text with a tokenizer or on bytes, else ids). */
+static void print_sample(const evaluator_t *e, const fsdp_token_buf_t *prompt, const int *out,
+                         int n) {
+  if (e->o->json) {
+    printf("{\"event\":\"sample\",\"tokens\":[");
+    for (int i = 0; i < n; i++) printf(i ? ",%d" : "%d", out[i]);
+    printf("]}\n");
+  } else {
+    printf("sample (%d tokens after a prompt of %zu, temperature %.2f, top-k %d, seed %llu):\n", n,
+           prompt->n, (double)e->o->temperature, e->o->top_k, (unsigned long long)e->o->seed);
+    print_tokens(e, prompt->ids, prompt->n);
+    print_tokens(e, out, (size_t)n);
+    printf("\n");
+  }
   fflush(stdout);
 }
 
@@ -232,7 +242,7 @@ int eval_sample(evaluator_t *e) {
   fsdp_gpt2_sampling_t how = {e->o->temperature, e->o->top_k, e->o->seed};
   int keep = (int)p.n > e->T ? e->T : (int)p.n; /* the context the model can see */
   if (!rc && fsdp_gpt2_sample(e->gpt, p.ids + p.n - keep, keep, e->o->sample, &how, out)) rc = -1;
-  if (!rc && e->rank == 0) print_sample(e, out, e->o->sample);
+  if (!rc && e->rank == 0) print_sample(e, &p, out, e->o->sample);
   free(out);
   fsdp_token_buf_free(&p);
   return rc;
