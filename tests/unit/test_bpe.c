@@ -10,7 +10,8 @@
 #include <unistd.h>
 
 #include "fsdp/tokenizer.h"
-#include "tok_vocab.h"
+#include "common/check_run.h"
+#include "common/tok_vocab.h"
 
 static char tmp_dir[64];
 
@@ -283,10 +284,7 @@ int main(void) {
   tcase_add_test(tc, bpe_large_vocab_loads);
   tcase_set_timeout(tc, 60);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
+  const int rc = check_run(s);
   nftw(tmp_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-  return failed ? 1 : 0;
+  return rc;
 }

@@ -12,7 +12,8 @@
 
 #include "fsdp/data.h"
 #include "fsdp/tokenizer.h"
-#include "tok_vocab.h"
+#include "common/check_run.h"
+#include "common/tok_vocab.h"
 
 static char tmp_dir[64];
 
@@ -263,10 +264,7 @@ int main(void) {
   tcase_add_test(tc, token_windows_match_text_windows);
   tcase_add_test(tc, tokenize_documents_and_shards);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
+  const int rc = check_run(s);
   nftw(tmp_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-  return failed ? 1 : 0;
+  return rc;
 }

@@ -1,9 +1,9 @@
-/* tests/unit/tok_vocab.h — writes the tiny GPT-2-style vocabularies the
+/* tests/common/tok_vocab.h — writes the tiny GPT-2-style vocabularies the
  * tokenizer tests use: the 256 byte tokens in GPT-2's byte alphabet, one
  * token per merge, then "<|endoftext|>". Header-only: test_bpe.c and
  * test_tokens.c include it. */
-#ifndef FSDP_TESTS_TOK_VOCAB_H
-#define FSDP_TESTS_TOK_VOCAB_H
+#ifndef FSDP_TESTS_COMMON_TOK_VOCAB_H
+#define FSDP_TESTS_COMMON_TOK_VOCAB_H
 
 #include <check.h>
 #include <stdio.h>
