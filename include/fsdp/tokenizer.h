@@ -1,7 +1,8 @@
 /* fsdp/tokenizer.h — GPT-2's byte-level BPE tokenizer and the text-to-token-
  * file conversion (what fsdp-tokenize runs).
  *
- * A tokenizer is loaded from the files GPT-2 ships: a directory holding
+ * A tokenizer is loaded from the files GPT-2 ships (or from a Hugging Face
+ * tokenizer.json holding the same): a directory holding
  * vocab.json ({"token": id, ...}, tokens spelled in GPT-2's byte-to-unicode
  * alphabet) and merges.txt (an optional "#version" line, then one merge
  * "left right" per line, best first). Encoding splits text with GPT-2's
@@ -36,7 +37,12 @@ extern "C" {
 
 typedef struct fsdp_tokenizer *fsdp_tokenizer_t;
 
-/* dir holds vocab.json and merges.txt. */
+/* dir holds vocab.json and merges.txt, or Hugging Face's tokenizer.json
+ * (model.vocab, model.merges as "a b" or ["a", "b"]; a BPE model with the
+ * ByteLevel pre-tokenizer, no prefix space, no normalizer, added tokens that
+ * are tokens of the vocabulary: GPT-2's; anything else is
+ * FSDP_ERR_UNSUPPORTED naming the field). dir may also name a tokenizer.json
+ * file itself. vocab.json wins when a directory has both. */
 FSDP_API fsdp_status_t fsdp_tokenizer_load(const char *dir, fsdp_tokenizer_t *out);
 FSDP_API void fsdp_tokenizer_free(fsdp_tokenizer_t tok); /* NULL is ignored */
 

@@ -1,10 +1,11 @@
 /* src/data/bpe_load.c — loading a GPT-2 tokenizer from vocab.json and
- * merges.txt, strictly: every way the files can be wrong is an error naming
+ * merges.txt (or Hugging Face's tokenizer.json), strictly: every way the files can be wrong is an error naming
  * the file, the line and the token. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "core/internal.h"
 #include "core/json.h"
@@ -150,29 +151,37 @@ static fsdp_status_t vocab_index(struct fsdp_tokenizer *t, const char *path) {
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t load_vocab(struct fsdp_tokenizer *t, const char *path) {
+/* The vocabulary from v, an object of tokens and ids (vocab.json's root, or
+ * tokenizer.json's model.vocab). */
+static fsdp_status_t vocab_from_json(struct fsdp_tokenizer *t, const char *path, const json_t *v) {
+  if (!v || v->type != JSON_OBJECT || v->n == 0)
+    return fsdp_error(FSDP_ERR_FORMAT, "%s: expected an object of tokens and ids, found %s", path,
+                      !v ? "nothing" : v->type == JSON_OBJECT ? "an empty object"
+                                                              : "another JSON value");
+  if (v->n > INT32_MAX / 2) return fsdp_error(FSDP_ERR_FORMAT, "%s: %zu tokens is too many", path, v->n);
+  int *owner = malloc(v->n * sizeof *owner);
+  if (!owner) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
+  t->n = (int)v->n;
+  fsdp_status_t st = check_ids(path, v, owner);
+  if (!st) st = vocab_bytes(t, path, v, owner);
+  if (!st) st = vocab_index(t, path);
+  free(owner);
+  return st;
+}
+
+static fsdp_status_t read_json(const char *path, json_t **v) {
   char *text;
   size_t len;
   FSDP_TRY(read_all(path, &text, &len));
-  json_t *v = NULL;
-  fsdp_status_t st = json_parse(text, len, path, &v);
+  fsdp_status_t st = json_parse(text, len, path, v);
   free(text);
-  if (st) return st;
-  int *owner = NULL;
-  if (v->type != JSON_OBJECT || v->n == 0) {
-    st = fsdp_error(FSDP_ERR_FORMAT, "%s: expected an object of tokens and ids, found %s", path,
-                    v->type == JSON_OBJECT ? "an empty object" : "another JSON value");
-  } else if (v->n > INT32_MAX / 2) {
-    st = fsdp_error(FSDP_ERR_FORMAT, "%s: %zu tokens is too many", path, v->n);
-  } else if (!(owner = malloc(v->n * sizeof *owner))) {
-    st = fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
-  } else {
-    t->n = (int)v->n;
-    st = check_ids(path, v, owner);
-    if (!st) st = vocab_bytes(t, path, v, owner);
-    if (!st) st = vocab_index(t, path);
-  }
-  free(owner);
+  return st;
+}
+
+static fsdp_status_t load_vocab(struct fsdp_tokenizer *t, const char *path) {
+  json_t *v = NULL;
+  FSDP_TRY(read_json(path, &v));
+  fsdp_status_t st = vocab_from_json(t, path, v);
   json_free(v);
   return st;
 }
@@ -225,20 +234,24 @@ static fsdp_status_t add_merge(struct fsdp_tokenizer *t, const char *path, int l
   return FSDP_SUCCESS;
 }
 
+static fsdp_status_t merges_alloc(struct fsdp_tokenizer *t, const char *path, size_t n,
+                                  int **merge_line) {
+  t->merge_cap = pow2_above(n);
+  t->merges = malloc(t->merge_cap * sizeof *t->merges);
+  *merge_line = malloc((n ? n : 1) * sizeof **merge_line); /* rank -> line, for messages */
+  if (!t->merges || !*merge_line) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
+  for (size_t i = 0; i < t->merge_cap; i++) t->merges[i].key = UINT64_MAX;
+  return FSDP_SUCCESS;
+}
+
 static fsdp_status_t load_merges(struct fsdp_tokenizer *t, const char *path) {
   char *text;
   size_t len;
   FSDP_TRY(read_all(path, &text, &len));
   size_t lines = 1;
   for (size_t i = 0; i < len; i++) lines += text[i] == '\n';
-  t->merge_cap = pow2_above(lines);
-  t->merges = malloc(t->merge_cap * sizeof *t->merges);
-  int *merge_line = malloc(lines * sizeof *merge_line); /* rank -> line, for messages */
-  fsdp_status_t st = FSDP_SUCCESS;
-  if (!t->merges || !merge_line)
-    st = fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
-  else
-    for (size_t i = 0; i < t->merge_cap; i++) t->merges[i].key = UINT64_MAX;
+  int *merge_line = NULL;
+  fsdp_status_t st = merges_alloc(t, path, lines, &merge_line);
   const char *s = text, *end = text + len;
   for (int line = 1; st == FSDP_SUCCESS && s < end; line++) {
     const char *nl = memchr(s, '\n', (size_t)(end - s)), *e = nl ? nl : end;
@@ -255,10 +268,116 @@ static fsdp_status_t load_merges(struct fsdp_tokenizer *t, const char *path) {
   return st;
 }
 
+/* ---- tokenizer.json ----------------------------------------------------------
+ * Hugging Face's single file: model.vocab and model.merges ("a b" strings or
+ * ["a", "b"] pairs) of a BPE model behind a ByteLevel pre-tokenizer without a
+ * prefix space, as GPT-2's is; anything else is refused by name. */
+
+/* One merge of model.merges as "a b" in buf. */
+static fsdp_status_t json_merge(const char *path, const json_t *m, char *buf, size_t cap,
+                                size_t *len) {
+  if (m->type == JSON_STRING && m->len < cap) {
+    memcpy(buf, m->text, m->len);
+    return *len = m->len, FSDP_SUCCESS;
+  }
+  if (m->type == JSON_ARRAY && m->n == 2 && m->items[0].type == JSON_STRING &&
+      m->items[1].type == JSON_STRING && m->items[0].len + m->items[1].len + 1 < cap) {
+    *len = (size_t)snprintf(buf, cap, "%s %s", m->items[0].text, m->items[1].text);
+    return FSDP_SUCCESS;
+  }
+  return fsdp_error(FSDP_ERR_FORMAT, "%s: line %d: a merge must be \"a b\" or [\"a\", \"b\"]",
+                    path, m->line);
+}
+
+static fsdp_status_t merges_from_json(struct fsdp_tokenizer *t, const char *path, const json_t *a) {
+  if (!a || a->type != JSON_ARRAY)
+    return fsdp_error(FSDP_ERR_FORMAT, "%s: model.merges must be an array", path);
+  int *merge_line = NULL;
+  fsdp_status_t st = merges_alloc(t, path, a->n, &merge_line);
+  for (size_t i = 0; i < a->n && !st; i++) {
+    char buf[1024];
+    size_t len = 0;
+    st = json_merge(path, &a->items[i], buf, sizeof buf, &len);
+    merge_line[t->n_merges] = a->items[i].line;
+    if (!st) st = add_merge(t, path, a->items[i].line, buf, len, merge_line);
+  }
+  free(merge_line);
+  return st;
+}
+
+static const char *json_str(const json_t *v, const char *key) {
+  const json_t *s = json_get(v, key);
+  return s && s->type == JSON_STRING ? s->text : NULL;
+}
+
+/* What fsdp's encoder does is GPT-2's pipeline: say so when the file asks for
+ * another. */
+static fsdp_status_t check_pipeline(const char *path, const json_t *root) {
+  const json_t *model = json_get(root, "model"), *pre = json_get(root, "pre_tokenizer");
+  const json_t *norm = json_get(root, "normalizer"), *prefix = json_get(pre, "add_prefix_space");
+  const char *type = json_str(model, "type"), *pre_type = json_str(pre, "type");
+  if (!type || strcmp(type, "BPE"))
+    return fsdp_error(FSDP_ERR_UNSUPPORTED, "%s: model.type is %s; fsdp reads BPE models", path,
+                      type ? type : "missing");
+  if (!pre_type || strcmp(pre_type, "ByteLevel"))
+    return fsdp_error(FSDP_ERR_UNSUPPORTED, "%s: pre_tokenizer.type is %s; fsdp implements "
+                      "GPT-2's ByteLevel", path, pre_type ? pre_type : "missing");
+  if (prefix && prefix->type == JSON_BOOL && prefix->boolean)
+    return fsdp_error(FSDP_ERR_UNSUPPORTED, "%s: line %d: add_prefix_space is true; fsdp encodes "
+                      "as GPT-2 does, without it", path, prefix->line);
+  if (norm && norm->type != JSON_NULL)
+    return fsdp_error(FSDP_ERR_UNSUPPORTED, "%s: line %d: a normalizer is set; GPT-2 has none",
+                      path, norm->line);
+  return FSDP_SUCCESS;
+}
+
+/* Added tokens must be tokens of the vocabulary with the same id. */
+static fsdp_status_t check_added(struct fsdp_tokenizer *t, const char *path, const json_t *a) {
+  for (size_t i = 0; a && a->type == JSON_ARRAY && i < a->n; i++) {
+    const char *content = json_str(&a->items[i], "content");
+    int64_t id;
+    if (!content || !json_int(json_get(&a->items[i], "id"), &id))
+      return fsdp_error(FSDP_ERR_FORMAT, "%s: line %d: an added token needs \"id\" and "
+                        "\"content\"", path, a->items[i].line);
+    int have = bpe_vocab_find(t, content, strlen(content));
+    if (have != id)
+      return fsdp_error(FSDP_ERR_UNSUPPORTED, "%s: line %d: added token \"%.64s\" (id %lld) is "
+                        "not that token of model.vocab; fsdp reads only added tokens that are",
+                        path, a->items[i].line, content, (long long)id);
+  }
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t load_tokenizer_json(struct fsdp_tokenizer *t, const char *path) {
+  json_t *root = NULL;
+  FSDP_TRY(read_json(path, &root));
+  fsdp_status_t st = check_pipeline(path, root);
+  const json_t *model = json_get(root, "model");
+  if (!st) st = vocab_from_json(t, path, json_get(model, "vocab"));
+  if (!st) st = merges_from_json(t, path, json_get(model, "merges"));
+  if (!st) st = check_added(t, path, json_get(root, "added_tokens"));
+  json_free(root);
+  return st;
+}
+
 static fsdp_status_t path_in(const char *dir, const char *name, char *out, size_t cap) {
   if ((size_t)snprintf(out, cap, "%s/%s", dir, name) >= cap)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "tokenizer: directory name too long: %s", dir);
   return FSDP_SUCCESS;
+}
+
+/* vocab.json + merges.txt in dir, else its tokenizer.json, or dir itself a
+ * tokenizer.json. */
+static fsdp_status_t load_files(struct fsdp_tokenizer *t, const char *dir) {
+  char vocab[4096], merges[4096], single[4096];
+  struct stat sb;
+  FSDP_TRY(path_in(dir, "vocab.json", vocab, sizeof vocab));
+  FSDP_TRY(path_in(dir, "merges.txt", merges, sizeof merges));
+  FSDP_TRY(path_in(dir, "tokenizer.json", single, sizeof single));
+  if (stat(dir, &sb) == 0 && S_ISREG(sb.st_mode)) return load_tokenizer_json(t, dir);
+  if (stat(vocab, &sb) != 0 && stat(single, &sb) == 0) return load_tokenizer_json(t, single);
+  FSDP_TRY(load_vocab(t, vocab));
+  return load_merges(t, merges);
 }
 
 fsdp_status_t fsdp_tokenizer_load(const char *dir, fsdp_tokenizer_t *out) {
@@ -266,11 +385,7 @@ fsdp_status_t fsdp_tokenizer_load(const char *dir, fsdp_tokenizer_t *out) {
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "tokenizer load: dir and out must not be NULL");
   struct fsdp_tokenizer *t = calloc(1, sizeof *t);
   if (!t) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "tokenizer load: out of memory");
-  char vocab[4096], merges[4096];
-  fsdp_status_t st = path_in(dir, "vocab.json", vocab, sizeof vocab);
-  if (!st) st = path_in(dir, "merges.txt", merges, sizeof merges);
-  if (!st) st = load_vocab(t, vocab);
-  if (!st) st = load_merges(t, merges);
+  fsdp_status_t st = load_files(t, dir);
   if (!st) st = bpe_compile_pattern(t);
   if (st) {
     fsdp_tokenizer_free(t);

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """tests/tokenizer/compare_hf.py — fsdp's BPE against Hugging Face `tokenizers`,
-token for token.
+token for token, from vocab.json + merges.txt and from tokenizer.json.
 
 Trains a small byte-level BPE (about 600 ids) with `tokenizers` on text this
 script writes, saves it as GPT-2's vocab.json + merges.txt, and checks that
@@ -75,7 +75,11 @@ def main():
                    if not l.startswith("#version"))
     print(f"vocabulary {n_vocab} ids, {n_merges} merges")
     failures = 0
-    for special in (False, True):
+    # The same vocabulary as Hugging Face's single tokenizer.json.
+    single = os.path.join(work, "single")
+    os.makedirs(single, exist_ok=True)
+    hf_tokenizer(vocab, True).save(os.path.join(single, "tokenizer.json"))
+    for special, where in ((False, vocab), (True, vocab), (True, single)):
         hf = hf_tokenizer(vocab, special)
         for i, text in enumerate(CASES):
             path = os.path.join(work, f"case{i}.txt")
@@ -84,9 +88,10 @@ def main():
             if not text:
                 continue  # fsdp_text_load refuses empty files: nothing to compare
             want = hf.encode(text).ids
-            got = fsdp_ids(exe, vocab, path, special)
+            got = fsdp_ids(exe, where, path, special)
             status = "ok" if got == want else "MISMATCH"
-            print(f"{status}: case {i} special={special}: {len(text)} chars -> {len(want)} tokens")
+            print(f"{status}: case {i} special={special} {os.path.basename(where)}: "
+                  f"{len(text)} chars -> {len(want)} tokens")
             if got != want:
                 failures += 1
                 k = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b),

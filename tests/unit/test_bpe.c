@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "fsdp/tokenizer.h"
@@ -265,6 +266,57 @@ START_TEST(bpe_large_vocab_loads) {
 }
 END_TEST
 
+/* A tokenizer.json with the byte tokens, "ab" and <|endoftext|>; model and
+ * pre-tokenizer fields as given. */
+static void write_tokenizer_json(const char *path, const char *model_type, const char *prefix,
+                                 const char *added) {
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f, "{\"version\": \"1.0\", \"added_tokens\": [%s], \"normalizer\": null,\n"
+          "\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": %s},\n"
+          "\"model\": {\"type\": \"%s\", \"merges\": [\"a b\"], \"vocab\": {", added, prefix,
+          model_type);
+  for (int i = 0; i < 256; i++) {
+    char sp[4];
+    tok_byte_spelling(i, sp);
+    fprintf(f, i ? ",\n" : "\n");
+    tok_json_key(f, sp);
+    fprintf(f, ": %d", i);
+  }
+  fprintf(f, ",\n\"ab\": 256, \"<|endoftext|>\": 257}}}\n");
+  fclose(f);
+}
+
+START_TEST(bpe_tokenizer_json) {
+  char dir[256], path[300], ids[256];
+  snprintf(dir, sizeof dir, "%s/hf", tmp_dir);
+  mkdir(dir, 0755);
+  snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+  const char *eot = "{\"id\": 257, \"content\": \"<|endoftext|>\", \"special\": true}";
+  write_tokenizer_json(path, "BPE", "false", eot);
+  fsdp_tokenizer_t t;
+  for (int named = 0; named < 2; named++) { /* the directory, or the file itself */
+    ck_assert_msg(fsdp_tokenizer_load(named ? path : dir, &t) == FSDP_SUCCESS, "%s",
+                  fsdp_last_error());
+    encode_str(t, "abc<|endoftext|>", 16, FSDP_TOKENIZE_ALLOW_SPECIAL, ids);
+    ck_assert_str_eq(ids, "256 99 257");
+    fsdp_tokenizer_free(t);
+  }
+  struct { const char *model, *prefix, *added, *want; } bad[] = {
+      {"WordPiece", "false", "", "model.type is WordPiece; fsdp reads BPE models"},
+      {"BPE", "true", "", "line 2: add_prefix_space is true"},
+      {"BPE", "false", "{\"id\": 300, \"content\": \"<pad>\"}", "added token \"<pad>\" (id 300) "
+       "is not that token of model.vocab"},
+  };
+  for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+    write_tokenizer_json(path, bad[k].model, bad[k].prefix, bad[k].added);
+    ck_assert_int_eq(fsdp_tokenizer_load(dir, &t), FSDP_ERR_UNSUPPORTED);
+    ck_assert_msg(strstr(fsdp_last_error(), path) && strstr(fsdp_last_error(), bad[k].want),
+                  "case %zu: %s", k, fsdp_last_error());
+  }
+}
+END_TEST
+
 static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
   (void)sb, (void)flag, (void)ftw;
   return remove(path);
@@ -282,6 +334,7 @@ int main(void) {
   tcase_add_test(tc, bpe_special_tokens);
   tcase_add_loop_test(tc, bpe_load_errors, 0, sizeof bad_cases / sizeof bad_cases[0]);
   tcase_add_test(tc, bpe_large_vocab_loads);
+  tcase_add_test(tc, bpe_tokenizer_json);
   tcase_set_timeout(tc, 60);
   suite_add_tcase(s, tc);
   const int rc = check_run(s);
