@@ -159,10 +159,10 @@ static int setup(trainer_t *t, gpt_task_t *g) {
   if (d) return d;
   /* What the ranks compare: the path, the size and a hash of the contents. */
   const char *data = o->data ? o->data : "/usr/share/games/fortunes";
-  size_t n = g->is_tokens ? g->toks.n : g->text.n;
+  size_t size = g->is_tokens ? g->toks.n : g->text.n;
   uint64_t h = g->is_tokens ? train_hash(0, g->toks.tokens, 2 * g->toks.n)
                             : train_hash(0, g->text.bytes, g->text.n);
-  if (train_engine(t, o->steps) || train_check_consistency(t, data, n, h)) return -1;
+  if (train_engine(t, o->steps) || train_check_consistency(t, data, size, h)) return -1;
   fsdp_gpt2_opts_t w = o->wrap;
   w.max_batch = (int)t->micro;
   w.max_T = o->seq_len;
