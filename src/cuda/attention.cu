@@ -82,7 +82,7 @@ fsdp_status_t fsdp_cuda_attention_forward(float *out, float *att, const float *q
                         stream));
   }
   const size_t rows = (size_t)B * NH * T;
-  causal_softmax_kernel<<<softmax_blocks(rows), ATT_WARPS * 32, 0, stream>>>(att, rows, T);
+  FSDP_LAUNCH(causal_softmax_kernel, softmax_blocks(rows), ATT_WARPS * 32, 0, stream, att, rows, T);
   LAUNCH_CHECK();
   for (int b = 0; b < B; ++b) {
     const float *v = qkv + (size_t)b * T * ld + 2 * C, *a = att + (size_t)b * NH * tt;
@@ -113,8 +113,8 @@ fsdp_status_t fsdp_cuda_attention_backward(float *dqkv, float *scratch, const fl
     /* scratch (T,T) = dout @ v^T */
     FSDP_TRY(heads_gemm(false, true, T, T, hs, dy, C, hs, v, ld, hs, 1.0f, 0.0f, scratch, T, tt,
                         NH, stream));
-    causal_softmax_backward_kernel<<<softmax_blocks(rows), ATT_WARPS * 32, 0, stream>>>(
-        scratch, a, rows, T, scale);
+    FSDP_LAUNCH(causal_softmax_backward_kernel, softmax_blocks(rows), ATT_WARPS * 32, 0, stream,
+                scratch, a, rows, T, scale);
     LAUNCH_CHECK();
     /* dq += dscore @ k;  dk += dscore^T @ q */
     FSDP_TRY(heads_gemm(false, false, T, hs, T, scratch, T, tt, k, ld, hs, 1.0f, 1.0f, dq, ld, hs,

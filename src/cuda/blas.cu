@@ -166,7 +166,7 @@ __global__ void fill_rows_kernel(T *out, const T *bias, size_t n, int cols) {
 #define COL_TILE 32
 template <typename T>
 __global__ void __launch_bounds__(COL_TILE * COL_TILE) column_sum_kernel(float *acc, const T *x, int rows, int cols) {
-  __shared__ float part[COL_TILE][COL_TILE + 1];
+  FSDP_SHARED(float, part, [COL_TILE][COL_TILE + 1]);
   const int col = blockIdx.x * COL_TILE + threadIdx.x;
   float s = 0.0f;
   if (col < cols)
@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(COL_TILE * COL_TILE) column_sum_kernel(float *
 template <typename T>
 static fsdp_status_t column_sum(float *acc, const T *x, int rows, int cols, cudaStream_t s) {
   const unsigned blocks = (unsigned)((cols + COL_TILE - 1) / COL_TILE);
-  column_sum_kernel<<<blocks, dim3(COL_TILE, COL_TILE), 0, s>>>(acc, x, rows, cols);
+  FSDP_LAUNCH(column_sum_kernel, blocks, dim3(COL_TILE, COL_TILE), 0, s, acc, x, rows, cols);
   LAUNCH_CHECK();
   return FSDP_SUCCESS;
 }
@@ -197,7 +197,8 @@ static fsdp_status_t matmul_forward(T *out, const T *inp, const T *weight, const
   if (B <= 0 || OC <= 0) return FSDP_SUCCESS;
   const size_t n = (size_t)B * (size_t)OC;
   if (bias) {
-    fill_rows_kernel<<<fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, s>>>(out, bias, n, OC);
+    FSDP_LAUNCH(fill_rows_kernel, fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, s, out, bias,
+                n, OC);
     LAUNCH_CHECK();
   } else if (C <= 0) {
     CUDA_CHECK(cudaMemsetAsync(out, 0, n * sizeof(T), s)); /* 0 bits are 0.0 in bf16 too */

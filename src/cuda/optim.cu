@@ -34,8 +34,8 @@ fsdp_status_t fsdp_cuda_adamw_update(float *param, const float *grad, float *m, 
   const float step_size = (float)(lr / bc1);
   const float inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2));
   const float keep = decay ? 1.0f - lr * c->weight_decay : 1.0f;
-  adamw_kernel<<<fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, stream>>>(
-      param, grad, m, v, n, c->beta1, c->beta2, c->eps, step_size, inv_sqrt_bc2, keep);
+  FSDP_LAUNCH(adamw_kernel, fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, stream, param, grad,
+              m, v, n, c->beta1, c->beta2, c->eps, step_size, inv_sqrt_bc2, keep);
   LAUNCH_CHECK();
   return FSDP_SUCCESS;
 }
@@ -85,8 +85,8 @@ fsdp_status_t fsdp_cuda_sgd_update(float *param, const float *grad, float *buf, 
                    : first                ? SGD_FIRST
                    : c->nesterov          ? SGD_NESTEROV
                                           : SGD_MOMENTUM;
-  sgd_kernel<<<fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, stream>>>(param, grad, buf, n,
-                                                                           lr, wd, mu, mode);
+  FSDP_LAUNCH(sgd_kernel, fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, stream, param, grad,
+              buf, n, lr, wd, mu, mode);
   LAUNCH_CHECK();
   return FSDP_SUCCESS;
 }
@@ -100,7 +100,7 @@ fsdp_status_t fsdp_cuda_sgd_update(float *param, const float *grad, float *buf, 
 #define SUMSQ_PER_THREAD 16 /* elements a thread covers before another block is added */
 
 __global__ void sum_squares_kernel(double *partials, const float *x, size_t n) {
-  __shared__ double shared[32];
+  FSDP_SHARED(double, shared, [32]);
   double s = 0.0;
   GRID_STRIDE(i, n) {
     const double xi = x[i];
@@ -111,7 +111,7 @@ __global__ void sum_squares_kernel(double *partials, const float *x, size_t n) {
 }
 
 __global__ void sum_partials_kernel(double *out, const double *partials, int nb) {
-  __shared__ double shared[32];
+  FSDP_SHARED(double, shared, [32]);
   double s = 0.0;
   for (int i = threadIdx.x; i < nb; i += blockDim.x) s += partials[i];
   s = block_sum(s, shared);
@@ -124,11 +124,11 @@ fsdp_status_t fsdp_cuda_sum_squares(double *out, double *partials, const float *
   const size_t want = (n + per_block - 1) / per_block;
   const int nb = (int)(want < FSDP_CUDA_SUMSQ_PARTIALS ? want : FSDP_CUDA_SUMSQ_PARTIALS);
   if (nb > 0) {
-    sum_squares_kernel<<<nb, SUMSQ_BLOCK, 0, stream>>>(partials, x, n);
+    FSDP_LAUNCH(sum_squares_kernel, nb, SUMSQ_BLOCK, 0, stream, partials, x, n);
     LAUNCH_CHECK();
   }
   /* With n = 0 this writes 0: the loop adds nothing. */
-  sum_partials_kernel<<<1, SUMSQ_BLOCK, 0, stream>>>(out, partials, nb);
+  FSDP_LAUNCH(sum_partials_kernel, 1, SUMSQ_BLOCK, 0, stream, out, partials, nb);
   LAUNCH_CHECK();
   return FSDP_SUCCESS;
 }

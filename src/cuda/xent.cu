@@ -8,8 +8,8 @@
 template <typename T>
 __global__ void __launch_bounds__(XENT_BLOCK) xent_kernel(T *dlogits, float *losses, const T *logits, const int *targets, int B,
                             int V, float scale) {
-  __shared__ float fshared[32];
-  __shared__ double dshared[32];
+  FSDP_SHARED(float, fshared, [32]);
+  FSDP_SHARED(double, dshared, [32]);
   for (size_t row = blockIdx.x; row < (size_t)B; row += gridDim.x) {
     const T *x = logits + row * V;
     T *d = dlogits ? dlogits + row * V : nullptr;
@@ -45,8 +45,8 @@ template <typename T>
 static fsdp_status_t softmax_xent(T *dlogits, float *losses, const T *logits, const int *targets,
                                   int B, int V, float scale, cudaStream_t s) {
   if (B <= 0 || V <= 0) return FSDP_SUCCESS;
-  xent_kernel<<<fsdp_grid((size_t)B, 1), XENT_BLOCK, 0, s>>>(dlogits, losses, logits, targets, B,
-                                                            V, scale);
+  FSDP_LAUNCH(xent_kernel, fsdp_grid((size_t)B, 1), XENT_BLOCK, 0, s, dlogits, losses, logits,
+              targets, B, V, scale);
   LAUNCH_CHECK();
   return FSDP_SUCCESS;
 }

@@ -18,6 +18,7 @@
 
 #include "common/check_run.h"
 #include "common/solo_world.h"
+#include "cuda_gate.h"
 #include "fsdp/fsdp.h"
 
 enum { B = 4, T = 32, STEPS = 6, SAMPLE = 16 };
@@ -180,15 +181,15 @@ static Suite *gpt2_cuda_suite(void) {
 }
 
 int main(void) {
-  if (fsdp_cuda_device_count() < 1) {
-    printf("test_gpt2_cuda: SKIP: no usable CUDA device (or fsdp built without CUDA)\n");
-    return 77;
-  }
+  const int gate = fsdp_cuda_gate("test_gpt2_cuda");
+  if (gate) return gate;
   if (solo_world_init(&world) != FSDP_SUCCESS) {
     fprintf(stderr, "test_gpt2_cuda: %s\n", fsdp_last_error());
     return 1;
   }
   const int rc = check_run(gpt2_cuda_suite());
   fsdp_world_destroy(world);
-  return rc ? rc : skipped ? 77 : 0;
+  if (rc || !skipped) return rc;
+  const char *req = getenv("FSDP_REQUIRE_GPU");
+  return req && *req && strcmp(req, "0") != 0 ? 1 : 77;
 }

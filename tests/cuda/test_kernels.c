@@ -19,6 +19,7 @@
 #include "common/arrays.h"
 #include "common/rng.h"
 #include "cuda/kernels.h"
+#include "cuda_gate.h"
 #include "fsdp/nn.h"
 #include "fsdp/optim.h"
 
@@ -842,14 +843,8 @@ static int write_report(void) {
 }
 
 int main(void) {
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess || count == 0) {
-    printf("test_kernels: SKIP: no usable CUDA device (cudaGetDeviceCount: %s, %d device(s)); "
-           "the kernels were compiled, not run\n",
-           e == cudaSuccess ? "no error" : cudaGetErrorString(e), e == cudaSuccess ? count : 0);
-    return 77;
-  }
+  const int gate = fsdp_cuda_gate("test_kernels");
+  if (gate) return gate;
   struct cudaDeviceProp prop;
   if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess ||
       cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
