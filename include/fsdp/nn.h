@@ -183,6 +183,16 @@ FSDP_API fsdp_status_t fsdp_gpt2_forward(fsdp_gpt2_t gpt, const int *tokens, con
  * every rank draws the same tokens). out receives n_new tokens. Collective. */
 FSDP_API fsdp_status_t fsdp_gpt2_generate(fsdp_gpt2_t gpt, const int *prompt, int n_prompt,
                                           int n_new, float temperature, uint64_t seed, int *out);
+/* The same with top-k: each token is drawn from the top_k most likely (0:
+ * all; ties with the k-th are kept), at the temperature, from the seeded
+ * stream (top_k 0 draws what fsdp_gpt2_generate draws). Collective. */
+typedef struct {
+  float temperature; /* > 0 */
+  int top_k;         /* 0: no cut */
+  uint64_t seed;
+} fsdp_gpt2_sampling_t;
+FSDP_API fsdp_status_t fsdp_gpt2_sample(fsdp_gpt2_t gpt, const int *prompt, int n_prompt,
+                                        int n_new, const fsdp_gpt2_sampling_t *how, int *out);
 /* Bytes of activation buffers held (device memory on CUDA, with the CUDA
  * kernels' scratch), and what they would be without checkpointing (equal
  * when nothing is checkpointed). */

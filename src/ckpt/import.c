@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "ckpt/json.h"
+#include "core/json.h"
 #include "ckpt/offline.h"
 
 #define ST_MAX_HEADER 100000000u /* the reference implementation's limit */

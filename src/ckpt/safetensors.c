@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ckpt/json.h"
+#include "core/json.h"
 #include "ckpt/offline.h"
 
 #define COPY_FLOATS ((size_t)1 << 18) /* 1 MiB */

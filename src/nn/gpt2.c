@@ -744,16 +744,46 @@ static double uniform01(uint64_t seed, uint64_t i) {
   return (double)(z >> 11) * 0x1.0p-53;
 }
 
-/* Draws from softmax(row / temperature), overwriting row with the weights. */
-static int sample_token(float *row, int V, float temperature, double u) {
+/* The k-th largest of row[0..V), by quickselect on scratch (V floats). */
+static float kth_largest(const float *row, int V, int k, float *scratch) {
+  memcpy(scratch, row, (size_t)V * sizeof *scratch);
+  int lo = 0, hi = V - 1, want = k - 1; /* descending order: index k-1 */
+  while (lo < hi) {
+    float pivot = scratch[lo + (hi - lo) / 2];
+    int i = lo, j = hi;
+    while (i <= j) {
+      while (scratch[i] > pivot) i++;
+      while (scratch[j] < pivot) j--;
+      if (i <= j) {
+        float t = scratch[i];
+        scratch[i++] = scratch[j];
+        scratch[j--] = t;
+      }
+    }
+    if (want <= j) hi = j;
+    else if (want >= i) lo = i;
+    else break;
+  }
+  return scratch[want];
+}
+
+/* Draws from softmax(row / temperature) over the top_k largest logits (all
+ * when top_k is 0 or >= V; ties with the k-th are kept), overwriting row with
+ * the weights. */
+static int sample_token(float *row, int V, float temperature, int top_k, float *scratch,
+                        double u) {
   float maxv = row[0];
   for (int v = 1; v < V; v++) maxv = row[v] > maxv ? row[v] : maxv;
+  float floor_v = top_k > 0 && top_k < V ? kth_largest(row, V, top_k, scratch) : -INFINITY;
   double sum = 0.0;
-  for (int v = 0; v < V; v++) sum += row[v] = expf((row[v] - maxv) / temperature);
+  for (int v = 0; v < V; v++)
+    sum += row[v] = row[v] >= floor_v ? expf((row[v] - maxv) / temperature) : 0.0f;
   double acc = 0.0, target = u * sum;
   for (int v = 0; v < V; v++)
-    if ((acc += row[v]) >= target) return v;
-  return V - 1;
+    if (row[v] > 0.0f && (acc += row[v]) >= target) return v;
+  for (int v = V - 1; v > 0; v--) /* rounding left target past the sum: the last kept */
+    if (row[v] > 0.0f) return v;
+  return 0;
 }
 
 /* The logits of the last of T tokens, into g->row. */
@@ -764,21 +794,28 @@ static fsdp_status_t next_logits(struct fsdp_gpt2 *g, const int *ctx, int T) {
   return g->ops->read(g->row, last, V, g->dev);
 }
 
-fsdp_status_t fsdp_gpt2_generate(fsdp_gpt2_t g, const int *prompt, int n_prompt, int n_new,
-                                 float temperature, uint64_t seed, int *out) {
-  if (!g || !prompt || n_prompt < 1 || n_new < 0 || !out || !(temperature > 0.0f))
+fsdp_status_t fsdp_gpt2_sample(fsdp_gpt2_t g, const int *prompt, int n_prompt, int n_new,
+                               const fsdp_gpt2_sampling_t *how, int *out) {
+  if (!g || !prompt || n_prompt < 1 || n_new < 0 || !out || !how || !(how->temperature > 0.0f) ||
+      how->top_k < 0)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
-                      "fsdp_gpt2_generate: needs a prompt of at least one token, n_new >= 0 "
-                      "and a positive temperature (got %d, %d, %g)", n_prompt, n_new,
-                      (double)temperature);
+                      "fsdp_gpt2_sample: needs a prompt of at least one token, n_new >= 0, "
+                      "a positive temperature and top_k >= 0 (got %d, %d, %g, %d)", n_prompt,
+                      n_new, how ? (double)how->temperature : 0.0, how ? how->top_k : 0);
+  int V = g->c.vocab_size;
   int *ctx = malloc((size_t)(n_prompt + n_new) * sizeof(int));
-  if (!ctx) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "fsdp_gpt2_generate: out of memory");
-  memcpy(ctx, prompt, (size_t)n_prompt * sizeof(int));
+  float *scratch = how->top_k ? malloc((size_t)V * sizeof(float)) : NULL;
   fsdp_status_t st = FSDP_SUCCESS;
+  if (!ctx || (how->top_k && !scratch)) {
+    st = fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "fsdp_gpt2_sample: out of memory");
+    goto done;
+  }
+  memcpy(ctx, prompt, (size_t)n_prompt * sizeof(int));
   for (int i = 0; i < n_new; i++) {
     int len = n_prompt + i, T = len < g->maxT ? len : g->maxT;
     FSDP_TRYG(st, next_logits(g, ctx + len - T, T), done);
-    int tok = sample_token(g->row, g->c.vocab_size, temperature, uniform01(seed, (uint64_t)i));
+    int tok = sample_token(g->row, V, how->temperature, how->top_k, scratch,
+                           uniform01(how->seed, (uint64_t)i));
     /* Every rank computed the same logits; rank 0's draw (an int moved as 4
      * bytes) makes that certain. */
     FSDP_TRYG(st, fsdp_broadcast(fsdp_engine_comm(g->eng), &tok, 1, FSDP_F32, 0,
@@ -786,6 +823,13 @@ fsdp_status_t fsdp_gpt2_generate(fsdp_gpt2_t g, const int *prompt, int n_prompt,
     ctx[len] = out[i] = tok;
   }
 done:
+  free(scratch);
   free(ctx);
   return st;
+}
+
+fsdp_status_t fsdp_gpt2_generate(fsdp_gpt2_t g, const int *prompt, int n_prompt, int n_new,
+                                 float temperature, uint64_t seed, int *out) {
+  fsdp_gpt2_sampling_t how = {temperature, 0, seed};
+  return fsdp_gpt2_sample(g, prompt, n_prompt, n_new, &how, out);
 }

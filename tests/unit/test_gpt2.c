@@ -210,6 +210,47 @@ START_TEST(bf16_follows_f32) {
 }
 END_TEST
 
+/* top-k 1 is greedy: every draw is the argmax of the logits, whatever the
+ * seed; top-k k draws only among the k largest. */
+START_TEST(sampling_top_k) {
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  fsdp_engine_t e = engine(&c);
+  fsdp_gpt2_t g = model(e, "GPT2Block", 0, NULL);
+  int ctx[8] = {1, 2}, a[6], b[6];
+  fsdp_gpt2_sampling_t greedy = {1.0f, 1, 7}, other = {1.0f, 1, 99};
+  ck_assert_int_eq(fsdp_gpt2_sample(g, ctx, 2, 6, &greedy, a), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_gpt2_sample(g, ctx, 2, 6, &other, b), FSDP_SUCCESS);
+  ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
+  for (int i = 0; i < 6; i++) {
+    const float *logits;
+    ck_assert_int_eq(fsdp_gpt2_forward(g, ctx, NULL, 1, 2 + i, NULL, &logits), FSDP_SUCCESS);
+    const float *row = logits + (size_t)(1 + i) * cfg.vocab_size;
+    int best = 0;
+    for (int v = 1; v < cfg.vocab_size; v++) best = row[v] > row[best] ? v : best;
+    ck_assert_int_eq(a[i], best);
+    ctx[2 + i] = a[i];
+  }
+  fsdp_gpt2_sampling_t top3 = {5.0f, 3, 11}; /* hot: without the cut, any token */
+  int many[40];
+  const float *logits;
+  ck_assert_int_eq(fsdp_gpt2_sample(g, ctx, 2, 1, &top3, many), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_gpt2_forward(g, ctx, NULL, 1, 2, NULL, &logits), FSDP_SUCCESS);
+  float row[512];
+  memcpy(row, logits + cfg.vocab_size, cfg.vocab_size * sizeof(float));
+  for (int s = 0; s < 40; s++) {
+    top3.seed = (uint64_t)s;
+    ck_assert_int_eq(fsdp_gpt2_sample(g, ctx, 2, 1, &top3, &many[s]), FSDP_SUCCESS);
+    int above = 0;
+    for (int v = 0; v < cfg.vocab_size; v++) above += row[v] > row[many[s]];
+    ck_assert_msg(above < 3, "seed %d drew token %d, %d logits above it", s, many[s], above);
+  }
+  fsdp_gpt2_sampling_t bad = {1.0f, -1, 1};
+  ck_assert_int_eq(fsdp_gpt2_sample(g, ctx, 2, 1, &bad, a), FSDP_ERR_INVALID_ARGUMENT);
+  fsdp_gpt2_destroy(g);
+  fsdp_engine_destroy(e);
+}
+END_TEST
+
 START_TEST(sampling_and_errors) {
   fsdp_config_t c = FSDP_CONFIG_INIT;
   fsdp_engine_t e = engine(&c);
@@ -310,6 +351,7 @@ static Suite *gpt2_suite(void) {
   tcase_add_loop_test(tc, checkpoint_identical, 0, 3);
   tcase_add_test(tc, bf16_follows_f32);
   tcase_add_test(tc, sampling_and_errors);
+  tcase_add_test(tc, sampling_top_k);
   suite_add_tcase(s, tc);
   return s;
 }
