@@ -167,8 +167,12 @@ typedef struct {
 
 /* Checks cfg (the same checks as fsdp_engine_create) and writes to *out the
  * configuration an engine would run with: the caller's fields, defaults for
- * fields past its size, unset values resolved. comm_backend stays the caller's
- * pointer. FSDP_ERR_INVALID_ARGUMENT with the field and value when wrong. */
+ * fields past its size, unset values resolved. Only cfg->size bytes of *out
+ * are written (out->size = cfg->size): out is taken to be the same struct as
+ * the caller's cfg, so a caller compiled against an older header sees the
+ * fields it knows and nothing past its struct is touched. comm_backend stays
+ * the caller's pointer. FSDP_ERR_INVALID_ARGUMENT with the field and value
+ * when wrong; *out is written only on success. */
 FSDP_API fsdp_status_t fsdp_config_resolve(const fsdp_config_t *cfg, fsdp_config_t *out);
 
 typedef enum {

@@ -112,16 +112,26 @@ static fsdp_status_t worker_set_device(void *arg) {
   return fsdp_cuda_set_device(((struct fsdp_engine *)arg)->device);
 }
 
+/* cfg imported over the defaults, checked and resolved, into our full-size *c. */
+static fsdp_status_t config_resolve(const fsdp_config_t *cfg, fsdp_config_t *c) {
+  *c = (fsdp_config_t)FSDP_CONFIG_INIT;
+  FSDP_TRY(fsdp_opts_import(c, cfg, sizeof *c, FSDP_CONFIG_MAGIC, "fsdp_config_t",
+                            "FSDP_CONFIG_INIT"));
+  FSDP_TRY(config_check(c));
+  config_defaults(c);
+  return FSDP_SUCCESS;
+}
+
 fsdp_status_t fsdp_config_resolve(const fsdp_config_t *cfg, fsdp_config_t *out) {
   if (!cfg || !out)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_config_resolve: cfg and out must not "
                       "be NULL");
-  fsdp_config_t c = FSDP_CONFIG_INIT;
-  FSDP_TRY(fsdp_opts_import(&c, cfg, sizeof c, FSDP_CONFIG_MAGIC, "fsdp_config_t",
-                            "FSDP_CONFIG_INIT"));
-  FSDP_TRY(config_check(&c));
-  config_defaults(&c);
-  *out = c;
+  fsdp_config_t c;
+  FSDP_TRY(config_resolve(cfg, &c));
+  /* out is the caller's struct, as large as cfg says: an older header's is
+   * shorter than ours, and writing all of ours would overrun it. */
+  c.size = cfg->size;
+  memcpy(out, &c, cfg->size);
   return FSDP_SUCCESS;
 }
 
@@ -131,7 +141,7 @@ fsdp_status_t fsdp_engine_create(fsdp_world_t world, const fsdp_config_t *cfg,
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_create: world and engine "
                       "must not be NULL");
   fsdp_config_t resolved = FSDP_CONFIG_INIT;
-  if (cfg) FSDP_TRY(fsdp_config_resolve(cfg, &resolved));
+  if (cfg) FSDP_TRY(config_resolve(cfg, &resolved));
   const fsdp_config_t *c = &resolved;
 
   struct fsdp_engine *e = calloc(1, sizeof *e);
