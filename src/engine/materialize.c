@@ -182,12 +182,14 @@ fsdp_status_t fsdp_engine_materialize(fsdp_engine_t e, uint64_t seed) {
   FSDP_TRY(fsdp_engine_check_live(e));
   if (e->materialized)
     return fsdp_error(FSDP_ERR_INVALID_USAGE, "fsdp_engine_materialize called twice");
+  /* Ranks that built different models would issue mismatched collectives
+   * from here on: compare first (one 16-byte all-gather when they agree),
+   * before any check that could fail on one rank only — a rank without units
+   * returning here would leave the others waiting in the comparison. */
+  FSDP_TRY(fsdp_engine_check_plan(e));
   if (e->n_units == 0)
     return fsdp_error(FSDP_ERR_INVALID_USAGE,
                       "fsdp_engine_materialize: no units were added");
-  /* Ranks that built different models would issue mismatched collectives
-   * from here on: compare first (one 16-byte all-gather when they agree). */
-  FSDP_TRY(fsdp_engine_check_plan(e));
   e->seed = seed;
   for (int i = 0; i < e->n_units; i++) FSDP_TRY(unit_materialize(e, &e->units[i]));
   FSDP_TRY(pools_create(e));

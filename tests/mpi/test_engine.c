@@ -270,6 +270,26 @@ START_TEST(consistency) {
 }
 END_TEST
 
+/* A rank that built no model at all (a flag that yields zero layers) is a plan
+ * mismatch like any other: every rank fails at once, naming it, instead of
+ * that rank returning early and the others waiting in the comparison until
+ * the collective deadline. */
+START_TEST(consistency_rank_without_units) {
+  if (nranks == 1) return;
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  fsdp_engine_t e;
+  ck_assert_int_eq(fsdp_engine_create(world, &c, &e), FSDP_SUCCESS);
+  fsdp_tensor_desc_t t = {"u0.w", 2, {8, 4}, FSDP_INIT_NORMAL, 0.02f, 0};
+  fsdp_unit_t u;
+  if (rank != nranks - 1) ck_assert_int_eq(fsdp_unit_add(e, "u0", "Block", &t, 1, &u), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_engine_materialize(e, 1), FSDP_ERR_INVALID_USAGE);
+  ck_assert_msg(strstr(fsdp_last_error(), "engine.unit[0]") &&
+                strstr(fsdp_last_error(), "nothing (its list of settings ends earlier)"), "%s",
+                fsdp_last_error());
+  fsdp_engine_destroy(e);
+}
+END_TEST
+
 static Suite *engine_suite(void) {
   Suite *s = suite_create("engine-mpi");
   TCase *tc = tcase_create("engine");
@@ -280,6 +300,7 @@ static Suite *engine_suite(void) {
   tcase_add_loop_test(tc, overlap, 0, 2);
   tcase_add_test(tc, live_cap);
   tcase_add_test(tc, consistency);
+  tcase_add_test(tc, consistency_rank_without_units);
   suite_add_tcase(s, tc);
   return s;
 }
