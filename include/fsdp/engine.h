@@ -148,6 +148,8 @@ typedef struct {
   double loss_scale_growth;      /* 2.0: factor after loss_scale_interval good steps (>= 1) */
   double loss_scale_backoff;     /* 0.5: factor after a skipped step (in (0, 1]) */
   int loss_scale_interval;       /* 2000: good steps in a row before the scale grows */
+  int shard_size;                /* 0 (unset): the world; else ranks per shard group, a divisor
+                                    of the world (HSDP, above); fsdp_engine_config: resolved */
 } fsdp_config_t;
 
 #define FSDP_CONFIG_MAGIC 0xf5d9c0f1u
@@ -162,7 +164,7 @@ typedef struct {
     .schedule = FSDP_SCHEDULE_INIT, .device = FSDP_DEVICE_CPU,                       \
     .reduce_dtype = FSDP_F32, .comm_backend = NULL, .max_consecutive_skips = 0,      \
     .loss_scale_init = 0.0, .loss_scale_growth = 2.0, .loss_scale_backoff = 0.5,     \
-    .loss_scale_interval = 2000                                                      \
+    .loss_scale_interval = 2000, .shard_size = 0                                     \
   }
 
 /* Checks cfg (the same checks as fsdp_engine_create) and writes to *out the
@@ -239,14 +241,16 @@ typedef enum {
   FSDP_TL_ALL_GATHER,  /* gather stream */
   FSDP_TL_REDUCE,      /* reduce stream: reduce-scatter or all-reduce of grads; unit -1,
                           stream 0: the step's all-reduce of the gradient norm */
-  FSDP_TL_STEP         /* host: the optimizer step */
+  FSDP_TL_STEP,        /* host: the optimizer step */
+  FSDP_TL_REPLICA_REDUCE /* replica stream (3): HSDP all-reduce of a unit's gradient shard
+                            across its replica group */
 } fsdp_tl_kind_t;
 
 typedef struct {
   fsdp_tl_kind_t kind;
   fsdp_unit_t unit; /* -1 for the step */
   fsdp_pass_t pass;
-  int stream;       /* 0 compute/host, 1 gather, 2 reduce */
+  int stream;       /* 0 compute/host, 1 gather, 2 reduce, 3 replica (HSDP) */
   double t_begin, t_end; /* fsdp_time_now() seconds */
   size_t bytes;     /* bytes each rank contributes to a collective */
 } fsdp_tl_event_t;
@@ -259,6 +263,8 @@ typedef struct {
   size_t padded_numel; /* flat buffer, multiple of world * align */
   size_t shard_numel;  /* per rank (padded_numel on NO_SHARD) */
   size_t shard_offset; /* where this rank's slice starts in the flat buffer */
+  int reshard_after_forward; /* resolved (fsdp_unit_opts_t) */
+  fsdp_dtype_t param_dtype;  /* resolved: what the unit is gathered in */
 } fsdp_unit_info_t;
 
 /* What this rank owns of a unit, for checkpoints and tests. Pointers stay owned
@@ -285,6 +291,59 @@ FSDP_API void fsdp_engine_destroy(fsdp_engine_t engine);
 FSDP_API fsdp_status_t fsdp_unit_add(fsdp_engine_t engine, const char *name, const char *kind,
                                      const fsdp_tensor_desc_t *tensors, int n_tensors,
                                      fsdp_unit_t *unit);
+
+/* Per-unit choices, for fsdp_unit_add_opts. Start from FSDP_UNIT_OPTS_INIT
+ * and set what you need; every field left unset means "the engine config's
+ * choice", so a unit added with FSDP_UNIT_OPTS_INIT (or NULL) behaves exactly
+ * as fsdp_unit_add. size/magic/version first, new fields appended (the
+ * fsdp_config_t rule). Wrap policies and configuration files map their rules
+ * onto this struct, one per unit.
+ *
+ * reshard_after_forward  1: ZeRO-3 for this unit (its gathered parameters are
+ *     freed at the forward release and gathered again in backward); 0: ZeRO-2
+ *     (kept from forward to backward in a buffer of its own). Unset: 1 under
+ *     FSDP_FULL_SHARD, 0 under FSDP_SHARD_GRAD_OP. Ignored under NO_SHARD and
+ *     when a unit's shard group is one rank (nothing is gathered).
+ * param_dtype  FSDP_F32, FSDP_BF16 or FSDP_F16: what this unit's parameters
+ *     are gathered and computed in (see Mixed precision), e.g. FSDP_F32 for
+ *     LayerNorm-only units of a bf16 model. Unset: config.param_dtype. Loss
+ *     scaling follows config.param_dtype (set loss_scale_init yourself for f16
+ *     units in a model that is not f16).
+ * lr_mult, wd_mult  parameter groups: n_tensors factors each (in the order of
+ *     the tensors passed), copied at the call. Tensor i's update uses
+ *     lr * lr_mult[i] (after the schedule) and weight_decay * wd_mult[i] (a
+ *     no_decay tensor stays undecayed whatever its wd_mult). NULL: 1 for every
+ *     tensor. Each must be finite and >= 0 (0 freezes a tensor's updates, or
+ *     its decay). */
+typedef struct {
+  size_t size;               /* sizeof(fsdp_unit_opts_t) as the caller compiled it */
+  unsigned int magic;        /* FSDP_UNIT_OPTS_MAGIC */
+  unsigned int version;      /* FSDP_VERSION_CODE of the caller's header */
+  int reshard_after_forward; /* -1 (unset): the strategy's; 0 or 1 */
+  fsdp_dtype_t param_dtype;  /* FSDP_DTYPE_UNSET: config.param_dtype */
+  const float *lr_mult;      /* NULL: 1 for every tensor; else n_tensors factors, copied */
+  const float *wd_mult;      /* NULL: 1 for every tensor; else n_tensors factors, copied */
+} fsdp_unit_opts_t;
+
+#define FSDP_UNIT_OPTS_MAGIC 0xf5d9a0a1u
+#define FSDP_DTYPE_UNSET ((fsdp_dtype_t)-1)
+
+#define FSDP_UNIT_OPTS_INIT                                                          \
+  {                                                                                  \
+    .size = sizeof(fsdp_unit_opts_t), .magic = FSDP_UNIT_OPTS_MAGIC,                 \
+    .version = FSDP_VERSION_CODE, .reshard_after_forward = -1,                       \
+    .param_dtype = FSDP_DTYPE_UNSET, .lr_mult = NULL, .wd_mult = NULL                \
+  }
+
+/* fsdp_unit_add with per-unit choices (opts NULL: none). Errors, before
+ * anything is registered: FSDP_ERR_INVALID_ARGUMENT naming the unit and the
+ * field (a struct not from FSDP_UNIT_OPTS_INIT, reshard_after_forward not
+ * -1/0/1, a dtype other than f32/bf16/f16, a multiplier negative or not finite,
+ * naming the tensor). Same thread and ordering rules as fsdp_unit_add. */
+FSDP_API fsdp_status_t fsdp_unit_add_opts(fsdp_engine_t engine, const char *name,
+                                          const char *kind, const fsdp_tensor_desc_t *tensors,
+                                          int n_tensors, const fsdp_unit_opts_t *opts,
+                                          fsdp_unit_t *unit);
 
 /* Allocates shards, state and pools, and fills each rank's slice: element i of
  * tensor t is a pure function of (seed, t's name, i), so the model is the same
@@ -393,6 +452,7 @@ typedef struct {
   size_t numel;
   size_t offset; /* first element in the unit's flat buffer */
   int no_decay;
+  float lr_mult, wd_mult; /* fsdp_unit_opts_t (1 unless set) */
 } fsdp_tensor_info_t;
 FSDP_API fsdp_status_t fsdp_unit_tensor(fsdp_engine_t engine, fsdp_unit_t unit, int index,
                                         fsdp_tensor_info_t *info);
