@@ -462,6 +462,13 @@ FSDP_API int64_t fsdp_engine_step_count(fsdp_engine_t engine);
  * gathered copies, which would be stale. Not while units are acquired, nor
  * between a backward and its step. */
 FSDP_API fsdp_status_t fsdp_engine_set_step(fsdp_engine_t engine, int64_t step);
+/* The optimizer's own update count, which AdamW's bias correction and SGD's
+ * first momentum step follow (the schedule follows the engine's step). Equal
+ * to the step unless set: fsdp_engine_set_step sets both; a loader that zeroes
+ * the optimizer state (reset_optim, weights-only checkpoints) then sets it to
+ * 0, so that the next update is a first update. step in [0, the engine's step];
+ * not between a backward and its step. */
+FSDP_API fsdp_status_t fsdp_engine_set_optim_step(fsdp_engine_t engine, int64_t step);
 FSDP_API const fsdp_config_t *fsdp_engine_config(fsdp_engine_t engine);
 FSDP_API fsdp_world_t fsdp_engine_world(fsdp_engine_t engine);
 /* A communicator for the caller's own host-side reductions (losses, metrics). */

@@ -154,6 +154,7 @@ struct fsdp_engine {
   int bwd_next;      /* backward acquires so far: index into reversed fwd_release */
   int bwd_released;  /* backward releases so far */
   int64_t step;
+  int64_t optim_step; /* updates since the optimizer state was last zeroed */
 
   /* numerics guard and loss scaler (step.c) */
   int loss_bad;            /* a non-finite loss was reported since the last step */

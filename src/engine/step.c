@@ -83,10 +83,10 @@ static void update_segment_cuda(const struct tensor *t, size_t k, size_t n, stru
    * one run, the piece's, its gradient already scaled. */
   if (st == FSDP_SUCCESS && o->kind == FSDP_OPTIM_ADAMW)
     st = fsdp_cuda_adamw_multi(p, g, c->u->m + k, c->u->v + k, n,
-                               c->e->piece_runs + !t->no_decay, 1, 1.0f, o, lr, c->e->step + 1,
-                               cs);
+                               c->e->piece_runs + !t->no_decay, 1, 1.0f, o, lr,
+                               c->e->optim_step + 1, cs);
   else if (st == FSDP_SUCCESS)
-    st = fsdp_cuda_sgd_update(p, g, c->u->m ? c->u->m + k : NULL, n, o, lr, c->e->step == 0,
+    st = fsdp_cuda_sgd_update(p, g, c->u->m ? c->u->m + k : NULL, n, o, lr, c->e->optim_step == 0,
                               !t->no_decay, cs);
   if (c->st == FSDP_SUCCESS) c->st = st;
 }
@@ -112,9 +112,9 @@ static void update_segment(const struct tensor *t, size_t first, size_t n, size_
   if (c->coef != 1.0f)
     for (size_t i = 0; i < n; i++) g[i] *= c->coef;
   if (o->kind == FSDP_OPTIM_ADAMW)
-    fsdp_adamw_update(p, g, c->u->m + k, c->u->v + k, n, o, lr, c->e->step + 1, !t->no_decay);
+    fsdp_adamw_update(p, g, c->u->m + k, c->u->v + k, n, o, lr, c->e->optim_step + 1, !t->no_decay);
   else
-    fsdp_sgd_update(p, g, c->u->m ? c->u->m + k : NULL, n, o, lr, c->e->step == 0,
+    fsdp_sgd_update(p, g, c->u->m ? c->u->m + k : NULL, n, o, lr, c->e->optim_step == 0,
                     !t->no_decay);
 }
 
@@ -132,7 +132,7 @@ static fsdp_status_t update_unit(const struct fsdp_engine *e, const struct unit 
 #if FSDP_HAVE_CUDA
   if (e->cuda && e->cfg.optim.kind == FSDP_OPTIM_ADAMW && !has_groups(u))
     return fsdp_cuda_adamw_multi(u->master, u->grad, u->m, u->v, u->count, u->decay_runs,
-                                 u->n_runs, coef, &e->cfg.optim, lr, e->step + 1,
+                                 u->n_runs, coef, &e->cfg.optim, lr, e->optim_step + 1,
                                  (fsdp_cuda_stream_t)fsdp_stream_cuda_handle(e->s_compute));
 #endif
   struct update_ctx ctx = {e, u, lr, coef, FSDP_SUCCESS};
@@ -183,6 +183,7 @@ static fsdp_status_t update(struct fsdp_engine *e, float lr, double coef) {
    * stream to pass the update (on the CPU it already has). */
   for (int i = 0; i < e->n_pslots; i++) FSDP_TRY(fsdp_event_record(e->pslots[i].free_ev, e->s_compute));
   e->step++;
+  e->optim_step++;
   return FSDP_SUCCESS;
 }
 

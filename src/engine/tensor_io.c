@@ -175,8 +175,21 @@ fsdp_status_t fsdp_engine_set_step(fsdp_engine_t e, int64_t step) {
     FSDP_TRY(fsdp_unit_refresh_params(e, u));
   }
   FSDP_TRY(fsdp_stream_synchronize(e->s_compute));
-  e->step = step;
+  e->step = e->optim_step = step;
   e->loss_bad = 0; /* a loss reported for the abandoned step no longer counts */
+  return FSDP_SUCCESS;
+}
+
+fsdp_status_t fsdp_engine_set_optim_step(fsdp_engine_t e, int64_t step) {
+  FSDP_TRY(fsdp_engine_check_live(e));
+  if (step < 0 || step > e->step)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_set_optim_step: step %lld is not "
+                      "in [0, %lld] (the engine's step)", (long long)step, (long long)e->step);
+  for (int i = 0; i < e->n_units; i++)
+    if (e->units[i].bwd_count > 0)
+      return fsdp_error(FSDP_ERR_INVALID_USAGE, "fsdp_engine_set_optim_step while unit '%s' "
+                        "holds gradients: finish the step first", e->units[i].name);
+  e->optim_step = step;
   return FSDP_SUCCESS;
 }
 
