@@ -266,6 +266,63 @@ START_TEST(consistency) {
   ck_assert_msg(strstr(fsdp_last_error(), "engine.unit[2].tensor[0]: ") &&
                 strstr(fsdp_last_error(), " u2.w 8x4, rank") &&
                 strstr(fsdp_last_error(), " has u2.w 9x4"), "%s", fsdp_last_error());
+
+/* 1 when the timeline holds a gather of `unit` in `pass`. */
+static int gathered(fsdp_engine_t e, int unit, fsdp_pass_t pass) {
+  const fsdp_tl_event_t *ev;
+  size_t n;
+  ck_assert_int_eq(fsdp_engine_timeline(e, &ev, &n, NULL), FSDP_SUCCESS);
+  for (size_t i = 0; i < n; i++)
+    if (ev[i].kind == FSDP_TL_ALL_GATHER && ev[i].unit == unit && ev[i].pass == pass) return 1;
+  return 0;
+}
+
+/* FSDP_CONFIG_INIT with a root unit (0) held across the others, as tied
+ * embeddings are: while block k computes, block k + 1 is already gathered
+ * (fsdp_engine_timeline waits for the gather stream, so a prefetch issued at
+ * the acquire of k is on the timeline before k + 1 is acquired), in forward
+ * and in backward, and three units' parameters are live at the peak. */
+START_TEST(prefetch_under_a_held_root) {
+  if (nranks == 1) return; /* one rank gathers nothing */
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  char names[N_UNITS][2][24];
+  fsdp_engine_t e = make_engine(&c, names);
+  fsdp_view_t v;
+  for (int step = 0; step < 2; step++) {
+    fsdp_engine_timeline_clear(e);
+    ck_assert_int_eq(fsdp_unit_acquire(e, 0, FSDP_FORWARD, &v), FSDP_SUCCESS);
+    for (int k = 1; k < N_UNITS; k++) {
+      ck_assert_int_eq(fsdp_unit_acquire(e, k, FSDP_FORWARD, &v), FSDP_SUCCESS);
+      if (k + 1 < N_UNITS)
+        ck_assert_msg(gathered(e, k + 1, FSDP_FORWARD), "step %d: no prefetch of unit %d "
+                      "while unit %d computes under the held root", step, k + 1, k);
+      ck_assert_int_eq(fsdp_unit_release(e, k, FSDP_FORWARD), FSDP_SUCCESS);
+    }
+    ck_assert_int_eq(fsdp_unit_release(e, 0, FSDP_FORWARD), FSDP_SUCCESS);
+    ck_assert_int_eq(fsdp_unit_acquire(e, 0, FSDP_BACKWARD, &v), FSDP_SUCCESS);
+    for (int k = N_UNITS - 1; k >= 1; k--) {
+      ck_assert_int_eq(fsdp_unit_acquire(e, k, FSDP_BACKWARD, &v), FSDP_SUCCESS);
+      if (k > 1)
+        ck_assert_msg(gathered(e, k - 1, FSDP_BACKWARD), "step %d: no prefetch of unit %d in "
+                      "backward while unit %d computes under the held root", step, k - 1, k);
+      ck_assert_int_eq(fsdp_unit_release(e, k, FSDP_BACKWARD), FSDP_SUCCESS);
+    }
+    ck_assert_int_eq(fsdp_unit_release(e, 0, FSDP_BACKWARD), FSDP_SUCCESS);
+    ck_assert_int_eq(fsdp_engine_step(e, NULL), FSDP_SUCCESS);
+  }
+  fsdp_mem_stats_t m;
+  ck_assert_int_eq(fsdp_engine_memory(e, &m), FSDP_SUCCESS);
+  fsdp_unit_info_t info[N_UNITS];
+  size_t root_and_two = 0, largest = 0;
+  for (int k = 0; k < N_UNITS; k++) {
+    ck_assert_int_eq(fsdp_unit_info(e, k, &info[k]), FSDP_SUCCESS);
+    if (k > 0 && info[k].padded_numel > largest) largest = info[k].padded_numel;
+  }
+  root_and_two = info[0].padded_numel + info[1].padded_numel + info[2].padded_numel;
+  ck_assert_uint_ge(m.gathered_params_peak, root_and_two * sizeof(float));
+  /* The pool grew by one slot for the one unit held: prefetch_depth + 1 + 1. */
+  size_t max_padded = largest > info[0].padded_numel ? largest : info[0].padded_numel;
+  ck_assert_uint_eq(m.param_pool, 3 * max_padded * sizeof(float));
   fsdp_engine_destroy(e);
 }
 END_TEST
@@ -280,6 +337,7 @@ static Suite *engine_suite(void) {
   tcase_add_loop_test(tc, overlap, 0, 2);
   tcase_add_test(tc, live_cap);
   tcase_add_test(tc, consistency);
+  tcase_add_test(tc, prefetch_under_a_held_root);
   suite_add_tcase(s, tc);
   return s;
 }
