@@ -17,17 +17,50 @@
  * along them.
  *
  * Flat shards: a unit's tensors are laid end to end and padded to a multiple of
- * world_size * align elements; rank r owns the slice [r*S, (r+1)*S). Padding is
+ * world_size * align elements (world_size: the shard group's under HSDP);
+ * rank r owns the slice [r*S, (r+1)*S). Padding is
  * never visible: views and tensor reads cover real elements only, padding is zero
  * and never counts in the gradient norm.
  *
- * Strategies and their memory per rank (P parameters, N ranks, AdamW, fp32):
- *   FSDP_FULL_SHARD    (ZeRO-3) 16P/N persistent + gathered params of at most
- *                      max_live_units units (default prefetch_depth + 1; a root
- *                      unit held across the others needs one more)
- *   FSDP_SHARD_GRAD_OP (ZeRO-2) 16P/N persistent + every unit's params gathered
- *                      from its forward until its backward
+ * Strategies and their memory per rank (P parameters, N ranks, S = shard_size
+ * ranks per shard group, S = N unless HSDP, AdamW, fp32):
+ *   FSDP_FULL_SHARD    (ZeRO-3) 16P/S persistent + gathered params of at most
+ *                      max_live_units units in shared buffers of the largest
+ *                      unit's size (unset: prefetch_depth + 1, plus one per unit
+ *                      held across the others, e.g. a tied-embedding root: the
+ *                      engine adds those buffers in the first step that nests
+ *                      units, so prefetch never stops for lack of one)
+ *   FSDP_SHARD_GRAD_OP (ZeRO-2) 16P/S persistent + every unit's params gathered
+ *                      from its forward until its backward, each in a buffer of
+ *                      its own size
  *   FSDP_NO_SHARD      (DDP)    16P persistent, gradients all-reduced
+ * Per unit (fsdp_unit_add_opts) reshard_after_forward picks ZeRO-3 or ZeRO-2
+ * behaviour and param_dtype f32 or bf16 for that unit alone: transient memory
+ * is then sum over the ZeRO-2 units of padded x e(u) + the shared buffers x
+ * (largest ZeRO-3 unit) x e, where e(u) is 4 bytes per element (f32), 2 (bf16
+ * on CUDA) or 6 (bf16 on the CPU, with its f32 twin), and e for a shared buffer
+ * is that of the widest dtype among the ZeRO-3 units; persistent memory adds
+ * 2 bytes per shard element of each bf16 unit. fsdp_engine_memory reports
+ * exactly these.
+ *
+ * Hybrid sharding (HSDP, config.shard_size S < N, S dividing N): the world is
+ * R = N/S replica groups x S ranks per shard group. Shard group g is the
+ * consecutive ranks [g*S, (g+1)*S) (rank r is rank r % S of group r / S, so
+ * with S = ranks per node a shard group is a node); replica group k is the
+ * ranks equal to k mod S, one per shard group. Units are sharded over the
+ * shard group (layout as above with world_size S): parameters are gathered
+ * and gradients reduce-scattered within it; then, once per step, after a
+ * unit's last reduce-scatter, its fp32 gradient shard is all-reduced (summed)
+ * across the replica group on a stream of its own (1/S of the gradient bytes,
+ * overlapping the rest of backward; the step waits for it), and the optimizer
+ * runs on the shard. The gradient norm sums over one shard group. S = N is
+ * plain FSDP, unchanged (no sub-communicators); S = 1 keeps the whole model
+ * on every rank and all-reduces gradients (as NO_SHARD). The engine creates
+ * its sub-communicators with fsdp_comm_split on the gather backend (mpi, gloo,
+ * nccl) and the world's host backend; watchdog and desync reports name the
+ * group ("shard group 1, world ranks 2-3"). Checkpoints are written by shard
+ * group 0 in the format of a world of S ranks, and load at any R x S or N.
+ * The timeline records the replica all-reduces as FSDP_TL_REPLICA_REDUCE.
  * On one rank every strategy reads its (whole) master shard directly: nothing is
  * gathered and nothing is copied.
  *
@@ -63,7 +96,7 @@
  *                 staged through pinned host memory (several ranks may share a
  *                 GPU, which NCCL refuses); acquiring a unit waits on the host
  *                 for its gather.
- * The host communicator (fsdp_engine_comm) is always the world's.
+ * The host communicator (fsdp_engine_comm) is always the world's (HSDP too).
  * Gradient accumulation over grad_accum micro-batches:
  *   default                each micro-batch's gradients are reduce-scattered into
  *                          the fp32 gradient shard: grad_accum x the traffic;
