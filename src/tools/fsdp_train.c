@@ -23,6 +23,8 @@ static const char usage_text[] =
     "sharding\n"
     "  --strategy zero3|zero2|noshard   (default zero3)\n"
     "  --prefetch D              units gathered ahead (default 1)\n"
+    "  --shard-size S            HSDP: shard within groups of S consecutive ranks (e.g. the\n"
+    "                            ranks per node), replicate across them (default: the world)\n"
     "  --dtype f32|bf16|f16      parameters as gathered and computed on (master stays f32);\n"
     "                            on cuda, bf16 also makes activations bf16; f16 scales\n"
     "                            the loss dynamically (GradScaler's rule)\n"
@@ -138,6 +140,7 @@ static int parse(int argc, char **argv, train_opts_t *o) {
       {"--save-overwrite", NULL, FLAG_SET, &o->save_overwrite},
       {"--resume", NULL, FLAG_STR, &o->resume}, {"--stop-after", NULL, FLAG_INT, &o->stop_after},
       {"--comm-backend", "--comm", FLAG_STR, &o->cfg.comm_backend},
+      {"--shard-size", NULL, FLAG_INT, &o->cfg.shard_size},
   };
   return flags_parse("fsdp-train", usage_text, argc, argv, table, sizeof table / sizeof table[0],
                      parse_word, o);

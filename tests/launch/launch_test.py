@@ -236,6 +236,76 @@ def parity(r, model):
     check(diff <= WEIGHT_ATOL, f"final weights differ by {diff:.2e} > {WEIGHT_ATOL:.0e}")
 
 
+def two_nodes(r, args, timeout=180):
+    """fsdp-run twice on this machine, as node 0 and node 1 of --nnodes 2 with
+    two ranks each, meeting at one master address and port: (rc0, rc1, out0,
+    err0 + err1, seconds, leftovers)."""
+    port, tag = free_port(), uuid.uuid4().hex
+    env = dict(r.base_env, FSDP_TEST_TAG=tag)
+    t0 = time.monotonic()
+    procs = [subprocess.Popen([r.tool("fsdp-run"), "--nproc-per-node", "2", "--nnodes", "2",
+                               "--node-rank", str(k), "--master-addr", "127.0.0.1",
+                               "--master-port", str(port)] + args, env=env, cwd=r.tmp,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for k in (0, 1)]
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=max(1.0, t0 + timeout - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise Failure(f"fsdp-run --nnodes 2 still running after {timeout} s")
+    secs = time.monotonic() - t0
+    left = wait_no_orphans(tag, t0 + TEARDOWN_S)
+    return (procs[0].returncode, procs[1].returncode, outs[0][0], outs[0][1] + outs[1][1],
+            secs, left)
+
+
+def hsdp_nnodes(r):
+    """HSDP over two "nodes": shard within each node's 2 ranks (--shard-size =
+    the local world size), replicate across the nodes. The same training under
+    mpirun -np 4 --shard-size 2 gives the same losses and weights, and plain
+    FSDP over the 4 ranks the same losses up to summation order."""
+    args = [r.tool("fsdp-train")] + train_args(r, "gpt2") + ["--shard-size", "2"]
+    runs, weights = {}, {}
+    for kind in ("fsdp-run", "mpirun"):
+        save = os.path.join(r.tmp, "hsdp-" + kind)
+        if kind == "fsdp-run":
+            rc0, rc1, out, err, secs, left = two_nodes(r, args + ["--save-dir", save])
+            check(rc0 == 0 and rc1 == 0, f"fsdp-run --nnodes 2: exit {rc0}, {rc1}:\n{err[-3000:]}")
+        else:
+            rc, out, err, secs, left = r.run(r.launcher(kind, 4) + args + ["--save-dir", save])
+            check(rc == 0, f"mpirun: fsdp-train failed ({rc}):\n{err[-3000:]}")
+        check(not left, f"{kind}: leftover processes {left}")
+        runs[kind] = ([e["loss"] for e in events(out, "step")] +
+                      [e["loss"] for e in events(out, "eval")])
+        st = save + ".safetensors"
+        ck = subprocess.run([r.tool("fsdp-ckpt"), "export", save, st], capture_output=True,
+                            text=True)
+        check(ck.returncode == 0, f"fsdp-ckpt {save}: {ck.stderr}")
+        weights[kind] = safetensors(st)
+        print(f"hsdp 2 x 2 under {kind}{' --nnodes 2' if kind == 'fsdp-run' else ''}: "
+              f"{len(runs[kind])} losses in {secs:.1f} s")
+    rc, out, err, secs, left = r.run(r.launcher("mpirun", 4) + args[:-2])
+    check(rc == 0 and not left, f"mpirun without --shard-size: exit {rc}, leftovers {left}")
+    plain = [e["loss"] for e in events(out, "step")] + [e["loss"] for e in events(out, "eval")]
+    a, b = runs["fsdp-run"], runs["mpirun"]
+    check(len(a) == len(b) == len(plain) and a, f"different numbers of losses: {len(a)} vs {len(b)}")
+    flat = max(abs(x - y) / max(1.0, abs(y)) for x, y in zip(b, plain))
+    print(f"hsdp 2 x 2 vs plain FSDP over 4 ranks: largest relative loss difference {flat:.2e}")
+    check(flat <= LOSS_RTOL, f"HSDP losses differ from plain FSDP's by {flat:.2e}: {b} vs {plain}")
+    worst = max(abs(x - y) / max(1.0, abs(y)) for x, y in zip(a, b))
+    print(f"hsdp: first loss {a[0]:.6f} vs {b[0]:.6f}, last {a[-1]:.6f} vs {b[-1]:.6f}, largest "
+          f"relative difference {worst:.2e} (tolerance {LOSS_RTOL:.0e})")
+    check(worst <= LOSS_RTOL, f"losses differ by {worst:.2e} > {LOSS_RTOL:.0e}: {a} vs {b}")
+    wa, wb = weights["fsdp-run"], weights["mpirun"]
+    check(wa.keys() == wb.keys() and wa, "the checkpoints hold different tensors")
+    diff = max(abs(x - y) for k in wa for x, y in zip(wa[k], wb[k]))
+    print(f"hsdp: final weights differ by at most {diff:.2e} (tolerance {WEIGHT_ATOL:.0e})")
+    check(diff <= WEIGHT_ATOL, f"final weights differ by {diff:.2e} > {WEIGHT_ATOL:.0e}")
+
+
 def killed(r, kind):
     args = [r.tool("fsdp-train")] + train_args(r, "gpt2")
     rc, out, err, secs, left = r.run(r.launcher(kind, 4) + args,
@@ -647,6 +717,7 @@ def cli_small(r):
 SCENARIOS = {
     "parity-gpt2": lambda r: parity(r, "gpt2"),
     "parity-mlp": lambda r: parity(r, "mlp"),
+    "hsdp-nnodes2": hsdp_nnodes,
     "kill-fsdp-run": lambda r: killed(r, "fsdp-run"),
     "kill-mpirun": lambda r: killed(r, "mpirun"),
     "stall-fsdp-run": lambda r: stalled(r, "fsdp-run"),
