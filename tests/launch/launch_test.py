@@ -408,6 +408,27 @@ def desync(r, case, kind, default=False):
     print(mine[0])
 
 
+def desync_group(r, kind):
+    """A desync inside one group of a split (ranks r / 2; rank 3 issues an extra
+    all_reduce): ranks 2 and 3 report it, naming their group and world ranks;
+    the other group finishes."""
+    cmd = r.launcher(kind, 4) + [r.tool("tests/launch/launch_probe"), "extra-group", "3"]
+    rc, out, err, secs, left = r.run(cmd, timeout=60)
+    print(f"extra-group under {kind}: exit {rc} after {secs:.1f} s; leftovers {left}")
+    check(rc != 0 and not left, f"rc {rc}, leftovers {left}")
+    want = (r"desync on communicator \d+ \(group 1 of communicator \d+: world ranks 2-3\), seen "
+            r"by rank [23]: rank 2 issued all_gather #1 \(4 f32 per rank\) but rank 3 issued "
+            r"all_reduce #1 \(1 f32, sum\)")
+    for rank in (2, 3):
+        mine = [l for l in err.splitlines() if f"probe: rank {rank}: error" in l]
+        check(mine and re.search(want, mine[0]), f"rank {rank} did not name its group:\n"
+              f"{err[-3000:]}")
+    for rank in (0, 1):
+        check(any(l.endswith(f"probe: rank {rank}: ok") for l in err.splitlines()),
+              f"rank {rank} of the other group did not finish:\n{err[-3000:]}")
+    print(mine[0])
+
+
 def bad_launch(r, case):
     """Starts env:// ranks by hand, wrongly; every one must exit within the
     rendezvous timeout (plus start-up slack) and say who did not join."""
@@ -718,6 +739,8 @@ SCENARIOS = {
     "parity-gpt2": lambda r: parity(r, "gpt2"),
     "parity-mlp": lambda r: parity(r, "mlp"),
     "hsdp-nnodes2": hsdp_nnodes,
+    "desync-group-fsdp-run": lambda r: desync_group(r, "fsdp-run"),
+    "desync-group-mpirun": lambda r: desync_group(r, "mpirun"),
     "kill-fsdp-run": lambda r: killed(r, "fsdp-run"),
     "kill-mpirun": lambda r: killed(r, "mpirun"),
     "stall-fsdp-run": lambda r: stalled(r, "fsdp-run"),

@@ -18,6 +18,9 @@
  *   skip-unit R     rank R's model lacks unit 'b' of a, b, c (equal sizes),
  *                   so its forward would gather 'c' where the others gather
  *                   'b'; materialize's plan comparison stops it first
+ *   extra-group R   rank R issues an extra all_reduce inside its group of a
+ *                   split (ranks r / 2): only that group desyncs, and its
+ *                   report names the group and world ranks
  *
  * The desync scenarios turn the check on (world opts; with
  * PROBE_DEFAULT_CHECK=1 they leave it to the default) and end with a barrier
@@ -79,6 +82,15 @@ static fsdp_status_t run_desync(fsdp_comm_t c, const char *what, int who) {
   return st;
 }
 
+/* The extra scenario inside group r / 2 of a split of c. */
+static fsdp_status_t run_extra_group(fsdp_comm_t c, int who) {
+  fsdp_comm_t g = NULL;
+  fsdp_status_t st = fsdp_comm_split(c, rank / 2, rank, &g);
+  if (st == FSDP_SUCCESS) st = run_desync(g, "extra", who);
+  fsdp_comm_destroy(g);
+  return st;
+}
+
 /* One forward over units a, b, c of 64 parameters; rank `who` has no b. */
 static fsdp_status_t run_skip_unit(fsdp_world_t w, int who) {
   fsdp_config_t cfg = FSDP_CONFIG_INIT;
@@ -104,10 +116,11 @@ static fsdp_status_t run_skip_unit(fsdp_world_t w, int who) {
 
 int main(int argc, char **argv) {
   const char *what = argc > 1 ? argv[1] : "";
-  int desync = !strcmp(what, "extra") || !strcmp(what, "count") || !strcmp(what, "skip-unit");
+  int desync = !strcmp(what, "extra") || !strcmp(what, "count") ||
+               !strcmp(what, "skip-unit") || !strcmp(what, "extra-group");
   if (strcmp(what, "ok") && strcmp(what, "stall") && strcmp(what, "stall-setup") && !desync) {
     fprintf(stderr, "usage: probe ok | stall RANK ITER | stall-setup RANK | extra RANK | "
-            "count RANK | skip-unit RANK\n");
+            "count RANK | skip-unit RANK | extra-group RANK\n");
     return 2;
   }
   if (getenv("RANK")) rank = atoi(getenv("RANK")); /* for messages before the world exists */
@@ -131,6 +144,7 @@ int main(int argc, char **argv) {
     if (!strcmp(what, "ok")) st = run_ok(c);
     else if (!strcmp(what, "stall")) st = run_stall(c, who, argc > 3 ? atoi(argv[3]) : 3);
     else if (!strcmp(what, "skip-unit")) st = run_skip_unit(w, who);
+    else if (!strcmp(what, "extra-group")) st = run_extra_group(c, who);
     else st = run_desync(c, what, who);
   }
   int rc = say(st, "ok");

@@ -273,6 +273,9 @@ START_TEST(consistency) {
   ck_assert_msg(strstr(fsdp_last_error(), "engine.unit[2].tensor[0]: ") &&
                 strstr(fsdp_last_error(), " u2.w 8x4, rank") &&
                 strstr(fsdp_last_error(), " has u2.w 9x4"), "%s", fsdp_last_error());
+  fsdp_engine_destroy(e);
+}
+END_TEST
 
 /* 1 when the timeline holds a gather of `unit` in `pass`. */
 static int gathered(fsdp_engine_t e, int unit, fsdp_pass_t pass) {
