@@ -341,6 +341,24 @@ def stalled(r, kind):
               f"no timeout report:\n{err[-3000:]}")
 
 
+def stalled_group(r):
+    """Rank 3 stops inside group 1 of a split (ranks 2-3): rank 2's watchdog
+    names the group and rank 3 alone, never the other group's ranks."""
+    cmd = r.launcher("fsdp-run", 4) + [r.tool("tests/launch/launch_probe"), "stall-group", "3", "3"]
+    rc, out, err, secs, left = r.run(cmd, {"FSDP_TIMEOUT_S": "2"})
+    print(f"fsdp-run: exit {rc} after {secs:.1f} s (timeout 2 s); leftovers {left}")
+    check(rc != 0 and secs <= TEARDOWN_S and not left, f"rc {rc}, {secs:.1f} s, {left}")
+    reports = [l for l in err.splitlines()
+               if l.startswith("[rank") and "watchdog: all_reduce #4 for 'probe-loop'" in l]
+    check(reports, f"no timeout report:\n{err[-3000:]}")
+    print(reports[0])
+    check(all(re.search(r"on communicator \d+ \(group 1 of communicator \d+: world ranks "
+                        r"2-3\) did not complete", l) and l.startswith("[rank 2]") and
+              "; rank 3 never issued it;" in l and "rank 0" not in l and "rank 1" not in l
+              for l in reports), f"a report does not name the group and rank 3 alone:\n"
+          f"{err[-3000:]}")
+
+
 def escalated(r):
     """A worker that ignores SIGTERM gets SIGKILL once --grace has passed."""
     cmd = r.launcher("fsdp-run", 4) + ["--grace", "1", r.tool("tests/launch/launch_probe"),
@@ -739,6 +757,7 @@ SCENARIOS = {
     "parity-gpt2": lambda r: parity(r, "gpt2"),
     "parity-mlp": lambda r: parity(r, "mlp"),
     "hsdp-nnodes2": hsdp_nnodes,
+    "stall-group": stalled_group,
     "desync-group-fsdp-run": lambda r: desync_group(r, "fsdp-run"),
     "desync-group-mpirun": lambda r: desync_group(r, "mpirun"),
     "kill-fsdp-run": lambda r: killed(r, "fsdp-run"),
