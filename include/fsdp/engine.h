@@ -256,7 +256,9 @@ typedef struct {
 /* Bytes per rank. Persistent: master, grad_shard, optim_state. Transient
  * (*_peak since creation or the last fsdp_engine_reset_peaks): gathered
  * parameters and full gradient buffers handed out or in flight. Reserved:
- * what the preallocated pools hold, i.e. the most transient can ever reach. */
+ * what the preallocated pools hold, i.e. the most transient can ever reach
+ * (with max_live_units unset, the gather pool grows once, in the first step
+ * that holds units across the others: one buffer per unit held). */
 typedef struct {
   size_t master, grad_shard, optim_state;
   size_t param_copy; /* bf16 params: the shard rounded to bf16 (+ its f32 widening

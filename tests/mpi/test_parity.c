@@ -421,17 +421,19 @@ START_TEST(hsdp_parity) {
 }
 END_TEST
 
-/* Integer gradients: every R x S layout gives one rank's parameters bit for bit. */
+/* Integer gradients: every R x S layout gives one rank's parameters bit for
+ * bit, gradients reduced in f32 or in bf16 (exact for these integers). */
 START_TEST(hsdp_bitwise) {
-  int shard = shard_sizes[_i / 4];
+  int shard = shard_sizes[_i / 8];
   fsdp_optim_kind_t optim = _i % 2 ? FSDP_OPTIM_ADAMW : FSDP_OPTIM_SGD;
   fsdp_strategy_t strat = _i / 2 % 2 ? FSDP_SHARD_GRAD_OP : FSDP_FULL_SHARD;
+  fsdp_dtype_t reduce = _i / 4 % 2 ? FSDP_BF16 : FSDP_F32;
   float ref[BW_OUT * 26], got[BW_OUT * 26];
   bw_train(solo, optim, FSDP_FULL_SHARD, FSDP_F32, 0, ref);
-  bw_train(world, optim, strat, FSDP_F32, shard, got);
-  ck_assert_msg(memcmp(ref, got, sizeof ref) == 0, "HSDP %d x %d %s %s: parameters differ from "
-                "N=1", nranks / shard, shard, fsdp_strategy_name(strat),
-                optim == FSDP_OPTIM_SGD ? "sgd" : "adamw");
+  bw_train(world, optim, strat, reduce, shard, got);
+  ck_assert_msg(memcmp(ref, got, sizeof ref) == 0, "HSDP %d x %d %s %s reduce %s: parameters "
+                "differ from N=1", nranks / shard, shard, fsdp_strategy_name(strat),
+                optim == FSDP_OPTIM_SGD ? "sgd" : "adamw", fsdp_dtype_name(reduce));
 }
 END_TEST
 
@@ -522,7 +524,7 @@ static Suite *hsdp_suite(void) {
   tcase_set_timeout(tc, 600);
   tcase_add_test(tc, hsdp_bad_shard_size);
   tcase_add_loop_test(tc, hsdp_memory_and_bytes, 0, n_shard_sizes);
-  tcase_add_loop_test(tc, hsdp_bitwise, 0, 4 * n_shard_sizes);
+  tcase_add_loop_test(tc, hsdp_bitwise, 0, 8 * n_shard_sizes);
   tcase_add_loop_test(tc, hsdp_parity, 0, N_HSDP_CASES * n_shard_sizes);
   suite_add_tcase(s, tc);
   return s;
