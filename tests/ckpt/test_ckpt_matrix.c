@@ -120,12 +120,15 @@ static int do_load(fsdp_world_t w, const char *dir) {
   return failed;
 }
 
-/* HSDP: train 10 steps under 2 x 2 and save (N = 4 only). */
+/* HSDP: train 10 steps under 2 x 2 and save (N = 4 only), twice. */
 static int do_hsdp_save(fsdp_world_t w, const char *dir) {
   char path[512];
   snprintf(path, sizeof path, "%s/hsdp-2x2", dir);
   fsdp_engine_t e = ckm_create_sharded(w, FSDP_FULL_SHARD, FSDP_OPTIM_ADAMW, CKM_BASE, 5, 2);
-  int rc = !e || ckm_train(e, 10, 0) || fsdp_ckpt_save(e, path, NULL, NULL, 0);
+  /* Saved twice: the second finds step-10 committed with this very state and
+   * keeps it (every rank compares what its shard group 0 counterpart wrote). */
+  int rc = !e || ckm_train(e, 10, 0) || fsdp_ckpt_save(e, path, NULL, NULL, 0) ||
+           fsdp_ckpt_save(e, path, NULL, NULL, 0);
   if (rc) fprintf(stderr, "hsdp save %s: %s\n", path, fsdp_last_error());
   fsdp_engine_destroy(e);
   return rc;
