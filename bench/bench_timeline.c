@@ -28,8 +28,8 @@ static int may_wait_for(const fsdp_tl_event_t *host, const fsdp_tl_event_t *c) {
 static double host_wait(const fsdp_tl_event_t *h, const fsdp_tl_event_t *tl, size_t n) {
   double last = h->t_begin;
   for (size_t i = 0; i < n; i++)
-    if (is_comm(&tl[i]) && tl[i].t_end >= h->t_begin && tl[i].t_end <= h->t_end && tl[i].t_end > last &&
-        may_wait_for(h, &tl[i]))
+    if (is_comm(&tl[i]) && tl[i].t_end >= h->t_begin && tl[i].t_end <= h->t_end &&
+        tl[i].t_end > last && may_wait_for(h, &tl[i]))
       last = tl[i].t_end;
   return last - h->t_begin;
 }
@@ -72,7 +72,8 @@ void bench_split_steps(const fsdp_tl_event_t *tl, size_t n, const bench_window_t
       if (e->t_begin < lo || e->t_begin > hi) continue;
       double span = e->t_end - e->t_begin, bytes = (double)e->bytes;
       if (e->kind == FSDP_TL_ALL_GATHER) p->gather_s += span, p->gather_bytes += bytes;
-      else if (e->kind == FSDP_TL_REDUCE && e->unit >= 0) p->reduce_s += span, p->reduce_bytes += bytes;
+      else if (e->kind == FSDP_TL_REDUCE && e->unit >= 0)
+        p->reduce_s += span, p->reduce_bytes += bytes;
       else if (e->kind == FSDP_TL_REDUCE) p->reduce_s += span; /* the gradient norm */
       else if (e->kind == FSDP_TL_REPLICA_REDUCE) p->reduce_s += span, p->replica_bytes += bytes;
       else p->exposed_s += host_wait(e, tl, n);

@@ -7,7 +7,9 @@
  * then runs now (host stream), is copied into a closure and queued (CPU
  * stream), or goes to the backend's enqueue (CUDA stream, nccl). A host
  * backend given a CUDA stream runs the collective in the caller after
- * synchronising the stream. The backend (comm_mpi.c, comm_gloo.cc,
+ * synchronising the stream. fsdp_comm_split exchanges every rank's colour
+ * and key, then has the backend build each group's communicator; a group
+ * keeps its members' world ranks for reports. The backend (comm_mpi.c, comm_gloo.cc,
  * comm_self.c, comm_nccl.c) only ever sees validated work, wrapped by the
  * watchdog's bookkeeping and, when enabled, the desync check; host backends
  * see device buffers only through staging (comm_stage.c). */

@@ -144,7 +144,8 @@ static int hsdp_reload(fsdp_world_t w, const char *dir, const char *from, const 
   snprintf(mine, sizeof mine, "%s/step-10", out);
   fsdp_engine_t e =
       ckm_create_sharded(w, FSDP_FULL_SHARD, FSDP_OPTIM_ADAMW, CKM_BASE, 99, shard_size);
-  int rc = !e || fsdp_ckpt_load(e, src, NULL, NULL, NULL, 0) || fsdp_ckpt_save(e, out, NULL, NULL, 0);
+  int rc = !e || fsdp_ckpt_load(e, src, NULL, NULL, NULL, 0) ||
+           fsdp_ckpt_save(e, out, NULL, NULL, 0);
   if (rc) fprintf(stderr, "hsdp load %s as %s: %s\n", src, to, fsdp_last_error());
   fsdp_engine_destroy(e);
   return rc || check(fsdp_world_rank(w), to, src, mine, 0.0);

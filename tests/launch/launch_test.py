@@ -291,7 +291,8 @@ def hsdp_nnodes(r):
     check(rc == 0 and not left, f"mpirun without --shard-size: exit {rc}, leftovers {left}")
     plain = [e["loss"] for e in events(out, "step")] + [e["loss"] for e in events(out, "eval")]
     a, b = runs["fsdp-run"], runs["mpirun"]
-    check(len(a) == len(b) == len(plain) and a, f"different numbers of losses: {len(a)} vs {len(b)}")
+    check(len(a) == len(b) == len(plain) and a,
+          f"different numbers of losses: {len(a)}, {len(b)}, {len(plain)}")
     flat = max(abs(x - y) / max(1.0, abs(y)) for x, y in zip(b, plain))
     print(f"hsdp 2 x 2 vs plain FSDP over 4 ranks: largest relative loss difference {flat:.2e}")
     check(flat <= LOSS_RTOL, f"HSDP losses differ from plain FSDP's by {flat:.2e}: {b} vs {plain}")

@@ -514,6 +514,18 @@ START_TEST(split_into_groups) {
   ck_assert_float_eq(sum, want);
   for (int i = 0; i < size; i++) /* group rank i is world rank of parity, largest first */
     ck_assert_float_eq(all[i], (float)(rank % 2 + 2 * (size - 1 - i)));
+  /* A split of a group: halves of my parity group, by group rank. */
+  fsdp_comm_t h = NULL;
+  int gr = fsdp_comm_rank(g), half = gr < (size + 1) / 2;
+  ck_assert_int_eq(fsdp_comm_split(g, half, gr, &h), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_comm_size(h), half ? (size + 1) / 2 : size / 2);
+  float hsum = 0, hwant = 0;
+  ck_assert_int_eq(fsdp_all_reduce(h, &mine, &hsum, 1, FSDP_F32, FSDP_SUM, FSDP_HOST_STREAM),
+                   FSDP_SUCCESS);
+  for (int i = 0; i < size; i++) /* group rank i is world rank rank % 2 + 2 (size - 1 - i) */
+    if ((i < (size + 1) / 2) == half) hwant += (float)(rank % 2 + 2 * (size - 1 - i));
+  ck_assert_float_eq(hsum, hwant);
+  fsdp_comm_destroy(h);
   fsdp_comm_destroy(d);
   fsdp_comm_destroy(g);
   ck_assert_int_eq(fsdp_comm_split(comm, -1, 0, &g), FSDP_ERR_INVALID_ARGUMENT);
