@@ -37,11 +37,11 @@
  * Per unit (fsdp_unit_add_opts) reshard_after_forward picks ZeRO-3 or ZeRO-2
  * behaviour and param_dtype f32 or bf16 for that unit alone: transient memory
  * is then sum over the ZeRO-2 units of padded x e(u) + the shared buffers x
- * (largest ZeRO-3 unit) x e, where e(u) is 4 bytes per element (f32), 2 (bf16
- * on CUDA) or 6 (bf16 on the CPU, with its f32 twin), and e for a shared buffer
- * is that of the widest dtype among the ZeRO-3 units; persistent memory adds
- * 2 bytes per shard element of each bf16 unit. fsdp_engine_memory reports
- * exactly these.
+ * (largest ZeRO-3 unit) x e, where e(u) is 4 bytes per element (f32), 2
+ * (bf16/f16 on CUDA) or 6 (bf16/f16 on the CPU, with its f32 twin), and e for
+ * a shared buffer holds what any ZeRO-3 unit needs (4 + 2 when f32 and 16-bit
+ * units share it); persistent memory adds 2 bytes per shard element of each
+ * 16-bit unit (+4 on one rank). fsdp_engine_memory reports exactly these.
  *
  * Hybrid sharding (HSDP, config.shard_size S < N, S dividing N): the world is
  * R = N/S replica groups x S ranks per shard group. Shard group g is the
