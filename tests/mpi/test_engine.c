@@ -509,6 +509,27 @@ START_TEST(unit_param_groups) {
 }
 END_TEST
 
+/* Per-unit options that differ between ranks would issue different
+ * collectives: materialize's plan comparison names the unit and the values. */
+START_TEST(unit_opts_must_agree) {
+  if (nranks == 1) return;
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  fsdp_engine_t e;
+  ck_assert_int_eq(fsdp_engine_create(world, &c, &e), FSDP_SUCCESS);
+  fsdp_tensor_desc_t t = {"x.w", 1, {8}, FSDP_INIT_ZEROS, 0.0f, 0};
+  fsdp_unit_opts_t o = FSDP_UNIT_OPTS_INIT;
+  o.reshard_after_forward = rank == nranks - 1 ? 0 : 1;
+  fsdp_unit_t u;
+  ck_assert_int_eq(fsdp_unit_add_opts(e, "x", NULL, &t, 1, &o, &u), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_engine_materialize(e, 1), FSDP_ERR_INVALID_USAGE);
+  char want[64];
+  snprintf(want, sizeof want, "rank %d has reshard_after_forward 0", nranks - 1);
+  ck_assert_msg(strstr(fsdp_last_error(), "engine.unit[0].opts: ") &&
+                strstr(fsdp_last_error(), want), "%s", fsdp_last_error());
+  fsdp_engine_destroy(e);
+}
+END_TEST
+
 /* Bad options fail at the call, name the unit and field, and add nothing. */
 START_TEST(unit_opts_refused) {
   fsdp_config_t c = FSDP_CONFIG_INIT;
@@ -557,6 +578,7 @@ static Suite *engine_suite(void) {
   tcase_add_test(tc, unit_dtype_choice);
   tcase_add_test(tc, unit_param_groups);
   tcase_add_test(tc, unit_opts_refused);
+  tcase_add_test(tc, unit_opts_must_agree);
   suite_add_tcase(s, tc);
   return s;
 }
