@@ -99,6 +99,7 @@ typedef struct {
   int overwrite;                /* 0; 1: replace an existing committed step-<k> */
   const fsdp_ckpt_meta_t *meta; /* NULL; trainer state to record */
 } fsdp_ckpt_save_opts_t;
+FSDP_ASSERT_NO_TAIL(fsdp_ckpt_save_opts_t, meta);
 #define FSDP_CKPT_SAVE_OPTS_MAGIC 0xf5d9c0f3u
 #define FSDP_CKPT_SAVE_OPTS_INIT                                                     \
   {                                                                                  \
@@ -140,7 +141,9 @@ typedef struct {
    * without optimizer state (weights only, e.g. from import) always loads
    * this way. */
   int reset_optim;
+  int reserved0; /* 0; fills what would be padding (core.h) */
 } fsdp_ckpt_load_opts_t;
+FSDP_ASSERT_NO_TAIL(fsdp_ckpt_load_opts_t, reserved0);
 #define FSDP_CKPT_LOAD_OPTS_MAGIC 0xf5d9c0f4u
 #define FSDP_CKPT_LOAD_OPTS_INIT                                                     \
   {                                                                                  \

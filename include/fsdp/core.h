@@ -26,6 +26,23 @@ extern "C" {
 /* major * 10000 + minor * 100 + patch, as in the headers compiled against. */
 #define FSDP_VERSION_CODE (FSDP_VERSION_MAJOR * 10000 + FSDP_VERSION_MINOR * 100 + FSDP_VERSION_PATCH)
 
+/* Extensible option structs (fsdp_config_t, fsdp_world_opts_t, the checkpoint
+ * and unit options) begin with size, magic and version; fields are only
+ * appended, and fields past an older caller's size take their defaults. Each
+ * such struct ends without padding, which FSDP_ASSERT_NO_TAIL checks next to
+ * it (a reserved field fills the gap where needed): otherwise a field appended
+ * later would land in bytes an older caller never initialised, inside its
+ * size. Appending a field means naming it in that check. */
+#ifdef __cplusplus
+#define FSDP_ASSERT_NO_TAIL(type, last)                                              \
+  static_assert(sizeof(type) == offsetof(type, last) + sizeof(((type *)0)->last),    \
+                #type " must end at its last field (" #last ")")
+#else
+#define FSDP_ASSERT_NO_TAIL(type, last)                                              \
+  _Static_assert(sizeof(type) == offsetof(type, last) + sizeof(((type *)0)->last),   \
+                 #type " must end at its last field (" #last ")")
+#endif
+
 /* The running library's FSDP_VERSION_CODE (a program may run against a newer
  * libfsdp than the headers it was compiled with). */
 FSDP_API int fsdp_get_version(void);

@@ -184,6 +184,7 @@ typedef struct {
   int shard_size;                /* 0 (unset): the world; else ranks per shard group, a divisor
                                     of the world (HSDP, above); fsdp_engine_config: resolved */
 } fsdp_config_t;
+FSDP_ASSERT_NO_TAIL(fsdp_config_t, shard_size);
 
 #define FSDP_CONFIG_MAGIC 0xf5d9c0f1u
 
@@ -363,6 +364,7 @@ typedef struct {
   const float *lr_mult;      /* NULL: 1 for every tensor; else n_tensors factors, copied */
   const float *wd_mult;      /* NULL: 1 for every tensor; else n_tensors factors, copied */
 } fsdp_unit_opts_t;
+FSDP_ASSERT_NO_TAIL(fsdp_unit_opts_t, wd_mult);
 
 #define FSDP_UNIT_OPTS_MAGIC 0xf5d9a0a1u
 #define FSDP_DTYPE_UNSET ((fsdp_dtype_t)-1)

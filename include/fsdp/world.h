@@ -72,7 +72,9 @@ typedef struct {
    * all-gather of 72 bytes per rank per collective). 0: FSDP_DESYNC_CHECK
    * decides ("0" off, else on: the default is on); 1: on; -1: off. */
   int desync_check;
+  int reserved0; /* 0; fills what would be padding (core.h) */
 } fsdp_world_opts_t;
+FSDP_ASSERT_NO_TAIL(fsdp_world_opts_t, reserved0);
 
 #define FSDP_WORLD_OPTS_MAGIC 0xf5d9c0f2u
 #define FSDP_WORLD_OPTS_INIT                                                         \
