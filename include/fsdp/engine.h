@@ -500,7 +500,8 @@ FSDP_API fsdp_status_t fsdp_unit_tensor(fsdp_engine_t engine, fsdp_unit_t unit, 
 FSDP_API int64_t fsdp_engine_step_count(fsdp_engine_t engine);
 /* For checkpoint loaders that wrote shards (fsdp_unit_shard) directly: sets the
  * update count (the schedule and AdamW's bias correction follow it) and drops
- * gathered copies, which would be stale. Not while units are acquired, nor
+ * gathered copies, which would be stale; the numerics guard starts afresh (no
+ * reported loss, no skips in a row). Not while units are acquired, nor
  * between a backward and its step. */
 FSDP_API fsdp_status_t fsdp_engine_set_step(fsdp_engine_t engine, int64_t step);
 /* The optimizer's own update count, which AdamW's bias correction and SGD's

@@ -176,7 +176,10 @@ fsdp_status_t fsdp_engine_set_step(fsdp_engine_t e, int64_t step) {
   }
   FSDP_TRY(fsdp_stream_synchronize(e->s_compute));
   e->step = e->optim_step = step;
-  e->loss_bad = 0; /* a loss reported for the abandoned step no longer counts */
+  /* A loaded state starts a new trajectory: a loss reported for the abandoned
+   * step, and skips counted before, no longer count. */
+  e->loss_bad = 0;
+  e->consecutive_skips = 0;
   return FSDP_SUCCESS;
 }
 

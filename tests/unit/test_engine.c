@@ -226,6 +226,27 @@ START_TEST(config_head_errors) {
 }
 END_TEST
 
+/* Skips counted before a checkpoint load do not count after it: with K = 2, a
+ * skip, a load (fsdp_engine_set_step), and a skip again is one in a row. */
+START_TEST(skips_restart_after_a_load) {
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  c.max_consecutive_skips = 2;
+  fsdp_unit_t u[3];
+  fsdp_engine_t e = make_engine(&c, u);
+  fsdp_step_stats_t st;
+  run_pass(e, u, 3, 1.0f);
+  ck_assert_int_eq(fsdp_engine_report_loss(e, NAN), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_engine_step(e, &st), FSDP_SUCCESS);
+  ck_assert_int_eq(st.consecutive_skips, 1);
+  ck_assert_int_eq(fsdp_engine_set_step(e, fsdp_engine_step_count(e)), FSDP_SUCCESS);
+  run_pass(e, u, 3, 1.0f);
+  ck_assert_int_eq(fsdp_engine_report_loss(e, NAN), FSDP_SUCCESS);
+  ck_assert_msg(fsdp_engine_step(e, &st) == FSDP_SUCCESS, "%s", fsdp_last_error());
+  ck_assert_int_eq(st.consecutive_skips, 1);
+  fsdp_engine_destroy(e);
+}
+END_TEST
+
 START_TEST(unit_add_errors) {
   fsdp_engine_t e;
   fsdp_unit_t u;
@@ -568,6 +589,7 @@ static Suite *engine_suite(void) {
   tcase_add_test(tc, config_loss_scale_defaults);
   tcase_add_test(tc, step_stats_of_an_older_header);
   tcase_add_test(tc, config_head_errors);
+  tcase_add_test(tc, skips_restart_after_a_load);
   tcase_add_test(tc, unit_opts_from_older_header);
   tcase_add_test(tc, unit_add_errors);
   tcase_add_loop_test(tc, schedule_errors, 0, 3);
