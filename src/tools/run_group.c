@@ -306,18 +306,28 @@ static void supervise(group_t *g) {
 
 /* ---- report -------------------------------------------------------------- */
 
-/* The root cause: the earliest failure fsdp-run did not cause itself; among
- * failures seen at once, a death by signal before a non-zero exit (the
- * others usually fail because it died), then the lowest rank. */
+/* 1 when w's last line says it failed because a peer did (the comm layer's
+ * wording): a consequence, even when it was reaped before the peer was. */
+static int peer_caused(const worker_t *w) { return strstr(w->last, "a peer failed") != NULL; }
+
+/* The root cause: a failure fsdp-run did not cause itself, not one that blames
+ * a peer if any other exists, then the earliest; among failures seen at once,
+ * a death by signal before a non-zero exit (the others usually fail because
+ * it died), then the lowest rank. */
+static int better_cause(const worker_t *w, const worker_t *best) {
+  if (!best) return 1;
+  if (peer_caused(w) != peer_caused(best)) return !peer_caused(w);
+  if (w->round != best->round) return w->round < best->round;
+  return WIFSIGNALED(w->status) && !WIFSIGNALED(best->status);
+}
+
 static const worker_t *root_cause(const group_t *g) {
   const worker_t *best = NULL;
   for (int i = 0; i < g->n; i++) {
     const worker_t *w = &g->w[i];
     if (!w->reaped || !failed_status(w->status)) continue;
     if (WIFSIGNALED(w->status) && WTERMSIG(w->status) == w->stopped_with) continue;
-    if (!best || w->round < best->round ||
-        (w->round == best->round && WIFSIGNALED(w->status) && !WIFSIGNALED(best->status)))
-      best = w;
+    if (better_cause(w, best)) best = w;
   }
   return best;
 }
