@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(meson ninja-build pkg-config gcc g++ libc6-dev openmpi-bin libopenmpi-dev
-          libopenblas-dev check zlib1g-dev libgloo-dev)
+          libopenblas-dev check zlib1g-dev libgloo-dev python3-venv)
 # --data adds the datasets the demo trains on (tests make their own data).
 if [ "${1:-}" = "--data" ]; then
   shift
