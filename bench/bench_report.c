@@ -120,3 +120,58 @@ void bench_print_json(FILE *f, const bench_opts_t *o, int nranks, const char *ba
   fprintf(f, "],\n\"wrong\":%.0f}\n", wrong);
   fflush(f);
 }
+
+static double gib(double bytes) { return bytes / 1073741824.0; }
+
+/* One preset's rows: per layout, the per-block bytes, the whole step's with
+ * every block saved and with every block checkpointed, and a one-GPU total
+ * (18 bytes of model state per parameter: bf16 gathered, fp32 master and
+ * gradient, AdamW's two moments). */
+static int memory_rows(const char *preset, int B, int T, fsdp_dtype_t dt) {
+  fsdp_gpt2_config_t c;
+  if (fsdp_gpt2_preset(preset, &c) != FSDP_SUCCESS) return 1;
+  if (T > c.block_size) {
+    printf("%-6s (sequence length %d is past its context of %d)\n", preset, T, c.block_size);
+    return 0;
+  }
+  const struct { const char *name; fsdp_gpt2_layout_t l; } layouts[] = {
+      {"before", FSDP_GPT2_LAYOUT_PROBS},
+      {"now", FSDP_GPT2_LAYOUT_BUILT},
+      {"after", FSDP_GPT2_LAYOUT_FLASH}};
+  const double state = 18.0 * (double)fsdp_gpt2_num_params(&c);
+  for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++) {
+    fsdp_gpt2_memory_t m;
+    if (fsdp_gpt2_memory(&c, B, T, dt, layouts[i].l, &m) != FSDP_SUCCESS) return 1;
+    printf("%-6s %-7s %9.1f %10.1f %9.2f %9.2f %10.2f %10.2f %12.2f\n", preset,
+           layouts[i].name, mib((double)m.per_layer), mib((double)m.attention),
+           gib((double)m.inputs), gib((double)m.common), gib((double)m.saved),
+           gib((double)m.checkpointed), gib(state + (double)m.checkpointed));
+  }
+  return 0;
+}
+
+int bench_print_memory_plan(const bench_opts_t *o) {
+  const int T = o->seq_len, B = o->micro_batch;
+  const fsdp_dtype_t dt = o->cfg.param_dtype == FSDP_BF16 ? FSDP_BF16 : FSDP_F32;
+  printf("GPT-2 activation memory, computed (fsdp_gpt2_memory), micro-batch %d x %d, %s "
+         "activations\n"
+         "before: attention keeps (B,NH,T,T) fp32 probabilities, logits and their gradient "
+         "are two (B,T,V) buffers\n"
+         "now:    this build's kernels\n"
+         "after:  attention keeps the (B,NH,T) fp32 log-sum-exp, the gradient is written over "
+         "one (B,T,Vp) buffer\n"
+         "1 GPU: 18 B/param of model state (bf16 gathered, fp32 master + gradient, AdamW "
+         "m + v) + every block checkpointed\n\n",
+         B, T, fsdp_dtype_name(dt));
+  printf("%-6s %-7s %9s %10s %9s %9s %10s %10s %12s\n", "preset", "layout", "layer MiB",
+         "attn MiB", "in GiB", "head GiB", "saved GiB", "ckpt GiB", "1 GPU GiB");
+  const char *presets[] = {"124M", "1558M", o->preset};
+  for (int i = 0; i < 3; i++) {
+    if (i == 2 && (!strcmp(o->preset, "124M") || !strcmp(o->preset, "1558M"))) break;
+    if (memory_rows(presets[i], B, T, dt)) {
+      fprintf(stderr, "fsdp-bench: --memory-plan: %s\n", fsdp_last_error());
+      return 1;
+    }
+  }
+  return 0;
+}

@@ -37,6 +37,8 @@ def launch(mpirun, np, argv, timeout=100):
         sys.exit(f"FAIL: {' '.join(cmd)} still running after {timeout} s")
     sys.stderr.write(p.stderr)
     if p.returncode != 0 and NO_GPU in p.stderr:  # said only when cuda was asked for
+        if os.environ.get("FSDP_REQUIRE_GPU", "0") not in ("", "0"):
+            sys.exit("FAIL: no usable CUDA device, and FSDP_REQUIRE_GPU is set")
         print("SKIP: no usable CUDA device")
         sys.exit(77)
     if p.returncode != 0:

@@ -45,6 +45,8 @@ static const char usage_text[] =
     "  --sweep-strategies LIST    (default zero3,zero2,noshard)\n"
     "  --sweep-prefetch LIST      (default 0,1,2; noshard gathers nothing and runs once)\n"
     "output\n"
+    "  --memory-plan              print GPT-2's activation memory per layer (124M, 1558M,\n"
+    "                             --preset) before and after issue 15, computed; run nothing\n"
     "  --json                     one JSON document on stdout (rank 0) instead of the table\n"
     "  --json-file PATH           also write that document to PATH (the table still prints)\n"
     "  --trace FILE               the timed steps of every rank as one Chrome trace (Perfetto,\n"
@@ -150,6 +152,7 @@ static int parse(int argc, char **argv, bench_opts_t *o) {
       {"--json-file", NULL, FLAG_STR, &o->json_file},
       {"--no-wrap", NULL, FLAG_CLEAR, &o->wrap.wrap_kinds},
       {"--json", NULL, FLAG_SET, &o->json},          {"--sweep", NULL, FLAG_SET, &o->sweep},
+      {"--memory-plan", NULL, FLAG_SET, &o->memory_plan},
       {"--comm-backend", "--comm", FLAG_STR, &o->cfg.comm_backend},
   };
   return flags_parse("fsdp-bench", usage_text, argc, argv, table, sizeof table / sizeof table[0],
@@ -237,6 +240,7 @@ int main(int argc, char **argv) {
   int p = parse(argc, argv, &o);
   if (p) return p > 0 ? 0 : 2;
   if (finish_options(&o)) return 2;
+  if (o.memory_plan) return bench_print_memory_plan(&o);
 
   fsdp_world_t world = NULL;
   fsdp_comm_t comm = NULL;

@@ -23,6 +23,7 @@ typedef struct {
   const char *trace;
   const char *json_file; /* also write the JSON document here, table or not */
   int sweep;
+  int memory_plan;       /* --memory-plan: print the computed activation memory and stop */
   fsdp_strategy_t strategies[3];
   int n_strategies;
   int depths[8], n_depths;
@@ -98,6 +99,12 @@ fsdp_status_t bench_trace_write(fsdp_engine_t eng, const char *path, const fsdp_
 void bench_print_header(const bench_opts_t *o, int nranks, const char *backend,
                         const bench_machine_t *m, double peak_rank);
 void bench_print_row(const bench_result_t *r);
+/* --memory-plan: GPT-2 124M and 1558M (and --preset) at --micro-batch x
+ * --seq-len in --dtype, before (attention's fp32 probabilities, two logits
+ * buffers), now (this build) and after (log-sum-exp, one padded logits
+ * buffer) issue 15; computed
+ * by fsdp_gpt2_memory, nothing run. 0, or 1 after printing why. */
+int bench_print_memory_plan(const bench_opts_t *o);
 /* The JSON document (--json on stdout, --json-file to a file). */
 void bench_print_json(FILE *f, const bench_opts_t *o, int nranks, const char *backend,
                       const bench_machine_t *m, const bench_result_t *r, int n);

@@ -40,7 +40,9 @@ report="$log/cuda-kernels.txt"
 bench_json="$log/gpu-bench.json"
 rm -f "$report" "$bench_json"
 status=0
-FSDP_CUDA_REPORT="$report" timeout 330 \
+# FSDP_REQUIRE_GPU=1: on this machine a missing GPU (or a driver older than
+# the toolkit) fails the suite instead of skipping it.
+FSDP_REQUIRE_GPU=1 FSDP_CUDA_REPORT="$report" timeout 330 \
   meson test -C build --no-rebuild --suite cuda --print-errorlogs || status=$?
 
 # The bench: one rank, NCCL, bf16 parameters; MFU against the measured bf16
@@ -75,6 +77,11 @@ for r in runs:
     print("  " + ", ".join(f"{k} {r[k]}" for k in keys if k in r))
 PY
 fi
+# The budget (bench/gpu-budget.md) at this device's measured peak: the
+# estimate of today's path and of issue 15's design beside the step measured.
+peak_tf=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); r=d.get("results",[d])[0]; p=r.get("peak_flops",0)/1e12; print(p if p > 0 else 750)' "$bench_json" 2>/dev/null || echo 750)
+echo "-- budget against the measured peak ($peak_tf TF/s)"
+python3 bench/gpu_budget.py --summary --measured-tflops "$peak_tf" | sed 's/^/  /'
 [ "$bench_status" -eq 0 ] || status=1
 [ "$status" -eq 0 ] && echo "gpu-check: PASSED" || echo "gpu-check: FAILED"
 exit "$status"

@@ -77,6 +77,51 @@ FSDP_API fsdp_status_t fsdp_text_windows(const fsdp_text_t *text, int validation
                                          uint64_t seed, int64_t step, int64_t first,
                                          int64_t count, int T, int *tokens, int *targets);
 
+/* ---- token files ------------------------------------------------------------
+ * llm.c's GPT-2 token file (llm.c's dev/data scripts write them, and fsdp-tokenize):
+ * a header of 256 little-endian int32 (magic 20240520, version 1, the token
+ * count, the rest 0), then count little-endian uint16 tokens; the file's size
+ * is exactly 1024 + 2 x count bytes. A dataset is one such file, or every
+ * regular ".bin" file of a directory in strcmp name order, end to end (other
+ * files are ignored), held in memory. The validation split is the last
+ * val_fraction of the tokens, as for text. Truncated files, a wrong magic
+ * (llm.c's Llama-3 uint32 files named as such), version or count, and a
+ * directory without ".bin" files fail with FSDP_ERR_IO or FSDP_ERR_FORMAT
+ * naming the file and the values. */
+#define FSDP_TOKEN_FILE_MAGIC 20240520
+#define FSDP_TOKEN_FILE_VERSION 1
+#define FSDP_TOKEN_FILE_HEADER 1024 /* bytes */
+
+typedef struct {
+  uint16_t *tokens;    /* (n) */
+  size_t n;            /* all tokens */
+  size_t n_train;      /* tokens [0, n_train) train, [n_train, n) validate */
+  int max_token;       /* the largest token */
+  int n_files;
+  char **files;        /* (n_files) the paths read */
+  size_t *file_start;  /* (n_files + 1) file f holds tokens [file_start[f], file_start[f+1]) */
+} fsdp_tokens_t;
+
+/* 1 when path is token data: a regular file that starts with the magic or is
+ * named ".bin", or a directory holding a ".bin" file; else 0. */
+FSDP_API int fsdp_tokens_probe(const char *path);
+FSDP_API fsdp_status_t fsdp_tokens_load(const char *path, double val_fraction,
+                                        fsdp_tokens_t *out);
+FSDP_API void fsdp_tokens_free(fsdp_tokens_t *tokens);
+/* FSDP_ERR_INVALID_ARGUMENT naming the file, the position in it and the
+ * value of the first token >= vocab_size (a model cannot embed it). */
+FSDP_API fsdp_status_t fsdp_tokens_check_vocab(const fsdp_tokens_t *tokens, int vocab_size);
+/* fsdp_text_windows over tokens: the same starts for the same (seed, step, k). */
+FSDP_API fsdp_status_t fsdp_tokens_windows(const fsdp_tokens_t *tokens, int validation,
+                                           uint64_t seed, int64_t step, int64_t first,
+                                           int64_t count, int T, int *ids, int *targets);
+/* Writes ids[0..n) as a token file at path (via path.tmp and a rename). Ids
+ * must lie in [0, 65535]: else FSDP_ERR_INVALID_ARGUMENT naming the position
+ * and value. An existing path is refused (FSDP_ERR_INVALID_USAGE) unless
+ * overwrite. */
+FSDP_API fsdp_status_t fsdp_token_file_write(const char *path, const int *ids, size_t n,
+                                             int overwrite);
+
 #ifdef __cplusplus
 }
 #endif

@@ -81,6 +81,8 @@ FSDP_API int fsdp_cuda_device_count(void);
  * current device is per thread, as in CUDA. */
 FSDP_API fsdp_status_t fsdp_cuda_set_device(int ordinal);
 FSDP_API fsdp_status_t fsdp_cuda_get_device(int *ordinal);
+/* Free and total bytes of the current device's memory (cudaMemGetInfo). */
+FSDP_API fsdp_status_t fsdp_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
 /* high_priority: 1 for communication streams (the greatest priority the device
  * offers), 0 for compute. */
 FSDP_API fsdp_status_t fsdp_stream_create_cuda(const char *name, int high_priority,

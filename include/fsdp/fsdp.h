@@ -10,4 +10,5 @@
 #include "fsdp/nn.h"
 #include "fsdp/data.h"
 #include "fsdp/ckpt.h"
+#include "fsdp/tokenizer.h"
 #endif

@@ -144,8 +144,9 @@ typedef struct fsdp_gpt2 *fsdp_gpt2_t;
  *   compute stream (fsdp_engine_stream) of the device current at
  *   fsdp_engine_create; activations live in device memory. param_dtype f32:
  *   fp32 throughout. bf16: parameters, activations and activation gradients in
- *   bf16; parameter gradients, LayerNorm statistics, attention probabilities
- *   and the loss in fp32 (attention runs in fp32 between casts).
+ *   bf16; parameter gradients, LayerNorm statistics and the loss in fp32;
+ *   attention on tensor cores (bf16 products, fp32 scores and statistics)
+ *   keeping per layer only its (B,NH,T) fp32 log-sum-exp.
  * Every call below takes and returns host memory whatever the device: tokens,
  * targets, losses, logits, samples. On CUDA a micro-batch synchronises the
  * host once, for its loss; tokens and targets travel through a pinned staging
@@ -171,8 +172,10 @@ FSDP_API fsdp_status_t fsdp_gpt2_forward_backward(fsdp_gpt2_t gpt, const int *to
                                                   float loss_scale, double *loss_sum);
 /* Forward only. targets and loss_sum may be NULL; *logits (may be NULL) points
  * at the (B,T,V) fp32 logits in host memory, valid until the next call on gpt.
- * On CUDA they are copied (and widened from bf16) into a host buffer of
- * max_batch x max_T x V floats that the first call asking for them allocates;
+ * The model keeps logits rows V rounded up to a multiple of 128 apart (one
+ * buffer, their gradient written over them in training); they are copied (on
+ * CUDA widened from bf16) and packed V apart into a host buffer of max_batch x
+ * max_T x that many floats, which the first call asking for them allocates;
  * pass NULL when only the loss is wanted. */
 FSDP_API fsdp_status_t fsdp_gpt2_forward(fsdp_gpt2_t gpt, const int *tokens, const int *targets,
                                          int B, int T, double *loss_sum, const float **logits);
@@ -180,10 +183,54 @@ FSDP_API fsdp_status_t fsdp_gpt2_forward(fsdp_gpt2_t gpt, const int *tokens, con
  * every rank draws the same tokens). out receives n_new tokens. Collective. */
 FSDP_API fsdp_status_t fsdp_gpt2_generate(fsdp_gpt2_t gpt, const int *prompt, int n_prompt,
                                           int n_new, float temperature, uint64_t seed, int *out);
+/* The same with top-k: each token is drawn from the top_k most likely (0:
+ * all; ties with the k-th are kept), at the temperature, from the seeded
+ * stream (top_k 0 draws what fsdp_gpt2_generate draws). Collective. */
+typedef struct {
+  float temperature; /* > 0 */
+  int top_k;         /* 0: no cut */
+  uint64_t seed;
+} fsdp_gpt2_sampling_t;
+FSDP_API fsdp_status_t fsdp_gpt2_sample(fsdp_gpt2_t gpt, const int *prompt, int n_prompt,
+                                        int n_new, const fsdp_gpt2_sampling_t *how, int *out);
 /* Bytes of activation buffers held (device memory on CUDA, with the CUDA
  * kernels' scratch), and what they would be without checkpointing (equal
  * when nothing is checkpointed). */
 FSDP_API size_t fsdp_gpt2_activation_bytes(fsdp_gpt2_t gpt, size_t *without_checkpointing);
+
+
+/* ---- activation memory, computed before anything is allocated ------------
+ * What GPT-2's activation arena takes for a configuration, by the same code
+ * that carves it (alignment included), without an engine. Layouts: what the
+ * kernels keep across a step. */
+typedef enum {
+  FSDP_GPT2_LAYOUT_BUILT = 0, /* this build's kernels: one (B,T,Vp) buffer, the
+                                 gradient over the logits; attention keeps the
+                                 log-sum-exp with bf16 activations (CUDA), the
+                                 fp32 probabilities with fp32 ones */
+  FSDP_GPT2_LAYOUT_PROBS,     /* attention keeps (B,NH,T,T) fp32 probabilities;
+                                 logits and their gradient are two (B,T,V) buffers */
+  FSDP_GPT2_LAYOUT_FLASH,     /* attention keeps the (B,NH,T) fp32 log-sum-exp;
+                                 one (B,T,Vp) buffer, the gradient over the logits */
+} fsdp_gpt2_layout_t;
+
+typedef struct {
+  size_t per_layer;    /* one block's saved activations */
+  size_t attention;    /* of per_layer: what attention keeps for backward */
+  size_t inputs;       /* the L + 1 block inputs, kept across the step */
+  size_t common;       /* ln_f, logits (and their gradient), backward scratch */
+  size_t saved;        /* nothing checkpointed: inputs + L x per_layer + common */
+  size_t checkpointed; /* every block checkpointed: inputs + per_layer + common */
+} fsdp_gpt2_memory_t;
+
+/* Fills *out for micro-batch B x T with activations of act_dtype (FSDP_F32, or
+ * FSDP_BF16 as on a bf16 CUDA engine; LayerNorm statistics and attention's
+ * state are fp32 either way) and buffers aligned to 256 bytes as on CUDA.
+ * Excludes the CUDA kernels' own scratch. FSDP_ERR_INVALID_ARGUMENT naming
+ * the bad value. Thread-safe; allocates nothing. */
+FSDP_API fsdp_status_t fsdp_gpt2_memory(const fsdp_gpt2_config_t *c, int B, int T,
+                                        fsdp_dtype_t act_dtype, fsdp_gpt2_layout_t layout,
+                                        fsdp_gpt2_memory_t *out);
 
 #ifdef __cplusplus
 }

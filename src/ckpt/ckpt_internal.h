@@ -6,7 +6,7 @@
 
 #include <stdint.h>
 
-#include "ckpt/json.h"
+#include "core/json.h"
 #include "core/internal.h"
 #include "fsdp/ckpt.h"
 

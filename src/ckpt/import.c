@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "ckpt/hf.h"
-#include "ckpt/json.h"
+#include "core/json.h"
 #include "fsdp/nn.h"
 
 #define ST_MAX_HEADER 100000000u /* the reference implementation's limit */

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "ckpt/ckpt_internal.h"
-#include "ckpt/json.h"
+#include "core/json.h"
 
 static const char shard_magic[8] = {'F', 'S', 'D', 'P', 'S', 'H', 'R', 'D'};
 

@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "ckpt/json.h"
+#include "core/json.h"
 #include "ckpt/offline.h"
 
 #define COPY_FLOATS ((size_t)1 << 18) /* 1 MiB */

@@ -85,6 +85,21 @@ static fsdp_status_t blas_handle(cudaStream_t stream, cublasHandle_t *out) {
   return blas_create(device, stream, out);
 }
 
+fsdp_status_t fsdp_cuda_blas_prepare(fsdp_cuda_stream_t stream, int *created) {
+  int before;
+  {
+    std::lock_guard<std::mutex> guard(blas_lock);
+    before = blas_count;
+  }
+  cublasHandle_t h;
+  FSDP_TRY(blas_handle(stream, &h));
+  if (created) {
+    std::lock_guard<std::mutex> guard(blas_lock);
+    *created = blas_count > before;
+  }
+  return FSDP_SUCCESS;
+}
+
 /* Destroys every handle even when one fails, and reports the first failure. */
 fsdp_status_t fsdp_cuda_blas_release(void) {
   int current;
@@ -166,7 +181,7 @@ __global__ void fill_rows_kernel(T *out, const T *bias, size_t n, int cols) {
 #define COL_TILE 32
 template <typename T>
 __global__ void __launch_bounds__(COL_TILE * COL_TILE) column_sum_kernel(float *acc, const T *x, int rows, int cols) {
-  __shared__ float part[COL_TILE][COL_TILE + 1];
+  FSDP_SHARED(float, part, [COL_TILE][COL_TILE + 1]);
   const int col = blockIdx.x * COL_TILE + threadIdx.x;
   float s = 0.0f;
   if (col < cols)
@@ -183,7 +198,7 @@ __global__ void __launch_bounds__(COL_TILE * COL_TILE) column_sum_kernel(float *
 template <typename T>
 static fsdp_status_t column_sum(float *acc, const T *x, int rows, int cols, cudaStream_t s) {
   const unsigned blocks = (unsigned)((cols + COL_TILE - 1) / COL_TILE);
-  column_sum_kernel<<<blocks, dim3(COL_TILE, COL_TILE), 0, s>>>(acc, x, rows, cols);
+  FSDP_LAUNCH(column_sum_kernel, blocks, dim3(COL_TILE, COL_TILE), 0, s, acc, x, rows, cols);
   LAUNCH_CHECK();
   return FSDP_SUCCESS;
 }
@@ -197,7 +212,8 @@ static fsdp_status_t matmul_forward(T *out, const T *inp, const T *weight, const
   if (B <= 0 || OC <= 0) return FSDP_SUCCESS;
   const size_t n = (size_t)B * (size_t)OC;
   if (bias) {
-    fill_rows_kernel<<<fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, s>>>(out, bias, n, OC);
+    FSDP_LAUNCH(fill_rows_kernel, fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, s, out, bias,
+                n, OC);
     LAUNCH_CHECK();
   } else if (C <= 0) {
     CUDA_CHECK(cudaMemsetAsync(out, 0, n * sizeof(T), s)); /* 0 bits are 0.0 in bf16 too */
@@ -278,4 +294,50 @@ fsdp_status_t fsdp_cuda_conv1d_backward_bf16(uint16_t *dinp, float *dweight, flo
                                              fsdp_cuda_stream_t stream) {
   return matmul_backward(as_bf16(dinp), dweight, dbias, as_bf16(dout), as_bf16(inp),
                          as_bf16(weight), B, C, OC, false, stream);
+}
+
+/* ---- GPT-2's vocabulary head: logits rows ld apart ---- */
+
+template <typename T>
+static fsdp_status_t head_forward(T *logits, int ld, const T *inp, const T *wte, int B, int C,
+                                  int V, cudaStream_t s) {
+  if (B <= 0 || V <= 0) return FSDP_SUCCESS;
+  if (C <= 0) { /* cuBLAS rejects a leading dimension of 0: an empty sum is 0 */
+    for (int b = 0; b < B; b++)
+      CUDA_CHECK(cudaMemsetAsync(logits + (size_t)b * ld, 0, (size_t)V * sizeof(T), s));
+    return FSDP_SUCCESS;
+  }
+  return gemm(false, true, B, V, C, inp, C, wte, C, 0.0f, logits, ld, s);
+}
+
+template <typename T>
+static fsdp_status_t head_backward(T *dinp, float *dwte, const T *dlogits, int ld, const T *inp,
+                                   const T *wte, int B, int C, int V, cudaStream_t s) {
+  if (B <= 0 || V <= 0 || C <= 0) return FSDP_SUCCESS;
+  if (dinp) FSDP_TRY(gemm(false, false, B, C, V, dlogits, ld, wte, C, 1.0f, dinp, C, s));
+  return gemm(true, false, V, C, B, dlogits, ld, inp, C, 1.0f, dwte, C, s);
+}
+
+fsdp_status_t fsdp_cuda_head_forward(float *logits, int ld, const float *inp, const float *wte,
+                                     int B, int C, int V, fsdp_cuda_stream_t stream) {
+  return head_forward(logits, ld, inp, wte, B, C, V, stream);
+}
+
+fsdp_status_t fsdp_cuda_head_forward_bf16(uint16_t *logits, int ld, const uint16_t *inp,
+                                          const uint16_t *wte, int B, int C, int V,
+                                          fsdp_cuda_stream_t stream) {
+  return head_forward(as_bf16(logits), ld, as_bf16(inp), as_bf16(wte), B, C, V, stream);
+}
+
+fsdp_status_t fsdp_cuda_head_backward(float *dinp, float *dwte, const float *dlogits, int ld,
+                                      const float *inp, const float *wte, int B, int C, int V,
+                                      fsdp_cuda_stream_t stream) {
+  return head_backward(dinp, dwte, dlogits, ld, inp, wte, B, C, V, stream);
+}
+
+fsdp_status_t fsdp_cuda_head_backward_bf16(uint16_t *dinp, float *dwte, const uint16_t *dlogits,
+                                           int ld, const uint16_t *inp, const uint16_t *wte,
+                                           int B, int C, int V, fsdp_cuda_stream_t stream) {
+  return head_backward(as_bf16(dinp), dwte, as_bf16(dlogits), ld, as_bf16(inp), as_bf16(wte), B,
+                       C, V, stream);
 }

@@ -32,7 +32,22 @@ fsdp_status_t fsdp_cublas_fail(cublasStatus_t st, const char *expr, const char *
       return fsdp_cublas_fail(cublas_check_st_, #expr, __FILE__, __LINE__);         \
   } while (0)
 
-/* After every <<<...>>>: a bad configuration is reported by the launch itself. */
+/* ---- launches and shared memory: one spelling for nvcc and the simulator ----
+ * Every kernel is launched with FSDP_LAUNCH and every shared array declared
+ * with FSDP_SHARED, so that the same lines build with nvcc and, against
+ * tests/cudasim (-Dgpu_sim=true), run on the CPU, where the simulator's
+ * cuda_runtime.h defines both to check the launch and the shared memory. */
+#ifndef FSDP_CUDA_SIM
+/* kernel<<<grid, block, shmem, stream>>>(args...) */
+#define FSDP_LAUNCH(kernel, grid, block, shmem, stream, ...) \
+  kernel<<<(grid), (block), (shmem), (stream)>>>(__VA_ARGS__)
+/* __shared__ T name dims; e.g. FSDP_SHARED(float, part, [32][33]) */
+#define FSDP_SHARED(T, name, dims) __shared__ T name dims
+/* extern __shared__ T name[]: the launch's dynamic shared memory */
+#define FSDP_DYNAMIC_SHARED(T, name) extern __shared__ T name[]
+#endif
+
+/* After every FSDP_LAUNCH: a bad configuration is reported by the launch itself. */
 #define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
 
 /* ---- launch geometry ----

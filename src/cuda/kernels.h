@@ -20,7 +20,8 @@
  * - No call allocates device memory (the engine allocates nothing inside a
  *   step). Scratch that the GPU needs and the CPU keeps on its stack is passed
  *   in. The one exception is the first cuBLAS call on a (device, stream): it
- *   creates that stream's cuBLAS handle (see fsdp_cuda_blas_release).
+ *   creates that stream's cuBLAS handle unless fsdp_cuda_blas_prepare did
+ *   (see fsdp_cuda_blas_release).
  * - bf16 values are stored as uint16_t bit patterns, as fsdp_f32_to_bf16 makes
  *   them. In the _bf16 variants activations, weights and activation gradients
  *   are bf16, while parameter gradients (dweight, dbias, dwte, dwpe) and
@@ -68,6 +69,23 @@ fsdp_status_t fsdp_cuda_linear_backward_bf16(uint16_t *dinp, float *dweight, flo
                                              const uint16_t *dout, const uint16_t *inp,
                                              const uint16_t *weight, int B, int C, int OC,
                                              fsdp_cuda_stream_t stream);
+/* GPT-2's tied vocabulary head, wte (V,C), no bias: logits (B,V) with rows ld
+ * apart (ld >= V; GPT-2 pads V to a multiple of 128 so that every leading
+ * dimension of the three vocabulary products is aligned for the tensor-core
+ * kernels); columns [V, ld) are neither read nor written. Forward writes
+ * (beta = 0); backward adds: dinp (B,C) += dlogits @ wte (dinp may be NULL),
+ * dwte (V,C) += dlogits^T @ inp. */
+fsdp_status_t fsdp_cuda_head_forward(float *logits, int ld, const float *inp, const float *wte,
+                                     int B, int C, int V, fsdp_cuda_stream_t stream);
+fsdp_status_t fsdp_cuda_head_forward_bf16(uint16_t *logits, int ld, const uint16_t *inp,
+                                          const uint16_t *wte, int B, int C, int V,
+                                          fsdp_cuda_stream_t stream);
+fsdp_status_t fsdp_cuda_head_backward(float *dinp, float *dwte, const float *dlogits, int ld,
+                                      const float *inp, const float *wte, int B, int C, int V,
+                                      fsdp_cuda_stream_t stream);
+fsdp_status_t fsdp_cuda_head_backward_bf16(uint16_t *dinp, float *dwte, const uint16_t *dlogits,
+                                           int ld, const uint16_t *inp, const uint16_t *wte,
+                                           int B, int C, int V, fsdp_cuda_stream_t stream);
 /* The same with the weight stored (C,OC), GPT-2's Conv1D. */
 fsdp_status_t fsdp_cuda_conv1d_forward(float *out, const float *inp, const float *weight,
                                        const float *bias, int B, int C, int OC,
@@ -89,6 +107,11 @@ fsdp_status_t fsdp_cuda_conv1d_backward_bf16(uint16_t *dinp, float *dweight, flo
  * stream's address; a new stream at the same address would inherit it). */
 #define FSDP_CUDA_MAX_BLAS_HANDLES 32
 fsdp_status_t fsdp_cuda_blas_release(void);
+/* Creates the cuBLAS handle of (current device, stream) now, so that no
+ * product pays for it later (the engine calls it at materialize, not at the
+ * first product while gathers are in flight). *created (may be NULL): 1 when
+ * this call made it, 0 when it was there. */
+fsdp_status_t fsdp_cuda_blas_prepare(fsdp_cuda_stream_t stream, int *created);
 
 /* ---- elementwise layers (n elements) ---- */
 
@@ -166,6 +189,23 @@ fsdp_status_t fsdp_cuda_attention_backward(float *dqkv, float *scratch, const fl
                                            const float *qkv, const float *att, int B, int T,
                                            int C, int NH, fsdp_cuda_stream_t stream);
 
+/* bf16 on tensor cores (bf16 cuBLAS products, fp32 accumulation), keeping
+ * only lse (B,NH,T) fp32, the log-sum-exp of each row's scaled scores, for
+ * backward: no (B,NH,T,T) per layer. Scores and dP are fp32, probabilities
+ * and dscore bf16 (the products' operands); the causal softmax reads only the
+ * unmasked half; backward recomputes the scores and p = exp(s - lse).
+ * scratch: fsdp_cuda_attention_lse_scratch_bytes(T, NH) (one batch row at a
+ * time, contents not kept: share it between layers). Backward adds into
+ * dqkv. */
+size_t fsdp_cuda_attention_lse_scratch_bytes(int T, int NH);
+fsdp_status_t fsdp_cuda_attention_lse_forward_bf16(uint16_t *out, float *lse, void *scratch,
+                                                   const uint16_t *qkv, int B, int T, int C,
+                                                   int NH, fsdp_cuda_stream_t stream);
+fsdp_status_t fsdp_cuda_attention_lse_backward_bf16(uint16_t *dqkv, void *scratch,
+                                                    const uint16_t *dout, const uint16_t *qkv,
+                                                    const float *lse, int B, int T, int C,
+                                                    int NH, fsdp_cuda_stream_t stream);
+
 /* ---- softmax cross-entropy ----
  * For logits (B,V) and targets (B): losses[b] (fp32, may be NULL) = the row's
  * loss, computed in double and rounded once (the CPU returns their double sum;
@@ -180,13 +220,32 @@ fsdp_status_t fsdp_cuda_softmax_xent_bf16(uint16_t *dlogits, float *losses,
                                           const uint16_t *logits, const int *targets, int B,
                                           int V, float scale, fsdp_cuda_stream_t stream);
 
+/* Fused in place, for GPT-2's head: logits (B,V) rows ld apart; losses[b] as
+ * above; with grad, each row is overwritten by (softmax - onehot) * scale in
+ * the same kernel (the row's target logit is read before any write), so one
+ * buffer holds the logits and then their gradient. Columns [V, ld) are not
+ * touched. */
+fsdp_status_t fsdp_cuda_xent_inplace(float *logits, int ld, float *losses, const int *targets,
+                                     int B, int V, float scale, int grad,
+                                     fsdp_cuda_stream_t stream);
+fsdp_status_t fsdp_cuda_xent_inplace_bf16(uint16_t *logits, int ld, float *losses,
+                                          const int *targets, int B, int V, float scale,
+                                          int grad, fsdp_cuda_stream_t stream);
+
 /* ---- optimizer and shard kernels (fp32 shards) ---- */
 
 /* AdamW and SGD with the semantics of fsdp_adamw_update / fsdp_sgd_update
- * (the bias corrections are computed on the host in double, as there). */
-fsdp_status_t fsdp_cuda_adamw_update(float *param, const float *grad, float *m, float *v,
-                                     size_t n, const fsdp_optim_config_t *c, float lr, int64_t t,
-                                     int decay, fsdp_cuda_stream_t stream);
+ * (the bias corrections are computed on the host in double, as there).
+ * AdamW over a whole shard in one launch (the engine's step: one per unit
+ * instead of two per tensor piece). runs (device memory, n_runs >= 1 when n >
+ * 0): start << 1 | decay for each run of elements sharing a decay flag,
+ * starts ascending from 0. Gradients are read times coef (clipping; not
+ * written back). The same arithmetic as fsdp_adamw_update on each run after
+ * the gradients were scaled. */
+fsdp_status_t fsdp_cuda_adamw_multi(float *param, const float *grad, float *m, float *v,
+                                    size_t n, const unsigned long long *runs, int n_runs,
+                                    float coef, const fsdp_optim_config_t *c, float lr,
+                                    int64_t t, fsdp_cuda_stream_t stream);
 fsdp_status_t fsdp_cuda_sgd_update(float *param, const float *grad, float *buf, size_t n,
                                    const fsdp_optim_config_t *c, float lr, int first, int decay,
                                    fsdp_cuda_stream_t stream);

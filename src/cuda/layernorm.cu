@@ -67,7 +67,8 @@ template <typename T>
 __global__ void __launch_bounds__(LN_TILE * LN_TILE) layernorm_params_kernel(float *dweight, float *dbias, const T *dout,
                                         const T *inp, const float *mean, const float *rstd,
                                         int N, int C) {
-  __shared__ float pw[LN_TILE][LN_TILE + 1], pb[LN_TILE][LN_TILE + 1];
+  FSDP_SHARED(float, pw, [LN_TILE][LN_TILE + 1]);
+  FSDP_SHARED(float, pb, [LN_TILE][LN_TILE + 1]);
   const int col = blockIdx.x * LN_TILE + threadIdx.x;
   float sw = 0.0f, sb = 0.0f;
   if (col < C)
@@ -98,8 +99,8 @@ static fsdp_status_t layernorm_forward(T *out, float *mean, float *rstd, const T
                                        const T *weight, const T *bias, int N, int C,
                                        cudaStream_t s) {
   if (N <= 0 || C <= 0) return FSDP_SUCCESS;
-  layernorm_forward_kernel<<<row_blocks(N), LN_WARPS * 32, 0, s>>>(out, mean, rstd, inp, weight,
-                                                                  bias, N, C);
+  FSDP_LAUNCH(layernorm_forward_kernel, row_blocks(N), LN_WARPS * 32, 0, s, out, mean, rstd, inp,
+              weight, bias, N, C);
   LAUNCH_CHECK();
   return FSDP_SUCCESS;
 }
@@ -110,12 +111,12 @@ static fsdp_status_t layernorm_backward(T *dinp, float *dweight, float *dbias, c
                                         const float *rstd, int N, int C, cudaStream_t s) {
   if (N <= 0 || C <= 0) return FSDP_SUCCESS;
   const unsigned col_blocks = (unsigned)((C + LN_TILE - 1) / LN_TILE);
-  layernorm_params_kernel<<<col_blocks, dim3(LN_TILE, LN_TILE), 0, s>>>(dweight, dbias, dout, inp,
-                                                                       mean, rstd, N, C);
+  FSDP_LAUNCH(layernorm_params_kernel, col_blocks, dim3(LN_TILE, LN_TILE), 0, s, dweight, dbias,
+              dout, inp, mean, rstd, N, C);
   LAUNCH_CHECK();
   if (!dinp) return FSDP_SUCCESS;
-  layernorm_dinp_kernel<<<row_blocks(N), LN_WARPS * 32, 0, s>>>(dinp, dout, inp, weight, mean,
-                                                               rstd, N, C);
+  FSDP_LAUNCH(layernorm_dinp_kernel, row_blocks(N), LN_WARPS * 32, 0, s, dinp, dout, inp, weight,
+              mean, rstd, N, C);
   LAUNCH_CHECK();
   return FSDP_SUCCESS;
 }

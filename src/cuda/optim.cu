@@ -1,4 +1,5 @@
-/* src/cuda/optim.cu — the optimizer step on a flat fp32 shard: fused AdamW and
+/* src/cuda/optim.cu — the optimizer step on a flat fp32 shard: AdamW over a
+ * whole unit in one launch (decay per run of tensors, clipping folded in) and
  * SGD (the semantics of src/engine/optim.c, scalars prepared on the host as
  * there), and the deterministic sum of squares behind the global norm. */
 #include <math.h>
@@ -9,33 +10,54 @@
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n);           \
        i += (size_t)gridDim.x * blockDim.x)
 
-__global__ void adamw_kernel(float *param, const float *grad, float *m, float *v, size_t n,
-                             float b1, float b2, float eps, float step_size, float inv_sqrt_bc2,
-                             float keep) {
+/* The decay flag of element i of a shard: runs[r] = start << 1 | decay, starts
+ * ascending from 0; the last run starting at or before i holds it. */
+__device__ __forceinline__ bool run_decays(const unsigned long long *runs, int n_runs, size_t i) {
+  int lo = 0, hi = n_runs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if ((size_t)(runs[mid] >> 1) <= i) lo = mid;
+    else hi = mid - 1;
+  }
+  return runs[lo] & 1ull;
+}
+
+/* AdamW over a whole shard in one launch: the clipping factor and each
+ * tensor's decay flag folded in (what the per-tensor path does with a scale
+ * launch and one update launch per tensor piece), expression for expression. */
+__global__ void adamw_multi_kernel(float *param, const float *grad, float *m, float *v, size_t n,
+                                   const unsigned long long *runs, int n_runs, float coef,
+                                   float b1, float b2, float eps, float step_size,
+                                   float inv_sqrt_bc2, float keep_decay) {
   GRID_STRIDE(i, n) {
-    const float g = grad[i];
+    const float g = coef != 1.0f ? grad[i] * coef : grad[i];
     const float mi = b1 * m[i] + (1.0f - b1) * g;
     const float vi = b2 * v[i] + (1.0f - b2) * g * g;
+    const float keep = run_decays(runs, n_runs, i) ? keep_decay : 1.0f;
     m[i] = mi;
     v[i] = vi;
     param[i] = param[i] * keep - step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
   }
 }
 
-fsdp_status_t fsdp_cuda_adamw_update(float *param, const float *grad, float *m, float *v,
-                                     size_t n, const fsdp_optim_config_t *c, float lr, int64_t t,
-                                     int decay, fsdp_cuda_stream_t stream) {
+fsdp_status_t fsdp_cuda_adamw_multi(float *param, const float *grad, float *m, float *v,
+                                    size_t n, const unsigned long long *runs, int n_runs,
+                                    float coef, const fsdp_optim_config_t *c, float lr,
+                                    int64_t t, fsdp_cuda_stream_t stream) {
   if (!c) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "AdamW update: NULL config");
   if (n == 0) return FSDP_SUCCESS;
-  /* As fsdp_adamw_update, expression for expression. */
+  if (!runs || n_runs < 1)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "AdamW update: %zu elements but no decay runs",
+                      n);
   if (t < 1) t = 1;
   const double bc1 = 1.0 - pow((double)c->beta1, (double)t);
   const double bc2 = 1.0 - pow((double)c->beta2, (double)t);
   const float step_size = (float)(lr / bc1);
   const float inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2));
-  const float keep = decay ? 1.0f - lr * c->weight_decay : 1.0f;
-  adamw_kernel<<<fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, stream>>>(
-      param, grad, m, v, n, c->beta1, c->beta2, c->eps, step_size, inv_sqrt_bc2, keep);
+  const float keep_decay = 1.0f - lr * c->weight_decay;
+  FSDP_LAUNCH(adamw_multi_kernel, fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, stream,
+              param, grad, m, v, n, runs, n_runs, coef, c->beta1, c->beta2, c->eps, step_size,
+              inv_sqrt_bc2, keep_decay);
   LAUNCH_CHECK();
   return FSDP_SUCCESS;
 }
@@ -85,8 +107,8 @@ fsdp_status_t fsdp_cuda_sgd_update(float *param, const float *grad, float *buf, 
                    : first                ? SGD_FIRST
                    : c->nesterov          ? SGD_NESTEROV
                                           : SGD_MOMENTUM;
-  sgd_kernel<<<fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, stream>>>(param, grad, buf, n,
-                                                                           lr, wd, mu, mode);
+  FSDP_LAUNCH(sgd_kernel, fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, stream, param, grad,
+              buf, n, lr, wd, mu, mode);
   LAUNCH_CHECK();
   return FSDP_SUCCESS;
 }
@@ -100,7 +122,7 @@ fsdp_status_t fsdp_cuda_sgd_update(float *param, const float *grad, float *buf, 
 #define SUMSQ_PER_THREAD 16 /* elements a thread covers before another block is added */
 
 __global__ void sum_squares_kernel(double *partials, const float *x, size_t n) {
-  __shared__ double shared[32];
+  FSDP_SHARED(double, shared, [32]);
   double s = 0.0;
   GRID_STRIDE(i, n) {
     const double xi = x[i];
@@ -111,7 +133,7 @@ __global__ void sum_squares_kernel(double *partials, const float *x, size_t n) {
 }
 
 __global__ void sum_partials_kernel(double *out, const double *partials, int nb) {
-  __shared__ double shared[32];
+  FSDP_SHARED(double, shared, [32]);
   double s = 0.0;
   for (int i = threadIdx.x; i < nb; i += blockDim.x) s += partials[i];
   s = block_sum(s, shared);
@@ -124,11 +146,11 @@ fsdp_status_t fsdp_cuda_sum_squares(double *out, double *partials, const float *
   const size_t want = (n + per_block - 1) / per_block;
   const int nb = (int)(want < FSDP_CUDA_SUMSQ_PARTIALS ? want : FSDP_CUDA_SUMSQ_PARTIALS);
   if (nb > 0) {
-    sum_squares_kernel<<<nb, SUMSQ_BLOCK, 0, stream>>>(partials, x, n);
+    FSDP_LAUNCH(sum_squares_kernel, nb, SUMSQ_BLOCK, 0, stream, partials, x, n);
     LAUNCH_CHECK();
   }
   /* With n = 0 this writes 0: the loop adds nothing. */
-  sum_partials_kernel<<<1, SUMSQ_BLOCK, 0, stream>>>(out, partials, nb);
+  FSDP_LAUNCH(sum_partials_kernel, 1, SUMSQ_BLOCK, 0, stream, out, partials, nb);
   LAUNCH_CHECK();
   return FSDP_SUCCESS;
 }

@@ -1,18 +1,24 @@
 /* src/cuda/xent.cu — softmax cross-entropy fused with its gradient, one block
  * per row (fp32 and bf16 logits): the row max, the exponential sum in double
- * as on the CPU, the loss in double, and dlogits written in the same pass. */
+ * as on the CPU, the loss in double, and dlogits written in the same kernel,
+ * into its own buffer or over the logits (GPT-2's head, rows ld apart). The
+ * row's three reads come from L2 after the first (a 50304-wide bf16 row is
+ * 98 KiB): HBM sees one read and one write. */
 #include "cuda/cuda_internal.cuh"
 
 #define XENT_BLOCK 512
 
+/* dlogits may be logits (in place): nothing is read through the read-only
+ * cache, and the target logit is read before the barrier that precedes the
+ * writes. Rows are ld apart in both. */
 template <typename T>
 __global__ void __launch_bounds__(XENT_BLOCK) xent_kernel(T *dlogits, float *losses, const T *logits, const int *targets, int B,
-                            int V, float scale) {
-  __shared__ float fshared[32];
-  __shared__ double dshared[32];
+                            int V, int ld, float scale) {
+  FSDP_SHARED(float, fshared, [32]);
+  FSDP_SHARED(double, dshared, [32]);
   for (size_t row = blockIdx.x; row < (size_t)B; row += gridDim.x) {
-    const T *x = logits + row * V;
-    T *d = dlogits ? dlogits + row * V : nullptr;
+    const T *x = logits + row * (size_t)ld;
+    T *d = dlogits ? dlogits + row * (size_t)ld : nullptr;
     const int target = targets[row];
     /* Uniform across the block: every thread takes the same branch. */
     if (target < 0 || target >= V) {
@@ -27,6 +33,9 @@ __global__ void __launch_bounds__(XENT_BLOCK) xent_kernel(T *dlogits, float *los
     double sum = 0.0;
     for (int j = threadIdx.x; j < V; j += blockDim.x) sum += expf(load(x + j) - mx);
     sum = block_sum(sum, dshared);
+    if (losses && threadIdx.x == 0)
+      losses[row] = (float)((double)mx + log(sum) - (double)load(x + target));
+    __syncthreads(); /* the target logit is read before it is overwritten */
     if (d) {
       const float k = (float)(scale / sum);
       for (int j = threadIdx.x; j < V; j += blockDim.x) {
@@ -36,17 +45,15 @@ __global__ void __launch_bounds__(XENT_BLOCK) xent_kernel(T *dlogits, float *los
         store(d + j, j == target ? p - scale : p);
       }
     }
-    if (losses && threadIdx.x == 0)
-      losses[row] = (float)((double)mx + log(sum) - (double)load(x + target));
   }
 }
 
 template <typename T>
 static fsdp_status_t softmax_xent(T *dlogits, float *losses, const T *logits, const int *targets,
-                                  int B, int V, float scale, cudaStream_t s) {
+                                  int B, int V, int ld, float scale, cudaStream_t s) {
   if (B <= 0 || V <= 0) return FSDP_SUCCESS;
-  xent_kernel<<<fsdp_grid((size_t)B, 1), XENT_BLOCK, 0, s>>>(dlogits, losses, logits, targets, B,
-                                                            V, scale);
+  FSDP_LAUNCH(xent_kernel, fsdp_grid((size_t)B, 1), XENT_BLOCK, 0, s, dlogits, losses, logits,
+              targets, B, V, ld, scale);
   LAUNCH_CHECK();
   return FSDP_SUCCESS;
 }
@@ -54,11 +61,24 @@ static fsdp_status_t softmax_xent(T *dlogits, float *losses, const T *logits, co
 fsdp_status_t fsdp_cuda_softmax_xent(float *dlogits, float *losses, const float *logits,
                                      const int *targets, int B, int V, float scale,
                                      fsdp_cuda_stream_t stream) {
-  return softmax_xent(dlogits, losses, logits, targets, B, V, scale, stream);
+  return softmax_xent(dlogits, losses, logits, targets, B, V, V, scale, stream);
 }
 
 fsdp_status_t fsdp_cuda_softmax_xent_bf16(uint16_t *dlogits, float *losses,
                                           const uint16_t *logits, const int *targets, int B,
                                           int V, float scale, fsdp_cuda_stream_t stream) {
-  return softmax_xent(as_bf16(dlogits), losses, as_bf16(logits), targets, B, V, scale, stream);
+  return softmax_xent(as_bf16(dlogits), losses, as_bf16(logits), targets, B, V, V, scale, stream);
+}
+
+fsdp_status_t fsdp_cuda_xent_inplace(float *logits, int ld, float *losses, const int *targets,
+                                     int B, int V, float scale, int grad,
+                                     fsdp_cuda_stream_t stream) {
+  return softmax_xent(grad ? logits : nullptr, losses, logits, targets, B, V, ld, scale, stream);
+}
+
+fsdp_status_t fsdp_cuda_xent_inplace_bf16(uint16_t *logits, int ld, float *losses,
+                                          const int *targets, int B, int V, float scale,
+                                          int grad, fsdp_cuda_stream_t stream) {
+  return softmax_xent(grad ? as_bf16(logits) : nullptr, losses, as_bf16(logits), targets, B, V,
+                      ld, scale, stream);
 }

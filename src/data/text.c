@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -152,6 +153,49 @@ static fsdp_status_t text_load_dir(int fd, const char *path, uint8_t **bytes, si
   return st;
 }
 
+fsdp_status_t data_text_files(const char *path, char ***paths, size_t *count) {
+  struct stat sb;
+  if (stat(path, &sb) != 0) return fsdp_error(FSDP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+  size_t n = 1;
+  text_file_t *files = NULL;
+  DIR *dir = NULL;
+  if (S_ISDIR(sb.st_mode)) {
+    if (!(dir = opendir(path)))
+      return fsdp_error(FSDP_ERR_IO, "%s: cannot open directory: %s", path, strerror(errno));
+    fsdp_status_t st = text_list_dir(dir, path, &files, &n);
+    closedir(dir);
+    if (st) return st;
+    if (n == 0) return free(files), fsdp_error(FSDP_ERR_FORMAT, "%s: no text files in it", path);
+  } else if (!S_ISREG(sb.st_mode)) {
+    return fsdp_error(FSDP_ERR_IO, "%s: not a regular file or a directory", path);
+  }
+  char **out = calloc(n, sizeof *out);
+  fsdp_status_t st = out ? FSDP_SUCCESS : FSDP_ERR_OUT_OF_MEMORY;
+  for (size_t i = 0; i < n && out; i++) {
+    size_t len = strlen(path) + (files ? strlen(files[i].name) + 2 : 1);
+    if (!(out[i] = malloc(len))) {
+      st = FSDP_ERR_OUT_OF_MEMORY;
+      break;
+    }
+    if (files) snprintf(out[i], len, "%s/%s", path, files[i].name);
+    else memcpy(out[i], path, len);
+  }
+  for (size_t i = 0; files && i < n; i++) fsdp_free(files[i].name);
+  free(files);
+  if (st) {
+    data_text_files_free(out, n);
+    return fsdp_error(st, "%s: out of memory listing its files", path);
+  }
+  *paths = out;
+  *count = n;
+  return FSDP_SUCCESS;
+}
+
+void data_text_files_free(char **paths, size_t count) {
+  for (size_t i = 0; paths && i < count; i++) free(paths[i]);
+  free(paths);
+}
+
 static fsdp_status_t text_load_file(int fd, const char *path, size_t size, uint8_t **bytes,
                                     size_t *n) {
   if (size == 0) return fsdp_error(FSDP_ERR_FORMAT, "%s: no text: the file is empty", path);
@@ -208,39 +252,46 @@ void fsdp_text_free(fsdp_text_t *text) {
   memset(text, 0, sizeof *text);
 }
 
+fsdp_status_t data_windows_check(const char *unit, int validation, size_t lo, size_t hi,
+                                 uint64_t seed, int64_t step, int64_t first, int64_t count, int T,
+                                 uint64_t *key, uint64_t *starts) {
+  if (validation != 0 && validation != 1)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "%s windows: validation is %d; pass 0 (train) or 1 (validation)", unit,
+                      validation);
+  if (T < 1 || first < 0 || count < 1 || step < 0)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "%s windows: need T >= 1, step >= 0, first >= 0 and count >= 1; got T %d, "
+                      "step %lld, first %lld, count %lld",
+                      unit, T, (long long)step, (long long)first, (long long)count);
+  if (first > INT64_MAX - count)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "%s windows: samples [%lld, %lld + %lld) overflow int64", unit,
+                      (long long)first, (long long)first, (long long)count);
+  size_t len = hi - lo;
+  if (len < (size_t)T + 1)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "%s windows: the %s split has %zu %s but a window of T = %d needs "
+                      "T + 1 = %d (inputs plus the next one)",
+                      unit, validation ? "validation" : "train", len, unit, T, T + 1);
+  /* Starts lie in [lo, hi - T - 1]: the target of the last token is hi - 1. */
+  *starts = (uint64_t)(len - (size_t)T);
+  *key = fsdp_data_key(seed, (uint64_t)step);
+  return FSDP_SUCCESS;
+}
+
 fsdp_status_t fsdp_text_windows(const fsdp_text_t *text, int validation, uint64_t seed,
                                 int64_t step, int64_t first, int64_t count, int T, int *tokens,
                                 int *targets) {
   if (!text || !text->bytes || !tokens || !targets)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
                       "text windows: text (loaded), tokens and targets must not be NULL");
-  if (validation != 0 && validation != 1)
-    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
-                      "text windows: validation is %d; pass 0 (train) or 1 (validation)",
-                      validation);
-  if (T < 1 || first < 0 || count < 1 || step < 0)
-    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
-                      "text windows: need T >= 1, step >= 0, first >= 0 and count >= 1; got T %d, "
-                      "step %lld, first %lld, count %lld",
-                      T, (long long)step, (long long)first, (long long)count);
-  if (first > INT64_MAX - count)
-    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
-                      "text windows: samples [%lld, %lld + %lld) overflow int64", (long long)first,
-                      (long long)first, (long long)count);
   size_t lo = validation ? text->n_train : 0, hi = validation ? text->n : text->n_train;
-  size_t len = hi - lo;
-  if (len < (size_t)T + 1)
-    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
-                      "text windows: the %s split has %zu bytes but a window of T = %d needs "
-                      "T + 1 = %d (inputs plus the next byte)",
-                      validation ? "validation" : "train", len, T, T + 1);
-  /* Starts lie in [lo, hi - T - 1]: the target of the last token is hi - 1. */
-  uint64_t starts = (uint64_t)(len - (size_t)T);
-  uint64_t key = fsdp_data_key(seed, (uint64_t)step);
+  uint64_t key, starts;
+  FSDP_TRY(data_windows_check("bytes", validation, lo, hi, seed, step, first, count, T, &key,
+                              &starts));
   for (int64_t i = 0; i < count; i++) {
-    uint64_t r = fsdp_data_mix64(key ^ fsdp_data_mix64((uint64_t)(first + i)));
-    /* The modulo favours some starts by at most starts / 2^64: nothing a run can see. */
-    size_t at = lo + (size_t)(r % starts);
+    size_t at = data_window_start(key, first + i, lo, starts);
     int *tok = tokens + i * T, *tgt = targets + i * T;
     for (int t = 0; t < T; t++) {
       tok[t] = text->bytes[at + (size_t)t];

@@ -224,6 +224,13 @@ fsdp_status_t fsdp_cuda_get_device(int *ordinal) {
   return rc == cudaSuccess ? FSDP_SUCCESS : cuda_fail(rc, "cudaGetDevice", NULL);
 }
 
+fsdp_status_t fsdp_cuda_mem_info(size_t *free_bytes, size_t *total_bytes) {
+  if (!free_bytes || !total_bytes)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_cuda_mem_info: NULL");
+  cudaError_t rc = cudaMemGetInfo(free_bytes, total_bytes);
+  return rc == cudaSuccess ? FSDP_SUCCESS : cuda_fail(rc, "cudaMemGetInfo", NULL);
+}
+
 static fsdp_status_t cuda_alloc(size_t bytes, void **ptr) {
   cudaError_t rc = cudaMalloc(ptr, bytes);
   if (rc == cudaSuccess) return FSDP_SUCCESS;
@@ -310,6 +317,10 @@ fsdp_status_t fsdp_cuda_set_device(int ordinal) {
 fsdp_status_t fsdp_cuda_get_device(int *ordinal) {
   (void)ordinal;
   return no_cuda("fsdp_cuda_get_device");
+}
+fsdp_status_t fsdp_cuda_mem_info(size_t *free_bytes, size_t *total_bytes) {
+  (void)free_bytes, (void)total_bytes;
+  return no_cuda("fsdp_cuda_mem_info");
 }
 static fsdp_status_t cuda_alloc(size_t bytes, void **ptr) {
   (void)bytes, (void)ptr;

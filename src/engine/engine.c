@@ -229,6 +229,7 @@ void fsdp_unit_free(const struct fsdp_engine *e, struct unit *u) {
   fsdp_engine_free(e, u->grad);
   fsdp_engine_free(e, u->m);
   fsdp_engine_free(e, u->v);
+  fsdp_engine_free(e, u->decay_runs);
   fsdp_engine_free(e, u->full_grad);
   fsdp_engine_free(e, u->lp);
   fsdp_engine_free(e, u->rounded);

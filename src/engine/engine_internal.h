@@ -43,6 +43,9 @@ struct unit {
   size_t count; /* real elements of this rank's slice */
 
   float *master, *grad, *m, *v; /* shard-sized, persistent */
+  unsigned long long *decay_runs; /* CUDA AdamW: start << 1 | decay of each run of the shard's
+                                     elements sharing a decay flag (device); n_runs of them */
+  int n_runs;
   uint16_t *lp;                 /* 16-bit params: the master shard rounded, what is gathered */
   float *rounded;               /* 16-bit params on one shard (CPU): lp widened, what views show */
   float *full_grad;             /* accumulate_full_grads only: padded-sized */

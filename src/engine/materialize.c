@@ -30,6 +30,39 @@ static void init_segment(const struct tensor *t, size_t first, size_t n, size_t 
                  t->init, t->init_scale);
 }
 
+struct runs_ctx {
+  const struct unit *u;
+  unsigned long long *runs;
+  int n;
+};
+
+static void add_run(const struct tensor *t, size_t first, size_t n, size_t flat, void *arg) {
+  (void)first, (void)n;
+  struct runs_ctx *c = arg;
+  const unsigned long long decay = !t->no_decay;
+  if (c->n && (c->runs[c->n - 1] & 1ull) == decay) return; /* the run goes on */
+  c->runs[c->n++] = (unsigned long long)(flat - c->u->shard_offset) << 1 | decay;
+}
+
+/* CUDA AdamW updates a unit's shard in one launch: the runs of its elements
+ * that share a decay flag, in device memory (at most one per tensor). */
+static fsdp_status_t decay_runs(struct fsdp_engine *e, struct unit *u) {
+  if (!u->count) return FSDP_SUCCESS;
+  struct runs_ctx c = {u, calloc((size_t)u->n_tensors, sizeof *c.runs), 0};
+  if (!c.runs) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "unit '%s': no host memory", u->name);
+  fsdp_unit_segments(u, u->shard_offset, u->shard_offset + u->count, add_run, &c);
+  const size_t bytes = (size_t)c.n * sizeof *c.runs;
+  u->decay_runs = fsdp_engine_alloc(e, bytes);
+  fsdp_status_t st = u->decay_runs ? fsdp_device_copy(u->decay_runs, c.runs, bytes,
+                                                      FSDP_HOST_STREAM)
+                                   : fsdp_error(FSDP_ERR_OUT_OF_MEMORY,
+                                                "unit '%s': cannot allocate its decay runs",
+                                                u->name);
+  u->n_runs = c.n;
+  free(c.runs);
+  return st;
+}
+
 /* Fills u's master shard with its initial values (on CUDA through the host). */
 static fsdp_status_t unit_init(struct fsdp_engine *e, struct unit *u) {
   size_t bytes = u->shard * sizeof(float);
@@ -73,6 +106,7 @@ static fsdp_status_t unit_materialize(struct fsdp_engine *e, struct unit *u) {
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "unit '%s': cannot allocate its 16-bit copy",
                       u->name);
   FSDP_TRY(unit_init(e, u));
+  if (e->cuda && e->cfg.optim.kind == FSDP_OPTIM_ADAMW) FSDP_TRY(decay_runs(e, u));
   if (e->max_padded < u->padded) e->max_padded = u->padded;
   if (e->max_shard < u->shard) e->max_shard = u->shard;
   return FSDP_SUCCESS;
@@ -157,6 +191,13 @@ fsdp_status_t fsdp_engine_materialize(fsdp_engine_t e, uint64_t seed) {
   e->seed = seed;
   for (int i = 0; i < e->n_units; i++) FSDP_TRY(unit_materialize(e, &e->units[i]));
   FSDP_TRY(pools_create(e));
+#if FSDP_HAVE_CUDA
+  /* The compute stream's cuBLAS handle now, not at the first product of the
+   * first step while gathers are in flight. */
+  if (e->cuda)
+    FSDP_TRY(fsdp_cuda_blas_prepare(
+        (fsdp_cuda_stream_t)fsdp_stream_cuda_handle(e->s_compute), NULL));
+#endif
   FSDP_TRY(fsdp_stream_synchronize(e->s_compute)); /* CUDA: the bf16 casts, before gathers */
   e->materialized = 1;
   return FSDP_SUCCESS;

@@ -79,10 +79,7 @@ static void update_segment_cuda(const struct tensor *t, size_t k, size_t n, stru
   float *p = c->u->master + k, *g = c->u->grad + k;
   fsdp_status_t st = FSDP_SUCCESS;
   if (c->coef != 1.0f) st = fsdp_cuda_scale(g, c->coef, n, cs);
-  if (st == FSDP_SUCCESS && o->kind == FSDP_OPTIM_ADAMW)
-    st = fsdp_cuda_adamw_update(p, g, c->u->m + k, c->u->v + k, n, o, c->lr, c->e->step + 1,
-                                !t->no_decay, cs);
-  else if (st == FSDP_SUCCESS)
+  if (st == FSDP_SUCCESS) /* SGD: AdamW takes the whole unit at once (update_unit) */
     st = fsdp_cuda_sgd_update(p, g, c->u->m ? c->u->m + k : NULL, n, o, c->lr, c->e->step == 0,
                               !t->no_decay, cs);
   if (c->st == FSDP_SUCCESS) c->st = st;
@@ -109,6 +106,21 @@ static void update_segment(const struct tensor *t, size_t first, size_t n, size_
   else
     fsdp_sgd_update(p, g, c->u->m ? c->u->m + k : NULL, n, o, c->lr, c->e->step == 0,
                     !t->no_decay);
+}
+
+/* The optimizer on u's shard: CUDA AdamW in one launch over the unit
+ * (decay_runs), else tensor piece by tensor piece. */
+static fsdp_status_t update_unit(const struct fsdp_engine *e, const struct unit *u, float lr,
+                                 float coef) {
+#if FSDP_HAVE_CUDA
+  if (e->cuda && e->cfg.optim.kind == FSDP_OPTIM_ADAMW)
+    return fsdp_cuda_adamw_multi(u->master, u->grad, u->m, u->v, u->count, u->decay_runs,
+                                 u->n_runs, coef, &e->cfg.optim, lr, e->step + 1,
+                                 (fsdp_cuda_stream_t)fsdp_stream_cuda_handle(e->s_compute));
+#endif
+  struct update_ctx ctx = {e, u, lr, coef, FSDP_SUCCESS};
+  fsdp_unit_segments(u, u->shard_offset, u->shard_offset + u->count, update_segment, &ctx);
+  return ctx.st;
 }
 
 /* What the ranks agree on before updating: the global sum of squares of the
@@ -143,9 +155,7 @@ static fsdp_status_t clear_grads(struct fsdp_engine *e, struct unit *u) {
 static fsdp_status_t update(struct fsdp_engine *e, float lr, double coef) {
   for (int i = 0; i < e->n_units; i++) {
     struct unit *u = &e->units[i];
-    struct update_ctx ctx = {e, u, lr, (float)coef, FSDP_SUCCESS};
-    fsdp_unit_segments(u, u->shard_offset, u->shard_offset + u->count, update_segment, &ctx);
-    FSDP_TRY(ctx.st);
+    FSDP_TRY(update_unit(e, u, lr, (float)coef));
     FSDP_TRY(fsdp_unit_refresh_params(e, u));
     FSDP_TRY(clear_grads(e, u));
     u->mirror_dirty = 0; /* host copies from before the update are stale */

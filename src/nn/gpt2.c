@@ -55,6 +55,10 @@ struct fsdp_gpt2 {
   const gpt2_ops_t *ops; /* the kernels: CPU, CUDA fp32 or CUDA bf16 */
   gpt2_dev_t *dev;       /* their state */
   size_t align;          /* bytes each buffer in the arena is rounded up to */
+  size_t esize;          /* bytes per activation element (the table's act_size) */
+  int att_lse;           /* attention keeps the log-sum-exp, not probabilities */
+  int one_head;          /* the logits' gradient is written over them, rows ldv apart */
+  int ldv;               /* the logits' row stride: V, or V padded to a multiple of 128 */
   void *arena;           /* every buffer below, in the backend's memory */
   struct acts *acts;     /* (L) saved, or pointing into scratch for checkpointed units */
   struct acts *scratch;  /* (max blocks per checkpointed unit) */
@@ -249,9 +253,29 @@ static void *take(const struct fsdp_gpt2 *g, char *base, size_t *at, size_t n, s
   return p;
 }
 
+/* The vocabulary rounded up to a multiple of 128 (50257 -> 50304). */
+static int padded_vocab(int V) { return (V + 127) / 128 * 128; }
+
+/* What the kernels keep under a layout (g->esize set); FSDP_GPT2_LAYOUT_BUILT
+ * is this build's: one padded logits buffer, and attention's log-sum-exp with
+ * bf16 activations (the bf16 CUDA table, gpt2_cuda.c), its probabilities with
+ * fp32 ones (CPU and CUDA fp32). pick_backend checks the table agrees. */
+static void set_layout(struct fsdp_gpt2 *g, fsdp_gpt2_layout_t layout) {
+  g->att_lse = layout == FSDP_GPT2_LAYOUT_FLASH ||
+               (layout == FSDP_GPT2_LAYOUT_BUILT && g->esize == 2);
+  g->one_head = layout != FSDP_GPT2_LAYOUT_PROBS;
+  g->ldv = g->one_head ? padded_vocab(g->c.vocab_size) : g->c.vocab_size;
+}
+
+/* Attention's saved state: probabilities (B,NH,T,T) or the log-sum-exp (B,NH,T). */
+static size_t att_elems(const struct fsdp_gpt2 *g) {
+  size_t bnt = (size_t)g->maxB * (size_t)g->c.n_head * (size_t)g->maxT;
+  return g->att_lse ? bnt : bnt * (size_t)g->maxT;
+}
+
 static void acts_carve(const struct fsdp_gpt2 *g, struct acts *a, char *base, size_t *at) {
   size_t BT = (size_t)g->maxB * (size_t)g->maxT, C = (size_t)g->c.n_embd;
-  size_t e = g->ops->act_size, f = sizeof(float);
+  size_t e = g->esize, f = sizeof(float);
   a->ln1 = take(g, base, at, BT * C, e);
   a->ln1_mean = take(g, base, at, BT, f);
   a->ln1_rstd = take(g, base, at, BT, f);
@@ -263,18 +287,19 @@ static void acts_carve(const struct fsdp_gpt2 *g, struct acts *a, char *base, si
   a->ln2_rstd = take(g, base, at, BT, f);
   a->fch = take(g, base, at, 4 * BT * C, e);
   a->fch_gelu = take(g, base, at, 4 * BT * C, e);
-  a->att = take(g, base, at, (size_t)g->maxB * (size_t)g->c.n_head * (size_t)g->maxT * g->maxT, f);
+  a->att = take(g, base, at, att_elems(g), f);
 }
 
-/* ln_f, the logits and the backward scratch. */
+/* ln_f, the logits (and their gradient, unless it is written over them) and
+ * the backward scratch. */
 static void common_carve(struct fsdp_gpt2 *g, char *base, size_t *at) {
   size_t BT = (size_t)g->maxB * (size_t)g->maxT, C = (size_t)g->c.n_embd;
-  size_t V = (size_t)g->c.vocab_size, e = g->ops->act_size, f = sizeof(float);
+  size_t ldv = (size_t)g->ldv, e = g->esize, f = sizeof(float);
   g->lnf = take(g, base, at, BT * C, e);
   g->lnf_mean = take(g, base, at, BT, f);
   g->lnf_rstd = take(g, base, at, BT, f);
-  g->logits = take(g, base, at, BT * V, e);
-  g->dlogits = take(g, base, at, BT * V, e);
+  g->logits = take(g, base, at, BT * ldv, e);
+  g->dlogits = g->one_head ? g->logits : take(g, base, at, BT * ldv, e);
   g->dres = take(g, base, at, BT * C, e);
   g->d1 = take(g, base, at, BT * C, e);
   g->d3 = take(g, base, at, 3 * BT * C, e);
@@ -282,22 +307,76 @@ static void common_carve(struct fsdp_gpt2 *g, char *base, size_t *at) {
   g->d4b = take(g, base, at, 4 * BT * C, e);
 }
 
+/* Dry run of the carving for g's shape: one block's bytes (and its
+ * attention's), the block inputs', the common buffers'. */
+static void arena_parts(const struct fsdp_gpt2 *g, fsdp_gpt2_memory_t *m) {
+  struct fsdp_gpt2 dry = *g; /* common_carve writes pointers: into a copy */
+  struct acts a;
+  *m = (fsdp_gpt2_memory_t){0};
+  acts_carve(&dry, &a, NULL, &m->per_layer);
+  m->attention = span(g, att_elems(g), sizeof(float));
+  common_carve(&dry, NULL, &m->common);
+  m->inputs = (size_t)(g->c.n_layer + 1) *
+              span(g, (size_t)g->maxB * g->maxT * g->c.n_embd, g->esize);
+  m->saved = m->inputs + (size_t)g->c.n_layer * m->per_layer + m->common;
+  m->checkpointed = m->inputs + m->per_layer + m->common;
+}
+
+fsdp_status_t fsdp_gpt2_memory(const fsdp_gpt2_config_t *c, int B, int T, fsdp_dtype_t act_dtype,
+                               fsdp_gpt2_layout_t layout, fsdp_gpt2_memory_t *out) {
+  if (!out) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_gpt2_memory: NULL output");
+  FSDP_TRY(fsdp_gpt2_config_check(c));
+  if (B < 1 || T < 1 || T > c->block_size)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "fsdp_gpt2_memory: batch %d must be >= 1 and T %d in [1, %d]", B, T,
+                      c->block_size);
+  if (act_dtype != FSDP_F32 && act_dtype != FSDP_BF16)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "fsdp_gpt2_memory: activations are f32 or bf16, not %s",
+                      fsdp_dtype_name(act_dtype));
+  if (layout < FSDP_GPT2_LAYOUT_BUILT || layout > FSDP_GPT2_LAYOUT_FLASH)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_gpt2_memory: unknown layout %d",
+                      (int)layout);
+  struct fsdp_gpt2 g = {.c = *c, .maxB = B, .maxT = T, .align = 256,
+                        .esize = fsdp_dtype_size(act_dtype)};
+  set_layout(&g, layout);
+  arena_parts(&g, out);
+  return FSDP_SUCCESS;
+}
+
 /* One arena in the backend's memory: the block inputs, the saved (or
  * recompute scratch) activations of every block, ln_f, logits, backward
  * scratch; and a host row for sampling. backend: the kernels' own bytes. */
-static fsdp_status_t alloc_acts(struct fsdp_gpt2 *g, size_t backend) {
-  int L = g->c.n_layer, maxk = 0, saved = 0;
+/* Blocks whose activations the arena holds at once: the saved ones, plus
+ * the largest checkpointed unit's recompute scratch. *maxk: that unit's. */
+static int arena_blocks(const struct fsdp_gpt2 *g, int *maxk) {
+  int saved = 0;
+  *maxk = 0;
   for (int u = 0; u < g->n_units; u++)
-    if (g->units[u].checkpoint) maxk = g->units[u].count > maxk ? g->units[u].count : maxk;
+    if (g->units[u].checkpoint) *maxk = g->units[u].count > *maxk ? g->units[u].count : *maxk;
     else saved += g->units[u].count;
-  struct acts dry;
-  size_t per = 0, common = 0, V = (size_t)g->c.vocab_size;
-  acts_carve(g, &dry, NULL, &per);
-  common_carve(g, NULL, &common);
-  size_t xs = (size_t)(L + 1) * span(g, (size_t)g->maxB * g->maxT * g->c.n_embd, g->ops->act_size);
-  size_t arena = xs + (size_t)(saved + maxk) * per + common;
+  return saved + *maxk;
+}
+
+/* The arena's bytes for g's units at micro-batch B x T. */
+static size_t arena_bytes_at(const struct fsdp_gpt2 *g, int B, int T) {
+  struct fsdp_gpt2 t = *g;
+  t.maxB = B, t.maxT = T;
+  fsdp_gpt2_memory_t m;
+  arena_parts(&t, &m);
+  int maxk;
+  return m.inputs + (size_t)arena_blocks(g, &maxk) * m.per_layer + m.common;
+}
+
+static fsdp_status_t alloc_acts(struct fsdp_gpt2 *g, size_t backend) {
+  int L = g->c.n_layer, maxk;
+  const int blocks = arena_blocks(g, &maxk);
+  fsdp_gpt2_memory_t m;
+  arena_parts(g, &m);
+  size_t V = (size_t)g->c.vocab_size, xs = m.inputs;
+  size_t arena = xs + (size_t)blocks * m.per_layer + m.common;
   g->act_bytes = arena + V * sizeof(float) + backend;
-  g->act_bytes_full = xs + (size_t)L * per + common + V * sizeof(float) + backend;
+  g->act_bytes_full = m.saved + V * sizeof(float) + backend;
   g->acts = calloc((size_t)L, sizeof *g->acts);
   g->scratch = calloc((size_t)(maxk ? maxk : 1), sizeof *g->scratch);
   g->row = calloc(V, sizeof *g->row);
@@ -323,16 +402,78 @@ static fsdp_status_t alloc_acts(struct fsdp_gpt2 *g, size_t backend) {
   return FSDP_SUCCESS;
 }
 
+static double gib(size_t b) { return (double)b / (1u << 30); }
+
+/* Device bytes the model allocates at B x T: its arena and the CUDA kernels'
+ * own scratch. */
+static size_t device_need(const struct fsdp_gpt2 *g, int B, int T, fsdp_dtype_t dt) {
+  gpt2_dims_t d = {B, T, g->c.n_embd, g->c.n_head, g->c.vocab_size};
+  return arena_bytes_at(g, B, T) + gpt2_cuda_scratch_bytes(dt, &d);
+}
+
+/* Before anything is allocated on the device: the activations for max_batch
+ * x max_T fit in what is free, or an error saying by how much they do not and
+ * what would fit instead (a smaller micro-batch, checkpointing every block, a
+ * shorter sequence), each by the same arithmetic. */
+static fsdp_status_t check_fits(const struct fsdp_gpt2 *g, fsdp_dtype_t dt) {
+  size_t free_b = 0, total_b = 0;
+  FSDP_TRY(fsdp_cuda_mem_info(&free_b, &total_b));
+  const size_t need = device_need(g, g->maxB, g->maxT, dt);
+  if (need <= free_b) return FSDP_SUCCESS;
+  fsdp_gpt2_memory_t m;
+  arena_parts(g, &m);
+  int b = g->maxB - 1, t = g->maxT - 1, maxk;
+  while (b >= 1 && device_need(g, b, g->maxT, dt) > free_b) b--;
+  while (t >= 1 && device_need(g, g->maxB, t, dt) > free_b) t--;
+  gpt2_dims_t d = {g->maxB, g->maxT, g->c.n_embd, g->c.n_head, g->c.vocab_size};
+  const size_t ckpt = m.checkpointed + gpt2_cuda_scratch_bytes(dt, &d);
+  const int blocks = arena_blocks(g, &maxk);
+  char fix[512];
+  int n = snprintf(fix, sizeof fix, "to fit, ");
+  if (b >= 1) n += snprintf(fix + n, sizeof fix - (size_t)n, "a micro-batch of %d (max_batch), ", b);
+  else n += snprintf(fix + n, sizeof fix - (size_t)n, "no micro-batch of sequence %d fits; ", g->maxT);
+  if (blocks > 1)
+    n += snprintf(fix + n, sizeof fix - (size_t)n,
+                  "activation checkpointing of every block (wrap_kinds and checkpoint_kinds "
+                  "\"GPT2Block\": %.2f GiB%s), ", gib(ckpt), ckpt <= free_b ? "" : ", still too much");
+  if (t >= 1) snprintf(fix + n, sizeof fix - (size_t)n, "or a sequence length of %d (max_T)", t);
+  else snprintf(fix + n, sizeof fix - (size_t)n, "or a smaller model");
+  return fsdp_error(FSDP_ERR_OUT_OF_MEMORY,
+                    "GPT-2 on CUDA: micro-batch %d x %d needs %.2f GiB of device memory (%d "
+                    "blocks' activations of %.2f GiB each, %.1f MiB of it attention's; block "
+                    "inputs %.2f GiB; logits and backward scratch %.2f GiB; kernel scratch "
+                    "%.2f GiB) but the device has %.2f GiB free of %.2f GiB, and the parameters "
+                    "come later at materialize; %s",
+                    g->maxB, g->maxT, gib(need), blocks, gib(m.per_layer),
+                    (double)m.attention / (1u << 20),
+                    gib(m.inputs), gib(m.common), gib(need - arena_bytes_at(g, g->maxB, g->maxT)),
+                    gib(free_b), gib(total_b), fix);
+}
+
 /* CUDA kernels on a CUDA engine (bf16 ones when its views hand out bf16),
  * else the CPU's. *bytes: device memory the kernels hold of their own. */
 static fsdp_status_t pick_backend(struct fsdp_gpt2 *g, size_t *bytes) {
   const fsdp_config_t *cfg = fsdp_engine_config(g->eng);
   *bytes = 0;
   g->align = 1;
-  if (cfg->device != FSDP_DEVICE_CUDA) return gpt2_backend_cpu(&g->ops, &g->dev);
-  g->align = 256; /* each buffer starts where cuBLAS and the kernels like it */
-  gpt2_dims_t d = {g->maxB, g->maxT, g->c.n_embd, g->c.n_head, g->c.vocab_size};
-  return gpt2_backend_cuda(cfg->param_dtype, &d, &g->ops, &g->dev, bytes);
+  g->esize = sizeof(float);
+  if (cfg->device == FSDP_DEVICE_CUDA) {
+    g->align = 256; /* each buffer starts where cuBLAS and the kernels like it */
+    g->esize = cfg->param_dtype == FSDP_BF16 ? 2 : sizeof(float);
+  }
+  set_layout(g, FSDP_GPT2_LAYOUT_BUILT);
+  if (cfg->device != FSDP_DEVICE_CUDA) FSDP_TRY(gpt2_backend_cpu(&g->ops, &g->dev));
+  else {
+    /* other dtypes: gpt2_backend_cuda refuses them, naming the dtype */
+    if (cfg->param_dtype == FSDP_F32 || cfg->param_dtype == FSDP_BF16)
+      FSDP_TRY(check_fits(g, cfg->param_dtype));
+    gpt2_dims_t d = {g->maxB, g->maxT, g->c.n_embd, g->c.n_head, g->c.vocab_size};
+    FSDP_TRY(gpt2_backend_cuda(cfg->param_dtype, &d, &g->ops, &g->dev, bytes));
+  }
+  if (g->ops->att_lse != g->att_lse || g->ops->act_size != g->esize)
+    return fsdp_error(FSDP_ERR_INTERNAL, "GPT-2: the %s kernels do not keep the layout sized "
+                      "for them", g->ops->name);
+  return FSDP_SUCCESS;
 }
 
 void fsdp_gpt2_destroy(fsdp_gpt2_t g) {
@@ -442,7 +583,7 @@ static fsdp_status_t block_backward(struct fsdp_gpt2 *g, float *const *p, float 
 
 static void *x_at(const struct fsdp_gpt2 *g, int l, int B, int T) {
   size_t n = (size_t)B * (size_t)T * (size_t)g->c.n_embd;
-  return (char *)g->xs + (size_t)l * span(g, n, g->ops->act_size);
+  return (char *)g->xs + (size_t)l * span(g, n, g->esize);
 }
 
 static fsdp_status_t check_batch(const struct fsdp_gpt2 *g, const int *tokens,
@@ -507,7 +648,8 @@ static fsdp_status_t forward(struct fsdp_gpt2 *g, const int *tokens, const int *
   FSDP_TRY(blocks_forward(g, B, T));
   FSDP_TRY(k->layernorm_forward(g->lnf, g->lnf_mean, g->lnf_rstd, x_at(g, g->c.n_layer, B, T),
                                 r->view.param[lnf], r->view.param[lnf + 1], BT, C, g->dev));
-  return k->linear_forward(g->logits, g->lnf, r->view.param[0], BT, C, g->c.vocab_size, g->dev);
+  return k->head_forward(g->logits, g->ldv, g->lnf, r->view.param[0], BT, C, g->c.vocab_size,
+                         g->dev);
 }
 
 static fsdp_status_t blocks_backward(struct fsdp_gpt2 *g, int B, int T) {
@@ -536,8 +678,8 @@ static fsdp_status_t backward(struct fsdp_gpt2 *g, int B, int T) {
   float *const *p = r->view.param, *const *dp = r->view.grad;
   const int lnf = r->view.n - 2;
   FSDP_TRY(k->zero(g->d1, n, g->dev));
-  FSDP_TRY(k->linear_backward(g->d1, dp[0], g->dlogits, g->lnf, p[0], BT, C, g->c.vocab_size,
-                              g->dev));
+  FSDP_TRY(k->head_backward(g->d1, dp[0], g->dlogits, g->ldv, g->lnf, p[0], BT, C,
+                            g->c.vocab_size, g->dev));
   FSDP_TRY(k->zero(g->dres, n, g->dev));
   FSDP_TRY(k->layernorm_backward(g->dres, dp[lnf], dp[lnf + 1], g->d1,
                                  x_at(g, g->c.n_layer, B, T), p[lnf], g->lnf_mean, g->lnf_rstd,
@@ -552,7 +694,7 @@ fsdp_status_t fsdp_gpt2_forward_backward(fsdp_gpt2_t g, const int *tokens, const
   if (!g || !targets) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "GPT-2: NULL argument");
   FSDP_TRY(check_batch(g, tokens, targets, B, T));
   FSDP_TRY(forward(g, tokens, targets, B, T));
-  FSDP_TRY(g->ops->xent(g->dlogits, g->logits, g->tgt, B * T, g->c.vocab_size, loss_scale,
+  FSDP_TRY(g->ops->xent(g->dlogits, g->ldv, g->tgt, B * T, g->c.vocab_size, loss_scale, 1,
                         g->dev));
   FSDP_TRY(fsdp_unit_release(g->eng, g->units[0].id, FSDP_FORWARD));
   FSDP_TRY(backward(g, B, T));
@@ -569,7 +711,7 @@ static fsdp_status_t forward_loss(struct fsdp_gpt2 *g, const int *tokens, const 
   FSDP_TRY(forward(g, tokens, targets, B, T));
   FSDP_TRY(fsdp_unit_release(g->eng, g->units[0].id, FSDP_FORWARD));
   if (!loss_sum || !targets) return FSDP_SUCCESS;
-  FSDP_TRY(g->ops->xent(NULL, g->logits, g->tgt, B * T, g->c.vocab_size, 1.0f, g->dev));
+  FSDP_TRY(g->ops->xent(g->logits, g->ldv, g->tgt, B * T, g->c.vocab_size, 1.0f, 0, g->dev));
   return g->ops->loss(loss_sum, g->dev);
 }
 
@@ -578,13 +720,16 @@ fsdp_status_t fsdp_gpt2_forward(fsdp_gpt2_t g, const int *tokens, const int *tar
   if (!g) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "GPT-2: NULL model");
   FSDP_TRY(forward_loss(g, tokens, targets, B, T, loss_sum));
   if (!logits) return FSDP_SUCCESS;
-  if (g->ops->memory == FSDP_DEVICE_CPU) return *logits = g->logits, FSDP_SUCCESS;
-  size_t n = (size_t)B * (size_t)T * (size_t)g->c.vocab_size;
+  size_t rows = (size_t)B * (size_t)T, V = (size_t)g->c.vocab_size, ld = (size_t)g->ldv;
   if (!g->logits_host) /* once, on the first call that asks */
-    g->logits_host = malloc((size_t)g->maxB * g->maxT * g->c.vocab_size * sizeof(float));
+    g->logits_host = malloc((size_t)g->maxB * g->maxT * ld * sizeof(float));
   if (!g->logits_host)
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "GPT-2: no host memory to copy the logits to");
-  FSDP_TRY(g->ops->read(g->logits_host, g->logits, n, g->dev));
+  /* rows ld apart, then packed V apart in place (each row moves to a lower
+   * or the same address, in order) */
+  FSDP_TRY(g->ops->read(g->logits_host, g->logits, rows * ld, g->dev));
+  for (size_t r = 1; r < rows && ld != V; r++)
+    memmove(g->logits_host + r * V, g->logits_host + r * ld, V * sizeof(float));
   *logits = g->logits_host;
   return FSDP_SUCCESS;
 }
@@ -599,41 +744,78 @@ static double uniform01(uint64_t seed, uint64_t i) {
   return (double)(z >> 11) * 0x1.0p-53;
 }
 
-/* Draws from softmax(row / temperature), overwriting row with the weights. */
-static int sample_token(float *row, int V, float temperature, double u) {
+/* The k-th largest of row[0..V), by quickselect on scratch (V floats). */
+static float kth_largest(const float *row, int V, int k, float *scratch) {
+  memcpy(scratch, row, (size_t)V * sizeof *scratch);
+  int lo = 0, hi = V - 1, want = k - 1; /* descending order: index k-1 */
+  while (lo < hi) {
+    float pivot = scratch[lo + (hi - lo) / 2];
+    int i = lo, j = hi;
+    while (i <= j) {
+      while (scratch[i] > pivot) i++;
+      while (scratch[j] < pivot) j--;
+      if (i <= j) {
+        float t = scratch[i];
+        scratch[i++] = scratch[j];
+        scratch[j--] = t;
+      }
+    }
+    if (want <= j) hi = j;
+    else if (want >= i) lo = i;
+    else break;
+  }
+  return scratch[want];
+}
+
+/* Draws from softmax(row / temperature) over the top_k largest logits (all
+ * when top_k is 0 or >= V; ties with the k-th are kept), overwriting row with
+ * the weights. */
+static int sample_token(float *row, int V, float temperature, int top_k, float *scratch,
+                        double u) {
   float maxv = row[0];
   for (int v = 1; v < V; v++) maxv = row[v] > maxv ? row[v] : maxv;
+  float floor_v = top_k > 0 && top_k < V ? kth_largest(row, V, top_k, scratch) : -INFINITY;
   double sum = 0.0;
-  for (int v = 0; v < V; v++) sum += row[v] = expf((row[v] - maxv) / temperature);
+  for (int v = 0; v < V; v++)
+    sum += row[v] = row[v] >= floor_v ? expf((row[v] - maxv) / temperature) : 0.0f;
   double acc = 0.0, target = u * sum;
   for (int v = 0; v < V; v++)
-    if ((acc += row[v]) >= target) return v;
-  return V - 1;
+    if (row[v] > 0.0f && (acc += row[v]) >= target) return v;
+  for (int v = V - 1; v > 0; v--) /* rounding left target past the sum: the last kept */
+    if (row[v] > 0.0f) return v;
+  return 0;
 }
 
 /* The logits of the last of T tokens, into g->row. */
 static fsdp_status_t next_logits(struct fsdp_gpt2 *g, const int *ctx, int T) {
   size_t V = (size_t)g->c.vocab_size;
   FSDP_TRY(forward_loss(g, ctx, NULL, 1, T, NULL));
-  const char *last = (const char *)g->logits + (size_t)(T - 1) * V * g->ops->act_size;
+  const char *last = (const char *)g->logits + (size_t)(T - 1) * (size_t)g->ldv * g->esize;
   return g->ops->read(g->row, last, V, g->dev);
 }
 
-fsdp_status_t fsdp_gpt2_generate(fsdp_gpt2_t g, const int *prompt, int n_prompt, int n_new,
-                                 float temperature, uint64_t seed, int *out) {
-  if (!g || !prompt || n_prompt < 1 || n_new < 0 || !out || !(temperature > 0.0f))
+fsdp_status_t fsdp_gpt2_sample(fsdp_gpt2_t g, const int *prompt, int n_prompt, int n_new,
+                               const fsdp_gpt2_sampling_t *how, int *out) {
+  if (!g || !prompt || n_prompt < 1 || n_new < 0 || !out || !how || !(how->temperature > 0.0f) ||
+      how->top_k < 0)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
-                      "fsdp_gpt2_generate: needs a prompt of at least one token, n_new >= 0 "
-                      "and a positive temperature (got %d, %d, %g)", n_prompt, n_new,
-                      (double)temperature);
+                      "fsdp_gpt2_sample: needs a prompt of at least one token, n_new >= 0, "
+                      "a positive temperature and top_k >= 0 (got %d, %d, %g, %d)", n_prompt,
+                      n_new, how ? (double)how->temperature : 0.0, how ? how->top_k : 0);
+  int V = g->c.vocab_size;
   int *ctx = malloc((size_t)(n_prompt + n_new) * sizeof(int));
-  if (!ctx) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "fsdp_gpt2_generate: out of memory");
-  memcpy(ctx, prompt, (size_t)n_prompt * sizeof(int));
+  float *scratch = how->top_k ? malloc((size_t)V * sizeof(float)) : NULL;
   fsdp_status_t st = FSDP_SUCCESS;
+  if (!ctx || (how->top_k && !scratch)) {
+    st = fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "fsdp_gpt2_sample: out of memory");
+    goto done;
+  }
+  memcpy(ctx, prompt, (size_t)n_prompt * sizeof(int));
   for (int i = 0; i < n_new; i++) {
     int len = n_prompt + i, T = len < g->maxT ? len : g->maxT;
     FSDP_TRYG(st, next_logits(g, ctx + len - T, T), done);
-    int tok = sample_token(g->row, g->c.vocab_size, temperature, uniform01(seed, (uint64_t)i));
+    int tok = sample_token(g->row, V, how->temperature, how->top_k, scratch,
+                           uniform01(how->seed, (uint64_t)i));
     /* Every rank computed the same logits; rank 0's draw (an int moved as 4
      * bytes) makes that certain. */
     FSDP_TRYG(st, fsdp_broadcast(fsdp_engine_comm(g->eng), &tok, 1, FSDP_F32, 0,
@@ -641,6 +823,13 @@ fsdp_status_t fsdp_gpt2_generate(fsdp_gpt2_t g, const int *prompt, int n_prompt,
     ctx[len] = out[i] = tok;
   }
 done:
+  free(scratch);
   free(ctx);
   return st;
+}
+
+fsdp_status_t fsdp_gpt2_generate(fsdp_gpt2_t g, const int *prompt, int n_prompt, int n_new,
+                                 float temperature, uint64_t seed, int *out) {
+  fsdp_gpt2_sampling_t how = {temperature, 0, seed};
+  return fsdp_gpt2_sample(g, prompt, n_prompt, n_new, &how, out);
 }

@@ -4,12 +4,10 @@
  * host fills and reads between synchronisations.
  *
  * bf16: activations, weights and activation gradients are bf16; parameter
- * gradients, LayerNorm statistics, attention probabilities and losses fp32.
- * Attention has only an fp32 kernel, so the bf16 table widens qkv (and in
- * backward d(out) and dqkv) into fp32 scratch around it and narrows the
- * results: 7 BTC fp32 elements of scratch (28 BTC bytes, shared by all
- * layers) and, per layer, casts over 4 BTC elements forward and 10 BTC
- * backward: memory-bound passes, small beside the T^2 attention itself.
+ * gradients, LayerNorm statistics and losses fp32. Attention runs on tensor
+ * cores in bf16 and keeps per layer only the (B,NH,T) fp32 log-sum-exp
+ * (att_lse); its T^2 scratch is one batch row's, shared by all layers. fp32:
+ * attention keeps (B,NH,T,T) fp32 probabilities.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -34,8 +32,8 @@ struct gpt2_dev {
   void *chunk_h;                 /* (READ_CHUNK bytes) pinned */
   fsdp_event_t staged, lossed;   /* stage_h and losses_h are free / filled */
   int loss_rows;                 /* rows of the loss in flight */
-  float *att_scratch;            /* (NH,T,T) attention backward */
-  float *qkv32, *y32, *dqkv32;   /* bf16 only: (B,T,3C) (B,T,C) (B,T,3C) */
+  void *att_scratch;             /* fp32: (NH,T,T) floats for backward; bf16: one batch row's
+                                    scores, dP, p and dscore (attention_lse) */
 };
 
 /* Zeroed on the host stream, which returns when the zeros have landed (the
@@ -55,7 +53,7 @@ static void cuda_destroy(gpt2_dev_t *d) {
   /* Device and pinned frees wait for the device: no queued kernel still reads these. */
   if (d->staged) fsdp_event_destroy(d->staged);
   if (d->lossed) fsdp_event_destroy(d->lossed);
-  void *dev[] = {d->tok, d->tgt, d->losses, d->att_scratch, d->qkv32, d->y32, d->dqkv32};
+  void *dev[] = {d->tok, d->tgt, d->losses, d->att_scratch};
   for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cuda_free(dev[i]);
   fsdp_pinned_free(d->stage_h);
   fsdp_pinned_free(d->losses_h);
@@ -116,14 +114,15 @@ static fsdp_status_t f32_layernorm_backward(void *dinp, float *dw, float *db, co
   return fsdp_cuda_layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, d->s);
 }
 
-static fsdp_status_t f32_linear_forward(void *out, const void *inp, const void *w, int B, int C,
-                                        int OC, gpt2_dev_t *d) {
-  return fsdp_cuda_linear_forward(out, inp, w, NULL, B, C, OC, d->s);
+static fsdp_status_t f32_head_forward(void *logits, int ld, const void *inp, const void *wte,
+                                      int BT, int C, int V, gpt2_dev_t *d) {
+  return fsdp_cuda_head_forward(logits, ld, inp, wte, BT, C, V, d->s);
 }
 
-static fsdp_status_t f32_linear_backward(void *dinp, float *dw, const void *dout, const void *inp,
-                                         const void *w, int B, int C, int OC, gpt2_dev_t *d) {
-  return fsdp_cuda_linear_backward(dinp, dw, NULL, dout, inp, w, B, C, OC, d->s);
+static fsdp_status_t f32_head_backward(void *dinp, float *dwte, const void *dlogits, int ld,
+                                       const void *inp, const void *wte, int BT, int C, int V,
+                                       gpt2_dev_t *d) {
+  return fsdp_cuda_head_backward(dinp, dwte, dlogits, ld, inp, wte, BT, C, V, d->s);
 }
 
 static fsdp_status_t f32_conv1d_forward(void *out, const void *inp, const void *w, const void *b,
@@ -170,9 +169,9 @@ static fsdp_status_t loss_copy(int BT, gpt2_dev_t *d) {
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t f32_xent(void *dlogits, const void *logits, const int *tgt, int BT, int V,
-                              float scale, gpt2_dev_t *d) {
-  FSDP_TRY(fsdp_cuda_softmax_xent(dlogits, d->losses, logits, tgt, BT, V, scale, d->s));
+static fsdp_status_t f32_xent(void *logits, int ld, const int *tgt, int BT, int V, float scale,
+                         int grad, gpt2_dev_t *d) {
+  FSDP_TRY(fsdp_cuda_xent_inplace(logits, ld, d->losses, tgt, BT, V, scale, grad, d->s));
   return loss_copy(BT, d);
 }
 
@@ -227,15 +226,15 @@ static fsdp_status_t bf16_layernorm_backward(void *dinp, float *dw, float *db, c
   return fsdp_cuda_layernorm_backward_bf16(dinp, dw, db, dout, inp, w, mean, rstd, N, C, d->s);
 }
 
-static fsdp_status_t bf16_linear_forward(void *out, const void *inp, const void *w, int B, int C,
-                                         int OC, gpt2_dev_t *d) {
-  return fsdp_cuda_linear_forward_bf16(out, inp, w, NULL, B, C, OC, d->s);
+static fsdp_status_t bf16_head_forward(void *logits, int ld, const void *inp, const void *wte,
+                                       int BT, int C, int V, gpt2_dev_t *d) {
+  return fsdp_cuda_head_forward_bf16(logits, ld, inp, wte, BT, C, V, d->s);
 }
 
-static fsdp_status_t bf16_linear_backward(void *dinp, float *dw, const void *dout,
-                                          const void *inp, const void *w, int B, int C, int OC,
-                                          gpt2_dev_t *d) {
-  return fsdp_cuda_linear_backward_bf16(dinp, dw, NULL, dout, inp, w, B, C, OC, d->s);
+static fsdp_status_t bf16_head_backward(void *dinp, float *dwte, const void *dlogits, int ld,
+                                        const void *inp, const void *wte, int BT, int C, int V,
+                                        gpt2_dev_t *d) {
+  return fsdp_cuda_head_backward_bf16(dinp, dwte, dlogits, ld, inp, wte, BT, C, V, d->s);
 }
 
 static fsdp_status_t bf16_conv1d_forward(void *out, const void *inp, const void *w, const void *b,
@@ -263,30 +262,22 @@ static fsdp_status_t bf16_residual_forward(void *out, const void *a, const void 
   return fsdp_cuda_residual_forward_bf16(out, a, b, n, d->s);
 }
 
+/* att is the (B,NH,T) log-sum-exp: tensor-core attention (attention.cu). */
 static fsdp_status_t bf16_attention_forward(void *out, float *att, const void *qkv, int B, int T,
                                             int C, int NH, gpt2_dev_t *d) {
-  size_t n = (size_t)B * (size_t)T * (size_t)C;
-  FSDP_TRY(fsdp_cuda_bf16_to_f32(d->qkv32, qkv, 3 * n, d->s));
-  FSDP_TRY(fsdp_cuda_attention_forward(d->y32, att, d->qkv32, B, T, C, NH, d->s));
-  return fsdp_cuda_f32_to_bf16(out, d->y32, n, d->s);
+  return fsdp_cuda_attention_lse_forward_bf16(out, att, d->att_scratch, qkv, B, T, C, NH, d->s);
 }
 
-/* dqkv += gradient, rounded once: widened, added into in fp32, narrowed. */
 static fsdp_status_t bf16_attention_backward(void *dqkv, const void *dout, const void *qkv,
                                              const float *att, int B, int T, int C, int NH,
                                              gpt2_dev_t *d) {
-  size_t n = (size_t)B * (size_t)T * (size_t)C;
-  FSDP_TRY(fsdp_cuda_bf16_to_f32(d->qkv32, qkv, 3 * n, d->s));
-  FSDP_TRY(fsdp_cuda_bf16_to_f32(d->y32, dout, n, d->s));
-  FSDP_TRY(fsdp_cuda_bf16_to_f32(d->dqkv32, dqkv, 3 * n, d->s));
-  FSDP_TRY(fsdp_cuda_attention_backward(d->dqkv32, d->att_scratch, d->y32, d->qkv32, att, B, T,
-                                        C, NH, d->s));
-  return fsdp_cuda_f32_to_bf16(dqkv, d->dqkv32, 3 * n, d->s);
+  return fsdp_cuda_attention_lse_backward_bf16(dqkv, d->att_scratch, dout, qkv, att, B, T, C, NH,
+                                               d->s);
 }
 
-static fsdp_status_t bf16_xent(void *dlogits, const void *logits, const int *tgt, int BT, int V,
-                               float scale, gpt2_dev_t *d) {
-  FSDP_TRY(fsdp_cuda_softmax_xent_bf16(dlogits, d->losses, logits, tgt, BT, V, scale, d->s));
+static fsdp_status_t bf16_xent(void *logits, int ld, const int *tgt, int BT, int V, float scale,
+                          int grad, gpt2_dev_t *d) {
+  FSDP_TRY(fsdp_cuda_xent_inplace_bf16(logits, ld, d->losses, tgt, BT, V, scale, grad, d->s));
   return loss_copy(BT, d);
 }
 
@@ -309,8 +300,8 @@ static const gpt2_ops_t f32_ops = {
     .embedding_backward = f32_embedding_backward,
     .layernorm_forward = f32_layernorm_forward,
     .layernorm_backward = f32_layernorm_backward,
-    .linear_forward = f32_linear_forward,
-    .linear_backward = f32_linear_backward,
+    .head_forward = f32_head_forward,
+    .head_backward = f32_head_backward,
     .conv1d_forward = f32_conv1d_forward,
     .conv1d_backward = f32_conv1d_backward,
     .gelu_forward = f32_gelu_forward,
@@ -328,6 +319,7 @@ static const gpt2_ops_t bf16_ops = {
     .memory = FSDP_DEVICE_CUDA,
     .dtype = FSDP_BF16,
     .act_size = sizeof(uint16_t),
+    .att_lse = 1,
     .alloc = cuda_alloc,
     .free = cuda_free,
     .destroy = cuda_destroy,
@@ -338,8 +330,8 @@ static const gpt2_ops_t bf16_ops = {
     .embedding_backward = bf16_embedding_backward,
     .layernorm_forward = bf16_layernorm_forward,
     .layernorm_backward = bf16_layernorm_backward,
-    .linear_forward = bf16_linear_forward,
-    .linear_backward = bf16_linear_backward,
+    .head_forward = bf16_head_forward,
+    .head_backward = bf16_head_backward,
     .conv1d_forward = bf16_conv1d_forward,
     .conv1d_backward = bf16_conv1d_backward,
     .gelu_forward = bf16_gelu_forward,
@@ -352,22 +344,35 @@ static const gpt2_ops_t bf16_ops = {
     .read = bf16_read,
 };
 
+enum { N_DEV_BUFFERS = 4 };
+
+/* Bytes of each device buffer, in dev_buffers' order. */
+static void dev_sizes(const gpt2_dims_t *m, int bf16, size_t sz[N_DEV_BUFFERS]) {
+  size_t BT = (size_t)m->maxB * (size_t)m->maxT;
+  size_t att = bf16 ? fsdp_cuda_attention_lse_scratch_bytes(m->maxT, m->NH)
+                    : (size_t)m->NH * (size_t)m->maxT * (size_t)m->maxT * sizeof(float);
+  const size_t s[N_DEV_BUFFERS] = {BT * sizeof(int), BT * sizeof(int), BT * sizeof(float), att};
+  memcpy(sz, s, sizeof s);
+}
+
+size_t gpt2_cuda_scratch_bytes(fsdp_dtype_t dtype, const gpt2_dims_t *dims) {
+  size_t sz[N_DEV_BUFFERS], total = 0;
+  dev_sizes(dims, dtype == FSDP_BF16, sz);
+  for (int i = 0; i < N_DEV_BUFFERS; i++) total += sz[i];
+  return total;
+}
+
 static fsdp_status_t dev_buffers(gpt2_dev_t *d, int bf16, size_t *bytes) {
   const gpt2_dims_t *m = &d->dims;
-  size_t BT = (size_t)m->maxB * (size_t)m->maxT, BTC = BT * (size_t)m->C;
-  size_t att = (size_t)m->NH * (size_t)m->maxT * (size_t)m->maxT;
-  struct { void **p; size_t bytes; } dev[] = {
-      {(void **)&d->tok, BT * sizeof(int)},   {(void **)&d->tgt, BT * sizeof(int)},
-      {(void **)&d->losses, BT * sizeof(float)}, {(void **)&d->att_scratch, att * sizeof(float)},
-      {(void **)&d->qkv32, bf16 ? 3 * BTC * sizeof(float) : 0},
-      {(void **)&d->y32, bf16 ? BTC * sizeof(float) : 0},
-      {(void **)&d->dqkv32, bf16 ? 3 * BTC * sizeof(float) : 0},
-  };
+  size_t BT = (size_t)m->maxB * (size_t)m->maxT, sz[N_DEV_BUFFERS];
+  dev_sizes(m, bf16, sz);
+  void **dev[N_DEV_BUFFERS] = {(void **)&d->tok, (void **)&d->tgt, (void **)&d->losses,
+                               (void **)&d->att_scratch};
   *bytes = 0;
-  for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
-    if (dev[i].bytes) {
-      FSDP_TRY(cuda_alloc(dev[i].p, dev[i].bytes));
-      *bytes += dev[i].bytes;
+  for (int i = 0; i < N_DEV_BUFFERS; i++)
+    if (sz[i]) {
+      FSDP_TRY(cuda_alloc(dev[i], sz[i]));
+      *bytes += sz[i];
     }
   FSDP_TRY(fsdp_pinned_alloc(2 * BT * sizeof(int), (void **)&d->stage_h));
   FSDP_TRY(fsdp_pinned_alloc(BT * sizeof(float), (void **)&d->losses_h));
@@ -395,6 +400,11 @@ fsdp_status_t gpt2_backend_cuda(fsdp_dtype_t dtype, const gpt2_dims_t *dims,
 }
 
 #else
+
+size_t gpt2_cuda_scratch_bytes(fsdp_dtype_t dtype, const gpt2_dims_t *dims) {
+  (void)dtype, (void)dims;
+  return 0;
+}
 
 fsdp_status_t gpt2_backend_cuda(fsdp_dtype_t dtype, const gpt2_dims_t *dims,
                                 const gpt2_ops_t **ops, gpt2_dev_t **out, size_t *scratch_bytes) {

@@ -1,13 +1,15 @@
 /* src/nn/gpt2_ops.c — GPT-2's CPU kernel table: the fp32 kernels of fsdp/nn.h
  * on host memory, called exactly as the model called them before the table
  * existed (same kernels, same order, same zeroing), so results are bitwise
- * what they were. */
+ * what they were; the vocabulary head and its fused cross-entropy are
+ * nn/head.h's (the same arithmetic on rows a padded stride apart). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/internal.h"
 #include "fsdp/nn.h"
 #include "nn/gpt2_ops.h"
+#include "nn/head.h"
 
 struct gpt2_dev {
   double loss; /* the last xent's sum */
@@ -71,17 +73,18 @@ static fsdp_status_t cpu_layernorm_backward(void *dinp, float *dw, float *db, co
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t cpu_linear_forward(void *out, const void *inp, const void *w, int B, int C,
-                                        int OC, gpt2_dev_t *d) {
+static fsdp_status_t cpu_head_forward(void *logits, int ld, const void *inp, const void *wte,
+                                      int BT, int C, int V, gpt2_dev_t *d) {
   (void)d;
-  fsdp_linear_forward(out, inp, w, NULL, B, C, OC);
+  nn_head_forward(logits, ld, inp, wte, BT, C, V);
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t cpu_linear_backward(void *dinp, float *dw, const void *dout, const void *inp,
-                                         const void *w, int B, int C, int OC, gpt2_dev_t *d) {
+static fsdp_status_t cpu_head_backward(void *dinp, float *dwte, const void *dlogits, int ld,
+                                       const void *inp, const void *wte, int BT, int C, int V,
+                                       gpt2_dev_t *d) {
   (void)d;
-  fsdp_linear_backward(dinp, dw, NULL, dout, inp, w, B, C, OC);
+  nn_head_backward(dinp, dwte, dlogits, ld, inp, wte, BT, C, V);
   return FSDP_SUCCESS;
 }
 
@@ -135,9 +138,9 @@ static fsdp_status_t cpu_attention_backward(void *dqkv, const void *dout, const 
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t cpu_xent(void *dlogits, const void *logits, const int *tgt, int BT, int V,
-                              float scale, gpt2_dev_t *d) {
-  d->loss = fsdp_softmax_xent(dlogits, logits, tgt, BT, V, scale);
+static fsdp_status_t cpu_xent(void *logits, int ld, const int *tgt, int BT, int V, float scale,
+                              int grad, gpt2_dev_t *d) {
+  d->loss = nn_xent_inplace(logits, ld, tgt, BT, V, scale, grad);
   return FSDP_SUCCESS;
 }
 
@@ -167,8 +170,8 @@ static const gpt2_ops_t cpu_ops = {
     .embedding_backward = cpu_embedding_backward,
     .layernorm_forward = cpu_layernorm_forward,
     .layernorm_backward = cpu_layernorm_backward,
-    .linear_forward = cpu_linear_forward,
-    .linear_backward = cpu_linear_backward,
+    .head_forward = cpu_head_forward,
+    .head_backward = cpu_head_backward,
     .conv1d_forward = cpu_conv1d_forward,
     .conv1d_backward = cpu_conv1d_backward,
     .gelu_forward = cpu_gelu_forward,

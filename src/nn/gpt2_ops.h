@@ -7,7 +7,8 @@
  * Pointers typed void * are activations in the table's dtype (float, or bf16
  * as uint16_t) and parameters as the engine's view hands them out (the same
  * dtype); float * are always fp32: parameter gradients, LayerNorm statistics,
- * attention probabilities. Every pointer lives in the table's memory, except
+ * attention's saved state (probabilities, or the log-sum-exp: att_lse). Every
+ * pointer lives in the table's memory, except
  * the host arguments of stage and read. Kernels follow nn.h: outputs first,
  * backward adds into gradients, dims last, then the backend state. On CUDA
  * every call is queued on the stream bound by bind and returns at once, except
@@ -29,6 +30,8 @@ typedef struct {
   fsdp_device_kind_t memory;  /* where buffers live */
   fsdp_dtype_t dtype;         /* activations, and parameters in views */
   size_t act_size;            /* bytes per activation element */
+  int att_lse;                /* 1: attention keeps the (B,NH,T) log-sum-exp in att, not the
+                                 (B,NH,T,T) probabilities (the bf16 CUDA table) */
 
   /* Buffers in the table's memory, zeroed; free ignores NULL. */
   fsdp_status_t (*alloc)(void **p, size_t bytes);
@@ -51,11 +54,15 @@ typedef struct {
   fsdp_status_t (*layernorm_backward)(void *dinp, float *dw, float *db, const void *dout,
                                       const void *inp, const void *w, const float *mean,
                                       const float *rstd, int N, int C, gpt2_dev_t *d);
-  /* Weight (OC,C): the tied output head. */
-  fsdp_status_t (*linear_forward)(void *out, const void *inp, const void *w, int B, int C, int OC,
-                                  gpt2_dev_t *d);
-  fsdp_status_t (*linear_backward)(void *dinp, float *dw, const void *dout, const void *inp,
-                                   const void *w, int B, int C, int OC, gpt2_dev_t *d);
+  /* The tied vocabulary head, wte (V,C): logits (BT,V) with rows ld apart (ld
+   * >= V; the model pads to a multiple of 128 so that every leading dimension
+   * of the three vocabulary products is aligned). Columns [V, ld) are neither
+   * read nor written. Backward adds into dinp and dwte. */
+  fsdp_status_t (*head_forward)(void *logits, int ld, const void *inp, const void *wte, int BT,
+                                int C, int V, gpt2_dev_t *d);
+  fsdp_status_t (*head_backward)(void *dinp, float *dwte, const void *dlogits, int ld,
+                                 const void *inp, const void *wte, int BT, int C, int V,
+                                 gpt2_dev_t *d);
   /* Weight (C,OC): GPT-2's Conv1D. */
   fsdp_status_t (*conv1d_forward)(void *out, const void *inp, const void *w, const void *b, int B,
                                   int C, int OC, gpt2_dev_t *d);
@@ -72,16 +79,20 @@ typedef struct {
   fsdp_status_t (*attention_backward)(void *dqkv, const void *dout, const void *qkv,
                                       const float *att, int B, int T, int C, int NH,
                                       gpt2_dev_t *d);
-  /* Cross-entropy of logits (BT,V): writes dlogits (may be NULL) and starts the
-   * loss, which `loss` then returns summed in double. */
-  fsdp_status_t (*xent)(void *dlogits, const void *logits, const int *tgt, int BT, int V,
-                        float scale, gpt2_dev_t *d);
+  /* Cross-entropy of logits (BT,V; rows ld apart), fused with its gradient:
+   * starts the loss, which `loss` then returns summed in double, and with grad
+   * writes (softmax - onehot) * scale over the logits in the same kernel, so
+   * one buffer serves both. */
+  fsdp_status_t (*xent)(void *logits, int ld, const int *tgt, int BT, int V, float scale,
+                        int grad, gpt2_dev_t *d);
   fsdp_status_t (*loss)(double *sum, gpt2_dev_t *d);
   /* Copies n activations to host fp32, waiting for them. */
   fsdp_status_t (*read)(float *host, const void *act, size_t n, gpt2_dev_t *d);
 } gpt2_ops_t;
 
 fsdp_status_t gpt2_backend_cpu(const gpt2_ops_t **ops, gpt2_dev_t **d);
+/* Device bytes gpt2_backend_cuda allocates for dims (0 without CUDA). */
+size_t gpt2_cuda_scratch_bytes(fsdp_dtype_t dtype, const gpt2_dims_t *dims);
 /* dtype FSDP_F32 or FSDP_BF16. *scratch_bytes: device memory the backend holds
  * (staging, the bf16 attention's fp32 copies, attention backward's scratch).
  * FSDP_ERR_UNSUPPORTED when fsdp was built without CUDA. */

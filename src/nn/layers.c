@@ -1,13 +1,15 @@
 /* src/nn/layers.c — the CPU fp32 layer kernels: linear and conv1d (OpenBLAS
  * sgemm; weights (OC,C) and (C,OC)), LayerNorm, token + position embedding,
  * causal multi-head attention (sgemm on row blocks), the residual add, ReLU and
- * softmax cross-entropy (GELU is in gelu.c, built with fast math). Backward
- * kernels accumulate into their outputs. */
+ * softmax cross-entropy, and GPT-2's vocabulary head with a padded row stride
+ * (nn/head.h) (GELU is in gelu.c, built with fast math). Backward kernels
+ * accumulate into their outputs. */
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
 
 #include "fsdp/nn.h"
+#include "nn/head.h"
 
 static void add_bias(float *out, const float *bias, int B, int OC) {
   if (!bias) return;
@@ -65,6 +67,27 @@ void fsdp_linear_backward(float *dinp, float *dweight, float *dbias, const float
   sum_rows(dbias, dout, B, OC);
 }
 
+void nn_head_forward(float *logits, int ld, const float *inp, const float *wte, int B, int C,
+                     int V) {
+  if (B <= 0 || V <= 0) return;
+  if (C <= 0) {
+    for (int b = 0; b < B; ++b) memset(logits + (size_t)b * ld, 0, (size_t)V * sizeof(float));
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, V, C, 1.0f, inp, C, wte, C, 0.0f,
+              logits, ld);
+}
+
+void nn_head_backward(float *dinp, float *dwte, const float *dlogits, int ld, const float *inp,
+                      const float *wte, int B, int C, int V) {
+  if (B <= 0 || V <= 0 || C <= 0) return;
+  if (dinp)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, C, V, 1.0f, dlogits, ld, wte, C,
+                1.0f, dinp, C);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, B, 1.0f, dlogits, ld, inp, C, 1.0f,
+              dwte, C);
+}
+
 void fsdp_conv1d_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                           const float *inp, const float *weight, int B, int C, int OC) {
   if (B <= 0 || OC <= 0) return;
@@ -90,7 +113,8 @@ void fsdp_relu_backward(float *dinp, const float *out, const float *dout, size_t
   }
 }
 
-/* Loss of one row; writes (softmax - onehot) * scale into drow when not NULL.
+/* Loss of one row; writes (softmax - onehot) * scale into drow when not NULL
+ * (drow may be row itself: the row's target logit is read first).
  * A target outside [0, V) has no defined loss: the row yields NaN (and a NaN
  * gradient row) so the bad label cannot train silently; callers that own the
  * labels (fsdp_mlp_*) reject them up front with a proper error. */
@@ -100,6 +124,7 @@ static double xent_row(float *drow, const float *row, int target, int V, float s
       for (int j = 0; j < V; ++j) drow[j] = NAN;
     return NAN;
   }
+  const double at_target = (double)row[target];
   float maxv = row[0];
   for (int j = 1; j < V; ++j) maxv = row[j] > maxv ? row[j] : maxv;
   double sum = 0.0;
@@ -113,7 +138,7 @@ static double xent_row(float *drow, const float *row, int target, int V, float s
     for (int j = 0; j < V; ++j) drow[j] *= k;
     drow[target] -= scale;
   }
-  return (double)maxv + log(sum) - (double)row[target];
+  return (double)maxv + log(sum) - at_target;
 }
 
 double fsdp_softmax_xent(float *dlogits, const float *logits, const int *targets, int B, int V,
@@ -123,6 +148,17 @@ double fsdp_softmax_xent(float *dlogits, const float *logits, const int *targets
   for (int b = 0; b < B; ++b) {
     const size_t off = (size_t)b * (size_t)V;
     loss += xent_row(dlogits ? dlogits + off : NULL, logits + off, targets[b], V, scale);
+  }
+  return loss;
+}
+
+double nn_xent_inplace(float *logits, int ld, const int *targets, int B, int V, float scale,
+                       int grad) {
+  if (B <= 0 || V <= 0) return 0.0;
+  double loss = 0.0;
+  for (int b = 0; b < B; ++b) {
+    float *row = logits + (size_t)b * (size_t)ld;
+    loss += xent_row(grad ? row : NULL, row, targets[b], V, scale);
   }
   return loss;
 }

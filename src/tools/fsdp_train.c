@@ -13,7 +13,8 @@ static const char usage_text[] =
     "usage: fsdp-train [options]        launch with: mpirun -np N fsdp-train ...\n"
     "model and data\n"
     "  --model gpt2|mlp          (default gpt2)\n"
-    "  --data PATH               text file or directory (gpt2; default the fortunes),\n"
+    "  --data PATH               gpt2: text (file or directory; default the fortunes), or\n"
+    "                            llm.c token file(s): FILE.bin or a directory of *.bin\n"
     "                            Fashion-MNIST directory (mlp)\n"
     "  --preset NAME             gpt2: tiny, small (default), 124M, 350M, 774M, 1558M\n"
     "  --layers N --heads N --embd N --context N --vocab N   override the preset\n"
@@ -195,8 +196,9 @@ int main(int argc, char **argv) {
   }
   /* Open MPI hands rank 0 a pseudo-terminal even when mpirun's output is piped. */
   t.tty = t.rank == 0 && isatty(STDOUT_FILENO) && !o.json && !getenv("OMPI_COMM_WORLD_SIZE");
-  rc = (!strcmp(o.model, "gpt2") ? train_gpt2(&t) : train_mlp(&t)) ? 1 : 0;
-  if (rc) goto fail;
+  rc = !strcmp(o.model, "gpt2") ? train_gpt2(&t) : train_mlp(&t);
+  if (rc == -2) rc = 1; /* the task said why */
+  else if (rc) goto fail;
   goto done;
 fail:
   /* This rank's failure may be its own (a file only it cannot read): with

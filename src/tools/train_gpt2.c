@@ -1,5 +1,6 @@
-/* src/tools/train_gpt2.c — GPT-2 on bytes of text: random windows from the
- * training split, validation loss in nats per byte, and a sample at the end. */
+/* src/tools/train_gpt2.c — GPT-2 on bytes of text or on a token file: random
+ * windows from the training split, validation loss in nats per byte (or per
+ * token), and a sample at the end. */
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,17 +9,39 @@
 
 typedef struct {
   fsdp_text_t text;
+  fsdp_tokens_t toks; /* when --data is token data */
+  int is_tokens;
   fsdp_gpt2_t gpt;
   int *tok, *tgt;
 } gpt_task_t;
+
+static fsdp_status_t windows(const gpt_task_t *g, int validation, uint64_t seed, int64_t step,
+                             int64_t first, int64_t count, int T, int *tok, int *tgt) {
+  return g->is_tokens ? fsdp_tokens_windows(&g->toks, validation, seed, step, first, count, T, tok, tgt)
+                      : fsdp_text_windows(&g->text, validation, seed, step, first, count, T, tok, tgt);
+}
+
+/* Bytes of text, or token data whose tokens the model's vocabulary holds. */
+static int load_data(trainer_t *t, gpt_task_t *g) {
+  const train_opts_t *o = t->o;
+  const char *path = o->data ? o->data : "/usr/share/games/fortunes";
+  g->is_tokens = fsdp_tokens_probe(path);
+  if (!g->is_tokens) return fsdp_text_load(path, 0.1, &g->text) ? -1 : 0;
+  if (fsdp_tokens_load(path, 0.1, &g->toks)) return -1;
+  if (fsdp_tokens_check_vocab(&g->toks, o->gpt.vocab_size) == FSDP_SUCCESS) return 0;
+  if (t->rank == 0)
+    fprintf(stderr, "fsdp-train: %s\nfsdp-train: pass --vocab %d or more (or a preset whose "
+            "vocabulary holds the data's tokens, e.g. --preset 124M)\n", fsdp_last_error(),
+            g->toks.max_token + 1);
+  return -2;
+}
 
 /* Mean loss over eval_batches x global_batch fixed validation windows. */
 static int evaluate(trainer_t *t, gpt_task_t *g, double *loss) {
   const train_opts_t *o = t->o;
   double sum = 0.0;
   for (int b = 0; b < o->eval_batches; b++) {
-    if (fsdp_text_windows(&g->text, 1, o->seed + 1, b, t->offset, t->micro, o->seq_len,
-                          g->tok, g->tgt))
+    if (windows(g, 1, o->seed + 1, b, t->offset, t->micro, o->seq_len, g->tok, g->tgt))
       return -1;
     double l;
     if (fsdp_gpt2_forward(g->gpt, g->tok, g->tgt, (int)t->micro, o->seq_len, &l, NULL))
@@ -37,8 +60,7 @@ static int step(trainer_t *t, gpt_task_t *g, int s, double *loss) {
   double sum = 0.0;
   int T = o->seq_len;
   for (int k = 0; k < o->cfg.grad_accum; k++) {
-    if (fsdp_text_windows(&g->text, 0, o->seed, s, k * per_micro + t->offset, t->micro, T,
-                          g->tok, g->tgt))
+    if (windows(g, 0, o->seed, s, k * per_micro + t->offset, t->micro, T, g->tok, g->tgt))
       return -1;
     double l;
     if (fsdp_gpt2_forward_backward(g->gpt, g->tok, g->tgt, (int)t->micro, T,
@@ -51,24 +73,29 @@ static int step(trainer_t *t, gpt_task_t *g, int s, double *loss) {
   return 0;
 }
 
+/* Token data: ids (no tokenizer here; fsdp-eval decodes). Bytes: the text. */
+static void print_sample(const trainer_t *t, const gpt_task_t *g, const int *out) {
+  const train_opts_t *o = t->o;
+  const char *unit = g->is_tokens ? "tokens" : "bytes";
+  if (!o->json) printf("sample (%d %s, temperature %.2f):\n", o->sample, unit, (double)o->temperature);
+  else printf("{\"event\":\"sample\",\"%s\":%s", g->is_tokens ? "tokens" : "text",
+              g->is_tokens ? "[" : "\"");
+  for (int i = 0; i < o->sample; i++)
+    if (g->is_tokens) printf(i ? (o->json ? ",%d" : " %d") : "%d", out[i]);
+    else if (!o->json) putchar(isprint(out[i]) || out[i] == '\n' || out[i] == '\t' ? out[i] : '?');
+    else if (out[i] == '"' || out[i] == '\\') printf("\\%c", out[i]);
+    else if (isprint(out[i])) putchar(out[i]);
+    else printf("\\u%04x", out[i]);
+  printf(o->json ? (g->is_tokens ? "]}\n" : "\"}\n") : "\n");
+}
+
 static int sample(trainer_t *t, gpt_task_t *g) {
   const train_opts_t *o = t->o;
-  int prompt = '\n', *out = malloc((size_t)o->sample * sizeof(int));
+  int prompt = g->is_tokens ? g->toks.tokens[g->toks.n_train] : '\n';
+  int *out = malloc((size_t)o->sample * sizeof(int));
   if (!out) return -1;
   int rc = fsdp_gpt2_generate(g->gpt, &prompt, 1, o->sample, o->temperature, o->seed, out) ? -1 : 0;
-  if (rc == 0 && t->rank == 0 && !o->json) {
-    printf("sample (%d bytes, temperature %.2f):\n", o->sample, (double)o->temperature);
-    for (int i = 0; i < o->sample; i++)
-      putchar(isprint(out[i]) || out[i] == '\n' || out[i] == '\t' ? out[i] : '?');
-    printf("\n");
-  } else if (rc == 0 && t->rank == 0) {
-    printf("{\"event\":\"sample\",\"text\":\"");
-    for (int i = 0; i < o->sample; i++)
-      if (out[i] == '"' || out[i] == '\\') printf("\\%c", out[i]);
-      else if (isprint(out[i])) putchar(out[i]);
-      else printf("\\u%04x", out[i]);
-    printf("\"}\n");
-  }
+  if (rc == 0 && t->rank == 0) print_sample(t, g, out);
   free(out);
   return rc;
 }
@@ -112,24 +139,30 @@ static int run(trainer_t *t, gpt_task_t *g) {
   if (t->rank == 0 && o->json)
     printf("{\"event\":\"summary\",\"model\":\"gpt2\",\"ranks\":%d,\"strategy\":\"%s\","
            "\"steps\":%d,\"seconds\":%.2f,\"tokens_per_s\":%.1f,\"first_loss\":%.6f,"
-           "\"final_loss\":%.6f,\"val_loss\":%s,\"peak_bytes_per_rank\":%zu}\n", t->nranks,
-           fsdp_strategy_name(o->cfg.strategy), steps, secs, tokens * steps / secs, first,
-           loss, val_text(evals, vl, "%.6f", "null", text, sizeof text), train_peak_bytes(t));
+           "\"final_loss\":%.6f,\"val_loss\":%s,\"val_unit\":\"%s\",\"peak_bytes_per_rank\":%zu}\n",
+           t->nranks, fsdp_strategy_name(o->cfg.strategy), steps, secs, tokens * steps / secs,
+           first, loss, val_text(evals, vl, "%.6f", "null", text, sizeof text),
+           g->is_tokens ? "token" : "byte", train_peak_bytes(t));
   else if (t->rank == 0)
     printf("done: gpt2, %d ranks, %s, %d steps in %.1f s (%.0f tokens/s) | loss %.4f -> %.4f | "
            "%s | peak %.2f MiB/rank\n", t->nranks, fsdp_strategy_name(o->cfg.strategy), steps,
            secs, tokens * steps / secs, first, loss,
-           val_text(evals, vl, "val loss %.4f nats/byte", "no eval ran", text, sizeof text),
+           val_text(evals, vl, g->is_tokens ? "val loss %.6f nats/token" : "val loss %.6f nats/byte",
+                    "no eval ran", text, sizeof text),
            train_peak_bytes(t) / 1048576.0);
   return 0;
 }
 
 static int setup(trainer_t *t, gpt_task_t *g) {
   const train_opts_t *o = t->o;
+  int d = load_data(t, g);
+  if (d) return d;
+  /* What the ranks compare: the path, the size and a hash of the contents. */
   const char *data = o->data ? o->data : "/usr/share/games/fortunes";
-  if (fsdp_text_load(data, 0.1, &g->text) || train_engine(t, o->steps) ||
-      train_check_consistency(t, data, g->text.n, train_hash(0, g->text.bytes, g->text.n)))
-    return -1;
+  size_t size = g->is_tokens ? g->toks.n : g->text.n;
+  uint64_t h = g->is_tokens ? train_hash(0, g->toks.tokens, 2 * g->toks.n)
+                            : train_hash(0, g->text.bytes, g->text.n);
+  if (train_engine(t, o->steps) || train_check_consistency(t, data, size, h)) return -1;
   fsdp_gpt2_opts_t w = o->wrap;
   w.max_batch = (int)t->micro;
   w.max_T = o->seq_len;
@@ -144,8 +177,9 @@ static int setup(trainer_t *t, gpt_task_t *g) {
   if (t->rank == 0 && !o->json) {
     char what[160];
     snprintf(what, sizeof what, "gpt2 %d layers x %d wide, %d heads, T %d, %zu parameters, on "
-             "%zu bytes of text", o->gpt.n_layer, o->gpt.n_embd, o->gpt.n_head, o->seq_len,
-             fsdp_gpt2_num_params(&o->gpt), g->text.n);
+             "%zu %s", o->gpt.n_layer, o->gpt.n_embd, o->gpt.n_head, o->seq_len,
+             fsdp_gpt2_num_params(&o->gpt), g->is_tokens ? g->toks.n : g->text.n,
+             g->is_tokens ? "tokens" : "bytes of text");
     train_print_plan(t, what);
     printf("  activations %.2f MiB/rank (%.2f MiB without checkpointing)\n",
            t->act_bytes / 1048576.0, full / 1048576.0);
@@ -155,10 +189,12 @@ static int setup(trainer_t *t, gpt_task_t *g) {
 
 int train_gpt2(trainer_t *t) {
   gpt_task_t g = {0};
-  int rc = setup(t, &g) || train_resume(t) || run(t, &g) ? -1 : 0;
+  int rc = setup(t, &g);
+  rc = rc ? rc : train_resume(t) || run(t, &g) ? -1 : 0;
   free(g.tok);
   free(g.tgt);
   fsdp_gpt2_destroy(g.gpt);
   fsdp_text_free(&g.text);
+  fsdp_tokens_free(&g.toks);
   return rc;
 }

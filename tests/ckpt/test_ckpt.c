@@ -22,10 +22,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "ckpt/json.h"
 #include "common/check_run.h"
 #include "common/ckpt_model.h"
 #include "common/solo_world.h"
+#include "core/json.h"
 
 static const char *tool = "fsdp-ckpt";
 static fsdp_world_t world;

@@ -17,6 +17,7 @@
 
 #include "comm/comm_internal.h"
 #include "common/mpi_check.h"
+#include "cuda_gate.h"
 #include "core/internal.h"
 #include "fsdp/fsdp.h"
 #include "fsdp_config.h"
@@ -253,6 +254,8 @@ static Suite *comm_cuda_suite(void) {
 }
 
 int main(void) {
+  const int gate = fsdp_cuda_gate("test_comm_cuda");
+  if (gate) return gate;
   const int rc = mpi_check_join_gpu(&world, &rank, &nranks);
   return rc ? rc : mpi_check_run(comm_cuda_suite());
 }

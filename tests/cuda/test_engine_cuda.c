@@ -17,6 +17,8 @@
 #include <cuda_runtime_api.h>
 
 #include "common/mpi_check.h"
+#include "cuda/kernels.h"
+#include "cuda_gate.h"
 #include "fsdp/fsdp.h"
 #include "fsdp_config.h"
 
@@ -188,6 +190,112 @@ START_TEST(engine_matches_cpu) {
 }
 END_TEST
 
+/* Stream ordering, with no host synchronisation to hide a missing wait: before
+ * every release a long kernel is queued on the compute stream, then the work
+ * that uses the view (forward: a copy of the parameters out; backward: the
+ * gradients copied in), then the release, at once. If the engine let a gather
+ * reuse the parameter buffer, or a reduction read the gradient buffer, before
+ * the compute stream passed the release, the copies see the wrong values (on a
+ * GPU and on the simulator, whose streams order only what they are told to)
+ * and ThreadSanitizer sees the race. */
+#define RACE_SCRATCH (1u << 20) /* floats: a kernel long enough to lose a race to */
+
+static void slow_kernel(fsdp_engine_t e, float *scratch) {
+  fsdp_cuda_stream_t cs = (fsdp_cuda_stream_t)fsdp_stream_cuda_handle(fsdp_engine_stream(e));
+  ck_assert_int_eq(fsdp_cuda_scale(scratch, 1.0f, RACE_SCRATCH, cs), FSDP_SUCCESS);
+}
+
+START_TEST(release_waits_for_compute) {
+  const case_t *c = &cases[_i];
+  if (c->param != FSDP_F32 || c->reduce != FSDP_F32 || c->strategy != FSDP_FULL_SHARD) return;
+  if (c->backend && (!FSDP_HAVE_NCCL || nranks > 1)) return;
+  fsdp_engine_t cpu = make_engine(c, FSDP_DEVICE_CPU), gpu = make_engine(c, FSDP_DEVICE_CUDA);
+  fsdp_stream_t cs = fsdp_engine_stream(gpu);
+  float *scratch = NULL, *snap[N_UNITS][2];
+  ck_assert_int_eq(fsdp_device_alloc(FSDP_DEVICE_CUDA, RACE_SCRATCH * sizeof(float),
+                                     (void **)&scratch), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_device_zero(scratch, RACE_SCRATCH * sizeof(float), cs), FSDP_SUCCESS);
+  for (int u = 0; u < N_UNITS; u++)
+    for (int t = 0; t < units[u].n; t++)
+      ck_assert_int_eq(fsdp_device_alloc(FSDP_DEVICE_CUDA, numel(u, t) * sizeof(float),
+                                         (void **)&snap[u][t]), FSDP_SUCCESS);
+  float *a = malloc(64 * 1024 * sizeof(float)), *g[N_UNITS][2];
+  for (int s = 0; s < 2; s++) {
+    for (int u = 0; u < N_UNITS; u++) {
+      fsdp_view_t vg;
+      ck_assert_int_eq(fsdp_unit_acquire(gpu, u, FSDP_FORWARD, &vg), FSDP_SUCCESS);
+      slow_kernel(gpu, scratch);
+      for (int t = 0; t < units[u].n; t++)
+        ck_assert_int_eq(fsdp_device_copy(snap[u][t], vg.param[t], numel(u, t) * sizeof(float),
+                                          cs), FSDP_SUCCESS);
+      ck_assert_int_eq(fsdp_unit_release(gpu, u, FSDP_FORWARD), FSDP_SUCCESS);
+    }
+    for (int u = 0; u < N_UNITS; u++) { /* the CPU engine's parameters, then the snapshots */
+      fsdp_view_t vc;
+      ck_assert_int_eq(fsdp_unit_acquire(cpu, u, FSDP_FORWARD, &vc), FSDP_SUCCESS);
+      for (int t = 0; t < units[u].n; t++) {
+        ck_assert_int_eq(fsdp_device_copy(a, snap[u][t], numel(u, t) * sizeof(float), cs),
+                         FSDP_SUCCESS);
+        ck_assert_int_eq(fsdp_stream_synchronize(cs), FSDP_SUCCESS);
+        const double d = rel_diff(a, vc.param[t], numel(u, t));
+        ck_assert_msg(d <= 1e-5, "step %d, %s: the parameters copied before the release differ "
+                      "from the CPU's by %g: the buffer changed under the compute stream", s,
+                      units[u].t[t].name, d);
+      }
+      ck_assert_int_eq(fsdp_unit_release(cpu, u, FSDP_FORWARD), FSDP_SUCCESS);
+    }
+    for (int u = N_UNITS - 1; u >= 0; u--) {
+      fsdp_view_t vc, vg;
+      ck_assert_int_eq(fsdp_unit_acquire(cpu, u, FSDP_BACKWARD, &vc), FSDP_SUCCESS);
+      ck_assert_int_eq(fsdp_unit_acquire(gpu, u, FSDP_BACKWARD, &vg), FSDP_SUCCESS);
+      slow_kernel(gpu, scratch);
+      for (int t = 0; t < units[u].n; t++) {
+        const size_t n = numel(u, t);
+        g[u][t] = malloc(n * sizeof(float)); /* alive until the stream has copied it */
+        for (size_t i = 0; i < n; i++) g[u][t][i] = grad_value(s, u, t, i);
+        memcpy(vc.grad[t], g[u][t], n * sizeof(float));
+        ck_assert_int_eq(fsdp_device_copy(vg.grad[t], g[u][t], n * sizeof(float), cs),
+                         FSDP_SUCCESS);
+      }
+      ck_assert_int_eq(fsdp_unit_release(cpu, u, FSDP_BACKWARD), FSDP_SUCCESS);
+      ck_assert_int_eq(fsdp_unit_release(gpu, u, FSDP_BACKWARD), FSDP_SUCCESS);
+    }
+    fsdp_step_stats_t sc, sg;
+    ck_assert_int_eq(fsdp_engine_step(cpu, &sc), FSDP_SUCCESS);
+    ck_assert_msg(fsdp_engine_step(gpu, &sg) == FSDP_SUCCESS, "%s", fsdp_last_error());
+    ck_assert_msg(fabs(sg.grad_norm - sc.grad_norm) <= 1e-5 * sc.grad_norm,
+                  "step %d: gradient norm %g on the GPU, %g on the CPU: a reduction read the "
+                  "gradients before the compute stream wrote them", s, sg.grad_norm,
+                  sc.grad_norm);
+    for (int u = 0; u < N_UNITS; u++)
+      for (int t = 0; t < units[u].n; t++) free(g[u][t]);
+  }
+  if (rank == 0)
+    printf("engine N=%d release ordering (backend %s): parameters and gradients intact behind "
+           "a long compute kernel\n", nranks, fsdp_comm_backend(fsdp_engine_comm(gpu)));
+  for (int u = 0; u < N_UNITS; u++)
+    for (int t = 0; t < units[u].n; t++) fsdp_device_free(FSDP_DEVICE_CUDA, snap[u][t]);
+  fsdp_device_free(FSDP_DEVICE_CUDA, scratch);
+  free(a);
+  fsdp_engine_destroy(gpu);
+  fsdp_engine_destroy(cpu);
+}
+END_TEST
+
+/* The compute stream's cuBLAS handle exists once materialize returns: the
+ * first product of the first step does not create it while gathers are in
+ * flight (issue 15). */
+START_TEST(blas_handle_made_at_materialize) {
+  fsdp_engine_t e = make_engine(&cases[0], FSDP_DEVICE_CUDA);
+  int created = -1;
+  ck_assert_int_eq(fsdp_cuda_blas_prepare((fsdp_cuda_stream_t)fsdp_stream_cuda_handle(
+                                              fsdp_engine_stream(e)), &created),
+                   FSDP_SUCCESS);
+  fsdp_engine_destroy(e);
+  ck_assert_msg(created == 0, "the compute stream had no cuBLAS handle after materialize");
+}
+END_TEST
+
 /* The engine's reserved bytes against what cudaMemGetInfo says it took at
  * materialize. Units of 8 M parameters make the allocator's rounding (2 MiB
  * pages) a small part of each buffer. */
@@ -232,12 +340,16 @@ static Suite *suite(void) {
   TCase *tc = tcase_create("engine");
   tcase_set_timeout(tc, 240);
   tcase_add_loop_test(tc, engine_matches_cpu, 0, (int)(sizeof cases / sizeof cases[0]));
+  tcase_add_loop_test(tc, release_waits_for_compute, 0, (int)(sizeof cases / sizeof cases[0]));
   tcase_add_test(tc, memory_matches_device);
+  tcase_add_test(tc, blas_handle_made_at_materialize);
   suite_add_tcase(s, tc);
   return s;
 }
 
 int main(void) {
+  const int gate = fsdp_cuda_gate("test_engine_cuda");
+  if (gate) return gate;
   const int rc = mpi_check_join_gpu(&world, &rank, &nranks);
   return rc ? rc : mpi_check_run(suite());
 }

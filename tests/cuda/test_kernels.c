@@ -19,7 +19,9 @@
 #include "common/arrays.h"
 #include "common/rng.h"
 #include "cuda/kernels.h"
+#include "cuda_gate.h"
 #include "fsdp/nn.h"
+#include "nn/head.h"
 #include "fsdp/optim.h"
 
 #define LEN(a) ((int)(sizeof(a) / sizeof((a)[0])))
@@ -47,7 +49,10 @@ static const char *const kKernels[] = {
     "layernorm_forward", "layernorm_backward", "layernorm_forward_bf16",
     "layernorm_backward_bf16", "embedding_forward", "embedding_backward",
     "embedding_forward_bf16", "embedding_backward_bf16", "attention_forward",
-    "attention_backward", "softmax_xent", "softmax_xent_bf16", "adamw_update", "sgd_update",
+    "attention_backward", "attention_lse_forward_bf16", "attention_lse_backward_bf16",
+    "softmax_xent", "softmax_xent_bf16", "head_forward", "head_backward",
+    "head_forward_bf16", "head_backward_bf16", "xent_inplace", "xent_inplace_bf16",
+    "adamw_update", "sgd_update",
     "sum_squares", "scale", "axpy", "axpy_bf16", "f32_to_bf16", "bf16_to_f32",
     "f32_to_f16", "f16_to_f32"};
 
@@ -554,6 +559,52 @@ START_TEST(attention) {
 }
 END_TEST
 
+/* bf16 attention keeping the log-sum-exp: against the CPU's fp32 attention on
+ * the same bf16-rounded inputs, forward and backward (its lse: exp(s - lse)
+ * summed over a row must be 1, checked through the output, which is a convex
+ * combination of v rows only then). Shapes: small, odd, and T = 1024 with
+ * GPT-2's head size 64 (2 heads: the simulator's products are slow). */
+static const struct { int B, T, C, NH; } kAttentionLse[] = {
+    {2, 65, 48, 3}, {1, 1, 8, 2}, {2, 200, 128, 4}, {1, 1024, 128, 2},
+};
+
+START_TEST(attention_lse_bf16) {
+  rng_seed(seed + 5500 + (uint64_t)_i);
+  const int B = kAttentionLse[_i].B, T = kAttentionLse[_i].T, C = kAttentionLse[_i].C,
+            NH = kAttentionLse[_i].NH;
+  const size_t nqkv = (size_t)B * T * 3 * C, no = (size_t)B * T * C,
+               natt = (size_t)B * NH * T * T;
+  float *qkv = round_bf16(rand_floats(nqkv, 0, 1), nqkv);
+  float *dout = round_bf16(rand_floats(no, 0, 1), no);
+  float *dqkv = round_bf16(rand_floats(nqkv, 0, 1), nqkv), *out = xmalloc(no * 4);
+  float *att = xmalloc(natt * 4);
+  uint16_t *g_qkv = dev_bf16(qkv, nqkv), *g_out = dev_alloc(no * 2), *g_dqkv = dev_bf16(dqkv, nqkv);
+  void *g_scratch = dev_alloc(fsdp_cuda_attention_lse_scratch_bytes(T, NH));
+  float *g_lse = dev_alloc((size_t)B * NH * T * 4);
+  OK(fsdp_cuda_attention_lse_forward_bf16(g_out, g_lse, g_scratch, g_qkv, B, T, C, NH, stream));
+  OK(fsdp_cuda_attention_lse_backward_bf16(g_dqkv, g_scratch, dev_bf16(dout, no), g_qkv, g_lse, B,
+                                           T, C, NH, stream));
+  fsdp_attention_forward(out, att, qkv, B, T, C, NH);
+  fsdp_attention_backward(dqkv, dout, qkv, att, B, T, C, NH);
+  float *got = back_bf16(g_out, no), *got_d = back_bf16(g_dqkv, nqkv);
+  /* out is a convex combination of v rows: bf16 probabilities (2^-9 relative
+   * each, summing to 1) and the bf16 output (2^-9 of |out| <= max|v|) bound
+   * its error by 2^-8 max|v|, whatever the row's length; against the RMS of
+   * out, which shrinks like 1/sqrt(T) while a row of 2 tokens keeps O(|v|),
+   * the relative measure would not be bounded. Tolerance 2^-7 max|v|. */
+  double vmax = 0.0, worst = 0.0;
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t)
+      for (int c = 0; c < C; ++c)
+        vmax = fmax(vmax, fabs(qkv[((size_t)b * T + t) * 3 * C + 2 * C + c]));
+  for (size_t i = 0; i < no; ++i)
+    worst = isnan(got[i]) ? INFINITY : fmax(worst, fabs((double)got[i] - out[i]));
+  check_err("attention_lse_forward_bf16", "out (|error| / max|v|)", worst / vmax, 1.0 / 128);
+  check_err("attention_lse_backward_bf16", "dqkv", rel_err(got_d, dqkv, nqkv), TOL_BF16);
+  free(qkv), free(dout), free(dqkv), free(out), free(att), free(got), free(got_d);
+}
+END_TEST
+
 START_TEST(attention_rejects_uneven_heads) {
   float *buf = dev_alloc(3 * 10 * 4 * 4);
   ck_assert_int_eq(fsdp_cuda_attention_forward(buf, buf, buf, 1, 1, 10, 3, stream),
@@ -608,6 +659,112 @@ START_TEST(softmax_xent) {
 }
 END_TEST
 
+/* ---- GPT-2's vocabulary head: rows ld apart, the gradient over the logits ----
+ * Against the CPU's nn/head.h (bitwise the unpadded kernels: test_layers).
+ * Device buffers start with a sentinel in columns [V, ld), which must survive
+ * forward, the in-place cross-entropy and backward. */
+
+static const struct { int B, C, V; } kHead[] = {
+    {16, 64, 50257}, {7, 13, 250}, {4, 768, 1000}, {3, 5, 128},
+};
+
+#define HEAD_SENTINEL -77.0f
+
+/* (B, ld) host rows: x's V columns, the sentinel after them. */
+static float *padded_rows(const float *x, int B, int V, int ld) {
+  float *h = xmalloc((size_t)B * ld * sizeof(float));
+  for (int b = 0; b < B; ++b)
+    for (int j = 0; j < ld; ++j) h[(size_t)b * ld + j] = j < V ? x[(size_t)b * V + j] : HEAD_SENTINEL;
+  return h;
+}
+
+/* The V columns of (B, ld) rows packed; *pad_ok: every pad column kept the sentinel. */
+static float *packed_rows(const float *h, int B, int V, int ld, int *pad_ok) {
+  float *x = xmalloc((size_t)B * V * sizeof(float));
+  *pad_ok = 1;
+  for (int b = 0; b < B; ++b)
+    for (int j = 0; j < ld; ++j) {
+      if (j < V) x[(size_t)b * V + j] = h[(size_t)b * ld + j];
+      else *pad_ok &= h[(size_t)b * ld + j] == HEAD_SENTINEL;
+    }
+  return x;
+}
+
+static void head_case(int bf16, int B, int C, int V) {
+  const int ld = (V + 127) / 128 * 128;
+  const size_t ni = (size_t)B * C, nw = (size_t)V * C, nl = (size_t)B * V, np = (size_t)B * ld;
+  const double tol = bf16 ? TOL_BF16 : TOL_F32;
+  const float scale = 1.0f / (float)B;
+  float *inp = rand_floats(ni, 0, 1), *w = rand_floats(nw, 0, 0.5), *dinp = rand_floats(ni, 0, 1);
+  float *dw = rand_floats(nw, 0, 1), *zero_l = xmalloc(nl * 4), *loss = xmalloc(B * 4);
+  int *tgt = rand_tokens(B, V);
+  if (bf16) round_bf16(inp, ni), round_bf16(w, nw), round_bf16(dinp, ni);
+  for (size_t i = 0; i < nl; ++i) zero_l[i] = 0.0f;
+  float *pad = padded_rows(zero_l, B, V, ld), *host = xmalloc(np * 4);
+  int *g_tgt = dev_copy(tgt, B * sizeof(int));
+  float *g_dw = dev_f32(dw, nw), *g_loss = dev_alloc(B * 4), *g_loss0 = dev_alloc(B * 4);
+  float *logits, *grad, *got_dinp;
+  int pad_fwd, pad_bwd;
+  if (!bf16) {
+    float *g_l = dev_f32(pad, np), *g_inp = dev_f32(inp, ni), *g_w = dev_f32(w, nw);
+    float *g_dinp = dev_f32(dinp, ni);
+    OK(fsdp_cuda_head_forward(g_l, ld, g_inp, g_w, B, C, V, stream));
+    OK(fsdp_cuda_xent_inplace(g_l, ld, g_loss0, g_tgt, B, V, scale, 0, stream));
+    host_copy(host, g_l, np * 4);
+    logits = packed_rows(host, B, V, ld, &pad_fwd);
+    OK(fsdp_cuda_xent_inplace(g_l, ld, g_loss, g_tgt, B, V, scale, 1, stream));
+    OK(fsdp_cuda_head_backward(g_dinp, g_dw, g_l, ld, g_inp, g_w, B, C, V, stream));
+    host_copy(host, g_l, np * 4);
+    got_dinp = back_f32(g_dinp, ni);
+  } else {
+    uint16_t *g_l = dev_bf16(pad, np), *g_inp = dev_bf16(inp, ni), *g_w = dev_bf16(w, nw);
+    uint16_t *g_dinp = dev_bf16(dinp, ni);
+    OK(fsdp_cuda_head_forward_bf16(g_l, ld, g_inp, g_w, B, C, V, stream));
+    OK(fsdp_cuda_xent_inplace_bf16(g_l, ld, g_loss0, g_tgt, B, V, scale, 0, stream));
+    float *h = back_bf16(g_l, np);
+    logits = packed_rows(h, B, V, ld, &pad_fwd);
+    free(h);
+    OK(fsdp_cuda_xent_inplace_bf16(g_l, ld, g_loss, g_tgt, B, V, scale, 1, stream));
+    OK(fsdp_cuda_head_backward_bf16(g_dinp, g_dw, g_l, ld, g_inp, g_w, B, C, V, stream));
+    h = back_bf16(g_l, np);
+    memcpy(host, h, np * 4);
+    free(h);
+    got_dinp = back_bf16(g_dinp, ni);
+  }
+  grad = packed_rows(host, B, V, ld, &pad_bwd);
+  float *got_dw = back_f32(g_dw, nw), *got_loss = back_f32(g_loss, B);
+  float *got_loss0 = back_f32(g_loss0, B);
+  /* The CPU: forward into its own padded rows; the cross-entropy and backward
+   * from the GPU's logits, so each kernel is measured alone. */
+  float *want_l = xmalloc(np * 4), *want_g = padded_rows(logits, B, V, ld);
+  nn_head_forward(want_l, ld, inp, w, B, C, V);
+  float *want_logits = packed_rows(want_l, B, V, ld, &(int){0});
+  for (int b = 0; b < B; ++b)
+    loss[b] = (float)nn_xent_inplace(want_g + (size_t)b * ld, ld, tgt + b, 1, V, scale, 1);
+  float *want_grad = packed_rows(want_g, B, V, ld, &(int){0});
+  if (bf16) round_bf16(want_grad, nl); /* the GPU stores the gradient in bf16 */
+  nn_head_backward(dinp, dw, grad, V, inp, w, B, C, V);
+  char name[64];
+  check_err(row_name(name, "head_forward", bf16 ? "_bf16" : ""), "logits",
+            pad_fwd ? rel_err(logits, want_logits, nl) : INFINITY, tol);
+  check_err(row_name(name, "xent_inplace", bf16 ? "_bf16" : ""), "gradient/losses",
+            pad_bwd ? max2(max2(rel_err(grad, want_grad, nl), rel_err(got_loss, loss, B)),
+                           rel_err(got_loss0, loss, B))
+                    : INFINITY,
+            tol);
+  check_err(row_name(name, "head_backward", bf16 ? "_bf16" : ""), "dinp/dwte",
+            max2(rel_err(got_dinp, dinp, ni), rel_err(got_dw, dw, nw)), tol);
+  free(inp), free(w), free(dinp), free(dw), free(zero_l), free(loss), free(tgt), free(pad);
+  free(host), free(logits), free(grad), free(got_dinp), free(got_dw), free(got_loss);
+  free(got_loss0), free(want_l), free(want_g), free(want_logits), free(want_grad);
+}
+
+START_TEST(head) {
+  rng_seed(seed + 6500 + (uint64_t)_i);
+  for (int bf16 = 0; bf16 <= 1; ++bf16) head_case(bf16, kHead[_i].B, kHead[_i].C, kHead[_i].V);
+}
+END_TEST
+
 /* ---- optimizers ---- */
 
 #define OPT_N 1000003
@@ -624,9 +781,19 @@ START_TEST(adamw) {
   float *p = rand_floats(n, 0, 1), *g = rand_floats(n, 0, 1), *m = rand_floats(n, 0, 0.1);
   float *v = rand_floats(n, 0.005, 0.005); /* second moments are >= 0 */
   float *g_p = dev_f32(p, n), *g_m = dev_f32(m, n), *g_v = dev_f32(v, n);
-  OK(fsdp_cuda_adamw_update(g_p, dev_f32(g, n), g_m, g_v, n, &c, kAdamw[_i].lr, kAdamw[_i].t,
-                            kAdamw[_i].decay, stream));
-  fsdp_adamw_update(p, g, m, v, n, &c, kAdamw[_i].lr, kAdamw[_i].t, kAdamw[_i].decay);
+  /* One launch over three runs of alternating decay (as a unit's tensors),
+   * with a clipping factor on case 1, against the CPU run by run. */
+  const size_t cut[4] = {0, n / 3, 2 * n / 3, n};
+  const int d0 = kAdamw[_i].decay;
+  const float coef = _i == 1 ? 0.5f : 1.0f;
+  unsigned long long runs[3];
+  for (int r = 0; r < 3; r++) runs[r] = (unsigned long long)cut[r] << 1 | (unsigned)(d0 ^ (r & 1));
+  OK(fsdp_cuda_adamw_multi(g_p, dev_f32(g, n), g_m, g_v, n, dev_copy(runs, sizeof runs), 3, coef,
+                           &c, kAdamw[_i].lr, kAdamw[_i].t, stream));
+  for (size_t i = 0; i < n && coef != 1.0f; i++) g[i] *= coef;
+  for (int r = 0; r < 3; r++)
+    fsdp_adamw_update(p + cut[r], g + cut[r], m + cut[r], v + cut[r], cut[r + 1] - cut[r], &c,
+                      kAdamw[_i].lr, kAdamw[_i].t, d0 ^ (r & 1));
   float *got_p = back_f32(g_p, n), *got_m = back_f32(g_m, n), *got_v = back_f32(g_v, n);
   double err = max2(rel_err(got_p, p, n), rel_err(got_m, m, n));
   check_err("adamw_update", "param/m/v", max2(err, rel_err(got_v, v, n)), TOL_F32);
@@ -818,8 +985,10 @@ static Suite *kernels_suite(void) {
   add_test(s, "layernorm", layernorm, LEN(kLayernorm));
   add_test(s, "embedding", embedding, LEN(kEmbedding));
   add_test(s, "attention", attention, LEN(kAttention));
+  add_test(s, "attention_lse_bf16", attention_lse_bf16, LEN(kAttentionLse));
   add_test(s, "attention_heads", attention_rejects_uneven_heads, 1);
   add_test(s, "softmax_xent", softmax_xent, LEN(kXent));
+  add_test(s, "head", head, LEN(kHead));
   add_test(s, "adamw", adamw, LEN(kAdamw));
   add_test(s, "sgd", sgd, LEN(kSgd));
   add_test(s, "sum_squares", sum_squares, LEN(kSumsq));
@@ -842,14 +1011,8 @@ static int write_report(void) {
 }
 
 int main(void) {
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess || count == 0) {
-    printf("test_kernels: SKIP: no usable CUDA device (cudaGetDeviceCount: %s, %d device(s)); "
-           "the kernels were compiled, not run\n",
-           e == cudaSuccess ? "no error" : cudaGetErrorString(e), e == cudaSuccess ? count : 0);
-    return 77;
-  }
+  const int gate = fsdp_cuda_gate("test_kernels");
+  if (gate) return gate;
   struct cudaDeviceProp prop;
   if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess ||
       cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {

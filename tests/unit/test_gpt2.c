@@ -1,7 +1,8 @@
 /* tests/unit/test_gpt2.c — GPT-2 on one rank: the published parameter counts,
  * the unit plans the wrap policies make, the model's gradient against finite
  * differences, activation checkpointing giving identical gradients with the
- * memory the shapes predict, and sampling. */
+ * memory the shapes predict, the activation memory computed without a model
+ * (fsdp_gpt2_memory), and sampling. */
 #include <check.h>
 #include <math.h>
 #include <stdlib.h>
@@ -209,6 +210,47 @@ START_TEST(bf16_follows_f32) {
 }
 END_TEST
 
+/* top-k 1 is greedy: every draw is the argmax of the logits, whatever the
+ * seed; top-k k draws only among the k largest. */
+START_TEST(sampling_top_k) {
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  fsdp_engine_t e = engine(&c);
+  fsdp_gpt2_t g = model(e, "GPT2Block", 0, NULL);
+  int ctx[8] = {1, 2}, a[6], b[6];
+  fsdp_gpt2_sampling_t greedy = {1.0f, 1, 7}, other = {1.0f, 1, 99};
+  ck_assert_int_eq(fsdp_gpt2_sample(g, ctx, 2, 6, &greedy, a), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_gpt2_sample(g, ctx, 2, 6, &other, b), FSDP_SUCCESS);
+  ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
+  for (int i = 0; i < 6; i++) {
+    const float *logits;
+    ck_assert_int_eq(fsdp_gpt2_forward(g, ctx, NULL, 1, 2 + i, NULL, &logits), FSDP_SUCCESS);
+    const float *row = logits + (size_t)(1 + i) * cfg.vocab_size;
+    int best = 0;
+    for (int v = 1; v < cfg.vocab_size; v++) best = row[v] > row[best] ? v : best;
+    ck_assert_int_eq(a[i], best);
+    ctx[2 + i] = a[i];
+  }
+  fsdp_gpt2_sampling_t top3 = {5.0f, 3, 11}; /* hot: without the cut, any token */
+  int many[40];
+  const float *logits;
+  ck_assert_int_eq(fsdp_gpt2_sample(g, ctx, 2, 1, &top3, many), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_gpt2_forward(g, ctx, NULL, 1, 2, NULL, &logits), FSDP_SUCCESS);
+  float row[512];
+  memcpy(row, logits + cfg.vocab_size, cfg.vocab_size * sizeof(float));
+  for (int s = 0; s < 40; s++) {
+    top3.seed = (uint64_t)s;
+    ck_assert_int_eq(fsdp_gpt2_sample(g, ctx, 2, 1, &top3, &many[s]), FSDP_SUCCESS);
+    int above = 0;
+    for (int v = 0; v < cfg.vocab_size; v++) above += row[v] > row[many[s]];
+    ck_assert_msg(above < 3, "seed %d drew token %d, %d logits above it", s, many[s], above);
+  }
+  fsdp_gpt2_sampling_t bad = {1.0f, -1, 1};
+  ck_assert_int_eq(fsdp_gpt2_sample(g, ctx, 2, 1, &bad, a), FSDP_ERR_INVALID_ARGUMENT);
+  fsdp_gpt2_destroy(g);
+  fsdp_engine_destroy(e);
+}
+END_TEST
+
 START_TEST(sampling_and_errors) {
   fsdp_config_t c = FSDP_CONFIG_INIT;
   fsdp_engine_t e = engine(&c);
@@ -235,17 +277,81 @@ START_TEST(sampling_and_errors) {
 }
 END_TEST
 
+/* fsdp_gpt2_memory: the arena by the shapes, for both layouts, at a shape
+ * where every buffer is a multiple of the 256-byte alignment (so the formula
+ * is exact); the issue's numbers at 124M and 1558M; bad arguments named. */
+START_TEST(memory_plan) {
+  const fsdp_gpt2_config_t c = {3, 4, 64, 64, 250};
+  const size_t Bm = 2, Tm = 64, C = 64, NH = 4, BT = Bm * Tm, f = sizeof(float);
+  fsdp_gpt2_memory_t m[2];
+  ck_assert_int_eq(fsdp_gpt2_memory(&c, 2, 64, FSDP_F32, FSDP_GPT2_LAYOUT_PROBS, &m[0]),
+                   FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_gpt2_memory(&c, 2, 64, FSDP_F32, FSDP_GPT2_LAYOUT_FLASH, &m[1]),
+                   FSDP_SUCCESS);
+  /* Per block: 15 C activations and 4 LayerNorm statistics per token, plus
+   * attention's (B,NH,T,T) probabilities or (B,NH,T) log-sum-exp. */
+  ck_assert_uint_eq(m[0].attention, Bm * NH * Tm * Tm * f);
+  ck_assert_uint_eq(m[1].attention, Bm * NH * Tm * f);
+  ck_assert_uint_eq(m[0].per_layer, BT * (15 * C + 4) * f + m[0].attention);
+  ck_assert_uint_eq(m[1].per_layer, BT * (15 * C + 4) * f + m[1].attention);
+  ck_assert_uint_eq(m[0].inputs, 4 * BT * C * f);
+  /* ln_f (C + 2), backward scratch 13 C, and logits: V twice, or Vp = 256 once. */
+  ck_assert_uint_eq(m[0].common, BT * (14 * C + 2 + 2 * 250) * f);
+  ck_assert_uint_eq(m[1].common, BT * (14 * C + 2 + 256) * f);
+  for (int i = 0; i < 2; i++) {
+    ck_assert_uint_eq(m[i].saved, m[i].inputs + 3 * m[i].per_layer + m[i].common);
+    ck_assert_uint_eq(m[i].checkpointed, m[i].inputs + m[i].per_layer + m[i].common);
+  }
+  /* Today's kernels keep probabilities and one padded logits buffer. */
+  fsdp_gpt2_memory_t built;
+  ck_assert_int_eq(fsdp_gpt2_memory(&c, 2, 64, FSDP_F32, FSDP_GPT2_LAYOUT_BUILT, &built),
+                   FSDP_SUCCESS);
+  ck_assert_uint_eq(built.per_layer, m[0].per_layer);
+  ck_assert_uint_eq(built.common, m[1].common);
+  /* Issue 15: 768 MiB of probabilities per layer at 124M, 16 x 1024 (1600 MiB
+   * at 1558M); the log-sum-exp is 768 KiB. */
+  const struct { const char *name; size_t nh; } p[] = {{"124M", 12}, {"1558M", 25}};
+  for (int i = 0; i < 2; i++) {
+    fsdp_gpt2_config_t pc;
+    ck_assert_int_eq(fsdp_gpt2_preset(p[i].name, &pc), FSDP_SUCCESS);
+    ck_assert_int_eq(fsdp_gpt2_memory(&pc, 16, 1024, FSDP_BF16, FSDP_GPT2_LAYOUT_PROBS, &m[0]),
+                     FSDP_SUCCESS);
+    ck_assert_int_eq(fsdp_gpt2_memory(&pc, 16, 1024, FSDP_BF16, FSDP_GPT2_LAYOUT_FLASH, &m[1]),
+                     FSDP_SUCCESS);
+    ck_assert_uint_eq(m[0].attention, 16 * p[i].nh * 1024 * 1024 * f);
+    ck_assert_uint_eq(m[1].attention, 16 * p[i].nh * 1024 * f);
+    ck_assert_uint_eq(m[0].per_layer - m[1].per_layer, m[0].attention - m[1].attention);
+  }
+  /* Errors name the value. */
+  fsdp_gpt2_memory_t x;
+  ck_assert_int_eq(fsdp_gpt2_memory(&c, 2, 65, FSDP_F32, FSDP_GPT2_LAYOUT_PROBS, &x),
+                   FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "T 65"));
+  ck_assert_int_eq(fsdp_gpt2_memory(&c, 0, 8, FSDP_F32, FSDP_GPT2_LAYOUT_PROBS, &x),
+                   FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "batch 0"));
+  ck_assert_int_eq(fsdp_gpt2_memory(&c, 2, 8, FSDP_F64, FSDP_GPT2_LAYOUT_PROBS, &x),
+                   FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "f64"));
+  ck_assert_int_eq(fsdp_gpt2_memory(&c, 2, 8, FSDP_F32, (fsdp_gpt2_layout_t)7, &x),
+                   FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "layout 7"));
+}
+END_TEST
+
 static Suite *gpt2_suite(void) {
   Suite *s = suite_create("gpt2");
   TCase *tc = tcase_create("gpt2");
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, published_sizes);
+  tcase_add_test(tc, memory_plan);
   tcase_add_test(tc, wrap_plans);
   tcase_add_loop_test(tc, gradient_check, 0, 2);
   tcase_add_loop_test(tc, checkpoint_identical, 0, 3);
   tcase_add_test(tc, bf16_follows_f32);
   tcase_add_test(tc, sampling_and_errors);
+  tcase_add_test(tc, sampling_top_k);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -4,7 +4,9 @@
  * here: forward values, gradients by central finite differences of the
  * float64 forward (common/gradcheck.h), the += contract of backward kernels,
  * and the invariants each kernel promises (softmax rows, causality,
- * normalised statistics). The MLP end to end needs an engine and lives with
+ * normalised statistics); GPT-2's vocabulary head with a padded row stride
+ * and its in-place cross-entropy, bitwise against the unpadded kernels. The
+ * MLP end to end needs an engine and lives with
  * the engine tests. */
 #include <check.h>
 #include <float.h>
@@ -18,6 +20,7 @@
 #include "common/gradcheck.h"
 #include "common/rng.h"
 #include "fsdp/nn.h"
+#include "nn/head.h"
 
 #define LEN(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
@@ -638,6 +641,55 @@ START_TEST(residual_forward_backward) {
 }
 END_TEST
 
+/* GPT-2's head (nn/head.h): logits rows ld apart, the gradient written over
+ * them. Against the unpadded kernels on the same inputs: bitwise (the same
+ * sgemm calls but for the leading dimension, which OpenBLAS only reads while
+ * packing; the same xent_row arithmetic), at GPT-2's V = 50257 -> 50304 and
+ * at a small V; columns [V, ld) keep a sentinel through forward, the
+ * cross-entropy and backward (nothing reads or writes them). */
+static const struct { int B, C, V; } kHead[] = {{5, 8, 50257}, {7, 12, 250}, {3, 5, 128}};
+
+START_TEST(head_padded_matches_unpadded) {
+  const int B = kHead[_i].B, C = kHead[_i].C, V = kHead[_i].V, ld = (V + 127) / 128 * 128;
+  const float sentinel = -12345.0f, scale = 0.37f;
+  rng_seed(40 + (uint64_t)_i);
+  float *inp = rand_floats((size_t)B * C, 0.0, 1.0), *wte = rand_floats((size_t)V * C, 0.0, 1.0);
+  int *tgt = rand_tokens((size_t)B, V);
+  float *ref = zeros((size_t)B * V), *dref = zeros((size_t)B * V);
+  float *pad = xmalloc((size_t)B * ld * sizeof(float));
+  for (size_t i = 0; i < (size_t)B * ld; i++) pad[i] = sentinel;
+  fsdp_linear_forward(ref, inp, wte, NULL, B, C, V);
+  nn_head_forward(pad, ld, inp, wte, B, C, V);
+  for (int b = 0; b < B; b++)
+    ck_assert_mem_eq(pad + (size_t)b * ld, ref + (size_t)b * V, (size_t)V * sizeof(float));
+  /* loss alone leaves the logits as they were */
+  const double want = fsdp_softmax_xent(dref, ref, tgt, B, V, scale);
+  ck_assert(nn_xent_inplace(pad, ld, tgt, B, V, scale, 0) == want);
+  for (int b = 0; b < B; b++)
+    ck_assert_mem_eq(pad + (size_t)b * ld, ref + (size_t)b * V, (size_t)V * sizeof(float));
+  ck_assert(nn_xent_inplace(pad, ld, tgt, B, V, scale, 1) == want);
+  for (int b = 0; b < B; b++)
+    ck_assert_mem_eq(pad + (size_t)b * ld, dref + (size_t)b * V, (size_t)V * sizeof(float));
+  float *din_ref = rand_floats((size_t)B * C, 0.0, 1.0), *din = copy_floats(din_ref, (size_t)B * C);
+  float *dw_ref = rand_floats((size_t)V * C, 0.0, 1.0), *dw = copy_floats(dw_ref, (size_t)V * C);
+  fsdp_linear_backward(din_ref, dw_ref, NULL, dref, inp, wte, B, C, V);
+  nn_head_backward(din, dw, pad, ld, inp, wte, B, C, V);
+  ck_assert_mem_eq(din, din_ref, (size_t)B * C * sizeof(float));
+  ck_assert_mem_eq(dw, dw_ref, (size_t)V * C * sizeof(float));
+  for (int b = 0; b < B; b++)
+    for (int j = V; j < ld; j++) ck_assert(pad[(size_t)b * ld + j] == sentinel);
+  /* a bad target: a NaN loss and a NaN row, in place as in a second buffer */
+  tgt[1] = V;
+  nn_head_forward(pad, ld, inp, wte, B, C, V);
+  ck_assert(isnan(nn_xent_inplace(pad, ld, tgt, B, V, scale, 1)));
+  for (int j = 0; j < V; j++) ck_assert(isnan(pad[(size_t)ld + j]));
+  ck_assert(!isnan(pad[0]));
+  for (int j = V; j < ld; j++) ck_assert(pad[(size_t)ld + j] == sentinel);
+  free(inp), free(wte), free(tgt), free(ref), free(dref), free(pad);
+  free(din_ref), free(din), free(dw_ref), free(dw);
+}
+END_TEST
+
 static Suite *layers_suite(void) {
   Suite *s = suite_create("layers");
   TCase *t = tcase_create("linear");
@@ -652,6 +704,7 @@ static Suite *layers_suite(void) {
   tcase_add_loop_test(t, softmax_xent_gradcheck, 0, LEN(kXent));
   tcase_add_test(t, softmax_xent_known_value);
   tcase_add_test(t, softmax_xent_bad_target_is_nan);
+  tcase_add_loop_test(t, head_padded_matches_unpadded, 0, LEN(kHead));
   suite_add_tcase(s, t);
   t = tcase_create("gelu");
   tcase_add_loop_test(t, gelu_forward_backward, 0, LEN(kGelu));

@@ -1,5 +1,6 @@
-/* src/ckpt/json.h — a small, strict JSON reader and writer for checkpoint
- * manifests and safetensors headers. Not installed.
+/* src/core/json.h — a small, strict JSON reader and writer, shared by the
+ * checkpoint layer (manifests, safetensors headers) and the tokenizer
+ * (vocab.json, tokenizer.json). Not installed.
  *
  * Strict: RFC 8259 only (no comments, trailing commas, NaN, leading zeros or
  * control characters in strings), duplicate object keys are an error, nesting
@@ -7,8 +8,8 @@
  * value remembers the line and column it started at, so callers can name where
  * a field that parsed but is wrong lives. Numbers keep their literal text: an
  * integer is read exactly (int64), never through a double. */
-#ifndef FSDP_CKPT_JSON_H
-#define FSDP_CKPT_JSON_H
+#ifndef FSDP_CORE_JSON_H
+#define FSDP_CORE_JSON_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,6 +1,6 @@
-/* src/ckpt/json.c — the strict JSON reader (recursive descent into a small
+/* src/core/json.c — the strict JSON reader (recursive descent into a small
  * tree) and the text buffer the manifest and safetensors writers build on. */
-#include "ckpt/json.h"
+#include "core/json.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -11,6 +11,8 @@
 #include "core/internal.h"
 
 #define JSON_MAX_DEPTH 64
+/* Objects up to this many keys are checked for duplicates as they are read. */
+#define JSON_SCAN_KEYS 32
 
 typedef struct {
   const char *s, *what;
@@ -258,7 +260,7 @@ static int parse_member(parser_t *p, json_t *v, size_t *cap) {
   size_t key_pos = p->pos, key_len;
   char *key;
   if (parse_string(p, &key, &key_len)) return -1;
-  for (size_t i = 0; i < v->n; i++)
+  for (size_t i = 0; i < v->n && v->n < JSON_SCAN_KEYS; i++)
     if (strcmp(v->keys[i], key) == 0) {
       fail_at(p, key_pos, "duplicate key \"%.64s\"", key);
       return free(key), -1;
@@ -273,6 +275,33 @@ static int parse_member(parser_t *p, json_t *v, size_t *cap) {
   return parse_value(p, &v->items[v->n - 1]);
 }
 
+/* Key order, ties by position, so the later of two equal keys follows. */
+static int key_cmp(const void *a, const void *b, void *obj) {
+  const json_t *v = obj;
+  size_t i = *(const size_t *)a, j = *(const size_t *)b;
+  int c = strcmp(v->keys[i], v->keys[j]);
+  return c ? c : (i > j) - (i < j);
+}
+
+/* Duplicates in an object with more keys than parse_member scans (a
+ * vocab.json has 50257): sorted, so O(n log n) rather than O(n^2). */
+static int check_duplicates(parser_t *p, const json_t *v) {
+  size_t *order = malloc(v->n * sizeof *order);
+  if (!order) return oom(p);
+  for (size_t i = 0; i < v->n; i++) order[i] = i;
+  qsort_r(order, v->n, sizeof *order, key_cmp, (void *)v); /* glibc's, reentrant */
+  for (size_t k = 1; k < v->n; k++) {
+    size_t a = order[k - 1], b = order[k];
+    if (strcmp(v->keys[a], v->keys[b]) != 0) continue;
+    const json_t *dup = &v->items[b];
+    p->st = fsdp_error(FSDP_ERR_FORMAT, "%s: line %d, column %d: duplicate key \"%.64s\" (first "
+                       "at line %d)", p->what, dup->line, dup->col, v->keys[b], v->items[a].line);
+    break;
+  }
+  free(order);
+  return p->st == FSDP_SUCCESS ? 0 : -1;
+}
+
 static int parse_object(parser_t *p, json_t *v) {
   size_t cap = 0;
   v->type = JSON_OBJECT;
@@ -282,7 +311,8 @@ static int parse_object(parser_t *p, json_t *v) {
   for (;;) {
     if (parse_member(p, v, &cap)) return -1;
     int r = next_or_close(p, '}', "an object");
-    if (r) return r > 0 ? 0 : -1;
+    if (r < 0) return -1;
+    if (r > 0) return v->n >= JSON_SCAN_KEYS ? check_duplicates(p, v) : 0;
   }
 }
 

@@ -1,0 +1,302 @@
+#!/usr/bin/env python3
+"""bench/gpu_budget.py — the per-kernel-class budget of one GPT-2 step on an
+H100 (bf16, B x T tokens), computed, not hand-typed: FLOPs and HBM bytes of
+every kernel class for today's CUDA path and for the design of issue 15, the
+roofline time of each (datasheet peaks), an estimate (the roofline divided by
+the efficiencies stated below), the sums, and the MFU each implies against a
+measured bf16 cuBLAS peak (fsdp-bench's "peak:" line; --measured-tflops).
+
+Usage: bench/gpu_budget.py                 # markdown tables on stdout
+       bench/gpu_budget.py --update FILE   # rewrite FILE's generated block
+       bench/gpu_budget.py --check FILE    # exit 1 when FILE's block is stale
+       bench/gpu_budget.py --json          # the same numbers as JSON
+       bench/gpu_budget.py --summary       # one line per design (gpu-check.sh)
+"""
+import argparse
+import json
+import sys
+
+# ---- the device: H100 SXM5 datasheet (dense, no sparsity) -----------------
+PEAK_BF16_TC = 989.4e12  # bf16 tensor cores, FLOP/s
+PEAK_FP32 = 66.9e12      # fp32 FMA on CUDA cores, FLOP/s
+HBM_BW = 3.35e12         # HBM3, bytes/s
+SMS = 132
+
+# ---- efficiencies behind the estimate (assumptions, to be replaced by
+# gpu-check.sh's per-class measurements) ---------------------------------
+EFF = {
+    "tc": 0.75,        # large aligned bf16 products: cuBLAS reaches ~75 % of datasheet
+    "tc_odd": 0.35,    # V = 50257: odd leading dims keep cuBLAS off aligned tensor-core kernels
+    "flash": 0.45,     # hand-written causal flash attention (FlashAttention-2 class)
+    "fp32": 0.75,      # cuBLAS sgemm on CUDA cores
+    "mem": 0.80,       # 16-byte vector loads and stores, grid over all SMs
+    "mem2": 0.50,      # bf16 loaded 2 bytes at a time
+    "colsum24": 0.80 * 24 / SMS,  # column sums on 24 blocks of a 132-SM chip
+}
+LAUNCH_S = 10e-6  # per optimizer launch today: launch gap plus host wait
+
+
+def dims(preset, B, T):
+    L, NH, C, V = {"124M": (12, 12, 768, 50257), "1558M": (48, 25, 1600, 50257)}[preset]
+    Vp = (V + 127) // 128 * 128
+    params = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
+    return dict(L=L, NH=NH, C=C, V=V, Vp=Vp, B=B, T=T, N=B * T, hs=C // NH, P=params)
+
+
+def linears(d):
+    """(K, M) of the four products of a block: qkv, attn proj, fc, fc proj."""
+    C = d["C"]
+    return [(C, 3 * C), (C, C), (C, 4 * C), (4 * C, C)]
+
+
+def klass(name, flops, nbytes, unit, eff, launches, note):
+    return dict(name=name, flops=flops, bytes=nbytes, unit=unit, eff=eff, launches=launches,
+                note=note)
+
+
+def flash_attention(d):
+    """A fused causal flash kernel (not built): scores stay on chip."""
+    L, N, C, NH, T, hs, B = (d[k] for k in ("L", "N", "C", "NH", "T", "hs", "B"))
+    bf, lse = 2, B * NH * T * 4
+    return [
+        klass("attention forward", 2 * B * NH * T * T * hs * L,
+              L * ((N * 3 * C + N * C) * bf + lse), "tc", EFF["flash"], L,
+              "flash, bf16, causal half only, fp32 statistics, LSE kept"),
+        klass("attention backward", 5 * B * NH * T * T * hs * L,
+              L * ((N * 3 * C + 2 * N * C + N * 3 * C) * bf + 2 * lse), "tc", EFF["flash"],
+              2 * L, "flash, recomputes scores from the LSE"),
+    ]
+
+
+def cublas_attention(d):
+    """What is built (attention.cu, *_lse_*): bf16 cuBLAS products over the
+    full T x T per batch row, fp32 scores and dP, bf16 p and dscore through
+    a one-batch-row scratch (larger than L2 at 124M: counted as HBM)."""
+    L, N, C, NH, T, hs, B = (d[k] for k in ("L", "N", "C", "NH", "T", "hs", "B"))
+    bf, tt, lse = 2, B * NH * T * T, B * NH * T * 4
+    return [
+        klass("attention products", 14 * B * NH * T * T * hs * L,
+              L * (4 * N * 3 * C * bf + 2 * N * C * bf), "tc", EFF["tc"], 7 * B * L,
+              "bf16 cuBLAS, full T x T: 2 forward, 5 backward"),
+        klass("attention softmax + T^2 traffic", 0, L * (38 * tt + 3 * lse), "mem", EFF["mem"],
+              2 * L, "fp32 s/dP, bf16 p/ds: 12 B fwd + 26 B bwd per score; LSE kept"),
+    ]
+
+
+def new_design(d, flash=False):
+    L, N, C, Vp, NH, T, hs, B = (d[k] for k in ("L", "N", "C", "Vp", "NH", "T", "hs", "B"))
+    bf, f4 = 2, 4
+    lin = linears(d)
+    mm_f = L * sum(2 * N * K * M for K, M in lin)
+    mm_fb = L * (sum((N * K + K * M + N * M) * bf for K, M in lin) + N * 4 * C * bf)
+    mm_b = L * sum(4 * N * K * M for K, M in lin)
+    mm_bb = L * sum((N * M + K * M + N * K) * bf + (N * K + N * M) * bf + K * M * f4
+                    for K, M in lin)
+    ln = 2 * L + 1
+    P = d["P"]
+    return [
+        klass("block products, forward", mm_f, mm_fb, "tc", EFF["tc"], 4 * L,
+              "bf16 cuBLAS, beta = 0, bias (and GELU for fc) in the epilogue"),
+        klass("block products, backward", mm_b, mm_bb, "tc", EFF["tc"], 8 * L,
+              "d(input) and d(weight), beta = 0: no zeroing pass"),
+        klass("bias gradients", 0, L * sum(N * M * bf for _, M in lin), "mem", EFF["mem"], 4 * L,
+              "column sums, partials over all SMs"),
+        klass("GELU backward", 0, L * 3 * N * 4 * C * bf, "mem", EFF["mem"], L, ""),
+    ] + (flash_attention(d) if flash else cublas_attention(d)) + [
+        klass("residual + LayerNorm forward", 0, ln * (4 * N * C * bf + 8 * N), "mem", EFF["mem"],
+              ln, "fused: reads x and the branch, writes x' and ln(x')"),
+        klass("LayerNorm backward", 0, ln * (4 * N * C * bf + 8 * N), "mem", EFF["mem"], ln,
+              "adds into d(residual)"),
+        klass("LM head forward", 2 * N * C * Vp, (N * C + Vp * C + N * Vp) * bf, "tc", EFF["tc"],
+              1, f"Vp = {Vp}: leading dims multiples of 128"),
+        klass("LM head backward", 4 * N * C * Vp,
+              (2 * N * Vp + Vp * C + 2 * N * C) * bf + Vp * C * f4, "tc", EFF["tc"], 2, ""),
+        klass("cross-entropy (fused)", 0, 2 * N * Vp * bf + 8 * N, "mem", EFF["mem"], 1,
+              "one read, the gradient written over the logits"),
+        klass("embedding", 0, (2 * N * C + T * C) * bf + N * C * bf + 2 * N * C * f4, "mem",
+              EFF["mem"], 2, "forward gather, backward scatter-add (fp32)"),
+        klass("AdamW", 0, P * 30, "mem", EFF["mem"], L + 1,
+              "multi-tensor, one launch per unit; 30 B/param"),
+    ]
+
+
+def today(d):
+    L, N, C, V, NH, T, hs, B = (d[k] for k in ("L", "N", "C", "V", "NH", "T", "hs", "B"))
+    bf, f4 = 2, 4
+    lin = linears(d)
+    tt = B * NH * T * T * f4  # one fp32 (B,NH,T,T) pass
+    ln = 2 * L + 1
+    P = d["P"]
+    mm_f = L * sum(2 * N * K * M for K, M in lin)
+    mm_fb = L * sum((N * K + K * M + N * M) * bf + 2 * N * M * bf for K, M in lin)  # fill, beta=1
+    mm_b = L * sum(4 * N * K * M for K, M in lin)
+    mm_bb = L * sum((N * M + K * M + 3 * N * K) * bf + (N * K + N * M) * bf + 3 * K * M * f4
+                    for K, M in lin)  # zeroed outputs read back (beta = 1)
+    return [
+        klass("block products, forward", mm_f, mm_fb, "tc", EFF["tc"], 8 * L,
+              "bias filled first, product added with beta = 1"),
+        klass("block products, backward", mm_b, mm_bb, "tc", EFF["tc"], 12 * L,
+              "zero-then-accumulate outputs"),
+        klass("bias gradients", 0, L * sum(N * M * bf for _, M in lin), "mem", EFF["colsum24"],
+              4 * L, "column sums on 24 blocks"),
+        klass("GELU forward + backward", 0, L * 5 * N * 4 * C * bf, "mem", EFF["mem2"], 2 * L,
+              "separate kernels, 2-byte loads"),
+        klass("residual forward", 0, 2 * L * 3 * N * C * bf, "mem", EFF["mem2"], 2 * L, ""),
+        klass("attention products", L * 12 * B * NH * T * T * hs, L * 5 * tt, "fp32", EFF["fp32"],
+              6 * B * L, "fp32 on CUDA cores, full T x T, one call per batch row"),
+        klass("attention softmax fwd + bwd", 0, L * 5 * tt, "mem", EFF["mem"], 2 * L,
+              "materialised fp32 probabilities"),
+        klass("bf16 <-> fp32 attention copies", 0, L * 14 * N * C * (bf + f4), "mem", EFF["mem2"],
+              6 * L, "4 BTC elements forward, 10 backward"),
+        klass("LayerNorm forward + backward", 0, ln * (2 * N * C * bf + 4 * N * C * bf + 16 * N),
+              "mem", EFF["mem2"], 2 * ln, ""),
+        klass("LM head forward", 2 * N * C * V, (N * C + V * C + N * V) * bf, "tc", EFF["tc_odd"], 1,
+              f"V = {V}: odd leading dims"),
+        klass("LM head backward", 4 * N * C * V,
+              (2 * N * V + V * C + 2 * N * C) * bf + V * C * f4, "tc", EFF["tc_odd"], 2, ""),
+        klass("cross-entropy", 0, 4 * N * V * bf + 8 * N, "mem", EFF["mem2"], 1,
+              "logits read three times, a second (BT, V) buffer written"),
+        klass("embedding", 0, (2 * N * C + T * C) * bf + N * C * bf + 2 * N * C * f4, "mem",
+              EFF["mem2"], 2, ""),
+        klass("AdamW", 0, P * 30, "mem", EFF["mem2"], 300, "one launch per tensor piece"),
+    ]
+
+
+def peak_of(unit):
+    return {"tc": PEAK_BF16_TC, "fp32": PEAK_FP32}.get(unit, PEAK_BF16_TC)
+
+
+def timed(k, launch_cost):
+    t_c = k["flops"] / peak_of(k["unit"])
+    t_m = k["bytes"] / HBM_BW
+    roof = max(t_c, t_m)
+    bound = "compute" if t_c >= t_m else "memory"
+    est = roof / k["eff"] + launch_cost * k["launches"]
+    return dict(k, roof_s=roof, est_s=est, bound=bound)
+
+
+def model_flops(d):
+    """fsdp-bench's MFU numerator: (6 (P - wpe) + 12 L T C) x tokens."""
+    return (6 * (d["P"] - d["T"] * d["C"]) + 12 * d["L"] * d["T"] * d["C"]) * d["N"]
+
+
+def budget(preset, B, T, measured):
+    d = dims(preset, B, T)
+    out = {"dims": d, "model_flops": model_flops(d), "measured_peak": measured}
+    designs = (("today", today, LAUNCH_S), ("new", new_design, 0.0),
+               ("flash", lambda d: new_design(d, flash=True), 0.0))
+    for name, fn, launch in designs:
+        ks = [timed(k, launch if k["name"] == "AdamW" else 0.0) for k in fn(d)]
+        roof = sum(k["roof_s"] for k in ks)
+        est = sum(k["est_s"] for k in ks)
+        out[name] = dict(kernels=ks, roof_s=roof, est_s=est,
+                         mfu=out["model_flops"] / est / measured)
+    return out
+
+
+def fmt_table(b, name):
+    r = b[name]
+    lines = ["| kernel class | GFLOP | GB moved | bound | roofline ms | eff. | estimate ms | note |",
+             "|---|---:|---:|---|---:|---:|---:|---|"]
+    for k in r["kernels"]:
+        lines.append(f"| {k['name']} | {k['flops'] / 1e9:.0f} | {k['bytes'] / 1e9:.2f} | "
+                     f"{k['bound']} | {k['roof_s'] * 1e3:.2f} | {k['eff']:.2f} | "
+                     f"{k['est_s'] * 1e3:.2f} | {k['note']} |")
+    lines.append(f"| **sum** | {sum(k['flops'] for k in r['kernels']) / 1e9:.0f} | "
+                 f"{sum(k['bytes'] for k in r['kernels']) / 1e9:.2f} | | "
+                 f"**{r['roof_s'] * 1e3:.1f}** | | **{r['est_s'] * 1e3:.1f}** | "
+                 f"MFU {r['mfu'] * 100:.0f} % of {b['measured_peak'] / 1e12:.0f} TF/s |")
+    return "\n".join(lines)
+
+
+def markdown(b):
+    d = b["dims"]
+    mf = b["model_flops"]
+    target_s = 0.040
+    meas = b["measured_peak"]
+    return "\n".join([
+        f"GPT-2 124M: L = {d['L']}, C = {d['C']}, NH = {d['NH']}, V = {d['V']} (padded "
+        f"{d['Vp']}), P = {d['P'] / 1e6:.1f} M; one step = {d['B']} x {d['T']} = {d['N']} "
+        f"tokens, bf16, one GPU.",
+        "",
+        f"Peaks (H100 SXM5 datasheet, dense): bf16 tensor cores {PEAK_BF16_TC / 1e12:.1f} TF/s, "
+        f"fp32 CUDA cores {PEAK_FP32 / 1e12:.1f} TF/s, HBM3 {HBM_BW / 1e12:.2f} TB/s. "
+        f"Roofline of a class = max(FLOPs / peak, bytes / bandwidth); estimate = roofline / "
+        f"efficiency (+ {LAUNCH_S * 1e6:.0f} us per launch for today's optimizer).",
+        "",
+        f"Model FLOPs per step (fsdp-bench's MFU numerator, (6 (P - wpe) + 12 L T C) x tokens): "
+        f"{mf / 1e12:.2f} TFLOP. MFU below is against a measured bf16 cuBLAS peak of "
+        f"{meas / 1e12:.0f} TF/s (a placeholder until gpu-check.sh's fsdp-bench prints the "
+        f"real one; rerun with --measured-tflops).",
+        "",
+        f"**Target: <= {target_s * 1e3:.0f} ms per step**, i.e. >= {mf / target_s / 1e12:.0f} "
+        f"TF/s of model FLOPs = {mf / target_s / meas * 100:.0f} % MFU of {meas / 1e12:.0f} "
+        f"TF/s; 40 % MFU of the measured peak is {mf / (0.4 * meas) * 1e3:.1f} ms. The gate "
+        f"is the stricter of the two.",
+        "",
+        "### Today's CUDA path",
+        "",
+        fmt_table(b, "today"),
+        "",
+        "### Issue 15 as built (attention: cuBLAS bf16 products + LSE softmax)",
+        "",
+        fmt_table(b, "new"),
+        "",
+        "### With a fused flash-attention kernel instead (not built)",
+        "",
+        fmt_table(b, "flash"),
+    ])
+
+
+BEGIN, END = "<!-- gpu_budget.py: begin -->", "<!-- gpu_budget.py: end -->"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--measured-tflops", type=float, default=750.0,
+                    help="fsdp-bench's measured bf16 cuBLAS peak (default 750, a placeholder)")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seq-len", type=int, default=1024)
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--update", metavar="FILE")
+    g.add_argument("--check", metavar="FILE")
+    g.add_argument("--json", action="store_true")
+    g.add_argument("--summary", action="store_true")
+    a = ap.parse_args()
+    if a.measured_tflops <= 0:
+        ap.error(f"--measured-tflops {a.measured_tflops}: a peak must be positive")
+    b = budget("124M", a.batch, a.seq_len, a.measured_tflops * 1e12)
+    if a.json:
+        json.dump(b, sys.stdout, indent=1)
+        return 0
+    if a.summary:
+        for name in ("today", "new", "flash"):
+            r = b[name]
+            print(f"budget ({name}): estimate {r['est_s'] * 1e3:.1f} ms per step, roofline "
+                  f"{r['roof_s'] * 1e3:.1f} ms, MFU {r['mfu'] * 100:.0f} % of "
+                  f"{a.measured_tflops:.0f} TF/s; target <= 40 ms (bench/gpu-budget.md)")
+        return 0
+    block = f"{BEGIN}\n{markdown(b)}\n{END}"
+    path = a.update or a.check
+    if not path:
+        print(markdown(b))
+        return 0
+    text = open(path).read()
+    i, j = text.find(BEGIN), text.find(END)
+    if i < 0 or j < 0:
+        print(f"gpu_budget: {path} has no '{BEGIN}' ... '{END}' block", file=sys.stderr)
+        return 1
+    new = text[:i] + block + text[j + len(END):]
+    if a.check:
+        if new != text:
+            print(f"gpu_budget: {path} is stale: run bench/gpu_budget.py --update {path}",
+                  file=sys.stderr)
+            return 1
+        print(f"gpu_budget: {path} matches")
+        return 0
+    open(path, "w").write(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,396 @@
+/* src/data/bpe_load.c — loading a GPT-2 tokenizer from vocab.json and
+ * merges.txt (or Hugging Face's tokenizer.json), strictly: every way the files can be wrong is an error naming
+ * the file, the line and the token. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/internal.h"
+#include "core/json.h"
+#include "data/bpe_internal.h"
+
+/* The whole of path, NUL-terminated. */
+static fsdp_status_t read_all(const char *path, char **buf, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return fsdp_error(FSDP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+  size_t cap = 1 << 16, n = 0;
+  char *b = malloc(cap);
+  while (b) {
+    n += fread(b + n, 1, cap - 1 - n, f);
+    if (n < cap - 1) break;
+    char *g = realloc(b, cap *= 2);
+    if (!g) free(b);
+    b = g;
+  }
+  int err = ferror(f);
+  fclose(f);
+  if (!b) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "%s: out of memory reading it", path);
+  if (err) return free(b), fsdp_error(FSDP_ERR_IO, "%s: read failed", path);
+  b[n] = '\0';
+  *buf = b;
+  *len = n;
+  return FSDP_SUCCESS;
+}
+
+/* One UTF-8 code point of s[0..len) (valid UTF-8: it came from the JSON
+ * reader); *k its bytes. */
+static uint32_t utf8_next(const unsigned char *s, size_t len, size_t *k) {
+  unsigned c = s[0];
+  size_t n = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+  if (n > len) n = len;
+  uint32_t cp = n == 1 ? c : n == 2 ? c & 0x1F : n == 3 ? c & 0x0F : c & 0x07;
+  for (size_t i = 1; i < n; i++) cp = cp << 6 | (s[i] & 0x3F);
+  *k = n;
+  return cp;
+}
+
+/* A token's spelling in the byte alphabet, turned into its bytes (dst holds
+ * len bytes: never more than the spelling). 0, or -1 with *bad the first
+ * code point outside the alphabet. */
+static int spelling_bytes(const char *s, size_t len, char *dst, size_t *n, uint32_t *bad) {
+  size_t at = 0, k;
+  *n = 0;
+  while (at < len) {
+    uint32_t cp = utf8_next((const unsigned char *)s + at, len - at, &k);
+    int b = bpe_char_byte(cp);
+    if (b < 0) return *bad = cp, -1;
+    dst[(*n)++] = (char)b;
+    at += k;
+  }
+  return 0;
+}
+
+static size_t pow2_above(size_t n) {
+  size_t c = 16;
+  while (c < 2 * n) c *= 2;
+  return c;
+}
+
+/* ---- vocab.json ------------------------------------------------------------ */
+
+/* Every id in [0, n): none repeated, none past the end (so none missing). */
+static fsdp_status_t check_ids(const char *path, const json_t *v, int *owner) {
+  size_t n = v->n;
+  for (size_t i = 0; i < n; i++) owner[i] = -1;
+  for (size_t i = 0; i < n; i++) {
+    const json_t *it = &v->items[i];
+    int64_t id;
+    if (!json_int(it, &id) || id < 0)
+      return fsdp_error(FSDP_ERR_FORMAT, "%s: line %d: token \"%.64s\" has id %.32s; ids are "
+                        "integers from 0", path, it->line, v->keys[i],
+                        it->type == JSON_NUMBER ? it->text : "(not a number)");
+    if ((uint64_t)id >= n) {
+      size_t missing = 0;
+      for (size_t j = 0; j < n; j++) /* the smallest id no token has so far */
+        if (owner[j] < 0) { missing = j; break; }
+      return fsdp_error(FSDP_ERR_FORMAT, "%s: line %d: token \"%.64s\" has id %lld, but ids must "
+                        "be 0 .. %zu (the file has %zu tokens): the ids are not contiguous (id "
+                        "%zu is missing)", path, it->line, v->keys[i], (long long)id, n - 1, n,
+                        missing);
+    }
+    if (owner[id] >= 0)
+      return fsdp_error(FSDP_ERR_FORMAT, "%s: line %d: token \"%.64s\" has id %lld, already the "
+                        "id of \"%.64s\" (line %d)", path, it->line, v->keys[i], (long long)id,
+                        v->keys[owner[id]], v->items[owner[id]].line);
+    owner[id] = (int)i;
+  }
+  return FSDP_SUCCESS;
+}
+
+/* Fills bytes/off in id order from the spellings; owner[id] is the key. */
+static fsdp_status_t vocab_bytes(struct fsdp_tokenizer *t, const char *path, const json_t *v,
+                                 const int *owner) {
+  size_t total = 0;
+  for (size_t i = 0; i < v->n; i++) total += strlen(v->keys[i]);
+  t->bytes = malloc(total + 1);
+  t->off = malloc((v->n + 1) * sizeof *t->off);
+  if (!t->bytes || !t->off) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
+  size_t at = 0;
+  for (int id = 0; id < t->n; id++) {
+    const char *key = v->keys[owner[id]];
+    size_t k;
+    uint32_t bad;
+    t->off[id] = at;
+    if (spelling_bytes(key, strlen(key), t->bytes + at, &k, &bad))
+      return fsdp_error(FSDP_ERR_FORMAT, "%s: line %d: token \"%.64s\" (id %d): character "
+                        "U+%04X is not in GPT-2's byte alphabet", path, v->items[owner[id]].line,
+                        key, id, (unsigned)bad);
+    if (k == 0)
+      return fsdp_error(FSDP_ERR_FORMAT, "%s: line %d: token \"\" (id %d) is empty", path,
+                        v->items[owner[id]].line, id);
+    at += k;
+  }
+  t->off[t->n] = at;
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t vocab_index(struct fsdp_tokenizer *t, const char *path) {
+  t->map.cap = pow2_above((size_t)t->n);
+  t->map.slot = malloc(t->map.cap * sizeof *t->map.slot);
+  if (!t->map.slot) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
+  memset(t->map.slot, 0xff, t->map.cap * sizeof *t->map.slot);
+  for (int id = 0; id < t->n; id++) {
+    const char *s = t->bytes + t->off[id];
+    size_t len = t->off[id + 1] - t->off[id], i = bpe_hash(s, len) & (t->map.cap - 1);
+    int other = bpe_vocab_find(t, s, len);
+    if (other >= 0) /* two spellings of one byte string cannot happen; say so if it does */
+      return fsdp_error(FSDP_ERR_FORMAT, "%s: ids %d and %d are the same bytes", path, other, id);
+    while (t->map.slot[i] >= 0) i = (i + 1) & (t->map.cap - 1);
+    t->map.slot[i] = id;
+  }
+  for (int b = 0; b < 256; b++) {
+    char c = (char)b;
+    if ((t->byte_id[b] = bpe_vocab_find(t, &c, 1)) < 0)
+      return fsdp_error(FSDP_ERR_FORMAT, "%s: no token for byte 0x%02x (spelled U+%04X): a "
+                        "byte-level vocabulary needs all 256 bytes", path, b,
+                        (unsigned)bpe_byte_char(b));
+  }
+  t->eot = bpe_vocab_find(t, "<|endoftext|>", 13);
+  return FSDP_SUCCESS;
+}
+
+/* The vocabulary from v, an object of tokens and ids (vocab.json's root, or
+ * tokenizer.json's model.vocab). */
+static fsdp_status_t vocab_from_json(struct fsdp_tokenizer *t, const char *path, const json_t *v) {
+  if (!v || v->type != JSON_OBJECT || v->n == 0)
+    return fsdp_error(FSDP_ERR_FORMAT, "%s: expected an object of tokens and ids, found %s", path,
+                      !v ? "nothing" : v->type == JSON_OBJECT ? "an empty object"
+                                                              : "another JSON value");
+  if (v->n > INT32_MAX / 2) return fsdp_error(FSDP_ERR_FORMAT, "%s: %zu tokens is too many", path, v->n);
+  int *owner = malloc(v->n * sizeof *owner);
+  if (!owner) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
+  t->n = (int)v->n;
+  fsdp_status_t st = check_ids(path, v, owner);
+  if (!st) st = vocab_bytes(t, path, v, owner);
+  if (!st) st = vocab_index(t, path);
+  free(owner);
+  return st;
+}
+
+static fsdp_status_t read_json(const char *path, json_t **v) {
+  char *text;
+  size_t len;
+  FSDP_TRY(read_all(path, &text, &len));
+  fsdp_status_t st = json_parse(text, len, path, v);
+  free(text);
+  return st;
+}
+
+static fsdp_status_t load_vocab(struct fsdp_tokenizer *t, const char *path) {
+  json_t *v = NULL;
+  FSDP_TRY(read_json(path, &v));
+  fsdp_status_t st = vocab_from_json(t, path, v);
+  json_free(v);
+  return st;
+}
+
+/* ---- merges.txt ------------------------------------------------------------ */
+
+/* The id a merge line's token names. */
+static fsdp_status_t merge_token(const struct fsdp_tokenizer *t, const char *path, int line,
+                                 const char *s, size_t len, char *scratch, int *id) {
+  size_t n;
+  uint32_t bad;
+  if (spelling_bytes(s, len, scratch, &n, &bad))
+    return fsdp_error(FSDP_ERR_FORMAT, "%s: line %d: token \"%.*s\": character U+%04X is not in "
+                      "GPT-2's byte alphabet", path, line, (int)len, s, (unsigned)bad);
+  if ((*id = bpe_vocab_find(t, scratch, n)) < 0)
+    return fsdp_error(FSDP_ERR_FORMAT, "%s: line %d: token \"%.*s\" is not in the vocabulary",
+                      path, line, (int)len, s);
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t add_merge(struct fsdp_tokenizer *t, const char *path, int line,
+                               const char *s, size_t len, const int *merge_line) {
+  const char *sp = memchr(s, ' ', len);
+  if (!sp || sp == s || sp + 1 == s + len || memchr(sp + 1, ' ', (size_t)(s + len - sp - 1)))
+    return fsdp_error(FSDP_ERR_FORMAT, "%s: line %d: \"%.*s\" is not a merge (two tokens "
+                      "separated by one space)", path, line, (int)(len < 64 ? len : 64), s);
+  char scratch[1024];
+  if (len >= sizeof scratch)
+    return fsdp_error(FSDP_ERR_FORMAT, "%s: line %d: a merge of %zu bytes is too long", path,
+                      line, len);
+  int a = -1, b = -1;
+  size_t la = (size_t)(sp - s), lb = len - la - 1;
+  FSDP_TRY(merge_token(t, path, line, s, la, scratch, &a));
+  FSDP_TRY(merge_token(t, path, line, sp + 1, lb, scratch, &b));
+  size_t na = t->off[a + 1] - t->off[a], nb = t->off[b + 1] - t->off[b];
+  memcpy(scratch, t->bytes + t->off[a], na);
+  memcpy(scratch + na, t->bytes + t->off[b], nb);
+  int id = bpe_vocab_find(t, scratch, na + nb);
+  if (id < 0)
+    return fsdp_error(FSDP_ERR_FORMAT, "%s: line %d: merge \"%.*s\" makes \"%.*s%.*s\", which is "
+                      "not in the vocabulary", path, line, (int)len, s, (int)la, s, (int)lb,
+                      sp + 1);
+  uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b, mask = t->merge_cap - 1;
+  uint64_t i = (key * 0x9E3779B97F4A7C15ULL >> 17) & mask;
+  for (; t->merges[i].key != UINT64_MAX; i = (i + 1) & mask)
+    if (t->merges[i].key == key)
+      return fsdp_error(FSDP_ERR_FORMAT, "%s: line %d: merge \"%.*s\" repeats line %d", path,
+                        line, (int)len, s, merge_line[t->merges[i].rank]);
+  t->merges[i] = (bpe_merge_t){key, (int)t->n_merges++, id};
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t merges_alloc(struct fsdp_tokenizer *t, const char *path, size_t n,
+                                  int **merge_line) {
+  t->merge_cap = pow2_above(n);
+  t->merges = malloc(t->merge_cap * sizeof *t->merges);
+  *merge_line = malloc((n ? n : 1) * sizeof **merge_line); /* rank -> line, for messages */
+  if (!t->merges || !*merge_line) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
+  for (size_t i = 0; i < t->merge_cap; i++) t->merges[i].key = UINT64_MAX;
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t load_merges(struct fsdp_tokenizer *t, const char *path) {
+  char *text;
+  size_t len;
+  FSDP_TRY(read_all(path, &text, &len));
+  size_t lines = 1;
+  for (size_t i = 0; i < len; i++) lines += text[i] == '\n';
+  int *merge_line = NULL;
+  fsdp_status_t st = merges_alloc(t, path, lines, &merge_line);
+  const char *s = text, *end = text + len;
+  for (int line = 1; st == FSDP_SUCCESS && s < end; line++) {
+    const char *nl = memchr(s, '\n', (size_t)(end - s)), *e = nl ? nl : end;
+    size_t n = (size_t)(e - s);
+    if (n && s[n - 1] == '\r') n--;
+    if (!(line == 1 && n >= 8 && !memcmp(s, "#version", 8))) {
+      merge_line[t->n_merges] = line;
+      st = add_merge(t, path, line, s, n, merge_line);
+    }
+    s = nl ? nl + 1 : end;
+  }
+  free(merge_line);
+  free(text);
+  return st;
+}
+
+/* ---- tokenizer.json ----------------------------------------------------------
+ * Hugging Face's single file: model.vocab and model.merges ("a b" strings or
+ * ["a", "b"] pairs) of a BPE model behind a ByteLevel pre-tokenizer without a
+ * prefix space, as GPT-2's is; anything else is refused by name. */
+
+/* One merge of model.merges as "a b" in buf. */
+static fsdp_status_t json_merge(const char *path, const json_t *m, char *buf, size_t cap,
+                                size_t *len) {
+  if (m->type == JSON_STRING && m->len < cap) {
+    memcpy(buf, m->text, m->len);
+    return *len = m->len, FSDP_SUCCESS;
+  }
+  if (m->type == JSON_ARRAY && m->n == 2 && m->items[0].type == JSON_STRING &&
+      m->items[1].type == JSON_STRING && m->items[0].len + m->items[1].len + 1 < cap) {
+    *len = (size_t)snprintf(buf, cap, "%s %s", m->items[0].text, m->items[1].text);
+    return FSDP_SUCCESS;
+  }
+  return fsdp_error(FSDP_ERR_FORMAT, "%s: line %d: a merge must be \"a b\" or [\"a\", \"b\"]",
+                    path, m->line);
+}
+
+static fsdp_status_t merges_from_json(struct fsdp_tokenizer *t, const char *path, const json_t *a) {
+  if (!a || a->type != JSON_ARRAY)
+    return fsdp_error(FSDP_ERR_FORMAT, "%s: model.merges must be an array", path);
+  int *merge_line = NULL;
+  fsdp_status_t st = merges_alloc(t, path, a->n, &merge_line);
+  for (size_t i = 0; i < a->n && !st; i++) {
+    char buf[1024];
+    size_t len = 0;
+    st = json_merge(path, &a->items[i], buf, sizeof buf, &len);
+    merge_line[t->n_merges] = a->items[i].line;
+    if (!st) st = add_merge(t, path, a->items[i].line, buf, len, merge_line);
+  }
+  free(merge_line);
+  return st;
+}
+
+static const char *json_str(const json_t *v, const char *key) {
+  const json_t *s = json_get(v, key);
+  return s && s->type == JSON_STRING ? s->text : NULL;
+}
+
+/* What fsdp's encoder does is GPT-2's pipeline: say so when the file asks for
+ * another. */
+static fsdp_status_t check_pipeline(const char *path, const json_t *root) {
+  const json_t *model = json_get(root, "model"), *pre = json_get(root, "pre_tokenizer");
+  const json_t *norm = json_get(root, "normalizer"), *prefix = json_get(pre, "add_prefix_space");
+  const char *type = json_str(model, "type"), *pre_type = json_str(pre, "type");
+  if (!type || strcmp(type, "BPE"))
+    return fsdp_error(FSDP_ERR_UNSUPPORTED, "%s: model.type is %s; fsdp reads BPE models", path,
+                      type ? type : "missing");
+  if (!pre_type || strcmp(pre_type, "ByteLevel"))
+    return fsdp_error(FSDP_ERR_UNSUPPORTED, "%s: pre_tokenizer.type is %s; fsdp implements "
+                      "GPT-2's ByteLevel", path, pre_type ? pre_type : "missing");
+  if (prefix && prefix->type == JSON_BOOL && prefix->boolean)
+    return fsdp_error(FSDP_ERR_UNSUPPORTED, "%s: line %d: add_prefix_space is true; fsdp encodes "
+                      "as GPT-2 does, without it", path, prefix->line);
+  if (norm && norm->type != JSON_NULL)
+    return fsdp_error(FSDP_ERR_UNSUPPORTED, "%s: line %d: a normalizer is set; GPT-2 has none",
+                      path, norm->line);
+  return FSDP_SUCCESS;
+}
+
+/* Added tokens must be tokens of the vocabulary with the same id. */
+static fsdp_status_t check_added(struct fsdp_tokenizer *t, const char *path, const json_t *a) {
+  for (size_t i = 0; a && a->type == JSON_ARRAY && i < a->n; i++) {
+    const char *content = json_str(&a->items[i], "content");
+    int64_t id;
+    if (!content || !json_int(json_get(&a->items[i], "id"), &id))
+      return fsdp_error(FSDP_ERR_FORMAT, "%s: line %d: an added token needs \"id\" and "
+                        "\"content\"", path, a->items[i].line);
+    int have = bpe_vocab_find(t, content, strlen(content));
+    if (have != id)
+      return fsdp_error(FSDP_ERR_UNSUPPORTED, "%s: line %d: added token \"%.64s\" (id %lld) is "
+                        "not that token of model.vocab; fsdp reads only added tokens that are",
+                        path, a->items[i].line, content, (long long)id);
+  }
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t load_tokenizer_json(struct fsdp_tokenizer *t, const char *path) {
+  json_t *root = NULL;
+  FSDP_TRY(read_json(path, &root));
+  fsdp_status_t st = check_pipeline(path, root);
+  const json_t *model = json_get(root, "model");
+  if (!st) st = vocab_from_json(t, path, json_get(model, "vocab"));
+  if (!st) st = merges_from_json(t, path, json_get(model, "merges"));
+  if (!st) st = check_added(t, path, json_get(root, "added_tokens"));
+  json_free(root);
+  return st;
+}
+
+static fsdp_status_t path_in(const char *dir, const char *name, char *out, size_t cap) {
+  if ((size_t)snprintf(out, cap, "%s/%s", dir, name) >= cap)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "tokenizer: directory name too long: %s", dir);
+  return FSDP_SUCCESS;
+}
+
+/* vocab.json + merges.txt in dir, else its tokenizer.json, or dir itself a
+ * tokenizer.json. */
+static fsdp_status_t load_files(struct fsdp_tokenizer *t, const char *dir) {
+  char vocab[4096], merges[4096], single[4096];
+  struct stat sb;
+  FSDP_TRY(path_in(dir, "vocab.json", vocab, sizeof vocab));
+  FSDP_TRY(path_in(dir, "merges.txt", merges, sizeof merges));
+  FSDP_TRY(path_in(dir, "tokenizer.json", single, sizeof single));
+  if (stat(dir, &sb) == 0 && S_ISREG(sb.st_mode)) return load_tokenizer_json(t, dir);
+  if (stat(vocab, &sb) != 0 && stat(single, &sb) == 0) return load_tokenizer_json(t, single);
+  FSDP_TRY(load_vocab(t, vocab));
+  return load_merges(t, merges);
+}
+
+fsdp_status_t fsdp_tokenizer_load(const char *dir, fsdp_tokenizer_t *out) {
+  if (!dir || !out)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "tokenizer load: dir and out must not be NULL");
+  struct fsdp_tokenizer *t = calloc(1, sizeof *t);
+  if (!t) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "tokenizer load: out of memory");
+  fsdp_status_t st = load_files(t, dir);
+  if (!st) st = bpe_compile_pattern(t);
+  if (st) {
+    fsdp_tokenizer_free(t);
+    return st;
+  }
+  *out = t;
+  return FSDP_SUCCESS;
+}

@@ -1,0 +1,43 @@
+/* tests/cudasim/runtime/sim_internal.h — what the simulator's runtime
+ * (runtime.cc: devices, memory, streams, events, errors) and its kernel
+ * executor (exec.cc: launches, fibers, barriers, warp operations, shared
+ * memory) share. Not seen by the code under test. */
+#ifndef FSDP_CUDASIM_SIM_INTERNAL_H
+#define FSDP_CUDASIM_SIM_INTERNAL_H
+
+#include <cuda_runtime.h>
+
+#include <functional>
+#include <string>
+
+namespace fsdp_sim {
+
+/* One kernel launch, as queued on its stream. */
+struct launch {
+  std::string name, site; /* the kernel and file:line of the launch */
+  dim3 grid, block;
+  size_t shared_bytes;
+  int device;
+  std::function<void()> body;
+};
+
+/* Runs every block of l on the calling thread (a stream's worker). Returns
+ * cudaSuccess, or the fault that stopped it (already reported on stderr). */
+cudaError_t run_launch(const launch &l);
+
+/* Checks l's configuration as an H100 would; on refusal fills why. */
+cudaError_t check_launch(const launch &l, std::string *why);
+
+/* runtime.cc: queues l on stream (NULL: the legacy default stream of the
+ * current device) after the launch checks. */
+cudaError_t enqueue_launch(launch *l, cudaStream_t stream);
+
+/* runtime.cc: the geometry of l in words, for messages. */
+std::string describe(const launch &l);
+
+/* runtime.cc: a line on stderr, prefixed "cudasim: ". */
+void report(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+} // namespace fsdp_sim
+
+#endif

@@ -1,0 +1,515 @@
+/* tests/cudasim/runtime/test_sim.cc — the simulator's own tests: what it
+ * computes (barriers, shared memory, shuffles, votes, atomics, streams,
+ * events) and what it refuses (each refusal the header lists), each checked
+ * by the error code AND the stderr line naming the fault, so that the test
+ * fails if the simulator stopped catching the thing.
+ *
+ * Faults are sticky per device, as on a GPU: each faulting case runs on a
+ * device of its own (FSDP_SIM_DEVICES=32 is set before the first call). Cases
+ * that end the process (AddressSanitizer, ThreadSanitizer, the driver check)
+ * run in a child: this program re-executed with --child <case>. */
+#include <fcntl.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+extern char **environ;
+
+static int failures, checks;
+static std::string self;
+
+#define EXPECT(cond, ...)                                                  \
+  do {                                                                     \
+    ++checks;                                                              \
+    if (!(cond)) {                                                         \
+      ++failures;                                                          \
+      fprintf(stdout, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);      \
+      fprintf(stdout, __VA_ARGS__);                                        \
+      fprintf(stdout, "\n");                                               \
+    }                                                                      \
+  } while (0)
+
+/* ---- stderr capture: the simulator's report lines ---- */
+
+struct capture {
+  int saved = -1;
+  FILE *tmp = nullptr;
+  void begin() {
+    fflush(stderr);
+    tmp = tmpfile();
+    saved = dup(2);
+    dup2(fileno(tmp), 2);
+  }
+  std::string end() {
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    std::string s;
+    rewind(tmp);
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, tmp)) > 0) s.append(buf, n);
+    fclose(tmp);
+    fputs(s.c_str(), stderr); /* still shown, for the log */
+    return s;
+  }
+};
+
+static bool has(const std::string &s, const char *what) { return s.find(what) != std::string::npos; }
+
+/* ---- kernels ---- */
+
+__global__ void reverse_kernel(int *out, const int *in) {
+  FSDP_SHARED(int, tile, [256]);
+  const unsigned t = threadIdx.x;
+  tile[t] = in[blockIdx.x * blockDim.x + t];
+  __syncthreads();
+  out[blockIdx.x * blockDim.x + t] = tile[blockDim.x - 1 - t];
+}
+
+__global__ void warp_kernel(int *sum, int *up, int *down, unsigned *ballot, int *any_all) {
+  const int lane = threadIdx.x & 31;
+  int x = lane + 1;
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  sum[threadIdx.x] = x;
+  up[threadIdx.x] = __shfl_up_sync(0xffffffffu, lane, 1);
+  down[threadIdx.x] = __shfl_down_sync(0xffffffffu, lane, 4, 8);
+  ballot[threadIdx.x] = __ballot_sync(0xffffffffu, lane % 3 == 0);
+  any_all[threadIdx.x] = __any_sync(0xffffffffu, lane == 7) * 2 + __all_sync(0xffffffffu, lane < 40);
+}
+
+__global__ void atomic_kernel(float *acc, unsigned *count) {
+  atomicAdd(acc, 0.5f);
+  atomicAdd(count, 1u);
+}
+
+__global__ void dynamic_kernel(float *out, int n) {
+  FSDP_DYNAMIC_SHARED(float, buf);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) buf[i] = (float)i;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float s = 0;
+    for (int i = 0; i < n; ++i) s += buf[i];
+    *out = s;
+  }
+}
+
+__global__ void noop_kernel(int *p) {
+  if (p && threadIdx.x == 0 && blockIdx.x == 0) *p = 1;
+}
+
+/* One thread leaves before the barrier the others wait at. */
+__global__ void divergent_barrier_kernel(int *p) {
+  if (threadIdx.x == 5) return;
+  __syncthreads();
+  p[threadIdx.x] = 1;
+}
+
+__global__ void two_barriers_kernel(int *p) {
+  if (threadIdx.x < 16)
+    __syncthreads();
+  else
+    __syncthreads();
+  p[threadIdx.x] = 1;
+}
+
+__global__ void shuffle_lane_missing_kernel(float *p) {
+  if (threadIdx.x == 3) return;
+  p[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
+}
+
+/* 48 threads: the second warp has 16 lanes, and the full mask names 16 more. */
+__global__ void shuffle_partial_warp_kernel(float *p) {
+  p[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
+}
+
+/* The out-of-bounds write is the point: the compiler may see it too. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Warray-bounds"
+__global__ void shared_oob_kernel(float *out, int at) {
+  FSDP_SHARED(float, small, [32]);
+  small[threadIdx.x] = 1.0f;
+  __syncthreads();
+  if (threadIdx.x == 0) small[at] = 2.0f; /* at = 32: one past the end */
+  __syncthreads();
+  out[threadIdx.x] = small[threadIdx.x];
+}
+#pragma GCC diagnostic pop
+
+__global__ void misaligned_kernel(float4 *out, const float *in) {
+  out[0] = __ldg(reinterpret_cast<const float4 *>(in + 1));
+}
+
+__global__ void write_kernel(int *buf, int n, int value) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) buf[i] = value;
+}
+
+__global__ void copy_kernel(int *out, const int *in, int n) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = in[i];
+}
+
+/* ---- helpers ---- */
+
+template <typename T> static T *dev(size_t n) {
+  void *p = nullptr;
+  EXPECT(cudaMalloc(&p, n * sizeof(T)) == cudaSuccess, "cudaMalloc");
+  return static_cast<T *>(p);
+}
+
+template <typename T> static std::vector<T> back(const T *d, size_t n) {
+  std::vector<T> h(n);
+  EXPECT(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess, "copy");
+  return h;
+}
+
+static int next_device = 1; /* device 0 stays clean for the passing cases */
+static void fresh_device() {
+  cudaSetDevice(next_device++);
+  cudaGetLastError(); /* the previous case's error, read */
+}
+
+/* ---- what the simulator computes ---- */
+
+static void test_barrier_and_shared() {
+  std::vector<int> h(512);
+  for (int i = 0; i < 512; ++i) h[i] = i;
+  int *in = dev<int>(512), *out = dev<int>(512);
+  cudaMemcpy(in, h.data(), 512 * sizeof(int), cudaMemcpyHostToDevice);
+  FSDP_LAUNCH(reverse_kernel, 2, 256, 0, nullptr, out, in);
+  EXPECT(cudaGetLastError() == cudaSuccess, "launch");
+  std::vector<int> r = back(out, 512);
+  int bad = 0;
+  for (int b = 0; b < 2; ++b)
+    for (int t = 0; t < 256; ++t) bad += r[b * 256 + t] != b * 256 + 255 - t;
+  EXPECT(bad == 0, "%d elements not reversed through shared memory", bad);
+  cudaFree(in), cudaFree(out);
+}
+
+static void test_warp_ops() {
+  int *sum = dev<int>(64), *up = dev<int>(64), *down = dev<int>(64), *aa = dev<int>(64);
+  unsigned *ballot = dev<unsigned>(64);
+  FSDP_LAUNCH(warp_kernel, 1, 64, 0, nullptr, sum, up, down, ballot, aa);
+  std::vector<int> s = back(sum, 64), u = back(up, 64), d = back(down, 64), a = back(aa, 64);
+  std::vector<unsigned> b = back(ballot, 64);
+  unsigned want_ballot = 0;
+  for (int l = 0; l < 32; l += 3) want_ballot |= 1u << l;
+  for (int t = 0; t < 64; ++t) {
+    const int lane = t & 31;
+    EXPECT(s[t] == 528, "thread %d: xor-shuffle sum %d, not 528", t, s[t]);
+    EXPECT(u[t] == (lane ? lane - 1 : 0), "thread %d: shfl_up gave %d", t, u[t]);
+    EXPECT(d[t] == ((lane & 7) + 4 < 8 ? lane + 4 : lane), "thread %d: shfl_down width 8 gave %d",
+           t, d[t]);
+    EXPECT(b[t] == want_ballot, "thread %d: ballot 0x%08x", t, b[t]);
+    EXPECT(a[t] == 3, "thread %d: any/all gave %d", t, a[t]);
+  }
+  cudaFree(sum), cudaFree(up), cudaFree(down), cudaFree(aa), cudaFree(ballot);
+}
+
+static void test_atomics_dynamic_shared() {
+  float *acc = dev<float>(1);
+  unsigned *count = dev<unsigned>(1);
+  cudaMemset(acc, 0, 4);
+  cudaMemset(count, 0, 4);
+  FSDP_LAUNCH(atomic_kernel, 100, 128, 0, nullptr, acc, count);
+  EXPECT(back(acc, 1)[0] == 6400.0f, "atomicAdd float: %g", back(acc, 1)[0]);
+  EXPECT(back(count, 1)[0] == 12800u, "atomicAdd unsigned: %u", back(count, 1)[0]);
+  float *out = dev<float>(1);
+  FSDP_LAUNCH(dynamic_kernel, 1, 64, 1000 * sizeof(float), nullptr, out, 1000);
+  EXPECT(back(out, 1)[0] == 499500.0f, "dynamic shared sum %g", back(out, 1)[0]);
+  cudaFree(acc), cudaFree(count), cudaFree(out);
+}
+
+static void test_memory() {
+  size_t free0, total;
+  EXPECT(cudaMemGetInfo(&free0, &total) == cudaSuccess, "cudaMemGetInfo");
+  unsigned char *p = dev<unsigned char>(1000);
+  size_t free1;
+  cudaMemGetInfo(&free1, &total);
+  EXPECT(free0 - free1 == 1000, "1000 bytes allocated, %zu accounted", free0 - free1);
+  std::vector<unsigned char> h = back(p, 1000);
+  EXPECT(h[0] == 0xff && h[999] == 0xff, "fresh device memory is not 0xff-filled");
+  cudaPointerAttributes a;
+  EXPECT(cudaPointerGetAttributes(&a, p + 10) == cudaSuccess && a.type == cudaMemoryTypeDevice,
+         "device pointer not recognised");
+  int x;
+  EXPECT(cudaPointerGetAttributes(&a, &x) == cudaSuccess && a.type == cudaMemoryTypeUnregistered,
+         "host pointer not unregistered");
+  capture c;
+  c.begin();
+  const cudaError_t e = cudaMemcpy(p + 900, &x, 200, cudaMemcpyHostToDevice);
+  std::string msg = c.end();
+  EXPECT(e == cudaErrorInvalidValue && has(msg, "past its allocation"),
+         "a copy past the allocation: %s", cudaGetErrorName(e));
+  cudaGetLastError();
+  void *big = nullptr;
+  EXPECT(cudaMalloc(&big, total) == cudaErrorMemoryAllocation, "more than the device holds");
+  cudaGetLastError();
+  cudaFree(p);
+}
+
+static void test_events() {
+  cudaStream_t s;
+  cudaEvent_t a, b;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  EXPECT(cudaEventQuery(a) == cudaSuccess, "a never-recorded event is complete");
+  cudaEventRecord(a, s);
+  FSDP_LAUNCH(noop_kernel, 1000, 256, 0, s, (int *)nullptr);
+  cudaEventRecord(b, s);
+  EXPECT(cudaEventSynchronize(b) == cudaSuccess, "cudaEventSynchronize");
+  float ms = -1;
+  EXPECT(cudaEventElapsedTime(&ms, a, b) == cudaSuccess && ms >= 0, "elapsed %g", ms);
+  cudaEvent_t nt;
+  cudaEventCreateWithFlags(&nt, cudaEventDisableTiming);
+  cudaEventRecord(nt, s);
+  cudaStreamSynchronize(s);
+  capture c;
+  c.begin();
+  const cudaError_t e = cudaEventElapsedTime(&ms, a, nt);
+  c.end();
+  EXPECT(e == cudaErrorInvalidResourceHandle, "timing a DisableTiming event: %s",
+         cudaGetErrorName(e));
+  cudaGetLastError();
+  cudaEventDestroy(a), cudaEventDestroy(b), cudaEventDestroy(nt);
+  cudaStreamDestroy(s);
+}
+
+/* ---- streams: a missing wait is a real race ---- */
+
+struct gate {
+  std::atomic<int> open{0};
+};
+static void wait_gate(void *g) {
+  while (!static_cast<gate *>(g)->open.load()) usleep(100);
+}
+
+/* Stream a writes 7s after a gate the host opens last; stream b copies the
+ * buffer. With cudaStreamWaitEvent b sees the 7s; without it b runs first and
+ * sees the old 1s: the simulator's streams do not order what the code does
+ * not order. */
+static void race_case(bool with_wait, std::vector<int> *seen) {
+  const int n = 4096;
+  cudaStream_t a, b;
+  cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking);
+  cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking);
+  int *buf = dev<int>(n), *out = dev<int>(n);
+  FSDP_LAUNCH(write_kernel, 1, 256, 0, nullptr, buf, n, 1);
+  cudaDeviceSynchronize();
+  gate g;
+  cudaEvent_t written;
+  cudaEventCreateWithFlags(&written, cudaEventDisableTiming);
+  cudaLaunchHostFunc(a, wait_gate, &g);
+  FSDP_LAUNCH(write_kernel, 1, 256, 0, a, buf, n, 7);
+  cudaEventRecord(written, a);
+  if (with_wait) cudaStreamWaitEvent(b, written, 0);
+  FSDP_LAUNCH(copy_kernel, 1, 256, 0, b, out, buf, n);
+  if (!with_wait) cudaStreamSynchronize(b); /* b is done before a may start */
+  g.open = 1;
+  cudaDeviceSynchronize();
+  *seen = back(out, n);
+  cudaEventDestroy(written);
+  cudaStreamDestroy(a), cudaStreamDestroy(b);
+  cudaFree(buf), cudaFree(out);
+}
+
+static void test_stream_race() {
+  std::vector<int> seen;
+  race_case(true, &seen);
+  EXPECT(seen[0] == 7 && seen[4095] == 7, "with the wait b saw %d", seen[0]);
+  race_case(false, &seen);
+  EXPECT(seen[0] == 1 && seen[4095] == 1,
+         "without cudaStreamWaitEvent b saw %d: the streams were ordered anyway", seen[0]);
+}
+
+static std::atomic<int> host_fn_result{-1};
+static void host_fn_calls_cuda(void *) {
+  void *p = nullptr;
+  host_fn_result = cudaMalloc(&p, 16);
+}
+
+static void test_host_function_rules() {
+  capture c;
+  c.begin();
+  cudaLaunchHostFunc(nullptr, host_fn_calls_cuda, nullptr);
+  cudaDeviceSynchronize();
+  std::string msg = c.end();
+  EXPECT(host_fn_result == cudaErrorNotPermitted && has(msg, "inside a host function"),
+         "cudaMalloc in a host function gave %d", host_fn_result.load());
+}
+
+/* ---- what the simulator refuses ---- */
+
+static void expect_refused(dim3 grid, dim3 block, size_t shmem, const char *why) {
+  capture c;
+  c.begin();
+  FSDP_LAUNCH(noop_kernel, grid, block, shmem, nullptr, (int *)nullptr);
+  const cudaError_t e = cudaGetLastError();
+  std::string msg = c.end();
+  EXPECT(e == cudaErrorInvalidConfiguration, "grid (%u,%u,%u) block (%u,%u,%u): %s", grid.x,
+         grid.y, grid.z, block.x, block.y, block.z, cudaGetErrorName(e));
+  EXPECT(has(msg, "noop_kernel") && has(msg, why), "the refusal says: %s", msg.c_str());
+  EXPECT(cudaGetLastError() == cudaSuccess, "a refused launch is not sticky");
+}
+
+static void test_launch_limits() {
+  expect_refused(1, 1025, 0, "1025 threads per block");
+  expect_refused(1, dim3(1, 1, 65), 0, "block dimensions past");
+  expect_refused(dim3(1, 65536), 32, 0, "grid dimensions past");
+  expect_refused(0, 32, 0, "is 0");
+  expect_refused(1, 32, 48 * 1024 + 1, "dynamic shared memory");
+  FSDP_LAUNCH(noop_kernel, dim3(2, 65535, 1), dim3(1024, 1, 1), 48 * 1024, nullptr, (int *)nullptr);
+  EXPECT(cudaGetLastError() == cudaSuccess, "the largest legal launch is refused");
+}
+
+/* A fault inside a kernel: the launch succeeds, the next synchronising call
+ * returns err (sticky), and stderr names the kernel, thread and reason. */
+static void expect_fault(void (*launch)(int *), cudaError_t err, const char *kernel,
+                         const char *what) {
+  fresh_device();
+  int *p = dev<int>(1024);
+  capture c;
+  c.begin();
+  launch(p);
+  const cudaError_t launched = cudaGetLastError();
+  const cudaError_t e = cudaDeviceSynchronize();
+  std::string msg = c.end();
+  EXPECT(launched == cudaSuccess, "%s: the launch itself failed", kernel);
+  EXPECT(e == err, "%s: synchronize gave %s, not %s", kernel, cudaGetErrorName(e),
+         cudaGetErrorName(err));
+  EXPECT(has(msg, kernel) && has(msg, what), "%s: the report lacks '%s': %s", kernel, what,
+         msg.c_str());
+  void *q = nullptr;
+  EXPECT(cudaMalloc(&q, 16) == err, "%s: the fault is not sticky", kernel);
+  EXPECT(cudaFree(p) == err, "%s: cudaFree after the fault", kernel);
+}
+
+static void test_faults() {
+  expect_fault([](int *p) { FSDP_LAUNCH(divergent_barrier_kernel, 1, 64, 0, nullptr, p); },
+               cudaErrorIllegalInstruction, "divergent_barrier_kernel", "thread (5,0,0) exited");
+  expect_fault([](int *p) { FSDP_LAUNCH(two_barriers_kernel, 1, 64, 0, nullptr, p); },
+               cudaErrorIllegalInstruction, "two_barriers_kernel", "threads must reach the same");
+  expect_fault([](int *p) { FSDP_LAUNCH(shuffle_lane_missing_kernel, 1, 32, 0, nullptr, (float *)p); },
+               cudaErrorIllegalInstruction, "shuffle_lane_missing_kernel",
+               "lane 3, thread (3,0,0), exited");
+  expect_fault([](int *p) { FSDP_LAUNCH(shuffle_partial_warp_kernel, 1, 48, 0, nullptr, (float *)p); },
+               cudaErrorIllegalInstruction, "shuffle_partial_warp_kernel", "past the block's 48");
+  expect_fault([](int *p) { FSDP_LAUNCH(misaligned_kernel, 1, 1, 0, nullptr, (float4 *)p, (float *)p); },
+               cudaErrorMisalignedAddress, "misaligned_kernel", "misaligned __ldg");
+  /* Device 0 is untouched by all of these. */
+  cudaSetDevice(0);
+  void *q = nullptr;
+  EXPECT(cudaMalloc(&q, 16) == cudaSuccess, "a fault on another device reached device 0");
+  cudaFree(q);
+}
+
+/* ---- children: cases that end the process ---- */
+
+static int child_shared_oob() {
+  float *out = dev<float>(32);
+  FSDP_LAUNCH(shared_oob_kernel, 1, 32, 0, nullptr, out, 32);
+  const cudaError_t e = cudaDeviceSynchronize();
+  printf("child: synchronize gave %s\n", cudaGetErrorName(e));
+  return e == cudaSuccess ? 0 : 3;
+}
+
+static int child_driver() {
+  int n = -1;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  fprintf(stderr, "child: cudaGetDeviceCount: %s (%s)\n", cudaGetErrorName(e),
+          cudaGetErrorString(e));
+  return e == cudaErrorInsufficientDriver ? 3 : 0;
+}
+
+/* Without the wait, two streams touch one buffer: ThreadSanitizer's report. */
+static int child_tsan_race() {
+  const int n = 1 << 16;
+  cudaStream_t a, b;
+  cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking);
+  cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking);
+  int *buf = dev<int>(n), *out = dev<int>(n);
+  cudaDeviceSynchronize();
+  FSDP_LAUNCH(write_kernel, 4, 256, 0, a, buf, n, 7);
+  FSDP_LAUNCH(copy_kernel, 4, 256, 0, b, out, buf, n);
+  cudaDeviceSynchronize();
+  return 0;
+}
+
+/* Runs this program with --child name (and env) and returns its exit status
+ * and output. */
+static int run_child(const char *name, const char *env, std::string *out) {
+  char path[] = "/tmp/cudasim-child-XXXXXX";
+  const int fd = mkstemp(path);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, fd, 1);
+  posix_spawn_file_actions_adddup2(&fa, fd, 2);
+  std::vector<char *> envp;
+  for (char **e = environ; *e; ++e) envp.push_back(*e);
+  std::string extra = env ? env : "";
+  if (env) envp.push_back(&extra[0]);
+  envp.push_back(nullptr);
+  char *argv[] = {&self[0], (char *)"--child", (char *)name, nullptr};
+  pid_t pid;
+  int status = -1;
+  if (posix_spawn(&pid, self.c_str(), &fa, nullptr, argv, envp.data()) == 0)
+    waitpid(pid, &status, 0);
+  posix_spawn_file_actions_destroy(&fa);
+  out->clear();
+  lseek(fd, 0, SEEK_SET);
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof buf)) > 0) out->append(buf, (size_t)n);
+  close(fd);
+  unlink(path);
+  fprintf(stderr, "--- child %s:\n%s---\n", name, out->c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static void test_children() {
+  std::string out;
+  int rc = run_child("shared_oob", nullptr, &out);
+  /* UBSan (bounds) or ASan stop the child at the write; without them the
+   * canary is reported at the next barrier. */
+  EXPECT(rc != 0 && (has(out, "heap-buffer-overflow") || has(out, "out of bounds for type") ||
+                     (has(out, "out-of-bounds write to shared memory") && has(out, "'small'"))),
+         "an out-of-bounds shared write went unseen (exit %d)", rc);
+  rc = run_child("driver", "FSDP_SIM_DRIVER=old", &out);
+  EXPECT(rc == 3 && has(out, "insufficient"), "an old driver was not reported (exit %d)", rc);
+#if defined(__SANITIZE_THREAD__)
+  rc = run_child("tsan_race", nullptr, &out);
+  EXPECT(rc != 0 && has(out, "data race"), "TSan did not see the unordered streams (exit %d)", rc);
+#endif
+}
+
+int main(int argc, char **argv) {
+  setenv("FSDP_SIM_DEVICES", "32", 1);
+  self = argv[0];
+  if (argc == 3 && !strcmp(argv[1], "--child")) {
+    if (!strcmp(argv[2], "shared_oob")) return child_shared_oob();
+    if (!strcmp(argv[2], "driver")) return child_driver();
+    if (!strcmp(argv[2], "tsan_race")) return child_tsan_race();
+    return 2;
+  }
+  test_barrier_and_shared();
+  test_warp_ops();
+  test_atomics_dynamic_shared();
+  test_memory();
+  test_events();
+  test_stream_race();
+  test_host_function_rules();
+  test_launch_limits();
+  test_faults();
+  test_children();
+  printf("test_sim: %d checks, %d failed\n", checks, failures);
+  return failures ? 1 : 0;
+}

@@ -1,0 +1,343 @@
+/* tests/unit/test_bpe.c — the GPT-2 BPE tokenizer (src/data/bpe.c,
+ * bpe_load.c): round trips, merges applied by rank, pre-tokenisation
+ * boundaries, <|endoftext|>, and every malformed vocabulary with its message.
+ * Vocabularies are written by tok_vocab.h into a mkdtemp directory. */
+#include <check.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fsdp/tokenizer.h"
+#include "common/check_run.h"
+#include "common/tok_vocab.h"
+
+static char tmp_dir[64];
+
+static const char *const small_merges[][2] = {
+    {"h", "e"}, {"l", "l"}, {"he", "ll"}, {"hell", "o"}, {" ", "w"}, {"o", "r"},
+    {" w", "or"}, {" wor", "l"}, {" worl", "d"}, {"o", " "}, {" ", "t"}, {" t", "he"},
+};
+
+static fsdp_tokenizer_t load_small(const char *name) {
+  char dir[256];
+  snprintf(dir, sizeof dir, "%s/%s", tmp_dir, name);
+  tok_write_vocab(dir, small_merges, sizeof small_merges / sizeof small_merges[0]);
+  fsdp_tokenizer_t t;
+  ck_assert_msg(fsdp_tokenizer_load(dir, &t) == FSDP_SUCCESS, "%s", fsdp_last_error());
+  return t;
+}
+
+/* The ids of text, as a string "a b c" for messages and comparisons. */
+static void encode_str(fsdp_tokenizer_t t, const char *text, size_t len, int flags, char *out) {
+  fsdp_token_buf_t b = {0};
+  ck_assert_msg(fsdp_tokenizer_encode(t, text, len, flags, &b) == FSDP_SUCCESS, "%s",
+                fsdp_last_error());
+  out[0] = 0;
+  for (size_t i = 0; i < b.n; i++) sprintf(out + strlen(out), i ? " %d" : "%d", b.ids[i]);
+  fsdp_token_buf_free(&b);
+}
+
+static void check_round_trip(fsdp_tokenizer_t t, const char *text, size_t len) {
+  fsdp_token_buf_t b = {0};
+  ck_assert_int_eq(fsdp_tokenizer_encode(t, text, len, 0, &b), FSDP_SUCCESS);
+  char back[4096];
+  size_t n;
+  ck_assert_int_eq(fsdp_tokenizer_decode(t, b.ids, b.n, back, sizeof back, &n), FSDP_SUCCESS);
+  ck_assert_uint_eq(n, len);
+  ck_assert_msg(!memcmp(back, text, len), "round trip changed the bytes of \"%.*s\"", (int)len,
+                text);
+  fsdp_token_buf_free(&b);
+}
+
+START_TEST(bpe_round_trips) {
+  fsdp_tokenizer_t t = load_small("rt");
+  const char *texts[] = {"hello world", "  hello   world  \n\n\t", "It's the dog's; they'll",
+                         "Straße naïve 日本語 🙂 ٣½", "12345 3.14 a+b=c <|endoftext|>"};
+  for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++)
+    check_round_trip(t, texts[i], strlen(texts[i]));
+  char all[512]; /* every byte, and text that is not UTF-8 */
+  for (int i = 0; i < 256; i++) all[i] = all[511 - i] = (char)i;
+  check_round_trip(t, all, sizeof all);
+  check_round_trip(t, "ab\xff\xfe cd \xc3 \xe6\x97 hello", 19);
+  fsdp_tokenizer_free(t);
+}
+END_TEST
+
+/* Merges apply by rank (best first), not by position or length. */
+START_TEST(bpe_merges_by_rank) {
+  fsdp_tokenizer_t t = load_small("rank");
+  char ids[256];
+  /* "hello": h e -> he (256), l l -> ll (257), he ll -> hell (258), hell o -> hello (259). */
+  encode_str(t, "hello", 5, 0, ids);
+  ck_assert_str_eq(ids, "259");
+  /* " world": Ġ w (260), o r (261), Ġw or (262), Ġwor l (263), Ġworl d (264). */
+  encode_str(t, "hello world", 11, 0, ids);
+  ck_assert_str_eq(ids, "259 264");
+  fsdp_tokenizer_free(t);
+  /* Same tokens, the two first merges of "abc" in either order. */
+  const char *const ab_first[][2] = {{"a", "b"}, {"b", "c"}};
+  const char *const bc_first[][2] = {{"b", "c"}, {"a", "b"}};
+  char dir[256];
+  snprintf(dir, sizeof dir, "%s/ab", tmp_dir);
+  tok_write_vocab(dir, ab_first, 2);
+  ck_assert_int_eq(fsdp_tokenizer_load(dir, &t), FSDP_SUCCESS);
+  encode_str(t, "abc", 3, 0, ids);
+  ck_assert_str_eq(ids, "256 99"); /* ab c */
+  fsdp_tokenizer_free(t);
+  snprintf(dir, sizeof dir, "%s/bc", tmp_dir);
+  tok_write_vocab(dir, bc_first, 2);
+  ck_assert_int_eq(fsdp_tokenizer_load(dir, &t), FSDP_SUCCESS);
+  encode_str(t, "abc", 3, 0, ids);
+  ck_assert_str_eq(ids, "97 256"); /* a bc: "bc" is id 256 in this vocabulary */
+  encode_str(t, "ababab", 6, 0, ids); /* a b a b a b: "ab" ranks second, merged everywhere */
+  ck_assert_str_eq(ids, "257 257 257");
+  fsdp_tokenizer_free(t);
+}
+END_TEST
+
+/* Merges never cross the regex's pieces: "o " is a merge, but "hello world"
+ * splits as "hello" | " world", and "hello  world" as "hello" | " " | " world". */
+START_TEST(bpe_pieces_bound_merges) {
+  fsdp_tokenizer_t t = load_small("pieces");
+  char ids[256];
+  encode_str(t, "hello  world", 12, 0, ids);
+  ck_assert_str_eq(ids, "259 32 264");
+  encode_str(t, "o the", 5, 0, ids); /* "o" | " the": Ġt (266) he (256) -> Ġthe (267) */
+  ck_assert_str_eq(ids, "111 267");
+  encode_str(t, "you're", 6, 0, ids); /* "you" | "'re" */
+  ck_assert_str_eq(ids, "121 111 117 39 114 101");
+  fsdp_tokenizer_free(t);
+}
+END_TEST
+
+START_TEST(bpe_special_tokens) {
+  fsdp_tokenizer_t t = load_small("special");
+  int eot = fsdp_tokenizer_eot(t);
+  ck_assert_int_eq(eot, fsdp_tokenizer_vocab_size(t) - 1);
+  char ids[1024], want[64];
+  encode_str(t, "hello<|endoftext|>hello", 23, FSDP_TOKENIZE_ALLOW_SPECIAL, ids);
+  snprintf(want, sizeof want, "259 %d 259", eot);
+  ck_assert_str_eq(ids, want);
+  encode_str(t, "<|endoftext|>", 13, 0, ids); /* as text: < | endoftext | > */
+  ck_assert_ptr_null(strstr(ids, want + 4));
+  ck_assert_str_eq(ids, "60 124 101 110 100 111 102 116 101 120 116 124 62"); /* no merges */
+  size_t len;
+  const char *s = fsdp_tokenizer_token(t, eot, &len);
+  ck_assert_uint_eq(len, 13);
+  ck_assert(!memcmp(s, "<|endoftext|>", 13));
+  ck_assert_ptr_null(fsdp_tokenizer_token(t, fsdp_tokenizer_vocab_size(t), &len));
+  int bad[] = {259, 9999};
+  char out[8];
+  ck_assert_int_eq(fsdp_tokenizer_decode(t, bad, 2, out, sizeof out, &len),
+                   FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "id 9999 at position 1"));
+  fsdp_tokenizer_free(t);
+}
+END_TEST
+
+/* ---- malformed vocabularies -------------------------------------------------- */
+
+typedef struct {
+  const char *vocab;  /* vocab.json text; NULL: none written; "" : the 256 bytes only */
+  const char *merges; /* merges.txt text; NULL: none written */
+  const char *want;   /* in the message; "%s" is the directory */
+} bad_case_t;
+
+static const bad_case_t bad_cases[] = {
+    {NULL, "", "%s/vocab.json: cannot open"},
+    {"", NULL, "%s/merges.txt: cannot open"},
+    {"{\"a\": 0,}", "", "%s/vocab.json: line 1, column 9: trailing comma"},
+    {"[1, 2]", "", "%s/vocab.json: expected an object"},
+    {"+\"xq\": -1", "", "%s/vocab.json: line 258: token \"xq\" has id -1; ids are integers"},
+    {"+\"xq\": 1.5", "", "%s/vocab.json: line 258: token \"xq\" has id 1.5"},
+    {"+\"xy\": 300", "", "token \"xy\" has id 300, but ids must be 0 .. 256 (the file has 257 "
+     "tokens): the ids are not contiguous (id 256 is missing)"},
+    {"+\"xy\": 7", "", "%s/vocab.json: line 258: token \"xy\" has id 7, already the id of "
+     "\"ć\" (line 9)"},
+    {"+\"a b\": 256", "", "line 258: token \"a b\" (id 256): character U+0020 is not in GPT-2's "
+     "byte alphabet"},
+    {"-", "", "%s/vocab.json: no token for byte 0x0a (spelled U+010A)"},
+    {"+\"ab\": 256", "#version: 0.2\na b c\n", "%s/merges.txt: line 2: \"a b c\" is not a merge"},
+    {"+\"ab\": 256", "a b\n\nb a\n", "%s/merges.txt: line 2: \"\" is not a merge"},
+    {"+\"ab\": 256", "ab\n", "%s/merges.txt: line 1: \"ab\" is not a merge"},
+    {"+\"ab\": 256", "a b\nab zz\n", "%s/merges.txt: line 2: token \"zz\" is not in the vocabulary"},
+    {"+\"ab\": 256", "a b\nb a\n", "%s/merges.txt: line 2: merge \"b a\" makes \"ba\", which is "
+     "not in the vocabulary"},
+    {"+\"ab\": 256", "#version: 0.2\na b\na b\n", "%s/merges.txt: line 3: merge \"a b\" repeats "
+     "line 2"},
+    {"+\"Ċ\": 256", "", "%s/vocab.json: line 258, column 7: duplicate key \"Ċ\" (first at line 12)"},
+    {"+\"zz\": 256, \"zz\": 257", "", "%s/vocab.json: line 258, column 18: duplicate key "
+     "\"zz\" (first at line 258)"},
+};
+
+/* vocab.json: "" the 256 byte tokens; "+..." those and more members; "-" the
+ * byte tokens without byte 0x0a. */
+static void write_case(const char *dir, const bad_case_t *c) {
+  char path[512];
+  mkdir(dir, 0755);
+  if (c->vocab) {
+    snprintf(path, sizeof path, "%s/vocab.json", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    if (c->vocab[0] != '+' && c->vocab[0] != '-' && c->vocab[0]) {
+      fputs(c->vocab, f);
+    } else {
+      fprintf(f, "{");
+      for (int i = 0, id = 0; i < 256; i++) {
+        if (c->vocab[0] == '-' && i == 10) continue;
+        char s[4];
+        tok_byte_spelling(i, s);
+        fprintf(f, id ? ",\n" : "\n");
+        tok_json_key(f, s);
+        fprintf(f, ": %d", id++);
+      }
+      if (c->vocab[0] == '+') fprintf(f, ",\n%s", c->vocab + 1);
+      fprintf(f, "\n}\n");
+    }
+    fclose(f);
+  }
+  if (c->merges) {
+    snprintf(path, sizeof path, "%s/merges.txt", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(c->merges, f);
+    fclose(f);
+  }
+}
+
+START_TEST(bpe_load_errors) {
+  const bad_case_t *c = &bad_cases[_i];
+  char dir[256], want[512];
+  snprintf(dir, sizeof dir, "%s/bad%d", tmp_dir, _i);
+  write_case(dir, c);
+  snprintf(want, sizeof want, c->want, dir);
+  fsdp_tokenizer_t t = NULL;
+  fsdp_status_t st = fsdp_tokenizer_load(dir, &t);
+  ck_assert_msg(st == FSDP_ERR_IO || st == FSDP_ERR_FORMAT, "case %d loaded (status %d)", _i, st);
+  ck_assert_ptr_null(t);
+  ck_assert_msg(strstr(fsdp_last_error(), want), "case %d: message\n  %s\nlacks\n  %s", _i,
+                fsdp_last_error(), want);
+}
+END_TEST
+
+/* A vocabulary as large as GPT-2's loads fast (duplicate keys by sorting). */
+START_TEST(bpe_large_vocab_loads) {
+  char dir[256], path[512], a[4], b[4];
+  snprintf(dir, sizeof dir, "%s/large", tmp_dir);
+  mkdir(dir, 0755);
+  snprintf(path, sizeof path, "%s/vocab.json", dir);
+  FILE *v = fopen(path, "w");
+  snprintf(path, sizeof path, "%s/merges.txt", dir);
+  FILE *m = fopen(path, "w");
+  ck_assert(v && m);
+  fprintf(v, "{");
+  for (int i = 0; i < 256; i++) {
+    tok_byte_spelling(i, a);
+    fprintf(v, i ? ",\n" : "\n");
+    tok_json_key(v, a);
+    fprintf(v, ": %d", i);
+  }
+  int id = 256;
+  for (int x = 0; x < 256 && id < 50256; x++)
+    for (int y = 0; y < 256 && id < 50256; y++, id++) {
+      char ab[8];
+      tok_byte_spelling(x, a);
+      tok_byte_spelling(y, b);
+      snprintf(ab, sizeof ab, "%s%s", a, b);
+      fprintf(v, ",\n");
+      tok_json_key(v, ab);
+      fprintf(v, ": %d", id);
+      fprintf(m, "%s %s\n", a, b);
+    }
+  fprintf(v, ",\n\"<|endoftext|>\": %d\n}\n", id);
+  fclose(v);
+  fclose(m);
+  fsdp_tokenizer_t t;
+  ck_assert_msg(fsdp_tokenizer_load(dir, &t) == FSDP_SUCCESS, "%s", fsdp_last_error());
+  ck_assert_int_eq(fsdp_tokenizer_vocab_size(t), 50257);
+  ck_assert_int_eq(fsdp_tokenizer_eot(t), 50256);
+  char ids[64];
+  encode_str(t, "\x01\x02", 2, 0, ids); /* the merge of bytes 1 and 2: 256 + 1 * 256 + 2 */
+  ck_assert_str_eq(ids, "514");
+  fsdp_tokenizer_free(t);
+}
+END_TEST
+
+/* A tokenizer.json with the byte tokens, "ab" and <|endoftext|>; model and
+ * pre-tokenizer fields as given. */
+static void write_tokenizer_json(const char *path, const char *model_type, const char *prefix,
+                                 const char *added) {
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f, "{\"version\": \"1.0\", \"added_tokens\": [%s], \"normalizer\": null,\n"
+          "\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": %s},\n"
+          "\"model\": {\"type\": \"%s\", \"merges\": [\"a b\"], \"vocab\": {", added, prefix,
+          model_type);
+  for (int i = 0; i < 256; i++) {
+    char sp[4];
+    tok_byte_spelling(i, sp);
+    fprintf(f, i ? ",\n" : "\n");
+    tok_json_key(f, sp);
+    fprintf(f, ": %d", i);
+  }
+  fprintf(f, ",\n\"ab\": 256, \"<|endoftext|>\": 257}}}\n");
+  fclose(f);
+}
+
+START_TEST(bpe_tokenizer_json) {
+  char dir[256], path[300], ids[256];
+  snprintf(dir, sizeof dir, "%s/hf", tmp_dir);
+  mkdir(dir, 0755);
+  snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+  const char *eot = "{\"id\": 257, \"content\": \"<|endoftext|>\", \"special\": true}";
+  write_tokenizer_json(path, "BPE", "false", eot);
+  fsdp_tokenizer_t t;
+  for (int named = 0; named < 2; named++) { /* the directory, or the file itself */
+    ck_assert_msg(fsdp_tokenizer_load(named ? path : dir, &t) == FSDP_SUCCESS, "%s",
+                  fsdp_last_error());
+    encode_str(t, "abc<|endoftext|>", 16, FSDP_TOKENIZE_ALLOW_SPECIAL, ids);
+    ck_assert_str_eq(ids, "256 99 257");
+    fsdp_tokenizer_free(t);
+  }
+  struct { const char *model, *prefix, *added, *want; } bad[] = {
+      {"WordPiece", "false", "", "model.type is WordPiece; fsdp reads BPE models"},
+      {"BPE", "true", "", "line 2: add_prefix_space is true"},
+      {"BPE", "false", "{\"id\": 300, \"content\": \"<pad>\"}", "added token \"<pad>\" (id 300) "
+       "is not that token of model.vocab"},
+  };
+  for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+    write_tokenizer_json(path, bad[k].model, bad[k].prefix, bad[k].added);
+    ck_assert_int_eq(fsdp_tokenizer_load(dir, &t), FSDP_ERR_UNSUPPORTED);
+    ck_assert_msg(strstr(fsdp_last_error(), path) && strstr(fsdp_last_error(), bad[k].want),
+                  "case %zu: %s", k, fsdp_last_error());
+  }
+}
+END_TEST
+
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+  (void)sb, (void)flag, (void)ftw;
+  return remove(path);
+}
+
+int main(void) {
+  const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+  snprintf(tmp_dir, sizeof tmp_dir, "%s/fsdp-test-bpe-XXXXXX", base);
+  if (strlen(base) > 30 || !mkdtemp(tmp_dir)) return fprintf(stderr, "no temporary directory\n"), 1;
+  Suite *s = suite_create("bpe");
+  TCase *tc = tcase_create("bpe");
+  tcase_add_test(tc, bpe_round_trips);
+  tcase_add_test(tc, bpe_merges_by_rank);
+  tcase_add_test(tc, bpe_pieces_bound_merges);
+  tcase_add_test(tc, bpe_special_tokens);
+  tcase_add_loop_test(tc, bpe_load_errors, 0, sizeof bad_cases / sizeof bad_cases[0]);
+  tcase_add_test(tc, bpe_large_vocab_loads);
+  tcase_add_test(tc, bpe_tokenizer_json);
+  tcase_set_timeout(tc, 60);
+  suite_add_tcase(s, tc);
+  const int rc = check_run(s);
+  nftw(tmp_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+  return rc;
+}
