@@ -301,9 +301,10 @@ FSDP_API fsdp_status_t fsdp_ckpt_reshard(fsdp_ckpt_t ckpt, int world, const char
  * latest); an existing step-0 is refused. GPT-2 names are mapped back
  * ("transformer." prefixes dropped, wte.weight -> wte, wpe.weight -> wpe), the
  * attention-mask buffers (*.attn.bias, *.attn.masked_bias) skipped, and
- * lm_head.weight checked equal to wte (refused otherwise). A file with wte, wpe
- * and ln_f.weight is held to GPT-2's shapes (see fsdp_ckpt_import_hf, which this is with no
- * preset and no flags). fsdp_ckpt_load then starts a model from it. */
+ * lm_head.weight checked equal to wte (refused otherwise). A file with wte,
+ * wpe and ln_f.weight is held to GPT-2's shapes (see fsdp_ckpt_import_hf,
+ * which this is with no preset and no flags). fsdp_ckpt_load then starts a
+ * model from it. Thread-safe for distinct out_dirs; no collectives. */
 FSDP_API fsdp_status_t fsdp_ckpt_import(const char *safetensors_file, const char *out_dir);
 
 /* ---- Hugging Face interop ---------------------------------------------------- */
@@ -344,8 +345,8 @@ FSDP_API fsdp_status_t fsdp_ckpt_export_hf(fsdp_ckpt_t ckpt, const char *out_dir
  * summary's dtype says which). Every tensor's shape is checked against the
  * GPT-2 shape that `preset` (fsdp_gpt2_preset's names; may be NULL) and the
  * config.json describe (both must agree), or, with neither, for a file with
- * wte, wpe and ln_f.weight, against the shape they and the layer count imply; a missing, extra or misshapen tensor is
- * FSDP_ERR_FORMAT naming it. lm_head.weight, when present, must equal wte
+ * wte, wpe and ln_f.weight, against the shape they and the layer count imply;
+ * a missing, extra or misshapen tensor is FSDP_ERR_FORMAT naming it. lm_head.weight, when present, must equal wte
  * (GPT-2 ties them): an untied head is refused, naming the first element that
  * differs, rather than dropped. The model's shape is recorded in the
  * checkpoint's trainer state ("gpt2.n_layer", ... as fsdp-train writes them).

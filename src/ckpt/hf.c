@@ -59,7 +59,10 @@ static fsdp_status_t shape_of(const ckpt_manifest_t *m, int n_head, hf_shape_t *
   snprintf(name, sizeof name, "h.%d.ln_1.weight", 0);
   while (find(m, name)) snprintf(name, sizeof name, "h.%d.ln_1.weight", (int)++s->n_layer);
   int64_t h = 0;
-  if (fsdp_ckpt_meta_get(&m->meta, "gpt2.n_head", &h) == FSDP_SUCCESS) s->n_head = h;
+  if (fsdp_ckpt_meta_get(&m->meta, "gpt2.n_head", &h) == FSDP_SUCCESS && n_head > 0 && h != n_head)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "%s: the checkpoint records %lld heads, not the "
+                      "%d asked for", m->dir, (long long)h, n_head);
+  if (h > 0) s->n_head = h;
   else if (n_head > 0) s->n_head = n_head;
   else return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "%s: the checkpoint does not record the "
                          "number of heads (trainer state gpt2.n_head; no tensor's shape holds it): "
@@ -143,7 +146,8 @@ fsdp_status_t fsdp_ckpt_export_hf(fsdp_ckpt_t c, const char *out_dir, int n_head
   FSDP_TRY(ckpt_path(config, sizeof config, "%s/config.json", out_dir));
   if (!(flags & FSDP_CKPT_OVERWRITE) && stat(config, &sb) == 0)
     return fsdp_error(FSDP_ERR_INVALID_USAGE, "%s already exists: refusing to overwrite it (ask "
-                      "for overwrite, e.g. fsdp-ckpt export --overwrite, or write elsewhere)", config);
+                      "for overwrite, e.g. fsdp-ckpt export --overwrite, or write elsewhere)",
+                      config);
   FSDP_TRY(make_dir(out_dir));
   fsdp_ckpt_io_summary_t local;
   FSDP_TRY(ckpt_write_safetensors(c, model, CKPT_ST_HF, flags, sum ? sum : &local));

@@ -3,12 +3,16 @@
 GPT-2, both directions (run by test_hf_interop.sh inside its virtual
 environment, with fsdp's tools on the command line):
   export: fsdp-train a tiny GPT-2 a few steps -> fsdp-ckpt export --hf ->
-          GPT2LMHeadModel.from_pretrained (no missing or unexpected keys) ->
-          logits equal fsdp's on the same tokens to 1e-5 relative;
+          GPT2LMHeadModel.from_pretrained (no missing or unexpected keys, the
+          file laid out as save_pretrained writes it) -> logits equal
+          fsdp-eval's (--logits) on the same tokens to 1e-5 relative;
   import: GPT2LMHeadModel saved with save_pretrained in float32 and bfloat16 ->
-          fsdp-ckpt import -> fsdp's loss on the tokens equals HF's (1e-5
+          fsdp-ckpt import -> fsdp-eval's loss on the tokens equals HF's (1e-5
           relative); an untied head is refused by name.
-usage: hf_interop.py WORKDIR FSDP_TRAIN FSDP_CKPT GPT2_LOGITS"""
+The tokens are bytes (the tiny preset's vocabulary): a text of B*T+1 bytes
+that fsdp-eval --split all reads as B windows of T inputs and T targets.
+usage: hf_interop.py WORKDIR FSDP_TRAIN FSDP_CKPT FSDP_EVAL"""
+import json
 import copy
 import os
 import subprocess
@@ -20,7 +24,7 @@ import transformers
 from safetensors import safe_open
 from transformers import GPT2Config, GPT2LMHeadModel
 
-work, fsdp_train, fsdp_ckpt, gpt2_logits = sys.argv[1:5]
+work, fsdp_train, fsdp_ckpt, fsdp_eval = sys.argv[1:5]
 B, T, V = 2, 64, 256  # the tiny preset: 2 layers, 4 heads, width 64, context 64, bytes
 TOL = 1e-5
 failures = []
@@ -39,11 +43,18 @@ def check(name, good, detail):
         failures.append(name)
 
 
-def fsdp_logits(ckpt, tokens):
-    tok, out = os.path.join(work, "tokens.i32"), os.path.join(work, "logits.f32")
-    tokens.astype(np.int32).tofile(tok)
-    run(gpt2_logits, ckpt, "tiny", tok, str(B), str(T), out)
-    return np.fromfile(out, dtype=np.float32).reshape(B, T, V)
+def fsdp_logits(ckpt, data):
+    out = os.path.join(work, "logits.npy")
+    run(fsdp_eval, "--checkpoint", ckpt, "--data", data, "--split", "all", "--seq-len", str(T),
+        "--no-score", "--logits", str(B * T), "--logits-out", out)
+    return np.load(out).reshape(B, T, V)
+
+
+def fsdp_loss(ckpt, data):
+    p = run(fsdp_eval, "--checkpoint", ckpt, "--data", data, "--split", "all", "--seq-len", str(T),
+            "--json")
+    score = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{") and '"loss"' in l]
+    return score[0]["loss"], score[0]
 
 
 def hf_logits(model, tokens):
@@ -51,9 +62,9 @@ def hf_logits(model, tokens):
         return model(torch.from_numpy(tokens.astype(np.int64))).logits.float().numpy()
 
 
-def loss(logits, tokens):  # mean cross-entropy of tokens[:, 1:] after tokens[:, :-1]
-    x = torch.from_numpy(logits[:, :-1].astype(np.float64)).reshape(-1, V)
-    return torch.nn.functional.cross_entropy(x, torch.from_numpy(tokens[:, 1:].reshape(-1))).item()
+def loss(logits):  # mean cross-entropy of the targets
+    x = torch.from_numpy(logits.astype(np.float64)).reshape(-1, V)
+    return torch.nn.functional.cross_entropy(x, torch.from_numpy(targets.reshape(-1))).item()
 
 
 def rel(a, b):
@@ -61,7 +72,10 @@ def rel(a, b):
 
 
 rng = np.random.default_rng(17)
-tokens = rng.integers(0, V, size=(B, T))
+stream = rng.integers(32, 127, size=B * T + 1)  # printable bytes
+tokens, targets = stream[:-1].reshape(B, T), stream[1:].reshape(B, T)
+data = os.path.join(work, "tokens.txt")
+stream.astype(np.uint8).tofile(data)
 print(f"torch {torch.__version__}, transformers {transformers.__version__}")
 
 # ---- export: fsdp -> Hugging Face -------------------------------------------
@@ -71,7 +85,7 @@ with open(text, "w") as f:
 run(fsdp_train, "--preset", "tiny", "--data", text, "--steps", "5", "--eval-every", "5",
     "--global-batch", "4", "--save-dir", os.path.join(work, "run"))
 hf_dir = os.path.join(work, "hf")
-print(run(fsdp_ckpt, "export", os.path.join(work, "run"), "--hf", hf_dir, "--n-head", "4")
+print(run(fsdp_ckpt, "export", os.path.join(work, "run"), "--hf", hf_dir)
       .stdout.strip())
 model, info = GPT2LMHeadModel.from_pretrained(hf_dir, output_loading_info=True)
 model.eval()
@@ -93,10 +107,10 @@ check("safetensors layout", not diff,
       f"{len(ours)} tensors, names, shapes and dtypes as save_pretrained writes them")
 check("lm_head tied", model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr(),
       "lm_head.weight shares wte's storage")
-a, b = fsdp_logits(os.path.join(work, "run"), tokens), hf_logits(model, tokens)
+a, b = fsdp_logits(os.path.join(work, "run"), data), hf_logits(model, tokens)
 r = rel(a, b)
 check("export logits", r <= TOL, f"max |fsdp - HF| / max |HF| = {r:.3g} over {a.size} logits "
-      f"(losses {loss(a, tokens):.6f} / {loss(b, tokens):.6f})")
+      f"(losses {loss(a):.6f} / {loss(b):.6f})")
 
 # ---- import: Hugging Face -> fsdp --------------------------------------------
 torch.manual_seed(17)
@@ -112,9 +126,10 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16):
     check(f"import {name} said", ("converted to f32" in out) == (dtype != torch.float32), out)
     # HF's loss: its model in f32 with the weights it saved (bf16-rounded for bf16).
     ref = GPT2LMHeadModel.from_pretrained(src, torch_dtype=torch.float32).eval()
-    lf, lh = loss(fsdp_logits(save, tokens), tokens), loss(hf_logits(ref, tokens), tokens)
-    check(f"import {name} loss", abs(lf - lh) <= TOL * abs(lh),
-          f"fsdp {lf:.8f}, HF {lh:.8f}, relative difference {abs(lf - lh) / abs(lh):.3g}")
+    (lf, score), lh = fsdp_loss(save, data), loss(hf_logits(ref, tokens))
+    check(f"import {name} loss", abs(lf - lh) <= TOL * abs(lh) and score["targets"] == B * T,
+          f"fsdp-eval {lf:.6f} over {score['targets']} targets, HF {lh:.8f}, relative "
+          f"difference {abs(lf - lh) / abs(lh):.3g}")
 
 untied = GPT2LMHeadModel(GPT2Config(**{**cfg.to_dict(), "tie_word_embeddings": False})).eval()
 src = os.path.join(work, "hf-untied")

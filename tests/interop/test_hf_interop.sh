@@ -23,4 +23,4 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
 "$venv/bin/python" "$src/tests/interop/hf_interop.py" "$work" "$build/fsdp-train" \
-  "$build/fsdp-ckpt" "$build/tests/gpt2_logits"
+  "$build/fsdp-ckpt" "$build/fsdp-eval"
