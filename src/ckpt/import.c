@@ -511,6 +511,7 @@ static fsdp_status_t import_file(st_file_t *f, expect_t *x, const char *out_dir,
   struct stat sb;
   char step[CKPT_PATH_MAX];
   int kept = 0;
+  *sum = (fsdp_ckpt_io_summary_t){0};
   FSDP_TRY(ckpt_path(step, sizeof step, "%s/step-0", out_dir));
   if (!(flags & FSDP_CKPT_OVERWRITE) && stat(step, &sb) == 0)
     return fsdp_error(FSDP_ERR_INVALID_USAGE, "%s already exists: refusing to overwrite a committed "
