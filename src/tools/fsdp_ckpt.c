@@ -26,8 +26,8 @@ static const char usage_text[] =
     "                                   IN: a safetensors file or a Hugging Face directory\n"
     "                                   (config.json + model.safetensors), F32/BF16/F16;\n"
     "                                   shapes checked against config.json and the preset\n"
-    "export and import refuse to replace their output unless --overwrite.\n"
     "  reshard PATH --world N SAVE_DIR  rewrite the checkpoint for N ranks\n"
+    "export and import refuse to replace their output unless --overwrite.\n"
     "PATH is a step directory (SAVE_DIR/step-K) or a save directory (its `latest` is used).\n"
     "repair, import and reshard take SAVE_DIR's lock: refused while a trainer saves there.\n"
     "--stats prints the command's wall time and peak resident memory to stderr.\n"
@@ -189,7 +189,8 @@ static int take_options(const char *cmd, int *argc, char **argv) {
     else if (exp && !strcmp(a, "--hf")) opt.hf = 1;
     else if (exp && !strcmp(a, "--n-head") && i + 1 < *argc) ok &= (opt.n_head = atoi(argv[++i])) > 0;
     else if (imp && !strcmp(a, "--preset") && i + 1 < *argc) opt.preset = argv[++i];
-    else if ((exp || imp) && !strncmp(a, "--", 2) && i > 1) ok = 0;
+    else if ((exp || imp) && !strncmp(a, "--", 2) && i > 1)
+      ok = 0, fprintf(stderr, "fsdp-ckpt %s: unknown option %s (or its value is missing)\n", cmd, a);
     else argv[n++] = argv[i];
   }
   *argc = n;
