@@ -41,15 +41,25 @@ void bench_print_header(const bench_opts_t *o, int nranks, const char *backend,
            (long long)o->peak_size);
   else
     printf("peak: not measured (--peak-size 0): no MFU\n\n");
-  printf("%-8s %2s | %-22s %10s | %-22s %8s %8s %8s %7s | %6s | %9s %9s %8s %8s | %5s | %6s\n",
+  printf("%-11s %2s | %-22s %10s | %-22s %8s %8s %8s %7s | %6s | %9s %9s %8s %8s | %8s %8s | "
+         "%5s | %6s\n",
          "strategy", "pf", "tokens/s (min-max)", "per rank", "step ms (min-max)", "compute",
          "comm", "exposed", "hidden", "MFU", "model MiB", "ZeRO MiB", "act MiB", "RSS MiB",
-         "load", "#wrong");
+         "shard MiB", "repl MiB", "load", "#wrong");
   fflush(stdout);
 }
 
+/* "zero3", or "zero3 2x2" under HSDP. */
+static void strategy_label(const bench_result_t *r, char *buf, size_t n) {
+  if (r->replicas > 1 && r->strategy != FSDP_NO_SHARD)
+    snprintf(buf, n, "%s %dx%d", fsdp_strategy_name(r->strategy), r->replicas, r->shard_size);
+  else
+    snprintf(buf, n, "%s", fsdp_strategy_name(r->strategy));
+}
+
 void bench_print_row(const bench_result_t *r) {
-  char tps[32], step[32], mfu[16] = "n/a", load[16] = "n/a";
+  char tps[32], step[32], mfu[16] = "n/a", load[16] = "n/a", name[32];
+  strategy_label(r, name, sizeof name);
   snprintf(tps, sizeof tps, "%.0f (%.0f-%.0f)", r->tokens_per_s.median, r->tokens_per_s.min,
            r->tokens_per_s.max);
   snprintf(step, sizeof step, "%.2f (%.2f-%.2f)", r->step_s.median * 1e3, r->step_s.min * 1e3,
@@ -58,12 +68,13 @@ void bench_print_row(const bench_result_t *r) {
   if (r->other_load >= 0) snprintf(load, sizeof load, "%.0f%%", r->other_load * 100.0);
   double hidden = r->comm_s.median > 0 ? 100.0 * (1.0 - r->exposed_s.median / r->comm_s.median)
                                        : 0.0;
-  printf("%-8s %2d | %-22s %10.0f | %-22s %8.2f %8.2f %8.2f %6.0f%% | %6s | %9.2f %9.2f "
-         "%8.2f %8.2f | %5s | %6.0f\n",
-         fsdp_strategy_name(r->strategy), r->prefetch, tps, r->tokens_per_s_rank.median, step,
+  printf("%-11s %2d | %-22s %10.0f | %-22s %8.2f %8.2f %8.2f %6.0f%% | %6s | %9.2f %9.2f "
+         "%8.2f %8.2f | %8.2f %8.2f | %5s | %6.0f\n",
+         name, r->prefetch, tps, r->tokens_per_s_rank.median, step,
          r->compute_s.median * 1e3, r->comm_s.median * 1e3, r->exposed_s.median * 1e3,
          hidden < 0 ? 0 : hidden, mfu, mib(r->model_peak), mib(r->predicted),
-         mib(r->activations), mib(r->rss_peak), load, r->wrong);
+         mib(r->activations), mib(r->rss_peak), mib(r->gather_bytes + r->reduce_bytes),
+         mib(r->replica_bytes), load, r->wrong);
   if (r->device_used >= 0)
     printf("device memory: %.2f MiB in use on the GPU after the timed steps (largest rank)\n",
            mib(r->device_used));
@@ -74,12 +85,15 @@ static void result_json(FILE *f, const bench_opts_t *o, int nranks, const bench_
   fprintf(f, "{\"model\":\"%s\",\"preset\":\"%s\",\"strategy\":\"%s\",\"prefetch\":%d,"
          "\"max_live_units\":%d,\"world_size\":%d,\"micro_batch\":%d,\"grad_accum\":%d,"
          "\"seq_len\":%d,\"dtype\":\"%s\",\"params\":%zu,\"units\":%d,\"largest_unit\":%zu,"
-         "\"tokens_per_step\":%.0f,\"flops_per_token\":%.6g,\"peak_flops\":%.6g,",
+         "\"tokens_per_step\":%.0f,\"flops_per_token\":%.6g,\"peak_flops\":%.6g,"
+         "\"shard_size\":%d,\"replicas\":%d,\"comm_bytes_per_step\":{\"shard_group\":{"
+         "\"all_gather\":%.0f,\"reduce\":%.0f},\"replica_group\":{\"all_reduce\":%.0f}},",
          o->model, strcmp(o->model, "gpt2") ? "" : o->preset, fsdp_strategy_name(r->strategy),
          r->prefetch, r->max_live, nranks, o->micro_batch, o->cfg.grad_accum,
          strcmp(o->model, "gpt2") ? 1 : o->seq_len, fsdp_dtype_name(o->cfg.param_dtype),
          r->params, r->n_units, r->largest_unit, r->tokens_per_step, r->flops_per_token,
-         r->peak_flops);
+         r->peak_flops, r->shard_size, r->replicas, r->gather_bytes, r->reduce_bytes,
+         r->replica_bytes);
   const struct { const char *name; const bench_stat_t *s; double scale; } stats[] = {
       {"tokens_per_s", &r->tokens_per_s, 1},   {"tokens_per_s_per_rank", &r->tokens_per_s_rank, 1},
       {"step_ms", &r->step_s, 1e3},            {"compute_ms", &r->compute_s, 1e3},

@@ -148,13 +148,17 @@ static fsdp_status_t check_unit(fsdp_engine_t eng, fsdp_unit_t u, double *wrong)
   fsdp_shard_t sh;
   BENCH_TRY(fsdp_unit_info(eng, u, &info));
   BENCH_TRY(fsdp_unit_shard(eng, u, &sh));
-  size_t n = info.padded_numel;
+  size_t n = info.padded_numel, S = n / info.shard_numel; /* S: the shard group's ranks */
+  int nranks = fsdp_comm_size(comm), rank = fsdp_comm_rank(comm);
   double *hi = malloc(2 * CHUNK * sizeof *hi), *lo = hi + CHUNK;
-  float *full = malloc(n * sizeof *full);
-  fsdp_status_t st = hi && full ? FSDP_SUCCESS : FSDP_ERR_OUT_OF_MEMORY;
-  if (st == FSDP_SUCCESS && info.shard_numel == n) memcpy(full, sh.master, n * sizeof *full);
+  /* Every rank's shard; this rank's unit is its own shard group's slices
+   * (HSDP: the other groups' copies are then compared element by element). */
+  float *all = malloc((S == 1 ? n : (size_t)nranks * info.shard_numel) * sizeof *all), *full = all;
+  fsdp_status_t st = hi && all ? FSDP_SUCCESS : FSDP_ERR_OUT_OF_MEMORY;
+  if (st == FSDP_SUCCESS && S == 1) memcpy(full, sh.master, n * sizeof *full);
   else if (st == FSDP_SUCCESS)
-    st = fsdp_all_gather(comm, sh.master, full, info.shard_numel, FSDP_F32, FSDP_HOST_STREAM);
+    st = fsdp_all_gather(comm, sh.master, all, info.shard_numel, FSDP_F32, FSDP_HOST_STREAM);
+  if (S > 1) full = all + (size_t)(rank / (int)S) * n;
   for (size_t at = 0; st == FSDP_SUCCESS && at < n; at += CHUNK) {
     size_t k = n - at < CHUNK ? n - at : CHUNK;
     for (size_t i = 0; i < k; i++) hi[i] = full[at + i], lo[i] = -(double)full[at + i];
@@ -164,7 +168,7 @@ static fsdp_status_t check_unit(fsdp_engine_t eng, fsdp_unit_t u, double *wrong)
       *wrong += !isfinite(full[at + i]) || hi[i] != -lo[i];
   }
   free(hi);
-  free(full);
+  free(all);
   return st;
 }
 
@@ -204,9 +208,9 @@ static void model_sizes(const model_t *m, bench_result_t *r) {
  *              at 4 bytes an element, 6 for bf16 (the CPU keeps an f32 twin)
  * + gradients  (2 + root held) x 4U: one being computed, one being reduced,
  *              and the held root's. */
-static double predicted_bytes(const bench_result_t *r, const fsdp_config_t *c, int nranks) {
+static double predicted_bytes(const bench_result_t *r, const fsdp_config_t *c) {
   double P = (double)r->params, U = (double)r->largest_unit;
-  int S = r->strategy == FSDP_NO_SHARD ? 1 : nranks;
+  int S = r->strategy == FSDP_NO_SHARD ? 1 : c->shard_size;
   int bf16 = c->param_dtype == FSDP_BF16 || c->param_dtype == FSDP_F16; /* 16-bit params */
   double persistent = 16.0 * P / S + (bf16 ? 2.0 * P / S + (S == 1 ? 4.0 * P : 0.0) : 0.0);
   double gathered = 0.0, elem = bf16 ? 6.0 : 4.0;
@@ -334,7 +338,7 @@ static fsdp_status_t other_load(model_t *m, bench_result_t *r, const series_t *s
 
 /* Largest over ranks, and over the rounds so far (memory is the same every
  * round but the resident high-water mark is not). */
-static fsdp_status_t memory(model_t *m, bench_result_t *r, double rss_base, int nranks) {
+static fsdp_status_t memory(model_t *m, bench_result_t *r, double rss_base) {
   fsdp_mem_stats_t mem;
   fsdp_engine_memory(m->eng, &mem);
   const fsdp_config_t *c = fsdp_engine_config(m->eng);
@@ -344,7 +348,7 @@ static fsdp_status_t memory(model_t *m, bench_result_t *r, double rss_base, int 
   double v[10] = {(double)mem.persistent, (double)mem.gathered_params_peak,
                   (double)mem.grads_in_flight_peak, (double)m->act_bytes,
                   (double)(mem.persistent + mem.gathered_params_peak + mem.grads_in_flight_peak),
-                  predicted_bytes(r, c, nranks), (double)mem.total_reserved, rss_base,
+                  predicted_bytes(r, c), (double)mem.total_reserved, rss_base,
                   (double)bench_rss_peak(),
                   c->device == FSDP_DEVICE_CUDA ? bench_cuda_device_used() : -1.0};
   BENCH_TRY(bench_reduce(fsdp_engine_comm(m->eng), v, 10, FSDP_MAX));
@@ -372,6 +376,16 @@ static void summarise(bench_result_t *r, int nranks) {
   free(tps);
 }
 
+/* Bytes per step by group, the mean over the timed steps (the same every step). */
+static void comm_bytes(bench_result_t *r, const series_t *s, int n) {
+  r->gather_bytes = r->reduce_bytes = r->replica_bytes = 0.0;
+  for (int i = 0; i < n; i++) {
+    r->gather_bytes += s->split[i].gather_bytes / n;
+    r->reduce_bytes += s->split[i].reduce_bytes / n;
+    r->replica_bytes += s->split[i].replica_bytes / n;
+  }
+}
+
 /* Appends this round's reduced steps to the result's samples. */
 static void append(bench_result_t *r, const series_t *s, int n) {
   const double *src[6] = {s->step, s->compute, s->comm, s->gather, s->reduce, s->exposed};
@@ -392,6 +406,7 @@ static fsdp_status_t measure(model_t *m, const bench_opts_t *o, bench_result_t *
   if (dropped)
     fprintf(stderr, "fsdp-bench: %zu timeline events dropped: the split is incomplete\n", dropped);
   bench_split_steps(tl, n, s->w, n_it, s->split);
+  comm_bytes(r, s, n_it);
   if (o->trace) /* every round rewrites it: the file holds the last */
     BENCH_TRY(bench_trace_write(m->eng, o->trace, tl, n, s->w, n_it, s->w[0].t_begin));
   BENCH_TRY(other_load(m, r, s, n_it));
@@ -406,7 +421,7 @@ static fsdp_status_t measure(model_t *m, const bench_opts_t *o, bench_result_t *
   r->wrong += wrong;
   r->skipped_steps = (double)m->last.skipped_total;
   r->loss_scale = fsdp_engine_loss_scale(m->eng);
-  BENCH_TRY(memory(m, r, rss_base, nranks));
+  BENCH_TRY(memory(m, r, rss_base));
   if (round == (int)o->rounds - 1) summarise(r, nranks);
   return FSDP_SUCCESS;
 }
@@ -428,11 +443,12 @@ void bench_result_free(bench_result_t *r) {
 }
 
 int bench_run(fsdp_world_t world, const bench_opts_t *o, fsdp_strategy_t strategy, int depth,
-              double peak_flops_rank, int round, bench_result_t *r) {
+              int shard_size, double peak_flops_rank, int round, bench_result_t *r) {
   int gpt = !strcmp(o->model, "gpt2"), nranks = fsdp_world_size(world);
   fsdp_config_t c = o->cfg;
   c.strategy = strategy;
   c.prefetch_depth = depth;
+  c.shard_size = shard_size;
   int root_held = gpt && (o->wrap.wrap_kinds || o->wrap.wrap_min_params);
   if (c.max_live_units == 0) c.max_live_units = depth + 1 + root_held;
   size_t events = (size_t)(o->iters + 1) * 64 * (size_t)(gpt ? o->gpt.n_layer + 2 : 8);
@@ -450,6 +466,8 @@ int bench_run(fsdp_world_t world, const bench_opts_t *o, fsdp_strategy_t strateg
     st = FSDP_ERR_OUT_OF_MEMORY;
   if (st == FSDP_SUCCESS) {
     model_sizes(&m, r);
+    r->shard_size = fsdp_engine_config(m.eng)->shard_size;
+    r->replicas = nranks / r->shard_size;
     r->tokens_per_step = (double)nranks * c.grad_accum * m.B * m.T;
     r->flops_per_token = flops_per_token(o, r);
     r->peak_flops = peak_flops_rank * nranks;

@@ -15,17 +15,21 @@
 
 #include "fsdp_bench.h"
 
+static int is_comm(const fsdp_tl_event_t *e) {
+  return e->kind == FSDP_TL_ALL_GATHER || e->kind == FSDP_TL_REDUCE ||
+         e->kind == FSDP_TL_REPLICA_REDUCE;
+}
+
 static int may_wait_for(const fsdp_tl_event_t *host, const fsdp_tl_event_t *c) {
-  if (c->kind == FSDP_TL_REDUCE) return 1;
+  if (c->kind == FSDP_TL_REDUCE || c->kind == FSDP_TL_REPLICA_REDUCE) return 1;
   return c->kind == FSDP_TL_ALL_GATHER && host->kind == FSDP_TL_ACQUIRE && c->unit == host->unit;
 }
 
 static double host_wait(const fsdp_tl_event_t *h, const fsdp_tl_event_t *tl, size_t n) {
   double last = h->t_begin;
   for (size_t i = 0; i < n; i++)
-    if ((tl[i].kind == FSDP_TL_ALL_GATHER || tl[i].kind == FSDP_TL_REDUCE) &&
-        tl[i].t_end >= h->t_begin && tl[i].t_end <= h->t_end && tl[i].t_end > last &&
-        may_wait_for(h, &tl[i]))
+    if (is_comm(&tl[i]) && tl[i].t_end >= h->t_begin && tl[i].t_end <= h->t_end &&
+        tl[i].t_end > last && may_wait_for(h, &tl[i]))
       last = tl[i].t_end;
   return last - h->t_begin;
 }
@@ -41,7 +45,7 @@ static double comm_union(const fsdp_tl_event_t *tl, size_t n, double lo, double 
   size_t k = 0;
   if (!span) return 0.0;
   for (size_t i = 0; i < n; i++) {
-    if (tl[i].kind != FSDP_TL_ALL_GATHER && tl[i].kind != FSDP_TL_REDUCE) continue;
+    if (!is_comm(&tl[i])) continue;
     double a = tl[i].t_begin > lo ? tl[i].t_begin : lo, b = tl[i].t_end < hi ? tl[i].t_end : hi;
     if (b > a) span[k][0] = a, span[k++][1] = b;
   }
@@ -66,8 +70,12 @@ void bench_split_steps(const fsdp_tl_event_t *tl, size_t n, const bench_window_t
     for (size_t i = 0; i < n; i++) {
       const fsdp_tl_event_t *e = &tl[i];
       if (e->t_begin < lo || e->t_begin > hi) continue;
-      if (e->kind == FSDP_TL_ALL_GATHER) p->gather_s += e->t_end - e->t_begin;
-      else if (e->kind == FSDP_TL_REDUCE) p->reduce_s += e->t_end - e->t_begin;
+      double span = e->t_end - e->t_begin, bytes = (double)e->bytes;
+      if (e->kind == FSDP_TL_ALL_GATHER) p->gather_s += span, p->gather_bytes += bytes;
+      else if (e->kind == FSDP_TL_REDUCE && e->unit >= 0)
+        p->reduce_s += span, p->reduce_bytes += bytes;
+      else if (e->kind == FSDP_TL_REDUCE) p->reduce_s += span; /* the gradient norm */
+      else if (e->kind == FSDP_TL_REPLICA_REDUCE) p->reduce_s += span, p->replica_bytes += bytes;
       else p->exposed_s += host_wait(e, tl, n);
     }
     p->comm_s = comm_union(tl, n, lo, hi);

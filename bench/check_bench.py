@@ -6,6 +6,7 @@ is well-formed Chrome trace JSON with properly nested spans on every track.
 No timings are asserted: only structure and exact quantities.
 
     check_bench.py fsdp  MPIRUN NP FSDP_BENCH
+    check_bench.py hsdp  MPIRUN NP FSDP_BENCH
     check_bench.py trace MPIRUN NP FSDP_BENCH OUT.json
     check_bench.py coll  MPIRUN NP COLL_BENCH [COLL_BENCH ARGS...]
 
@@ -95,6 +96,43 @@ def check_fsdp(mpirun, np, exe):
     print(f"fsdp-bench --json at N={np}: {len(res)} configurations, 0 wrong")
 
 
+def check_hsdp(mpirun, np, exe):
+    """HSDP rows (--sweep-shard-sizes): N/S x S per row, bytes per step by group.
+    The replica all-reduce moves what one reduce-scatter moves (1/S of the
+    gradient, grad_accum 1), only when there is more than one replica, and the
+    shard group's gathers and reductions grow with S (larger shards)."""
+    sizes = [s for s in (np, np // 2, 1) if s >= 1 and np % s == 0]
+    out = launch(mpirun, np, [exe, "--json", "--preset", "tiny", "--micro-batch", "2",
+                              "-w", "1", "-n", "2", "--peak-size", "0", "--sweep",
+                              "--sweep-strategies", "zero3", "--sweep-prefetch", "1",
+                              "--sweep-shard-sizes", ",".join(map(str, sizes))], timeout=280)
+    doc = json.loads(out)
+    expect(doc["wrong"] == 0, f"{doc['wrong']} wrong elements")
+    res = doc["results"]
+    expect([r["shard_size"] for r in res] == sizes, f"one row per shard size {sizes}")
+    for r in res:
+        s, rep = r["shard_size"], r["replicas"]
+        name = f"zero3 {rep}x{s}"
+        expect(rep * s == np, f"{name}: replicas x shard size is the world")
+        b = r["comm_bytes_per_step"]
+        gather, reduce = b["shard_group"]["all_gather"], b["shard_group"]["reduce"]
+        replica = b["replica_group"]["all_reduce"]
+        if 1 < s < np:
+            expect(replica == reduce > 0, f"{name}: replica all-reduce {replica} bytes is the "
+                   f"reduce-scatter's {reduce} (1/S of the gradient)")
+        else:
+            expect(replica == 0, f"{name}: no replica all-reduce")
+        if s == 1:
+            expect(gather == 0, f"{name}: nothing gathered")
+        ideal = 16 * r["params"] / s
+        pad = 16 * r["units"] * 16 * s / s
+        expect(ideal <= r["memory"]["persistent"] <= ideal + pad,
+               f"{name}: persistent {r['memory']['persistent']} is 16P/S = {ideal} + padding")
+        print(f"{name}: {r['tokens_per_s']['median']:.0f} tokens/s, shard group "
+              f"{gather + reduce:.0f} B/step, replica group {replica:.0f} B/step")
+    print(f"fsdp-bench HSDP rows at N={np}: {len(res)} configurations, 0 wrong")
+
+
 def nested(spans):
     """Spans on one track must nest or follow each other (Chrome's rule for X events)."""
     stack = []
@@ -174,6 +212,8 @@ def main():
     what, mpirun, np, exe = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     if what == "fsdp":
         check_fsdp(mpirun, np, exe)
+    elif what == "hsdp":
+        check_hsdp(mpirun, np, exe)
     elif what == "trace":
         check_trace(mpirun, np, exe, sys.argv[5])
     elif what == "coll":

@@ -32,6 +32,9 @@ static const char usage_text[] =
     "                             cuda: gpt2 only, GPU = local rank %% visible GPUs)\n"
     "  --comm-backend nccl|mpi    (or --comm) collectives of a cuda engine (default: the\n"
     "                             world's)\n"
+    "  --shard-size S             HSDP: ranks per shard group, a divisor of the world\n"
+    "                             (default 0: the world); rows say R x S and the bytes\n"
+    "                             each rank moves per step in each group\n"
     "run\n"
     "  -w, --warmup N             untimed steps first (default 3)\n"
     "  -n, --iters N              timed steps (default 20)\n"
@@ -44,6 +47,8 @@ static const char usage_text[] =
     "  --sweep                    every strategy x prefetch depth (world sizes: bench/sweep.sh)\n"
     "  --sweep-strategies LIST    (default zero3,zero2,noshard)\n"
     "  --sweep-prefetch LIST      (default 0,1,2; noshard gathers nothing and runs once)\n"
+    "  --sweep-shard-sizes LIST   HSDP shard sizes to sweep, 0 = the world (default: only\n"
+    "                             --shard-size)\n"
     "output\n"
     "  --memory-plan              print GPT-2's activation memory per layer (124M, 1558M,\n"
     "                             --preset) before and after issue 15, computed; run nothing\n"
@@ -132,6 +137,8 @@ static int parse_word(void *ctx, const char *a, const char *v) {
   if (!strcmp(a, "--hidden")) return parse_list(a, v, o->hidden, 6, &o->n_hidden, 1);
   if (!strcmp(a, "--sweep-prefetch")) return parse_list(a, v, o->depths, 8, &o->n_depths, 0);
   if (!strcmp(a, "--sweep-strategies")) return parse_strategies(v, o);
+  if (!strcmp(a, "--sweep-shard-sizes"))
+    return parse_list(a, v, o->shard_sizes, 4, &o->n_shard_sizes, 0);
   return fprintf(stderr, "fsdp-bench: unknown option '%s' (see --help)\n", a), -1;
 }
 
@@ -154,6 +161,7 @@ static int parse(int argc, char **argv, bench_opts_t *o) {
       {"--json", NULL, FLAG_SET, &o->json},          {"--sweep", NULL, FLAG_SET, &o->sweep},
       {"--memory-plan", NULL, FLAG_SET, &o->memory_plan},
       {"--comm-backend", "--comm", FLAG_STR, &o->cfg.comm_backend},
+      {"--shard-size", NULL, FLAG_INT, &o->cfg.shard_size},
   };
   return flags_parse("fsdp-bench", usage_text, argc, argv, table, sizeof table / sizeof table[0],
                      parse_word, o);
@@ -191,14 +199,20 @@ static int write_json_file(const bench_opts_t *o, int nranks, const char *backen
 }
 
 /* The configurations to run: one, or the sweep (noshard gathers nothing and
- * runs at the first depth only). */
-static int configs(const bench_opts_t *o, fsdp_strategy_t *st, int *depth) {
-  if (!o->sweep) return st[0] = o->cfg.strategy, depth[0] = o->cfg.prefetch_depth, 1;
-  int n = 0;
+ * runs at the first depth only, over the whole world); shard sizes innermost. */
+static int configs(const bench_opts_t *o, fsdp_strategy_t *st, int *depth, int *shard) {
+  if (!o->sweep)
+    return st[0] = o->cfg.strategy, depth[0] = o->cfg.prefetch_depth,
+           shard[0] = o->cfg.shard_size, 1;
+  int n = 0, n_sizes = o->n_shard_sizes ? o->n_shard_sizes : 1;
   for (int i = 0; i < o->n_strategies; i++)
-    for (int j = 0; j < o->n_depths && n < BENCH_MAX_CONFIGS; j++)
-      if (o->strategies[i] != FSDP_NO_SHARD || j == 0)
-        st[n] = o->strategies[i], depth[n++] = o->depths[j];
+    for (int j = 0; j < o->n_depths; j++)
+      for (int k = 0; k < n_sizes && n < BENCH_MAX_CONFIGS; k++) {
+        int size = o->n_shard_sizes ? o->shard_sizes[k] : o->cfg.shard_size;
+        if (o->strategies[i] == FSDP_NO_SHARD && (j > 0 || k > 0)) continue;
+        st[n] = o->strategies[i], depth[n] = o->depths[j];
+        shard[n++] = o->strategies[i] == FSDP_NO_SHARD ? 0 : size;
+      }
   return n;
 }
 
@@ -207,7 +221,7 @@ static int configs(const bench_opts_t *o, fsdp_strategy_t *st, int *depth) {
 static int run_all(fsdp_world_t world, const bench_opts_t *o, double peak_rank) {
   bench_result_t *res = calloc(BENCH_MAX_CONFIGS, sizeof *res);
   fsdp_strategy_t st[BENCH_MAX_CONFIGS];
-  int depth[BENCH_MAX_CONFIGS], n = configs(o, st, depth), rc = 0;
+  int depth[BENCH_MAX_CONFIGS], shard[BENCH_MAX_CONFIGS], n = configs(o, st, depth, shard), rc = 0;
   int rank = fsdp_world_rank(world), nranks = fsdp_world_size(world);
   const char *backend = fsdp_world_backend(world);
   bench_machine_t m;
@@ -216,7 +230,7 @@ static int run_all(fsdp_world_t world, const bench_opts_t *o, double peak_rank) 
   if (rank == 0 && !o->json) bench_print_header(o, nranks, backend, &m, peak_rank);
   for (int round = 0; round < (int)o->rounds && rc == 0; round++)
     for (int i = 0; i < n && rc == 0; i++) {
-      rc = bench_run(world, o, st[i], depth[i], peak_rank, round, &res[i]) ? 1 : 0;
+      rc = bench_run(world, o, st[i], depth[i], shard[i], peak_rank, round, &res[i]) ? 1 : 0;
       if (rc == 0 && rank == 0 && !o->json && round == (int)o->rounds - 1) bench_print_row(&res[i]);
     }
   double wrong = 0;

@@ -6,7 +6,7 @@
 
 #include "bench_util.h"
 
-#define BENCH_MAX_CONFIGS 16
+#define BENCH_MAX_CONFIGS 32
 
 typedef struct {
   const char *model; /* "gpt2" or "mlp" */
@@ -27,6 +27,7 @@ typedef struct {
   fsdp_strategy_t strategies[3];
   int n_strategies;
   int depths[8], n_depths;
+  int shard_sizes[4], n_shard_sizes; /* --sweep-shard-sizes (0: the world); else config's */
 } bench_opts_t;
 
 /* One configuration's numbers; statistics are over the timed steps of every
@@ -35,6 +36,7 @@ typedef struct {
 typedef struct {
   fsdp_strategy_t strategy;
   int prefetch, max_live;
+  int shard_size, replicas;    /* HSDP: R replica groups x S ranks (S = N: plain FSDP) */
   size_t params, largest_unit; /* elements */
   int n_units;
   int root_held;               /* the model holds a root unit across the others */
@@ -49,6 +51,10 @@ typedef struct {
   double device_used;           /* CUDA: device memory in use after the timed steps, the
                                    largest over ranks (cudaMemGetInfo); -1: not measured */
   double loss_first, loss_last; /* mean per-token loss over ranks */
+  /* Bytes this rank contributed per step, by group (the timeline's, the mean
+   * over timed steps): gathers and gradient reductions in the shard group, the
+   * HSDP gradient-shard all-reduce in the replica group. */
+  double gather_bytes, reduce_bytes, replica_bytes;
   double wrong;                 /* see bench_check, summed over rounds */
   double skipped_steps;         /* steps the numerics guard skipped (NaN/Inf, fp16 overflow) */
   double loss_scale;            /* at the end (1: no loss scaling) */
@@ -68,6 +74,7 @@ typedef struct {
   double reduce_s;  /* sum of reduce-scatter / all-reduce spans on the reduce stream */
   double comm_s;    /* union of both: time some collective was in flight */
   double exposed_s; /* time host calls spent waiting for collectives */
+  double gather_bytes, reduce_bytes, replica_bytes; /* this rank's contributions */
 } bench_split_t;
 
 typedef struct {
@@ -78,7 +85,7 @@ typedef struct {
  * check, measure memory. Round 0 initialises r; the last round (rounds - 1)
  * computes the statistics over the timed steps of every round. */
 int bench_run(fsdp_world_t world, const bench_opts_t *o, fsdp_strategy_t strategy, int depth,
-              double peak_flops_rank, int round, bench_result_t *r);
+              int shard_size, double peak_flops_rank, int round, bench_result_t *r);
 void bench_result_free(bench_result_t *r);
 /* sgemm FLOP/s of this rank while every rank runs the same sgemm (n x n x n). */
 fsdp_status_t bench_peak_flops(fsdp_comm_t comm, int n, double *flops);

@@ -35,7 +35,10 @@ def label(run):
 
 
 def configs(run):
-    return [(r["strategy"], r["prefetch"]) for r in run["results"]]
+    """(strategy, prefetch) per row; HSDP rows say R x S after the strategy."""
+    return [(r["strategy"] + (f" {r['replicas']}x{r['shard_size']}"
+                              if r.get("replicas", 1) > 1 and r["strategy"] != "noshard" else ""),
+             r["prefetch"]) for r in run["results"]]
 
 
 def plot_tokens(doc, out):
@@ -94,8 +97,10 @@ def plot_split(doc, out):
 
 
 def pick(run, strategy, prefetch=None):
+    """The plain (not HSDP) row of strategy at prefetch."""
     for r in run["results"]:
-        if r["strategy"] == strategy and (prefetch is None or r["prefetch"] == prefetch):
+        if (r["strategy"] == strategy and (prefetch is None or r["prefetch"] == prefetch) and
+                r.get("replicas", 1) == 1):
             return r
     return None
 

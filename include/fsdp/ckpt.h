@@ -133,9 +133,12 @@ typedef struct {
   unsigned int magic;   /* FSDP_CKPT_LOAD_OPTS_MAGIC */
   unsigned int version; /* FSDP_VERSION_CODE */
   /* Optimizer state of another kind than the engine's (AdamW vs SGD momentum):
-   * 0 (default) refuses; 1 loads the parameters and step and zeroes the state. A
-   * checkpoint without optimizer state (weights only, e.g. from import) always
-   * loads this way. */
+   * 0 (default) refuses; 1 loads the parameters and step, zeroes the state and
+   * restarts the optimizer's own step count (fsdp_engine_set_optim_step 0), so
+   * the first update is a first update: AdamW's bias correction starts over
+   * while the learning-rate schedule continues from the step. A checkpoint
+   * without optimizer state (weights only, e.g. from import) always loads
+   * this way. */
   int reset_optim;
 } fsdp_ckpt_load_opts_t;
 #define FSDP_CKPT_LOAD_OPTS_MAGIC 0xf5d9c0f4u

@@ -130,6 +130,24 @@ FSDP_API fsdp_status_t fsdp_comm_create_backend(fsdp_world_t world, const char *
 /* A new communicator over the same ranks, on the same backend (nccl: the same
  * device), independent in ordering. Collective. */
 FSDP_API fsdp_status_t fsdp_comm_dup(fsdp_comm_t comm, fsdp_comm_t *out);
+/* Splits comm into groups: the ranks passing the same colour (>= 0) form a
+ * new communicator, ranked by key, ties by their rank in comm; every rank of
+ * comm calls it (collective) and gets the communicator of its group in *out.
+ * The backend is comm's: mpi (MPI_Comm_split), gloo (a new Gloo context per
+ * group, meshed through the world's store under the group's colour), self,
+ * nccl (a new NCCL communicator per group, bootstrapped with the group
+ * leader's unique id through the world; comm must span the world, and every
+ * rank of the world creates, dups and destroys its group's communicators at
+ * the same time, since under mpirun the ids travel through the world's
+ * communicator). Dups of a group are groups. The watchdog and the desync
+ * check cover groups like any communicator; their reports name the group
+ * ("group 1 of communicator 3: world ranks 2-3") and give world ranks.
+ * The colour/key exchange is one small all-gather on comm (nccl: on a
+ * temporary host communicator of the world). Errors: FSDP_ERR_INVALID_ARGUMENT
+ * for a NULL argument or a negative colour (checked before any exchange, so
+ * a rank passing one fails alone while the others wait: pass it everywhere);
+ * FSDP_ERR_UNSUPPORTED for a nccl comm that does not span the world. */
+FSDP_API fsdp_status_t fsdp_comm_split(fsdp_comm_t comm, int color, int key, fsdp_comm_t *out);
 /* Waits for nothing: the caller must have synchronised streams using it.
  * Frees the staging memory. */
 FSDP_API void fsdp_comm_destroy(fsdp_comm_t comm);

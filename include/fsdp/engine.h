@@ -17,17 +17,50 @@
  * along them.
  *
  * Flat shards: a unit's tensors are laid end to end and padded to a multiple of
- * world_size * align elements; rank r owns the slice [r*S, (r+1)*S). Padding is
+ * world_size * align elements (world_size: the shard group's under HSDP);
+ * rank r owns the slice [r*S, (r+1)*S). Padding is
  * never visible: views and tensor reads cover real elements only, padding is zero
  * and never counts in the gradient norm.
  *
- * Strategies and their memory per rank (P parameters, N ranks, AdamW, fp32):
- *   FSDP_FULL_SHARD    (ZeRO-3) 16P/N persistent + gathered params of at most
- *                      max_live_units units (default prefetch_depth + 1; a root
- *                      unit held across the others needs one more)
- *   FSDP_SHARD_GRAD_OP (ZeRO-2) 16P/N persistent + every unit's params gathered
- *                      from its forward until its backward
+ * Strategies and their memory per rank (P parameters, N ranks, S = shard_size
+ * ranks per shard group, S = N unless HSDP, AdamW, fp32):
+ *   FSDP_FULL_SHARD    (ZeRO-3) 16P/S persistent + gathered params of at most
+ *                      max_live_units units in shared buffers of the largest
+ *                      unit's size (unset: prefetch_depth + 1, plus one per unit
+ *                      held across the others, e.g. a tied-embedding root: the
+ *                      engine adds those buffers in the first step that nests
+ *                      units, so prefetch never stops for lack of one)
+ *   FSDP_SHARD_GRAD_OP (ZeRO-2) 16P/S persistent + every unit's params gathered
+ *                      from its forward until its backward, each in a buffer of
+ *                      its own size
  *   FSDP_NO_SHARD      (DDP)    16P persistent, gradients all-reduced
+ * Per unit (fsdp_unit_add_opts) reshard_after_forward picks ZeRO-3 or ZeRO-2
+ * behaviour and param_dtype f32 or bf16 for that unit alone: transient memory
+ * is then sum over the ZeRO-2 units of padded x e(u) + the shared buffers x
+ * (largest ZeRO-3 unit) x e, where e(u) is 4 bytes per element (f32), 2
+ * (bf16/f16 on CUDA) or 6 (bf16/f16 on the CPU, with its f32 twin), and e for
+ * a shared buffer holds what any ZeRO-3 unit needs (4 + 2 when f32 and 16-bit
+ * units share it); persistent memory adds 2 bytes per shard element of each
+ * 16-bit unit (+4 on one rank). fsdp_engine_memory reports exactly these.
+ *
+ * Hybrid sharding (HSDP, config.shard_size S < N, S dividing N): the world is
+ * R = N/S replica groups x S ranks per shard group. Shard group g is the
+ * consecutive ranks [g*S, (g+1)*S) (rank r is rank r % S of group r / S, so
+ * with S = ranks per node a shard group is a node); replica group k is the
+ * ranks equal to k mod S, one per shard group. Units are sharded over the
+ * shard group (layout as above with world_size S): parameters are gathered
+ * and gradients reduce-scattered within it; then, once per step, after a
+ * unit's last reduce-scatter, its fp32 gradient shard is all-reduced (summed)
+ * across the replica group on a stream of its own (1/S of the gradient bytes,
+ * overlapping the rest of backward; the step waits for it), and the optimizer
+ * runs on the shard. The gradient norm sums over one shard group. S = N is
+ * plain FSDP, unchanged (no sub-communicators); S = 1 keeps the whole model
+ * on every rank and all-reduces gradients (as NO_SHARD). The engine creates
+ * its sub-communicators with fsdp_comm_split on the gather backend (mpi, gloo,
+ * nccl) and the world's host backend; watchdog and desync reports name the
+ * group ("shard group 1, world ranks 2-3"). Checkpoints are written by shard
+ * group 0 in the format of a world of S ranks, and load at any R x S or N.
+ * The timeline records the replica all-reduces as FSDP_TL_REPLICA_REDUCE.
  * On one rank every strategy reads its (whole) master shard directly: nothing is
  * gathered and nothing is copied.
  *
@@ -63,7 +96,7 @@
  *                 staged through pinned host memory (several ranks may share a
  *                 GPU, which NCCL refuses); acquiring a unit waits on the host
  *                 for its gather.
- * The host communicator (fsdp_engine_comm) is always the world's.
+ * The host communicator (fsdp_engine_comm) is always the world's (HSDP too).
  * Gradient accumulation over grad_accum micro-batches:
  *   default                each micro-batch's gradients are reduce-scattered into
  *                          the fp32 gradient shard: grad_accum x the traffic;
@@ -148,6 +181,8 @@ typedef struct {
   double loss_scale_growth;      /* 2.0: factor after loss_scale_interval good steps (>= 1) */
   double loss_scale_backoff;     /* 0.5: factor after a skipped step (in (0, 1]) */
   int loss_scale_interval;       /* 2000: good steps in a row before the scale grows */
+  int shard_size;                /* 0 (unset): the world; else ranks per shard group, a divisor
+                                    of the world (HSDP, above); fsdp_engine_config: resolved */
 } fsdp_config_t;
 
 #define FSDP_CONFIG_MAGIC 0xf5d9c0f1u
@@ -162,13 +197,17 @@ typedef struct {
     .schedule = FSDP_SCHEDULE_INIT, .device = FSDP_DEVICE_CPU,                       \
     .reduce_dtype = FSDP_F32, .comm_backend = NULL, .max_consecutive_skips = 0,      \
     .loss_scale_init = 0.0, .loss_scale_growth = 2.0, .loss_scale_backoff = 0.5,     \
-    .loss_scale_interval = 2000                                                      \
+    .loss_scale_interval = 2000, .shard_size = 0                                     \
   }
 
 /* Checks cfg (the same checks as fsdp_engine_create) and writes to *out the
  * configuration an engine would run with: the caller's fields, defaults for
- * fields past its size, unset values resolved. comm_backend stays the caller's
- * pointer. FSDP_ERR_INVALID_ARGUMENT with the field and value when wrong. */
+ * fields past its size, unset values resolved. Only cfg->size bytes of *out
+ * are written (out->size = cfg->size): out is taken to be the same struct as
+ * the caller's cfg, so a caller compiled against an older header sees the
+ * fields it knows and nothing past its struct is touched. comm_backend stays
+ * the caller's pointer. FSDP_ERR_INVALID_ARGUMENT with the field and value
+ * when wrong; *out is written only on success. */
 FSDP_API fsdp_status_t fsdp_config_resolve(const fsdp_config_t *cfg, fsdp_config_t *out);
 
 typedef enum {
@@ -221,7 +260,9 @@ typedef struct {
 /* Bytes per rank. Persistent: master, grad_shard, optim_state. Transient
  * (*_peak since creation or the last fsdp_engine_reset_peaks): gathered
  * parameters and full gradient buffers handed out or in flight. Reserved:
- * what the preallocated pools hold, i.e. the most transient can ever reach. */
+ * what the preallocated pools hold, i.e. the most transient can ever reach
+ * (with max_live_units unset, the gather pool grows once, in the first step
+ * that holds units across the others: one buffer per unit held). */
 typedef struct {
   size_t master, grad_shard, optim_state;
   size_t param_copy; /* bf16 params: the shard rounded to bf16 (+ its f32 widening
@@ -239,14 +280,16 @@ typedef enum {
   FSDP_TL_ALL_GATHER,  /* gather stream */
   FSDP_TL_REDUCE,      /* reduce stream: reduce-scatter or all-reduce of grads; unit -1,
                           stream 0: the step's all-reduce of the gradient norm */
-  FSDP_TL_STEP         /* host: the optimizer step */
+  FSDP_TL_STEP,        /* host: the optimizer step */
+  FSDP_TL_REPLICA_REDUCE /* replica stream (3): HSDP all-reduce of a unit's gradient shard
+                            across its replica group */
 } fsdp_tl_kind_t;
 
 typedef struct {
   fsdp_tl_kind_t kind;
   fsdp_unit_t unit; /* -1 for the step */
   fsdp_pass_t pass;
-  int stream;       /* 0 compute/host, 1 gather, 2 reduce */
+  int stream;       /* 0 compute/host, 1 gather, 2 reduce, 3 replica (HSDP) */
   double t_begin, t_end; /* fsdp_time_now() seconds */
   size_t bytes;     /* bytes each rank contributes to a collective */
 } fsdp_tl_event_t;
@@ -259,6 +302,8 @@ typedef struct {
   size_t padded_numel; /* flat buffer, multiple of world * align */
   size_t shard_numel;  /* per rank (padded_numel on NO_SHARD) */
   size_t shard_offset; /* where this rank's slice starts in the flat buffer */
+  int reshard_after_forward; /* resolved (fsdp_unit_opts_t) */
+  fsdp_dtype_t param_dtype;  /* resolved: what the unit is gathered in */
 } fsdp_unit_info_t;
 
 /* What this rank owns of a unit, for checkpoints and tests. Pointers stay owned
@@ -285,6 +330,59 @@ FSDP_API void fsdp_engine_destroy(fsdp_engine_t engine);
 FSDP_API fsdp_status_t fsdp_unit_add(fsdp_engine_t engine, const char *name, const char *kind,
                                      const fsdp_tensor_desc_t *tensors, int n_tensors,
                                      fsdp_unit_t *unit);
+
+/* Per-unit choices, for fsdp_unit_add_opts. Start from FSDP_UNIT_OPTS_INIT
+ * and set what you need; every field left unset means "the engine config's
+ * choice", so a unit added with FSDP_UNIT_OPTS_INIT (or NULL) behaves exactly
+ * as fsdp_unit_add. size/magic/version first, new fields appended (the
+ * fsdp_config_t rule). Wrap policies and configuration files map their rules
+ * onto this struct, one per unit.
+ *
+ * reshard_after_forward  1: ZeRO-3 for this unit (its gathered parameters are
+ *     freed at the forward release and gathered again in backward); 0: ZeRO-2
+ *     (kept from forward to backward in a buffer of its own). Unset: 1 under
+ *     FSDP_FULL_SHARD, 0 under FSDP_SHARD_GRAD_OP. Ignored under NO_SHARD and
+ *     when a unit's shard group is one rank (nothing is gathered).
+ * param_dtype  FSDP_F32, FSDP_BF16 or FSDP_F16: what this unit's parameters
+ *     are gathered and computed in (see Mixed precision), e.g. FSDP_F32 for
+ *     LayerNorm-only units of a bf16 model. Unset: config.param_dtype. Loss
+ *     scaling follows config.param_dtype (set loss_scale_init yourself for f16
+ *     units in a model that is not f16).
+ * lr_mult, wd_mult  parameter groups: n_tensors factors each (in the order of
+ *     the tensors passed), copied at the call. Tensor i's update uses
+ *     lr * lr_mult[i] (after the schedule) and weight_decay * wd_mult[i] (a
+ *     no_decay tensor stays undecayed whatever its wd_mult). NULL: 1 for every
+ *     tensor. Each must be finite and >= 0 (0 freezes a tensor's updates, or
+ *     its decay). */
+typedef struct {
+  size_t size;               /* sizeof(fsdp_unit_opts_t) as the caller compiled it */
+  unsigned int magic;        /* FSDP_UNIT_OPTS_MAGIC */
+  unsigned int version;      /* FSDP_VERSION_CODE of the caller's header */
+  int reshard_after_forward; /* -1 (unset): the strategy's; 0 or 1 */
+  fsdp_dtype_t param_dtype;  /* FSDP_DTYPE_UNSET: config.param_dtype */
+  const float *lr_mult;      /* NULL: 1 for every tensor; else n_tensors factors, copied */
+  const float *wd_mult;      /* NULL: 1 for every tensor; else n_tensors factors, copied */
+} fsdp_unit_opts_t;
+
+#define FSDP_UNIT_OPTS_MAGIC 0xf5d9a0a1u
+#define FSDP_DTYPE_UNSET ((fsdp_dtype_t)-1)
+
+#define FSDP_UNIT_OPTS_INIT                                                          \
+  {                                                                                  \
+    .size = sizeof(fsdp_unit_opts_t), .magic = FSDP_UNIT_OPTS_MAGIC,                 \
+    .version = FSDP_VERSION_CODE, .reshard_after_forward = -1,                       \
+    .param_dtype = FSDP_DTYPE_UNSET, .lr_mult = NULL, .wd_mult = NULL                \
+  }
+
+/* fsdp_unit_add with per-unit choices (opts NULL: none). Errors, before
+ * anything is registered: FSDP_ERR_INVALID_ARGUMENT naming the unit and the
+ * field (a struct not from FSDP_UNIT_OPTS_INIT, reshard_after_forward not
+ * -1/0/1, a dtype other than f32/bf16/f16, a multiplier negative or not finite,
+ * naming the tensor). Same thread and ordering rules as fsdp_unit_add. */
+FSDP_API fsdp_status_t fsdp_unit_add_opts(fsdp_engine_t engine, const char *name,
+                                          const char *kind, const fsdp_tensor_desc_t *tensors,
+                                          int n_tensors, const fsdp_unit_opts_t *opts,
+                                          fsdp_unit_t *unit);
 
 /* Allocates shards, state and pools, and fills each rank's slice: element i of
  * tensor t is a pure function of (seed, t's name, i), so the model is the same
@@ -393,6 +491,7 @@ typedef struct {
   size_t numel;
   size_t offset; /* first element in the unit's flat buffer */
   int no_decay;
+  float lr_mult, wd_mult; /* fsdp_unit_opts_t (1 unless set) */
 } fsdp_tensor_info_t;
 FSDP_API fsdp_status_t fsdp_unit_tensor(fsdp_engine_t engine, fsdp_unit_t unit, int index,
                                         fsdp_tensor_info_t *info);
@@ -402,6 +501,13 @@ FSDP_API int64_t fsdp_engine_step_count(fsdp_engine_t engine);
  * gathered copies, which would be stale. Not while units are acquired, nor
  * between a backward and its step. */
 FSDP_API fsdp_status_t fsdp_engine_set_step(fsdp_engine_t engine, int64_t step);
+/* The optimizer's own update count, which AdamW's bias correction and SGD's
+ * first momentum step follow (the schedule follows the engine's step). Equal
+ * to the step unless set: fsdp_engine_set_step sets both; a loader that zeroes
+ * the optimizer state (reset_optim, weights-only checkpoints) then sets it to
+ * 0, so that the next update is a first update. step in [0, the engine's step];
+ * not between a backward and its step. */
+FSDP_API fsdp_status_t fsdp_engine_set_optim_step(fsdp_engine_t engine, int64_t step);
 FSDP_API const fsdp_config_t *fsdp_engine_config(fsdp_engine_t engine);
 FSDP_API fsdp_world_t fsdp_engine_world(fsdp_engine_t engine);
 /* A communicator for the caller's own host-side reductions (losses, metrics). */

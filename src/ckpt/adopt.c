@@ -52,7 +52,8 @@ static fsdp_status_t compare_local(fsdp_engine_t e, ckpt_manifest_t *m, const ch
   if (!st) {
     m->id = old.id;
     memcpy(m->files, old.files, (size_t)m->world * sizeof *m->files);
-    st = same_shard(e, m, final, rank);
+    /* HSDP: only the first shard group wrote; the others hold the same. */
+    if (rank < m->world) st = same_shard(e, m, final, rank);
   }
   if (!st && rank == 0) st = same_manifest(m, final);
   ckpt_manifest_free(&old);

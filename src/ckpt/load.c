@@ -196,6 +196,8 @@ fsdp_status_t fsdp_ckpt_load(fsdp_engine_t e, const char *path, const fsdp_ckpt_
   /* The scale continues where it was; an engine without scaling ignores it. */
   if (!st && m.has_scaler && fsdp_engine_config(e)->loss_scale_init != 1.0)
     st = fsdp_engine_set_scaler_state(e, m.loss_scale, m.good_steps);
+  /* Zeroed moments start a new optimizer: its bias correction restarts too. */
+  if (!st && !load_state) st = fsdp_engine_set_optim_step(e, 0);
   if (!st && meta) *meta = m.meta;
   if (!st && path_out && cap) snprintf(path_out, cap, "%s", m.dir);
   ckpt_files_close(&f);

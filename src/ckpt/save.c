@@ -91,7 +91,9 @@ fsdp_status_t ckpt_manifest_from_engine(fsdp_engine_t e, ckpt_manifest_t *m) {
     FSDP_TRY(fsdp_unit_info(e, u, &info));
     n_tensors += info.n_tensors;
   }
-  FSDP_TRY(ckpt_manifest_alloc(m, fsdp_world_size(fsdp_engine_world(e)), n_units, n_tensors));
+  /* One copy of the model: the first shard group's files (HSDP: shard_size
+   * ranks; the whole world otherwise), in the format of a world that size. */
+  FSDP_TRY(ckpt_manifest_alloc(m, c->shard_size, n_units, n_tensors));
   m->step = fsdp_engine_step_count(e);
   m->align = c->align;
   m->cfg = c;
@@ -180,10 +182,11 @@ static fsdp_status_t write_shard(fsdp_engine_t e, const ckpt_manifest_t *m, int 
   return FSDP_SUCCESS;
 }
 
-/* Every rank learns every file's size and CRC (exact in doubles: < 2^53). */
+/* Every rank learns every file's size and CRC (exact in doubles: < 2^53);
+ * the writers are the ranks 0 .. m->world - 1. */
 static fsdp_status_t gather_files(fsdp_comm_t comm, ckpt_manifest_t *m, const ckpt_file_t *mine) {
   double local[2] = {(double)mine->bytes, (double)mine->crc};
-  double *all = fsdp_alloc((size_t)m->world * 2 * sizeof(double));
+  double *all = fsdp_alloc((size_t)fsdp_comm_size(comm) * 2 * sizeof(double));
   if (!all) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "checkpoint: out of memory");
   fsdp_status_t st = fsdp_all_gather(comm, local, all, 2, FSDP_F64, FSDP_HOST_STREAM);
   for (int r = 0; r < m->world && !st; r++) {
@@ -216,7 +219,8 @@ static fsdp_status_t save_files(fsdp_engine_t e, save_ctx_t *c, ckpt_manifest_t 
                                 char *path_out, size_t cap) {
   ckpt_file_t mine = {0};
   fsdp_status_t st = ckpt_path(m->dir, sizeof m->dir, "%s", c->tmp);
-  if (!st) st = write_shard(e, m, c->rank, &c->fault, &mine);
+  /* HSDP: the other shard groups hold the same elements and write nothing. */
+  if (!st && c->rank < m->world) st = write_shard(e, m, c->rank, &c->fault, &mine);
   st = ckpt_agree(c->comm, st);
   if (!st) st = ckpt_agree(c->comm, gather_files(c->comm, m, &mine));
   if (!st && c->rank == 0) st = ckpt_commit(m, c->save_dir, c->tmp, &c->fault, path_out, cap);
@@ -257,7 +261,8 @@ fsdp_status_t fsdp_ckpt_save(fsdp_engine_t e, const char *save_dir,
   if (!save_dir || !save_dir[0])
     st = fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_ckpt_save: no save directory given");
   if (!st) st = ckpt_manifest_from_engine(e, &m);
-  if (!st) st = check_finite(e, &m, c.rank);
+  /* HSDP: the writers' copies are the ones saved (the others are equal). */
+  if (!st && c.rank < m.world) st = check_finite(e, &m, c.rank);
   if (!st && o.meta) m.meta = *o.meta;
   m.id = c.rank == 0 ? ckpt_random_id() : 0;
   st = ckpt_agree(c.comm, st);

@@ -7,7 +7,9 @@
  * then runs now (host stream), is copied into a closure and queued (CPU
  * stream), or goes to the backend's enqueue (CUDA stream, nccl). A host
  * backend given a CUDA stream runs the collective in the caller after
- * synchronising the stream. The backend (comm_mpi.c, comm_gloo.cc,
+ * synchronising the stream. fsdp_comm_split exchanges every rank's colour
+ * and key, then has the backend build each group's communicator; a group
+ * keeps its members' world ranks for reports. The backend (comm_mpi.c, comm_gloo.cc,
  * comm_self.c, comm_nccl.c) only ever sees validated work, wrapped by the
  * watchdog's bookkeeping and, when enabled, the desync check; host backends
  * see device buffers only through staging (comm_stage.c). */
@@ -106,6 +108,7 @@ static fsdp_status_t ops_named(fsdp_world_t world, const char *name, const fsdp_
 }
 
 static void comm_free(fsdp_comm_t c) {
+  fsdp_free(c->members);
   fsdp_stage_free(c);
   fsdp_desync_free(c);
   fsdp_watch_detach(c);
@@ -113,24 +116,57 @@ static void comm_free(fsdp_comm_t c) {
   fsdp_free(c);
 }
 
-/* A communicator of world on ops: joined to the watch, set up by the backend
- * (create from the world, or dup of `from`), with its desync buffer. */
-static fsdp_status_t comm_make(const fsdp_comm_ops_t *ops, fsdp_world_t world, fsdp_comm_t from,
-                               fsdp_comm_t *out) {
+/* How a new communicator is set up by its backend: from the world, as a dup
+ * of `from`, or as the split of `from` into the group `members` (world ranks,
+ * in rank order) that this rank is rank `rank` of. */
+typedef struct {
+  fsdp_comm_t from;
+  int split, color, key, rank, n;
+  int *members; /* owned by the new communicator once made */
+} comm_origin_t;
+
+static fsdp_status_t comm_setup(fsdp_comm_t c, fsdp_world_t world, const comm_origin_t *o) {
+  if (!o->from) return c->ops->create(world, c);
+  if (!o->split) return c->ops->dup(o->from, c);
+  c->rank = o->rank;
+  c->size = o->n;
+  c->color = o->color;
+  c->members = o->members;
+  return c->ops->split(o->from, c, o->key);
+}
+
+/* A communicator of world on ops: joined to the watch, set up by the backend,
+ * with its desync buffer. A dup keeps its parent's group and label. */
+static fsdp_status_t comm_make(const fsdp_comm_ops_t *ops, fsdp_world_t world,
+                               const comm_origin_t *origin, fsdp_comm_t *out) {
   struct fsdp_comm *c = fsdp_alloc(sizeof *c);
   if (!c)
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "comm: cannot allocate a %s communicator",
                       ops->name);
   c->ops = ops;
   c->world = world;
+  c->color = -1;
   pthread_mutex_init(&c->mu, NULL);
   fsdp_status_t st = fsdp_watch_attach(world, c);
   if (st != FSDP_SUCCESS) {
     pthread_mutex_destroy(&c->mu);
     fsdp_free(c);
+    fsdp_free(origin->members);
     return st;
   }
-  st = from ? ops->dup(from, c) : ops->create(world, c);
+  fsdp_comm_t from = origin->from;
+  if (from && !origin->split && from->members) {
+    /* Backends see a dup's group as its parent's (gloo meshes by colour). */
+    c->color = from->color;
+    c->members = fsdp_alloc((size_t)from->size * sizeof *c->members);
+    if (!c->members) {
+      comm_free(c);
+      return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "comm: cannot allocate a group's ranks");
+    }
+    memcpy(c->members, from->members, (size_t)from->size * sizeof *c->members);
+  }
+  if (from) memcpy(c->label, from->label, sizeof c->label);
+  st = comm_setup(c, world, origin);
   if (st != FSDP_SUCCESS) {
     /* Creation is collective: the peers that did arrive are failing too, and
      * the one that did not may never reach the exit barrier. */
@@ -158,14 +194,91 @@ fsdp_status_t fsdp_comm_create_backend(fsdp_world_t world, const char *backend,
                       !world ? "world" : "comm");
   const fsdp_comm_ops_t *ops = ops_for(world);
   if (backend) FSDP_TRY(ops_named(world, backend, &ops));
-  return comm_make(ops, world, NULL, comm);
+  comm_origin_t o = {0};
+  return comm_make(ops, world, &o, comm);
 }
 
 fsdp_status_t fsdp_comm_dup(fsdp_comm_t comm, fsdp_comm_t *out) {
   if (!comm || !out)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_comm_dup: %s is NULL",
                       !comm ? "comm" : "out");
-  return comm_make(comm->ops, comm->world, comm, out);
+  comm_origin_t o = {.from = comm};
+  return comm_make(comm->ops, comm->world, &o, out);
+}
+
+/* Every rank's (colour, key) of comm, into pairs[2 * size]. Host backends
+ * all-gather on comm itself; a device backend (nccl) over a temporary host
+ * communicator of the world, which comm must then span. */
+static fsdp_status_t split_exchange(fsdp_comm_t comm, const int mine[2], int *pairs) {
+  if (!comm->ops->enqueue)
+    return fsdp_all_gather(comm, mine, pairs, 2, FSDP_F32, FSDP_HOST_STREAM);
+  if (comm->members)
+    return fsdp_error(FSDP_ERR_UNSUPPORTED, "fsdp_comm_split: a %s communicator is split "
+                      "only when it spans the world (communicator %d is a group of %d)",
+                      comm->ops->name, comm->id, comm->size);
+  fsdp_comm_t host;
+  FSDP_TRY(fsdp_comm_create(comm->world, &host));
+  fsdp_status_t st = fsdp_all_gather(host, mine, pairs, 2, FSDP_F32, FSDP_HOST_STREAM);
+  fsdp_comm_destroy(host);
+  return st;
+}
+
+/* The ranks of comm sharing colour `color`, ordered by (key, rank). */
+static int split_members(const fsdp_comm_t comm, const int *pairs, int color, int *order) {
+  int n = 0;
+  for (int r = 0; r < comm->size; r++) {
+    if (pairs[2 * r] != color) continue;
+    int i = n++;
+    while (i > 0 && pairs[2 * order[i - 1] + 1] > pairs[2 * r + 1]) order[i] = order[i - 1], i--;
+    order[i] = r;
+  }
+  return n;
+}
+
+fsdp_status_t fsdp_comm_split(fsdp_comm_t comm, int color, int key, fsdp_comm_t *out) {
+  if (!comm || !out)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_comm_split: %s is NULL",
+                      !comm ? "comm" : "out");
+  if (color < 0)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_comm_split: colour %d on rank %d is "
+                      "negative; every rank joins a group (colour >= 0)", color, comm->rank);
+  if (!comm->ops->split)
+    return fsdp_error(FSDP_ERR_UNSUPPORTED, "fsdp_comm_split: the %s backend cannot split",
+                      comm->ops->name);
+  int mine[2] = {color, key};
+  int *pairs = fsdp_alloc((size_t)comm->size * 3 * sizeof *pairs);
+  if (!pairs) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "fsdp_comm_split: out of memory");
+  int *order = pairs + 2 * comm->size;
+  fsdp_status_t st = split_exchange(comm, mine, pairs);
+  if (st != FSDP_SUCCESS) {
+    fsdp_free(pairs);
+    return st;
+  }
+  comm_origin_t o = {.from = comm, .split = 1, .color = color, .key = key};
+  o.n = split_members(comm, pairs, color, order);
+  o.members = fsdp_alloc((size_t)o.n * sizeof *o.members);
+  for (int i = 0; o.members && i < o.n; i++) {
+    if (order[i] == comm->rank) o.rank = i;
+    o.members[i] = fsdp_comm_world_rank(comm, order[i]);
+  }
+  fsdp_free(pairs);
+  if (!o.members) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "fsdp_comm_split: out of memory");
+  FSDP_TRY(comm_make(comm->ops, comm->world, &o, out));
+  char list[40], label[FSDP_COMM_LABEL_MAX];
+  fsdp_format_ranks(list, sizeof list, (*out)->members, o.n);
+  snprintf(label, sizeof label, "group %d of communicator %d: world %s %s", color, comm->id,
+           o.n == 1 ? "rank" : "ranks", list);
+  fsdp_comm_set_label(*out, label);
+  return FSDP_SUCCESS;
+}
+
+void fsdp_comm_set_label(fsdp_comm_t comm, const char *label) {
+  if (comm) snprintf(comm->label, sizeof comm->label, "%s", label ? label : "");
+}
+
+void fsdp_comm_label_text(fsdp_comm_t comm, char *buf, size_t n) {
+  if (comm && comm->label[0]) snprintf(buf, n, " (%s)", comm->label);
+  else if (n) buf[0] = '\0';
 }
 
 void fsdp_comm_destroy(fsdp_comm_t comm) {

@@ -107,7 +107,8 @@ void fsdp_desync_free(fsdp_comm_t c) {
 
 /* Every distinct fingerprint with the ranks that sent it, as
  * "ranks 0, 2-3 issued X but rank 1 issued Y". */
-static void describe_groups(const fingerprint_t *all, int size, char *buf, size_t n) {
+static void describe_groups(fsdp_comm_t comm, const fingerprint_t *all, int size, char *buf,
+                            size_t n) {
   int *ranks = fsdp_alloc(2 * (size_t)size * sizeof(int)), *done = ranks + size;
   int used = 0, groups = 0;
   buf[0] = '\0';
@@ -119,7 +120,8 @@ static void describe_groups(const fingerprint_t *all, int size, char *buf, size_
     if (done[r]) continue;
     int count = 0;
     for (int q = r; q < size; q++)
-      if (!done[q] && memcmp(&all[q], &all[r], sizeof all[r]) == 0) ranks[count++] = q, done[q] = 1;
+      if (!done[q] && memcmp(&all[q], &all[r], sizeof all[r]) == 0)
+        ranks[count++] = fsdp_comm_world_rank(comm, q), done[q] = 1;
     char list[128], what[200];
     fsdp_format_ranks(list, sizeof list, ranks, count);
     fsdp_coll_t c = coll_of(&all[r]);
@@ -150,9 +152,11 @@ fsdp_status_t fsdp_desync_check(fsdp_comm_t c, const fsdp_coll_t *coll) {
   int same = 1;
   for (int r = 0; r < c->size && same; r++) same = memcmp(&all[r], &mine, sizeof mine) == 0;
   if (same) return FSDP_SUCCESS;
-  char groups[900];
-  describe_groups(all, c->size, groups, sizeof groups);
-  return fsdp_error(FSDP_ERR_INVALID_USAGE, "desync on communicator %d, seen by rank %d: %s; "
+  char groups[900], label[FSDP_COMM_LABEL_MAX + 4];
+  describe_groups(c, all, c->size, groups, sizeof groups);
+  fsdp_comm_label_text(c, label, sizeof label);
+  /* Ranks are world ranks, so that a group's report reads like the world's. */
+  return fsdp_error(FSDP_ERR_INVALID_USAGE, "desync on communicator %d%s, seen by rank %d: %s; "
                     "every rank must issue the same collectives in the same order",
-                    c->id, c->rank, groups);
+                    c->id, label, fsdp_comm_world_rank(c, c->rank), groups);
 }

@@ -123,7 +123,10 @@ fsdp_status_t connect(fsdp_comm_t c) {
     /* Creation is collective: a peer that never arrives fails it at the
      * collective deadline, like any other collective. */
     Store store(fsdp_world_store(c->world), fsdp_watch_timeout(c));
-    gloo::rendezvous::PrefixStore prefixed("comm/" + std::to_string(c->id), store);
+    /* A group of a split meshes under its colour: the groups share the id. */
+    std::string prefix = "comm/" + std::to_string(c->id);
+    if (c->color >= 0) prefix += "/" + std::to_string(c->color);
+    gloo::rendezvous::PrefixStore prefixed(prefix, store);
     ctx->connectFullMesh(prefixed, dev);
     /* connectFullMesh returns on a rank once its own pairs are up, while a
      * peer may still be finishing its side: a communicator destroyed at once
@@ -271,6 +274,14 @@ static fsdp_status_t gloo_dup(fsdp_comm_t comm, fsdp_comm_t out) {
   return connect(out);
 }
 
+/* A new Gloo context over the group's ranks (comm.c set rank, size, colour):
+ * meshed through the world's store under "comm/<id>/<colour>/". */
+static fsdp_status_t gloo_split(fsdp_comm_t parent, fsdp_comm_t out, int key) {
+  (void)parent;
+  (void)key;
+  return connect(out);
+}
+
 static void gloo_destroy(fsdp_comm_t c) {
   delete impl_of(c);
   c->impl = nullptr;
@@ -311,5 +322,6 @@ const fsdp_comm_ops_t fsdp_comm_gloo_ops = {
     .run = gloo_run,
     .abort = gloo_abort,
     .enqueue = nullptr, /* C++: every member named (-Wmissing-field-initializers) */
+    .split = gloo_split,
 };
 }

@@ -28,6 +28,7 @@ typedef enum {
 } fsdp_coll_kind_t;
 
 #define FSDP_COMM_TAG_MAX 32 /* bytes of a collective's tag, NUL included */
+#define FSDP_COMM_LABEL_MAX 96 /* bytes of a communicator's label, NUL included */
 
 /* One validated collective, as issued. For a broadcast, recv is the buffer. */
 typedef struct {
@@ -63,6 +64,10 @@ typedef struct fsdp_comm_ops {
    * A backend with enqueue takes device buffers only, in run too; one without
    * takes host buffers, and comm.c stages device buffers for it. */
   fsdp_status_t (*enqueue)(fsdp_comm_t comm, const fsdp_coll_t *coll, void *cuda_stream);
+  /* Sets up out->impl for a communicator over a subset of parent's ranks:
+   * comm.c has set out->rank, size, color and members (world ranks, in the
+   * new rank order) and calls this on every rank of parent (fsdp_comm_split). */
+  fsdp_status_t (*split)(fsdp_comm_t parent, fsdp_comm_t out, int key);
 } fsdp_comm_ops_t;
 
 struct fsdp_comm_watch; /* the world's watchdog and shared backend state */
@@ -89,6 +94,12 @@ struct fsdp_comm {
   void *fingerprints; /* desync check: size fingerprints, received */
   void *stage;        /* pinned host memory for device buffers (comm_stage.c) */
   size_t stage_bytes;
+  /* Sub-communicators (fsdp_comm_split): the world rank of each rank, NULL
+   * when the communicator spans the world in world order; the split colour
+   * (-1 otherwise); and a label naming the group in reports ("" for none). */
+  int *members;
+  int color;
+  char label[FSDP_COMM_LABEL_MAX];
 };
 
 extern const fsdp_comm_ops_t fsdp_comm_mpi_ops;
@@ -103,6 +114,15 @@ extern const fsdp_comm_ops_t fsdp_comm_nccl_ops;
  * text is copied (truncated to FSDP_COMM_TAG_MAX - 1 bytes); call it from
  * the thread that issues on comm, right before the collective. */
 void fsdp_comm_set_tag(fsdp_comm_t comm, const char *tag);
+/* Names the group a communicator spans in watchdog and desync reports, e.g.
+ * "shard group 1 (world ranks 2-3)"; copied, truncated to FSDP_COMM_LABEL_MAX - 1. */
+void fsdp_comm_set_label(fsdp_comm_t comm, const char *label);
+/* World rank of comm's rank r. */
+static inline int fsdp_comm_world_rank(fsdp_comm_t comm, int r) {
+  return comm->members ? comm->members[r] : r;
+}
+/* " (shard group 1 (world ranks 2-3))" when comm has a label, else "". */
+void fsdp_comm_label_text(fsdp_comm_t comm, char *buf, size_t n);
 
 /* Bytes of send and of recv a collective on comm covers. */
 void fsdp_coll_extent(fsdp_comm_t comm, const fsdp_coll_t *coll, size_t *send_bytes,

@@ -93,6 +93,17 @@ static fsdp_status_t mpi_dup(fsdp_comm_t comm, fsdp_comm_t out) {
   return mpi_adopt(out, impl_comm(comm));
 }
 
+/* MPI_Comm_split by colour, ranks ordered by key then parent rank: the order
+ * comm.c computed; the result is adopted (duplicated) like any other. */
+static fsdp_status_t mpi_split(fsdp_comm_t parent, fsdp_comm_t out, int key) {
+  MPI_Comm part;
+  int rc = MPI_Comm_split(impl_comm(parent), out->color, key, &part);
+  if (rc != MPI_SUCCESS) return mpi_check(out, rc, "MPI_Comm_split", NULL);
+  fsdp_status_t st = mpi_adopt(out, part);
+  MPI_Comm_free(&part);
+  return st;
+}
+
 static void mpi_destroy(fsdp_comm_t c) {
   mpi_impl_t *impl = c->impl;
   int finalized = 0;
@@ -170,4 +181,5 @@ const fsdp_comm_ops_t fsdp_comm_mpi_ops = {
     .destroy = mpi_destroy,
     .run = mpi_run,
     .abort = mpi_abort,
+    .split = mpi_split,
 };

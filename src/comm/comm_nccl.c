@@ -81,8 +81,26 @@ typedef struct {
   int ok;
 } id_msg_t;
 
+/* A group of a split (c->members) under mpirun: every world rank sends its
+ * message and takes its group leader's (every rank of the world creates its
+ * group's communicator at the same time: fsdp_comm_split's rule). */
+static fsdp_status_t exchange_group_mpi(fsdp_comm_t c, id_msg_t *m) {
+  int world = fsdp_world_size(c->world);
+  id_msg_t *all = fsdp_alloc((size_t)world * sizeof *all);
+  if (!all) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "nccl: cannot exchange unique ids");
+  int rc = MPI_Allgather(m, (int)sizeof *m, MPI_BYTE, all, (int)sizeof *m, MPI_BYTE,
+                         fsdp_world_mpi_comm(c->world));
+  if (rc == MPI_SUCCESS) *m = all[c->members[0]];
+  fsdp_free(all);
+  if (rc != MPI_SUCCESS)
+    return fsdp_error(FSDP_ERR_COMM, "nccl: MPI_Allgather of the unique ids of communicator "
+                      "%d failed on rank %d (MPI error %d)", c->id, c->rank, rc);
+  return FSDP_SUCCESS;
+}
+
 static fsdp_status_t exchange(fsdp_comm_t c, id_msg_t *m) {
   if (fsdp_world_kind(c->world) == FSDP_WORLD_MPI) {
+    if (c->members) return exchange_group_mpi(c, m);
     int rc = MPI_Bcast(m, (int)sizeof *m, MPI_BYTE, 0, fsdp_world_mpi_comm(c->world));
     if (rc != MPI_SUCCESS)
       return fsdp_error(FSDP_ERR_COMM, "nccl: MPI_Bcast of the unique id of communicator %d "
@@ -90,7 +108,8 @@ static fsdp_status_t exchange(fsdp_comm_t c, id_msg_t *m) {
     return FSDP_SUCCESS;
   }
   char key[64];
-  snprintf(key, sizeof key, "nccl/%d", c->id);
+  if (c->color >= 0) snprintf(key, sizeof key, "nccl/%d/%d", c->id, c->color);
+  else snprintf(key, sizeof key, "nccl/%d", c->id);
   fsdp_store_t *store = fsdp_world_store(c->world);
   if (c->rank == 0) return fsdp_store_set(store, key, m, sizeof *m);
   char *v = NULL;
@@ -104,8 +123,10 @@ static fsdp_status_t exchange(fsdp_comm_t c, id_msg_t *m) {
   return FSDP_SUCCESS;
 }
 
-/* Rank 0's unique id on every rank of c's world. Rank 0 sends even when it
- * has no id, so that the others fail with it instead of waiting. */
+/* Rank 0's unique id on every rank of c's group (the world, or a split's).
+ * Rank 0 sends even when it has no id, so that the others fail with it
+ * instead of waiting. A group takes part even alone: under mpirun the
+ * exchange spans the world. */
 static fsdp_status_t share_id(fsdp_comm_t c, ncclUniqueId *id) {
   id_msg_t m;
   memset(&m, 0, sizeof m);
@@ -115,7 +136,7 @@ static fsdp_status_t share_id(fsdp_comm_t c, ncclUniqueId *id) {
     m.ok = r == ncclSuccess;
     if (!m.ok) st = nccl_fail(c, r, "ncclGetUniqueId", NULL);
   }
-  if (c->size > 1) {
+  if (c->size > 1 || c->members) {
     fsdp_status_t sent = exchange(c, &m);
     if (st == FSDP_SUCCESS) st = sent;
   }
@@ -171,6 +192,20 @@ static fsdp_status_t nccl_dup(fsdp_comm_t comm, fsdp_comm_t out) {
   int prev = 0;
   cudaGetDevice(&prev);
   cudaError_t e = cudaSetDevice(impl_of(comm)->device);
+  if (e != cudaSuccess) return cuda_fail(out, e, "cudaSetDevice", NULL);
+  fsdp_status_t st = nccl_connect(out);
+  cudaSetDevice(prev);
+  return st;
+}
+
+/* A fresh communicator per group (ncclCommInitRank with the group leader's
+ * unique id, shared through the world) rather than ncclCommSplit, so that the
+ * bootstrap is the one every other communicator uses. On parent's device. */
+static fsdp_status_t nccl_split(fsdp_comm_t parent, fsdp_comm_t out, int key) {
+  (void)key;
+  int prev = 0;
+  cudaGetDevice(&prev);
+  cudaError_t e = cudaSetDevice(impl_of(parent)->device);
   if (e != cudaSuccess) return cuda_fail(out, e, "cudaSetDevice", NULL);
   fsdp_status_t st = nccl_connect(out);
   cudaSetDevice(prev);
@@ -282,5 +317,6 @@ const fsdp_comm_ops_t fsdp_comm_nccl_ops = {
     .run = nccl_run,
     .abort = nccl_abort,
     .enqueue = nccl_enqueue,
+    .split = nccl_split,
 };
 #endif

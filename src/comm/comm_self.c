@@ -20,6 +20,14 @@ static fsdp_status_t self_dup(fsdp_comm_t comm, fsdp_comm_t out) {
   return self_create(NULL, out);
 }
 
+/* Only a group of one rank can be a split of a one-rank communicator. */
+static fsdp_status_t self_split(fsdp_comm_t parent, fsdp_comm_t out, int key) {
+  (void)parent;
+  (void)key;
+  out->impl = NULL;
+  return FSDP_SUCCESS;
+}
+
 static void self_destroy(fsdp_comm_t c) { (void)c; }
 
 static fsdp_status_t self_run(fsdp_comm_t c, const fsdp_coll_t *k) {
@@ -48,4 +56,5 @@ const fsdp_comm_ops_t fsdp_comm_self_ops = {
     .dup = self_dup,
     .destroy = self_destroy,
     .run = self_run,
+    .split = self_split,
 };

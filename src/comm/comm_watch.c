@@ -49,6 +49,7 @@ struct fsdp_comm_watch {
 
 /* One communicator's counters, read consistently. */
 typedef struct {
+  fsdp_comm_t comm; /* alive: nobody destroys a communicator with work in flight */
   int id;
   uint64_t issued;
   fsdp_comm_progress_t p;
@@ -57,6 +58,7 @@ typedef struct {
 static snapshot_t snapshot(fsdp_comm_t c) {
   snapshot_t s;
   pthread_mutex_lock(&c->mu);
+  s.comm = c;
   s.id = c->id;
   s.issued = c->issued;
   s.p = c->progress;
@@ -97,11 +99,13 @@ typedef struct {
   int n_never, n_queued, n_inside, n_unknown;
 } arrivals_t;
 
-/* Sorts every other rank by how far it got with collective seq on comm id,
- * from what the peers published to the store. */
-static void classify(struct fsdp_comm_watch *w, fsdp_store_t *store, int id, uint64_t seq,
-                     arrivals_t *a) {
-  for (int r = 0; r < w->size; r++) {
+/* Sorts every other rank of comm's group (world ranks) by how far it got
+ * with collective seq on comm id, from what the peers published to the
+ * store. Ranks outside a split's group hold another group under that id. */
+static void classify(struct fsdp_comm_watch *w, fsdp_store_t *store, fsdp_comm_t comm, int id,
+                     uint64_t seq, arrivals_t *a) {
+  for (int i = 0; i < comm->size; i++) {
+    int r = fsdp_comm_world_rank(comm, i);
     if (r == w->rank) continue;
     char key[32], *text = NULL;
     uint64_t issued = 0, started = 0;
@@ -128,8 +132,8 @@ static size_t append_ranks(char *buf, size_t used, size_t n, const int *r, int c
 }
 
 /* "; rank 1 never issued it; ranks 2-3 are in it too" from the store. */
-static void arrivals_text(struct fsdp_comm_watch *w, fsdp_store_t *store, int id, uint64_t seq,
-                          char *buf, size_t n) {
+static void arrivals_text(struct fsdp_comm_watch *w, fsdp_store_t *store, fsdp_comm_t comm,
+                          int id, uint64_t seq, char *buf, size_t n) {
   int *all = calloc((size_t)(4 * w->size), sizeof *all);
   if (!store || !all) {
     snprintf(buf, n, "; which ranks never arrived is unknown (%s)",
@@ -138,7 +142,7 @@ static void arrivals_text(struct fsdp_comm_watch *w, fsdp_store_t *store, int id
     return;
   }
   arrivals_t a = {all, all + w->size, all + 2 * w->size, all + 3 * w->size, 0, 0, 0, 0};
-  classify(w, store, id, seq, &a);
+  classify(w, store, comm, id, seq, &a);
   size_t used = 0;
   buf[0] = '\0';
   used = append_ranks(buf, used, n, a.never, a.n_never, "never issued it", "never issued it");
@@ -155,13 +159,14 @@ static void arrivals_text(struct fsdp_comm_watch *w, fsdp_store_t *store, int id
 
 /* Prints why, keeps it for the failing calls, and aborts every communicator. */
 static void fire(struct fsdp_comm_watch *w, fsdp_store_t *store, const snapshot_t *s) {
-  char what[256], who[600];
+  char what[256], who[600], group[FSDP_COMM_LABEL_MAX + 4];
   fsdp_coll_describe(&s->p.coll, what, sizeof what);
-  arrivals_text(w, store, s->id, s->p.coll.seq, who, sizeof who);
+  fsdp_comm_label_text(s->comm, group, sizeof group);
+  arrivals_text(w, store, s->comm, s->id, s->p.coll.seq, who, sizeof who);
   int mpi = fsdp_world_kind(w->world) == FSDP_WORLD_MPI;
-  snprintf(w->abort_msg, sizeof w->abort_msg, "watchdog: %s on communicator %d did not "
+  snprintf(w->abort_msg, sizeof w->abort_msg, "watchdog: %s on communicator %d%s did not "
            "complete within the %g s timeout (FSDP_TIMEOUT_S) on rank %d%s; %s", what, s->id,
-           w->timeout_s, w->rank, who,
+           group, w->timeout_s, w->rank, who,
            mpi ? "aborting the job (MPI_Abort)" : "aborting the communicators");
   fsdp_log(FSDP_LOG_ERROR, "%s", w->abort_msg);
   fflush(stderr);

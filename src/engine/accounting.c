@@ -70,6 +70,7 @@ fsdp_status_t fsdp_engine_timeline(fsdp_engine_t e, const fsdp_tl_event_t **even
   /* Streams append (and may grow the array) while they run: let them finish. */
   fsdp_stream_synchronize(e->s_gather);
   fsdp_stream_synchronize(e->s_reduce);
+  fsdp_stream_synchronize(e->s_replica);
   pthread_mutex_lock(&e->tl_lock);
   *count = e->tl_count;
   if (dropped) *dropped = e->tl_dropped;

@@ -78,7 +78,8 @@ static int put_config(text_t *t, const fsdp_config_t *c) {
          putf(t, "engine.max_consecutive_skips", "%d", c->max_consecutive_skips) ||
          putf(t, "engine.loss_scale", "init %.17g growth %.17g backoff %.17g interval %d",
               c->loss_scale_init, c->loss_scale_growth, c->loss_scale_backoff,
-              c->loss_scale_interval);
+              c->loss_scale_interval) ||
+         putf(t, "engine.shard_size", "%d", c->shard_size);
 }
 
 /* Every unit and tensor, with shapes: the model each rank built. */
@@ -99,10 +100,18 @@ static int put_plan(text_t *t, const struct fsdp_engine *e) {
                                  x->shape[d]);
       snprintf(key, sizeof key, "engine.unit[%d].tensor[%d]", u, i);
       if (putf(t, key, "%s %s", x->name, shape)) return -1;
+      snprintf(key, sizeof key, "engine.unit[%d].tensor[%d].groups", u, i);
+      if (putf(t, key, "lr_mult %.9g wd_mult %.9g", (double)x->lr_mult, (double)x->wd_mult))
+        return -1;
     }
     snprintf(key, sizeof key, "engine.unit[%d]", u);
     if (putf(t, key, "%s (%s), %d tensors, %zu parameters", un->name, un->kind, un->n_tensors,
              un->numel))
+      return -1;
+    /* Per-unit options (fsdp_unit_add_opts) change the collectives issued. */
+    snprintf(key, sizeof key, "engine.unit[%d].opts", u);
+    if (putf(t, key, "reshard_after_forward %d param_dtype %s", un->reshard,
+             fsdp_dtype_name(un->lp_dtype)))
       return -1;
   }
   return 0;

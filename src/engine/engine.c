@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/comm_internal.h"
 #include "engine/engine_internal.h"
 #include "fsdp_config.h"
 #if FSDP_HAVE_CUDA
@@ -94,6 +95,9 @@ static fsdp_status_t config_check(const fsdp_config_t *c) {
   if (c->device == FSDP_DEVICE_CPU && c->comm_backend && strcmp(c->comm_backend, "nccl") == 0)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
                       "config.comm_backend 'nccl' needs config.device CUDA");
+  if (c->shard_size < 0)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "config.shard_size %d is negative (0: the "
+                      "world)", c->shard_size);
   if (c->align == 0 || (c->align & (c->align - 1)) != 0)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
                       "config.align %zu must be a power of two", c->align);
@@ -112,16 +116,101 @@ static fsdp_status_t worker_set_device(void *arg) {
   return fsdp_cuda_set_device(((struct fsdp_engine *)arg)->device);
 }
 
+/* cfg imported over the defaults, checked and resolved, into our full-size *c. */
+static fsdp_status_t config_resolve(const fsdp_config_t *cfg, fsdp_config_t *c) {
+  *c = (fsdp_config_t)FSDP_CONFIG_INIT;
+  FSDP_TRY(fsdp_opts_import(c, cfg, sizeof *c, FSDP_CONFIG_MAGIC, "fsdp_config_t",
+                            "FSDP_CONFIG_INIT"));
+  FSDP_TRY(config_check(c));
+  config_defaults(c);
+  return FSDP_SUCCESS;
+}
+
 fsdp_status_t fsdp_config_resolve(const fsdp_config_t *cfg, fsdp_config_t *out) {
   if (!cfg || !out)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_config_resolve: cfg and out must not "
                       "be NULL");
-  fsdp_config_t c = FSDP_CONFIG_INIT;
-  FSDP_TRY(fsdp_opts_import(&c, cfg, sizeof c, FSDP_CONFIG_MAGIC, "fsdp_config_t",
-                            "FSDP_CONFIG_INIT"));
-  FSDP_TRY(config_check(&c));
-  config_defaults(&c);
-  *out = c;
+  fsdp_config_t c;
+  FSDP_TRY(config_resolve(cfg, &c));
+  /* out is the caller's struct, as large as cfg says: an older header's is
+   * shorter than ours, and writing all of ours would overrun it. */
+  c.size = cfg->size;
+  memcpy(out, &c, cfg->size);
+  return FSDP_SUCCESS;
+}
+
+/* The shard group (HSDP: R replica groups x S ranks): shard group g holds
+ * the consecutive ranks [g*S, (g+1)*S), replica group k the ranks equal to k
+ * mod S. shard_size is resolved in e->cfg. */
+static fsdp_status_t shard_groups(struct fsdp_engine *e) {
+  int s = e->cfg.shard_size ? e->cfg.shard_size : e->nranks;
+  if (e->nranks % s != 0)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "config.shard_size %d does not divide the world "
+                      "of %d ranks: choose a divisor (e.g. the ranks per node, %d)", s, e->nranks,
+                      fsdp_world_local_size(e->world));
+  if (e->cfg.strategy == FSDP_NO_SHARD && s != e->nranks)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "config.shard_size %d with strategy noshard: "
+                      "NO_SHARD replicates over the whole world; shard_size applies to zero2 "
+                      "and zero3", s);
+  e->cfg.shard_size = s;
+  e->shard_world = e->cfg.strategy == FSDP_NO_SHARD ? 1 : s;
+  e->shard_rank = e->shard_world == 1 ? 0 : e->rank % e->shard_world;
+  e->hybrid = e->shard_world > 1 && e->shard_world < e->nranks;
+  return FSDP_SUCCESS;
+}
+
+/* c split into this rank's group of `what` ("shard" or "replica"), labelled. */
+static fsdp_status_t group_split(struct fsdp_engine *e, fsdp_comm_t c, const char *what,
+                                 int color, fsdp_comm_t *out) {
+  FSDP_TRY(fsdp_comm_split(c, color, e->rank, out));
+  char label[FSDP_COMM_LABEL_MAX], *world = strstr((*out)->label, "world ");
+  snprintf(label, sizeof label, "%s group %d, %s", what, color, world ? world : "");
+  fsdp_comm_set_label(*out, label);
+  return FSDP_SUCCESS;
+}
+
+/* The host communicator (gradient norm, the caller's metrics) is always the
+ * world's; gathers and reductions use the configured backend, within the
+ * shard group; HSDP adds the replica group and a host shard group. */
+static fsdp_status_t comms_create(struct fsdp_engine *e) {
+  FSDP_TRY(fsdp_comm_create(e->world, &e->comm_host));
+  fsdp_comm_t base = NULL;
+  if (e->comm_backend) FSDP_TRY(fsdp_comm_create_backend(e->world, e->comm_backend, &base));
+  else FSDP_TRY(fsdp_comm_dup(e->comm_host, &base));
+  fsdp_status_t st = FSDP_SUCCESS;
+  if (!e->hybrid) {
+    e->comm_gather = base;
+    return fsdp_comm_dup(base, &e->comm_reduce);
+  }
+  int group = e->rank / e->shard_world, replica = e->rank % e->shard_world;
+  st = group_split(e, base, "shard", group, &e->comm_gather);
+  if (!st) st = fsdp_comm_dup(e->comm_gather, &e->comm_reduce);
+  if (!st) st = group_split(e, base, "replica", replica, &e->comm_replica);
+  if (!st) st = group_split(e, e->comm_host, "shard", group, &e->comm_host_shard);
+  fsdp_comm_destroy(base);
+  return st;
+}
+
+static fsdp_status_t streams_create(struct fsdp_engine *e) {
+  int replica = e->comm_replica != NULL;
+  if (e->cuda && strcmp(fsdp_comm_backend(e->comm_gather), "nccl") == 0) {
+    /* NCCL queues on CUDA streams: communication never waits for the host. */
+    FSDP_TRY(fsdp_stream_create_cuda("fsdp-gather", 1, &e->s_gather));
+    FSDP_TRY(fsdp_stream_create_cuda("fsdp-reduce", 1, &e->s_reduce));
+    if (replica) FSDP_TRY(fsdp_stream_create_cuda("fsdp-replica", 1, &e->s_replica));
+    return FSDP_SUCCESS;
+  }
+  /* Host backends (on CUDA: staged through pinned memory) run on workers. */
+  FSDP_TRY(fsdp_stream_create("fsdp-gather", &e->s_gather));
+  FSDP_TRY(fsdp_stream_create("fsdp-reduce", &e->s_reduce));
+  if (replica) FSDP_TRY(fsdp_stream_create("fsdp-replica", &e->s_replica));
+  if (!e->cuda) return FSDP_SUCCESS;
+  FSDP_TRY(fsdp_stream_create_cuda("fsdp-aux", 1, &e->s_aux));
+  /* The current device is per thread: the workers take the caller's. */
+  FSDP_TRY(fsdp_cuda_get_device(&e->device));
+  FSDP_TRY(fsdp_stream_launch(e->s_gather, worker_set_device, e));
+  FSDP_TRY(fsdp_stream_launch(e->s_reduce, worker_set_device, e));
+  if (replica) FSDP_TRY(fsdp_stream_launch(e->s_replica, worker_set_device, e));
   return FSDP_SUCCESS;
 }
 
@@ -131,7 +220,7 @@ fsdp_status_t fsdp_engine_create(fsdp_world_t world, const fsdp_config_t *cfg,
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_create: world and engine "
                       "must not be NULL");
   fsdp_config_t resolved = FSDP_CONFIG_INIT;
-  if (cfg) FSDP_TRY(fsdp_config_resolve(cfg, &resolved));
+  if (cfg) FSDP_TRY(config_resolve(cfg, &resolved));
   const fsdp_config_t *c = &resolved;
 
   struct fsdp_engine *e = calloc(1, sizeof *e);
@@ -140,13 +229,7 @@ fsdp_status_t fsdp_engine_create(fsdp_world_t world, const fsdp_config_t *cfg,
   e->cfg = *c;
   e->rank = fsdp_world_rank(world);
   e->nranks = fsdp_world_size(world);
-  e->shard_world = c->strategy == FSDP_NO_SHARD ? 1 : e->nranks;
-  e->lowp = c->param_dtype == FSDP_BF16 || c->param_dtype == FSDP_F16;
-  e->lp_dtype = c->param_dtype;
-  e->to_lp = c->param_dtype == FSDP_F16 ? fsdp_f32_to_f16 : fsdp_f32_to_bf16;
-  e->from_lp = c->param_dtype == FSDP_F16 ? fsdp_f16_to_f32 : fsdp_bf16_to_f32;
   e->cuda = c->device == FSDP_DEVICE_CUDA;
-  e->widen = e->lowp && !e->cuda;
   e->bf16_reduce = c->reduce_dtype == FSDP_BF16;
   e->loss_scale = c->loss_scale_init;
   /* A caller compiled before the guard's stats fields passes a config that
@@ -157,38 +240,15 @@ fsdp_status_t fsdp_engine_create(fsdp_world_t world, const fsdp_config_t *cfg,
                        : sizeof(fsdp_step_stats_t);
   pthread_mutex_init(&e->tl_lock, NULL);
 
-  fsdp_status_t st;
+  fsdp_status_t st = shard_groups(e);
+  if (st != FSDP_SUCCESS) goto fail;
   if (c->comm_backend && !(e->comm_backend = fsdp_strdup(c->comm_backend))) {
     st = fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: out of host memory");
     goto fail;
   }
   e->cfg.comm_backend = e->comm_backend;
-  /* The host communicator (gradient norm, the caller's metrics) is always the
-   * world's; gathers and reductions use the configured backend. */
-  FSDP_TRYG(st, fsdp_comm_create(world, &e->comm_host), fail);
-  if (e->comm_backend) {
-    FSDP_TRYG(st, fsdp_comm_create_backend(world, e->comm_backend, &e->comm_gather), fail);
-    FSDP_TRYG(st, fsdp_comm_dup(e->comm_gather, &e->comm_reduce), fail);
-  } else {
-    FSDP_TRYG(st, fsdp_comm_dup(e->comm_host, &e->comm_gather), fail);
-    FSDP_TRYG(st, fsdp_comm_dup(e->comm_host, &e->comm_reduce), fail);
-  }
-  if (e->cuda && strcmp(fsdp_comm_backend(e->comm_gather), "nccl") == 0) {
-    /* NCCL queues on CUDA streams: communication never waits for the host. */
-    FSDP_TRYG(st, fsdp_stream_create_cuda("fsdp-gather", 1, &e->s_gather), fail);
-    FSDP_TRYG(st, fsdp_stream_create_cuda("fsdp-reduce", 1, &e->s_reduce), fail);
-  } else {
-    /* Host backends (on CUDA: staged through pinned memory) run on workers. */
-    FSDP_TRYG(st, fsdp_stream_create("fsdp-gather", &e->s_gather), fail);
-    FSDP_TRYG(st, fsdp_stream_create("fsdp-reduce", &e->s_reduce), fail);
-    if (e->cuda) {
-      FSDP_TRYG(st, fsdp_stream_create_cuda("fsdp-aux", 1, &e->s_aux), fail);
-      /* The current device is per thread: the workers take the caller's. */
-      FSDP_TRYG(st, fsdp_cuda_get_device(&e->device), fail);
-      FSDP_TRYG(st, fsdp_stream_launch(e->s_gather, worker_set_device, e), fail);
-      FSDP_TRYG(st, fsdp_stream_launch(e->s_reduce, worker_set_device, e), fail);
-    }
-  }
+  FSDP_TRYG(st, comms_create(e), fail);
+  FSDP_TRYG(st, streams_create(e), fail);
   if (e->cuda) FSDP_TRYG(st, fsdp_stream_create_cuda("fsdp-compute", 0, &e->s_compute), fail);
   FSDP_TRYG(st, fsdp_event_create(&e->compute_done), fail);
   *engine = e;
@@ -236,6 +296,7 @@ void fsdp_unit_free(const struct fsdp_engine *e, struct unit *u) {
   for (int i = 0; i < 4; i++) fsdp_free(u->mirror[i]);
   fsdp_event_destroy(u->ready);
   fsdp_event_destroy(u->reduced);
+  fsdp_event_destroy(u->replicated);
 }
 
 void fsdp_engine_destroy(fsdp_engine_t e) {
@@ -250,6 +311,7 @@ void fsdp_engine_destroy(fsdp_engine_t e) {
 #endif
   fsdp_stream_destroy(e->s_gather);
   fsdp_stream_destroy(e->s_reduce);
+  fsdp_stream_destroy(e->s_replica);
   fsdp_stream_destroy(e->s_compute);
   fsdp_stream_destroy(e->s_aux);
   for (int i = 0; i < e->n_units; i++) fsdp_unit_free(e, &e->units[i]);
@@ -262,6 +324,7 @@ void fsdp_engine_destroy(fsdp_engine_t e) {
   free(e->pslots);
   for (int i = 0; i < e->n_gslots; i++) fsdp_engine_free(e, e->gslots[i].buf);
   fsdp_engine_free(e, e->staging);
+  fsdp_engine_free(e, e->piece_runs);
   fsdp_engine_free(e, e->grad_lp);
   fsdp_engine_free(e, e->staging_lp);
   fsdp_engine_free(e, e->norm_dev);
@@ -272,6 +335,8 @@ void fsdp_engine_destroy(fsdp_engine_t e) {
   free(e->tl);
   fsdp_comm_destroy(e->comm_gather);
   fsdp_comm_destroy(e->comm_reduce);
+  fsdp_comm_destroy(e->comm_replica);
+  fsdp_comm_destroy(e->comm_host_shard);
   fsdp_comm_destroy(e->comm_host);
   pthread_mutex_destroy(&e->tl_lock);
   free(e);

@@ -21,6 +21,7 @@ struct tensor {
   fsdp_init_kind_t init;
   float init_scale;
   int no_decay;
+  float lr_mult, wd_mult; /* parameter groups (fsdp_unit_opts_t) */
 };
 
 /* A unit has at most one gather and one reduction in flight, so the closures its
@@ -65,8 +66,22 @@ struct unit {
   struct stream_op gather_op, reduce_op;
   float reduce_scale;
   float *reduce_src; /* full gradient being reduced */
+  /* Per-unit choices (fsdp_unit_opts_t), resolved at add. */
+  int reshard;              /* free the gathered params at the forward release (ZeRO-3) */
+  int lowp;                 /* gathered in 16 bits (bf16 or f16) */
+  fsdp_dtype_t lp_dtype;    /* that dtype (FSDP_F32 when !lowp) */
+  uint16_t (*to_lp)(float); /* its CPU conversions (fsdp_f32_to_bf16 / _f16) */
+  float (*from_lp)(uint16_t);
+  int widen;                /* 16 bits on the CPU: gathers are widened to f32 for compute */
+  int own_slot;             /* !reshard: the param slot reserved for it, else -1 */
+  /* HSDP: the gradient shard's all-reduce across the replica group. */
+  fsdp_event_t replicated;
+  struct stream_op replica_op;
 };
 
+/* Param slots: [0, n_own) reserved, one per unit that keeps its gathered
+ * parameters from forward to backward (reshard_after_forward 0); the rest
+ * shared by the resharding units, max_padded each. */
 struct pslot {
   float *buf;      /* what views show (f32); NULL on CUDA with 16-bit params */
   uint16_t *lp;    /* 16-bit params: the gathered values (CPU: widened into buf) */
@@ -91,13 +106,12 @@ struct fsdp_engine {
   fsdp_world_t world;
   fsdp_config_t cfg;
   int rank, nranks;
-  int shard_world; /* ranks a unit is sharded over: nranks, or 1 for NO_SHARD */
-  int lowp;        /* param_dtype is bf16 or f16: gathers move 16-bit values */
-  fsdp_dtype_t lp_dtype;         /* that dtype (FSDP_F32 when !lowp) */
-  uint16_t (*to_lp)(float);      /* its CPU conversions (fsdp_f32_to_bf16 / _f16) */
-  float (*from_lp)(uint16_t);
+  int shard_world; /* ranks a unit is sharded over (shard group): shard_size, 1 for NO_SHARD */
+  int shard_rank;  /* this rank in its shard group (rank % shard_world) */
+  int hybrid;      /* HSDP: 1 < shard_world < nranks, replica all-reduce after reduce-scatter */
+  int lowp;        /* some resharding unit gathers 16 bits (shared slots carry 16-bit buffers) */
+  int f32_views;   /* some resharding unit's views read f32 from a shared slot */
   int cuda;        /* config.device is CUDA: every buffer below is device memory */
-  int widen;       /* 16-bit params on the CPU: gathers are widened to f32 for compute */
   int bf16_reduce; /* reduce_dtype is bf16 */
   char *comm_backend; /* config.comm_backend, copied (cfg.comm_backend points here) */
   int materialized;
@@ -107,13 +121,21 @@ struct fsdp_engine {
   int n_units, cap_units;
 
   fsdp_comm_t comm_host, comm_gather, comm_reduce;
+  /* HSDP only (else NULL): the replica group on the gather backend, and the
+   * shard group on the host backend (gradient norm, read_tensor). */
+  fsdp_comm_t comm_replica, comm_host_shard;
   fsdp_stream_t s_gather, s_reduce;
+  fsdp_stream_t s_replica; /* HSDP: the replica all-reduces */
   fsdp_stream_t s_compute; /* CUDA: the compute stream; CPU: the host stream (NULL) */
   fsdp_stream_t s_aux;     /* CUDA with worker comm streams: their kernels' stream */
   int device;              /* CUDA: the device ordinal current at creation */
 
   struct pslot *pslots;
-  int n_pslots;
+  int n_pslots, n_own;
+  size_t shared_capacity; /* elements of a shared slot */
+  /* CUDA AdamW on one tensor piece (units with parameter groups): device
+   * {0, 1}, a run from element 0 without, and with, weight decay. */
+  unsigned long long *piece_runs;
   struct gslot gslots[FSDP_GRAD_SLOTS];
   int n_gslots, next_gslot;
   float *staging; /* reduction output, one shard; used on the reduce stream only */
@@ -132,6 +154,7 @@ struct fsdp_engine {
   int bwd_next;      /* backward acquires so far: index into reversed fwd_release */
   int bwd_released;  /* backward releases so far */
   int64_t step;
+  int64_t optim_step; /* updates since the optimizer state was last zeroed */
 
   /* numerics guard and loss scaler (step.c) */
   int loss_bad;            /* a non-finite loss was reported since the last step */
@@ -160,11 +183,17 @@ void fsdp_tl_add(struct fsdp_engine *e, fsdp_tl_kind_t kind, int unit, fsdp_pass
 void fsdp_mem_track(size_t *live, size_t *peak, size_t add, size_t sub);
 /* Bytes per element of a gather buffer: what is gathered, plus the f32 twin
  * the CPU widens bf16 into. */
-static inline size_t fsdp_gather_elem_bytes(const struct fsdp_engine *e) {
-  return e->lowp ? sizeof(uint16_t) + (e->widen ? sizeof(float) : 0) : sizeof(float);
+static inline size_t fsdp_gather_elem_bytes(const struct unit *u) {
+  return u->lowp ? sizeof(uint16_t) + (u->widen ? sizeof(float) : 0) : sizeof(float);
 }
 static inline size_t fsdp_unit_gathered_bytes(const struct fsdp_engine *e, const struct unit *u) {
-  return u->padded * fsdp_gather_elem_bytes(e);
+  (void)e;
+  return u->padded * fsdp_gather_elem_bytes(u);
+}
+/* The communicator for host-side sums over one copy of the model: the shard
+ * group's under HSDP (every replica holds the same shards), else the world's. */
+static inline fsdp_comm_t fsdp_engine_shard_comm(const struct fsdp_engine *e) {
+  return e->comm_host_shard ? e->comm_host_shard : e->comm_host;
 }
 /* Memory of the engine's device, zeroed; NULL on failure (the error is set). */
 void *fsdp_engine_alloc(const struct fsdp_engine *e, size_t bytes);
@@ -192,6 +221,9 @@ typedef void (*fsdp_segment_fn)(const struct tensor *t, size_t t_first, size_t n
                                 void *ctx);
 void fsdp_unit_segments(const struct unit *u, size_t lo, size_t hi, fsdp_segment_fn fn,
                         void *ctx);
+/* One more shared param slot (materialize.c): at materialize, and when a
+ * first step shows units held across the others (schedule.c). */
+fsdp_status_t fsdp_engine_add_shared_slot(struct fsdp_engine *e);
 /* Frees gathered copies no caller holds; they go stale when weights change. */
 void fsdp_engine_drop_gathers(struct fsdp_engine *e);
 /* After the master shard of u changed: its bf16 copy (and widened view copy)

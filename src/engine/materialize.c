@@ -81,10 +81,9 @@ static fsdp_status_t unit_init(struct fsdp_engine *e, struct unit *u) {
 
 static fsdp_status_t unit_materialize(struct fsdp_engine *e, struct unit *u) {
   size_t begin, end;
-  FSDP_TRY(fsdp_shard_layout(u->numel, e->shard_world, e->cfg.align,
-                             e->shard_world == 1 ? 0 : e->rank, &u->padded, &u->shard, &begin,
-                             &end));
-  u->shard_offset = e->shard_world == 1 ? 0 : (size_t)e->rank * u->shard;
+  FSDP_TRY(fsdp_shard_layout(u->numel, e->shard_world, e->cfg.align, e->shard_rank, &u->padded,
+                             &u->shard, &begin, &end));
+  u->shard_offset = (size_t)e->shard_rank * u->shard;
   u->count = end - begin;
   size_t bytes = u->shard * sizeof(float);
   u->master = fsdp_engine_alloc(e, bytes);
@@ -99,10 +98,10 @@ static fsdp_status_t unit_materialize(struct fsdp_engine *e, struct unit *u) {
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY,
                       "unit '%s': cannot allocate its shard state (%zu bytes per buffer)",
                       u->name, bytes);
-  if (e->lowp) u->lp = fsdp_engine_alloc(e, u->shard * sizeof(uint16_t));
+  if (u->lowp) u->lp = fsdp_engine_alloc(e, u->shard * sizeof(uint16_t));
   /* One shard on the CPU: views read a widened copy (CUDA reads lp itself). */
-  if (e->widen && e->shard_world == 1) u->rounded = fsdp_engine_alloc(e, bytes);
-  if (e->lowp && (!u->lp || (e->widen && e->shard_world == 1 && !u->rounded)))
+  if (u->widen && e->shard_world == 1) u->rounded = fsdp_engine_alloc(e, bytes);
+  if (u->lowp && (!u->lp || (u->widen && e->shard_world == 1 && !u->rounded)))
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "unit '%s': cannot allocate its 16-bit copy",
                       u->name);
   FSDP_TRY(unit_init(e, u));
@@ -112,31 +111,65 @@ static fsdp_status_t unit_materialize(struct fsdp_engine *e, struct unit *u) {
   return FSDP_SUCCESS;
 }
 
-/* Param slots: ZeRO-3 shares max_live_units slots of the largest unit's size;
- * ZeRO-2 keeps every unit gathered from forward to backward, so each unit gets a
- * slot of its own size; NO_SHARD reads the replicated master directly. */
+/* Allocates slot i's buffers: f32 (what views show) and/or 16-bit (what is
+ * gathered), capacity elements each. */
+static fsdp_status_t slot_make(struct fsdp_engine *e, int i, size_t capacity, int f32, int lp) {
+  struct pslot *p = &e->pslots[i];
+  p->capacity = capacity;
+  p->owner = -1;
+  if (f32) p->buf = fsdp_engine_alloc(e, capacity * sizeof(float));
+  if (lp) p->lp = fsdp_engine_alloc(e, capacity * sizeof(uint16_t));
+  size_t bytes = capacity * ((f32 ? sizeof(float) : 0) + (lp ? sizeof(uint16_t) : 0));
+  if ((f32 && !p->buf) || (lp && !p->lp))
+    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: cannot allocate a %zu-byte gather "
+                      "buffer (%s)", bytes, fsdp_last_error());
+  FSDP_TRY(fsdp_event_create(&p->free_ev));
+  e->param_pool_bytes += bytes;
+  return FSDP_SUCCESS;
+}
+
+fsdp_status_t fsdp_engine_add_shared_slot(struct fsdp_engine *e) {
+  FSDP_TRY(slot_make(e, e->n_pslots, e->shared_capacity, e->f32_views, e->lowp));
+  e->n_pslots++;
+  return FSDP_SUCCESS;
+}
+
+/* Param slots: a unit that keeps its parameters from forward to backward
+ * (reshard_after_forward 0, ZeRO-2) gets a slot of its own size; the others
+ * share max_live_units slots of the largest of them (unset: prefetch_depth + 1,
+ * plus one per unit observed held across the others, added in the first step
+ * that nests them: fsdp_engine_add_shared_slot); NO_SHARD and shard groups of
+ * one rank read the master directly. */
+static fsdp_status_t param_pool_create(struct fsdp_engine *e) {
+  const fsdp_config_t *c = &e->cfg;
+  int any_reshard = 0;
+  for (int i = 0; i < e->n_units && e->shard_world > 1; i++) {
+    struct unit *u = &e->units[i];
+    if (!u->reshard) {
+      u->own_slot = e->n_own++;
+      continue;
+    }
+    any_reshard = 1;
+    if (e->shared_capacity < u->padded) e->shared_capacity = u->padded;
+    e->lowp |= u->lowp;
+    e->f32_views |= !u->lowp || u->widen;
+  }
+  int n_shared = !any_reshard ? 0 : c->max_live_units ? c->max_live_units : c->prefetch_depth + 1;
+  /* Room for the slots nesting may add (one per unit at most). */
+  e->pslots = calloc((size_t)(e->n_own + n_shared + e->n_units), sizeof *e->pslots);
+  if (!e->pslots) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: out of host memory");
+  for (int i = 0; i < e->n_units && e->shard_world > 1; i++) {
+    const struct unit *u = &e->units[i];
+    if (!u->reshard) FSDP_TRY(slot_make(e, u->own_slot, u->padded, !u->lowp || u->widen, u->lowp));
+  }
+  e->n_pslots = e->n_own;
+  for (int i = 0; i < n_shared; i++) FSDP_TRY(fsdp_engine_add_shared_slot(e));
+  return FSDP_SUCCESS;
+}
+
 static fsdp_status_t pools_create(struct fsdp_engine *e) {
   const fsdp_config_t *c = &e->cfg;
-  if (c->strategy == FSDP_FULL_SHARD)
-    e->n_pslots = c->max_live_units ? c->max_live_units : c->prefetch_depth + 1;
-  else if (c->strategy == FSDP_SHARD_GRAD_OP)
-    e->n_pslots = e->n_units;
-  e->pslots = calloc((size_t)(e->n_pslots ? e->n_pslots : 1), sizeof *e->pslots);
-  if (!e->pslots) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: out of host memory");
-  for (int i = 0; i < e->n_pslots; i++) {
-    struct pslot *p = &e->pslots[i];
-    p->capacity = c->strategy == FSDP_SHARD_GRAD_OP ? e->units[i].padded : e->max_padded;
-    p->owner = -1;
-    int f32 = !e->lowp || e->widen;
-    if (f32) p->buf = fsdp_engine_alloc(e, p->capacity * sizeof(float));
-    if (e->lowp) p->lp = fsdp_engine_alloc(e, p->capacity * sizeof(uint16_t));
-    if ((f32 && !p->buf) || (e->lowp && !p->lp))
-      return fsdp_error(FSDP_ERR_OUT_OF_MEMORY,
-                        "engine: cannot allocate a %zu-byte gather buffer (%s)",
-                        p->capacity * fsdp_gather_elem_bytes(e), fsdp_last_error());
-    FSDP_TRY(fsdp_event_create(&p->free_ev));
-    e->param_pool_bytes += p->capacity * fsdp_gather_elem_bytes(e);
-  }
+  FSDP_TRY(param_pool_create(e));
   /* accumulate_full_grads keeps one full gradient per unit instead. */
   e->n_gslots = c->accumulate_full_grads ? 0 : FSDP_GRAD_SLOTS;
   for (int i = 0; i < e->n_gslots; i++) {
@@ -178,19 +211,31 @@ static fsdp_status_t pools_create(struct fsdp_engine *e) {
   return FSDP_SUCCESS;
 }
 
+/* CUDA AdamW of a single tensor piece (units with parameter groups, step.c):
+ * the two one-run lists, without and with decay. */
+static fsdp_status_t piece_runs(struct fsdp_engine *e) {
+  const unsigned long long runs[2] = {0ull, 1ull};
+  if (!(e->piece_runs = fsdp_engine_alloc(e, sizeof runs)))
+    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: cannot allocate %zu bytes", sizeof runs);
+  return fsdp_device_copy(e->piece_runs, runs, sizeof runs, FSDP_HOST_STREAM);
+}
+
 fsdp_status_t fsdp_engine_materialize(fsdp_engine_t e, uint64_t seed) {
   FSDP_TRY(fsdp_engine_check_live(e));
   if (e->materialized)
     return fsdp_error(FSDP_ERR_INVALID_USAGE, "fsdp_engine_materialize called twice");
+  /* Ranks that built different models would issue mismatched collectives
+   * from here on: compare first (one 16-byte all-gather when they agree),
+   * before any check that could fail on one rank only — a rank without units
+   * returning here would leave the others waiting in the comparison. */
+  FSDP_TRY(fsdp_engine_check_plan(e));
   if (e->n_units == 0)
     return fsdp_error(FSDP_ERR_INVALID_USAGE,
                       "fsdp_engine_materialize: no units were added");
-  /* Ranks that built different models would issue mismatched collectives
-   * from here on: compare first (one 16-byte all-gather when they agree). */
-  FSDP_TRY(fsdp_engine_check_plan(e));
   e->seed = seed;
   for (int i = 0; i < e->n_units; i++) FSDP_TRY(unit_materialize(e, &e->units[i]));
   FSDP_TRY(pools_create(e));
+  if (e->cuda && e->cfg.optim.kind == FSDP_OPTIM_ADAMW) FSDP_TRY(piece_runs(e));
 #if FSDP_HAVE_CUDA
   /* The compute stream's cuBLAS handle now, not at the first product of the
    * first step while gathers are in flight. */

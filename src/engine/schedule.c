@@ -37,10 +37,10 @@ static fsdp_status_t mark_begin(void *arg) {
 /* Widens a 16-bit gather for compute on the CPU, then the timeline mark. */
 static fsdp_status_t gather_end(void *arg) {
   struct stream_op *op = arg;
-  float (*from_lp)(uint16_t) = op->eng->from_lp;
+  float (*from_lp)(uint16_t) = op->u->from_lp;
   for (size_t i = 0; op->lp && i < op->u->padded; i++) op->dst[i] = from_lp(op->lp[i]);
   fsdp_tl_add(op->eng, FSDP_TL_ALL_GATHER, unit_index(op->eng, op->u), op->pass, 1, op->t_begin,
-              fsdp_time_now(), op->u->shard * fsdp_gather_elem_bytes(op->eng));
+              fsdp_time_now(), op->u->shard * fsdp_gather_elem_bytes(op->u));
   return FSDP_SUCCESS;
 }
 
@@ -105,11 +105,29 @@ static fsdp_status_t reduce_queue(struct fsdp_engine *e, struct unit *u,
 
 /* ---- gathers ------------------------------------------------------------ */
 
-static int free_slot(const struct fsdp_engine *e, const struct unit *u) {
-  if (e->cfg.strategy == FSDP_SHARD_GRAD_OP) return unit_index(e, u);
-  for (int i = 0; i < e->n_pslots; i++)
-    if (e->pslots[i].owner < 0) return i;
-  return -1;
+/* Units the caller holds in a shared slot: the nesting (a root unit held
+ * across the others). */
+static int nesting(const struct fsdp_engine *e) {
+  int n = 0;
+  for (int i = e->n_own; i < e->n_pslots; i++)
+    if (e->pslots[i].owner >= 0 && e->units[e->pslots[i].owner].held >= 0) n++;
+  return n;
+}
+
+/* u's own slot (ZeRO-2 units), else a free shared one, -1 when none. With
+ * max_live_units unset the shared slots are prefetch_depth + 1 plus the
+ * nesting: the first step that holds units across the others adds a slot
+ * per unit held, so that prefetch never stops for lack of one. */
+static fsdp_status_t free_slot(struct fsdp_engine *e, const struct unit *u, int *slot) {
+  *slot = u->reshard ? -1 : u->own_slot;
+  for (int i = e->n_own; i < e->n_pslots && *slot < 0; i++)
+    if (e->pslots[i].owner < 0) *slot = i;
+  int want = e->cfg.prefetch_depth + 1 + nesting(e);
+  if (*slot >= 0 || e->cfg.max_live_units || e->n_pslots - e->n_own >= want)
+    return FSDP_SUCCESS;
+  FSDP_TRY(fsdp_engine_add_shared_slot(e));
+  *slot = e->n_pslots - 1;
+  return FSDP_SUCCESS;
 }
 
 static fsdp_status_t gather_issue(struct fsdp_engine *e, struct unit *u, int slot,
@@ -121,12 +139,12 @@ static fsdp_status_t gather_issue(struct fsdp_engine *e, struct unit *u, int slo
   int marks = marks_on(e, e->s_gather);
   /* Queued host functions of its last gather read the closure (CPU: done). */
   if (marks) FSDP_TRY(fsdp_event_synchronize(u->ready));
-  u->gather_op = (struct stream_op){e, u, pass, 0.0, e->widen ? p->lp : NULL, p->buf};
+  u->gather_op = (struct stream_op){e, u, pass, 0.0, u->widen ? p->lp : NULL, p->buf};
   FSDP_TRY(fsdp_stream_wait_event(e->s_gather, p->free_ev));
   if (marks) FSDP_TRY(fsdp_stream_launch(e->s_gather, mark_begin, &u->gather_op));
   fsdp_comm_set_tag(e->comm_gather, u->name); /* names the unit in timeouts and desyncs */
-  if (e->lowp)
-    FSDP_TRY(fsdp_all_gather(e->comm_gather, u->lp, p->lp, u->shard, e->lp_dtype, e->s_gather));
+  if (u->lowp)
+    FSDP_TRY(fsdp_all_gather(e->comm_gather, u->lp, p->lp, u->shard, u->lp_dtype, e->s_gather));
   else
     FSDP_TRY(fsdp_all_gather(e->comm_gather, u->master, p->buf, u->shard, FSDP_F32, e->s_gather));
   if (marks) FSDP_TRY(fsdp_stream_launch(e->s_gather, gather_end, &u->gather_op));
@@ -143,9 +161,9 @@ static fsdp_status_t slot_release(struct fsdp_engine *e, struct unit *u) {
   return FSDP_SUCCESS;
 }
 
-/* Takes back a slot holding a prefetched unit nobody acquired yet. */
+/* Takes back a shared slot holding a prefetched unit nobody acquired yet. */
 static int evict_prefetched(struct fsdp_engine *e) {
-  for (int i = 0; i < e->n_pslots; i++) {
+  for (int i = e->n_own; i < e->n_pslots; i++) {
     int owner = e->pslots[i].owner;
     if (owner >= 0 && e->units[owner].held < 0) {
       struct unit *v = &e->units[owner];
@@ -159,7 +177,8 @@ static int evict_prefetched(struct fsdp_engine *e) {
 
 static fsdp_status_t gather_needed(struct fsdp_engine *e, struct unit *u, fsdp_pass_t pass) {
   if (e->shard_world == 1 || u->slot >= 0) return FSDP_SUCCESS;
-  int slot = free_slot(e, u);
+  int slot;
+  FSDP_TRY(free_slot(e, u, &slot));
   if (slot < 0) slot = evict_prefetched(e);
   if (slot < 0)
     return fsdp_error(FSDP_ERR_INVALID_USAGE,
@@ -183,8 +202,9 @@ static fsdp_status_t prefetch(struct fsdp_engine *e, fsdp_pass_t pass, int pos) 
     struct unit *v = unit_ahead(e, pass, pos, k);
     if (!v) break;
     if (v->slot >= 0) continue;
-    int slot = free_slot(e, v);
-    if (slot < 0) break; /* the cap on live units: stop prefetching */
+    int slot;
+    FSDP_TRY(free_slot(e, v, &slot));
+    if (slot < 0) break; /* the cap on live units (max_live_units): stop prefetching */
     FSDP_TRY(gather_issue(e, v, slot, pass));
   }
   return FSDP_SUCCESS;
@@ -226,6 +246,30 @@ static fsdp_status_t grad_buffer(struct fsdp_engine *e, struct unit *u, float **
   return FSDP_SUCCESS;
 }
 
+static fsdp_status_t replica_mark(void *arg) {
+  struct stream_op *op = arg;
+  fsdp_tl_add(op->eng, FSDP_TL_REPLICA_REDUCE, unit_index(op->eng, op->u), FSDP_BACKWARD, 3,
+              op->t_begin, fsdp_time_now(), op->u->shard * sizeof(float));
+  return FSDP_SUCCESS;
+}
+
+/* HSDP, after a unit's last reduce-scatter of the step: its fp32 gradient
+ * shard (already scaled by 1 / (world x grad_accum)) summed in place across
+ * the replica group, 1/S of the gradient, on the replica stream once the
+ * reduce stream has passed the accumulation. The step waits for it. */
+static fsdp_status_t replica_issue(struct fsdp_engine *e, struct unit *u) {
+  int marks = marks_on(e, e->s_replica);
+  if (marks || !e->cuda) FSDP_TRY(fsdp_event_synchronize(u->replicated));
+  u->replica_op = (struct stream_op){e, u, FSDP_BACKWARD, 0.0, NULL, NULL};
+  FSDP_TRY(fsdp_stream_wait_event(e->s_replica, u->reduced));
+  if (marks) FSDP_TRY(fsdp_stream_launch(e->s_replica, mark_begin, &u->replica_op));
+  fsdp_comm_set_tag(e->comm_replica, u->name);
+  FSDP_TRY(fsdp_all_reduce(e->comm_replica, u->grad, u->grad, u->shard, FSDP_F32, FSDP_SUM,
+                           e->s_replica));
+  if (marks) FSDP_TRY(fsdp_stream_launch(e->s_replica, replica_mark, &u->replica_op));
+  return fsdp_event_record(u->replicated, e->s_replica);
+}
+
 /* Starts the reduction of a unit's full gradient into its fp32 shard. The sum
  * runs in the collective; the averaging scale is folded into accumulation. */
 static fsdp_status_t reduce_issue(struct fsdp_engine *e, struct unit *u, float *src) {
@@ -252,7 +296,8 @@ static fsdp_status_t reduce_issue(struct fsdp_engine *e, struct unit *u, float *
                              e->s_reduce));
   FSDP_TRY(reduce_queue(e, u, accumulate, accumulate_task));
   if (marks) FSDP_TRY(fsdp_stream_launch(e->s_reduce, reduce_mark, &u->reduce_op));
-  return fsdp_event_record(u->reduced, e->s_reduce);
+  FSDP_TRY(fsdp_event_record(u->reduced, e->s_reduce));
+  return e->hybrid && u->bwd_count == e->cfg.grad_accum ? replica_issue(e, u) : FSDP_SUCCESS;
 }
 
 /* ---- order checks ------------------------------------------------------- */
@@ -327,11 +372,11 @@ static fsdp_status_t acquire(struct fsdp_engine *e, struct unit *u, fsdp_pass_t 
   FSDP_TRY(prefetch(e, pass, pos));
   FSDP_TRY(fsdp_stream_wait_event(e->s_compute, u->ready));
   /* 16-bit params on CUDA: views show the gathered values themselves. */
-  int lp = e->lowp && !e->widen;
+  int lp = u->lowp && !u->widen;
   const void *base = e->shard_world > 1 ? (lp ? (const void *)e->pslots[u->slot].lp
                                               : (const void *)e->pslots[u->slot].buf)
                      : lp      ? (const void *)u->lp
-                     : e->lowp ? (const void *)u->rounded
+                     : u->lowp ? (const void *)u->rounded
                                : (const void *)u->master;
   size_t elem = lp ? sizeof(uint16_t) : sizeof(float);
   for (int i = 0; i < u->n_tensors; i++)
@@ -346,7 +391,7 @@ static fsdp_status_t acquire(struct fsdp_engine *e, struct unit *u, fsdp_pass_t 
   }
   u->held = (int)pass;
   *view = (fsdp_view_t){u->n_tensors, u->param_ptrs, pass == FSDP_BACKWARD ? u->grad_ptrs : NULL,
-                        lp ? e->lp_dtype : FSDP_F32};
+                        lp ? u->lp_dtype : FSDP_F32};
   return FSDP_SUCCESS;
 }
 
@@ -368,7 +413,7 @@ static fsdp_status_t release(struct fsdp_engine *e, struct unit *u, fsdp_pass_t 
   u->held = -1;
   if (pass == FSDP_FORWARD) {
     e->fwd_release[e->n_released++] = unit_index(e, u);
-    if (e->cfg.strategy == FSDP_FULL_SHARD && u->slot >= 0) FSDP_TRY(slot_release(e, u));
+    if (u->reshard && u->slot >= 0) FSDP_TRY(slot_release(e, u));
     if (e->n_released == e->n_units) {
       e->phase = PHASE_IDLE;
       e->fwd_done = 1;

@@ -73,14 +73,20 @@ struct update_ctx {
 };
 
 #if FSDP_HAVE_CUDA
-static void update_segment_cuda(const struct tensor *t, size_t k, size_t n, struct update_ctx *c) {
-  const fsdp_optim_config_t *o = &c->e->cfg.optim;
+static void update_segment_cuda(const struct tensor *t, size_t k, size_t n, struct update_ctx *c,
+                                const fsdp_optim_config_t *o, float lr) {
   fsdp_cuda_stream_t cs = (fsdp_cuda_stream_t)fsdp_stream_cuda_handle(c->e->s_compute);
   float *p = c->u->master + k, *g = c->u->grad + k;
   fsdp_status_t st = FSDP_SUCCESS;
   if (c->coef != 1.0f) st = fsdp_cuda_scale(g, c->coef, n, cs);
-  if (st == FSDP_SUCCESS) /* SGD: AdamW takes the whole unit at once (update_unit) */
-    st = fsdp_cuda_sgd_update(p, g, c->u->m ? c->u->m + k : NULL, n, o, c->lr, c->e->step == 0,
+  /* AdamW comes here only for units with parameter groups (update_unit):
+   * one run, the piece's, its gradient already scaled. */
+  if (st == FSDP_SUCCESS && o->kind == FSDP_OPTIM_ADAMW)
+    st = fsdp_cuda_adamw_multi(p, g, c->u->m + k, c->u->v + k, n,
+                               c->e->piece_runs + !t->no_decay, 1, 1.0f, o, lr,
+                               c->e->optim_step + 1, cs);
+  else if (st == FSDP_SUCCESS)
+    st = fsdp_cuda_sgd_update(p, g, c->u->m ? c->u->m + k : NULL, n, o, lr, c->e->optim_step == 0,
                               !t->no_decay, cs);
   if (c->st == FSDP_SUCCESS) c->st = st;
 }
@@ -90,11 +96,15 @@ static void update_segment(const struct tensor *t, size_t first, size_t n, size_
                            void *arg) {
   (void)first;
   struct update_ctx *c = arg;
-  const fsdp_optim_config_t *o = &c->e->cfg.optim;
+  /* Parameter groups: the tensor's multipliers of lr and weight decay. */
+  fsdp_optim_config_t o_t = c->e->cfg.optim;
+  const fsdp_optim_config_t *o = &o_t;
+  o_t.weight_decay *= t->wd_mult;
+  const float lr = c->lr * t->lr_mult;
   size_t k = flat - c->u->shard_offset;
 #if FSDP_HAVE_CUDA
   if (c->e->cuda) {
-    update_segment_cuda(t, k, n, c);
+    update_segment_cuda(t, k, n, c, o, lr);
     return;
   }
 #endif
@@ -102,20 +112,27 @@ static void update_segment(const struct tensor *t, size_t first, size_t n, size_
   if (c->coef != 1.0f)
     for (size_t i = 0; i < n; i++) g[i] *= c->coef;
   if (o->kind == FSDP_OPTIM_ADAMW)
-    fsdp_adamw_update(p, g, c->u->m + k, c->u->v + k, n, o, c->lr, c->e->step + 1, !t->no_decay);
+    fsdp_adamw_update(p, g, c->u->m + k, c->u->v + k, n, o, lr, c->e->optim_step + 1, !t->no_decay);
   else
-    fsdp_sgd_update(p, g, c->u->m ? c->u->m + k : NULL, n, o, c->lr, c->e->step == 0,
+    fsdp_sgd_update(p, g, c->u->m ? c->u->m + k : NULL, n, o, lr, c->e->optim_step == 0,
                     !t->no_decay);
 }
 
 /* The optimizer on u's shard: CUDA AdamW in one launch over the unit
  * (decay_runs), else tensor piece by tensor piece. */
+/* A tensor of u has an lr or weight-decay multiplier other than 1. */
+static int has_groups(const struct unit *u) {
+  for (int i = 0; i < u->n_tensors; i++)
+    if (u->tensors[i].lr_mult != 1.0f || u->tensors[i].wd_mult != 1.0f) return 1;
+  return 0;
+}
+
 static fsdp_status_t update_unit(const struct fsdp_engine *e, const struct unit *u, float lr,
                                  float coef) {
 #if FSDP_HAVE_CUDA
-  if (e->cuda && e->cfg.optim.kind == FSDP_OPTIM_ADAMW)
+  if (e->cuda && e->cfg.optim.kind == FSDP_OPTIM_ADAMW && !has_groups(u))
     return fsdp_cuda_adamw_multi(u->master, u->grad, u->m, u->v, u->count, u->decay_runs,
-                                 u->n_runs, coef, &e->cfg.optim, lr, e->step + 1,
+                                 u->n_runs, coef, &e->cfg.optim, lr, e->optim_step + 1,
                                  (fsdp_cuda_stream_t)fsdp_stream_cuda_handle(e->s_compute));
 #endif
   struct update_ctx ctx = {e, u, lr, coef, FSDP_SUCCESS};
@@ -125,8 +142,10 @@ static fsdp_status_t update_unit(const struct fsdp_engine *e, const struct unit 
 
 /* What the ranks agree on before updating: the global sum of squares of the
  * (scaled) gradients and how many ranks saw a non-finite loss or gradient
- * shard. One all-reduce, the norm's, carries all three; NO_SHARD ranks hold
- * the same gradients, so only rank 0 adds its sum there. */
+ * shard. One all-reduce, the norm's, carries all three; only one copy of the
+ * model adds its sums: the first shard group (ranks below shard_world: every
+ * rank under FSDP, rank 0 under NO_SHARD, shard group 0 under HSDP, whose
+ * replicas hold the same gradient shards). */
 struct guard {
   double sumsq, bad_loss, bad_grad;
 };
@@ -134,8 +153,7 @@ struct guard {
 static fsdp_status_t agree(struct fsdp_engine *e, struct guard *g) {
   double local = 0.0;
   FSDP_TRY(shard_sumsq(e, &local));
-  int replicated = e->shard_world == 1;
-  struct guard mine = {replicated && e->rank != 0 ? 0.0 : local, e->loss_bad, !isfinite(local)};
+  struct guard mine = {e->rank < e->shard_world ? local : 0.0, e->loss_bad, !isfinite(local)};
   *g = mine;
   if (e->nranks == 1) return FSDP_SUCCESS;
   fsdp_comm_set_tag(e->comm_host, "grad_norm"); /* named in timeouts and desyncs */
@@ -165,6 +183,7 @@ static fsdp_status_t update(struct fsdp_engine *e, float lr, double coef) {
    * stream to pass the update (on the CPU it already has). */
   for (int i = 0; i < e->n_pslots; i++) FSDP_TRY(fsdp_event_record(e->pslots[i].free_ev, e->s_compute));
   e->step++;
+  e->optim_step++;
   return FSDP_SUCCESS;
 }
 
@@ -200,6 +219,7 @@ static fsdp_status_t skip(struct fsdp_engine *e, const struct guard *g, double n
 
 static fsdp_status_t step(struct fsdp_engine *e, fsdp_step_stats_t *stats) {
   FSDP_TRY(fsdp_stream_synchronize(e->s_reduce));
+  FSDP_TRY(fsdp_stream_synchronize(e->s_replica)); /* HSDP: the replica all-reduces */
   for (int i = 0; i < e->n_gslots; i++) e->gslots[i].busy = e->gslots[i].held = 0;
   e->grads_live = 0;
 

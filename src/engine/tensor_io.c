@@ -107,12 +107,14 @@ fsdp_status_t fsdp_engine_read_tensor(fsdp_engine_t e, const char *name, float *
   if (!buf)
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "fsdp_engine_read_tensor('%s'): %zu bytes", name,
                       u->padded * sizeof(float));
-  /* The host communicator moves host memory: this rank's shard goes in place. */
-  float *mine = buf + (size_t)e->rank * u->shard;
+  /* The host communicator moves host memory: this rank's shard goes in place.
+   * Under HSDP every shard group holds the whole tensor: gathered within it. */
+  float *mine = buf + (size_t)e->shard_rank * u->shard;
   fsdp_status_t st = fsdp_device_copy(mine, u->master, u->shard * sizeof(float),
                                       FSDP_HOST_STREAM);
   if (st == FSDP_SUCCESS)
-    st = fsdp_all_gather(e->comm_host, mine, buf, u->shard, FSDP_F32, FSDP_HOST_STREAM);
+    st = fsdp_all_gather(fsdp_engine_shard_comm(e), mine, buf, u->shard, FSDP_F32,
+                         FSDP_HOST_STREAM);
   if (st == FSDP_SUCCESS && (root == -1 || root == e->rank))
     memcpy(full, buf + t->offset, t->numel * sizeof(float));
   if (st != FSDP_SUCCESS) fsdp_engine_poison(e, st);
@@ -134,6 +136,7 @@ fsdp_status_t fsdp_unit_shard(fsdp_engine_t e, fsdp_unit_t unit, fsdp_shard_t *s
   /* CUDA: host copies, refreshed now; see fsdp_unit_shard in engine.h. */
   FSDP_TRY(fsdp_stream_synchronize(e->s_compute));
   FSDP_TRY(fsdp_stream_synchronize(e->s_reduce));
+  FSDP_TRY(fsdp_stream_synchronize(e->s_replica));
   float *dev[4] = {u->master, u->grad, u->m, u->v};
   for (int k = 0; k < 4; k++) {
     if (!dev[k]) continue;
@@ -172,21 +175,34 @@ fsdp_status_t fsdp_engine_set_step(fsdp_engine_t e, int64_t step) {
     FSDP_TRY(fsdp_unit_refresh_params(e, u));
   }
   FSDP_TRY(fsdp_stream_synchronize(e->s_compute));
-  e->step = step;
+  e->step = e->optim_step = step;
   e->loss_bad = 0; /* a loss reported for the abandoned step no longer counts */
   return FSDP_SUCCESS;
 }
 
+fsdp_status_t fsdp_engine_set_optim_step(fsdp_engine_t e, int64_t step) {
+  FSDP_TRY(fsdp_engine_check_live(e));
+  if (step < 0 || step > e->step)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_set_optim_step: step %lld is not "
+                      "in [0, %lld] (the engine's step)", (long long)step, (long long)e->step);
+  for (int i = 0; i < e->n_units; i++)
+    if (e->units[i].bwd_count > 0)
+      return fsdp_error(FSDP_ERR_INVALID_USAGE, "fsdp_engine_set_optim_step while unit '%s' "
+                        "holds gradients: finish the step first", e->units[i].name);
+  e->optim_step = step;
+  return FSDP_SUCCESS;
+}
+
 fsdp_status_t fsdp_unit_refresh_params(const struct fsdp_engine *e, struct unit *u) {
-  if (!e->lowp) return FSDP_SUCCESS;
+  if (!u->lowp) return FSDP_SUCCESS;
 #if FSDP_HAVE_CUDA
   if (e->cuda) {
     fsdp_cuda_stream_t cs = (fsdp_cuda_stream_t)fsdp_stream_cuda_handle(e->s_compute);
-    return e->lp_dtype == FSDP_F16 ? fsdp_cuda_f32_to_f16(u->lp, u->master, u->shard, cs)
+    return u->lp_dtype == FSDP_F16 ? fsdp_cuda_f32_to_f16(u->lp, u->master, u->shard, cs)
                                    : fsdp_cuda_f32_to_bf16(u->lp, u->master, u->shard, cs);
   }
 #endif
-  for (size_t i = 0; i < u->shard; i++) u->lp[i] = e->to_lp(u->master[i]);
-  for (size_t i = 0; u->rounded && i < u->shard; i++) u->rounded[i] = e->from_lp(u->lp[i]);
+  for (size_t i = 0; i < u->shard; i++) u->lp[i] = u->to_lp(u->master[i]);
+  for (size_t i = 0; u->rounded && i < u->shard; i++) u->rounded[i] = u->from_lp(u->lp[i]);
   return FSDP_SUCCESS;
 }

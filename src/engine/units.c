@@ -1,6 +1,8 @@
 /* src/engine/units.c — the unit registry: tensors checked and laid end to end
- * into a unit's flat buffer (fsdp_unit_add), and lookups by unit index and
+ * into a unit's flat buffer (fsdp_unit_add), per-unit choices resolved
+ * against the config (fsdp_unit_add_opts), and lookups by unit index and
  * tensor name. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,16 +79,69 @@ static fsdp_status_t unit_fill(struct fsdp_engine *e, struct unit *u, const char
     t->init = descs[i].init;
     t->init_scale = descs[i].init_scale;
     t->no_decay = descs[i].no_decay;
+    t->lr_mult = t->wd_mult = 1.0f;
     u->numel += numel;
   }
-  u->slot = u->held = u->gslot = -1;
+  u->slot = u->held = u->gslot = u->own_slot = -1;
   FSDP_TRY(fsdp_event_create(&u->ready));
+  FSDP_TRY(fsdp_event_create(&u->replicated));
   return fsdp_event_create(&u->reduced);
+}
+
+/* Written as !(x >= 0) so that NaN fails too. */
+static fsdp_status_t mults_check(const char *unit, const fsdp_tensor_desc_t *descs, int n,
+                                 const float *mult, const char *field) {
+  for (int i = 0; mult && i < n; i++)
+    if (!(mult[i] >= 0.0f) || mult[i] == INFINITY)
+      return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "unit '%s': %s[%d] (tensor '%s') is %g; a "
+                        "multiplier must be finite and >= 0", unit, field, i,
+                        descs[i].name ? descs[i].name : "(unnamed)", (double)mult[i]);
+  return FSDP_SUCCESS;
+}
+
+/* The caller's options with unset fields resolved against the engine config. */
+static fsdp_status_t opts_resolve(const struct fsdp_engine *e, const char *name,
+                                  const fsdp_tensor_desc_t *descs, int n,
+                                  const fsdp_unit_opts_t *in, fsdp_unit_opts_t *o) {
+  fsdp_unit_opts_t d = FSDP_UNIT_OPTS_INIT;
+  *o = d;
+  if (in) FSDP_TRY(fsdp_opts_import(o, in, sizeof *o, FSDP_UNIT_OPTS_MAGIC, "fsdp_unit_opts_t",
+                                    "FSDP_UNIT_OPTS_INIT"));
+  if (o->reshard_after_forward < -1 || o->reshard_after_forward > 1)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "unit '%s': reshard_after_forward %d is not "
+                      "-1 (the strategy's), 0 or 1", name, o->reshard_after_forward);
+  if (o->reshard_after_forward < 0)
+    o->reshard_after_forward = e->cfg.strategy == FSDP_FULL_SHARD;
+  if (o->param_dtype == FSDP_DTYPE_UNSET) o->param_dtype = e->cfg.param_dtype;
+  if (o->param_dtype != FSDP_F32 && o->param_dtype != FSDP_BF16 && o->param_dtype != FSDP_F16)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "unit '%s': param_dtype %s: parameters are "
+                      "gathered in f32, bf16 or f16", name, fsdp_dtype_name(o->param_dtype));
+  FSDP_TRY(mults_check(name, descs, n, o->lr_mult, "lr_mult"));
+  return mults_check(name, descs, n, o->wd_mult, "wd_mult");
+}
+
+static void opts_apply(const struct fsdp_engine *e, struct unit *u, const fsdp_unit_opts_t *o) {
+  u->reshard = o->reshard_after_forward;
+  u->lowp = o->param_dtype == FSDP_BF16 || o->param_dtype == FSDP_F16;
+  u->lp_dtype = o->param_dtype;
+  u->to_lp = o->param_dtype == FSDP_F16 ? fsdp_f32_to_f16 : fsdp_f32_to_bf16;
+  u->from_lp = o->param_dtype == FSDP_F16 ? fsdp_f16_to_f32 : fsdp_bf16_to_f32;
+  u->widen = u->lowp && !e->cuda;
+  for (int i = 0; i < u->n_tensors; i++) {
+    if (o->lr_mult) u->tensors[i].lr_mult = o->lr_mult[i];
+    if (o->wd_mult) u->tensors[i].wd_mult = o->wd_mult[i];
+  }
 }
 
 fsdp_status_t fsdp_unit_add(fsdp_engine_t e, const char *name, const char *kind,
                             const fsdp_tensor_desc_t *tensors, int n_tensors,
                             fsdp_unit_t *unit) {
+  return fsdp_unit_add_opts(e, name, kind, tensors, n_tensors, NULL, unit);
+}
+
+fsdp_status_t fsdp_unit_add_opts(fsdp_engine_t e, const char *name, const char *kind,
+                                 const fsdp_tensor_desc_t *tensors, int n_tensors,
+                                 const fsdp_unit_opts_t *opts, fsdp_unit_t *unit) {
   FSDP_TRY(fsdp_engine_check_live(e));
   if (e->materialized)
     return fsdp_error(FSDP_ERR_INVALID_USAGE,
@@ -99,6 +154,8 @@ fsdp_status_t fsdp_unit_add(fsdp_engine_t e, const char *name, const char *kind,
   for (int i = 0; i < e->n_units; i++)
     if (strcmp(e->units[i].name, name) == 0)
       return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "unit '%s' is already registered", name);
+  fsdp_unit_opts_t o;
+  FSDP_TRY(opts_resolve(e, name, tensors, n_tensors, opts, &o));
   if (e->n_units == e->cap_units) {
     int cap = e->cap_units ? 2 * e->cap_units : 16;
     struct unit *grown = realloc(e->units, (size_t)cap * sizeof *grown);
@@ -113,6 +170,7 @@ fsdp_status_t fsdp_unit_add(fsdp_engine_t e, const char *name, const char *kind,
     fsdp_unit_free(e, u);
     return st;
   }
+  opts_apply(e, u, &o);
   *unit = e->n_units++;
   return FSDP_SUCCESS;
 }
@@ -132,7 +190,7 @@ fsdp_status_t fsdp_unit_info(fsdp_engine_t e, fsdp_unit_t unit, fsdp_unit_info_t
   FSDP_TRY(fsdp_unit_get(e, unit, "fsdp_unit_info", &u));
   if (!info) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_unit_info: info is NULL");
   *info = (fsdp_unit_info_t){u->name, u->kind, u->n_tensors, u->numel, u->padded, u->shard,
-                             u->shard_offset};
+                             u->shard_offset, u->reshard, u->lp_dtype};
   return FSDP_SUCCESS;
 }
 
@@ -154,7 +212,8 @@ fsdp_status_t fsdp_unit_tensor(fsdp_engine_t e, fsdp_unit_t unit, int index,
                       "fsdp_unit_tensor('%s'): tensor %d does not exist (%d tensors) or info is "
                       "NULL", u->name, index, u->n_tensors);
   const struct tensor *t = &u->tensors[index];
-  *info = (fsdp_tensor_info_t){t->name, t->ndim, {0}, t->numel, t->offset, t->no_decay};
+  *info = (fsdp_tensor_info_t){t->name, t->ndim, {0}, t->numel, t->offset, t->no_decay,
+                               t->lr_mult, t->wd_mult};
   memcpy(info->shape, t->shape, sizeof info->shape);
   return FSDP_SUCCESS;
 }

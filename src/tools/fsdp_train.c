@@ -23,6 +23,8 @@ static const char usage_text[] =
     "sharding\n"
     "  --strategy zero3|zero2|noshard   (default zero3)\n"
     "  --prefetch D              units gathered ahead (default 1)\n"
+    "  --shard-size S            HSDP: shard within groups of S consecutive ranks (e.g. the\n"
+    "                            ranks per node), replicate across them (default: the world)\n"
     "  --dtype f32|bf16|f16      parameters as gathered and computed on (master stays f32);\n"
     "                            on cuda, bf16 also makes activations bf16; f16 scales\n"
     "                            the loss dynamically (GradScaler's rule)\n"
@@ -138,10 +140,15 @@ static int parse(int argc, char **argv, train_opts_t *o) {
       {"--save-overwrite", NULL, FLAG_SET, &o->save_overwrite},
       {"--resume", NULL, FLAG_STR, &o->resume}, {"--stop-after", NULL, FLAG_INT, &o->stop_after},
       {"--comm-backend", "--comm", FLAG_STR, &o->cfg.comm_backend},
+      {"--shard-size", NULL, FLAG_INT, &o->cfg.shard_size},
   };
   return flags_parse("fsdp-train", usage_text, argc, argv, table, sizeof table / sizeof table[0],
                      parse_word, o);
 }
+
+/* The default wrap policy, told apart from a --wrap given on the command line
+ * by its address. */
+static const char default_wrap[] = "GPT2Block";
 
 static int finish_options(train_opts_t *o) {
   int gpt = !strcmp(o->model, "gpt2");
@@ -158,8 +165,12 @@ static int finish_options(train_opts_t *o) {
   if (!o->log_every) o->log_every = gpt ? 1 : 100;
   if (o->cfg.optim.lr == 0.0f) o->cfg.optim.lr = gpt ? 2e-3f : 1e-3f;
   o->cfg.loss_scale_init = o->loss_scale; /* 0: the engine's default for the dtype */
-  if (gpt && o->cfg.max_live_units == 0 && (o->wrap.wrap_kinds || o->wrap.wrap_min_params))
-    o->cfg.max_live_units = o->cfg.prefetch_depth + 2; /* the root is held throughout */
+  /* --wrap-min-params replaces the default per-block policy; with an explicit
+   * --wrap too, the two policies would contradict each other. */
+  if (o->wrap.wrap_min_params && o->wrap.wrap_kinds == default_wrap) o->wrap.wrap_kinds = NULL;
+  if (o->wrap.wrap_min_params && o->wrap.wrap_kinds)
+    return fprintf(stderr, "fsdp-train: --wrap %s and --wrap-min-params %zu are two wrap "
+                   "policies: give one\n", o->wrap.wrap_kinds, o->wrap.wrap_min_params), -1;
   if ((o->save_every || (o->resume && !strcmp(o->resume, "auto"))) && !o->save_dir)
     return fprintf(stderr, "fsdp-train: --save-every and --resume auto need --save-dir\n"), -1;
   if ((gpt ? o->steps : o->epochs) <= 0)
@@ -172,7 +183,7 @@ int main(int argc, char **argv) {
                     .n_hidden = 2, .steps = 1000, .epochs = 5, .eval_every = 250,
                     .seed = 1, .eval_batches = 4, .temperature = 0.8f,
                     .seq_len = -1, .global_batch = -1, /* -1: not given */
-                    .wrap = {"GPT2Block", 0, NULL, 0, 0}};
+                    .wrap = {default_wrap, 0, NULL, 0, 0}};
   fsdp_gpt2_preset("small", &o.gpt);
   o.cfg.optim.lr = 0.0f; /* per model, below */
   o.cfg.optim.momentum = 0.9f;

@@ -114,8 +114,13 @@ void train_report_eval(trainer_t *t, int step, const char *metric, double loss, 
 void train_print_plan(const trainer_t *t, const char *what) {
   if (t->rank != 0 || t->o->json) return;
   const fsdp_config_t *c = &t->o->cfg;
-  printf("fsdp-train: %s | %d ranks | %s | prefetch %d | global batch %lld = %d ranks x %lld "
-         "x %d micro-batches\n", what, t->nranks, fsdp_strategy_name(c->strategy),
+  /* The engine's resolved shard size: "zero3" or "zero3 (HSDP 2 x 2)". */
+  int shard = fsdp_engine_config(t->eng)->shard_size;
+  char hsdp[48] = "";
+  if (shard < t->nranks && c->strategy != FSDP_NO_SHARD)
+    snprintf(hsdp, sizeof hsdp, " (HSDP %d x %d)", t->nranks / shard, shard);
+  printf("fsdp-train: %s | %d ranks | %s%s | prefetch %d | global batch %lld = %d ranks x %lld "
+         "x %d micro-batches\n", what, t->nranks, fsdp_strategy_name(c->strategy), hsdp,
          c->prefetch_depth, (long long)t->o->global_batch, t->nranks, (long long)t->micro,
          c->grad_accum);
   printf("  %-8s %-16s %12s %14s\n", "unit", "kind", "parameters", "bytes/rank");

@@ -173,6 +173,57 @@ END_TEST
 START_TEST(test_round_trip_rewrapped) { round_trip(FSDP_FULL_SHARD, FSDP_FULL_SHARD, FSDP_OPTIM_ADAMW, CKM_REWRAPPED); }
 END_TEST
 
+/* Every gradient element = G: one forward and backward over every unit. */
+#define G 1e-3f
+static void constant_grads(fsdp_engine_t e) {
+  fsdp_view_t v;
+  int n = fsdp_engine_num_units(e);
+  for (int u = 0; u < n; u++) {
+    ck_assert_int_eq(fsdp_unit_acquire(e, u, FSDP_FORWARD, &v), FSDP_SUCCESS);
+    ck_assert_int_eq(fsdp_unit_release(e, u, FSDP_FORWARD), FSDP_SUCCESS);
+  }
+  for (int u = n - 1; u >= 0; u--) {
+    ck_assert_int_eq(fsdp_unit_acquire(e, u, FSDP_BACKWARD, &v), FSDP_SUCCESS);
+    for (int t = 0; t < v.n; t++) {
+      fsdp_tensor_info_t ti;
+      ck_assert_int_eq(fsdp_unit_tensor(e, u, t, &ti), FSDP_SUCCESS);
+      for (size_t i = 0; i < ti.numel; i++) v.grad[t][i] = G;
+    }
+    ck_assert_int_eq(fsdp_unit_release(e, u, FSDP_BACKWARD), FSDP_SUCCESS);
+  }
+}
+
+/* reset_optim restarts AdamW: the first update after it is a first update
+ * (bias corrections of step 1, so m-hat = G and v-hat = G^2), computed here
+ * by hand; continuing the old step count would make it about half that. */
+static void first_update_after_reset(fsdp_engine_t e) {
+  const fsdp_config_t *c = fsdp_engine_config(e);
+  fsdp_shard_t s;
+  ck_assert_int_eq(fsdp_unit_shard(e, 1, &s), FSDP_SUCCESS);
+  float *p0 = malloc(s.count * sizeof(float));
+  memcpy(p0, s.master, s.count * sizeof(float));
+  float lr = fsdp_schedule_lr(&c->schedule, c->optim.lr, fsdp_engine_step_count(e));
+  constant_grads(e);
+  fsdp_step_stats_t st;
+  ck_assert_int_eq(fsdp_engine_step(e, &st), FSDP_SUCCESS);
+  ck_assert(st.clip_coef == 1.0);
+  ck_assert_int_eq(fsdp_unit_shard(e, 1, &s), FSDP_SUCCESS);
+  const float b1 = c->optim.beta1, b2 = c->optim.beta2;
+  const float m = (1.0f - b1) * G, v = (1.0f - b2) * G * G;
+  const double step = (double)lr / (1.0 - b1), inv_sqrt_bc2 = 1.0 / sqrt(1.0 - b2);
+  fsdp_tensor_info_t w; /* u1.w: decayed, first in the unit */
+  ck_assert_int_eq(fsdp_unit_tensor(e, 1, 0, &w), FSDP_SUCCESS);
+  ck_assert(!w.no_decay && w.offset == 0 && w.numel <= s.count);
+  for (size_t i = 0; i < w.numel; i++) {
+    double want = (double)p0[i] * (1.0 - (double)lr * c->optim.weight_decay) -
+                  step * m / (sqrt(v) * inv_sqrt_bc2 + c->optim.eps);
+    ck_assert_msg(fabs(s.master[i] - want) <= 1e-6 * (fabs(want) + lr),
+                  "element %zu after the first AdamW update: %.9g, by hand %.9g (was %.9g, lr "
+                  "%g)", i, (double)s.master[i], want, (double)p0[i], (double)lr);
+  }
+  free(p0);
+}
+
 START_TEST(test_optimizer_mismatch) {
   fsdp_engine_t a = trained(FSDP_FULL_SHARD, FSDP_OPTIM_SGD, 4);
   ck_assert_int_eq(fsdp_ckpt_save(a, path("run", ""), NULL, NULL, 0), FSDP_SUCCESS);
@@ -192,6 +243,7 @@ START_TEST(test_optimizer_mismatch) {
   ck_assert_int_eq(fsdp_unit_shard(b, 1, &sb), FSDP_SUCCESS);
   ck_assert(memcmp(sa.master, sb.master, sa.count * sizeof(float)) == 0);
   for (size_t i = 0; i < sb.capacity; i++) ck_assert(sb.m[i] == 0.0f && sb.v[i] == 0.0f);
+  first_update_after_reset(b);
   free(before);
   free(after);
   fsdp_engine_destroy(a);

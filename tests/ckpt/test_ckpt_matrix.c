@@ -13,7 +13,13 @@
  *         reader); train 10 steps, save, and compare with step-20 of N = a:
  *         bitwise when b == a (the same reductions), else within 10 x the
  *         noise floor, as the parity test does.
- * Failures are counted on rank 0 and reduced; every run prints one summary. */
+ * Failures are counted on rank 0 and reduced; every run prints one summary.
+ *
+ * HSDP (hsdp-save, hsdp-load): saved under 2 x 2 (config.shard_size 2 at
+ * N = 4: the first shard group writes, in the format of a world of 2), loaded
+ * at N = 3 and at 1 x 4 and saved again: the same state bit for bit, and the
+ * same bytes once consolidated by fsdp-ckpt; and back, N = 3's checkpoint
+ * loaded under 2 x 2. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,10 +120,51 @@ static int do_load(fsdp_world_t w, const char *dir) {
   return failed;
 }
 
+/* HSDP: train 10 steps under 2 x 2 and save (N = 4 only), twice. */
+static int do_hsdp_save(fsdp_world_t w, const char *dir) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/hsdp-2x2", dir);
+  fsdp_engine_t e = ckm_create_sharded(w, FSDP_FULL_SHARD, FSDP_OPTIM_ADAMW, CKM_BASE, 5, 2);
+  /* Saved twice: the second finds step-10 committed with this very state and
+   * keeps it (every rank compares what its shard group 0 counterpart wrote). */
+  int rc = !e || ckm_train(e, 10, 0) || fsdp_ckpt_save(e, path, NULL, NULL, 0) ||
+           fsdp_ckpt_save(e, path, NULL, NULL, 0);
+  if (rc) fprintf(stderr, "hsdp save %s: %s\n", path, fsdp_last_error());
+  fsdp_engine_destroy(e);
+  return rc;
+}
+
+/* Loads `from` into a fresh engine with shard_size, saves it as `to`, and
+ * requires the same state bit for bit. */
+static int hsdp_reload(fsdp_world_t w, const char *dir, const char *from, const char *to,
+                       int shard_size) {
+  char src[512], out[512], mine[600];
+  snprintf(src, sizeof src, "%s/%s/step-10", dir, from);
+  snprintf(out, sizeof out, "%s/%s", dir, to);
+  snprintf(mine, sizeof mine, "%s/step-10", out);
+  fsdp_engine_t e =
+      ckm_create_sharded(w, FSDP_FULL_SHARD, FSDP_OPTIM_ADAMW, CKM_BASE, 99, shard_size);
+  int rc = !e || fsdp_ckpt_load(e, src, NULL, NULL, NULL, 0) ||
+           fsdp_ckpt_save(e, out, NULL, NULL, 0);
+  if (rc) fprintf(stderr, "hsdp load %s as %s: %s\n", src, to, fsdp_last_error());
+  fsdp_engine_destroy(e);
+  return rc || check(fsdp_world_rank(w), to, src, mine, 0.0);
+}
+
+/* N = 3: from 2 x 2 (plain); N = 4: from 2 x 2 as 1 x 4, and N = 3's as 2 x 2. */
+static int do_hsdp_load(fsdp_world_t w, const char *dir) {
+  if (fsdp_world_size(w) == 3) return hsdp_reload(w, dir, "hsdp-2x2", "n3-from-2x2", 0);
+  return hsdp_reload(w, dir, "hsdp-2x2", "1x4-from-2x2", 4) +
+         hsdp_reload(w, dir, "n3-from-2x2", "2x2-from-n3", 2);
+}
+
 static int worker(const char *mode, const char *dir) {
   fsdp_world_t w;
   if (fsdp_world_init(&w, NULL)) return fprintf(stderr, "%s\n", fsdp_last_error()), 1;
-  int failed = !strcmp(mode, "save") ? do_save(w, dir) : do_load(w, dir);
+  int failed = !strcmp(mode, "save")        ? do_save(w, dir)
+               : !strcmp(mode, "hsdp-save") ? do_hsdp_save(w, dir)
+               : !strcmp(mode, "hsdp-load") ? do_hsdp_load(w, dir)
+                                            : do_load(w, dir);
   double f = failed, total = 0;
   fsdp_comm_t comm;
   if (fsdp_comm_create(w, &comm) == FSDP_SUCCESS) {
@@ -126,7 +173,9 @@ static int worker(const char *mode, const char *dir) {
   } else {
     total = 1;
   }
-  if (fsdp_world_rank(w) == 0 && strcmp(mode, "save"))
+  if (fsdp_world_rank(w) == 0 && !strncmp(mode, "hsdp", 4))
+    printf("%s at N=%d: %s\n", mode, fsdp_world_size(w), total ? "FAIL" : "ok");
+  else if (fsdp_world_rank(w) == 0 && strcmp(mode, "save"))
     printf("load at N=%d: %s (%.0f failures; after 10 more steps the largest distance from "
            "the run continued at N = a != %d is %.3g)\n", fsdp_world_size(w),
            total ? "FAIL" : "ok", total, fsdp_world_size(w), worst);
@@ -144,12 +193,39 @@ static int launch(const char *mpirun, const char *self, int np, const char *mode
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : 1;
 }
 
+/* fsdp-ckpt consolidate of each HSDP checkpoint: every file byte-identical. */
+static int consolidated_equal(const char *fsdp_ckpt, const char *dir) {
+  static const char *const runs[] = {"hsdp-2x2", "n3-from-2x2", "1x4-from-2x2", "2x2-from-n3"};
+  char cmd[2048];
+  for (int i = 0; i < 4; i++) {
+    snprintf(cmd, sizeof cmd, "%s consolidate %s/%s/step-10 %s/%s.safetensors", fsdp_ckpt, dir,
+             runs[i], dir, runs[i]);
+    if (system(cmd) != 0) return printf("FAIL %s\n", cmd), 1;
+    if (i == 0) continue;
+    snprintf(cmd, sizeof cmd, "cmp %s/%s.safetensors %s/%s.safetensors", dir, runs[0], dir,
+             runs[i]);
+    if (system(cmd) != 0) return printf("FAIL consolidated bytes differ: %s\n", cmd), 1;
+  }
+  printf("hsdp: consolidated checkpoints of 2x2, N=3, 1x4 and 2x2 again are byte-identical\n");
+  return 0;
+}
+
+static int hsdp_round_trip(const char *mpirun, const char *self, const char *fsdp_ckpt,
+                           const char *dir) {
+  if (launch(mpirun, self, 4, "hsdp-save", dir) || launch(mpirun, self, 3, "hsdp-load", dir) ||
+      launch(mpirun, self, 4, "hsdp-load", dir))
+    return 1;
+  return consolidated_equal(fsdp_ckpt, dir);
+}
+
 int main(int argc, char **argv) {
-  if (argc == 3) return worker(argv[1], argv[2]);
-  if (argc != 2) return fprintf(stderr, "usage: %s MPIRUN | save|load DIR\n", argv[0]), 2;
+  if (argc == 3 && (!strcmp(argv[1], "save") || !strcmp(argv[1], "load") ||
+                    !strncmp(argv[1], "hsdp-", 5)))
+    return worker(argv[1], argv[2]);
+  if (argc != 3) return fprintf(stderr, "usage: %s MPIRUN FSDP_CKPT | MODE DIR\n", argv[0]), 2;
   char dir[] = "/tmp/fsdp-ckpt-matrix-XXXXXX";
   if (!mkdtemp(dir)) return perror("mkdtemp"), 1;
-  int failed = 0;
+  int failed = hsdp_round_trip(argv[1], argv[0], argv[2], dir);
   for (int np = 1; np <= 4; np++) failed += launch(argv[1], argv[0], np, "save", dir) != 0;
   for (int np = 1; np <= 4 && !failed; np++) failed += launch(argv[1], argv[0], np, "load", dir) != 0;
   char rm[600];

@@ -47,8 +47,15 @@ static int add_units(fsdp_engine_t e, ckm_variant_t variant) {
 
 fsdp_engine_t ckm_create(fsdp_world_t world, fsdp_strategy_t strategy, fsdp_optim_kind_t optim,
                          ckm_variant_t variant, uint64_t seed) {
+  return ckm_create_sharded(world, strategy, optim, variant, seed, 0);
+}
+
+fsdp_engine_t ckm_create_sharded(fsdp_world_t world, fsdp_strategy_t strategy,
+                                 fsdp_optim_kind_t optim, ckm_variant_t variant, uint64_t seed,
+                                 int shard_size) {
   fsdp_config_t c = FSDP_CONFIG_INIT;
   c.strategy = strategy;
+  c.shard_size = shard_size;
   c.optim.kind = optim;
   c.optim.lr = optim == FSDP_OPTIM_ADAMW ? 1e-2f : 5e-2f;
   c.optim.momentum = 0.9f;

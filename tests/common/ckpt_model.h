@@ -20,6 +20,10 @@ typedef enum {
 /* An engine with the model, materialised with seed. NULL on failure. */
 fsdp_engine_t ckm_create(fsdp_world_t world, fsdp_strategy_t strategy, fsdp_optim_kind_t optim,
                          ckm_variant_t variant, uint64_t seed);
+/* The same under HSDP: shard_size ranks per shard group (0: the world). */
+fsdp_engine_t ckm_create_sharded(fsdp_world_t world, fsdp_strategy_t strategy,
+                                 fsdp_optim_kind_t optim, ckm_variant_t variant, uint64_t seed,
+                                 int shard_size);
 /* Runs `steps` updates from the engine's current step: the data of step s is a
  * function of s only, so resumed runs see what uninterrupted ones see. reverse
  * sums each rank's samples in reverse order (the fp32 noise-floor run). */

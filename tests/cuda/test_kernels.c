@@ -904,66 +904,50 @@ static float *cast_inputs(size_t n) {
   return x;
 }
 
-START_TEST(casts) {
-  rng_seed(seed + 11000);
-  const size_t n = kSizes[LEN(kSizes) - 1];
-  float *x = cast_inputs(n);
-  uint16_t *want = xmalloc(n * 2), *got = xmalloc(n * 2);
-  for (size_t i = 0; i < n; ++i) want[i] = fsdp_f32_to_bf16(x[i]);
-  uint16_t *g_b = dev_alloc(n * 2);
-  OK(fsdp_cuda_f32_to_bf16(g_b, dev_f32(x, n), n, stream));
-  host_copy(got, g_b, n * 2);
-  size_t bad = 0, first = 0;
-  for (size_t i = n; i-- > 0;)
-    if (got[i] != want[i]) bad++, first = i;
-  check_err("f32_to_bf16", "bits", bad ? INFINITY : 0.0, TOL_EXACT);
-  ck_assert_msg(!bad, "f32_to_bf16: %zu of %zu differ, first at %zu: %a gave 0x%04x not 0x%04x",
-                bad, n, first, (double)x[first], got[first], want[first]);
-  /* Widening: every one of the 65536 patterns. */
-  uint16_t *all = xmalloc(65536 * 2);
-  for (uint32_t i = 0; i < 65536; ++i) all[i] = (uint16_t)i;
-  float *g_f = dev_alloc(65536 * 4), *wide = xmalloc(65536 * 4);
-  OK(fsdp_cuda_bf16_to_f32(g_f, dev_copy(all, 65536 * 2), 65536, stream));
-  host_copy(wide, g_f, 65536 * 4);
-  bad = 0;
-  for (uint32_t i = 0; i < 65536; ++i) {
-    const float w = fsdp_bf16_to_f32((uint16_t)i);
-    bad += memcmp(&w, &wide[i], sizeof w) != 0;
-  }
-  check_err("bf16_to_f32", "bits", bad ? INFINITY : 0.0, TOL_EXACT);
-  free(x), free(want), free(got), free(all), free(wide);
-}
-END_TEST
+/* Each 16-bit type's device casts against its host reference. */
+static const struct cast_case {
+  const char *narrow_name, *widen_name;
+  uint16_t (*narrow)(float);
+  float (*widen)(uint16_t);
+  fsdp_status_t (*dev_narrow)(uint16_t *, const float *, size_t, fsdp_cuda_stream_t);
+  fsdp_status_t (*dev_widen)(float *, const uint16_t *, size_t, fsdp_cuda_stream_t);
+} kCasts[] = {
+    {"f32_to_bf16", "bf16_to_f32", fsdp_f32_to_bf16, fsdp_bf16_to_f32, fsdp_cuda_f32_to_bf16,
+     fsdp_cuda_bf16_to_f32},
+    {"f32_to_f16", "f16_to_f32", fsdp_f32_to_f16, fsdp_f16_to_f32, fsdp_cuda_f32_to_f16,
+     fsdp_cuda_f16_to_f32},
+};
 
-/* fp16 casts: bit for bit against fsdp_f32_to_f16 / fsdp_f16_to_f32 over the
- * same inputs (normals, subnormals, overflow past 65504, NaN, inf) and every
- * one of the 65536 fp16 patterns. */
-START_TEST(casts_f16) {
-  rng_seed(seed + 12000);
+/* Bit for bit against the host casts over the inputs above (normals,
+ * subnormals, overflow, NaN, inf), and widening every one of the 65536
+ * 16-bit patterns. */
+START_TEST(casts) {
+  const struct cast_case *c = &kCasts[_i];
+  rng_seed(seed + 11000 + 1000 * (uint64_t)_i);
   const size_t n = kSizes[LEN(kSizes) - 1];
   float *x = cast_inputs(n);
   uint16_t *want = xmalloc(n * 2), *got = xmalloc(n * 2);
-  for (size_t i = 0; i < n; ++i) want[i] = fsdp_f32_to_f16(x[i]);
-  uint16_t *g_h = dev_alloc(n * 2);
-  OK(fsdp_cuda_f32_to_f16(g_h, dev_f32(x, n), n, stream));
-  host_copy(got, g_h, n * 2);
+  for (size_t i = 0; i < n; ++i) want[i] = c->narrow(x[i]);
+  uint16_t *g_n = dev_alloc(n * 2);
+  OK(c->dev_narrow(g_n, dev_f32(x, n), n, stream));
+  host_copy(got, g_n, n * 2);
   size_t bad = 0, first = 0;
   for (size_t i = n; i-- > 0;)
     if (got[i] != want[i]) bad++, first = i;
-  check_err("f32_to_f16", "bits", bad ? INFINITY : 0.0, TOL_EXACT);
-  ck_assert_msg(!bad, "f32_to_f16: %zu of %zu differ, first at %zu: %a gave 0x%04x not 0x%04x",
-                bad, n, first, (double)x[first], got[first], want[first]);
+  check_err(c->narrow_name, "bits", bad ? INFINITY : 0.0, TOL_EXACT);
+  ck_assert_msg(!bad, "%s: %zu of %zu differ, first at %zu: %a gave 0x%04x not 0x%04x",
+                c->narrow_name, bad, n, first, (double)x[first], got[first], want[first]);
   uint16_t *all = xmalloc(65536 * 2);
   for (uint32_t i = 0; i < 65536; ++i) all[i] = (uint16_t)i;
   float *g_f = dev_alloc(65536 * 4), *wide = xmalloc(65536 * 4);
-  OK(fsdp_cuda_f16_to_f32(g_f, dev_copy(all, 65536 * 2), 65536, stream));
+  OK(c->dev_widen(g_f, dev_copy(all, 65536 * 2), 65536, stream));
   host_copy(wide, g_f, 65536 * 4);
   bad = 0;
   for (uint32_t i = 0; i < 65536; ++i) {
-    const float w = fsdp_f16_to_f32((uint16_t)i);
+    const float w = c->widen((uint16_t)i);
     bad += memcmp(&w, &wide[i], sizeof w) != 0;
   }
-  check_err("f16_to_f32", "bits", bad ? INFINITY : 0.0, TOL_EXACT);
+  check_err(c->widen_name, "bits", bad ? INFINITY : 0.0, TOL_EXACT);
   free(x), free(want), free(got), free(all), free(wide);
 }
 END_TEST
@@ -993,8 +977,7 @@ static Suite *kernels_suite(void) {
   add_test(s, "sgd", sgd, LEN(kSgd));
   add_test(s, "sum_squares", sum_squares, LEN(kSumsq));
   add_test(s, "scale_axpy", scale_axpy, LEN(kSizes));
-  add_test(s, "casts", casts, 1);
-  add_test(s, "casts_f16", casts_f16, 1);
+  add_test(s, "casts", casts, LEN(kCasts));
   return s;
 }
 

@@ -236,6 +236,77 @@ def parity(r, model):
     check(diff <= WEIGHT_ATOL, f"final weights differ by {diff:.2e} > {WEIGHT_ATOL:.0e}")
 
 
+def two_nodes(r, args, timeout=180):
+    """fsdp-run twice on this machine, as node 0 and node 1 of --nnodes 2 with
+    two ranks each, meeting at one master address and port: (rc0, rc1, out0,
+    err0 + err1, seconds, leftovers)."""
+    port, tag = free_port(), uuid.uuid4().hex
+    env = dict(r.base_env, FSDP_TEST_TAG=tag)
+    t0 = time.monotonic()
+    procs = [subprocess.Popen([r.tool("fsdp-run"), "--nproc-per-node", "2", "--nnodes", "2",
+                               "--node-rank", str(k), "--master-addr", "127.0.0.1",
+                               "--master-port", str(port)] + args, env=env, cwd=r.tmp,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for k in (0, 1)]
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=max(1.0, t0 + timeout - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise Failure(f"fsdp-run --nnodes 2 still running after {timeout} s")
+    secs = time.monotonic() - t0
+    left = wait_no_orphans(tag, t0 + TEARDOWN_S)
+    return (procs[0].returncode, procs[1].returncode, outs[0][0], outs[0][1] + outs[1][1],
+            secs, left)
+
+
+def hsdp_nnodes(r):
+    """HSDP over two "nodes": shard within each node's 2 ranks (--shard-size =
+    the local world size), replicate across the nodes. The same training under
+    mpirun -np 4 --shard-size 2 gives the same losses and weights, and plain
+    FSDP over the 4 ranks the same losses up to summation order."""
+    args = [r.tool("fsdp-train")] + train_args(r, "gpt2") + ["--shard-size", "2"]
+    runs, weights = {}, {}
+    for kind in ("fsdp-run", "mpirun"):
+        save = os.path.join(r.tmp, "hsdp-" + kind)
+        if kind == "fsdp-run":
+            rc0, rc1, out, err, secs, left = two_nodes(r, args + ["--save-dir", save])
+            check(rc0 == 0 and rc1 == 0, f"fsdp-run --nnodes 2: exit {rc0}, {rc1}:\n{err[-3000:]}")
+        else:
+            rc, out, err, secs, left = r.run(r.launcher(kind, 4) + args + ["--save-dir", save])
+            check(rc == 0, f"mpirun: fsdp-train failed ({rc}):\n{err[-3000:]}")
+        check(not left, f"{kind}: leftover processes {left}")
+        runs[kind] = ([e["loss"] for e in events(out, "step")] +
+                      [e["loss"] for e in events(out, "eval")])
+        st = save + ".safetensors"
+        ck = subprocess.run([r.tool("fsdp-ckpt"), "export", save, st], capture_output=True,
+                            text=True)
+        check(ck.returncode == 0, f"fsdp-ckpt {save}: {ck.stderr}")
+        weights[kind] = safetensors(st)
+        print(f"hsdp 2 x 2 under {kind}{' --nnodes 2' if kind == 'fsdp-run' else ''}: "
+              f"{len(runs[kind])} losses in {secs:.1f} s")
+    rc, out, err, secs, left = r.run(r.launcher("mpirun", 4) + args[:-2])
+    check(rc == 0 and not left, f"mpirun without --shard-size: exit {rc}, leftovers {left}")
+    plain = [e["loss"] for e in events(out, "step")] + [e["loss"] for e in events(out, "eval")]
+    a, b = runs["fsdp-run"], runs["mpirun"]
+    check(len(a) == len(b) == len(plain) and a,
+          f"different numbers of losses: {len(a)}, {len(b)}, {len(plain)}")
+    flat = max(abs(x - y) / max(1.0, abs(y)) for x, y in zip(b, plain))
+    print(f"hsdp 2 x 2 vs plain FSDP over 4 ranks: largest relative loss difference {flat:.2e}")
+    check(flat <= LOSS_RTOL, f"HSDP losses differ from plain FSDP's by {flat:.2e}: {b} vs {plain}")
+    worst = max(abs(x - y) / max(1.0, abs(y)) for x, y in zip(a, b))
+    print(f"hsdp: first loss {a[0]:.6f} vs {b[0]:.6f}, last {a[-1]:.6f} vs {b[-1]:.6f}, largest "
+          f"relative difference {worst:.2e} (tolerance {LOSS_RTOL:.0e})")
+    check(worst <= LOSS_RTOL, f"losses differ by {worst:.2e} > {LOSS_RTOL:.0e}: {a} vs {b}")
+    wa, wb = weights["fsdp-run"], weights["mpirun"]
+    check(wa.keys() == wb.keys() and wa, "the checkpoints hold different tensors")
+    diff = max(abs(x - y) for k in wa for x, y in zip(wa[k], wb[k]))
+    print(f"hsdp: final weights differ by at most {diff:.2e} (tolerance {WEIGHT_ATOL:.0e})")
+    check(diff <= WEIGHT_ATOL, f"final weights differ by {diff:.2e} > {WEIGHT_ATOL:.0e}")
+
+
 def killed(r, kind):
     args = [r.tool("fsdp-train")] + train_args(r, "gpt2")
     rc, out, err, secs, left = r.run(r.launcher(kind, 4) + args,
@@ -269,6 +340,24 @@ def stalled(r, kind):
         # show_help unpack error), so it is not required.
         check(reports and all("aborting the job (MPI_Abort)" in l for l in reports),
               f"no timeout report:\n{err[-3000:]}")
+
+
+def stalled_group(r):
+    """Rank 3 stops inside group 1 of a split (ranks 2-3): rank 2's watchdog
+    names the group and rank 3 alone, never the other group's ranks."""
+    cmd = r.launcher("fsdp-run", 4) + [r.tool("tests/launch/launch_probe"), "stall-group", "3", "3"]
+    rc, out, err, secs, left = r.run(cmd, {"FSDP_TIMEOUT_S": "2"})
+    print(f"fsdp-run: exit {rc} after {secs:.1f} s (timeout 2 s); leftovers {left}")
+    check(rc != 0 and secs <= TEARDOWN_S and not left, f"rc {rc}, {secs:.1f} s, {left}")
+    reports = [l for l in err.splitlines()
+               if l.startswith("[rank") and "watchdog: all_reduce #4 for 'probe-loop'" in l]
+    check(reports, f"no timeout report:\n{err[-3000:]}")
+    print(reports[0])
+    check(all(re.search(r"on communicator \d+ \(group 1 of communicator \d+: world ranks "
+                        r"2-3\) did not complete", l) and l.startswith("[rank 2]") and
+              "; rank 3 never issued it;" in l and "rank 0" not in l and "rank 1" not in l
+              for l in reports), f"a report does not name the group and rank 3 alone:\n"
+          f"{err[-3000:]}")
 
 
 def escalated(r):
@@ -335,6 +424,27 @@ def desync(r, case, kind, default=False):
         mine = [l for l in err.splitlines() if f"probe: rank {rank}: error" in l]
         check(mine and all(re.search(p, mine[0]) for p in DESYNC[case]),
               f"rank {rank} did not report the desync:\n{err[-3000:]}")
+    print(mine[0])
+
+
+def desync_group(r, kind):
+    """A desync inside one group of a split (ranks r / 2; rank 3 issues an extra
+    all_reduce): ranks 2 and 3 report it, naming their group and world ranks;
+    the other group finishes."""
+    cmd = r.launcher(kind, 4) + [r.tool("tests/launch/launch_probe"), "extra-group", "3"]
+    rc, out, err, secs, left = r.run(cmd, timeout=60)
+    print(f"extra-group under {kind}: exit {rc} after {secs:.1f} s; leftovers {left}")
+    check(rc != 0 and not left, f"rc {rc}, leftovers {left}")
+    want = (r"desync on communicator \d+ \(group 1 of communicator \d+: world ranks 2-3\), seen "
+            r"by rank [23]: rank 2 issued all_gather #1 \(4 f32 per rank\) but rank 3 issued "
+            r"all_reduce #1 \(1 f32, sum\)")
+    for rank in (2, 3):
+        mine = [l for l in err.splitlines() if f"probe: rank {rank}: error" in l]
+        check(mine and re.search(want, mine[0]), f"rank {rank} did not name its group:\n"
+              f"{err[-3000:]}")
+    for rank in (0, 1):
+        check(any(l.endswith(f"probe: rank {rank}: ok") for l in err.splitlines()),
+              f"rank {rank} of the other group did not finish:\n{err[-3000:]}")
     print(mine[0])
 
 
@@ -647,6 +757,10 @@ def cli_small(r):
 SCENARIOS = {
     "parity-gpt2": lambda r: parity(r, "gpt2"),
     "parity-mlp": lambda r: parity(r, "mlp"),
+    "hsdp-nnodes2": hsdp_nnodes,
+    "stall-group": stalled_group,
+    "desync-group-fsdp-run": lambda r: desync_group(r, "fsdp-run"),
+    "desync-group-mpirun": lambda r: desync_group(r, "mpirun"),
     "kill-fsdp-run": lambda r: killed(r, "fsdp-run"),
     "kill-mpirun": lambda r: killed(r, "mpirun"),
     "stall-fsdp-run": lambda r: stalled(r, "fsdp-run"),

@@ -12,12 +12,17 @@
  *   stall-setup R   rank R blocks before creating its communicator; the
  *                   others' creation (MPI_Comm_dup, gloo's connect) must end
  *                   at the collective deadline, not hang
+ *   stall-group R K the same inside a group of a split (ranks r / 2): only
+ *                   R's partner times out, and its report names the group
  *   extra R         rank R issues an all_reduce the others do not, before
  *                   an all_gather they all issue
  *   count R         rank R passes a larger count to a shared all_gather
  *   skip-unit R     rank R's model lacks unit 'b' of a, b, c (equal sizes),
  *                   so its forward would gather 'c' where the others gather
  *                   'b'; materialize's plan comparison stops it first
+ *   extra-group R   rank R issues an extra all_reduce inside its group of a
+ *                   split (ranks r / 2): only that group desyncs, and its
+ *                   report names the group and world ranks
  *
  * The desync scenarios turn the check on (world opts; with
  * PROBE_DEFAULT_CHECK=1 they leave it to the default) and end with a barrier
@@ -67,6 +72,14 @@ static fsdp_status_t run_stall(fsdp_comm_t c, int who, int at) {
   }
 }
 
+static fsdp_status_t run_stall_group(fsdp_comm_t c, int who, int at) {
+  fsdp_comm_t g = NULL;
+  fsdp_status_t st = fsdp_comm_split(c, rank / 2, rank, &g);
+  if (st == FSDP_SUCCESS) st = run_stall(g, who, at);
+  fsdp_comm_destroy(g);
+  return st;
+}
+
 static fsdp_status_t run_desync(fsdp_comm_t c, const char *what, int who) {
   int n = fsdp_comm_size(c);
   float x[8] = {0}, *all = calloc((size_t)n * 8, sizeof *all), one = 1.0f, sum;
@@ -76,6 +89,15 @@ static fsdp_status_t run_desync(fsdp_comm_t c, const char *what, int who) {
   size_t count = !strcmp(what, "count") && rank == who ? 5 : 4;
   if (st == FSDP_SUCCESS) st = fsdp_all_gather(c, x, all, count, FSDP_F32, FSDP_HOST_STREAM);
   free(all);
+  return st;
+}
+
+/* The extra scenario inside group r / 2 of a split of c. */
+static fsdp_status_t run_extra_group(fsdp_comm_t c, int who) {
+  fsdp_comm_t g = NULL;
+  fsdp_status_t st = fsdp_comm_split(c, rank / 2, rank, &g);
+  if (st == FSDP_SUCCESS) st = run_desync(g, "extra", who);
+  fsdp_comm_destroy(g);
   return st;
 }
 
@@ -104,10 +126,12 @@ static fsdp_status_t run_skip_unit(fsdp_world_t w, int who) {
 
 int main(int argc, char **argv) {
   const char *what = argc > 1 ? argv[1] : "";
-  int desync = !strcmp(what, "extra") || !strcmp(what, "count") || !strcmp(what, "skip-unit");
-  if (strcmp(what, "ok") && strcmp(what, "stall") && strcmp(what, "stall-setup") && !desync) {
-    fprintf(stderr, "usage: probe ok | stall RANK ITER | stall-setup RANK | extra RANK | "
-            "count RANK | skip-unit RANK\n");
+  int desync = !strcmp(what, "extra") || !strcmp(what, "count") ||
+               !strcmp(what, "skip-unit") || !strcmp(what, "extra-group");
+  if (strcmp(what, "ok") && strcmp(what, "stall") && strcmp(what, "stall-setup") &&
+      strcmp(what, "stall-group") && !desync) {
+    fprintf(stderr, "usage: probe ok | stall RANK ITER | stall-group RANK ITER | stall-setup "
+            "RANK | extra RANK | count RANK | skip-unit RANK | extra-group RANK\n");
     return 2;
   }
   if (getenv("RANK")) rank = atoi(getenv("RANK")); /* for messages before the world exists */
@@ -130,7 +154,10 @@ int main(int argc, char **argv) {
   if (st == FSDP_SUCCESS) {
     if (!strcmp(what, "ok")) st = run_ok(c);
     else if (!strcmp(what, "stall")) st = run_stall(c, who, argc > 3 ? atoi(argv[3]) : 3);
+    else if (!strcmp(what, "stall-group"))
+      st = run_stall_group(c, who, argc > 3 ? atoi(argv[3]) : 3);
     else if (!strcmp(what, "skip-unit")) st = run_skip_unit(w, who);
+    else if (!strcmp(what, "extra-group")) st = run_extra_group(c, who);
     else st = run_desync(c, what, who);
   }
   int rc = say(st, "ok");

@@ -493,6 +493,46 @@ START_TEST(comms_created_and_destroyed_back_to_back) {
 }
 END_TEST
 
+/* Two groups by parity, ranked in reverse by key: each group sums and
+ * gathers its own ranks only, on the host and on a stream, and a dup of a
+ * group is the same group. */
+START_TEST(split_into_groups) {
+  fsdp_comm_t g = NULL, d = NULL;
+  ck_assert_msg(fsdp_comm_split(comm, rank % 2, -rank, &g) == FSDP_SUCCESS, "%s",
+                fsdp_last_error());
+  int size = (nranks - rank % 2 + 1) / 2; /* ranks of my parity */
+  ck_assert_int_eq(fsdp_comm_size(g), size);
+  ck_assert_int_eq(fsdp_comm_rank(g), size - 1 - rank / 2); /* key -rank: reversed */
+  ck_assert_int_eq(fsdp_comm_dup(g, &d), FSDP_SUCCESS);
+  float mine = (float)rank, sum = 0, all[4] = {0};
+  ck_assert_int_eq(fsdp_all_reduce(g, &mine, &sum, 1, FSDP_F32, FSDP_SUM, FSDP_HOST_STREAM),
+                   FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_all_gather(d, &mine, all, 1, FSDP_F32, worker), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_stream_synchronize(worker), FSDP_SUCCESS);
+  float want = 0;
+  for (int r = rank % 2; r < nranks; r += 2) want += (float)r;
+  ck_assert_float_eq(sum, want);
+  for (int i = 0; i < size; i++) /* group rank i is world rank of parity, largest first */
+    ck_assert_float_eq(all[i], (float)(rank % 2 + 2 * (size - 1 - i)));
+  /* A split of a group: halves of my parity group, by group rank. */
+  fsdp_comm_t h = NULL;
+  int gr = fsdp_comm_rank(g), half = gr < (size + 1) / 2;
+  ck_assert_int_eq(fsdp_comm_split(g, half, gr, &h), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_comm_size(h), half ? (size + 1) / 2 : size / 2);
+  float hsum = 0, hwant = 0;
+  ck_assert_int_eq(fsdp_all_reduce(h, &mine, &hsum, 1, FSDP_F32, FSDP_SUM, FSDP_HOST_STREAM),
+                   FSDP_SUCCESS);
+  for (int i = 0; i < size; i++) /* group rank i is world rank rank % 2 + 2 (size - 1 - i) */
+    if ((i < (size + 1) / 2) == half) hwant += (float)(rank % 2 + 2 * (size - 1 - i));
+  ck_assert_float_eq(hsum, hwant);
+  fsdp_comm_destroy(h);
+  fsdp_comm_destroy(d);
+  fsdp_comm_destroy(g);
+  ck_assert_int_eq(fsdp_comm_split(comm, -1, 0, &g), FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "colour -1"));
+}
+END_TEST
+
 /* ---- world --------------------------------------------------------------- */
 
 START_TEST(world_reports_launcher_layout) {
@@ -640,6 +680,7 @@ static Suite *comm_suite(void) {
   tcase_add_test(tc, two_comms_on_two_streams);
   tcase_add_loop_test(tc, invalid_arguments_fail_on_every_rank, 0, 2);
   tcase_add_loop_test(tc, self_backend_copies_in_order, 0, 2);
+  tcase_add_test(tc, split_into_groups);
   suite_add_tcase(s, tc);
 
   TCase *tw = tcase_create("world");

@@ -20,7 +20,9 @@ static int rank, nranks;
 static const int64_t unit_rows[N_UNITS] = {13, 97, 31, 61};
 static const int64_t unit_cols = 17;
 
-static fsdp_engine_t make_engine(fsdp_config_t *c, char names[][2][24]) {
+/* opts: per-unit choices (NULL: none). */
+static fsdp_engine_t make_engine_opts(fsdp_config_t *c, char names[][2][24],
+                                      const fsdp_unit_opts_t *opts) {
   fsdp_engine_t e;
   ck_assert_int_eq(fsdp_engine_create(world, c, &e), FSDP_SUCCESS);
   for (int k = 0; k < N_UNITS; k++) {
@@ -30,10 +32,15 @@ static fsdp_engine_t make_engine(fsdp_config_t *c, char names[][2][24]) {
         {names[k][0], 2, {unit_rows[k], unit_cols}, FSDP_INIT_NORMAL, 0.02f, 0},
         {names[k][1], 1, {unit_rows[k]}, FSDP_INIT_UNIFORM, 0.5f, 1}};
     fsdp_unit_t u;
-    ck_assert_int_eq(fsdp_unit_add(e, names[k][0], "Block", t, 2, &u), FSDP_SUCCESS);
+    ck_assert_msg(fsdp_unit_add_opts(e, names[k][0], "Block", t, 2, opts ? &opts[k] : NULL, &u) ==
+                  FSDP_SUCCESS, "%s", fsdp_last_error());
   }
   ck_assert_int_eq(fsdp_engine_materialize(e, 2024), FSDP_SUCCESS);
   return e;
+}
+
+static fsdp_engine_t make_engine(fsdp_config_t *c, char names[][2][24]) {
+  return make_engine_opts(c, names, NULL);
 }
 
 /* Real work between acquire and release so overlap has something to hide behind:
@@ -270,6 +277,312 @@ START_TEST(consistency) {
 }
 END_TEST
 
+/* A rank that built no model at all (a flag that yields zero layers) is a plan
+ * mismatch like any other: every rank fails at once, naming it, instead of
+ * that rank returning early and the others waiting in the comparison until
+ * the collective deadline. */
+START_TEST(consistency_rank_without_units) {
+  if (nranks == 1) return;
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  fsdp_engine_t e;
+  ck_assert_int_eq(fsdp_engine_create(world, &c, &e), FSDP_SUCCESS);
+  fsdp_tensor_desc_t t = {"u0.w", 2, {8, 4}, FSDP_INIT_NORMAL, 0.02f, 0};
+  fsdp_unit_t u;
+  if (rank != nranks - 1) ck_assert_int_eq(fsdp_unit_add(e, "u0", "Block", &t, 1, &u), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_engine_materialize(e, 1), FSDP_ERR_INVALID_USAGE);
+  ck_assert_msg(strstr(fsdp_last_error(), "engine.unit[0]") &&
+                strstr(fsdp_last_error(), "nothing (its list of settings ends earlier)"), "%s",
+                fsdp_last_error());
+  fsdp_engine_destroy(e);
+}
+END_TEST
+
+/* 1 when the timeline holds a gather of `unit` in `pass`. */
+static int gathered(fsdp_engine_t e, int unit, fsdp_pass_t pass) {
+  const fsdp_tl_event_t *ev;
+  size_t n;
+  ck_assert_int_eq(fsdp_engine_timeline(e, &ev, &n, NULL), FSDP_SUCCESS);
+  for (size_t i = 0; i < n; i++)
+    if (ev[i].kind == FSDP_TL_ALL_GATHER && ev[i].unit == unit && ev[i].pass == pass) return 1;
+  return 0;
+}
+
+/* FSDP_CONFIG_INIT with a root unit (0) held across the others, as tied
+ * embeddings are: while block k computes, block k + 1 is already gathered
+ * (fsdp_engine_timeline waits for the gather stream, so a prefetch issued at
+ * the acquire of k is on the timeline before k + 1 is acquired), in forward
+ * and in backward, and three units' parameters are live at the peak. */
+START_TEST(prefetch_under_a_held_root) {
+  if (nranks == 1) return; /* one rank gathers nothing */
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  char names[N_UNITS][2][24];
+  fsdp_engine_t e = make_engine(&c, names);
+  fsdp_view_t v;
+  for (int step = 0; step < 2; step++) {
+    fsdp_engine_timeline_clear(e);
+    ck_assert_int_eq(fsdp_unit_acquire(e, 0, FSDP_FORWARD, &v), FSDP_SUCCESS);
+    for (int k = 1; k < N_UNITS; k++) {
+      ck_assert_int_eq(fsdp_unit_acquire(e, k, FSDP_FORWARD, &v), FSDP_SUCCESS);
+      if (k + 1 < N_UNITS)
+        ck_assert_msg(gathered(e, k + 1, FSDP_FORWARD), "step %d: no prefetch of unit %d "
+                      "while unit %d computes under the held root", step, k + 1, k);
+      ck_assert_int_eq(fsdp_unit_release(e, k, FSDP_FORWARD), FSDP_SUCCESS);
+    }
+    ck_assert_int_eq(fsdp_unit_release(e, 0, FSDP_FORWARD), FSDP_SUCCESS);
+    ck_assert_int_eq(fsdp_unit_acquire(e, 0, FSDP_BACKWARD, &v), FSDP_SUCCESS);
+    for (int k = N_UNITS - 1; k >= 1; k--) {
+      ck_assert_int_eq(fsdp_unit_acquire(e, k, FSDP_BACKWARD, &v), FSDP_SUCCESS);
+      if (k > 1)
+        ck_assert_msg(gathered(e, k - 1, FSDP_BACKWARD), "step %d: no prefetch of unit %d in "
+                      "backward while unit %d computes under the held root", step, k - 1, k);
+      ck_assert_int_eq(fsdp_unit_release(e, k, FSDP_BACKWARD), FSDP_SUCCESS);
+    }
+    ck_assert_int_eq(fsdp_unit_release(e, 0, FSDP_BACKWARD), FSDP_SUCCESS);
+    ck_assert_int_eq(fsdp_engine_step(e, NULL), FSDP_SUCCESS);
+  }
+  fsdp_mem_stats_t m;
+  ck_assert_int_eq(fsdp_engine_memory(e, &m), FSDP_SUCCESS);
+  fsdp_unit_info_t info[N_UNITS];
+  size_t root_and_two = 0, largest = 0;
+  for (int k = 0; k < N_UNITS; k++) {
+    ck_assert_int_eq(fsdp_unit_info(e, k, &info[k]), FSDP_SUCCESS);
+    if (k > 0 && info[k].padded_numel > largest) largest = info[k].padded_numel;
+  }
+  root_and_two = info[0].padded_numel + info[1].padded_numel + info[2].padded_numel;
+  ck_assert_uint_ge(m.gathered_params_peak, root_and_two * sizeof(float));
+  /* The pool grew by one slot for the one unit held: prefetch_depth + 1 + 1. */
+  size_t max_padded = largest > info[0].padded_numel ? largest : info[0].padded_numel;
+  ck_assert_uint_eq(m.param_pool, 3 * max_padded * sizeof(float));
+  fsdp_engine_destroy(e);
+}
+END_TEST
+
+/* ---- per-unit options (fsdp_unit_add_opts) -------------------------------- */
+
+/* Gathers of `unit` on the timeline since it was last cleared. */
+static int gathers_of(fsdp_engine_t e, int unit) {
+  const fsdp_tl_event_t *ev;
+  size_t n;
+  int count = 0;
+  ck_assert_int_eq(fsdp_engine_timeline(e, &ev, &n, NULL), FSDP_SUCCESS);
+  for (size_t i = 0; i < n; i++) count += ev[i].kind == FSDP_TL_ALL_GATHER && ev[i].unit == unit;
+  return count;
+}
+
+/* Every tensor of every unit, concatenated. */
+static float *read_all(fsdp_engine_t e, char names[][2][24], size_t *n) {
+  size_t total = 0;
+  for (int k = 0; k < N_UNITS; k++) total += (size_t)(unit_rows[k] * (unit_cols + 1));
+  float *all = malloc(total * sizeof(float)), *p = all;
+  for (int k = 0; k < N_UNITS; k++) {
+    ck_assert_int_eq(fsdp_engine_read_tensor(e, names[k][0], p, -1), FSDP_SUCCESS);
+    p += unit_rows[k] * unit_cols;
+    ck_assert_int_eq(fsdp_engine_read_tensor(e, names[k][1], p, -1), FSDP_SUCCESS);
+    p += unit_rows[k];
+  }
+  *n = total;
+  return all;
+}
+
+/* Under ZeRO-3, unit 1 as ZeRO-2 (reshard_after_forward 0): gathered once per
+ * step, kept from forward to backward in a buffer of its own (the memory
+ * accounting says so), and the trajectory is ZeRO-3's bit for bit. */
+START_TEST(unit_reshard_choice) {
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  c.max_live_units = 2;
+  fsdp_unit_opts_t o[N_UNITS] = {FSDP_UNIT_OPTS_INIT, FSDP_UNIT_OPTS_INIT, FSDP_UNIT_OPTS_INIT,
+                                 FSDP_UNIT_OPTS_INIT};
+  o[1].reshard_after_forward = 0;
+  char names[N_UNITS][2][24];
+  fsdp_engine_t mixed = make_engine_opts(&c, names, o), plain = make_engine(&c, names);
+  fsdp_unit_info_t info[N_UNITS];
+  size_t largest_other = 0;
+  for (int k = 0; k < N_UNITS; k++) {
+    ck_assert_int_eq(fsdp_unit_info(mixed, k, &info[k]), FSDP_SUCCESS);
+    ck_assert_int_eq(info[k].reshard_after_forward, k != 1);
+    if (k != 1 && info[k].padded_numel > largest_other) largest_other = info[k].padded_numel;
+  }
+  fsdp_engine_timeline_clear(mixed);
+  for (int s = 0; s < 2; s++) {
+    run_step(mixed, 1);
+    run_step(plain, 1);
+  }
+  fsdp_mem_stats_t m;
+  ck_assert_int_eq(fsdp_engine_memory(mixed, &m), FSDP_SUCCESS);
+  if (nranks > 1) {
+    ck_assert_int_eq(gathers_of(mixed, 1), 2); /* once per step */
+    ck_assert_int_eq(gathers_of(mixed, 2), 4); /* forward and backward */
+    ck_assert_uint_eq(m.param_pool, (info[1].padded_numel + 2 * largest_other) * sizeof(float));
+  } else {
+    ck_assert_uint_eq(m.param_pool, 0); /* one rank gathers nothing */
+  }
+  size_t n;
+  float *a = read_all(mixed, names, &n), *b = read_all(plain, names, &n);
+  ck_assert_msg(memcmp(a, b, n * sizeof(float)) == 0, "per-unit ZeRO-2 changed the result");
+  free(a);
+  free(b);
+  fsdp_engine_destroy(mixed);
+  fsdp_engine_destroy(plain);
+}
+END_TEST
+
+/* bf16 parameters with unit 0 kept in f32: its views show the master values
+ * exactly while unit 1's are rounded to bf16; only bf16 units cost a bf16
+ * copy (2 bytes per shard element). */
+START_TEST(unit_dtype_choice) {
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  c.param_dtype = FSDP_BF16;
+  fsdp_unit_opts_t o[N_UNITS] = {FSDP_UNIT_OPTS_INIT, FSDP_UNIT_OPTS_INIT, FSDP_UNIT_OPTS_INIT,
+                                 FSDP_UNIT_OPTS_INIT};
+  o[0].param_dtype = FSDP_F32;
+  char names[N_UNITS][2][24];
+  fsdp_engine_t e = make_engine_opts(&c, names, o);
+  size_t lp = 0;
+  for (int k = 0; k < N_UNITS; k++) {
+    fsdp_unit_info_t info;
+    ck_assert_int_eq(fsdp_unit_info(e, k, &info), FSDP_SUCCESS);
+    ck_assert_int_eq(info.param_dtype, k == 0 ? FSDP_F32 : FSDP_BF16);
+    if (k) lp += info.shard_numel * 2 + (nranks == 1 ? info.shard_numel * 4 : 0);
+  }
+  fsdp_mem_stats_t m;
+  ck_assert_int_eq(fsdp_engine_memory(e, &m), FSDP_SUCCESS);
+  ck_assert_uint_eq(m.param_copy, lp);
+  size_t n0 = (size_t)(unit_rows[0] * unit_cols), n1 = (size_t)(unit_rows[1] * unit_cols);
+  float *w0 = malloc(n0 * sizeof(float)), *w1 = malloc(n1 * sizeof(float));
+  ck_assert_int_eq(fsdp_engine_read_tensor(e, names[0][0], w0, -1), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_engine_read_tensor(e, names[1][0], w1, -1), FSDP_SUCCESS);
+  fsdp_view_t v;
+  int inexact = 0;
+  ck_assert_int_eq(fsdp_unit_acquire(e, 0, FSDP_FORWARD, &v), FSDP_SUCCESS);
+  ck_assert_int_eq(v.dtype, FSDP_F32);
+  ck_assert(memcmp(v.param[0], w0, n0 * sizeof(float)) == 0);
+  ck_assert_int_eq(fsdp_unit_release(e, 0, FSDP_FORWARD), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_unit_acquire(e, 1, FSDP_FORWARD, &v), FSDP_SUCCESS);
+  for (size_t i = 0; i < n1; i++) {
+    ck_assert(v.param[0][i] == fsdp_bf16_to_f32(fsdp_f32_to_bf16(w1[i])));
+    inexact += v.param[0][i] != w1[i];
+  }
+  ck_assert_int_gt(inexact, 0);
+  ck_assert_int_eq(fsdp_unit_release(e, 1, FSDP_FORWARD), FSDP_SUCCESS);
+  free(w0);
+  free(w1);
+  fsdp_engine_destroy(e);
+}
+END_TEST
+
+/* Parameter groups: SGD without momentum, every gradient 1. Tensor t of unit
+ * 2 moves by lr * lr_mult[t] * (1 + wd * wd_mult[t] * p) exactly as the
+ * optimizer computes it; the bias is no_decay whatever its wd_mult. */
+START_TEST(unit_param_groups) {
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  c.optim.kind = FSDP_OPTIM_SGD;
+  c.optim.momentum = 0.0f;
+  c.optim.lr = 0.125f;
+  c.optim.weight_decay = 0.25f;
+  c.grad_reduce = FSDP_SUM;
+  static const float lr_mult[2] = {2.0f, 0.5f}, wd_mult[2] = {0.5f, 3.0f};
+  fsdp_unit_opts_t o[N_UNITS] = {FSDP_UNIT_OPTS_INIT, FSDP_UNIT_OPTS_INIT, FSDP_UNIT_OPTS_INIT,
+                                 FSDP_UNIT_OPTS_INIT};
+  o[2].lr_mult = lr_mult;
+  o[2].wd_mult = wd_mult;
+  o[3].lr_mult = (const float[2]){0.0f, 0.0f}; /* frozen */
+  char names[N_UNITS][2][24];
+  fsdp_engine_t e = make_engine_opts(&c, names, o);
+  size_t n = (size_t)(unit_rows[2] * (unit_cols + 1));
+  float *before = malloc(2 * n * sizeof(float)), *after = before + n;
+  size_t nw = (size_t)(unit_rows[2] * unit_cols);
+  fsdp_tensor_info_t ti;
+  ck_assert_int_eq(fsdp_unit_tensor(e, 2, 0, &ti), FSDP_SUCCESS);
+  ck_assert(ti.lr_mult == 2.0f && ti.wd_mult == 0.5f);
+  ck_assert_int_eq(fsdp_engine_read_tensor(e, names[2][0], before, -1), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_engine_read_tensor(e, names[2][1], before + nw, -1), FSDP_SUCCESS);
+  float *frozen0 = malloc(2 * (size_t)unit_rows[3] * sizeof(float)),
+        *frozen1 = frozen0 + unit_rows[3];
+  ck_assert_int_eq(fsdp_engine_read_tensor(e, names[3][1], frozen0, -1), FSDP_SUCCESS);
+  fsdp_view_t v;
+  for (int k = 0; k < N_UNITS; k++) {
+    ck_assert_int_eq(fsdp_unit_acquire(e, k, FSDP_FORWARD, &v), FSDP_SUCCESS);
+    ck_assert_int_eq(fsdp_unit_release(e, k, FSDP_FORWARD), FSDP_SUCCESS);
+  }
+  for (int k = N_UNITS - 1; k >= 0; k--) {
+    ck_assert_int_eq(fsdp_unit_acquire(e, k, FSDP_BACKWARD, &v), FSDP_SUCCESS);
+    for (int64_t i = 0; i < unit_rows[k] * unit_cols; i++) v.grad[0][i] = 1.0f / (float)nranks;
+    for (int64_t i = 0; i < unit_rows[k]; i++) v.grad[1][i] = 1.0f / (float)nranks;
+    ck_assert_int_eq(fsdp_unit_release(e, k, FSDP_BACKWARD), FSDP_SUCCESS);
+  }
+  ck_assert_int_eq(fsdp_engine_step(e, NULL), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_engine_read_tensor(e, names[2][0], after, -1), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_engine_read_tensor(e, names[2][1], after + nw, -1), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_engine_read_tensor(e, names[3][1], frozen1, -1), FSDP_SUCCESS);
+  for (size_t i = 0; i < n; i++) {
+    int w = i < nw;
+    float g = 1.0f / (float)nranks * (float)nranks; /* the sum of the ranks' gradients */
+    float lr = c.optim.lr * lr_mult[!w], wd = w ? c.optim.weight_decay * wd_mult[0] : 0.0f;
+    float want = before[i] - lr * (g + wd * before[i]);
+    ck_assert_msg(after[i] == want, "element %zu: %.9g, want %.9g", i, (double)after[i],
+                  (double)want);
+  }
+  ck_assert(memcmp(frozen0, frozen1, (size_t)unit_rows[3] * sizeof(float)) == 0);
+  free(before);
+  free(frozen0);
+  fsdp_engine_destroy(e);
+}
+END_TEST
+
+/* Per-unit options that differ between ranks would issue different
+ * collectives: materialize's plan comparison names the unit and the values. */
+START_TEST(unit_opts_must_agree) {
+  if (nranks == 1) return;
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  fsdp_engine_t e;
+  ck_assert_int_eq(fsdp_engine_create(world, &c, &e), FSDP_SUCCESS);
+  fsdp_tensor_desc_t t = {"x.w", 1, {8}, FSDP_INIT_ZEROS, 0.0f, 0};
+  fsdp_unit_opts_t o = FSDP_UNIT_OPTS_INIT;
+  o.reshard_after_forward = rank == nranks - 1 ? 0 : 1;
+  fsdp_unit_t u;
+  ck_assert_int_eq(fsdp_unit_add_opts(e, "x", NULL, &t, 1, &o, &u), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_engine_materialize(e, 1), FSDP_ERR_INVALID_USAGE);
+  char want[64];
+  snprintf(want, sizeof want, "rank %d has reshard_after_forward 0", nranks - 1);
+  ck_assert_msg(strstr(fsdp_last_error(), "engine.unit[0].opts: ") &&
+                strstr(fsdp_last_error(), want), "%s", fsdp_last_error());
+  fsdp_engine_destroy(e);
+}
+END_TEST
+
+/* Bad options fail at the call, name the unit and field, and add nothing. */
+START_TEST(unit_opts_refused) {
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  fsdp_engine_t e;
+  ck_assert_int_eq(fsdp_engine_create(world, &c, &e), FSDP_SUCCESS);
+  fsdp_tensor_desc_t t[1] = {{"x.w", 1, {8}, FSDP_INIT_ZEROS, 0.0f, 0}};
+  fsdp_unit_t u;
+  fsdp_unit_opts_t raw = {0}, o = FSDP_UNIT_OPTS_INIT;
+  raw.size = sizeof raw;
+  ck_assert_int_eq(fsdp_unit_add_opts(e, "x", NULL, t, 1, &raw, &u), FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "FSDP_UNIT_OPTS_INIT"));
+  o.reshard_after_forward = 2;
+  ck_assert_int_eq(fsdp_unit_add_opts(e, "x", NULL, t, 1, &o, &u), FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "unit 'x': reshard_after_forward 2"));
+  o.reshard_after_forward = -1;
+  o.param_dtype = FSDP_F64;
+  ck_assert_int_eq(fsdp_unit_add_opts(e, "x", NULL, t, 1, &o, &u), FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "unit 'x': param_dtype f64"));
+  o.param_dtype = FSDP_DTYPE_UNSET;
+  o.wd_mult = (const float[1]){NAN};
+  ck_assert_int_eq(fsdp_unit_add_opts(e, "x", NULL, t, 1, &o, &u), FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "unit 'x': wd_mult[0] (tensor 'x.w') is nan"));
+  o.wd_mult = NULL;
+  o.lr_mult = (const float[1]){-1.0f};
+  ck_assert_int_eq(fsdp_unit_add_opts(e, "x", NULL, t, 1, &o, &u), FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "lr_mult[0] (tensor 'x.w') is -1"));
+  ck_assert_int_eq(fsdp_engine_num_units(e), 0);
+  o.lr_mult = NULL;
+  ck_assert_int_eq(fsdp_unit_add_opts(e, "x", NULL, t, 1, &o, &u), FSDP_SUCCESS);
+  fsdp_engine_destroy(e);
+}
+END_TEST
+
 static Suite *engine_suite(void) {
   Suite *s = suite_create("engine-mpi");
   TCase *tc = tcase_create("engine");
@@ -280,6 +593,13 @@ static Suite *engine_suite(void) {
   tcase_add_loop_test(tc, overlap, 0, 2);
   tcase_add_test(tc, live_cap);
   tcase_add_test(tc, consistency);
+  tcase_add_test(tc, consistency_rank_without_units);
+  tcase_add_test(tc, prefetch_under_a_held_root);
+  tcase_add_test(tc, unit_reshard_choice);
+  tcase_add_test(tc, unit_dtype_choice);
+  tcase_add_test(tc, unit_param_groups);
+  tcase_add_test(tc, unit_opts_refused);
+  tcase_add_test(tc, unit_opts_must_agree);
   suite_add_tcase(s, tc);
   return s;
 }

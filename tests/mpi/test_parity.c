@@ -13,7 +13,11 @@
  *
  * The bitwise variant uses an additive linear model with an L1 loss on integer
  * inputs: every gradient is an integer, so every sum is exact in any order and
- * the N-rank parameters must equal the one-rank ones bit for bit. */
+ * the N-rank parameters must equal the one-rank ones bit for bit.
+ *
+ * With --hsdp S1,S2,... the same runs go through hybrid sharding, N ranks as
+ * N/S replica groups of S (config.shard_size), plus its memory and the bytes
+ * its timeline records. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -65,6 +69,7 @@ typedef struct {
   fsdp_dtype_t reduce; /* gradients as reduced */
   double loss_scale;   /* config.loss_scale_init (0: the dtype's default) */
   int scale_interval;  /* config.loss_scale_interval (0: the default) */
+  int shard;           /* config.shard_size (HSDP), 0: the world */
 } run_cfg_t;
 
 typedef struct {
@@ -88,6 +93,7 @@ static fsdp_config_t engine_config(const run_cfg_t *r) {
   c.accumulate_full_grads = r->full_grads;
   c.param_dtype = r->dtype;
   c.reduce_dtype = r->reduce;
+  c.shard_size = r->shard;
   c.optim.kind = r->optim;
   c.optim.lr = r->optim == FSDP_OPTIM_ADAMW ? 1e-2f : 0.2f;
   c.optim.momentum = 0.9f;
@@ -197,12 +203,17 @@ static double distance(const run_out_t *a, const run_out_t *b) {
 #define BF16 FSDP_BF16
 #define F16 FSDP_F16
 static const run_cfg_t parity_cases[] = {
-    {0, FSDP_OPTIM_ADAMW, 2, 0, 0.5f, F16, F32, 0, 0},  {0, FSDP_OPTIM_SGD, 1, 0, 0.0f, F16, F32, 0, 0},
-    {0, FSDP_OPTIM_SGD, 1, 0, 0.0f, F32, F32, 0, 0},    {0, FSDP_OPTIM_SGD, 2, 0, 0.5f, F32, F32, 0, 0},
-    {0, FSDP_OPTIM_SGD, 2, 1, 0.0f, F32, F32, 0, 0},    {0, FSDP_OPTIM_ADAMW, 1, 0, 0.0f, F32, F32, 0, 0},
-    {0, FSDP_OPTIM_ADAMW, 1, 0, 0.5f, F32, F32, 0, 0},  {0, FSDP_OPTIM_ADAMW, 2, 0, 0.0f, F32, F32, 0, 0},
-    {0, FSDP_OPTIM_ADAMW, 2, 1, 0.5f, F32, F32, 0, 0},  {0, FSDP_OPTIM_ADAMW, 2, 0, 0.5f, BF16, F32, 0, 0},
-    {0, FSDP_OPTIM_SGD, 2, 1, 0.0f, F32, BF16, 0, 0},
+    {0, FSDP_OPTIM_ADAMW, 2, 0, 0.5f, F16, F32, 0, 0, 0},
+    {0, FSDP_OPTIM_SGD, 1, 0, 0.0f, F16, F32, 0, 0, 0},
+    {0, FSDP_OPTIM_SGD, 1, 0, 0.0f, F32, F32, 0, 0, 0},
+    {0, FSDP_OPTIM_SGD, 2, 0, 0.5f, F32, F32, 0, 0, 0},
+    {0, FSDP_OPTIM_SGD, 2, 1, 0.0f, F32, F32, 0, 0, 0},
+    {0, FSDP_OPTIM_ADAMW, 1, 0, 0.0f, F32, F32, 0, 0, 0},
+    {0, FSDP_OPTIM_ADAMW, 1, 0, 0.5f, F32, F32, 0, 0, 0},
+    {0, FSDP_OPTIM_ADAMW, 2, 0, 0.0f, F32, F32, 0, 0, 0},
+    {0, FSDP_OPTIM_ADAMW, 2, 1, 0.5f, F32, F32, 0, 0, 0},
+    {0, FSDP_OPTIM_ADAMW, 2, 0, 0.5f, BF16, F32, 0, 0, 0},
+    {0, FSDP_OPTIM_SGD, 2, 1, 0.0f, F32, BF16, 0, 0, 0},
 };
 
 START_TEST(parity) {
@@ -250,7 +261,7 @@ END_TEST
  * power of two: unscaling is exact), and after each interval of 5 good steps
  * the scale grows back to 2^128, overflows and backs off again. */
 START_TEST(overflow_backs_off_and_recovers) {
-  run_cfg_t r = {(fsdp_strategy_t)_i, FSDP_OPTIM_ADAMW, 1, 0, 0.0f, F16, F32, 0x1p128, 5};
+  run_cfg_t r = {(fsdp_strategy_t)_i, FSDP_OPTIM_ADAMW, 1, 0, 0.0f, F16, F32, 0x1p128, 5, 0};
   run_out_t got, plain;
   train(world, &r, 0, &got);
   r.loss_scale = 0;
@@ -287,9 +298,10 @@ static signed char bw_x(int s, int b, int k, int i) {
 static int bw_t(int s, int b, int o) { return (int)((unsigned)(s * 13 + b * 5 + o * 3) % 7) - 3; }
 
 static void bw_train(fsdp_world_t w, fsdp_optim_kind_t optim, fsdp_strategy_t strat,
-                     fsdp_dtype_t reduce, float *params) {
+                     fsdp_dtype_t reduce, int shard, float *params) {
   fsdp_config_t c = FSDP_CONFIG_INIT;
   c.strategy = strat;
+  c.shard_size = shard;
   c.reduce_dtype = reduce;
   c.grad_reduce = FSDP_SUM;
   c.grad_accum = 2;
@@ -360,13 +372,163 @@ START_TEST(bitwise) {
   fsdp_strategy_t strat = (fsdp_strategy_t)(_i / 2 % 3);
   fsdp_dtype_t reduce = _i < 6 ? FSDP_F32 : FSDP_BF16;
   float ref[BW_OUT * 26], got[BW_OUT * 26];
-  bw_train(solo, optim, FSDP_FULL_SHARD, FSDP_F32, ref);
-  bw_train(world, optim, strat, reduce, got);
+  bw_train(solo, optim, FSDP_FULL_SHARD, FSDP_F32, 0, ref);
+  bw_train(world, optim, strat, reduce, 0, got);
   ck_assert_msg(memcmp(ref, got, sizeof ref) == 0, "%s %s reduce %s: N=%d parameters differ "
                 "from N=1", fsdp_strategy_name(strat), optim == FSDP_OPTIM_SGD ? "sgd" : "adamw",
                 fsdp_dtype_name(reduce), nranks);
 }
 END_TEST
+
+/* ---- HSDP: R replica groups x S ranks (test_parity --hsdp S1,S2,...) ------- */
+
+static int shard_sizes[8], n_shard_sizes;
+
+/* ZeRO-3 and ZeRO-2, f32 and bf16 parameters, AdamW with clipping, two
+ * micro-batches: against one rank, within the tolerance of the parity cases. */
+static const run_cfg_t hsdp_cases[] = {
+    {FSDP_FULL_SHARD, FSDP_OPTIM_ADAMW, 2, 0, 0.5f, F32, F32, 0, 0, 0},
+    {FSDP_SHARD_GRAD_OP, FSDP_OPTIM_ADAMW, 2, 0, 0.5f, F32, F32, 0, 0, 0},
+    {FSDP_FULL_SHARD, FSDP_OPTIM_ADAMW, 2, 0, 0.5f, BF16, F32, 0, 0, 0},
+    {FSDP_SHARD_GRAD_OP, FSDP_OPTIM_ADAMW, 2, 0, 0.5f, BF16, F32, 0, 0, 0},
+};
+#define N_HSDP_CASES ((int)(sizeof hsdp_cases / sizeof hsdp_cases[0]))
+
+START_TEST(hsdp_parity) {
+  run_cfg_t r = hsdp_cases[_i % N_HSDP_CASES]; /* shard 0 for the one-rank runs */
+  int shard = shard_sizes[_i / N_HSDP_CASES];
+  run_out_t ref, noise, got;
+  fsdp_strategy_t strategy = r.strategy;
+  r.strategy = FSDP_FULL_SHARD;
+  train(solo, &r, 0, &ref);
+  train(solo, &r, 1, &noise);
+  double floor = distance(&noise, &ref);
+  double tol = fmax(TOL_FACTOR * floor, r.dtype == FSDP_BF16 ? TOL_FLOOR_BF16 : TOL_FLOOR);
+  r.strategy = strategy;
+  r.shard = shard;
+  train(world, &r, 0, &got);
+  double d = distance(&got, &ref);
+  if (rank == 0)
+    printf("hsdp N=%d as %d x %d %-5s %s: distance %.3g, noise %.3g, tol %.3g\n", nranks,
+           nranks / r.shard, r.shard, fsdp_strategy_name(r.strategy), fsdp_dtype_name(r.dtype),
+           d, floor, tol);
+  ck_assert_msg(d <= tol, "HSDP %d x %d %s %s differs from N=1 by %g > tolerance %g",
+                nranks / r.shard, r.shard, fsdp_strategy_name(r.strategy),
+                fsdp_dtype_name(r.dtype), d, tol);
+  free(ref.params);
+  free(noise.params);
+  free(got.params);
+}
+END_TEST
+
+/* Integer gradients: every R x S layout gives one rank's parameters bit for
+ * bit, gradients reduced in f32 or in bf16 (exact for these integers). */
+START_TEST(hsdp_bitwise) {
+  int shard = shard_sizes[_i / 8];
+  fsdp_optim_kind_t optim = _i % 2 ? FSDP_OPTIM_ADAMW : FSDP_OPTIM_SGD;
+  fsdp_strategy_t strat = _i / 2 % 2 ? FSDP_SHARD_GRAD_OP : FSDP_FULL_SHARD;
+  fsdp_dtype_t reduce = _i / 4 % 2 ? FSDP_BF16 : FSDP_F32;
+  float ref[BW_OUT * 26], got[BW_OUT * 26];
+  bw_train(solo, optim, FSDP_FULL_SHARD, FSDP_F32, 0, ref);
+  bw_train(world, optim, strat, reduce, shard, got);
+  ck_assert_msg(memcmp(ref, got, sizeof ref) == 0, "HSDP %d x %d %s %s reduce %s: parameters "
+                "differ from N=1", nranks / shard, shard, fsdp_strategy_name(strat),
+                optim == FSDP_OPTIM_SGD ? "sgd" : "adamw", fsdp_dtype_name(reduce));
+}
+END_TEST
+
+/* Memory: 16 bytes per parameter / S plus padding (AdamW, f32). Timeline: a
+ * gather moves a shard-group slice (padded / S elements per rank) and the
+ * replica all-reduce once per unit and step the same 1/S of the gradient. */
+START_TEST(hsdp_memory_and_bytes) {
+  int shard = shard_sizes[_i];
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  c.shard_size = shard;
+  c.grad_accum = 2;
+  fsdp_engine_t e;
+  ck_assert_int_eq(fsdp_engine_create(world, &c, &e), FSDP_SUCCESS);
+  static const int widths[] = {IN, 32, 32, CLASSES};
+  fsdp_mlp_t mlp;
+  ck_assert_int_eq(fsdp_mlp_create(e, widths, 3, GLOBAL_BATCH, &mlp), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_engine_materialize(e, 1234), FSDP_SUCCESS);
+  int n_units = fsdp_engine_num_units(e);
+  size_t padded_sum = 0, p_total = 0, padded[8];
+  for (int u = 0; u < n_units; u++) {
+    fsdp_unit_info_t info;
+    ck_assert_int_eq(fsdp_unit_info(e, u, &info), FSDP_SUCCESS);
+    size_t unit = (size_t)shard * c.align;
+    padded[u] = (info.numel + unit - 1) / unit * unit;
+    ck_assert_uint_eq(info.padded_numel, padded[u]);
+    ck_assert_uint_eq(info.shard_numel, padded[u] / (size_t)shard);
+    ck_assert_uint_eq(info.shard_offset, (size_t)(rank % shard) * info.shard_numel);
+    padded_sum += padded[u];
+    p_total += info.numel;
+  }
+  fsdp_mem_stats_t m;
+  ck_assert_int_eq(fsdp_engine_memory(e, &m), FSDP_SUCCESS);
+  ck_assert_uint_eq(m.persistent, 16 * padded_sum / (size_t)shard);
+  ck_assert_uint_le(m.persistent, 16 * p_total / (size_t)shard + 16 * c.align * (size_t)n_units);
+  int64_t mb, off;
+  ck_assert_int_eq(fsdp_engine_shard_batch(e, GLOBAL_BATCH, &mb, &off), FSDP_SUCCESS);
+  fsdp_engine_timeline_clear(e);
+  double loss;
+  for (int k = 0; k < 2; k++)
+    ck_assert_int_eq(fsdp_mlp_forward_backward(mlp, &xs[0][off][0], &ys[0][off], (int)mb,
+                                               1.0f / (float)mb, &loss), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_engine_step(e, NULL), FSDP_SUCCESS);
+  const fsdp_tl_event_t *ev;
+  size_t n;
+  ck_assert_int_eq(fsdp_engine_timeline(e, &ev, &n, NULL), FSDP_SUCCESS);
+  int gathers = 0, replicas = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (ev[i].kind == FSDP_TL_ALL_GATHER) {
+      gathers++;
+      ck_assert_uint_eq(ev[i].bytes * (size_t)shard, padded[ev[i].unit] * sizeof(float));
+    }
+    if (ev[i].kind == FSDP_TL_REPLICA_REDUCE) {
+      replicas++;
+      ck_assert_uint_eq(ev[i].bytes * (size_t)shard, padded[ev[i].unit] * sizeof(float));
+      ck_assert_int_eq(ev[i].stream, 3);
+    }
+  }
+  int hybrid = shard > 1 && shard < nranks;
+  ck_assert_int_eq(gathers, shard > 1 ? 2 * 2 * n_units : 0); /* forward and backward, x2 */
+  ck_assert_int_eq(replicas, hybrid ? n_units : 0);           /* once per step, not per micro */
+  fsdp_mlp_destroy(mlp);
+  fsdp_engine_destroy(e);
+}
+END_TEST
+
+/* A shard size that does not divide the world is refused, naming both. */
+START_TEST(hsdp_bad_shard_size) {
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  c.shard_size = nranks + 1;
+  fsdp_engine_t e = NULL;
+  ck_assert_int_eq(fsdp_engine_create(world, &c, &e), FSDP_ERR_INVALID_ARGUMENT);
+  char want[96];
+  snprintf(want, sizeof want, "config.shard_size %d does not divide the world of %d ranks",
+           nranks + 1, nranks);
+  ck_assert_msg(strstr(fsdp_last_error(), want), "%s", fsdp_last_error());
+}
+END_TEST
+
+static int parse_shard_sizes(const char *list) {
+  for (const char *p = list; p && *p && n_shard_sizes < 8; p = strchr(p, ','), p = p ? p + 1 : p)
+    shard_sizes[n_shard_sizes++] = atoi(p);
+  return n_shard_sizes;
+}
+
+static Suite *hsdp_suite(void) {
+  Suite *s = suite_create("hsdp");
+  TCase *tc = tcase_create("hsdp");
+  tcase_set_timeout(tc, 600);
+  tcase_add_test(tc, hsdp_bad_shard_size);
+  tcase_add_loop_test(tc, hsdp_memory_and_bytes, 0, n_shard_sizes);
+  tcase_add_loop_test(tc, hsdp_bitwise, 0, 8 * n_shard_sizes);
+  tcase_add_loop_test(tc, hsdp_parity, 0, N_HSDP_CASES * n_shard_sizes);
+  suite_add_tcase(s, tc);
+  return s;
+}
 
 static Suite *parity_suite(void) {
   Suite *s = suite_create("parity");
@@ -379,8 +541,10 @@ static Suite *parity_suite(void) {
   return s;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
   if (mpi_check_join(&world, &rank, &nranks) || !(solo = mpi_check_solo())) return EXIT_FAILURE;
   make_data();
+  if (argc > 2 && !strcmp(argv[1], "--hsdp") && parse_shard_sizes(argv[2]))
+    return mpi_check_run(hsdp_suite());
   return mpi_check_run(parity_suite());
 }

@@ -72,6 +72,8 @@ START_TEST(config_errors) {
       {4, "grad_reduce"}, {5, "align"}, {6, "lr"}, {7, "param_dtype"},
       {8, "max_consecutive_skips"}, {9, "loss_scale_init"}, {10, "loss_scale_growth"},
       {11, "loss_scale_backoff"}, {12, "loss_scale_interval"}, {13, "loss_scale_backoff"},
+      {14, "config.shard_size -1 is negative"},
+      {15, "config.shard_size 2 does not divide the world of 1 ranks"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     fsdp_config_t c = FSDP_CONFIG_INIT;
@@ -90,6 +92,8 @@ START_TEST(config_errors) {
       case 11: c.loss_scale_backoff = 0.0; break;
       case 12: c.loss_scale_interval = 0; break;
       case 13: c.loss_scale_backoff = 1.5; break;
+      case 14: c.shard_size = -1; break;
+      case 15: c.shard_size = 2; break;
     }
     fsdp_engine_t e = NULL;
     ck_assert_int_ne(fsdp_engine_create(world, &c, &e), FSDP_SUCCESS);
@@ -110,9 +114,11 @@ START_TEST(config_from_older_header_gets_defaults) {
   c.grad_accum = 3;
   c.reduce_dtype = (fsdp_dtype_t)77;          /* beyond the old size: never read */
   c.comm_backend = "no such backend";         /* beyond the old size: never read */
+  c.shard_size = 99;                          /* beyond the old size: never read */
   fsdp_engine_t e = NULL;
   ck_assert_int_eq(fsdp_engine_create(world, &c, &e), FSDP_SUCCESS);
   const fsdp_config_t *got = fsdp_engine_config(e);
+  ck_assert_int_eq(got->shard_size, 1); /* resolved: the world of one */
   ck_assert_int_eq(got->strategy, FSDP_SHARD_GRAD_OP);
   ck_assert_int_eq(got->grad_accum, 3);
   ck_assert_int_eq(got->reduce_dtype, FSDP_F32);
@@ -120,12 +126,18 @@ START_TEST(config_from_older_header_gets_defaults) {
   ck_assert_uint_eq(got->size, sizeof(fsdp_config_t));
   fsdp_engine_destroy(e);
 
+  /* The old caller's out is as short as its cfg: resolve writes its fields
+   * and nothing past them (the engine above ran with the defaults there). */
   fsdp_config_t out;
+  memset(&out, 0xab, sizeof out);
   ck_assert_int_eq(fsdp_config_resolve(&c, &out), FSDP_SUCCESS);
-  ck_assert_int_eq(out.reduce_dtype, FSDP_F32);
+  ck_assert_uint_eq(out.size, c.size);
+  ck_assert_int_eq(out.strategy, FSDP_SHARD_GRAD_OP);
   ck_assert_int_eq(out.grad_accum, 3);
-  ck_assert_int_eq(out.max_consecutive_skips, 20); /* past the old size: the defaults */
-  ck_assert(out.loss_scale_init == 1.0 && out.loss_scale_interval == 2000);
+  const unsigned char *past = (const unsigned char *)&out + c.size;
+  size_t untouched = 0, n = sizeof out - c.size;
+  for (size_t i = 0; i < n; i++) untouched += past[i] == 0xab;
+  ck_assert_uint_eq(untouched, n);
 }
 END_TEST
 
@@ -171,6 +183,30 @@ START_TEST(config_loss_scale_defaults) {
   ck_assert(fsdp_engine_loss_scale(e) == 65536.0);
   fsdp_engine_destroy(e);
   ck_assert(fsdp_engine_loss_scale(NULL) == -1.0);
+}
+END_TEST
+
+/* Unit options from an older header that ended before the multipliers: they
+ * take their defaults (1), whatever the caller's memory holds there. */
+START_TEST(unit_opts_from_older_header) {
+  fsdp_engine_t e = NULL;
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  ck_assert_int_eq(fsdp_engine_create(world, &c, &e), FSDP_SUCCESS);
+  fsdp_unit_opts_t o = FSDP_UNIT_OPTS_INIT;
+  o.size = offsetof(fsdp_unit_opts_t, lr_mult);
+  o.reshard_after_forward = 0;
+  o.lr_mult = (const float[1]){-5.0f}; /* beyond the old size: never read */
+  fsdp_tensor_desc_t t = {"w", 1, {4}, FSDP_INIT_ZEROS, 0.0f, 0};
+  fsdp_unit_t u;
+  ck_assert_int_eq(fsdp_unit_add_opts(e, "u", NULL, &t, 1, &o, &u), FSDP_SUCCESS);
+  fsdp_tensor_info_t ti;
+  fsdp_unit_info_t ui;
+  ck_assert_int_eq(fsdp_unit_tensor(e, u, 0, &ti), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_unit_info(e, u, &ui), FSDP_SUCCESS);
+  ck_assert(ti.lr_mult == 1.0f && ti.wd_mult == 1.0f);
+  ck_assert_int_eq(ui.reshard_after_forward, 0);
+  ck_assert_int_eq(ui.param_dtype, FSDP_F32);
+  fsdp_engine_destroy(e);
 }
 END_TEST
 
@@ -532,6 +568,7 @@ static Suite *engine_suite(void) {
   tcase_add_test(tc, config_loss_scale_defaults);
   tcase_add_test(tc, step_stats_of_an_older_header);
   tcase_add_test(tc, config_head_errors);
+  tcase_add_test(tc, unit_opts_from_older_header);
   tcase_add_test(tc, unit_add_errors);
   tcase_add_loop_test(tc, schedule_errors, 0, 3);
   tcase_add_test(tc, batch_errors);
