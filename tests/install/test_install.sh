@@ -18,6 +18,13 @@ for f in "$pc" "$lib" "$(find "$tmp/stage" -path '*include/fsdp/fsdp.h')" \
          "$(find "$tmp/stage" -path '*bin/fsdp-train')"; do
   [ -n "$f" ] && [ -e "$f" ] || { echo "FAIL: the install lacks a file (pc '$pc', lib '$lib')"; exit 1; }
 done
+for h in "$src"/include/fsdp/*.h; do # every public header, since fsdp.h includes them all
+  [ -n "$(find "$tmp/stage" -path "*include/fsdp/$(basename "$h")")" ] ||
+    { echo "FAIL: include/fsdp/$(basename "$h") is not installed (install_headers in meson.build)"; exit 1; }
+done
+for t in fsdp-train fsdp-ckpt fsdp-run fsdp-eval fsdp-tokenize; do
+  [ -n "$(find "$tmp/stage" -path "*bin/$t")" ] || { echo "FAIL: $t is not installed"; exit 1; }
+done
 echo "installed: $(find "$tmp/stage" -type f | wc -l) files, ${pc#$tmp/stage}"
 
 # The README's section: its first ```c block and the cc line of its ```sh block.
