@@ -300,14 +300,67 @@ FSDP_API fsdp_status_t fsdp_ckpt_export(fsdp_ckpt_t ckpt, const char *out_file);
 /* Rewrites the checkpoint for `world` ranks as <out_dir>/step-<k> (+ latest),
  * with the same commit protocol as a save. Streaming, verifies first. */
 FSDP_API fsdp_status_t fsdp_ckpt_reshard(fsdp_ckpt_t ckpt, int world, const char *out_dir);
-/* Reads full weights from a safetensors file (F32 only, validated strictly:
- * header length, JSON, every entry's dtype, shape and offsets, no gaps, no
- * overlap, the file's exact size) and writes a weights-only checkpoint at step
- * 0 for one rank as <out_dir>/step-0 (+ latest). GPT-2 names are mapped back
- * ("transformer." prefixes dropped, wte.weight -> wte, wpe.weight -> wpe) and
- * the attention-mask buffers (*.attn.bias, *.attn.masked_bias) and the tied
- * lm_head.weight are skipped. fsdp_ckpt_load then starts a model from it. */
+/* Reads full weights from a safetensors file (F32, BF16 or F16, converted to
+ * f32; validated strictly: header length, JSON, every entry's dtype, shape and
+ * offsets, no gaps, no overlap, the file's exact size) and writes a
+ * weights-only checkpoint at step 0 for one rank as <out_dir>/step-0 (+
+ * latest); an existing step-0 is refused. GPT-2 names are mapped back
+ * ("transformer." prefixes dropped, wte.weight -> wte, wpe.weight -> wpe), the
+ * attention-mask buffers (*.attn.bias, *.attn.masked_bias) skipped, and
+ * lm_head.weight checked equal to wte (refused otherwise). A file with wte,
+ * wpe and ln_f.weight is held to GPT-2's shapes (see fsdp_ckpt_import_hf,
+ * which this is with no preset and no flags). fsdp_ckpt_load then starts a
+ * model from it. Thread-safe for distinct out_dirs; no collectives. */
 FSDP_API fsdp_status_t fsdp_ckpt_import(const char *safetensors_file, const char *out_dir);
+
+/* ---- Hugging Face interop ---------------------------------------------------- */
+
+/* flags of fsdp_ckpt_export_hf and fsdp_ckpt_import_hf */
+#define FSDP_CKPT_OVERWRITE 1 /* replace an existing output instead of refusing it */
+
+/* What an export or import did, for its one summary line. */
+typedef struct {
+  int tensors;       /* tensors written (import: into the checkpoint) */
+  size_t numel;      /* parameters in them */
+  uint64_t bytes;    /* bytes of the safetensors file written (export) or read (import) */
+  char file[4096];   /* that file */
+  char dtype[16];    /* import: the file's dtype ("F32", "BF16", "F16"; "mixed" if several) */
+  char out[4096];    /* export: the directory; import: the step directory written */
+} fsdp_ckpt_io_summary_t;
+
+/* fsdp_ckpt_export that refuses an existing out_file (FSDP_ERR_INVALID_USAGE)
+ * unless flags has FSDP_CKPT_OVERWRITE (fsdp_ckpt_export itself replaces it,
+ * as it always did) and fills *summary (may be NULL). */
+FSDP_API fsdp_status_t fsdp_ckpt_export_ex(fsdp_ckpt_t ckpt, const char *out_file, int flags,
+                                           fsdp_ckpt_io_summary_t *summary);
+/* A GPT-2 checkpoint as a directory that transformers'
+ * GPT2LMHeadModel.from_pretrained loads: out_dir/model.safetensors (F32,
+ * "transformer."-prefixed names, lm_head left out since it is tied to wte and
+ * from_pretrained ties it back, as save_pretrained does) and
+ * out_dir/config.json (n_layer, n_head, n_embd, n_positions, vocab_size from
+ * the tensors' shapes; n_head from the checkpoint's "gpt2.n_head" trainer
+ * state, else the n_head argument, else FSDP_ERR_INVALID_ARGUMENT). out_dir is
+ * created if missing; an existing model.safetensors or config.json is refused
+ * (FSDP_ERR_INVALID_USAGE) unless flags has FSDP_CKPT_OVERWRITE. Files are
+ * written to .tmp and renamed. Verifies first. *summary may be NULL. */
+FSDP_API fsdp_status_t fsdp_ckpt_export_hf(fsdp_ckpt_t ckpt, const char *out_dir, int n_head,
+                                           int flags, fsdp_ckpt_io_summary_t *summary);
+/* fsdp_ckpt_import for what Hugging Face publishes: `in` is a directory with
+ * config.json and model.safetensors, or a safetensors file (a config.json
+ * beside it is used). F32, BF16 and F16 tensors are converted to f32 (the
+ * summary's dtype says which). Every tensor's shape is checked against the
+ * GPT-2 shape that `preset` (fsdp_gpt2_preset's names; may be NULL) and the
+ * config.json describe (both must agree), or, with neither, for a file with
+ * wte, wpe and ln_f.weight, against the shape they and the layer count imply;
+ * a missing, extra or misshapen tensor is FSDP_ERR_FORMAT naming it. lm_head.weight, when present, must equal wte
+ * (GPT-2 ties them): an untied head is refused, naming the first element that
+ * differs, rather than dropped. The model's shape is recorded in the
+ * checkpoint's trainer state ("gpt2.n_layer", ... as fsdp-train writes them).
+ * An existing out_dir/step-0 is refused unless flags has FSDP_CKPT_OVERWRITE.
+ * *summary may be NULL. */
+FSDP_API fsdp_status_t fsdp_ckpt_import_hf(const char *in, const char *out_dir,
+                                           const char *preset, int flags,
+                                           fsdp_ckpt_io_summary_t *summary);
 
 #ifdef __cplusplus
 }

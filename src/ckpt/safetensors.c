@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/json.h"
@@ -73,14 +74,14 @@ static void plan_free(plan_t *p) {
   free(p->names);
 }
 
-/* The exported name: the published GPT-2 names where ours differ. */
-static const char *export_name(const char *name) {
-  if (!strcmp(name, "wte")) return "wte.weight";
-  if (!strcmp(name, "wpe")) return "wpe.weight";
-  return name;
+/* The exported name: the published GPT-2 names where ours differ, under
+ * GPT2LMHeadModel's "transformer." for Hugging Face. */
+static void export_name(const char *name, int mode, char *out, size_t cap) {
+  const char *base = !strcmp(name, "wte") ? "wte.weight" : !strcmp(name, "wpe") ? "wpe.weight" : name;
+  snprintf(out, cap, "%s%s", mode == CKPT_ST_HF ? "transformer." : "", base);
 }
 
-static fsdp_status_t plan_make(const ckpt_manifest_t *m, int n_states, int gpt2_names, plan_t *p) {
+static fsdp_status_t plan_make(const ckpt_manifest_t *m, int n_states, int mode, plan_t *p) {
   int n = m->n_tensors * n_states;
   p->n = 0;
   p->entries = calloc((size_t)n, sizeof *p->entries);
@@ -95,7 +96,8 @@ static fsdp_status_t plan_make(const ckpt_manifest_t *m, int n_states, int gpt2_
       size_t len = strlen(ts->name) + 32;
       if (!(p->names[p->n] = malloc(len)))
         return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "safetensors plan: out of memory");
-      if (s == 0) snprintf(p->names[p->n], len, "%s", gpt2_names ? export_name(ts->name) : ts->name);
+      if (s == 0 && mode != CKPT_ST_ALL) export_name(ts->name, mode, p->names[p->n], len);
+      else if (s == 0) snprintf(p->names[p->n], len, "%s", ts->name);
       else snprintf(p->names[p->n], len, "optim.%s.%s", m->state_names[s], ts->name);
       p->entries[p->n] = (st_entry_t){p->names[p->n], ts->ndim, ts->shape, ts->numel};
       p->tensor[p->n] = t;
@@ -124,7 +126,8 @@ static fsdp_status_t write_body(ckpt_files_t *f, const plan_t *p, ckpt_writer_t 
 }
 
 /* Header and data into out_file.tmp, fsync, rename: never a half file. */
-static fsdp_status_t write_file(fsdp_ckpt_t c, const plan_t *p, int pt, const char *out_file) {
+static fsdp_status_t write_file(fsdp_ckpt_t c, const plan_t *p, int pt, const char *out_file,
+                                uint64_t *bytes) {
   char tmp[CKPT_PATH_MAX];
   sbuf_t meta = {0}, head = {0};
   ckpt_writer_t w;
@@ -140,27 +143,52 @@ static fsdp_status_t write_file(fsdp_ckpt_t c, const plan_t *p, int pt, const ch
   if (!st) st = write_body(&c->f, p, &w);
   if (st) ckpt_writer_abort(&w);
   else st = ckpt_writer_close(&w);
+  *bytes = w.bytes;
   if (!st && rename(tmp, out_file) != 0)
     st = fsdp_error(FSDP_ERR_IO, "%s: cannot rename to %s: %s", tmp, out_file, strerror(errno));
   if (st) unlink(tmp);
   return st;
 }
 
-static fsdp_status_t write_safetensors(fsdp_ckpt_t c, const char *out_file, int params_only) {
+/* Checked before the first byte is read, so a refusal costs nothing. */
+static fsdp_status_t check_overwrite(const char *out_file, int flags) {
+  struct stat sb;
+  if (!(flags & FSDP_CKPT_OVERWRITE) && stat(out_file, &sb) == 0)
+    return fsdp_error(FSDP_ERR_INVALID_USAGE, "%s already exists: refusing to overwrite it (ask "
+                      "for overwrite, e.g. fsdp-ckpt export --overwrite, or write elsewhere)",
+                      out_file);
+  return FSDP_SUCCESS;
+}
+
+fsdp_status_t ckpt_write_safetensors(fsdp_ckpt_t c, const char *out_file, int mode, int flags,
+                                     fsdp_ckpt_io_summary_t *sum) {
   if (!c || !out_file || !out_file[0])
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "safetensors output: no checkpoint or file name");
+  FSDP_TRY(check_overwrite(out_file, flags));
   FSDP_TRY(fsdp_ckpt_verify(c));
   plan_t p = {0};
-  fsdp_status_t st = plan_make(&c->m, params_only ? 1 : c->m.n_states, params_only, &p);
-  if (!st) st = write_file(c, &p, params_only, out_file);
+  uint64_t bytes = 0;
+  fsdp_status_t st = plan_make(&c->m, mode == CKPT_ST_ALL ? c->m.n_states : 1, mode, &p);
+  if (!st) st = write_file(c, &p, mode != CKPT_ST_ALL, out_file, &bytes);
+  if (!st && sum) {
+    *sum = (fsdp_ckpt_io_summary_t){.tensors = p.n, .bytes = bytes};
+    for (int i = 0; i < p.n; i++) sum->numel += p.entries[i].numel;
+    snprintf(sum->file, sizeof sum->file, "%s", out_file);
+    snprintf(sum->dtype, sizeof sum->dtype, "F32");
+  }
   plan_free(&p);
   return st;
 }
 
 fsdp_status_t fsdp_ckpt_consolidate(fsdp_ckpt_t c, const char *out_file) {
-  return write_safetensors(c, out_file, 0);
+  return ckpt_write_safetensors(c, out_file, CKPT_ST_ALL, FSDP_CKPT_OVERWRITE, NULL);
 }
 
 fsdp_status_t fsdp_ckpt_export(fsdp_ckpt_t c, const char *out_file) {
-  return write_safetensors(c, out_file, 1);
+  return ckpt_write_safetensors(c, out_file, CKPT_ST_GPT2, FSDP_CKPT_OVERWRITE, NULL);
+}
+
+fsdp_status_t fsdp_ckpt_export_ex(fsdp_ckpt_t c, const char *out_file, int flags,
+                                  fsdp_ckpt_io_summary_t *summary) {
+  return ckpt_write_safetensors(c, out_file, CKPT_ST_GPT2, flags, summary);
 }

@@ -19,8 +19,15 @@ static const char usage_text[] =
     "                                   newest complete step (takes the directory's lock)\n"
     "  consolidate PATH OUT.safetensors every tensor and optimizer state in one file\n"
     "  export PATH OUT.safetensors      parameters only, GPT-2 names, for other tools\n"
-    "  import IN.safetensors SAVE_DIR   a weights-only checkpoint (step 0) to --resume from\n"
+    "  export PATH --hf DIR [--n-head N] DIR/model.safetensors + config.json that\n"
+    "                                   transformers' GPT2LMHeadModel.from_pretrained loads\n"
+    "                                   (--n-head for checkpoints that do not record it)\n"
+    "  import IN SAVE_DIR [--preset P]  a weights-only checkpoint (step 0) to --resume from;\n"
+    "                                   IN: a safetensors file or a Hugging Face directory\n"
+    "                                   (config.json + model.safetensors), F32/BF16/F16;\n"
+    "                                   shapes checked against config.json and the preset\n"
     "  reshard PATH --world N SAVE_DIR  rewrite the checkpoint for N ranks\n"
+    "export and import refuse to replace their output unless --overwrite.\n"
     "PATH is a step directory (SAVE_DIR/step-K) or a save directory (its `latest` is used).\n"
     "repair, import and reshard take SAVE_DIR's lock: refused while a trainer saves there.\n"
     "--stats prints the command's wall time and peak resident memory to stderr.\n"
@@ -88,6 +95,31 @@ static void print_stats(double t0) {
           peak_kib() / 1024.0);
 }
 
+/* Options that may stand anywhere after the command. */
+static struct {
+  int overwrite, hf, n_head;
+  const char *preset;
+} opt;
+
+static void print_io(const char *verb, const fsdp_ckpt_io_summary_t *s, int hf) {
+  if (!strcmp(verb, "exported"))
+    printf("exported %d tensors, %zu parameters, %" PRIu64 " bytes (F32) to %s%s\n", s->tensors,
+           s->numel, s->bytes, s->file, hf ? " + config.json" : "");
+  else
+    printf("imported %d tensors, %zu parameters, %" PRIu64 " bytes from %s (%s%s) into %s\n",
+           s->tensors, s->numel, s->bytes, s->file, s->dtype,
+           strcmp(s->dtype, "F32") ? " converted to f32" : "", s->out);
+}
+
+static fsdp_status_t export(fsdp_ckpt_t c, const char *out) {
+  fsdp_ckpt_io_summary_t sum;
+  int flags = opt.overwrite ? FSDP_CKPT_OVERWRITE : 0;
+  fsdp_status_t st = opt.hf ? fsdp_ckpt_export_hf(c, out, opt.n_head, flags, &sum)
+                            : fsdp_ckpt_export_ex(c, out, flags, &sum);
+  if (!st) print_io("exported", &sum, opt.hf);
+  return st;
+}
+
 static fsdp_status_t with_ckpt(const char *cmd, const char *path, char **rest) {
   fsdp_ckpt_t c;
   fsdp_status_t st = fsdp_ckpt_open(path, &c);
@@ -100,7 +132,7 @@ static fsdp_status_t with_ckpt(const char *cmd, const char *path, char **rest) {
   } else if (!strcmp(cmd, "consolidate")) {
     st = fsdp_ckpt_consolidate(c, rest[0]);
   } else if (!strcmp(cmd, "export")) {
-    st = fsdp_ckpt_export(c, rest[0]);
+    st = export(c, rest[0]);
   } else {
     fsdp_ckpt_lock_t lock; /* a trainer saving into the output directory is not raced */
     st = fsdp_ckpt_lock(NULL, rest[1], &lock);
@@ -114,8 +146,11 @@ static fsdp_status_t with_ckpt(const char *cmd, const char *path, char **rest) {
 static fsdp_status_t import_locked(const char *file, const char *out_dir) {
   fsdp_ckpt_lock_t lock;
   fsdp_status_t st = fsdp_ckpt_lock(NULL, out_dir, &lock);
-  if (!st) st = fsdp_ckpt_import(file, out_dir);
+  fsdp_ckpt_io_summary_t sum;
+  if (!st) st = fsdp_ckpt_import_hf(file, out_dir, opt.preset,
+                                    opt.overwrite ? FSDP_CKPT_OVERWRITE : 0, &sum);
   fsdp_ckpt_unlock(lock);
+  if (!st) print_io("imported", &sum, 0);
   return st;
 }
 
@@ -145,10 +180,28 @@ static int arity(const char *cmd) {
   return -1;
 }
 
+/* Takes the options out of argv (export's and import's only); 0 on a bad one. */
+static int take_options(const char *cmd, int *argc, char **argv) {
+  int n = 1, ok = 1, exp = !strcmp(cmd, "export"), imp = !strcmp(cmd, "import");
+  for (int i = 1; i < *argc; i++) {
+    const char *a = argv[i];
+    if ((exp || imp) && !strcmp(a, "--overwrite")) opt.overwrite = 1;
+    else if (exp && !strcmp(a, "--hf")) opt.hf = 1;
+    else if (exp && !strcmp(a, "--n-head") && i + 1 < *argc) ok &= (opt.n_head = atoi(argv[++i])) > 0;
+    else if (imp && !strcmp(a, "--preset") && i + 1 < *argc) opt.preset = argv[++i];
+    else if ((exp || imp) && !strncmp(a, "--", 2) && i > 1)
+      ok = 0, fprintf(stderr, "fsdp-ckpt %s: unknown option %s (or its value is missing)\n", cmd, a);
+    else argv[n++] = argv[i];
+  }
+  *argc = n;
+  return ok && (!opt.n_head || opt.hf);
+}
+
 int main(int argc, char **argv) {
   int stats = argc > 1 && !strcmp(argv[1], "--stats");
   argv += stats;
   argc -= stats;
+  if (!take_options(argc > 1 ? argv[1] : "", &argc, argv)) return fputs(usage_text, stderr), 2;
   if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")))
     return fputs(usage_text, stdout), 0;
   const char *cmd = argc > 1 ? argv[1] : "";

@@ -753,7 +753,7 @@ START_TEST(test_export_import) {
   snprintf(args, sizeof args, "export %s %s", path("run", ""), path("e1.safetensors", ""));
   ck_assert_int_eq(run_tool(args, err, sizeof err), 0);
   snprintf(args, sizeof args, "import %s %s", path("e1.safetensors", ""), path("imp", ""));
-  ck_assert_int_eq(run_tool(args, err, sizeof err), 0);
+  ck_assert_msg(run_tool(args, err, sizeof err) == 0, "%s", err);
   snprintf(args, sizeof args, "export %s %s", path("imp", ""), path("e2.safetensors", ""));
   ck_assert_int_eq(run_tool(args, err, sizeof err), 0);
   snprintf(args, sizeof args, "cmp -s %s %s", path("e1.safetensors", ""), path("e2.safetensors", ""));
@@ -804,7 +804,7 @@ static const struct {
     {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12, 0, "a gap"},
     {"{" ST_A ",\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12, 0, "overlaps"},
     {"{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8, 0, "need 12 bytes"},
-    {"{\"a\":{\"dtype\":\"F16\",\"shape\":[4],\"data_offsets\":[0,8]}}", 8, 0, "not F32"},
+    {"{\"a\":{\"dtype\":\"I32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, 0, "not F32, BF16 or F16"},
     {"{\"a\":{\"dtype\":\"Q4\",\"shape\":[4],\"data_offsets\":[0,8]}}", 8, 0, "not a safetensors dtype"},
     {"{" ST_A "}", 12, 0, "trailing bytes"},
     {"{" ST_A "," ST_A "}", 8, 0, "duplicate key"},
@@ -834,6 +834,78 @@ START_TEST(test_safetensors_strict) {
   ck_assert_msg(strstr(fsdp_last_error(), file) && strstr(fsdp_last_error(), st_cases[_i].problem),
                 "case %d: got '%s'", _i, fsdp_last_error());
   ck_assert_int_ne(stat(path("out", ""), &sb), 0); /* nothing written */
+}
+END_TEST
+
+/* A safetensors file with the given header and data bytes. */
+static void write_st_data(const char *file, const char *header, const void *data, size_t n) {
+  FILE *f = fopen(file, "wb");
+  ck_assert_ptr_nonnull(f);
+  uint64_t len = strlen(header);
+  for (int i = 0; i < 8; i++) fputc((int)(len >> (8 * i)) & 0xff, f);
+  fputs(header, f);
+  fwrite(data, 1, n, f);
+  fclose(f);
+}
+
+/* F16 and BF16 become f32 exactly: normal, negative, largest, subnormal,
+ * signed zero, infinity (which verify then reports). */
+START_TEST(test_import_converts_16bit) {
+  const uint16_t h[8] = {0x3c00, 0xc000, 0x7bff, 0x0001, 0x8000, 0x3555, 0x03ff, 0x7c00};
+  const float hf[8] = {1.0f, -2.0f, 65504.0f, 0x1p-24f, -0.0f, 0x1.554p-2f, 0x1.ff8p-15f, INFINITY};
+  const uint16_t b[2] = {0x3f80, 0xc040};
+  const char *header = "{\"a\":{\"dtype\":\"F16\",\"shape\":[8],\"data_offsets\":[0,16]},"
+                       "\"b\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[16,20]}}";
+  uint16_t data[10];
+  memcpy(data, h, sizeof h);
+  memcpy(data + 8, b, sizeof b);
+  write_st_data(path("h.safetensors", ""), header, data, sizeof data);
+  fsdp_ckpt_io_summary_t sum;
+  ck_assert_int_eq(fsdp_ckpt_import_hf(path("h.safetensors", ""), path("imp", ""), NULL, 0, &sum),
+                   FSDP_SUCCESS);
+  ck_assert_str_eq(sum.dtype, "mixed");
+  ck_assert_int_eq(sum.tensors, 2);
+  ck_assert_uint_eq(sum.numel, 10);
+  fsdp_ckpt_t c;
+  float got[8];
+  ck_assert_int_eq(fsdp_ckpt_open(path("imp", ""), &c), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_ckpt_read(c, 0, 0, 0, 8, got), FSDP_SUCCESS);
+  ck_assert_msg(memcmp(got, hf, sizeof hf) == 0, "F16: %a %a %a %a %a %a %a %a", got[0], got[1],
+                got[2], got[3], got[4], got[5], got[6], got[7]);
+  ck_assert_int_eq(fsdp_ckpt_read(c, 1, 0, 0, 2, got), FSDP_SUCCESS);
+  ck_assert(got[0] == 1.0f && got[1] == -3.0f);
+  fsdp_ckpt_close(c);
+  /* again into the same place: refused, then --overwrite */
+  ck_assert_int_eq(fsdp_ckpt_import_hf(path("h.safetensors", ""), path("imp", ""), NULL, 0, NULL),
+                   FSDP_ERR_INVALID_USAGE);
+  ck_assert_msg(strstr(fsdp_last_error(), "import --overwrite"), "%s", fsdp_last_error());
+  ck_assert_int_eq(fsdp_ckpt_import_hf(path("h.safetensors", ""), path("imp", ""), NULL,
+                                       FSDP_CKPT_OVERWRITE, NULL), FSDP_SUCCESS);
+}
+END_TEST
+
+/* lm_head.weight equal to wte is the tied head (accepted, not imported); one
+ * that differs is refused naming the element, and nothing is written. */
+START_TEST(test_import_head) {
+  const char *header = "{\"transformer.wte.weight\":{\"dtype\":\"F32\",\"shape\":[2,2],"
+                       "\"data_offsets\":[0,16]},\"lm_head.weight\":{\"dtype\":\"F32\","
+                       "\"shape\":[2,2],\"data_offsets\":[16,32]}}";
+  float data[8] = {1, 2, 3, 4, 1, 2, 3, 4};
+  write_st_data(path("t.safetensors", ""), header, data, sizeof data);
+  ck_assert_int_eq(fsdp_ckpt_import(path("t.safetensors", ""), path("tied", "")), FSDP_SUCCESS);
+  fsdp_ckpt_t c;
+  fsdp_ckpt_info_t in;
+  ck_assert_int_eq(fsdp_ckpt_open(path("tied", ""), &c), FSDP_SUCCESS);
+  fsdp_ckpt_info(c, &in);
+  ck_assert_int_eq(in.n_tensors, 1);
+  fsdp_ckpt_close(c);
+  data[6] = 3.5f;
+  write_st_data(path("u.safetensors", ""), header, data, sizeof data);
+  ck_assert_int_eq(fsdp_ckpt_import(path("u.safetensors", ""), path("untied", "")), FSDP_ERR_FORMAT);
+  ck_assert_msg(strstr(fsdp_last_error(), "'lm_head.weight' differs from 'transformer.wte.weight' "
+                       "at element 2 (3.5 vs 3)"), "%s", fsdp_last_error());
+  struct stat sb;
+  ck_assert_int_ne(stat(path("untied", ""), &sb), 0);
 }
 END_TEST
 
@@ -991,6 +1063,8 @@ static Suite *ckpt_suite(void) {
   tcase_add_test(tc, test_probe);
   tcase_add_test(tc, test_export_import);
   tcase_add_loop_test(tc, test_safetensors_strict, 0, sizeof st_cases / sizeof st_cases[0]);
+  tcase_add_test(tc, test_import_converts_16bit);
+  tcase_add_test(tc, test_import_head);
   tcase_add_test(tc, test_consolidate_memory);
   tcase_add_loop_test(tc, test_save_refuses_nonfinite, 0, 4);
   tcase_add_test(tc, test_verify_reports_nonfinite);
