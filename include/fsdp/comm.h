@@ -76,14 +76,23 @@
  * call, so the watchdog calls MPI_Abort and the whole job ends non-zero.
  * nccl: a collective run on the host or a CPU stream is watched like the
  * others (staged host-backend collectives too, from the first copy to the
- * last); at the deadline the waiting call fails with FSDP_ERR_TIMEOUT and the
- * communicator is failed (destroy aborts it with ncclCommAbort). A collective
- * queued on a CUDA stream is NOT watched: it completes on the GPU after the
- * call returns, so a hang shows where the host waits for that stream (NCCL's
- * own timeouts apply). Its errors surface as FSDP_ERR_COMM, with NCCL's text
- * and the collective, from the next collective on the communicator
- * (ncclCommGetAsyncError is checked before each one); after any NCCL error
- * the communicator refuses work and destroy aborts it.
+ * last). A collective queued on a CUDA stream is watched too: a CUDA event is
+ * recorded after it, and the watchdog thread polls the events in issue order
+ * (cudaEventQuery) and ncclCommGetAsyncError every tick; its deadline counts
+ * from when it became the oldest unfinished collective queued on its
+ * communicator (work queued on the stream before it counts against it). Past
+ * the deadline the watchdog logs the same report and calls ncclCommAbort on
+ * every nccl communicator of the world (from its own thread, which ends every
+ * wait on their streams and the peers' waits for this rank); under mpirun it
+ * then calls MPI_Abort and the job ends non-zero; otherwise the waiting call
+ * and every later collective on the world's communicators fail with
+ * FSDP_ERR_TIMEOUT and the report, and fsdp-run ends the job when the rank
+ * exits. An asynchronous NCCL error seen by the watchdog aborts that
+ * communicator alone (logged at ERROR); either way NCCL errors surface as
+ * FSDP_ERR_COMM, with NCCL's text and the collective, from the next
+ * collective on the communicator (ncclCommGetAsyncError is checked before
+ * each one); after any NCCL error the communicator refuses work and destroy
+ * aborts it unless the watchdog already did.
  *
  * Desync check (on by default; world opts desync_check -1 or
  * FSDP_DESYNC_CHECK=0 turn it off): before each collective the ranks

@@ -174,6 +174,7 @@ static fsdp_status_t comm_make(const fsdp_comm_ops_t *ops, fsdp_world_t world,
     comm_free(c);
     return st;
   }
+  fsdp_watch_set_polled(c, 1);
   st = fsdp_desync_setup(c);
   if (st != FSDP_SUCCESS) {
     fsdp_comm_destroy(c);
@@ -283,6 +284,7 @@ void fsdp_comm_label_text(fsdp_comm_t comm, char *buf, size_t n) {
 
 void fsdp_comm_destroy(fsdp_comm_t comm) {
   if (!comm) return;
+  fsdp_watch_set_polled(comm, 0);
   comm->ops->destroy(comm);
   comm_free(comm);
 }
@@ -407,7 +409,11 @@ static fsdp_status_t coll_run(fsdp_comm_t comm, const fsdp_coll_t *c) {
 /* A CUDA stream: the device backend queues on it; a host backend waits for
  * the stream, then runs in the caller. */
 static fsdp_status_t coll_cuda(fsdp_comm_t comm, const fsdp_coll_t *c, fsdp_stream_t stream) {
-  if (comm->ops->enqueue) return comm->ops->enqueue(comm, c, fsdp_stream_cuda_handle(stream));
+  if (comm->ops->enqueue) {
+    /* After the watchdog's abort: its report, as FSDP_ERR_TIMEOUT. */
+    fsdp_status_t st = comm->ops->enqueue(comm, c, fsdp_stream_cuda_handle(stream));
+    return st == FSDP_SUCCESS ? st : fsdp_watch_failed(comm, st);
+  }
   FSDP_TRY(fsdp_stream_synchronize(stream));
   return coll_run(comm, c);
 }

@@ -68,6 +68,11 @@ typedef struct fsdp_comm_ops {
    * comm.c has set out->rank, size, color and members (world ranks, in the
    * new rank order) and calls this on every rank of parent (fsdp_comm_split). */
   fsdp_status_t (*split)(fsdp_comm_t parent, fsdp_comm_t out, int key);
+  /* Device backends only, NULL otherwise: called by the watchdog thread every
+   * tick, before it looks for expired collectives, to bring comm->progress up
+   * to date with the work enqueue left on CUDA streams (fsdp_watch_begin for
+   * the oldest still queued, fsdp_watch_end when none is). */
+  void (*poll)(fsdp_comm_t comm);
 } fsdp_comm_ops_t;
 
 struct fsdp_comm_watch; /* the world's watchdog and shared backend state */
@@ -100,6 +105,7 @@ struct fsdp_comm {
   int *members;
   int color;
   char label[FSDP_COMM_LABEL_MAX];
+  int polled; /* the watchdog may call ops->poll (impl is set); the watch's mutex */
 };
 
 extern const fsdp_comm_ops_t fsdp_comm_mpi_ops;
@@ -146,6 +152,9 @@ void fsdp_stage_free(fsdp_comm_t comm);
 fsdp_status_t fsdp_watch_attach(fsdp_world_t world, fsdp_comm_t comm);
 /* Leaves the watch; the last communicator of a world stops the watchdog. */
 void fsdp_watch_detach(fsdp_comm_t comm);
+/* Lets the watchdog call comm's ops->poll (on: after the backend set comm
+ * up) or stops it (off: before the backend tears comm down). */
+void fsdp_watch_set_polled(fsdp_comm_t comm, int on);
 /* Records the start and end of a backend run for the watchdog. */
 void fsdp_watch_begin(fsdp_comm_t comm, const fsdp_coll_t *coll);
 void fsdp_watch_end(fsdp_comm_t comm, const fsdp_coll_t *coll);

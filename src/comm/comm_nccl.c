@@ -7,19 +7,28 @@
  * Communicators are created in the same order on every rank (comm.h), so the
  * broadcasts match and the ids agree.
  *
- * A collective on a CUDA stream is queued there (enqueue) and the call
- * returns. On the host or a CPU stream (run) it is queued on the
+ * A collective on a CUDA stream is queued there (enqueue), a CUDA event is
+ * recorded after it, and the call returns; the world's watchdog thread polls
+ * the queued collectives' events in issue order (poll) and ncclCommGetAsyncError,
+ * and reports a collective that is at the front of its communicator's queue
+ * for longer than the world's timeout as the host backends' are reported
+ * (comm_watch.c). On the host or a CPU stream (run) it is queued on the
  * communicator's own stream, which the calling thread then polls until it is
  * done, the communicator reports an asynchronous error, or the watchdog gives
- * up on it (abort only raises a flag; NCCL is only ever called from the
- * threads that issue and destroy). Every error becomes FSDP_ERR_COMM with
- * NCCL's text and the collective's description; after one, and after an
- * abort, the communicator is failed: later collectives are refused and
- * destroy calls ncclCommAbort instead of ncclCommDestroy. */
+ * up on it. The watchdog's abort calls ncclCommAbort from its own thread
+ * (which ends every wait on the communicator's streams) and, in an MPI
+ * world, ends the job with MPI_Abort; every NCCL call on a communicator holds
+ * its mutex, so the abort never meets a call in progress. Every error becomes
+ * FSDP_ERR_COMM with NCCL's text and the collective's description; after one,
+ * and after an abort, the communicator is failed: later collectives are
+ * refused (FSDP_ERR_TIMEOUT with the watchdog's report after its abort) and
+ * destroy calls ncclCommAbort instead of ncclCommDestroy, unless the
+ * watchdog already did. */
 #include "fsdp_config.h"
 
 #if FSDP_HAVE_NCCL
 #include <cuda_runtime.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -36,12 +45,24 @@
 #include <nccl.h>
 #pragma GCC diagnostic pop
 
+/* A collective queued on a CUDA stream, until the watchdog sees it done. */
+typedef struct {
+  cudaEvent_t done; /* recorded on its stream right after it */
+  fsdp_coll_t coll;
+} pending_t;
+
 typedef struct {
   ncclComm_t comm;
   int device;          /* CUDA ordinal the communicator lives on */
   cudaStream_t own;    /* for collectives issued on the host or a CPU stream */
   float *scratch;      /* (1) on the device: what a barrier all-reduces */
   atomic_int failed;   /* an error or an abort: refuse work, abort at destroy */
+  /* Taken around every NCCL call on comm and by the watchdog's poll and
+   * abort (lock order: the watch's mutex, this, the fsdp_comm's mutex). */
+  pthread_mutex_t mu;
+  int gone;            /* the watchdog called ncclCommAbort: comm is freed */
+  pending_t *pending;  /* a ring of cap slots, count queued from head; */
+  size_t cap, head, count; /* a slot keeps its event for reuse */
 } nccl_impl_t;
 
 static nccl_impl_t *impl_of(fsdp_comm_t c) { return c->impl; }
@@ -148,6 +169,10 @@ static fsdp_status_t share_id(fsdp_comm_t c, ncclUniqueId *id) {
 }
 
 static void impl_free(nccl_impl_t *im) {
+  for (size_t i = 0; i < im->cap; i++)
+    if (im->pending[i].done) cudaEventDestroy(im->pending[i].done);
+  fsdp_free(im->pending);
+  pthread_mutex_destroy(&im->mu);
   if (im->scratch) cudaFree(im->scratch);
   if (im->own) cudaStreamDestroy(im->own);
   fsdp_free(im);
@@ -163,6 +188,7 @@ static fsdp_status_t nccl_connect(fsdp_comm_t c) {
   nccl_impl_t *im = fsdp_alloc(sizeof *im);
   if (!im) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "comm: cannot allocate nccl state");
   memset(im, 0, sizeof *im);
+  pthread_mutex_init(&im->mu, NULL);
   cudaError_t e = cudaGetDevice(&im->device);
   if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&im->own, cudaStreamNonBlocking);
   if (e == cudaSuccess) e = cudaMalloc((void **)&im->scratch, sizeof *im->scratch);
@@ -214,7 +240,8 @@ static fsdp_status_t nccl_split(fsdp_comm_t parent, fsdp_comm_t out, int key) {
 
 static void nccl_destroy(fsdp_comm_t c) {
   nccl_impl_t *im = impl_of(c);
-  if (atomic_load(&im->failed)) ncclCommAbort(im->comm);
+  if (im->gone) { /* the watchdog aborted it */
+  } else if (atomic_load(&im->failed)) ncclCommAbort(im->comm);
   else ncclCommDestroy(im->comm);
   impl_free(im);
   c->impl = NULL;
@@ -241,15 +268,21 @@ static fsdp_status_t check_health(fsdp_comm_t c, const fsdp_coll_t *k) {
     return fsdp_error(FSDP_ERR_COMM, "nccl: communicator %d failed earlier (see the first "
                       "error); destroy it and make a new one", c->id);
   ncclResult_t async = ncclSuccess;
-  NCCL_TRY(c, ncclCommGetAsyncError(im->comm, &async), k);
+  pthread_mutex_lock(&im->mu);
+  ncclResult_t r = im->gone ? ncclSuccess : ncclCommGetAsyncError(im->comm, &async);
+  pthread_mutex_unlock(&im->mu);
+  if (r != ncclSuccess) return nccl_fail(c, r, "ncclCommGetAsyncError", k);
   if (async != ncclSuccess && async != ncclInProgress)
     return nccl_fail(c, async, "an earlier operation (ncclCommGetAsyncError)", k);
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t nccl_enqueue(fsdp_comm_t c, const fsdp_coll_t *k, void *cuda_stream) {
-  FSDP_TRY(check_health(c, k));
+/* Queues the collective on cuda_stream; the caller holds im->mu. */
+static fsdp_status_t submit(fsdp_comm_t c, const fsdp_coll_t *k, void *cuda_stream) {
   nccl_impl_t *im = impl_of(c);
+  if (im->gone)
+    return fsdp_error(FSDP_ERR_COMM, "nccl: communicator %d was aborted by the watchdog",
+                      c->id);
   cudaStream_t s = cuda_stream;
   ncclDataType_t t = nccl_type(k->dtype);
   switch (k->kind) {
@@ -270,6 +303,50 @@ static fsdp_status_t nccl_enqueue(fsdp_comm_t c, const fsdp_coll_t *k, void *cud
     return FSDP_SUCCESS;
   }
   return fsdp_error(FSDP_ERR_INTERNAL, "comm nccl: unknown collective kind %d", (int)k->kind);
+}
+
+/* Room for one more pending collective; the caller holds im->mu. */
+static fsdp_status_t pending_reserve(fsdp_comm_t c) {
+  nccl_impl_t *im = impl_of(c);
+  if (im->count < im->cap) return FSDP_SUCCESS;
+  size_t cap = im->cap ? 2 * im->cap : 64;
+  pending_t *grown = fsdp_alloc(cap * sizeof *grown);
+  if (!grown)
+    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "nccl: cannot track %zu queued collectives", cap);
+  memset(grown, 0, cap * sizeof *grown);
+  for (size_t i = 0; i < im->cap; i++) grown[i] = im->pending[(im->head + i) % im->cap];
+  fsdp_free(im->pending);
+  im->pending = grown;
+  im->cap = cap;
+  im->head = 0;
+  return FSDP_SUCCESS;
+}
+
+/* Records an event after k on cuda_stream for the watchdog; the first
+ * collective of an empty queue starts the deadline's clock. The caller holds
+ * im->mu. */
+static fsdp_status_t track(fsdp_comm_t c, const fsdp_coll_t *k, void *cuda_stream) {
+  nccl_impl_t *im = impl_of(c);
+  FSDP_TRY(pending_reserve(c));
+  pending_t *p = &im->pending[(im->head + im->count) % im->cap];
+  cudaError_t e = p->done ? cudaSuccess
+                          : cudaEventCreateWithFlags(&p->done, cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventRecord(p->done, cuda_stream);
+  if (e != cudaSuccess) return cuda_fail(c, e, "cudaEventRecord (for the watchdog)", k);
+  p->coll = *k;
+  if (im->count++ == 0) fsdp_watch_begin(c, k);
+  return FSDP_SUCCESS;
+}
+
+/* A CUDA stream: queued there and watched (poll). */
+static fsdp_status_t nccl_enqueue(fsdp_comm_t c, const fsdp_coll_t *k, void *cuda_stream) {
+  FSDP_TRY(check_health(c, k));
+  nccl_impl_t *im = impl_of(c);
+  pthread_mutex_lock(&im->mu);
+  fsdp_status_t st = submit(c, k, cuda_stream);
+  if (st == FSDP_SUCCESS) st = track(c, k, cuda_stream);
+  pthread_mutex_unlock(&im->mu);
+  return st;
 }
 
 /* Waits for the communicator's own stream without blocking in CUDA, so that
@@ -297,15 +374,57 @@ static fsdp_status_t nccl_run(fsdp_comm_t c, const fsdp_coll_t *k) {
   cudaGetDevice(&prev);
   cudaError_t e = prev == im->device ? cudaSuccess : cudaSetDevice(im->device);
   if (e != cudaSuccess) return cuda_fail(c, e, "cudaSetDevice", k);
-  fsdp_status_t st = nccl_enqueue(c, k, im->own);
+  fsdp_status_t st = check_health(c, k);
+  if (st == FSDP_SUCCESS) {
+    pthread_mutex_lock(&im->mu);
+    st = submit(c, k, im->own);
+    pthread_mutex_unlock(&im->mu);
+  }
   if (st == FSDP_SUCCESS) st = wait_own(c, k);
   if (prev != im->device) cudaSetDevice(prev);
   return st;
 }
 
-/* The watchdog thread: only a flag, which the waiting run sees (wait_own);
- * destroy then aborts the NCCL communicator from the owning thread. */
-static void nccl_abort(fsdp_comm_t c) { atomic_store(&impl_of(c)->failed, 1); }
+/* The watchdog thread, each tick: retires the queued collectives whose
+ * events have completed, restarting the deadline's clock for the next one
+ * (fsdp_watch_begin) or marking the queue drained (fsdp_watch_end). An
+ * asynchronous NCCL error fails the communicator and aborts it, which ends
+ * every wait on its streams; its next collective reports the error. */
+static void nccl_poll(fsdp_comm_t c) {
+  nccl_impl_t *im = impl_of(c);
+  pthread_mutex_lock(&im->mu);
+  while (!im->gone && im->count) {
+    pending_t *p = &im->pending[im->head];
+    if (cudaEventQuery(p->done) == cudaErrorNotReady) break;
+    im->head = (im->head + 1) % im->cap;
+    if (--im->count) fsdp_watch_begin(c, &im->pending[im->head].coll);
+    else fsdp_watch_end(c, &p->coll);
+  }
+  ncclResult_t async = ncclSuccess;
+  if (!im->gone && ncclCommGetAsyncError(im->comm, &async) == ncclSuccess &&
+      async != ncclSuccess && async != ncclInProgress) {
+    fsdp_log(FSDP_LOG_ERROR, "watchdog: NCCL reports an asynchronous error on communicator "
+             "%d, rank %d: %s: %s; aborting the communicator", c->id, c->rank,
+             ncclGetErrorString(async), ncclGetLastError(im->comm));
+    atomic_store(&im->failed, 1);
+    ncclCommAbort(im->comm);
+    im->gone = 1;
+  }
+  pthread_mutex_unlock(&im->mu);
+}
+
+/* The watchdog thread, past a deadline: ncclCommAbort now (the queued
+ * collectives and every wait on them end; later calls fail), and in an MPI
+ * world the job ends, as the mpi backend's does. */
+static void nccl_abort(fsdp_comm_t c) {
+  nccl_impl_t *im = impl_of(c);
+  atomic_store(&im->failed, 1);
+  pthread_mutex_lock(&im->mu);
+  if (!im->gone) ncclCommAbort(im->comm);
+  im->gone = 1;
+  pthread_mutex_unlock(&im->mu);
+  if (fsdp_world_kind(c->world) == FSDP_WORLD_MPI) MPI_Abort(MPI_COMM_WORLD, 1);
+}
 
 /* NCCL counts are size_t. */
 const fsdp_comm_ops_t fsdp_comm_nccl_ops = {
@@ -318,5 +437,6 @@ const fsdp_comm_ops_t fsdp_comm_nccl_ops = {
     .abort = nccl_abort,
     .enqueue = nccl_enqueue,
     .split = nccl_split,
+    .poll = nccl_poll,
 };
 #endif

@@ -8,12 +8,15 @@
  *  - publishes, under env://, this rank's progress on every communicator to
  *    the store (key "watch/<rank>", "id:issued:started:completed;..."), so a
  *    rank whose collective expires can tell which peers never arrived;
+ *  - asks device backends (nccl) which collectives they queued on CUDA
+ *    streams have completed (ops->poll), so those are watched as well;
  *  - finds a collective in flight for longer than the world's timeout, prints
  *    what it was (operation, sequence number, tag), which ranks never issued
  *    or started it, and aborts every communicator of the world: gloo makes
  *    every blocked and later call fail, which the caller sees as
- *    FSDP_ERR_TIMEOUT with this message; MPI cannot interrupt a call, so the
- *    job ends with MPI_Abort. The watchdog fires once per world. */
+ *    FSDP_ERR_TIMEOUT with this message; nccl calls ncclCommAbort; MPI cannot
+ *    interrupt a call, so in an MPI world the job ends with MPI_Abort. The
+ *    watchdog fires once per world. */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -221,6 +224,8 @@ static void *watch_main(void *arg) {
   int fired = 0;
   pthread_mutex_lock(&w->mu);
   while (!w->stopping && !fired) {
+    for (int i = 0; i < w->n_comms; i++)
+      if (w->comms[i]->polled) w->comms[i]->ops->poll(w->comms[i]);
     fired = find_expired(w, &expired);
     progress_text(w, text, sizeof text);
     pthread_mutex_unlock(&w->mu);
@@ -328,6 +333,14 @@ void fsdp_watch_detach(fsdp_comm_t c) {
   if (!last) return;
   fsdp_world_set_comm_state(w->world, NULL);
   watch_destroy(w);
+}
+
+void fsdp_watch_set_polled(fsdp_comm_t c, int on) {
+  struct fsdp_comm_watch *w = c->watch;
+  if (!w || !c->ops->poll) return;
+  pthread_mutex_lock(&w->mu);
+  c->polled = on;
+  pthread_mutex_unlock(&w->mu);
 }
 
 /* ---- per collective ------------------------------------------------------ */

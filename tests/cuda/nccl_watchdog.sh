@@ -1,0 +1,51 @@
+#!/bin/sh
+# tests/cuda/nccl_watchdog.sh MPIRUN PROGRAM — the NCCL watchdog ends a job
+# whose rank stalls in a collective queued on a CUDA stream. Runs PROGRAM
+# (nccl_stall.c) as 2 ranks under mpirun on the simulated NCCL with rank 1
+# never arriving at the 3rd all-reduce (FSDP_SIM_NCCL_STALL=1:3) and a 2 s
+# collective timeout; the simulator's own deadline (FSDP_SIM_NCCL_TIMEOUT_S,
+# 120 s) is what would end the job without the watchdog. Checks that:
+#  - the job fails, within BOUND_S (the timeout, a tick of 0.2 s, MPI_Abort's
+#    teardown, and slack for a loaded machine);
+#  - a watchdog report names the operation, its number, its unit and the rank
+#    it fired on, in the host watchdog's words. Both ranks wait in all-reduce
+#    #3 from about the same moment, so either one's watchdog may fire first
+#    and end the job (a peer cannot tell a rank stuck inside NCCL from one
+#    that is merely waiting there too); the simulator's line names rank 1 as
+#    the stalled one;
+#  - no rank process is left, and no shared-memory name of a rank's in
+#    /dev/shm.
+set -u
+mpirun=$1
+prog=$2
+BOUND_S=30
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+start=$(date +%s)
+FSDP_SIM_DEVICES=2 FSDP_SIM_NCCL_STALL=1:3 FSDP_TIMEOUT_S=2 FSDP_LOG_LEVEL=error \
+  "$mpirun" --oversubscribe --bind-to none -np 2 "$prog" >"$out" 2>&1
+rc=$?
+elapsed=$(( $(date +%s) - start ))
+cat "$out"
+fail() { echo "nccl_watchdog: FAIL: $*"; exit 1; }
+[ "$rc" -ne 0 ] || fail "the job succeeded although rank 1 stalled"
+[ "$rc" -ne 77 ] || exit 77
+echo "nccl_watchdog: the job ended with status $rc after ${elapsed} s (bound ${BOUND_S} s)"
+[ "$elapsed" -le "$BOUND_S" ] || fail "the job took ${elapsed} s, more than ${BOUND_S} s"
+report="watchdog: all_reduce #3 for 'h.3'"
+grep -F "$report" "$out" | grep -E "on rank [01]; " |
+  grep -q "did not complete within the 2 s timeout (FSDP_TIMEOUT_S)" ||
+  fail "no watchdog report naming all_reduce #3, unit h.3 and the rank"
+grep -q "simnccl: rank 1 stalls at ncclAllReduce.*#3" "$out" || fail "rank 1 did not stall"
+pids=$(sed -n 's/^nccl-stall: rank [0-9]* pid \([0-9]*\)$/\1/p' "$out")
+[ "$(echo "$pids" | wc -w)" -eq 2 ] || fail "the ranks did not both start"
+# A rank's process: running (not a zombie awaiting its reaper) after mpirun
+# returned, it is given 5 s to finish dying from MPI_Abort's signal.
+alive() { [ -r /proc/$1/stat ] && ! awk '{exit $3 == "Z" ? 0 : 1}' /proc/$1/stat 2>/dev/null; }
+for p in $pids; do
+  waited=0
+  while alive "$p" && [ "$waited" -lt 50 ]; do sleep 0.1; waited=$((waited + 1)); done
+  if alive "$p"; then fail "rank process $p is still running: $(cat /proc/$p/stat)"; fi
+  if ls /dev/shm | grep -q -- "-$p-"; then fail "/dev/shm keeps a name of process $p"; fi
+done
+echo "nccl_watchdog: ok"
