@@ -61,6 +61,7 @@ typedef struct {
    * abort (lock order: the watch's mutex, this, the fsdp_comm's mutex). */
   pthread_mutex_t mu;
   int gone;            /* the watchdog called ncclCommAbort: comm is freed */
+  char why[512];       /* the asynchronous error that made the watchdog abort */
   pending_t *pending;  /* a ring of cap slots, count queued from head; */
   size_t cap, head, count; /* a slot keeps its event for reuse */
 } nccl_impl_t;
@@ -264,9 +265,14 @@ static ncclRedOp_t nccl_op(fsdp_reduce_op_t op) {
  * work already queued. */
 static fsdp_status_t check_health(fsdp_comm_t c, const fsdp_coll_t *k) {
   nccl_impl_t *im = impl_of(c);
-  if (atomic_load(&im->failed))
-    return fsdp_error(FSDP_ERR_COMM, "nccl: communicator %d failed earlier (see the first "
-                      "error); destroy it and make a new one", c->id);
+  if (atomic_load(&im->failed)) {
+    pthread_mutex_lock(&im->mu);
+    fsdp_status_t st = fsdp_error(FSDP_ERR_COMM, "nccl: communicator %d failed earlier (%s); "
+                                  "destroy it and make a new one", c->id,
+                                  im->why[0] ? im->why : "see the first error");
+    pthread_mutex_unlock(&im->mu);
+    return st;
+  }
   ncclResult_t async = ncclSuccess;
   pthread_mutex_lock(&im->mu);
   ncclResult_t r = im->gone ? ncclSuccess : ncclCommGetAsyncError(im->comm, &async);
@@ -322,11 +328,28 @@ static fsdp_status_t pending_reserve(fsdp_comm_t c) {
   return FSDP_SUCCESS;
 }
 
+/* Drops the queued collectives whose events have completed, in issue order,
+ * restarting the deadline's clock for the next one (fsdp_watch_begin) or
+ * marking the queue drained (fsdp_watch_end). The issuing thread calls it
+ * too, so the queue stays as short as the work in flight without a watchdog
+ * thread (a world of one). The caller holds im->mu. */
+static void retire(fsdp_comm_t c) {
+  nccl_impl_t *im = impl_of(c);
+  while (!im->gone && im->count) {
+    pending_t *p = &im->pending[im->head];
+    if (cudaEventQuery(p->done) == cudaErrorNotReady) return;
+    im->head = (im->head + 1) % im->cap;
+    if (--im->count) fsdp_watch_begin(c, &im->pending[im->head].coll);
+    else fsdp_watch_end(c, &p->coll);
+  }
+}
+
 /* Records an event after k on cuda_stream for the watchdog; the first
  * collective of an empty queue starts the deadline's clock. The caller holds
  * im->mu. */
 static fsdp_status_t track(fsdp_comm_t c, const fsdp_coll_t *k, void *cuda_stream) {
   nccl_impl_t *im = impl_of(c);
+  retire(c);
   FSDP_TRY(pending_reserve(c));
   pending_t *p = &im->pending[(im->head + im->count) % im->cap];
   cudaError_t e = p->done ? cudaSuccess
@@ -385,27 +408,21 @@ static fsdp_status_t nccl_run(fsdp_comm_t c, const fsdp_coll_t *k) {
   return st;
 }
 
-/* The watchdog thread, each tick: retires the queued collectives whose
- * events have completed, restarting the deadline's clock for the next one
- * (fsdp_watch_begin) or marking the queue drained (fsdp_watch_end). An
- * asynchronous NCCL error fails the communicator and aborts it, which ends
- * every wait on its streams; its next collective reports the error. */
+/* The watchdog thread, each tick: retires the collectives done (retire);
+ * an asynchronous NCCL error fails the communicator and aborts it, which
+ * ends every wait on its streams; its next collective reports the error. */
 static void nccl_poll(fsdp_comm_t c) {
   nccl_impl_t *im = impl_of(c);
   pthread_mutex_lock(&im->mu);
-  while (!im->gone && im->count) {
-    pending_t *p = &im->pending[im->head];
-    if (cudaEventQuery(p->done) == cudaErrorNotReady) break;
-    im->head = (im->head + 1) % im->cap;
-    if (--im->count) fsdp_watch_begin(c, &im->pending[im->head].coll);
-    else fsdp_watch_end(c, &p->coll);
-  }
+  retire(c);
   ncclResult_t async = ncclSuccess;
   if (!im->gone && ncclCommGetAsyncError(im->comm, &async) == ncclSuccess &&
       async != ncclSuccess && async != ncclInProgress) {
-    fsdp_log(FSDP_LOG_ERROR, "watchdog: NCCL reports an asynchronous error on communicator "
-             "%d, rank %d: %s: %s; aborting the communicator", c->id, c->rank,
-             ncclGetErrorString(async), ncclGetLastError(im->comm));
+    const char *last = ncclGetLastError(im->comm);
+    snprintf(im->why, sizeof im->why, "NCCL reports an asynchronous error on communicator %d, "
+             "rank %d: %s%s%s", c->id, c->rank, ncclGetErrorString(async),
+             last && *last ? ": " : "", last ? last : "");
+    fsdp_log(FSDP_LOG_ERROR, "watchdog: %s; aborting the communicator", im->why);
     atomic_store(&im->failed, 1);
     ncclCommAbort(im->comm);
     im->gone = 1;

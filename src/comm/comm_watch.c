@@ -177,8 +177,10 @@ static void fire(struct fsdp_comm_watch *w, fsdp_store_t *store, const snapshot_
   pthread_mutex_lock(&w->mu);
   atomic_store(&w->aborted, 1);
   pthread_cond_broadcast(&w->cv); /* calls waiting in fsdp_watch_failed */
-  for (int i = 0; i < w->n_comms; i++)
-    if (w->comms[i]->ops->abort) w->comms[i]->ops->abort(w->comms[i]);
+  for (int i = 0; i < w->n_comms; i++) { /* a polled backend: once set up */
+    fsdp_comm_t c = w->comms[i];
+    if (c->ops->abort && (!c->ops->poll || c->polled)) c->ops->abort(c);
+  }
   pthread_mutex_unlock(&w->mu);
 }
 
