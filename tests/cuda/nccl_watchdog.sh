@@ -1,7 +1,9 @@
 #!/bin/sh
-# tests/cuda/nccl_watchdog.sh MPIRUN PROGRAM — the NCCL watchdog ends a job
+# tests/cuda/nccl_watchdog.sh LAUNCHER PROGRAM — the NCCL watchdog ends a job
 # whose rank stalls in a collective queued on a CUDA stream. Runs PROGRAM
-# (nccl_stall.c) as 2 ranks under mpirun on the simulated NCCL with rank 1
+# (nccl_stall.c) as 2 ranks under LAUNCHER (mpirun, or fsdp-run: an env://
+# world, where the watchdog's abort makes the waiting rank fail with
+# FSDP_ERR_TIMEOUT and fsdp-run stops the job) on the simulated NCCL with rank 1
 # never arriving at the 3rd all-reduce (FSDP_SIM_NCCL_STALL=1:3) and a 2 s
 # collective timeout; the simulator's own deadline (FSDP_SIM_NCCL_TIMEOUT_S,
 # 120 s) is what would end the job without the watchdog. Checks that:
@@ -16,14 +18,17 @@
 #  - no rank process is left, and no shared-memory name of a rank's in
 #    /dev/shm.
 set -u
-mpirun=$1
+launcher=$1
 prog=$2
 BOUND_S=30
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 start=$(date +%s)
 FSDP_SIM_DEVICES=2 FSDP_SIM_NCCL_STALL=1:3 FSDP_TIMEOUT_S=2 FSDP_LOG_LEVEL=error \
-  "$mpirun" --oversubscribe --bind-to none -np 2 "$prog" >"$out" 2>&1
+  sh -c 'case "$0" in
+           *fsdp-run) exec "$0" --nproc-per-node 2 --master-port 0 "$1" ;;
+           *) exec "$0" --oversubscribe --bind-to none -np 2 "$1" ;;
+         esac' "$launcher" "$prog" >"$out" 2>&1
 rc=$?
 elapsed=$(( $(date +%s) - start ))
 cat "$out"
@@ -37,10 +42,14 @@ grep -F "$report" "$out" | grep -E "on rank [01]; " |
   grep -q "did not complete within the 2 s timeout (FSDP_TIMEOUT_S)" ||
   fail "no watchdog report naming all_reduce #3, unit h.3 and the rank"
 grep -q "simnccl: rank 1 stalls at ncclAllReduce.*#3" "$out" || fail "rank 1 did not stall"
+case "$launcher" in
+*fsdp-run) grep "root cause" -A1 "$out" | grep -F "$report" | grep -q "(timeout: " ||
+             fail "fsdp-run's root cause is not the watchdog's report as FSDP_ERR_TIMEOUT" ;;
+esac
 pids=$(sed -n 's/^nccl-stall: rank [0-9]* pid \([0-9]*\)$/\1/p' "$out")
 [ "$(echo "$pids" | wc -w)" -eq 2 ] || fail "the ranks did not both start"
-# A rank's process: running (not a zombie awaiting its reaper) after mpirun
-# returned, it is given 5 s to finish dying from MPI_Abort's signal.
+# A rank's process: running (not a zombie awaiting its reaper) after the
+# launcher returned, it is given 5 s to finish dying from MPI_Abort's signal.
 alive() { [ -r /proc/$1/stat ] && ! awk '{exit $3 == "Z" ? 0 : 1}' /proc/$1/stat 2>/dev/null; }
 for p in $pids; do
   waited=0
