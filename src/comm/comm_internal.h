@@ -56,7 +56,9 @@ typedef struct fsdp_comm_ops {
   fsdp_status_t (*run)(fsdp_comm_t comm, const fsdp_coll_t *coll);
   /* Called by the watchdog thread when a deadline passed, while another
    * thread may be blocked in run: makes every pending and later run on comm
-   * fail (gloo), or ends the job (MPI_Abort: MPI cannot interrupt a call).
+   * fail (gloo; nccl, which calls ncclCommAbort, ending the work queued on
+   * CUDA streams too), or ends the job (MPI_Abort: MPI cannot interrupt a
+   * call; nccl in an MPI world after its ncclCommAbort).
    * NULL for backends that cannot block (self). */
   void (*abort)(fsdp_comm_t comm);
   /* Device backends (nccl) only, NULL for host backends: queues the

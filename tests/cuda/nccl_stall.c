@@ -1,8 +1,10 @@
 /* tests/cuda/nccl_stall.c — the rank program of the NCCL watchdog test
- * (nccl_watchdog.sh): under mpirun, every rank issues tagged all-reduces
- * ("unit" h.<i>) on the nccl backend on a CUDA stream, as the engine does,
- * and waits for them. With FSDP_SIM_NCCL_STALL one rank never arrives at one
- * of them; the watchdog must then report it and end the job (MPI_Abort).
+ * (nccl_watchdog.sh): under mpirun or fsdp-run, every rank issues tagged
+ * all-reduces ("unit" h.<i>) on the nccl backend on a CUDA stream, as the
+ * engine does, and waits for them. With FSDP_SIM_NCCL_STALL one rank never
+ * arrives at one of them; the watchdog must then report it and end the job
+ * (MPI_Abort under mpirun; FSDP_ERR_TIMEOUT from the next call under
+ * fsdp-run).
  * Prints "nccl-stall: rank R pid P" first so the driver can look for
  * leftovers. Exits 0 only when every collective completed, EXIT_FAILURE
  * when a call failed (the error printed), 77 without a GPU. */
