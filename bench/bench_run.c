@@ -103,7 +103,17 @@ static fsdp_status_t model_build(fsdp_world_t world, const bench_opts_t *o, fsdp
     fsdp_gpt2_opts_t w = o->wrap;
     w.max_batch = m->B;
     w.max_T = m->T;
-    BENCH_TRY(fsdp_gpt2_create(m->eng, &o->gpt, &w, &m->gpt));
+    fsdp_plan_opts_t plan;
+    char ckpt[512];
+    if (o->config && cfg_gpt2_opts("fsdp-bench", o->config, &w, &plan, ckpt, sizeof ckpt))
+      return FSDP_ERR_INVALID_ARGUMENT;
+    fsdp_status_t st = fsdp_gpt2_create(m->eng, &o->gpt, &w, &m->gpt);
+    if (st == FSDP_SUCCESS && o->config &&
+        (cfg_check_matched(o->config, 1) || cfg_check_matched(o->config, 2)))
+      st = FSDP_ERR_INVALID_ARGUMENT;
+    if (st != FSDP_SUCCESS && o->config && o->config->err[0])
+      fprintf(stderr, "fsdp-bench: %s\n", o->config->err);
+    BENCH_TRY(st);
   } else {
     int widths[8] = {MLP_IN};
     for (int i = 0; i < o->n_hidden; i++) widths[i + 1] = o->hidden[i];
