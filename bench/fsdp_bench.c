@@ -124,7 +124,7 @@ static int parse_word(void *ctx, const char *tool, const char *a, const char *v)
   bench_opts_t *o = ctx;
   static const char *const known[] = {"--strategy", "--preset", "--device", "--dtype",
                                       "--reduce-dtype", "--hidden", "--sweep-prefetch",
-                                      "--sweep-strategies"};
+                                      "--sweep-strategies", "--sweep-shard-sizes"};
   if (!v) return flags_known(a, known, sizeof known / sizeof known[0]);
   if (!strcmp(a, "--strategy")) {
     if (fsdp_strategy_parse(v, &o->cfg.strategy) == FSDP_SUCCESS) return 0;

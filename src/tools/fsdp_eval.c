@@ -37,7 +37,10 @@ static const char usage_text[] =
 
 static int parse_word(void *ctx, const char *tool, const char *a, const char *v) {
   eval_opts_t *o = ctx;
+  static const char *const known[] = {"--strategy", "--preset", "--device", "--dtype",
+                                      "--reduce-dtype"};
   (void)tool;
+  if (!v) return flags_known(a, known, sizeof known / sizeof known[0]);
   if (!strcmp(a, "--strategy") || !strcmp(a, "--preset")) {
     fsdp_status_t st = !strcmp(a, "--strategy") ? fsdp_strategy_parse(v, &o->cfg.strategy)
                                                 : fsdp_gpt2_preset(v, &o->gpt);
