@@ -64,15 +64,35 @@ static void model_free(model_t *m) {
   free(m->y);
 }
 
+/* --config's sharding rules as --print-config writes them: their count and
+ * an FNV-1a 64 hash, "(none)" without (a rank reading another file is named
+ * before it plans other units). */
+static void rules_digest(const cfg_file_t *c, char *out, size_t len) {
+  char *text = NULL;
+  size_t n = 0;
+  FILE *f = c && c->n_rules ? open_memstream(&text, &n) : NULL;
+  if (!f) {
+    snprintf(out, len, "%s", c && c->n_rules ? "(unreadable)" : "(none)");
+    return;
+  }
+  cfg_print_rules(f, c);
+  fclose(f);
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)text[i]) * 1099511628211ull;
+  snprintf(out, len, "%d, FNV-1a 64 %016llx", c->n_rules, (unsigned long long)h);
+  free(text);
+}
+
 /* The bench's own settings, compared across ranks before the model is
  * built (the engine compares its configuration and plan itself): a rank with
  * another --micro-batch or --iters would time different work or hang. */
 static fsdp_status_t bench_check_consistency(fsdp_engine_t eng, const bench_opts_t *o) {
-  char v[9][64];
-  const char *keys[9] = {"--model", "--preset", "--layers/heads/embd/context/vocab",
-                         "--seq-len", "--hidden", "--micro-batch",
-                         "--warmup/--iters/--rounds/--check", "--seed", "--peak-size"};
-  const char *values[9];
+  char v[10][64];
+  const char *keys[10] = {"--model", "--preset", "--layers/heads/embd/context/vocab",
+                          "--seq-len", "--hidden", "--micro-batch",
+                          "--warmup/--iters/--rounds/--check", "--seed", "--peak-size",
+                          "sharding rules"};
+  const char *values[10];
   snprintf(v[0], sizeof v[0], "%s", o->model);
   snprintf(v[1], sizeof v[1], "%s", o->preset ? o->preset : "(none)");
   snprintf(v[2], sizeof v[2], "%d/%d/%d/%d/%d", o->gpt.n_layer, o->gpt.n_head, o->gpt.n_embd,
@@ -87,8 +107,9 @@ static fsdp_status_t bench_check_consistency(fsdp_engine_t eng, const bench_opts
            (long long)o->rounds, (long long)o->check);
   snprintf(v[7], sizeof v[7], "%llu", (unsigned long long)o->seed);
   snprintf(v[8], sizeof v[8], "%lld", (long long)o->peak_size);
-  for (int i = 0; i < 9; i++) values[i] = v[i];
-  return fsdp_engine_check_consistency(eng, 9, keys, values);
+  rules_digest(o->config, v[9], sizeof v[9]);
+  for (int i = 0; i < 10; i++) values[i] = v[i];
+  return fsdp_engine_check_consistency(eng, 10, keys, values);
 }
 
 static fsdp_status_t model_build(fsdp_world_t world, const bench_opts_t *o, fsdp_config_t *c,
@@ -103,7 +124,17 @@ static fsdp_status_t model_build(fsdp_world_t world, const bench_opts_t *o, fsdp
     fsdp_gpt2_opts_t w = o->wrap;
     w.max_batch = m->B;
     w.max_T = m->T;
-    BENCH_TRY(fsdp_gpt2_create(m->eng, &o->gpt, &w, &m->gpt));
+    fsdp_plan_opts_t plan;
+    char ckpt[512];
+    if (o->config && cfg_gpt2_opts("fsdp-bench", o->config, &w, &plan, ckpt, sizeof ckpt))
+      return FSDP_ERR_INVALID_ARGUMENT;
+    fsdp_status_t st = fsdp_gpt2_create(m->eng, &o->gpt, &w, &m->gpt);
+    if (st == FSDP_SUCCESS && o->config &&
+        (cfg_check_matched(o->config, 1) || cfg_check_matched(o->config, 2)))
+      st = FSDP_ERR_INVALID_ARGUMENT;
+    if (st != FSDP_SUCCESS && o->config && o->config->err[0])
+      fprintf(stderr, "fsdp-bench: %s\n", o->config->err);
+    BENCH_TRY(st);
   } else {
     int widths[8] = {MLP_IN};
     for (int i = 0; i < o->n_hidden; i++) widths[i + 1] = o->hidden[i];

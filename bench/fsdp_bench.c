@@ -52,6 +52,9 @@ static const char usage_text[] =
     "output\n"
     "  --memory-plan              print GPT-2's activation memory per layer (124M, 1558M,\n"
     "                             --preset) before and after issue 15, computed; run nothing\n"
+    "  --config FILE              YAML: every flag as a key (its name without --) and sharding\n"
+    "                             rules, as fsdp-train; the command line overrides it\n"
+    "  --print-config             print the effective configuration as such a file, and exit\n"
     "  --json                     one JSON document on stdout (rank 0) instead of the table\n"
     "  --json-file PATH           also write that document to PATH (the table still prints)\n"
     "  --trace FILE               the timed steps of every rank as one Chrome trace (Perfetto,\n"
@@ -106,43 +109,47 @@ static int parse_list(const char *flag, const char *v, int *out, int max, int *n
   return 0;
 }
 
-static int parse_strategies(const char *v, bench_opts_t *o) {
+static int parse_strategies(const char *tool, const char *v, bench_opts_t *o) {
   char items[3][32];
   o->n_strategies = bench_split(v, items, 3);
-  if (o->n_strategies <= 0) return fprintf(stderr, "fsdp-bench: bad --sweep-strategies\n"), -1;
+  if (o->n_strategies <= 0) return fprintf(stderr, "%s: bad --sweep-strategies\n", tool), -1;
   for (int i = 0; i < o->n_strategies; i++)
     if (fsdp_strategy_parse(items[i], &o->strategies[i]))
-      return fprintf(stderr, "fsdp-bench: %s\n", fsdp_last_error()), -1;
+      return fprintf(stderr, "%s: %s\n", tool, fsdp_last_error()), -1;
   return 0;
 }
 
 /* Flags whose values are words or lists. */
-static int parse_word(void *ctx, const char *a, const char *v) {
+static int parse_word(void *ctx, const char *tool, const char *a, const char *v) {
   bench_opts_t *o = ctx;
   static const char *const known[] = {"--strategy", "--preset", "--device", "--dtype",
                                       "--reduce-dtype", "--hidden", "--sweep-prefetch",
-                                      "--sweep-strategies"};
+                                      "--sweep-strategies", "--sweep-shard-sizes"};
   if (!v) return flags_known(a, known, sizeof known / sizeof known[0]);
   if (!strcmp(a, "--strategy")) {
     if (fsdp_strategy_parse(v, &o->cfg.strategy) == FSDP_SUCCESS) return 0;
-    return fprintf(stderr, "fsdp-bench: %s\n", fsdp_last_error()), -1;
+    return fprintf(stderr, "%s: %s\n", tool, fsdp_last_error()), -1;
   }
   if (!strcmp(a, "--preset")) {
     o->preset = v;
     if (fsdp_gpt2_preset(v, &o->gpt) == FSDP_SUCCESS) return 0;
-    return fprintf(stderr, "fsdp-bench: %s\n", fsdp_last_error()), -1;
+    return fprintf(stderr, "%s: %s\n", tool, fsdp_last_error()), -1;
   }
-  int taken = flags_config_word("fsdp-bench", a, v, &o->cfg);
+  int taken = flags_config_word(tool, a, v, &o->cfg);
   if (taken <= 0) return taken;
   if (!strcmp(a, "--hidden")) return parse_list(a, v, o->hidden, 6, &o->n_hidden, 1);
   if (!strcmp(a, "--sweep-prefetch")) return parse_list(a, v, o->depths, 8, &o->n_depths, 0);
-  if (!strcmp(a, "--sweep-strategies")) return parse_strategies(v, o);
+  if (!strcmp(a, "--sweep-strategies")) return parse_strategies(tool, v, o);
   if (!strcmp(a, "--sweep-shard-sizes"))
     return parse_list(a, v, o->shard_sizes, 4, &o->n_shard_sizes, 0);
-  return fprintf(stderr, "fsdp-bench: unknown option '%s' (see --help)\n", a), -1;
+  return fprintf(stderr, "%s: unknown %s '%s' (see --help)\n", tool,
+                 strcmp(tool, "fsdp-bench") ? "key" : "option", strcmp(tool, "fsdp-bench") ? a + 2 : a),
+         -1;
 }
 
-static int parse(int argc, char **argv, bench_opts_t *o) {
+/* The flags with a value of their own type; the rest are parse_word's. */
+#define BENCH_FLAGS 23
+static void flag_table(bench_opts_t *o, flag_t *t) {
   const flag_t table[] = {
       {"--model", NULL, FLAG_STR, &o->model},         {"--seq-len", NULL, FLAG_INT, &o->seq_len},
       {"--wrap", NULL, FLAG_STR, &o->wrap.wrap_kinds},
@@ -163,14 +170,56 @@ static int parse(int argc, char **argv, bench_opts_t *o) {
       {"--comm-backend", "--comm", FLAG_STR, &o->cfg.comm_backend},
       {"--shard-size", NULL, FLAG_INT, &o->cfg.shard_size},
   };
-  return flags_parse("fsdp-bench", usage_text, argc, argv, table, sizeof table / sizeof table[0],
-                     parse_word, o);
+  _Static_assert(sizeof table / sizeof table[0] == BENCH_FLAGS, "BENCH_FLAGS counts the table");
+  memcpy(t, table, sizeof table);
+}
+
+/* --config FILE's keys, then the command line over them. */
+static int parse(int argc, char **argv, bench_opts_t *o, cfg_file_t *file) {
+  flag_t table[BENCH_FLAGS];
+  flag_table(o, table);
+  int print;
+  const char *path = cfg_path(argc, argv, &print);
+  if (path && (cfg_load("fsdp-bench", path, file) ||
+               cfg_apply("fsdp-bench", file, table, BENCH_FLAGS, parse_word, o)))
+    return -1;
+  if (path) o->config = file;
+  return flags_parse("fsdp-bench", usage_text, argc, argv, table, BENCH_FLAGS, parse_word, o);
+}
+
+static void print_list(const char *key, const int *v, int n) {
+  printf("%s: \"", key);
+  for (int i = 0; i < n; i++) printf("%s%d", i ? "," : "", v[i]);
+  printf("\"\n");
+}
+
+/* --print-config: every key with its effective value, in the file's format. */
+static void print_config(bench_opts_t *o) {
+  flag_t table[BENCH_FLAGS];
+  flag_table(o, table);
+  printf("# fsdp-bench configuration (fsdp-bench --config FILE repeats this run)\n");
+  flags_print(stdout, table, BENCH_FLAGS);
+  if (!o->wrap.wrap_kinds) printf("no-wrap: true\n");
+  printf("preset: %s\nstrategy: %s\ndevice: %s\ndtype: %s\nreduce-dtype: %s\n", o->preset,
+         fsdp_strategy_name(o->cfg.strategy), o->cfg.device == FSDP_DEVICE_CUDA ? "cuda" : "cpu",
+         fsdp_dtype_name(o->cfg.param_dtype), fsdp_dtype_name(o->cfg.reduce_dtype));
+  print_list("hidden", o->hidden, o->n_hidden);
+  print_list("sweep-prefetch", o->depths, o->n_depths);
+  if (o->n_shard_sizes) print_list("sweep-shard-sizes", o->shard_sizes, o->n_shard_sizes);
+  printf("sweep-strategies: \"");
+  for (int i = 0; i < o->n_strategies; i++)
+    printf("%s%s", i ? "," : "", fsdp_strategy_name(o->strategies[i]));
+  printf("\"\n");
+  if (o->config) cfg_print_rules(stdout, o->config);
 }
 
 static int finish_options(bench_opts_t *o) {
   int gpt = !strcmp(o->model, "gpt2");
   if (!gpt && strcmp(o->model, "mlp"))
     return fprintf(stderr, "fsdp-bench: --model '%s': use gpt2 or mlp\n", o->model), -1;
+  if (!gpt && o->config && o->config->n_rules)
+    return fprintf(stderr, "fsdp-bench: %s: sharding rules shape gpt2's units; the mlp has a "
+                   "unit per layer\n", o->config->path), -1;
   if (!o->seq_len)
     return fprintf(stderr, "fsdp-bench: --seq-len 0: use a positive number (leave the flag "
                    "out for the model's context)\n"), -1;
@@ -233,6 +282,10 @@ static int run_all(fsdp_world_t world, const bench_opts_t *o, double peak_rank) 
       rc = bench_run(world, o, st[i], depth[i], shard[i], peak_rank, round, &res[i]) ? 1 : 0;
       if (rc == 0 && rank == 0 && !o->json && round == (int)o->rounds - 1) bench_print_row(&res[i]);
     }
+  if (rc == 0 && rank == 0 && !o->json && o->config && o->config->n_rules) {
+    printf("\nsharding rules (the last model's matches):\n");
+    cfg_print_matches(stdout, o->config);
+  }
   double wrong = 0;
   for (int i = 0; i < n; i++) wrong += res[i].wrong;
   if (rc == 0 && rank == 0 && o->json) bench_print_json(stdout, o, nranks, backend, &m, res, n);
@@ -244,17 +297,29 @@ static int run_all(fsdp_world_t world, const bench_opts_t *o, double peak_rank) 
 }
 
 int main(int argc, char **argv) {
-  bench_opts_t o = {.model = "gpt2", .preset = "small", .wrap = {"GPT2Block", 0, NULL, 0, 0},
+  bench_opts_t o = {.model = "gpt2", .preset = "small", .wrap = {.wrap_kinds = "GPT2Block"},
                     .hidden = {512, 256}, .n_hidden = 2, .cfg = FSDP_CONFIG_INIT, .warmup = 3,
                     .iters = 20, .rounds = 1, .check = 1, .peak_size = -1, .seed = 1,
                     .seq_len = -1, /* -1: the context */
                     .strategies = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP, FSDP_NO_SHARD},
                     .n_strategies = 3, .depths = {0, 1, 2}, .n_depths = 3};
   fsdp_gpt2_preset("small", &o.gpt);
-  int p = parse(argc, argv, &o);
-  if (p) return p > 0 ? 0 : 2;
-  if (finish_options(&o)) return 2;
-  if (o.memory_plan) return bench_print_memory_plan(&o);
+  cfg_file_t file = {0};
+  int p = parse(argc, argv, &o, &file), print;
+  if (p || finish_options(&o)) {
+    cfg_free(&file);
+    return p > 0 ? 0 : 2;
+  }
+  if (cfg_path(argc, argv, &print), print) {
+    print_config(&o);
+    cfg_free(&file);
+    return 0;
+  }
+  if (o.memory_plan) {
+    int mp = bench_print_memory_plan(&o);
+    cfg_free(&file);
+    return mp;
+  }
 
   fsdp_world_t world = NULL;
   fsdp_comm_t comm = NULL;
@@ -276,5 +341,6 @@ fail:
 done:
   fsdp_comm_destroy(comm);
   fsdp_world_destroy(world);
+  cfg_free(&file);
   return rc;
 }

@@ -5,6 +5,7 @@
 #define FSDP_BENCH_FSDP_BENCH_H
 
 #include "bench_util.h"
+#include "tools/config.h"
 
 #define BENCH_MAX_CONFIGS 32
 
@@ -28,6 +29,7 @@ typedef struct {
   int n_strategies;
   int depths[8], n_depths;
   int shard_sizes[4], n_shard_sizes; /* --sweep-shard-sizes (0: the world); else config's */
+  cfg_file_t *config;      /* --config FILE, or NULL: its sharding rules (tools/config.h) */
 } bench_opts_t;
 
 /* One configuration's numbers; statistics are over the timed steps of every

@@ -11,6 +11,7 @@
 #define FSDP_NN_H
 
 #include "fsdp/engine.h"
+#include "fsdp/plan.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -76,15 +77,24 @@ FSDP_API void fsdp_attention_backward(float *dqkv, const float *dout, const floa
 FSDP_API void fsdp_residual_forward(float *out, const float *a, const float *b, size_t n);
 FSDP_API void fsdp_residual_backward(float *da, float *db, const float *dout, size_t n);
 
-/* An MLP: one engine unit per linear layer ("fc.<i>", kind "Linear", tensors
- * "fc.<i>.weight" (out,in) and "fc.<i>.bias"), ReLU between layers, softmax
- * cross-entropy on the last. Kaiming-uniform-like init from the engine seed. */
+/* An MLP: engine units of linear layers ("fc.<i>", kind "Linear", tensors
+ * "fc.<i>.weight" (out,in) and "fc.<i>.bias"; a unit per layer by default),
+ * ReLU between layers, softmax cross-entropy on the last. Kaiming-uniform-like init from the engine seed. */
 typedef struct fsdp_mlp *fsdp_mlp_t;
 
 /* widths[0] inputs ... widths[n_layers] classes. max_batch bounds the
- * micro-batch the activation buffers hold. Must precede materialize. */
+ * micro-batch the activation buffers hold. Must precede materialize. One unit
+ * per layer: fsdp_mlp_create_plan with wrap_kinds "Linear". */
 FSDP_API fsdp_status_t fsdp_mlp_create(fsdp_engine_t engine, const int *widths, int n_layers,
                                        int max_batch, fsdp_mlp_t *mlp);
+/* The same with the layers cut into units by a wrap policy (fsdp/plan.h): the
+ * modules are the layers "fc.<i>", kind "Linear", in order (at most 64); the
+ * layers no unit takes form a root unit "root" (kind "MLP") acquired first and
+ * released last. The MLP recomputes nothing: a plan that checkpoints a unit is
+ * refused (FSDP_ERR_UNSUPPORTED). plan NULL: every layer in the root. */
+FSDP_API fsdp_status_t fsdp_mlp_create_plan(fsdp_engine_t engine, const int *widths, int n_layers,
+                                            int max_batch, const fsdp_plan_opts_t *plan,
+                                            fsdp_mlp_t *mlp);
 FSDP_API void fsdp_mlp_destroy(fsdp_mlp_t mlp);
 /* One micro-batch: forward through every unit, loss, backward. x is (B, in),
  * labels (B). Gradients are of loss_sum * loss_scale; *loss_sum (may be NULL)
@@ -119,20 +129,39 @@ FSDP_API fsdp_status_t fsdp_gpt2_preset(const char *name, fsdp_gpt2_config_t *ou
 FSDP_API fsdp_status_t fsdp_gpt2_config_check(const fsdp_gpt2_config_t *c);
 FSDP_API size_t fsdp_gpt2_num_params(const fsdp_gpt2_config_t *c);
 
-/* How the model becomes engine units and what it recomputes.
+/* How the model becomes engine units and what it recomputes. The model's
+ * modules, for the wrap policy (fsdp/plan.h), are its blocks: "h.<i>", kind
+ * "GPT2Block", in order; whatever no unit takes (always wte, wpe, ln_f, and
+ * the blocks the policy leaves) forms the root unit "root", acquired first and
+ * released last, since the output head reuses wte.
  * wrap_kinds:  comma-separated module kinds that get a unit each ("GPT2Block");
  * wrap_min_params: otherwise, consecutive blocks are grouped into units of at
  *              least this many parameters (0: no size policy);
- * whatever is not wrapped (always wte, wpe, ln_f) forms the root unit "root",
- * acquired first and released last, since the output head reuses wte.
  * checkpoint_kinds: kinds of units whose activations are recomputed in backward
- *              from the unit's input ("GPT2Block"): memory for compute. */
+ *              from the unit's input ("GPT2Block"): memory for compute;
+ * plan:        NULL, or the policy itself, in place of the three fields above
+ *              (which make an fsdp_plan_opts_t's wrap_kinds, wrap_min_params
+ *              and checkpoint_kinds): names, wildcards, a callback;
+ * unit_opts:   NULL, or called once per unit (the root first, then the plan's
+ *              units in order) with its name and tensors, to fill the per-unit
+ *              options (reshard_after_forward, param_dtype, lr/wd multipliers)
+ *              the unit is registered with. *opts arrives as
+ *              FSDP_UNIT_OPTS_INIT; arrays it points at must live until the
+ *              callback is called again or fsdp_gpt2_create returns. A status
+ *              it returns fails fsdp_gpt2_create with that status (the reason
+ *              is the callback's to keep). */
+typedef fsdp_status_t (*fsdp_unit_opts_fn)(void *user, const char *unit, const char *kind,
+                                           const fsdp_tensor_desc_t *tensors, int n_tensors,
+                                           fsdp_unit_opts_t *opts);
 typedef struct {
   const char *wrap_kinds;
   size_t wrap_min_params;
   const char *checkpoint_kinds;
   int max_batch; /* sequences per micro-batch the activation buffers hold */
   int max_T;     /* 0: block_size */
+  const fsdp_plan_opts_t *plan; /* NULL: the policy of the three fields above */
+  fsdp_unit_opts_fn unit_opts;  /* NULL: every unit with FSDP_UNIT_OPTS_INIT */
+  void *unit_opts_user;         /* passed to unit_opts */
 } fsdp_gpt2_opts_t;
 
 typedef struct fsdp_gpt2 *fsdp_gpt2_t;

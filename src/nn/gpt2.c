@@ -1,5 +1,5 @@
 /* src/nn/gpt2.c — GPT-2 over the public engine API: tensor layout and presets,
- * the wrap policy that cuts the model into units, forward/backward with
+ * its modules for the library's wrap policy (fsdp/plan.h), forward/backward with
  * per-unit activation checkpointing, and sampling. Dims: B batch, T time,
  * C channels, NH heads, V vocabulary, L layers. */
 #include <math.h>
@@ -36,7 +36,7 @@ struct acts {
 
 struct gunit {
   fsdp_unit_t id;
-  int first, count; /* blocks [first, first+count); root: its unwrapped blocks */
+  int first, count; /* blocks [first, first+count); root: unused (block_unit 0) */
   int checkpoint;
   fsdp_view_t view;
 };
@@ -118,54 +118,51 @@ size_t fsdp_gpt2_num_params(const fsdp_gpt2_config_t *c) {
 
 /* ---- units ------------------------------------------------------------- */
 
-static fsdp_status_t has_kind(const char *list, const char *what, int *block) {
-  *block = 0;
-  if (!list || !*list) return FSDP_SUCCESS;
-  char buf[256];
-  snprintf(buf, sizeof buf, "%s", list);
-  for (char *save = NULL, *k = strtok_r(buf, ",", &save); k; k = strtok_r(NULL, ",", &save)) {
-    if (strcmp(k, "GPT2Block") != 0)
-      return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
-                        "%s: GPT-2 has no module kind '%s' to wrap (its kinds: GPT2Block; "
-                        "wte, wpe and ln_f always stay in the root unit)", what, k);
-    *block = 1;
-  }
-  return FSDP_SUCCESS;
+/* The policy: the caller's plan, or one made of the three simple fields. */
+static fsdp_plan_opts_t policy_of(const fsdp_gpt2_opts_t *o) {
+  if (o->plan) return *o->plan;
+  fsdp_plan_opts_t p = FSDP_PLAN_OPTS_INIT;
+  p.wrap_kinds = o->wrap_kinds;
+  p.wrap_min_params = o->wrap_min_params;
+  p.checkpoint_kinds = o->checkpoint_kinds;
+  return p;
 }
 
-/* Cuts blocks into units: one per block (kind policy), groups of at least
- * min_params (size policy), the rest in the root. Fills block_unit. */
+/* Cuts the blocks into units with the library's wrap policy (fsdp/plan.h);
+ * the blocks no unit takes stay in the root. Fills units and block_unit. */
 static fsdp_status_t plan_units(struct fsdp_gpt2 *g, const fsdp_gpt2_opts_t *o) {
-  int L = g->c.n_layer, by_kind, ckpt;
-  FSDP_TRY(has_kind(o->wrap_kinds, "wrap_kinds", &by_kind));
-  FSDP_TRY(has_kind(o->checkpoint_kinds, "checkpoint_kinds", &ckpt));
+  int L = g->c.n_layer;
   g->units = calloc((size_t)L + 1, sizeof *g->units);
   g->block_unit = calloc((size_t)L, sizeof *g->block_unit);
   g->block_base = calloc((size_t)L, sizeof *g->block_base);
-  if (!g->units || !g->block_unit || !g->block_base)
-    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "GPT-2: out of host memory");
-  g->n_units = 1;
-  size_t per = block_params((size_t)g->c.n_embd);
-  for (int l = 0; l < L;) {
-    int n = by_kind ? 1 : 0;
-    if (!by_kind && o->wrap_min_params > 0) {
-      size_t have = 0;
-      while (l + n < L && have < o->wrap_min_params) have += per, n++;
-      if (have < o->wrap_min_params) n = 0; /* the tail stays in the root */
-    }
-    if (n == 0) break;
-    g->units[g->n_units] = (struct gunit){-1, l, n, ckpt, {0, NULL, NULL, FSDP_F32}};
-    for (int k = 0; k < n; k++) g->block_unit[l + k] = g->n_units;
-    g->n_units++;
-    l += n;
+  fsdp_module_t *mods = calloc((size_t)L, sizeof *mods);
+  char(*names)[24] = calloc((size_t)L, sizeof *names);
+  fsdp_status_t st = FSDP_ERR_OUT_OF_MEMORY;
+  if (!g->units || !g->block_unit || !g->block_base || !mods || !names) {
+    fsdp_error(st, "GPT-2: out of host memory");
+    goto out;
   }
-  int wrapped = g->n_units > 1 ? g->units[g->n_units - 1].first + g->units[g->n_units - 1].count : 0;
-  g->units[0] = (struct gunit){-1, wrapped, L - wrapped, 0, {0, NULL, NULL, FSDP_F32}};
-  if (ckpt && g->n_units == 1)
-    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
-                      "checkpoint_kinds GPT2Block: no block is wrapped in a unit of its own; "
-                      "add a wrap policy (wrap_kinds GPT2Block or wrap_min_params)");
-  return FSDP_SUCCESS;
+  for (int l = 0; l < L; l++) {
+    snprintf(names[l], sizeof names[l], "h.%d", l);
+    mods[l] = (fsdp_module_t){names[l], "GPT2Block", block_params((size_t)g->c.n_embd)};
+  }
+  fsdp_plan_opts_t po = policy_of(o);
+  fsdp_plan_t plan = NULL;
+  FSDP_TRYG(st, fsdp_plan_create(mods, L, &po, &plan), out);
+  g->n_units = 1 + fsdp_plan_num_units(plan);
+  g->units[0] = (struct gunit){.id = -1};
+  for (int u = 1; u < g->n_units; u++) {
+    fsdp_plan_unit_t pu;
+    fsdp_plan_unit(plan, u - 1, &pu);
+    g->units[u] = (struct gunit){.id = -1, .first = pu.first, .count = pu.count,
+                                 .checkpoint = pu.checkpoint};
+  }
+  for (int l = 0; l < L; l++) g->block_unit[l] = 1 + fsdp_plan_unit_of(plan, l);
+  fsdp_plan_destroy(plan);
+out:
+  free(mods);
+  free(names);
+  return st;
 }
 
 static fsdp_status_t add_name(struct fsdp_gpt2 *g, const char *name, fsdp_tensor_desc_t *d) {
@@ -195,7 +192,16 @@ static fsdp_status_t block_descs(struct fsdp_gpt2 *g, int l, fsdp_tensor_desc_t 
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t register_units(struct fsdp_gpt2 *g) {
+/* fsdp_unit_add_opts with the caller's per-unit options, if it gives any. */
+static fsdp_status_t add_unit(struct fsdp_gpt2 *g, const fsdp_gpt2_opts_t *o, const char *name,
+                              const char *kind, const fsdp_tensor_desc_t *d, int n,
+                              fsdp_unit_t *id) {
+  fsdp_unit_opts_t uo = FSDP_UNIT_OPTS_INIT;
+  if (o->unit_opts) FSDP_TRY(o->unit_opts(o->unit_opts_user, name, kind, d, n, &uo));
+  return fsdp_unit_add_opts(g->eng, name, kind, d, n, &uo, id);
+}
+
+static fsdp_status_t register_units(struct fsdp_gpt2 *g, const fsdp_gpt2_opts_t *o) {
   int L = g->c.n_layer;
   int64_t C = g->c.n_embd;
   fsdp_tensor_desc_t *d = calloc((size_t)L * BLOCK_TENSORS + 4, sizeof *d);
@@ -209,9 +215,11 @@ static fsdp_status_t register_units(struct fsdp_gpt2 *g) {
   FSDP_TRYG(st, add_name(g, "wpe", &d[n]), out);
   d[n] = (fsdp_tensor_desc_t){d[n].name, 2, {g->c.block_size, C}, FSDP_INIT_NORMAL, 0.01f, 0};
   n++;
-  for (int l = r->first; l < r->first + r->count; l++, n += BLOCK_TENSORS) {
+  for (int l = 0; l < L; l++) {
+    if (g->block_unit[l]) continue;
     g->block_base[l] = n;
     FSDP_TRYG(st, block_descs(g, l, &d[n]), out);
+    n += BLOCK_TENSORS;
   }
   FSDP_TRYG(st, add_name(g, "ln_f.weight", &d[n]), out);
   d[n] = (fsdp_tensor_desc_t){d[n].name, 1, {C}, FSDP_INIT_CONSTANT, 1.0f, 1};
@@ -219,8 +227,7 @@ static fsdp_status_t register_units(struct fsdp_gpt2 *g) {
   FSDP_TRYG(st, add_name(g, "ln_f.bias", &d[n]), out);
   d[n] = (fsdp_tensor_desc_t){d[n].name, 1, {C}, FSDP_INIT_ZEROS, 0.0f, 1};
   n++;
-  for (int l = r->first; l < r->first + r->count; l++) g->block_unit[l] = 0;
-  FSDP_TRYG(st, fsdp_unit_add(g->eng, "root", "GPT2Model", d, n, &r->id), out);
+  FSDP_TRYG(st, add_unit(g, o, "root", "GPT2Model", d, n, &r->id), out);
   for (int u = 1; u < g->n_units; u++) {
     struct gunit *gu = &g->units[u];
     for (int k = 0; k < gu->count; k++) {
@@ -230,8 +237,7 @@ static fsdp_status_t register_units(struct fsdp_gpt2 *g) {
     char name[48];
     if (gu->count == 1) snprintf(name, sizeof name, "h.%d", gu->first);
     else snprintf(name, sizeof name, "h.%d-%d", gu->first, gu->first + gu->count - 1);
-    FSDP_TRYG(st, fsdp_unit_add(g->eng, name, "GPT2Block", d, gu->count * BLOCK_TENSORS, &gu->id),
-              out);
+    FSDP_TRYG(st, add_unit(g, o, name, "GPT2Block", d, gu->count * BLOCK_TENSORS, &gu->id), out);
   }
 out:
   free(d);
@@ -354,7 +360,8 @@ static int arena_blocks(const struct fsdp_gpt2 *g, int *maxk) {
   *maxk = 0;
   for (int u = 0; u < g->n_units; u++)
     if (g->units[u].checkpoint) *maxk = g->units[u].count > *maxk ? g->units[u].count : *maxk;
-    else saved += g->units[u].count;
+  /* per block: a plan may leave blocks in the root, which no unit counts */
+  for (int l = 0; l < g->c.n_layer; l++) saved += !g->units[g->block_unit[l]].checkpoint;
   return saved + *maxk;
 }
 
@@ -515,7 +522,7 @@ fsdp_status_t fsdp_gpt2_create(fsdp_engine_t eng, const fsdp_gpt2_config_t *c,
     goto fail;
   }
   FSDP_TRYG(st, plan_units(g, o), fail);
-  FSDP_TRYG(st, register_units(g), fail);
+  FSDP_TRYG(st, register_units(g, o), fail);
   FSDP_TRYG(st, pick_backend(g, &backend), fail);
   FSDP_TRYG(st, alloc_acts(g, backend), fail);
   *out = g;

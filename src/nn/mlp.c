@@ -1,6 +1,7 @@
 /* src/nn/mlp.c — a multi-layer perceptron written only against the public
- * engine API: one unit per linear layer, ReLU between layers, softmax
- * cross-entropy on the logits. The handle owns activations, never parameters. */
+ * engine API: its layers cut into units by a wrap policy (fsdp/plan.h; one
+ * unit per layer by default), ReLU between layers, softmax cross-entropy on
+ * the logits. The handle owns activations, never parameters. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -13,7 +14,14 @@ struct fsdp_mlp {
   int n_layers;
   int max_batch;
   int *widths;        /* (n_layers + 1) */
-  fsdp_unit_t *units; /* (n_layers) */
+  /* units[0] is the root (the layers no unit of the plan takes; id -1 when
+   * there are none), units[1..n_units-1] the plan's, in order. */
+  fsdp_unit_t *units; /* (n_layers + 1) */
+  int n_units;
+  int *first, *last;  /* (n_layers + 1) a unit's first and last layer */
+  int *layer_unit;    /* (n_layers) index into units */
+  int *slot;          /* (n_layers) the layer's weight in its unit's view */
+  fsdp_view_t *views; /* (n_layers + 1) */
   /* act[i + 1] is layer i's output: post-ReLU for hidden layers (ReLU's
    * backward needs only its output), logits for the last. act[0] is unused:
    * layer 0 reads the caller's x, kept in `x` for the pass. */
@@ -41,6 +49,11 @@ void fsdp_mlp_destroy(fsdp_mlp_t m) {
   fsdp_free(m->scratch[0]);
   fsdp_free(m->scratch[1]);
   fsdp_free(m->units);
+  fsdp_free(m->first);
+  fsdp_free(m->last);
+  fsdp_free(m->layer_unit);
+  fsdp_free(m->slot);
+  fsdp_free(m->views);
   fsdp_free(m->widths);
   fsdp_free(m);
 }
@@ -65,9 +78,16 @@ static fsdp_status_t check_shape(fsdp_engine_t engine, const int *widths, int n_
 static fsdp_status_t alloc_buffers(struct fsdp_mlp *m, const int *widths) {
   const int L = m->n_layers, B = m->max_batch;
   m->widths = fsdp_alloc((size_t)(L + 1) * sizeof(int));
-  m->units = fsdp_alloc((size_t)L * sizeof(fsdp_unit_t));
+  m->units = fsdp_alloc((size_t)(L + 1) * sizeof(fsdp_unit_t));
+  m->first = fsdp_alloc((size_t)(L + 1) * sizeof(int));
+  m->last = fsdp_alloc((size_t)(L + 1) * sizeof(int));
+  m->layer_unit = fsdp_alloc((size_t)L * sizeof(int));
+  m->slot = fsdp_alloc((size_t)L * sizeof(int));
+  m->views = fsdp_alloc((size_t)(L + 1) * sizeof(fsdp_view_t));
   m->act = fsdp_alloc((size_t)(L + 1) * sizeof(float *));
-  if (!m->widths || !m->units || !m->act) goto oom;
+  if (!m->widths || !m->units || !m->first || !m->last || !m->layer_unit || !m->slot ||
+      !m->views || !m->act)
+    goto oom;
   memcpy(m->widths, widths, (size_t)(L + 1) * sizeof(int));
   int hidden = 0;
   for (int i = 1; i <= L; ++i) {
@@ -84,23 +104,82 @@ oom:
                     "mlp: out of memory for activations of %d layers at max_batch %d", L, B);
 }
 
-static fsdp_status_t add_layer(struct fsdp_mlp *m, int i) {
-  char unit[32], weight[48], bias[48];
-  snprintf(unit, sizeof unit, "fc.%d", i);
-  snprintf(weight, sizeof weight, "fc.%d.weight", i);
-  snprintf(bias, sizeof bias, "fc.%d.bias", i);
+/* Layer i's two tensors, names kept in `names` until registered. */
+static void layer_descs(const struct fsdp_mlp *m, int i, fsdp_tensor_desc_t *t, char names[2][48]) {
+  snprintf(names[0], 48, "fc.%d.weight", i);
+  snprintf(names[1], 48, "fc.%d.bias", i);
   const int in = m->widths[i], out = m->widths[i + 1];
   /* Kaiming-uniform-like, as torch.nn.Linear: U(-1/sqrt(in), 1/sqrt(in)). */
   const float bound = 1.0f / sqrtf((float)in);
-  fsdp_tensor_desc_t t[2] = {
-      {weight, 2, {out, in, 0, 0}, FSDP_INIT_UNIFORM, bound, 0},
-      {bias, 1, {out, 0, 0, 0}, FSDP_INIT_UNIFORM, bound, 1},
-  };
-  return fsdp_unit_add(m->engine, unit, "Linear", t, 2, &m->units[i]);
+  t[0] = (fsdp_tensor_desc_t){names[0], 2, {out, in, 0, 0}, FSDP_INIT_UNIFORM, bound, 0};
+  t[1] = (fsdp_tensor_desc_t){names[1], 1, {out, 0, 0, 0}, FSDP_INIT_UNIFORM, bound, 1};
+}
+
+/* Registers unit u (0: the root) holding the layers whose layer_unit is u. */
+static fsdp_status_t add_unit(struct fsdp_mlp *m, int u, const char *name, const char *kind) {
+  fsdp_tensor_desc_t *t = fsdp_alloc((size_t)m->n_layers * 2 * sizeof *t);
+  char(*names)[2][48] = fsdp_alloc((size_t)m->n_layers * sizeof *names);
+  fsdp_status_t st = FSDP_SUCCESS;
+  int n = 0;
+  if (!t || !names) st = fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "mlp: out of host memory");
+  for (int i = 0; st == FSDP_SUCCESS && i < m->n_layers; ++i) {
+    if (m->layer_unit[i] != u) continue;
+    if (!n) m->first[u] = i;
+    m->last[u] = i, m->slot[i] = n;
+    layer_descs(m, i, &t[n], names[i]);
+    n += 2;
+  }
+  m->units[u] = -1;
+  if (st == FSDP_SUCCESS && n) st = fsdp_unit_add(m->engine, name, kind, t, n, &m->units[u]);
+  fsdp_free(t);
+  fsdp_free(names);
+  return st;
+}
+
+/* The plan over the layers (modules "fc.<i>", kind "Linear"), then its units. */
+static fsdp_status_t plan_units(struct fsdp_mlp *m, const fsdp_plan_opts_t *opts) {
+  const int L = m->n_layers;
+  fsdp_module_t mods[64] = {{0}};
+  char names[64][16];
+  if (L > 64) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "mlp: %d layers, at most 64", L);
+  for (int i = 0; i < L; ++i) {
+    snprintf(names[i], sizeof names[i], "fc.%d", i);
+    mods[i] = (fsdp_module_t){names[i], "Linear",
+                              (size_t)m->widths[i + 1] * (size_t)(m->widths[i] + 1)};
+  }
+  fsdp_plan_t plan;
+  FSDP_TRY(fsdp_plan_create(mods, L, opts, &plan));
+  fsdp_status_t st = FSDP_SUCCESS;
+  m->n_units = 1 + fsdp_plan_num_units(plan);
+  for (int i = 0; i < L; ++i) m->layer_unit[i] = 1 + fsdp_plan_unit_of(plan, i);
+  for (int u = 1; u < m->n_units && st == FSDP_SUCCESS; ++u) {
+    fsdp_plan_unit_t pu;
+    fsdp_plan_unit(plan, u - 1, &pu);
+    if (pu.checkpoint)
+      st = fsdp_error(FSDP_ERR_UNSUPPORTED, "mlp: unit '%s': the MLP keeps every activation "
+                      "(it recomputes none): drop the checkpoint policy", pu.name);
+  }
+  if (st != FSDP_SUCCESS) goto out;
+  FSDP_TRYG(st, add_unit(m, 0, "root", "MLP"), out);
+  for (int u = 1; u < m->n_units; ++u) {
+    fsdp_plan_unit_t pu;
+    fsdp_plan_unit(plan, u - 1, &pu);
+    FSDP_TRYG(st, add_unit(m, u, pu.name, pu.kind), out);
+  }
+out:
+  fsdp_plan_destroy(plan);
+  return st;
 }
 
 fsdp_status_t fsdp_mlp_create(fsdp_engine_t engine, const int *widths, int n_layers,
                               int max_batch, fsdp_mlp_t *mlp) {
+  fsdp_plan_opts_t per_layer = FSDP_PLAN_OPTS_INIT;
+  per_layer.wrap_kinds = "Linear";
+  return fsdp_mlp_create_plan(engine, widths, n_layers, max_batch, &per_layer, mlp);
+}
+
+fsdp_status_t fsdp_mlp_create_plan(fsdp_engine_t engine, const int *widths, int n_layers,
+                                   int max_batch, const fsdp_plan_opts_t *plan, fsdp_mlp_t *mlp) {
   if (!mlp) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "mlp: output handle is NULL");
   FSDP_TRY(check_shape(engine, widths, n_layers, max_batch));
   if (fsdp_engine_config(engine)->device != FSDP_DEVICE_CPU)
@@ -114,7 +193,7 @@ fsdp_status_t fsdp_mlp_create(fsdp_engine_t engine, const int *widths, int n_lay
   m->max_batch = max_batch;
   fsdp_status_t st;
   FSDP_TRYG(st, alloc_buffers(m, widths), fail);
-  for (int i = 0; i < n_layers; ++i) FSDP_TRYG(st, add_layer(m, i), fail);
+  FSDP_TRYG(st, plan_units(m, plan), fail);
   *mlp = m;
   return FSDP_SUCCESS;
 fail:
@@ -143,21 +222,40 @@ static const float *layer_input(const struct fsdp_mlp *m, int i) {
   return i == 0 ? m->x : m->act[i];
 }
 
+/* Acquires (at_start) or releases layer i's unit where the pass enters or
+ * leaves it; the root is the caller's. */
+static fsdp_status_t edge(struct fsdp_mlp *m, int i, fsdp_pass_t pass, int at_start) {
+  const int u = m->layer_unit[i];
+  if (u == 0) return FSDP_SUCCESS;
+  const int enter = pass == FSDP_FORWARD ? m->first[u] : m->last[u];
+  const int leave = pass == FSDP_FORWARD ? m->last[u] : m->first[u];
+  if (at_start && i == enter) return fsdp_unit_acquire(m->engine, m->units[u], pass, &m->views[u]);
+  if (!at_start && i == leave) return fsdp_unit_release(m->engine, m->units[u], pass);
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t root(struct fsdp_mlp *m, fsdp_pass_t pass, int acquire) {
+  if (m->units[0] < 0) return FSDP_SUCCESS;
+  return acquire ? fsdp_unit_acquire(m->engine, m->units[0], pass, &m->views[0])
+                 : fsdp_unit_release(m->engine, m->units[0], pass);
+}
+
 /* Leaves the logits in act[n_layers]. */
 static fsdp_status_t forward(struct fsdp_mlp *m, const float *x, int B) {
   const int L = m->n_layers;
   m->x = x;
+  FSDP_TRY(root(m, FSDP_FORWARD, 1));
   for (int i = 0; i < L; ++i) {
-    fsdp_view_t view;
-    FSDP_TRY(fsdp_unit_acquire(m->engine, m->units[i], FSDP_FORWARD, &view));
-    fsdp_linear_forward(m->act[i + 1], layer_input(m, i), view.param[0], view.param[1], B,
-                        m->widths[i], m->widths[i + 1]);
-    FSDP_TRY(fsdp_unit_release(m->engine, m->units[i], FSDP_FORWARD));
+    FSDP_TRY(edge(m, i, FSDP_FORWARD, 1));
+    const fsdp_view_t *v = &m->views[m->layer_unit[i]];
+    fsdp_linear_forward(m->act[i + 1], layer_input(m, i), v->param[m->slot[i]],
+                        v->param[m->slot[i] + 1], B, m->widths[i], m->widths[i + 1]);
+    FSDP_TRY(edge(m, i, FSDP_FORWARD, 0));
     /* In place: ReLU's backward needs only its output. */
     if (i + 1 < L)
       fsdp_relu_forward(m->act[i + 1], m->act[i + 1], (size_t)B * (size_t)m->widths[i + 1]);
   }
-  return FSDP_SUCCESS;
+  return root(m, FSDP_FORWARD, 0);
 }
 
 /* Layer i's backward from dout; writes d(layer i input) into dinp unless i == 0. */
@@ -165,16 +263,17 @@ static fsdp_status_t backward_layer(struct fsdp_mlp *m, int i, const float *dout
                                     int B) {
   const int C = m->widths[i], OC = m->widths[i + 1];
   if (i > 0) memset(dinp, 0, (size_t)B * (size_t)C * sizeof(float));
-  fsdp_view_t view;
-  FSDP_TRY(fsdp_unit_acquire(m->engine, m->units[i], FSDP_BACKWARD, &view));
-  fsdp_linear_backward(i > 0 ? dinp : NULL, view.grad[0], view.grad[1], dout,
-                       layer_input(m, i), view.param[0], B, C, OC);
-  return fsdp_unit_release(m->engine, m->units[i], FSDP_BACKWARD);
+  FSDP_TRY(edge(m, i, FSDP_BACKWARD, 1));
+  const fsdp_view_t *v = &m->views[m->layer_unit[i]];
+  fsdp_linear_backward(i > 0 ? dinp : NULL, v->grad[m->slot[i]], v->grad[m->slot[i] + 1], dout,
+                       layer_input(m, i), v->param[m->slot[i]], B, C, OC);
+  return edge(m, i, FSDP_BACKWARD, 0);
 }
 
 static fsdp_status_t backward(struct fsdp_mlp *m, int B) {
   float *dinp = m->scratch[0], *dpre = m->scratch[1];
   const float *dout = m->dlogits;
+  FSDP_TRY(root(m, FSDP_BACKWARD, 1));
   for (int i = m->n_layers - 1; i >= 0; --i) {
     FSDP_TRY(backward_layer(m, i, dout, dinp, B));
     if (i == 0) break;
@@ -185,7 +284,7 @@ static fsdp_status_t backward(struct fsdp_mlp *m, int B) {
     fsdp_relu_backward(dpre, m->act[i], dinp, n);
     dout = dpre;
   }
-  return FSDP_SUCCESS;
+  return root(m, FSDP_BACKWARD, 0);
 }
 
 fsdp_status_t fsdp_mlp_forward_backward(fsdp_mlp_t m, const float *x, const int *labels, int B,

@@ -28,7 +28,7 @@ static int parse_value(const char *tool, const flag_t *f, const char *flag, cons
   else *(size_t *)f->ptr = (size_t)x;
   return 0;
 bad:
-  fprintf(stderr, "%s: %s '%s' is not a %s\n", tool, flag, v,
+  fprintf(stderr, "%s: %s '%s' is not a %s\n", tool, flag, v ? v : "",
           f->type == FLAG_F32 ? "number" : "non-negative integer");
   return -1;
 }
@@ -46,30 +46,86 @@ int flags_known(const char *flag, const char *const *names, size_t n) {
   return 0;
 }
 
+/* A value from a configuration file for a flag that takes none: true or false. */
+static int file_bool(const char *tool, const char *flag, const char *v, int *out) {
+  if (!strcmp(v, "true")) return *out = 1, 0;
+  if (!strcmp(v, "false")) return *out = 0, 0;
+  return fprintf(stderr, "%s: %s '%s' is not true or false\n", tool, flag, v), -1;
+}
+
+int flags_apply(const char *tool, const flag_t *table, size_t n, flag_word_fn word, void *ctx,
+                const char *flag, const char *v, int from_file) {
+  const flag_t *f = lookup(table, n, flag);
+  int on = 1;
+  if (f && (f->type == FLAG_SET || f->type == FLAG_CLEAR) && from_file &&
+      file_bool(tool, flag, v, &on))
+    return -1;
+  if (f && f->type == FLAG_SET) return *(int *)f->ptr = on, 0;
+  if (f && f->type == FLAG_CLEAR) {
+    if (on) *(const char **)f->ptr = NULL;
+    return 0;
+  }
+  return f ? parse_value(tool, f, flag, v) : word(ctx, tool, flag, v);
+}
+
+int flags_takes_value(const flag_t *table, size_t n, const char *flag) {
+  const flag_t *f = lookup(table, n, flag);
+  return !f || (f->type != FLAG_SET && f->type != FLAG_CLEAR);
+}
+
 int flags_parse(const char *tool, const char *usage, int argc, char **argv, const flag_t *table,
                 size_t n, flag_word_fn word, void *ctx) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) return fputs(usage, stdout), 1;
-    const flag_t *f = lookup(table, n, a);
-    if (f && f->type == FLAG_SET) {
-      *(int *)f->ptr = 1;
-      continue;
-    }
-    if (f && f->type == FLAG_CLEAR) {
-      *(const char **)f->ptr = NULL;
+    if (!strcmp(a, "--print-config")) continue; /* flags_config_path's */
+    if (!strcmp(a, "--config") && !v)
+      return fprintf(stderr, "%s: --config needs a file (see --help)\n", tool), -1;
+    if (!strcmp(a, "--config")) {
+      i++;
       continue;
     }
     if (a[0] != '-')
       return fprintf(stderr, "%s: unexpected argument '%s': %s takes only options (see --help)\n",
                      tool, a, tool), -1;
-    if (!v && !f && !word(ctx, a, NULL))
+    int takes = flags_takes_value(table, n, a);
+    if (takes && !v && !lookup(table, n, a) && !word(ctx, tool, a, NULL))
       return fprintf(stderr, "%s: unknown option '%s' (see --help)\n", tool, a), -1;
-    if (!v) return fprintf(stderr, "%s: %s needs a value (see --help)\n", tool, a), -1;
-    i++;
-    if (f ? parse_value(tool, f, a, v) : word(ctx, a, v)) return -1;
+    if (takes && !v) return fprintf(stderr, "%s: %s needs a value (see --help)\n", tool, a), -1;
+    if (flags_apply(tool, table, n, word, ctx, a, v, 0)) return -1;
+    i += takes;
   }
   return 0;
+}
+
+void flags_print(FILE *out, const flag_t *table, size_t n) {
+  for (size_t k = 0; k < n; k++) {
+    const flag_t *f = &table[k];
+    const char *key = f->name + 2;
+    switch (f->type) {
+    case FLAG_INT: fprintf(out, "%s: %d\n", key, *(int *)f->ptr); break;
+    case FLAG_I64:
+      /* a negative value is an unset default the flag cannot be given */
+      if (*(int64_t *)f->ptr < 0) fprintf(out, "# %s: (the default)\n", key);
+      else fprintf(out, "%s: %lld\n", key, (long long)*(int64_t *)f->ptr);
+      break;
+    case FLAG_SIZE: fprintf(out, "%s: %zu\n", key, *(size_t *)f->ptr); break;
+    case FLAG_F32: fprintf(out, "%s: %.9g\n", key, (double)*(float *)f->ptr); break;
+    case FLAG_SET: fprintf(out, "%s: %s\n", key, *(int *)f->ptr ? "true" : "false"); break;
+    case FLAG_STR:
+      if (*(const char **)f->ptr) flags_print_str(out, key, *(const char **)f->ptr);
+      break;
+    case FLAG_CLEAR: break; /* its target prints under its own key */
+    }
+  }
+}
+
+void flags_print_str(FILE *out, const char *key, const char *v) {
+  fprintf(out, "%s: \"", key);
+  for (const char *c = v; *c; c++)
+    if (*c == '"' || *c == '\\') fprintf(out, "\\%c", *c);
+    else fputc(*c, out);
+  fprintf(out, "\"\n");
 }
 
 static int dtype_word(const char *v, fsdp_dtype_t *out) {

@@ -35,8 +35,12 @@ static const char usage_text[] =
     "  --strategy zero3|zero2|noshard  --dtype f32|bf16  --device cpu|cuda\n"
     "  --json                    one JSON object per result\n";
 
-static int parse_word(void *ctx, const char *a, const char *v) {
+static int parse_word(void *ctx, const char *tool, const char *a, const char *v) {
   eval_opts_t *o = ctx;
+  static const char *const known[] = {"--strategy", "--preset", "--device", "--dtype",
+                                      "--reduce-dtype"};
+  (void)tool;
+  if (!v) return flags_known(a, known, sizeof known / sizeof known[0]);
   if (!strcmp(a, "--strategy") || !strcmp(a, "--preset")) {
     fsdp_status_t st = !strcmp(a, "--strategy") ? fsdp_strategy_parse(v, &o->cfg.strategy)
                                                 : fsdp_gpt2_preset(v, &o->gpt);
@@ -149,7 +153,7 @@ static int setup(evaluator_t *e, eval_opts_t *o) {
   if (fsdp_engine_create(e->world, &o->cfg, &e->eng) ||
       fsdp_engine_shard_batch(e->eng, e->global_batch, &e->micro, &e->offset))
     return -1;
-  fsdp_gpt2_opts_t w = {"GPT2Block", 0, NULL, (int)e->micro, e->T};
+  fsdp_gpt2_opts_t w = {.wrap_kinds = "GPT2Block", .max_batch = (int)e->micro, .max_T = e->T};
   fsdp_ckpt_load_opts_t lo = FSDP_CKPT_LOAD_OPTS_INIT;
   lo.reset_optim = 1; /* eval holds no optimizer state */
   if (fsdp_gpt2_create(e->eng, &o->gpt, &w, &e->gpt) || fsdp_engine_materialize(e->eng, 1) ||

@@ -51,8 +51,9 @@ static int split_inputs(int *argc, char **argv, const flag_t *table, size_t n, o
   return 0;
 }
 
-static int unknown(void *ctx, const char *a, const char *v) {
-  (void)ctx, (void)v;
+static int unknown(void *ctx, const char *tool, const char *a, const char *v) {
+  (void)ctx, (void)tool;
+  if (!v) return 0; /* a last flag of no table's: unknown */
   return fprintf(stderr, "fsdp-tokenize: unknown option '%s' (see --help)\n", a), -1;
 }
 

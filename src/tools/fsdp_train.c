@@ -38,8 +38,8 @@ static const char usage_text[] =
     "                            cuda: gpt2 only, GPU = local rank %% visible GPUs)\n"
     "  --comm-backend nccl|mpi   collectives of a cuda engine (default: the world's)\n"
     "  --max-live N              cap on gathered units (default: depth + 1, +1 for gpt2's root)\n"
-    "  --wrap KINDS              unit per module kind, e.g. GPT2Block (gpt2 default)\n"
-    "  --wrap-min-params N       or: group blocks into units of at least N parameters\n"
+    "  --wrap KINDS              unit per module kind: GPT2Block (gpt2 default), Linear (mlp)\n"
+    "  --wrap-min-params N       or: group blocks (layers) into units of at least N parameters\n"
     "  --no-wrap                 one unit for the whole model\n"
     "  --checkpoint KINDS        recompute these units' activations in backward (GPT2Block)\n"
     "optimisation\n"
@@ -53,6 +53,10 @@ static const char usage_text[] =
     "  --sample N  --temperature X   gpt2: generate N bytes at the end\n"
     "  --log-every N             a step line every N steps (default 1; mlp 100)\n"
     "  --json                    one JSON object per line\n"
+    "configuration\n"
+    "  --config FILE             YAML: every flag above as a key (its name without --), and\n"
+    "                            sharding rules; flags on the command line override it\n"
+    "  --print-config            print the effective configuration as such a file, and exit\n"
     "checkpoints (fsdp-ckpt inspects, verifies, converts them)\n"
     "  --save-dir DIR            save into DIR/step-K (and DIR/latest) after the last step;\n"
     "                            DIR is locked for this run and checked for writability and\n"
@@ -78,7 +82,7 @@ static int parse_list(const char *v, train_opts_t *o) {
 }
 
 /* Flags whose values are words or lists, not numbers. */
-static int parse_word(void *ctx, const char *a, const char *v) {
+static int parse_word(void *ctx, const char *tool, const char *a, const char *v) {
   train_opts_t *o = ctx;
   static const char *const known[] = {"--strategy", "--preset", "--optim", "--schedule",
                                       "--hidden", "--device", "--dtype", "--reduce-dtype"};
@@ -87,24 +91,28 @@ static int parse_word(void *ctx, const char *a, const char *v) {
     fsdp_status_t st = !strcmp(a, "--strategy") ? fsdp_strategy_parse(v, &o->cfg.strategy)
                                                 : fsdp_gpt2_preset(v, &o->gpt);
     if (st == FSDP_SUCCESS) return 0;
-    return fprintf(stderr, "fsdp-train: %s\n", fsdp_last_error()), -1;
+    return fprintf(stderr, "%s: %s\n", tool, fsdp_last_error()), -1;
   }
   if (!strcmp(a, "--optim") && (!strcmp(v, "adamw") || !strcmp(v, "sgd")))
     return o->cfg.optim.kind = !strcmp(v, "sgd") ? FSDP_OPTIM_SGD : FSDP_OPTIM_ADAMW, 0;
   if (!strcmp(a, "--schedule") && (!strcmp(v, "cosine") || !strcmp(v, "constant")))
     return o->cfg.schedule.kind = !strcmp(v, "cosine") ? FSDP_SCHED_WARMUP_COSINE
                                                        : FSDP_SCHED_CONSTANT, 0;
-  int taken = flags_config_word("fsdp-train", a, v, &o->cfg);
+  int taken = flags_config_word(tool, a, v, &o->cfg);
   if (taken <= 0) return taken;
   if (!strcmp(a, "--hidden") && parse_list(v, o) == 0) return 0;
   static const char *const words[] = {"--optim", "--schedule", "--hidden"};
   for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
     if (!strcmp(a, words[i]))
-      return fprintf(stderr, "fsdp-train: %s '%s' is not a valid value (see --help)\n", a, v), -1;
-  return fprintf(stderr, "fsdp-train: unknown option '%s' (see --help)\n", a), -1;
+      return fprintf(stderr, "%s: %s '%s' is not a valid value (see --help)\n", tool, a, v), -1;
+  return fprintf(stderr, "%s: unknown %s '%s' (see --help)\n", tool,
+                 strcmp(tool, "fsdp-train") ? "key" : "option", strcmp(tool, "fsdp-train") ? a + 2 : a),
+         -1;
 }
 
-static int parse(int argc, char **argv, train_opts_t *o) {
+/* The flags with a value of their own type; the rest are parse_word's. */
+#define TRAIN_FLAGS 42
+static void flag_table(train_opts_t *o, flag_t *t) {
   const flag_t table[] = {
       {"--model", NULL, FLAG_STR, &o->model}, {"--data", NULL, FLAG_STR, &o->data},
       {"--layers", NULL, FLAG_INT, &o->gpt.n_layer}, {"--heads", NULL, FLAG_INT, &o->gpt.n_head},
@@ -142,8 +150,39 @@ static int parse(int argc, char **argv, train_opts_t *o) {
       {"--comm-backend", "--comm", FLAG_STR, &o->cfg.comm_backend},
       {"--shard-size", NULL, FLAG_INT, &o->cfg.shard_size},
   };
-  return flags_parse("fsdp-train", usage_text, argc, argv, table, sizeof table / sizeof table[0],
-                     parse_word, o);
+  _Static_assert(sizeof table / sizeof table[0] == TRAIN_FLAGS, "TRAIN_FLAGS counts the table");
+  memcpy(t, table, sizeof table);
+}
+
+/* --config FILE's keys, then the command line over them. */
+static int parse(int argc, char **argv, train_opts_t *o, cfg_file_t *file) {
+  flag_t table[TRAIN_FLAGS];
+  flag_table(o, table);
+  int print;
+  const char *path = cfg_path(argc, argv, &print);
+  if (path && (cfg_load("fsdp-train", path, file) ||
+               cfg_apply("fsdp-train", file, table, TRAIN_FLAGS, parse_word, o)))
+    return -1;
+  if (path) o->config = file;
+  return flags_parse("fsdp-train", usage_text, argc, argv, table, TRAIN_FLAGS, parse_word, o);
+}
+
+/* --print-config: every key with its effective value, in the file's format. */
+static void print_config(train_opts_t *o) {
+  flag_t table[TRAIN_FLAGS];
+  flag_table(o, table);
+  printf("# fsdp-train configuration (fsdp-train --config FILE repeats this run)\n");
+  flags_print(stdout, table, TRAIN_FLAGS);
+  if (!o->wrap.wrap_kinds) printf("no-wrap: true\n");
+  printf("strategy: %s\noptim: %s\nschedule: %s\ndevice: %s\ndtype: %s\nreduce-dtype: %s\n",
+         fsdp_strategy_name(o->cfg.strategy), o->cfg.optim.kind == FSDP_OPTIM_SGD ? "sgd" : "adamw",
+         o->cfg.schedule.kind == FSDP_SCHED_WARMUP_COSINE ? "cosine" : "constant",
+         o->cfg.device == FSDP_DEVICE_CUDA ? "cuda" : "cpu", fsdp_dtype_name(o->cfg.param_dtype),
+         fsdp_dtype_name(o->cfg.reduce_dtype)); /* the words --dtype takes */
+  printf("hidden: \"");
+  for (int i = 0; i < o->n_hidden; i++) printf("%s%d", i ? "," : "", o->hidden[i]);
+  printf("\"\n");
+  if (o->config) cfg_print_rules(stdout, o->config);
 }
 
 /* The default wrap policy, told apart from a --wrap given on the command line
@@ -152,6 +191,9 @@ static const char default_wrap[] = "GPT2Block";
 
 static int finish_options(train_opts_t *o) {
   int gpt = !strcmp(o->model, "gpt2");
+  if (!gpt && o->config && o->config->n_rules)
+    return fprintf(stderr, "fsdp-train: %s: sharding rules shape gpt2's units; the mlp has a "
+                   "unit per layer\n", o->config->path), -1;
   if (!gpt && strcmp(o->model, "mlp"))
     return fprintf(stderr, "fsdp-train: --model '%s': use gpt2 or mlp\n", o->model), -1;
   if (!gpt && o->cfg.device == FSDP_DEVICE_CUDA)
@@ -168,6 +210,7 @@ static int finish_options(train_opts_t *o) {
   /* --wrap-min-params replaces the default per-block policy; with an explicit
    * --wrap too, the two policies would contradict each other. */
   if (o->wrap.wrap_min_params && o->wrap.wrap_kinds == default_wrap) o->wrap.wrap_kinds = NULL;
+  if (!gpt && o->wrap.wrap_kinds == default_wrap) o->wrap.wrap_kinds = "Linear";
   if (o->wrap.wrap_min_params && o->wrap.wrap_kinds)
     return fprintf(stderr, "fsdp-train: --wrap %s and --wrap-min-params %zu are two wrap "
                    "policies: give one\n", o->wrap.wrap_kinds, o->wrap.wrap_min_params), -1;
@@ -183,7 +226,7 @@ int main(int argc, char **argv) {
                     .n_hidden = 2, .steps = 1000, .epochs = 5, .eval_every = 250,
                     .seed = 1, .eval_batches = 4, .temperature = 0.8f,
                     .seq_len = -1, .global_batch = -1, /* -1: not given */
-                    .wrap = {default_wrap, 0, NULL, 0, 0}};
+                    .wrap = {.wrap_kinds = default_wrap}};
   fsdp_gpt2_preset("small", &o.gpt);
   o.cfg.optim.lr = 0.0f; /* per model, below */
   o.cfg.optim.momentum = 0.9f;
@@ -192,9 +235,17 @@ int main(int argc, char **argv) {
   o.cfg.schedule.kind = FSDP_SCHED_WARMUP_COSINE;
   o.cfg.schedule.warmup_steps = -1;
   o.cfg.schedule.min_lr_ratio = 0.1f;
-  int p = parse(argc, argv, &o);
-  if (p) return p > 0 ? 0 : 2;
-  if (finish_options(&o)) return 2;
+  cfg_file_t file = {0};
+  int p = parse(argc, argv, &o, &file), print;
+  if (p || finish_options(&o)) {
+    cfg_free(&file);
+    return p > 0 ? 0 : 2;
+  }
+  if (cfg_path(argc, argv, &print), print) {
+    print_config(&o);
+    cfg_free(&file);
+    return 0;
+  }
 
   trainer_t t = {.o = &o, .t0 = fsdp_time_now()};
   int rc = 1;
@@ -228,5 +279,6 @@ done:
   fsdp_ckpt_unlock(t.lock);
   fsdp_engine_destroy(t.eng);
   fsdp_world_destroy(t.world);
+  cfg_free(&file);
   return rc;
 }

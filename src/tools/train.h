@@ -4,6 +4,7 @@
 #define FSDP_TOOLS_TRAIN_H
 
 #include "fsdp/fsdp.h"
+#include "tools/config.h"
 
 typedef struct {
   const char *model; /* "mlp" or "gpt2" */
@@ -23,6 +24,7 @@ typedef struct {
   /* checkpoints (train_ckpt.c) */
   const char *save_dir, *resume; /* resume: "auto" (save_dir's latest, if any) or a path */
   int save_every, save_overwrite, stop_after;
+  cfg_file_t *config; /* --config FILE, or NULL: its sharding rules (config.h) */
 } train_opts_t;
 
 typedef struct {

@@ -25,7 +25,7 @@ uint64_t train_hash(uint64_t h, const void *data, size_t n) {
   return h;
 }
 
-#define MAX_SETTINGS 64 /* fsdp-train passes 44 */
+#define MAX_SETTINGS 64 /* fsdp-train passes 45 */
 
 typedef struct {
   const char *keys[MAX_SETTINGS];
@@ -55,6 +55,23 @@ static void add_float(settings_t *s, const char *key, float x) {
   else add(s, key, "%.9g", (double)x);
 }
 
+/* --config's sharding rules (its flag keys arrive resolved in the flags): the
+ * rules as --print-config writes them, hashed, so a rank reading another file
+ * is named here rather than planning other units. */
+static void add_rules(settings_t *s, const cfg_file_t *c) {
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = c && c->n_rules ? open_memstream(&text, &len) : NULL;
+  if (!f) {
+    add(s, "sharding rules", "%s", c && c->n_rules ? "(unreadable)" : "(none)");
+    return;
+  }
+  cfg_print_rules(f, c);
+  fclose(f);
+  add(s, "sharding rules", "%d, FNV-1a 64 %016" PRIx64, c->n_rules, train_hash(0, text, len));
+  free(text);
+}
+
 /* The flags as this rank resolved them, in --help's order. */
 static void add_flags(settings_t *s, const train_opts_t *o) {
   const fsdp_config_t *c = &o->cfg;
@@ -66,9 +83,6 @@ static void add_flags(settings_t *s, const train_opts_t *o) {
     add(s, "--context", "%d", o->gpt.block_size);
     add(s, "--vocab", "%d", o->gpt.vocab_size);
     add(s, "--seq-len", "%d", o->seq_len);
-    add(s, "--wrap", "%s", o->wrap.wrap_kinds ? o->wrap.wrap_kinds : "(none)");
-    add(s, "--wrap-min-params", "%zu", o->wrap.wrap_min_params);
-    add(s, "--checkpoint", "%s", o->wrap.checkpoint_kinds ? o->wrap.checkpoint_kinds : "(none)");
     add(s, "--steps", "%d", o->steps);
     add(s, "--eval-batches", "%d", o->eval_batches);
     add(s, "--sample", "%d %.9g", o->sample, (double)o->temperature);
@@ -79,6 +93,11 @@ static void add_flags(settings_t *s, const train_opts_t *o) {
     add(s, "--hidden", "%s", w);
     add(s, "--epochs", "%d", o->epochs);
   }
+  /* the wrap flags plan both models' units (the MLP's layers too) */
+  add(s, "--wrap", "%s", o->wrap.wrap_kinds ? o->wrap.wrap_kinds : "(none)");
+  add(s, "--wrap-min-params", "%zu", o->wrap.wrap_min_params);
+  add(s, "--checkpoint", "%s", o->wrap.checkpoint_kinds ? o->wrap.checkpoint_kinds : "(none)");
+  add_rules(s, o->config);
   add(s, "--strategy", "%s", fsdp_strategy_name(c->strategy));
   add(s, "--prefetch", "%d", c->prefetch_depth);
   add(s, "--max-live", "%d", c->max_live_units);

@@ -166,8 +166,17 @@ static int setup(trainer_t *t, gpt_task_t *g) {
   fsdp_gpt2_opts_t w = o->wrap;
   w.max_batch = (int)t->micro;
   w.max_T = o->seq_len;
-  if (fsdp_gpt2_create(t->eng, &o->gpt, &w, &g->gpt) || fsdp_engine_materialize(t->eng, o->seed))
-    return -1;
+  fsdp_plan_opts_t plan;
+  char ckpt[512];
+  cfg_file_t *c = o->config;
+  if (c && cfg_gpt2_opts("fsdp-train", c, &w, &plan, ckpt, sizeof ckpt)) return -1;
+  int bad = fsdp_gpt2_create(t->eng, &o->gpt, &w, &g->gpt) != FSDP_SUCCESS;
+  bad = bad || (c && (cfg_check_matched(c, 1) || cfg_check_matched(c, 2)));
+  if (bad && c && c->err[0]) { /* the same on every rank: rank 0 says it, all stop */
+    if (t->rank == 0) fprintf(stderr, "fsdp-train: %s\n", c->err);
+    return -2;
+  }
+  if (bad || fsdp_engine_materialize(t->eng, o->seed)) return -1;
   size_t n = (size_t)t->micro * (size_t)o->seq_len;
   g->tok = malloc(n * sizeof(int));
   g->tgt = malloc(n * sizeof(int));
@@ -181,6 +190,7 @@ static int setup(trainer_t *t, gpt_task_t *g) {
              fsdp_gpt2_num_params(&o->gpt), g->is_tokens ? g->toks.n : g->text.n,
              g->is_tokens ? "tokens" : "bytes of text");
     train_print_plan(t, what);
+    if (c) cfg_print_matches(stdout, c);
     printf("  activations %.2f MiB/rank (%.2f MiB without checkpointing)\n",
            t->act_bytes / 1048576.0, full / 1048576.0);
   }

@@ -134,7 +134,12 @@ static int setup(trainer_t *t, mlp_task_t *m) {
   widths[0] = d;
   for (int i = 0; i < o->n_hidden; i++) widths[i + 1] = o->hidden[i];
   widths[o->n_hidden + 1] = 10;
-  if (fsdp_mlp_create(t->eng, widths, o->n_hidden + 1, (int)t->micro, &m->mlp) ||
+  /* The wrap flags, over the layers ("fc.<i>", kind Linear): a unit each by default. */
+  fsdp_plan_opts_t plan = FSDP_PLAN_OPTS_INIT;
+  plan.wrap_kinds = o->wrap.wrap_kinds;
+  plan.wrap_min_params = o->wrap.wrap_min_params;
+  plan.checkpoint_kinds = o->wrap.checkpoint_kinds;
+  if (fsdp_mlp_create_plan(t->eng, widths, o->n_hidden + 1, (int)t->micro, &plan, &m->mlp) ||
       fsdp_engine_materialize(t->eng, o->seed) ||
       fsdp_sampler_init(&m->sampler, (size_t)m->train.n, o->global_batch, o->seed))
     return -1;

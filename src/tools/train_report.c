@@ -123,7 +123,8 @@ void train_print_plan(const trainer_t *t, const char *what) {
          "x %d micro-batches\n", what, t->nranks, fsdp_strategy_name(c->strategy), hsdp,
          c->prefetch_depth, (long long)t->o->global_batch, t->nranks, (long long)t->micro,
          c->grad_accum);
-  printf("  %-8s %-16s %12s %14s\n", "unit", "kind", "parameters", "bytes/rank");
+  printf("  %-8s %-16s %12s %14s %8s %6s\n", "unit", "kind", "parameters", "bytes/rank",
+         "reshard", "dtype");
   for (int u = 0; u < fsdp_engine_num_units(t->eng); u++) {
     fsdp_unit_info_t info;
     fsdp_unit_info(t->eng, u, &info);
@@ -131,8 +132,9 @@ void train_print_plan(const trainer_t *t, const char *what) {
     fsdp_shard_t s;
     fsdp_unit_shard(t->eng, u, &s);
     size_t per = 4 * (2 + (s.m != NULL) + (s.v != NULL));
-    printf("  %-8s %-16s %12zu %14zu\n", info.name, info.kind, info.numel,
-           info.shard_numel * per);
+    printf("  %-8s %-16s %12zu %14zu %8s %6s\n", info.name, info.kind, info.numel,
+           info.shard_numel * per, info.reshard_after_forward ? "yes" : "no",
+           fsdp_dtype_name(info.param_dtype));
   }
   fflush(stdout);
 }

@@ -60,7 +60,8 @@ static fsdp_status_t train(const run_t *r, result_t *out) {
   fsdp_status_t st = fsdp_engine_create(world, &c, &e);
   if (st == FSDP_ERR_UNSUPPORTED) return st;
   ck_assert_msg(st == FSDP_SUCCESS, "engine: %s", fsdp_last_error());
-  fsdp_gpt2_opts_t o = {"GPT2Block", 0, r->checkpoint, B, 0};
+  fsdp_gpt2_opts_t o = {.wrap_kinds = "GPT2Block", .checkpoint_kinds = r->checkpoint,
+                         .max_batch = B};
   fsdp_gpt2_t g = NULL;
   st = fsdp_gpt2_create(e, &cfg, &o, &g);
   if (st == FSDP_SUCCESS) st = fsdp_engine_materialize(e, 7);
@@ -222,7 +223,7 @@ static double grads_and_loss(fsdp_device_kind_t dev, fsdp_dtype_t dt, float **gr
   c.optim.lr = GRAD_LR;
   fsdp_engine_t e = NULL;
   ck_assert_msg(fsdp_engine_create(world, &c, &e) == FSDP_SUCCESS, "%s", fsdp_last_error());
-  fsdp_gpt2_opts_t o = {"GPT2Block", 0, NULL, 1, 0};
+  fsdp_gpt2_opts_t o = {.wrap_kinds = "GPT2Block", .max_batch = 1};
   fsdp_gpt2_t g = NULL;
   ck_assert_msg(fsdp_gpt2_create(e, &c124, &o, &g) == FSDP_SUCCESS, "%s", fsdp_last_error());
   ck_assert_msg(fsdp_engine_materialize(e, 7) == FSDP_SUCCESS, "%s", fsdp_last_error());
@@ -325,7 +326,7 @@ START_TEST(too_big_is_refused_in_words) {
          "of %.0f GiB\n", (double)at16 / (1u << 30), (double)state / (1u << 30),
          (double)(at16 + state) / (1u << 30), (double)total / (1u << 30));
   ck_assert_uint_le(at16 + state, total);
-  fsdp_gpt2_opts_t o = {"GPT2Block", 0, NULL, 48, 1024};
+  fsdp_gpt2_opts_t o = {.wrap_kinds = "GPT2Block", .max_batch = 48, .max_T = 1024};
   fsdp_gpt2_t g = NULL;
   st = fsdp_gpt2_create(e, &big, &o, &g);
   char msg[2048];

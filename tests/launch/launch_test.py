@@ -619,6 +619,9 @@ MISMATCH = {
                       r"--micro-batches: rank 0 has 1, rank 1 has 2"),
     "layers": (["--layers", "3"], r"--layers: rank 0 has 2, rank 1 has 3"),
     "data": (None, r"data content \(FNV-1a 64\): rank 0 has [0-9a-f]{16}, rank 1 has"),
+    # a --config whose sharding rules only rank 1 reads (written below)
+    "config": ("config", r"sharding rules: rank 0 has \(none\), rank 1 has 1, FNV-1a 64 "
+                         r"[0-9a-f]{16}"),
 }
 
 
@@ -636,6 +639,10 @@ def mismatch(r, case):
         os.makedirs(rank1_dir, exist_ok=True)
         open(os.path.join(rank1_dir, "text.txt"), "w").write(text[::-1])
         args[i], extra = "text.txt", []
+    elif extra == "config":  # every flag equal; one rule, on rank 1 only
+        path = os.path.join(r.tmp, "rules.yaml")
+        open(path, "w").write('sharding:\n  - match: "h.*.attn.*"\n    lr_mult: 0.5\n')
+        extra = ["--config", path]
     for kind in ("fsdp-run", "mpirun"):
         if kind == "mpirun" and not r.a.mpirun:
             continue

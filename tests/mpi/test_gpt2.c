@@ -46,7 +46,8 @@ static void train(fsdp_world_t w, fsdp_strategy_t strat, int ckpt, int reverse, 
   ck_assert_int_eq(fsdp_engine_create(w, &c, &e), FSDP_SUCCESS);
   int64_t mb, off;
   ck_assert_int_eq(fsdp_engine_shard_batch(e, GLOBAL_BATCH, &mb, &off), FSDP_SUCCESS);
-  fsdp_gpt2_opts_t o = {"GPT2Block", 0, ckpt ? "GPT2Block" : NULL, (int)mb, 0};
+  fsdp_gpt2_opts_t o = {.wrap_kinds = "GPT2Block",
+                         .checkpoint_kinds = ckpt ? "GPT2Block" : NULL, .max_batch = (int)mb};
   fsdp_gpt2_t g;
   ck_assert_int_eq(fsdp_gpt2_create(e, &cfg, &o, &g), FSDP_SUCCESS);
   ck_assert_int_eq(fsdp_engine_materialize(e, 3), FSDP_SUCCESS);
@@ -105,7 +106,7 @@ START_TEST(gpt2_sample_everywhere) {
   fsdp_config_t c = FSDP_CONFIG_INIT;
   fsdp_engine_t e;
   ck_assert_int_eq(fsdp_engine_create(world, &c, &e), FSDP_SUCCESS);
-  fsdp_gpt2_opts_t o = {"GPT2Block", 0, NULL, 1, 0};
+  fsdp_gpt2_opts_t o = {.wrap_kinds = "GPT2Block", .max_batch = 1};
   fsdp_gpt2_t g;
   ck_assert_int_eq(fsdp_gpt2_create(e, &cfg, &o, &g), FSDP_SUCCESS);
   ck_assert_int_eq(fsdp_engine_materialize(e, 3), FSDP_SUCCESS);

@@ -45,7 +45,8 @@ static fsdp_engine_t engine(const fsdp_config_t *c) {
 }
 
 static fsdp_gpt2_t model(fsdp_engine_t e, const char *wrap, size_t min_params, const char *ckpt) {
-  fsdp_gpt2_opts_t o = {wrap, min_params, ckpt, B, 0};
+  fsdp_gpt2_opts_t o = {.wrap_kinds = wrap, .wrap_min_params = min_params,
+                         .checkpoint_kinds = ckpt, .max_batch = B};
   fsdp_gpt2_t g;
   ck_assert_int_eq(fsdp_gpt2_create(e, &cfg, &o, &g), FSDP_SUCCESS);
   ck_assert_int_eq(fsdp_engine_materialize(e, 5), FSDP_SUCCESS);
@@ -80,11 +81,11 @@ START_TEST(wrap_plans) {
   }
   fsdp_config_t c = FSDP_CONFIG_INIT;
   fsdp_engine_t e = engine(&c);
-  fsdp_gpt2_opts_t bad = {"GPT2Attention", 0, NULL, B, 0};
+  fsdp_gpt2_opts_t bad = {.wrap_kinds = "GPT2Attention", .max_batch = B};
   fsdp_gpt2_t g;
   ck_assert_int_ne(fsdp_gpt2_create(e, &cfg, &bad, &g), FSDP_SUCCESS);
   ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "GPT2Attention"));
-  fsdp_gpt2_opts_t no_unit = {NULL, 0, "GPT2Block", B, 0};
+  fsdp_gpt2_opts_t no_unit = {.checkpoint_kinds = "GPT2Block", .max_batch = B};
   ck_assert_int_ne(fsdp_gpt2_create(e, &cfg, &no_unit, &g), FSDP_SUCCESS);
   ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "wrap"));
   fsdp_engine_destroy(e);
@@ -178,6 +179,96 @@ START_TEST(checkpoint_identical) {
   ck_assert_uint_eq(act[0], full[0]);
   ck_assert_uint_eq(full[1], full[0]);
   ck_assert_uint_eq(act[0] - act[1], (size_t)(cfg.n_layer - 1) * per_block);
+}
+END_TEST
+
+/* Three steps under a plan; w: two tensors after them, one from each block. */
+static void plan_train(const fsdp_gpt2_opts_t *o, int units, float w[2][2000]) {
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  fsdp_engine_t e = engine(&c);
+  fsdp_gpt2_t g;
+  ck_assert_msg(fsdp_gpt2_create(e, &cfg, o, &g) == FSDP_SUCCESS, "%s", fsdp_last_error());
+  ck_assert_int_eq(fsdp_engine_num_units(e), units);
+  ck_assert_int_eq(fsdp_engine_materialize(e, 5), FSDP_SUCCESS);
+  int tok[B * T], tgt[B * T];
+  batch(tok, tgt);
+  for (int s = 0; s < 3; s++) {
+    ck_assert_int_eq(fsdp_gpt2_forward_backward(g, tok, tgt, B, T, 0.1f, NULL), FSDP_SUCCESS);
+    ck_assert_int_eq(fsdp_engine_step(e, NULL), FSDP_SUCCESS);
+  }
+  ck_assert_int_eq(fsdp_engine_read_tensor(e, "h.0.mlp.c_fc.weight", w[0], -1), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_engine_read_tensor(e, "h.1.attn.c_attn.weight", w[1], -1), FSDP_SUCCESS);
+  fsdp_gpt2_destroy(g);
+  fsdp_engine_destroy(e);
+}
+
+static fsdp_wrap_t second_only(void *user, const fsdp_module_t *m, int n, int i, size_t open) {
+  (void)user, (void)m, (void)n, (void)open;
+  return i == 1 ? FSDP_WRAP_UNIT : FSDP_WRAP_SKIP;
+}
+
+/* The library's policies (fsdp/plan.h) shape GPT-2 without changing what it
+ * computes: a block left in the root ahead of a wrapped one (names), the same
+ * from a callback with the wrapped block recomputed, all bit for bit as a unit
+ * per block. */
+START_TEST(plans_train_identically) {
+  float ref[2][2000], got[2][2000];
+  fsdp_gpt2_opts_t o = {.wrap_kinds = "GPT2Block", .max_batch = B};
+  plan_train(&o, 3, ref);
+  fsdp_plan_opts_t names = FSDP_PLAN_OPTS_INIT, fn = FSDP_PLAN_OPTS_INIT;
+  names.wrap_names = "h.1";
+  fn.wrap_fn = second_only;
+  fn.checkpoint_names = "h.1";
+  const fsdp_plan_opts_t *plans[2] = {&names, &fn};
+  for (int i = 0; i < 2; i++) {
+    fsdp_gpt2_opts_t p = {.plan = plans[i], .max_batch = B};
+    plan_train(&p, 2, got);
+    ck_assert_int_eq(memcmp(ref[0], got[0], 12 * 48 * sizeof(float)), 0);
+    ck_assert_int_eq(memcmp(ref[1], got[1], 12 * 36 * sizeof(float)), 0);
+  }
+}
+END_TEST
+
+/* unit_opts: h.1's tensors frozen (lr_mult 0) and kept gathered (ZeRO-2). */
+static fsdp_status_t freeze_h1(void *user, const char *unit, const char *kind,
+                               const fsdp_tensor_desc_t *t, int n, fsdp_unit_opts_t *o) {
+  static float zeros[64];
+  (void)t, (void)kind;
+  ++*(int *)user;
+  if (strcmp(unit, "h.1")) return FSDP_SUCCESS;
+  ck_assert_int_le(n, 64);
+  o->lr_mult = zeros;
+  o->reshard_after_forward = 0;
+  return FSDP_SUCCESS;
+}
+
+START_TEST(unit_options_from_a_callback) {
+  float before[2][2000], after[2][2000];
+  int calls = 0;
+  fsdp_gpt2_opts_t o = {.wrap_kinds = "GPT2Block", .max_batch = B, .unit_opts = freeze_h1,
+                        .unit_opts_user = &calls};
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  fsdp_engine_t e = engine(&c);
+  fsdp_gpt2_t g;
+  ck_assert_int_eq(fsdp_gpt2_create(e, &cfg, &o, &g), FSDP_SUCCESS);
+  ck_assert_int_eq(calls, 3); /* root, h.0, h.1 */
+  fsdp_unit_info_t info;
+  ck_assert_int_eq(fsdp_unit_info(e, 2, &info), FSDP_SUCCESS);
+  ck_assert_str_eq(info.name, "h.1");
+  ck_assert_int_eq(info.reshard_after_forward, 0);
+  ck_assert_int_eq(fsdp_engine_materialize(e, 5), FSDP_SUCCESS);
+  fsdp_engine_read_tensor(e, "h.0.attn.c_attn.weight", before[0], -1);
+  fsdp_engine_read_tensor(e, "h.1.attn.c_attn.weight", before[1], -1);
+  int tok[B * T], tgt[B * T];
+  batch(tok, tgt);
+  ck_assert_int_eq(fsdp_gpt2_forward_backward(g, tok, tgt, B, T, 0.1f, NULL), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_engine_step(e, NULL), FSDP_SUCCESS);
+  fsdp_engine_read_tensor(e, "h.0.attn.c_attn.weight", after[0], -1);
+  fsdp_engine_read_tensor(e, "h.1.attn.c_attn.weight", after[1], -1);
+  ck_assert_int_ne(memcmp(before[0], after[0], 12 * 36 * sizeof(float)), 0);
+  ck_assert_int_eq(memcmp(before[1], after[1], 12 * 36 * sizeof(float)), 0);
+  fsdp_gpt2_destroy(g);
+  fsdp_engine_destroy(e);
 }
 END_TEST
 
@@ -349,6 +440,8 @@ static Suite *gpt2_suite(void) {
   tcase_add_test(tc, wrap_plans);
   tcase_add_loop_test(tc, gradient_check, 0, 2);
   tcase_add_loop_test(tc, checkpoint_identical, 0, 3);
+  tcase_add_test(tc, plans_train_identically);
+  tcase_add_test(tc, unit_options_from_a_callback);
   tcase_add_test(tc, bf16_follows_f32);
   tcase_add_test(tc, sampling_and_errors);
   tcase_add_test(tc, sampling_top_k);

@@ -1,0 +1,96 @@
+/* src/tools/config.h — the configuration file of fsdp-train and fsdp-bench:
+ * YAML, read with libyaml (Debian's libyaml-dev: well kept, and every node
+ * carries its line, so each error names the file and the line).
+ *
+ * The file is one mapping. Every command-line flag is a key: its name without
+ * "--" (`global-batch: 32`; flags that take no value take true or false), and
+ * the command line overrides the file. `sharding:` holds a list of rules, each
+ * a mapping with `match:` (a wildcard pattern, fsdp/plan.h) and settings:
+ *   over modules (GPT-2's blocks "h.<i>"):
+ *     wrap: true|false           a unit of its own per matching module
+ *     wrap_min_params: N         matching consecutive modules grouped into
+ *                                units of at least N parameters (the last
+ *                                group may hold fewer: it stays a unit)
+ *     checkpoint: true|false     recompute the unit's activations in backward
+ *   over units (their names as the plan prints them: "root", "h.3", "h.0-1"):
+ *     reshard_after_forward: true|false   ZeRO-3 (true) or ZeRO-2 for the unit
+ *     param_dtype: f32|bf16
+ *   over tensors ("h.3.attn.c_attn.weight"): parameter groups
+ *     lr_mult: X, wd_mult: X     factors on the learning rate and weight decay
+ * A rule that matches nothing, a key that does not exist, a value of the wrong
+ * type and two rules that give one module, unit or tensor different values are
+ * errors naming the rule, the file and the line. Modules no wrap rule
+ * matches follow --wrap's kinds. The rules shape GPT-2 (fsdp-train refuses
+ * them with --model mlp). */
+#ifndef FSDP_TOOLS_CONFIG_H
+#define FSDP_TOOLS_CONFIG_H
+
+#include <stdio.h>
+
+#include "fsdp/fsdp.h"
+#include "tools/flags.h"
+
+typedef enum {
+  RULE_WRAP = 0, RULE_MIN_PARAMS, RULE_CHECKPOINT, /* modules */
+  RULE_RESHARD, RULE_DTYPE,                        /* units */
+  RULE_LR, RULE_WD,                                /* tensors */
+  RULE_NKEYS
+} rule_key_t;
+
+typedef struct {
+  char *match;
+  int line;               /* of the rule's first key */
+  int set[RULE_NKEYS];    /* 1 where the rule gives the key */
+  double val[RULE_NKEYS]; /* booleans 0/1, a dtype as fsdp_dtype_t, numbers */
+  char text[RULE_NKEYS][32]; /* the values as the file wrote them, to print back */
+  int hits[3];            /* modules, units, tensors matched */
+  char first[3][64], last[3][64]; /* the first and last of them, for the plan */
+} cfg_rule_t;
+
+typedef struct {
+  char *key, *value; /* a flag without "--", its scalar text */
+  int line;
+} cfg_entry_t;
+
+typedef struct {
+  char *path;
+  cfg_entry_t *entries;
+  int n_entries;
+  cfg_rule_t *rules;
+  int n_rules;
+  const char *wrap_kinds; /* the --wrap policy for modules no wrap rule matches */
+  float *mults;           /* unit_opts' lr/wd arrays, reused unit after unit */
+  int n_mults;
+  int prev_rule;          /* the size rule that decided the previous module, or -1 */
+  char err[640];          /* the first rule error planning met ("" when none) */
+} cfg_file_t;
+
+/* The --config FILE in argv (NULL when none) and whether --print-config is. */
+const char *cfg_path(int argc, char **argv, int *print);
+
+/* Reads path into cfg. 0, or -1 after printing "<tool>: FILE:LINE: why". */
+int cfg_load(const char *tool, const char *path, cfg_file_t *cfg);
+void cfg_free(cfg_file_t *cfg);
+
+/* Applies the file's keys through the flag table (in file order, before the
+ * command line). 0, or -1 after printing why with the file and line. */
+int cfg_apply(const char *tool, const cfg_file_t *cfg, const flag_t *table, size_t n,
+              flag_word_fn word, void *ctx);
+
+/* The rules as a GPT-2 plan: wrap/checkpoint rules become the plan's callback
+ * and checkpoint patterns (with wrap_kinds for the modules no wrap rule
+ * takes), unit and tensor rules the unit_opts callback; the rules' match
+ * counts start again from zero (one model per call). 0, or -1 after
+ * printing why (a wrap rule beside --wrap-min-params or --checkpoint). */
+int cfg_gpt2_opts(const char *tool, cfg_file_t *cfg, fsdp_gpt2_opts_t *o, fsdp_plan_opts_t *plan,
+                  char *ckpt_names, size_t ckpt_len);
+/* The rule that matched nothing in a domain (0 modules, 1 units, 2 tensors)
+ * where it gives settings: 0, or -1 with cfg->err set. Modules are checked
+ * while planning; units and tensors once the model is made. */
+int cfg_check_matched(cfg_file_t *cfg, int domain);
+
+/* The sharding section as YAML, and the rules' matches as plan lines. */
+void cfg_print_rules(FILE *out, const cfg_file_t *cfg);
+void cfg_print_matches(FILE *out, const cfg_file_t *cfg);
+
+#endif

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# tests/tools/test_bench_config.sh — fsdp-bench's configuration file (the same
+# format as fsdp-train's, src/tools/config.h), one rank: --print-config is a
+# fixed point (what it prints, read back, prints the same), every flag --help
+# lists is a key, the command line
+# overrides the file, a run under sharding rules checks its results (exit 0:
+# no wrong element), and a rule that matches nothing is refused by file:line.
+# usage: test_bench_config.sh FSDP_BENCH
+set -euo pipefail
+bench=$1
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+cd "$dir"
+fail() { echo "FAIL: $*"; exit 1; }
+cat > bench.yaml <<'YAML'
+preset: tiny
+iters: 2
+warmup: 1
+peak-size: 0
+micro-batch: 2
+strategy: zero2
+sharding:
+  - match: "h.*"
+    wrap: true
+  - match: "h.0"
+    reshard_after_forward: true
+  - match: "*.bias"
+    wd_mult: 0
+YAML
+"$bench" --config bench.yaml --iters 3 --print-config > one.yaml
+"$bench" --config one.yaml --print-config > two.yaml
+cmp one.yaml two.yaml || fail "--print-config is not a fixed point: $(diff one.yaml two.yaml)"
+grep -q '^iters: 3$' one.yaml || fail "--iters 3 did not override the file's 2"
+grep -q '^strategy: zero2$' one.yaml || fail "strategy lost"
+grep -q 'reshard_after_forward: true' one.yaml || fail "rules lost"
+"$bench" --config one.yaml > run.txt || fail "the run under rules failed: $(cat run.txt)"
+grep -Eq '^zero2 .* 0$' run.txt || fail "no zero2 row with 0 wrong: $(tail -2 run.txt)"
+for flag in $("$bench" --help | grep -oE -- '--[a-z][a-z0-9-]*' | sort -u); do
+  case $flag in --config|--print-config) continue ;; esac
+  printf '%s: "@"\n' "${flag#--}" > key.yaml
+  err=$("$bench" --config key.yaml --print-config 2>&1 >/dev/null || true)
+  if grep -q "unknown key" <<<"$err"; then fail "$flag has no key: $err"; fi
+done
+sed 's/match: "h.0"/match: "h.7"/' bench.yaml > bad.yaml
+set +e
+err=$("$bench" --config bad.yaml 2>&1 >/dev/null)
+rc=$?
+set -e
+[ "$rc" -ne 0 ] || fail "a rule matching nothing was accepted"
+grep -qF "bad.yaml:10: rule 2 (match 'h.7') matches no unit" <<<"$err" || fail "message: $err"
+echo "ok: fsdp-bench reads, overrides and prints its configuration; rules apply; bad rules refused"
