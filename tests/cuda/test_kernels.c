@@ -977,12 +977,12 @@ START_TEST(big_vocab_matmul) {
 }
 END_TEST
 
-/* Cross-entropy over 16,384 rows (B 16 x T 1024) of a small vocabulary, and
- * over GPT-2's 50257 in bf16 at 8 rows. */
+/* Cross-entropy over 16,384 rows (B 16 x T 1024) of a small vocabulary (the
+ * row count is the point: one block per row), and over GPT-2's 50257 in bf16
+ * at 8 rows. */
 START_TEST(big_xent) {
   rng_seed(seed + 9200);
   xent_case(0, 16384, 64, 1);
-  xent_case(1, 16384, 64, 0);
   xent_case(1, 8, 50257, 0);
 }
 END_TEST
