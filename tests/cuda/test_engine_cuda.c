@@ -5,9 +5,11 @@
  * accumulation, clipping, AdamW and the bf16 and fp16 parameter copies. Also checks that
  * the memory the engine reports is what the device gave up.
  *
- * Runs under mpirun at N = 1 (every backend built: the world's, and NCCL) and
- * N = 2 (the MPI backend with device buffers staged through pinned memory:
- * both ranks may share one GPU). Exits 77 (skipped) without a usable GPU. */
+ * Runs under mpirun at N = 1..4 and under fsdp-run (env://, gloo) at N = 2:
+ * the world's backend with device buffers staged through pinned memory (ranks
+ * may share one GPU), and NCCL wherever the node has a GPU per local rank (a
+ * case printed "skipped" otherwise; the simulator has FSDP_SIM_DEVICES, 4 by
+ * default). Exits 77 (skipped) without a usable GPU. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -119,9 +121,25 @@ static const case_t cases[] = {
     {FSDP_FULL_SHARD, FSDP_F16, FSDP_F32, "nccl"},
 };
 
+/* NCCL needs a GPU per rank of the node; the world's backend runs anywhere. */
+static int runnable(const case_t *c) {
+  if (!c->backend) return 1;
+  if (!FSDP_HAVE_NCCL) return 0;
+  const int have = fsdp_cuda_device_count(), need = fsdp_world_local_size(world);
+  if (have < need && rank == 0)
+    printf("engine N=%d backend %s: skipped (%d devices for %d local ranks)\n", nranks,
+           c->backend, have, need);
+  return have >= need;
+}
+
+/* The backend the engine's gathers and reductions ran on. */
+static const char *backend_name(const case_t *c, fsdp_engine_t e) {
+  return c->backend ? c->backend : fsdp_comm_backend(fsdp_engine_comm(e));
+}
+
 START_TEST(engine_matches_cpu) {
   const case_t *c = &cases[_i];
-  if (c->backend && (!FSDP_HAVE_NCCL || nranks > 1)) return; /* NCCL: one rank per GPU */
+  if (!runnable(c)) return;
   fsdp_engine_t cpu = make_engine(c, FSDP_DEVICE_CPU), gpu = make_engine(c, FSDP_DEVICE_CUDA);
   /* Parameters: fp32 agree to the optimizer kernels' rounding; bf16 copies may
    * sit one bf16 step (2^-8) apart where the fp32 masters straddle a rounding
@@ -181,8 +199,8 @@ START_TEST(engine_matches_cpu) {
   if (rank == 0)
     printf("engine N=%d %s param %s reduce %s backend %s: worst relative difference %.3g "
            "(tolerance %.0e)\n", nranks, fsdp_strategy_name(c->strategy),
-           fsdp_dtype_name(c->param), fsdp_dtype_name(c->reduce),
-           fsdp_comm_backend(fsdp_engine_comm(gpu)), worst, tol);
+           fsdp_dtype_name(c->param), fsdp_dtype_name(c->reduce), backend_name(c, gpu), worst,
+           tol);
   free(a);
   free(b);
   fsdp_engine_destroy(gpu);
@@ -208,7 +226,7 @@ static void slow_kernel(fsdp_engine_t e, float *scratch) {
 START_TEST(release_waits_for_compute) {
   const case_t *c = &cases[_i];
   if (c->param != FSDP_F32 || c->reduce != FSDP_F32 || c->strategy != FSDP_FULL_SHARD) return;
-  if (c->backend && (!FSDP_HAVE_NCCL || nranks > 1)) return;
+  if (!runnable(c)) return;
   fsdp_engine_t cpu = make_engine(c, FSDP_DEVICE_CPU), gpu = make_engine(c, FSDP_DEVICE_CUDA);
   fsdp_stream_t cs = fsdp_engine_stream(gpu);
   float *scratch = NULL, *snap[N_UNITS][2];
@@ -272,7 +290,7 @@ START_TEST(release_waits_for_compute) {
   }
   if (rank == 0)
     printf("engine N=%d release ordering (backend %s): parameters and gradients intact behind "
-           "a long compute kernel\n", nranks, fsdp_comm_backend(fsdp_engine_comm(gpu)));
+           "a long compute kernel\n", nranks, backend_name(c, gpu));
   for (int u = 0; u < N_UNITS; u++)
     for (int t = 0; t < units[u].n; t++) fsdp_device_free(FSDP_DEVICE_CUDA, snap[u][t]);
   fsdp_device_free(FSDP_DEVICE_CUDA, scratch);

@@ -6,7 +6,14 @@
  *   bf16:  bf16 parameters and activations on CUDA vs the CPU engine with bf16
  *          parameters (fp32 compute), within 2e-2 relative;
  *   activation checkpointing on CUDA gives the losses without it (1e-5);
- *   forward-only logits on the host and sampling agree with the CPU (fp32).
+ *   forward-only logits on the host and sampling agree with the CPU (fp32);
+ *   every tensor's gradient after one forward/backward (fp32 and bf16), read
+ *   as the parameters' change under one SGD step of lr 1 (see grads_match_cpu).
+ * FSDP_TEST_SMALL=1 (the TSan run of scripts/sim-test.sh): a tiny model (2
+ * layers, C 32, T 16, V 64), 2 steps, one dtype (FSDP_TEST_DTYPE=f32|bf16,
+ * default f32), CUDA with activation checkpointing and prefetch against the
+ * CPU: losses and every tensor's gradient; the same streams (compute,
+ * gather, reduce) and recomputation, at a size TSan finishes.
  * Prints one "gpt2 cuda ..." line per comparison. Exits 77 (skipped) without a
  * usable GPU or when the engine has no CUDA backend (FSDP_ERR_UNSUPPORTED).
  * CK_FORK=no: a forked child cannot use its parent's CUDA context. */
@@ -21,9 +28,11 @@
 #include "cuda_gate.h"
 #include "fsdp/fsdp.h"
 
-enum { B = 4, T = 32, STEPS = 6, SAMPLE = 16 };
+enum { MAX_STEPS = 6, SAMPLE = 16 };
+static int B = 4, T = 32, STEPS = 6; /* FSDP_TEST_SMALL: 2, 16, 2 */
 static fsdp_gpt2_config_t cfg = {2, 4, 64, 32, 256}; /* padded_vocab_matches_cpu: V 300 */
 static fsdp_world_t world;
+static fsdp_dtype_t small_dtype = FSDP_F32; /* FSDP_TEST_SMALL: the one dtype */
 
 typedef struct {
   fsdp_device_kind_t device;
@@ -32,7 +41,7 @@ typedef struct {
 } run_t;
 
 typedef struct {
-  double loss[STEPS]; /* mean per token */
+  double loss[MAX_STEPS]; /* mean per token */
   double eval;        /* forward-only loss after training */
   float *logits;      /* (B,T,V) host copy of the forward-only logits */
   int sample[SAMPLE];
@@ -49,29 +58,40 @@ static void batch(int step, int *tok, int *tgt) {
   for (int i = 0; i < B * T; i++) tgt[i] = (tok[i] * 7 + 3) % cfg.vocab_size;
 }
 
-/* FSDP_SUCCESS, FSDP_ERR_UNSUPPORTED (no CUDA engine: skip), or a failure. */
-static fsdp_status_t train(const run_t *r, result_t *out) {
-  fsdp_config_t c = FSDP_CONFIG_INIT;
-  c.device = r->device;
-  c.param_dtype = r->dtype;
-  c.optim.lr = 1e-3f;
-  c.max_live_units = c.prefetch_depth + 2; /* the root stays gathered */
-  fsdp_engine_t e = NULL;
-  fsdp_status_t st = fsdp_engine_create(world, &c, &e);
+/* The engine (c: device and dtype set from r) and the model on it, seed 7.
+ * FSDP_SUCCESS, FSDP_ERR_UNSUPPORTED (no CUDA engine: skip), or a failure. */
+static fsdp_status_t open_model(const run_t *r, fsdp_config_t *c, fsdp_engine_t *e,
+                                fsdp_gpt2_t *g) {
+  c->device = r->device;
+  c->param_dtype = r->dtype;
+  c->max_live_units = c->prefetch_depth + 2; /* the root stays gathered */
+  *e = NULL;
+  *g = NULL;
+  fsdp_status_t st = fsdp_engine_create(world, c, e);
   if (st == FSDP_ERR_UNSUPPORTED) return st;
   ck_assert_msg(st == FSDP_SUCCESS, "engine: %s", fsdp_last_error());
   fsdp_gpt2_opts_t o = {.wrap_kinds = "GPT2Block", .checkpoint_kinds = r->checkpoint,
                          .max_batch = B};
-  fsdp_gpt2_t g = NULL;
-  st = fsdp_gpt2_create(e, &cfg, &o, &g);
-  if (st == FSDP_SUCCESS) st = fsdp_engine_materialize(e, 7);
+  st = fsdp_gpt2_create(*e, &cfg, &o, g);
+  if (st == FSDP_SUCCESS) st = fsdp_engine_materialize(*e, 7);
   if (st == FSDP_ERR_UNSUPPORTED) {
-    fsdp_gpt2_destroy(g);
-    fsdp_engine_destroy(e);
+    fsdp_gpt2_destroy(*g);
+    fsdp_engine_destroy(*e);
     return st;
   }
   ck_assert_msg(st == FSDP_SUCCESS, "model: %s", fsdp_last_error());
-  int tok[B * T], tgt[B * T];
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t train(const run_t *r, result_t *out) {
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  c.optim.lr = 1e-3f;
+  fsdp_engine_t e;
+  fsdp_gpt2_t g;
+  const fsdp_status_t st = open_model(r, &c, &e, &g);
+  if (st != FSDP_SUCCESS) return st;
+  int *tok = malloc((size_t)B * T * sizeof(int)), *tgt = malloc((size_t)B * T * sizeof(int));
+  ck_assert(tok && tgt);
   for (int s = 0; s < STEPS; s++) {
     batch(s, tok, tgt);
     ck_assert_msg(fsdp_gpt2_forward_backward(g, tok, tgt, B, T, 1.0f / (B * T), &out->loss[s]) ==
@@ -88,9 +108,11 @@ static fsdp_status_t train(const run_t *r, result_t *out) {
   out->logits = malloc(n * sizeof(float));
   ck_assert_ptr_nonnull(out->logits);
   memcpy(out->logits, logits, n * sizeof(float)); /* host memory on every device */
-  int prompt[3] = {1, 10, 73};
+  int prompt[3] = {1, 10, 73 % cfg.vocab_size};
   ck_assert_msg(fsdp_gpt2_generate(g, prompt, 3, SAMPLE, 1.0f, 11, out->sample) == FSDP_SUCCESS,
                 "%s", fsdp_last_error());
+  free(tok);
+  free(tgt);
   fsdp_gpt2_destroy(g);
   fsdp_engine_destroy(e);
   return FSDP_SUCCESS;
@@ -354,15 +376,144 @@ START_TEST(too_big_is_refused_in_words) {
 }
 END_TEST
 
+/* ---- every tensor's gradient after one step ----
+ * Read through the public API as the parameters' change under one plain SGD
+ * step of lr 1 (no momentum, decay or clipping): both engines keep fp32 master
+ * weights, so before - after is the reduced, unscaled gradient the optimizer
+ * applied, after the whole reduce path (reduce-scatter, bf16 casts on CUDA),
+ * with no test hook into the engine. The subtraction costs at most one ulp of
+ * the parameter (weights ~0.02: 2e-9), far below the tolerances below. */
+enum { MAX_TENSORS = 64 };
+typedef struct {
+  int n;
+  const char *name[MAX_TENSORS]; /* owned by the engine: compare before destroying */
+  size_t numel[MAX_TENSORS];
+  float *grad[MAX_TENSORS];
+  fsdp_engine_t e;
+  fsdp_gpt2_t g;
+} grads_t;
+
+static fsdp_status_t one_step_grads(const run_t *r, grads_t *out) {
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  c.optim.kind = FSDP_OPTIM_SGD;
+  c.optim.lr = 1.0f;
+  const fsdp_status_t st = open_model(r, &c, &out->e, &out->g);
+  if (st != FSDP_SUCCESS) return st;
+  out->n = 0;
+  for (int u = 0; u < fsdp_engine_num_units(out->e); u++) {
+    fsdp_unit_info_t ui;
+    ck_assert_int_eq(fsdp_unit_info(out->e, u, &ui), FSDP_SUCCESS);
+    for (int t = 0; t < ui.n_tensors; t++, out->n++) {
+      ck_assert_int_lt(out->n, MAX_TENSORS);
+      fsdp_tensor_info_t ti;
+      ck_assert_int_eq(fsdp_unit_tensor(out->e, u, t, &ti), FSDP_SUCCESS);
+      out->name[out->n] = ti.name;
+      out->numel[out->n] = ti.numel;
+      out->grad[out->n] = malloc(ti.numel * sizeof(float));
+      ck_assert_msg(fsdp_engine_read_tensor(out->e, ti.name, out->grad[out->n], -1) ==
+                        FSDP_SUCCESS, "%s", fsdp_last_error());
+    }
+  }
+  int *tok = malloc((size_t)B * T * sizeof(int)), *tgt = malloc((size_t)B * T * sizeof(int));
+  batch(0, tok, tgt);
+  double loss;
+  ck_assert_msg(fsdp_gpt2_forward_backward(out->g, tok, tgt, B, T, 1.0f / (B * T), &loss) ==
+                    FSDP_SUCCESS, "%s", fsdp_last_error());
+  ck_assert_msg(fsdp_engine_step(out->e, NULL) == FSDP_SUCCESS, "%s", fsdp_last_error());
+  for (int i = 0; i < out->n; i++) {
+    float *after = malloc(out->numel[i] * sizeof(float));
+    ck_assert_int_eq(fsdp_engine_read_tensor(out->e, out->name[i], after, -1), FSDP_SUCCESS);
+    for (size_t k = 0; k < out->numel[i]; k++) out->grad[i][k] -= after[k];
+    free(after);
+  }
+  free(tok);
+  free(tgt);
+  return FSDP_SUCCESS;
+}
+
+static void grads_free(grads_t *g) {
+  for (int i = 0; i < g->n; i++) free(g->grad[i]);
+  fsdp_gpt2_destroy(g->g);
+  fsdp_engine_destroy(g->e);
+}
+
+/* Each tensor's max |gpu - cpu| over max |cpu| (its gradient's own scale), the
+ * worst tensor named; every tensor must be at most tol. */
+static void compare_grads(const char *what, const run_t *cpu, const run_t *gpu, double tol) {
+  grads_t a = {0}, b = {0};
+  if (one_step_grads(cpu, &a) != FSDP_SUCCESS || one_step_grads(gpu, &b) != FSDP_SUCCESS) {
+    skipped = 1;
+    printf("gpt2 cuda %s: SKIP: %s\n", what, fsdp_last_error());
+    return;
+  }
+  ck_assert_int_eq(a.n, b.n);
+  double worst = -1.0;
+  int worst_i = 0, zero = 0;
+  for (int i = 0; i < a.n; i++) {
+    ck_assert_str_eq(a.name[i], b.name[i]);
+    double d = 0.0, scale = 0.0;
+    for (size_t k = 0; k < a.numel[i]; k++) {
+      d = fmax(d, fabs((double)b.grad[i][k] - a.grad[i][k]));
+      scale = fmax(scale, fabs(a.grad[i][k]));
+    }
+    zero += scale == 0.0;
+    const double rel = d / (scale > 0.0 ? scale : 1.0);
+    if (rel > worst) worst = rel, worst_i = i;
+    ck_assert_msg(rel <= tol, "%s: %s's gradient differs from the CPU's by %g of its largest "
+                  "element %g (tolerance %g)", what, a.name[i], rel, scale, tol);
+  }
+  printf("gpt2 cuda %s: %d tensors' gradients after one step, worst %s at %.3g of its scale "
+         "(tolerance %.0e) ok\n", what, a.n, a.name[worst_i], worst, tol);
+  ck_assert_msg(zero == 0, "%s: %d tensors had no gradient at all", what, zero);
+  grads_free(&a);
+  grads_free(&b);
+}
+
+START_TEST(fp32_grads_match_cpu) {
+  run_t cpu = {FSDP_DEVICE_CPU, FSDP_F32, NULL}, gpu = {FSDP_DEVICE_CUDA, FSDP_F32, NULL};
+  compare_grads("fp32 grads vs cpu", &cpu, &gpu, 1e-4);
+}
+END_TEST
+
+START_TEST(bf16_grads_follow_cpu) {
+  run_t cpu = {FSDP_DEVICE_CPU, FSDP_BF16, NULL}, gpu = {FSDP_DEVICE_CUDA, FSDP_BF16, NULL};
+  compare_grads("bf16 grads vs cpu bf16", &cpu, &gpu, 5e-2);
+}
+END_TEST
+
+/* FSDP_TEST_SMALL: CUDA with checkpointing and prefetch against the CPU. */
+START_TEST(small_matches_cpu) {
+  run_t cpu = {FSDP_DEVICE_CPU, small_dtype, NULL};
+  run_t gpu = {FSDP_DEVICE_CUDA, small_dtype, "GPT2Block"};
+  const int f32 = small_dtype == FSDP_F32;
+  result_t a = {0}, b = {0};
+  char what[64];
+  snprintf(what, sizeof what, "small %s checkpointed vs cpu", fsdp_dtype_name(small_dtype));
+  compare(what, &cpu, &gpu, &a, &b, f32 ? 1e-4 : 2e-2);
+  free(a.logits);
+  free(b.logits);
+  snprintf(what, sizeof what, "small %s grads vs cpu", fsdp_dtype_name(small_dtype));
+  if (!skipped) compare_grads(what, &cpu, &gpu, f32 ? 1e-4 : 5e-2);
+}
+END_TEST
+
 static Suite *gpt2_cuda_suite(void) {
   Suite *s = suite_create("gpt2_cuda");
   TCase *tc = tcase_create("train");
   tcase_set_timeout(tc, 240);
+  const char *small = getenv("FSDP_TEST_SMALL");
+  if (small && *small && strcmp(small, "0") != 0) {
+    tcase_add_test(tc, small_matches_cpu);
+    suite_add_tcase(s, tc);
+    return s;
+  }
   tcase_add_test(tc, fp32_matches_cpu);
   tcase_add_test(tc, bf16_follows_cpu);
   tcase_add_test(tc, checkpointing_on_cuda);
   tcase_add_test(tc, padded_vocab_matches_cpu);
   tcase_add_test(tc, too_big_is_refused_in_words);
+  tcase_add_test(tc, fp32_grads_match_cpu);
+  tcase_add_test(tc, bf16_grads_follow_cpu);
   suite_add_tcase(s, tc);
   tc = tcase_create("layer124m");
   tcase_set_timeout(tc, 600);
@@ -371,9 +522,27 @@ static Suite *gpt2_cuda_suite(void) {
   return s;
 }
 
+/* FSDP_TEST_SMALL=1: the tiny shape; FSDP_TEST_DTYPE picks its one dtype. */
+static int read_mode(void) {
+  const char *small = getenv("FSDP_TEST_SMALL"), *dt = getenv("FSDP_TEST_DTYPE");
+  if (!small || !*small || strcmp(small, "0") == 0) return 0;
+  cfg = (fsdp_gpt2_config_t){2, 2, 32, 16, 64};
+  B = 2;
+  T = 16;
+  STEPS = 2;
+  if (!dt || !*dt || strcmp(dt, "f32") == 0) return 0;
+  if (strcmp(dt, "bf16") == 0) {
+    small_dtype = FSDP_BF16;
+    return 0;
+  }
+  fprintf(stderr, "test_gpt2_cuda: FSDP_TEST_DTYPE '%s' is not f32 or bf16\n", dt);
+  return 1;
+}
+
 int main(void) {
   const int gate = fsdp_cuda_gate("test_gpt2_cuda");
   if (gate) return gate;
+  if (read_mode()) return 1;
   if (solo_world_init(&world) != FSDP_SUCCESS) {
     fprintf(stderr, "test_gpt2_cuda: %s\n", fsdp_last_error());
     return 1;

@@ -533,10 +533,7 @@ static const struct { int B, T, C, NH; } kAttention[] = {
     {2, 65, 48, 3}, {1, 1, 8, 2}, {2, 200, 128, 4}, {1, 64, 768, 12},
 };
 
-START_TEST(attention) {
-  rng_seed(seed + 5000 + (uint64_t)_i);
-  const int B = kAttention[_i].B, T = kAttention[_i].T, C = kAttention[_i].C,
-            NH = kAttention[_i].NH;
+static void attention_case(int B, int T, int C, int NH) {
   const size_t nqkv = (size_t)B * T * 3 * C, no = (size_t)B * T * C,
                natt = (size_t)B * NH * T * T;
   float *qkv = rand_floats(nqkv, 0, 1), *dout = rand_floats(no, 0, 1);
@@ -556,6 +553,11 @@ START_TEST(attention) {
   check_err("attention_backward", "dqkv", rel_err(got_d, dqkv, nqkv), TOL_F32);
   free(qkv), free(dout), free(dqkv), free(out), free(att), free(got), free(got_att),
       free(got_d);
+}
+
+START_TEST(attention) {
+  rng_seed(seed + 5000 + (uint64_t)_i);
+  attention_case(kAttention[_i].B, kAttention[_i].T, kAttention[_i].C, kAttention[_i].NH);
 }
 END_TEST
 
@@ -952,6 +954,60 @@ START_TEST(casts) {
 }
 END_TEST
 
+static void add_test(Suite *s, const char *name, const TTest *test, int n);
+
+/* ---- production shapes (FSDP_TEST_BIG=1: the kernels-big test) ----
+ * GPT-2's real sizes, once each, at few rows to keep the simulator's time
+ * sane: the size is the point (index arithmetic past 2^20 elements, rows
+ * longer than a block, grid-stride loops over rows), not the row count. */
+
+/* Attention (and its row softmax) at T = 1024, GPT-2's context: 1024 x 1024
+ * score rows per head, 2 heads of 64. */
+START_TEST(big_attention) {
+  rng_seed(seed + 9000);
+  attention_case(1, 1024, 128, 2);
+}
+END_TEST
+
+/* The vocabulary product in bf16: out (B, 50257) = inp (B, 768) W^T, W of
+ * 50257 rows: leading dimension 50257 for cuBLAS, an odd one. */
+START_TEST(big_vocab_matmul) {
+  rng_seed(seed + 9100);
+  matmul_case(&kMatmulKinds[0], 1, 4, 768, 50257, 0, 1);
+}
+END_TEST
+
+/* Cross-entropy over 16,384 rows (B 16 x T 1024) of a small vocabulary (the
+ * row count is the point: one block per row), and over GPT-2's 50257 in bf16
+ * at 8 rows. */
+START_TEST(big_xent) {
+  rng_seed(seed + 9200);
+  xent_case(0, 16384, 64, 1);
+  xent_case(1, 8, 50257, 0);
+}
+END_TEST
+
+/* LayerNorm at C = 1600 (GPT-2 XL), both precisions, with dinp. */
+START_TEST(big_layernorm) {
+  rng_seed(seed + 9300);
+  for (int bf16 = 0; bf16 <= 1; ++bf16) layernorm_case(bf16, 48, 1600, 3.0, 1);
+}
+END_TEST
+
+static int big_mode(void) {
+  const char *b = getenv("FSDP_TEST_BIG");
+  return b && *b && strcmp(b, "0") != 0;
+}
+
+static Suite *kernels_big_suite(void) {
+  Suite *s = suite_create("cuda_kernels_big");
+  add_test(s, "big_attention", big_attention, 1);
+  add_test(s, "big_vocab_matmul", big_vocab_matmul, 1);
+  add_test(s, "big_xent", big_xent, 1);
+  add_test(s, "big_layernorm", big_layernorm, 1);
+  return s;
+}
+
 /* ---- the suite ---- */
 
 static void add_test(Suite *s, const char *name, const TTest *test, int n) {
@@ -1008,7 +1064,7 @@ int main(void) {
            prop.name, prop.major, prop.minor, seed);
   printf("test_kernels: %s\n", device_line);
 
-  SRunner *sr = srunner_create(kernels_suite());
+  SRunner *sr = srunner_create(big_mode() ? kernels_big_suite() : kernels_suite());
   srunner_set_fork_status(sr, CK_NOFORK);
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);
@@ -1022,6 +1078,7 @@ int main(void) {
   cudaStreamDestroy(stream);
   print_table(stdout);
   failed += write_report();
-  for (int i = 0; i < LEN(kKernels); ++i) failed += !table[i].cases; /* a kernel left unchecked */
+  if (!big_mode()) /* the big shapes check a few kernels only */
+    for (int i = 0; i < LEN(kKernels); ++i) failed += !table[i].cases; /* a kernel left unchecked */
   return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -33,8 +33,9 @@
  *    bf16(1/N) and each product is rounded to bf16) and the products summed;
  *    on integer types the sum is divided by N afterwards;
  *  - ncclProd, ncclMax, ncclMin as their names say (bf16 products round).
- * Types: every integer type, ncclFloat32, ncclFloat64, ncclBfloat16 move and
- * reduce; ncclFloat16 and the fp8 types are refused (ncclInvalidArgument,
+ * Types: every integer type, ncclFloat16, ncclFloat32, ncclFloat64 and
+ * ncclBfloat16 move and reduce (fp16 like bf16: each sum rounded to the
+ * type, nearest even); the fp8 types are refused (ncclInvalidArgument,
  * "not modelled by the simulator"). Pre-multiplied-sum ops made by
  * ncclRedOpCreatePreMulSum are not available.
  *

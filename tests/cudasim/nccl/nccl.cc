@@ -234,8 +234,8 @@ ncclResult_t check_call(const sim_desc &d, const void *send, void *recv, ncclCom
     return fail(ncclInvalidArgument, "%s: datatype %d is not an ncclDataType_t", fn, d.dtype);
   const size_t es = sim_type_size(d.dtype);
   if (!es)
-    return fail(ncclInvalidArgument, "%s: %s is not modelled by the simulator (fp16 and fp8 "
-                "are not)", fn, sim_type_name(d.dtype));
+    return fail(ncclInvalidArgument, "%s: %s is not modelled by the simulator (fp8 is "
+                "not)", fn, sim_type_name(d.dtype));
   if (d.kind == SIM_ALL_REDUCE || d.kind == SIM_REDUCE_SCATTER)
     if ((unsigned)d.op >= ncclNumOps)
       return fail(ncclInvalidArgument, "%s: op %d is not ncclSum, ncclProd, ncclMax, ncclMin or "

@@ -157,6 +157,43 @@ float bf16_value(uint16_t h) {
   return f;
 }
 
+/* IEEE fp16, nearest even (fsdp_f32_to_f16 in src/core/core.c, bit for bit). */
+uint16_t f16_bits(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  const uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+  uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return sign | 0x7e00u | (uint16_t)((a >> 13) & 0x3ffu);
+  if (a >= 0x477ff000u) return sign | 0x7c00u;
+  if (a >= 0x38800000u) {
+    a += 0xfffu + ((a >> 13) & 1u);
+    return sign | (uint16_t)((a - 0x38000000u) >> 13);
+  }
+  if (a < 0x33000000u) return sign;
+  const uint32_t shift = 126u - (a >> 23), m = (a & 0x7fffffu) | 0x800000u;
+  uint32_t q = m >> shift;
+  const uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+  if (rem > half || (rem == half && (q & 1u))) q++;
+  return sign | (uint16_t)q;
+}
+
+float f16_value(uint16_t h) {
+  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  uint32_t u;
+  if (e == 0x1fu) {
+    u = sign | 0x7f800000u | (m << 13);
+  } else if (e) {
+    u = sign | ((e + 112u) << 23) | (m << 13);
+  } else {
+    const float f = (float)m * 0x1p-24f;
+    memcpy(&u, &f, sizeof u);
+    u |= sign;
+  }
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
 /* Storage S, arithmetic in V, each result rounded back to what S holds. */
 template <class S> struct plain {
   using V = S;
@@ -170,6 +207,13 @@ struct bf16 {
   static V load(const void *p, size_t i) { return bf16_value(static_cast<const uint16_t *>(p)[i]); }
   static void store(void *p, size_t i, V v) { static_cast<uint16_t *>(p)[i] = bf16_bits(v); }
   static V round(V v) { return bf16_value(bf16_bits(v)); }
+};
+
+struct f16 { /* NCCL's half sums: each result rounded to fp16 */
+  using V = float;
+  static V load(const void *p, size_t i) { return f16_value(static_cast<const uint16_t *>(p)[i]); }
+  static void store(void *p, size_t i, V v) { static_cast<uint16_t *>(p)[i] = f16_bits(v); }
+  static V round(V v) { return f16_value(f16_bits(v)); }
 };
 
 template <class V> V combine(int op, V a, V b) {
@@ -209,11 +253,11 @@ void reduce_as(void *out, const void *const *src, int n, size_t count, int op) {
 size_t sim_type_size(int t) {
   switch (t) {
   case ncclInt8: case ncclUint8: return 1;
-  case ncclBfloat16: return 2;
+  case ncclFloat16: case ncclBfloat16: return 2;
   case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
   case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
   }
-  return 0; /* ncclFloat16, fp8, or no type at all */
+  return 0; /* fp8, or no type at all */
 }
 
 const char *sim_type_name(int t) {
@@ -253,6 +297,7 @@ void sim_reduce(void *out, const void *const *src, int n, size_t count, int dtyp
   case ncclUint64: return reduce_as<plain<uint64_t>>(out, src, n, count, op);
   case ncclFloat32: return reduce_as<plain<float>>(out, src, n, count, op);
   case ncclFloat64: return reduce_as<plain<double>>(out, src, n, count, op);
+  case ncclFloat16: return reduce_as<f16>(out, src, n, count, op);
   case ncclBfloat16: return reduce_as<bf16>(out, src, n, count, op);
   }
 }

@@ -91,11 +91,14 @@ static double val(int r, size_t i) { return (double)((int)((r * 5 + i * 3) % 13)
 static void put(void *b, ncclDataType_t t, size_t i, double v) {
   if (t == ncclFloat32) ((float *)b)[i] = (float)v;
   else if (t == ncclFloat64) ((double *)b)[i] = v;
+  else if (t == ncclFloat16) ((_Float16 *)b)[i] = (_Float16)v; /* the compiler's fp16 */
   else ((uint16_t *)b)[i] = bf16_of((float)v);
 }
 static double get(const void *b, ncclDataType_t t, size_t i) {
-  return t == ncclFloat32 ? ((const float *)b)[i] : t == ncclFloat64 ? ((const double *)b)[i]
-                                                                     : f_of(((const uint16_t *)b)[i]);
+  return t == ncclFloat32   ? ((const float *)b)[i]
+         : t == ncclFloat64 ? ((const double *)b)[i]
+         : t == ncclFloat16 ? (double)((const _Float16 *)b)[i]
+                            : f_of(((const uint16_t *)b)[i]);
 }
 
 /* Exact for SUM and MAX (small integers); AVG within comm.h's bound. */
@@ -107,7 +110,8 @@ static bool reduced_ok(double got, ncclRedOp_t op, ncclDataType_t t, int n, size
     mass += fabs(x);
   }
   if (op != ncclAvg) return got == acc;
-  const double u = t == ncclBfloat16 ? ldexp(1, -8) : t == ncclFloat32 ? ldexp(1, -24) : ldexp(1, -53);
+  const double u = t == ncclBfloat16 ? ldexp(1, -8) : t == ncclFloat16 ? ldexp(1, -11)
+                   : t == ncclFloat32 ? ldexp(1, -24) : ldexp(1, -53);
   return fabs(got - acc / n) <= expm1((n + 1) * log1p(u)) * mass / n;
 }
 
@@ -117,7 +121,7 @@ static void collectives(int r, int n, ncclUniqueId id) {
   cudaStream_t s;
   CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess, "stream");
   const size_t count = 300001; /* past one staging round in f32 and bf16 */
-  const ncclDataType_t types[] = {ncclFloat32, ncclFloat64, ncclBfloat16};
+  const ncclDataType_t types[] = {ncclFloat32, ncclFloat64, ncclBfloat16, ncclFloat16};
   const ncclRedOp_t ops[] = {ncclSum, ncclAvg, ncclMax};
   for (ncclDataType_t t : types) {
     const size_t es = t == ncclFloat64 ? 8 : t == ncclFloat32 ? 4 : 2;
@@ -166,8 +170,8 @@ static void collectives(int r, int n, ncclUniqueId id) {
   float host_buf[4];
   CHECK(ncclAllReduce(host_buf, host_buf, 4, ncclFloat32, ncclSum, c, s) == ncclInvalidArgument &&
             strstr(ncclGetLastError(c), "not CUDA memory"), "a host buffer: %s", ncclGetLastError(c));
-  CHECK(ncclAllReduce(nullptr, nullptr, 4, ncclHalf, ncclSum, c, s) == ncclInvalidArgument &&
-            strstr(ncclGetLastError(c), "not modelled"), "fp16: %s", ncclGetLastError(c));
+  CHECK(ncclAllReduce(nullptr, nullptr, 4, ncclFloat8e4m3, ncclSum, c, s) == ncclInvalidArgument &&
+            strstr(ncclGetLastError(c), "not modelled"), "fp8: %s", ncclGetLastError(c));
   CHECK(ncclBroadcast(nullptr, nullptr, 1, ncclFloat32, n, c, s) == ncclInvalidArgument, "root");
   CHECK(ncclCommDestroy(c) == ncclSuccess, "destroy");
   CHECK(ncclCommDestroy(c) == ncclInvalidArgument, "destroy twice");

@@ -209,6 +209,12 @@ executor::~executor() {
 #if SIM_TSAN
     if (f->tsan) __tsan_destroy_fiber(f->tsan);
 #endif
+#if SIM_ASAN
+    /* A parked fiber's frames keep their redzones' poison, and ASan leaves
+     * shadow as it is at munmap: the next mapping at this address (a
+     * communicator's shared segment, a device buffer) would read as a stack. */
+    ASAN_UNPOISON_MEMORY_REGION(f->mem + kGuard, kStack);
+#endif
     munmap(f->mem, kGuard + kStack);
   }
 }
