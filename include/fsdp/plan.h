@@ -78,6 +78,7 @@ typedef struct {
   const char *checkpoint_kinds; /* NULL: kinds whose units recompute activations */
   const char *checkpoint_names; /* NULL: name patterns whose units recompute activations */
 } fsdp_plan_opts_t;
+FSDP_ASSERT_NO_TAIL(fsdp_plan_opts_t, checkpoint_names);
 
 #define FSDP_PLAN_OPTS_MAGIC 0xf5d9b1a1u
 

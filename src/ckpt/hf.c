@@ -20,6 +20,7 @@ static const struct { const char *name; int rows, cols; /* in units of C; 0: non
     {"mlp.c_fc.bias", 4, 0},    {"mlp.c_proj.weight", 4, 1}, {"mlp.c_proj.bias", 1, 0},
 };
 #define BLOCK_N ((int)(sizeof block / sizeof block[0]))
+_Static_assert(BLOCK_N == 12, "HF_MAX_LAYERS counts 12 tensors a layer");
 
 int hf_n_tensors(const hf_shape_t *s) { return 2 + s->n_layer * BLOCK_N + 2; }
 

@@ -297,11 +297,14 @@ static fsdp_status_t check_head(const st_file_t *f) {
   return st;
 }
 
+/* A positive integer no larger than max (fsdp's GPT-2 holds ints; a hostile
+ * n_layer must not wrap hf_n_tensors and so check no tensor). */
 static fsdp_status_t config_int(const char *file, const json_t *cfg, const char *key,
-                                int64_t *out) {
+                                int64_t max, int64_t *out) {
   const json_t *v = json_get(cfg, key);
-  if (!v || !json_int(v, out) || *out < 1)
-    return fsdp_error(FSDP_ERR_FORMAT, "%s: \"%s\" must be a positive integer", file, key);
+  if (!v || !json_int(v, out) || *out < 1 || *out > max)
+    return fsdp_error(FSDP_ERR_FORMAT, "%s: \"%s\" must be an integer from 1 to %lld", file,
+                      key, (long long)max);
   return FSDP_SUCCESS;
 }
 
@@ -322,11 +325,14 @@ static fsdp_status_t shape_from_config(const char *file, hf_shape_t *s) {
   free(text);
   const json_t *inner = cfg ? json_get(cfg, "n_inner") : NULL;
   int64_t v;
-  if (!st) st = config_int(file, cfg, "n_layer", &s->n_layer);
-  if (!st) st = config_int(file, cfg, "n_head", &s->n_head);
-  if (!st) st = config_int(file, cfg, "n_embd", &s->n_embd);
-  if (!st) st = config_int(file, cfg, "n_positions", &s->n_positions);
-  if (!st) st = config_int(file, cfg, "vocab_size", &s->vocab);
+  if (!st) st = config_int(file, cfg, "n_layer", HF_MAX_LAYERS, &s->n_layer);
+  if (!st) st = config_int(file, cfg, "n_head", INT_MAX, &s->n_head);
+  if (!st) st = config_int(file, cfg, "n_embd", INT_MAX, &s->n_embd);
+  if (!st) st = config_int(file, cfg, "n_positions", INT_MAX, &s->n_positions);
+  if (!st) st = config_int(file, cfg, "vocab_size", INT_MAX, &s->vocab);
+  if (!st && s->n_embd % s->n_head)
+    st = fsdp_error(FSDP_ERR_FORMAT, "%s: \"n_head\" %lld does not divide \"n_embd\" %lld", file,
+                    (long long)s->n_head, (long long)s->n_embd);
   if (!st && inner && inner->type != JSON_NULL && (!json_int(inner, &v) || v != 4 * s->n_embd))
     st = fsdp_error(FSDP_ERR_UNSUPPORTED, "%s: \"n_inner\" must be null or 4 * n_embd (fsdp's "
                     "GPT-2 MLP is 4 x wide)", file);

@@ -76,21 +76,24 @@ static int read_rule(const char *tool, cfg_file_t *c, yaml_document_t *d, yaml_n
   for (yaml_node_pair_t *p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top; p++) {
     yaml_node_t *kn = yaml_document_get_node(d, p->key), *vn = yaml_document_get_node(d, p->value);
     const char *key = scalar(kn);
+    if (!key) /* else k stays 0 and the value silently sets wrap */
+      return fail(tool, c, line_of(kn), "rule %d: a %s where a key belongs", c->n_rules,
+                  kn->type == YAML_MAPPING_NODE ? "mapping" : "list");
     int k = 0;
-    while (k < RULE_NKEYS && key && strcmp(key, rule_keys[k])) k++;
-    if (key && (k < RULE_NKEYS ? r->set[k] : !strcmp(key, "match") && r->match))
+    while (k < RULE_NKEYS && strcmp(key, rule_keys[k])) k++;
+    if (k < RULE_NKEYS ? r->set[k] : !strcmp(key, "match") && r->match)
       return fail(tool, c, line_of(kn), "rule %d: %s given twice", c->n_rules, key);
-    if (key && !strcmp(key, "match") && !scalar(vn))
+    if (!strcmp(key, "match") && !scalar(vn))
       return fail(tool, c, line_of(vn), "rule %d: match: a %s where a pattern belongs",
                   c->n_rules, vn->type == YAML_MAPPING_NODE ? "mapping" : "list");
-    if (key && !strcmp(key, "match")) {
+    if (!strcmp(key, "match")) {
       if (!(r->match = strdup(scalar(vn)))) return fail(tool, c, line_of(kn), "out of memory");
       continue;
     }
     if (k == RULE_NKEYS)
       return fail(tool, c, line_of(kn), "rule %d: no such key '%s' (keys: match, wrap, "
                   "wrap_min_params, checkpoint, reshard_after_forward, param_dtype, lr_mult, "
-                  "wd_mult)", c->n_rules, key ? key : "?");
+                  "wd_mult)", c->n_rules, key);
     if (rule_value(tool, c, k, vn, &r->val[k])) return -1;
     if (strlen(scalar(vn)) >= sizeof r->text[k])
       return fail(tool, c, line_of(vn), "rule %d: %s: '%s' is too long", c->n_rules,

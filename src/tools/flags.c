@@ -78,7 +78,7 @@ int flags_parse(const char *tool, const char *usage, int argc, char **argv, cons
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) return fputs(usage, stdout), 1;
-    if (!strcmp(a, "--print-config")) continue; /* flags_config_path's */
+    if (!strcmp(a, "--print-config")) continue; /* read by cfg_path (config.c) */
     if (!strcmp(a, "--config") && !v)
       return fprintf(stderr, "%s: --config needs a file (see --help)\n", tool), -1;
     if (!strcmp(a, "--config")) {

@@ -884,6 +884,39 @@ START_TEST(test_import_converts_16bit) {
 }
 END_TEST
 
+/* A config.json beside the file that no GPT-2 can have is refused naming the
+ * key, before anything is written: a layer count whose tensor count
+ * overflows (which once checked no tensor and recorded 300000000 layers),
+ * and heads that do not divide the width. */
+START_TEST(test_import_config_bounds) {
+  static const struct { const char *config, *problem; } cases[] = {
+      {"{\"n_layer\":300000000,\"n_head\":1,\"n_embd\":2,\"n_positions\":1,"
+       "\"vocab_size\":1}", "\"n_layer\""},
+      {"{\"n_layer\":1,\"n_head\":3,\"n_embd\":2,\"n_positions\":1,\"vocab_size\":1}",
+       "\"n_head\""},
+  };
+  const char *header = "{\"ln_f.weight\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}";
+  float data[2] = {1, 2};
+  for (int i = 0; i < 2; i++) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", path("hf%s", i ? "1" : "0"));
+    ck_assert_int_eq(mkdir(dir, 0755), 0);
+    char file[600];
+    snprintf(file, sizeof file, "%s/model.safetensors", dir);
+    write_st_data(file, header, data, sizeof data);
+    snprintf(file, sizeof file, "%s/config.json", dir);
+    FILE *f = fopen(file, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(cases[i].config, f);
+    fclose(f);
+    ck_assert_int_eq(fsdp_ckpt_import_hf(dir, path("imp%s", i ? "1" : "0"), NULL, 0, NULL),
+                     FSDP_ERR_FORMAT);
+    ck_assert_msg(strstr(fsdp_last_error(), "config.json") &&
+                  strstr(fsdp_last_error(), cases[i].problem), "%d: %s", i, fsdp_last_error());
+  }
+}
+END_TEST
+
 /* lm_head.weight equal to wte is the tied head (accepted, not imported); one
  * that differs is refused naming the element, and nothing is written. */
 START_TEST(test_import_head) {
@@ -1065,6 +1098,7 @@ static Suite *ckpt_suite(void) {
   tcase_add_loop_test(tc, test_safetensors_strict, 0, sizeof st_cases / sizeof st_cases[0]);
   tcase_add_test(tc, test_import_converts_16bit);
   tcase_add_test(tc, test_import_head);
+  tcase_add_test(tc, test_import_config_bounds);
   tcase_add_test(tc, test_consolidate_memory);
   tcase_add_loop_test(tc, test_save_refuses_nonfinite, 0, 4);
   tcase_add_test(tc, test_verify_reports_nonfinite);

@@ -123,6 +123,10 @@ bad rule-key "rule-key.yaml:7: rule 1: no such key 'wrapp'" <<<"$base
 sharding:
   - match: \"h.*\"
     wrapp: true"
+bad rule-list-key "rule-list-key.yaml:7: rule 1: a list where a key belongs" <<<"$base
+sharding:
+  - match: \"h.*\"
+    [wrap]: true"
 bad rule-type "rule-type.yaml:7: rule 1: lr_mult: 'half' is not a number >= 0" <<<"$base
 sharding:
   - match: \"h.*\"
