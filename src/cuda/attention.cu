@@ -138,8 +138,9 @@ static fsdp_status_t check_heads(int C, int NH) {
 
 static unsigned softmax_blocks(size_t n_rows) { return fsdp_grid(n_rows, ATT_WARPS); }
 
-fsdp_status_t fsdp_cuda_attention_forward(float *out, float *att, const float *qkv, int B, int T,
-                                          int C, int NH, fsdp_cuda_stream_t stream) {
+/* fp32: the (B,NH,T,T) probabilities kept in att. */
+static fsdp_status_t probs_forward(float *out, float *att, const float *qkv, int B, int T, int C,
+                                   int NH, cudaStream_t stream) {
   if (B <= 0 || T <= 0 || C <= 0 || NH <= 0) return FSDP_SUCCESS;
   FSDP_TRY(check_heads(C, NH));
   const int hs = C / NH, ld = 3 * C;
@@ -164,9 +165,10 @@ fsdp_status_t fsdp_cuda_attention_forward(float *out, float *att, const float *q
   return FSDP_SUCCESS;
 }
 
-fsdp_status_t fsdp_cuda_attention_backward(float *dqkv, float *scratch, const float *dout,
-                                           const float *qkv, const float *att, int B, int T,
-                                           int C, int NH, fsdp_cuda_stream_t stream) {
+/* scratch: (NH,T,T) floats, one batch row's dscore at a time. */
+static fsdp_status_t probs_backward(float *dqkv, float *scratch, const float *dout,
+                                    const float *qkv, const float *att, int B, int T, int C,
+                                    int NH, cudaStream_t stream) {
   if (B <= 0 || T <= 0 || C <= 0 || NH <= 0) return FSDP_SUCCESS;
   FSDP_TRY(check_heads(C, NH));
   const int hs = C / NH, ld = 3 * C;
@@ -196,21 +198,18 @@ fsdp_status_t fsdp_cuda_attention_backward(float *dqkv, float *scratch, const fl
   return FSDP_SUCCESS;
 }
 
-size_t fsdp_cuda_attention_lse_scratch_bytes(int T, int NH) {
+static size_t lse_scratch_bytes(int T, int NH) {
   return (size_t)NH * (size_t)T * (size_t)T * 12; /* s, dp fp32; p, ds bf16 */
 }
 
-fsdp_status_t fsdp_cuda_attention_lse_forward_bf16(uint16_t *out16, float *lse, void *scratch,
-                                                   const uint16_t *qkv16, int B, int T, int C,
-                                                   int NH, fsdp_cuda_stream_t stream) {
+static fsdp_status_t lse_forward(bf16 *out, float *lse, void *scratch, const bf16 *qkv, int B,
+                                 int T, int C, int NH, cudaStream_t stream) {
   if (B <= 0 || T <= 0 || C <= 0 || NH <= 0) return FSDP_SUCCESS;
   FSDP_TRY(check_heads(C, NH));
   const int hs = C / NH, ld = 3 * C;
   const float scale = 1.0f / sqrtf((float)hs);
   const long long tt = (long long)T * T;
   const size_t rows = (size_t)NH * T;
-  bf16 *out = as_bf16(out16);
-  const bf16 *qkv = as_bf16(qkv16);
   float *sc = (float *)scratch;
   bf16 *p = (bf16 *)(sc + (size_t)NH * tt);
   for (int b = 0; b < B; ++b) {
@@ -227,19 +226,15 @@ fsdp_status_t fsdp_cuda_attention_lse_forward_bf16(uint16_t *out16, float *lse, 
   return FSDP_SUCCESS;
 }
 
-fsdp_status_t fsdp_cuda_attention_lse_backward_bf16(uint16_t *dqkv16, void *scratch,
-                                                    const uint16_t *dout16,
-                                                    const uint16_t *qkv16, const float *lse,
-                                                    int B, int T, int C, int NH,
-                                                    fsdp_cuda_stream_t stream) {
+static fsdp_status_t lse_backward(bf16 *dqkv, void *scratch, const bf16 *dout, const bf16 *qkv,
+                                  const float *lse, int B, int T, int C, int NH,
+                                  cudaStream_t stream) {
   if (B <= 0 || T <= 0 || C <= 0 || NH <= 0) return FSDP_SUCCESS;
   FSDP_TRY(check_heads(C, NH));
   const int hs = C / NH, ld = 3 * C;
   const float scale = 1.0f / sqrtf((float)hs);
   const long long tt = (long long)T * T;
   const size_t rows = (size_t)NH * T, n = (size_t)NH * tt;
-  bf16 *dqkv = as_bf16(dqkv16);
-  const bf16 *qkv = as_bf16(qkv16), *dout = as_bf16(dout16);
   float *sc = (float *)scratch, *dp = sc + n;
   bf16 *p = (bf16 *)(dp + n), *ds = p + n;
   for (int b = 0; b < B; ++b) {
@@ -264,4 +259,42 @@ fsdp_status_t fsdp_cuda_attention_lse_backward_bf16(uint16_t *dqkv16, void *scra
                         dk, ld, hs, NH, stream));
   }
   return FSDP_SUCCESS;
+}
+
+/* ---- the table's entry points: fp32 keeps probabilities, bf16 the
+ * log-sum-exp (tensor cores, recomputing the probabilities in backward) ---- */
+
+size_t fsdp_cuda_attention_state_floats(fsdp_dtype_t dt, int B, int T, int NH) {
+  const size_t bnt = (size_t)B * (size_t)NH * (size_t)T;
+  return dt == FSDP_BF16 ? bnt : bnt * (size_t)T;
+}
+
+size_t fsdp_cuda_attention_scratch_bytes(fsdp_dtype_t dt, int T, int NH) {
+  return dt == FSDP_BF16 ? lse_scratch_bytes(T, NH)
+                         : (size_t)NH * (size_t)T * (size_t)T * sizeof(float);
+}
+
+fsdp_status_t fsdp_cuda_attention_forward(fsdp_dtype_t dt, void *out, float *att, void *scratch,
+                                          const void *qkv, int B, int T, int C, int NH,
+                                          fsdp_stream_t stream) {
+  return fsdp_cuda_dispatch("attention_forward", dt, stream, [&](auto *tag, cudaStream_t s) {
+    STORAGE(tag);
+    if constexpr (std::is_same<S, bf16>::value)
+      return lse_forward(as<S>(out), att, scratch, as<S>(qkv), B, T, C, NH, s);
+    else
+      return probs_forward(as<S>(out), att, as<S>(qkv), B, T, C, NH, s);
+  });
+}
+
+fsdp_status_t fsdp_cuda_attention_backward(fsdp_dtype_t dt, void *dqkv, void *scratch,
+                                           const void *dout, const void *qkv, const float *att,
+                                           int B, int T, int C, int NH, fsdp_stream_t stream) {
+  return fsdp_cuda_dispatch("attention_backward", dt, stream, [&](auto *tag, cudaStream_t s) {
+    STORAGE(tag);
+    if constexpr (std::is_same<S, bf16>::value)
+      return lse_backward(as<S>(dqkv), scratch, as<S>(dout), as<S>(qkv), att, B, T, C, NH, s);
+    else
+      return probs_backward(as<S>(dqkv), static_cast<float *>(scratch), as<S>(dout), as<S>(qkv),
+                            att, B, T, C, NH, s);
+  });
 }

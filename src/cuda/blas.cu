@@ -36,6 +36,17 @@ fsdp_status_t fsdp_cublas_fail(cublasStatus_t s, const char *expr, const char *f
                     api ? api->status_string(s) : "cuBLAS status");
 }
 
+fsdp_status_t fsdp_cuda_refuse(const char *op, fsdp_dtype_t dt, fsdp_stream_t stream) {
+  if (!fsdp_stream_cuda_handle(stream))
+    return fsdp_error(FSDP_ERR_INVALID_USAGE,
+                      "CUDA %s: given %s, not a CUDA stream (fsdp_stream_create_cuda; the "
+                      "engine's is fsdp_engine_stream of a config.device FSDP_DEVICE_CUDA engine)",
+                      op, stream ? "a CPU worker stream" : "the host stream");
+  return fsdp_error(FSDP_ERR_UNSUPPORTED,
+                    "CUDA %s: no %s kernel (the CUDA kernels are built for f32 and bf16)", op,
+                    fsdp_dtype_name(dt));
+}
+
 /* ---- handle cache ----
  * One cuBLAS handle per (device, stream), bound to its stream once at creation
  * and never reconfigured, which cuBLAS allows to be shared between host
@@ -242,58 +253,46 @@ static fsdp_status_t matmul_backward(T *dinp, float *dweight, float *dbias, cons
   return FSDP_SUCCESS;
 }
 
-fsdp_status_t fsdp_cuda_linear_forward(float *out, const float *inp, const float *weight,
-                                       const float *bias, int B, int C, int OC,
-                                       fsdp_cuda_stream_t stream) {
-  return matmul_forward(out, inp, weight, bias, B, C, OC, true, stream);
+/* The table's entry points: one per op, the storage type picked in
+ * fsdp_cuda_dispatch. */
+
+fsdp_status_t fsdp_cuda_linear_forward(fsdp_dtype_t dt, void *out, const void *inp,
+                                       const void *weight, const void *bias, int B, int C, int OC,
+                                       fsdp_stream_t stream) {
+  return fsdp_cuda_dispatch("linear_forward", dt, stream, [&](auto *tag, cudaStream_t s) {
+    STORAGE(tag);
+    return matmul_forward(as<S>(out), as<S>(inp), as<S>(weight), as<S>(bias), B, C, OC, true, s);
+  });
 }
 
-fsdp_status_t fsdp_cuda_linear_forward_bf16(uint16_t *out, const uint16_t *inp,
-                                            const uint16_t *weight, const uint16_t *bias, int B,
-                                            int C, int OC, fsdp_cuda_stream_t stream) {
-  return matmul_forward(as_bf16(out), as_bf16(inp), as_bf16(weight), as_bf16(bias), B, C, OC,
-                        true, stream);
+fsdp_status_t fsdp_cuda_conv1d_forward(fsdp_dtype_t dt, void *out, const void *inp,
+                                       const void *weight, const void *bias, int B, int C, int OC,
+                                       fsdp_stream_t stream) {
+  return fsdp_cuda_dispatch("conv1d_forward", dt, stream, [&](auto *tag, cudaStream_t s) {
+    STORAGE(tag);
+    return matmul_forward(as<S>(out), as<S>(inp), as<S>(weight), as<S>(bias), B, C, OC, false,
+                          s);
+  });
 }
 
-fsdp_status_t fsdp_cuda_conv1d_forward(float *out, const float *inp, const float *weight,
-                                       const float *bias, int B, int C, int OC,
-                                       fsdp_cuda_stream_t stream) {
-  return matmul_forward(out, inp, weight, bias, B, C, OC, false, stream);
+fsdp_status_t fsdp_cuda_linear_backward(fsdp_dtype_t dt, void *dinp, float *dweight, float *dbias,
+                                        const void *dout, const void *inp, const void *weight,
+                                        int B, int C, int OC, fsdp_stream_t stream) {
+  return fsdp_cuda_dispatch("linear_backward", dt, stream, [&](auto *tag, cudaStream_t s) {
+    STORAGE(tag);
+    return matmul_backward(as<S>(dinp), dweight, dbias, as<S>(dout), as<S>(inp), as<S>(weight), B,
+                           C, OC, true, s);
+  });
 }
 
-fsdp_status_t fsdp_cuda_conv1d_forward_bf16(uint16_t *out, const uint16_t *inp,
-                                            const uint16_t *weight, const uint16_t *bias, int B,
-                                            int C, int OC, fsdp_cuda_stream_t stream) {
-  return matmul_forward(as_bf16(out), as_bf16(inp), as_bf16(weight), as_bf16(bias), B, C, OC,
-                        false, stream);
-}
-
-fsdp_status_t fsdp_cuda_linear_backward(float *dinp, float *dweight, float *dbias,
-                                        const float *dout, const float *inp, const float *weight,
-                                        int B, int C, int OC, fsdp_cuda_stream_t stream) {
-  return matmul_backward(dinp, dweight, dbias, dout, inp, weight, B, C, OC, true, stream);
-}
-
-fsdp_status_t fsdp_cuda_linear_backward_bf16(uint16_t *dinp, float *dweight, float *dbias,
-                                             const uint16_t *dout, const uint16_t *inp,
-                                             const uint16_t *weight, int B, int C, int OC,
-                                             fsdp_cuda_stream_t stream) {
-  return matmul_backward(as_bf16(dinp), dweight, dbias, as_bf16(dout), as_bf16(inp),
-                         as_bf16(weight), B, C, OC, true, stream);
-}
-
-fsdp_status_t fsdp_cuda_conv1d_backward(float *dinp, float *dweight, float *dbias,
-                                        const float *dout, const float *inp, const float *weight,
-                                        int B, int C, int OC, fsdp_cuda_stream_t stream) {
-  return matmul_backward(dinp, dweight, dbias, dout, inp, weight, B, C, OC, false, stream);
-}
-
-fsdp_status_t fsdp_cuda_conv1d_backward_bf16(uint16_t *dinp, float *dweight, float *dbias,
-                                             const uint16_t *dout, const uint16_t *inp,
-                                             const uint16_t *weight, int B, int C, int OC,
-                                             fsdp_cuda_stream_t stream) {
-  return matmul_backward(as_bf16(dinp), dweight, dbias, as_bf16(dout), as_bf16(inp),
-                         as_bf16(weight), B, C, OC, false, stream);
+fsdp_status_t fsdp_cuda_conv1d_backward(fsdp_dtype_t dt, void *dinp, float *dweight, float *dbias,
+                                        const void *dout, const void *inp, const void *weight,
+                                        int B, int C, int OC, fsdp_stream_t stream) {
+  return fsdp_cuda_dispatch("conv1d_backward", dt, stream, [&](auto *tag, cudaStream_t s) {
+    STORAGE(tag);
+    return matmul_backward(as<S>(dinp), dweight, dbias, as<S>(dout), as<S>(inp), as<S>(weight), B,
+                           C, OC, false, s);
+  });
 }
 
 /* ---- GPT-2's vocabulary head: logits rows ld apart ---- */
@@ -318,26 +317,21 @@ static fsdp_status_t head_backward(T *dinp, float *dwte, const T *dlogits, int l
   return gemm(true, false, V, C, B, dlogits, ld, inp, C, 1.0f, dwte, C, s);
 }
 
-fsdp_status_t fsdp_cuda_head_forward(float *logits, int ld, const float *inp, const float *wte,
-                                     int B, int C, int V, fsdp_cuda_stream_t stream) {
-  return head_forward(logits, ld, inp, wte, B, C, V, stream);
+fsdp_status_t fsdp_cuda_head_forward(fsdp_dtype_t dt, void *logits, int ld, const void *inp,
+                                     const void *wte, int B, int C, int V, fsdp_stream_t stream) {
+  return fsdp_cuda_dispatch("head_forward", dt, stream, [&](auto *tag, cudaStream_t s) {
+    STORAGE(tag);
+    return head_forward(as<S>(logits), ld, as<S>(inp), as<S>(wte), B, C, V, s);
+  });
 }
 
-fsdp_status_t fsdp_cuda_head_forward_bf16(uint16_t *logits, int ld, const uint16_t *inp,
-                                          const uint16_t *wte, int B, int C, int V,
-                                          fsdp_cuda_stream_t stream) {
-  return head_forward(as_bf16(logits), ld, as_bf16(inp), as_bf16(wte), B, C, V, stream);
-}
-
-fsdp_status_t fsdp_cuda_head_backward(float *dinp, float *dwte, const float *dlogits, int ld,
-                                      const float *inp, const float *wte, int B, int C, int V,
-                                      fsdp_cuda_stream_t stream) {
-  return head_backward(dinp, dwte, dlogits, ld, inp, wte, B, C, V, stream);
-}
-
-fsdp_status_t fsdp_cuda_head_backward_bf16(uint16_t *dinp, float *dwte, const uint16_t *dlogits,
-                                           int ld, const uint16_t *inp, const uint16_t *wte,
-                                           int B, int C, int V, fsdp_cuda_stream_t stream) {
-  return head_backward(as_bf16(dinp), dwte, as_bf16(dlogits), ld, as_bf16(inp), as_bf16(wte), B,
-                       C, V, stream);
+fsdp_status_t fsdp_cuda_head_backward(fsdp_dtype_t dt, void *dinp, float *dwte,
+                                      const void *dlogits, int ld, const void *inp,
+                                      const void *wte, int B, int C, int V,
+                                      fsdp_stream_t stream) {
+  return fsdp_cuda_dispatch("head_backward", dt, stream, [&](auto *tag, cudaStream_t s) {
+    STORAGE(tag);
+    return head_backward(as<S>(dinp), dwte, as<S>(dlogits), ld, as<S>(inp), as<S>(wte), B, C, V,
+                         s);
+  });
 }

@@ -8,6 +8,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 extern "C" {
 #include "core/internal.h"
 }
@@ -106,8 +108,37 @@ __device__ __forceinline__ float load(const bf16 *p) { return __uint_as_float((u
 __device__ __forceinline__ void store(float *p, float x) { *p = x; }
 __device__ __forceinline__ void store(bf16 *p, float x) { p->bits = fsdp_bf16_bits(x); }
 
-static inline bf16 *as_bf16(uint16_t *p) { return reinterpret_cast<bf16 *>(p); }
-static inline const bf16 *as_bf16(const uint16_t *p) { return reinterpret_cast<const bf16 *>(p); }
+
+/* ---- dtype dispatch: the one place a table entry point picks its kernel ----
+ * fsdp_cuda_dispatch(op, dt, stream, f) calls f((S *)nullptr, cudaStream_t)
+ * with S the storage type of dt (float or bf16); any other dtype, or a stream
+ * that is not a CUDA stream (the legacy stream would race the engine's
+ * non-blocking streams), is refused naming the op. Each entry point is then
+ *   return fsdp_cuda_dispatch("op", dt, stream, [&](auto *tag, cudaStream_t s) {
+ *     STORAGE(tag);
+ *     return op(as<S>(out), ..., s); });  */
+fsdp_status_t fsdp_cuda_refuse(const char *op, fsdp_dtype_t dt, fsdp_stream_t stream);
+
+template <typename F>
+static inline fsdp_status_t fsdp_cuda_dispatch(const char *op, fsdp_dtype_t dt,
+                                               fsdp_stream_t stream, F &&f) {
+  cudaStream_t s = static_cast<cudaStream_t>(fsdp_stream_cuda_handle(stream));
+  if (!s) return fsdp_cuda_refuse(op, dt, stream);
+  switch (dt) {
+  case FSDP_F32: return f(static_cast<float *>(nullptr), s);
+  case FSDP_BF16: return f(static_cast<bf16 *>(nullptr), s);
+  default: return fsdp_cuda_refuse(op, dt, stream);
+  }
+}
+
+/* S: the storage type a dispatch lambda was called with. */
+#define STORAGE(tag) using S = std::remove_pointer_t<decltype(tag)>
+
+/* A void pointer of the table as the kernel's storage type. */
+template <typename S> static inline S *as(void *p) { return static_cast<S *>(p); }
+template <typename S> static inline const S *as(const void *p) {
+  return static_cast<const S *>(p);
+}
 
 template <typename T> struct fsdp_cuda_type;
 template <> struct fsdp_cuda_type<float> {

@@ -60,47 +60,47 @@ static fsdp_status_t axpy(float *y, const T *x, float scale, size_t n, cudaStrea
   return for_each(n, s, [=] __device__(size_t i) { y[i] += __fmul_rn(scale, load(x + i)); });
 }
 
-/* ---- the exported twins ---- */
+/* ---- the table's entry points ---- */
 
-fsdp_status_t fsdp_cuda_gelu_forward(float *out, const float *inp, size_t n,
-                                     fsdp_cuda_stream_t stream) {
-  return gelu_forward(out, inp, n, stream);
-}
-fsdp_status_t fsdp_cuda_gelu_forward_bf16(uint16_t *out, const uint16_t *inp, size_t n,
-                                          fsdp_cuda_stream_t stream) {
-  return gelu_forward(as_bf16(out), as_bf16(inp), n, stream);
-}
-fsdp_status_t fsdp_cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n,
-                                      fsdp_cuda_stream_t stream) {
-  return gelu_backward(dinp, inp, dout, n, stream);
-}
-fsdp_status_t fsdp_cuda_gelu_backward_bf16(uint16_t *dinp, const uint16_t *inp,
-                                           const uint16_t *dout, size_t n,
-                                           fsdp_cuda_stream_t stream) {
-  return gelu_backward(as_bf16(dinp), as_bf16(inp), as_bf16(dout), n, stream);
+fsdp_status_t fsdp_cuda_gelu_forward(fsdp_dtype_t dt, void *out, const void *inp, size_t n,
+                                     fsdp_stream_t stream) {
+  return fsdp_cuda_dispatch("gelu_forward", dt, stream, [&](auto *tag, cudaStream_t s) {
+    STORAGE(tag);
+    return gelu_forward(as<S>(out), as<S>(inp), n, s);
+  });
 }
 
-fsdp_status_t fsdp_cuda_residual_forward(float *out, const float *a, const float *b, size_t n,
-                                         fsdp_cuda_stream_t stream) {
-  return residual_forward(out, a, b, n, stream);
+fsdp_status_t fsdp_cuda_gelu_backward(fsdp_dtype_t dt, void *dinp, const void *inp,
+                                      const void *dout, size_t n, fsdp_stream_t stream) {
+  return fsdp_cuda_dispatch("gelu_backward", dt, stream, [&](auto *tag, cudaStream_t s) {
+    STORAGE(tag);
+    return gelu_backward(as<S>(dinp), as<S>(inp), as<S>(dout), n, s);
+  });
 }
-fsdp_status_t fsdp_cuda_residual_forward_bf16(uint16_t *out, const uint16_t *a,
-                                              const uint16_t *b, size_t n,
-                                              fsdp_cuda_stream_t stream) {
-  return residual_forward(as_bf16(out), as_bf16(a), as_bf16(b), n, stream);
+
+fsdp_status_t fsdp_cuda_residual_forward(fsdp_dtype_t dt, void *out, const void *a, const void *b,
+                                         size_t n, fsdp_stream_t stream) {
+  return fsdp_cuda_dispatch("residual_forward", dt, stream, [&](auto *tag, cudaStream_t s) {
+    STORAGE(tag);
+    return residual_forward(as<S>(out), as<S>(a), as<S>(b), n, s);
+  });
 }
+
+/* ---- the engine's shard kernels ---- */
 
 fsdp_status_t fsdp_cuda_scale(float *x, float s, size_t n, fsdp_cuda_stream_t stream) {
   return for_each(n, stream, [=] __device__(size_t i) { x[i] *= s; });
 }
 
-fsdp_status_t fsdp_cuda_axpy(float *y, const float *x, float scale, size_t n,
+fsdp_status_t fsdp_cuda_axpy(float *y, fsdp_dtype_t xdt, const void *x, float scale, size_t n,
                              fsdp_cuda_stream_t stream) {
-  return axpy(y, x, scale, n, stream);
-}
-fsdp_status_t fsdp_cuda_axpy_bf16(float *y, const uint16_t *x, float scale, size_t n,
-                                  fsdp_cuda_stream_t stream) {
-  return axpy(y, as_bf16(x), scale, n, stream);
+  switch (xdt) {
+  case FSDP_F32: return axpy(y, as<float>(x), scale, n, stream);
+  case FSDP_BF16: return axpy(y, as<bf16>(x), scale, n, stream);
+  default:
+    return fsdp_error(FSDP_ERR_UNSUPPORTED, "CUDA axpy: no kernel for %s gradients (f32, bf16)",
+                      fsdp_dtype_name(xdt));
+  }
 }
 
 fsdp_status_t fsdp_cuda_f32_to_bf16(uint16_t *out, const float *inp, size_t n,

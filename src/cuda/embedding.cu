@@ -65,26 +65,20 @@ static fsdp_status_t embedding_backward(float *dwte, float *dwpe, const T *dout,
   return FSDP_SUCCESS;
 }
 
-fsdp_status_t fsdp_cuda_embedding_forward(float *out, const int *tokens, const float *wte,
-                                          const float *wpe, int B, int T, int C,
-                                          fsdp_cuda_stream_t stream) {
-  return embedding_forward(out, tokens, wte, wpe, B, T, C, stream);
+fsdp_status_t fsdp_cuda_embedding_forward(fsdp_dtype_t dt, void *out, const int *tokens,
+                                          const void *wte, const void *wpe, int B, int T, int C,
+                                          fsdp_stream_t stream) {
+  return fsdp_cuda_dispatch("embedding_forward", dt, stream, [&](auto *tag, cudaStream_t s) {
+    STORAGE(tag);
+    return embedding_forward(as<S>(out), tokens, as<S>(wte), as<S>(wpe), B, T, C, s);
+  });
 }
 
-fsdp_status_t fsdp_cuda_embedding_forward_bf16(uint16_t *out, const int *tokens,
-                                               const uint16_t *wte, const uint16_t *wpe, int B,
-                                               int T, int C, fsdp_cuda_stream_t stream) {
-  return embedding_forward(as_bf16(out), tokens, as_bf16(wte), as_bf16(wpe), B, T, C, stream);
-}
-
-fsdp_status_t fsdp_cuda_embedding_backward(float *dwte, float *dwpe, const float *dout,
-                                           const int *tokens, int B, int T, int C,
-                                           fsdp_cuda_stream_t stream) {
-  return embedding_backward(dwte, dwpe, dout, tokens, B, T, C, stream);
-}
-
-fsdp_status_t fsdp_cuda_embedding_backward_bf16(float *dwte, float *dwpe, const uint16_t *dout,
-                                                const int *tokens, int B, int T, int C,
-                                                fsdp_cuda_stream_t stream) {
-  return embedding_backward(dwte, dwpe, as_bf16(dout), tokens, B, T, C, stream);
+fsdp_status_t fsdp_cuda_embedding_backward(fsdp_dtype_t dt, float *dwte, float *dwpe,
+                                           const void *dout, const int *tokens, int B, int T,
+                                           int C, fsdp_stream_t stream) {
+  return fsdp_cuda_dispatch("embedding_backward", dt, stream, [&](auto *tag, cudaStream_t s) {
+    STORAGE(tag);
+    return embedding_backward(dwte, dwpe, as<S>(dout), tokens, B, T, C, s);
+  });
 }

@@ -121,33 +121,24 @@ static fsdp_status_t layernorm_backward(T *dinp, float *dweight, float *dbias, c
   return FSDP_SUCCESS;
 }
 
-fsdp_status_t fsdp_cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                                          const float *weight, const float *bias, int N, int C,
-                                          fsdp_cuda_stream_t stream) {
-  return layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, stream);
+fsdp_status_t fsdp_cuda_layernorm_forward(fsdp_dtype_t dt, void *out, float *mean, float *rstd,
+                                          const void *inp, const void *weight, const void *bias,
+                                          int N, int C, fsdp_stream_t stream) {
+  return fsdp_cuda_dispatch("layernorm_forward", dt, stream, [&](auto *tag, cudaStream_t s) {
+    STORAGE(tag);
+    return layernorm_forward(as<S>(out), mean, rstd, as<S>(inp), as<S>(weight), as<S>(bias), N,
+                             C, s);
+  });
 }
 
-fsdp_status_t fsdp_cuda_layernorm_forward_bf16(uint16_t *out, float *mean, float *rstd,
-                                               const uint16_t *inp, const uint16_t *weight,
-                                               const uint16_t *bias, int N, int C,
-                                               fsdp_cuda_stream_t stream) {
-  return layernorm_forward(as_bf16(out), mean, rstd, as_bf16(inp), as_bf16(weight),
-                           as_bf16(bias), N, C, stream);
-}
-
-fsdp_status_t fsdp_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias,
-                                           const float *dout, const float *inp,
-                                           const float *weight, const float *mean,
+fsdp_status_t fsdp_cuda_layernorm_backward(fsdp_dtype_t dt, void *dinp, float *dweight,
+                                           float *dbias, const void *dout, const void *inp,
+                                           const void *weight, const float *mean,
                                            const float *rstd, int N, int C,
-                                           fsdp_cuda_stream_t stream) {
-  return layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, stream);
-}
-
-fsdp_status_t fsdp_cuda_layernorm_backward_bf16(uint16_t *dinp, float *dweight, float *dbias,
-                                                const uint16_t *dout, const uint16_t *inp,
-                                                const uint16_t *weight, const float *mean,
-                                                const float *rstd, int N, int C,
-                                                fsdp_cuda_stream_t stream) {
-  return layernorm_backward(as_bf16(dinp), dweight, dbias, as_bf16(dout), as_bf16(inp),
-                            as_bf16(weight), mean, rstd, N, C, stream);
+                                           fsdp_stream_t stream) {
+  return fsdp_cuda_dispatch("layernorm_backward", dt, stream, [&](auto *tag, cudaStream_t s) {
+    STORAGE(tag);
+    return layernorm_backward(as<S>(dinp), dweight, dbias, as<S>(dout), as<S>(inp),
+                              as<S>(weight), mean, rstd, N, C, s);
+  });
 }

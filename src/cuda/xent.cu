@@ -1,7 +1,7 @@
 /* src/cuda/xent.cu — softmax cross-entropy fused with its gradient, one block
  * per row (fp32 and bf16 logits): the row max, the exponential sum in double
- * as on the CPU, the loss in double, and dlogits written in the same kernel,
- * into its own buffer or over the logits (GPT-2's head, rows ld apart). The
+ * as on the CPU, the loss in double (kept in double), and the gradient written
+ * over the logits in the same kernel (GPT-2's head, rows ld apart). The
  * row's three reads come from L2 after the first (a 50304-wide bf16 row is
  * 98 KiB): HBM sees one read and one write. */
 #include "cuda/cuda_internal.cuh"
@@ -12,7 +12,7 @@
  * cache, and the target logit is read before the barrier that precedes the
  * writes. Rows are ld apart in both. */
 template <typename T>
-__global__ void __launch_bounds__(XENT_BLOCK) xent_kernel(T *dlogits, float *losses, const T *logits, const int *targets, int B,
+__global__ void __launch_bounds__(XENT_BLOCK) xent_kernel(T *dlogits, double *losses, const T *logits, const int *targets, int B,
                             int V, int ld, float scale) {
   FSDP_SHARED(float, fshared, [32]);
   FSDP_SHARED(double, dshared, [32]);
@@ -34,7 +34,7 @@ __global__ void __launch_bounds__(XENT_BLOCK) xent_kernel(T *dlogits, float *los
     for (int j = threadIdx.x; j < V; j += blockDim.x) sum += expf(load(x + j) - mx);
     sum = block_sum(sum, dshared);
     if (losses && threadIdx.x == 0)
-      losses[row] = (float)((double)mx + log(sum) - (double)load(x + target));
+      losses[row] = (double)mx + log(sum) - (double)load(x + target);
     __syncthreads(); /* the target logit is read before it is overwritten */
     if (d) {
       const float k = (float)(scale / sum);
@@ -49,8 +49,8 @@ __global__ void __launch_bounds__(XENT_BLOCK) xent_kernel(T *dlogits, float *los
 }
 
 template <typename T>
-static fsdp_status_t softmax_xent(T *dlogits, float *losses, const T *logits, const int *targets,
-                                  int B, int V, int ld, float scale, cudaStream_t s) {
+static fsdp_status_t xent(T *dlogits, double *losses, const T *logits, const int *targets, int B,
+                          int V, int ld, float scale, cudaStream_t s) {
   if (B <= 0 || V <= 0) return FSDP_SUCCESS;
   FSDP_LAUNCH(xent_kernel, fsdp_grid((size_t)B, 1), XENT_BLOCK, 0, s, dlogits, losses, logits,
               targets, B, V, ld, scale);
@@ -58,27 +58,12 @@ static fsdp_status_t softmax_xent(T *dlogits, float *losses, const T *logits, co
   return FSDP_SUCCESS;
 }
 
-fsdp_status_t fsdp_cuda_softmax_xent(float *dlogits, float *losses, const float *logits,
-                                     const int *targets, int B, int V, float scale,
-                                     fsdp_cuda_stream_t stream) {
-  return softmax_xent(dlogits, losses, logits, targets, B, V, V, scale, stream);
-}
-
-fsdp_status_t fsdp_cuda_softmax_xent_bf16(uint16_t *dlogits, float *losses,
-                                          const uint16_t *logits, const int *targets, int B,
-                                          int V, float scale, fsdp_cuda_stream_t stream) {
-  return softmax_xent(as_bf16(dlogits), losses, as_bf16(logits), targets, B, V, V, scale, stream);
-}
-
-fsdp_status_t fsdp_cuda_xent_inplace(float *logits, int ld, float *losses, const int *targets,
-                                     int B, int V, float scale, int grad,
-                                     fsdp_cuda_stream_t stream) {
-  return softmax_xent(grad ? logits : nullptr, losses, logits, targets, B, V, ld, scale, stream);
-}
-
-fsdp_status_t fsdp_cuda_xent_inplace_bf16(uint16_t *logits, int ld, float *losses,
-                                          const int *targets, int B, int V, float scale,
-                                          int grad, fsdp_cuda_stream_t stream) {
-  return softmax_xent(grad ? as_bf16(logits) : nullptr, losses, as_bf16(logits), targets, B, V,
-                      ld, scale, stream);
+fsdp_status_t fsdp_cuda_xent(fsdp_dtype_t dt, void *logits, int ld, double *losses,
+                             const int *targets, int B, int V, float scale, int grad,
+                             fsdp_stream_t stream) {
+  return fsdp_cuda_dispatch("xent", dt, stream, [&](auto *tag, cudaStream_t s) {
+    STORAGE(tag);
+    return xent(grad ? as<S>(logits) : nullptr, losses, as<S>(logits), targets, B, V, ld, scale,
+                s);
+  });
 }

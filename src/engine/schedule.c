@@ -71,8 +71,8 @@ static fsdp_status_t accumulate(struct fsdp_engine *e, struct unit *u, void *str
   const float scale = u->reduce_scale;
 #if FSDP_HAVE_CUDA
   if (e->cuda)
-    return lp ? fsdp_cuda_axpy_bf16(u->grad, src_lp, scale, u->shard, (fsdp_cuda_stream_t)stream)
-              : fsdp_cuda_axpy(u->grad, src, scale, u->shard, (fsdp_cuda_stream_t)stream);
+    return fsdp_cuda_axpy(u->grad, lp ? FSDP_BF16 : FSDP_F32, lp ? (const void *)src_lp : src,
+                          scale, u->shard, (fsdp_cuda_stream_t)stream);
 #endif
   (void)stream;
   float *restrict g = u->grad;

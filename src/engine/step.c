@@ -120,12 +120,14 @@ static void update_segment(const struct tensor *t, size_t first, size_t n, size_
 
 /* The optimizer on u's shard: CUDA AdamW in one launch over the unit
  * (decay_runs), else tensor piece by tensor piece. */
+#if FSDP_HAVE_CUDA
 /* A tensor of u has an lr or weight-decay multiplier other than 1. */
 static int has_groups(const struct unit *u) {
   for (int i = 0; i < u->n_tensors; i++)
     if (u->tensors[i].lr_mult != 1.0f || u->tensors[i].wd_mult != 1.0f) return 1;
   return 0;
 }
+#endif
 
 static fsdp_status_t update_unit(const struct fsdp_engine *e, const struct unit *u, float lr,
                                  float coef) {

@@ -205,6 +205,7 @@ fsdp_status_t fsdp_unit_refresh_params(const struct fsdp_engine *e, struct unit 
                                    : fsdp_cuda_f32_to_bf16(u->lp, u->master, u->shard, cs);
   }
 #endif
+  (void)e;
   for (size_t i = 0; i < u->shard; i++) u->lp[i] = u->to_lp(u->master[i]);
   for (size_t i = 0; u->rounded && i < u->shard; i++) u->rounded[i] = u->from_lp(u->lp[i]);
   return FSDP_SUCCESS;

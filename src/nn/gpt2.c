@@ -9,7 +9,8 @@
 
 #include "core/internal.h"
 #include "fsdp/nn.h"
-#include "nn/gpt2_ops.h"
+#include "device/compute.h"
+#include "nn/gpt2_io.h"
 
 #define BLOCK_TENSORS 12
 enum { LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB, LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB };
@@ -52,10 +53,13 @@ struct fsdp_gpt2 {
   char **names;        /* tensor names, owned */
   int n_names;
 
-  const gpt2_ops_t *ops; /* the kernels: CPU, CUDA fp32 or CUDA bf16 */
-  gpt2_dev_t *dev;       /* their state */
+  const fsdp_compute_ops_t *ops; /* the kernels: the engine device's compute table */
+  fsdp_dtype_t dt;       /* activations, and parameters in the views */
+  fsdp_stream_t s;       /* the engine's compute stream, which the kernels run on */
+  gpt2_io_t *io;         /* tokens in, losses and activations out */
+  void *att_scratch;     /* the attention kernels' (ops->attention_scratch_bytes) */
   size_t align;          /* bytes each buffer in the arena is rounded up to */
-  size_t esize;          /* bytes per activation element (the table's act_size) */
+  size_t esize;          /* bytes per activation element */
   int att_lse;           /* attention keeps the log-sum-exp, not probabilities */
   int one_head;          /* the logits' gradient is written over them, rows ldv apart */
   int ldv;               /* the logits' row stride: V, or V padded to a multiple of 128 */
@@ -264,7 +268,7 @@ static int padded_vocab(int V) { return (V + 127) / 128 * 128; }
 
 /* What the kernels keep under a layout (g->esize set); FSDP_GPT2_LAYOUT_BUILT
  * is this build's: one padded logits buffer, and attention's log-sum-exp with
- * bf16 activations (the bf16 CUDA table, gpt2_cuda.c), its probabilities with
+ * bf16 activations (the CUDA table's bf16 attention), its probabilities with
  * fp32 ones (CPU and CUDA fp32). pick_backend checks the table agrees. */
 static void set_layout(struct fsdp_gpt2 *g, fsdp_gpt2_layout_t layout) {
   g->att_lse = layout == FSDP_GPT2_LAYOUT_FLASH ||
@@ -389,12 +393,15 @@ static fsdp_status_t alloc_acts(struct fsdp_gpt2 *g, size_t backend) {
   g->row = calloc(V, sizeof *g->row);
   if (!g->acts || !g->scratch || !g->row)
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "GPT-2: out of host memory");
-  fsdp_status_t st = g->ops->alloc(&g->arena, arena);
+  fsdp_status_t st = fsdp_device_alloc(g->ops->device, arena, &g->arena);
+  /* zeroed on the host stream, which returns when the zeros have landed: at
+   * create, never in a step */
+  if (st == FSDP_SUCCESS) st = fsdp_device_zero(g->arena, arena, FSDP_HOST_STREAM);
   if (st != FSDP_SUCCESS) {
     char why[256];
     snprintf(why, sizeof why, "%s", fsdp_last_error());
-    return fsdp_error(st, "GPT-2: activations for batch %d x %d (%s kernels): %s", g->maxB,
-                      g->maxT, g->ops->name, why);
+    return fsdp_error(st, "GPT-2: activations for batch %d x %d (%s kernels, %s): %s", g->maxB,
+                      g->maxT, g->ops->name, fsdp_dtype_name(g->dt), why);
   }
   char *base = g->arena;
   size_t at = 0;
@@ -411,29 +418,33 @@ static fsdp_status_t alloc_acts(struct fsdp_gpt2 *g, size_t backend) {
 
 static double gib(size_t b) { return (double)b / (1u << 30); }
 
-/* Device bytes the model allocates at B x T: its arena and the CUDA kernels'
- * own scratch. */
-static size_t device_need(const struct fsdp_gpt2 *g, int B, int T, fsdp_dtype_t dt) {
-  gpt2_dims_t d = {B, T, g->c.n_embd, g->c.n_head, g->c.vocab_size};
-  return arena_bytes_at(g, B, T) + gpt2_cuda_scratch_bytes(dt, &d);
+/* Bytes of the kernels' memory the model holds besides its arena at B x T:
+ * the staged tokens and losses, and attention's scratch. */
+static size_t kernel_bytes(const struct fsdp_gpt2 *g, int B, int T) {
+  return gpt2_io_bytes((size_t)B * (size_t)T) +
+         g->ops->attention_scratch_bytes(g->dt, T, g->c.n_head);
+}
+
+/* Device bytes the model allocates at B x T: its arena and the kernels'. */
+static size_t device_need(const struct fsdp_gpt2 *g, int B, int T) {
+  return arena_bytes_at(g, B, T) + kernel_bytes(g, B, T);
 }
 
 /* Before anything is allocated on the device: the activations for max_batch
  * x max_T fit in what is free, or an error saying by how much they do not and
  * what would fit instead (a smaller micro-batch, checkpointing every block, a
  * shorter sequence), each by the same arithmetic. */
-static fsdp_status_t check_fits(const struct fsdp_gpt2 *g, fsdp_dtype_t dt) {
+static fsdp_status_t check_fits(const struct fsdp_gpt2 *g) {
   size_t free_b = 0, total_b = 0;
   FSDP_TRY(fsdp_cuda_mem_info(&free_b, &total_b));
-  const size_t need = device_need(g, g->maxB, g->maxT, dt);
+  const size_t need = device_need(g, g->maxB, g->maxT);
   if (need <= free_b) return FSDP_SUCCESS;
   fsdp_gpt2_memory_t m;
   arena_parts(g, &m);
   int b = g->maxB - 1, t = g->maxT - 1, maxk;
-  while (b >= 1 && device_need(g, b, g->maxT, dt) > free_b) b--;
-  while (t >= 1 && device_need(g, g->maxB, t, dt) > free_b) t--;
-  gpt2_dims_t d = {g->maxB, g->maxT, g->c.n_embd, g->c.n_head, g->c.vocab_size};
-  const size_t ckpt = m.checkpointed + gpt2_cuda_scratch_bytes(dt, &d);
+  while (b >= 1 && device_need(g, b, g->maxT) > free_b) b--;
+  while (t >= 1 && device_need(g, g->maxB, t) > free_b) t--;
+  const size_t ckpt = m.checkpointed + kernel_bytes(g, g->maxB, g->maxT);
   const int blocks = arena_blocks(g, &maxk);
   char fix[512];
   int n = snprintf(fix, sizeof fix, "to fit, ");
@@ -457,29 +468,33 @@ static fsdp_status_t check_fits(const struct fsdp_gpt2 *g, fsdp_dtype_t dt) {
                     gib(free_b), gib(total_b), fix);
 }
 
-/* CUDA kernels on a CUDA engine (bf16 ones when its views hand out bf16),
- * else the CPU's. *bytes: device memory the kernels hold of their own. */
+/* The compute table of the engine's device, in the dtype its views hand out
+ * (the table refuses one it has no kernels for at the first call; creating
+ * refuses it first, naming it). *bytes: the kernels' memory held besides the
+ * arena. */
 static fsdp_status_t pick_backend(struct fsdp_gpt2 *g, size_t *bytes) {
   const fsdp_config_t *cfg = fsdp_engine_config(g->eng);
-  *bytes = 0;
-  g->align = 1;
-  g->esize = sizeof(float);
-  if (cfg->device == FSDP_DEVICE_CUDA) {
-    g->align = 256; /* each buffer starts where cuBLAS and the kernels like it */
-    g->esize = cfg->param_dtype == FSDP_BF16 ? 2 : sizeof(float);
-  }
+  g->ops = fsdp_compute_ops(cfg->device);
+  if (!g->ops)
+    return fsdp_error(FSDP_ERR_UNSUPPORTED, "GPT-2: no kernels for config.device %d in this "
+                      "build (reconfigure with nvcc on PATH for CUDA: meson setup "
+                      "-Dcuda=enabled)", (int)cfg->device);
+  g->dt = cfg->device == FSDP_DEVICE_CUDA ? cfg->param_dtype : FSDP_F32;
+  if (g->dt != FSDP_F32 && g->dt != FSDP_BF16)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "GPT-2 on %s computes in f32 or bf16, not %s",
+                      g->ops->name, fsdp_dtype_name(g->dt));
+  g->s = fsdp_engine_stream(g->eng);
+  g->align = cfg->device == FSDP_DEVICE_CUDA ? 256 : 1; /* where cuBLAS and the kernels like it */
+  g->esize = fsdp_dtype_size(g->dt);
   set_layout(g, FSDP_GPT2_LAYOUT_BUILT);
-  if (cfg->device != FSDP_DEVICE_CUDA) FSDP_TRY(gpt2_backend_cpu(&g->ops, &g->dev));
-  else {
-    /* other dtypes: gpt2_backend_cuda refuses them, naming the dtype */
-    if (cfg->param_dtype == FSDP_F32 || cfg->param_dtype == FSDP_BF16)
-      FSDP_TRY(check_fits(g, cfg->param_dtype));
-    gpt2_dims_t d = {g->maxB, g->maxT, g->c.n_embd, g->c.n_head, g->c.vocab_size};
-    FSDP_TRY(gpt2_backend_cuda(cfg->param_dtype, &d, &g->ops, &g->dev, bytes));
-  }
-  if (g->ops->att_lse != g->att_lse || g->ops->act_size != g->esize)
-    return fsdp_error(FSDP_ERR_INTERNAL, "GPT-2: the %s kernels do not keep the layout sized "
-                      "for them", g->ops->name);
+  if (g->ops->attention_state_floats(g->dt, g->maxB, g->maxT, g->c.n_head) != att_elems(g))
+    return fsdp_error(FSDP_ERR_INTERNAL, "GPT-2: the %s %s attention keeps another state than "
+                      "the layout sized for it", g->ops->name, fsdp_dtype_name(g->dt));
+  if (cfg->device == FSDP_DEVICE_CUDA) FSDP_TRY(check_fits(g));
+  size_t scratch = g->ops->attention_scratch_bytes(g->dt, g->maxT, g->c.n_head);
+  FSDP_TRY(gpt2_io_create(g->ops->device, (size_t)g->maxB * (size_t)g->maxT, &g->io));
+  if (scratch) FSDP_TRY(fsdp_device_alloc(g->ops->device, scratch, &g->att_scratch));
+  *bytes = kernel_bytes(g, g->maxB, g->maxT);
   return FSDP_SUCCESS;
 }
 
@@ -494,10 +509,11 @@ void fsdp_gpt2_destroy(fsdp_gpt2_t g) {
   free(g->scratch);
   free(g->row);
   free(g->logits_host);
-  if (g->ops) {
-    g->ops->free(g->arena);
-    g->ops->destroy(g->dev);
+  if (g->ops) { /* device frees wait for the device: no queued kernel still reads these */
+    fsdp_device_free(g->ops->device, g->arena);
+    fsdp_device_free(g->ops->device, g->att_scratch);
   }
+  gpt2_io_destroy(g->io);
   free(g);
 }
 
@@ -515,7 +531,7 @@ fsdp_status_t fsdp_gpt2_create(fsdp_engine_t eng, const fsdp_gpt2_config_t *c,
   if (!g) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "GPT-2: out of host memory");
   *g = (struct fsdp_gpt2){.eng = eng, .c = *c, .maxB = o->max_batch, .maxT = maxT};
   fsdp_status_t st;
-  size_t backend;
+  size_t backend = 0;
   g->names = calloc((size_t)c->n_layer * BLOCK_TENSORS + 4, sizeof *g->names);
   if (!g->names) {
     st = fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "GPT-2: out of host memory");
@@ -541,49 +557,56 @@ size_t fsdp_gpt2_activation_bytes(fsdp_gpt2_t g, size_t *without_checkpointing) 
 
 static fsdp_status_t block_forward(const struct fsdp_gpt2 *g, float *const *p,
                                    const struct acts *a, const void *x, void *out, int B, int T) {
-  const gpt2_ops_t *k = g->ops;
-  gpt2_dev_t *d = g->dev;
+  const fsdp_compute_ops_t *k = g->ops;
+  const fsdp_dtype_t dt = g->dt;
+  const fsdp_stream_t s = g->s;
   int C = g->c.n_embd, BT = B * T;
   size_t n = (size_t)BT * C;
-  FSDP_TRY(k->layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, p[LN1W], p[LN1B], BT, C, d));
-  FSDP_TRY(k->conv1d_forward(a->qkv, a->ln1, p[QKVW], p[QKVB], BT, C, 3 * C, d));
-  FSDP_TRY(k->attention_forward(a->atty, a->att, a->qkv, B, T, C, g->c.n_head, d));
-  FSDP_TRY(k->conv1d_forward(a->res2, a->atty, p[ATTPROJW], p[ATTPROJB], BT, C, C, d));
-  FSDP_TRY(k->residual_forward(a->res2, a->res2, x, n, d));
-  FSDP_TRY(k->layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, p[LN2W], p[LN2B], BT,
-                                C, d));
-  FSDP_TRY(k->conv1d_forward(a->fch, a->ln2, p[FCW], p[FCB], BT, C, 4 * C, d));
-  FSDP_TRY(k->gelu_forward(a->fch_gelu, a->fch, 4 * n, d));
-  FSDP_TRY(k->conv1d_forward(out, a->fch_gelu, p[FCPROJW], p[FCPROJB], BT, 4 * C, C, d));
-  return k->residual_forward(out, out, a->res2, n, d);
+  FSDP_TRY(k->layernorm_forward(dt, a->ln1, a->ln1_mean, a->ln1_rstd, x, p[LN1W], p[LN1B], BT, C,
+                                s));
+  FSDP_TRY(k->conv1d_forward(dt, a->qkv, a->ln1, p[QKVW], p[QKVB], BT, C, 3 * C, s));
+  FSDP_TRY(k->attention_forward(dt, a->atty, a->att, g->att_scratch, a->qkv, B, T, C,
+                                g->c.n_head, s));
+  FSDP_TRY(k->conv1d_forward(dt, a->res2, a->atty, p[ATTPROJW], p[ATTPROJB], BT, C, C, s));
+  FSDP_TRY(k->residual_forward(dt, a->res2, a->res2, x, n, s));
+  FSDP_TRY(k->layernorm_forward(dt, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, p[LN2W], p[LN2B],
+                                BT, C, s));
+  FSDP_TRY(k->conv1d_forward(dt, a->fch, a->ln2, p[FCW], p[FCB], BT, C, 4 * C, s));
+  FSDP_TRY(k->gelu_forward(dt, a->fch_gelu, a->fch, 4 * n, s));
+  FSDP_TRY(k->conv1d_forward(dt, out, a->fch_gelu, p[FCPROJW], p[FCPROJB], BT, 4 * C, C, s));
+  return k->residual_forward(dt, out, out, a->res2, n, s);
 }
 
 /* On entry g->dres holds d(out); on return d(x). */
 static fsdp_status_t block_backward(struct fsdp_gpt2 *g, float *const *p, float *const *dp,
                                     const struct acts *a, const void *x, int B, int T) {
-  const gpt2_ops_t *k = g->ops;
-  gpt2_dev_t *d = g->dev;
+  const fsdp_compute_ops_t *k = g->ops;
+  const fsdp_dtype_t dt = g->dt;
+  const fsdp_stream_t s = g->s;
   int C = g->c.n_embd, BT = B * T;
-  size_t n1 = (size_t)BT * C, e = k->act_size;
-  FSDP_TRY(k->zero(g->d4a, 4 * n1 * e, d));
-  FSDP_TRY(k->conv1d_backward(g->d4a, dp[FCPROJW], dp[FCPROJB], g->dres, a->fch_gelu, p[FCPROJW],
-                              BT, 4 * C, C, d));
-  FSDP_TRY(k->zero(g->d4b, 4 * n1 * e, d));
-  FSDP_TRY(k->gelu_backward(g->d4b, a->fch, g->d4a, 4 * n1, d));
-  FSDP_TRY(k->zero(g->d1, n1 * e, d));
-  FSDP_TRY(k->conv1d_backward(g->d1, dp[FCW], dp[FCB], g->d4b, a->ln2, p[FCW], BT, C, 4 * C, d));
+  size_t n1 = (size_t)BT * C, e = g->esize;
+  FSDP_TRY(fsdp_device_zero(g->d4a, 4 * n1 * e, s));
+  FSDP_TRY(k->conv1d_backward(dt, g->d4a, dp[FCPROJW], dp[FCPROJB], g->dres, a->fch_gelu,
+                              p[FCPROJW], BT, 4 * C, C, s));
+  FSDP_TRY(fsdp_device_zero(g->d4b, 4 * n1 * e, s));
+  FSDP_TRY(k->gelu_backward(dt, g->d4b, a->fch, g->d4a, 4 * n1, s));
+  FSDP_TRY(fsdp_device_zero(g->d1, n1 * e, s));
+  FSDP_TRY(k->conv1d_backward(dt, g->d1, dp[FCW], dp[FCB], g->d4b, a->ln2, p[FCW], BT, C, 4 * C,
+                              s));
   /* the residual carries d(out) straight to d(res2), to which LN2 adds */
-  FSDP_TRY(k->layernorm_backward(g->dres, dp[LN2W], dp[LN2B], g->d1, a->res2, p[LN2W],
-                                 a->ln2_mean, a->ln2_rstd, BT, C, d));
-  FSDP_TRY(k->zero(g->d1, n1 * e, d));
-  FSDP_TRY(k->conv1d_backward(g->d1, dp[ATTPROJW], dp[ATTPROJB], g->dres, a->atty, p[ATTPROJW],
-                              BT, C, C, d));
-  FSDP_TRY(k->zero(g->d3, 3 * n1 * e, d));
-  FSDP_TRY(k->attention_backward(g->d3, g->d1, a->qkv, a->att, B, T, C, g->c.n_head, d));
-  FSDP_TRY(k->zero(g->d1, n1 * e, d));
-  FSDP_TRY(k->conv1d_backward(g->d1, dp[QKVW], dp[QKVB], g->d3, a->ln1, p[QKVW], BT, C, 3 * C, d));
-  return k->layernorm_backward(g->dres, dp[LN1W], dp[LN1B], g->d1, x, p[LN1W], a->ln1_mean,
-                               a->ln1_rstd, BT, C, d);
+  FSDP_TRY(k->layernorm_backward(dt, g->dres, dp[LN2W], dp[LN2B], g->d1, a->res2, p[LN2W],
+                                 a->ln2_mean, a->ln2_rstd, BT, C, s));
+  FSDP_TRY(fsdp_device_zero(g->d1, n1 * e, s));
+  FSDP_TRY(k->conv1d_backward(dt, g->d1, dp[ATTPROJW], dp[ATTPROJB], g->dres, a->atty,
+                              p[ATTPROJW], BT, C, C, s));
+  FSDP_TRY(fsdp_device_zero(g->d3, 3 * n1 * e, s));
+  FSDP_TRY(k->attention_backward(dt, g->d3, g->att_scratch, g->d1, a->qkv, a->att, B, T, C,
+                                 g->c.n_head, s));
+  FSDP_TRY(fsdp_device_zero(g->d1, n1 * e, s));
+  FSDP_TRY(k->conv1d_backward(dt, g->d1, dp[QKVW], dp[QKVB], g->d3, a->ln1, p[QKVW], BT, C, 3 * C,
+                              s));
+  return k->layernorm_backward(dt, g->dres, dp[LN1W], dp[LN1B], g->d1, x, p[LN1W], a->ln1_mean,
+                               a->ln1_rstd, BT, C, s);
 }
 
 /* ---- forward / backward ------------------------------------------------- */
@@ -615,10 +638,10 @@ static fsdp_status_t check_batch(const struct fsdp_gpt2 *g, const int *tokens,
 /* Acquires a unit and checks that its view holds what the kernels compute in. */
 static fsdp_status_t acquire(struct fsdp_gpt2 *g, struct gunit *u, fsdp_pass_t pass) {
   FSDP_TRY(fsdp_unit_acquire(g->eng, u->id, pass, &u->view));
-  if (u->view.dtype != g->ops->dtype)
+  if (u->view.dtype != g->dt)
     return fsdp_error(FSDP_ERR_INTERNAL, "GPT-2: the engine hands out %s parameters, the %s "
-                      "kernels take %s", fsdp_dtype_name(u->view.dtype), g->ops->name,
-                      fsdp_dtype_name(g->ops->dtype));
+                      "kernels were picked for %s", fsdp_dtype_name(u->view.dtype), g->ops->name,
+                      fsdp_dtype_name(g->dt));
   return FSDP_SUCCESS;
 }
 
@@ -644,19 +667,19 @@ static fsdp_status_t blocks_forward(struct fsdp_gpt2 *g, int B, int T) {
 static fsdp_status_t forward(struct fsdp_gpt2 *g, const int *tokens, const int *targets, int B,
                              int T) {
   struct gunit *r = &g->units[0];
-  const gpt2_ops_t *k = g->ops;
+  const fsdp_compute_ops_t *k = g->ops;
   int C = g->c.n_embd, BT = B * T;
-  FSDP_TRY(k->bind(g->dev, fsdp_engine_stream(g->eng)));
-  FSDP_TRY(k->stage(&g->tok, &g->tgt, tokens, targets, (size_t)BT, g->dev));
+  FSDP_TRY(gpt2_io_stage(g->io, tokens, targets, (size_t)BT, g->s, &g->tok, &g->tgt));
   FSDP_TRY(acquire(g, r, FSDP_FORWARD));
   const int lnf = r->view.n - 2;
-  FSDP_TRY(k->embedding_forward(x_at(g, 0, B, T), g->tok, r->view.param[0], r->view.param[1], B,
-                                T, C, g->dev));
+  FSDP_TRY(k->embedding_forward(g->dt, x_at(g, 0, B, T), g->tok, r->view.param[0],
+                                r->view.param[1], B, T, C, g->s));
   FSDP_TRY(blocks_forward(g, B, T));
-  FSDP_TRY(k->layernorm_forward(g->lnf, g->lnf_mean, g->lnf_rstd, x_at(g, g->c.n_layer, B, T),
-                                r->view.param[lnf], r->view.param[lnf + 1], BT, C, g->dev));
-  return k->head_forward(g->logits, g->ldv, g->lnf, r->view.param[0], BT, C, g->c.vocab_size,
-                         g->dev);
+  FSDP_TRY(k->layernorm_forward(g->dt, g->lnf, g->lnf_mean, g->lnf_rstd,
+                                x_at(g, g->c.n_layer, B, T), r->view.param[lnf],
+                                r->view.param[lnf + 1], BT, C, g->s));
+  return k->head_forward(g->dt, g->logits, g->ldv, g->lnf, r->view.param[0], BT, C,
+                         g->c.vocab_size, g->s);
 }
 
 static fsdp_status_t blocks_backward(struct fsdp_gpt2 *g, int B, int T) {
@@ -678,22 +701,31 @@ static fsdp_status_t blocks_backward(struct fsdp_gpt2 *g, int B, int T) {
 
 static fsdp_status_t backward(struct fsdp_gpt2 *g, int B, int T) {
   struct gunit *r = &g->units[0];
-  const gpt2_ops_t *k = g->ops;
+  const fsdp_compute_ops_t *k = g->ops;
   int C = g->c.n_embd, BT = B * T;
-  size_t n = (size_t)BT * C * k->act_size;
+  size_t n = (size_t)BT * C * g->esize;
   FSDP_TRY(acquire(g, r, FSDP_BACKWARD));
   float *const *p = r->view.param, *const *dp = r->view.grad;
   const int lnf = r->view.n - 2;
-  FSDP_TRY(k->zero(g->d1, n, g->dev));
-  FSDP_TRY(k->head_backward(g->d1, dp[0], g->dlogits, g->ldv, g->lnf, p[0], BT, C,
-                            g->c.vocab_size, g->dev));
-  FSDP_TRY(k->zero(g->dres, n, g->dev));
-  FSDP_TRY(k->layernorm_backward(g->dres, dp[lnf], dp[lnf + 1], g->d1,
+  FSDP_TRY(fsdp_device_zero(g->d1, n, g->s));
+  FSDP_TRY(k->head_backward(g->dt, g->d1, dp[0], g->dlogits, g->ldv, g->lnf, p[0], BT, C,
+                            g->c.vocab_size, g->s));
+  FSDP_TRY(fsdp_device_zero(g->dres, n, g->s));
+  FSDP_TRY(k->layernorm_backward(g->dt, g->dres, dp[lnf], dp[lnf + 1], g->d1,
                                  x_at(g, g->c.n_layer, B, T), p[lnf], g->lnf_mean, g->lnf_rstd,
-                                 BT, C, g->dev));
+                                 BT, C, g->s));
   FSDP_TRY(blocks_backward(g, B, T));
-  FSDP_TRY(k->embedding_backward(dp[0], dp[1], g->dres, g->tok, B, T, C, g->dev));
+  FSDP_TRY(k->embedding_backward(g->dt, dp[0], dp[1], g->dres, g->tok, B, T, C, g->s));
   return fsdp_unit_release(g->eng, r->id, FSDP_BACKWARD);
+}
+
+/* Cross-entropy of the BT rows of logits against the staged targets, fused
+ * with its gradient (grad: written over the logits); the per-row losses head
+ * for the host behind it. */
+static fsdp_status_t xent(struct fsdp_gpt2 *g, void *logits, int BT, float scale, int grad) {
+  FSDP_TRY(g->ops->xent(g->dt, logits, g->ldv, gpt2_io_losses(g->io), g->tgt, BT,
+                        g->c.vocab_size, scale, grad, g->s));
+  return gpt2_io_loss_start(g->io, BT, g->s);
 }
 
 fsdp_status_t fsdp_gpt2_forward_backward(fsdp_gpt2_t g, const int *tokens, const int *targets,
@@ -701,12 +733,11 @@ fsdp_status_t fsdp_gpt2_forward_backward(fsdp_gpt2_t g, const int *tokens, const
   if (!g || !targets) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "GPT-2: NULL argument");
   FSDP_TRY(check_batch(g, tokens, targets, B, T));
   FSDP_TRY(forward(g, tokens, targets, B, T));
-  FSDP_TRY(g->ops->xent(g->dlogits, g->ldv, g->tgt, B * T, g->c.vocab_size, loss_scale, 1,
-                        g->dev));
+  FSDP_TRY(xent(g, g->dlogits, B * T, loss_scale, 1));
   FSDP_TRY(fsdp_unit_release(g->eng, g->units[0].id, FSDP_FORWARD));
   FSDP_TRY(backward(g, B, T));
   double loss;
-  FSDP_TRY(g->ops->loss(&loss, g->dev)); /* CUDA: the micro-batch's one wait */
+  FSDP_TRY(gpt2_io_loss(g->io, &loss)); /* CUDA: the micro-batch's one wait */
   if (loss_sum) *loss_sum = loss;
   return FSDP_SUCCESS;
 }
@@ -718,8 +749,8 @@ static fsdp_status_t forward_loss(struct fsdp_gpt2 *g, const int *tokens, const 
   FSDP_TRY(forward(g, tokens, targets, B, T));
   FSDP_TRY(fsdp_unit_release(g->eng, g->units[0].id, FSDP_FORWARD));
   if (!loss_sum || !targets) return FSDP_SUCCESS;
-  FSDP_TRY(g->ops->xent(g->logits, g->ldv, g->tgt, B * T, g->c.vocab_size, 1.0f, 0, g->dev));
-  return g->ops->loss(loss_sum, g->dev);
+  FSDP_TRY(xent(g, g->logits, B * T, 1.0f, 0));
+  return gpt2_io_loss(g->io, loss_sum);
 }
 
 fsdp_status_t fsdp_gpt2_forward(fsdp_gpt2_t g, const int *tokens, const int *targets, int B,
@@ -734,7 +765,7 @@ fsdp_status_t fsdp_gpt2_forward(fsdp_gpt2_t g, const int *tokens, const int *tar
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "GPT-2: no host memory to copy the logits to");
   /* rows ld apart, then packed V apart in place (each row moves to a lower
    * or the same address, in order) */
-  FSDP_TRY(g->ops->read(g->logits_host, g->logits, rows * ld, g->dev));
+  FSDP_TRY(gpt2_io_read(g->io, g->logits_host, g->logits, g->dt, rows * ld, g->s));
   for (size_t r = 1; r < rows && ld != V; r++)
     memmove(g->logits_host + r * V, g->logits_host + r * ld, V * sizeof(float));
   *logits = g->logits_host;
@@ -798,7 +829,7 @@ static fsdp_status_t next_logits(struct fsdp_gpt2 *g, const int *ctx, int T) {
   size_t V = (size_t)g->c.vocab_size;
   FSDP_TRY(forward_loss(g, ctx, NULL, 1, T, NULL));
   const char *last = (const char *)g->logits + (size_t)(T - 1) * (size_t)g->ldv * g->esize;
-  return g->ops->read(g->row, last, V, g->dev);
+  return gpt2_io_read(g->io, g->row, last, g->dt, V, g->s);
 }
 
 fsdp_status_t fsdp_gpt2_sample(fsdp_gpt2_t g, const int *prompt, int n_prompt, int n_new,

@@ -13,10 +13,11 @@ void nn_head_forward(float *logits, int ld, const float *inp, const float *wte, 
 /* dinp (B,C) += dlogits @ wte; dwte (V,C) += dlogits^T @ inp; dinp may be NULL. */
 void nn_head_backward(float *dinp, float *dwte, const float *dlogits, int ld, const float *inp,
                       const float *wte, int B, int C, int V);
-/* The summed cross-entropy of the B rows against targets; with grad, each row
- * is overwritten by (softmax - onehot) * scale (a target outside [0,V): a NaN
- * loss and a NaN row, as fsdp_softmax_xent). */
-double nn_xent_inplace(float *logits, int ld, const int *targets, int B, int V, float scale,
-                       int grad);
+/* The summed cross-entropy of the B rows against targets, each row's also in
+ * losses (B; may be NULL); with grad, each row is overwritten by (softmax -
+ * onehot) * scale (a target outside [0,V): a NaN loss and a NaN row, as
+ * fsdp_softmax_xent). */
+double nn_xent_inplace(float *logits, int ld, double *losses, const int *targets, int B, int V,
+                       float scale, int grad);
 
 #endif

@@ -152,13 +152,15 @@ double fsdp_softmax_xent(float *dlogits, const float *logits, const int *targets
   return loss;
 }
 
-double nn_xent_inplace(float *logits, int ld, const int *targets, int B, int V, float scale,
-                       int grad) {
+double nn_xent_inplace(float *logits, int ld, double *losses, const int *targets, int B, int V,
+                       float scale, int grad) {
   if (B <= 0 || V <= 0) return 0.0;
   double loss = 0.0;
   for (int b = 0; b < B; ++b) {
     float *row = logits + (size_t)b * (size_t)ld;
-    loss += xent_row(grad ? row : NULL, row, targets[b], V, scale);
+    const double l = xent_row(grad ? row : NULL, row, targets[b], V, scale);
+    if (losses) losses[b] = l;
+    loss += l;
   }
   return loss;
 }

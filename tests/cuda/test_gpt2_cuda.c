@@ -311,11 +311,11 @@ START_TEST(gpt2_124m_layer_matches_cpu) {
 }
 END_TEST
 
-/* The bf16 CUDA kernels' own device buffers (gpt2_cuda.c): tokens, targets
- * and losses; one batch row of attention's scores, dP (fp32), p and dscore
- * (bf16). */
+/* Device buffers besides the arena at bf16: tokens and targets (int) and
+ * per-row losses (double) of gpt2_io.c; one batch row of the bf16
+ * attention's scores, dP (fp32), p and dscore (bf16). */
 static size_t kernel_scratch(const fsdp_gpt2_config_t *c, size_t b, size_t t) {
-  return 3 * b * t * 4 + (size_t)c->n_head * t * t * 12;
+  return b * t * (2 * 4 + 8) + (size_t)c->n_head * t * t * 12;
 }
 
 static size_t need_at(const fsdp_gpt2_config_t *c, int b, int t) {

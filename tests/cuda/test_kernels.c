@@ -1,4 +1,5 @@
-/* tests/cuda/test_kernels.c — every CUDA kernel of src/cuda/kernels.h against
+/* tests/cuda/test_kernels.c — every CUDA kernel of src/cuda/kernels.h (the
+ * compute table's entry points at both dtypes, and the shard kernels) against
  * its CPU reference (fsdp/nn.h, fsdp/optim.h, fsdp_f32_to_bf16 and the
  * engine's shard loops) on fresh random inputs: fp32 within 1e-5 relative,
  * bf16 within 1e-2, casts bit for bit. Prints a table (kernel, max relative
@@ -20,6 +21,7 @@
 #include "common/rng.h"
 #include "cuda/kernels.h"
 #include "cuda_gate.h"
+#include "device/compute.h"
 #include "fsdp/nn.h"
 #include "nn/head.h"
 #include "fsdp/optim.h"
@@ -36,7 +38,8 @@
 #define TOL_SUMSQ 1e-9
 #define TOL_EXACT 0.0
 
-static cudaStream_t stream;
+static fsdp_stream_t fs; /* an fsdp CUDA stream: what the table's entry points take */
+static cudaStream_t stream; /* its cudaStream_t: the test's copies and the shard kernels */
 static unsigned long long seed;
 
 /* ---- the result table: one row per kernel, the worst case over its cases ---- */
@@ -50,10 +53,10 @@ static const char *const kKernels[] = {
     "layernorm_backward_bf16", "embedding_forward", "embedding_backward",
     "embedding_forward_bf16", "embedding_backward_bf16", "attention_forward",
     "attention_backward", "attention_lse_forward_bf16", "attention_lse_backward_bf16",
-    "softmax_xent", "softmax_xent_bf16", "head_forward", "head_backward",
+    "xent", "xent_bf16", "head_forward", "head_backward",
     "head_forward_bf16", "head_backward_bf16", "xent_inplace", "xent_inplace_bf16",
     "adamw_update", "sgd_update",
-    "sum_squares", "scale", "axpy", "axpy_bf16", "f32_to_bf16", "bf16_to_f32",
+    "sum_squares", "scale", "axpy", "axpy_bf16", "table_refusals", "f32_to_bf16", "bf16_to_f32",
     "f32_to_f16", "f16_to_f32"};
 
 static struct {
@@ -177,6 +180,26 @@ static float *back_bf16(const uint16_t *d, size_t n) {
   return h;
 }
 
+/* Activations in the case's dtype: to the device, back to host fp32. */
+static fsdp_dtype_t act_dtype(int bf16) { return bf16 ? FSDP_BF16 : FSDP_F32; }
+static void *dev_act(int bf16, const float *x, size_t n) {
+  return bf16 ? (void *)dev_bf16(x, n) : (void *)dev_f32(x, n);
+}
+static void *dev_act_alloc(int bf16, size_t n) { return dev_alloc(n * (bf16 ? 2 : 4)); }
+static float *back_act(int bf16, const void *d, size_t n) {
+  return bf16 ? back_bf16(d, n) : back_f32(d, n);
+}
+
+/* Per-row losses (double on the device) as floats, for rel_err. */
+static float *back_losses(const double *d, size_t n) {
+  double *h = xmalloc(n * sizeof(double));
+  host_copy(h, d, n * sizeof(double));
+  float *f = xmalloc(n * sizeof(float));
+  for (size_t i = 0; i < n; ++i) f[i] = (float)h[i];
+  free(h);
+  return f;
+}
+
 /* ---- the error measure ----
  * max over i of |got - want| / max(|want|, rms(want)). Why the floor: two
  * correct fp32 evaluations of a sum differ by rounding errors proportional to
@@ -219,15 +242,10 @@ static double max2(double a, double b) { return a > b || isnan(a) ? a : b; }
 typedef void (*mm_fwd_cpu)(float *, const float *, const float *, const float *, int, int, int);
 typedef void (*mm_bwd_cpu)(float *, float *, float *, const float *, const float *,
                            const float *, int, int, int);
-typedef fsdp_status_t (*mm_fwd_gpu)(float *, const float *, const float *, const float *, int,
-                                    int, int, fsdp_cuda_stream_t);
-typedef fsdp_status_t (*mm_bwd_gpu)(float *, float *, float *, const float *, const float *,
-                                    const float *, int, int, int, fsdp_cuda_stream_t);
-typedef fsdp_status_t (*mm_fwd_gpu16)(uint16_t *, const uint16_t *, const uint16_t *,
-                                      const uint16_t *, int, int, int, fsdp_cuda_stream_t);
-typedef fsdp_status_t (*mm_bwd_gpu16)(uint16_t *, float *, float *, const uint16_t *,
-                                      const uint16_t *, const uint16_t *, int, int, int,
-                                      fsdp_cuda_stream_t);
+typedef fsdp_status_t (*mm_fwd_gpu)(fsdp_dtype_t, void *, const void *, const void *,
+                                    const void *, int, int, int, fsdp_stream_t);
+typedef fsdp_status_t (*mm_bwd_gpu)(fsdp_dtype_t, void *, float *, float *, const void *,
+                                    const void *, const void *, int, int, int, fsdp_stream_t);
 
 static const struct mm_kind {
   const char *name; /* the table rows are name + _forward, _backward, ..._bf16 */
@@ -235,13 +253,11 @@ static const struct mm_kind {
   mm_bwd_cpu cpu_bwd;
   mm_fwd_gpu fwd;
   mm_bwd_gpu bwd;
-  mm_fwd_gpu16 fwd16;
-  mm_bwd_gpu16 bwd16;
 } kMatmulKinds[] = {
     {"linear", fsdp_linear_forward, fsdp_linear_backward, fsdp_cuda_linear_forward,
-     fsdp_cuda_linear_backward, fsdp_cuda_linear_forward_bf16, fsdp_cuda_linear_backward_bf16},
+     fsdp_cuda_linear_backward},
     {"conv1d", fsdp_conv1d_forward, fsdp_conv1d_backward, fsdp_cuda_conv1d_forward,
-     fsdp_cuda_conv1d_backward, fsdp_cuda_conv1d_forward_bf16, fsdp_cuda_conv1d_backward_bf16},
+     fsdp_cuda_conv1d_backward},
 };
 
 /* Rows, inputs, outputs; whether bias (and dbias) and dinp are passed. C = 0
@@ -271,24 +287,14 @@ static void matmul_case(const struct mm_kind *k, int bf16, int B, int C, int OC,
     round_bf16(dinp, ni);
   }
   /* Parameter gradients are fp32 in both variants. */
-  float *g_dw = dev_f32(dw, nw), *g_db = dev_f32(db, OC), *got, *got_dinp;
-  if (!bf16) {
-    float *g_out = dev_alloc(no * 4), *g_inp = dev_f32(inp, ni), *g_w = dev_f32(w, nw);
-    float *g_dinp = dev_f32(dinp, ni);
-    OK(k->fwd(g_out, g_inp, g_w, with_bias ? dev_f32(bias, OC) : NULL, B, C, OC, stream));
-    OK(k->bwd(with_dinp ? g_dinp : NULL, g_dw, with_bias ? g_db : NULL, dev_f32(dout, no), g_inp,
-              g_w, B, C, OC, stream));
-    got = back_f32(g_out, no);
-    got_dinp = back_f32(g_dinp, ni);
-  } else {
-    uint16_t *g_out = dev_alloc(no * 2), *g_inp = dev_bf16(inp, ni), *g_w = dev_bf16(w, nw);
-    uint16_t *g_dinp = dev_bf16(dinp, ni);
-    OK(k->fwd16(g_out, g_inp, g_w, with_bias ? dev_bf16(bias, OC) : NULL, B, C, OC, stream));
-    OK(k->bwd16(with_dinp ? g_dinp : NULL, g_dw, with_bias ? g_db : NULL, dev_bf16(dout, no),
-                g_inp, g_w, B, C, OC, stream));
-    got = back_bf16(g_out, no);
-    got_dinp = back_bf16(g_dinp, ni);
-  }
+  float *g_dw = dev_f32(dw, nw), *g_db = dev_f32(db, OC);
+  const fsdp_dtype_t dt = act_dtype(bf16);
+  void *g_out = dev_act_alloc(bf16, no), *g_inp = dev_act(bf16, inp, ni);
+  void *g_w = dev_act(bf16, w, nw), *g_dinp = dev_act(bf16, dinp, ni);
+  OK(k->fwd(dt, g_out, g_inp, g_w, with_bias ? dev_act(bf16, bias, OC) : NULL, B, C, OC, fs));
+  OK(k->bwd(dt, with_dinp ? g_dinp : NULL, g_dw, with_bias ? g_db : NULL,
+            dev_act(bf16, dout, no), g_inp, g_w, B, C, OC, fs));
+  float *got = back_act(bf16, g_out, no), *got_dinp = back_act(bf16, g_dinp, ni);
   float *got_dw = back_f32(g_dw, nw), *got_db = back_f32(g_db, OC);
   k->cpu_fwd(out, inp, w, with_bias ? bias : NULL, B, C, OC);
   k->cpu_bwd(with_dinp ? dinp : NULL, dw, with_bias ? db : NULL, dout, inp, w, B, C, OC);
@@ -315,13 +321,10 @@ END_TEST
 /* ---- elementwise layers ---- */
 
 typedef void (*ew_fwd_cpu)(float *, const float *, size_t);
-typedef fsdp_status_t (*ew_fwd_gpu)(float *, const float *, size_t, fsdp_cuda_stream_t);
-typedef fsdp_status_t (*ew_fwd_gpu16)(uint16_t *, const uint16_t *, size_t, fsdp_cuda_stream_t);
+typedef fsdp_status_t (*ew_fwd_gpu)(fsdp_dtype_t, void *, const void *, size_t, fsdp_stream_t);
 typedef void (*ew_bwd_cpu)(float *, const float *, const float *, size_t);
-typedef fsdp_status_t (*ew_bwd_gpu)(float *, const float *, const float *, size_t,
-                                    fsdp_cuda_stream_t);
-typedef fsdp_status_t (*ew_bwd_gpu16)(uint16_t *, const uint16_t *, const uint16_t *, size_t,
-                                      fsdp_cuda_stream_t);
+typedef fsdp_status_t (*ew_bwd_gpu)(fsdp_dtype_t, void *, const void *, const void *, size_t,
+                                    fsdp_stream_t);
 
 /* Backward takes (dinp, x, dout), x GELU's input; the inputs spread to +-6 to
  * reach both tails. */
@@ -330,13 +333,11 @@ static const struct {
   double spread;
   ew_fwd_cpu cpu_fwd;
   ew_fwd_gpu fwd;
-  ew_fwd_gpu16 fwd16;
   ew_bwd_cpu cpu_bwd;
   ew_bwd_gpu bwd;
-  ew_bwd_gpu16 bwd16;
 } kUnary[] = {
-    {"gelu", 6.0, fsdp_gelu_forward, fsdp_cuda_gelu_forward, fsdp_cuda_gelu_forward_bf16,
-     fsdp_gelu_backward, fsdp_cuda_gelu_backward, fsdp_cuda_gelu_backward_bf16},
+    {"gelu", 6.0, fsdp_gelu_forward, fsdp_cuda_gelu_forward, fsdp_gelu_backward,
+     fsdp_cuda_gelu_backward},
 };
 
 /* The last size passes FSDP_CUDA_MAX_GRID * 256 elements: the grid-stride
@@ -347,23 +348,17 @@ static void unary_case(int u, int bf16, size_t n) {
   const double tol = bf16 ? TOL_BF16 : TOL_F32;
   char name[64];
   float *x = rand_floats(n, 0, kUnary[u].spread), *dout = rand_floats(n, 0, 1);
-  float *dinp = rand_floats(n, 0, 1), *out = xmalloc(n * 4), *got, *got_d;
+  float *dinp = rand_floats(n, 0, 1), *out = xmalloc(n * 4);
   if (bf16) {
     round_bf16(x, n);
     round_bf16(dout, n);
     round_bf16(dinp, n);
   }
-  if (!bf16) {
-    float *g_x = dev_f32(x, n), *g_out = dev_alloc(n * 4), *g_d = dev_f32(dinp, n);
-    OK(kUnary[u].fwd(g_out, g_x, n, stream));
-    OK(kUnary[u].bwd(g_d, g_x, dev_f32(dout, n), n, stream));
-    got = back_f32(g_out, n), got_d = back_f32(g_d, n);
-  } else {
-    uint16_t *g_x = dev_bf16(x, n), *g_out = dev_alloc(n * 2), *g_d = dev_bf16(dinp, n);
-    OK(kUnary[u].fwd16(g_out, g_x, n, stream));
-    OK(kUnary[u].bwd16(g_d, g_x, dev_bf16(dout, n), n, stream));
-    got = back_bf16(g_out, n), got_d = back_bf16(g_d, n);
-  }
+  const fsdp_dtype_t dt = act_dtype(bf16);
+  void *g_x = dev_act(bf16, x, n), *g_out = dev_act_alloc(bf16, n), *g_d = dev_act(bf16, dinp, n);
+  OK(kUnary[u].fwd(dt, g_out, g_x, n, fs));
+  OK(kUnary[u].bwd(dt, g_d, g_x, dev_act(bf16, dout, n), n, fs));
+  float *got = back_act(bf16, g_out, n), *got_d = back_act(bf16, g_d, n);
   kUnary[u].cpu_fwd(out, x, n);
   kUnary[u].cpu_bwd(dinp, x, dout, n);
   check_err(row_name(name, kUnary[u].name, bf16 ? "_forward_bf16" : "_forward"), "out",
@@ -375,20 +370,15 @@ static void unary_case(int u, int bf16, size_t n) {
 
 static void residual_case(int bf16, size_t n) {
   const double tol = bf16 ? TOL_BF16 : TOL_F32;
-  float *a = rand_floats(n, 0, 1), *b = rand_floats(n, 0, 1), *out = xmalloc(n * 4), *got;
+  float *a = rand_floats(n, 0, 1), *b = rand_floats(n, 0, 1), *out = xmalloc(n * 4);
   if (bf16) {
     round_bf16(a, n);
     round_bf16(b, n);
   }
-  if (!bf16) {
-    float *g_out = dev_alloc(n * 4);
-    OK(fsdp_cuda_residual_forward(g_out, dev_f32(a, n), dev_f32(b, n), n, stream));
-    got = back_f32(g_out, n);
-  } else {
-    uint16_t *g_out = dev_alloc(n * 2);
-    OK(fsdp_cuda_residual_forward_bf16(g_out, dev_bf16(a, n), dev_bf16(b, n), n, stream));
-    got = back_bf16(g_out, n);
-  }
+  void *g_out = dev_act_alloc(bf16, n);
+  OK(fsdp_cuda_residual_forward(act_dtype(bf16), g_out, dev_act(bf16, a, n), dev_act(bf16, b, n),
+                                n, fs));
+  float *got = back_act(bf16, g_out, n);
   fsdp_residual_forward(out, a, b, n);
   check_err(bf16 ? "residual_forward_bf16" : "residual_forward", "out", rel_err(got, out, n), tol);
   free(a), free(b), free(out), free(got);
@@ -420,7 +410,7 @@ static void layernorm_case(int bf16, int N, int C, double offset, int with_dinp)
   float *x = rand_floats(n, offset, 1), *w = rand_floats(C, 1, 0.5), *b = rand_floats(C, 0, 0.5);
   float *dout = rand_floats(n, 0, 1), *dinp = rand_floats(n, 0, 1);
   float *dw = rand_floats(C, 0, 1), *db = rand_floats(C, 0, 1);
-  float *out = xmalloc(n * 4), *mean = xmalloc(N * 4), *rstd = xmalloc(N * 4), *got, *got_d;
+  float *out = xmalloc(n * 4), *mean = xmalloc(N * 4), *rstd = xmalloc(N * 4);
   if (bf16) {
     round_bf16(x, n);
     round_bf16(w, C);
@@ -433,22 +423,14 @@ static void layernorm_case(int bf16, int N, int C, double offset, int with_dinp)
         *g_db = dev_f32(db, C);
   /* Backward reads the CPU's statistics, so that it is checked on its own. */
   float *c_mean = dev_f32(mean, N), *c_rstd = dev_f32(rstd, N);
-  if (!bf16) {
-    float *g_out = dev_alloc(n * 4), *g_x = dev_f32(x, n), *g_w = dev_f32(w, C),
-          *g_d = dev_f32(dinp, n);
-    OK(fsdp_cuda_layernorm_forward(g_out, g_mean, g_rstd, g_x, g_w, dev_f32(b, C), N, C, stream));
-    OK(fsdp_cuda_layernorm_backward(with_dinp ? g_d : NULL, g_dw, g_db, dev_f32(dout, n), g_x, g_w,
-                                    c_mean, c_rstd, N, C, stream));
-    got = back_f32(g_out, n), got_d = back_f32(g_d, n);
-  } else {
-    uint16_t *g_out = dev_alloc(n * 2), *g_x = dev_bf16(x, n), *g_w = dev_bf16(w, C),
-             *g_d = dev_bf16(dinp, n);
-    OK(fsdp_cuda_layernorm_forward_bf16(g_out, g_mean, g_rstd, g_x, g_w, dev_bf16(b, C), N, C,
-                                        stream));
-    OK(fsdp_cuda_layernorm_backward_bf16(with_dinp ? g_d : NULL, g_dw, g_db, dev_bf16(dout, n),
-                                         g_x, g_w, c_mean, c_rstd, N, C, stream));
-    got = back_bf16(g_out, n), got_d = back_bf16(g_d, n);
-  }
+  const fsdp_dtype_t dt = act_dtype(bf16);
+  void *g_out = dev_act_alloc(bf16, n), *g_x = dev_act(bf16, x, n), *g_w = dev_act(bf16, w, C);
+  void *g_d = dev_act(bf16, dinp, n);
+  OK(fsdp_cuda_layernorm_forward(dt, g_out, g_mean, g_rstd, g_x, g_w, dev_act(bf16, b, C), N, C,
+                                 fs));
+  OK(fsdp_cuda_layernorm_backward(dt, with_dinp ? g_d : NULL, g_dw, g_db, dev_act(bf16, dout, n),
+                                  g_x, g_w, c_mean, c_rstd, N, C, fs));
+  float *got = back_act(bf16, g_out, n), *got_d = back_act(bf16, g_d, n);
   float *got_mean = back_f32(g_mean, N), *got_rstd = back_f32(g_rstd, N);
   double err = max2(rel_err(got, out, n), rel_err(got_mean, mean, N));
   check_err(bf16 ? "layernorm_forward_bf16" : "layernorm_forward", "out/mean/rstd",
@@ -485,7 +467,6 @@ static void embedding_case(int bf16, int B, int T, int C, int V) {
   int *tok = rand_tokens((size_t)B * T, V);
   float *wte = rand_floats(nte, 0, 1), *wpe = rand_floats(npe, 0, 1), *dout = rand_floats(n, 0, 1);
   float *dwte = rand_floats(nte, 0, 1), *dwpe = rand_floats(npe, 0, 1), *out = xmalloc(n * 4);
-  float *got;
   if (bf16) {
     round_bf16(wte, nte);
     round_bf16(wpe, npe);
@@ -493,20 +474,13 @@ static void embedding_case(int bf16, int B, int T, int C, int V) {
   }
   int *g_tok = dev_copy(tok, (size_t)B * T * sizeof(int));
   float *g_dwte = dev_f32(dwte, nte), *g_dwpe = dev_f32(dwpe, npe);
-  if (!bf16) {
-    float *g_out = dev_alloc(n * 4);
-    OK(fsdp_cuda_embedding_forward(g_out, g_tok, dev_f32(wte, nte), dev_f32(wpe, npe), B, T, C,
-                                   stream));
-    OK(fsdp_cuda_embedding_backward(g_dwte, g_dwpe, dev_f32(dout, n), g_tok, B, T, C, stream));
-    got = back_f32(g_out, n);
-  } else {
-    uint16_t *g_out = dev_alloc(n * 2);
-    OK(fsdp_cuda_embedding_forward_bf16(g_out, g_tok, dev_bf16(wte, nte), dev_bf16(wpe, npe), B,
-                                        T, C, stream));
-    OK(fsdp_cuda_embedding_backward_bf16(g_dwte, g_dwpe, dev_bf16(dout, n), g_tok, B, T, C,
-                                         stream));
-    got = back_bf16(g_out, n);
-  }
+  const fsdp_dtype_t dt = act_dtype(bf16);
+  void *g_out = dev_act_alloc(bf16, n);
+  OK(fsdp_cuda_embedding_forward(dt, g_out, g_tok, dev_act(bf16, wte, nte),
+                                 dev_act(bf16, wpe, npe), B, T, C, fs));
+  OK(fsdp_cuda_embedding_backward(dt, g_dwte, g_dwpe, dev_act(bf16, dout, n), g_tok, B, T, C,
+                                  fs));
+  float *got = back_act(bf16, g_out, n);
   fsdp_embedding_forward(out, tok, wte, wpe, B, T, C);
   fsdp_embedding_backward(dwte, dwpe, dout, tok, B, T, C);
   float *got_dwte = back_f32(g_dwte, nte), *got_dwpe = back_f32(g_dwpe, npe);
@@ -539,15 +513,17 @@ static void attention_case(int B, int T, int C, int NH) {
   float *qkv = rand_floats(nqkv, 0, 1), *dout = rand_floats(no, 0, 1);
   float *dqkv = rand_floats(nqkv, 0, 1), *out = xmalloc(no * 4), *att = xmalloc(natt * 4);
   float *g_qkv = dev_f32(qkv, nqkv), *g_out = dev_alloc(no * 4), *g_att = dev_alloc(natt * 4);
-  float *g_dqkv = dev_f32(dqkv, nqkv), *g_scratch = dev_alloc((size_t)NH * T * T * 4);
-  OK(fsdp_cuda_attention_forward(g_out, g_att, g_qkv, B, T, C, NH, stream));
+  ck_assert_uint_eq(fsdp_cuda_attention_state_floats(FSDP_F32, B, T, NH), natt);
+  float *g_dqkv = dev_f32(dqkv, nqkv);
+  void *g_scratch = dev_alloc(fsdp_cuda_attention_scratch_bytes(FSDP_F32, T, NH));
+  OK(fsdp_cuda_attention_forward(FSDP_F32, g_out, g_att, g_scratch, g_qkv, B, T, C, NH, fs));
   fsdp_attention_forward(out, att, qkv, B, T, C, NH);
   float *got = back_f32(g_out, no), *got_att = back_f32(g_att, natt);
   check_err("attention_forward", "out/att",
             max2(rel_err(got, out, no), rel_err(got_att, att, natt)), TOL_F32);
   /* Backward reads the CPU's probabilities: checked on its own. */
-  OK(fsdp_cuda_attention_backward(g_dqkv, g_scratch, dev_f32(dout, no), g_qkv,
-                                  dev_f32(att, natt), B, T, C, NH, stream));
+  OK(fsdp_cuda_attention_backward(FSDP_F32, g_dqkv, g_scratch, dev_f32(dout, no), g_qkv,
+                                  dev_f32(att, natt), B, T, C, NH, fs));
   fsdp_attention_backward(dqkv, dout, qkv, att, B, T, C, NH);
   float *got_d = back_f32(g_dqkv, nqkv);
   check_err("attention_backward", "dqkv", rel_err(got_d, dqkv, nqkv), TOL_F32);
@@ -581,11 +557,12 @@ START_TEST(attention_lse_bf16) {
   float *dqkv = round_bf16(rand_floats(nqkv, 0, 1), nqkv), *out = xmalloc(no * 4);
   float *att = xmalloc(natt * 4);
   uint16_t *g_qkv = dev_bf16(qkv, nqkv), *g_out = dev_alloc(no * 2), *g_dqkv = dev_bf16(dqkv, nqkv);
-  void *g_scratch = dev_alloc(fsdp_cuda_attention_lse_scratch_bytes(T, NH));
+  void *g_scratch = dev_alloc(fsdp_cuda_attention_scratch_bytes(FSDP_BF16, T, NH));
+  ck_assert_uint_eq(fsdp_cuda_attention_state_floats(FSDP_BF16, B, T, NH), (size_t)B * NH * T);
   float *g_lse = dev_alloc((size_t)B * NH * T * 4);
-  OK(fsdp_cuda_attention_lse_forward_bf16(g_out, g_lse, g_scratch, g_qkv, B, T, C, NH, stream));
-  OK(fsdp_cuda_attention_lse_backward_bf16(g_dqkv, g_scratch, dev_bf16(dout, no), g_qkv, g_lse, B,
-                                           T, C, NH, stream));
+  OK(fsdp_cuda_attention_forward(FSDP_BF16, g_out, g_lse, g_scratch, g_qkv, B, T, C, NH, fs));
+  OK(fsdp_cuda_attention_backward(FSDP_BF16, g_dqkv, g_scratch, dev_bf16(dout, no), g_qkv, g_lse,
+                                  B, T, C, NH, fs));
   fsdp_attention_forward(out, att, qkv, B, T, C, NH);
   fsdp_attention_backward(dqkv, dout, qkv, att, B, T, C, NH);
   float *got = back_bf16(g_out, no), *got_d = back_bf16(g_dqkv, nqkv);
@@ -609,9 +586,33 @@ END_TEST
 
 START_TEST(attention_rejects_uneven_heads) {
   float *buf = dev_alloc(3 * 10 * 4 * 4);
-  ck_assert_int_eq(fsdp_cuda_attention_forward(buf, buf, buf, 1, 1, 10, 3, stream),
+  ck_assert_int_eq(fsdp_cuda_attention_forward(FSDP_F32, buf, buf, buf, buf, 1, 1, 10, 3, fs),
                    FSDP_ERR_INVALID_ARGUMENT);
   ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "multiple"));
+}
+END_TEST
+
+/* ---- the table's refusals ----
+ * The CUDA table is these entry points, every slot set; it refuses what it
+ * has no kernel for, naming the op, before anything runs: an f16 LayerNorm,
+ * and a kernel on the host stream (the legacy stream would race the
+ * engine's). */
+START_TEST(table_refusals) {
+  const fsdp_compute_ops_t *k = fsdp_compute_ops(FSDP_DEVICE_CUDA);
+  ck_assert_ptr_nonnull(k);
+  const char *missing = "?";
+  ck_assert_msg(fsdp_compute_ops_complete(k, &missing), "CUDA table: slot %s is empty", missing);
+  ck_assert_ptr_eq(k->layernorm_forward, fsdp_cuda_layernorm_forward);
+  float *buf = dev_alloc(64 * 4);
+  ck_assert_int_eq(k->layernorm_forward(FSDP_F16, buf, buf, buf, buf, buf, buf, 2, 8, fs),
+                   FSDP_ERR_UNSUPPORTED);
+  ck_assert_msg(strstr(fsdp_last_error(), "layernorm_forward") &&
+                    strstr(fsdp_last_error(), "f16"), "%s", fsdp_last_error());
+  ck_assert_int_eq(k->gelu_forward(FSDP_F32, buf, buf, 8, FSDP_HOST_STREAM),
+                   FSDP_ERR_INVALID_USAGE);
+  ck_assert_msg(strstr(fsdp_last_error(), "gelu_forward") &&
+                    strstr(fsdp_last_error(), "not a CUDA stream"), "%s", fsdp_last_error());
+  check_err("table_refusals", "named errors", 0.0, TOL_EXACT);
 }
 END_TEST
 
@@ -623,12 +624,15 @@ static const struct { int B, V, bad; } kXent[] = {
     {16, 50257, 0}, {5, 7, 1}, {1, 1, 0}, {64, 1000, 1},
 };
 
+/* The fused op with ld = V against fsdp_softmax_xent: the losses of a pass
+ * without the gradient (logits untouched), then of one writing it over the
+ * logits. */
 static void xent_case(int bf16, int B, int V, int bad) {
   const size_t n = (size_t)B * V;
   const float scale = 1.0f / (float)B;
-  const char *name = bf16 ? "softmax_xent_bf16" : "softmax_xent";
+  const char *name = bf16 ? "xent_bf16" : "xent";
   const double tol = bf16 ? TOL_BF16 : TOL_F32;
-  float *logits = rand_floats(n, 0, 4), *dl = xmalloc(n * 4), *loss = xmalloc(B * 4), *got;
+  float *logits = rand_floats(n, 0, 4), *dl = xmalloc(n * 4), *loss = xmalloc(B * 4);
   int *tgt = rand_tokens(B, V);
   if (bad) tgt[1] = V;
   if (bf16) round_bf16(logits, n);
@@ -636,25 +640,22 @@ static void xent_case(int bf16, int B, int V, int bad) {
     loss[b] = (float)fsdp_softmax_xent(NULL, logits + (size_t)b * V, tgt + b, 1, V, scale);
   fsdp_softmax_xent(dl, logits, tgt, B, V, scale);
   int *g_tgt = dev_copy(tgt, B * sizeof(int));
-  float *g_loss = dev_alloc(B * 4), *g_loss2 = dev_alloc(B * 4);
-  if (!bf16) {
-    float *g_logits = dev_f32(logits, n), *g_dl = dev_alloc(n * 4);
-    OK(fsdp_cuda_softmax_xent(g_dl, g_loss, g_logits, g_tgt, B, V, scale, stream));
-    OK(fsdp_cuda_softmax_xent(NULL, g_loss2, g_logits, g_tgt, B, V, scale, stream));
-    got = back_f32(g_dl, n);
-  } else {
-    uint16_t *g_logits = dev_bf16(logits, n), *g_dl = dev_alloc(n * 2);
-    OK(fsdp_cuda_softmax_xent_bf16(g_dl, g_loss, g_logits, g_tgt, B, V, scale, stream));
-    OK(fsdp_cuda_softmax_xent_bf16(NULL, g_loss2, g_logits, g_tgt, B, V, scale, stream));
-    got = back_bf16(g_dl, n);
-  }
-  float *got_loss = back_f32(g_loss, B), *got_loss2 = back_f32(g_loss2, B);
+  double *g_loss = dev_alloc(B * 8), *g_loss2 = dev_alloc(B * 8);
+  const fsdp_dtype_t dt = act_dtype(bf16);
+  void *g_logits = dev_act(bf16, logits, n);
+  OK(fsdp_cuda_xent(dt, g_logits, V, g_loss2, g_tgt, B, V, scale, 0, fs));
+  float *kept = back_act(bf16, g_logits, n);
+  OK(fsdp_cuda_xent(dt, g_logits, V, g_loss, g_tgt, B, V, scale, 1, fs));
+  float *got = back_act(bf16, g_logits, n);
+  float *got_loss = back_losses(g_loss, B), *got_loss2 = back_losses(g_loss2, B);
   double err = max2(rel_err(got, dl, n), rel_err(got_loss, loss, B));
+  err = max2(err, rel_err(kept, logits, n)); /* grad 0 writes nothing */
   check_err(name, "dlogits/losses", max2(err, rel_err(got_loss2, loss, B)), tol);
-  free(logits), free(dl), free(loss), free(tgt), free(got), free(got_loss), free(got_loss2);
+  free(logits), free(dl), free(loss), free(tgt), free(got), free(kept), free(got_loss),
+      free(got_loss2);
 }
 
-START_TEST(softmax_xent) {
+START_TEST(xent) {
   rng_seed(seed + 6000 + (uint64_t)_i);
   for (int bf16 = 0; bf16 <= 1; ++bf16)
     xent_case(bf16, kXent[_i].B, kXent[_i].V, kXent[_i].bad);
@@ -704,45 +705,33 @@ static void head_case(int bf16, int B, int C, int V) {
   for (size_t i = 0; i < nl; ++i) zero_l[i] = 0.0f;
   float *pad = padded_rows(zero_l, B, V, ld), *host = xmalloc(np * 4);
   int *g_tgt = dev_copy(tgt, B * sizeof(int));
-  float *g_dw = dev_f32(dw, nw), *g_loss = dev_alloc(B * 4), *g_loss0 = dev_alloc(B * 4);
-  float *logits, *grad, *got_dinp;
+  float *g_dw = dev_f32(dw, nw);
+  double *g_loss = dev_alloc(B * 8), *g_loss0 = dev_alloc(B * 8);
   int pad_fwd, pad_bwd;
-  if (!bf16) {
-    float *g_l = dev_f32(pad, np), *g_inp = dev_f32(inp, ni), *g_w = dev_f32(w, nw);
-    float *g_dinp = dev_f32(dinp, ni);
-    OK(fsdp_cuda_head_forward(g_l, ld, g_inp, g_w, B, C, V, stream));
-    OK(fsdp_cuda_xent_inplace(g_l, ld, g_loss0, g_tgt, B, V, scale, 0, stream));
-    host_copy(host, g_l, np * 4);
-    logits = packed_rows(host, B, V, ld, &pad_fwd);
-    OK(fsdp_cuda_xent_inplace(g_l, ld, g_loss, g_tgt, B, V, scale, 1, stream));
-    OK(fsdp_cuda_head_backward(g_dinp, g_dw, g_l, ld, g_inp, g_w, B, C, V, stream));
-    host_copy(host, g_l, np * 4);
-    got_dinp = back_f32(g_dinp, ni);
-  } else {
-    uint16_t *g_l = dev_bf16(pad, np), *g_inp = dev_bf16(inp, ni), *g_w = dev_bf16(w, nw);
-    uint16_t *g_dinp = dev_bf16(dinp, ni);
-    OK(fsdp_cuda_head_forward_bf16(g_l, ld, g_inp, g_w, B, C, V, stream));
-    OK(fsdp_cuda_xent_inplace_bf16(g_l, ld, g_loss0, g_tgt, B, V, scale, 0, stream));
-    float *h = back_bf16(g_l, np);
-    logits = packed_rows(h, B, V, ld, &pad_fwd);
-    free(h);
-    OK(fsdp_cuda_xent_inplace_bf16(g_l, ld, g_loss, g_tgt, B, V, scale, 1, stream));
-    OK(fsdp_cuda_head_backward_bf16(g_dinp, g_dw, g_l, ld, g_inp, g_w, B, C, V, stream));
-    h = back_bf16(g_l, np);
-    memcpy(host, h, np * 4);
-    free(h);
-    got_dinp = back_bf16(g_dinp, ni);
-  }
-  grad = packed_rows(host, B, V, ld, &pad_bwd);
-  float *got_dw = back_f32(g_dw, nw), *got_loss = back_f32(g_loss, B);
-  float *got_loss0 = back_f32(g_loss0, B);
+  const fsdp_dtype_t dt = act_dtype(bf16);
+  void *g_l = dev_act(bf16, pad, np), *g_inp = dev_act(bf16, inp, ni), *g_w = dev_act(bf16, w, nw);
+  void *g_dinp = dev_act(bf16, dinp, ni);
+  OK(fsdp_cuda_head_forward(dt, g_l, ld, g_inp, g_w, B, C, V, fs));
+  OK(fsdp_cuda_xent(dt, g_l, ld, g_loss0, g_tgt, B, V, scale, 0, fs));
+  float *h = back_act(bf16, g_l, np);
+  float *logits = packed_rows(h, B, V, ld, &pad_fwd);
+  free(h);
+  OK(fsdp_cuda_xent(dt, g_l, ld, g_loss, g_tgt, B, V, scale, 1, fs));
+  OK(fsdp_cuda_head_backward(dt, g_dinp, g_dw, g_l, ld, g_inp, g_w, B, C, V, fs));
+  h = back_act(bf16, g_l, np);
+  memcpy(host, h, np * 4);
+  free(h);
+  float *got_dinp = back_act(bf16, g_dinp, ni);
+  float *grad = packed_rows(host, B, V, ld, &pad_bwd);
+  float *got_dw = back_f32(g_dw, nw), *got_loss = back_losses(g_loss, B);
+  float *got_loss0 = back_losses(g_loss0, B);
   /* The CPU: forward into its own padded rows; the cross-entropy and backward
    * from the GPU's logits, so each kernel is measured alone. */
   float *want_l = xmalloc(np * 4), *want_g = padded_rows(logits, B, V, ld);
   nn_head_forward(want_l, ld, inp, w, B, C, V);
   float *want_logits = packed_rows(want_l, B, V, ld, &(int){0});
   for (int b = 0; b < B; ++b)
-    loss[b] = (float)nn_xent_inplace(want_g + (size_t)b * ld, ld, tgt + b, 1, V, scale, 1);
+    loss[b] = (float)nn_xent_inplace(want_g + (size_t)b * ld, ld, NULL, tgt + b, 1, V, scale, 1);
   float *want_grad = packed_rows(want_g, B, V, ld, &(int){0});
   if (bf16) round_bf16(want_grad, nl); /* the GPU stores the gradient in bf16 */
   nn_head_backward(dinp, dw, grad, V, inp, w, B, C, V);
@@ -863,8 +852,8 @@ START_TEST(scale_axpy) {
   float *x = rand_floats(n, 0, 1), *y = rand_floats(n, 0, 1), *y16 = copy_floats(y, n);
   float *xr = round_bf16(copy_floats(x, n), n), *g_y = dev_f32(y, n), *g_y16 = dev_f32(y, n);
   float *g_x = dev_f32(x, n);
-  OK(fsdp_cuda_axpy(g_y, g_x, a, n, stream));
-  OK(fsdp_cuda_axpy_bf16(g_y16, dev_bf16(x, n), a, n, stream));
+  OK(fsdp_cuda_axpy(g_y, FSDP_F32, g_x, a, n, stream));
+  OK(fsdp_cuda_axpy(g_y16, FSDP_BF16, dev_bf16(x, n), a, n, stream));
   OK(fsdp_cuda_scale(g_x, s, n, stream));
   /* The engine's loops: src/engine/schedule.c (g += scale * src), step.c (g *= coef). */
   for (size_t i = 0; i < n; ++i) y[i] += a * x[i], y16[i] += a * xr[i], x[i] *= s;
@@ -1027,7 +1016,8 @@ static Suite *kernels_suite(void) {
   add_test(s, "attention", attention, LEN(kAttention));
   add_test(s, "attention_lse_bf16", attention_lse_bf16, LEN(kAttentionLse));
   add_test(s, "attention_heads", attention_rejects_uneven_heads, 1);
-  add_test(s, "softmax_xent", softmax_xent, LEN(kXent));
+  add_test(s, "table_refusals", table_refusals, 1);
+  add_test(s, "xent", xent, LEN(kXent));
   add_test(s, "head", head, LEN(kHead));
   add_test(s, "adamw", adamw, LEN(kAdamw));
   add_test(s, "sgd", sgd, LEN(kSgd));
@@ -1054,10 +1044,12 @@ int main(void) {
   if (gate) return gate;
   struct cudaDeviceProp prop;
   if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess ||
-      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
-    printf("test_kernels: device 0 is not usable: %s\n", cudaGetErrorString(cudaGetLastError()));
+      fsdp_stream_create_cuda("test_kernels", 0, &fs) != FSDP_SUCCESS) {
+    printf("test_kernels: device 0 is not usable: %s / %s\n",
+           cudaGetErrorString(cudaGetLastError()), fsdp_last_error());
     return EXIT_FAILURE;
   }
+  stream = fsdp_stream_cuda_handle(fs);
   const char *s = getenv("FSDP_TEST_SEED");
   seed = s && *s ? strtoull(s, NULL, 10) : (unsigned long long)time(NULL) ^ (unsigned)getpid();
   snprintf(device_line, sizeof device_line, "device: %s (sm_%d%d), FSDP_TEST_SEED=%llu",
@@ -1075,7 +1067,7 @@ int main(void) {
     printf("test_kernels: fsdp_cuda_blas_release: %s\n", fsdp_last_error());
     failed++;
   }
-  cudaStreamDestroy(stream);
+  fsdp_stream_destroy(fs);
   print_table(stdout);
   failed += write_report();
   if (!big_mode()) /* the big shapes check a few kernels only */

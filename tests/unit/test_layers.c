@@ -664,10 +664,10 @@ START_TEST(head_padded_matches_unpadded) {
     ck_assert_mem_eq(pad + (size_t)b * ld, ref + (size_t)b * V, (size_t)V * sizeof(float));
   /* loss alone leaves the logits as they were */
   const double want = fsdp_softmax_xent(dref, ref, tgt, B, V, scale);
-  ck_assert(nn_xent_inplace(pad, ld, tgt, B, V, scale, 0) == want);
+  ck_assert(nn_xent_inplace(pad, ld, NULL, tgt, B, V, scale, 0) == want);
   for (int b = 0; b < B; b++)
     ck_assert_mem_eq(pad + (size_t)b * ld, ref + (size_t)b * V, (size_t)V * sizeof(float));
-  ck_assert(nn_xent_inplace(pad, ld, tgt, B, V, scale, 1) == want);
+  ck_assert(nn_xent_inplace(pad, ld, NULL, tgt, B, V, scale, 1) == want);
   for (int b = 0; b < B; b++)
     ck_assert_mem_eq(pad + (size_t)b * ld, dref + (size_t)b * V, (size_t)V * sizeof(float));
   float *din_ref = rand_floats((size_t)B * C, 0.0, 1.0), *din = copy_floats(din_ref, (size_t)B * C);
@@ -681,7 +681,7 @@ START_TEST(head_padded_matches_unpadded) {
   /* a bad target: a NaN loss and a NaN row, in place as in a second buffer */
   tgt[1] = V;
   nn_head_forward(pad, ld, inp, wte, B, C, V);
-  ck_assert(isnan(nn_xent_inplace(pad, ld, tgt, B, V, scale, 1)));
+  ck_assert(isnan(nn_xent_inplace(pad, ld, NULL, tgt, B, V, scale, 1)));
   for (int j = 0; j < V; j++) ck_assert(isnan(pad[(size_t)ld + j]));
   ck_assert(!isnan(pad[0]));
   for (int j = V; j < ld; j++) ck_assert(pad[(size_t)ld + j] == sentinel);

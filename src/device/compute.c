@@ -1,0 +1,238 @@
+/* src/device/compute.c — the compute tables: which one a device kind gets, the
+ * check that a table fills every slot, and the CPU table. The CPU table is the
+ * fp32 kernels of fsdp/nn.h (src/nn/layers.c, which depend on nothing above
+ * core) called in the caller; any other dtype is refused before anything is
+ * touched. The CUDA table is src/cuda's entry points (compute_cuda.c). */
+#include <stddef.h>
+#include <string.h>
+
+#include "core/internal.h"
+#include "device/compute.h"
+#include "fsdp/nn.h"
+#include "fsdp_config.h"
+#include "nn/head.h"
+
+/* Every slot's name, in the struct's order: a slot added without a name here
+ * fails the static assertion below. */
+static const char *const slot_names[] = {
+    "linear_forward",     "linear_backward",         "conv1d_forward",
+    "conv1d_backward",    "head_forward",            "head_backward",
+    "gelu_forward",       "gelu_backward",           "residual_forward",
+    "layernorm_forward",  "layernorm_backward",      "embedding_forward",
+    "embedding_backward", "attention_state_floats",  "attention_scratch_bytes",
+    "attention_forward",  "attention_backward",      "xent",
+};
+typedef void (*any_fn)(void);
+#define FIRST_SLOT offsetof(fsdp_compute_ops_t, linear_forward)
+#define N_SLOTS ((sizeof(fsdp_compute_ops_t) - FIRST_SLOT) / sizeof(any_fn))
+_Static_assert(sizeof slot_names / sizeof *slot_names == N_SLOTS,
+               "every slot of fsdp_compute_ops_t has a name in slot_names");
+
+int fsdp_compute_ops_complete(const fsdp_compute_ops_t *ops, const char **missing) {
+  for (size_t i = 0; i < N_SLOTS; i++) {
+    any_fn f;
+    memcpy(&f, (const char *)ops + FIRST_SLOT + i * sizeof f, sizeof f);
+    if (!f) {
+      if (missing) *missing = slot_names[i];
+      return 0;
+    }
+  }
+  return 1;
+}
+
+/* ---- the CPU table ---- */
+
+/* fp32 on the caller's thread: another dtype, or a worker stream whose queue
+ * the op would overtake, is refused with the op's name. */
+static fsdp_status_t cpu_refuse(const char *op, fsdp_dtype_t dt, fsdp_stream_t s) {
+  if (dt != FSDP_F32)
+    return fsdp_error(FSDP_ERR_UNSUPPORTED,
+                      "CPU %s: no %s kernel (the CPU kernels compute in f32; %s runs on "
+                      "config.device FSDP_DEVICE_CUDA)",
+                      op, fsdp_dtype_name(dt), fsdp_dtype_name(dt));
+  (void)s;
+  return fsdp_error(FSDP_ERR_INVALID_USAGE,
+                    "CPU %s: given a worker stream; CPU kernels run in the caller, so they take "
+                    "FSDP_HOST_STREAM (queue a host function on the worker to run one there)",
+                    op);
+}
+
+#define CPU_OP(op, dt, s) \
+  if ((dt) != FSDP_F32 || (s) != FSDP_HOST_STREAM) return cpu_refuse(op, dt, s)
+
+static fsdp_status_t cpu_linear_forward(fsdp_dtype_t dt, void *out, const void *inp,
+                                        const void *weight, const void *bias, int B, int C,
+                                        int OC, fsdp_stream_t s) {
+  CPU_OP("linear_forward", dt, s);
+  fsdp_linear_forward(out, inp, weight, bias, B, C, OC);
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t cpu_linear_backward(fsdp_dtype_t dt, void *dinp, float *dweight,
+                                         float *dbias, const void *dout, const void *inp,
+                                         const void *weight, int B, int C, int OC,
+                                         fsdp_stream_t s) {
+  CPU_OP("linear_backward", dt, s);
+  fsdp_linear_backward(dinp, dweight, dbias, dout, inp, weight, B, C, OC);
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t cpu_conv1d_forward(fsdp_dtype_t dt, void *out, const void *inp,
+                                        const void *weight, const void *bias, int B, int C,
+                                        int OC, fsdp_stream_t s) {
+  CPU_OP("conv1d_forward", dt, s);
+  fsdp_conv1d_forward(out, inp, weight, bias, B, C, OC);
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t cpu_conv1d_backward(fsdp_dtype_t dt, void *dinp, float *dweight,
+                                         float *dbias, const void *dout, const void *inp,
+                                         const void *weight, int B, int C, int OC,
+                                         fsdp_stream_t s) {
+  CPU_OP("conv1d_backward", dt, s);
+  fsdp_conv1d_backward(dinp, dweight, dbias, dout, inp, weight, B, C, OC);
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t cpu_head_forward(fsdp_dtype_t dt, void *logits, int ld, const void *inp,
+                                      const void *wte, int B, int C, int V, fsdp_stream_t s) {
+  CPU_OP("head_forward", dt, s);
+  nn_head_forward(logits, ld, inp, wte, B, C, V);
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t cpu_head_backward(fsdp_dtype_t dt, void *dinp, float *dwte,
+                                       const void *dlogits, int ld, const void *inp,
+                                       const void *wte, int B, int C, int V, fsdp_stream_t s) {
+  CPU_OP("head_backward", dt, s);
+  nn_head_backward(dinp, dwte, dlogits, ld, inp, wte, B, C, V);
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t cpu_gelu_forward(fsdp_dtype_t dt, void *out, const void *inp, size_t n,
+                                      fsdp_stream_t s) {
+  CPU_OP("gelu_forward", dt, s);
+  fsdp_gelu_forward(out, inp, n);
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t cpu_gelu_backward(fsdp_dtype_t dt, void *dinp, const void *inp,
+                                       const void *dout, size_t n, fsdp_stream_t s) {
+  CPU_OP("gelu_backward", dt, s);
+  fsdp_gelu_backward(dinp, inp, dout, n);
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t cpu_residual_forward(fsdp_dtype_t dt, void *out, const void *a,
+                                          const void *b, size_t n, fsdp_stream_t s) {
+  CPU_OP("residual_forward", dt, s);
+  fsdp_residual_forward(out, a, b, n);
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t cpu_layernorm_forward(fsdp_dtype_t dt, void *out, float *mean, float *rstd,
+                                           const void *inp, const void *weight, const void *bias,
+                                           int N, int C, fsdp_stream_t s) {
+  CPU_OP("layernorm_forward", dt, s);
+  fsdp_layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t cpu_layernorm_backward(fsdp_dtype_t dt, void *dinp, float *dweight,
+                                            float *dbias, const void *dout, const void *inp,
+                                            const void *weight, const float *mean,
+                                            const float *rstd, int N, int C, fsdp_stream_t s) {
+  CPU_OP("layernorm_backward", dt, s);
+  fsdp_layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t cpu_embedding_forward(fsdp_dtype_t dt, void *out, const int *tokens,
+                                           const void *wte, const void *wpe, int B, int T, int C,
+                                           fsdp_stream_t s) {
+  CPU_OP("embedding_forward", dt, s);
+  fsdp_embedding_forward(out, tokens, wte, wpe, B, T, C);
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t cpu_embedding_backward(fsdp_dtype_t dt, float *dwte, float *dwpe,
+                                            const void *dout, const int *tokens, int B, int T,
+                                            int C, fsdp_stream_t s) {
+  CPU_OP("embedding_backward", dt, s);
+  fsdp_embedding_backward(dwte, dwpe, dout, tokens, B, T, C);
+  return FSDP_SUCCESS;
+}
+
+/* The CPU keeps the probabilities, and its backward's scratch on its stack. */
+static size_t cpu_attention_state_floats(fsdp_dtype_t dt, int B, int T, int NH) {
+  (void)dt;
+  return (size_t)B * (size_t)NH * (size_t)T * (size_t)T;
+}
+
+static size_t cpu_attention_scratch_bytes(fsdp_dtype_t dt, int T, int NH) {
+  (void)dt, (void)T, (void)NH;
+  return 0;
+}
+
+static fsdp_status_t cpu_attention_forward(fsdp_dtype_t dt, void *out, float *att, void *scratch,
+                                           const void *qkv, int B, int T, int C, int NH,
+                                           fsdp_stream_t s) {
+  CPU_OP("attention_forward", dt, s);
+  (void)scratch;
+  fsdp_attention_forward(out, att, qkv, B, T, C, NH);
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t cpu_attention_backward(fsdp_dtype_t dt, void *dqkv, void *scratch,
+                                            const void *dout, const void *qkv, const float *att,
+                                            int B, int T, int C, int NH, fsdp_stream_t s) {
+  CPU_OP("attention_backward", dt, s);
+  (void)scratch;
+  fsdp_attention_backward(dqkv, dout, qkv, att, B, T, C, NH);
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t cpu_xent(fsdp_dtype_t dt, void *logits, int ld, double *losses,
+                              const int *targets, int B, int V, float scale, int grad,
+                              fsdp_stream_t s) {
+  CPU_OP("xent", dt, s);
+  nn_xent_inplace(logits, ld, losses, targets, B, V, scale, grad);
+  return FSDP_SUCCESS;
+}
+
+static const fsdp_compute_ops_t cpu_ops = {
+    .name = "cpu",
+    .device = FSDP_DEVICE_CPU,
+    .linear_forward = cpu_linear_forward,
+    .linear_backward = cpu_linear_backward,
+    .conv1d_forward = cpu_conv1d_forward,
+    .conv1d_backward = cpu_conv1d_backward,
+    .head_forward = cpu_head_forward,
+    .head_backward = cpu_head_backward,
+    .gelu_forward = cpu_gelu_forward,
+    .gelu_backward = cpu_gelu_backward,
+    .residual_forward = cpu_residual_forward,
+    .layernorm_forward = cpu_layernorm_forward,
+    .layernorm_backward = cpu_layernorm_backward,
+    .embedding_forward = cpu_embedding_forward,
+    .embedding_backward = cpu_embedding_backward,
+    .attention_state_floats = cpu_attention_state_floats,
+    .attention_scratch_bytes = cpu_attention_scratch_bytes,
+    .attention_forward = cpu_attention_forward,
+    .attention_backward = cpu_attention_backward,
+    .xent = cpu_xent,
+};
+
+#if FSDP_HAVE_CUDA
+extern const fsdp_compute_ops_t fsdp_compute_cuda_ops; /* compute_cuda.c */
+#endif
+
+const fsdp_compute_ops_t *fsdp_compute_ops(fsdp_device_kind_t kind) {
+  switch (kind) {
+  case FSDP_DEVICE_CPU: return &cpu_ops;
+#if FSDP_HAVE_CUDA
+  case FSDP_DEVICE_CUDA: return &fsdp_compute_cuda_ops;
+#endif
+  default: return NULL;
+  }
+}

@@ -1,0 +1,138 @@
+/* src/device/compute.h — the compute table: every kernel the engine and the
+ * models run, as one table of function pointers per backend. The CPU table
+ * (compute.c) holds the fp32 kernels of fsdp/nn.h; the CUDA table holds the
+ * entry points of src/cuda/kernels.h themselves, so a model's call reaches the
+ * kernel's launch in one hop: gpt2.c -> ops->layernorm_forward (that is
+ * fsdp_cuda_layernorm_forward) -> layernorm_forward<bf16> -> launch. Not
+ * installed.
+ *
+ * Why this shape (ggml's backend interface, llm.c's one floatX kernel per op):
+ * - One kernel per op, generic over the storage type: each slot takes the
+ *   dtype of its activations and weights first, and a backend dispatches on
+ *   it in one place (cuda_internal.cuh: fsdp_cuda_dispatch). A dtype a
+ *   backend does not implement is refused with FSDP_ERR_UNSUPPORTED naming the
+ *   op, the backend and the dtype, before anything runs; never a wrong answer.
+ * - Pointers typed void * hold values of that dtype (bf16 as uint16_t bit
+ *   patterns); float * are always fp32 (parameter gradients, LayerNorm
+ *   statistics, attention's saved state), double * always fp64 (per-row
+ *   losses). Every pointer lives in the backend's memory (fsdp_device_alloc
+ *   of the table's `device`).
+ * - The stream is the last argument (llm.c's order: outputs, inputs, weights,
+ *   dims, stream). CUDA queues the work on it and returns (it must be a CUDA
+ *   stream: another is refused, since the legacy stream would race the
+ *   engine's); the CPU runs the op in the caller before returning, so it takes
+ *   the stream the caller's work is ordered on and that is the caller itself
+ *   (FSDP_HOST_STREAM, which is the CPU engine's compute stream).
+ * - Backward ops ADD into gradient buffers (+=); zeroing is the caller's.
+ * - Statuses say whether the work was launched (bad arguments, launch and
+ *   cuBLAS errors, with file:line in fsdp_last_error()); a fault while queued
+ *   work runs surfaces at the next synchronising call, as CUDA errors do.
+ * - Where the GPU needs memory the CPU keeps on its stack (attention's
+ *   scratch), the op takes a buffer and the table says how large.
+ * Dims legend as in fsdp/nn.h (B, T, C, OC, NH, V; N rows). Tables are
+ * immutable and may be used from any thread. */
+#ifndef FSDP_DEVICE_COMPUTE_H
+#define FSDP_DEVICE_COMPUTE_H
+
+#include <stddef.h>
+
+#include "fsdp/core.h"
+#include "fsdp/device.h"
+
+typedef struct fsdp_compute_ops {
+  const char *name;          /* "cpu", "cuda" */
+  fsdp_device_kind_t device; /* where every pointer lives */
+
+  /* ---- matrix products (fp32 accumulation) ---- */
+  /* out (B,OC) = inp (B,C) @ weight^T (OC,C) + bias (OC); bias may be NULL. */
+  fsdp_status_t (*linear_forward)(fsdp_dtype_t dt, void *out, const void *inp, const void *weight,
+                                  const void *bias, int B, int C, int OC, fsdp_stream_t s);
+  /* dinp (B,C) += dout @ weight; dweight (OC,C) += dout^T @ inp; dbias +=
+   * column sums of dout. dinp and dbias may be NULL. */
+  fsdp_status_t (*linear_backward)(fsdp_dtype_t dt, void *dinp, float *dweight, float *dbias,
+                                   const void *dout, const void *inp, const void *weight, int B,
+                                   int C, int OC, fsdp_stream_t s);
+  /* The same with the weight stored (C,OC): GPT-2's Conv1D. */
+  fsdp_status_t (*conv1d_forward)(fsdp_dtype_t dt, void *out, const void *inp, const void *weight,
+                                  const void *bias, int B, int C, int OC, fsdp_stream_t s);
+  fsdp_status_t (*conv1d_backward)(fsdp_dtype_t dt, void *dinp, float *dweight, float *dbias,
+                                   const void *dout, const void *inp, const void *weight, int B,
+                                   int C, int OC, fsdp_stream_t s);
+  /* A tied vocabulary head, wte (V,C), no bias: logits (B,V) with rows ld
+   * apart (ld >= V; columns [V, ld) neither read nor written). Forward
+   * writes; backward adds dinp (B,C) += dlogits @ wte (dinp may be NULL) and
+   * dwte (V,C) += dlogits^T @ inp. */
+  fsdp_status_t (*head_forward)(fsdp_dtype_t dt, void *logits, int ld, const void *inp,
+                                const void *wte, int B, int C, int V, fsdp_stream_t s);
+  fsdp_status_t (*head_backward)(fsdp_dtype_t dt, void *dinp, float *dwte, const void *dlogits,
+                                 int ld, const void *inp, const void *wte, int B, int C, int V,
+                                 fsdp_stream_t s);
+
+  /* ---- elementwise (n elements) ---- */
+  /* GELU, GPT-2's tanh form; backward adds dout * gelu'(inp) into dinp. */
+  fsdp_status_t (*gelu_forward)(fsdp_dtype_t dt, void *out, const void *inp, size_t n,
+                                fsdp_stream_t s);
+  fsdp_status_t (*gelu_backward)(fsdp_dtype_t dt, void *dinp, const void *inp, const void *dout,
+                                 size_t n, fsdp_stream_t s);
+  /* out = a + b (out may be a or b). */
+  fsdp_status_t (*residual_forward)(fsdp_dtype_t dt, void *out, const void *a, const void *b,
+                                    size_t n, fsdp_stream_t s);
+
+  /* ---- LayerNorm over the last dim of inp (N,C), eps 1e-5 ---- */
+  /* mean and rstd (N) are saved for backward. */
+  fsdp_status_t (*layernorm_forward)(fsdp_dtype_t dt, void *out, float *mean, float *rstd,
+                                     const void *inp, const void *weight, const void *bias, int N,
+                                     int C, fsdp_stream_t s);
+  /* dinp (may be NULL), dweight, dbias accumulate. */
+  fsdp_status_t (*layernorm_backward)(fsdp_dtype_t dt, void *dinp, float *dweight, float *dbias,
+                                      const void *dout, const void *inp, const void *weight,
+                                      const float *mean, const float *rstd, int N, int C,
+                                      fsdp_stream_t s);
+
+  /* ---- token + position embedding ---- */
+  /* out (B,T,C) = wte[tokens[b,t]] (V,C) + wpe[t]; tokens (int, the backend's
+   * memory) must be in [0,V): callers validate them. */
+  fsdp_status_t (*embedding_forward)(fsdp_dtype_t dt, void *out, const int *tokens,
+                                     const void *wte, const void *wpe, int B, int T, int C,
+                                     fsdp_stream_t s);
+  fsdp_status_t (*embedding_backward)(fsdp_dtype_t dt, float *dwte, float *dwpe, const void *dout,
+                                      const int *tokens, int B, int T, int C, fsdp_stream_t s);
+
+  /* ---- causal multi-head self-attention ----
+   * qkv (B,T,3C), out (B,T,C), C a multiple of NH. What attention keeps for
+   * backward, att (fp32), depends on the backend and dtype:
+   * attention_state_floats says how many floats (the (B,NH,T,T) probabilities,
+   * or the (B,NH,T) log-sum-exp of an op that recomputes them). scratch:
+   * attention_scratch_bytes(dt, T, NH) of the caller's (NULL when 0), contents
+   * not kept between calls: layers may share it. Backward adds into dqkv. */
+  size_t (*attention_state_floats)(fsdp_dtype_t dt, int B, int T, int NH);
+  size_t (*attention_scratch_bytes)(fsdp_dtype_t dt, int T, int NH);
+  fsdp_status_t (*attention_forward)(fsdp_dtype_t dt, void *out, float *att, void *scratch,
+                                     const void *qkv, int B, int T, int C, int NH,
+                                     fsdp_stream_t s);
+  fsdp_status_t (*attention_backward)(fsdp_dtype_t dt, void *dqkv, void *scratch,
+                                      const void *dout, const void *qkv, const float *att, int B,
+                                      int T, int C, int NH, fsdp_stream_t s);
+
+  /* ---- softmax cross-entropy, fused with its gradient, in place ----
+   * logits (B,V) rows ld apart; targets (B) in the backend's memory. losses
+   * (B; may be NULL) get each row's loss in double. With grad, each row is
+   * overwritten by (softmax - onehot) * scale (the target logit is read
+   * first), so one buffer holds the logits and then their gradient; columns
+   * [V, ld) are not touched. A target outside [0,V) gives a NaN loss and a
+   * NaN row. */
+  fsdp_status_t (*xent)(fsdp_dtype_t dt, void *logits, int ld, double *losses,
+                        const int *targets, int B, int V, float scale, int grad,
+                        fsdp_stream_t s);
+} fsdp_compute_ops_t;
+
+/* The table of a device kind: never NULL for FSDP_DEVICE_CPU; NULL for
+ * FSDP_DEVICE_CUDA when fsdp was built without CUDA (callers say so: the
+ * engine refuses such a config first) and for an unknown kind. */
+const fsdp_compute_ops_t *fsdp_compute_ops(fsdp_device_kind_t kind);
+
+/* Every slot of *ops is set: 1, else 0 with the first empty slot's name in
+ * *missing (tests hold each built table to it). */
+int fsdp_compute_ops_complete(const fsdp_compute_ops_t *ops, const char **missing);
+
+#endif

@@ -1,0 +1,28 @@
+/* src/device/compute_cuda.c — the CUDA compute table: src/cuda's entry points
+ * themselves in the slots, no adapter between a caller and the kernel's
+ * dtype dispatch. Built only with CUDA (meson.build). */
+#include "cuda/kernels.h"
+#include "device/compute.h"
+
+const fsdp_compute_ops_t fsdp_compute_cuda_ops = {
+    .name = "cuda",
+    .device = FSDP_DEVICE_CUDA,
+    .linear_forward = fsdp_cuda_linear_forward,
+    .linear_backward = fsdp_cuda_linear_backward,
+    .conv1d_forward = fsdp_cuda_conv1d_forward,
+    .conv1d_backward = fsdp_cuda_conv1d_backward,
+    .head_forward = fsdp_cuda_head_forward,
+    .head_backward = fsdp_cuda_head_backward,
+    .gelu_forward = fsdp_cuda_gelu_forward,
+    .gelu_backward = fsdp_cuda_gelu_backward,
+    .residual_forward = fsdp_cuda_residual_forward,
+    .layernorm_forward = fsdp_cuda_layernorm_forward,
+    .layernorm_backward = fsdp_cuda_layernorm_backward,
+    .embedding_forward = fsdp_cuda_embedding_forward,
+    .embedding_backward = fsdp_cuda_embedding_backward,
+    .attention_state_floats = fsdp_cuda_attention_state_floats,
+    .attention_scratch_bytes = fsdp_cuda_attention_scratch_bytes,
+    .attention_forward = fsdp_cuda_attention_forward,
+    .attention_backward = fsdp_cuda_attention_backward,
+    .xent = fsdp_cuda_xent,
+};

@@ -1,0 +1,117 @@
+/* tests/unit/test_compute.c — the compute tables (src/device/compute.c): every
+ * slot of every table built is set, the CPU table computes what fsdp/nn.h
+ * computes, and it refuses a dtype or a stream it cannot serve with a named
+ * error before touching anything. */
+#include <check.h>
+#include <math.h>
+#include <string.h>
+
+#include "common/check_run.h"
+#include "core/internal.h"
+#include "device/compute.h"
+#include "fsdp/nn.h"
+#include "fsdp_config.h"
+#include "nn/head.h"
+
+START_TEST(every_built_table_is_complete) {
+  const fsdp_device_kind_t kinds[] = {FSDP_DEVICE_CPU, FSDP_DEVICE_CUDA};
+  for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+    const fsdp_compute_ops_t *ops = fsdp_compute_ops(kinds[i]);
+    if (kinds[i] == FSDP_DEVICE_CUDA && !FSDP_HAVE_CUDA) {
+      ck_assert_ptr_null(ops); /* no CUDA table without CUDA, never a half one */
+      continue;
+    }
+    ck_assert_ptr_nonnull(ops);
+    ck_assert_int_eq(ops->device, kinds[i]);
+    const char *missing = "?";
+    ck_assert_msg(fsdp_compute_ops_complete(ops, &missing), "the %s table leaves slot %s empty",
+                  ops->name, missing);
+  }
+}
+END_TEST
+
+/* The check itself finds an empty slot, and names it. */
+START_TEST(completeness_check_names_an_empty_slot) {
+  fsdp_compute_ops_t t = *fsdp_compute_ops(FSDP_DEVICE_CPU);
+  t.layernorm_backward = NULL;
+  const char *missing = NULL;
+  ck_assert_int_eq(fsdp_compute_ops_complete(&t, &missing), 0);
+  ck_assert_str_eq(missing, "layernorm_backward");
+  t = *fsdp_compute_ops(FSDP_DEVICE_CPU);
+  t.xent = NULL; /* the last slot */
+  ck_assert_int_eq(fsdp_compute_ops_complete(&t, &missing), 0);
+  ck_assert_str_eq(missing, "xent");
+}
+END_TEST
+
+enum { N = 3, C = 8 };
+
+/* bf16 (and f16) are not computed on the CPU: refused naming the op and the
+ * dtype, the output untouched; a worker stream is refused too. */
+START_TEST(cpu_table_refuses_what_it_cannot_run) {
+  const fsdp_compute_ops_t *k = fsdp_compute_ops(FSDP_DEVICE_CPU);
+  const fsdp_dtype_t dts[] = {FSDP_BF16, FSDP_F16};
+  float x[N * C], w[C], b[C], out[N * C], mean[N], rstd[N];
+  for (int i = 0; i < N * C; i++) x[i] = (float)i, out[i] = -1.0f;
+  for (int c = 0; c < C; c++) w[c] = 1.0f, b[c] = 0.0f;
+  for (size_t i = 0; i < sizeof dts / sizeof dts[0]; i++) {
+    ck_assert_int_eq(k->layernorm_forward(dts[i], out, mean, rstd, x, w, b, N, C,
+                                          FSDP_HOST_STREAM),
+                     FSDP_ERR_UNSUPPORTED);
+    ck_assert_msg(strstr(fsdp_last_error(), "layernorm_forward") &&
+                      strstr(fsdp_last_error(), fsdp_dtype_name(dts[i])),
+                  "%s", fsdp_last_error());
+    for (int j = 0; j < N * C; j++) ck_assert_float_eq(out[j], -1.0f);
+  }
+  ck_assert_int_eq(k->gelu_forward(FSDP_BF16, out, x, N * C, FSDP_HOST_STREAM),
+                   FSDP_ERR_UNSUPPORTED);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "gelu_forward"));
+  fsdp_stream_t worker;
+  ck_assert_int_eq(fsdp_stream_create("compute-test", &worker), FSDP_SUCCESS);
+  ck_assert_int_eq(k->gelu_forward(FSDP_F32, out, x, N * C, worker), FSDP_ERR_INVALID_USAGE);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "FSDP_HOST_STREAM"));
+  fsdp_stream_destroy(worker);
+  for (int j = 0; j < N * C; j++) ck_assert_float_eq(out[j], -1.0f);
+}
+END_TEST
+
+/* Through the table, bitwise what fsdp/nn.h and nn/head.h give: a LayerNorm,
+ * and the fused cross-entropy's per-row losses summing (in row order) to the
+ * CPU's double sum. */
+START_TEST(cpu_table_is_the_cpu_kernels) {
+  const fsdp_compute_ops_t *k = fsdp_compute_ops(FSDP_DEVICE_CPU);
+  float x[N * C], w[C], b[C], out[N * C], want[N * C], mean[N], rstd[N], m2[N], r2[N];
+  for (int i = 0; i < N * C; i++) x[i] = sinf((float)i);
+  for (int c = 0; c < C; c++) w[c] = 1.0f + 0.1f * (float)c, b[c] = 0.01f * (float)c;
+  ck_assert_int_eq(k->layernorm_forward(FSDP_F32, out, mean, rstd, x, w, b, N, C,
+                                        FSDP_HOST_STREAM),
+                   FSDP_SUCCESS);
+  fsdp_layernorm_forward(want, m2, r2, x, w, b, N, C);
+  ck_assert_int_eq(memcmp(out, want, sizeof out), 0);
+  ck_assert_int_eq(memcmp(mean, m2, sizeof mean), 0);
+
+  const int ld = C + 2, tgt[N] = {1, 7, 0};
+  float logits[N * (C + 2)], ref[N * (C + 2)];
+  for (int i = 0; i < N * ld; i++) logits[i] = ref[i] = cosf((float)i);
+  double losses[N], sum = 0.0;
+  ck_assert_int_eq(k->xent(FSDP_F32, logits, ld, losses, tgt, N, C, 0.5f, 1, FSDP_HOST_STREAM),
+                   FSDP_SUCCESS);
+  const double want_sum = nn_xent_inplace(ref, ld, NULL, tgt, N, C, 0.5f, 1);
+  for (int r = 0; r < N; r++) sum += losses[r];
+  ck_assert(sum == want_sum);
+  ck_assert_int_eq(memcmp(logits, ref, sizeof logits), 0);
+}
+END_TEST
+
+static Suite *compute_suite(void) {
+  Suite *s = suite_create("compute");
+  TCase *tc = tcase_create("tables");
+  tcase_add_test(tc, every_built_table_is_complete);
+  tcase_add_test(tc, completeness_check_names_an_empty_slot);
+  tcase_add_test(tc, cpu_table_refuses_what_it_cannot_run);
+  tcase_add_test(tc, cpu_table_is_the_cpu_kernels);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) { return check_run(compute_suite()); }
