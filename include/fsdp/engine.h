@@ -520,9 +520,15 @@ FSDP_API fsdp_stream_t fsdp_engine_stream(fsdp_engine_t engine);
 FSDP_API fsdp_status_t fsdp_engine_memory(fsdp_engine_t engine, fsdp_mem_stats_t *mem);
 FSDP_API void fsdp_engine_reset_peaks(fsdp_engine_t engine);
 
-/* The recorded events, oldest first, in *events (valid until the next engine
- * call) and their number in *count. Events past timeline_capacity are counted
- * in *dropped (may be NULL) and not kept. Waits for the engine's streams. */
+/* The recorded events in *events (valid until the next engine call) and their
+ * number in *count. Events past timeline_capacity are counted in *dropped (may
+ * be NULL) and not kept. Waits for the engine's streams. Events are added as
+ * they are known: host calls when they return, collectives on the CPU's worker
+ * streams when they end; collectives on CUDA streams are timed by CUDA events
+ * recorded around them (no host function on the stream: nothing stalls it) and
+ * added at the end of fsdp_engine_step or by this call, in fsdp_time_now()
+ * seconds like the rest (the GPU's clock is tied to the host's once, when the
+ * engine is created, to within microseconds). Sort by t_begin for time order. */
 FSDP_API fsdp_status_t fsdp_engine_timeline(fsdp_engine_t engine, const fsdp_tl_event_t **events,
                                             size_t *count, size_t *dropped);
 FSDP_API void fsdp_engine_timeline_clear(fsdp_engine_t engine);

@@ -7,16 +7,19 @@
  * a cudaEvent_t made for that record (timing disabled). A CPU worker told to
  * wait for it takes its own reference, so recording the fsdp_event again (a
  * new cu_event) never moves the point that worker waits for. Spent cu_events
- * go to a free list and are reused, so steady-state steps create none. */
+ * go to a free list and are reused, so steady-state steps create none.
+ * Timing marks (stream_internal.h) are a separate pool of timed events. */
 #include <stdio.h>
 #include <string.h>
 
 #include "core/internal.h"
 #include "device/stream_impl.h"
+#include "device/stream_internal.h"
 #include "fsdp/device.h"
 
 #if FSDP_HAVE_CUDA
 #include <cuda_runtime_api.h>
+#include <stdatomic.h>
 
 static fsdp_status_t cuda_fail(cudaError_t rc, const char *what, const char *name) {
   return fsdp_error(FSDP_ERR_SYSTEM, "CUDA: %s%s%s%s failed: %s (%s)", what, name ? " '" : "",
@@ -135,10 +138,15 @@ static void CUDART_CB host_trampoline(void *arg) {
   fsdp_free(t);
 }
 
+static atomic_uint_fast64_t host_fns;
+
+uint64_t fsdp_cuda_host_fn_count(void) { return atomic_load(&host_fns); }
+
 static fsdp_status_t cuda_enqueue(struct fsdp_stream *s, task_t *t) {
   /* Waits never reach here: fsdp_stream_wait_event turns them into
    * cudaStreamWaitEvent or a host wait. */
   t->owner = s;
+  atomic_fetch_add(&host_fns, 1);
   cudaError_t rc = cudaLaunchHostFunc((cudaStream_t)s->cuda, host_trampoline, t);
   if (rc != cudaSuccess) {
     fsdp_free(t);
@@ -195,6 +203,83 @@ fsdp_status_t fsdp_stream_create_cuda(const char *name, int high_priority,
   cudaGetDevice(&s->device);
   *stream = s;
   return FSDP_SUCCESS;
+}
+
+/* ---- timing marks ---------------------------------------------------------- */
+
+struct fsdp_marks {
+  cudaEvent_t *ev; /* capacity of them, timing enabled */
+  size_t capacity, used;
+  cudaEvent_t anchor;
+  double anchor_t; /* fsdp_time_now() when the anchor was recorded */
+};
+
+void fsdp_marks_destroy(fsdp_marks_t m) {
+  if (!m) return;
+  for (size_t i = 0; i < m->capacity && m->ev; i++)
+    if (m->ev[i]) cudaEventDestroy(m->ev[i]);
+  if (m->anchor) cudaEventDestroy(m->anchor);
+  fsdp_free(m->ev);
+  fsdp_free(m);
+}
+
+fsdp_status_t fsdp_marks_create(size_t capacity, fsdp_marks_t *out) {
+  fsdp_marks_t m = fsdp_alloc(sizeof *m);
+  if (m) m->ev = fsdp_alloc(capacity * sizeof *m->ev);
+  if (!m || !m->ev) {
+    fsdp_free(m);
+    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "CUDA: cannot allocate %zu timing marks", capacity);
+  }
+  memset(m->ev, 0, capacity * sizeof *m->ev);
+  m->capacity = capacity;
+  m->used = 0;
+  m->anchor = NULL;
+  cudaError_t rc = cudaEventCreate(&m->anchor);
+  for (size_t i = 0; rc == cudaSuccess && i < capacity; i++) rc = cudaEventCreate(&m->ev[i]);
+  if (rc != cudaSuccess) {
+    fsdp_marks_destroy(m);
+    return cuda_fail(rc, "cudaEventCreate (timeline marks)", NULL);
+  }
+  *out = m;
+  return FSDP_SUCCESS;
+}
+
+fsdp_status_t fsdp_marks_anchor(fsdp_marks_t m, fsdp_stream_t s) {
+  double t0 = fsdp_time_now();
+  cudaError_t rc = cudaEventRecord(m->anchor, (cudaStream_t)s->cuda);
+  if (rc == cudaSuccess) rc = cudaEventSynchronize(m->anchor);
+  if (rc != cudaSuccess) return cuda_fail(rc, "timeline anchor on stream", s->name);
+  /* An idle stream passes the record within microseconds of t0. */
+  m->anchor_t = 0.5 * (t0 + fsdp_time_now());
+  return FSDP_SUCCESS;
+}
+
+fsdp_status_t fsdp_marks_record(fsdp_marks_t m, fsdp_stream_t s, size_t *id) {
+  *id = FSDP_NO_MARK;
+  if (m->used == m->capacity) return FSDP_SUCCESS;
+  cudaError_t rc = cudaEventRecord(m->ev[m->used], (cudaStream_t)s->cuda);
+  if (rc != cudaSuccess) return cuda_fail(rc, "cudaEventRecord (timeline mark) on", s->name);
+  *id = m->used++;
+  return FSDP_SUCCESS;
+}
+
+fsdp_status_t fsdp_marks_time(fsdp_marks_t m, size_t id, double *t) {
+  float ms = 0.0f;
+  cudaError_t rc = cudaEventSynchronize(m->ev[id]);
+  if (rc == cudaSuccess) rc = cudaEventElapsedTime(&ms, m->anchor, m->ev[id]);
+  if (rc != cudaSuccess) return cuda_fail(rc, "cudaEventElapsedTime (timeline mark)", NULL);
+  *t = m->anchor_t + 1e-3 * (double)ms;
+  return FSDP_SUCCESS;
+}
+
+void fsdp_marks_recycle(fsdp_marks_t m, size_t latest, double t) {
+  if (latest < m->used) { /* swap: the old anchor's event becomes a free mark */
+    cudaEvent_t a = m->anchor;
+    m->anchor = m->ev[latest];
+    m->ev[latest] = a;
+    m->anchor_t = t;
+  }
+  m->used = 0;
 }
 
 /* ---- devices and memory ---------------------------------------------------- */
@@ -333,6 +418,27 @@ static fsdp_status_t pinned_alloc(size_t bytes, void **ptr) {
 }
 static void pinned_free(void *p) { (void)p; }
 int fsdp_is_device_pointer(const void *p) { return (void)p, 0; }
+uint64_t fsdp_cuda_host_fn_count(void) { return 0; }
+fsdp_status_t fsdp_marks_create(size_t capacity, fsdp_marks_t *marks) {
+  (void)capacity, (void)marks;
+  return no_cuda("timeline marks");
+}
+void fsdp_marks_destroy(fsdp_marks_t marks) { (void)marks; }
+fsdp_status_t fsdp_marks_anchor(fsdp_marks_t marks, fsdp_stream_t s) {
+  (void)marks, (void)s;
+  return no_cuda("timeline marks");
+}
+fsdp_status_t fsdp_marks_record(fsdp_marks_t marks, fsdp_stream_t s, size_t *id) {
+  (void)marks, (void)s, (void)id;
+  return no_cuda("timeline marks");
+}
+fsdp_status_t fsdp_marks_time(fsdp_marks_t marks, size_t id, double *t) {
+  (void)marks, (void)id, (void)t;
+  return no_cuda("timeline marks");
+}
+void fsdp_marks_recycle(fsdp_marks_t marks, size_t latest, double t) {
+  (void)marks, (void)latest, (void)t;
+}
 fsdp_status_t fsdp_device_copy(void *dst, const void *src, size_t bytes, fsdp_stream_t stream) {
   (void)stream;
   if (bytes && (!dst || !src))

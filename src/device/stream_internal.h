@@ -3,6 +3,9 @@
 #ifndef FSDP_DEVICE_STREAM_INTERNAL_H
 #define FSDP_DEVICE_STREAM_INTERNAL_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 #include "fsdp/device.h"
 
 /* fsdp_stream_launch for work that owns a heap argument: when the stream has
@@ -12,5 +15,37 @@
  * arg. */
 fsdp_status_t fsdp_stream_launch_owned(fsdp_stream_t stream, fsdp_host_fn fn,
                                        fsdp_host_fn on_skip, void *arg);
+
+/* Host functions queued on CUDA streams since the process started (every
+ * fsdp_stream_launch on a CUDA stream is one cudaLaunchHostFunc, which stalls
+ * that stream for a round trip to the host); 0 without CUDA. Tests assert that
+ * a step queues none. Thread-safe. */
+uint64_t fsdp_cuda_host_fn_count(void);
+
+/* Timing marks: CUDA events with timing enabled, made once (a pool), recorded
+ * on CUDA streams as work is queued and read afterwards as fsdp_time_now()
+ * seconds, with no host function on the stream. Times are measured against an
+ * anchor, a mark whose host time is known: fsdp_marks_anchor records it on an
+ * idle stream and waits for it; fsdp_marks_recycle hands the latest read mark
+ * over as the next anchor, so each read spans a short interval (a float of
+ * milliseconds keeps microseconds) and the GPU's clock is tied to the host's
+ * once. One thread uses a pool at a time. Without CUDA, create fails with
+ * FSDP_ERR_UNSUPPORTED. */
+typedef struct fsdp_marks *fsdp_marks_t;
+#define FSDP_NO_MARK SIZE_MAX
+/* capacity marks (and the anchor) on the current device. */
+fsdp_status_t fsdp_marks_create(size_t capacity, fsdp_marks_t *marks);
+void fsdp_marks_destroy(fsdp_marks_t marks);
+/* Records the anchor on CUDA stream s, which must be idle, and waits for it. */
+fsdp_status_t fsdp_marks_anchor(fsdp_marks_t marks, fsdp_stream_t s);
+/* Records the next free mark on CUDA stream s; *id is its number, or
+ * FSDP_NO_MARK when every mark is taken (nothing is recorded then). */
+fsdp_status_t fsdp_marks_record(fsdp_marks_t marks, fsdp_stream_t s, size_t *id);
+/* The host time of mark id, waiting for its stream to pass it (no wait when it
+ * has: read marks after the work they follow is known to be done). */
+fsdp_status_t fsdp_marks_time(fsdp_marks_t marks, size_t id, double *t);
+/* Frees every mark for recording again; mark `latest` (read at host time t,
+ * FSDP_NO_MARK: none) becomes the anchor. */
+void fsdp_marks_recycle(fsdp_marks_t marks, size_t latest, double t);
 
 #endif

@@ -1,6 +1,7 @@
 /* src/engine/accounting.c — memory accounting (persistent shards, gathered
  * parameters and gradients in flight, with peaks) and the timeline of
- * gathers, reductions, acquires, releases and steps. */
+ * gathers, reductions, acquires, releases and steps, with the timing marks
+ * that time collectives on CUDA streams. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,15 +63,77 @@ void fsdp_tl_add(struct fsdp_engine *e, fsdp_tl_kind_t kind, int unit, fsdp_pass
   pthread_mutex_unlock(&e->tl_lock);
 }
 
+static void tl_dropped_add(struct fsdp_engine *e) {
+  pthread_mutex_lock(&e->tl_lock);
+  e->tl_dropped++;
+  pthread_mutex_unlock(&e->tl_lock);
+}
+
+/* ---- timing marks on CUDA streams ---------------------------------------- */
+
+fsdp_status_t fsdp_tl_marks_create(struct fsdp_engine *e) {
+  if (!fsdp_stream_cuda_handle(e->s_gather) || e->cfg.timeline_capacity == 0)
+    return FSDP_SUCCESS;
+  size_t n = e->cfg.timeline_capacity < FSDP_TL_MARKED_MAX ? e->cfg.timeline_capacity
+                                                           : FSDP_TL_MARKED_MAX;
+  if (!(e->tl_pending = calloc(n, sizeof *e->tl_pending)))
+    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: out of host memory for the timeline");
+  e->cap_pending = n;
+  FSDP_TRY(fsdp_marks_create(2 * n, &e->tl_marks));
+  return fsdp_marks_anchor(e->tl_marks, e->s_gather); /* idle: nothing issued yet */
+}
+
+void fsdp_tl_marks_destroy(struct fsdp_engine *e) {
+  fsdp_marks_destroy(e->tl_marks);
+  free(e->tl_pending);
+}
+
+fsdp_status_t fsdp_tl_mark_begin(struct fsdp_engine *e, fsdp_stream_t s, size_t *mark) {
+  *mark = FSDP_NO_MARK;
+  return e->tl_marks ? fsdp_marks_record(e->tl_marks, s, mark) : FSDP_SUCCESS;
+}
+
+fsdp_status_t fsdp_tl_mark_end(struct fsdp_engine *e, fsdp_stream_t s, size_t begin,
+                               fsdp_tl_event_t ev) {
+  if (!e->tl_marks) return FSDP_SUCCESS;
+  size_t end = FSDP_NO_MARK;
+  if (begin != FSDP_NO_MARK) FSDP_TRY(fsdp_marks_record(e->tl_marks, s, &end));
+  if (end == FSDP_NO_MARK || e->n_pending == e->cap_pending) {
+    tl_dropped_add(e); /* the pool is spent until the next read */
+    return FSDP_SUCCESS;
+  }
+  e->tl_pending[e->n_pending++] = (struct tl_pending){ev, begin, end};
+  return FSDP_SUCCESS;
+}
+
+fsdp_status_t fsdp_tl_resolve(struct fsdp_engine *e) {
+  if (!e->tl_marks) return FSDP_SUCCESS;
+  size_t latest = FSDP_NO_MARK;
+  double t_latest = 0.0;
+  for (size_t i = 0; i < e->n_pending; i++) {
+    const struct tl_pending *p = &e->tl_pending[i];
+    double t0, t1;
+    FSDP_TRY(fsdp_marks_time(e->tl_marks, p->begin, &t0));
+    FSDP_TRY(fsdp_marks_time(e->tl_marks, p->end, &t1));
+    fsdp_tl_add(e, p->ev.kind, p->ev.unit, p->ev.pass, p->ev.stream, t0, t1, p->ev.bytes);
+    if (latest == FSDP_NO_MARK || t1 > t_latest) latest = p->end, t_latest = t1;
+  }
+  e->n_pending = 0;
+  fsdp_marks_recycle(e->tl_marks, latest, t_latest);
+  return FSDP_SUCCESS;
+}
+
 fsdp_status_t fsdp_engine_timeline(fsdp_engine_t e, const fsdp_tl_event_t **events,
                                    size_t *count, size_t *dropped) {
   if (!e || !events || !count)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_timeline: engine, events and "
                       "count must not be NULL");
-  /* Streams append (and may grow the array) while they run: let them finish. */
+  /* Streams append (and may grow the array) while they run: let them finish;
+   * then the marks they passed can be read. */
   fsdp_stream_synchronize(e->s_gather);
   fsdp_stream_synchronize(e->s_reduce);
   fsdp_stream_synchronize(e->s_replica);
+  FSDP_TRY(fsdp_tl_resolve(e));
   pthread_mutex_lock(&e->tl_lock);
   *count = e->tl_count;
   if (dropped) *dropped = e->tl_dropped;
@@ -84,4 +147,6 @@ void fsdp_engine_timeline_clear(fsdp_engine_t e) {
   pthread_mutex_lock(&e->tl_lock);
   e->tl_count = e->tl_dropped = 0;
   pthread_mutex_unlock(&e->tl_lock);
+  e->n_pending = 0; /* marked collectives not read yet go too; the anchor stays */
+  if (e->tl_marks) fsdp_marks_recycle(e->tl_marks, FSDP_NO_MARK, 0.0);
 }

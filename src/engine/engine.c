@@ -250,6 +250,7 @@ fsdp_status_t fsdp_engine_create(fsdp_world_t world, const fsdp_config_t *cfg,
   FSDP_TRYG(st, comms_create(e), fail);
   FSDP_TRYG(st, streams_create(e), fail);
   if (e->cuda) FSDP_TRYG(st, fsdp_stream_create_cuda("fsdp-compute", 0, &e->s_compute), fail);
+  FSDP_TRYG(st, fsdp_tl_marks_create(e), fail);
   FSDP_TRYG(st, fsdp_event_create(&e->compute_done), fail);
   *engine = e;
   return FSDP_SUCCESS;
@@ -333,6 +334,7 @@ void fsdp_engine_destroy(fsdp_engine_t e) {
   fsdp_event_destroy(e->compute_done);
   free(e->fwd_release);
   free(e->tl);
+  fsdp_tl_marks_destroy(e);
   fsdp_comm_destroy(e->comm_gather);
   fsdp_comm_destroy(e->comm_reduce);
   fsdp_comm_destroy(e->comm_replica);

@@ -10,6 +10,7 @@
 #include <pthread.h>
 
 #include "core/internal.h"
+#include "device/stream_internal.h"
 #include "fsdp/engine.h"
 
 struct tensor {
@@ -172,6 +173,12 @@ struct fsdp_engine {
   pthread_mutex_t tl_lock;
   fsdp_tl_event_t *tl;
   size_t tl_count, tl_cap, tl_dropped;
+  /* CUDA communication streams: collectives marked with timing events
+   * (accounting.c), waiting to be read into the timeline; NULL without a
+   * timeline or without CUDA streams. */
+  fsdp_marks_t tl_marks;
+  struct tl_pending *tl_pending;
+  size_t n_pending, cap_pending;
 
   /* first asynchronous failure; every later call reports it */
   fsdp_status_t poisoned;
@@ -180,6 +187,26 @@ struct fsdp_engine {
 
 void fsdp_tl_add(struct fsdp_engine *e, fsdp_tl_kind_t kind, int unit, fsdp_pass_t pass,
                  int stream, double t0, double t1, size_t bytes);
+/* Collectives on CUDA streams go on the timeline without host functions: a
+ * timing mark (a CUDA event) is recorded on the stream before the collective
+ * (fsdp_tl_mark_begin; *mark FSDP_NO_MARK when none) and after it
+ * (fsdp_tl_mark_end, with the event to add, its times left out), and
+ * fsdp_tl_resolve reads the marks of every collective the streams have passed
+ * into the timeline: at the step's end and when the timeline is read. A pool
+ * holds the marks of min(timeline_capacity, FSDP_TL_MARKED_MAX) collectives
+ * between two reads; collectives past it count as dropped. No-ops without a
+ * timeline or CUDA communication streams. */
+#define FSDP_TL_MARKED_MAX 4096
+struct tl_pending {
+  fsdp_tl_event_t ev;
+  size_t begin, end; /* marks */
+};
+fsdp_status_t fsdp_tl_marks_create(struct fsdp_engine *e);
+void fsdp_tl_marks_destroy(struct fsdp_engine *e);
+fsdp_status_t fsdp_tl_mark_begin(struct fsdp_engine *e, fsdp_stream_t s, size_t *mark);
+fsdp_status_t fsdp_tl_mark_end(struct fsdp_engine *e, fsdp_stream_t s, size_t begin,
+                               fsdp_tl_event_t ev);
+fsdp_status_t fsdp_tl_resolve(struct fsdp_engine *e);
 void fsdp_mem_track(size_t *live, size_t *peak, size_t add, size_t sub);
 /* Bytes per element of a gather buffer: what is gathered, plus the f32 twin
  * the CPU widens bf16 into. */

@@ -20,18 +20,31 @@ static int unit_index(const struct fsdp_engine *e, const struct unit *u) {
  * On the CPU these run as host functions on the communication streams. On
  * CUDA with NCCL (communication streams are CUDA streams) the kernels are
  * queued on those streams when the engine issues the work, and the timeline
- * marks are host functions only while a timeline is kept. On CUDA with a host
- * backend (worker streams) the host functions launch the kernels on the aux
- * stream of the worker and wait for them there. */
+ * marks are timing events (accounting.c) read at the step's end: no host
+ * function ever goes on a CUDA stream, whose every one would stall it for a
+ * round trip to the host. On CUDA with a host backend (worker streams) the
+ * host functions launch the kernels on the aux stream of the worker and wait
+ * for them there. */
 
-/* Host functions on a CUDA stream stall it briefly: only for the timeline. */
-static int marks_on(const struct fsdp_engine *e, fsdp_stream_t s) {
-  return !fsdp_stream_cuda_handle(s) || e->cfg.timeline_capacity > 0;
+/* Worker streams run host functions, which read the unit's stream_op. */
+static int host_marks(fsdp_stream_t s) { return !fsdp_stream_cuda_handle(s); }
+
+static size_t gather_bytes(const struct unit *u) { return u->shard * fsdp_gather_elem_bytes(u); }
+static size_t reduce_bytes(const struct fsdp_engine *e, const struct unit *u) {
+  return u->shard * (e->bf16_reduce ? sizeof(uint16_t) : sizeof(float));
 }
 
 static fsdp_status_t mark_begin(void *arg) {
   ((struct stream_op *)arg)->t_begin = fsdp_time_now();
   return FSDP_SUCCESS;
+}
+
+/* The begin mark: a host function on a worker, a timing event on CUDA. */
+static fsdp_status_t mark_open(struct fsdp_engine *e, fsdp_stream_t s, struct stream_op *op,
+                               size_t *cu_mark) {
+  *cu_mark = FSDP_NO_MARK;
+  if (host_marks(s)) return fsdp_stream_launch(s, mark_begin, op);
+  return fsdp_tl_mark_begin(e, s, cu_mark);
 }
 
 /* Widens a 16-bit gather for compute on the CPU, then the timeline mark. */
@@ -40,7 +53,7 @@ static fsdp_status_t gather_end(void *arg) {
   float (*from_lp)(uint16_t) = op->u->from_lp;
   for (size_t i = 0; op->lp && i < op->u->padded; i++) op->dst[i] = from_lp(op->lp[i]);
   fsdp_tl_add(op->eng, FSDP_TL_ALL_GATHER, unit_index(op->eng, op->u), op->pass, 1, op->t_begin,
-              fsdp_time_now(), op->u->shard * fsdp_gather_elem_bytes(op->u));
+              fsdp_time_now(), gather_bytes(op->u));
   return FSDP_SUCCESS;
 }
 
@@ -48,7 +61,7 @@ static fsdp_status_t reduce_mark(void *arg) {
   struct stream_op *op = arg;
   struct fsdp_engine *e = op->eng;
   fsdp_tl_add(e, FSDP_TL_REDUCE, unit_index(e, op->u), FSDP_BACKWARD, 2, op->t_begin,
-              fsdp_time_now(), op->u->shard * (e->bf16_reduce ? sizeof(uint16_t) : sizeof(float)));
+              fsdp_time_now(), reduce_bytes(e, op->u));
   return FSDP_SUCCESS;
 }
 
@@ -136,18 +149,22 @@ static fsdp_status_t gather_issue(struct fsdp_engine *e, struct unit *u, int slo
   p->owner = unit_index(e, u);
   u->slot = slot;
   fsdp_mem_track(&e->gathered, &e->gathered_peak, fsdp_unit_gathered_bytes(e, u), 0);
-  int marks = marks_on(e, e->s_gather);
+  int host = host_marks(e->s_gather);
   /* Queued host functions of its last gather read the closure (CPU: done). */
-  if (marks) FSDP_TRY(fsdp_event_synchronize(u->ready));
+  if (host) FSDP_TRY(fsdp_event_synchronize(u->ready));
   u->gather_op = (struct stream_op){e, u, pass, 0.0, u->widen ? p->lp : NULL, p->buf};
   FSDP_TRY(fsdp_stream_wait_event(e->s_gather, p->free_ev));
-  if (marks) FSDP_TRY(fsdp_stream_launch(e->s_gather, mark_begin, &u->gather_op));
+  size_t mark;
+  FSDP_TRY(mark_open(e, e->s_gather, &u->gather_op, &mark));
   fsdp_comm_set_tag(e->comm_gather, u->name); /* names the unit in timeouts and desyncs */
   if (u->lowp)
     FSDP_TRY(fsdp_all_gather(e->comm_gather, u->lp, p->lp, u->shard, u->lp_dtype, e->s_gather));
   else
     FSDP_TRY(fsdp_all_gather(e->comm_gather, u->master, p->buf, u->shard, FSDP_F32, e->s_gather));
-  if (marks) FSDP_TRY(fsdp_stream_launch(e->s_gather, gather_end, &u->gather_op));
+  if (host) FSDP_TRY(fsdp_stream_launch(e->s_gather, gather_end, &u->gather_op));
+  else
+    FSDP_TRY(fsdp_tl_mark_end(e, e->s_gather, mark, (fsdp_tl_event_t){FSDP_TL_ALL_GATHER,
+                              unit_index(e, u), pass, 1, 0.0, 0.0, gather_bytes(u)}));
   return fsdp_event_record(u->ready, e->s_gather);
 }
 
@@ -258,31 +275,37 @@ static fsdp_status_t replica_mark(void *arg) {
  * the replica group, 1/S of the gradient, on the replica stream once the
  * reduce stream has passed the accumulation. The step waits for it. */
 static fsdp_status_t replica_issue(struct fsdp_engine *e, struct unit *u) {
-  int marks = marks_on(e, e->s_replica);
-  if (marks || !e->cuda) FSDP_TRY(fsdp_event_synchronize(u->replicated));
+  int host = host_marks(e->s_replica);
+  if (host) FSDP_TRY(fsdp_event_synchronize(u->replicated));
   u->replica_op = (struct stream_op){e, u, FSDP_BACKWARD, 0.0, NULL, NULL};
   FSDP_TRY(fsdp_stream_wait_event(e->s_replica, u->reduced));
-  if (marks) FSDP_TRY(fsdp_stream_launch(e->s_replica, mark_begin, &u->replica_op));
+  size_t mark;
+  FSDP_TRY(mark_open(e, e->s_replica, &u->replica_op, &mark));
   fsdp_comm_set_tag(e->comm_replica, u->name);
   FSDP_TRY(fsdp_all_reduce(e->comm_replica, u->grad, u->grad, u->shard, FSDP_F32, FSDP_SUM,
                            e->s_replica));
-  if (marks) FSDP_TRY(fsdp_stream_launch(e->s_replica, replica_mark, &u->replica_op));
+  if (host) FSDP_TRY(fsdp_stream_launch(e->s_replica, replica_mark, &u->replica_op));
+  else
+    FSDP_TRY(fsdp_tl_mark_end(e, e->s_replica, mark, (fsdp_tl_event_t){FSDP_TL_REPLICA_REDUCE,
+                              unit_index(e, u), FSDP_BACKWARD, 3, 0.0, 0.0,
+                              u->shard * sizeof(float)}));
   return fsdp_event_record(u->replicated, e->s_replica);
 }
 
 /* Starts the reduction of a unit's full gradient into its fp32 shard. The sum
  * runs in the collective; the averaging scale is folded into accumulation. */
 static fsdp_status_t reduce_issue(struct fsdp_engine *e, struct unit *u, float *src) {
-  int marks = marks_on(e, e->s_reduce);
+  int host = host_marks(e->s_reduce);
   /* Queued host functions read the closure: let the last ones finish. */
-  if (marks || !e->cuda) FSDP_TRY(fsdp_event_synchronize(u->reduced));
+  if (host) FSDP_TRY(fsdp_event_synchronize(u->reduced));
   u->reduce_src = src;
   u->reduce_scale = e->cfg.grad_reduce == FSDP_AVG
                         ? 1.0f / (float)((double)e->nranks * e->cfg.grad_accum) : 1.0f;
   u->reduce_op = (struct stream_op){e, u, FSDP_BACKWARD, 0.0, NULL, NULL};
   FSDP_TRY(fsdp_event_record(e->compute_done, e->s_compute));
   FSDP_TRY(fsdp_stream_wait_event(e->s_reduce, e->compute_done));
-  if (marks) FSDP_TRY(fsdp_stream_launch(e->s_reduce, mark_begin, &u->reduce_op));
+  size_t mark;
+  FSDP_TRY(mark_open(e, e->s_reduce, &u->reduce_op, &mark));
   fsdp_comm_set_tag(e->comm_reduce, u->name);
   int lp = e->bf16_reduce && e->nranks > 1;
   if (lp) FSDP_TRY(reduce_queue(e, u, cast_grad, cast_task));
@@ -295,7 +318,10 @@ static fsdp_status_t reduce_issue(struct fsdp_engine *e, struct unit *u, float *
     FSDP_TRY(fsdp_all_reduce(e->comm_reduce, send, (void *)send, u->padded, dt, FSDP_SUM,
                              e->s_reduce));
   FSDP_TRY(reduce_queue(e, u, accumulate, accumulate_task));
-  if (marks) FSDP_TRY(fsdp_stream_launch(e->s_reduce, reduce_mark, &u->reduce_op));
+  if (host) FSDP_TRY(fsdp_stream_launch(e->s_reduce, reduce_mark, &u->reduce_op));
+  else
+    FSDP_TRY(fsdp_tl_mark_end(e, e->s_reduce, mark, (fsdp_tl_event_t){FSDP_TL_REDUCE,
+                              unit_index(e, u), FSDP_BACKWARD, 2, 0.0, 0.0, reduce_bytes(e, u)}));
   FSDP_TRY(fsdp_event_record(u->reduced, e->s_reduce));
   return e->hybrid && u->bwd_count == e->cfg.grad_accum ? replica_issue(e, u) : FSDP_SUCCESS;
 }

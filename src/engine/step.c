@@ -219,9 +219,24 @@ static fsdp_status_t skip(struct fsdp_engine *e, const struct guard *g, double n
                     norm, scale, (int)g->bad_loss, e->nranks);
 }
 
+/* The step reads every gradient shard. Worker streams are waited for here;
+ * on CUDA streams the compute stream waits for each unit's last reduction
+ * (and HSDP replica all-reduce), and the step's one host wait, for the
+ * gradient norm, covers them. */
+static fsdp_status_t wait_reductions(struct fsdp_engine *e) {
+  if (!fsdp_stream_cuda_handle(e->s_reduce)) {
+    FSDP_TRY(fsdp_stream_synchronize(e->s_reduce));
+    return fsdp_stream_synchronize(e->s_replica);
+  }
+  for (int i = 0; i < e->n_units; i++) {
+    FSDP_TRY(fsdp_stream_wait_event(e->s_compute, e->units[i].reduced));
+    if (e->hybrid) FSDP_TRY(fsdp_stream_wait_event(e->s_compute, e->units[i].replicated));
+  }
+  return FSDP_SUCCESS;
+}
+
 static fsdp_status_t step(struct fsdp_engine *e, fsdp_step_stats_t *stats) {
-  FSDP_TRY(fsdp_stream_synchronize(e->s_reduce));
-  FSDP_TRY(fsdp_stream_synchronize(e->s_replica)); /* HSDP: the replica all-reduces */
+  FSDP_TRY(wait_reductions(e));
   for (int i = 0; i < e->n_gslots; i++) e->gslots[i].busy = e->gslots[i].held = 0;
   e->grads_live = 0;
 
@@ -250,6 +265,11 @@ fsdp_status_t fsdp_engine_step(fsdp_engine_t e, fsdp_step_stats_t *stats) {
   FSDP_TRY(step_ready(e));
   double t0 = fsdp_time_now();
   fsdp_status_t st = step(e, stats);
+  /* The streams have passed this step's collectives: their marks are read. */
+  if (st == FSDP_SUCCESS || st == FSDP_ERR_NONFINITE) {
+    fsdp_status_t marks = fsdp_tl_resolve(e);
+    if (marks != FSDP_SUCCESS) st = marks;
+  }
   if (st == FSDP_ERR_NONFINITE) return st; /* nothing was updated: the engine stays usable */
   if (st != FSDP_SUCCESS) return fsdp_engine_poison(e, st);
   fsdp_tl_add(e, FSDP_TL_STEP, -1, FSDP_BACKWARD, 0, t0, fsdp_time_now(), 0);

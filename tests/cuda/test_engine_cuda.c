@@ -21,6 +21,7 @@
 #include "common/mpi_check.h"
 #include "cuda/kernels.h"
 #include "cuda_gate.h"
+#include "device/stream_internal.h"
 #include "fsdp/fsdp.h"
 #include "fsdp_config.h"
 
@@ -300,6 +301,81 @@ START_TEST(release_waits_for_compute) {
 }
 END_TEST
 
+/* Collectives on CUDA streams go on the timeline through CUDA events: a step
+ * that keeps a timeline queues no host function on any CUDA stream (each one
+ * stalls its stream for a round trip to the host), and the events still come
+ * out in host seconds: every reduction begins after the release that queued
+ * it and ends before the step that waits for it returns, every gather (N > 1)
+ * lies inside its step. Three steps: the later ones are timed against the
+ * anchor the previous step handed over. */
+#define TL_SLACK 1e-3 /* s: the GPU's clock is tied to the host's within microseconds */
+
+static void tl_check(fsdp_engine_t e, int step, double t0, double t1, const double *released) {
+  const fsdp_tl_event_t *tl;
+  size_t n, dropped;
+  ck_assert_int_eq(fsdp_engine_timeline(e, &tl, &n, &dropped), FSDP_SUCCESS);
+  ck_assert_uint_eq(dropped, 0);
+  int reduced[N_UNITS] = {0}, gathered = 0;
+  for (size_t i = 0; i < n; i++) {
+    const fsdp_tl_event_t *v = &tl[i];
+    if (v->kind != FSDP_TL_REDUCE && v->kind != FSDP_TL_ALL_GATHER) continue;
+    ck_assert_msg(v->t_begin >= t0 - TL_SLACK && v->t_begin <= v->t_end &&
+                  v->t_end <= t1 + TL_SLACK, "step %d: %s of unit %d spans [%.6f, %.6f] s, "
+                  "outside its step [%.6f, %.6f]", step, v->kind == FSDP_TL_REDUCE ? "reduction"
+                  : "gather", v->unit, v->t_begin, v->t_end, t0, t1);
+    if (v->kind == FSDP_TL_ALL_GATHER) {
+      gathered++;
+      continue;
+    }
+    if (v->unit < 0) continue; /* the gradient norm's all-reduce */
+    reduced[v->unit]++;
+    ck_assert_msg(v->t_begin >= released[v->unit] - TL_SLACK, "step %d: the reduction of unit %d "
+                  "begins at %.6f s, before the release that queued it (%.6f s)", step, v->unit,
+                  v->t_begin, released[v->unit]);
+  }
+  for (int u = 0; u < N_UNITS; u++)
+    ck_assert_msg(reduced[u] == 1, "step %d: %d reductions of unit %d on the timeline", step,
+                  reduced[u], u);
+  if (nranks > 1)
+    ck_assert_msg(gathered >= N_UNITS, "step %d: %d gathers on the timeline", step, gathered);
+}
+
+START_TEST(timeline_without_host_functions) {
+  const case_t *c = &cases[_i];
+  if (!c->backend || !runnable(c)) return;
+  fsdp_engine_t e = make_engine(c, FSDP_DEVICE_CUDA);
+  ck_assert_uint_gt(fsdp_engine_config(e)->timeline_capacity, 0);
+  for (int s = 0; s < 3; s++) {
+    double released[N_UNITS];
+    fsdp_engine_timeline_clear(e);
+    const uint64_t before = fsdp_cuda_host_fn_count();
+    const double t0 = fsdp_time_now();
+    fsdp_view_t v;
+    for (int u = 0; u < N_UNITS; u++) {
+      ck_assert_int_eq(fsdp_unit_acquire(e, u, FSDP_FORWARD, &v), FSDP_SUCCESS);
+      ck_assert_int_eq(fsdp_unit_release(e, u, FSDP_FORWARD), FSDP_SUCCESS);
+    }
+    for (int u = N_UNITS - 1; u >= 0; u--) { /* zero gradients: only the schedule matters */
+      ck_assert_int_eq(fsdp_unit_acquire(e, u, FSDP_BACKWARD, &v), FSDP_SUCCESS);
+      released[u] = fsdp_time_now();
+      ck_assert_int_eq(fsdp_unit_release(e, u, FSDP_BACKWARD), FSDP_SUCCESS);
+    }
+    ck_assert_msg(fsdp_engine_step(e, NULL) == FSDP_SUCCESS, "%s", fsdp_last_error());
+    const double t1 = fsdp_time_now();
+    const uint64_t launched = fsdp_cuda_host_fn_count() - before;
+    ck_assert_msg(launched == 0, "step %d: %llu host functions queued on CUDA streams while a "
+                  "timeline is kept (each stalls its stream for a host round trip)", s,
+                  (unsigned long long)launched);
+    tl_check(e, s, t0, t1, released);
+  }
+  if (rank == 0)
+    printf("engine N=%d timeline (backend %s, param %s): no host function on a CUDA stream in "
+           "3 steps; collectives timed by CUDA events within their steps\n", nranks,
+           backend_name(c, e), fsdp_dtype_name(c->param));
+  fsdp_engine_destroy(e);
+}
+END_TEST
+
 /* The compute stream's cuBLAS handle exists once materialize returns: the
  * first product of the first step does not create it while gathers are in
  * flight (issue 15). */
@@ -359,6 +435,8 @@ static Suite *suite(void) {
   tcase_set_timeout(tc, 240);
   tcase_add_loop_test(tc, engine_matches_cpu, 0, (int)(sizeof cases / sizeof cases[0]));
   tcase_add_loop_test(tc, release_waits_for_compute, 0, (int)(sizeof cases / sizeof cases[0]));
+  tcase_add_loop_test(tc, timeline_without_host_functions, 0,
+                      (int)(sizeof cases / sizeof cases[0]));
   tcase_add_test(tc, memory_matches_device);
   tcase_add_test(tc, blas_handle_made_at_materialize);
   suite_add_tcase(s, tc);
