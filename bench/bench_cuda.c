@@ -1,6 +1,8 @@
 /* bench/bench_cuda.c — what fsdp-bench measures on a GPU: the matrix-product
  * peak MFU is taken against (cuBLAS, in the run's dtype) and the device memory
  * in use. The only CUDA in bench/; without CUDA both say it is not built. */
+#include <string.h>
+
 #include "fsdp_bench.h"
 #include "fsdp_config.h"
 
@@ -97,6 +99,27 @@ double bench_cuda_device_used(void) {
   return (double)(total - free_b);
 }
 
+/* Datasheet HBM bandwidths by device name, most specific first (the device
+ * properties of CUDA 12 no longer carry the memory clock). */
+static const struct { const char *name; double bytes_per_s; } hbm_table[] = {
+    {"H200", 4.8e12},        {"H100 PCIe", 2.0e12},  {"H100 NVL", 3.9e12},
+    {"H100", 3.35e12},       {"GH200", 4.0e12},      {"A100-SXM4-80GB", 2.039e12},
+    {"A100 80GB PCIe", 1.935e12}, {"A100", 1.555e12}, {"L40S", 0.864e12},
+    {"L4", 0.3e12},          {"A10", 0.6e12},        {"V100", 0.9e12},
+};
+
+double bench_cuda_hbm(char *name, size_t len) {
+  struct cudaDeviceProp p;
+  int dev = 0;
+  snprintf(name, len, "?");
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&p, dev) != cudaSuccess)
+    return 0.0;
+  snprintf(name, len, "%s", p.name);
+  for (size_t i = 0; i < sizeof hbm_table / sizeof hbm_table[0]; i++)
+    if (strstr(p.name, hbm_table[i].name)) return hbm_table[i].bytes_per_s;
+  return 0.0;
+}
+
 #else
 
 fsdp_status_t bench_cuda_peak_flops(fsdp_comm_t comm, int n, fsdp_dtype_t dtype, double *flops) {
@@ -106,5 +129,10 @@ fsdp_status_t bench_cuda_peak_flops(fsdp_comm_t comm, int n, fsdp_dtype_t dtype,
 }
 
 double bench_cuda_device_used(void) { return -1.0; }
+
+double bench_cuda_hbm(char *name, size_t len) {
+  snprintf(name, len, "?");
+  return 0.0;
+}
 
 #endif

@@ -114,6 +114,7 @@ static void result_json(FILE *f, const bench_opts_t *o, int nranks, const bench_
          r->other_load, r->wrong, r->skipped_steps, r->loss_scale);
   if (r->device_used >= 0)
     fprintf(f, ",\"device\":\"cuda\",\"device_peak_bytes\":%.0f", r->device_used);
+  bench_kernels_json(f, o, r);
   fprintf(f, "}");
 }
 

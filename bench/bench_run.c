@@ -337,6 +337,7 @@ static fsdp_status_t timed_steps(model_t *m, const bench_opts_t *o, series_t *s,
   double loss = 0.0;
   for (int64_t i = 0; i < o->warmup; i++) BENCH_TRY(model_step(m, &loss));
   fsdp_engine_timeline_clear(m->eng);
+  if (o->kernel_profile) BENCH_TRY(fsdp_engine_profile(m->eng, 1)); /* the timed steps only */
   BENCH_TRY(fsdp_barrier(fsdp_engine_comm(m->eng), FSDP_HOST_STREAM));
   s->busy = bench_cpu_busy(), s->self = bench_cpu_self();
   for (int i = 0; i < (int)o->iters; i++) {
@@ -431,6 +432,7 @@ static fsdp_status_t measure(model_t *m, const bench_opts_t *o, bench_result_t *
   fsdp_comm_t comm = fsdp_engine_comm(m->eng);
   double first = 0.0, last = 0.0;
   BENCH_TRY(timed_steps(m, o, s, &first, &last));
+  if (o->kernel_profile) BENCH_TRY(bench_kernels_collect(m->eng, o, m->B, m->T, n_it, r));
   size_t n = 0, dropped = 0;
   const fsdp_tl_event_t *tl = NULL;
   BENCH_TRY(fsdp_engine_timeline(m->eng, &tl, &n, &dropped));

@@ -9,6 +9,7 @@ No timings are asserted: only structure and exact quantities.
     check_bench.py hsdp  MPIRUN NP FSDP_BENCH
     check_bench.py trace MPIRUN NP FSDP_BENCH OUT.json
     check_bench.py coll  MPIRUN NP COLL_BENCH [COLL_BENCH ARGS...]
+    check_bench.py kernels MPIRUN NP FSDP_BENCH GPU_BUDGET_PY OUT.json [FSDP_BENCH ARGS...]
 
 A run that asked for CUDA exits 77 (skipped) when the bench finds no GPU.
 """
@@ -206,6 +207,63 @@ def check_coll(mpirun, np, exe, extra):
           f"{len(rows)} rows, 0 wrong")
 
 
+def check_kernels(mpirun, np, exe, budget, path, extra):
+    """--kernel-profile on a tiny GPT-2: the table lists every class of
+    fsdp/profile.h once, each timed (calls > 0: its kernels are bracketed),
+    with the FLOPs and bytes bench/gpu_budget.py computes for the same shapes
+    and dtype; the classes' FLOPs are the MFU numerator's plus the scores
+    recomputed in attention backward, minus 6 per token for each bias and
+    LayerNorm parameter (they multiply nothing)."""
+    B, T = 2, 32
+    out = launch(mpirun, np, [exe, "--preset", "tiny", "--micro-batch", str(B), "--seq-len",
+                              str(T), "-w", "1", "-n", "2", "--peak-size", "64",
+                              "--kernel-profile", "--json-file", path] + extra, timeout=280)
+    doc = json.load(open(path))
+    r = doc["results"][0]
+    ks, g = r["kernels"], r["gpt2"]
+    L, NH, C, V, ctx = g["n_layer"], g["n_head"], g["n_embd"], g["vocab_size"], g["block_size"]
+    act = 2 if r.get("device") == "cuda" and r["dtype"] == "bf16" else 4
+    p = subprocess.run([sys.executable, budget, "--kernel-classes", "--model",
+                        f"{L},{NH},{C},{V},{ctx}", "--batch", str(B * r["grad_accum"]),
+                        "--seq-len", str(T), "--act-bytes", str(act)],
+                       stdout=subprocess.PIPE, text=True, check=True)
+    want = json.loads(p.stdout)
+    names = [k["class"] for k in ks]
+    expect(len(set(names)) == len(names), f"a class listed twice: {names}")
+    expect(set(names) == set(want), f"classes: fsdp-bench {sorted(names)}, gpu_budget.py "
+           f"{sorted(want)}")
+    close = lambda a, b: abs(a - b) <= 1e-9 * max(1.0, abs(b))
+    for k in ks:
+        w = want[k["class"]]
+        expect(k["calls_per_step"] > 0 and k["ms_per_step"] > 0,
+               f"{k['class']}: {k['calls_per_step']} calls, {k['ms_per_step']} ms a step: "
+               "its kernels are not bracketed")
+        expect(close(k["flops"], w["flops"]) and close(k["bytes"], w["bytes"]),
+               f"{k['class']}: fsdp_gpt2_kernel_costs says {k['flops']:.0f} FLOPs, "
+               f"{k['bytes']:.0f} bytes; gpu_budget.py ({' + '.join(w['rows'])}) "
+               f"{w['flops']:.0f}, {w['bytes']:.0f}")
+        expect(k["bound"] in ("compute", "memory"), f"{k['class']}: bound {k['bound']}")
+    N = B * T * r["grad_accum"]
+    model = r["flops_per_token"] * r["tokens_per_step"] / r["world_size"]
+    classes = sum(k["flops"] for k in ks)
+    expect(close(classes, model + 2 * L * T * C * N - 6 * N * (13 * L * C + 2 * C)),
+           f"classes' FLOPs {classes:.6g}, MFU numerator {model:.6g}: they should differ by "
+           "the recomputed scores and the bias and LayerNorm parameters only")
+    lines = out.splitlines()
+    head = [i for i, l in enumerate(lines) if l.startswith("kernel classes (--kernel-profile")]
+    expect(len(head) == 1, "no kernel table (or two) on stdout")
+    rows = lines[head[0] + 3:head[0] + 3 + len(ks)]
+    for k, line in zip(ks, rows):
+        expect(line.startswith(k["class"]) and len(line[30:].split()) == 9,
+               f"table row for {k['class']}: {line!r}")
+    rest = lines[head[0] + 3 + len(ks):]
+    expect(len(rest) >= 3 and rest[0].startswith("all classes") and rest[1].startswith("other")
+           and rest[2].startswith("step ") and "MFU" in rest[2], f"table end: {rest[:3]}")
+    print("\n".join(lines[head[0]:head[0] + 6 + len(ks)]))
+    print(f"kernel profile at N={np}: {len(ks)} classes bracketed, FLOPs and bytes as "
+          f"gpu_budget.py's, FLOPs against the MFU numerator")
+
+
 def main():
     if len(sys.argv) < 5:
         sys.exit(__doc__)
@@ -218,6 +276,8 @@ def main():
         check_trace(mpirun, np, exe, sys.argv[5])
     elif what == "coll":
         check_coll(mpirun, np, exe, sys.argv[5:])
+    elif what == "kernels":
+        check_kernels(mpirun, np, exe, sys.argv[5], sys.argv[6], sys.argv[7:])
     else:
         sys.exit(__doc__)
 

@@ -59,6 +59,11 @@ static const char usage_text[] =
     "  --json-file PATH           also write that document to PATH (the table still prints)\n"
     "  --trace FILE               the timed steps of every rank as one Chrome trace (Perfetto,\n"
     "                             chrome://tracing): pid = rank, tracks compute/gather/reduce\n"
+    "  --kernel-profile           gpt2: time each kernel class (fsdp/profile.h) in the timed\n"
+    "                             steps (CUDA events on the compute stream; host clock on the\n"
+    "                             CPU) and print per class calls, ms, share of the step,\n"
+    "                             TF/s and GB/s of its declared FLOPs and bytes, and the\n"
+    "                             fraction of the bounding peak (off: no cost)\n"
     "\n"
     "What is measured (median and spread over the timed steps)\n"
     "  step time    wall time of forward + backward + optimizer step; per step the slowest\n"
@@ -148,7 +153,7 @@ static int parse_word(void *ctx, const char *tool, const char *a, const char *v)
 }
 
 /* The flags with a value of their own type; the rest are parse_word's. */
-#define BENCH_FLAGS 23
+#define BENCH_FLAGS 24
 static void flag_table(bench_opts_t *o, flag_t *t) {
   const flag_t table[] = {
       {"--model", NULL, FLAG_STR, &o->model},         {"--seq-len", NULL, FLAG_INT, &o->seq_len},
@@ -169,6 +174,7 @@ static void flag_table(bench_opts_t *o, flag_t *t) {
       {"--memory-plan", NULL, FLAG_SET, &o->memory_plan},
       {"--comm-backend", "--comm", FLAG_STR, &o->cfg.comm_backend},
       {"--shard-size", NULL, FLAG_INT, &o->cfg.shard_size},
+      {"--kernel-profile", NULL, FLAG_SET, &o->kernel_profile},
   };
   _Static_assert(sizeof table / sizeof table[0] == BENCH_FLAGS, "BENCH_FLAGS counts the table");
   memcpy(t, table, sizeof table);
@@ -233,6 +239,9 @@ static int finish_options(bench_opts_t *o) {
     return fprintf(stderr, "fsdp-bench: --iters and --rounds must be at least 1\n"), -1;
   if (o->trace && o->sweep)
     return fprintf(stderr, "fsdp-bench: --trace records one configuration: drop --sweep\n"), -1;
+  if (o->kernel_profile && !gpt)
+    return fprintf(stderr, "fsdp-bench: --kernel-profile times gpt2's kernel classes: use "
+                   "--model gpt2\n"), -1;
   if (o->peak_size > 16384)
     return fprintf(stderr, "fsdp-bench: --peak-size must be in [0, 16384]\n"), -1;
   return 0;
@@ -280,7 +289,10 @@ static int run_all(fsdp_world_t world, const bench_opts_t *o, double peak_rank) 
   for (int round = 0; round < (int)o->rounds && rc == 0; round++)
     for (int i = 0; i < n && rc == 0; i++) {
       rc = bench_run(world, o, st[i], depth[i], shard[i], peak_rank, round, &res[i]) ? 1 : 0;
-      if (rc == 0 && rank == 0 && !o->json && round == (int)o->rounds - 1) bench_print_row(&res[i]);
+      if (rc == 0 && rank == 0 && !o->json && round == (int)o->rounds - 1) {
+        bench_print_row(&res[i]);
+        bench_print_kernels(o, &res[i]);
+      }
     }
   if (rc == 0 && rank == 0 && !o->json && o->config && o->config->n_rules) {
     printf("\nsharding rules (the last model's matches):\n");

@@ -30,6 +30,7 @@ typedef struct {
   int depths[8], n_depths;
   int shard_sizes[4], n_shard_sizes; /* --sweep-shard-sizes (0: the world); else config's */
   cfg_file_t *config;      /* --config FILE, or NULL: its sharding rules (tools/config.h) */
+  int kernel_profile;      /* --kernel-profile: time each kernel class (bench_kernels.c) */
 } bench_opts_t;
 
 /* One configuration's numbers; statistics are over the timed steps of every
@@ -64,6 +65,13 @@ typedef struct {
    * less what the ranks used themselves, over wall seconds x cores (one node
    * only; negative when unknown). */
   double other_cpu, timed_wall, other_load;
+  /* --kernel-profile, rank 0's: each class's scopes summed over kc_steps
+   * timed steps, its declared cost per step, and the device's */
+  fsdp_kclass_time_t kc[FSDP_KC_COUNT];
+  fsdp_kclass_cost_t kc_cost[FSDP_KC_COUNT];
+  int kc_steps;
+  double hbm_bytes_per_s; /* datasheet, by device name (0: unknown) */
+  char device_name[128];
   double *samples;              /* 6 x cap_samples seconds: step, compute, comm, gather,
                                    reduce, exposed of every timed step of every round */
   int n_samples, cap_samples;
@@ -97,6 +105,17 @@ fsdp_status_t bench_peak_flops(fsdp_comm_t comm, int n, double *flops);
 fsdp_status_t bench_cuda_peak_flops(fsdp_comm_t comm, int n, fsdp_dtype_t dtype, double *flops);
 /* Bytes in use on the current GPU, every process's (total - free); -1 without CUDA. */
 double bench_cuda_device_used(void);
+/* The current GPU's name into name, and its HBM bandwidth in bytes/s from a
+ * datasheet table by name (bench_cuda.c; 0 when the name is not in it). */
+double bench_cuda_hbm(char *name, size_t len);
+
+/* --kernel-profile (bench_kernels.c): the declared costs and the device's
+ * bandwidth into r (once per configuration), then the classes' times of this
+ * round's `steps` timed steps added; the table (after the row) and its JSON. */
+int bench_kernels_collect(fsdp_engine_t eng, const bench_opts_t *o, int B, int T, int steps,
+                          bench_result_t *r);
+void bench_print_kernels(const bench_opts_t *o, const bench_result_t *r);
+void bench_kernels_json(FILE *f, const bench_opts_t *o, const bench_result_t *r);
 
 void bench_split_steps(const fsdp_tl_event_t *tl, size_t n, const bench_window_t *w, int steps,
                        bench_split_t *out);

@@ -7,6 +7,8 @@ the efficiencies stated below), the sums, and the MFU each implies against a
 measured bf16 cuBLAS peak (fsdp-bench's "peak:" line; --measured-tflops).
 
 Usage: bench/gpu_budget.py                 # markdown tables on stdout
+       bench/gpu_budget.py --kernel-classes  # per kernel class (fsdp/profile.h), JSON
+       bench/gpu_budget.py --compare J       # fsdp-bench --kernel-profile's JSON J beside it
        bench/gpu_budget.py --update FILE   # rewrite FILE's generated block
        bench/gpu_budget.py --check FILE    # exit 1 when FILE's block is stale
        bench/gpu_budget.py --json          # the same numbers as JSON
@@ -36,11 +38,16 @@ EFF = {
 LAUNCH_S = 10e-6  # per optimizer launch today: launch gap plus host wait
 
 
-def dims(preset, B, T):
-    L, NH, C, V = {"124M": (12, 12, 768, 50257), "1558M": (48, 25, 1600, 50257)}[preset]
+PRESETS = {"124M": (12, 12, 768, 50257, 1024), "1558M": (48, 25, 1600, 50257, 1024)}
+
+
+def dims(model, B, T, act=2):
+    """model: a preset's name, or (L, NH, C, V, context); act: bytes of an
+    activation element (2: bf16, the GPU's; 4: fp32)."""
+    L, NH, C, V, ctx = PRESETS[model] if isinstance(model, str) else model
     Vp = (V + 127) // 128 * 128
-    params = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
-    return dict(L=L, NH=NH, C=C, V=V, Vp=Vp, B=B, T=T, N=B * T, hs=C // NH, P=params)
+    params = V * C + ctx * C + L * (12 * C * C + 13 * C) + 2 * C
+    return dict(L=L, NH=NH, C=C, V=V, Vp=Vp, B=B, T=T, N=B * T, hs=C // NH, P=params, a=act)
 
 
 def linears(d):
@@ -49,15 +56,25 @@ def linears(d):
     return [(C, 3 * C), (C, C), (C, 4 * C), (4 * C, C)]
 
 
-def klass(name, flops, nbytes, unit, eff, launches, note):
+def klass(name, flops, nbytes, unit, eff, launches, note, kc=None):
+    """A row; kc: the kernel class (fsdp/profile.h) whose scopes time it,
+    default its own name (fsdp-bench --kernel-profile measures per class)."""
     return dict(name=name, flops=flops, bytes=nbytes, unit=unit, eff=eff, launches=launches,
-                note=note)
+                note=note, kc=kc or name)
+
+
+def merged(name, note, parts):
+    """A row made of parts run by separate kernels: their sums (estimates
+    add: the parts do not overlap)."""
+    return dict(name=name, note=note, parts=parts, kc=name,
+                flops=sum(p["flops"] for p in parts), bytes=sum(p["bytes"] for p in parts),
+                launches=sum(p["launches"] for p in parts))
 
 
 def flash_attention(d):
     """A fused causal flash kernel (not built): scores stay on chip."""
     L, N, C, NH, T, hs, B = (d[k] for k in ("L", "N", "C", "NH", "T", "hs", "B"))
-    bf, lse = 2, B * NH * T * 4
+    bf, lse = d["a"], B * NH * T * 4
     return [
         klass("attention forward", 2 * B * NH * T * T * hs * L,
               L * ((N * 3 * C + N * C) * bf + lse), "tc", EFF["flash"], L,
@@ -71,21 +88,28 @@ def flash_attention(d):
 def cublas_attention(d):
     """What is built (attention.cu, *_lse_*): bf16 cuBLAS products over the
     full T x T per batch row, fp32 scores and dP, bf16 p and dscore through
-    a one-batch-row scratch (larger than L2 at 124M: counted as HBM)."""
+    a one-batch-row scratch (larger than L2 at 124M: counted as HBM). Each
+    pass is a row of two parts: the products and the softmax's T^2 traffic."""
     L, N, C, NH, T, hs, B = (d[k] for k in ("L", "N", "C", "NH", "T", "hs", "B"))
-    bf, tt, lse = 2, B * NH * T * T, B * NH * T * 4
+    bf, tt, lse = d["a"], B * NH * T * T, B * NH * T * 4
     return [
-        klass("attention products", 14 * B * NH * T * T * hs * L,
-              L * (4 * N * 3 * C * bf + 2 * N * C * bf), "tc", EFF["tc"], 7 * B * L,
-              "bf16 cuBLAS, full T x T: 2 forward, 5 backward"),
-        klass("attention softmax + T^2 traffic", 0, L * (38 * tt + 3 * lse), "mem", EFF["mem"],
-              2 * L, "fp32 s/dP, bf16 p/ds: 12 B fwd + 26 B bwd per score; LSE kept"),
+        merged("attention forward", "bf16 cuBLAS QK^T, PV over the full T x T; softmax: fp32 s, "
+               "bf16 p (12 B a score), LSE kept", [
+                   klass("products", 4 * B * NH * T * T * hs * L, L * (3 * N * C + N * C) * bf,
+                         "tc", EFF["tc"], 2 * B * L, ""),
+                   klass("softmax", 0, L * (12 * tt + lse), "mem", EFF["mem"], L, "")]),
+        merged("attention backward", "5 products (scores recomputed from the LSE); fp32 dP, "
+               "bf16 ds (26 B a score)", [
+                   klass("products", 10 * B * NH * T * T * hs * L,
+                         L * (3 * N * C + 2 * N * C + 3 * N * C) * bf, "tc", EFF["tc"], 5 * B * L,
+                         ""),
+                   klass("softmax", 0, L * (26 * tt + 2 * lse), "mem", EFF["mem"], L, "")]),
     ]
 
 
 def new_design(d, flash=False):
-    L, N, C, Vp, NH, T, hs, B = (d[k] for k in ("L", "N", "C", "Vp", "NH", "T", "hs", "B"))
-    bf, f4 = 2, 4
+    L, N, C, V, Vp, NH, T, hs, B = (d[k] for k in ("L", "N", "C", "V", "Vp", "NH", "T", "hs", "B"))
+    bf, f4 = d["a"], 4
     lin = linears(d)
     mm_f = L * sum(2 * N * K * M for K, M in lin)
     mm_fb = L * (sum((N * K + K * M + N * M) * bf for K, M in lin) + N * 4 * C * bf)
@@ -100,29 +124,29 @@ def new_design(d, flash=False):
         klass("block products, backward", mm_b, mm_bb, "tc", EFF["tc"], 8 * L,
               "d(input) and d(weight), beta = 0: no zeroing pass"),
         klass("bias gradients", 0, L * sum(N * M * bf for _, M in lin), "mem", EFF["mem"], 4 * L,
-              "column sums, partials over all SMs"),
-        klass("GELU backward", 0, L * 3 * N * 4 * C * bf, "mem", EFF["mem"], L, ""),
+              "column sums, partials over all SMs", kc="block products, backward"),
+        klass("GELU backward", 0, L * 3 * N * 4 * C * bf, "mem", EFF["mem"], L, "", kc="GELU"),
     ] + (flash_attention(d) if flash else cublas_attention(d)) + [
         klass("residual + LayerNorm forward", 0, ln * (4 * N * C * bf + 8 * N), "mem", EFF["mem"],
               ln, "fused: reads x and the branch, writes x' and ln(x')"),
         klass("LayerNorm backward", 0, ln * (4 * N * C * bf + 8 * N), "mem", EFF["mem"], ln,
               "adds into d(residual)"),
-        klass("LM head forward", 2 * N * C * Vp, (N * C + Vp * C + N * Vp) * bf, "tc", EFF["tc"],
-              1, f"Vp = {Vp}: leading dims multiples of 128"),
-        klass("LM head backward", 4 * N * C * Vp,
-              (2 * N * Vp + Vp * C + 2 * N * C) * bf + Vp * C * f4, "tc", EFF["tc"], 2, ""),
-        klass("cross-entropy (fused)", 0, 2 * N * Vp * bf + 8 * N, "mem", EFF["mem"], 1,
-              "one read, the gradient written over the logits"),
+        klass("LM head forward", 2 * N * C * V, (N * C + V * C + N * V) * bf, "tc", EFF["tc"],
+              1, f"V = {V} columns, rows {Vp} apart: leading dims multiples of 128"),
+        klass("LM head backward", 4 * N * C * V,
+              (2 * N * V + V * C + 2 * N * C) * bf + V * C * f4, "tc", EFF["tc"], 2, ""),
+        klass("cross-entropy (fused)", 0, 2 * N * V * bf + 8 * N, "mem", EFF["mem"], 1,
+              "one read, the gradient written over the logits", kc="cross-entropy"),
         klass("embedding", 0, (2 * N * C + T * C) * bf + N * C * bf + 2 * N * C * f4, "mem",
               EFF["mem"], 2, "forward gather, backward scatter-add (fp32)"),
-        klass("AdamW", 0, P * 30, "mem", EFF["mem"], L + 1,
+        klass("AdamW", 0, P * (28 + (2 if bf == 2 else 0)), "mem", EFF["mem"], L + 1,
               "multi-tensor, one launch per unit; 30 B/param"),
     ]
 
 
 def today(d):
     L, N, C, V, NH, T, hs, B = (d[k] for k in ("L", "N", "C", "V", "NH", "T", "hs", "B"))
-    bf, f4 = 2, 4
+    bf, f4 = d["a"], 4
     lin = linears(d)
     tt = B * NH * T * T * f4  # one fp32 (B,NH,T,T) pass
     ln = 2 * L + 1
@@ -167,6 +191,11 @@ def peak_of(unit):
 
 
 def timed(k, launch_cost):
+    if "parts" in k:
+        parts = [timed(p, launch_cost) for p in k["parts"]]
+        roof, est = sum(p["roof_s"] for p in parts), sum(p["est_s"] for p in parts)
+        main = max(parts, key=lambda p: p["roof_s"])
+        return dict(k, parts=parts, roof_s=roof, est_s=est, bound=main["bound"], eff=roof / est)
     t_c = k["flops"] / peak_of(k["unit"])
     t_m = k["bytes"] / HBM_BW
     roof = max(t_c, t_m)
@@ -180,8 +209,8 @@ def model_flops(d):
     return (6 * (d["P"] - d["T"] * d["C"]) + 12 * d["L"] * d["T"] * d["C"]) * d["N"]
 
 
-def budget(preset, B, T, measured):
-    d = dims(preset, B, T)
+def budget(model, B, T, measured, act=2):
+    d = dims(model, B, T, act)
     out = {"dims": d, "model_flops": model_flops(d), "measured_peak": measured}
     designs = (("today", today, LAUNCH_S), ("new", new_design, 0.0),
                ("flash", lambda d: new_design(d, flash=True), 0.0))
@@ -248,6 +277,44 @@ def markdown(b):
     ])
 
 
+def kernel_classes(b, name="new"):
+    """Per kernel class (fsdp/profile.h): the rows it times, summed; what
+    fsdp_gpt2_kernel_costs must equal (the kernel-profile test)."""
+    out = {}
+    for k in b[name]["kernels"]:
+        c = out.setdefault(k["kc"], dict(flops=0, bytes=0, roof_s=0.0, est_s=0.0, rows=[]))
+        for f in ("flops", "bytes", "roof_s", "est_s"):
+            c[f] += k[f]
+        c["rows"].append(k["name"])
+    return out
+
+
+def compare(b, path):
+    """fsdp-bench --kernel-profile --json's measured classes next to the
+    budget's estimate of each (design "new", and with flash attention)."""
+    doc = json.load(open(path))
+    r = doc.get("results", [doc])[0]
+    ks = r.get("kernels")
+    if not ks:
+        print(f"gpu_budget: {path} has no kernel table (run fsdp-bench with --kernel-profile)",
+              file=sys.stderr)
+        return 1
+    new, flash = kernel_classes(b, "new"), kernel_classes(b, "flash")
+    print(f"{'kernel class':<30} {'measured ms':>11} {'budget ms':>9} {'flash ms':>8} "
+          f"{'roofline ms':>11} {'of roofline':>11}")
+    for k in ks:
+        n, f = new.get(k["class"]), flash.get(k["class"])
+        ms = k["ms_per_step"]
+        roof = n["roof_s"] * 1e3 if n else 0.0
+        print(f"{k['class']:<30} {ms:11.2f} {n['est_s'] * 1e3 if n else float('nan'):9.2f} "
+              f"{f['est_s'] * 1e3 if f else float('nan'):8.2f} {roof:11.2f} "
+              f"{(roof / ms * 100 if ms > 0 else 0):10.0f}%")
+    step = r["step_ms"]["median"] if isinstance(r.get("step_ms"), dict) else r.get("step_ms", 0)
+    print(f"{'step (measured)':<30} {step:11.2f} {b['new']['est_s'] * 1e3:9.2f} "
+          f"{b['flash']['est_s'] * 1e3:8.2f} {b['new']['roof_s'] * 1e3:11.2f}")
+    return 0
+
+
 BEGIN, END = "<!-- gpu_budget.py: begin -->", "<!-- gpu_budget.py: end -->"
 
 
@@ -257,7 +324,15 @@ def main():
                     help="fsdp-bench's measured bf16 cuBLAS peak (default 750, a placeholder)")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq-len", type=int, default=1024)
+    ap.add_argument("--model", default="124M",
+                    help="124M, 1558M, or L,NH,C,V,context (e.g. a test's tiny GPT-2)")
+    ap.add_argument("--act-bytes", type=int, default=2, choices=(2, 4),
+                    help="bytes of an activation element: 2 (bf16, default) or 4 (fp32)")
     g = ap.add_mutually_exclusive_group()
+    g.add_argument("--kernel-classes", action="store_true",
+                   help="per kernel class of fsdp/profile.h: FLOPs, bytes, estimate (JSON)")
+    g.add_argument("--compare", metavar="BENCH_JSON",
+                   help="fsdp-bench --kernel-profile --json-file's classes next to the budget")
     g.add_argument("--update", metavar="FILE")
     g.add_argument("--check", metavar="FILE")
     g.add_argument("--json", action="store_true")
@@ -265,7 +340,13 @@ def main():
     a = ap.parse_args()
     if a.measured_tflops <= 0:
         ap.error(f"--measured-tflops {a.measured_tflops}: a peak must be positive")
-    b = budget("124M", a.batch, a.seq_len, a.measured_tflops * 1e12)
+    model = a.model if a.model in PRESETS else tuple(int(x) for x in a.model.split(","))
+    b = budget(model, a.batch, a.seq_len, a.measured_tflops * 1e12, a.act_bytes)
+    if a.kernel_classes:
+        json.dump(kernel_classes(b), sys.stdout, indent=1)
+        return 0
+    if a.compare:
+        return compare(b, a.compare)
     if a.json:
         json.dump(b, sys.stdout, indent=1)
         return 0

@@ -6,9 +6,12 @@
 # N = 1 and MPI at N = 2 on one GPU, and its memory against the device's; a
 # small GPT-2 trained on the GPU against the CPU; coll_bench on device buffers
 # over NCCL and over MPI staging), then the bench (GPT-2 124M,
-# 16 x 1024 tokens per micro-step, bf16, NCCL, one GPU), and prints a short
-# table last. Exits 0 only when everything ran and passed. Budget: build about
-# 1 minute on 16 cores, suite bounded at 5 minutes, bench about 1 minute.
+# 16 x 1024 tokens per micro-step, bf16, NCCL, one GPU) and the same step
+# with --kernel-profile, and prints a short table last, ending with each
+# kernel class's measured time, TF/s, GB/s and fraction of peak beside
+# bench/gpu-budget.md's estimate of it. Exits 0 only when everything ran and
+# passed. Budget: build about 1 minute on 16 cores, suite bounded at 5
+# minutes, benches about 1.5 minutes.
 # Usage: scripts/gpu-check.sh   (FSDP_TEST_SEED=n repeats a run's inputs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,7 +41,9 @@ fi
 log="$PWD/build/meson-logs"
 report="$log/cuda-kernels.txt"
 bench_json="$log/gpu-bench.json"
-rm -f "$report" "$bench_json"
+kernels_json="$log/gpu-kernels.json"
+kernels_out="$log/gpu-kernels.txt"
+rm -f "$report" "$bench_json" "$kernels_json" "$kernels_out"
 status=0
 # FSDP_REQUIRE_GPU=1: on this machine a missing GPU (or a driver older than
 # the toolkit) fails the suite instead of skipping it.
@@ -50,6 +55,11 @@ FSDP_REQUIRE_GPU=1 FSDP_CUDA_REPORT="$report" timeout 330 \
 bench_status=0
 timeout 240 build/bench/fsdp-bench --device cuda --comm nccl --preset 124M --seq-len 1024 \
   --micro-batch 16 --dtype bf16 -w 3 -n 10 --json-file "$bench_json" || bench_status=$?
+# The same step again with each kernel class timed by CUDA events (a run of
+# its own: the events cost the timed steps a little).
+timeout 180 build/bench/fsdp-bench --device cuda --comm nccl --preset 124M --seq-len 1024 \
+  --micro-batch 16 --dtype bf16 -w 2 -n 5 --kernel-profile --json-file "$kernels_json" \
+  >"$kernels_out" || bench_status=$?
 
 echo
 echo "gpu-check: finished in $((SECONDS - start)) s"
@@ -82,6 +92,18 @@ fi
 peak_tf=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); r=d.get("results",[d])[0]; p=r.get("peak_flops",0)/1e12; print(p if p > 0 else 750)' "$bench_json" 2>/dev/null || echo 750)
 echo "-- budget against the measured peak ($peak_tf TF/s)"
 python3 bench/gpu_budget.py --summary --measured-tflops "$peak_tf" | sed 's/^/  /'
+# Last: where the step's time goes, per kernel class, against the budget.
+echo "-- kernel classes (GPT-2 124M, 16 x 1024, bf16; fsdp-bench --kernel-profile)"
+if [ -s "$kernels_json" ]; then
+  sed -n '/^kernel classes/,$p' "$kernels_out" | sed '/^trace:/d; s/^/  /'
+  echo "-- the same classes beside bench/gpu-budget.md (estimate: issue 15 as built; flash)"
+  python3 bench/gpu_budget.py --compare "$kernels_json" --measured-tflops "$peak_tf" |
+    sed 's/^/  /'
+else
+  echo "  no kernel table: the profiled run failed"
+  cat "$kernels_out" 2>/dev/null | tail -5
+  status=1
+fi
 [ "$bench_status" -eq 0 ] || status=1
 [ "$status" -eq 0 ] && echo "gpu-check: PASSED" || echo "gpu-check: FAILED"
 exit "$status"

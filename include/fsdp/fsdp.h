@@ -7,6 +7,7 @@
 #include "fsdp/comm.h"
 #include "fsdp/optim.h"
 #include "fsdp/engine.h"
+#include "fsdp/profile.h"
 #include "fsdp/plan.h"
 #include "fsdp/nn.h"
 #include "fsdp/data.h"

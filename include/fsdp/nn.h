@@ -12,6 +12,7 @@
 
 #include "fsdp/engine.h"
 #include "fsdp/plan.h"
+#include "fsdp/profile.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -260,6 +261,26 @@ typedef struct {
 FSDP_API fsdp_status_t fsdp_gpt2_memory(const fsdp_gpt2_config_t *c, int B, int T,
                                         fsdp_dtype_t act_dtype, fsdp_gpt2_layout_t layout,
                                         fsdp_gpt2_memory_t *out);
+
+/* ---- what each kernel class costs, computed ------------------------------
+ * For one optimizer step of GPT-2 c over micro_batches micro-batches of B x T
+ * tokens with activations in act_dtype (FSDP_BF16 or FSDP_F32): per kernel
+ * class of fsdp/profile.h, the FLOPs its kernels execute (attention over the
+ * full T x T with the scores recomputed in backward, the vocabulary products
+ * over the V real columns) and the bytes of device memory it must move, each
+ * tensor once per kernel as bench/gpu-budget.md counts them: issue 15's
+ * design's traffic (fused epilogues, LSE-softmax attention; fp32 parameter
+ * gradients and optimizer state), the floor an implementation is held to, not
+ * a measurement. bench/gpu_budget.py computes the same numbers and the
+ * kernel-profile test (suite cuda) compares the two. Recomputation under
+ * activation checkpointing is not counted. Writes out[0, n) (n <=
+ * FSDP_KC_COUNT). FSDP_ERR_INVALID_ARGUMENT naming a bad value. Thread-safe. */
+typedef struct {
+  double flops, bytes;
+} fsdp_kclass_cost_t;
+FSDP_API fsdp_status_t fsdp_gpt2_kernel_costs(const fsdp_gpt2_config_t *c, int B, int T,
+                                              int micro_batches, fsdp_dtype_t act_dtype,
+                                              fsdp_kclass_cost_t *out, int n);
 
 #ifdef __cplusplus
 }

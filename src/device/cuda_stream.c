@@ -209,7 +209,7 @@ fsdp_status_t fsdp_stream_create_cuda(const char *name, int high_priority,
 
 struct fsdp_marks {
   cudaEvent_t *ev; /* capacity of them, timing enabled */
-  size_t capacity, used;
+  size_t capacity, head, used; /* taken: used marks from head on, in a ring */
   cudaEvent_t anchor;
   double anchor_t; /* fsdp_time_now() when the anchor was recorded */
 };
@@ -232,7 +232,7 @@ fsdp_status_t fsdp_marks_create(size_t capacity, fsdp_marks_t *out) {
   }
   memset(m->ev, 0, capacity * sizeof *m->ev);
   m->capacity = capacity;
-  m->used = 0;
+  m->head = m->used = 0;
   m->anchor = NULL;
   cudaError_t rc = cudaEventCreate(&m->anchor);
   for (size_t i = 0; rc == cudaSuccess && i < capacity; i++) rc = cudaEventCreate(&m->ev[i]);
@@ -257,10 +257,29 @@ fsdp_status_t fsdp_marks_anchor(fsdp_marks_t m, fsdp_stream_t s) {
 fsdp_status_t fsdp_marks_record(fsdp_marks_t m, fsdp_stream_t s, size_t *id) {
   *id = FSDP_NO_MARK;
   if (m->used == m->capacity) return FSDP_SUCCESS;
-  cudaError_t rc = cudaEventRecord(m->ev[m->used], (cudaStream_t)s->cuda);
-  if (rc != cudaSuccess) return cuda_fail(rc, "cudaEventRecord (timeline mark) on", s->name);
-  *id = m->used++;
+  size_t at = (m->head + m->used) % m->capacity;
+  cudaError_t rc = cudaEventRecord(m->ev[at], (cudaStream_t)s->cuda);
+  if (rc != cudaSuccess) return cuda_fail(rc, "cudaEventRecord (timing mark) on", s->name);
+  m->used++;
+  *id = at;
   return FSDP_SUCCESS;
+}
+
+int fsdp_marks_done(fsdp_marks_t m, size_t id) { return cudaEventQuery(m->ev[id]) != cudaErrorNotReady; }
+
+fsdp_status_t fsdp_marks_between(fsdp_marks_t m, size_t a, size_t b, double *seconds) {
+  float ms = 0.0f;
+  cudaError_t rc = cudaEventSynchronize(m->ev[b]);
+  if (rc == cudaSuccess) rc = cudaEventElapsedTime(&ms, m->ev[a], m->ev[b]);
+  if (rc != cudaSuccess) return cuda_fail(rc, "cudaEventElapsedTime (timing marks)", NULL);
+  *seconds = 1e-3 * (double)ms;
+  return FSDP_SUCCESS;
+}
+
+void fsdp_marks_release(fsdp_marks_t m, size_t n) {
+  if (n > m->used) n = m->used;
+  m->head = (m->head + n) % m->capacity;
+  m->used -= n;
 }
 
 fsdp_status_t fsdp_marks_time(fsdp_marks_t m, size_t id, double *t) {
@@ -279,7 +298,7 @@ void fsdp_marks_recycle(fsdp_marks_t m, size_t latest, double t) {
     m->ev[latest] = a;
     m->anchor_t = t;
   }
-  m->used = 0;
+  m->head = m->used = 0;
 }
 
 /* ---- devices and memory ---------------------------------------------------- */
@@ -436,6 +455,12 @@ fsdp_status_t fsdp_marks_time(fsdp_marks_t marks, size_t id, double *t) {
   (void)marks, (void)id, (void)t;
   return no_cuda("timeline marks");
 }
+int fsdp_marks_done(fsdp_marks_t marks, size_t id) { return (void)marks, (void)id, 1; }
+fsdp_status_t fsdp_marks_between(fsdp_marks_t marks, size_t a, size_t b, double *seconds) {
+  (void)marks, (void)a, (void)b, (void)seconds;
+  return no_cuda("timing marks");
+}
+void fsdp_marks_release(fsdp_marks_t marks, size_t n) { (void)marks, (void)n; }
 void fsdp_marks_recycle(fsdp_marks_t marks, size_t latest, double t) {
   (void)marks, (void)latest, (void)t;
 }

@@ -39,13 +39,20 @@ void fsdp_marks_destroy(fsdp_marks_t marks);
 /* Records the anchor on CUDA stream s, which must be idle, and waits for it. */
 fsdp_status_t fsdp_marks_anchor(fsdp_marks_t marks, fsdp_stream_t s);
 /* Records the next free mark on CUDA stream s; *id is its number, or
- * FSDP_NO_MARK when every mark is taken (nothing is recorded then). */
+ * FSDP_NO_MARK when every mark is taken (nothing is recorded then). Marks are
+ * taken in a ring: fsdp_marks_release frees the oldest. */
 fsdp_status_t fsdp_marks_record(fsdp_marks_t marks, fsdp_stream_t s, size_t *id);
+/* 1 when the stream has passed mark id (never waits). */
+int fsdp_marks_done(fsdp_marks_t marks, size_t id);
+/* Seconds from mark a to mark b, waiting for b. */
+fsdp_status_t fsdp_marks_between(fsdp_marks_t marks, size_t a, size_t b, double *seconds);
+/* Frees the n oldest marks taken. */
+void fsdp_marks_release(fsdp_marks_t marks, size_t n);
 /* The host time of mark id, waiting for its stream to pass it (no wait when it
  * has: read marks after the work they follow is known to be done). */
 fsdp_status_t fsdp_marks_time(fsdp_marks_t marks, size_t id, double *t);
-/* Frees every mark for recording again; mark `latest` (read at host time t,
- * FSDP_NO_MARK: none) becomes the anchor. */
+/* Frees every mark; mark `latest` (read at host time t, FSDP_NO_MARK: none)
+ * becomes the anchor. */
 void fsdp_marks_recycle(fsdp_marks_t marks, size_t latest, double t);
 
 #endif

@@ -335,6 +335,7 @@ void fsdp_engine_destroy(fsdp_engine_t e) {
   free(e->fwd_release);
   free(e->tl);
   fsdp_tl_marks_destroy(e);
+  fsdp_kprof_destroy(e);
   fsdp_comm_destroy(e->comm_gather);
   fsdp_comm_destroy(e->comm_reduce);
   fsdp_comm_destroy(e->comm_replica);

@@ -12,6 +12,7 @@
 #include "core/internal.h"
 #include "device/stream_internal.h"
 #include "fsdp/engine.h"
+#include "fsdp/profile.h"
 
 struct tensor {
   char *name;
@@ -179,6 +180,8 @@ struct fsdp_engine {
   fsdp_marks_t tl_marks;
   struct tl_pending *tl_pending;
   size_t n_pending, cap_pending;
+  /* per-kernel-class timing (profile.c); NULL until profiling is first on */
+  struct kprof *prof;
 
   /* first asynchronous failure; every later call reports it */
   fsdp_status_t poisoned;
@@ -207,6 +210,10 @@ fsdp_status_t fsdp_tl_mark_begin(struct fsdp_engine *e, fsdp_stream_t s, size_t 
 fsdp_status_t fsdp_tl_mark_end(struct fsdp_engine *e, fsdp_stream_t s, size_t begin,
                                fsdp_tl_event_t ev);
 fsdp_status_t fsdp_tl_resolve(struct fsdp_engine *e);
+/* Kernel-class scopes (profile.c): adds those the compute stream has passed
+ * (every one with wait, which waits for the stream); destroy frees it. */
+fsdp_status_t fsdp_kprof_drain(struct fsdp_engine *e, int wait);
+void fsdp_kprof_destroy(struct fsdp_engine *e);
 void fsdp_mem_track(size_t *live, size_t *peak, size_t add, size_t sub);
 /* Bytes per element of a gather buffer: what is gathered, plus the f32 twin
  * the CPU widens bf16 into. */

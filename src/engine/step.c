@@ -175,7 +175,9 @@ static fsdp_status_t clear_grads(struct fsdp_engine *e, struct unit *u) {
 static fsdp_status_t update(struct fsdp_engine *e, float lr, double coef) {
   for (int i = 0; i < e->n_units; i++) {
     struct unit *u = &e->units[i];
+    FSDP_TRY(fsdp_engine_kclass_begin(e, FSDP_KC_ADAMW));
     FSDP_TRY(update_unit(e, u, lr, (float)coef));
+    FSDP_TRY(fsdp_engine_kclass_end(e, FSDP_KC_ADAMW));
     FSDP_TRY(fsdp_unit_refresh_params(e, u));
     FSDP_TRY(clear_grads(e, u));
     u->mirror_dirty = 0; /* host copies from before the update are stale */
@@ -265,9 +267,11 @@ fsdp_status_t fsdp_engine_step(fsdp_engine_t e, fsdp_step_stats_t *stats) {
   FSDP_TRY(step_ready(e));
   double t0 = fsdp_time_now();
   fsdp_status_t st = step(e, stats);
-  /* The streams have passed this step's collectives: their marks are read. */
+  /* The streams have passed this step's collectives: their marks are read;
+   * kernel-class scopes the compute stream has passed are added up. */
   if (st == FSDP_SUCCESS || st == FSDP_ERR_NONFINITE) {
     fsdp_status_t marks = fsdp_tl_resolve(e);
+    if (marks == FSDP_SUCCESS) marks = fsdp_kprof_drain(e, 0);
     if (marks != FSDP_SUCCESS) st = marks;
   }
   if (st == FSDP_ERR_NONFINITE) return st; /* nothing was updated: the engine stays usable */

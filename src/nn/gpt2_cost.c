@@ -1,0 +1,75 @@
+/* src/nn/gpt2_cost.c — what each kernel class of a GPT-2 step costs, in
+ * FLOPs and bytes (fsdp_gpt2_kernel_costs, fsdp/nn.h): the formulas of
+ * bench/gpu_budget.py's design "new", row for row (a class holds the rows its
+ * kernels' calls cover: the bias gradients are summed inside the backward
+ * products). Change one side and the kernel-profile test says where they
+ * part. Dims: L layers, C width, NH heads, V vocabulary, N = B T tokens. */
+#include "core/internal.h"
+#include "fsdp/nn.h"
+
+/* Per micro-batch; a = bytes of an activation element. */
+static void block_costs(const fsdp_gpt2_config_t *c, double B, double T, double a,
+                        fsdp_kclass_cost_t *k) {
+  const double L = c->n_layer, C = c->n_embd, NH = c->n_head, N = B * T;
+  const double lin[4][2] = {{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}}; /* (K, M) */
+  const double tt = B * NH * T * T, lse = B * NH * T * 4; /* scores; the log-sum-exp */
+  for (int i = 0; i < 4; i++) {
+    const double K = lin[i][0], M = lin[i][1];
+    k[FSDP_KC_BLOCK_FWD].flops += L * 2 * N * K * M;
+    k[FSDP_KC_BLOCK_FWD].bytes += L * (N * K + K * M + N * M) * a;
+    k[FSDP_KC_BLOCK_BWD].flops += L * 4 * N * K * M;
+    /* dout, weight, input read; d(input) and d(weight) written (fp32); the
+     * bias gradient's column sums read dout once more */
+    k[FSDP_KC_BLOCK_BWD].bytes += L * ((N * M + K * M + N * K) * a + (N * K + N * M) * a +
+                                       K * M * 4 + N * M * a);
+  }
+  k[FSDP_KC_BLOCK_FWD].bytes += L * N * 4 * C * a; /* GELU's output, from the fc epilogue */
+  k[FSDP_KC_GELU].bytes += L * 3 * N * 4 * C * a;
+  /* 2 products forward, 5 backward (the scores recomputed), full T x T; fp32
+   * scores and dP, bf16 p and ds: 12 bytes a score forward, 26 backward */
+  k[FSDP_KC_ATTN_FWD].flops += L * 4 * N * T * C;
+  k[FSDP_KC_ATTN_FWD].bytes += L * ((3 * N * C + N * C) * a + 12 * tt + lse);
+  k[FSDP_KC_ATTN_BWD].flops += L * 10 * N * T * C;
+  k[FSDP_KC_ATTN_BWD].bytes += L * ((3 * N * C + 2 * N * C + 3 * N * C) * a + 26 * tt + 2 * lse);
+  const double ln = 2 * L + 1; /* two per block and ln_f: x and the branch in, x' and ln(x') out */
+  k[FSDP_KC_RESID_LN_FWD].bytes += ln * (4 * N * C * a + 8 * N);
+  k[FSDP_KC_LN_BWD].bytes += ln * (4 * N * C * a + 8 * N);
+}
+
+static void head_costs(const fsdp_gpt2_config_t *c, double B, double T, double a,
+                       fsdp_kclass_cost_t *k) {
+  const double C = c->n_embd, V = c->vocab_size, N = B * T;
+  k[FSDP_KC_HEAD_FWD].flops += 2 * N * C * V;
+  k[FSDP_KC_HEAD_FWD].bytes += (N * C + V * C + N * V) * a;
+  k[FSDP_KC_HEAD_BWD].flops += 4 * N * C * V;
+  k[FSDP_KC_HEAD_BWD].bytes += (2 * N * V + V * C + 2 * N * C) * a + V * C * 4;
+  k[FSDP_KC_XENT].bytes += 2 * N * V * a + 8 * N; /* one read, the gradient over the logits */
+  /* forward gather of wte and wpe rows, backward scatter-add into fp32 */
+  k[FSDP_KC_EMBED].bytes += (2 * N * C + T * C) * a + N * C * a + 2 * N * C * 4;
+}
+
+fsdp_status_t fsdp_gpt2_kernel_costs(const fsdp_gpt2_config_t *c, int B, int T,
+                                     int micro_batches, fsdp_dtype_t act_dtype,
+                                     fsdp_kclass_cost_t *out, int n) {
+  if (!c || !out || n < 0 || n > FSDP_KC_COUNT)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_gpt2_kernel_costs: config and out must "
+                      "not be NULL, n in [0, %d]", FSDP_KC_COUNT);
+  FSDP_TRY(fsdp_gpt2_config_check(c));
+  if (B < 1 || T < 1 || T > c->block_size || micro_batches < 1)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_gpt2_kernel_costs: batch %d x %d x %d "
+                      "micro-batches (T at most the context, %d)", B, T, micro_batches,
+                      c->block_size);
+  if (act_dtype != FSDP_F32 && act_dtype != FSDP_BF16)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_gpt2_kernel_costs: activations in %s: "
+                      "GPT-2 computes in f32 or bf16", fsdp_dtype_name(act_dtype));
+  fsdp_kclass_cost_t k[FSDP_KC_COUNT] = {{0}};
+  const double a = act_dtype == FSDP_BF16 ? 2.0 : 4.0;
+  block_costs(c, B, T, a, k);
+  head_costs(c, B, T, a, k);
+  for (int i = 0; i < FSDP_KC_COUNT; i++) k[i].flops *= micro_batches, k[i].bytes *= micro_batches;
+  /* once a step: fp32 master, gradient, m and v read and written but the
+   * gradient (28 bytes), and the 16-bit copy written */
+  k[FSDP_KC_ADAMW].bytes = (double)fsdp_gpt2_num_params(c) * (28 + (a == 2.0 ? 2 : 0));
+  for (int i = 0; i < n; i++) out[i] = k[i];
+  return FSDP_SUCCESS;
+}
