@@ -45,6 +45,7 @@ typedef struct {
   fsdp_strategy_t strategy;
   fsdp_dtype_t param, reduce;
   const char *backend; /* NULL: the world's */
+  int shard_size;      /* HSDP: ranks per shard group (0: the world; run where 1 < it < N) */
 } case_t;
 
 static fsdp_world_t world;
@@ -64,6 +65,7 @@ static fsdp_engine_t make_engine(const case_t *c, fsdp_device_kind_t dev) {
   cfg.reduce_dtype = c->reduce;
   cfg.device = dev;
   cfg.comm_backend = dev == FSDP_DEVICE_CUDA ? c->backend : NULL;
+  cfg.shard_size = c->shard_size;
   cfg.optim.lr = 1e-2f;
   cfg.optim.weight_decay = 0.1f;
   cfg.optim.max_grad_norm = 0.5f;
@@ -109,21 +111,24 @@ static double rel_diff(const float *a, const float *b, size_t n) {
 }
 
 static const case_t cases[] = {
-    {FSDP_FULL_SHARD, FSDP_F32, FSDP_F32, NULL},
-    {FSDP_SHARD_GRAD_OP, FSDP_F32, FSDP_F32, NULL},
-    {FSDP_FULL_SHARD, FSDP_BF16, FSDP_F32, NULL},
-    {FSDP_FULL_SHARD, FSDP_BF16, FSDP_BF16, NULL},
-    {FSDP_NO_SHARD, FSDP_F32, FSDP_BF16, NULL},
-    {FSDP_FULL_SHARD, FSDP_F32, FSDP_F32, "nccl"},
-    {FSDP_FULL_SHARD, FSDP_BF16, FSDP_BF16, "nccl"},
+    {FSDP_FULL_SHARD, FSDP_F32, FSDP_F32, NULL, 0},
+    {FSDP_SHARD_GRAD_OP, FSDP_F32, FSDP_F32, NULL, 0},
+    {FSDP_FULL_SHARD, FSDP_BF16, FSDP_F32, NULL, 0},
+    {FSDP_FULL_SHARD, FSDP_BF16, FSDP_BF16, NULL, 0},
+    {FSDP_NO_SHARD, FSDP_F32, FSDP_BF16, NULL, 0},
+    {FSDP_FULL_SHARD, FSDP_F32, FSDP_F32, "nccl", 0},
+    {FSDP_FULL_SHARD, FSDP_BF16, FSDP_BF16, "nccl", 0},
     /* fp16 parameters (gathered and viewed as fp16; the default loss scale
      * divides these unscaled gradients on both engines alike) */
-    {FSDP_FULL_SHARD, FSDP_F16, FSDP_F32, NULL},
-    {FSDP_FULL_SHARD, FSDP_F16, FSDP_F32, "nccl"},
+    {FSDP_FULL_SHARD, FSDP_F16, FSDP_F32, NULL, 0},
+    {FSDP_FULL_SHARD, FSDP_F16, FSDP_F32, "nccl", 0},
+    /* HSDP at N = 4: 2 replica groups of 2, the replica all-reduce on NCCL too */
+    {FSDP_FULL_SHARD, FSDP_F32, FSDP_F32, "nccl", 2},
 };
 
 /* NCCL needs a GPU per rank of the node; the world's backend runs anywhere. */
 static int runnable(const case_t *c) {
+  if (c->shard_size && (nranks <= c->shard_size || nranks % c->shard_size)) return 0;
   if (!c->backend) return 1;
   if (!FSDP_HAVE_NCCL) return 0;
   const int have = fsdp_cuda_device_count(), need = fsdp_world_local_size(world);
@@ -140,7 +145,7 @@ static const char *backend_name(const case_t *c, fsdp_engine_t e) {
 
 START_TEST(engine_matches_cpu) {
   const case_t *c = &cases[_i];
-  if (!runnable(c)) return;
+  if (c->shard_size || !runnable(c)) return; /* HSDP: the timeline case only */
   fsdp_engine_t cpu = make_engine(c, FSDP_DEVICE_CPU), gpu = make_engine(c, FSDP_DEVICE_CUDA);
   /* Parameters: fp32 agree to the optimizer kernels' rounding; bf16 copies may
    * sit one bf16 step (2^-8) apart where the fp32 masters straddle a rounding
@@ -226,7 +231,9 @@ static void slow_kernel(fsdp_engine_t e, float *scratch) {
 
 START_TEST(release_waits_for_compute) {
   const case_t *c = &cases[_i];
-  if (c->param != FSDP_F32 || c->reduce != FSDP_F32 || c->strategy != FSDP_FULL_SHARD) return;
+  if (c->param != FSDP_F32 || c->reduce != FSDP_F32 || c->strategy != FSDP_FULL_SHARD ||
+      c->shard_size)
+    return;
   if (!runnable(c)) return;
   fsdp_engine_t cpu = make_engine(c, FSDP_DEVICE_CPU), gpu = make_engine(c, FSDP_DEVICE_CUDA);
   fsdp_stream_t cs = fsdp_engine_stream(gpu);
@@ -315,9 +322,18 @@ static void tl_check(fsdp_engine_t e, int step, double t0, double t1, const doub
   size_t n, dropped;
   ck_assert_int_eq(fsdp_engine_timeline(e, &tl, &n, &dropped), FSDP_SUCCESS);
   ck_assert_uint_eq(dropped, 0);
-  int reduced[N_UNITS] = {0}, gathered = 0;
+  int reduced[N_UNITS] = {0}, replicated[N_UNITS] = {0}, gathered = 0;
+  const int hsdp = fsdp_engine_config(e)->shard_size < nranks;
   for (size_t i = 0; i < n; i++) {
     const fsdp_tl_event_t *v = &tl[i];
+    if (v->kind == FSDP_TL_REPLICA_REDUCE) {
+      replicated[v->unit]++;
+      ck_assert_msg(v->t_begin >= released[v->unit] - TL_SLACK && v->t_begin <= v->t_end &&
+                    v->t_end <= t1 + TL_SLACK, "step %d: the replica all-reduce of unit %d "
+                    "spans [%.6f, %.6f] s, outside [release %.6f, step end %.6f]", step,
+                    v->unit, v->t_begin, v->t_end, released[v->unit], t1);
+      continue;
+    }
     if (v->kind != FSDP_TL_REDUCE && v->kind != FSDP_TL_ALL_GATHER) continue;
     ck_assert_msg(v->t_begin >= t0 - TL_SLACK && v->t_begin <= v->t_end &&
                   v->t_end <= t1 + TL_SLACK, "step %d: %s of unit %d spans [%.6f, %.6f] s, "
@@ -334,8 +350,9 @@ static void tl_check(fsdp_engine_t e, int step, double t0, double t1, const doub
                   v->t_begin, released[v->unit]);
   }
   for (int u = 0; u < N_UNITS; u++)
-    ck_assert_msg(reduced[u] == 1, "step %d: %d reductions of unit %d on the timeline", step,
-                  reduced[u], u);
+    ck_assert_msg(reduced[u] == 1 && replicated[u] == hsdp, "step %d: %d reductions and %d "
+                  "replica all-reduces of unit %d on the timeline", step, reduced[u],
+                  replicated[u], u);
   if (nranks > 1)
     ck_assert_msg(gathered >= N_UNITS, "step %d: %d gathers on the timeline", step, gathered);
 }
@@ -369,9 +386,9 @@ START_TEST(timeline_without_host_functions) {
     tl_check(e, s, t0, t1, released);
   }
   if (rank == 0)
-    printf("engine N=%d timeline (backend %s, param %s): no host function on a CUDA stream in "
-           "3 steps; collectives timed by CUDA events within their steps\n", nranks,
-           backend_name(c, e), fsdp_dtype_name(c->param));
+    printf("engine N=%d timeline (backend %s, param %s%s): no host function on a CUDA stream "
+           "in 3 steps; collectives timed by CUDA events within their steps\n", nranks,
+           backend_name(c, e), fsdp_dtype_name(c->param), c->shard_size ? ", HSDP 2x2" : "");
   fsdp_engine_destroy(e);
 }
 END_TEST
