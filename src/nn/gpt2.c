@@ -553,6 +553,21 @@ size_t fsdp_gpt2_activation_bytes(fsdp_gpt2_t g, size_t *without_checkpointing) 
   return g ? g->act_bytes : 0;
 }
 
+/* ---- per-kernel accounting ----------------------------------------------- */
+
+/* A kernel-table call inside the scope of its class (fsdp/profile.h), so that
+ * fsdp-bench --kernel-profile times each class; with profiling off a scope is
+ * one branch in the engine. The scope ends whether or not the call failed. */
+static fsdp_status_t kc_end(fsdp_engine_t e, fsdp_kclass_t k, fsdp_status_t st) {
+  fsdp_status_t end = fsdp_engine_kclass_end(e, k);
+  return st != FSDP_SUCCESS ? st : end;
+}
+#define KC(g, cls, call)                                         \
+  do {                                                           \
+    FSDP_TRY(fsdp_engine_kclass_begin((g)->eng, FSDP_KC_##cls)); \
+    FSDP_TRY(kc_end((g)->eng, FSDP_KC_##cls, (call)));           \
+  } while (0)
+
 /* ---- blocks ------------------------------------------------------------- */
 
 static fsdp_status_t block_forward(const struct fsdp_gpt2 *g, float *const *p,
@@ -562,19 +577,22 @@ static fsdp_status_t block_forward(const struct fsdp_gpt2 *g, float *const *p,
   const fsdp_stream_t s = g->s;
   int C = g->c.n_embd, BT = B * T;
   size_t n = (size_t)BT * C;
-  FSDP_TRY(k->layernorm_forward(dt, a->ln1, a->ln1_mean, a->ln1_rstd, x, p[LN1W], p[LN1B], BT, C,
-                                s));
-  FSDP_TRY(k->conv1d_forward(dt, a->qkv, a->ln1, p[QKVW], p[QKVB], BT, C, 3 * C, s));
-  FSDP_TRY(k->attention_forward(dt, a->atty, a->att, g->att_scratch, a->qkv, B, T, C,
-                                g->c.n_head, s));
-  FSDP_TRY(k->conv1d_forward(dt, a->res2, a->atty, p[ATTPROJW], p[ATTPROJB], BT, C, C, s));
-  FSDP_TRY(k->residual_forward(dt, a->res2, a->res2, x, n, s));
-  FSDP_TRY(k->layernorm_forward(dt, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, p[LN2W], p[LN2B],
-                                BT, C, s));
-  FSDP_TRY(k->conv1d_forward(dt, a->fch, a->ln2, p[FCW], p[FCB], BT, C, 4 * C, s));
-  FSDP_TRY(k->gelu_forward(dt, a->fch_gelu, a->fch, 4 * n, s));
-  FSDP_TRY(k->conv1d_forward(dt, out, a->fch_gelu, p[FCPROJW], p[FCPROJB], BT, 4 * C, C, s));
-  return k->residual_forward(dt, out, out, a->res2, n, s);
+  KC(g, RESID_LN_FWD,
+     k->layernorm_forward(dt, a->ln1, a->ln1_mean, a->ln1_rstd, x, p[LN1W], p[LN1B], BT, C, s));
+  KC(g, BLOCK_FWD, k->conv1d_forward(dt, a->qkv, a->ln1, p[QKVW], p[QKVB], BT, C, 3 * C, s));
+  KC(g, ATTN_FWD,
+     k->attention_forward(dt, a->atty, a->att, g->att_scratch, a->qkv, B, T, C, g->c.n_head, s));
+  KC(g, BLOCK_FWD, k->conv1d_forward(dt, a->res2, a->atty, p[ATTPROJW], p[ATTPROJB], BT, C, C, s));
+  KC(g, RESID_LN_FWD, k->residual_forward(dt, a->res2, a->res2, x, n, s));
+  KC(g, RESID_LN_FWD,
+     k->layernorm_forward(dt, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, p[LN2W], p[LN2B], BT, C,
+                          s));
+  KC(g, BLOCK_FWD, k->conv1d_forward(dt, a->fch, a->ln2, p[FCW], p[FCB], BT, C, 4 * C, s));
+  KC(g, GELU, k->gelu_forward(dt, a->fch_gelu, a->fch, 4 * n, s));
+  KC(g, BLOCK_FWD,
+     k->conv1d_forward(dt, out, a->fch_gelu, p[FCPROJW], p[FCPROJB], BT, 4 * C, C, s));
+  KC(g, RESID_LN_FWD, k->residual_forward(dt, out, out, a->res2, n, s));
+  return FSDP_SUCCESS;
 }
 
 /* On entry g->dres holds d(out); on return d(x). */
@@ -585,28 +603,34 @@ static fsdp_status_t block_backward(struct fsdp_gpt2 *g, float *const *p, float 
   const fsdp_stream_t s = g->s;
   int C = g->c.n_embd, BT = B * T;
   size_t n1 = (size_t)BT * C, e = g->esize;
-  FSDP_TRY(fsdp_device_zero(g->d4a, 4 * n1 * e, s));
-  FSDP_TRY(k->conv1d_backward(dt, g->d4a, dp[FCPROJW], dp[FCPROJB], g->dres, a->fch_gelu,
-                              p[FCPROJW], BT, 4 * C, C, s));
-  FSDP_TRY(fsdp_device_zero(g->d4b, 4 * n1 * e, s));
-  FSDP_TRY(k->gelu_backward(dt, g->d4b, a->fch, g->d4a, 4 * n1, s));
-  FSDP_TRY(fsdp_device_zero(g->d1, n1 * e, s));
-  FSDP_TRY(k->conv1d_backward(dt, g->d1, dp[FCW], dp[FCB], g->d4b, a->ln2, p[FCW], BT, C, 4 * C,
-                              s));
+  KC(g, BLOCK_BWD, fsdp_device_zero(g->d4a, 4 * n1 * e, s));
+  KC(g, BLOCK_BWD,
+     k->conv1d_backward(dt, g->d4a, dp[FCPROJW], dp[FCPROJB], g->dres, a->fch_gelu, p[FCPROJW], BT,
+                        4 * C, C, s));
+  KC(g, GELU, fsdp_device_zero(g->d4b, 4 * n1 * e, s));
+  KC(g, GELU, k->gelu_backward(dt, g->d4b, a->fch, g->d4a, 4 * n1, s));
+  KC(g, BLOCK_BWD, fsdp_device_zero(g->d1, n1 * e, s));
+  KC(g, BLOCK_BWD,
+     k->conv1d_backward(dt, g->d1, dp[FCW], dp[FCB], g->d4b, a->ln2, p[FCW], BT, C, 4 * C, s));
   /* the residual carries d(out) straight to d(res2), to which LN2 adds */
-  FSDP_TRY(k->layernorm_backward(dt, g->dres, dp[LN2W], dp[LN2B], g->d1, a->res2, p[LN2W],
-                                 a->ln2_mean, a->ln2_rstd, BT, C, s));
-  FSDP_TRY(fsdp_device_zero(g->d1, n1 * e, s));
-  FSDP_TRY(k->conv1d_backward(dt, g->d1, dp[ATTPROJW], dp[ATTPROJB], g->dres, a->atty,
-                              p[ATTPROJW], BT, C, C, s));
-  FSDP_TRY(fsdp_device_zero(g->d3, 3 * n1 * e, s));
-  FSDP_TRY(k->attention_backward(dt, g->d3, g->att_scratch, g->d1, a->qkv, a->att, B, T, C,
-                                 g->c.n_head, s));
-  FSDP_TRY(fsdp_device_zero(g->d1, n1 * e, s));
-  FSDP_TRY(k->conv1d_backward(dt, g->d1, dp[QKVW], dp[QKVB], g->d3, a->ln1, p[QKVW], BT, C, 3 * C,
-                              s));
-  return k->layernorm_backward(dt, g->dres, dp[LN1W], dp[LN1B], g->d1, x, p[LN1W], a->ln1_mean,
-                               a->ln1_rstd, BT, C, s);
+  KC(g, LN_BWD,
+     k->layernorm_backward(dt, g->dres, dp[LN2W], dp[LN2B], g->d1, a->res2, p[LN2W], a->ln2_mean,
+                           a->ln2_rstd, BT, C, s));
+  KC(g, BLOCK_BWD, fsdp_device_zero(g->d1, n1 * e, s));
+  KC(g, BLOCK_BWD,
+     k->conv1d_backward(dt, g->d1, dp[ATTPROJW], dp[ATTPROJB], g->dres, a->atty, p[ATTPROJW], BT, C,
+                        C, s));
+  KC(g, ATTN_BWD, fsdp_device_zero(g->d3, 3 * n1 * e, s));
+  KC(g, ATTN_BWD,
+     k->attention_backward(dt, g->d3, g->att_scratch, g->d1, a->qkv, a->att, B, T, C, g->c.n_head,
+                           s));
+  KC(g, BLOCK_BWD, fsdp_device_zero(g->d1, n1 * e, s));
+  KC(g, BLOCK_BWD,
+     k->conv1d_backward(dt, g->d1, dp[QKVW], dp[QKVB], g->d3, a->ln1, p[QKVW], BT, C, 3 * C, s));
+  KC(g, LN_BWD,
+     k->layernorm_backward(dt, g->dres, dp[LN1W], dp[LN1B], g->d1, x, p[LN1W], a->ln1_mean,
+                           a->ln1_rstd, BT, C, s));
+  return FSDP_SUCCESS;
 }
 
 /* ---- forward / backward ------------------------------------------------- */
@@ -672,14 +696,17 @@ static fsdp_status_t forward(struct fsdp_gpt2 *g, const int *tokens, const int *
   FSDP_TRY(gpt2_io_stage(g->io, tokens, targets, (size_t)BT, g->s, &g->tok, &g->tgt));
   FSDP_TRY(acquire(g, r, FSDP_FORWARD));
   const int lnf = r->view.n - 2;
-  FSDP_TRY(k->embedding_forward(g->dt, x_at(g, 0, B, T), g->tok, r->view.param[0],
-                                r->view.param[1], B, T, C, g->s));
+  KC(g, EMBED,
+     k->embedding_forward(g->dt, x_at(g, 0, B, T), g->tok, r->view.param[0], r->view.param[1], B, T,
+                          C, g->s));
   FSDP_TRY(blocks_forward(g, B, T));
-  FSDP_TRY(k->layernorm_forward(g->dt, g->lnf, g->lnf_mean, g->lnf_rstd,
-                                x_at(g, g->c.n_layer, B, T), r->view.param[lnf],
-                                r->view.param[lnf + 1], BT, C, g->s));
-  return k->head_forward(g->dt, g->logits, g->ldv, g->lnf, r->view.param[0], BT, C,
-                         g->c.vocab_size, g->s);
+  KC(g, RESID_LN_FWD,
+     k->layernorm_forward(g->dt, g->lnf, g->lnf_mean, g->lnf_rstd, x_at(g, g->c.n_layer, B, T),
+                          r->view.param[lnf], r->view.param[lnf + 1], BT, C, g->s));
+  KC(g, HEAD_FWD,
+     k->head_forward(g->dt, g->logits, g->ldv, g->lnf, r->view.param[0], BT, C, g->c.vocab_size,
+                     g->s));
+  return FSDP_SUCCESS;
 }
 
 static fsdp_status_t blocks_backward(struct fsdp_gpt2 *g, int B, int T) {
@@ -707,15 +734,16 @@ static fsdp_status_t backward(struct fsdp_gpt2 *g, int B, int T) {
   FSDP_TRY(acquire(g, r, FSDP_BACKWARD));
   float *const *p = r->view.param, *const *dp = r->view.grad;
   const int lnf = r->view.n - 2;
-  FSDP_TRY(fsdp_device_zero(g->d1, n, g->s));
-  FSDP_TRY(k->head_backward(g->dt, g->d1, dp[0], g->dlogits, g->ldv, g->lnf, p[0], BT, C,
-                            g->c.vocab_size, g->s));
-  FSDP_TRY(fsdp_device_zero(g->dres, n, g->s));
-  FSDP_TRY(k->layernorm_backward(g->dt, g->dres, dp[lnf], dp[lnf + 1], g->d1,
-                                 x_at(g, g->c.n_layer, B, T), p[lnf], g->lnf_mean, g->lnf_rstd,
-                                 BT, C, g->s));
+  KC(g, HEAD_BWD, fsdp_device_zero(g->d1, n, g->s));
+  KC(g, HEAD_BWD,
+     k->head_backward(g->dt, g->d1, dp[0], g->dlogits, g->ldv, g->lnf, p[0], BT, C, g->c.vocab_size,
+                      g->s));
+  KC(g, LN_BWD, fsdp_device_zero(g->dres, n, g->s));
+  KC(g, LN_BWD,
+     k->layernorm_backward(g->dt, g->dres, dp[lnf], dp[lnf + 1], g->d1, x_at(g, g->c.n_layer, B, T),
+                           p[lnf], g->lnf_mean, g->lnf_rstd, BT, C, g->s));
   FSDP_TRY(blocks_backward(g, B, T));
-  FSDP_TRY(k->embedding_backward(g->dt, dp[0], dp[1], g->dres, g->tok, B, T, C, g->s));
+  KC(g, EMBED, k->embedding_backward(g->dt, dp[0], dp[1], g->dres, g->tok, B, T, C, g->s));
   return fsdp_unit_release(g->eng, r->id, FSDP_BACKWARD);
 }
 
@@ -723,8 +751,9 @@ static fsdp_status_t backward(struct fsdp_gpt2 *g, int B, int T) {
  * with its gradient (grad: written over the logits); the per-row losses head
  * for the host behind it. */
 static fsdp_status_t xent(struct fsdp_gpt2 *g, void *logits, int BT, float scale, int grad) {
-  FSDP_TRY(g->ops->xent(g->dt, logits, g->ldv, gpt2_io_losses(g->io), g->tgt, BT,
-                        g->c.vocab_size, scale, grad, g->s));
+  KC(g, XENT,
+     g->ops->xent(g->dt, logits, g->ldv, gpt2_io_losses(g->io), g->tgt, BT, g->c.vocab_size, scale,
+                  grad, g->s));
   return gpt2_io_loss_start(g->io, BT, g->s);
 }
 
