@@ -90,8 +90,9 @@
  * Communication (config.comm_backend):
  *   "nccl"        gathers and reductions queued on two high-priority CUDA
  *                 streams, ordered against compute by events: no host
- *                 synchronisation inside a micro-batch; the step synchronises
- *                 once (the gradient norm comes back to the host);
+ *                 synchronisation inside a micro-batch, no host function on
+ *                 any stream (the timeline reads CUDA events); the step
+ *                 synchronises once (the gradient norm comes back to the host);
  *   NULL, "mpi"   the world's host backend on worker threads, device buffers
  *                 staged through pinned host memory (several ranks may share a
  *                 GPU, which NCCL refuses); acquiring a unit waits on the host

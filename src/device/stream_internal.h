@@ -36,8 +36,12 @@ typedef struct fsdp_marks *fsdp_marks_t;
 /* capacity marks (and the anchor) on the current device. */
 fsdp_status_t fsdp_marks_create(size_t capacity, fsdp_marks_t *marks);
 void fsdp_marks_destroy(fsdp_marks_t marks);
-/* Records the anchor on CUDA stream s, which must be idle, and waits for it. */
+/* Records the anchor on CUDA stream s, which must be idle, and waits for it
+ * (the tightest of up to five tries); only before any mark is taken. */
 fsdp_status_t fsdp_marks_anchor(fsdp_marks_t marks, fsdp_stream_t s);
+/* Seconds by which mark times may be off the host clock: half the bracket of
+ * the measured anchor (anchors handed on keep it). */
+double fsdp_marks_anchor_error(fsdp_marks_t marks);
 /* Records the next free mark on CUDA stream s; *id is its number, or
  * FSDP_NO_MARK when every mark is taken (nothing is recorded then). Marks are
  * taken in a ring: fsdp_marks_release frees the oldest. */
