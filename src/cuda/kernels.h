@@ -106,19 +106,24 @@ fsdp_status_t fsdp_cuda_embedding_backward(fsdp_dtype_t dt, float *dwte, float *
                                            int C, fsdp_stream_t stream);
 /* f32: att keeps the (B,NH,T,T) probabilities; the score and value products
  * of each batch row are strided-batched cuBLAS calls over its heads; scratch
- * is NH*T*T floats for backward. bf16: tensor cores (bf16 products, fp32
- * accumulation), att keeps only the (B,NH,T) fp32 log-sum-exp of each row's
- * scaled scores; scores and dP are fp32, probabilities and dscore bf16, the
- * causal softmax reads only the unmasked half, backward recomputes p = exp(s
- * - lse); scratch is one batch row's. No bound on T. */
+ * is NH*T*T floats for backward; out is not read. bf16: the fused causal
+ * flash kernel on tensor cores (flash.cu: WMMA bf16 products, fp32
+ * accumulation and softmax statistics, the scores never in device memory,
+ * tiles wholly above the diagonal skipped); att keeps only the (B,NH,T) fp32
+ * log-sum-exp of each row's scaled scores, backward recomputes p = exp(s -
+ * lse) and reads forward's out for rowsum(dout * out); no scratch (0 bytes).
+ * bf16 needs a head size C/NH that is a multiple of 16 up to 128 (GPT-2's is
+ * 64) and 16-byte aligned tensors: else FSDP_ERR_INVALID_ARGUMENT naming the
+ * value. No bound on T. */
 size_t fsdp_cuda_attention_state_floats(fsdp_dtype_t dt, int B, int T, int NH);
 size_t fsdp_cuda_attention_scratch_bytes(fsdp_dtype_t dt, int T, int NH);
 fsdp_status_t fsdp_cuda_attention_forward(fsdp_dtype_t dt, void *out, float *att, void *scratch,
                                           const void *qkv, int B, int T, int C, int NH,
                                           fsdp_stream_t stream);
 fsdp_status_t fsdp_cuda_attention_backward(fsdp_dtype_t dt, void *dqkv, void *scratch,
-                                           const void *dout, const void *qkv, const float *att,
-                                           int B, int T, int C, int NH, fsdp_stream_t stream);
+                                           const void *dout, const void *qkv, const void *out,
+                                           const float *att, int B, int T, int C, int NH,
+                                           fsdp_stream_t stream);
 /* One block per row; the exponential sum and the loss in double, as on the
  * CPU. */
 fsdp_status_t fsdp_cuda_xent(fsdp_dtype_t dt, void *logits, int ld, double *losses,

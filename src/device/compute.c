@@ -184,10 +184,11 @@ static fsdp_status_t cpu_attention_forward(fsdp_dtype_t dt, void *out, float *at
 }
 
 static fsdp_status_t cpu_attention_backward(fsdp_dtype_t dt, void *dqkv, void *scratch,
-                                            const void *dout, const void *qkv, const float *att,
-                                            int B, int T, int C, int NH, fsdp_stream_t s) {
+                                            const void *dout, const void *qkv, const void *out,
+                                            const float *att, int B, int T, int C, int NH,
+                                            fsdp_stream_t s) {
   CPU_OP("attention_backward", dt, s);
-  (void)scratch;
+  (void)scratch, (void)out; /* the probabilities give the softmax backward directly */
   fsdp_attention_backward(dqkv, dout, qkv, att, B, T, C, NH);
   return FSDP_SUCCESS;
 }

@@ -104,15 +104,18 @@ typedef struct fsdp_compute_ops {
    * attention_state_floats says how many floats (the (B,NH,T,T) probabilities,
    * or the (B,NH,T) log-sum-exp of an op that recomputes them). scratch:
    * attention_scratch_bytes(dt, T, NH) of the caller's (NULL when 0), contents
-   * not kept between calls: layers may share it. Backward adds into dqkv. */
+   * not kept between calls: layers may share it. Backward adds into dqkv and
+   * is given forward's out (B,T,C), which a kernel that recomputes the
+   * probabilities from the log-sum-exp needs (rowsum(dout * out)). */
   size_t (*attention_state_floats)(fsdp_dtype_t dt, int B, int T, int NH);
   size_t (*attention_scratch_bytes)(fsdp_dtype_t dt, int T, int NH);
   fsdp_status_t (*attention_forward)(fsdp_dtype_t dt, void *out, float *att, void *scratch,
                                      const void *qkv, int B, int T, int C, int NH,
                                      fsdp_stream_t s);
   fsdp_status_t (*attention_backward)(fsdp_dtype_t dt, void *dqkv, void *scratch,
-                                      const void *dout, const void *qkv, const float *att, int B,
-                                      int T, int C, int NH, fsdp_stream_t s);
+                                      const void *dout, const void *qkv, const void *out,
+                                      const float *att, int B, int T, int C, int NH,
+                                      fsdp_stream_t s);
 
   /* ---- softmax cross-entropy, fused with its gradient, in place ----
    * logits (B,V) rows ld apart; targets (B) in the backend's memory. losses

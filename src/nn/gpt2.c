@@ -622,8 +622,8 @@ static fsdp_status_t block_backward(struct fsdp_gpt2 *g, float *const *p, float 
                         C, s));
   KC(g, ATTN_BWD, fsdp_device_zero(g->d3, 3 * n1 * e, s));
   KC(g, ATTN_BWD,
-     k->attention_backward(dt, g->d3, g->att_scratch, g->d1, a->qkv, a->att, B, T, C, g->c.n_head,
-                           s));
+     k->attention_backward(dt, g->d3, g->att_scratch, g->d1, a->qkv, a->atty, a->att, B, T, C,
+                           g->c.n_head, s));
   KC(g, BLOCK_BWD, fsdp_device_zero(g->d1, n1 * e, s));
   KC(g, BLOCK_BWD,
      k->conv1d_backward(dt, g->d1, dp[QKVW], dp[QKVB], g->d3, a->ln1, p[QKVW], BT, C, 3 * C, s));

@@ -52,7 +52,7 @@ static const char *const kKernels[] = {
     "layernorm_forward", "layernorm_backward", "layernorm_forward_bf16",
     "layernorm_backward_bf16", "embedding_forward", "embedding_backward",
     "embedding_forward_bf16", "embedding_backward_bf16", "attention_forward",
-    "attention_backward", "attention_lse_forward_bf16", "attention_lse_backward_bf16",
+    "attention_backward", "attention_forward_bf16", "attention_backward_bf16",
     "xent", "xent_bf16", "head_forward", "head_backward",
     "head_forward_bf16", "head_backward_bf16", "xent_inplace", "xent_inplace_bf16",
     "adamw_update", "sgd_update",
@@ -522,7 +522,7 @@ static void attention_case(int B, int T, int C, int NH) {
   check_err("attention_forward", "out/att",
             max2(rel_err(got, out, no), rel_err(got_att, att, natt)), TOL_F32);
   /* Backward reads the CPU's probabilities: checked on its own. */
-  OK(fsdp_cuda_attention_backward(FSDP_F32, g_dqkv, g_scratch, dev_f32(dout, no), g_qkv,
+  OK(fsdp_cuda_attention_backward(FSDP_F32, g_dqkv, g_scratch, dev_f32(dout, no), g_qkv, g_out,
                                   dev_f32(att, natt), B, T, C, NH, fs));
   fsdp_attention_backward(dqkv, dout, qkv, att, B, T, C, NH);
   float *got_d = back_f32(g_dqkv, nqkv);
@@ -537,50 +537,179 @@ START_TEST(attention) {
 }
 END_TEST
 
-/* bf16 attention keeping the log-sum-exp: against the CPU's fp32 attention on
- * the same bf16-rounded inputs, forward and backward (its lse: exp(s - lse)
- * summed over a row must be 1, checked through the output, which is a convex
- * combination of v rows only then). Shapes: small, odd, and T = 1024 with
- * GPT-2's head size 64 (2 heads: the simulator's products are slow). */
-static const struct { int B, T, C, NH; } kAttentionLse[] = {
-    {2, 65, 48, 3}, {1, 1, 8, 2}, {2, 200, 128, 4}, {1, 1024, 128, 2},
+/* bf16 attention, the fused flash kernel (flash.cu), through the table's
+ * entry points, against the CPU's fp32 attention on the same bf16-rounded
+ * inputs. out is a convex combination of v rows: bf16 probabilities (2^-9
+ * relative each) and the bf16 output (2^-9 of |out| <= max|v|) bound its
+ * error by 2^-8 max|v| whatever the row's length (against the RMS of out,
+ * which shrinks like 1/sqrt(T) while a row of 2 tokens keeps O(|v|), a
+ * relative measure would not be bounded): tolerance 2^-7 max|v|. lse against
+ * a double-precision log-sum-exp of the scaled scores, to 2^-7 (the row sums
+ * of bf16-rounded weights are within 2^-8 of the exact ones). dqkv from zeros,
+ * measured as flash_backward_reference says. Then the add-into contract: a
+ * second backward on the same dqkv must double it. Shapes: T not a multiple
+ * of the 32-key or 64-row tiles, T = 1, several batch rows and heads, every
+ * tile variant (head sizes 16, 32, 64 with 64-row tiles, 128 with 32-row
+ * tiles), and T = 1024 at GPT-2's head size 64 (2 heads: the simulator's
+ * tensor cores are fibers). */
+static const struct { int B, T, C, NH; } kFlash[] = {
+    {2, 65, 96, 3}, {1, 1, 128, 2}, {3, 77, 192, 3}, {2, 100, 256, 2}, {1, 130, 32, 2},
+    {1, 1024, 128, 2},
 };
 
-START_TEST(attention_lse_bf16) {
-  rng_seed(seed + 5500 + (uint64_t)_i);
-  const int B = kAttentionLse[_i].B, T = kAttentionLse[_i].T, C = kAttentionLse[_i].C,
-            NH = kAttentionLse[_i].NH;
+/* The log-sum-exp of each row's scaled causal scores, in double. */
+static float *lse_reference(const float *qkv, int B, int T, int C, int NH) {
+  const int hs = C / NH;
+  const double scale = 1.0 / sqrt((double)hs);
+  float *lse = xmalloc((size_t)B * NH * T * sizeof(float));
+  double *s = xmalloc((size_t)T * sizeof(double));
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h)
+      for (int i = 0; i < T; ++i) {
+        const float *q = qkv + ((size_t)b * T + i) * 3 * C + h * hs;
+        double mx = -INFINITY, sum = 0.0;
+        for (int j = 0; j <= i; ++j) {
+          const float *k = qkv + ((size_t)b * T + j) * 3 * C + C + h * hs;
+          double dot = 0.0;
+          for (int d = 0; d < hs; ++d) dot += (double)q[d] * k[d];
+          s[j] = dot * scale;
+          mx = fmax(mx, s[j]);
+        }
+        for (int j = 0; j <= i; ++j) sum += exp(s[j] - mx);
+        lse[((size_t)b * NH + h) * T + i] = (float)(mx + log(sum));
+      }
+  free(s);
+  return lse;
+}
+
+/* The gradient of causal attention (want, into dqkv) from the CPU's
+ * probabilities att and output out, in double, and beside each element the
+ * size of what a bf16 kernel may get wrong in it (mag): the sum of the
+ * magnitudes of its terms, each term's factors perturbed as the kernel rounds
+ * them (p and dS to bf16 as the products' operands; D = dout . out from the
+ * bf16 output, which moves D by up to 2^-9 sum |dout| |out|). A sum of n
+ * terms each off by a relative e is off by at most e times the sum of their
+ * magnitudes: error / (|want| + mag) is then a few 2^-9 whatever the shape,
+ * while a real bug (a term dropped or added by the mask, a wrong row of the
+ * statistics) is O(1) on this scale. Measured against the gradient's RMS
+ * instead, the rounding of the few large probabilities of the first keys
+ * alone (2^-9 of p ~ 0.5, times |dout| ~ 1) is 1-3 % of dq's and dk's RMS. */
+static void flash_backward_reference(float *dqkv, float *mag, const float *dout,
+                                     const float *qkv, const float *att, const float *out,
+                                     int B, int T, int C, int NH) {
+  const int hs = C / NH;
+  const double scale = 1.0 / sqrt((double)hs);
+  const size_t nqkv = (size_t)B * T * 3 * C;
+  double *acc = xmalloc(2 * nqkv * sizeof(double)), *m = acc + nqkv;
+  memset(acc, 0, 2 * nqkv * sizeof(double));
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h)
+      for (int i = 0; i < T; ++i) {
+        const size_t ri = ((size_t)b * T + i) * 3 * C + h * hs, oi = ((size_t)b * T + i) * C + h * hs;
+        double D = 0.0, dD = 0.0;
+        for (int d = 0; d < hs; ++d) {
+          D += (double)dout[oi + d] * out[oi + d];
+          dD += fabs((double)dout[oi + d] * out[oi + d]);
+        }
+        for (int j = 0; j <= i; ++j) {
+          const size_t rj = ((size_t)b * T + j) * 3 * C + h * hs;
+          const double p = att[(((size_t)b * NH + h) * T + i) * T + j];
+          double dp = 0.0;
+          for (int d = 0; d < hs; ++d) dp += (double)dout[oi + d] * qkv[rj + 2 * C + d];
+          const double ds = scale * p * (dp - D), ds_mag = fabs(ds) + scale * p * dD;
+          for (int d = 0; d < hs; ++d) {
+            acc[ri + d] += ds * qkv[rj + C + d];
+            acc[rj + C + d] += ds * qkv[ri + d];
+            acc[rj + 2 * C + d] += p * dout[oi + d];
+            m[ri + d] += ds_mag * fabs(qkv[rj + C + d]);
+            m[rj + C + d] += ds_mag * fabs(qkv[ri + d]);
+            m[rj + 2 * C + d] += fabs(p * dout[oi + d]);
+          }
+        }
+      }
+  for (size_t i = 0; i < nqkv; ++i) dqkv[i] = (float)acc[i], mag[i] = (float)m[i];
+  free(acc);
+}
+
+/* max over i of |got - want| / (|want| + mag); NaN is an infinite error. */
+static double flash_err(const float *got, const float *want, const float *mag, size_t n) {
+  double worst = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    const double e = fabs((double)got[i] - want[i]) / (fabs((double)want[i]) + mag[i] + DBL_MIN);
+    worst = isnan(e) ? INFINITY : fmax(worst, e);
+  }
+  return worst;
+}
+
+START_TEST(flash_attention) {
+  rng_seed(seed + 5700 + (uint64_t)_i);
+  const int B = kFlash[_i].B, T = kFlash[_i].T, C = kFlash[_i].C, NH = kFlash[_i].NH;
   const size_t nqkv = (size_t)B * T * 3 * C, no = (size_t)B * T * C,
-               natt = (size_t)B * NH * T * T;
+               natt = (size_t)B * NH * T * T, nlse = (size_t)B * NH * T;
   float *qkv = round_bf16(rand_floats(nqkv, 0, 1), nqkv);
   float *dout = round_bf16(rand_floats(no, 0, 1), no);
-  float *dqkv = round_bf16(rand_floats(nqkv, 0, 1), nqkv), *out = xmalloc(no * 4);
-  float *att = xmalloc(natt * 4);
+  float *dqkv = xmalloc(nqkv * 4), *out = xmalloc(no * 4), *att = xmalloc(natt * 4);
+  memset(dqkv, 0, nqkv * 4); /* the kernel adds into it */
   uint16_t *g_qkv = dev_bf16(qkv, nqkv), *g_out = dev_alloc(no * 2), *g_dqkv = dev_bf16(dqkv, nqkv);
-  void *g_scratch = dev_alloc(fsdp_cuda_attention_scratch_bytes(FSDP_BF16, T, NH));
-  ck_assert_uint_eq(fsdp_cuda_attention_state_floats(FSDP_BF16, B, T, NH), (size_t)B * NH * T);
-  float *g_lse = dev_alloc((size_t)B * NH * T * 4);
-  OK(fsdp_cuda_attention_forward(FSDP_BF16, g_out, g_lse, g_scratch, g_qkv, B, T, C, NH, fs));
-  OK(fsdp_cuda_attention_backward(FSDP_BF16, g_dqkv, g_scratch, dev_bf16(dout, no), g_qkv, g_lse,
-                                  B, T, C, NH, fs));
+  uint16_t *g_dout = dev_bf16(dout, no);
+  ck_assert_uint_eq(fsdp_cuda_attention_state_floats(FSDP_BF16, B, T, NH), nlse);
+  ck_assert_uint_eq(fsdp_cuda_attention_scratch_bytes(FSDP_BF16, T, NH), 0); /* no T^2 */
+  float *g_lse = dev_alloc(nlse * 4);
+  OK(fsdp_cuda_attention_forward(FSDP_BF16, g_out, g_lse, NULL, g_qkv, B, T, C, NH, fs));
+  OK(fsdp_cuda_attention_backward(FSDP_BF16, g_dqkv, NULL, g_dout, g_qkv, g_out, g_lse, B, T, C,
+                                  NH, fs));
   fsdp_attention_forward(out, att, qkv, B, T, C, NH);
-  fsdp_attention_backward(dqkv, dout, qkv, att, B, T, C, NH);
+  float *lse = lse_reference(qkv, B, T, C, NH), *got_lse = back_f32(g_lse, nlse);
   float *got = back_bf16(g_out, no), *got_d = back_bf16(g_dqkv, nqkv);
-  /* out is a convex combination of v rows: bf16 probabilities (2^-9 relative
-   * each, summing to 1) and the bf16 output (2^-9 of |out| <= max|v|) bound
-   * its error by 2^-8 max|v|, whatever the row's length; against the RMS of
-   * out, which shrinks like 1/sqrt(T) while a row of 2 tokens keeps O(|v|),
-   * the relative measure would not be bounded. Tolerance 2^-7 max|v|. */
-  double vmax = 0.0, worst = 0.0;
+  float *mag = xmalloc(nqkv * 4);
+  flash_backward_reference(dqkv, mag, dout, qkv, att, out, B, T, C, NH);
+  double vmax = 0.0, worst = 0.0, lse_worst = 0.0;
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t)
       for (int c = 0; c < C; ++c)
         vmax = fmax(vmax, fabs(qkv[((size_t)b * T + t) * 3 * C + 2 * C + c]));
   for (size_t i = 0; i < no; ++i)
     worst = isnan(got[i]) ? INFINITY : fmax(worst, fabs((double)got[i] - out[i]));
-  check_err("attention_lse_forward_bf16", "out (|error| / max|v|)", worst / vmax, 1.0 / 128);
-  check_err("attention_lse_backward_bf16", "dqkv", rel_err(got_d, dqkv, nqkv), TOL_BF16);
-  free(qkv), free(dout), free(dqkv), free(out), free(att), free(got), free(got_d);
+  for (size_t i = 0; i < nlse; ++i)
+    lse_worst = isnan(got_lse[i]) ? INFINITY : fmax(lse_worst, fabs((double)got_lse[i] - lse[i]));
+  check_err("attention_forward_bf16", "out (|error| / max|v|)", worst / vmax, 1.0 / 128);
+  check_err("attention_forward_bf16", "lse (|error|)", lse_worst, 1.0 / 128);
+  check_err("attention_backward_bf16", "dqkv (|error| / (|dqkv| + bf16 bound))",
+            flash_err(got_d, dqkv, mag, nqkv), TOL_BF16);
+  if (T < 1024) { /* the add-into contract: dqkv += the gradient again */
+    OK(fsdp_cuda_attention_backward(FSDP_BF16, g_dqkv, NULL, g_dout, g_qkv, g_out, g_lse, B, T,
+                                    C, NH, fs));
+    float *got2 = back_bf16(g_dqkv, nqkv);
+    for (size_t i = 0; i < nqkv; ++i) dqkv[i] *= 2.0f, mag[i] *= 2.0f;
+    check_err("attention_backward_bf16", "dqkv after a second backward (adds into it)",
+              flash_err(got2, dqkv, mag, nqkv), TOL_BF16);
+    free(got2);
+  }
+  free(qkv), free(dout), free(dqkv), free(out), free(att), free(got), free(got_d), free(lse),
+      free(got_lse), free(mag);
+}
+END_TEST
+
+/* Head sizes the kernel has no tiles for, and misaligned tensors: refused by
+ * name before anything is launched. */
+START_TEST(flash_attention_refuses) {
+  uint16_t *buf = dev_alloc(3 * 4 * 160 * 2 * 2);
+  float *lse = dev_alloc(4 * 4 * 4);
+  ck_assert_int_eq(fsdp_cuda_attention_forward(FSDP_BF16, buf, lse, NULL, buf, 1, 4, 40, 2, fs),
+                   FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "head size 20"));
+  ck_assert_int_eq(fsdp_cuda_attention_backward(FSDP_BF16, buf, NULL, buf, buf, buf, lse, 1, 4,
+                                                144, 1, fs),
+                   FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "head size 144"));
+  ck_assert_int_eq(fsdp_cuda_attention_forward(FSDP_BF16, buf + 1, lse, NULL, buf, 1, 4, 64, 1,
+                                               fs),
+                   FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "out at"));
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "16-byte aligned"));
+  ck_assert_int_eq(fsdp_cuda_attention_forward(FSDP_BF16, buf, lse, NULL, buf, 1, 4, 30, 4, fs),
+                   FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "multiple of the 4 heads"));
 }
 END_TEST
 
@@ -1014,7 +1143,8 @@ static Suite *kernels_suite(void) {
   add_test(s, "layernorm", layernorm, LEN(kLayernorm));
   add_test(s, "embedding", embedding, LEN(kEmbedding));
   add_test(s, "attention", attention, LEN(kAttention));
-  add_test(s, "attention_lse_bf16", attention_lse_bf16, LEN(kAttentionLse));
+  add_test(s, "flash_attention", flash_attention, LEN(kFlash));
+  add_test(s, "flash_attention_refuses", flash_attention_refuses, 1);
   add_test(s, "attention_heads", attention_rejects_uneven_heads, 1);
   add_test(s, "table_refusals", table_refusals, 1);
   add_test(s, "xent", xent, LEN(kXent));

@@ -373,15 +373,21 @@ void report_deadlock(block_state *b) {
 
 /* ---- shared memory ---- */
 
-unsigned char *shared_alloc(size_t size) {
+/* Aligned as the declaration asks (alignof its type; at least 16, as the
+ * GPU's shared window is): WMMA needs 32-byte aligned tiles. */
+unsigned char *shared_alloc(size_t size, size_t align) {
+  align = align < 16 ? 16 : align;
 #if SIM_ASAN
   /* A heap block of exactly `size`: ASan's redzones catch any overflow. */
-  unsigned char *p = static_cast<unsigned char *>(aligned_alloc(16, (size + 15) / 16 * 16));
-  if (p) ASAN_POISON_MEMORY_REGION(p + size, (size + 15) / 16 * 16 - size);
+  const size_t padded = (size + align - 1) / align * align;
+  unsigned char *p = static_cast<unsigned char *>(aligned_alloc(align, padded));
+  if (p) ASAN_POISON_MEMORY_REGION(p + size, padded - size);
   if (p) memset(p, 0xff, size);
   return p;
 #else
-  unsigned char *raw = static_cast<unsigned char *>(malloc(size + 2 * kCanary));
+  /* kCanary is a multiple of every alignment allowed (shared_var checks). */
+  const size_t total = (size + 2 * kCanary + align - 1) / align * align;
+  unsigned char *raw = static_cast<unsigned char *>(aligned_alloc(align, total));
   if (!raw) return nullptr;
   memset(raw, kCanaryByte, kCanary);
   memset(raw + kCanary, 0xff, size);
@@ -390,13 +396,14 @@ unsigned char *shared_alloc(size_t size) {
 #endif
 }
 
-void shared_free(unsigned char *p, size_t size) {
+void shared_free(unsigned char *p, size_t size, size_t align) {
+  align = align < 16 ? 16 : align;
   if (!p) return;
 #if SIM_ASAN
-  ASAN_UNPOISON_MEMORY_REGION(p, (size + 15) / 16 * 16);
+  ASAN_UNPOISON_MEMORY_REGION(p, (size + align - 1) / align * align);
   free(p);
 #else
-  (void)size;
+  (void)size, (void)align;
   free(p - kCanary);
 #endif
 }
@@ -435,9 +442,9 @@ void check_shared(block_state *b, lane *l, const char *file, int line) {
 }
 
 void free_shared(block_state *b) {
-  for (shared_block &s : b->shared) shared_free(s.mem, s.size);
+  for (shared_block &s : b->shared) shared_free(s.mem, s.size, s.site->align);
   b->shared.clear();
-  shared_free(b->dynamic.mem, b->dynamic.size);
+  shared_free(b->dynamic.mem, b->dynamic.size, 16);
   b->dynamic = shared_block{nullptr, nullptr, 0};
 }
 
@@ -699,7 +706,11 @@ void *shared_var(const shared_site *site) {
     fault(cudaErrorLaunchOutOfResources, site->file, site->line,
           "static shared memory '%s' brings the block to %zu bytes, past sm_90's 48 KiB",
           site->name, b->static_bytes + site->size);
-  unsigned char *p = shared_alloc(site->size);
+  if (site->align > kCanary)
+    fault(cudaErrorMisalignedAddress, site->file, site->line,
+          "shared memory '%s' asks for %zu-byte alignment; the simulator gives at most %zu",
+          site->name, site->align, kCanary);
+  unsigned char *p = shared_alloc(site->size, site->align);
   if (!p) fault(cudaErrorMemoryAllocation, site->file, site->line, "out of host memory");
   (void)l;
   b->shared.push_back(shared_block{site, p, site->size});
@@ -711,7 +722,7 @@ void *dynamic_shared(size_t align, const char *file, int line) {
   running_lane("dynamic shared memory", file, line);
   block_state *b = ex->blk;
   if (!b->dynamic_made) {
-    b->dynamic = shared_block{nullptr, shared_alloc(b->l->shared_bytes), b->l->shared_bytes};
+    b->dynamic = shared_block{nullptr, shared_alloc(b->l->shared_bytes, 16), b->l->shared_bytes};
     b->dynamic_made = true;
     if (!b->dynamic.mem) fault(cudaErrorMemoryAllocation, file, line, "out of host memory");
   }
