@@ -172,7 +172,7 @@ int bench_print_memory_plan(const bench_opts_t *o) {
          "activations\n"
          "before: attention keeps (B,NH,T,T) fp32 probabilities, logits and their gradient "
          "are two (B,T,V) buffers\n"
-         "now:    this build's kernels\n"
+         "now:    this build's kernels (bf16 on CUDA: the flash attention, no T^2 scratch)\n"
          "after:  attention keeps the (B,NH,T) fp32 log-sum-exp, the gradient is written over "
          "one (B,T,Vp) buffer\n"
          "1 GPU: 18 B/param of model state (bf16 gathered, fp32 master + gradient, AdamW "

@@ -7,12 +7,26 @@
 #include "core/internal.h"
 #include "fsdp/nn.h"
 
+/* Scores the flash kernel (src/cuda/flash.cu) computes per (batch row, head):
+ * a warp owns 16 rows of a block's outer tile (64 rows, 32 past head size 64)
+ * and skips every 32-wide inner tile wholly past its diagonal. *q: query-major
+ * (forward, dq), *kv: key-major (dk/dv). bench/gpu_budget.py's
+ * causal_tile_area is the same loop. */
+static void flash_areas(int T, int hs, double *q, double *kv) {
+  const int rows = hs <= 64 ? 64 : 32, inner = 32;
+  *q = *kv = 0;
+  for (int r0 = 0; r0 < T; r0 += 16) *q += 16.0 * inner * ((r0 + 15) / inner + 1);
+  for (int k0 = 0; k0 < T; k0 += 16)
+    for (int i0 = k0 / rows * rows; i0 < T; i0 += inner)
+      if (i0 + inner - 1 >= k0) *kv += 16.0 * inner;
+}
+
 /* Per micro-batch; a = bytes of an activation element. */
 static void block_costs(const fsdp_gpt2_config_t *c, double B, double T, double a,
                         fsdp_kclass_cost_t *k) {
   const double L = c->n_layer, C = c->n_embd, NH = c->n_head, N = B * T;
   const double lin[4][2] = {{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}}; /* (K, M) */
-  const double tt = B * NH * T * T, lse = B * NH * T * 4; /* scores; the log-sum-exp */
+  const double lse = B * NH * T * 4; /* the log-sum-exp */
   for (int i = 0; i < 4; i++) {
     const double K = lin[i][0], M = lin[i][1];
     k[FSDP_KC_BLOCK_FWD].flops += L * 2 * N * K * M;
@@ -25,12 +39,16 @@ static void block_costs(const fsdp_gpt2_config_t *c, double B, double T, double 
   }
   k[FSDP_KC_BLOCK_FWD].bytes += L * N * 4 * C * a; /* GELU's output, from the fc epilogue */
   k[FSDP_KC_GELU].bytes += L * 3 * N * 4 * C * a;
-  /* 2 products forward, 5 backward (the scores recomputed), full T x T; fp32
-   * scores and dP, bf16 p and ds: 12 bytes a score forward, 26 backward */
-  k[FSDP_KC_ATTN_FWD].flops += L * 4 * N * T * C;
-  k[FSDP_KC_ATTN_FWD].bytes += L * ((3 * N * C + N * C) * a + 12 * tt + lse);
-  k[FSDP_KC_ATTN_BWD].flops += L * 10 * N * T * C;
-  k[FSDP_KC_ATTN_BWD].bytes += L * ((3 * N * C + 2 * N * C + 3 * N * C) * a + 26 * tt + 2 * lse);
+  /* flash: 2 products forward, 7 backward (dk/dv: S^T, dP^T, dV, dK; dq: S,
+   * dP, dQ) over the tiles computed; scores stay on chip. Backward's two
+   * kernels each read q, k, v, dout and out and add into dqkv. */
+  double qa, ka;
+  flash_areas((int)T, c->n_embd / c->n_head, &qa, &ka);
+  const double prod = 2.0 * (C / NH) * B * NH * L; /* FLOPs per score of one product */
+  k[FSDP_KC_ATTN_FWD].flops += 2 * qa * prod;
+  k[FSDP_KC_ATTN_FWD].bytes += L * ((3 * N * C + N * C) * a + lse);
+  k[FSDP_KC_ATTN_BWD].flops += (3 * qa + 4 * ka) * prod;
+  k[FSDP_KC_ATTN_BWD].bytes += L * (16 * N * C * a + 2 * lse);
   const double ln = 2 * L + 1; /* two per block and ln_f: x and the branch in, x' and ln(x') out */
   k[FSDP_KC_RESID_LN_FWD].bytes += ln * (4 * N * C * a + 8 * N);
   k[FSDP_KC_LN_BWD].bytes += ln * (4 * N * C * a + 8 * N);

@@ -25,8 +25,9 @@
  *   a zero dimension, dynamic shared memory past 48 KiB (the opt-in through
  *   cudaFuncSetAttribute is not modelled) or static + dynamic past 227 KiB.
  * - shared memory is declared with FSDP_SHARED (a bare __shared__ does not
- *   compile here): each block gets fresh memory filled with 0xff bytes (NaN as
- *   float and bf16), so reading it before writing shows; every variable sits
+ *   compile here): each block gets fresh memory, aligned as its type asks (at
+ *   least 16 bytes, at most 64), filled with 0xff bytes (NaN as float and
+ *   bf16), so reading it before writing shows; every variable sits
  *   between canaries checked at each barrier and at the end of the block (an
  *   out-of-bounds write is reported with the variable's name) and, under
  *   AddressSanitizer, poisoned redzones (an out-of-bounds read is caught too);
@@ -60,7 +61,8 @@
  *   succeed here; static shared memory past 48 KiB is left to nvcc, which
  *   refuses it at compile time; __launch_bounds__ is not enforced.
  * - cuBLAS and NCCL are reference implementations (tests/cudasim/cublas,
- *   tests/cudasim/nccl), not the libraries' algorithms. */
+ *   tests/cudasim/nccl), not the libraries' algorithms; WMMA (mma.h) is a
+ *   model of the API's contract, not of the tensor cores' rounding. */
 #ifndef FSDP_CUDASIM_CUDA_RUNTIME_H
 #define FSDP_CUDASIM_CUDA_RUNTIME_H
 
