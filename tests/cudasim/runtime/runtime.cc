@@ -12,6 +12,11 @@
  * sees every out-of-bounds access), are filled with 0xff bytes (NaN as float
  * and bf16: reading memory nobody wrote shows), and are tracked for
  * cudaPointerGetAttributes and cudaMemGetInfo against a configurable size.
+ * Without ASan (the optimised build of scripts/sim-test.sh that runs the
+ * production shapes) each allocation sits between two guard zones of 0xff
+ * bytes (guard_bytes: an eighth of its size, 64 KiB to 4 MiB): a read past
+ * either end gives NaN, and a write there aborts with a report when the
+ * allocation is freed.
  *
  * Errors: a refusal (bad argument, bad configuration) is returned and kept as
  * the thread's last error until cudaGetLastError; a fault inside a kernel is
@@ -389,6 +394,31 @@ cudaError_t check_range(const char *call, const char *what, const void *p, size_
   return cudaSuccess;
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+size_t guard_bytes(size_t) { return 0; } /* ASan's redzones do better */
+#else
+size_t guard_bytes(size_t size) {
+  const size_t g = size / 8 < ((size_t)64 << 10) ? (size_t)64 << 10
+                   : size / 8 > ((size_t)4 << 20) ? (size_t)4 << 20 : size / 8;
+  return (g + 255) & ~(size_t)255; /* keeps the allocation 256-byte aligned */
+}
+#endif
+
+/* Aborts, naming the allocation, when a byte of a guard zone changed. */
+void check_guards(const unsigned char *m, size_t size, int device) {
+  const size_t g = guard_bytes(size);
+  for (size_t i = 0; i < g; ++i) {
+    const bool before = m[-(ptrdiff_t)g + (ptrdiff_t)i] != 0xff, after = m[size + i] != 0xff;
+    if (before || after) {
+      report("out-of-bounds write to %s memory: the allocation of %zu bytes at %p was written "
+             "at offset %td, %s it (found when it was freed)", device >= 0 ? "device" : "pinned host",
+             size, (const void *)m, before ? -(ptrdiff_t)(g - i) : (ptrdiff_t)(size + i),
+             before ? "before" : "past the end of");
+      abort();
+    }
+  }
+}
+
 cudaError_t alloc(void **p, size_t size, int device) {
   if (!p) return refuse(cudaErrorInvalidValue, "allocation: NULL result pointer");
   *p = nullptr;
@@ -398,13 +428,15 @@ cudaError_t alloc(void **p, size_t size, int device) {
     if (device >= 0 && devs[device].used + size > cfg.memory) return fail(cudaErrorMemoryAllocation);
     if (device >= 0) devs[device].used += size;
   }
-  void *m = nullptr;
-  if (posix_memalign(&m, 256, size) != 0) {
+  void *base = nullptr;
+  const size_t guard = guard_bytes(size);
+  if (posix_memalign(&base, 256, size + 2 * guard) != 0) {
     std::lock_guard<std::mutex> g(mem_mu);
     if (device >= 0) devs[device].used -= size;
     return fail(cudaErrorMemoryAllocation);
   }
-  memset(m, 0xff, size); /* cudaMalloc does not zero */
+  memset(base, 0xff, size + 2 * guard); /* cudaMalloc does not zero */
+  void *m = (unsigned char *)base + guard;
   std::lock_guard<std::mutex> g(mem_mu);
   allocs[(uintptr_t)m] = allocation{size, device};
   *p = m;
@@ -430,7 +462,8 @@ cudaError_t release(void *p, bool device, const char *call) {
   std::lock_guard<std::mutex> g(mem_mu);
   allocs.erase((uintptr_t)p);
   if (device) devs[a.device].used -= a.size;
-  free(p);
+  check_guards((const unsigned char *)p, a.size, a.device);
+  free((unsigned char *)p - guard_bytes(a.size));
   return cudaSuccess;
 }
 

@@ -587,6 +587,17 @@ static int child_shared_oob() {
   return e == cudaSuccess ? 0 : 3;
 }
 
+/* write_kernel over n + 1 ints of an allocation of n: one past its end. */
+static int child_device_oob() {
+  const int n = 1000;
+  int *buf = dev<int>(n);
+  FSDP_LAUNCH(write_kernel, 1, 256, 0, nullptr, buf, n + 1, 7);
+  cudaDeviceSynchronize();
+  const cudaError_t e = cudaFree(buf);
+  printf("child: cudaFree gave %s\n", cudaGetErrorName(e));
+  return 0;
+}
+
 static int child_driver() {
   int n = -1;
   const cudaError_t e = cudaGetDeviceCount(&n);
@@ -648,6 +659,13 @@ static void test_children() {
   EXPECT(rc != 0 && (has(out, "heap-buffer-overflow") || has(out, "out of bounds for type") ||
                      (has(out, "out-of-bounds write to shared memory") && has(out, "'small'"))),
          "an out-of-bounds shared write went unseen (exit %d)", rc);
+  rc = run_child("device_oob", nullptr, &out);
+  /* ASan stops the child at the write; without it the guard zone after the
+   * allocation shows it when cudaFree releases it. */
+  EXPECT(rc != 0 && (has(out, "heap-buffer-overflow") ||
+                     (has(out, "out-of-bounds write to device memory") &&
+                      has(out, "4000 bytes") && has(out, "offset 4000, past the end"))),
+         "an out-of-bounds device write went unseen (exit %d)", rc);
   rc = run_child("driver", "FSDP_SIM_DRIVER=old", &out);
   EXPECT(rc == 3 && has(out, "insufficient"), "an old driver was not reported (exit %d)", rc);
 #if defined(__SANITIZE_THREAD__)
@@ -661,6 +679,7 @@ int main(int argc, char **argv) {
   self = argv[0];
   if (argc == 3 && !strcmp(argv[1], "--child")) {
     if (!strcmp(argv[2], "shared_oob")) return child_shared_oob();
+    if (!strcmp(argv[2], "device_oob")) return child_device_oob();
     if (!strcmp(argv[2], "driver")) return child_driver();
     if (!strcmp(argv[2], "tsan_race")) return child_tsan_race();
     return 2;
