@@ -152,7 +152,14 @@ FSDP_API fsdp_status_t fsdp_comm_dup(fsdp_comm_t comm, fsdp_comm_t *out);
  * check cover groups like any communicator; their reports name the group
  * ("group 1 of communicator 3: world ranks 2-3") and give world ranks.
  * The colour/key exchange is one small all-gather on comm (nccl: on a
- * temporary host communicator of the world). Errors: FSDP_ERR_INVALID_ARGUMENT
+ * temporary host communicator of the world), between two one-float
+ * all-reduces there by which the ranks agree that every rank allocated what
+ * it needs and, after the backend built the groups, that every rank's group
+ * is set up: a rank failing in either fails with its own error and every
+ * other with FSDP_ERR_COMM naming it, and no rank keeps a group (a backend
+ * that blocks in its own set-up until every rank arrives, as MPI and NCCL
+ * do, still waits there for a rank that failed inside it, until the
+ * deadline). Errors: FSDP_ERR_INVALID_ARGUMENT
  * for a NULL argument or a negative colour (checked before any exchange, so
  * a rank passing one fails alone while the others wait: pass it everywhere);
  * FSDP_ERR_UNSUPPORTED for a nccl comm that does not span the world. */
