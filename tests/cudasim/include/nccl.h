@@ -68,7 +68,13 @@
  * default 0) never arrive at that communicator's op-th collective (1-based,
  * in issue order): its stream blocks there until ncclCommAbort (or, so that
  * nothing hangs forever, the deadline), and its peers time out with an error
- * naming it. A line on stderr says when the stall begins.
+ * naming it. A line on stderr says when the stall begins. With a fourth
+ * field, FSDP_SIM_NCCL_STALL=rank:op:comm:enqueue, the call itself (e.g.
+ * ncclAllReduce) blocks instead, as a real enqueue can (a peer that never
+ * connects, a full work queue), until another thread calls ncclCommAbort
+ * (or the deadline passes); it then fails, and the collective never runs.
+ * The entry points hold a reference on the communicator while they run, so
+ * an abort from another thread during a call is safe.
  *
  * Not modelled: speed, NCCL's ring/tree order of summation (any order within
  * comm.h's bounds is NCCL-like; rank order is one), devices (a communicator
