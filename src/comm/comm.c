@@ -505,6 +505,8 @@ static fsdp_status_t coll_issue(fsdp_comm_t comm, fsdp_coll_t *c, fsdp_stream_t 
     comm->next_tag[0] = '\0';
   }
   FSDP_TRY(st);
+  /* A collective that failed inside a stream poisons what follows. */
+  FSDP_TRY(fsdp_watch_check(comm));
   /* Every rank passes the same count, so skipping an empty collective keeps
    * all ranks in step. */
   if (c->count == 0 && c->kind != FSDP_COLL_BARRIER) return FSDP_SUCCESS;

@@ -270,28 +270,6 @@ static ncclRedOp_t nccl_op(fsdp_reduce_op_t op) {
   return op == FSDP_MAX ? ncclMax : op == FSDP_AVG ? ncclAvg : ncclSum;
 }
 
-/* Fails when the communicator failed before or NCCL reports an error from
- * work already queued. */
-static fsdp_status_t check_health(fsdp_comm_t c, const fsdp_coll_t *k) {
-  nccl_impl_t *im = impl_of(c);
-  if (atomic_load(&im->failed)) {
-    pthread_mutex_lock(&im->mu);
-    fsdp_status_t st = fsdp_error(FSDP_ERR_COMM, "nccl: communicator %d failed earlier (%s); "
-                                  "destroy it and make a new one", c->id,
-                                  im->why[0] ? im->why : "see the first error");
-    pthread_mutex_unlock(&im->mu);
-    return st;
-  }
-  ncclResult_t async = ncclSuccess;
-  pthread_mutex_lock(&im->mu);
-  ncclResult_t r = im->gone ? ncclSuccess : ncclCommGetAsyncError(im->comm, &async);
-  pthread_mutex_unlock(&im->mu);
-  if (r != ncclSuccess) return nccl_fail(c, r, "ncclCommGetAsyncError", k);
-  if (async != ncclSuccess && async != ncclInProgress)
-    return nccl_fail(c, async, "an earlier operation (ncclCommGetAsyncError)", k);
-  return FSDP_SUCCESS;
-}
-
 /* The NCCL call that queues k on s. */
 static ncclResult_t issue(ncclComm_t comm, const fsdp_coll_t *k, float *scratch, cudaStream_t s,
                           const char **fn) {
@@ -371,22 +349,79 @@ static fsdp_status_t pending_reserve(fsdp_comm_t c) {
   return FSDP_SUCCESS;
 }
 
+/* NCCL's asynchronous error on c, ncclSuccess for none (or in progress). */
+static ncclResult_t async_error(nccl_impl_t *im) {
+  ncclResult_t async = ncclSuccess;
+  if (im->gone || ncclCommGetAsyncError(im->comm, &async) != ncclSuccess) return ncclSuccess;
+  return async == ncclInProgress ? ncclSuccess : async;
+}
+
 /* Drops the queued collectives whose events have completed, in issue order,
  * restarting the deadline's clock for the next one (fsdp_watch_begin: the
  * next queued, else the one whose enqueue is still inside NCCL) or marking
  * the queue drained (fsdp_watch_end). The issuing thread calls it too, so
  * the queue stays as short as the work in flight without a watchdog thread
- * (a world of one). The caller holds im->mu. */
-static void retire(fsdp_comm_t c) {
+ * (a world of one). A collective that fails inside its stream never
+ * completes there (NCCL's kernel waits until ncclCommAbort) and a
+ * communicator's collectives run in issue order: so with the error read
+ * first, every collective whose event has completed succeeded, and the
+ * first one still queued is the one that failed (fail_async reports it).
+ * Returns the asynchronous error read, or ncclSuccess. The caller holds
+ * im->mu. */
+static ncclResult_t retire(fsdp_comm_t c) {
   nccl_impl_t *im = impl_of(c);
+  ncclResult_t a = async_error(im);
   while (!im->gone && im->count) {
     pending_t *p = &im->pending[im->head];
-    if (cudaEventQuery(p->done) == cudaErrorNotReady) return;
+    if (cudaEventQuery(p->done) == cudaErrorNotReady) break;
     im->head = (im->head + 1) % im->cap;
     if (--im->count) fsdp_watch_begin(c, &im->pending[im->head].coll);
     else if (im->in_call) fsdp_watch_begin(c, &im->entering);
     else fsdp_watch_end(c, &p->coll);
   }
+  return a;
+}
+
+/* An asynchronous NCCL error (a), after retire: the first collective still
+ * queued on a CUDA stream is reported as the one that failed inside its
+ * stream (none queued: one run on the host), its outputs not written; the
+ * communicator is aborted
+ * (which ends every wait on it) and failed, and the world refuses every
+ * later collective with this report (fsdp_watch_note_failure). The caller
+ * holds im->mu. */
+static void fail_async(fsdp_comm_t c, ncclResult_t a) {
+  nccl_impl_t *im = impl_of(c);
+  char what[256] = "a collective run on the host";
+  if (im->count) fsdp_coll_describe(&im->pending[im->head].coll, what, sizeof what);
+  const char *last = ncclGetLastError(im->comm);
+  snprintf(im->why, sizeof im->why, "nccl: %s on communicator %d failed inside its stream on "
+           "rank %d of %d (its outputs are not valid): %s%s%s", what, c->id, c->rank, c->size,
+           ncclGetErrorString(a), last && *last ? ": " : "", last ? last : "");
+  fsdp_log(FSDP_LOG_ERROR, "%s; aborting the communicator", im->why);
+  atomic_store(&im->failed, 1);
+  ncclCommAbort(im->comm);
+  im->gone = 1;
+  fsdp_watch_note_failure(c, im->why);
+}
+
+/* Fails when the communicator failed before or NCCL reports an error from
+ * work already queued (fail_async: the message names that work). */
+static fsdp_status_t check_health(fsdp_comm_t c) {
+  nccl_impl_t *im = impl_of(c);
+  if (atomic_load(&im->failed)) {
+    pthread_mutex_lock(&im->mu);
+    fsdp_status_t st = fsdp_error(FSDP_ERR_COMM, "nccl: communicator %d failed earlier (%s); "
+                                  "destroy it and make a new one", c->id,
+                                  im->why[0] ? im->why : "see the first error");
+    pthread_mutex_unlock(&im->mu);
+    return st;
+  }
+  pthread_mutex_lock(&im->mu);
+  ncclResult_t a = retire(c);
+  if (a != ncclSuccess) fail_async(c, a);
+  fsdp_status_t st = a == ncclSuccess ? FSDP_SUCCESS : fsdp_error(FSDP_ERR_COMM, "%s", im->why);
+  pthread_mutex_unlock(&im->mu);
+  return st;
 }
 
 /* Records an event after k on cuda_stream for the watchdog (whose clock
@@ -407,11 +442,8 @@ static fsdp_status_t track(fsdp_comm_t c, const fsdp_coll_t *k, void *cuda_strea
 
 /* A CUDA stream: queued there and watched (poll). */
 static fsdp_status_t nccl_enqueue(fsdp_comm_t c, const fsdp_coll_t *k, void *cuda_stream) {
-  FSDP_TRY(check_health(c, k));
+  FSDP_TRY(check_health(c));
   nccl_impl_t *im = impl_of(c);
-  pthread_mutex_lock(&im->mu);
-  retire(c);
-  pthread_mutex_unlock(&im->mu);
   FSDP_TRY(submit(c, k, cuda_stream, 1));
   pthread_mutex_lock(&im->mu);
   fsdp_status_t st = track(c, k, cuda_stream);
@@ -432,7 +464,7 @@ static fsdp_status_t wait_own(fsdp_comm_t c, const fsdp_coll_t *k) {
     if (atomic_load(&im->failed))
       return fsdp_error(FSDP_ERR_COMM, "nccl: %s on communicator %d was aborted",
                         fsdp_coll_name(k->kind), c->id);
-    FSDP_TRY(check_health(c, k));
+    FSDP_TRY(check_health(c));
     nanosleep(&nap, NULL);
   }
 }
@@ -445,32 +477,23 @@ static fsdp_status_t nccl_run(fsdp_comm_t c, const fsdp_coll_t *k) {
   cudaGetDevice(&prev);
   cudaError_t e = prev == im->device ? cudaSuccess : cudaSetDevice(im->device);
   if (e != cudaSuccess) return cuda_fail(c, e, "cudaSetDevice", k);
-  fsdp_status_t st = check_health(c, k);
+  fsdp_status_t st = check_health(c);
   if (st == FSDP_SUCCESS) st = submit(c, k, im->own, 0);
   if (st == FSDP_SUCCESS) st = wait_own(c, k);
   if (prev != im->device) cudaSetDevice(prev);
   return st;
 }
 
-/* The watchdog thread, each tick: retires the collectives done (retire);
- * an asynchronous NCCL error fails the communicator and aborts it, which
- * ends every wait on its streams; its next collective reports the error. */
+/* The watchdog thread each tick, and every collective of the world before
+ * it is issued (fsdp_watch_check): retires the collectives done (retire);
+ * an asynchronous NCCL error names the collective that failed, fails and
+ * aborts the communicator, which ends every wait on its streams, and makes
+ * the world refuse every later collective with that report (fail_async). */
 static void nccl_poll(fsdp_comm_t c) {
   nccl_impl_t *im = impl_of(c);
   pthread_mutex_lock(&im->mu);
-  retire(c);
-  ncclResult_t async = ncclSuccess;
-  if (!im->gone && ncclCommGetAsyncError(im->comm, &async) == ncclSuccess &&
-      async != ncclSuccess && async != ncclInProgress) {
-    const char *last = ncclGetLastError(im->comm);
-    snprintf(im->why, sizeof im->why, "NCCL reports an asynchronous error on communicator %d, "
-             "rank %d: %s%s%s", c->id, c->rank, ncclGetErrorString(async),
-             last && *last ? ": " : "", last ? last : "");
-    fsdp_log(FSDP_LOG_ERROR, "watchdog: %s; aborting the communicator", im->why);
-    atomic_store(&im->failed, 1);
-    ncclCommAbort(im->comm);
-    im->gone = 1;
-  }
+  ncclResult_t a = retire(c);
+  if (a != ncclSuccess) fail_async(c, a);
   pthread_mutex_unlock(&im->mu);
 }
 

@@ -48,6 +48,7 @@ struct ncclComm {
   std::atomic<int> async{ncclSuccess};
   uint64_t stall_op = 0;            /* FSDP_SIM_NCCL_STALL for this communicator, 0: none */
   bool stall_in_call = false;       /* ...:enqueue: the call blocks, not the stream */
+  uint64_t fail_op = 0;             /* FSDP_SIM_NCCL_FAIL for this communicator, 0: none */
   std::mutex lock;                  /* guards the fields below */
   std::condition_variable turn_cv;
   uint64_t issued = 0, done = 0;    /* collectives queued / finished, in issue order */
@@ -81,15 +82,14 @@ void unref(ncclComm *c) {
   delete c;
 }
 
-/* The first asynchronous error sticks. */
+/* The first asynchronous error sticks; its text is in place (c->error,
+ * ncclGetLastError) before ncclCommGetAsyncError can report it. */
 void set_async(ncclComm *c, ncclResult_t r, const std::string &why) {
-  int none = ncclSuccess;
-  if (!c->async.compare_exchange_strong(none, r)) return;
-  {
-    std::lock_guard<std::mutex> guard(c->lock);
-    c->error = why;
-  }
+  std::lock_guard<std::mutex> guard(c->lock);
+  if (c->async.load() != ncclSuccess) return;
+  c->error = why;
   fail(r, "rank %d of %d: %s", c->rank, c->nranks, why.c_str());
+  c->async.store(r);
 }
 
 ncclResult_t env_double(const char *name, double dflt, double *out) {
@@ -119,6 +119,21 @@ ncclResult_t stall_for(int rank, int index, uint64_t *op, bool *in_call) {
     return fail(ncclInvalidUsage, "FSDP_SIM_NCCL_STALL='%s' is not rank:op[:comm[:enqueue]] "
                 "(op counts from 1, comm from 0)", s);
   if (r == rank && c == index) *op = k, *in_call = enq;
+  return ncclSuccess;
+}
+
+/* FSDP_SIM_NCCL_FAIL=rank:op[:comm] for communicator `index` of this rank. */
+ncclResult_t fail_for(int rank, int index, uint64_t *op) {
+  *op = 0;
+  const char *s = getenv("FSDP_SIM_NCCL_FAIL");
+  if (!s || !*s) return ncclSuccess;
+  int r = -1, c = 0, used = 0;
+  unsigned long long k = 0;
+  const int got = sscanf(s, "%d:%llu%n:%d%n", &r, &k, &used, &c, &used);
+  if (got < 2 || s[used] || r < 0 || k == 0 || c < 0)
+    return fail(ncclInvalidUsage, "FSDP_SIM_NCCL_FAIL='%s' is not rank:op[:comm] (op counts "
+                "from 1, comm from 0)", s);
+  if (r == rank && c == index) *op = k;
   return ncclSuccess;
 }
 
@@ -179,20 +194,38 @@ void run_local(const sim_desc &d, const void *send, void *recv) {
   if (send != recv) memmove(recv, send, bytes);
 }
 
+/* A collective that failed keeps its stream, as a real NCCL kernel does
+ * (it waits for data that never comes), until ncclCommAbort (or, so that
+ * nothing hangs forever, the deadline): work queued after it must not run
+ * on its unwritten output before the program has seen the error. */
+void hold_until_abort(ncclComm *c) {
+  std::unique_lock<std::mutex> guard(c->lock);
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration<double>(c->group.timeout_s);
+  while (!c->aborted.load())
+    if (c->turn_cv.wait_until(guard, deadline) == std::cv_status::timeout) return;
+}
+
 void run_queued(void *p) {
   queued *q = static_cast<queued *>(p);
   ncclComm *c = q->comm;
   std::string why;
   if (!wait_turn(c, q->desc.seq, &why)) {
     set_async(c, ncclInternalError, why);
+    hold_until_abort(c);
   } else if (!c->aborted.load() && c->async.load() == ncclSuccess) {
     ncclResult_t r = ncclSuccess;
     if (c->nranks == 1) run_local(q->desc, q->send, q->recv);
     else if (q->desc.seq == c->stall_op && !c->stall_in_call)
       r = sim_group_stall(&c->group, q->desc, &why);
+    else if (q->desc.seq == c->fail_op)
+      r = ncclSystemError, why = "injected failure (FSDP_SIM_NCCL_FAIL): this rank never "
+                                 "joined it and its output is not written";
     else r = sim_group_run(&c->group, q->desc, q->send, q->recv, &why);
-    if (r != ncclSuccess && !c->aborted.load())
+    if (r != ncclSuccess && !c->aborted.load()) {
       set_async(c, r, sim_desc_text(q->desc) + " #" + std::to_string(q->desc.seq) + ": " + why);
+      hold_until_abort(c);
+    }
   }
   finish_turn(c);
   unref(c);
@@ -395,6 +428,7 @@ SIM_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqu
       c->index = multi_rank_comms++;
     }
     r = stall_for(rank, c->index, &c->stall_op, &c->stall_in_call);
+    if (r == ncclSuccess) r = fail_for(rank, c->index, &c->fail_op);
     std::string why;
     if (r == ncclSuccess) r = sim_group_join(&c->group, body.name, nranks, rank, &why);
     if (r != ncclSuccess) {

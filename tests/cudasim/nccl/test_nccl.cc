@@ -66,6 +66,17 @@ static int run_ranks(int n, const std::function<void(int, int, ncclUniqueId)> &b
   return bad;
 }
 
+/* The communicator's asynchronous error once there is one (a failed
+ * collective keeps its stream until the abort, as in NCCL), within 30 s. */
+static ncclResult_t wait_async(ncclComm_t c) {
+  ncclResult_t async = ncclSuccess;
+  const double give_up = now_s() + 30;
+  while (ncclCommGetAsyncError(c, &async) == ncclSuccess && async == ncclSuccess &&
+         now_s() < give_up)
+    usleep(1000);
+  return async;
+}
+
 static ncclComm_t init(int r, int n, ncclUniqueId id) {
   ncclComm_t c = nullptr;
   const ncclResult_t res = ncclCommInitRank(&c, n, id, r);
@@ -186,9 +197,7 @@ static void mismatch(int r, int n, ncclUniqueId id) {
   float *d = nullptr;
   cudaMalloc((void **)&d, 64 * sizeof(float));
   CHECK(ncclAllReduce(d, d, 10 + r, ncclFloat32, ncclSum, c, s) == ncclSuccess, "queued");
-  cudaStreamSynchronize(s);
-  ncclResult_t async = ncclSuccess;
-  ncclCommGetAsyncError(c, &async);
+  const ncclResult_t async = wait_async(c);
   CHECK(async == ncclInvalidUsage, "differing counts must fail: %d", (int)async);
   CHECK(strstr(ncclGetLastError(c), "rank 0: ncclAllReduce(count 10") &&
             strstr(ncclGetLastError(c), "rank 1: ncclAllReduce(count 11"),
@@ -196,6 +205,7 @@ static void mismatch(int r, int n, ncclUniqueId id) {
   CHECK(ncclAllReduce(d, d, 1, ncclFloat32, ncclSum, c, s) == ncclInvalidUsage,
         "a failed communicator refuses new work");
   CHECK(ncclCommAbort(c) == ncclSuccess, "abort");
+  CHECK(cudaStreamSynchronize(s) == cudaSuccess, "the failed collective ends at the abort");
   cudaFree(d);
   cudaStreamDestroy(s);
 }
@@ -233,13 +243,11 @@ static void abort_unblocks(int r, int n, ncclUniqueId id) {
     CHECK(read(abort_pipe[0], &ch, 1) == 1, "pipe");
     const double t0 = now_s();
     ncclAllReduce(d, d, 1, ncclFloat32, ncclSum, c, s);
-    cudaStreamSynchronize(s);
-    ncclResult_t async = ncclSuccess;
-    ncclCommGetAsyncError(c, &async);
+    const ncclResult_t async = wait_async(c);
     CHECK(async == ncclRemoteError && strstr(ncclGetLastError(c), "rank 0 aborted"),
           "the peer sees the abort: %d %s", (int)async, ncclGetLastError(c));
     CHECK(now_s() - t0 < 10, "the peer must not wait for the deadline");
-    ncclCommDestroy(c);
+    ncclCommAbort(c); /* ends its failed collective, which keeps the stream */
     cudaFree(d);
     cudaStreamDestroy(s);
   }
@@ -271,9 +279,7 @@ static void stall(int r, int n, ncclUniqueId id) {
     CHECK(cudaStreamSynchronize(s) == cudaSuccess, "the stall ends at abort");
     CHECK(now_s() - t0 < 10, "abort must end the stall at once");
   } else {
-    cudaStreamSynchronize(s);
-    ncclResult_t async = ncclSuccess;
-    ncclCommGetAsyncError(c, &async);
+    const ncclResult_t async = wait_async(c);
     CHECK(async == ncclRemoteError &&
               strstr(ncclGetLastError(c), "rank(s) 1 did not reach") &&
               strstr(ncclGetLastError(c), "#2"),
