@@ -19,51 +19,18 @@
 #include <functional>
 #include <vector>
 
+#include "../sim_test.h"
 #include "nccl.h"
-
-static int failures;
-
-#define CHECK(cond, ...)                                                                    \
-  do {                                                                                      \
-    if (!(cond)) {                                                                          \
-      ++failures;                                                                           \
-      fprintf(stderr, "%s:%d: [pid %d] FAILED %s: ", __FILE__, __LINE__, (int)getpid(), #cond); \
-      fprintf(stderr, __VA_ARGS__);                                                         \
-      fputc('\n', stderr);                                                                  \
-    }                                                                                       \
-  } while (0)
-
-static double now_s() {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* Forks n ranks sharing a fresh id (made here: ncclGetUniqueId touches no
  * CUDA, and no rank inherits a started runtime); returns the failed count. */
 static int run_ranks(int n, const std::function<void(int, int, ncclUniqueId)> &body) {
   ncclUniqueId id;
   CHECK(ncclGetUniqueId(&id) == ncclSuccess, "ncclGetUniqueId");
-  std::vector<pid_t> kids;
-  for (int r = 0; r < n; ++r) {
-    fflush(stdout), fflush(stderr);
-    const pid_t pid = fork();
-    if (pid == 0) {
-      failures = 0;
-      CHECK(cudaSetDevice(r % 4) == cudaSuccess, "cudaSetDevice(%d)", r % 4);
-      body(r, n, id);
-      fflush(stderr);
-      _exit(failures ? 1 : 0);
-    }
-    kids.push_back(pid);
-  }
-  int bad = 0;
-  for (pid_t k : kids) {
-    int status = 0;
-    waitpid(k, &status, 0);
-    bad += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  }
-  return bad;
+  return sim_run_ranks(n, [&](int r) {
+    CHECK(cudaSetDevice(r % 4) == cudaSuccess, "cudaSetDevice(%d)", r % 4);
+    body(r, n, id);
+  });
 }
 
 /* The communicator's asynchronous error once there is one (a failed
@@ -82,19 +49,6 @@ static ncclComm_t init(int r, int n, ncclUniqueId id) {
   const ncclResult_t res = ncclCommInitRank(&c, n, id, r);
   CHECK(res == ncclSuccess, "ncclCommInitRank rank %d of %d: %s", r, n, ncclGetLastError(nullptr));
   return c;
-}
-
-static uint16_t bf16_of(float x) {
-  uint32_t u;
-  memcpy(&u, &x, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-static float f_of(uint16_t h) {
-  const uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
 }
 
 static double val(int r, size_t i) { return (double)((int)((r * 5 + i * 3) % 13) - 6); }
