@@ -277,12 +277,11 @@ static fsdp_status_t compare(struct fsdp_engine *e, const text_t *mine, fsdp_sta
 }
 
 /* The caller's arguments are checked here, not before the exchange: a rank
- * passing bad ones still takes part, so that every rank fails with its
- * reason at once. */
-static fsdp_status_t check(struct fsdp_engine *e, int n, const char *const *keys,
-                           const char *const *values, int plan) {
-  fsdp_status_t st = FSDP_SUCCESS;
-  if (n < 0 || (n > 0 && (!keys || !values)))
+ * passing bad ones (or whose engine stopped: st) still takes part, so that
+ * every rank fails with its reason at once. */
+static fsdp_status_t check(struct fsdp_engine *e, fsdp_status_t st, int n,
+                           const char *const *keys, const char *const *values, int plan) {
+  if (st == FSDP_SUCCESS && (n < 0 || (n > 0 && (!keys || !values))))
     st = fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_check_consistency: %d settings "
                     "with keys %p and values %p", n, (const void *)keys, (const void *)values);
   text_t t = {0};
@@ -300,8 +299,11 @@ static fsdp_status_t check(struct fsdp_engine *e, int n, const char *const *keys
 
 fsdp_status_t fsdp_engine_check_consistency(fsdp_engine_t e, int n, const char *const *keys,
                                             const char *const *values) {
-  FSDP_TRY(fsdp_engine_check_live(e));
-  return check(e, n, keys, values, 1);
+  fsdp_status_t live = fsdp_engine_check_live(e);
+  if (!e) return live;
+  return check(e, live, n, keys, values, 1);
 }
 
-fsdp_status_t fsdp_engine_check_plan(fsdp_engine_t e) { return check(e, 0, NULL, NULL, 1); }
+fsdp_status_t fsdp_engine_check_plan(fsdp_engine_t e) {
+  return check(e, FSDP_SUCCESS, 0, NULL, NULL, 1);
+}
