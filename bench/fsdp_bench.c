@@ -184,13 +184,8 @@ static void flag_table(bench_opts_t *o, flag_t *t) {
 static int parse(int argc, char **argv, bench_opts_t *o, cfg_file_t *file) {
   flag_t table[BENCH_FLAGS];
   flag_table(o, table);
-  int print;
-  const char *path = cfg_path(argc, argv, &print);
-  if (path && (cfg_load("fsdp-bench", path, file) ||
-               cfg_apply("fsdp-bench", file, table, BENCH_FLAGS, parse_word, o)))
-    return -1;
-  if (path) o->config = file;
-  return flags_parse("fsdp-bench", usage_text, argc, argv, table, BENCH_FLAGS, parse_word, o);
+  return cfg_parse_args("fsdp-bench", usage_text, argc, argv, table, BENCH_FLAGS, parse_word, o, file,
+                        &o->config);
 }
 
 static void print_list(const char *key, const int *v, int n) {

@@ -87,12 +87,19 @@
  * then calls MPI_Abort and the job ends non-zero; otherwise the waiting call
  * and every later collective on the world's communicators fail with
  * FSDP_ERR_TIMEOUT and the report, and fsdp-run ends the job when the rank
- * exits. An asynchronous NCCL error seen by the watchdog aborts that
- * communicator alone (logged at ERROR); either way NCCL errors surface as
- * FSDP_ERR_COMM, with NCCL's text and the collective, from the next
- * collective on the communicator (ncclCommGetAsyncError is checked before
- * each one); after any NCCL error the communicator refuses work and destroy
- * aborts it unless the watchdog already did.
+ * exits. A collective that fails inside its stream (ncclCommGetAsyncError,
+ * read by the watchdog each tick and before every collective of the world)
+ * has not written its outputs, so nothing computed from them may pass for
+ * good: the report names it (operation, number, unit, communicator, NCCL's
+ * text; logged at ERROR), its communicator is aborted, and every later
+ * collective on any communicator of the world fails with FSDP_ERR_COMM and
+ * that report (the engine's next acquire, release or step that issues one).
+ * NCCL calls that fail at once fail with FSDP_ERR_COMM, NCCL's text and the
+ * collective; after any NCCL error the communicator refuses work and destroy
+ * aborts it unless the watchdog already did. A collective's enqueue that
+ * blocks inside NCCL is watched too: its deadline starts at the call when
+ * nothing queued before it is still running, and the watchdog's abort ends
+ * the call.
  *
  * Desync check (on by default; world opts desync_check -1 or
  * FSDP_DESYNC_CHECK=0 turn it off): before each collective the ranks
@@ -152,7 +159,14 @@ FSDP_API fsdp_status_t fsdp_comm_dup(fsdp_comm_t comm, fsdp_comm_t *out);
  * check cover groups like any communicator; their reports name the group
  * ("group 1 of communicator 3: world ranks 2-3") and give world ranks.
  * The colour/key exchange is one small all-gather on comm (nccl: on a
- * temporary host communicator of the world). Errors: FSDP_ERR_INVALID_ARGUMENT
+ * temporary host communicator of the world), between two one-float
+ * all-reduces there by which the ranks agree that every rank allocated what
+ * it needs and, after the backend built the groups, that every rank's group
+ * is set up: a rank failing in either fails with its own error and every
+ * other with FSDP_ERR_COMM naming it, and no rank keeps a group (a backend
+ * that blocks in its own set-up until every rank arrives, as MPI and NCCL
+ * do, still waits there for a rank that failed inside it, until the
+ * deadline). Errors: FSDP_ERR_INVALID_ARGUMENT
  * for a NULL argument or a negative colour (checked before any exchange, so
  * a rank passing one fails alone while the others wait: pass it everywhere);
  * FSDP_ERR_UNSUPPORTED for a nccl comm that does not span the world. */

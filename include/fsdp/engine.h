@@ -400,9 +400,13 @@ FSDP_API fsdp_status_t fsdp_engine_materialize(fsdp_engine_t engine, uint64_t se
  * optimizer, schedule, device, backend) and its unit plan so far (every unit,
  * tensor name and shape). Call it on every rank at the same point, with the
  * same keys in the same order; values are what may differ. Cost when the ranks
- * agree: one all-gather of 16 bytes per rank (a hash and a length); on a
- * mismatch, one more of the longest rank's settings. Both have the same size
- * on every rank, so the check itself never hangs.
+ * agree: one all-reduce of 56 bytes (a hash and a length, and whether a rank
+ * failed to prepare its part); on a mismatch, one more of the longest rank's
+ * settings. Both have the same size on every rank, so the check itself never
+ * hangs; a rank whose own part fails (bad arguments, no memory, an engine
+ * stopped by an earlier failure) still takes part, so every rank fails at
+ * once: that rank with its error, the others with its status and a message
+ * naming it and quoting its reason.
  * fsdp_engine_materialize runs the engine's part on its own before any other
  * collective, so an embedding trainer that never calls this still gets its
  * configuration and model compared.

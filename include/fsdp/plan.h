@@ -20,7 +20,7 @@
  * Wildcards (fsdp_pattern_match): '*' any run of characters (dots included, so
  * "h.*" matches "h.3" and "h.3.attn.c_attn.weight"), '?' one character,
  * "[0-3]" one of a set; lists are comma-separated (spaces around items are
- * dropped).
+ * dropped; an item may be of any length).
  *
  * Ownership: fsdp_plan_create copies what it needs from modules and opts; unit
  * names are owned by the plan until fsdp_plan_destroy. Thread safety: a plan is

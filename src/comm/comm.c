@@ -8,7 +8,9 @@
  * stream), or goes to the backend's enqueue (CUDA stream, nccl). A host
  * backend given a CUDA stream runs the collective in the caller after
  * synchronising the stream. fsdp_comm_split exchanges every rank's colour
- * and key, then has the backend build each group's communicator; a group
+ * and key, then has the backend build each group's communicator (the ranks
+ * agree before the exchange and after the build, so a failure is every
+ * rank's); a group
  * keeps its members' world ranks for reports. The backend (comm_mpi.c, comm_gloo.cc,
  * comm_self.c, comm_nccl.c) only ever sees validated work, wrapped by the
  * watchdog's bookkeeping and, when enabled, the desync check; host backends
@@ -140,9 +142,11 @@ static fsdp_status_t comm_setup(fsdp_comm_t c, fsdp_world_t world, const comm_or
 static fsdp_status_t comm_make(const fsdp_comm_ops_t *ops, fsdp_world_t world,
                                const comm_origin_t *origin, fsdp_comm_t *out) {
   struct fsdp_comm *c = fsdp_alloc(sizeof *c);
-  if (!c)
+  if (!c) {
+    fsdp_free(origin->members);
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "comm: cannot allocate a %s communicator",
                       ops->name);
+  }
   c->ops = ops;
   c->world = world;
   c->color = -1;
@@ -207,21 +211,37 @@ fsdp_status_t fsdp_comm_dup(fsdp_comm_t comm, fsdp_comm_t *out) {
   return comm_make(comm->ops, comm->world, &o, out);
 }
 
-/* Every rank's (colour, key) of comm, into pairs[2 * size]. Host backends
- * all-gather on comm itself; a device backend (nccl) over a temporary host
- * communicator of the world, which comm must then span. */
-static fsdp_status_t split_exchange(fsdp_comm_t comm, const int mine[2], int *pairs) {
-  if (!comm->ops->enqueue)
-    return fsdp_all_gather(comm, mine, pairs, 2, FSDP_F32, FSDP_HOST_STREAM);
+/* The host communicator a split of comm exchanges and agrees over: comm
+ * itself on a host backend; for a device backend (nccl) a temporary one of
+ * the world (*temp), which comm must then span. */
+static fsdp_status_t split_host(fsdp_comm_t comm, fsdp_comm_t *host, fsdp_comm_t *temp) {
+  *temp = NULL;
+  *host = comm;
+  if (!comm->ops->enqueue) return FSDP_SUCCESS;
   if (comm->members)
     return fsdp_error(FSDP_ERR_UNSUPPORTED, "fsdp_comm_split: a %s communicator is split "
                       "only when it spans the world (communicator %d is a group of %d)",
                       comm->ops->name, comm->id, comm->size);
-  fsdp_comm_t host;
-  FSDP_TRY(fsdp_comm_create(comm->world, &host));
-  fsdp_status_t st = fsdp_all_gather(host, mine, pairs, 2, FSDP_F32, FSDP_HOST_STREAM);
-  fsdp_comm_destroy(host);
-  return st;
+  FSDP_TRY(fsdp_comm_create(comm->world, temp));
+  *host = *temp;
+  return FSDP_SUCCESS;
+}
+
+/* Every rank learns whether every rank got through a step (mine: this
+ * rank's status), so that they all go on or all fail: FSDP_SUCCESS, this
+ * rank's own error, or FSDP_ERR_COMM naming the highest failed rank. */
+static fsdp_status_t split_agree(fsdp_comm_t comm, fsdp_comm_t host, fsdp_status_t mine,
+                                 const char *step) {
+  int me = fsdp_world_rank(comm->world);
+  float failed = mine == FSDP_SUCCESS ? 0.0f : (float)(me + 1), worst = 0.0f;
+  fsdp_status_t st = fsdp_all_reduce(host, &failed, &worst, 1, FSDP_F32, FSDP_MAX,
+                                     FSDP_HOST_STREAM);
+  if (mine != FSDP_SUCCESS) return mine; /* its message stands */
+  if (st != FSDP_SUCCESS) return st;
+  if (worst == 0.0f) return FSDP_SUCCESS;
+  return fsdp_error(FSDP_ERR_COMM, "fsdp_comm_split of communicator %d: world rank %d failed "
+                    "to %s (see its error), so no rank made the group", comm->id,
+                    (int)worst - 1, step);
 }
 
 /* The ranks of comm sharing colour `color`, ordered by (key, rank). */
@@ -236,6 +256,40 @@ static int split_members(const fsdp_comm_t comm, const int *pairs, int color, in
   return n;
 }
 
+/* What the ranks' (colour, key) pairs make of this rank: its group in o.
+ * pairs holds 3 ints per rank of comm, members one. */
+static void split_group(fsdp_comm_t comm, int *pairs, int color, comm_origin_t *o) {
+  int *order = pairs + 2 * comm->size;
+  o->n = split_members(comm, pairs, color, order);
+  for (int i = 0; i < o->n; i++) {
+    if (order[i] == comm->rank) o->rank = i;
+    o->members[i] = fsdp_comm_world_rank(comm, order[i]);
+  }
+}
+
+/* The group's communicator, or on any rank's failure none on every rank. */
+static fsdp_status_t split_make(fsdp_comm_t comm, fsdp_comm_t host, comm_origin_t *o,
+                                fsdp_comm_t *out) {
+  fsdp_comm_t g = NULL;
+  fsdp_status_t st = comm_make(comm->ops, comm->world, o, &g); /* owns o->members */
+  if (st == FSDP_SUCCESS && fsdp_test_fault("comm_split_setup", fsdp_world_rank(comm->world))) {
+    st = fsdp_error(FSDP_ERR_COMM, "fsdp_comm_split: injected failure of the group's "
+                    "communicator (FSDP_TEST_FAULT)");
+  }
+  st = split_agree(comm, host, st, "set up its group's communicator");
+  if (st != FSDP_SUCCESS) {
+    fsdp_comm_destroy(g);
+    return st;
+  }
+  *out = g;
+  return FSDP_SUCCESS;
+}
+
+/* Collective in failure too: every rank allocates what it needs first and
+ * the ranks agree that all did before any exchange; after the backend made
+ * the groups they agree again, so that one rank's failure anywhere fails the
+ * split on every rank (naming that rank) instead of leaving the others
+ * waiting in a collective it never joins, or holding a group it lacks. */
 fsdp_status_t fsdp_comm_split(fsdp_comm_t comm, int color, int key, fsdp_comm_t *out) {
   if (!comm || !out)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_comm_split: %s is NULL",
@@ -246,25 +300,27 @@ fsdp_status_t fsdp_comm_split(fsdp_comm_t comm, int color, int key, fsdp_comm_t 
   if (!comm->ops->split)
     return fsdp_error(FSDP_ERR_UNSUPPORTED, "fsdp_comm_split: the %s backend cannot split",
                       comm->ops->name);
+  fsdp_comm_t host, temp;
+  FSDP_TRY(split_host(comm, &host, &temp));
   int mine[2] = {color, key};
-  int *pairs = fsdp_alloc((size_t)comm->size * 3 * sizeof *pairs);
-  if (!pairs) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "fsdp_comm_split: out of memory");
-  int *order = pairs + 2 * comm->size;
-  fsdp_status_t st = split_exchange(comm, mine, pairs);
-  if (st != FSDP_SUCCESS) {
-    fsdp_free(pairs);
-    return st;
-  }
   comm_origin_t o = {.from = comm, .split = 1, .color = color, .key = key};
-  o.n = split_members(comm, pairs, color, order);
-  o.members = fsdp_alloc((size_t)o.n * sizeof *o.members);
-  for (int i = 0; o.members && i < o.n; i++) {
-    if (order[i] == comm->rank) o.rank = i;
-    o.members[i] = fsdp_comm_world_rank(comm, order[i]);
+  int *pairs = NULL;
+  if (!fsdp_test_fault("comm_split", fsdp_world_rank(comm->world))) {
+    pairs = fsdp_alloc((size_t)comm->size * 3 * sizeof *pairs);
+    o.members = fsdp_alloc((size_t)comm->size * sizeof *o.members);
   }
+  fsdp_status_t st = pairs && o.members
+                         ? FSDP_SUCCESS
+                         : fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "fsdp_comm_split: out of host "
+                                      "memory for the ranks of communicator %d", comm->id);
+  st = split_agree(comm, host, st, "allocate");
+  if (st == FSDP_SUCCESS) st = fsdp_all_gather(host, mine, pairs, 2, FSDP_F32, FSDP_HOST_STREAM);
+  if (st == FSDP_SUCCESS) split_group(comm, pairs, color, &o);
   fsdp_free(pairs);
-  if (!o.members) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "fsdp_comm_split: out of memory");
-  FSDP_TRY(comm_make(comm->ops, comm->world, &o, out));
+  if (st == FSDP_SUCCESS) st = split_make(comm, host, &o, out);
+  else fsdp_free(o.members);
+  fsdp_comm_destroy(temp);
+  if (st != FSDP_SUCCESS) return st;
   char list[40], label[FSDP_COMM_LABEL_MAX];
   fsdp_format_ranks(list, sizeof list, (*out)->members, o.n);
   snprintf(label, sizeof label, "group %d of communicator %d: world %s %s", color, comm->id,
@@ -449,6 +505,8 @@ static fsdp_status_t coll_issue(fsdp_comm_t comm, fsdp_coll_t *c, fsdp_stream_t 
     comm->next_tag[0] = '\0';
   }
   FSDP_TRY(st);
+  /* A collective that failed inside a stream poisons what follows. */
+  FSDP_TRY(fsdp_watch_check(comm));
   /* Every rank passes the same count, so skipping an empty collective keeps
    * all ranks in step. */
   if (c->count == 0 && c->kind != FSDP_COLL_BARRIER) return FSDP_SUCCESS;

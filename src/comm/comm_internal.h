@@ -164,6 +164,16 @@ void fsdp_watch_end(fsdp_comm_t comm, const fsdp_coll_t *coll);
  * the watchdog's message (the root cause) instead of the transport's error.
  * Any failure also marks the world failed (world_env.h). */
 fsdp_status_t fsdp_watch_failed(fsdp_comm_t comm, fsdp_status_t st);
+/* A device backend's collective failed inside its stream (its outputs are
+ * not what they should be): msg, naming it, is kept for the world, and
+ * every later collective on any communicator of the world fails with it
+ * (fsdp_watch_check), so that no result computed from those outputs is
+ * taken for good. Called from ops->poll (the watch's mutex may be held). */
+void fsdp_watch_note_failure(fsdp_comm_t comm, const char *msg);
+/* Before every collective (comm.c): polls the world's device backends
+ * (ops->poll, which detects and reports failures inside streams), then
+ * FSDP_ERR_COMM with the first such failure's report, or FSDP_SUCCESS. */
+fsdp_status_t fsdp_watch_check(fsdp_comm_t comm);
 /* Backend state shared by every communicator of a world (gloo: the TCP
  * device), freed with free_fn when the last communicator is destroyed. */
 void *fsdp_watch_shared(fsdp_comm_t comm);

@@ -17,8 +17,13 @@
  * done, the communicator reports an asynchronous error, or the watchdog gives
  * up on it. The watchdog's abort calls ncclCommAbort from its own thread
  * (which ends every wait on the communicator's streams) and, in an MPI
- * world, ends the job with MPI_Abort; every NCCL call on a communicator holds
- * its mutex, so the abort never meets a call in progress. Every error becomes
+ * world, ends the job with MPI_Abort. Every NCCL call on a communicator holds
+ * its mutex except a collective's enqueue: NCCL may block there (a peer that
+ * never connects, a full work queue), and the watchdog must still poll, see
+ * the deadline (which starts before the call when nothing earlier is
+ * queued) and abort, which is what ends such a call (ncclCommAbort from
+ * another thread: NCCL's way to end a hung call); the handle is never used
+ * again once the abort is seen. Every error becomes
  * FSDP_ERR_COMM with NCCL's text and the collective's description; after one,
  * and after an abort, the communicator is failed: later collectives are
  * refused (FSDP_ERR_TIMEOUT with the watchdog's report after its abort) and
@@ -57,10 +62,14 @@ typedef struct {
   cudaStream_t own;    /* for collectives issued on the host or a CPU stream */
   float *scratch;      /* (1) on the device: what a barrier all-reduces */
   atomic_int failed;   /* an error or an abort: refuse work, abort at destroy */
-  /* Taken around every NCCL call on comm and by the watchdog's poll and
-   * abort (lock order: the watch's mutex, this, the fsdp_comm's mutex). */
+  /* Guards the fields below and every NCCL call on comm except a
+   * collective's enqueue (issue), which may block inside NCCL and must not
+   * stall the watchdog's poll and abort (lock order: the watch's mutex,
+   * this, the fsdp_comm's mutex). */
   pthread_mutex_t mu;
   int gone;            /* the watchdog called ncclCommAbort: comm is freed */
+  int in_call;         /* a collective's enqueue is inside NCCL (entering) */
+  fsdp_coll_t entering;
   char why[512];       /* the asynchronous error that made the watchdog abort */
   pending_t *pending;  /* a ring of cap slots, count queued from head; */
   size_t cap, head, count; /* a slot keeps its event for reuse */
@@ -261,54 +270,66 @@ static ncclRedOp_t nccl_op(fsdp_reduce_op_t op) {
   return op == FSDP_MAX ? ncclMax : op == FSDP_AVG ? ncclAvg : ncclSum;
 }
 
-/* Fails when the communicator failed before or NCCL reports an error from
- * work already queued. */
-static fsdp_status_t check_health(fsdp_comm_t c, const fsdp_coll_t *k) {
-  nccl_impl_t *im = impl_of(c);
-  if (atomic_load(&im->failed)) {
-    pthread_mutex_lock(&im->mu);
-    fsdp_status_t st = fsdp_error(FSDP_ERR_COMM, "nccl: communicator %d failed earlier (%s); "
-                                  "destroy it and make a new one", c->id,
-                                  im->why[0] ? im->why : "see the first error");
-    pthread_mutex_unlock(&im->mu);
-    return st;
-  }
-  ncclResult_t async = ncclSuccess;
-  pthread_mutex_lock(&im->mu);
-  ncclResult_t r = im->gone ? ncclSuccess : ncclCommGetAsyncError(im->comm, &async);
-  pthread_mutex_unlock(&im->mu);
-  if (r != ncclSuccess) return nccl_fail(c, r, "ncclCommGetAsyncError", k);
-  if (async != ncclSuccess && async != ncclInProgress)
-    return nccl_fail(c, async, "an earlier operation (ncclCommGetAsyncError)", k);
-  return FSDP_SUCCESS;
-}
-
-/* Queues the collective on cuda_stream; the caller holds im->mu. */
-static fsdp_status_t submit(fsdp_comm_t c, const fsdp_coll_t *k, void *cuda_stream) {
-  nccl_impl_t *im = impl_of(c);
-  if (im->gone)
-    return fsdp_error(FSDP_ERR_COMM, "nccl: communicator %d was aborted by the watchdog",
-                      c->id);
-  cudaStream_t s = cuda_stream;
+/* The NCCL call that queues k on s. */
+static ncclResult_t issue(ncclComm_t comm, const fsdp_coll_t *k, float *scratch, cudaStream_t s,
+                          const char **fn) {
   ncclDataType_t t = nccl_type(k->dtype);
   switch (k->kind) {
   case FSDP_COLL_ALL_GATHER:
-    NCCL_TRY(c, ncclAllGather(k->send, k->recv, k->count, t, im->comm, s), k);
-    return FSDP_SUCCESS;
+    *fn = "ncclAllGather";
+    return ncclAllGather(k->send, k->recv, k->count, t, comm, s);
   case FSDP_COLL_REDUCE_SCATTER:
-    NCCL_TRY(c, ncclReduceScatter(k->send, k->recv, k->count, t, nccl_op(k->op), im->comm, s), k);
-    return FSDP_SUCCESS;
+    *fn = "ncclReduceScatter";
+    return ncclReduceScatter(k->send, k->recv, k->count, t, nccl_op(k->op), comm, s);
   case FSDP_COLL_ALL_REDUCE:
-    NCCL_TRY(c, ncclAllReduce(k->send, k->recv, k->count, t, nccl_op(k->op), im->comm, s), k);
-    return FSDP_SUCCESS;
+    *fn = "ncclAllReduce";
+    return ncclAllReduce(k->send, k->recv, k->count, t, nccl_op(k->op), comm, s);
   case FSDP_COLL_BROADCAST:
-    NCCL_TRY(c, ncclBroadcast(k->recv, k->recv, k->count, t, k->root, im->comm, s), k);
-    return FSDP_SUCCESS;
+    *fn = "ncclBroadcast";
+    return ncclBroadcast(k->recv, k->recv, k->count, t, k->root, comm, s);
   case FSDP_COLL_BARRIER: /* NCCL has none: a one-element all-reduce orders the streams */
-    NCCL_TRY(c, ncclAllReduce(im->scratch, im->scratch, 1, ncclFloat32, ncclSum, im->comm, s), k);
-    return FSDP_SUCCESS;
+    *fn = "ncclAllReduce (barrier)";
+    return ncclAllReduce(scratch, scratch, 1, ncclFloat32, ncclSum, comm, s);
   }
-  return fsdp_error(FSDP_ERR_INTERNAL, "comm nccl: unknown collective kind %d", (int)k->kind);
+  *fn = "an unknown collective";
+  return ncclInvalidArgument;
+}
+
+static fsdp_status_t aborted(fsdp_comm_t c, const fsdp_coll_t *k) {
+  return fsdp_error(FSDP_ERR_COMM, "nccl: %s #%llu on communicator %d: the communicator was "
+                    "aborted by the watchdog", fsdp_coll_name(k->kind),
+                    (unsigned long long)k->seq, c->id);
+}
+
+/* Queues k on cuda_stream with im->mu released around the NCCL call (an
+ * enqueue may block inside NCCL), so that the watchdog can still poll,
+ * time k out and abort the communicator, which ends the call. With
+ * `clock`, k is watched from its call on when nothing queued before it is
+ * still running (the watch's rule: a deadline counts from when a collective
+ * became the oldest unfinished one); a collective run on the host is
+ * watched by comm.c already. On failure the clock is stopped. */
+static fsdp_status_t submit(fsdp_comm_t c, const fsdp_coll_t *k, void *cuda_stream, int clock) {
+  nccl_impl_t *im = impl_of(c);
+  pthread_mutex_lock(&im->mu);
+  if (im->gone) {
+    pthread_mutex_unlock(&im->mu);
+    return aborted(c, k);
+  }
+  ncclComm_t comm = im->comm;
+  im->in_call = 1;
+  im->entering = *k;
+  if (clock && im->count == 0) fsdp_watch_begin(c, k);
+  pthread_mutex_unlock(&im->mu);
+  const char *fn = NULL;
+  ncclResult_t r = issue(comm, k, im->scratch, cuda_stream, &fn);
+  pthread_mutex_lock(&im->mu);
+  im->in_call = 0;
+  int gone = im->gone;
+  if ((gone || r != ncclSuccess) && clock && im->count == 0) fsdp_watch_end(c, k);
+  pthread_mutex_unlock(&im->mu);
+  if (gone) return aborted(c, k); /* the watchdog's report, through fsdp_watch_failed */
+  if (r != ncclSuccess) return nccl_fail(c, r, fn, k);
+  return FSDP_SUCCESS;
 }
 
 /* Room for one more pending collective; the caller holds im->mu. */
@@ -328,28 +349,86 @@ static fsdp_status_t pending_reserve(fsdp_comm_t c) {
   return FSDP_SUCCESS;
 }
 
-/* Drops the queued collectives whose events have completed, in issue order,
- * restarting the deadline's clock for the next one (fsdp_watch_begin) or
- * marking the queue drained (fsdp_watch_end). The issuing thread calls it
- * too, so the queue stays as short as the work in flight without a watchdog
- * thread (a world of one). The caller holds im->mu. */
-static void retire(fsdp_comm_t c) {
-  nccl_impl_t *im = impl_of(c);
-  while (!im->gone && im->count) {
-    pending_t *p = &im->pending[im->head];
-    if (cudaEventQuery(p->done) == cudaErrorNotReady) return;
-    im->head = (im->head + 1) % im->cap;
-    if (--im->count) fsdp_watch_begin(c, &im->pending[im->head].coll);
-    else fsdp_watch_end(c, &p->coll);
-  }
+/* NCCL's asynchronous error on c, ncclSuccess for none (or in progress). */
+static ncclResult_t async_error(nccl_impl_t *im) {
+  ncclResult_t async = ncclSuccess;
+  if (im->gone || ncclCommGetAsyncError(im->comm, &async) != ncclSuccess) return ncclSuccess;
+  return async == ncclInProgress ? ncclSuccess : async;
 }
 
-/* Records an event after k on cuda_stream for the watchdog; the first
- * collective of an empty queue starts the deadline's clock. The caller holds
+/* Drops the queued collectives whose events have completed, in issue order,
+ * restarting the deadline's clock for the next one (fsdp_watch_begin: the
+ * next queued, else the one whose enqueue is still inside NCCL) or marking
+ * the queue drained (fsdp_watch_end). The issuing thread calls it too, so
+ * the queue stays as short as the work in flight without a watchdog thread
+ * (a world of one). A collective that fails inside its stream never
+ * completes there (NCCL's kernel waits until ncclCommAbort) and a
+ * communicator's collectives run in issue order: so with the error read
+ * first, every collective whose event has completed succeeded, and the
+ * first one still queued is the one that failed (fail_async reports it).
+ * Returns the asynchronous error read, or ncclSuccess. The caller holds
  * im->mu. */
+static ncclResult_t retire(fsdp_comm_t c) {
+  nccl_impl_t *im = impl_of(c);
+  ncclResult_t a = async_error(im);
+  while (!im->gone && im->count) {
+    pending_t *p = &im->pending[im->head];
+    if (cudaEventQuery(p->done) == cudaErrorNotReady) break;
+    im->head = (im->head + 1) % im->cap;
+    if (--im->count) fsdp_watch_begin(c, &im->pending[im->head].coll);
+    else if (im->in_call) fsdp_watch_begin(c, &im->entering);
+    else fsdp_watch_end(c, &p->coll);
+  }
+  return a;
+}
+
+/* An asynchronous NCCL error (a), after retire: the first collective still
+ * queued on a CUDA stream is reported as the one that failed inside its
+ * stream (none queued: one run on the host), its outputs not written; the
+ * communicator is aborted
+ * (which ends every wait on it) and failed, and the world refuses every
+ * later collective with this report (fsdp_watch_note_failure). The caller
+ * holds im->mu. */
+static void fail_async(fsdp_comm_t c, ncclResult_t a) {
+  nccl_impl_t *im = impl_of(c);
+  char what[256] = "a collective run on the host";
+  if (im->count) fsdp_coll_describe(&im->pending[im->head].coll, what, sizeof what);
+  const char *last = ncclGetLastError(im->comm);
+  snprintf(im->why, sizeof im->why, "nccl: %s on communicator %d failed inside its stream on "
+           "rank %d of %d (its outputs are not valid): %s%s%s", what, c->id, c->rank, c->size,
+           ncclGetErrorString(a), last && *last ? ": " : "", last ? last : "");
+  fsdp_log(FSDP_LOG_ERROR, "%s; aborting the communicator", im->why);
+  atomic_store(&im->failed, 1);
+  ncclCommAbort(im->comm);
+  im->gone = 1;
+  fsdp_watch_note_failure(c, im->why);
+}
+
+/* Fails when the communicator failed before or NCCL reports an error from
+ * work already queued (fail_async: the message names that work). */
+static fsdp_status_t check_health(fsdp_comm_t c) {
+  nccl_impl_t *im = impl_of(c);
+  if (atomic_load(&im->failed)) {
+    pthread_mutex_lock(&im->mu);
+    fsdp_status_t st = fsdp_error(FSDP_ERR_COMM, "nccl: communicator %d failed earlier (%s); "
+                                  "destroy it and make a new one", c->id,
+                                  im->why[0] ? im->why : "see the first error");
+    pthread_mutex_unlock(&im->mu);
+    return st;
+  }
+  pthread_mutex_lock(&im->mu);
+  ncclResult_t a = retire(c);
+  if (a != ncclSuccess) fail_async(c, a);
+  fsdp_status_t st = a == ncclSuccess ? FSDP_SUCCESS : fsdp_error(FSDP_ERR_COMM, "%s", im->why);
+  pthread_mutex_unlock(&im->mu);
+  return st;
+}
+
+/* Records an event after k on cuda_stream for the watchdog (whose clock
+ * submit started when the queue was empty). The caller holds im->mu. */
 static fsdp_status_t track(fsdp_comm_t c, const fsdp_coll_t *k, void *cuda_stream) {
   nccl_impl_t *im = impl_of(c);
-  retire(c);
+  if (im->gone) return aborted(c, k);
   FSDP_TRY(pending_reserve(c));
   pending_t *p = &im->pending[(im->head + im->count) % im->cap];
   cudaError_t e = p->done ? cudaSuccess
@@ -357,17 +436,18 @@ static fsdp_status_t track(fsdp_comm_t c, const fsdp_coll_t *k, void *cuda_strea
   if (e == cudaSuccess) e = cudaEventRecord(p->done, cuda_stream);
   if (e != cudaSuccess) return cuda_fail(c, e, "cudaEventRecord (for the watchdog)", k);
   p->coll = *k;
-  if (im->count++ == 0) fsdp_watch_begin(c, k);
+  im->count++;
   return FSDP_SUCCESS;
 }
 
 /* A CUDA stream: queued there and watched (poll). */
 static fsdp_status_t nccl_enqueue(fsdp_comm_t c, const fsdp_coll_t *k, void *cuda_stream) {
-  FSDP_TRY(check_health(c, k));
+  FSDP_TRY(check_health(c));
   nccl_impl_t *im = impl_of(c);
+  FSDP_TRY(submit(c, k, cuda_stream, 1));
   pthread_mutex_lock(&im->mu);
-  fsdp_status_t st = submit(c, k, cuda_stream);
-  if (st == FSDP_SUCCESS) st = track(c, k, cuda_stream);
+  fsdp_status_t st = track(c, k, cuda_stream);
+  if (st != FSDP_SUCCESS && im->count == 0) fsdp_watch_end(c, k);
   pthread_mutex_unlock(&im->mu);
   return st;
 }
@@ -384,7 +464,7 @@ static fsdp_status_t wait_own(fsdp_comm_t c, const fsdp_coll_t *k) {
     if (atomic_load(&im->failed))
       return fsdp_error(FSDP_ERR_COMM, "nccl: %s on communicator %d was aborted",
                         fsdp_coll_name(k->kind), c->id);
-    FSDP_TRY(check_health(c, k));
+    FSDP_TRY(check_health(c));
     nanosleep(&nap, NULL);
   }
 }
@@ -397,36 +477,23 @@ static fsdp_status_t nccl_run(fsdp_comm_t c, const fsdp_coll_t *k) {
   cudaGetDevice(&prev);
   cudaError_t e = prev == im->device ? cudaSuccess : cudaSetDevice(im->device);
   if (e != cudaSuccess) return cuda_fail(c, e, "cudaSetDevice", k);
-  fsdp_status_t st = check_health(c, k);
-  if (st == FSDP_SUCCESS) {
-    pthread_mutex_lock(&im->mu);
-    st = submit(c, k, im->own);
-    pthread_mutex_unlock(&im->mu);
-  }
+  fsdp_status_t st = check_health(c);
+  if (st == FSDP_SUCCESS) st = submit(c, k, im->own, 0);
   if (st == FSDP_SUCCESS) st = wait_own(c, k);
   if (prev != im->device) cudaSetDevice(prev);
   return st;
 }
 
-/* The watchdog thread, each tick: retires the collectives done (retire);
- * an asynchronous NCCL error fails the communicator and aborts it, which
- * ends every wait on its streams; its next collective reports the error. */
+/* The watchdog thread each tick, and every collective of the world before
+ * it is issued (fsdp_watch_check): retires the collectives done (retire);
+ * an asynchronous NCCL error names the collective that failed, fails and
+ * aborts the communicator, which ends every wait on its streams, and makes
+ * the world refuse every later collective with that report (fail_async). */
 static void nccl_poll(fsdp_comm_t c) {
   nccl_impl_t *im = impl_of(c);
   pthread_mutex_lock(&im->mu);
-  retire(c);
-  ncclResult_t async = ncclSuccess;
-  if (!im->gone && ncclCommGetAsyncError(im->comm, &async) == ncclSuccess &&
-      async != ncclSuccess && async != ncclInProgress) {
-    const char *last = ncclGetLastError(im->comm);
-    snprintf(im->why, sizeof im->why, "NCCL reports an asynchronous error on communicator %d, "
-             "rank %d: %s%s%s", c->id, c->rank, ncclGetErrorString(async),
-             last && *last ? ": " : "", last ? last : "");
-    fsdp_log(FSDP_LOG_ERROR, "watchdog: %s; aborting the communicator", im->why);
-    atomic_store(&im->failed, 1);
-    ncclCommAbort(im->comm);
-    im->gone = 1;
-  }
+  ncclResult_t a = retire(c);
+  if (a != ncclSuccess) fail_async(c, a);
   pthread_mutex_unlock(&im->mu);
 }
 

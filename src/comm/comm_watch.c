@@ -46,6 +46,8 @@ struct fsdp_comm_watch {
   void (*shared_free)(void *);
   atomic_int aborted;            /* set once abort_msg is final */
   char abort_msg[WATCH_MSG_MAX];
+  pthread_mutex_t fail_mu;       /* guards fail_msg */
+  char fail_msg[WATCH_MSG_MAX];  /* the first collective that failed inside a stream, or "" */
 };
 
 /* ---- progress ------------------------------------------------------------ */
@@ -252,6 +254,7 @@ static fsdp_status_t watch_start(struct fsdp_comm_watch *w) {
   int rc = pthread_cond_init(&w->cv, &ca);
   pthread_condattr_destroy(&ca);
   if (rc == 0) rc = pthread_mutex_init(&w->mu, NULL);
+  if (rc == 0) rc = pthread_mutex_init(&w->fail_mu, NULL);
   if (rc == 0 && w->size > 1) {
     rc = pthread_create(&w->thread, NULL, watch_main, w);
     w->has_thread = rc == 0;
@@ -291,6 +294,7 @@ static void watch_destroy(struct fsdp_comm_watch *w) {
   if (w->shared_free) w->shared_free(w->shared);
   pthread_cond_destroy(&w->cv);
   pthread_mutex_destroy(&w->mu);
+  pthread_mutex_destroy(&w->fail_mu);
   free(w->comms);
   free(w);
 }
@@ -382,6 +386,30 @@ fsdp_status_t fsdp_watch_failed(fsdp_comm_t c, fsdp_status_t st) {
   pthread_mutex_unlock(&w->mu);
   if (!atomic_load(&w->aborted)) return st;
   return fsdp_error(FSDP_ERR_TIMEOUT, "%s", w->abort_msg);
+}
+
+void fsdp_watch_note_failure(fsdp_comm_t c, const char *msg) {
+  struct fsdp_comm_watch *w = c->watch;
+  fsdp_world_mark_failed(c->world);
+  if (!w) return;
+  pthread_mutex_lock(&w->fail_mu);
+  if (!w->fail_msg[0]) snprintf(w->fail_msg, sizeof w->fail_msg, "%s", msg);
+  pthread_mutex_unlock(&w->fail_mu);
+}
+
+fsdp_status_t fsdp_watch_check(fsdp_comm_t c) {
+  struct fsdp_comm_watch *w = c->watch;
+  if (!w) return FSDP_SUCCESS;
+  pthread_mutex_lock(&w->mu);
+  for (int i = 0; i < w->n_comms; i++)
+    if (w->comms[i]->polled) w->comms[i]->ops->poll(w->comms[i]);
+  pthread_mutex_unlock(&w->mu);
+  pthread_mutex_lock(&w->fail_mu);
+  fsdp_status_t st = w->fail_msg[0] ? fsdp_error(FSDP_ERR_COMM, "%s; every later collective "
+                                                 "of this world is refused", w->fail_msg)
+                                    : FSDP_SUCCESS;
+  pthread_mutex_unlock(&w->fail_mu);
+  return st;
 }
 
 void *fsdp_watch_shared(fsdp_comm_t c) { return c->watch ? c->watch->shared : NULL; }

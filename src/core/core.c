@@ -233,6 +233,18 @@ char *fsdp_strdup(const char *s) {
   return d;
 }
 
+int fsdp_test_fault(const char *site, int rank) {
+  const char *list = getenv("FSDP_TEST_FAULT");
+  size_t n = strlen(site);
+  for (const char *p = list; p && *p; p += strcspn(p, ","), p += *p == ',') {
+    char *end = NULL;
+    if (!strncmp(p, site, n) && p[n] == '@' && strtol(p + n + 1, &end, 10) == rank &&
+        end != p + n + 1 && (*end == ',' || !*end))
+      return 1;
+  }
+  return 0;
+}
+
 int fsdp_get_version(void) { return FSDP_VERSION_CODE; }
 
 fsdp_status_t fsdp_opts_import(void *out, const void *in, size_t ours, unsigned int magic,

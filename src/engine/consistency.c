@@ -6,7 +6,10 @@
  * themselves (padded to the longest, so the exchange still matches in size)
  * and name the first differing key with every rank's value. Both exchanges
  * have the same size on every rank whatever the ranks were started with, so
- * the check itself can never hang or overrun a buffer. */
+ * the check itself can never hang or overrun a buffer; and a rank whose own
+ * part fails (bad arguments, no memory) still takes part in each, saying
+ * so, so that every rank fails at once with its reason instead of the
+ * others waiting for it until the deadline. */
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -194,17 +197,51 @@ static fsdp_status_t mismatch(const struct fsdp_engine *e, char **texts, int siz
                     "data", e->rank, key[0] ? key : "(the list of settings)", values);
 }
 
+/* A rank's own part failed (first: the highest such rank): its reason,
+ * broadcast from it in a fixed 512 bytes, on every rank. This rank, if it
+ * failed, returns its own error. */
+static fsdp_status_t failed_rank(struct fsdp_engine *e, fsdp_status_t mine, int first,
+                                 const char *reason, const char *step) {
+  uint64_t words[64 + 1] = {0}; /* the status, then the text */
+  if (e->rank == first) {
+    words[0] = (uint64_t)mine;
+    snprintf((char *)(words + 1), 64 * 8, "%s", reason);
+  }
+  fsdp_status_t st = fsdp_broadcast(e->comm_host, words, 65, FSDP_F64, first, FSDP_HOST_STREAM);
+  if (mine) return fsdp_error(mine, "%s", reason);
+  if (st != FSDP_SUCCESS) return st;
+  ((char *)(words + 1))[64 * 8 - 1] = '\0';
+  fsdp_status_t theirs = words[0] ? (fsdp_status_t)words[0] : FSDP_ERR_INTERNAL;
+  return fsdp_error(theirs, "consistency check: rank %d failed to %s, so no rank compared "
+                    "settings: %s", first, step, (const char *)(words + 1));
+}
+
+/* Every rank learns whether any rank failed on its own (mine: this rank's
+ * status), in one all-reduce with no allocation: FSDP_SUCCESS, this rank's
+ * own error, or the failed rank's status and reason (broadcast from it) on
+ * the others. */
+static fsdp_status_t agree(struct fsdp_engine *e, fsdp_status_t mine, const char *step) {
+  char reason[512];
+  snprintf(reason, sizeof reason, "%s", mine ? fsdp_last_error() : "");
+  double failed = mine ? e->rank + 1 : 0, worst = 0;
+  fsdp_status_t st = fsdp_all_reduce(e->comm_host, &failed, &worst, 1, FSDP_F64, FSDP_MAX,
+                                     FSDP_HOST_STREAM);
+  if (st == FSDP_SUCCESS && worst > 0) return failed_rank(e, mine, (int)worst - 1, reason, step);
+  if (mine) return fsdp_error(mine, "%s", reason);
+  return st;
+}
+
 /* All-gathers the texts, padded to the longest, and names the difference. */
 static fsdp_status_t exchange_texts(struct fsdp_engine *e, const text_t *mine, size_t longest) {
   size_t words = longest / 8 + 1, size = (size_t)e->nranks;
   uint64_t *send = fsdp_alloc(words * 8), *all = fsdp_alloc(words * 8 * size);
   char **texts = fsdp_alloc(size * sizeof *texts);
-  fsdp_status_t st = FSDP_ERR_OUT_OF_MEMORY;
-  if (!send || !all || !texts) {
-    st = fsdp_error(st, "consistency check: cannot allocate %zu bytes of settings", words * 8 * size);
-    goto out;
-  }
-  memset(send, 0, words * 8);
+  fsdp_status_t st = FSDP_SUCCESS;
+  if (!send || !all || !texts)
+    st = fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "consistency check: cannot allocate %zu bytes of "
+                    "settings", words * 8 * size);
+  st = agree(e, st, "allocate the settings of every rank");
+  if (st != FSDP_SUCCESS) goto out;
   memcpy(send, mine->text, mine->len);
   st = fsdp_all_gather(e->comm_host, send, all, words, FSDP_F64, FSDP_HOST_STREAM);
   if (st != FSDP_SUCCESS) goto out;
@@ -220,43 +257,53 @@ out:
   return st;
 }
 
-static fsdp_status_t compare(struct fsdp_engine *e, const text_t *mine) {
-  if (e->nranks < 2) return FSDP_SUCCESS;
-  uint64_t head[2] = {fnv1a(mine->text, mine->len), mine->len};
-  uint64_t *all = fsdp_alloc((size_t)e->nranks * sizeof head);
-  if (!all) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "consistency check: out of memory");
-  /* F64 moves the 8 bytes untouched on every backend (no arithmetic). */
-  fsdp_status_t st = fsdp_all_gather(e->comm_host, head, all, 2, FSDP_F64, FSDP_HOST_STREAM);
-  size_t longest = 0;
-  int same = 1;
-  for (int r = 0; st == FSDP_SUCCESS && r < e->nranks; r++) {
-    same &= all[2 * r] == head[0] && all[2 * r + 1] == head[1];
-    if (all[2 * r + 1] > longest) longest = all[2 * r + 1];
-  }
-  fsdp_free(all);
-  if (st != FSDP_SUCCESS || same) return st;
-  return exchange_texts(e, mine, longest);
+/* One all-reduce (MAX) tells every rank whether all hashes and lengths agree
+ * (each 32-bit half and the length also negated: max == -max(-x) exactly
+ * when every rank has x), the longest text, and the highest rank whose own
+ * part failed (mine: this rank's status; then its text is not read). */
+static fsdp_status_t compare(struct fsdp_engine *e, const text_t *mine, fsdp_status_t local) {
+  char reason[512];
+  snprintf(reason, sizeof reason, "%s", local ? fsdp_last_error() : "");
+  uint64_t h = local ? 0 : fnv1a(mine->text, mine->len);
+  double hi = (double)(h >> 32), lo = (double)(h & 0xffffffffu), len = local ? 0 : (double)mine->len;
+  double v[7] = {hi, -hi, lo, -lo, len, -len, local ? e->rank + 1 : 0}, m[7];
+  fsdp_status_t st = fsdp_all_reduce(e->comm_host, v, m, 7, FSDP_F64, FSDP_MAX, FSDP_HOST_STREAM);
+  if (st == FSDP_SUCCESS && m[6] > 0)
+    return failed_rank(e, local, (int)m[6] - 1, reason, "prepare its settings");
+  if (local) return fsdp_error(local, "%s", reason);
+  if (st != FSDP_SUCCESS) return st;
+  if (m[0] == -m[1] && m[2] == -m[3] && m[4] == -m[5]) return FSDP_SUCCESS;
+  return exchange_texts(e, mine, (size_t)m[4]);
 }
 
-static fsdp_status_t check(struct fsdp_engine *e, int n, const char *const *keys,
-                           const char *const *values, int plan) {
+/* The caller's arguments are checked here, not before the exchange: a rank
+ * passing bad ones (or whose engine stopped: st) still takes part, so that
+ * every rank fails with its reason at once. */
+static fsdp_status_t check(struct fsdp_engine *e, fsdp_status_t st, int n,
+                           const char *const *keys, const char *const *values, int plan) {
+  if (st == FSDP_SUCCESS && (n < 0 || (n > 0 && (!keys || !values))))
+    st = fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_check_consistency: %d settings "
+                    "with keys %p and values %p", n, (const void *)keys, (const void *)values);
   text_t t = {0};
   int bad = 0;
-  for (int i = 0; i < n && !bad; i++) bad = put(&t, keys[i] ? keys[i] : "(null)", values[i]);
-  if (!bad) bad = put_config(&t, &e->cfg) || (plan && put_plan(&t, e));
-  fsdp_status_t st = bad ? fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "consistency check: out of memory")
-                         : compare(e, &t);
+  for (int i = 0; st == FSDP_SUCCESS && i < n && !bad; i++)
+    bad = put(&t, keys[i] ? keys[i] : "(null)", values[i]);
+  if (st == FSDP_SUCCESS && !bad) bad = put_config(&t, &e->cfg) || (plan && put_plan(&t, e));
+  if (st == FSDP_SUCCESS && bad)
+    st = fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "consistency check: out of memory for %zu bytes of "
+                    "settings", t.len);
+  if (e->nranks > 1) st = compare(e, &t, st);
   free(t.text);
   return st;
 }
 
 fsdp_status_t fsdp_engine_check_consistency(fsdp_engine_t e, int n, const char *const *keys,
                                             const char *const *values) {
-  FSDP_TRY(fsdp_engine_check_live(e));
-  if (n < 0 || (n > 0 && (!keys || !values)))
-    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_check_consistency: %d settings "
-                      "with keys %p and values %p", n, (const void *)keys, (const void *)values);
-  return check(e, n, keys, values, 1);
+  fsdp_status_t live = fsdp_engine_check_live(e);
+  if (!e) return live;
+  return check(e, live, n, keys, values, 1);
 }
 
-fsdp_status_t fsdp_engine_check_plan(fsdp_engine_t e) { return check(e, 0, NULL, NULL, 1); }
+fsdp_status_t fsdp_engine_check_plan(fsdp_engine_t e) {
+  return check(e, FSDP_SUCCESS, 0, NULL, NULL, 1);
+}

@@ -21,56 +21,90 @@ int fsdp_pattern_match(const char *pattern, const char *name) {
   return pattern && name && fnmatch(pattern, name, 0) == 0;
 }
 
-/* Calls fn(item, ctx) for each comma-separated item of list (spaces around
- * items dropped); stops at the first nonzero answer and returns it. */
-static int each_item(const char *list, int (*fn)(const char *item, void *ctx), void *ctx) {
-  char item[256];
-  for (const char *p = list; p && *p;) {
+/* A comma-separated list cut into its items (spaces around items dropped,
+ * empty items skipped), each whole whatever its length, in one owned block:
+ * the item pointers, then the text they point into. */
+struct list {
+  int n;
+  char **item; /* (n) */
+};
+
+static fsdp_status_t list_split(const char *field, const char *text, struct list *out) {
+  *out = (struct list){0, NULL};
+  if (!text || !*text) return FSDP_SUCCESS;
+  size_t len = strlen(text), max_items = 1;
+  for (const char *c = text; *c; c++) max_items += *c == ',';
+  char **item = malloc(max_items * sizeof *item + len + 1);
+  if (!item)
+    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "%s: out of host memory for a list of %zu bytes",
+                      field, len);
+  char *buf = memcpy((char *)(item + max_items), text, len + 1);
+  int n = 0;
+  for (char *p = buf; *p;) {
     p += strspn(p, " ");
-    size_t n = strcspn(p, ",");
-    while (n > 0 && p[n - 1] == ' ') n--;
-    snprintf(item, sizeof item, "%.*s", (int)(n < sizeof item ? n : sizeof item - 1), p);
-    int r = item[0] ? fn(item, ctx) : 0;
-    if (r) return r;
-    p += n + strspn(p + n, " ");
-    p += *p == ',';
+    size_t k = strcspn(p, ","), end = k;
+    while (end > 0 && p[end - 1] == ' ') end--;
+    int more = p[k] == ',';
+    p[end] = '\0';
+    if (end) item[n++] = p;
+    p += k + more;
   }
+  *out = (struct list){n, item};
+  return FSDP_SUCCESS;
+}
+
+/* The four lists of a plan's options. */
+struct lists {
+  const fsdp_plan_opts_t *o;
+  struct list wrap_kinds, wrap_names, ck_kinds, ck_names;
+};
+
+static void lists_free(const struct lists *l) {
+  free(l->wrap_kinds.item);
+  free(l->wrap_names.item);
+  free(l->ck_kinds.item);
+  free(l->ck_names.item);
+}
+
+static fsdp_status_t lists_split(const fsdp_plan_opts_t *o, struct lists *l) {
+  *l = (struct lists){.o = o};
+  fsdp_status_t st = list_split("wrap_kinds", o->wrap_kinds, &l->wrap_kinds);
+  if (!st) st = list_split("wrap_names", o->wrap_names, &l->wrap_names);
+  if (!st) st = list_split("checkpoint_kinds", o->checkpoint_kinds, &l->ck_kinds);
+  if (!st) st = list_split("checkpoint_names", o->checkpoint_names, &l->ck_names);
+  if (st) {
+    lists_free(l);
+    *l = (struct lists){.o = o};
+  }
+  return st;
+}
+
+static int item_matches(const char *item, const fsdp_module_t *m, int by_name) {
+  const char *kind = m->kind ? m->kind : "";
+  return by_name ? fsdp_pattern_match(item, m->name) : strcmp(item, kind) == 0;
+}
+
+static int in_list(const struct list *l, const fsdp_module_t *m, int by_name) {
+  for (int i = 0; i < l->n; i++)
+    if (item_matches(l->item[i], m, by_name)) return 1;
   return 0;
 }
 
-struct probe {
-  const fsdp_module_t *m;
-  int n, by_name;
-  const char *hit; /* the first item of a list that matches m, or NULL */
-};
-
-static int item_matches(const char *item, void *ctx) {
-  struct probe *p = ctx;
-  const char *kind = p->m->kind ? p->m->kind : "";
-  return p->by_name ? fsdp_pattern_match(item, p->m->name) : strcmp(item, kind) == 0;
-}
-
-static int in_list(const char *list, const fsdp_module_t *m, int by_name) {
-  struct probe p = {.m = m, .by_name = by_name};
-  return each_item(list, item_matches, &p);
-}
-
-/* The list item that no module matches: an error, since it is a typo or a
- * policy written for another model. */
-static int item_unmatched(const char *item, void *ctx) {
-  struct probe *p = ctx;
-  for (int i = 0; i < p->n; i++) {
-    struct probe one = {.m = &p->m[i], .by_name = p->by_name};
-    if (item_matches(item, &one)) return 0;
+/* The first list item that no module matches, or NULL: an error, since it is
+ * a typo or a policy written for another model. */
+static const char *unmatched(const struct list *l, const fsdp_module_t *m, int n, int by_name) {
+  for (int i = 0; i < l->n; i++) {
+    int hit = 0;
+    for (int j = 0; j < n && !hit; j++) hit = item_matches(l->item[i], &m[j], by_name);
+    if (!hit) return l->item[i];
   }
-  p->hit = item;
-  return 1;
+  return NULL;
 }
 
-static fsdp_status_t check_list(const char *field, const char *list, const fsdp_module_t *m,
+static fsdp_status_t check_list(const char *field, const struct list *l, const fsdp_module_t *m,
                                 int n, int by_name) {
-  struct probe p = {.m = m, .n = n, .by_name = by_name};
-  if (!each_item(list, item_unmatched, &p)) return FSDP_SUCCESS;
+  const char *hit = unmatched(l, m, n, by_name);
+  if (!hit) return FSDP_SUCCESS;
   char kinds[256] = "";
   for (int i = 0; i < n && !by_name; i++) {
     const char *k = m[i].kind ? m[i].kind : "";
@@ -79,44 +113,46 @@ static fsdp_status_t check_list(const char *field, const char *list, const fsdp_
   }
   if (by_name)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "%s: pattern '%s' matches no module (the first "
-                      "is '%s', the last '%s')", field, p.hit, n ? m[0].name : "none",
+                      "is '%s', the last '%s')", field, hit, n ? m[0].name : "none",
                       n ? m[n - 1].name : "none");
   return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "%s: no module of kind '%s' (kinds here: %s)",
-                    field, p.hit, kinds[0] ? kinds : "none");
+                    field, hit, kinds[0] ? kinds : "none");
 }
 
 static fsdp_wrap_t by_list(void *user, const fsdp_module_t *m, int n, int i, size_t open) {
-  const fsdp_plan_opts_t *o = user;
+  const struct lists *l = user;
   (void)n, (void)open;
-  return in_list(o->wrap_kinds, &m[i], 0) || in_list(o->wrap_names, &m[i], 1) ? FSDP_WRAP_UNIT
+  return in_list(&l->wrap_kinds, &m[i], 0) || in_list(&l->wrap_names, &m[i], 1) ? FSDP_WRAP_UNIT
                                                                                  : FSDP_WRAP_SKIP;
 }
 
 static fsdp_wrap_t by_size(void *user, const fsdp_module_t *m, int n, int i, size_t open) {
-  const fsdp_plan_opts_t *o = user;
+  const fsdp_plan_opts_t *o = ((const struct lists *)user)->o;
   (void)m, (void)n;
   return i > 0 && open > 0 && open < o->wrap_min_params ? FSDP_WRAP_JOIN : FSDP_WRAP_UNIT;
 }
 
-static fsdp_status_t pick_policy(const fsdp_plan_opts_t *o, const fsdp_module_t *m, int n,
+static fsdp_status_t pick_policy(const struct lists *l, const fsdp_module_t *m, int n,
                                  fsdp_wrap_fn *fn, void **user) {
+  const fsdp_plan_opts_t *o = l->o;
   int lists = (o->wrap_kinds && *o->wrap_kinds) || (o->wrap_names && *o->wrap_names);
   if (lists + (o->wrap_min_params > 0) + (o->wrap_fn != NULL) > 1)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "wrap policy: give one of wrap_kinds/wrap_names, "
                       "wrap_min_params (%zu) and wrap_fn, not several", o->wrap_min_params);
-  FSDP_TRY(check_list("wrap_kinds", o->wrap_kinds, m, n, 0));
-  FSDP_TRY(check_list("wrap_names", o->wrap_names, m, n, 1));
+  FSDP_TRY(check_list("wrap_kinds", &l->wrap_kinds, m, n, 0));
+  FSDP_TRY(check_list("wrap_names", &l->wrap_names, m, n, 1));
   *fn = o->wrap_fn ? o->wrap_fn : lists ? by_list : o->wrap_min_params ? by_size : NULL;
-  *user = o->wrap_fn ? o->wrap_user : (void *)o;
+  *user = o->wrap_fn ? o->wrap_user : (void *)l;
   return FSDP_SUCCESS;
 }
 
 /* Asks the policy about every module; fills unit_of and counts units. */
 static fsdp_status_t assign(struct fsdp_plan *p, const fsdp_module_t *m, int n,
-                            const fsdp_plan_opts_t *o) {
+                            const struct lists *l) {
+  const fsdp_plan_opts_t *o = l->o;
   fsdp_wrap_fn fn = NULL;
   void *user = NULL;
-  FSDP_TRY(pick_policy(o, m, n, &fn, &user));
+  FSDP_TRY(pick_policy(l, m, n, &fn, &user));
   size_t open = 0;
   for (int i = 0; i < n; i++) {
     fsdp_wrap_t w = fn ? fn(user, m, n, i, open) : FSDP_WRAP_SKIP;
@@ -157,17 +193,17 @@ static char *unit_name(const char *a, const char *b) {
 }
 
 static fsdp_status_t describe(struct fsdp_plan *p, const fsdp_module_t *m, int n,
-                              const fsdp_plan_opts_t *o) {
+                              const struct lists *l) {
   p->units = calloc((size_t)p->n_units + 1, sizeof *p->units);
   p->names = calloc((size_t)p->n_units + 1, sizeof *p->names);
   p->kinds = calloc((size_t)p->n_units + 1, sizeof *p->kinds);
   if (!p->units || !p->names || !p->kinds) goto oom;
   /* after the wrap callback, which may have its own words for these */
-  FSDP_TRY(check_list("checkpoint_kinds", o->checkpoint_kinds, m, n, 0));
-  FSDP_TRY(check_list("checkpoint_names", o->checkpoint_names, m, n, 1));
+  FSDP_TRY(check_list("checkpoint_kinds", &l->ck_kinds, m, n, 0));
+  FSDP_TRY(check_list("checkpoint_names", &l->ck_names, m, n, 1));
   for (int i = 0; i < n; i++) {
     int u = p->unit_of[i];
-    int ck = in_list(o->checkpoint_kinds, &m[i], 0) || in_list(o->checkpoint_names, &m[i], 1);
+    int ck = in_list(&l->ck_kinds, &m[i], 0) || in_list(&l->ck_names, &m[i], 1);
     if (ck && u < 0)
       return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "checkpoint: module '%s' (%s) is in no unit of "
                         "its own, and only a unit's activations can be recomputed: wrap it",
@@ -208,8 +244,11 @@ fsdp_status_t fsdp_plan_create(const fsdp_module_t *modules, int n, const fsdp_p
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "plan: out of host memory");
   }
   p->n_modules = n;
-  fsdp_status_t st = assign(p, modules, n, &o);
-  if (st == FSDP_SUCCESS) st = describe(p, modules, n, &o);
+  struct lists l;
+  fsdp_status_t st = lists_split(&o, &l);
+  if (st == FSDP_SUCCESS) st = assign(p, modules, n, &l);
+  if (st == FSDP_SUCCESS) st = describe(p, modules, n, &l);
+  lists_free(&l);
   if (st != FSDP_SUCCESS) return fsdp_plan_destroy(p), st;
   *plan = p;
   return FSDP_SUCCESS;

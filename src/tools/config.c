@@ -210,6 +210,17 @@ int cfg_apply(const char *tool, const cfg_file_t *c, const flag_t *table, size_t
   return 0;
 }
 
+int cfg_parse_args(const char *tool, const char *usage, int argc, char **argv,
+                   const flag_t *table, size_t n, flag_word_fn word, void *ctx,
+                   cfg_file_t *file, cfg_file_t **loaded) {
+  int print;
+  const char *path = cfg_path(argc, argv, &print);
+  if (path && (cfg_load(tool, path, file) || cfg_apply(tool, file, table, n, word, ctx)))
+    return -1;
+  if (path) *loaded = file;
+  return flags_parse(tool, usage, argc, argv, table, n, word, ctx);
+}
+
 /* ---- rules at planning time ---------------------------------------------- */
 
 /* Counts a match once per name, though several keys of a rule may ask. */

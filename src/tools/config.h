@@ -77,6 +77,13 @@ void cfg_free(cfg_file_t *cfg);
 int cfg_apply(const char *tool, const cfg_file_t *cfg, const flag_t *table, size_t n,
               flag_word_fn word, void *ctx);
 
+/* A tool's command line: --config FILE's keys (into file; *loaded = file
+ * when there is one), then argv over them (flags_parse). What flags_parse
+ * returns, or -1 after printing why the file was refused. */
+int cfg_parse_args(const char *tool, const char *usage, int argc, char **argv,
+                   const flag_t *table, size_t n, flag_word_fn word, void *ctx,
+                   cfg_file_t *file, cfg_file_t **loaded);
+
 /* The rules as a GPT-2 plan: wrap/checkpoint rules become the plan's callback
  * and checkpoint patterns (with wrap_kinds for the modules no wrap rule
  * takes), unit and tensor rules the unit_opts callback; the rules' match

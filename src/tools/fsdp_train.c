@@ -158,13 +158,8 @@ static void flag_table(train_opts_t *o, flag_t *t) {
 static int parse(int argc, char **argv, train_opts_t *o, cfg_file_t *file) {
   flag_t table[TRAIN_FLAGS];
   flag_table(o, table);
-  int print;
-  const char *path = cfg_path(argc, argv, &print);
-  if (path && (cfg_load("fsdp-train", path, file) ||
-               cfg_apply("fsdp-train", file, table, TRAIN_FLAGS, parse_word, o)))
-    return -1;
-  if (path) o->config = file;
-  return flags_parse("fsdp-train", usage_text, argc, argv, table, TRAIN_FLAGS, parse_word, o);
+  return cfg_parse_args("fsdp-train", usage_text, argc, argv, table, TRAIN_FLAGS, parse_word, o, file,
+                        &o->config);
 }
 
 /* --print-config: every key with its effective value, in the file's format. */

@@ -1,10 +1,12 @@
 /* tests/cuda/cuda_gate.h — whether a cuda-suite program runs, skips or fails:
- * with a usable device it runs; a driver older than the toolkit is a failure
- * naming the cause (it is a broken machine, not a machine without a GPU);
- * without a device or without any NVIDIA driver (cudart then also says
- * "insufficient driver", but cudaDriverGetVersion gives 0) it is skipped (77) unless FSDP_REQUIRE_GPU is set (not 0),
- * as scripts/gpu-check.sh sets it, where it is a failure. Header-only: each
- * program of tests/cuda includes it once. */
+ * with a usable device it runs; it is skipped (77) only on a machine without
+ * a GPU: no device (cudaErrorNoDevice, or no error and 0 devices) or no
+ * NVIDIA driver at all (cudart then says "insufficient driver", but
+ * cudaDriverGetVersion gives 0), and even then fails where FSDP_REQUIRE_GPU
+ * is set (not 0), as scripts/gpu-check.sh sets it. Every other answer is a
+ * broken machine, a failure naming the error: a driver older than the toolkit,
+ * a driver that cannot initialise, devices busy or unavailable. Header-only:
+ * each program of tests/cuda includes it once. */
 #ifndef FSDP_TESTS_CUDA_GATE_H
 #define FSDP_TESTS_CUDA_GATE_H
 
@@ -13,16 +15,28 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* 1 when e (with n devices) means this machine has no GPU to use. */
+static int fsdp_cuda_gate_no_gpu(cudaError_t e, int n) {
+  int driver = 0; /* 0 when no NVIDIA driver is installed at all (CUDA's documented value) */
+  if (e == cudaSuccess) return n == 0;
+  if (e == cudaErrorNoDevice) return 1;
+  return e == cudaErrorInsufficientDriver && cudaDriverGetVersion(&driver) == cudaSuccess &&
+         driver == 0;
+}
+
 /* 0: run; otherwise the exit status to return at once. */
 static int fsdp_cuda_gate(const char *prog) {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e == cudaSuccess && n > 0) return 0;
-  int driver = 0; /* 0 when no NVIDIA driver is installed at all (CUDA's documented value) */
-  if (e == cudaErrorInsufficientDriver && cudaDriverGetVersion(&driver) == cudaSuccess &&
-      driver > 0) {
-    printf("%s: FAIL: %s (%s): the NVIDIA driver is older than the CUDA toolkit fsdp was built "
-           "with; install a newer driver\n", prog, cudaGetErrorString(e), cudaGetErrorName(e));
+  if (!fsdp_cuda_gate_no_gpu(e, n)) {
+    printf("%s: FAIL: cudaGetDeviceCount: %s (%s): %s\n", prog, cudaGetErrorString(e),
+           cudaGetErrorName(e),
+           e == cudaErrorInsufficientDriver
+               ? "the NVIDIA driver is older than the CUDA toolkit fsdp was built with; install "
+                 "a newer driver"
+               : "the machine has a CUDA driver but it does not work; fix the driver or the "
+                 "devices (this is not a machine without a GPU, so the test does not skip)");
     return 1;
   }
   const char *req = getenv("FSDP_REQUIRE_GPU");

@@ -1,6 +1,7 @@
 #!/bin/sh
-# tests/cuda/nccl_watchdog.sh LAUNCHER PROGRAM — the NCCL watchdog ends a job
-# whose rank stalls in a collective queued on a CUDA stream. Runs PROGRAM
+# tests/cuda/nccl_watchdog.sh LAUNCHER PROGRAM [enqueue] — the NCCL watchdog
+# ends a job whose rank stalls in a collective queued on a CUDA stream, or
+# (enqueue) inside the NCCL call that queues it. Runs PROGRAM
 # (nccl_stall.c) as 2 ranks under LAUNCHER (mpirun, or fsdp-run: an env://
 # world, where the watchdog's abort makes the waiting rank fail with
 # FSDP_ERR_TIMEOUT and fsdp-run stops the job) on the simulated NCCL with rank 1
@@ -17,18 +18,37 @@
 #    the stalled one;
 #  - no rank process is left, and no shared-memory name of a rank's in
 #    /dev/shm.
+# enqueue: rank 1's ncclAllReduce #3 blocks in the call itself
+# (FSDP_SIM_NCCL_STALL=1:3:0:enqueue), and only rank 1 has the 2 s timeout
+# (rank 0 has 60 s, past the bound): rank 1's own watchdog must time out the
+# collective whose enqueue never returned and abort the communicator, which
+# ends the call; the report must come from rank 1.
 set -u
 launcher=$1
 prog=$2
+mode=${3:-stream}
 BOUND_S=30
 out=$(mktemp)
-trap 'rm -f "$out"' EXIT
+wrap=$(mktemp)
+trap 'rm -f "$out" "$wrap"' EXIT
+stall=1:3
+fired_on="[01]"
+if [ "$mode" = enqueue ]; then
+  stall=1:3:0:enqueue
+  fired_on=1
+fi
+# Each rank runs PROGRAM through this wrapper; in enqueue mode every rank but
+# rank 1 (OMPI_COMM_WORLD_RANK under mpirun, RANK under fsdp-run) gets 60 s.
+printf '#!/bin/sh\nr=${OMPI_COMM_WORLD_RANK:-${RANK:-0}}\n' >"$wrap"
+[ "$mode" = enqueue ] && echo '[ "$r" = 1 ] || export FSDP_TIMEOUT_S=60' >>"$wrap"
+echo "exec \"$prog\"" >>"$wrap"
+chmod +x "$wrap"
 start=$(date +%s)
-FSDP_SIM_DEVICES=2 FSDP_SIM_NCCL_STALL=1:3 FSDP_TIMEOUT_S=2 FSDP_LOG_LEVEL=error \
+FSDP_SIM_DEVICES=2 FSDP_SIM_NCCL_STALL=$stall FSDP_TIMEOUT_S=2 FSDP_LOG_LEVEL=error \
   sh -c 'case "$0" in
            *fsdp-run) exec "$0" --nproc-per-node 2 --master-port 0 "$1" ;;
            *) exec "$0" --oversubscribe --bind-to none -np 2 "$1" ;;
-         esac' "$launcher" "$prog" >"$out" 2>&1
+         esac' "$launcher" "$wrap" >"$out" 2>&1
 rc=$?
 elapsed=$(( $(date +%s) - start ))
 cat "$out"
@@ -38,10 +58,15 @@ fail() { echo "nccl_watchdog: FAIL: $*"; exit 1; }
 echo "nccl_watchdog: the job ended with status $rc after ${elapsed} s (bound ${BOUND_S} s)"
 [ "$elapsed" -le "$BOUND_S" ] || fail "the job took ${elapsed} s, more than ${BOUND_S} s"
 report="watchdog: all_reduce #3 for 'h.3'"
-grep -F "$report" "$out" | grep -E "on rank [01]; " |
+grep -F "$report" "$out" | grep -E "on rank $fired_on; " |
   grep -q "did not complete within the 2 s timeout (FSDP_TIMEOUT_S)" ||
-  fail "no watchdog report naming all_reduce #3, unit h.3 and the rank"
-grep -q "simnccl: rank 1 stalls at ncclAllReduce.*#3" "$out" || fail "rank 1 did not stall"
+  fail "no watchdog report naming all_reduce #3, unit h.3 and rank $fired_on"
+if [ "$mode" = enqueue ]; then
+  grep -q "simnccl: rank 1 blocks inside the call ncclAllReduce #3" "$out" ||
+    fail "rank 1 did not block in the call"
+else
+  grep -q "simnccl: rank 1 stalls at ncclAllReduce.*#3" "$out" || fail "rank 1 did not stall"
+fi
 case "$launcher" in
 *fsdp-run) grep "root cause" -A1 "$out" | grep -F "$report" | grep -q "(timeout: " ||
              fail "fsdp-run's root cause is not the watchdog's report as FSDP_ERR_TIMEOUT" ;;

@@ -533,6 +533,38 @@ START_TEST(split_into_groups) {
 }
 END_TEST
 
+/* A split that fails on one rank fails on every rank, promptly and naming
+ * that rank: a failure of its local allocations before any exchange
+ * (FSDP_TEST_FAULT comm_split), and of its new communicator after the
+ * backend made it (comm_split_setup). No rank keeps a group, and a split
+ * afterwards works (the ranks still agree on communicator ids). */
+START_TEST(split_failure_is_collective) {
+  static const char *const sites[] = {"comm_split", "comm_split_setup"};
+  const int bad = nranks - 1;
+  for (int s = 0; s < 2; s++) {
+    char spec[64], who[32];
+    snprintf(spec, sizeof spec, "%s@%d", sites[s], bad);
+    snprintf(who, sizeof who, "rank %d", bad);
+    setenv("FSDP_TEST_FAULT", spec, 1);
+    fsdp_comm_t g = NULL;
+    fsdp_status_t st = fsdp_comm_split(comm, rank % 2, rank, &g);
+    unsetenv("FSDP_TEST_FAULT");
+    ck_assert_msg(st != FSDP_SUCCESS && !g, "%s: the split succeeded on rank %d", spec, rank);
+    if (rank != bad)
+      ck_assert_msg(st == FSDP_ERR_COMM && strstr(fsdp_last_error(), who), "%s: rank %d: %s "
+                    "(%s)", spec, rank, fsdp_last_error(), fsdp_status_string(st));
+  }
+  fsdp_comm_t g = NULL;
+  ck_assert_msg(fsdp_comm_split(comm, rank % 2, rank, &g) == FSDP_SUCCESS, "%s",
+                fsdp_last_error());
+  float mine = 1.0f, sum = 0.0f;
+  ck_assert_int_eq(fsdp_all_reduce(g, &mine, &sum, 1, FSDP_F32, FSDP_SUM, FSDP_HOST_STREAM),
+                   FSDP_SUCCESS);
+  ck_assert_float_eq(sum, (float)fsdp_comm_size(g));
+  fsdp_comm_destroy(g);
+}
+END_TEST
+
 /* ---- world --------------------------------------------------------------- */
 
 START_TEST(world_reports_launcher_layout) {
@@ -681,6 +713,7 @@ static Suite *comm_suite(void) {
   tcase_add_loop_test(tc, invalid_arguments_fail_on_every_rank, 0, 2);
   tcase_add_loop_test(tc, self_backend_copies_in_order, 0, 2);
   tcase_add_test(tc, split_into_groups);
+  tcase_add_test(tc, split_failure_is_collective);
   suite_add_tcase(s, tc);
 
   TCase *tw = tcase_create("world");

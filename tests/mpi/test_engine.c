@@ -277,6 +277,32 @@ START_TEST(consistency) {
 }
 END_TEST
 
+/* A rank whose own part fails before any exchange (here: it passes no
+ * settings array, as a caller whose list could not be built would) fails
+ * the check on every rank at once, the others naming that rank and its
+ * reason, instead of leaving them in the comparison until the deadline. */
+START_TEST(consistency_local_failure) {
+  if (nranks == 1) return;
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  fsdp_engine_t e;
+  ck_assert_int_eq(fsdp_engine_create(world, &c, &e), FSDP_SUCCESS);
+  const char *keys[2] = {"--seed", "--lr"}, *values[2] = {"1", "0.002"};
+  const int bad = nranks - 1;
+  double t0 = fsdp_time_now();
+  fsdp_status_t st = fsdp_engine_check_consistency(e, 2, keys, rank == bad ? NULL : values);
+  double took = fsdp_time_now() - t0;
+  ck_assert_int_eq(st, FSDP_ERR_INVALID_ARGUMENT);
+  char want[64];
+  snprintf(want, sizeof want, "rank %d", bad);
+  ck_assert_msg(rank == bad || (strstr(fsdp_last_error(), want) &&
+                                strstr(fsdp_last_error(), "2 settings with keys")),
+                "rank %d: '%s' lacks '%s' and the reason", rank, fsdp_last_error(), want);
+  ck_assert_msg(took < fsdp_world_timeout(world) / 2, "rank %d waited %.1f s", rank, took);
+  ck_assert_int_eq(fsdp_engine_check_consistency(e, 2, keys, values), FSDP_SUCCESS);
+  fsdp_engine_destroy(e);
+}
+END_TEST
+
 /* A rank that built no model at all (a flag that yields zero layers) is a plan
  * mismatch like any other: every rank fails at once, naming it, instead of
  * that rank returning early and the others waiting in the comparison until
@@ -594,6 +620,7 @@ static Suite *engine_suite(void) {
   tcase_add_test(tc, live_cap);
   tcase_add_test(tc, consistency);
   tcase_add_test(tc, consistency_rank_without_units);
+  tcase_add_test(tc, consistency_local_failure);
   tcase_add_test(tc, prefetch_under_a_held_root);
   tcase_add_test(tc, unit_reshard_choice);
   tcase_add_test(tc, unit_dtype_choice);

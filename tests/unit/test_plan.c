@@ -120,6 +120,42 @@ START_TEST(policy_errors) {
 }
 END_TEST
 
+/* List items of any length are matched whole: a 300-character pattern is
+ * not cut to a prefix that names another module (which picked the wrong
+ * module, silently). */
+START_TEST(long_list_items) {
+  char shorter[256], longer[301], kind[401], names[700];
+  memset(shorter, 'a', sizeof shorter - 1);
+  shorter[sizeof shorter - 1] = '\0';
+  memset(longer, 'a', sizeof longer - 1);
+  longer[sizeof longer - 1] = '\0';
+  memset(kind, 'K', sizeof kind - 1);
+  kind[sizeof kind - 1] = '\0';
+  const fsdp_module_t m[] = {{shorter, "Block", 10}, {longer, kind, 10}, {"tail", "Block", 10}};
+  fsdp_plan_opts_t o = FSDP_PLAN_OPTS_INIT;
+  o.wrap_names = longer;
+  fsdp_plan_t p;
+  ck_assert_msg(fsdp_plan_create(m, 3, &o, &p) == FSDP_SUCCESS, "%s", fsdp_last_error());
+  ck_assert_int_eq(fsdp_plan_num_units(p), 1);
+  ck_assert_int_eq(fsdp_plan_unit_of(p, 0), -1);
+  ck_assert_int_eq(fsdp_plan_unit_of(p, 1), 0);
+  fsdp_plan_destroy(p);
+  o = (fsdp_plan_opts_t)FSDP_PLAN_OPTS_INIT;
+  o.wrap_kinds = kind;
+  snprintf(names, sizeof names, " tail , %s", longer);
+  o.checkpoint_names = names;
+  ck_assert_msg(fsdp_plan_create(m, 3, &o, &p) == FSDP_ERR_INVALID_ARGUMENT,
+                "'tail' is checkpointed but in no unit");
+  o.checkpoint_names = longer;
+  ck_assert_msg(fsdp_plan_create(m, 3, &o, &p) == FSDP_SUCCESS, "%s", fsdp_last_error());
+  fsdp_plan_unit_t pu;
+  ck_assert_int_eq(fsdp_plan_unit(p, 0, &pu), FSDP_SUCCESS);
+  ck_assert_str_eq(pu.name, longer);
+  ck_assert_int_eq(pu.checkpoint, 1);
+  fsdp_plan_destroy(p);
+}
+END_TEST
+
 /* ---- a user's model: x (B,4) -> linear 8, relu -> linear 8, relu -> linear 3,
  * softmax cross-entropy. Its modules are its three layers. --------------- */
 
@@ -313,6 +349,7 @@ int main(void) {
   tcase_add_test(tc, built_in_policies);
   tcase_add_test(tc, callback_policy);
   tcase_add_test(tc, policy_errors);
+  tcase_add_test(tc, long_list_items);
   tcase_add_test(tc, user_model_trains_with_either_plan);
   tcase_add_test(tc, mlp_follows_a_plan);
   suite_add_tcase(s, tc);

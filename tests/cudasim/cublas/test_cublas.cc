@@ -12,20 +12,8 @@
 #include <atomic>
 #include <vector>
 
+#include "../sim_test.h"
 #include "cuda/cublas_lazy.h"
-
-static int failures, checks;
-
-#define CHECK(cond, ...)                                                          \
-  do {                                                                            \
-    ++checks;                                                                     \
-    if (!(cond)) {                                                                \
-      ++failures;                                                                 \
-      fprintf(stderr, "%s:%d: FAILED %s: ", __FILE__, __LINE__, #cond);           \
-      fprintf(stderr, __VA_ARGS__);                                               \
-      fputc('\n', stderr);                                                        \
-    }                                                                             \
-  } while (0)
 
 static const fsdp_cublas_t *api;
 

@@ -15,20 +15,8 @@
 
 #include <vector>
 
+#include "../sim_test.h"
 #include "gemm_reference.h"
-
-static int failures, checks;
-
-#define CHECK(cond, ...)                                                          \
-  do {                                                                            \
-    ++checks;                                                                     \
-    if (!(cond)) {                                                                \
-      ++failures;                                                                 \
-      fprintf(stderr, "%s:%d: FAILED %s: ", __FILE__, __LINE__, #cond);           \
-      fprintf(stderr, __VA_ARGS__);                                               \
-      fputc('\n', stderr);                                                        \
-    }                                                                             \
-  } while (0)
 
 /* Deterministic small values: multiples of 1/4 in [-2, 2], exact in bf16,
  * so every product and sum below is exact in double and fp32. */

@@ -11,7 +11,10 @@
  *   FSDP_SIM_DEVICE_MEM  memory per device, bytes with an optional K/M/G suffix
  *                        (default 80G, an H100's)
  *   FSDP_SIM_DRIVER=old  every call fails with cudaErrorInsufficientDriver, as
- *                        a driver older than the toolkit does */
+ *                        a driver older than the toolkit does
+ *   FSDP_SIM_DRIVER=broken  every call fails with cudaErrorInitializationError,
+ *                        as an installed driver that cannot start does (a
+ *                        kernel module of another version, say) */
 #ifndef FSDP_CUDASIM_CUDA_RUNTIME_API_H
 #define FSDP_CUDASIM_CUDA_RUNTIME_API_H
 

@@ -54,6 +54,10 @@
  *    they were) until it is destroyed or aborted.
  *  - every wait has a deadline: FSDP_SIM_NCCL_TIMEOUT_S seconds (default
  *    120), so a stalled or dead peer is an error, never a hang.
+ *  - a collective that fails inside its stream (ncclCommGetAsyncError then
+ *    reports it) keeps the stream, as NCCL's kernel does, until
+ *    ncclCommAbort or the deadline: poll ncclCommGetAsyncError, then abort,
+ *    rather than synchronise the stream first.
  *  - ncclCommAbort returns at once: a collective of this communicator waiting
  *    in a stream ends (its output is not written), queued ones are skipped,
  *    and peers waiting for this rank fail with ncclRemoteError ("rank r
@@ -68,7 +72,19 @@
  * default 0) never arrive at that communicator's op-th collective (1-based,
  * in issue order): its stream blocks there until ncclCommAbort (or, so that
  * nothing hangs forever, the deadline), and its peers time out with an error
- * naming it. A line on stderr says when the stall begins.
+ * naming it. A line on stderr says when the stall begins. With a fourth
+ * field, FSDP_SIM_NCCL_STALL=rank:op:comm:enqueue, the call itself (e.g.
+ * ncclAllReduce) blocks instead, as a real enqueue can (a peer that never
+ * connects, a full work queue), until another thread calls ncclCommAbort
+ * (or the deadline passes); it then fails, and the collective never runs.
+ * The entry points hold a reference on the communicator while they run, so
+ * an abort from another thread during a call is safe.
+ *
+ * Failure injection: FSDP_SIM_NCCL_FAIL=rank:op[:comm] (numbered as above)
+ * makes that collective fail inside the stream on that rank: it becomes the
+ * communicator's asynchronous error (ncclSystemError), its output is not
+ * written, and it keeps the stream until ncclCommAbort; the peers wait for
+ * the rank until it aborts the communicator (or the deadline).
  *
  * Not modelled: speed, NCCL's ring/tree order of summation (any order within
  * comm.h's bounds is NCCL-like; rank order is one), devices (a communicator

@@ -47,6 +47,8 @@ struct ncclComm {
   std::atomic<int> aborted{0};
   std::atomic<int> async{ncclSuccess};
   uint64_t stall_op = 0;            /* FSDP_SIM_NCCL_STALL for this communicator, 0: none */
+  bool stall_in_call = false;       /* ...:enqueue: the call blocks, not the stream */
+  uint64_t fail_op = 0;             /* FSDP_SIM_NCCL_FAIL for this communicator, 0: none */
   std::mutex lock;                  /* guards the fields below */
   std::condition_variable turn_cv;
   uint64_t issued = 0, done = 0;    /* collectives queued / finished, in issue order */
@@ -80,15 +82,14 @@ void unref(ncclComm *c) {
   delete c;
 }
 
-/* The first asynchronous error sticks. */
+/* The first asynchronous error sticks; its text is in place (c->error,
+ * ncclGetLastError) before ncclCommGetAsyncError can report it. */
 void set_async(ncclComm *c, ncclResult_t r, const std::string &why) {
-  int none = ncclSuccess;
-  if (!c->async.compare_exchange_strong(none, r)) return;
-  {
-    std::lock_guard<std::mutex> guard(c->lock);
-    c->error = why;
-  }
+  std::lock_guard<std::mutex> guard(c->lock);
+  if (c->async.load() != ncclSuccess) return;
+  c->error = why;
   fail(r, "rank %d of %d: %s", c->rank, c->nranks, why.c_str());
+  c->async.store(r);
 }
 
 ncclResult_t env_double(const char *name, double dflt, double *out) {
@@ -103,16 +104,34 @@ ncclResult_t env_double(const char *name, double dflt, double *out) {
   return ncclSuccess;
 }
 
-/* FSDP_SIM_NCCL_STALL=rank:op[:comm] for communicator `index` of this rank. */
-ncclResult_t stall_for(int rank, int index, uint64_t *op) {
+/* FSDP_SIM_NCCL_STALL=rank:op[:comm[:enqueue]] for communicator `index` of
+ * this rank. */
+ncclResult_t stall_for(int rank, int index, uint64_t *op, bool *in_call) {
   *op = 0;
+  *in_call = false;
   const char *s = getenv("FSDP_SIM_NCCL_STALL");
   if (!s || !*s) return ncclSuccess;
   int r = -1, c = 0, used = 0;
   unsigned long long k = 0;
   const int got = sscanf(s, "%d:%llu%n:%d%n", &r, &k, &used, &c, &used);
+  const bool enq = got == 3 && !strcmp(s + used, ":enqueue");
+  if (got < 2 || (s[used] && !enq) || r < 0 || k == 0 || c < 0)
+    return fail(ncclInvalidUsage, "FSDP_SIM_NCCL_STALL='%s' is not rank:op[:comm[:enqueue]] "
+                "(op counts from 1, comm from 0)", s);
+  if (r == rank && c == index) *op = k, *in_call = enq;
+  return ncclSuccess;
+}
+
+/* FSDP_SIM_NCCL_FAIL=rank:op[:comm] for communicator `index` of this rank. */
+ncclResult_t fail_for(int rank, int index, uint64_t *op) {
+  *op = 0;
+  const char *s = getenv("FSDP_SIM_NCCL_FAIL");
+  if (!s || !*s) return ncclSuccess;
+  int r = -1, c = 0, used = 0;
+  unsigned long long k = 0;
+  const int got = sscanf(s, "%d:%llu%n:%d%n", &r, &k, &used, &c, &used);
   if (got < 2 || s[used] || r < 0 || k == 0 || c < 0)
-    return fail(ncclInvalidUsage, "FSDP_SIM_NCCL_STALL='%s' is not rank:op[:comm] (op counts "
+    return fail(ncclInvalidUsage, "FSDP_SIM_NCCL_FAIL='%s' is not rank:op[:comm] (op counts "
                 "from 1, comm from 0)", s);
   if (r == rank && c == index) *op = k;
   return ncclSuccess;
@@ -121,6 +140,16 @@ ncclResult_t stall_for(int rank, int index, uint64_t *op) {
 ncclComm *live(ncclComm_t comm) {
   std::lock_guard<std::mutex> guard(registry_lock);
   return registry.count(comm) ? comm : nullptr;
+}
+
+/* live() with a reference taken, for a call that may run while another
+ * thread aborts the communicator (ncclCommAbort's purpose): the caller
+ * unrefs it. */
+ncclComm *live_ref(ncclComm_t comm) {
+  std::lock_guard<std::mutex> guard(registry_lock);
+  if (!registry.count(comm)) return nullptr;
+  comm->refs.fetch_add(1);
+  return comm;
 }
 
 /* ---- one queued collective ---- */
@@ -165,19 +194,38 @@ void run_local(const sim_desc &d, const void *send, void *recv) {
   if (send != recv) memmove(recv, send, bytes);
 }
 
+/* A collective that failed keeps its stream, as a real NCCL kernel does
+ * (it waits for data that never comes), until ncclCommAbort (or, so that
+ * nothing hangs forever, the deadline): work queued after it must not run
+ * on its unwritten output before the program has seen the error. */
+void hold_until_abort(ncclComm *c) {
+  std::unique_lock<std::mutex> guard(c->lock);
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration<double>(c->group.timeout_s);
+  while (!c->aborted.load())
+    if (c->turn_cv.wait_until(guard, deadline) == std::cv_status::timeout) return;
+}
+
 void run_queued(void *p) {
   queued *q = static_cast<queued *>(p);
   ncclComm *c = q->comm;
   std::string why;
   if (!wait_turn(c, q->desc.seq, &why)) {
     set_async(c, ncclInternalError, why);
+    hold_until_abort(c);
   } else if (!c->aborted.load() && c->async.load() == ncclSuccess) {
     ncclResult_t r = ncclSuccess;
     if (c->nranks == 1) run_local(q->desc, q->send, q->recv);
-    else if (q->desc.seq == c->stall_op) r = sim_group_stall(&c->group, q->desc, &why);
+    else if (q->desc.seq == c->stall_op && !c->stall_in_call)
+      r = sim_group_stall(&c->group, q->desc, &why);
+    else if (q->desc.seq == c->fail_op)
+      r = ncclSystemError, why = "injected failure (FSDP_SIM_NCCL_FAIL): this rank never "
+                                 "joined it and its output is not written";
     else r = sim_group_run(&c->group, q->desc, q->send, q->recv, &why);
-    if (r != ncclSuccess && !c->aborted.load())
+    if (r != ncclSuccess && !c->aborted.load()) {
       set_async(c, r, sim_desc_text(q->desc) + " #" + std::to_string(q->desc.seq) + ": " + why);
+      hold_until_abort(c);
+    }
   }
   finish_turn(c);
   unref(c);
@@ -266,27 +314,49 @@ ncclResult_t check_call(const sim_desc &d, const void *send, void *recv, ncclCom
   return ncclSuccess;
 }
 
+/* FSDP_SIM_NCCL_STALL=...:enqueue: the call itself blocks, as a real
+ * enqueue can (a peer that never connects, a full work queue), until
+ * ncclCommAbort from another thread (or the deadline); the collective is
+ * never queued, but its turn passes so that nothing after it waits. */
+ncclResult_t stall_in_call(queued *q) {
+  ncclComm *c = q->comm;
+  const char *fn = kind_fn(q->desc.kind);
+  fprintf(stderr, "simnccl: rank %d blocks inside the call %s #%llu (FSDP_SIM_NCCL_STALL "
+          "...:enqueue): it returns at ncclCommAbort\n", c->rank, fn,
+          (unsigned long long)q->desc.seq);
+  std::string why;
+  const ncclResult_t r = sim_group_stall(&c->group, q->desc, &why);
+  finish_turn(c);
+  unref(c);
+  delete q;
+  return fail(r == ncclSuccess ? ncclInternalError : r, "%s: %s", fn, why.c_str());
+}
+
 ncclResult_t enqueue(sim_desc d, const void *send, void *recv, ncclComm_t comm,
                      cudaStream_t stream) {
   const char *fn = kind_fn(d.kind);
   if (!comm) return fail(ncclInvalidArgument, "%s: comm is NULL", fn);
-  ncclComm *c = live(comm);
+  ncclComm *c = live_ref(comm); /* the queued collective's reference, once queued */
   if (!c)
     return fail(ncclInvalidArgument, "%s: comm %p is not a live communicator (destroyed, "
                 "aborted or never made)", fn, (void *)comm);
   ncclResult_t r = check_call(d, send, recv, c);
-  if (r != ncclSuccess) return r;
-  if (const int a = c->async.load(); a != ncclSuccess) {
+  if (r == ncclSuccess && c->async.load() != ncclSuccess) {
     std::lock_guard<std::mutex> guard(c->lock);
-    return fail((ncclResult_t)a, "%s: the communicator failed earlier: %s", fn, c->error.c_str());
+    r = fail((ncclResult_t)c->async.load(), "%s: the communicator failed earlier: %s", fn,
+             c->error.c_str());
   }
-  queued *q = new (std::nothrow) queued{c, d, send, recv, stream};
-  if (!q) return fail(ncclSystemError, "%s: out of host memory", fn);
+  queued *q = r == ncclSuccess ? new (std::nothrow) queued{c, d, send, recv, stream} : nullptr;
+  if (r == ncclSuccess && !q) r = fail(ncclSystemError, "%s: out of host memory", fn);
+  if (r != ncclSuccess) {
+    unref(c);
+    return r;
+  }
   {
     std::lock_guard<std::mutex> guard(c->lock);
     q->desc.seq = ++c->issued;
   }
-  c->refs.fetch_add(1);
+  if (c->stall_in_call && q->desc.seq == c->stall_op) return stall_in_call(q);
   if (group_depth > 0) {
     group_queue.push_back(q);
     return ncclSuccess;
@@ -357,7 +427,8 @@ SIM_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqu
       std::lock_guard<std::mutex> guard(registry_lock);
       c->index = multi_rank_comms++;
     }
-    r = stall_for(rank, c->index, &c->stall_op);
+    r = stall_for(rank, c->index, &c->stall_op, &c->stall_in_call);
+    if (r == ncclSuccess) r = fail_for(rank, c->index, &c->fail_op);
     std::string why;
     if (r == ncclSuccess) r = sim_group_join(&c->group, body.name, nranks, rank, &why);
     if (r != ncclSuccess) {

@@ -19,51 +19,29 @@
 #include <functional>
 #include <vector>
 
+#include "../sim_test.h"
 #include "nccl.h"
-
-static int failures;
-
-#define CHECK(cond, ...)                                                                    \
-  do {                                                                                      \
-    if (!(cond)) {                                                                          \
-      ++failures;                                                                           \
-      fprintf(stderr, "%s:%d: [pid %d] FAILED %s: ", __FILE__, __LINE__, (int)getpid(), #cond); \
-      fprintf(stderr, __VA_ARGS__);                                                         \
-      fputc('\n', stderr);                                                                  \
-    }                                                                                       \
-  } while (0)
-
-static double now_s() {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* Forks n ranks sharing a fresh id (made here: ncclGetUniqueId touches no
  * CUDA, and no rank inherits a started runtime); returns the failed count. */
 static int run_ranks(int n, const std::function<void(int, int, ncclUniqueId)> &body) {
   ncclUniqueId id;
   CHECK(ncclGetUniqueId(&id) == ncclSuccess, "ncclGetUniqueId");
-  std::vector<pid_t> kids;
-  for (int r = 0; r < n; ++r) {
-    fflush(stdout), fflush(stderr);
-    const pid_t pid = fork();
-    if (pid == 0) {
-      failures = 0;
-      CHECK(cudaSetDevice(r % 4) == cudaSuccess, "cudaSetDevice(%d)", r % 4);
-      body(r, n, id);
-      fflush(stderr);
-      _exit(failures ? 1 : 0);
-    }
-    kids.push_back(pid);
-  }
-  int bad = 0;
-  for (pid_t k : kids) {
-    int status = 0;
-    waitpid(k, &status, 0);
-    bad += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  }
-  return bad;
+  return sim_run_ranks(n, [&](int r) {
+    CHECK(cudaSetDevice(r % 4) == cudaSuccess, "cudaSetDevice(%d)", r % 4);
+    body(r, n, id);
+  });
+}
+
+/* The communicator's asynchronous error once there is one (a failed
+ * collective keeps its stream until the abort, as in NCCL), within 30 s. */
+static ncclResult_t wait_async(ncclComm_t c) {
+  ncclResult_t async = ncclSuccess;
+  const double give_up = now_s() + 30;
+  while (ncclCommGetAsyncError(c, &async) == ncclSuccess && async == ncclSuccess &&
+         now_s() < give_up)
+    usleep(1000);
+  return async;
 }
 
 static ncclComm_t init(int r, int n, ncclUniqueId id) {
@@ -71,19 +49,6 @@ static ncclComm_t init(int r, int n, ncclUniqueId id) {
   const ncclResult_t res = ncclCommInitRank(&c, n, id, r);
   CHECK(res == ncclSuccess, "ncclCommInitRank rank %d of %d: %s", r, n, ncclGetLastError(nullptr));
   return c;
-}
-
-static uint16_t bf16_of(float x) {
-  uint32_t u;
-  memcpy(&u, &x, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-static float f_of(uint16_t h) {
-  const uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
 }
 
 static double val(int r, size_t i) { return (double)((int)((r * 5 + i * 3) % 13) - 6); }
@@ -186,9 +151,7 @@ static void mismatch(int r, int n, ncclUniqueId id) {
   float *d = nullptr;
   cudaMalloc((void **)&d, 64 * sizeof(float));
   CHECK(ncclAllReduce(d, d, 10 + r, ncclFloat32, ncclSum, c, s) == ncclSuccess, "queued");
-  cudaStreamSynchronize(s);
-  ncclResult_t async = ncclSuccess;
-  ncclCommGetAsyncError(c, &async);
+  const ncclResult_t async = wait_async(c);
   CHECK(async == ncclInvalidUsage, "differing counts must fail: %d", (int)async);
   CHECK(strstr(ncclGetLastError(c), "rank 0: ncclAllReduce(count 10") &&
             strstr(ncclGetLastError(c), "rank 1: ncclAllReduce(count 11"),
@@ -196,6 +159,7 @@ static void mismatch(int r, int n, ncclUniqueId id) {
   CHECK(ncclAllReduce(d, d, 1, ncclFloat32, ncclSum, c, s) == ncclInvalidUsage,
         "a failed communicator refuses new work");
   CHECK(ncclCommAbort(c) == ncclSuccess, "abort");
+  CHECK(cudaStreamSynchronize(s) == cudaSuccess, "the failed collective ends at the abort");
   cudaFree(d);
   cudaStreamDestroy(s);
 }
@@ -233,13 +197,11 @@ static void abort_unblocks(int r, int n, ncclUniqueId id) {
     CHECK(read(abort_pipe[0], &ch, 1) == 1, "pipe");
     const double t0 = now_s();
     ncclAllReduce(d, d, 1, ncclFloat32, ncclSum, c, s);
-    cudaStreamSynchronize(s);
-    ncclResult_t async = ncclSuccess;
-    ncclCommGetAsyncError(c, &async);
+    const ncclResult_t async = wait_async(c);
     CHECK(async == ncclRemoteError && strstr(ncclGetLastError(c), "rank 0 aborted"),
           "the peer sees the abort: %d %s", (int)async, ncclGetLastError(c));
     CHECK(now_s() - t0 < 10, "the peer must not wait for the deadline");
-    ncclCommDestroy(c);
+    ncclCommAbort(c); /* ends its failed collective, which keeps the stream */
     cudaFree(d);
     cudaStreamDestroy(s);
   }
@@ -271,9 +233,7 @@ static void stall(int r, int n, ncclUniqueId id) {
     CHECK(cudaStreamSynchronize(s) == cudaSuccess, "the stall ends at abort");
     CHECK(now_s() - t0 < 10, "abort must end the stall at once");
   } else {
-    cudaStreamSynchronize(s);
-    ncclResult_t async = ncclSuccess;
-    ncclCommGetAsyncError(c, &async);
+    const ncclResult_t async = wait_async(c);
     CHECK(async == ncclRemoteError &&
               strstr(ncclGetLastError(c), "rank(s) 1 did not reach") &&
               strstr(ncclGetLastError(c), "#2"),

@@ -19,19 +19,8 @@
 #include <thread>
 #include <vector>
 
+#include "../sim_test.h"
 #include "shm_group.h"
-
-static int failures;
-
-#define CHECK(cond, ...)                                                              \
-  do {                                                                                \
-    if (!(cond)) {                                                                    \
-      ++failures;                                                                     \
-      fprintf(stderr, "%s:%d: [pid %d] FAILED %s: ", __FILE__, __LINE__, (int)getpid(), #cond); \
-      fprintf(stderr, __VA_ARGS__);                                                   \
-      fputc('\n', stderr);                                                            \
-    }                                                                                 \
-  } while (0)
 
 static char prefix[64];
 static int names_made;
@@ -40,49 +29,7 @@ static std::string fresh_name() {
   return std::string(prefix) + "-" + std::to_string(++names_made);
 }
 
-/* Runs body(rank) in n forked processes; returns how many ranks failed. */
-template <class Body> static int run_ranks(int n, Body body) {
-  std::vector<pid_t> kids;
-  for (int r = 0; r < n; ++r) {
-    fflush(stderr);
-    const pid_t pid = fork();
-    if (pid == 0) {
-      failures = 0;
-      body(r);
-      fflush(stderr);
-      _exit(failures ? 1 : 0);
-    }
-    kids.push_back(pid);
-  }
-  int bad = 0;
-  for (pid_t k : kids) {
-    int status = 0;
-    waitpid(k, &status, 0);
-    bad += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  }
-  return bad;
-}
-
-static double now_s() {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* ---- values and references ---- */
-
-static uint16_t bf16_of(float x) { /* nearest even, as nccl.h says */
-  uint32_t u;
-  memcpy(&u, &x, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-static float f_of(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
 
 /* Rank r's element i: a small integer, nonzero so products stay informative. */
 static double val(int r, size_t i) {
@@ -275,7 +222,7 @@ static sim_group joined(const std::string &name, int n, int r, double timeout = 
 static void test_collectives(int n) {
   const std::string name = fresh_name();
   const double t0 = now_s();
-  const int bad = run_ranks(n, [&](int r) {
+  const int bad = sim_run_ranks(n, [&](int r) {
     sim_group g = joined(name, n, r);
     if (!g.seg) return;
     collectives(&g, n, r);
@@ -291,7 +238,7 @@ static void test_collectives(int n) {
 
 static void test_mismatch(void) {
   const std::string name = fresh_name();
-  const int bad = run_ranks(2, [&](int r) {
+  const int bad = sim_run_ranks(2, [&](int r) {
     sim_group g = joined(name, 2, r);
     float buf[16] = {0}, out[16];
     std::string err;
@@ -314,7 +261,7 @@ static void test_mismatch(void) {
 
 static void test_dead_peer(void) {
   const std::string name = fresh_name();
-  const int bad = run_ranks(2, [&](int r) {
+  const int bad = sim_run_ranks(2, [&](int r) {
     sim_group g = joined(name, 2, r, 60);
     if (r == 1) _exit(0); /* dies without a word */
     float x = 1, y;
@@ -333,7 +280,7 @@ static void test_dead_peer(void) {
 
 static void test_peer_abort_and_deadline(void) {
   std::string name = fresh_name();
-  int bad = run_ranks(2, [&](int r) {
+  int bad = sim_run_ranks(2, [&](int r) {
     sim_group g = joined(name, 2, r, 60);
     std::string err;
     float x = 1, y;
@@ -350,7 +297,7 @@ static void test_peer_abort_and_deadline(void) {
   });
   CHECK(bad == 0, "peer abort test: %d rank(s) failed", bad);
   name = fresh_name();
-  bad = run_ranks(2, [&](int r) {
+  bad = sim_run_ranks(2, [&](int r) {
     sim_group g = joined(name, 2, r);
     g.timeout_s = r == 0 ? 0.5 : 30;
     std::string err;
@@ -378,7 +325,7 @@ static void test_peer_abort_and_deadline(void) {
 /* ncclCommAbort's core: another thread of the waiting rank raises the flag. */
 static void test_local_abort(void) {
   const std::string name = fresh_name();
-  const int bad = run_ranks(2, [&](int r) {
+  const int bad = sim_run_ranks(2, [&](int r) {
     std::atomic<int> aborted{0};
     sim_group g = joined(name, 2, r, 60);
     g.abort = &aborted;
@@ -414,7 +361,7 @@ static void test_local_abort(void) {
 
 static void test_bad_init(void) {
   std::string name = fresh_name();
-  int bad = run_ranks(2, [&](int r) {
+  int bad = sim_run_ranks(2, [&](int r) {
     sim_group g;
     g.timeout_s = 2;
     std::string err;
@@ -426,7 +373,7 @@ static void test_bad_init(void) {
   });
   CHECK(bad == 0, "nranks mismatch: %d rank(s) failed", bad);
   name = fresh_name();
-  bad = run_ranks(2, [&](int) {
+  bad = sim_run_ranks(2, [&](int) {
     sim_group g;
     g.timeout_s = 2;
     std::string err;

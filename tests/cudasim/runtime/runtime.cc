@@ -127,6 +127,7 @@ struct config {
   int devices = 4;
   size_t memory = (size_t)80 << 30;
   bool old_driver = false;
+  bool broken_driver = false;
 };
 
 config cfg;
@@ -160,6 +161,7 @@ void read_config() {
   cfg.memory = parse_size(getenv("FSDP_SIM_DEVICE_MEM"), cfg.memory);
   const char *drv = getenv("FSDP_SIM_DRIVER");
   cfg.old_driver = drv && !strcmp(drv, "old");
+  cfg.broken_driver = drv && !strcmp(drv, "broken");
   devs = new device_state[cfg.devices > 0 ? cfg.devices : 1];
 }
 
@@ -190,6 +192,7 @@ enum gate { QUERY, WORK_CALL, CLEANUP };
 cudaError_t enter(const char *name, gate g) {
   std::call_once(cfg_once, read_config);
   if (cfg.old_driver) return fail(cudaErrorInsufficientDriver);
+  if (cfg.broken_driver) return fail(cudaErrorInitializationError);
   if (cfg.devices == 0) return fail(cudaErrorNoDevice);
   if (g != QUERY && in_host_fn)
     return refuse(cudaErrorNotPermitted, "%s called inside a host function "

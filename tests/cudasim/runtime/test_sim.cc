@@ -23,21 +23,11 @@
 #include <cuda_runtime.h>
 #include <mma.h>
 
+#include "../sim_test.h"
+
 extern char **environ;
 
-static int failures, checks;
 static std::string self;
-
-#define EXPECT(cond, ...)                                                  \
-  do {                                                                     \
-    ++checks;                                                              \
-    if (!(cond)) {                                                         \
-      ++failures;                                                          \
-      fprintf(stdout, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);      \
-      fprintf(stdout, __VA_ARGS__);                                        \
-      fprintf(stdout, "\n");                                               \
-    }                                                                      \
-  } while (0)
 
 /* ---- stderr capture: the simulator's report lines ---- */
 
@@ -232,13 +222,13 @@ __global__ void shared_align_kernel(int *misaligned) {
 
 template <typename T> static T *dev(size_t n) {
   void *p = nullptr;
-  EXPECT(cudaMalloc(&p, n * sizeof(T)) == cudaSuccess, "cudaMalloc");
+  CHECK(cudaMalloc(&p, n * sizeof(T)) == cudaSuccess, "cudaMalloc");
   return static_cast<T *>(p);
 }
 
 template <typename T> static std::vector<T> back(const T *d, size_t n) {
   std::vector<T> h(n);
-  EXPECT(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess, "copy");
+  CHECK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess, "copy");
   return h;
 }
 
@@ -256,12 +246,12 @@ static void test_barrier_and_shared() {
   int *in = dev<int>(512), *out = dev<int>(512);
   cudaMemcpy(in, h.data(), 512 * sizeof(int), cudaMemcpyHostToDevice);
   FSDP_LAUNCH(reverse_kernel, 2, 256, 0, nullptr, out, in);
-  EXPECT(cudaGetLastError() == cudaSuccess, "launch");
+  CHECK(cudaGetLastError() == cudaSuccess, "launch");
   std::vector<int> r = back(out, 512);
   int bad = 0;
   for (int b = 0; b < 2; ++b)
     for (int t = 0; t < 256; ++t) bad += r[b * 256 + t] != b * 256 + 255 - t;
-  EXPECT(bad == 0, "%d elements not reversed through shared memory", bad);
+  CHECK(bad == 0, "%d elements not reversed through shared memory", bad);
   cudaFree(in), cudaFree(out);
 }
 
@@ -275,12 +265,12 @@ static void test_warp_ops() {
   for (int l = 0; l < 32; l += 3) want_ballot |= 1u << l;
   for (int t = 0; t < 64; ++t) {
     const int lane = t & 31;
-    EXPECT(s[t] == 528, "thread %d: xor-shuffle sum %d, not 528", t, s[t]);
-    EXPECT(u[t] == (lane ? lane - 1 : 0), "thread %d: shfl_up gave %d", t, u[t]);
-    EXPECT(d[t] == ((lane & 7) + 4 < 8 ? lane + 4 : lane), "thread %d: shfl_down width 8 gave %d",
+    CHECK(s[t] == 528, "thread %d: xor-shuffle sum %d, not 528", t, s[t]);
+    CHECK(u[t] == (lane ? lane - 1 : 0), "thread %d: shfl_up gave %d", t, u[t]);
+    CHECK(d[t] == ((lane & 7) + 4 < 8 ? lane + 4 : lane), "thread %d: shfl_down width 8 gave %d",
            t, d[t]);
-    EXPECT(b[t] == want_ballot, "thread %d: ballot 0x%08x", t, b[t]);
-    EXPECT(a[t] == 3, "thread %d: any/all gave %d", t, a[t]);
+    CHECK(b[t] == want_ballot, "thread %d: ballot 0x%08x", t, b[t]);
+    CHECK(a[t] == 3, "thread %d: any/all gave %d", t, a[t]);
   }
   cudaFree(sum), cudaFree(up), cudaFree(down), cudaFree(aa), cudaFree(ballot);
 }
@@ -291,38 +281,38 @@ static void test_atomics_dynamic_shared() {
   cudaMemset(acc, 0, 4);
   cudaMemset(count, 0, 4);
   FSDP_LAUNCH(atomic_kernel, 100, 128, 0, nullptr, acc, count);
-  EXPECT(back(acc, 1)[0] == 6400.0f, "atomicAdd float: %g", back(acc, 1)[0]);
-  EXPECT(back(count, 1)[0] == 12800u, "atomicAdd unsigned: %u", back(count, 1)[0]);
+  CHECK(back(acc, 1)[0] == 6400.0f, "atomicAdd float: %g", back(acc, 1)[0]);
+  CHECK(back(count, 1)[0] == 12800u, "atomicAdd unsigned: %u", back(count, 1)[0]);
   float *out = dev<float>(1);
   FSDP_LAUNCH(dynamic_kernel, 1, 64, 1000 * sizeof(float), nullptr, out, 1000);
-  EXPECT(back(out, 1)[0] == 499500.0f, "dynamic shared sum %g", back(out, 1)[0]);
+  CHECK(back(out, 1)[0] == 499500.0f, "dynamic shared sum %g", back(out, 1)[0]);
   cudaFree(acc), cudaFree(count), cudaFree(out);
 }
 
 static void test_memory() {
   size_t free0, total;
-  EXPECT(cudaMemGetInfo(&free0, &total) == cudaSuccess, "cudaMemGetInfo");
+  CHECK(cudaMemGetInfo(&free0, &total) == cudaSuccess, "cudaMemGetInfo");
   unsigned char *p = dev<unsigned char>(1000);
   size_t free1;
   cudaMemGetInfo(&free1, &total);
-  EXPECT(free0 - free1 == 1000, "1000 bytes allocated, %zu accounted", free0 - free1);
+  CHECK(free0 - free1 == 1000, "1000 bytes allocated, %zu accounted", free0 - free1);
   std::vector<unsigned char> h = back(p, 1000);
-  EXPECT(h[0] == 0xff && h[999] == 0xff, "fresh device memory is not 0xff-filled");
+  CHECK(h[0] == 0xff && h[999] == 0xff, "fresh device memory is not 0xff-filled");
   cudaPointerAttributes a;
-  EXPECT(cudaPointerGetAttributes(&a, p + 10) == cudaSuccess && a.type == cudaMemoryTypeDevice,
+  CHECK(cudaPointerGetAttributes(&a, p + 10) == cudaSuccess && a.type == cudaMemoryTypeDevice,
          "device pointer not recognised");
   int x;
-  EXPECT(cudaPointerGetAttributes(&a, &x) == cudaSuccess && a.type == cudaMemoryTypeUnregistered,
+  CHECK(cudaPointerGetAttributes(&a, &x) == cudaSuccess && a.type == cudaMemoryTypeUnregistered,
          "host pointer not unregistered");
   capture c;
   c.begin();
   const cudaError_t e = cudaMemcpy(p + 900, &x, 200, cudaMemcpyHostToDevice);
   std::string msg = c.end();
-  EXPECT(e == cudaErrorInvalidValue && has(msg, "past its allocation"),
+  CHECK(e == cudaErrorInvalidValue && has(msg, "past its allocation"),
          "a copy past the allocation: %s", cudaGetErrorName(e));
   cudaGetLastError();
   void *big = nullptr;
-  EXPECT(cudaMalloc(&big, total) == cudaErrorMemoryAllocation, "more than the device holds");
+  CHECK(cudaMalloc(&big, total) == cudaErrorMemoryAllocation, "more than the device holds");
   cudaGetLastError();
   cudaFree(p);
 }
@@ -333,13 +323,13 @@ static void test_events() {
   cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   cudaEventCreate(&a);
   cudaEventCreate(&b);
-  EXPECT(cudaEventQuery(a) == cudaSuccess, "a never-recorded event is complete");
+  CHECK(cudaEventQuery(a) == cudaSuccess, "a never-recorded event is complete");
   cudaEventRecord(a, s);
   FSDP_LAUNCH(noop_kernel, 1000, 256, 0, s, (int *)nullptr);
   cudaEventRecord(b, s);
-  EXPECT(cudaEventSynchronize(b) == cudaSuccess, "cudaEventSynchronize");
+  CHECK(cudaEventSynchronize(b) == cudaSuccess, "cudaEventSynchronize");
   float ms = -1;
-  EXPECT(cudaEventElapsedTime(&ms, a, b) == cudaSuccess && ms >= 0, "elapsed %g", ms);
+  CHECK(cudaEventElapsedTime(&ms, a, b) == cudaSuccess && ms >= 0, "elapsed %g", ms);
   cudaEvent_t nt;
   cudaEventCreateWithFlags(&nt, cudaEventDisableTiming);
   cudaEventRecord(nt, s);
@@ -348,7 +338,7 @@ static void test_events() {
   c.begin();
   const cudaError_t e = cudaEventElapsedTime(&ms, a, nt);
   c.end();
-  EXPECT(e == cudaErrorInvalidResourceHandle, "timing a DisableTiming event: %s",
+  CHECK(e == cudaErrorInvalidResourceHandle, "timing a DisableTiming event: %s",
          cudaGetErrorName(e));
   cudaGetLastError();
   cudaEventDestroy(a), cudaEventDestroy(b), cudaEventDestroy(nt);
@@ -396,9 +386,9 @@ static void race_case(bool with_wait, std::vector<int> *seen) {
 static void test_stream_race() {
   std::vector<int> seen;
   race_case(true, &seen);
-  EXPECT(seen[0] == 7 && seen[4095] == 7, "with the wait b saw %d", seen[0]);
+  CHECK(seen[0] == 7 && seen[4095] == 7, "with the wait b saw %d", seen[0]);
   race_case(false, &seen);
-  EXPECT(seen[0] == 1 && seen[4095] == 1,
+  CHECK(seen[0] == 1 && seen[4095] == 1,
          "without cudaStreamWaitEvent b saw %d: the streams were ordered anyway", seen[0]);
 }
 
@@ -414,7 +404,7 @@ static void test_host_function_rules() {
   cudaLaunchHostFunc(nullptr, host_fn_calls_cuda, nullptr);
   cudaDeviceSynchronize();
   std::string msg = c.end();
-  EXPECT(host_fn_result == cudaErrorNotPermitted && has(msg, "inside a host function"),
+  CHECK(host_fn_result == cudaErrorNotPermitted && has(msg, "inside a host function"),
          "cudaMalloc in a host function gave %d", host_fn_result.load());
 }
 
@@ -426,10 +416,10 @@ static void expect_refused(dim3 grid, dim3 block, size_t shmem, const char *why)
   FSDP_LAUNCH(noop_kernel, grid, block, shmem, nullptr, (int *)nullptr);
   const cudaError_t e = cudaGetLastError();
   std::string msg = c.end();
-  EXPECT(e == cudaErrorInvalidConfiguration, "grid (%u,%u,%u) block (%u,%u,%u): %s", grid.x,
+  CHECK(e == cudaErrorInvalidConfiguration, "grid (%u,%u,%u) block (%u,%u,%u): %s", grid.x,
          grid.y, grid.z, block.x, block.y, block.z, cudaGetErrorName(e));
-  EXPECT(has(msg, "noop_kernel") && has(msg, why), "the refusal says: %s", msg.c_str());
-  EXPECT(cudaGetLastError() == cudaSuccess, "a refused launch is not sticky");
+  CHECK(has(msg, "noop_kernel") && has(msg, why), "the refusal says: %s", msg.c_str());
+  CHECK(cudaGetLastError() == cudaSuccess, "a refused launch is not sticky");
 }
 
 static void test_launch_limits() {
@@ -439,7 +429,7 @@ static void test_launch_limits() {
   expect_refused(0, 32, 0, "is 0");
   expect_refused(1, 32, 48 * 1024 + 1, "dynamic shared memory");
   FSDP_LAUNCH(noop_kernel, dim3(2, 65535, 1), dim3(1024, 1, 1), 48 * 1024, nullptr, (int *)nullptr);
-  EXPECT(cudaGetLastError() == cudaSuccess, "the largest legal launch is refused");
+  CHECK(cudaGetLastError() == cudaSuccess, "the largest legal launch is refused");
 }
 
 /* A fault inside a kernel: the launch succeeds, the next synchronising call
@@ -454,14 +444,14 @@ static void expect_fault(void (*launch)(int *), cudaError_t err, const char *ker
   const cudaError_t launched = cudaGetLastError();
   const cudaError_t e = cudaDeviceSynchronize();
   std::string msg = c.end();
-  EXPECT(launched == cudaSuccess, "%s: the launch itself failed", kernel);
-  EXPECT(e == err, "%s: synchronize gave %s, not %s", kernel, cudaGetErrorName(e),
+  CHECK(launched == cudaSuccess, "%s: the launch itself failed", kernel);
+  CHECK(e == err, "%s: synchronize gave %s, not %s", kernel, cudaGetErrorName(e),
          cudaGetErrorName(err));
-  EXPECT(has(msg, kernel) && has(msg, what), "%s: the report lacks '%s': %s", kernel, what,
+  CHECK(has(msg, kernel) && has(msg, what), "%s: the report lacks '%s': %s", kernel, what,
          msg.c_str());
   void *q = nullptr;
-  EXPECT(cudaMalloc(&q, 16) == err, "%s: the fault is not sticky", kernel);
-  EXPECT(cudaFree(p) == err, "%s: cudaFree after the fault", kernel);
+  CHECK(cudaMalloc(&q, 16) == err, "%s: the fault is not sticky", kernel);
+  CHECK(cudaFree(p) == err, "%s: cudaFree after the fault", kernel);
 }
 
 static void test_faults() {
@@ -479,7 +469,7 @@ static void test_faults() {
   /* Device 0 is untouched by all of these. */
   cudaSetDevice(0);
   void *q = nullptr;
-  EXPECT(cudaMalloc(&q, 16) == cudaSuccess, "a fault on another device reached device 0");
+  CHECK(cudaMalloc(&q, 16) == cudaSuccess, "a fault on another device reached device 0");
   cudaFree(q);
 }
 
@@ -656,7 +646,7 @@ static void test_children() {
   int rc = run_child("shared_oob", nullptr, &out);
   /* UBSan (bounds) or ASan stop the child at the write; without them the
    * canary is reported at the next barrier. */
-  EXPECT(rc != 0 && (has(out, "heap-buffer-overflow") || has(out, "out of bounds for type") ||
+  CHECK(rc != 0 && (has(out, "heap-buffer-overflow") || has(out, "out of bounds for type") ||
                      (has(out, "out-of-bounds write to shared memory") && has(out, "'small'"))),
          "an out-of-bounds shared write went unseen (exit %d)", rc);
   rc = run_child("device_oob", nullptr, &out);
@@ -667,10 +657,10 @@ static void test_children() {
                       has(out, "4000 bytes") && has(out, "offset 4000, past the end"))),
          "an out-of-bounds device write went unseen (exit %d)", rc);
   rc = run_child("driver", "FSDP_SIM_DRIVER=old", &out);
-  EXPECT(rc == 3 && has(out, "insufficient"), "an old driver was not reported (exit %d)", rc);
+  CHECK(rc == 3 && has(out, "insufficient"), "an old driver was not reported (exit %d)", rc);
 #if defined(__SANITIZE_THREAD__)
   rc = run_child("tsan_race", nullptr, &out);
-  EXPECT(rc != 0 && has(out, "data race"), "TSan did not see the unordered streams (exit %d)", rc);
+  CHECK(rc != 0 && has(out, "data race"), "TSan did not see the unordered streams (exit %d)", rc);
 #endif
 }
 
