@@ -313,9 +313,11 @@ END_TEST
 
 /* Device buffers besides the arena at bf16: tokens and targets (int) and
  * per-row losses (double) of gpt2_io.c; one batch row of the bf16
- * attention's scores, dP (fp32), p and dscore (bf16). */
+ * attention's scores, dP (fp32), p and dscore (bf16); the column sums'
+ * partials, two fp32 outputs of 128 row slices over fc's 4C columns. */
 static size_t kernel_scratch(const fsdp_gpt2_config_t *c, size_t b, size_t t) {
-  return b * t * (2 * 4 + 8) + (size_t)c->n_head * t * t * 12;
+  return b * t * (2 * 4 + 8) + (size_t)c->n_head * t * t * 12 +
+         2 * 128 * 4 * (size_t)c->n_embd * 4;
 }
 
 static size_t need_at(const fsdp_gpt2_config_t *c, int b, int t) {
