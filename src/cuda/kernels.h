@@ -29,7 +29,9 @@
  *   statistics (mean, rstd) stay fp32 (losses fp64): they are the engine's full
  *   gradient buffer in the default fp32 reduce dtype, and accumulating
  *   micro-batches in bf16 would drop everything below 2^-8 of the running sum.
- *   All arithmetic is fp32 (double where noted); each result is rounded once.
+ *   All arithmetic is fp32 (double where noted); each result is rounded once,
+ *   except a product with a bias in bf16, stored and then rounded again with
+ *   the bias added (blas.cu says why).
  * - Deterministic: every kernel gives the same bits run to run on a device
  *   (cuBLAS does, with one handle per stream), except the dwte scatter of
  *   fsdp_cuda_embedding_backward (float atomicAdd: the order in which repeated

@@ -24,6 +24,8 @@
  *   the stream the caller's work is ordered on and that is the caller itself
  *   (FSDP_HOST_STREAM, which is the CPU engine's compute stream).
  * - Backward ops ADD into gradient buffers (+=); zeroing is the caller's.
+ *   The one exception is matmul_backward's d(input), which it writes (an
+ *   activation's gradient has one producer: no zeroing pass).
  * - Statuses say whether the work was launched (bad arguments, launch and
  *   cuBLAS errors, with file:line in fsdp_last_error()); a fault while queued
  *   work runs surfaces at the next synchronising call, as CUDA errors do.
