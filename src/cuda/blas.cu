@@ -287,6 +287,9 @@ static fsdp_status_t matmul_backward_fused(T *dinp, float *dweight, float *dbias
                                            const T *gelu_pre, int B, int C, int OC,
                                            bool weight_out_in, cudaStream_t s) {
   if (B <= 0 || OC <= 0) return FSDP_SUCCESS;
+  if (dbias && !scratch)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "matmul_backward: dbias needs scratch of "
+                      "fsdp_cuda_colsum_scratch_bytes(%d) bytes, got NULL", OC);
   if (dbias) FSDP_TRY(bias_grad(dbias, scratch, dout, B, OC, s));
   if (C <= 0) return FSDP_SUCCESS;
   if (dinp && weight_out_in)

@@ -196,6 +196,9 @@ static fsdp_status_t layernorm_backward_fused(T *dinp, float *dweight, float *db
                                               const T *weight, const float *mean,
                                               const float *rstd, int N, int C, cudaStream_t s) {
   if (N <= 0 || C <= 0) return FSDP_SUCCESS;
+  if (!scratch)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "layernorm_fused_backward: needs scratch of "
+                      "fsdp_cuda_colsum_scratch_bytes(%d) bytes, got NULL", C);
   if (rows_packable<T>(C, {dout, inp}))
     FSDP_TRY((layernorm_params<pack_width<T>(), T>(dweight, dbias, scratch, dout, inp, mean, rstd,
                                                    N, C, s)));

@@ -410,6 +410,21 @@ START_TEST(fused_matmul) {
 }
 END_TEST
 
+/* The column sums need their scratch: without it the fused backward ops
+ * refuse, naming the size, instead of writing through NULL. */
+START_TEST(fused_scratch_refused) {
+  float *x = dev_alloc(16 * 16 * 4), *g = dev_alloc(16 * 4), *st = dev_alloc(16 * 4);
+  fsdp_status_t st1 = fsdp_cuda_matmul_backward(FSDP_F32, x, x, g, NULL, x, x, x, NULL, 16, 16,
+                                                16, 0, fs);
+  ck_assert_int_eq(st1, FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "fsdp_cuda_colsum_scratch_bytes(16)"));
+  fsdp_status_t st2 = fsdp_cuda_layernorm_fused_backward(FSDP_BF16, x, g, g, NULL, x, x, x, st, st,
+                                                         16, 16, fs);
+  ck_assert_int_eq(st2, FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "fsdp_cuda_colsum_scratch_bytes(16)"));
+}
+END_TEST
+
 /* ---- residual + LayerNorm (fsdp_cuda_layernorm_fused_forward / _backward) ----
  * Forward against the CPU's residual then LayerNorm on x' as stored; backward
  * against fsdp_layernorm_backward, d(input) added onto random values. `skew`
@@ -1231,6 +1246,7 @@ static Suite *kernels_suite(void) {
   add_test(s, "layernorm", layernorm, LEN(kLayernorm));
   add_test(s, "fused_matmul", fused_matmul, LEN(kFusedMatmul));
   add_test(s, "fused_layernorm", fused_layernorm, LEN(kFusedLn));
+  add_test(s, "fused_scratch_refused", fused_scratch_refused, 1);
   add_test(s, "embedding", embedding, LEN(kEmbedding));
   add_test(s, "attention", attention, LEN(kAttention));
   add_test(s, "attention_lse_bf16", attention_lse_bf16, LEN(kAttentionLse));
