@@ -106,7 +106,7 @@ def new_design(d):
     bf, f4 = d["a"], 4
     lin = linears(d)
     mm_f = L * sum(2 * N * K * M for K, M in lin)
-    mm_fb = L * (sum((N * K + K * M + N * M) * bf for K, M in lin) + N * 4 * C * bf)
+    mm_fb = L * sum((N * K + K * M + N * M) * bf for K, M in lin)
     mm_b = L * sum(4 * N * K * M for K, M in lin)
     mm_bb = L * sum((N * M + K * M + N * K) * bf + (N * K + N * M) * bf + K * M * f4
                     for K, M in lin)
@@ -114,17 +114,26 @@ def new_design(d):
     P = d["P"]
     return [
         klass("block products, forward", mm_f, mm_fb, "tc", EFF["tc"], 4 * L,
-              "bf16 cuBLAS, beta = 0, bias (and GELU for fc) in the epilogue"),
+              "bf16 cuBLAS, beta = 0"),
+        # blas.cu: our own pass after each product, not a cuBLASLt epilogue:
+        # the output read and written again, fc's GELU written beside it
+        klass("bias + GELU epilogue", 0, L * sum(2 * N * M * bf for _, M in lin)
+              + L * N * 4 * C * bf, "mem", EFF["mem"], 4 * L,
+              "own pass after the product: + bias, GELU for fc (pre kept)",
+              kc="block products, forward"),
         klass("block products, backward", mm_b, mm_bb, "tc", EFF["tc"], 8 * L,
               "d(input) and d(weight), beta = 0: no zeroing pass"),
         klass("bias gradients", 0, L * sum(N * M * bf for _, M in lin), "mem", EFF["mem"], 4 * L,
               "column sums, partials over all SMs", kc="block products, backward"),
-        klass("GELU backward", 0, L * 3 * N * 4 * C * bf, "mem", EFF["mem"], L, "", kc="GELU"),
+        klass("GELU backward", 0, L * 3 * N * 4 * C * bf, "mem", EFF["mem"], L,
+              "gelu'(pre) pass on fc-proj's d(input)", kc="GELU"),
     ] + flash_attention(d) + [
         klass("residual + LayerNorm forward", 0, ln * (4 * N * C * bf + 8 * N), "mem", EFF["mem"],
               ln, "fused: reads x and the branch, writes x' and ln(x')"),
-        klass("LayerNorm backward", 0, ln * (4 * N * C * bf + 8 * N), "mem", EFF["mem"], ln,
-              "adds into d(residual)"),
+        # layernorm.cu: d(input) in one pass (dout, x, d(residual) read and
+        # written), the weight and bias column sums in another (dout, x again)
+        klass("LayerNorm backward", 0, ln * (6 * N * C * bf + 8 * N), "mem", EFF["mem"], 3 * ln,
+              "adds into d(residual); weight/bias sums over all SMs"),
         klass("LM head forward", 2 * N * C * V, (N * C + V * C + N * V) * bf, "tc", EFF["tc"],
               1, f"V = {V} columns, rows {Vp} apart: leading dims multiples of 128"),
         klass("LM head backward", 4 * N * C * V,

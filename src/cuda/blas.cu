@@ -176,14 +176,129 @@ static fsdp_status_t gemm(bool ta, bool tb, int m, int n, int k, const T *A, int
   return fsdp_cuda_gemm(&g, stream);
 }
 
-/* ---- linear and conv1d ---- */
+/* ---- linear and conv1d ----
+ * Why our own epilogue kernel and not cuBLASLt's (CUBLASLT_EPILOGUE_BIAS,
+ * GELU_AUX_BIAS, DGELU, as llm.c does): the products here run under the
+ * simulator in CI against a reference cuBLAS, which has no cuBLASLt, and
+ * cuBLASLt's epilogues carry constraints of their own (the GELU aux leading
+ * dimension a multiple of 8, NOT_SUPPORTED for some shapes and types) that a
+ * reference would have to model faithfully before its green meant anything on
+ * a GPU. So every product writes its output with beta = 0 (no fill, no zeroed
+ * buffer read back) and one vectorised pass follows it: + bias, and GELU for
+ * the MLP's fc (keeping the pre-activation for backward), or gelu'(pre) for
+ * the fc-proj product's d(input). The price against a cuBLASLt epilogue: one
+ * read and one write of the output per product (bench/gpu-budget.md counts
+ * it), and in bf16 the product is rounded before the bias is added (two
+ * roundings, not one). cuBLASLt with a simulator reference is the next step. */
 
-/* out (rows, cols) = bias broadcast over the rows. */
+/* One pass after a beta = 0 product y (rows, OC), rows of OC elements:
+ * y += bias (bias may be NULL); with gelu, act = gelu(y) (y keeps the
+ * pre-activation, rounded as stored, which is what backward will read); with
+ * dgelu (pre not NULL), y *= gelu'(pre). Columns come in packs of W (OC % W
+ * == 0 when W > 1). */
+template <int W, typename T>
+__global__ void epilogue_kernel(T *y, T *act, const T *bias, const T *pre, size_t rows, int OC) {
+  const size_t per_row = (size_t)OC / W, packs = rows * per_row;
+  for (size_t p = blockIdx.x * (size_t)blockDim.x + threadIdx.x; p < packs;
+       p += (size_t)gridDim.x * blockDim.x) {
+    const size_t i = p * W;
+    float v[W], b[W];
+    vload<W>(v, y + i);
+    if (bias) {
+      vload<W>(b, bias + (p % per_row) * W);
+      for (int j = 0; j < W; ++j) v[j] += b[j];
+    }
+    if (pre) {
+      vload<W>(b, pre + i);
+      for (int j = 0; j < W; ++j) v[j] *= gelu_slope(b[j]);
+    }
+    vstore<W>(y + i, v);
+    if (act) {
+      for (int j = 0; j < W; ++j) v[j] = gelu_value(rounded(v[j], y));
+      vstore<W>(act + i, v);
+    }
+  }
+}
+
 template <typename T>
-__global__ void fill_rows_kernel(T *out, const T *bias, size_t n, int cols) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-       i += (size_t)gridDim.x * blockDim.x)
-    out[i] = bias[i % (size_t)cols];
+static fsdp_status_t epilogue(T *y, T *act, const T *bias, const T *pre, int rows, int OC,
+                              cudaStream_t s) {
+  if (!bias && !act && !pre) return FSDP_SUCCESS;
+  constexpr int W = pack_width<T>();
+  const size_t n = (size_t)rows * (size_t)OC;
+  if (OC % W == 0 && aligned16(y) && aligned16(act) && aligned16(bias) && aligned16(pre))
+    FSDP_LAUNCH((epilogue_kernel<W, T>), fsdp_grid(n / W, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, s,
+                y, act, bias, pre, (size_t)rows, OC);
+  else
+    FSDP_LAUNCH((epilogue_kernel<1, T>), fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, s, y,
+                act, bias, pre, (size_t)rows, OC);
+  LAUNCH_CHECK();
+  return FSDP_SUCCESS;
+}
+
+/* acc[c] += sum over rows of x (rows, cols), over all SMs (colsum). */
+template <typename T>
+static fsdp_status_t bias_grad(float *acc, float *scratch, const T *x, int rows, int cols,
+                               cudaStream_t s) {
+  constexpr int W = pack_width<T>();
+  if (cols % W == 0 && aligned16(x))
+    return colsum<1, W>(acc, nullptr, scratch, rows, cols,
+                        [=] __device__(int r, int c, float(&v)[1][W]) {
+                          float t[W];
+                          vload<W>(t, x + (size_t)r * cols + c);
+                          for (int j = 0; j < W; ++j) v[0][j] += t[j];
+                        },
+                        s);
+  return colsum<1, 1>(acc, nullptr, scratch, rows, cols,
+                      [=] __device__(int r, int c, float(&v)[1][1]) {
+                        v[0][0] += load(x + (size_t)r * cols + c);
+                      },
+                      s);
+}
+
+/* y (B,OC) = inp (B,C) @ op(weight), beta = 0; op transposes a (OC,C) weight. */
+template <typename T>
+static fsdp_status_t product(T *y, const T *inp, const T *weight, int B, int C, int OC,
+                             bool weight_out_in, cudaStream_t s) {
+  if (C <= 0) { /* cuBLAS rejects a leading dimension of 0: an empty sum is 0 */
+    CUDA_CHECK(cudaMemsetAsync(y, 0, (size_t)B * OC * sizeof(T), s)); /* 0 bits: 0.0 in bf16 */
+    return FSDP_SUCCESS;
+  }
+  if (weight_out_in) return gemm(false, true, B, OC, C, inp, C, weight, C, 0.0f, y, OC, s);
+  return gemm(false, false, B, OC, C, inp, C, weight, OC, 0.0f, y, OC, s);
+}
+
+/* out = [gelu](inp @ op(weight) + bias); with pre, pre holds the
+ * pre-activation and out its GELU. */
+template <typename T>
+static fsdp_status_t matmul_forward(T *out, T *pre, const T *inp, const T *weight, const T *bias,
+                                    int B, int C, int OC, bool weight_out_in, cudaStream_t s) {
+  if (B <= 0 || OC <= 0) return FSDP_SUCCESS;
+  T *y = pre ? pre : out;
+  FSDP_TRY(product(y, inp, weight, B, C, OC, weight_out_in, s));
+  return epilogue(y, pre ? out : nullptr, bias, (const T *)nullptr, B, OC, s);
+}
+
+/* d(input) written (beta = 0), times gelu'(gelu_pre) when given; dweight +=
+ * (the gradient accumulates over micro-batches); dbias += over all SMs. */
+template <typename T>
+static fsdp_status_t matmul_backward_fused(T *dinp, float *dweight, float *dbias, float *scratch,
+                                           const T *dout, const T *inp, const T *weight,
+                                           const T *gelu_pre, int B, int C, int OC,
+                                           bool weight_out_in, cudaStream_t s) {
+  if (B <= 0 || OC <= 0) return FSDP_SUCCESS;
+  if (dbias && !scratch)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "matmul_backward: dbias needs scratch of "
+                      "fsdp_cuda_colsum_scratch_bytes(%d) bytes, got NULL", OC);
+  if (dbias) FSDP_TRY(bias_grad(dbias, scratch, dout, B, OC, s));
+  if (C <= 0) return FSDP_SUCCESS;
+  if (dinp && weight_out_in)
+    FSDP_TRY(gemm(false, false, B, C, OC, dout, OC, weight, C, 0.0f, dinp, C, s));
+  else if (dinp)
+    FSDP_TRY(gemm(false, true, B, C, OC, dout, OC, weight, OC, 0.0f, dinp, C, s));
+  if (dinp && gelu_pre) FSDP_TRY(epilogue(dinp, (T *)nullptr, (const T *)nullptr, gelu_pre, B, C, s));
+  if (weight_out_in) return gemm(true, false, OC, C, B, dout, OC, inp, C, 1.0f, dweight, C, s);
+  return gemm(true, false, C, OC, B, inp, C, dout, OC, 1.0f, dweight, OC, s);
 }
 
 /* acc[c] += sum over rows of x (rows, cols). A block owns 32 columns; its 32
@@ -214,27 +329,10 @@ static fsdp_status_t column_sum(float *acc, const T *x, int rows, int cols, cuda
   return FSDP_SUCCESS;
 }
 
-/* out = inp @ op(weight) + bias; op transposes a (OC,C) weight. With a bias the
- * output is first filled with it and the product added to it (beta = 1), so a
- * bf16 output is rounded once. */
 template <typename T>
 static fsdp_status_t matmul_forward(T *out, const T *inp, const T *weight, const T *bias, int B,
                                     int C, int OC, bool weight_out_in, cudaStream_t s) {
-  if (B <= 0 || OC <= 0) return FSDP_SUCCESS;
-  const size_t n = (size_t)B * (size_t)OC;
-  if (bias) {
-    FSDP_LAUNCH(fill_rows_kernel, fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, s, out, bias,
-                n, OC);
-    LAUNCH_CHECK();
-  } else if (C <= 0) {
-    CUDA_CHECK(cudaMemsetAsync(out, 0, n * sizeof(T), s)); /* 0 bits are 0.0 in bf16 too */
-  }
-  /* cuBLAS rejects a leading dimension of 0: an empty reduction is done above. */
-  if (C <= 0) return FSDP_SUCCESS;
-  const float beta = bias ? 1.0f : 0.0f;
-  if (weight_out_in)
-    return gemm(false, true, B, OC, C, inp, C, weight, C, beta, out, OC, s);
-  return gemm(false, false, B, OC, C, inp, C, weight, OC, beta, out, OC, s);
+  return matmul_forward(out, (T *)nullptr, inp, weight, bias, B, C, OC, weight_out_in, s);
 }
 
 template <typename T>
@@ -255,6 +353,33 @@ static fsdp_status_t matmul_backward(T *dinp, float *dweight, float *dbias, cons
 
 /* The table's entry points: one per op, the storage type picked in
  * fsdp_cuda_dispatch. */
+
+size_t fsdp_cuda_colsum_scratch_bytes(int cols) {
+  return colsum_scratch_floats(2, cols) * sizeof(float);
+}
+
+fsdp_status_t fsdp_cuda_matmul_forward(fsdp_dtype_t dt, void *out, void *pre, const void *inp,
+                                       const void *weight, const void *bias, int B, int C,
+                                       int OC, int weight_out_in, fsdp_stream_t stream) {
+  return fsdp_cuda_dispatch("matmul_forward", dt, stream, [&](auto *tag, cudaStream_t s) {
+    STORAGE(tag);
+    return matmul_forward(as<S>(out), as<S>(pre), as<S>(inp), as<S>(weight), as<S>(bias), B, C,
+                          OC, weight_out_in != 0, s);
+  });
+}
+
+fsdp_status_t fsdp_cuda_matmul_backward(fsdp_dtype_t dt, void *dinp, float *dweight,
+                                        float *dbias, void *scratch, const void *dout,
+                                        const void *inp, const void *weight,
+                                        const void *gelu_pre, int B, int C, int OC,
+                                        int weight_out_in, fsdp_stream_t stream) {
+  return fsdp_cuda_dispatch("matmul_backward", dt, stream, [&](auto *tag, cudaStream_t s) {
+    STORAGE(tag);
+    return matmul_backward_fused(as<S>(dinp), dweight, dbias, static_cast<float *>(scratch),
+                                 as<S>(dout), as<S>(inp), as<S>(weight), as<S>(gelu_pre), B, C,
+                                 OC, weight_out_in != 0, s);
+  });
+}
 
 fsdp_status_t fsdp_cuda_linear_forward(fsdp_dtype_t dt, void *out, const void *inp,
                                        const void *weight, const void *bias, int B, int C, int OC,

@@ -7,6 +7,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <type_traits>
 
@@ -140,6 +141,51 @@ template <typename S> static inline const S *as(const void *p) {
   return static_cast<const S *>(p);
 }
 
+/* ---- 16-byte vector access (llm.c's x128): 8 bf16 or 4 floats per load ----
+ * A pack is loaded and stored as one 16-byte transaction (an int4), so a warp
+ * moves 512 contiguous bytes per instruction instead of 64 with 2-byte bf16
+ * loads. Kernels are templated on the pack width W: pack_width<T>() when every
+ * pointer they touch is 16-byte aligned (and row strides are multiples of a
+ * pack), else 1, the scalar form of the same kernel: a misaligned pointer
+ * falls back, it is never read as a pack. Elements past the last whole pack
+ * (n % W) are a scalar tail. */
+template <typename T> struct alignas(16) pack128 {
+  static constexpr int size = 16 / (int)sizeof(T);
+  T v[16 / sizeof(T)];
+};
+
+template <typename T> constexpr int pack_width() { return pack128<T>::size; }
+
+/* f[0..W) = p[0..W) as floats; p 16-byte aligned when W > 1. */
+template <int W, typename T> __device__ __forceinline__ void vload(float (&f)[W], const T *p) {
+  if constexpr (W == 1) {
+    f[0] = load(p);
+  } else {
+    static_assert(W == pack128<T>::size, "a pack is 16 bytes");
+    const int4 bits = *reinterpret_cast<const int4 *>(p);
+    pack128<T> q;
+    memcpy(&q, &bits, sizeof bits);
+    for (int i = 0; i < W; ++i) f[i] = load(&q.v[i]);
+  }
+}
+
+/* p[0..W) = f[0..W), each rounded once to T. */
+template <int W, typename T> __device__ __forceinline__ void vstore(T *p, const float (&f)[W]) {
+  if constexpr (W == 1) {
+    store(p, f[0]);
+  } else {
+    static_assert(W == pack128<T>::size, "a pack is 16 bytes");
+    pack128<T> q;
+    for (int i = 0; i < W; ++i) store(&q.v[i], f[i]);
+    int4 bits;
+    memcpy(&bits, &q, sizeof bits);
+    *reinterpret_cast<int4 *>(p) = bits;
+  }
+}
+
+/* Whether p may be read as packs (NULL, an absent operand, may). */
+static inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
 template <typename T> struct fsdp_cuda_type;
 template <> struct fsdp_cuda_type<float> {
   static constexpr cudaDataType_t value = CUDA_R_32F;
@@ -183,6 +229,106 @@ __device__ __forceinline__ float block_max(float x, float *shared) {
   y = warp_max(y);
   __syncthreads();
   return y;
+}
+
+/* ---- GELU, GPT-2's tanh form: the CPU's formulas (src/nn/gelu.c), tanh via
+ * one expf; shared by the elementwise kernels and the products' epilogues ---- */
+#define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
+#define GELU_C 0.044715f
+
+__device__ __forceinline__ float gelu_value(float x) {
+  const float u = GELU_K * (x + GELU_C * x * x * x);
+  return x / (1.0f + expf(-2.0f * u));
+}
+
+/* d gelu(x) / dx */
+__device__ __forceinline__ float gelu_slope(float x) {
+  const float u = GELU_K * (x + GELU_C * x * x * x);
+  const float sg = 1.0f / (1.0f + expf(-2.0f * u));
+  const float du = GELU_K * (1.0f + 3.0f * GELU_C * x * x);
+  return sg + 2.0f * x * sg * (1.0f - sg) * du;
+}
+
+/* x as T stores it: what a later kernel reading the stored value sees. */
+__device__ __forceinline__ float rounded(float x, const float *) { return x; }
+__device__ __forceinline__ float rounded(float x, const bf16 *) {
+  return __uint_as_float((uint32_t)fsdp_bf16_bits(x) << 16);
+}
+
+/* ---- column sums over all SMs: partials, then a second pass ----
+ * acc[k][c] += sum over rows r of f_k(r, c), for K outputs at once (a bias
+ * gradient: K = 1; LayerNorm's weight and bias: K = 2). A (32, 8) block owns
+ * 32 packs of columns and one slice of the rows; its 8 row lanes add their
+ * rows in order, then the lanes in order, into scratch[k][slice][c]; a second
+ * kernel adds the slices in order into acc. The grid is a function of (rows,
+ * cols) alone, so the result is the same bits every run on every device, and
+ * there are enough slices for ~COLSUM_TARGET_BLOCKS blocks: a 768-wide bias
+ * gradient is 264 blocks, not the 24 that one block per 32 columns gives on a
+ * 132-SM H100. f(r, c, v) adds the W columns c..c+W-1 of row r into v[k][.]. */
+#define COLSUM_LANES 8
+#define COLSUM_TARGET_BLOCKS 264
+#define COLSUM_MAX_SLICES 128
+
+template <int K, int W, typename F>
+__global__ void __launch_bounds__(32 * COLSUM_LANES)
+    colsum_partial_kernel(float *scratch, int rows, int cols, int per_slice, F f) {
+  FSDP_SHARED(float, part, [COLSUM_LANES][K][32 * W]);
+  const int c0 = (blockIdx.x * 32 + threadIdx.x) * W;
+  const int r0 = blockIdx.y * per_slice, r1 = rows - r0 < per_slice ? rows : r0 + per_slice;
+  float v[K][W];
+  for (int k = 0; k < K; ++k)
+    for (int j = 0; j < W; ++j) v[k][j] = 0.0f;
+  if (c0 < cols)
+    for (int r = r0 + threadIdx.y; r < r1; r += COLSUM_LANES) f(r, c0, v);
+  for (int k = 0; k < K; ++k)
+    for (int j = 0; j < W; ++j) part[threadIdx.y][k][threadIdx.x * W + j] = v[k][j];
+  __syncthreads();
+  if (threadIdx.y != 0 || c0 >= cols) return;
+  for (int k = 0; k < K; ++k)
+    for (int j = 0; j < W; ++j) {
+      float t = 0.0f;
+      for (int l = 0; l < COLSUM_LANES; ++l) t += part[l][k][threadIdx.x * W + j];
+      scratch[((size_t)k * gridDim.y + blockIdx.y) * cols + c0 + j] = t;
+    }
+}
+
+/* acc[k][c] (K pointers) += the slices' partials, added in slice order. */
+template <int K>
+__global__ void colsum_finish_kernel(float *acc0, float *acc1, const float *scratch, int slices,
+                                     int cols) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  for (int k = 0; k < K; ++k) {
+    float t = 0.0f;
+    for (int s = 0; s < slices; ++s) t += scratch[((size_t)k * slices + s) * cols + c];
+    float *acc = k == 0 ? acc0 : acc1;
+    acc[c] += t;
+  }
+}
+
+/* Scratch floats a column sum of `cols` columns and K outputs needs. */
+static inline size_t colsum_scratch_floats(int K, int cols) {
+  return (size_t)K * COLSUM_MAX_SLICES * (size_t)(cols > 0 ? cols : 0);
+}
+
+template <int K, int W, typename F>
+static fsdp_status_t colsum(float *acc0, float *acc1, float *scratch, int rows, int cols, F f,
+                            cudaStream_t s) {
+  if (rows <= 0 || cols <= 0) return FSDP_SUCCESS;
+  const int col_blocks = (cols + 32 * W - 1) / (32 * W);
+  int slices = (COLSUM_TARGET_BLOCKS + col_blocks - 1) / col_blocks;
+  const int most = (rows + COLSUM_LANES - 1) / COLSUM_LANES;
+  slices = slices > COLSUM_MAX_SLICES ? COLSUM_MAX_SLICES : slices;
+  slices = slices > most ? most : slices;
+  const int per_slice = (rows + slices - 1) / slices;
+  slices = (rows + per_slice - 1) / per_slice; /* no empty slice */
+  FSDP_LAUNCH((colsum_partial_kernel<K, W, F>), dim3(col_blocks, slices), dim3(32, COLSUM_LANES),
+              0, s, scratch, rows, cols, per_slice, f);
+  LAUNCH_CHECK();
+  FSDP_LAUNCH(colsum_finish_kernel<K>, (unsigned)((cols + 255) / 256), 256, 0, s, acc0, acc1,
+              scratch, slices, cols);
+  LAUNCH_CHECK();
+  return FSDP_SUCCESS;
 }
 
 /* ---- cuBLAS on row-major buffers (blas.cu) ----

@@ -29,7 +29,9 @@
  *   statistics (mean, rstd) stay fp32 (losses fp64): they are the engine's full
  *   gradient buffer in the default fp32 reduce dtype, and accumulating
  *   micro-batches in bf16 would drop everything below 2^-8 of the running sum.
- *   All arithmetic is fp32 (double where noted); each result is rounded once.
+ *   All arithmetic is fp32 (double where noted); each result is rounded once,
+ *   except a product with a bias in bf16, stored and then rounded again with
+ *   the bias added (blas.cu says why).
  * - Deterministic: every kernel gives the same bits run to run on a device
  *   (cuBLAS does, with one handle per stream), except the dwte scatter of
  *   fsdp_cuda_embedding_backward (float atomicAdd: the order in which repeated
@@ -124,6 +126,32 @@ fsdp_status_t fsdp_cuda_attention_backward(fsdp_dtype_t dt, void *dqkv, void *sc
                                            const void *dout, const void *qkv, const void *out,
                                            const float *att, int B, int T, int C, int NH,
                                            fsdp_stream_t stream);
+/* The fused slots (issue 15 item 4). The products write their outputs with
+ * beta = 0 and one vectorised pass follows (+ bias, GELU; gelu' on d(input)):
+ * blas.cu says why that pass is ours and not a cuBLASLt epilogue. scratch:
+ * fsdp_cuda_colsum_scratch_bytes(cols) bytes, the partial column sums of up
+ * to 128 row slices (added in slice order: deterministic). 16-byte vector
+ * access wherever the pointers are 16-byte aligned and rows are whole packs,
+ * the scalar form of the same kernel elsewhere. */
+size_t fsdp_cuda_colsum_scratch_bytes(int cols);
+fsdp_status_t fsdp_cuda_matmul_forward(fsdp_dtype_t dt, void *out, void *pre, const void *inp,
+                                       const void *weight, const void *bias, int B, int C,
+                                       int OC, int weight_out_in, fsdp_stream_t stream);
+fsdp_status_t fsdp_cuda_matmul_backward(fsdp_dtype_t dt, void *dinp, float *dweight,
+                                        float *dbias, void *scratch, const void *dout,
+                                        const void *inp, const void *weight,
+                                        const void *gelu_pre, int B, int C, int OC,
+                                        int weight_out_in, fsdp_stream_t stream);
+fsdp_status_t fsdp_cuda_layernorm_fused_forward(fsdp_dtype_t dt, void *res, void *out,
+                                                float *mean, float *rstd, const void *inp,
+                                                const void *branch, const void *weight,
+                                                const void *bias, int N, int C,
+                                                fsdp_stream_t stream);
+fsdp_status_t fsdp_cuda_layernorm_fused_backward(fsdp_dtype_t dt, void *dinp, float *dweight,
+                                                 float *dbias, void *scratch, const void *dout,
+                                                 const void *inp, const void *weight,
+                                                 const float *mean, const float *rstd, int N,
+                                                 int C, fsdp_stream_t stream);
 /* One block per row; the exponential sum and the loss in double, as on the
  * CPU. */
 fsdp_status_t fsdp_cuda_xent(fsdp_dtype_t dt, void *logits, int ld, double *losses,

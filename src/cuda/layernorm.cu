@@ -2,31 +2,54 @@
  * storage). A warp owns a row: two passes (mean, then squared deviations) as on
  * the CPU, so a large mean next to a small spread does not cancel. The weight
  * and bias gradients are column sums in a fixed order: no atomics. */
+#include <initializer_list>
+
 #include "cuda/cuda_internal.cuh"
 
 #define LN_EPS 1e-5f /* a float, widened to double as on the CPU */
 #define LN_WARPS 8 /* rows per block */
 
-template <typename T>
-__global__ void layernorm_forward_kernel(T *out, float *mean, float *rstd, const T *inp,
-                                         const T *weight, const T *bias, int N, int C) {
+/* x' = x + branch stored (when branch is given), then out = LayerNorm(x')
+ * with x' read as stored, mean and rstd. A warp owns a row and reads it in
+ * packs of W (C % W == 0 when W > 1); x' is read back by the lane that wrote
+ * it. */
+template <int W, typename T>
+__global__ void layernorm_forward_kernel(T *res, T *out, float *mean, float *rstd, const T *inp,
+                                         const T *branch, const T *weight, const T *bias, int N,
+                                         int C) {
   const int lane = threadIdx.x & 31;
   for (size_t row = (size_t)blockIdx.x * LN_WARPS + (threadIdx.x >> 5); row < (size_t)N;
        row += (size_t)gridDim.x * LN_WARPS) {
     const T *x = inp + row * C;
-    float s = 0.0f;
-    for (int c = lane; c < C; c += 32) s += load(x + c);
+    T *xr = branch ? res + row * C : nullptr;
+    float s = 0.0f, v[W], t[W];
+    for (int c = lane * W; c < C; c += 32 * W) {
+      vload<W>(v, x + c);
+      if (xr) {
+        vload<W>(t, branch + row * C + c);
+        for (int j = 0; j < W; ++j) v[j] = rounded(v[j] + t[j], x);
+        vstore<W>(xr + c, v);
+      }
+      for (int j = 0; j < W; ++j) s += v[j];
+    }
+    const T *src = xr ? xr : x;
     const float m = (float)((double)warp_sum(s) / C);
     float q = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-      const float d = load(x + c) - m;
-      q += d * d;
+    for (int c = lane * W; c < C; c += 32 * W) {
+      vload<W>(v, src + c);
+      for (int j = 0; j < W; ++j) q += (v[j] - m) * (v[j] - m);
     }
     /* The CPU's expression, in double: 1 / sqrt(var + eps) rounded once. */
     const float r = (float)(1.0 / sqrt((double)warp_sum(q) / C + LN_EPS));
     T *o = out + row * C;
-    for (int c = lane; c < C; c += 32)
-      store(o + c, (load(x + c) - m) * r * load(weight + c) + load(bias + c));
+    for (int c = lane * W; c < C; c += 32 * W) {
+      float w[W], b[W];
+      vload<W>(v, src + c);
+      vload<W>(w, weight + c);
+      vload<W>(b, bias + c);
+      for (int j = 0; j < W; ++j) v[j] = (v[j] - m) * r * w[j] + b[j];
+      vstore<W>(o + c, v);
+    }
     if (lane == 0) {
       mean[row] = m;
       rstd[row] = r;
@@ -35,7 +58,7 @@ __global__ void layernorm_forward_kernel(T *out, float *mean, float *rstd, const
 }
 
 /* dinp += rstd * (g - mean(g) - xhat * mean(g * xhat)), g = weight * dout. */
-template <typename T>
+template <int W, typename T>
 __global__ void layernorm_dinp_kernel(T *dinp, const T *dout, const T *inp, const T *weight,
                                       const float *mean, const float *rstd, int N, int C) {
   const int lane = threadIdx.x & 31;
@@ -43,19 +66,29 @@ __global__ void layernorm_dinp_kernel(T *dinp, const T *dout, const T *inp, cons
        row += (size_t)gridDim.x * LN_WARPS) {
     const T *x = inp + row * C, *dy = dout + row * C;
     const float m = mean[row], r = rstd[row];
-    float gs = 0.0f, gxs = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-      const float xhat = (load(x + c) - m) * r, g = load(weight + c) * load(dy + c);
-      gs += g;
-      gxs += g * xhat;
+    float gs = 0.0f, gxs = 0.0f, xv[W], wv[W], dv[W];
+    for (int c = lane * W; c < C; c += 32 * W) {
+      vload<W>(xv, x + c);
+      vload<W>(wv, weight + c);
+      vload<W>(dv, dy + c);
+      for (int j = 0; j < W; ++j) {
+        const float g = wv[j] * dv[j];
+        gs += g;
+        gxs += g * ((xv[j] - m) * r);
+      }
     }
     const float g_mean = (float)((double)warp_sum(gs) / C);
     const float gx_mean = (float)((double)warp_sum(gxs) / C);
     T *dx = dinp + row * C;
-    for (int c = lane; c < C; c += 32) {
-      const float xhat = (load(x + c) - m) * r;
-      store(dx + c,
-            load(dx + c) + r * (load(weight + c) * load(dy + c) - g_mean - xhat * gx_mean));
+    for (int c = lane * W; c < C; c += 32 * W) {
+      float acc[W];
+      vload<W>(xv, x + c);
+      vload<W>(wv, weight + c);
+      vload<W>(dv, dy + c);
+      vload<W>(acc, dx + c);
+      for (int j = 0; j < W; ++j)
+        acc[j] += r * (wv[j] * dv[j] - g_mean - (xv[j] - m) * r * gx_mean);
+      vstore<W>(dx + c, acc);
     }
   }
 }
@@ -94,15 +127,92 @@ __global__ void __launch_bounds__(LN_TILE * LN_TILE) layernorm_params_kernel(flo
 
 static unsigned row_blocks(int N) { return fsdp_grid((size_t)N, LN_WARPS); }
 
+/* Packs when every row starts 16-byte aligned: C a multiple of a pack and
+ * every pointer aligned; else the scalar form of the same kernel. */
+template <typename T> static bool rows_packable(int C, std::initializer_list<const void *> ps) {
+  if (C % pack_width<T>() != 0) return false;
+  for (const void *p : ps)
+    if (!aligned16(p)) return false;
+  return true;
+}
+
+template <typename T>
+static fsdp_status_t layernorm_forward(T *res, T *out, float *mean, float *rstd, const T *inp,
+                                       const T *branch, const T *weight, const T *bias, int N,
+                                       int C, cudaStream_t s) {
+  if (N <= 0 || C <= 0) return FSDP_SUCCESS;
+  if (branch && !res)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "LayerNorm: a residual branch needs an output");
+  constexpr int W = pack_width<T>();
+  if (rows_packable<T>(C, {res, out, inp, branch, weight, bias}))
+    FSDP_LAUNCH((layernorm_forward_kernel<W, T>), row_blocks(N), LN_WARPS * 32, 0, s, res, out,
+                mean, rstd, inp, branch, weight, bias, N, C);
+  else
+    FSDP_LAUNCH((layernorm_forward_kernel<1, T>), row_blocks(N), LN_WARPS * 32, 0, s, res, out,
+                mean, rstd, inp, branch, weight, bias, N, C);
+  LAUNCH_CHECK();
+  return FSDP_SUCCESS;
+}
+
+template <typename T>
+static fsdp_status_t layernorm_dinp(T *dinp, const T *dout, const T *inp, const T *weight,
+                                    const float *mean, const float *rstd, int N, int C,
+                                    cudaStream_t s) {
+  constexpr int W = pack_width<T>();
+  if (rows_packable<T>(C, {dinp, dout, inp, weight}))
+    FSDP_LAUNCH((layernorm_dinp_kernel<W, T>), row_blocks(N), LN_WARPS * 32, 0, s, dinp, dout,
+                inp, weight, mean, rstd, N, C);
+  else
+    FSDP_LAUNCH((layernorm_dinp_kernel<1, T>), row_blocks(N), LN_WARPS * 32, 0, s, dinp, dout,
+                inp, weight, mean, rstd, N, C);
+  LAUNCH_CHECK();
+  return FSDP_SUCCESS;
+}
+
+/* dweight[c] += sum_rows xhat * dout, dbias[c] += sum_rows dout: column sums
+ * over all SMs (colsum, cuda_internal.cuh). */
+template <int W, typename T>
+static fsdp_status_t layernorm_params(float *dweight, float *dbias, float *scratch, const T *dout,
+                                      const T *inp, const float *mean, const float *rstd, int N,
+                                      int C, cudaStream_t s) {
+  return colsum<2, W>(dweight, dbias, scratch, N, C,
+                      [=] __device__(int r, int c, float(&v)[2][W]) {
+                        float x[W], dy[W];
+                        const size_t i = (size_t)r * C + c;
+                        vload<W>(x, inp + i);
+                        vload<W>(dy, dout + i);
+                        const float m = mean[r], rs = rstd[r];
+                        for (int j = 0; j < W; ++j) {
+                          v[0][j] += (x[j] - m) * rs * dy[j];
+                          v[1][j] += dy[j];
+                        }
+                      },
+                      s);
+}
+
+template <typename T>
+static fsdp_status_t layernorm_backward_fused(T *dinp, float *dweight, float *dbias,
+                                              float *scratch, const T *dout, const T *inp,
+                                              const T *weight, const float *mean,
+                                              const float *rstd, int N, int C, cudaStream_t s) {
+  if (N <= 0 || C <= 0) return FSDP_SUCCESS;
+  if (!scratch)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "layernorm_fused_backward: needs scratch of "
+                      "fsdp_cuda_colsum_scratch_bytes(%d) bytes, got NULL", C);
+  if (rows_packable<T>(C, {dout, inp}))
+    FSDP_TRY((layernorm_params<pack_width<T>(), T>(dweight, dbias, scratch, dout, inp, mean, rstd,
+                                                   N, C, s)));
+  else
+    FSDP_TRY((layernorm_params<1, T>(dweight, dbias, scratch, dout, inp, mean, rstd, N, C, s)));
+  return dinp ? layernorm_dinp(dinp, dout, inp, weight, mean, rstd, N, C, s) : FSDP_SUCCESS;
+}
+
 template <typename T>
 static fsdp_status_t layernorm_forward(T *out, float *mean, float *rstd, const T *inp,
                                        const T *weight, const T *bias, int N, int C,
                                        cudaStream_t s) {
-  if (N <= 0 || C <= 0) return FSDP_SUCCESS;
-  FSDP_LAUNCH(layernorm_forward_kernel, row_blocks(N), LN_WARPS * 32, 0, s, out, mean, rstd, inp,
-              weight, bias, N, C);
-  LAUNCH_CHECK();
-  return FSDP_SUCCESS;
+  return layernorm_forward((T *)nullptr, out, mean, rstd, inp, (const T *)nullptr, weight, bias,
+                           N, C, s);
 }
 
 template <typename T>
@@ -114,11 +224,33 @@ static fsdp_status_t layernorm_backward(T *dinp, float *dweight, float *dbias, c
   FSDP_LAUNCH(layernorm_params_kernel, col_blocks, dim3(LN_TILE, LN_TILE), 0, s, dweight, dbias,
               dout, inp, mean, rstd, N, C);
   LAUNCH_CHECK();
-  if (!dinp) return FSDP_SUCCESS;
-  FSDP_LAUNCH(layernorm_dinp_kernel, row_blocks(N), LN_WARPS * 32, 0, s, dinp, dout, inp, weight,
-              mean, rstd, N, C);
-  LAUNCH_CHECK();
-  return FSDP_SUCCESS;
+  return dinp ? layernorm_dinp(dinp, dout, inp, weight, mean, rstd, N, C, s) : FSDP_SUCCESS;
+}
+
+fsdp_status_t fsdp_cuda_layernorm_fused_forward(fsdp_dtype_t dt, void *res, void *out,
+                                                float *mean, float *rstd, const void *inp,
+                                                const void *branch, const void *weight,
+                                                const void *bias, int N, int C,
+                                                fsdp_stream_t stream) {
+  return fsdp_cuda_dispatch("layernorm_fused_forward", dt, stream, [&](auto *tag, cudaStream_t s) {
+    STORAGE(tag);
+    return layernorm_forward(as<S>(res), as<S>(out), mean, rstd, as<S>(inp), as<S>(branch),
+                             as<S>(weight), as<S>(bias), N, C, s);
+  });
+}
+
+fsdp_status_t fsdp_cuda_layernorm_fused_backward(fsdp_dtype_t dt, void *dinp, float *dweight,
+                                                 float *dbias, void *scratch, const void *dout,
+                                                 const void *inp, const void *weight,
+                                                 const float *mean, const float *rstd, int N,
+                                                 int C, fsdp_stream_t stream) {
+  return fsdp_cuda_dispatch("layernorm_fused_backward", dt, stream,
+                            [&](auto *tag, cudaStream_t s) {
+                              STORAGE(tag);
+                              return layernorm_backward_fused(
+                                  as<S>(dinp), dweight, dbias, static_cast<float *>(scratch),
+                                  as<S>(dout), as<S>(inp), as<S>(weight), mean, rstd, N, C, s);
+                            });
 }
 
 fsdp_status_t fsdp_cuda_layernorm_forward(fsdp_dtype_t dt, void *out, float *mean, float *rstd,

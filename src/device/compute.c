@@ -4,6 +4,7 @@
  * core) called in the caller; any other dtype is refused before anything is
  * touched. The CUDA table is src/cuda's entry points (compute_cuda.c). */
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/internal.h"
@@ -21,6 +22,8 @@ static const char *const slot_names[] = {
     "layernorm_forward",  "layernorm_backward",      "embedding_forward",
     "embedding_backward", "attention_state_floats",  "attention_scratch_bytes",
     "attention_forward",  "attention_backward",      "xent",
+    "colsum_scratch_bytes", "matmul_forward",        "matmul_backward",
+    "layernorm_fused_forward", "layernorm_fused_backward",
 };
 typedef void (*any_fn)(void);
 #define FIRST_SLOT offsetof(fsdp_compute_ops_t, linear_forward)
@@ -201,6 +204,69 @@ static fsdp_status_t cpu_xent(fsdp_dtype_t dt, void *logits, int ld, double *los
   return FSDP_SUCCESS;
 }
 
+/* ---- fused ops: the CPU kernels composed (no scratch, same arithmetic) ---- */
+
+static size_t cpu_colsum_scratch_bytes(int cols) {
+  (void)cols;
+  return 0;
+}
+
+static fsdp_status_t cpu_matmul_forward(fsdp_dtype_t dt, void *out, void *pre, const void *inp,
+                                        const void *weight, const void *bias, int B, int C,
+                                        int OC, int weight_out_in, fsdp_stream_t s) {
+  CPU_OP("matmul_forward", dt, s);
+  float *y = pre ? pre : out;
+  if (weight_out_in) fsdp_linear_forward(y, inp, weight, bias, B, C, OC);
+  else fsdp_conv1d_forward(y, inp, weight, bias, B, C, OC);
+  if (pre) fsdp_gelu_forward(out, pre, (size_t)B * (size_t)OC);
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t cpu_matmul_backward(fsdp_dtype_t dt, void *dinp, float *dweight,
+                                         float *dbias, void *scratch, const void *dout,
+                                         const void *inp, const void *weight,
+                                         const void *gelu_pre, int B, int C, int OC,
+                                         int weight_out_in, fsdp_stream_t s) {
+  CPU_OP("matmul_backward", dt, s);
+  (void)scratch;
+  const size_t n = (size_t)B * (size_t)C;
+  /* d(input) is written: the product into zeros (then times gelu'(pre)) */
+  float *dx = dinp && gelu_pre ? calloc(n ? n : 1, sizeof(float)) : dinp;
+  if (dinp && !dx)
+    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "CPU matmul_backward: %zu floats", n);
+  if (dx) memset(dx, 0, n * sizeof(float));
+  if (weight_out_in) fsdp_linear_backward(dx, dweight, dbias, dout, inp, weight, B, C, OC);
+  else fsdp_conv1d_backward(dx, dweight, dbias, dout, inp, weight, B, C, OC);
+  if (dx != dinp) {
+    memset(dinp, 0, n * sizeof(float));
+    fsdp_gelu_backward(dinp, gelu_pre, dx, n);
+    free(dx);
+  }
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t cpu_layernorm_fused_forward(fsdp_dtype_t dt, void *res, void *out,
+                                                 float *mean, float *rstd, const void *inp,
+                                                 const void *branch, const void *weight,
+                                                 const void *bias, int N, int C,
+                                                 fsdp_stream_t s) {
+  CPU_OP("layernorm_fused_forward", dt, s);
+  if (branch) fsdp_residual_forward(res, inp, branch, (size_t)N * (size_t)C);
+  fsdp_layernorm_forward(out, mean, rstd, branch ? res : inp, weight, bias, N, C);
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t cpu_layernorm_fused_backward(fsdp_dtype_t dt, void *dinp, float *dweight,
+                                                  float *dbias, void *scratch, const void *dout,
+                                                  const void *inp, const void *weight,
+                                                  const float *mean, const float *rstd, int N,
+                                                  int C, fsdp_stream_t s) {
+  CPU_OP("layernorm_fused_backward", dt, s);
+  (void)scratch;
+  fsdp_layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+  return FSDP_SUCCESS;
+}
+
 static const fsdp_compute_ops_t cpu_ops = {
     .name = "cpu",
     .device = FSDP_DEVICE_CPU,
@@ -222,6 +288,11 @@ static const fsdp_compute_ops_t cpu_ops = {
     .attention_forward = cpu_attention_forward,
     .attention_backward = cpu_attention_backward,
     .xent = cpu_xent,
+    .colsum_scratch_bytes = cpu_colsum_scratch_bytes,
+    .matmul_forward = cpu_matmul_forward,
+    .matmul_backward = cpu_matmul_backward,
+    .layernorm_fused_forward = cpu_layernorm_fused_forward,
+    .layernorm_fused_backward = cpu_layernorm_fused_backward,
 };
 
 #if FSDP_HAVE_CUDA

@@ -24,6 +24,8 @@
  *   the stream the caller's work is ordered on and that is the caller itself
  *   (FSDP_HOST_STREAM, which is the CPU engine's compute stream).
  * - Backward ops ADD into gradient buffers (+=); zeroing is the caller's.
+ *   The one exception is matmul_backward's d(input), which it writes (an
+ *   activation's gradient has one producer: no zeroing pass).
  * - Statuses say whether the work was launched (bad arguments, launch and
  *   cuBLAS errors, with file:line in fsdp_last_error()); a fault while queued
  *   work runs surfaces at the next synchronising call, as CUDA errors do.
@@ -127,6 +129,43 @@ typedef struct fsdp_compute_ops {
   fsdp_status_t (*xent)(fsdp_dtype_t dt, void *logits, int ld, double *losses,
                         const int *targets, int B, int V, float scale, int grad,
                         fsdp_stream_t s);
+
+  /* ---- fused memory-bound work (issue 15 item 4): what GPT-2's blocks call ----
+   * The products WRITE their outputs (beta = 0 on CUDA: no bias fill, no
+   * zeroed buffer read back), d(input) included: the one exception to
+   * "backward adds", since an activation's gradient has one producer. The
+   * column sums of the bias and LayerNorm gradients take scratch
+   * (colsum_scratch_bytes(cols) of the caller's, NULL when 0; contents not
+   * kept: layers share it). weight_out_in: 1 for a (OC,C) weight (linear), 0
+   * for GPT-2's (C,OC) Conv1D. */
+  size_t (*colsum_scratch_bytes)(int cols);
+  /* out (B,OC) = inp (B,C) @ W + bias (may be NULL); with pre (B,OC) not
+   * NULL, pre = inp @ W + bias (kept for backward) and out = gelu(pre). */
+  fsdp_status_t (*matmul_forward)(fsdp_dtype_t dt, void *out, void *pre, const void *inp,
+                                  const void *weight, const void *bias, int B, int C, int OC,
+                                  int weight_out_in, fsdp_stream_t s);
+  /* dinp (B,C) = dout @ W^T written (may be NULL), times gelu'(gelu_pre)
+   * when gelu_pre (B,C) is given (the GELU below the product, backward in
+   * the same pass); dweight += dout^T @ inp; dbias += column sums of dout
+   * (may be NULL). */
+  fsdp_status_t (*matmul_backward)(fsdp_dtype_t dt, void *dinp, float *dweight, float *dbias,
+                                   void *scratch, const void *dout, const void *inp,
+                                   const void *weight, const void *gelu_pre, int B, int C, int OC,
+                                   int weight_out_in, fsdp_stream_t s);
+  /* The residual add fused with the LayerNorm that reads it: with branch,
+   * res (N,C) = inp + branch (as stored in dt; res may be inp or branch) and
+   * out = LayerNorm(res); without, out = LayerNorm(inp), res unused. */
+  fsdp_status_t (*layernorm_fused_forward)(fsdp_dtype_t dt, void *res, void *out, float *mean,
+                                           float *rstd, const void *inp, const void *branch,
+                                           const void *weight, const void *bias, int N, int C,
+                                           fsdp_stream_t s);
+  /* layernorm_backward with the weight and bias column sums over all SMs
+   * through scratch; dinp (may be NULL: d(residual) in GPT-2) += */
+  fsdp_status_t (*layernorm_fused_backward)(fsdp_dtype_t dt, void *dinp, float *dweight,
+                                            float *dbias, void *scratch, const void *dout,
+                                            const void *inp, const void *weight,
+                                            const float *mean, const float *rstd, int N, int C,
+                                            fsdp_stream_t s);
 } fsdp_compute_ops_t;
 
 /* The table of a device kind: never NULL for FSDP_DEVICE_CPU; NULL for

@@ -25,4 +25,9 @@ const fsdp_compute_ops_t fsdp_compute_cuda_ops = {
     .attention_forward = fsdp_cuda_attention_forward,
     .attention_backward = fsdp_cuda_attention_backward,
     .xent = fsdp_cuda_xent,
+    .colsum_scratch_bytes = fsdp_cuda_colsum_scratch_bytes,
+    .matmul_forward = fsdp_cuda_matmul_forward,
+    .matmul_backward = fsdp_cuda_matmul_backward,
+    .layernorm_fused_forward = fsdp_cuda_layernorm_fused_forward,
+    .layernorm_fused_backward = fsdp_cuda_layernorm_fused_backward,
 };

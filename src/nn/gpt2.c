@@ -62,6 +62,8 @@ struct fsdp_gpt2 {
   size_t esize;          /* bytes per activation element */
   int att_lse;           /* attention keeps the log-sum-exp, not probabilities */
   int one_head;          /* the logits' gradient is written over them, rows ldv apart */
+  int gelu_grad;         /* before issue 15: GELU's gradient in a buffer of its own (a dry
+                            run's layout only; the fused backward writes it over d4) */
   int ldv;               /* the logits' row stride: V, or V padded to a multiple of 128 */
   void *arena;           /* every buffer below, in the backend's memory */
   struct acts *acts;     /* (L) saved, or pointing into scratch for checkpointed units */
@@ -70,7 +72,8 @@ struct fsdp_gpt2 {
   void *lnf;             /* (B,T,C) */
   float *lnf_mean, *lnf_rstd;
   void *logits, *dlogits;              /* (B,T,V) */
-  void *dres, *d1, *d3, *d4a, *d4b;    /* backward scratch */
+  void *dres, *d1, *d3, *d4;          /* backward scratch */
+  void *colsum;          /* the column sums' scratch (ops->colsum_scratch_bytes) */
   const int *tok, *tgt;  /* the micro-batch's tokens and targets as the kernels see them */
   float *row;            /* (V) host: the logits row sampling draws from */
   float *logits_host;    /* (B,T,V) host, CUDA only: fsdp_gpt2_forward's logits */
@@ -274,6 +277,7 @@ static void set_layout(struct fsdp_gpt2 *g, fsdp_gpt2_layout_t layout) {
   g->att_lse = layout == FSDP_GPT2_LAYOUT_FLASH ||
                (layout == FSDP_GPT2_LAYOUT_BUILT && g->esize == 2);
   g->one_head = layout != FSDP_GPT2_LAYOUT_PROBS;
+  g->gelu_grad = layout == FSDP_GPT2_LAYOUT_PROBS;
   g->ldv = g->one_head ? padded_vocab(g->c.vocab_size) : g->c.vocab_size;
 }
 
@@ -313,8 +317,8 @@ static void common_carve(struct fsdp_gpt2 *g, char *base, size_t *at) {
   g->dres = take(g, base, at, BT * C, e);
   g->d1 = take(g, base, at, BT * C, e);
   g->d3 = take(g, base, at, 3 * BT * C, e);
-  g->d4a = take(g, base, at, 4 * BT * C, e);
-  g->d4b = take(g, base, at, 4 * BT * C, e);
+  g->d4 = take(g, base, at, 4 * BT * C, e);
+  if (g->gelu_grad) (void)take(g, base, at, 4 * BT * C, e);
 }
 
 /* Dry run of the carving for g's shape: one block's bytes (and its
@@ -419,10 +423,12 @@ static fsdp_status_t alloc_acts(struct fsdp_gpt2 *g, size_t backend) {
 static double gib(size_t b) { return (double)b / (1u << 30); }
 
 /* Bytes of the kernels' memory the model holds besides its arena at B x T:
- * the staged tokens and losses, and attention's scratch. */
+ * the staged tokens and losses, attention's scratch and the column sums'
+ * (the widest is fc's bias, 4C). */
 static size_t kernel_bytes(const struct fsdp_gpt2 *g, int B, int T) {
   return gpt2_io_bytes((size_t)B * (size_t)T) +
-         g->ops->attention_scratch_bytes(g->dt, T, g->c.n_head);
+         g->ops->attention_scratch_bytes(g->dt, T, g->c.n_head) +
+         g->ops->colsum_scratch_bytes(4 * g->c.n_embd);
 }
 
 /* Device bytes the model allocates at B x T: its arena and the kernels'. */
@@ -494,6 +500,8 @@ static fsdp_status_t pick_backend(struct fsdp_gpt2 *g, size_t *bytes) {
   size_t scratch = g->ops->attention_scratch_bytes(g->dt, g->maxT, g->c.n_head);
   FSDP_TRY(gpt2_io_create(g->ops->device, (size_t)g->maxB * (size_t)g->maxT, &g->io));
   if (scratch) FSDP_TRY(fsdp_device_alloc(g->ops->device, scratch, &g->att_scratch));
+  size_t colsum = g->ops->colsum_scratch_bytes(4 * g->c.n_embd);
+  if (colsum) FSDP_TRY(fsdp_device_alloc(g->ops->device, colsum, &g->colsum));
   *bytes = kernel_bytes(g, g->maxB, g->maxT);
   return FSDP_SUCCESS;
 }
@@ -512,6 +520,7 @@ void fsdp_gpt2_destroy(fsdp_gpt2_t g) {
   if (g->ops) { /* device frees wait for the device: no queued kernel still reads these */
     fsdp_device_free(g->ops->device, g->arena);
     fsdp_device_free(g->ops->device, g->att_scratch);
+    fsdp_device_free(g->ops->device, g->colsum);
   }
   gpt2_io_destroy(g->io);
   free(g);
@@ -568,68 +577,80 @@ static fsdp_status_t kc_end(fsdp_engine_t e, fsdp_kclass_t k, fsdp_status_t st) 
     FSDP_TRY(kc_end((g)->eng, FSDP_KC_##cls, (call)));           \
   } while (0)
 
-/* ---- blocks ------------------------------------------------------------- */
+/* ---- blocks -------------------------------------------------------------
+ * The residual stream is added where the next LayerNorm reads it, in one
+ * kernel (layernorm_fused_forward): attn-proj writes its output into res2,
+ * which becomes res2 = x + it beside ln2; fc-proj writes its output into the
+ * next block's input x_at(l + 1), which that block's ln1 (ln_f after the last
+ * block) completes in place, x_{l+1} = res2 + it, beside its LayerNorm. So a
+ * block's `out` holds only the branch until the next LayerNorm reads it; a
+ * checkpointed recompute rewrites it the same way (its last block leaves the
+ * branch in an input whose gradient is done). */
 
+/* prev_res2: the previous block's res2 when x holds only that block's fc-proj
+ * output (completed here), NULL when x is whole (the embedding's output, or
+ * a stored input a recompute starts from). */
 static fsdp_status_t block_forward(const struct fsdp_gpt2 *g, float *const *p,
-                                   const struct acts *a, const void *x, void *out, int B, int T) {
+                                   const struct acts *a, const void *prev_res2, void *x,
+                                   void *out, int B, int T) {
   const fsdp_compute_ops_t *k = g->ops;
   const fsdp_dtype_t dt = g->dt;
   const fsdp_stream_t s = g->s;
   int C = g->c.n_embd, BT = B * T;
-  size_t n = (size_t)BT * C;
   KC(g, RESID_LN_FWD,
-     k->layernorm_forward(dt, a->ln1, a->ln1_mean, a->ln1_rstd, x, p[LN1W], p[LN1B], BT, C, s));
-  KC(g, BLOCK_FWD, k->conv1d_forward(dt, a->qkv, a->ln1, p[QKVW], p[QKVB], BT, C, 3 * C, s));
+     k->layernorm_fused_forward(dt, x, a->ln1, a->ln1_mean, a->ln1_rstd, prev_res2 ? prev_res2 : x,
+                                prev_res2 ? x : NULL, p[LN1W], p[LN1B], BT, C, s));
+  KC(g, BLOCK_FWD,
+     k->matmul_forward(dt, a->qkv, NULL, a->ln1, p[QKVW], p[QKVB], BT, C, 3 * C, 0, s));
   KC(g, ATTN_FWD,
      k->attention_forward(dt, a->atty, a->att, g->att_scratch, a->qkv, B, T, C, g->c.n_head, s));
-  KC(g, BLOCK_FWD, k->conv1d_forward(dt, a->res2, a->atty, p[ATTPROJW], p[ATTPROJB], BT, C, C, s));
-  KC(g, RESID_LN_FWD, k->residual_forward(dt, a->res2, a->res2, x, n, s));
-  KC(g, RESID_LN_FWD,
-     k->layernorm_forward(dt, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, p[LN2W], p[LN2B], BT, C,
-                          s));
-  KC(g, BLOCK_FWD, k->conv1d_forward(dt, a->fch, a->ln2, p[FCW], p[FCB], BT, C, 4 * C, s));
-  KC(g, GELU, k->gelu_forward(dt, a->fch_gelu, a->fch, 4 * n, s));
   KC(g, BLOCK_FWD,
-     k->conv1d_forward(dt, out, a->fch_gelu, p[FCPROJW], p[FCPROJB], BT, 4 * C, C, s));
-  KC(g, RESID_LN_FWD, k->residual_forward(dt, out, out, a->res2, n, s));
+     k->matmul_forward(dt, a->res2, NULL, a->atty, p[ATTPROJW], p[ATTPROJB], BT, C, C, 0, s));
+  KC(g, RESID_LN_FWD,
+     k->layernorm_fused_forward(dt, a->res2, a->ln2, a->ln2_mean, a->ln2_rstd, x, a->res2,
+                                p[LN2W], p[LN2B], BT, C, s));
+  /* fc's GELU is its product's bias pass: timed with the products */
+  KC(g, BLOCK_FWD,
+     k->matmul_forward(dt, a->fch_gelu, a->fch, a->ln2, p[FCW], p[FCB], BT, C, 4 * C, 0, s));
+  KC(g, BLOCK_FWD,
+     k->matmul_forward(dt, out, NULL, a->fch_gelu, p[FCPROJW], p[FCPROJB], BT, 4 * C, C, 0, s));
   return FSDP_SUCCESS;
 }
 
-/* On entry g->dres holds d(out); on return d(x). */
+/* On entry g->dres holds d(out); on return d(x). Every d(input) is written
+ * by its product (no zeroing pass); GELU's backward is fc-proj's, in the same
+ * pass; the LayerNorms add into d(residual). */
 static fsdp_status_t block_backward(struct fsdp_gpt2 *g, float *const *p, float *const *dp,
                                     const struct acts *a, const void *x, int B, int T) {
   const fsdp_compute_ops_t *k = g->ops;
   const fsdp_dtype_t dt = g->dt;
   const fsdp_stream_t s = g->s;
   int C = g->c.n_embd, BT = B * T;
-  size_t n1 = (size_t)BT * C, e = g->esize;
-  KC(g, BLOCK_BWD, fsdp_device_zero(g->d4a, 4 * n1 * e, s));
+  void *cs = g->colsum;
+  /* fc-proj's d(input) times gelu'(fch): GELU's backward, in the same pass */
+  KC(g, GELU,
+     k->matmul_backward(dt, g->d4, dp[FCPROJW], dp[FCPROJB], cs, g->dres, a->fch_gelu, p[FCPROJW],
+                        a->fch, BT, 4 * C, C, 0, s));
   KC(g, BLOCK_BWD,
-     k->conv1d_backward(dt, g->d4a, dp[FCPROJW], dp[FCPROJB], g->dres, a->fch_gelu, p[FCPROJW], BT,
-                        4 * C, C, s));
-  KC(g, GELU, fsdp_device_zero(g->d4b, 4 * n1 * e, s));
-  KC(g, GELU, k->gelu_backward(dt, g->d4b, a->fch, g->d4a, 4 * n1, s));
-  KC(g, BLOCK_BWD, fsdp_device_zero(g->d1, n1 * e, s));
-  KC(g, BLOCK_BWD,
-     k->conv1d_backward(dt, g->d1, dp[FCW], dp[FCB], g->d4b, a->ln2, p[FCW], BT, C, 4 * C, s));
+     k->matmul_backward(dt, g->d1, dp[FCW], dp[FCB], cs, g->d4, a->ln2, p[FCW], NULL, BT, C, 4 * C,
+                        0, s));
   /* the residual carries d(out) straight to d(res2), to which LN2 adds */
   KC(g, LN_BWD,
-     k->layernorm_backward(dt, g->dres, dp[LN2W], dp[LN2B], g->d1, a->res2, p[LN2W], a->ln2_mean,
-                           a->ln2_rstd, BT, C, s));
-  KC(g, BLOCK_BWD, fsdp_device_zero(g->d1, n1 * e, s));
+     k->layernorm_fused_backward(dt, g->dres, dp[LN2W], dp[LN2B], cs, g->d1, a->res2, p[LN2W],
+                                 a->ln2_mean, a->ln2_rstd, BT, C, s));
   KC(g, BLOCK_BWD,
-     k->conv1d_backward(dt, g->d1, dp[ATTPROJW], dp[ATTPROJB], g->dres, a->atty, p[ATTPROJW], BT, C,
-                        C, s));
-  KC(g, ATTN_BWD, fsdp_device_zero(g->d3, 3 * n1 * e, s));
+     k->matmul_backward(dt, g->d1, dp[ATTPROJW], dp[ATTPROJB], cs, g->dres, a->atty, p[ATTPROJW],
+                        NULL, BT, C, C, 0, s));
+  KC(g, ATTN_BWD, fsdp_device_zero(g->d3, 3 * (size_t)BT * C * g->esize, s)); /* attention adds */
   KC(g, ATTN_BWD,
      k->attention_backward(dt, g->d3, g->att_scratch, g->d1, a->qkv, a->atty, a->att, B, T, C,
                            g->c.n_head, s));
-  KC(g, BLOCK_BWD, fsdp_device_zero(g->d1, n1 * e, s));
   KC(g, BLOCK_BWD,
-     k->conv1d_backward(dt, g->d1, dp[QKVW], dp[QKVB], g->d3, a->ln1, p[QKVW], BT, C, 3 * C, s));
+     k->matmul_backward(dt, g->d1, dp[QKVW], dp[QKVB], cs, g->d3, a->ln1, p[QKVW], NULL, BT, C,
+                        3 * C, 0, s));
   KC(g, LN_BWD,
-     k->layernorm_backward(dt, g->dres, dp[LN1W], dp[LN1B], g->d1, x, p[LN1W], a->ln1_mean,
-                           a->ln1_rstd, BT, C, s));
+     k->layernorm_fused_backward(dt, g->dres, dp[LN1W], dp[LN1B], cs, g->d1, x, p[LN1W],
+                                 a->ln1_mean, a->ln1_rstd, BT, C, s));
   return FSDP_SUCCESS;
 }
 
@@ -679,7 +700,8 @@ static fsdp_status_t blocks_forward(struct fsdp_gpt2 *g, int B, int T) {
     struct gunit *u = &g->units[g->block_unit[l]];
     int wrapped = u != &g->units[0];
     if (wrapped && l == u->first) FSDP_TRY(acquire(g, u, FSDP_FORWARD));
-    FSDP_TRY(block_forward(g, block_params_of(g, l), &g->acts[l], x_at(g, l, B, T),
+    FSDP_TRY(block_forward(g, block_params_of(g, l), &g->acts[l],
+                           l ? g->acts[l - 1].res2 : NULL, x_at(g, l, B, T),
                            x_at(g, l + 1, B, T), B, T));
     if (wrapped && l == u->first + u->count - 1) FSDP_TRY(fsdp_unit_release(g->eng, u->id, FSDP_FORWARD));
   }
@@ -700,9 +722,13 @@ static fsdp_status_t forward(struct fsdp_gpt2 *g, const int *tokens, const int *
      k->embedding_forward(g->dt, x_at(g, 0, B, T), g->tok, r->view.param[0], r->view.param[1], B, T,
                           C, g->s));
   FSDP_TRY(blocks_forward(g, B, T));
+  /* the last block's residual, completed beside ln_f */
+  void *xl = x_at(g, g->c.n_layer, B, T);
+  const void *res2 = g->c.n_layer ? g->acts[g->c.n_layer - 1].res2 : NULL;
   KC(g, RESID_LN_FWD,
-     k->layernorm_forward(g->dt, g->lnf, g->lnf_mean, g->lnf_rstd, x_at(g, g->c.n_layer, B, T),
-                          r->view.param[lnf], r->view.param[lnf + 1], BT, C, g->s));
+     k->layernorm_fused_forward(g->dt, xl, g->lnf, g->lnf_mean, g->lnf_rstd, res2 ? res2 : xl,
+                                res2 ? xl : NULL, r->view.param[lnf], r->view.param[lnf + 1], BT,
+                                C, g->s));
   KC(g, HEAD_FWD,
      k->head_forward(g->dt, g->logits, g->ldv, g->lnf, r->view.param[0], BT, C, g->c.vocab_size,
                      g->s));
@@ -716,7 +742,8 @@ static fsdp_status_t blocks_backward(struct fsdp_gpt2 *g, int B, int T) {
     if (wrapped && l == u->first + u->count - 1) {
       FSDP_TRY(acquire(g, u, FSDP_BACKWARD));
       for (int k = u->first; u->checkpoint && k <= l; k++) /* recompute from the unit's input */
-        FSDP_TRY(block_forward(g, block_params_of(g, k), &g->acts[k], x_at(g, k, B, T),
+        FSDP_TRY(block_forward(g, block_params_of(g, k), &g->acts[k],
+                               k > u->first ? g->acts[k - 1].res2 : NULL, x_at(g, k, B, T),
                                x_at(g, k + 1, B, T), B, T));
     }
     FSDP_TRY(block_backward(g, block_params_of(g, l), u->view.grad + g->block_base[l], &g->acts[l],
@@ -740,8 +767,9 @@ static fsdp_status_t backward(struct fsdp_gpt2 *g, int B, int T) {
                       g->s));
   KC(g, LN_BWD, fsdp_device_zero(g->dres, n, g->s));
   KC(g, LN_BWD,
-     k->layernorm_backward(g->dt, g->dres, dp[lnf], dp[lnf + 1], g->d1, x_at(g, g->c.n_layer, B, T),
-                           p[lnf], g->lnf_mean, g->lnf_rstd, BT, C, g->s));
+     k->layernorm_fused_backward(g->dt, g->dres, dp[lnf], dp[lnf + 1], g->colsum, g->d1,
+                                 x_at(g, g->c.n_layer, B, T), p[lnf], g->lnf_mean, g->lnf_rstd, BT,
+                                 C, g->s));
   FSDP_TRY(blocks_backward(g, B, T));
   KC(g, EMBED, k->embedding_backward(g->dt, dp[0], dp[1], g->dres, g->tok, B, T, C, g->s));
   return fsdp_unit_release(g->eng, r->id, FSDP_BACKWARD);

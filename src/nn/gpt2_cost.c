@@ -31,6 +31,8 @@ static void block_costs(const fsdp_gpt2_config_t *c, double B, double T, double 
     const double K = lin[i][0], M = lin[i][1];
     k[FSDP_KC_BLOCK_FWD].flops += L * 2 * N * K * M;
     k[FSDP_KC_BLOCK_FWD].bytes += L * (N * K + K * M + N * M) * a;
+    /* the bias pass after the product (blas.cu): the output read and written */
+    k[FSDP_KC_BLOCK_FWD].bytes += L * 2 * N * M * a;
     k[FSDP_KC_BLOCK_BWD].flops += L * 4 * N * K * M;
     /* dout, weight, input read; d(input) and d(weight) written (fp32); the
      * bias gradient's column sums read dout once more */
@@ -51,7 +53,9 @@ static void block_costs(const fsdp_gpt2_config_t *c, double B, double T, double 
   k[FSDP_KC_ATTN_BWD].bytes += L * (16 * N * C * a + 2 * lse);
   const double ln = 2 * L + 1; /* two per block and ln_f: x and the branch in, x' and ln(x') out */
   k[FSDP_KC_RESID_LN_FWD].bytes += ln * (4 * N * C * a + 8 * N);
-  k[FSDP_KC_LN_BWD].bytes += ln * (4 * N * C * a + 8 * N);
+  /* d(input) (dout, x, d(residual) read and written), then the weight and
+   * bias column sums (dout and x again) */
+  k[FSDP_KC_LN_BWD].bytes += ln * (6 * N * C * a + 8 * N);
 }
 
 static void head_costs(const fsdp_gpt2_config_t *c, double B, double T, double a,

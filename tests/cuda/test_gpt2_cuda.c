@@ -312,15 +312,18 @@ START_TEST(gpt2_124m_layer_matches_cpu) {
 END_TEST
 
 /* Device buffers besides the arena at bf16: tokens and targets (int) and
- * per-row losses (double) of gpt2_io.c. The bf16 attention (flash) has no
- * scratch. */
-static size_t kernel_scratch(size_t b, size_t t) { return b * t * (2 * 4 + 8); }
+ * per-row losses (double) of gpt2_io.c; the column sums' partials, two fp32
+ * outputs of 128 row slices over fc's 4C columns. The bf16 attention (flash)
+ * has no scratch. */
+static size_t kernel_scratch(const fsdp_gpt2_config_t *c, size_t b, size_t t) {
+  return b * t * (2 * 4 + 8) + 2 * 128 * 4 * (size_t)c->n_embd * 4;
+}
 
 static size_t need_at(const fsdp_gpt2_config_t *c, int b, int t) {
   fsdp_gpt2_memory_t m;
   ck_assert_int_eq(fsdp_gpt2_memory(c, b, t, FSDP_BF16, FSDP_GPT2_LAYOUT_BUILT, &m),
                    FSDP_SUCCESS);
-  return m.saved + kernel_scratch((size_t)b, (size_t)t);
+  return m.saved + kernel_scratch(c, (size_t)b, (size_t)t);
 }
 
 /* GPT-2 1558M at 48 x 1024 in bf16 without checkpointing does not fit the

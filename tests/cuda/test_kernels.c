@@ -35,6 +35,11 @@
  * an accumulation in float would be 1e-7 or more off. */
 #define TOL_F32 1e-5
 #define TOL_BF16 1e-2
+/* The fused products' bf16 forward rounds twice (the product as stored, then
+ * with the bias; blas.cu says why): a different fp32 summation order can move
+ * the first rounding by one bf16 ulp, up to 2^-7 relative, before the second
+ * half-ulp, so 1e-2 would leave no room. */
+#define TOL_BF16_TWICE 2e-2
 #define TOL_SUMSQ 1e-9
 #define TOL_EXACT 0.0
 
@@ -48,7 +53,9 @@ static const char *const kKernels[] = {
     "linear_forward", "linear_backward", "linear_forward_bf16", "linear_backward_bf16",
     "conv1d_forward", "conv1d_backward", "conv1d_forward_bf16", "conv1d_backward_bf16",
     "gelu_forward", "gelu_backward", "gelu_forward_bf16", "gelu_backward_bf16",
-    "residual_forward", "residual_forward_bf16",
+    "residual_forward", "residual_forward_bf16", "matmul_fused_forward",
+    "matmul_fused_backward", "matmul_fused_forward_bf16", "matmul_fused_backward_bf16",
+    "ln_fused_forward", "ln_fused_backward", "ln_fused_forward_bf16", "ln_fused_backward_bf16",
     "layernorm_forward", "layernorm_backward", "layernorm_forward_bf16",
     "layernorm_backward_bf16", "embedding_forward", "embedding_backward",
     "embedding_forward_bf16", "embedding_backward_bf16", "attention_forward",
@@ -318,6 +325,176 @@ START_TEST(matmul) {
 }
 END_TEST
 
+/* ---- the fused products (fsdp_cuda_matmul_forward / _backward) ----
+ * Against the CPU's layer kernels composed: forward = conv1d/linear, then
+ * GELU of the pre-activation as stored; backward's d(input) is WRITTEN over a
+ * buffer of random values (a product with beta = 1, or one that skipped the
+ * write, is off by O(1)), times gelu'(pre) when the fc's GELU is fused; the
+ * weight and bias gradients add onto random values. */
+
+/* Rows, inputs, outputs; linear (1) or conv1d (0) weight; bias; GELU. 13, 37
+ * and 5 are not multiples of a pack (scalar forms and tails); 768 x 3072 is
+ * GPT-2's fc. */
+static const struct { int B, C, OC, linear, bias, gelu; } kFusedMatmul[] = {
+    {37, 13, 21, 0, 1, 1}, {5, 40, 24, 1, 1, 0}, {64, 96, 160, 0, 0, 1}, {7, 16, 5, 1, 0, 0},
+    {33, 768, 3072, 0, 1, 1},
+};
+
+static float *maybe_round(int bf16, float *x, size_t n) { return bf16 ? round_bf16(x, n) : x; }
+
+static void fused_matmul_case(int bf16, int B, int C, int OC, int linear, int with_bias,
+                              int gelu) {
+  const fsdp_dtype_t dt = bf16 ? FSDP_BF16 : FSDP_F32;
+  const size_t ni = (size_t)B * C, nw = (size_t)OC * C, no = (size_t)B * OC;
+  const double tol = bf16 ? TOL_BF16 : TOL_F32;
+  float *inp = maybe_round(bf16, rand_floats(ni, 0, 1), ni);
+  float *w = maybe_round(bf16, rand_floats(nw, 0, 1), nw);
+  float *bias = maybe_round(bf16, rand_floats(OC, 0, 1), OC);
+  float *dout = maybe_round(bf16, rand_floats(no, 0, 1), no);
+  /* the pre-activation of the layer below, for the fused gelu' of d(input) */
+  float *pre_in = maybe_round(bf16, rand_floats(ni, 0, 2), ni);
+  float *junk = rand_floats(ni > no ? ni : no, 0, 1);
+  float *dw = rand_floats(nw, 0, 1), *db = rand_floats(OC, 0, 1);
+  const struct mm_kind *k = &kMatmulKinds[linear ? 0 : 1];
+  void *g_inp = dev_act(bf16, inp, ni), *g_w = dev_act(bf16, w, nw);
+  void *g_out = dev_act(bf16, junk, no), *g_pre = gelu ? dev_act(bf16, junk, no) : NULL;
+  void *g_dinp = dev_act(bf16, junk, ni);
+  float *g_dw = dev_f32(dw, nw), *g_db = dev_f32(db, OC);
+  float *scratch = dev_alloc(fsdp_cuda_colsum_scratch_bytes(OC));
+  OK(fsdp_cuda_matmul_forward(dt, g_out, g_pre, g_inp, g_w, with_bias ? dev_act(bf16, bias, OC) : NULL,
+                              B, C, OC, linear, fs));
+  OK(fsdp_cuda_matmul_backward(dt, g_dinp, g_dw, with_bias ? g_db : NULL, scratch,
+                               dev_act(bf16, dout, no), g_inp, g_w,
+                               gelu ? dev_act(bf16, pre_in, ni) : NULL, B, C, OC, linear, fs));
+  float *got = back_act(bf16, g_out, no), *got_pre = gelu ? back_act(bf16, g_pre, no) : NULL;
+  float *got_dinp = back_act(bf16, g_dinp, ni), *got_dw = back_f32(g_dw, nw);
+  float *got_db = back_f32(g_db, OC);
+  /* the CPU: the layer, then GELU of the pre-activation as the GPU stores it */
+  float *pre = xmalloc(no * 4), *act = xmalloc(no * 4), *dinp = calloc(ni, 4);
+  k->cpu_fwd(pre, inp, w, NULL, B, C, OC);
+  /* bf16: the product is stored, then the bias added and stored again */
+  maybe_round(bf16, pre, no);
+  for (size_t i = 0; i < no && with_bias; ++i) pre[i] += bias[i % (size_t)OC];
+  double err = 0.0;
+  if (gelu) {
+    err = rel_err(got_pre, pre, no);
+    fsdp_gelu_forward(act, maybe_round(bf16, copy_floats(pre, no), no), no);
+    free(pre);
+    pre = act;
+    act = NULL;
+  }
+  check_err(bf16 ? "matmul_fused_forward_bf16" : "matmul_fused_forward", "pre/out",
+            max2(err, rel_err(got, pre, no)), bf16 ? TOL_BF16_TWICE : tol);
+  k->cpu_bwd(dinp, dw, with_bias ? db : NULL, dout, inp, w, B, C, OC);
+  if (gelu) { /* d(pre_in) = d(input) * gelu'(pre_in), d(input) stored first */
+    float *dx = maybe_round(bf16, dinp, ni);
+    dinp = calloc(ni, 4);
+    fsdp_gelu_backward(dinp, pre_in, dx, ni);
+    free(dx);
+  }
+  err = max2(rel_err(got_dinp, dinp, ni), rel_err(got_dw, dw, nw));
+  check_err(bf16 ? "matmul_fused_backward_bf16" : "matmul_fused_backward", "dinp/dweight/dbias",
+            max2(err, rel_err(got_db, db, OC)), tol);
+  free(inp), free(w), free(bias), free(dout), free(pre_in), free(junk), free(dw), free(db);
+  free(pre), free(act), free(dinp), free(got), free(got_pre), free(got_dinp), free(got_dw);
+  free(got_db);
+}
+
+START_TEST(fused_matmul) {
+  rng_seed(seed + 1500 + (uint64_t)_i);
+  for (int bf16 = 0; bf16 <= 1; ++bf16) {
+    fused_matmul_case(bf16, kFusedMatmul[_i].B, kFusedMatmul[_i].C, kFusedMatmul[_i].OC,
+                      kFusedMatmul[_i].linear, kFusedMatmul[_i].bias, kFusedMatmul[_i].gelu);
+    dev_free_all();
+  }
+}
+END_TEST
+
+/* The column sums need their scratch: without it the fused backward ops
+ * refuse, naming the size, instead of writing through NULL. */
+START_TEST(fused_scratch_refused) {
+  float *x = dev_alloc(16 * 16 * 4), *g = dev_alloc(16 * 4), *st = dev_alloc(16 * 4);
+  fsdp_status_t st1 = fsdp_cuda_matmul_backward(FSDP_F32, x, x, g, NULL, x, x, x, NULL, 16, 16,
+                                                16, 0, fs);
+  ck_assert_int_eq(st1, FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "fsdp_cuda_colsum_scratch_bytes(16)"));
+  fsdp_status_t st2 = fsdp_cuda_layernorm_fused_backward(FSDP_BF16, x, g, g, NULL, x, x, x, st, st,
+                                                         16, 16, fs);
+  ck_assert_int_eq(st2, FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "fsdp_cuda_colsum_scratch_bytes(16)"));
+}
+END_TEST
+
+/* ---- residual + LayerNorm (fsdp_cuda_layernorm_fused_forward / _backward) ----
+ * Forward against the CPU's residual then LayerNorm on x' as stored; backward
+ * against fsdp_layernorm_backward, d(input) added onto random values. `skew`
+ * offsets every tensor by one element: 2 or 4 bytes off 16-byte alignment,
+ * so the kernels must take their scalar forms. */
+static const struct { int N, C, branch, skew; double offset; } kFusedLn[] = {
+    {37, 768, 1, 0, 0.0}, {5, 13, 1, 0, 3.0}, {9, 24, 0, 0, 3.0}, {11, 40, 1, 1, 0.0},
+    {1, 1, 1, 0, 0.0},
+};
+
+static void fused_ln_case(int bf16, int N, int C, int branch, int skew, double offset) {
+  const fsdp_dtype_t dt = bf16 ? FSDP_BF16 : FSDP_F32;
+  const size_t n = (size_t)N * C, es = bf16 ? 2 : 4, k = (size_t)skew;
+  const double tol = bf16 ? TOL_BF16 : TOL_F32;
+  float *x = maybe_round(bf16, rand_floats(n, offset, 1), n);
+  float *br = maybe_round(bf16, rand_floats(n, 0, 1), n);
+  float *w = maybe_round(bf16, rand_floats(C, 1, 0.5), C);
+  float *b = maybe_round(bf16, rand_floats(C, 0, 0.5), C);
+  float *dout = maybe_round(bf16, rand_floats(n, 0, 1), n);
+  float *dinp = maybe_round(bf16, rand_floats(n, 0, 1), n);
+  float *dw = rand_floats(C, 0, 1), *db = rand_floats(C, 0, 1);
+  /* every device tensor `skew` elements into its buffer */
+#define SKEWED(h, m) ((char *)dev_act(bf16, h, (m) + k) + k * es)
+  float *hx = xmalloc((n + k) * 4), *hb = xmalloc((n + k) * 4), *hw = xmalloc((C + k) * 4),
+        *hbb = xmalloc((C + k) * 4), *hd = xmalloc((n + k) * 4), *hdi = xmalloc((n + k) * 4);
+  memcpy(hx + k, x, n * 4), memcpy(hb + k, br, n * 4), memcpy(hw + k, w, C * 4);
+  memcpy(hbb + k, b, C * 4), memcpy(hd + k, dout, n * 4), memcpy(hdi + k, dinp, n * 4);
+  void *g_x = SKEWED(hx, n), *g_br = SKEWED(hb, n), *g_w = SKEWED(hw, C), *g_b = SKEWED(hbb, C);
+  void *g_res = SKEWED(hx, n), *g_out = SKEWED(hx, n), *g_dout = SKEWED(hd, n);
+  void *g_dinp = SKEWED(hdi, n);
+#undef SKEWED
+  float *g_mean = dev_alloc(N * 4), *g_rstd = dev_alloc(N * 4);
+  float *g_dw = dev_f32(dw, C), *g_db = dev_f32(db, C);
+  float *scratch = dev_alloc(fsdp_cuda_colsum_scratch_bytes(C));
+  OK(fsdp_cuda_layernorm_fused_forward(dt, g_res, g_out, g_mean, g_rstd, g_x, branch ? g_br : NULL,
+                                       g_w, g_b, N, C, fs));
+  const void *ln_in = branch ? g_res : g_x;
+  OK(fsdp_cuda_layernorm_fused_backward(dt, g_dinp, g_dw, g_db, scratch, g_dout, ln_in, g_w,
+                                        g_mean, g_rstd, N, C, fs));
+  float *got_res = back_act(bf16, g_res, n), *got = back_act(bf16, g_out, n);
+  float *got_mean = back_f32(g_mean, N), *got_rstd = back_f32(g_rstd, N);
+  float *got_dinp = back_act(bf16, g_dinp, n), *got_dw = back_f32(g_dw, C), *got_db = back_f32(g_db, C);
+  /* the CPU: x' = x + branch, stored, then LayerNorm of it */
+  float *res = copy_floats(x, n), *out = xmalloc(n * 4), *mean = xmalloc(N * 4),
+        *rstd = xmalloc(N * 4);
+  if (branch) maybe_round(bf16, (fsdp_residual_forward(res, x, br, n), res), n);
+  fsdp_layernorm_forward(out, mean, rstd, res, w, b, N, C);
+  double err = max2(rel_err(got, out, n), max2(rel_err(got_mean, mean, N), rel_err(got_rstd, rstd, N)));
+  if (branch) err = max2(err, rel_err(got_res, res, n));
+  check_err(bf16 ? "ln_fused_forward_bf16" : "ln_fused_forward", "x'/out/mean/rstd", err, tol);
+  fsdp_layernorm_backward(dinp, dw, db, dout, res, w, mean, rstd, N, C);
+  err = max2(rel_err(got_dinp, dinp, n), max2(rel_err(got_dw, dw, C), rel_err(got_db, db, C)));
+  check_err(bf16 ? "ln_fused_backward_bf16" : "ln_fused_backward", "dinp/dweight/dbias", err,
+            tol);
+  free(x), free(br), free(w), free(b), free(dout), free(dinp), free(dw), free(db), free(hx);
+  free(hb), free(hw), free(hbb), free(hd), free(hdi), free(got_res), free(got), free(got_mean);
+  free(got_rstd), free(got_dinp), free(got_dw), free(got_db), free(res), free(out), free(mean);
+  free(rstd);
+}
+
+START_TEST(fused_layernorm) {
+  rng_seed(seed + 3500 + (uint64_t)_i);
+  for (int bf16 = 0; bf16 <= 1; ++bf16) {
+    fused_ln_case(bf16, kFusedLn[_i].N, kFusedLn[_i].C, kFusedLn[_i].branch, kFusedLn[_i].skew,
+                  kFusedLn[_i].offset);
+    dev_free_all();
+  }
+}
+END_TEST
+
 /* ---- elementwise layers ---- */
 
 typedef void (*ew_fwd_cpu)(float *, const float *, size_t);
@@ -383,6 +560,46 @@ static void residual_case(int bf16, size_t n) {
   check_err(bf16 ? "residual_forward_bf16" : "residual_forward", "out", rel_err(got, out, n), tol);
   free(a), free(b), free(out), free(got);
 }
+
+/* GELU and the residual on tensors one element off 16-byte alignment (and
+ * n = 1003, not a whole number of packs): the kernels must take their scalar
+ * forms, never read a misaligned pack (a fault in the simulator, as on a
+ * GPU). */
+static void skewed_case(int bf16, size_t n) {
+  const double tol = bf16 ? TOL_BF16 : TOL_F32;
+  const size_t es = bf16 ? 2 : 4;
+  float *a = maybe_round(bf16, rand_floats(n + 1, 0, 3), n + 1);
+  float *b = maybe_round(bf16, rand_floats(n + 1, 0, 1), n + 1);
+  float *d = maybe_round(bf16, rand_floats(n + 1, 0, 1), n + 1);
+  char *g_a = dev_act(bf16, a, n + 1), *g_b = dev_act(bf16, b, n + 1);
+  char *g_o = dev_act(bf16, b, n + 1), *g_r = dev_act(bf16, b, n + 1), *g_d = dev_act(bf16, d, n + 1);
+  void *pa = g_a + es, *pb = g_b + es, *po = g_o + es, *pr = g_r + es, *pd = g_d + es;
+  const fsdp_dtype_t dt = act_dtype(bf16);
+  OK(fsdp_cuda_gelu_forward(dt, po, pa, n, fs));
+  OK(fsdp_cuda_gelu_backward(dt, pd, pa, pb, n, fs));
+  OK(fsdp_cuda_residual_forward(dt, pr, pa, pb, n, fs));
+  float *got_o = back_act(bf16, g_o, n + 1), *got_d = back_act(bf16, g_d, n + 1);
+  float *got_r = back_act(bf16, g_r, n + 1), *out = xmalloc(n * 4), *res = xmalloc(n * 4);
+  fsdp_gelu_forward(out, a + 1, n);
+  fsdp_gelu_backward(d + 1, a + 1, b + 1, n);
+  fsdp_residual_forward(res, a + 1, b + 1, n);
+  check_err(bf16 ? "gelu_forward_bf16" : "gelu_forward", "skewed out", rel_err(got_o + 1, out, n),
+            tol);
+  check_err(bf16 ? "gelu_backward_bf16" : "gelu_backward", "skewed dinp",
+            rel_err(got_d + 1, d + 1, n), tol);
+  check_err(bf16 ? "residual_forward_bf16" : "residual_forward", "skewed out",
+            rel_err(got_r + 1, res, n), tol);
+  /* the element before each skewed tensor is left alone */
+  ck_assert_msg(got_o[0] == b[0] && got_r[0] == b[0] && got_d[0] == d[0],
+                "a skewed kernel wrote before its first element");
+  free(a), free(b), free(d), free(got_o), free(got_d), free(got_r), free(out), free(res);
+}
+
+START_TEST(elementwise_skewed) {
+  rng_seed(seed + 2500);
+  for (int bf16 = 0; bf16 <= 1; ++bf16) skewed_case(bf16, 1003);
+}
+END_TEST
 
 START_TEST(elementwise) {
   rng_seed(seed + 2000 + (uint64_t)_i);
@@ -1112,6 +1329,19 @@ START_TEST(big_layernorm) {
 }
 END_TEST
 
+/* The fused products at BT = 2048 rows and 768 outputs: the bias gradient's
+ * column sums over all their row slices (a 3-wide input keeps the reference
+ * product cheap), and residual + LayerNorm over 2048 rows of C = 768. */
+START_TEST(big_fused) {
+  rng_seed(seed + 9400);
+  for (int bf16 = 0; bf16 <= 1; ++bf16) {
+    fused_matmul_case(bf16, 2048, 3, 768, 0, 1, 0);
+    fused_ln_case(bf16, 2048, 768, 1, 0, 3.0);
+    dev_free_all();
+  }
+}
+END_TEST
+
 static int big_mode(void) {
   const char *b = getenv("FSDP_TEST_BIG");
   return b && *b && strcmp(b, "0") != 0;
@@ -1123,6 +1353,7 @@ static Suite *kernels_big_suite(void) {
   add_test(s, "big_vocab_matmul", big_vocab_matmul, 1);
   add_test(s, "big_xent", big_xent, 1);
   add_test(s, "big_layernorm", big_layernorm, 1);
+  add_test(s, "big_fused", big_fused, 1);
   return s;
 }
 
@@ -1140,7 +1371,11 @@ static Suite *kernels_suite(void) {
   Suite *s = suite_create("cuda_kernels");
   add_test(s, "matmul", matmul, LEN(kMatmul));
   add_test(s, "elementwise", elementwise, LEN(kSizes));
+  add_test(s, "elementwise_skewed", elementwise_skewed, 1);
   add_test(s, "layernorm", layernorm, LEN(kLayernorm));
+  add_test(s, "fused_matmul", fused_matmul, LEN(kFusedMatmul));
+  add_test(s, "fused_layernorm", fused_layernorm, LEN(kFusedLn));
+  add_test(s, "fused_scratch_refused", fused_scratch_refused, 1);
   add_test(s, "embedding", embedding, LEN(kEmbedding));
   add_test(s, "attention", attention, LEN(kAttention));
   add_test(s, "flash_attention", flash_attention, LEN(kFlash));

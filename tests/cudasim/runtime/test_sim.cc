@@ -475,11 +475,7 @@ static void test_faults() {
 
 /* ---- WMMA ---- */
 
-static __nv_bfloat16 bf16_of(float x) { /* exact for the small values used here */
-  uint32_t u;
-  memcpy(&u, &x, 4);
-  return __nv_bfloat16{(unsigned short)(u >> 16)};
-}
+static __nv_bfloat16 bf16_dev(float x) { return __nv_bfloat16{bf16_of(x)}; }
 
 /* One layout combination against a plain loop. The values are small integers
  * / 8, exact in bf16, with every product and sum exact in fp32: the result
@@ -488,15 +484,15 @@ static __nv_bfloat16 bf16_of(float x) { /* exact for the small values used here 
 template <typename LA, typename LB>
 static void wmma_case(bool a_row, bool b_row, wmma::layout_t lc) {
   const unsigned lda = 24, ldb = 40, ldc = 20;
-  std::vector<__nv_bfloat16> ha(16 * lda, bf16_of(NAN)), hb(16 * ldb, bf16_of(NAN));
+  std::vector<__nv_bfloat16> ha(16 * lda, bf16_dev(NAN)), hb(16 * ldb, bf16_dev(NAN));
   std::vector<float> hc(16 * ldc, NAN), want(256);
   float A[16][16], B[16][16], Cm[16][16];
   for (int i = 0; i < 16; ++i)
     for (int j = 0; j < 16; ++j) {
       A[i][j] = (float)((i * 7 + j * 3) % 11 - 5) / 8, B[i][j] = (float)((i * 5 + j * 9) % 13 - 6) / 8;
       Cm[i][j] = (float)(i - j) / 4;
-      ha[a_row ? i * lda + j : j * lda + i] = bf16_of(A[i][j]);
-      hb[b_row ? i * ldb + j : j * ldb + i] = bf16_of(B[i][j]);
+      ha[a_row ? i * lda + j : j * lda + i] = bf16_dev(A[i][j]);
+      hb[b_row ? i * ldb + j : j * ldb + i] = bf16_dev(B[i][j]);
       hc[lc == wmma::mem_row_major ? i * ldc + j : j * ldc + i] = Cm[i][j];
     }
   for (int i = 0; i < 16; ++i)
@@ -514,7 +510,7 @@ static void wmma_case(bool a_row, bool b_row, wmma::layout_t lc) {
   void (*const kernel)(float *, const __nv_bfloat16 *, const __nv_bfloat16 *, const float *,
                        unsigned, unsigned, unsigned, wmma::layout_t) = wmma_kernel<LA, LB>;
   FSDP_LAUNCH(kernel, 1, 32, 0, nullptr, d, a, b, c, lda, ldb, ldc, lc);
-  EXPECT(cudaDeviceSynchronize() == cudaSuccess, "wmma_kernel");
+  CHECK(cudaDeviceSynchronize() == cudaSuccess, "wmma_kernel");
   std::vector<float> got = back(d, hc.size());
   int wrong = 0;
   for (int i = 0; i < 16; ++i)
@@ -524,7 +520,7 @@ static void wmma_case(bool a_row, bool b_row, wmma::layout_t lc) {
     }
   for (int i = 0; i < 16; ++i) /* the padding columns stay as they were */
     for (unsigned j = 16; j < ldc; ++j) wrong += !std::isnan(got[i * ldc + j]);
-  EXPECT(wrong == 0, "mma_sync A %s, B %s, C/D %s: %d elements wrong", a_row ? "row" : "col",
+  CHECK(wrong == 0, "mma_sync A %s, B %s, C/D %s: %d elements wrong", a_row ? "row" : "col",
          b_row ? "row" : "col", lc == wmma::mem_row_major ? "row" : "col", wrong);
   cudaFree(a), cudaFree(b), cudaFree(c), cudaFree(d);
 }
@@ -546,18 +542,18 @@ static void test_wmma() {
   std::vector<float> got = back(d, 256);
   int wrong = 0;
   for (int i = 0; i < 256; ++i) wrong += got[i] != 10.0f * hc[i] + (float)(i / 16);
-  EXPECT(wrong == 0, "element-wise with a row-index fragment: %d elements wrong", wrong);
+  CHECK(wrong == 0, "element-wise with a row-index fragment: %d elements wrong", wrong);
   for (int sync = 0; sync <= 1; ++sync) {
     cudaMemset(d, 0xff, 1024);
     FSDP_LAUNCH(wmma_unsynced_kernel, 1, 32, 0, nullptr, d, seen, sync);
     const float v = back(seen, 1)[0];
-    EXPECT(sync ? v == 1.0f : std::isnan(v),
+    CHECK(sync ? v == 1.0f : std::isnan(v),
            "another lane's stored element read %s __syncwarp: %g", sync ? "after" : "without", v);
   }
   int *flag = dev<int>(1);
   cudaMemset(flag, 0, 4);
   FSDP_LAUNCH(shared_align_kernel, 1, 32, 0, nullptr, flag);
-  EXPECT(back(flag, 1)[0] == 0, "an alignas(32) shared variable is not 32-byte aligned");
+  CHECK(back(flag, 1)[0] == 0, "an alignas(32) shared variable is not 32-byte aligned");
   cudaFree(c), cudaFree(r), cudaFree(d), cudaFree(seen), cudaFree(flag);
   expect_fault([](int *p) { FSDP_LAUNCH(wmma_misaligned_kernel, 1, 32, 0, nullptr, p); },
                cudaErrorMisalignedAddress, "wmma_misaligned_kernel", "256-bit (32-byte) aligned");
@@ -652,7 +648,7 @@ static void test_children() {
   rc = run_child("device_oob", nullptr, &out);
   /* ASan stops the child at the write; without it the guard zone after the
    * allocation shows it when cudaFree releases it. */
-  EXPECT(rc != 0 && (has(out, "heap-buffer-overflow") ||
+  CHECK(rc != 0 && (has(out, "heap-buffer-overflow") ||
                      (has(out, "out-of-bounds write to device memory") &&
                       has(out, "4000 bytes") && has(out, "offset 4000, past the end"))),
          "an out-of-bounds device write went unseen (exit %d)", rc);
