@@ -96,7 +96,8 @@ static fsdp_status_t blas_handle(cudaStream_t stream, cublasHandle_t *out) {
   return blas_create(device, stream, out);
 }
 
-fsdp_status_t fsdp_cuda_blas_prepare(fsdp_cuda_stream_t stream, int *created) {
+fsdp_status_t fsdp_cuda_blas_prepare(fsdp_stream_t s, int *created) {
+  CUDA_STREAM(stream, s, "prepare");
   int before;
   {
     std::lock_guard<std::mutex> guard(blas_lock);

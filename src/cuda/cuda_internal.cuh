@@ -132,6 +132,13 @@ static inline fsdp_status_t fsdp_cuda_dispatch(const char *op, fsdp_dtype_t dt,
   }
 }
 
+/* cudaStream_t var of the fsdp stream `stream` for the op named op, or the
+ * op's return refusing a stream of another kind (for the shard kernels, which
+ * dispatch on no dtype). */
+#define CUDA_STREAM(var, stream, op)                                         \
+  cudaStream_t var = static_cast<cudaStream_t>(fsdp_stream_cuda_handle(stream)); \
+  if (!var) return fsdp_cuda_refuse(op, FSDP_F32, stream)
+
 /* S: the storage type a dispatch lambda was called with. */
 #define STORAGE(tag) using S = std::remove_pointer_t<decltype(tag)>
 

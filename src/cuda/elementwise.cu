@@ -125,35 +125,48 @@ fsdp_status_t fsdp_cuda_residual_forward(fsdp_dtype_t dt, void *out, const void 
 
 /* ---- the engine's shard kernels ---- */
 
-fsdp_status_t fsdp_cuda_scale(float *x, float s, size_t n, fsdp_cuda_stream_t stream) {
-  return for_each(n, stream, [=] __device__(size_t i) { x[i] *= s; });
+fsdp_status_t fsdp_cuda_scale(float *x, float a, size_t n, fsdp_stream_t stream) {
+  CUDA_STREAM(s, stream, "scale");
+  return for_each(n, s, [=] __device__(size_t i) { x[i] *= a; });
 }
 
-fsdp_status_t fsdp_cuda_axpy(float *y, fsdp_dtype_t xdt, const void *x, float scale, size_t n,
-                             fsdp_cuda_stream_t stream) {
+fsdp_status_t fsdp_cuda_axpy(float *y, fsdp_dtype_t xdt, const void *x, float a, size_t n,
+                             fsdp_stream_t stream) {
+  CUDA_STREAM(s, stream, "axpy");
   switch (xdt) {
-  case FSDP_F32: return axpy(y, as<float>(x), scale, n, stream);
-  case FSDP_BF16: return axpy(y, as<bf16>(x), scale, n, stream);
-  default:
-    return fsdp_error(FSDP_ERR_UNSUPPORTED, "CUDA axpy: no kernel for %s gradients (f32, bf16)",
-                      fsdp_dtype_name(xdt));
+  case FSDP_F32: return axpy(y, as<float>(x), a, n, s);
+  case FSDP_BF16: return axpy(y, as<bf16>(x), a, n, s);
+  default: return fsdp_cuda_refuse("axpy", xdt, stream);
   }
 }
 
-fsdp_status_t fsdp_cuda_f32_to_bf16(uint16_t *out, const float *inp, size_t n,
-                                    fsdp_cuda_stream_t stream) {
-  return for_each(n, stream, [=] __device__(size_t i) { out[i] = fsdp_bf16_bits(inp[i]); });
+/* ---- casts, bit for bit the host's (cuda_internal.cuh) ---- */
+
+static fsdp_status_t to_bf16(uint16_t *out, const float *inp, size_t n, cudaStream_t s) {
+  return for_each(n, s, [=] __device__(size_t i) { out[i] = fsdp_bf16_bits(inp[i]); });
 }
-fsdp_status_t fsdp_cuda_bf16_to_f32(float *out, const uint16_t *inp, size_t n,
-                                    fsdp_cuda_stream_t stream) {
-  return for_each(n, stream,
+static fsdp_status_t from_bf16(float *out, const uint16_t *inp, size_t n, cudaStream_t s) {
+  return for_each(n, s,
                   [=] __device__(size_t i) { out[i] = __uint_as_float((uint32_t)inp[i] << 16); });
 }
-fsdp_status_t fsdp_cuda_f32_to_f16(uint16_t *out, const float *inp, size_t n,
-                                   fsdp_cuda_stream_t stream) {
-  return for_each(n, stream, [=] __device__(size_t i) { out[i] = fsdp_f16_bits(inp[i]); });
+static fsdp_status_t to_f16(uint16_t *out, const float *inp, size_t n, cudaStream_t s) {
+  return for_each(n, s, [=] __device__(size_t i) { out[i] = fsdp_f16_bits(inp[i]); });
 }
-fsdp_status_t fsdp_cuda_f16_to_f32(float *out, const uint16_t *inp, size_t n,
-                                   fsdp_cuda_stream_t stream) {
-  return for_each(n, stream, [=] __device__(size_t i) { out[i] = fsdp_f16_value(inp[i]); });
+static fsdp_status_t from_f16(float *out, const uint16_t *inp, size_t n, cudaStream_t s) {
+  return for_each(n, s, [=] __device__(size_t i) { out[i] = fsdp_f16_value(inp[i]); });
+}
+
+fsdp_status_t fsdp_cuda_cast(fsdp_dtype_t dst_dt, void *dst, fsdp_dtype_t src_dt,
+                             const void *src, size_t n, fsdp_stream_t stream) {
+  CUDA_STREAM(s, stream, "cast");
+  if (src_dt == FSDP_F32 && dst_dt == FSDP_BF16)
+    return to_bf16(as<uint16_t>(dst), as<float>(src), n, s);
+  if (src_dt == FSDP_F32 && dst_dt == FSDP_F16)
+    return to_f16(as<uint16_t>(dst), as<float>(src), n, s);
+  if (src_dt == FSDP_BF16 && dst_dt == FSDP_F32)
+    return from_bf16(as<float>(dst), as<uint16_t>(src), n, s);
+  if (src_dt == FSDP_F16 && dst_dt == FSDP_F32)
+    return from_f16(as<float>(dst), as<uint16_t>(src), n, s);
+  return fsdp_error(FSDP_ERR_UNSUPPORTED, "CUDA cast: no %s -> %s kernel (f32 to and from bf16 "
+                    "and f16)", fsdp_dtype_name(src_dt), fsdp_dtype_name(dst_dt));
 }

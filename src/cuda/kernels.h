@@ -51,10 +51,6 @@
 extern "C" {
 #endif
 
-/* A CUDA stream: this is cudaStream_t itself (struct CUstream_st *), spelled so
- * that C callers need no CUDA header. NULL is the legacy default stream. */
-typedef struct CUstream_st *fsdp_cuda_stream_t;
-
 /* ---- the compute table's CUDA entry points (src/device/compute.h) ----
  * Each is the table slot of the same name, with the semantics documented
  * there; compute_cuda.c fills the table with them. One entry point per op,
@@ -158,7 +154,7 @@ fsdp_status_t fsdp_cuda_xent(fsdp_dtype_t dt, void *logits, int ld, double *loss
                              const int *targets, int B, int V, float scale, int grad,
                              fsdp_stream_t stream);
 
-/* ---- cuBLAS handles ---- */
+/* ---- cuBLAS handles: the table's prepare and release ---- */
 
 /* Destroys the cuBLAS handles the matrix products created, one per (device,
  * stream) they ran on, at most FSDP_CUDA_MAX_BLAS_HANDLES. Call it when no
@@ -170,9 +166,9 @@ fsdp_status_t fsdp_cuda_blas_release(void);
  * product pays for it later (the engine calls it at materialize, not at the
  * first product while gathers are in flight). *created (may be NULL): 1 when
  * this call made it, 0 when it was there. */
-fsdp_status_t fsdp_cuda_blas_prepare(fsdp_cuda_stream_t stream, int *created);
+fsdp_status_t fsdp_cuda_blas_prepare(fsdp_stream_t stream, int *created);
 
-/* ---- optimizer and shard kernels (fp32 shards) ---- */
+/* ---- the engine's shard kernels (fp32 shards): the table's slots ---- */
 
 /* AdamW and SGD with the semantics of fsdp_adamw_update / fsdp_sgd_update
  * (the bias corrections are computed on the host in double, as there).
@@ -182,13 +178,13 @@ fsdp_status_t fsdp_cuda_blas_prepare(fsdp_cuda_stream_t stream, int *created);
  * starts ascending from 0. Gradients are read times coef (clipping; not
  * written back). The same arithmetic as fsdp_adamw_update on each run after
  * the gradients were scaled. */
-fsdp_status_t fsdp_cuda_adamw_multi(float *param, const float *grad, float *m, float *v,
-                                    size_t n, const unsigned long long *runs, int n_runs,
-                                    float coef, const fsdp_optim_config_t *c, float lr,
-                                    int64_t t, fsdp_cuda_stream_t stream);
+fsdp_status_t fsdp_cuda_adamw_multi(float *param, float *grad, float *m, float *v, size_t n,
+                                    const unsigned long long *runs, int n_runs, float coef,
+                                    const fsdp_optim_config_t *c, float lr, int64_t t,
+                                    fsdp_stream_t stream);
 fsdp_status_t fsdp_cuda_sgd_update(float *param, const float *grad, float *buf, size_t n,
                                    const fsdp_optim_config_t *c, float lr, int first, int decay,
-                                   fsdp_cuda_stream_t stream);
+                                   fsdp_stream_t stream);
 
 /* *out (one double) = sum of x[i]^2, accumulated in double. Deterministic: the
  * grid depends on n alone, each block reduces its part in a fixed order into
@@ -196,26 +192,20 @@ fsdp_status_t fsdp_cuda_sgd_update(float *param, const float *grad, float *buf, 
  * adds those in a fixed order. */
 #define FSDP_CUDA_SUMSQ_PARTIALS 512
 fsdp_status_t fsdp_cuda_sum_squares(double *out, double *partials, const float *x, size_t n,
-                                    fsdp_cuda_stream_t stream);
-/* x *= s (gradient clipping by the global norm). */
-fsdp_status_t fsdp_cuda_scale(float *x, float s, size_t n, fsdp_cuda_stream_t stream);
-/* y += scale * x: a reduced gradient (x of dtype xdt: f32, or bf16 when
- * reduced in bf16) into the fp32 grad shard. */
-fsdp_status_t fsdp_cuda_axpy(float *y, fsdp_dtype_t xdt, const void *x, float scale, size_t n,
-                             fsdp_cuda_stream_t stream);
-/* Casts with fsdp_f32_to_bf16's exact rounding (nearest even; NaN stays a
- * quiet NaN with its sign and top payload bits) and its widening inverse. */
-fsdp_status_t fsdp_cuda_f32_to_bf16(uint16_t *out, const float *inp, size_t n,
-                                    fsdp_cuda_stream_t stream);
-fsdp_status_t fsdp_cuda_bf16_to_f32(float *out, const uint16_t *inp, size_t n,
-                                    fsdp_cuda_stream_t stream);
-/* The same for IEEE fp16 with fsdp_f32_to_f16's rounding (nearest even,
- * overflow to inf, subnormals kept): fp16 parameters are gathered, not
- * computed in, so these casts are all the fp16 kernels there are. */
-fsdp_status_t fsdp_cuda_f32_to_f16(uint16_t *out, const float *inp, size_t n,
-                                   fsdp_cuda_stream_t stream);
-fsdp_status_t fsdp_cuda_f16_to_f32(float *out, const uint16_t *inp, size_t n,
-                                   fsdp_cuda_stream_t stream);
+                                    fsdp_stream_t stream);
+/* x *= a (gradient clipping by the global norm). */
+fsdp_status_t fsdp_cuda_scale(float *x, float a, size_t n, fsdp_stream_t stream);
+/* y += a * x: a reduced gradient (x of dtype xdt: f32, or bf16 when reduced
+ * in bf16) into the fp32 grad shard. */
+fsdp_status_t fsdp_cuda_axpy(float *y, fsdp_dtype_t xdt, const void *x, float a, size_t n,
+                             fsdp_stream_t stream);
+/* f32 to bf16 or f16 with fsdp_f32_to_bf16's / fsdp_f32_to_f16's exact
+ * rounding (nearest even; NaN stays a quiet NaN with its sign and top payload
+ * bits; fp16 overflows to inf, keeps subnormals), and the widening inverses:
+ * fp16 parameters are gathered, not computed in, so casts are all the fp16
+ * kernels there are. */
+fsdp_status_t fsdp_cuda_cast(fsdp_dtype_t dst_dt, void *dst, fsdp_dtype_t src_dt,
+                             const void *src, size_t n, fsdp_stream_t stream);
 
 #ifdef __cplusplus
 }

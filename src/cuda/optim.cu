@@ -40,10 +40,11 @@ __global__ void adamw_multi_kernel(float *param, const float *grad, float *m, fl
   }
 }
 
-fsdp_status_t fsdp_cuda_adamw_multi(float *param, const float *grad, float *m, float *v,
-                                    size_t n, const unsigned long long *runs, int n_runs,
-                                    float coef, const fsdp_optim_config_t *c, float lr,
-                                    int64_t t, fsdp_cuda_stream_t stream) {
+fsdp_status_t fsdp_cuda_adamw_multi(float *param, float *grad, float *m, float *v, size_t n,
+                                    const unsigned long long *runs, int n_runs, float coef,
+                                    const fsdp_optim_config_t *c, float lr, int64_t t,
+                                    fsdp_stream_t s) {
+  CUDA_STREAM(stream, s, "adamw_multi");
   if (!c) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "AdamW update: NULL config");
   if (n == 0) return FSDP_SUCCESS;
   if (!runs || n_runs < 1)
@@ -98,7 +99,8 @@ __global__ void sgd_kernel(float *param, const float *grad, float *buf, size_t n
 
 fsdp_status_t fsdp_cuda_sgd_update(float *param, const float *grad, float *buf, size_t n,
                                    const fsdp_optim_config_t *c, float lr, int first, int decay,
-                                   fsdp_cuda_stream_t stream) {
+                                   fsdp_stream_t s) {
+  CUDA_STREAM(stream, s, "sgd_update");
   if (!c) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "SGD update: NULL config");
   if (n == 0) return FSDP_SUCCESS;
   const float wd = decay ? c->weight_decay : 0.0f, mu = c->momentum;
@@ -141,7 +143,8 @@ __global__ void sum_partials_kernel(double *out, const double *partials, int nb)
 }
 
 fsdp_status_t fsdp_cuda_sum_squares(double *out, double *partials, const float *x, size_t n,
-                                    fsdp_cuda_stream_t stream) {
+                                    fsdp_stream_t s) {
+  CUDA_STREAM(stream, s, "sum_squares");
   const size_t per_block = (size_t)SUMSQ_BLOCK * SUMSQ_PER_THREAD;
   const size_t want = (n + per_block - 1) / per_block;
   const int nb = (int)(want < FSDP_CUDA_SUMSQ_PARTIALS ? want : FSDP_CUDA_SUMSQ_PARTIALS);

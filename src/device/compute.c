@@ -10,6 +10,7 @@
 #include "core/internal.h"
 #include "device/compute.h"
 #include "fsdp/nn.h"
+#include "fsdp/optim.h"
 #include "fsdp_config.h"
 #include "nn/head.h"
 
@@ -24,6 +25,9 @@ static const char *const slot_names[] = {
     "attention_forward",  "attention_backward",      "xent",
     "colsum_scratch_bytes", "matmul_forward",        "matmul_backward",
     "layernorm_fused_forward", "layernorm_fused_backward",
+    "sum_squares",        "scale",                   "axpy",
+    "cast",               "adamw_multi",             "sgd_update",
+    "prepare",            "release",
 };
 typedef void (*any_fn)(void);
 #define FIRST_SLOT offsetof(fsdp_compute_ops_t, linear_forward)
@@ -62,6 +66,8 @@ static fsdp_status_t cpu_refuse(const char *op, fsdp_dtype_t dt, fsdp_stream_t s
 
 #define CPU_OP(op, dt, s) \
   if ((dt) != FSDP_F32 || (s) != FSDP_HOST_STREAM) return cpu_refuse(op, dt, s)
+#define CPU_SHARD_OP(op, s) \
+  if ((s) != FSDP_HOST_STREAM) return cpu_refuse(op, FSDP_F32, s)
 
 static fsdp_status_t cpu_linear_forward(fsdp_dtype_t dt, void *out, const void *inp,
                                         const void *weight, const void *bias, int B, int C,
@@ -267,9 +273,97 @@ static fsdp_status_t cpu_layernorm_fused_backward(fsdp_dtype_t dt, void *dinp, f
   return FSDP_SUCCESS;
 }
 
+/* ---- the engine's shard kernels: the loops the engine ran before the table,
+ * expression for expression, so CPU results are bitwise what they were ---- */
+
+static fsdp_status_t cpu_sum_squares(double *out, double *partials, const float *x, size_t n,
+                                     fsdp_stream_t s) {
+  CPU_SHARD_OP("sum_squares", s);
+  (void)partials;
+  double acc = 0.0;
+  for (size_t i = 0; i < n; i++) acc += (double)x[i] * x[i];
+  *out = acc;
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t cpu_scale(float *x, float a, size_t n, fsdp_stream_t s) {
+  CPU_SHARD_OP("scale", s);
+  for (size_t i = 0; i < n; i++) x[i] *= a;
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t cpu_axpy(float *restrict y, fsdp_dtype_t xdt, const void *x, float a,
+                              size_t n, fsdp_stream_t s) {
+  if (xdt != FSDP_F32 && xdt != FSDP_BF16) return cpu_refuse("axpy", xdt, s);
+  CPU_SHARD_OP("axpy", s);
+  if (xdt == FSDP_BF16)
+    for (size_t i = 0; i < n; i++) y[i] += a * fsdp_bf16_to_f32(((const uint16_t *)x)[i]);
+  else
+    for (size_t i = 0; i < n; i++) y[i] += a * ((const float *)x)[i];
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t cpu_cast(fsdp_dtype_t dst_dt, void *dst, fsdp_dtype_t src_dt,
+                              const void *src, size_t n, fsdp_stream_t s) {
+  CPU_SHARD_OP("cast", s);
+  const float *f = src;
+  const uint16_t *h = src;
+  float *fo = dst;
+  uint16_t *ho = dst;
+  if (src_dt == FSDP_F32 && dst_dt == FSDP_BF16)
+    for (size_t i = 0; i < n; i++) ho[i] = fsdp_f32_to_bf16(f[i]);
+  else if (src_dt == FSDP_F32 && dst_dt == FSDP_F16)
+    for (size_t i = 0; i < n; i++) ho[i] = fsdp_f32_to_f16(f[i]);
+  else if (src_dt == FSDP_BF16 && dst_dt == FSDP_F32)
+    for (size_t i = 0; i < n; i++) fo[i] = fsdp_bf16_to_f32(h[i]);
+  else if (src_dt == FSDP_F16 && dst_dt == FSDP_F32)
+    for (size_t i = 0; i < n; i++) fo[i] = fsdp_f16_to_f32(h[i]);
+  else
+    return fsdp_error(FSDP_ERR_UNSUPPORTED, "CPU cast: no %s -> %s kernel (f32 to and from bf16 "
+                      "and f16)", fsdp_dtype_name(src_dt), fsdp_dtype_name(dst_dt));
+  return FSDP_SUCCESS;
+}
+
+/* Run by run, each as fsdp_adamw_update after the gradients were scaled in
+ * place (what the engine did tensor piece by tensor piece). */
+static fsdp_status_t cpu_adamw_multi(float *param, float *grad, float *m, float *v, size_t n,
+                                     const unsigned long long *runs, int n_runs, float coef,
+                                     const fsdp_optim_config_t *c, float lr, int64_t t,
+                                     fsdp_stream_t s) {
+  CPU_SHARD_OP("adamw_multi", s);
+  if (n && (!runs || n_runs < 1))
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "AdamW update: %zu elements but no decay runs",
+                      n);
+  if (coef != 1.0f)
+    for (size_t i = 0; i < n; i++) grad[i] *= coef;
+  for (int r = 0; r < n_runs; r++) {
+    const size_t at = (size_t)(runs[r] >> 1), end = r + 1 < n_runs ? (size_t)(runs[r + 1] >> 1) : n;
+    fsdp_adamw_update(param + at, grad + at, m + at, v + at, end - at, c, lr, t, (int)(runs[r] & 1));
+  }
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t cpu_sgd_update(float *param, const float *grad, float *buf, size_t n,
+                                    const fsdp_optim_config_t *c, float lr, int first, int decay,
+                                    fsdp_stream_t s) {
+  CPU_SHARD_OP("sgd_update", s);
+  fsdp_sgd_update(param, grad, buf, n, c, lr, first, decay);
+  return FSDP_SUCCESS;
+}
+
+/* The CPU keeps no per-stream state. */
+static fsdp_status_t cpu_prepare(fsdp_stream_t s, int *created) {
+  (void)s;
+  if (created) *created = 0;
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t cpu_release(void) { return FSDP_SUCCESS; }
+
 static const fsdp_compute_ops_t cpu_ops = {
     .name = "cpu",
     .device = FSDP_DEVICE_CPU,
+    .sum_squares_partials = 0,
     .linear_forward = cpu_linear_forward,
     .linear_backward = cpu_linear_backward,
     .conv1d_forward = cpu_conv1d_forward,
@@ -293,6 +387,14 @@ static const fsdp_compute_ops_t cpu_ops = {
     .matmul_backward = cpu_matmul_backward,
     .layernorm_fused_forward = cpu_layernorm_fused_forward,
     .layernorm_fused_backward = cpu_layernorm_fused_backward,
+    .sum_squares = cpu_sum_squares,
+    .scale = cpu_scale,
+    .axpy = cpu_axpy,
+    .cast = cpu_cast,
+    .adamw_multi = cpu_adamw_multi,
+    .sgd_update = cpu_sgd_update,
+    .prepare = cpu_prepare,
+    .release = cpu_release,
 };
 
 #if FSDP_HAVE_CUDA

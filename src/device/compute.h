@@ -31,6 +31,9 @@
  *   work runs surfaces at the next synchronising call, as CUDA errors do.
  * - Where the GPU needs memory the CPU keeps on its stack (attention's
  *   scratch), the op takes a buffer and the table says how large.
+ * The engine's shard kernels (norm, clipping, gradient accumulation, casts,
+ * optimizer updates) are in the same table, so the engine has no backend
+ * branches either; they work on fp32 shards of n elements.
  * Dims legend as in fsdp/nn.h (B, T, C, OC, NH, V; N rows). Tables are
  * immutable and may be used from any thread. */
 #ifndef FSDP_DEVICE_COMPUTE_H
@@ -38,12 +41,16 @@
 
 #include <stddef.h>
 
+#include <stdint.h>
+
 #include "fsdp/core.h"
 #include "fsdp/device.h"
+#include "fsdp/optim.h"
 
 typedef struct fsdp_compute_ops {
-  const char *name;          /* "cpu", "cuda" */
-  fsdp_device_kind_t device; /* where every pointer lives */
+  const char *name;            /* "cpu", "cuda" */
+  fsdp_device_kind_t device;   /* where every pointer lives */
+  size_t sum_squares_partials; /* doubles of scratch sum_squares takes (0: none) */
 
   /* ---- matrix products (fp32 accumulation) ---- */
   /* out (B,OC) = inp (B,C) @ weight^T (OC,C) + bias (OC); bias may be NULL. */
@@ -166,6 +173,44 @@ typedef struct fsdp_compute_ops {
                                             const void *inp, const void *weight,
                                             const float *mean, const float *rstd, int N, int C,
                                             fsdp_stream_t s);
+  /* ---- the engine's shard kernels ---- */
+  /* *out (one double) = sum of x[i]^2, accumulated in double, deterministic;
+   * partials: sum_squares_partials doubles of the caller's (NULL when 0). */
+  fsdp_status_t (*sum_squares)(double *out, double *partials, const float *x, size_t n,
+                               fsdp_stream_t s);
+  /* x *= a (clipping). */
+  fsdp_status_t (*scale)(float *x, float a, size_t n, fsdp_stream_t s);
+  /* y += a * x, x of dtype xdt (f32, or bf16 when gradients are reduced in
+   * bf16): a reduced gradient into the fp32 grad shard. */
+  fsdp_status_t (*axpy)(float *y, fsdp_dtype_t xdt, const void *x, float a, size_t n,
+                        fsdp_stream_t s);
+  /* dst (dst_dt) = src (src_dt) element by element with fsdp_f32_to_bf16's /
+   * fsdp_f32_to_f16's exact rounding, or their widening inverses: f32 to and
+   * from bf16 and f16. */
+  fsdp_status_t (*cast)(fsdp_dtype_t dst_dt, void *dst, fsdp_dtype_t src_dt, const void *src,
+                        size_t n, fsdp_stream_t s);
+  /* AdamW (fsdp_adamw_update's semantics) over a whole shard in one call:
+   * runs (n_runs >= 1 when n > 0, the backend's memory): start << 1 | decay
+   * for each run of elements sharing a weight-decay flag, starts ascending
+   * from 0. Gradients are taken times coef (clipping; the CPU scales them in
+   * place, CUDA only reads them: do not read grad afterwards). */
+  fsdp_status_t (*adamw_multi)(float *param, float *grad, float *m, float *v, size_t n,
+                               const unsigned long long *runs, int n_runs, float coef,
+                               const fsdp_optim_config_t *c, float lr, int64_t t,
+                               fsdp_stream_t s);
+  /* fsdp_sgd_update's semantics; buf may be NULL (no momentum). */
+  fsdp_status_t (*sgd_update)(float *param, const float *grad, float *buf, size_t n,
+                              const fsdp_optim_config_t *c, float lr, int first, int decay,
+                              fsdp_stream_t s);
+
+  /* ---- per-stream state ---- */
+  /* Creates what the products on stream s need (CUDA: its cuBLAS handle and
+   * workspace) now, not at the first product while gathers are in flight.
+   * *created (may be NULL): 1 when this call made it. */
+  fsdp_status_t (*prepare)(fsdp_stream_t s, int *created);
+  /* Releases what prepare and the products created, for every stream; call it
+   * when no kernel runs, before those streams are destroyed. */
+  fsdp_status_t (*release)(void);
 } fsdp_compute_ops_t;
 
 /* The table of a device kind: never NULL for FSDP_DEVICE_CPU; NULL for

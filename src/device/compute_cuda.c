@@ -7,6 +7,7 @@
 const fsdp_compute_ops_t fsdp_compute_cuda_ops = {
     .name = "cuda",
     .device = FSDP_DEVICE_CUDA,
+    .sum_squares_partials = FSDP_CUDA_SUMSQ_PARTIALS,
     .linear_forward = fsdp_cuda_linear_forward,
     .linear_backward = fsdp_cuda_linear_backward,
     .conv1d_forward = fsdp_cuda_conv1d_forward,
@@ -30,4 +31,12 @@ const fsdp_compute_ops_t fsdp_compute_cuda_ops = {
     .matmul_backward = fsdp_cuda_matmul_backward,
     .layernorm_fused_forward = fsdp_cuda_layernorm_fused_forward,
     .layernorm_fused_backward = fsdp_cuda_layernorm_fused_backward,
+    .sum_squares = fsdp_cuda_sum_squares,
+    .scale = fsdp_cuda_scale,
+    .axpy = fsdp_cuda_axpy,
+    .cast = fsdp_cuda_cast,
+    .adamw_multi = fsdp_cuda_adamw_multi,
+    .sgd_update = fsdp_cuda_sgd_update,
+    .prepare = fsdp_cuda_blas_prepare,
+    .release = fsdp_cuda_blas_release,
 };

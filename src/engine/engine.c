@@ -11,10 +11,6 @@
 
 #include "comm/comm_internal.h"
 #include "engine/engine_internal.h"
-#include "fsdp_config.h"
-#if FSDP_HAVE_CUDA
-#include "cuda/kernels.h"
-#endif
 
 static const char *const strategy_names[] = {"zero3", "zero2", "noshard"};
 
@@ -88,7 +84,7 @@ static fsdp_status_t config_check(const fsdp_config_t *c) {
                       (int)c->device);
   if (c->device == FSDP_DEVICE_CUDA && fsdp_cuda_device_count() == 0)
     return fsdp_error(FSDP_ERR_UNSUPPORTED,
-                      "config.device is CUDA but %s", FSDP_HAVE_CUDA
+                      "config.device is CUDA but %s", fsdp_compute_ops(FSDP_DEVICE_CUDA)
                           ? "no CUDA device is usable by this process (driver, "
                             "CUDA_VISIBLE_DEVICES?)"
                           : "this fsdp was built without CUDA (configure with nvcc on PATH)");
@@ -230,6 +226,7 @@ fsdp_status_t fsdp_engine_create(fsdp_world_t world, const fsdp_config_t *cfg,
   e->rank = fsdp_world_rank(world);
   e->nranks = fsdp_world_size(world);
   e->cuda = c->device == FSDP_DEVICE_CUDA;
+  e->ops = fsdp_compute_ops(c->device); /* set: config_check refused a device without one */
   e->bf16_reduce = c->reduce_dtype == FSDP_BF16;
   e->loss_scale = c->loss_scale_init;
   /* A caller compiled before the guard's stats fields passes a config that
@@ -304,12 +301,8 @@ void fsdp_engine_destroy(fsdp_engine_t e) {
   if (!e) return;
   /* Streams first: their queued work may still touch buffers freed below.
    * cuBLAS handles are cached per stream: released while these still exist. */
-#if FSDP_HAVE_CUDA
-  if (e->cuda) {
-    fsdp_stream_synchronize(e->s_compute);
-    fsdp_cuda_blas_release();
-  }
-#endif
+  fsdp_stream_synchronize(e->s_compute);
+  e->ops->release();
   fsdp_stream_destroy(e->s_gather);
   fsdp_stream_destroy(e->s_reduce);
   fsdp_stream_destroy(e->s_replica);

@@ -10,6 +10,7 @@
 #include <pthread.h>
 
 #include "core/internal.h"
+#include "device/compute.h"
 #include "device/stream_internal.h"
 #include "fsdp/engine.h"
 #include "fsdp/profile.h"
@@ -72,8 +73,6 @@ struct unit {
   int reshard;              /* free the gathered params at the forward release (ZeRO-3) */
   int lowp;                 /* gathered in 16 bits (bf16 or f16) */
   fsdp_dtype_t lp_dtype;    /* that dtype (FSDP_F32 when !lowp) */
-  uint16_t (*to_lp)(float); /* its CPU conversions (fsdp_f32_to_bf16 / _f16) */
-  float (*from_lp)(uint16_t);
   int widen;                /* 16 bits on the CPU: gathers are widened to f32 for compute */
   int own_slot;             /* !reshard: the param slot reserved for it, else -1 */
   /* HSDP: the gradient shard's all-reduce across the replica group. */
@@ -114,6 +113,7 @@ struct fsdp_engine {
   int lowp;        /* some resharding unit gathers 16 bits (shared slots carry 16-bit buffers) */
   int f32_views;   /* some resharding unit's views read f32 from a shared slot */
   int cuda;        /* config.device is CUDA: every buffer below is device memory */
+  const fsdp_compute_ops_t *ops; /* config.device's compute table: every shard kernel */
   int bf16_reduce; /* reduce_dtype is bf16 */
   char *comm_backend; /* config.comm_backend, copied (cfg.comm_backend points here) */
   int materialized;

@@ -8,10 +8,6 @@
 
 #include "engine/engine_internal.h"
 #include "engine/shard.h"
-#include "fsdp_config.h"
-#if FSDP_HAVE_CUDA
-#include "cuda/kernels.h"
-#endif
 
 void fsdp_unit_segments(const struct unit *u, size_t lo, size_t hi, fsdp_segment_fn fn,
                         void *ctx) {
@@ -44,8 +40,9 @@ static void add_run(const struct tensor *t, size_t first, size_t n, size_t flat,
   c->runs[c->n++] = (unsigned long long)(flat - c->u->shard_offset) << 1 | decay;
 }
 
-/* CUDA AdamW updates a unit's shard in one launch: the runs of its elements
- * that share a decay flag, in device memory (at most one per tensor). */
+/* AdamW updates a unit's shard in one call (one launch on CUDA): the runs of
+ * its elements that share a decay flag, in the device's memory (at most one
+ * per tensor). */
 static fsdp_status_t decay_runs(struct fsdp_engine *e, struct unit *u) {
   if (!u->count) return FSDP_SUCCESS;
   struct runs_ctx c = {u, calloc((size_t)u->n_tensors, sizeof *c.runs), 0};
@@ -105,7 +102,7 @@ static fsdp_status_t unit_materialize(struct fsdp_engine *e, struct unit *u) {
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "unit '%s': cannot allocate its 16-bit copy",
                       u->name);
   FSDP_TRY(unit_init(e, u));
-  if (e->cuda && e->cfg.optim.kind == FSDP_OPTIM_ADAMW) FSDP_TRY(decay_runs(e, u));
+  if (e->cfg.optim.kind == FSDP_OPTIM_ADAMW) FSDP_TRY(decay_runs(e, u));
   if (e->max_padded < u->padded) e->max_padded = u->padded;
   if (e->max_shard < u->shard) e->max_shard = u->shard;
   return FSDP_SUCCESS;
@@ -196,23 +193,20 @@ static fsdp_status_t pools_create(struct fsdp_engine *e) {
       return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: cannot allocate the reduce buffer");
     e->staging_bytes = staging * sizeof(float);
   }
-  if (e->cuda) {
-#if FSDP_HAVE_CUDA
-    size_t n = (size_t)e->n_units + FSDP_CUDA_SUMSQ_PARTIALS;
-    e->norm_dev = fsdp_engine_alloc(e, n * sizeof(double));
-    e->norm_host = fsdp_alloc((size_t)e->n_units * sizeof(double));
-    if (!e->norm_dev || !e->norm_host)
-      return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: cannot allocate the norm buffers");
-    e->staging_bytes += n * sizeof(double);
-#endif
-  }
+  /* The norm: one sum per unit, then the sum of squares' partials. */
+  size_t n = (size_t)e->n_units + e->ops->sum_squares_partials;
+  e->norm_dev = fsdp_engine_alloc(e, n * sizeof(double));
+  e->norm_host = fsdp_alloc((size_t)e->n_units * sizeof(double));
+  if (!e->norm_dev || !e->norm_host)
+    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: cannot allocate the norm buffers");
+  e->staging_bytes += n * sizeof(double);
   e->fwd_release = calloc((size_t)e->n_units, sizeof *e->fwd_release);
   if (!e->fwd_release) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: out of host memory");
   return FSDP_SUCCESS;
 }
 
-/* CUDA AdamW of a single tensor piece (units with parameter groups, step.c):
- * the two one-run lists, without and with decay. */
+/* AdamW of a single tensor piece (units with parameter groups, step.c): the
+ * two one-run lists, without and with decay. */
 static fsdp_status_t piece_runs(struct fsdp_engine *e) {
   const unsigned long long runs[2] = {0ull, 1ull};
   if (!(e->piece_runs = fsdp_engine_alloc(e, sizeof runs)))
@@ -235,14 +229,10 @@ fsdp_status_t fsdp_engine_materialize(fsdp_engine_t e, uint64_t seed) {
   e->seed = seed;
   for (int i = 0; i < e->n_units; i++) FSDP_TRY(unit_materialize(e, &e->units[i]));
   FSDP_TRY(pools_create(e));
-  if (e->cuda && e->cfg.optim.kind == FSDP_OPTIM_ADAMW) FSDP_TRY(piece_runs(e));
-#if FSDP_HAVE_CUDA
-  /* The compute stream's cuBLAS handle now, not at the first product of the
-   * first step while gathers are in flight. */
-  if (e->cuda)
-    FSDP_TRY(fsdp_cuda_blas_prepare(
-        (fsdp_cuda_stream_t)fsdp_stream_cuda_handle(e->s_compute), NULL));
-#endif
+  if (e->cfg.optim.kind == FSDP_OPTIM_ADAMW) FSDP_TRY(piece_runs(e));
+  /* The compute stream's state (CUDA: its cuBLAS handle) now, not at the
+   * first product of the first step while gathers are in flight. */
+  FSDP_TRY(e->ops->prepare(e->s_compute, NULL));
   FSDP_TRY(fsdp_stream_synchronize(e->s_compute)); /* CUDA: the bf16 casts, before gathers */
   e->materialized = 1;
   return FSDP_SUCCESS;

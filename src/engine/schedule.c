@@ -6,10 +6,6 @@
 
 #include "comm/comm_internal.h"
 #include "engine/engine_internal.h"
-#include "fsdp_config.h"
-#if FSDP_HAVE_CUDA
-#include "cuda/kernels.h"
-#endif
 
 static const char *pass_name(fsdp_pass_t p) { return p == FSDP_FORWARD ? "forward" : "backward"; }
 static int unit_index(const struct fsdp_engine *e, const struct unit *u) {
@@ -47,11 +43,13 @@ static fsdp_status_t mark_open(struct fsdp_engine *e, fsdp_stream_t s, struct st
   return fsdp_tl_mark_begin(e, s, cu_mark);
 }
 
-/* Widens a 16-bit gather for compute on the CPU, then the timeline mark. */
+/* Widens a 16-bit gather for compute on the CPU (in this worker task: the
+ * host stream), then the timeline mark. */
 static fsdp_status_t gather_end(void *arg) {
   struct stream_op *op = arg;
-  float (*from_lp)(uint16_t) = op->u->from_lp;
-  for (size_t i = 0; op->lp && i < op->u->padded; i++) op->dst[i] = from_lp(op->lp[i]);
+  if (op->lp)
+    FSDP_TRY(op->eng->ops->cast(FSDP_F32, op->dst, op->u->lp_dtype, op->lp, op->u->padded,
+                                FSDP_HOST_STREAM));
   fsdp_tl_add(op->eng, FSDP_TL_ALL_GATHER, unit_index(op->eng, op->u), op->pass, 1, op->t_begin,
               fsdp_time_now(), gather_bytes(op->u));
   return FSDP_SUCCESS;
@@ -66,53 +64,36 @@ static fsdp_status_t reduce_mark(void *arg) {
 }
 
 /* bf16 reduce dtype: the full fp32 gradient rounded into grad_lp. */
-static fsdp_status_t cast_grad(struct fsdp_engine *e, struct unit *u, void *stream) {
-#if FSDP_HAVE_CUDA
-  if (e->cuda)
-    return fsdp_cuda_f32_to_bf16(e->grad_lp, u->reduce_src, u->padded, (fsdp_cuda_stream_t)stream);
-#endif
-  (void)stream;
-  for (size_t i = 0; i < u->padded; i++) e->grad_lp[i] = fsdp_f32_to_bf16(u->reduce_src[i]);
-  return FSDP_SUCCESS;
+static fsdp_status_t cast_grad(struct fsdp_engine *e, struct unit *u, fsdp_stream_t s) {
+  return e->ops->cast(FSDP_BF16, e->grad_lp, FSDP_F32, u->reduce_src, u->padded, s);
 }
 
 /* grad shard += scale * reduced gradient (the averaging is folded in here). */
-static fsdp_status_t accumulate(struct fsdp_engine *e, struct unit *u, void *stream) {
+static fsdp_status_t accumulate(struct fsdp_engine *e, struct unit *u, fsdp_stream_t s) {
   const int lp = e->bf16_reduce && e->nranks > 1;
   const float *src = e->shard_world > 1 ? e->staging : u->reduce_src;
   const uint16_t *src_lp = e->shard_world > 1 ? e->staging_lp : e->grad_lp;
-  const float scale = u->reduce_scale;
-#if FSDP_HAVE_CUDA
-  if (e->cuda)
-    return fsdp_cuda_axpy(u->grad, lp ? FSDP_BF16 : FSDP_F32, lp ? (const void *)src_lp : src,
-                          scale, u->shard, (fsdp_cuda_stream_t)stream);
-#endif
-  (void)stream;
-  float *restrict g = u->grad;
-  if (lp)
-    for (size_t i = 0; i < u->shard; i++) g[i] += scale * fsdp_bf16_to_f32(src_lp[i]);
-  else
-    for (size_t i = 0; i < u->shard; i++) g[i] += scale * src[i];
-  return FSDP_SUCCESS;
+  return e->ops->axpy(u->grad, lp ? FSDP_BF16 : FSDP_F32, lp ? (const void *)src_lp : src,
+                      u->reduce_scale, u->shard, s);
 }
 
-/* Host-function forms for worker streams; on CUDA they run the kernel on the
- * aux stream and wait for it, so the worker's next task sees the result. */
-static fsdp_status_t on_worker(struct stream_op *op,
-                               fsdp_status_t (*fn)(struct fsdp_engine *, struct unit *, void *)) {
+typedef fsdp_status_t (*shard_fn)(struct fsdp_engine *, struct unit *, fsdp_stream_t);
+
+/* Host-function forms for worker streams: on the CPU the kernel runs in the
+ * task (the host stream); on CUDA on the aux stream, waited for, so the
+ * worker's next task sees the result. */
+static fsdp_status_t on_worker(struct stream_op *op, shard_fn fn) {
   struct fsdp_engine *e = op->eng;
-  FSDP_TRY(fn(e, op->u, fsdp_stream_cuda_handle(e->s_aux)));
-  return e->cuda ? fsdp_stream_synchronize(e->s_aux) : FSDP_SUCCESS;
+  FSDP_TRY(fn(e, op->u, e->cuda ? e->s_aux : FSDP_HOST_STREAM));
+  return fsdp_stream_synchronize(e->cuda ? e->s_aux : FSDP_HOST_STREAM);
 }
 static fsdp_status_t cast_task(void *arg) { return on_worker(arg, cast_grad); }
 static fsdp_status_t accumulate_task(void *arg) { return on_worker(arg, accumulate); }
 
 /* Queues fn on the reduce stream: a kernel on a CUDA stream, else a task. */
-static fsdp_status_t reduce_queue(struct fsdp_engine *e, struct unit *u,
-                                  fsdp_status_t (*fn)(struct fsdp_engine *, struct unit *, void *),
+static fsdp_status_t reduce_queue(struct fsdp_engine *e, struct unit *u, shard_fn fn,
                                   fsdp_host_fn task) {
-  void *cs = fsdp_stream_cuda_handle(e->s_reduce);
-  if (cs) return fn(e, u, cs);
+  if (fsdp_stream_cuda_handle(e->s_reduce)) return fn(e, u, e->s_reduce);
   return fsdp_stream_launch(e->s_reduce, task, &u->reduce_op);
 }
 

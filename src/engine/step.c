@@ -2,18 +2,16 @@
  * reductions, the global gradient norm (one all-reduce of the shard sums of
  * squares, which also carries the numerics guard's flags), skipping steps with
  * non-finite loss or gradients, the dynamic loss scale, clipping, the
- * learning-rate schedule and AdamW/SGD per tensor piece (so weight decay
- * follows each tensor's no_decay flag). */
+ * learning-rate schedule and the update: AdamW over each unit in one call
+ * (weight decay per run of tensors sharing a no_decay flag), SGD and units with
+ * parameter groups tensor piece by tensor piece. Every kernel is the compute
+ * table's (device/compute.h), so CPU and CUDA run this same code. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "comm/comm_internal.h"
 #include "engine/engine_internal.h"
-#include "fsdp_config.h"
-#if FSDP_HAVE_CUDA
-#include "cuda/kernels.h"
-#endif
 
 static fsdp_status_t step_ready(struct fsdp_engine *e) {
   FSDP_TRY(fsdp_engine_check_live(e));
@@ -37,31 +35,20 @@ static fsdp_status_t step_ready(struct fsdp_engine *e) {
 }
 
 /* Sum of squares of this rank's real gradient elements; padding never counts.
- * Units are added in order on both devices (CUDA: one sum per unit on the
- * compute stream, copied back; the step's one synchronisation). */
+ * One sum per unit on the compute stream, copied back (CUDA: the step's one
+ * synchronisation), added in unit order. */
 static fsdp_status_t shard_sumsq(const struct fsdp_engine *e, double *total) {
+  const size_t bytes = (size_t)e->n_units * sizeof(double);
   *total = 0.0;
-#if FSDP_HAVE_CUDA
-  if (e->cuda) {
-    fsdp_cuda_stream_t cs = (fsdp_cuda_stream_t)fsdp_stream_cuda_handle(e->s_compute);
-    FSDP_TRY(fsdp_device_zero(e->norm_dev, (size_t)e->n_units * sizeof(double), e->s_compute));
-    for (int i = 0; i < e->n_units; i++)
-      if (e->units[i].count)
-        FSDP_TRY(fsdp_cuda_sum_squares(e->norm_dev + i, e->norm_dev + e->n_units,
-                                       e->units[i].grad, e->units[i].count, cs));
-    FSDP_TRY(fsdp_device_copy(e->norm_host, e->norm_dev, (size_t)e->n_units * sizeof(double),
-                              e->s_compute));
-    FSDP_TRY(fsdp_stream_synchronize(e->s_compute));
-    for (int i = 0; i < e->n_units; i++) *total += e->norm_host[i];
-    return FSDP_SUCCESS;
-  }
-#endif
-  for (int i = 0; i < e->n_units; i++) {
-    const struct unit *u = &e->units[i];
-    double s = 0.0;
-    for (size_t k = 0; k < u->count; k++) s += (double)u->grad[k] * u->grad[k];
-    *total += s;
-  }
+  FSDP_TRY(fsdp_device_zero(e->norm_dev, bytes, e->s_compute));
+  for (int i = 0; i < e->n_units; i++)
+    if (e->units[i].count)
+      FSDP_TRY(e->ops->sum_squares(e->norm_dev + i,
+                                   e->ops->sum_squares_partials ? e->norm_dev + e->n_units : NULL,
+                                   e->units[i].grad, e->units[i].count, e->s_compute));
+  FSDP_TRY(fsdp_device_copy(e->norm_host, e->norm_dev, bytes, e->s_compute));
+  FSDP_TRY(fsdp_stream_synchronize(e->s_compute));
+  for (int i = 0; i < e->n_units; i++) *total += e->norm_host[i];
   return FSDP_SUCCESS;
 }
 
@@ -69,28 +56,8 @@ struct update_ctx {
   const struct fsdp_engine *e;
   const struct unit *u;
   float lr, coef;
-  fsdp_status_t st; /* CUDA: the first launch failure */
+  fsdp_status_t st; /* the first failure */
 };
-
-#if FSDP_HAVE_CUDA
-static void update_segment_cuda(const struct tensor *t, size_t k, size_t n, struct update_ctx *c,
-                                const fsdp_optim_config_t *o, float lr) {
-  fsdp_cuda_stream_t cs = (fsdp_cuda_stream_t)fsdp_stream_cuda_handle(c->e->s_compute);
-  float *p = c->u->master + k, *g = c->u->grad + k;
-  fsdp_status_t st = FSDP_SUCCESS;
-  if (c->coef != 1.0f) st = fsdp_cuda_scale(g, c->coef, n, cs);
-  /* AdamW comes here only for units with parameter groups (update_unit):
-   * one run, the piece's, its gradient already scaled. */
-  if (st == FSDP_SUCCESS && o->kind == FSDP_OPTIM_ADAMW)
-    st = fsdp_cuda_adamw_multi(p, g, c->u->m + k, c->u->v + k, n,
-                               c->e->piece_runs + !t->no_decay, 1, 1.0f, o, lr,
-                               c->e->optim_step + 1, cs);
-  else if (st == FSDP_SUCCESS)
-    st = fsdp_cuda_sgd_update(p, g, c->u->m ? c->u->m + k : NULL, n, o, lr, c->e->optim_step == 0,
-                              !t->no_decay, cs);
-  if (c->st == FSDP_SUCCESS) c->st = st;
-}
-#endif
 
 static void update_segment(const struct tensor *t, size_t first, size_t n, size_t flat,
                            void *arg) {
@@ -102,41 +69,37 @@ static void update_segment(const struct tensor *t, size_t first, size_t n, size_
   o_t.weight_decay *= t->wd_mult;
   const float lr = c->lr * t->lr_mult;
   size_t k = flat - c->u->shard_offset;
-#if FSDP_HAVE_CUDA
-  if (c->e->cuda) {
-    update_segment_cuda(t, k, n, c, o, lr);
-    return;
-  }
-#endif
+  const fsdp_compute_ops_t *ops = c->e->ops;
+  const fsdp_stream_t s = c->e->s_compute;
   float *p = c->u->master + k, *g = c->u->grad + k;
-  if (c->coef != 1.0f)
-    for (size_t i = 0; i < n; i++) g[i] *= c->coef;
-  if (o->kind == FSDP_OPTIM_ADAMW)
-    fsdp_adamw_update(p, g, c->u->m + k, c->u->v + k, n, o, lr, c->e->optim_step + 1, !t->no_decay);
-  else
-    fsdp_sgd_update(p, g, c->u->m ? c->u->m + k : NULL, n, o, lr, c->e->optim_step == 0,
-                    !t->no_decay);
+  fsdp_status_t st = FSDP_SUCCESS;
+  if (c->coef != 1.0f) st = ops->scale(g, c->coef, n, s);
+  /* AdamW comes here only for units with parameter groups (update_unit):
+   * one run, the piece's, its gradient already scaled. */
+  if (st == FSDP_SUCCESS && o->kind == FSDP_OPTIM_ADAMW)
+    st = ops->adamw_multi(p, g, c->u->m + k, c->u->v + k, n, c->e->piece_runs + !t->no_decay, 1,
+                          1.0f, o, lr, c->e->optim_step + 1, s);
+  else if (st == FSDP_SUCCESS)
+    st = ops->sgd_update(p, g, c->u->m ? c->u->m + k : NULL, n, o, lr, c->e->optim_step == 0,
+                         !t->no_decay, s);
+  if (c->st == FSDP_SUCCESS) c->st = st;
 }
 
-/* The optimizer on u's shard: CUDA AdamW in one launch over the unit
- * (decay_runs), else tensor piece by tensor piece. */
-#if FSDP_HAVE_CUDA
 /* A tensor of u has an lr or weight-decay multiplier other than 1. */
 static int has_groups(const struct unit *u) {
   for (int i = 0; i < u->n_tensors; i++)
     if (u->tensors[i].lr_mult != 1.0f || u->tensors[i].wd_mult != 1.0f) return 1;
   return 0;
 }
-#endif
 
+/* The optimizer on u's shard: AdamW in one call over the unit (decay_runs;
+ * one launch on CUDA), else tensor piece by tensor piece. */
 static fsdp_status_t update_unit(const struct fsdp_engine *e, const struct unit *u, float lr,
                                  float coef) {
-#if FSDP_HAVE_CUDA
-  if (e->cuda && e->cfg.optim.kind == FSDP_OPTIM_ADAMW && !has_groups(u))
-    return fsdp_cuda_adamw_multi(u->master, u->grad, u->m, u->v, u->count, u->decay_runs,
-                                 u->n_runs, coef, &e->cfg.optim, lr, e->optim_step + 1,
-                                 (fsdp_cuda_stream_t)fsdp_stream_cuda_handle(e->s_compute));
-#endif
+  if (e->cfg.optim.kind == FSDP_OPTIM_ADAMW && !has_groups(u))
+    return e->ops->adamw_multi(u->master, u->grad, u->m, u->v, u->count, u->decay_runs,
+                               u->n_runs, coef, &e->cfg.optim, lr, e->optim_step + 1,
+                               e->s_compute);
   struct update_ctx ctx = {e, u, lr, coef, FSDP_SUCCESS};
   fsdp_unit_segments(u, u->shard_offset, u->shard_offset + u->count, update_segment, &ctx);
   return ctx.st;

@@ -9,10 +9,6 @@
 
 #include "engine/engine_internal.h"
 #include "engine/shard.h"
-#include "fsdp_config.h"
-#if FSDP_HAVE_CUDA
-#include "cuda/kernels.h"
-#endif
 
 static fsdp_status_t tensor_lookup(struct fsdp_engine *e, const char *what, const char *name,
                                    struct unit **u, const struct tensor **t) {
@@ -198,15 +194,7 @@ fsdp_status_t fsdp_engine_set_optim_step(fsdp_engine_t e, int64_t step) {
 
 fsdp_status_t fsdp_unit_refresh_params(const struct fsdp_engine *e, struct unit *u) {
   if (!u->lowp) return FSDP_SUCCESS;
-#if FSDP_HAVE_CUDA
-  if (e->cuda) {
-    fsdp_cuda_stream_t cs = (fsdp_cuda_stream_t)fsdp_stream_cuda_handle(e->s_compute);
-    return u->lp_dtype == FSDP_F16 ? fsdp_cuda_f32_to_f16(u->lp, u->master, u->shard, cs)
-                                   : fsdp_cuda_f32_to_bf16(u->lp, u->master, u->shard, cs);
-  }
-#endif
-  (void)e;
-  for (size_t i = 0; i < u->shard; i++) u->lp[i] = u->to_lp(u->master[i]);
-  for (size_t i = 0; u->rounded && i < u->shard; i++) u->rounded[i] = u->from_lp(u->lp[i]);
-  return FSDP_SUCCESS;
+  FSDP_TRY(e->ops->cast(u->lp_dtype, u->lp, FSDP_F32, u->master, u->shard, e->s_compute));
+  if (!u->rounded) return FSDP_SUCCESS;
+  return e->ops->cast(FSDP_F32, u->rounded, u->lp_dtype, u->lp, u->shard, e->s_compute);
 }

@@ -124,8 +124,6 @@ static void opts_apply(const struct fsdp_engine *e, struct unit *u, const fsdp_u
   u->reshard = o->reshard_after_forward;
   u->lowp = o->param_dtype == FSDP_BF16 || o->param_dtype == FSDP_F16;
   u->lp_dtype = o->param_dtype;
-  u->to_lp = o->param_dtype == FSDP_F16 ? fsdp_f32_to_f16 : fsdp_f32_to_bf16;
-  u->from_lp = o->param_dtype == FSDP_F16 ? fsdp_f16_to_f32 : fsdp_bf16_to_f32;
   u->widen = u->lowp && !e->cuda;
   for (int i = 0; i < u->n_tensors; i++) {
     if (o->lr_mult) u->tensors[i].lr_mult = o->lr_mult[i];

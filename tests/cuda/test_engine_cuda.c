@@ -226,8 +226,8 @@ END_TEST
 #define RACE_SCRATCH (1u << 20) /* floats: a kernel long enough to lose a race to */
 
 static void slow_kernel(fsdp_engine_t e, float *scratch) {
-  fsdp_cuda_stream_t cs = (fsdp_cuda_stream_t)fsdp_stream_cuda_handle(fsdp_engine_stream(e));
-  ck_assert_int_eq(fsdp_cuda_scale(scratch, 1.0f, RACE_SCRATCH, cs), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_cuda_scale(scratch, 1.0f, RACE_SCRATCH, fsdp_engine_stream(e)),
+                   FSDP_SUCCESS);
 }
 
 START_TEST(release_waits_for_compute) {
@@ -406,9 +406,7 @@ END_TEST
 START_TEST(blas_handle_made_at_materialize) {
   fsdp_engine_t e = make_engine(&cases[0], FSDP_DEVICE_CUDA);
   int created = -1;
-  ck_assert_int_eq(fsdp_cuda_blas_prepare((fsdp_cuda_stream_t)fsdp_stream_cuda_handle(
-                                              fsdp_engine_stream(e)), &created),
-                   FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_cuda_blas_prepare(fsdp_engine_stream(e), &created), FSDP_SUCCESS);
   fsdp_engine_destroy(e);
   ck_assert_msg(created == 0, "the compute stream had no cuBLAS handle after materialize");
 }

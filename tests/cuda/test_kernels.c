@@ -1126,7 +1126,7 @@ START_TEST(adamw) {
   unsigned long long runs[3];
   for (int r = 0; r < 3; r++) runs[r] = (unsigned long long)cut[r] << 1 | (unsigned)(d0 ^ (r & 1));
   OK(fsdp_cuda_adamw_multi(g_p, dev_f32(g, n), g_m, g_v, n, dev_copy(runs, sizeof runs), 3, coef,
-                           &c, kAdamw[_i].lr, kAdamw[_i].t, stream));
+                           &c, kAdamw[_i].lr, kAdamw[_i].t, fs));
   for (size_t i = 0; i < n && coef != 1.0f; i++) g[i] *= coef;
   for (int r = 0; r < 3; r++)
     fsdp_adamw_update(p + cut[r], g + cut[r], m + cut[r], v + cut[r], cut[r + 1] - cut[r], &c,
@@ -1156,7 +1156,7 @@ START_TEST(sgd) {
   float *p = rand_floats(n, 0, 1), *g = rand_floats(n, 0, 1), *buf = rand_floats(n, 0, 1);
   float *g_p = dev_f32(p, n), *g_buf = dev_f32(buf, n);
   OK(fsdp_cuda_sgd_update(g_p, dev_f32(g, n), g_buf, n, &c, lr, kSgd[_i].first, kSgd[_i].decay,
-                          stream));
+                          fs));
   fsdp_sgd_update(p, g, buf, n, &c, lr, kSgd[_i].first, kSgd[_i].decay);
   float *got_p = back_f32(g_p, n), *got_buf = back_f32(g_buf, n);
   check_err("sgd_update", "param/buf", max2(rel_err(got_p, p, n), rel_err(got_buf, buf, n)),
@@ -1180,8 +1180,8 @@ START_TEST(sum_squares) {
   float *g_x = dev_f32(x, n);
   double *g_out = dev_alloc(2 * sizeof(double));
   double *g_part = dev_alloc(FSDP_CUDA_SUMSQ_PARTIALS * sizeof(double));
-  OK(fsdp_cuda_sum_squares(g_out, g_part, g_x, n, stream));
-  OK(fsdp_cuda_sum_squares(g_out + 1, g_part, g_x, n, stream));
+  OK(fsdp_cuda_sum_squares(g_out, g_part, g_x, n, fs));
+  OK(fsdp_cuda_sum_squares(g_out + 1, g_part, g_x, n, fs));
   host_copy(got, g_out, sizeof got);
   ck_assert_msg(!memcmp(&got[0], &got[1], sizeof(double)),
                 "sum_squares is not deterministic: %.17g then %.17g", got[0], got[1]);
@@ -1198,9 +1198,9 @@ START_TEST(scale_axpy) {
   float *x = rand_floats(n, 0, 1), *y = rand_floats(n, 0, 1), *y16 = copy_floats(y, n);
   float *xr = round_bf16(copy_floats(x, n), n), *g_y = dev_f32(y, n), *g_y16 = dev_f32(y, n);
   float *g_x = dev_f32(x, n);
-  OK(fsdp_cuda_axpy(g_y, FSDP_F32, g_x, a, n, stream));
-  OK(fsdp_cuda_axpy(g_y16, FSDP_BF16, dev_bf16(x, n), a, n, stream));
-  OK(fsdp_cuda_scale(g_x, s, n, stream));
+  OK(fsdp_cuda_axpy(g_y, FSDP_F32, g_x, a, n, fs));
+  OK(fsdp_cuda_axpy(g_y16, FSDP_BF16, dev_bf16(x, n), a, n, fs));
+  OK(fsdp_cuda_scale(g_x, s, n, fs));
   /* The engine's loops: src/engine/schedule.c (g += scale * src), step.c (g *= coef). */
   for (size_t i = 0; i < n; ++i) y[i] += a * x[i], y16[i] += a * xr[i], x[i] *= s;
   float *got_y = back_f32(g_y, n), *got_y16 = back_f32(g_y16, n), *got_x = back_f32(g_x, n);
@@ -1246,13 +1246,10 @@ static const struct cast_case {
   const char *narrow_name, *widen_name;
   uint16_t (*narrow)(float);
   float (*widen)(uint16_t);
-  fsdp_status_t (*dev_narrow)(uint16_t *, const float *, size_t, fsdp_cuda_stream_t);
-  fsdp_status_t (*dev_widen)(float *, const uint16_t *, size_t, fsdp_cuda_stream_t);
+  fsdp_dtype_t dt; /* the 16-bit side of fsdp_cuda_cast */
 } kCasts[] = {
-    {"f32_to_bf16", "bf16_to_f32", fsdp_f32_to_bf16, fsdp_bf16_to_f32, fsdp_cuda_f32_to_bf16,
-     fsdp_cuda_bf16_to_f32},
-    {"f32_to_f16", "f16_to_f32", fsdp_f32_to_f16, fsdp_f16_to_f32, fsdp_cuda_f32_to_f16,
-     fsdp_cuda_f16_to_f32},
+    {"f32_to_bf16", "bf16_to_f32", fsdp_f32_to_bf16, fsdp_bf16_to_f32, FSDP_BF16},
+    {"f32_to_f16", "f16_to_f32", fsdp_f32_to_f16, fsdp_f16_to_f32, FSDP_F16},
 };
 
 /* Bit for bit against the host casts over the inputs above (normals,
@@ -1266,7 +1263,7 @@ START_TEST(casts) {
   uint16_t *want = xmalloc(n * 2), *got = xmalloc(n * 2);
   for (size_t i = 0; i < n; ++i) want[i] = c->narrow(x[i]);
   uint16_t *g_n = dev_alloc(n * 2);
-  OK(c->dev_narrow(g_n, dev_f32(x, n), n, stream));
+  OK(fsdp_cuda_cast(c->dt, g_n, FSDP_F32, dev_f32(x, n), n, fs));
   host_copy(got, g_n, n * 2);
   size_t bad = 0, first = 0;
   for (size_t i = n; i-- > 0;)
@@ -1277,7 +1274,7 @@ START_TEST(casts) {
   uint16_t *all = xmalloc(65536 * 2);
   for (uint32_t i = 0; i < 65536; ++i) all[i] = (uint16_t)i;
   float *g_f = dev_alloc(65536 * 4), *wide = xmalloc(65536 * 4);
-  OK(c->dev_widen(g_f, dev_copy(all, 65536 * 2), 65536, stream));
+  OK(fsdp_cuda_cast(FSDP_F32, g_f, c->dt, dev_copy(all, 65536 * 2), 65536, fs));
   host_copy(wide, g_f, 65536 * 4);
   bad = 0;
   for (uint32_t i = 0; i < 65536; ++i) {

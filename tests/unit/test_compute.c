@@ -1,6 +1,6 @@
 /* tests/unit/test_compute.c — the compute tables (src/device/compute.c): every
  * slot of every table built is set, the CPU table computes what fsdp/nn.h
- * computes, and it refuses a dtype or a stream it cannot serve with a named
+ * and the engine's shard loops compute, and it refuses a dtype or a stream it cannot serve with a named
  * error before touching anything. */
 #include <check.h>
 #include <math.h>
@@ -10,6 +10,7 @@
 #include "core/internal.h"
 #include "device/compute.h"
 #include "fsdp/nn.h"
+#include "fsdp/optim.h"
 #include "fsdp_config.h"
 #include "nn/head.h"
 
@@ -103,6 +104,48 @@ START_TEST(cpu_table_is_the_cpu_kernels) {
 }
 END_TEST
 
+/* The engine's shard kernels on the CPU are the loops the engine ran: AdamW
+ * over two runs of opposite decay with a clipping factor, run by run as
+ * fsdp_adamw_update after scaling; the norm in double; a bf16 round trip with
+ * fsdp_f32_to_bf16's rounding; a cast it has no kernel for refused by name. */
+START_TEST(cpu_shard_kernels_are_the_engine_loops) {
+  const fsdp_compute_ops_t *k = fsdp_compute_ops(FSDP_DEVICE_CPU);
+  enum { NS = 10, CUT = 4 };
+  float p[NS], g[NS], m[NS], v[NS], p2[NS], g2[NS], m2[NS], v2[NS];
+  for (int i = 0; i < NS; i++) {
+    p[i] = p2[i] = sinf((float)i + 1.0f), g[i] = g2[i] = cosf((float)i);
+    m[i] = m2[i] = 0.01f * (float)i, v[i] = v2[i] = 0.001f * (float)(i + 1);
+  }
+  fsdp_optim_config_t c = FSDP_OPTIM_CONFIG_INIT;
+  c.weight_decay = 0.1f;
+  const unsigned long long runs[2] = {0ull << 1 | 1ull, (unsigned long long)CUT << 1 | 0ull};
+  ck_assert_int_eq(k->adamw_multi(p, g, m, v, NS, runs, 2, 0.5f, &c, 1e-2f, 3, FSDP_HOST_STREAM),
+                   FSDP_SUCCESS);
+  for (int i = 0; i < NS; i++) g2[i] *= 0.5f;
+  fsdp_adamw_update(p2, g2, m2, v2, CUT, &c, 1e-2f, 3, 1);
+  fsdp_adamw_update(p2 + CUT, g2 + CUT, m2 + CUT, v2 + CUT, NS - CUT, &c, 1e-2f, 3, 0);
+  ck_assert_int_eq(memcmp(p, p2, sizeof p), 0);
+  ck_assert_int_eq(memcmp(v, v2, sizeof v), 0);
+
+  double sum = -1.0, want = 0.0;
+  for (int i = 0; i < NS; i++) want += (double)p[i] * p[i];
+  ck_assert_int_eq(k->sum_squares(&sum, NULL, p, NS, FSDP_HOST_STREAM), FSDP_SUCCESS);
+  ck_assert(sum == want);
+
+  uint16_t h[NS];
+  float back[NS];
+  ck_assert_int_eq(k->cast(FSDP_BF16, h, FSDP_F32, p, NS, FSDP_HOST_STREAM), FSDP_SUCCESS);
+  ck_assert_int_eq(k->cast(FSDP_F32, back, FSDP_BF16, h, NS, FSDP_HOST_STREAM), FSDP_SUCCESS);
+  for (int i = 0; i < NS; i++) {
+    ck_assert_uint_eq(h[i], fsdp_f32_to_bf16(p[i]));
+    ck_assert_float_eq(back[i], fsdp_bf16_to_f32(h[i]));
+  }
+  ck_assert_int_eq(k->cast(FSDP_F64, back, FSDP_F32, p, NS, FSDP_HOST_STREAM),
+                   FSDP_ERR_UNSUPPORTED);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "f64"));
+}
+END_TEST
+
 static Suite *compute_suite(void) {
   Suite *s = suite_create("compute");
   TCase *tc = tcase_create("tables");
@@ -110,6 +153,7 @@ static Suite *compute_suite(void) {
   tcase_add_test(tc, completeness_check_names_an_empty_slot);
   tcase_add_test(tc, cpu_table_refuses_what_it_cannot_run);
   tcase_add_test(tc, cpu_table_is_the_cpu_kernels);
+  tcase_add_test(tc, cpu_shard_kernels_are_the_engine_loops);
   suite_add_tcase(s, tc);
   return s;
 }
