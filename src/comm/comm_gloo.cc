@@ -324,5 +324,6 @@ const fsdp_comm_ops_t fsdp_comm_gloo_ops = {
     .enqueue = nullptr, /* C++: every member named (-Wmissing-field-initializers) */
     .split = gloo_split,
     .poll = nullptr,
+    .cancel = nullptr,
 };
 }

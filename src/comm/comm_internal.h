@@ -75,6 +75,13 @@ typedef struct fsdp_comm_ops {
    * to date with the work enqueue left on CUDA streams (fsdp_watch_begin for
    * the oldest still queued, fsdp_watch_end when none is). */
   void (*poll)(fsdp_comm_t comm);
+  /* Device backends only, NULL otherwise: after a collective of the world
+   * failed inside a stream (fsdp_watch_note_failure), makes every pending
+   * and later collective on comm fail without ending the job (nccl:
+   * ncclCommAbort), so that peers blocked in a collective this rank will
+   * never join are released instead of waiting for their deadline. Called
+   * with the watch's mutex held. */
+  void (*cancel)(fsdp_comm_t comm);
 } fsdp_comm_ops_t;
 
 struct fsdp_comm_watch; /* the world's watchdog and shared backend state */
@@ -168,7 +175,10 @@ fsdp_status_t fsdp_watch_failed(fsdp_comm_t comm, fsdp_status_t st);
  * not what they should be): msg, naming it, is kept for the world, and
  * every later collective on any communicator of the world fails with it
  * (fsdp_watch_check), so that no result computed from those outputs is
- * taken for good. Called from ops->poll (the watch's mutex may be held). */
+ * taken for good; the next poll (the watchdog's tick or fsdp_watch_check)
+ * cancels every device communicator of the world (ops->cancel), which
+ * releases the peers waiting for this rank in any of them. Called from
+ * ops->poll (the watch's mutex may be held). */
 void fsdp_watch_note_failure(fsdp_comm_t comm, const char *msg);
 /* Before every collective (comm.c): polls the world's device backends
  * (ops->poll, which detects and reports failures inside streams), then

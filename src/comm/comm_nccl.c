@@ -497,16 +497,25 @@ static void nccl_poll(fsdp_comm_t c) {
   pthread_mutex_unlock(&im->mu);
 }
 
-/* The watchdog thread, past a deadline: ncclCommAbort now (the queued
- * collectives and every wait on them end; later calls fail), and in an MPI
- * world the job ends, as the mpi backend's does. */
-static void nccl_abort(fsdp_comm_t c) {
+/* After a failure inside a stream anywhere in the world: ncclCommAbort now
+ * (the queued collectives and every wait on them end, here and at the peers
+ * waiting for this rank; later calls fail). */
+static void nccl_cancel(fsdp_comm_t c) {
   nccl_impl_t *im = impl_of(c);
   atomic_store(&im->failed, 1);
   pthread_mutex_lock(&im->mu);
+  if (!im->why[0])
+    snprintf(im->why, sizeof im->why, "cancelled after a collective of the world failed "
+             "inside its stream");
   if (!im->gone) ncclCommAbort(im->comm);
   im->gone = 1;
   pthread_mutex_unlock(&im->mu);
+}
+
+/* The watchdog thread, past a deadline: as nccl_cancel, and in an MPI world
+ * the job ends, as the mpi backend's does. */
+static void nccl_abort(fsdp_comm_t c) {
+  nccl_cancel(c);
   if (fsdp_world_kind(c->world) == FSDP_WORLD_MPI) MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
@@ -522,5 +531,6 @@ const fsdp_comm_ops_t fsdp_comm_nccl_ops = {
     .enqueue = nccl_enqueue,
     .split = nccl_split,
     .poll = nccl_poll,
+    .cancel = nccl_cancel,
 };
 #endif

@@ -48,6 +48,7 @@ struct fsdp_comm_watch {
   char abort_msg[WATCH_MSG_MAX];
   pthread_mutex_t fail_mu;       /* guards fail_msg */
   char fail_msg[WATCH_MSG_MAX];  /* the first collective that failed inside a stream, or "" */
+  int cancelled;                 /* mu: the device communicators were cancelled after it */
 };
 
 /* ---- progress ------------------------------------------------------------ */
@@ -162,6 +163,23 @@ static void arrivals_text(struct fsdp_comm_watch *w, fsdp_store_t *store, fsdp_c
   free(all);
 }
 
+/* Polls the device backends (ops->poll); once one of them reported a
+ * failure inside a stream, cancels them all (ops->cancel): the peers waiting
+ * for this rank in any of its device communicators are released. The caller
+ * holds mu. */
+static void poll_devices(struct fsdp_comm_watch *w) {
+  for (int i = 0; i < w->n_comms; i++)
+    if (w->comms[i]->polled) w->comms[i]->ops->poll(w->comms[i]);
+  if (w->cancelled) return;
+  pthread_mutex_lock(&w->fail_mu);
+  w->cancelled = w->fail_msg[0] != '\0';
+  pthread_mutex_unlock(&w->fail_mu);
+  if (!w->cancelled) return;
+  for (int i = 0; i < w->n_comms; i++)
+    if (w->comms[i]->polled && w->comms[i]->ops->cancel)
+      w->comms[i]->ops->cancel(w->comms[i]);
+}
+
 /* Prints why, keeps it for the failing calls, and aborts every communicator. */
 static void fire(struct fsdp_comm_watch *w, fsdp_store_t *store, const snapshot_t *s) {
   char what[256], who[600], group[FSDP_COMM_LABEL_MAX + 4];
@@ -228,8 +246,7 @@ static void *watch_main(void *arg) {
   int fired = 0;
   pthread_mutex_lock(&w->mu);
   while (!w->stopping && !fired) {
-    for (int i = 0; i < w->n_comms; i++)
-      if (w->comms[i]->polled) w->comms[i]->ops->poll(w->comms[i]);
+    poll_devices(w);
     fired = find_expired(w, &expired);
     progress_text(w, text, sizeof text);
     pthread_mutex_unlock(&w->mu);
@@ -401,8 +418,7 @@ fsdp_status_t fsdp_watch_check(fsdp_comm_t c) {
   struct fsdp_comm_watch *w = c->watch;
   if (!w) return FSDP_SUCCESS;
   pthread_mutex_lock(&w->mu);
-  for (int i = 0; i < w->n_comms; i++)
-    if (w->comms[i]->polled) w->comms[i]->ops->poll(w->comms[i]);
+  poll_devices(w);
   pthread_mutex_unlock(&w->mu);
   pthread_mutex_lock(&w->fail_mu);
   fsdp_status_t st = w->fail_msg[0] ? fsdp_error(FSDP_ERR_COMM, "%s; every later collective "
