@@ -91,9 +91,12 @@
  * read by the watchdog each tick and before every collective of the world)
  * has not written its outputs, so nothing computed from them may pass for
  * good: the report names it (operation, number, unit, communicator, NCCL's
- * text; logged at ERROR), its communicator is aborted, and every later
- * collective on any communicator of the world fails with FSDP_ERR_COMM and
- * that report (the engine's next acquire, release or step that issues one).
+ * text; logged at ERROR), every NCCL communicator of the world is aborted
+ * (so that peers waiting for this rank in any of them are released; a call
+ * inside NCCL on another thread returns first), and every later collective
+ * on any communicator of the world fails with FSDP_ERR_COMM and that report
+ * (the engine's next acquire, release or step that issues one): the world's
+ * communicators must be destroyed and made anew, or the job ended.
  * NCCL calls that fail at once fail with FSDP_ERR_COMM, NCCL's text and the
  * collective; after any NCCL error the communicator refuses work and destroy
  * aborts it unless the watchdog already did. A collective's enqueue that

@@ -69,6 +69,7 @@ typedef struct {
   pthread_mutex_t mu;
   int gone;            /* the watchdog called ncclCommAbort: comm is freed */
   int in_call;         /* a collective's enqueue is inside NCCL (entering) */
+  int cancel_due;      /* nccl_cancel came during that call: submit aborts after it */
   fsdp_coll_t entering;
   char why[512];       /* the asynchronous error that made the watchdog abort */
   pending_t *pending;  /* a ring of cap slots, count queued from head; */
@@ -324,9 +325,18 @@ static fsdp_status_t submit(fsdp_comm_t c, const fsdp_coll_t *k, void *cuda_stre
   ncclResult_t r = issue(comm, k, im->scratch, cuda_stream, &fn);
   pthread_mutex_lock(&im->mu);
   im->in_call = 0;
+  const int cancelled = im->cancel_due && !im->gone;
+  if (cancelled) { /* nccl_cancel waited for the call to return */
+    ncclCommAbort(im->comm);
+    im->gone = 1;
+  }
   int gone = im->gone;
   if ((gone || r != ncclSuccess) && clock && im->count == 0) fsdp_watch_end(c, k);
   pthread_mutex_unlock(&im->mu);
+  if (cancelled) { /* the world's first failure names the cause */
+    fsdp_status_t st = fsdp_watch_check(c);
+    return st ? st : fsdp_error(FSDP_ERR_COMM, "nccl: communicator %d was cancelled", c->id);
+  }
   if (gone) return aborted(c, k); /* the watchdog's report, through fsdp_watch_failed */
   if (r != ncclSuccess) return nccl_fail(c, r, fn, k);
   return FSDP_SUCCESS;
@@ -382,6 +392,22 @@ static ncclResult_t retire(fsdp_comm_t c) {
   return a;
 }
 
+/* ncclCommAbort now (the queued collectives and every wait on them end,
+ * here and at the peers waiting for this rank; later calls fail); with
+ * `defer`, a call inside NCCL on another thread is let return first (submit
+ * aborts after it): a blocking communicator is not freed under a call that
+ * is not hung. The caller holds im->mu. */
+static void abort_locked(nccl_impl_t *im, int defer) {
+  atomic_store(&im->failed, 1);
+  if (im->gone) return;
+  if (defer && im->in_call) {
+    im->cancel_due = 1;
+    return;
+  }
+  ncclCommAbort(im->comm);
+  im->gone = 1;
+}
+
 /* An asynchronous NCCL error (a), after retire: the first collective still
  * queued on a CUDA stream is reported as the one that failed inside its
  * stream (none queued: one run on the host), its outputs not written; the
@@ -398,9 +424,7 @@ static void fail_async(fsdp_comm_t c, ncclResult_t a) {
            "rank %d of %d (its outputs are not valid): %s%s%s", what, c->id, c->rank, c->size,
            ncclGetErrorString(a), last && *last ? ": " : "", last ? last : "");
   fsdp_log(FSDP_LOG_ERROR, "%s; aborting the communicator", im->why);
-  atomic_store(&im->failed, 1);
-  ncclCommAbort(im->comm);
-  im->gone = 1;
+  abort_locked(im, 1);
   fsdp_watch_note_failure(c, im->why);
 }
 
@@ -497,25 +521,25 @@ static void nccl_poll(fsdp_comm_t c) {
   pthread_mutex_unlock(&im->mu);
 }
 
-/* After a failure inside a stream anywhere in the world: ncclCommAbort now
- * (the queued collectives and every wait on them end, here and at the peers
- * waiting for this rank; later calls fail). */
+/* After a failure inside a stream anywhere in the world (ops->cancel). */
 static void nccl_cancel(fsdp_comm_t c) {
   nccl_impl_t *im = impl_of(c);
-  atomic_store(&im->failed, 1);
   pthread_mutex_lock(&im->mu);
   if (!im->why[0])
     snprintf(im->why, sizeof im->why, "cancelled after a collective of the world failed "
              "inside its stream");
-  if (!im->gone) ncclCommAbort(im->comm);
-  im->gone = 1;
+  abort_locked(im, 1);
   pthread_mutex_unlock(&im->mu);
 }
 
-/* The watchdog thread, past a deadline: as nccl_cancel, and in an MPI world
+/* The watchdog thread, past a deadline: ncclCommAbort even under a call
+ * (that call is what is hung, and the abort ends it), and in an MPI world
  * the job ends, as the mpi backend's does. */
 static void nccl_abort(fsdp_comm_t c) {
-  nccl_cancel(c);
+  nccl_impl_t *im = impl_of(c);
+  pthread_mutex_lock(&im->mu);
+  abort_locked(im, 0);
+  pthread_mutex_unlock(&im->mu);
   if (fsdp_world_kind(c->world) == FSDP_WORLD_MPI) MPI_Abort(MPI_COMM_WORLD, 1);
 }
 

@@ -16,6 +16,8 @@
 #    and end the job (a peer cannot tell a rank stuck inside NCCL from one
 #    that is merely waiting there too); the simulator's line names rank 1 as
 #    the stalled one;
+#  - under fsdp-run, the rank whose watchdog fired fails with the report
+#    as FSDP_ERR_TIMEOUT and fsdp-run's root cause names the collective;
 #  - no rank process is left, and no shared-memory name of a rank's in
 #    /dev/shm.
 # enqueue: rank 1's ncclAllReduce #3 blocks in the call itself
@@ -68,8 +70,13 @@ else
   grep -q "simnccl: rank 1 stalls at ncclAllReduce.*#3" "$out" || fail "rank 1 did not stall"
 fi
 case "$launcher" in
-*fsdp-run) grep "root cause" -A1 "$out" | grep -F "$report" | grep -q "(timeout: " ||
-             fail "fsdp-run's root cause is not the watchdog's report as FSDP_ERR_TIMEOUT" ;;
+*fsdp-run) # the rank whose watchdog fired fails with its report as FSDP_ERR_TIMEOUT;
+           # the other may exit first (its wait ended by that abort, as
+           # FSDP_ERR_COMM): the root cause fsdp-run names is either, naming #3
+  grep "^\[rank [01]\] nccl-stall: rank [01]: $report" "$out" | grep -q "(timeout: " ||
+    fail "no rank failed with the watchdog's report as FSDP_ERR_TIMEOUT"
+  grep "root cause" -A1 "$out" | grep -qF "all_reduce #3 for 'h.3'" ||
+    fail "fsdp-run's root cause does not name all_reduce #3 for 'h.3'" ;;
 esac
 pids=$(sed -n 's/^nccl-stall: rank [0-9]* pid \([0-9]*\)$/\1/p' "$out")
 [ "$(echo "$pids" | wc -w)" -eq 2 ] || fail "the ranks did not both start"
