@@ -126,7 +126,7 @@ def new_design(d):
         klass("bias gradients", 0, L * sum(N * M * bf for _, M in lin), "mem", EFF["mem"], 4 * L,
               "column sums, partials over all SMs", kc="block products, backward"),
         klass("GELU backward", 0, L * 3 * N * 4 * C * bf, "mem", EFF["mem"], L,
-              "gelu'(pre) pass on fc-proj's d(input)", kc="GELU"),
+              "gelu'(pre) pass on fc-proj's d(input)", kc="block products, backward"),
     ] + flash_attention(d) + [
         klass("residual + LayerNorm forward", 0, ln * (4 * N * C * bf + 8 * N), "mem", EFF["mem"],
               ln, "fused: reads x and the branch, writes x' and ln(x')"),

@@ -3,10 +3,10 @@
 # (the nvcc build where the toolkit exists: unit, mpi under mpirun -np 1..4,
 # launch, tokenizer, bench; the cuda suite skips there without a GPU), then the
 # GPU path on the CPU (scripts/sim-test.sh: the cuda suite against the SIMT
-# simulator under ASan+UBSan, its production shapes in an optimised UBSan
-# build, the engine and GPT-2 under TSan). Extra arguments go to the first
-# `meson test`, e.g. scripts/test.sh --suite unit (which skips the simulator
-# runs).
+# simulator under ASan+UBSan, its production shapes in an optimised build
+# without sanitizers (guard zones instead), the engine and GPT-2 under
+# TSan). Extra arguments go to the first `meson test`, e.g.
+# scripts/test.sh --suite unit (which skips the simulator runs).
 #
 # What overlaps, and why results do not depend on it: while build/'s tests
 # run, the hf-interop test's venv (torch and transformers from PyPI, about

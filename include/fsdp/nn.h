@@ -266,10 +266,11 @@ FSDP_API fsdp_status_t fsdp_gpt2_memory(const fsdp_gpt2_config_t *c, int B, int 
  * For one optimizer step of GPT-2 c over micro_batches micro-batches of B x T
  * tokens with activations in act_dtype (FSDP_BF16 or FSDP_F32): per kernel
  * class of fsdp/profile.h, the FLOPs its kernels execute (attention over the
- * full T x T with the scores recomputed in backward, the vocabulary products
+ * causal tiles the flash kernel computes, about half of T x T, with the
+ * scores recomputed in backward, the vocabulary products
  * over the V real columns) and the bytes of device memory it must move, each
  * tensor once per kernel as bench/gpu-budget.md counts them: issue 15's
- * design's traffic (fused epilogues, LSE-softmax attention; fp32 parameter
+ * design's traffic (fused epilogues, flash attention; fp32 parameter
  * gradients and optimizer state), the floor an implementation is held to, not
  * a measurement. bench/gpu_budget.py computes the same numbers and the
  * kernel-profile test (suite cuda) compares the two. Recomputation under

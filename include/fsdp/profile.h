@@ -32,8 +32,7 @@ extern "C" {
 /* X(ID, "name"): the classes, in the order tables print them. */
 #define FSDP_KERNEL_CLASSES(X)                                         \
   X(BLOCK_FWD, "block products, forward")   /* qkv, proj, fc, fcproj */ \
-  X(BLOCK_BWD, "block products, backward")  /* and the bias gradients */ \
-  X(GELU, "GELU")                                                      \
+  X(BLOCK_BWD, "block products, backward")  /* bias gradients, gelu' */ \
   X(ATTN_FWD, "attention forward")                                     \
   X(ATTN_BWD, "attention backward")                                    \
   X(RESID_LN_FWD, "residual + LayerNorm forward")                      \

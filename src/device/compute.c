@@ -240,7 +240,7 @@ static fsdp_status_t cpu_matmul_backward(fsdp_dtype_t dt, void *dinp, float *dwe
   float *dx = dinp && gelu_pre ? calloc(n ? n : 1, sizeof(float)) : dinp;
   if (dinp && !dx)
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "CPU matmul_backward: %zu floats", n);
-  if (dx) memset(dx, 0, n * sizeof(float));
+  if (dx && dx == dinp) memset(dx, 0, n * sizeof(float)); /* calloc zeroed the other */
   if (weight_out_in) fsdp_linear_backward(dx, dweight, dbias, dout, inp, weight, B, C, OC);
   else fsdp_conv1d_backward(dx, dweight, dbias, dout, inp, weight, B, C, OC);
   if (dx != dinp) {
@@ -257,6 +257,8 @@ static fsdp_status_t cpu_layernorm_fused_forward(fsdp_dtype_t dt, void *res, voi
                                                  const void *bias, int N, int C,
                                                  fsdp_stream_t s) {
   CPU_OP("layernorm_fused_forward", dt, s);
+  if (branch && !res)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "LayerNorm: a residual branch needs an output");
   if (branch) fsdp_residual_forward(res, inp, branch, (size_t)N * (size_t)C);
   fsdp_layernorm_forward(out, mean, rstd, branch ? res : inp, weight, bias, N, C);
   return FSDP_SUCCESS;

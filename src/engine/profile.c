@@ -33,15 +33,25 @@ const char *fsdp_kclass_name(fsdp_kclass_t k) {
   return (int)k >= 0 && k < FSDP_KC_COUNT ? names[k] : "?";
 }
 
+/* e->prof is set only once all of it exists (a failure leaves it NULL and
+ * a later call tries again). */
 static fsdp_status_t kprof_create(struct fsdp_engine *e) {
   struct kprof *p = calloc(1, sizeof *p);
   if (!p) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "profile: out of host memory");
-  e->prof = p;
   p->open = -1;
-  if (!e->cuda) return FSDP_SUCCESS;
-  if (!(p->ring = calloc(KPROF_SCOPES, sizeof *p->ring)))
-    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "profile: out of host memory");
-  return fsdp_marks_create(2 * KPROF_SCOPES, &p->marks);
+  fsdp_status_t st = FSDP_SUCCESS;
+  if (e->cuda) {
+    if (!(p->ring = calloc(KPROF_SCOPES, sizeof *p->ring)))
+      st = fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "profile: out of host memory");
+    else st = fsdp_marks_create(2 * KPROF_SCOPES, &p->marks);
+  }
+  if (st != FSDP_SUCCESS) {
+    free(p->ring);
+    free(p);
+    return st;
+  }
+  e->prof = p;
+  return FSDP_SUCCESS;
 }
 
 void fsdp_kprof_destroy(struct fsdp_engine *e) {

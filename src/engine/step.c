@@ -139,8 +139,10 @@ static fsdp_status_t update(struct fsdp_engine *e, float lr, double coef) {
   for (int i = 0; i < e->n_units; i++) {
     struct unit *u = &e->units[i];
     FSDP_TRY(fsdp_engine_kclass_begin(e, FSDP_KC_ADAMW));
-    FSDP_TRY(update_unit(e, u, lr, (float)coef));
-    FSDP_TRY(fsdp_engine_kclass_end(e, FSDP_KC_ADAMW));
+    fsdp_status_t st = update_unit(e, u, lr, (float)coef);
+    const fsdp_status_t end = fsdp_engine_kclass_end(e, FSDP_KC_ADAMW); /* closed either way */
+    FSDP_TRY(st);
+    FSDP_TRY(end);
     FSDP_TRY(fsdp_unit_refresh_params(e, u));
     FSDP_TRY(clear_grads(e, u));
     u->mirror_dirty = 0; /* host copies from before the update are stale */

@@ -628,7 +628,7 @@ static fsdp_status_t block_backward(struct fsdp_gpt2 *g, float *const *p, float 
   int C = g->c.n_embd, BT = B * T;
   void *cs = g->colsum;
   /* fc-proj's d(input) times gelu'(fch): GELU's backward, in the same pass */
-  KC(g, GELU,
+  KC(g, BLOCK_BWD,
      k->matmul_backward(dt, g->d4, dp[FCPROJW], dp[FCPROJB], cs, g->dres, a->fch_gelu, p[FCPROJW],
                         a->fch, BT, 4 * C, C, 0, s));
   KC(g, BLOCK_BWD,

@@ -40,7 +40,7 @@ static void block_costs(const fsdp_gpt2_config_t *c, double B, double T, double 
                                        K * M * 4 + N * M * a);
   }
   k[FSDP_KC_BLOCK_FWD].bytes += L * N * 4 * C * a; /* GELU's output, from the fc epilogue */
-  k[FSDP_KC_GELU].bytes += L * 3 * N * 4 * C * a;
+  k[FSDP_KC_BLOCK_BWD].bytes += L * 3 * N * 4 * C * a; /* gelu'(pre), fc-proj's pass */
   /* flash: 2 products forward, 7 backward (dk/dv: S^T, dP^T, dV, dK; dq: S,
    * dP, dQ) over the tiles computed; scores stay on chip. Backward's two
    * kernels each read q, k, v, dout and out and add into dqkv. */
