@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bench/gpu_budget.py — the per-kernel-class budget of one GPT-2 step on an
 H100 (bf16, B x T tokens), computed, not hand-typed: FLOPs and HBM bytes of
-every kernel class for today's CUDA path and for the design of issue 15, the
+every kernel class for the CUDA path before issue 15 and as issue 15 built it, the
 roofline time of each (datasheet peaks), an estimate (the roofline divided by
 the efficiencies stated below), the sums, and the MFU each implies against a
 measured bf16 cuBLAS peak (fsdp-bench's "peak:" line; --measured-tflops).
@@ -40,7 +40,7 @@ EFF = {
     "mem2": 0.50,      # bf16 loaded 2 bytes at a time
     "colsum24": 0.80 * 24 / SMS,  # column sums on 24 blocks of a 132-SM chip
 }
-LAUNCH_S = 10e-6  # per optimizer launch today: launch gap plus host wait
+LAUNCH_S = 10e-6  # per optimizer launch before issue 15: launch gap plus host wait
 
 
 PRESETS = {"124M": (12, 12, 768, 50257, 1024), "1558M": (48, 25, 1600, 50257, 1024)}
@@ -101,7 +101,7 @@ def flash_attention(d):
     ]
 
 
-def new_design(d):
+def built(d):
     L, N, C, V, Vp, NH, T, hs, B = (d[k] for k in ("L", "N", "C", "V", "Vp", "NH", "T", "hs", "B"))
     bf, f4 = d["a"], 4
     lin = linears(d)
@@ -147,7 +147,7 @@ def new_design(d):
     ]
 
 
-def today(d):
+def before(d):
     L, N, C, V, NH, T, hs, B = (d[k] for k in ("L", "N", "C", "V", "NH", "T", "hs", "B"))
     bf, f4 = d["a"], 4
     lin = linears(d)
@@ -210,7 +210,7 @@ def model_flops(d):
 def budget(model, B, T, measured, act=2):
     d = dims(model, B, T, act)
     out = {"dims": d, "model_flops": model_flops(d), "measured_peak": measured}
-    designs = (("today", today, LAUNCH_S), ("new", new_design, 0.0))
+    designs = (("before", before, LAUNCH_S), ("built", built, 0.0))
     for name, fn, launch in designs:
         ks = [timed(k, launch if k["name"] == "AdamW" else 0.0) for k in fn(d)]
         roof = sum(k["roof_s"] for k in ks)
@@ -248,7 +248,7 @@ def markdown(b):
         f"Peaks (H100 SXM5 datasheet, dense): bf16 tensor cores {PEAK_BF16_TC / 1e12:.1f} TF/s, "
         f"fp32 CUDA cores {PEAK_FP32 / 1e12:.1f} TF/s, HBM3 {HBM_BW / 1e12:.2f} TB/s. "
         f"Roofline of a class = max(FLOPs / peak, bytes / bandwidth); estimate = roofline / "
-        f"efficiency (+ {LAUNCH_S * 1e6:.0f} us per launch for today's optimizer).",
+        f"efficiency (+ {LAUNCH_S * 1e6:.0f} us per launch for the optimizer before issue 15).",
         "",
         f"Model FLOPs per step (fsdp-bench's MFU numerator, (6 (P - wpe) + 12 L T C) x tokens): "
         f"{mf / 1e12:.2f} TFLOP. MFU below is against a measured bf16 cuBLAS peak of "
@@ -260,17 +260,17 @@ def markdown(b):
         f"TF/s; 40 % MFU of the measured peak is {mf / (0.4 * meas) * 1e3:.1f} ms. The gate "
         f"is the stricter of the two.",
         "",
-        "### Today's CUDA path",
+        "### Before issue 15 (the CUDA path the review costed)",
         "",
-        fmt_table(b, "today"),
+        fmt_table(b, "before"),
         "",
         "### Issue 15 as built (attention: the fused flash kernel, flash.cu)",
         "",
-        fmt_table(b, "new"),
+        fmt_table(b, "built"),
     ])
 
 
-def kernel_classes(b, name="new"):
+def kernel_classes(b, name="built"):
     """Per kernel class (fsdp/profile.h): the rows it times, summed; what
     fsdp_gpt2_kernel_costs must equal (the kernel-profile test)."""
     out = {}
@@ -284,7 +284,7 @@ def kernel_classes(b, name="new"):
 
 def compare(b, path):
     """fsdp-bench --kernel-profile --json's measured classes next to the
-    budget's estimate of each (design "new", as built)."""
+    budget's estimate of each (design "built")."""
     doc = json.load(open(path))
     r = doc.get("results", [doc])[0]
     ks = r.get("kernels")
@@ -292,7 +292,7 @@ def compare(b, path):
         print(f"gpu_budget: {path} has no kernel table (run fsdp-bench with --kernel-profile)",
               file=sys.stderr)
         return 1
-    new = kernel_classes(b, "new")
+    new = kernel_classes(b, "built")
     print(f"{'kernel class':<30} {'measured ms':>11} {'budget ms':>9} "
           f"{'roofline ms':>11} {'of roofline':>11}")
     for k in ks:
@@ -302,8 +302,8 @@ def compare(b, path):
         print(f"{k['class']:<30} {ms:11.2f} {n['est_s'] * 1e3 if n else float('nan'):9.2f} "
               f"{roof:11.2f} {(roof / ms * 100 if ms > 0 else 0):10.0f}%")
     step = r["step_ms"]["median"] if isinstance(r.get("step_ms"), dict) else r.get("step_ms", 0)
-    print(f"{'step (measured)':<30} {step:11.2f} {b['new']['est_s'] * 1e3:9.2f} "
-          f"{b['new']['roof_s'] * 1e3:11.2f}")
+    print(f"{'step (measured)':<30} {step:11.2f} {b['built']['est_s'] * 1e3:9.2f} "
+          f"{b['built']['roof_s'] * 1e3:11.2f}")
     return 0
 
 
@@ -343,7 +343,7 @@ def main():
         json.dump(b, sys.stdout, indent=1)
         return 0
     if a.summary:
-        for name in ("today", "new"):
+        for name in ("before", "built"):
             r = b[name]
             print(f"budget ({name}): estimate {r['est_s'] * 1e3:.1f} ms per step, roofline "
                   f"{r['roof_s'] * 1e3:.1f} ms, MFU {r['mfu'] * 100:.0f} % of "

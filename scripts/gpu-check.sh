@@ -88,7 +88,7 @@ for r in runs:
 PY
 fi
 # The budget (bench/gpu-budget.md) at this device's measured peak: the
-# estimate of today's path and of issue 15's design beside the step measured.
+# estimate of the path before issue 15 and as built beside the step measured.
 peak_tf=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); r=d.get("results",[d])[0]; p=r.get("peak_flops",0)/1e12; print(p if p > 0 else 750)' "$bench_json" 2>/dev/null || echo 750)
 echo "-- budget against the measured peak ($peak_tf TF/s)"
 python3 bench/gpu_budget.py --summary --measured-tflops "$peak_tf" | sed 's/^/  /'
