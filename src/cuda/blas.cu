@@ -1,5 +1,6 @@
 /* src/cuda/blas.cu — CUDA error reporting, the cuBLAS handle cache, row-major
- * matrix products through cuBLAS, and the linear / conv1d layers on them. */
+ * matrix products through cuBLAS, and GPT-2's products on them (the blocks'
+ * linear / Conv1D layers with their bias and GELU, the vocabulary head). */
 #include <mutex>
 
 #include "cuda/cublas_lazy.h"
@@ -177,7 +178,7 @@ static fsdp_status_t gemm(bool ta, bool tb, int m, int n, int k, const T *A, int
   return fsdp_cuda_gemm(&g, stream);
 }
 
-/* ---- linear and conv1d ----
+/* ---- the blocks' products: linear and Conv1D ----
  * Why our own epilogue kernel and not cuBLASLt's (CUBLASLT_EPILOGUE_BIAS,
  * GELU_AUX_BIAS, DGELU, as llm.c does): the products here run under the
  * simulator in CI against a reference cuBLAS, which has no cuBLASLt, and
@@ -283,10 +284,10 @@ static fsdp_status_t matmul_forward(T *out, T *pre, const T *inp, const T *weigh
 /* d(input) written (beta = 0), times gelu'(gelu_pre) when given; dweight +=
  * (the gradient accumulates over micro-batches); dbias += over all SMs. */
 template <typename T>
-static fsdp_status_t matmul_backward_fused(T *dinp, float *dweight, float *dbias, float *scratch,
-                                           const T *dout, const T *inp, const T *weight,
-                                           const T *gelu_pre, int B, int C, int OC,
-                                           bool weight_out_in, cudaStream_t s) {
+static fsdp_status_t matmul_backward(T *dinp, float *dweight, float *dbias, float *scratch,
+                                     const T *dout, const T *inp, const T *weight,
+                                     const T *gelu_pre, int B, int C, int OC, bool weight_out_in,
+                                     cudaStream_t s) {
   if (B <= 0 || OC <= 0) return FSDP_SUCCESS;
   if (dbias && !scratch)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "matmul_backward: dbias needs scratch of "
@@ -300,56 +301,6 @@ static fsdp_status_t matmul_backward_fused(T *dinp, float *dweight, float *dbias
   if (dinp && gelu_pre) FSDP_TRY(epilogue(dinp, (T *)nullptr, (const T *)nullptr, gelu_pre, B, C, s));
   if (weight_out_in) return gemm(true, false, OC, C, B, dout, OC, inp, C, 1.0f, dweight, C, s);
   return gemm(true, false, C, OC, B, inp, C, dout, OC, 1.0f, dweight, OC, s);
-}
-
-/* acc[c] += sum over rows of x (rows, cols). A block owns 32 columns; its 32
- * row lanes each sum a strided subset, then lane sums are added in lane order:
- * the same order every run, no atomics. */
-#define COL_TILE 32
-template <typename T>
-__global__ void __launch_bounds__(COL_TILE * COL_TILE) column_sum_kernel(float *acc, const T *x, int rows, int cols) {
-  FSDP_SHARED(float, part, [COL_TILE][COL_TILE + 1]);
-  const int col = blockIdx.x * COL_TILE + threadIdx.x;
-  float s = 0.0f;
-  if (col < cols)
-    for (int r = threadIdx.y; r < rows; r += COL_TILE) s += load(x + (size_t)r * cols + col);
-  part[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < cols) {
-    float t = 0.0f;
-    for (int k = 0; k < COL_TILE; ++k) t += part[k][threadIdx.x];
-    acc[col] += t;
-  }
-}
-
-template <typename T>
-static fsdp_status_t column_sum(float *acc, const T *x, int rows, int cols, cudaStream_t s) {
-  const unsigned blocks = (unsigned)((cols + COL_TILE - 1) / COL_TILE);
-  FSDP_LAUNCH(column_sum_kernel, blocks, dim3(COL_TILE, COL_TILE), 0, s, acc, x, rows, cols);
-  LAUNCH_CHECK();
-  return FSDP_SUCCESS;
-}
-
-template <typename T>
-static fsdp_status_t matmul_forward(T *out, const T *inp, const T *weight, const T *bias, int B,
-                                    int C, int OC, bool weight_out_in, cudaStream_t s) {
-  return matmul_forward(out, (T *)nullptr, inp, weight, bias, B, C, OC, weight_out_in, s);
-}
-
-template <typename T>
-static fsdp_status_t matmul_backward(T *dinp, float *dweight, float *dbias, const T *dout,
-                                     const T *inp, const T *weight, int B, int C, int OC,
-                                     bool weight_out_in, cudaStream_t s) {
-  if (B <= 0 || OC <= 0) return FSDP_SUCCESS;
-  if (C > 0 && weight_out_in) {
-    if (dinp) FSDP_TRY(gemm(false, false, B, C, OC, dout, OC, weight, C, 1.0f, dinp, C, s));
-    FSDP_TRY(gemm(true, false, OC, C, B, dout, OC, inp, C, 1.0f, dweight, C, s));
-  } else if (C > 0) {
-    if (dinp) FSDP_TRY(gemm(false, true, B, C, OC, dout, OC, weight, OC, 1.0f, dinp, C, s));
-    FSDP_TRY(gemm(true, false, C, OC, B, inp, C, dout, OC, 1.0f, dweight, OC, s));
-  }
-  if (dbias) FSDP_TRY(column_sum(dbias, dout, B, OC, s));
-  return FSDP_SUCCESS;
 }
 
 /* The table's entry points: one per op, the storage type picked in
@@ -376,48 +327,9 @@ fsdp_status_t fsdp_cuda_matmul_backward(fsdp_dtype_t dt, void *dinp, float *dwei
                                         int weight_out_in, fsdp_stream_t stream) {
   return fsdp_cuda_dispatch("matmul_backward", dt, stream, [&](auto *tag, cudaStream_t s) {
     STORAGE(tag);
-    return matmul_backward_fused(as<S>(dinp), dweight, dbias, static_cast<float *>(scratch),
-                                 as<S>(dout), as<S>(inp), as<S>(weight), as<S>(gelu_pre), B, C,
-                                 OC, weight_out_in != 0, s);
-  });
-}
-
-fsdp_status_t fsdp_cuda_linear_forward(fsdp_dtype_t dt, void *out, const void *inp,
-                                       const void *weight, const void *bias, int B, int C, int OC,
-                                       fsdp_stream_t stream) {
-  return fsdp_cuda_dispatch("linear_forward", dt, stream, [&](auto *tag, cudaStream_t s) {
-    STORAGE(tag);
-    return matmul_forward(as<S>(out), as<S>(inp), as<S>(weight), as<S>(bias), B, C, OC, true, s);
-  });
-}
-
-fsdp_status_t fsdp_cuda_conv1d_forward(fsdp_dtype_t dt, void *out, const void *inp,
-                                       const void *weight, const void *bias, int B, int C, int OC,
-                                       fsdp_stream_t stream) {
-  return fsdp_cuda_dispatch("conv1d_forward", dt, stream, [&](auto *tag, cudaStream_t s) {
-    STORAGE(tag);
-    return matmul_forward(as<S>(out), as<S>(inp), as<S>(weight), as<S>(bias), B, C, OC, false,
-                          s);
-  });
-}
-
-fsdp_status_t fsdp_cuda_linear_backward(fsdp_dtype_t dt, void *dinp, float *dweight, float *dbias,
-                                        const void *dout, const void *inp, const void *weight,
-                                        int B, int C, int OC, fsdp_stream_t stream) {
-  return fsdp_cuda_dispatch("linear_backward", dt, stream, [&](auto *tag, cudaStream_t s) {
-    STORAGE(tag);
-    return matmul_backward(as<S>(dinp), dweight, dbias, as<S>(dout), as<S>(inp), as<S>(weight), B,
-                           C, OC, true, s);
-  });
-}
-
-fsdp_status_t fsdp_cuda_conv1d_backward(fsdp_dtype_t dt, void *dinp, float *dweight, float *dbias,
-                                        const void *dout, const void *inp, const void *weight,
-                                        int B, int C, int OC, fsdp_stream_t stream) {
-  return fsdp_cuda_dispatch("conv1d_backward", dt, stream, [&](auto *tag, cudaStream_t s) {
-    STORAGE(tag);
-    return matmul_backward(as<S>(dinp), dweight, dbias, as<S>(dout), as<S>(inp), as<S>(weight), B,
-                           C, OC, false, s);
+    return matmul_backward(as<S>(dinp), dweight, dbias, static_cast<float *>(scratch),
+                           as<S>(dout), as<S>(inp), as<S>(weight), as<S>(gelu_pre), B, C, OC,
+                           weight_out_in != 0, s);
   });
 }
 

@@ -239,7 +239,7 @@ __device__ __forceinline__ float block_max(float x, float *shared) {
 }
 
 /* ---- GELU, GPT-2's tanh form: the CPU's formulas (src/nn/gelu.c), tanh via
- * one expf; shared by the elementwise kernels and the products' epilogues ---- */
+ * one expf; for the products' epilogues (blas.cu) ---- */
 #define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
 #define GELU_C 0.044715f
 

@@ -59,18 +59,6 @@ extern "C" {
  * the op), the stream an fsdp CUDA stream. Matrix products use cuBLAS with
  * fp32 compute, never TF32. */
 
-fsdp_status_t fsdp_cuda_linear_forward(fsdp_dtype_t dt, void *out, const void *inp,
-                                       const void *weight, const void *bias, int B, int C, int OC,
-                                       fsdp_stream_t stream);
-fsdp_status_t fsdp_cuda_linear_backward(fsdp_dtype_t dt, void *dinp, float *dweight, float *dbias,
-                                        const void *dout, const void *inp, const void *weight,
-                                        int B, int C, int OC, fsdp_stream_t stream);
-fsdp_status_t fsdp_cuda_conv1d_forward(fsdp_dtype_t dt, void *out, const void *inp,
-                                       const void *weight, const void *bias, int B, int C, int OC,
-                                       fsdp_stream_t stream);
-fsdp_status_t fsdp_cuda_conv1d_backward(fsdp_dtype_t dt, void *dinp, float *dweight, float *dbias,
-                                        const void *dout, const void *inp, const void *weight,
-                                        int B, int C, int OC, fsdp_stream_t stream);
 /* GPT-2 pads V to a multiple of 128 for ld, so that every leading dimension
  * of the three vocabulary products is aligned for the tensor-core kernels. */
 fsdp_status_t fsdp_cuda_head_forward(fsdp_dtype_t dt, void *logits, int ld, const void *inp,
@@ -79,22 +67,6 @@ fsdp_status_t fsdp_cuda_head_backward(fsdp_dtype_t dt, void *dinp, float *dwte,
                                       const void *dlogits, int ld, const void *inp,
                                       const void *wte, int B, int C, int V,
                                       fsdp_stream_t stream);
-fsdp_status_t fsdp_cuda_gelu_forward(fsdp_dtype_t dt, void *out, const void *inp, size_t n,
-                                     fsdp_stream_t stream);
-fsdp_status_t fsdp_cuda_gelu_backward(fsdp_dtype_t dt, void *dinp, const void *inp,
-                                      const void *dout, size_t n, fsdp_stream_t stream);
-fsdp_status_t fsdp_cuda_residual_forward(fsdp_dtype_t dt, void *out, const void *a, const void *b,
-                                         size_t n, fsdp_stream_t stream);
-/* dweight and dbias are column sums over the N rows in a fixed order (no
- * atomics). */
-fsdp_status_t fsdp_cuda_layernorm_forward(fsdp_dtype_t dt, void *out, float *mean, float *rstd,
-                                          const void *inp, const void *weight, const void *bias,
-                                          int N, int C, fsdp_stream_t stream);
-fsdp_status_t fsdp_cuda_layernorm_backward(fsdp_dtype_t dt, void *dinp, float *dweight,
-                                           float *dbias, const void *dout, const void *inp,
-                                           const void *weight, const float *mean,
-                                           const float *rstd, int N, int C,
-                                           fsdp_stream_t stream);
 /* dwpe[t] += sum over b in order (deterministic); dwte rows += dout by float
  * atomicAdd (repeated tokens add in a varying order: a few ulps). */
 fsdp_status_t fsdp_cuda_embedding_forward(fsdp_dtype_t dt, void *out, const int *tokens,

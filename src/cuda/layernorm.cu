@@ -1,7 +1,8 @@
-/* src/cuda/layernorm.cu — LayerNorm forward and backward (fp32 and bf16
- * storage). A warp owns a row: two passes (mean, then squared deviations) as on
- * the CPU, so a large mean next to a small spread does not cancel. The weight
- * and bias gradients are column sums in a fixed order: no atomics. */
+/* src/cuda/layernorm.cu — LayerNorm forward (fused with the residual add
+ * that feeds it) and backward (fp32 and bf16 storage). A warp owns a row: two
+ * passes (mean, then squared deviations) as on the CPU, so a large mean next
+ * to a small spread does not cancel. The weight and bias gradients are column
+ * sums over all SMs in a fixed order: no atomics. */
 #include <initializer_list>
 
 #include "cuda/cuda_internal.cuh"
@@ -93,38 +94,6 @@ __global__ void layernorm_dinp_kernel(T *dinp, const T *dout, const T *inp, cons
   }
 }
 
-/* dweight[c] += sum_rows xhat * dout; dbias[c] += sum_rows dout. A block owns
- * 32 columns and 32 row lanes; lane sums are added in lane order. */
-#define LN_TILE 32
-template <typename T>
-__global__ void __launch_bounds__(LN_TILE * LN_TILE) layernorm_params_kernel(float *dweight, float *dbias, const T *dout,
-                                        const T *inp, const float *mean, const float *rstd,
-                                        int N, int C) {
-  FSDP_SHARED(float, pw, [LN_TILE][LN_TILE + 1]);
-  FSDP_SHARED(float, pb, [LN_TILE][LN_TILE + 1]);
-  const int col = blockIdx.x * LN_TILE + threadIdx.x;
-  float sw = 0.0f, sb = 0.0f;
-  if (col < C)
-    for (int r = threadIdx.y; r < N; r += LN_TILE) {
-      const size_t i = (size_t)r * C + col;
-      const float dy = load(dout + i);
-      sw += (load(inp + i) - mean[r]) * rstd[r] * dy;
-      sb += dy;
-    }
-  pw[threadIdx.y][threadIdx.x] = sw;
-  pb[threadIdx.y][threadIdx.x] = sb;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < C) {
-    float tw = 0.0f, tb = 0.0f;
-    for (int k = 0; k < LN_TILE; ++k) {
-      tw += pw[k][threadIdx.x];
-      tb += pb[k][threadIdx.x];
-    }
-    dweight[col] += tw;
-    dbias[col] += tb;
-  }
-}
-
 static unsigned row_blocks(int N) { return fsdp_grid((size_t)N, LN_WARPS); }
 
 /* Packs when every row starts 16-byte aligned: C a multiple of a pack and
@@ -191,10 +160,10 @@ static fsdp_status_t layernorm_params(float *dweight, float *dbias, float *scrat
 }
 
 template <typename T>
-static fsdp_status_t layernorm_backward_fused(T *dinp, float *dweight, float *dbias,
-                                              float *scratch, const T *dout, const T *inp,
-                                              const T *weight, const float *mean,
-                                              const float *rstd, int N, int C, cudaStream_t s) {
+static fsdp_status_t layernorm_backward(T *dinp, float *dweight, float *dbias, float *scratch,
+                                        const T *dout, const T *inp, const T *weight,
+                                        const float *mean, const float *rstd, int N, int C,
+                                        cudaStream_t s) {
   if (N <= 0 || C <= 0) return FSDP_SUCCESS;
   if (!scratch)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "layernorm_fused_backward: needs scratch of "
@@ -204,26 +173,6 @@ static fsdp_status_t layernorm_backward_fused(T *dinp, float *dweight, float *db
                                                    N, C, s)));
   else
     FSDP_TRY((layernorm_params<1, T>(dweight, dbias, scratch, dout, inp, mean, rstd, N, C, s)));
-  return dinp ? layernorm_dinp(dinp, dout, inp, weight, mean, rstd, N, C, s) : FSDP_SUCCESS;
-}
-
-template <typename T>
-static fsdp_status_t layernorm_forward(T *out, float *mean, float *rstd, const T *inp,
-                                       const T *weight, const T *bias, int N, int C,
-                                       cudaStream_t s) {
-  return layernorm_forward((T *)nullptr, out, mean, rstd, inp, (const T *)nullptr, weight, bias,
-                           N, C, s);
-}
-
-template <typename T>
-static fsdp_status_t layernorm_backward(T *dinp, float *dweight, float *dbias, const T *dout,
-                                        const T *inp, const T *weight, const float *mean,
-                                        const float *rstd, int N, int C, cudaStream_t s) {
-  if (N <= 0 || C <= 0) return FSDP_SUCCESS;
-  const unsigned col_blocks = (unsigned)((C + LN_TILE - 1) / LN_TILE);
-  FSDP_LAUNCH(layernorm_params_kernel, col_blocks, dim3(LN_TILE, LN_TILE), 0, s, dweight, dbias,
-              dout, inp, mean, rstd, N, C);
-  LAUNCH_CHECK();
   return dinp ? layernorm_dinp(dinp, dout, inp, weight, mean, rstd, N, C, s) : FSDP_SUCCESS;
 }
 
@@ -247,30 +196,8 @@ fsdp_status_t fsdp_cuda_layernorm_fused_backward(fsdp_dtype_t dt, void *dinp, fl
   return fsdp_cuda_dispatch("layernorm_fused_backward", dt, stream,
                             [&](auto *tag, cudaStream_t s) {
                               STORAGE(tag);
-                              return layernorm_backward_fused(
+                              return layernorm_backward(
                                   as<S>(dinp), dweight, dbias, static_cast<float *>(scratch),
                                   as<S>(dout), as<S>(inp), as<S>(weight), mean, rstd, N, C, s);
                             });
-}
-
-fsdp_status_t fsdp_cuda_layernorm_forward(fsdp_dtype_t dt, void *out, float *mean, float *rstd,
-                                          const void *inp, const void *weight, const void *bias,
-                                          int N, int C, fsdp_stream_t stream) {
-  return fsdp_cuda_dispatch("layernorm_forward", dt, stream, [&](auto *tag, cudaStream_t s) {
-    STORAGE(tag);
-    return layernorm_forward(as<S>(out), mean, rstd, as<S>(inp), as<S>(weight), as<S>(bias), N,
-                             C, s);
-  });
-}
-
-fsdp_status_t fsdp_cuda_layernorm_backward(fsdp_dtype_t dt, void *dinp, float *dweight,
-                                           float *dbias, const void *dout, const void *inp,
-                                           const void *weight, const float *mean,
-                                           const float *rstd, int N, int C,
-                                           fsdp_stream_t stream) {
-  return fsdp_cuda_dispatch("layernorm_backward", dt, stream, [&](auto *tag, cudaStream_t s) {
-    STORAGE(tag);
-    return layernorm_backward(as<S>(dinp), dweight, dbias, as<S>(dout), as<S>(inp),
-                              as<S>(weight), mean, rstd, N, C, s);
-  });
 }

@@ -17,20 +17,17 @@
 /* Every slot's name, in the struct's order: a slot added without a name here
  * fails the static assertion below. */
 static const char *const slot_names[] = {
-    "linear_forward",     "linear_backward",         "conv1d_forward",
-    "conv1d_backward",    "head_forward",            "head_backward",
-    "gelu_forward",       "gelu_backward",           "residual_forward",
-    "layernorm_forward",  "layernorm_backward",      "embedding_forward",
-    "embedding_backward", "attention_state_floats",  "attention_scratch_bytes",
-    "attention_forward",  "attention_backward",      "xent",
-    "colsum_scratch_bytes", "matmul_forward",        "matmul_backward",
-    "layernorm_fused_forward", "layernorm_fused_backward",
-    "sum_squares",        "scale",                   "axpy",
-    "cast",               "adamw_multi",             "sgd_update",
-    "prepare",            "release",
+    "head_forward",            "head_backward",            "embedding_forward",
+    "embedding_backward",      "attention_state_floats",   "attention_scratch_bytes",
+    "attention_forward",       "attention_backward",       "xent",
+    "colsum_scratch_bytes",    "matmul_forward",           "matmul_backward",
+    "layernorm_fused_forward", "layernorm_fused_backward", "sum_squares",
+    "scale",                   "axpy",                     "cast",
+    "adamw_multi",             "sgd_update",               "prepare",
+    "release",
 };
 typedef void (*any_fn)(void);
-#define FIRST_SLOT offsetof(fsdp_compute_ops_t, linear_forward)
+#define FIRST_SLOT offsetof(fsdp_compute_ops_t, head_forward)
 #define N_SLOTS ((sizeof(fsdp_compute_ops_t) - FIRST_SLOT) / sizeof(any_fn))
 _Static_assert(sizeof slot_names / sizeof *slot_names == N_SLOTS,
                "every slot of fsdp_compute_ops_t has a name in slot_names");
@@ -69,40 +66,6 @@ static fsdp_status_t cpu_refuse(const char *op, fsdp_dtype_t dt, fsdp_stream_t s
 #define CPU_SHARD_OP(op, s) \
   if ((s) != FSDP_HOST_STREAM) return cpu_refuse(op, FSDP_F32, s)
 
-static fsdp_status_t cpu_linear_forward(fsdp_dtype_t dt, void *out, const void *inp,
-                                        const void *weight, const void *bias, int B, int C,
-                                        int OC, fsdp_stream_t s) {
-  CPU_OP("linear_forward", dt, s);
-  fsdp_linear_forward(out, inp, weight, bias, B, C, OC);
-  return FSDP_SUCCESS;
-}
-
-static fsdp_status_t cpu_linear_backward(fsdp_dtype_t dt, void *dinp, float *dweight,
-                                         float *dbias, const void *dout, const void *inp,
-                                         const void *weight, int B, int C, int OC,
-                                         fsdp_stream_t s) {
-  CPU_OP("linear_backward", dt, s);
-  fsdp_linear_backward(dinp, dweight, dbias, dout, inp, weight, B, C, OC);
-  return FSDP_SUCCESS;
-}
-
-static fsdp_status_t cpu_conv1d_forward(fsdp_dtype_t dt, void *out, const void *inp,
-                                        const void *weight, const void *bias, int B, int C,
-                                        int OC, fsdp_stream_t s) {
-  CPU_OP("conv1d_forward", dt, s);
-  fsdp_conv1d_forward(out, inp, weight, bias, B, C, OC);
-  return FSDP_SUCCESS;
-}
-
-static fsdp_status_t cpu_conv1d_backward(fsdp_dtype_t dt, void *dinp, float *dweight,
-                                         float *dbias, const void *dout, const void *inp,
-                                         const void *weight, int B, int C, int OC,
-                                         fsdp_stream_t s) {
-  CPU_OP("conv1d_backward", dt, s);
-  fsdp_conv1d_backward(dinp, dweight, dbias, dout, inp, weight, B, C, OC);
-  return FSDP_SUCCESS;
-}
-
 static fsdp_status_t cpu_head_forward(fsdp_dtype_t dt, void *logits, int ld, const void *inp,
                                       const void *wte, int B, int C, int V, fsdp_stream_t s) {
   CPU_OP("head_forward", dt, s);
@@ -115,44 +78,6 @@ static fsdp_status_t cpu_head_backward(fsdp_dtype_t dt, void *dinp, float *dwte,
                                        const void *wte, int B, int C, int V, fsdp_stream_t s) {
   CPU_OP("head_backward", dt, s);
   nn_head_backward(dinp, dwte, dlogits, ld, inp, wte, B, C, V);
-  return FSDP_SUCCESS;
-}
-
-static fsdp_status_t cpu_gelu_forward(fsdp_dtype_t dt, void *out, const void *inp, size_t n,
-                                      fsdp_stream_t s) {
-  CPU_OP("gelu_forward", dt, s);
-  fsdp_gelu_forward(out, inp, n);
-  return FSDP_SUCCESS;
-}
-
-static fsdp_status_t cpu_gelu_backward(fsdp_dtype_t dt, void *dinp, const void *inp,
-                                       const void *dout, size_t n, fsdp_stream_t s) {
-  CPU_OP("gelu_backward", dt, s);
-  fsdp_gelu_backward(dinp, inp, dout, n);
-  return FSDP_SUCCESS;
-}
-
-static fsdp_status_t cpu_residual_forward(fsdp_dtype_t dt, void *out, const void *a,
-                                          const void *b, size_t n, fsdp_stream_t s) {
-  CPU_OP("residual_forward", dt, s);
-  fsdp_residual_forward(out, a, b, n);
-  return FSDP_SUCCESS;
-}
-
-static fsdp_status_t cpu_layernorm_forward(fsdp_dtype_t dt, void *out, float *mean, float *rstd,
-                                           const void *inp, const void *weight, const void *bias,
-                                           int N, int C, fsdp_stream_t s) {
-  CPU_OP("layernorm_forward", dt, s);
-  fsdp_layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
-  return FSDP_SUCCESS;
-}
-
-static fsdp_status_t cpu_layernorm_backward(fsdp_dtype_t dt, void *dinp, float *dweight,
-                                            float *dbias, const void *dout, const void *inp,
-                                            const void *weight, const float *mean,
-                                            const float *rstd, int N, int C, fsdp_stream_t s) {
-  CPU_OP("layernorm_backward", dt, s);
-  fsdp_layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
   return FSDP_SUCCESS;
 }
 
@@ -366,17 +291,8 @@ static const fsdp_compute_ops_t cpu_ops = {
     .name = "cpu",
     .device = FSDP_DEVICE_CPU,
     .sum_squares_partials = 0,
-    .linear_forward = cpu_linear_forward,
-    .linear_backward = cpu_linear_backward,
-    .conv1d_forward = cpu_conv1d_forward,
-    .conv1d_backward = cpu_conv1d_backward,
     .head_forward = cpu_head_forward,
     .head_backward = cpu_head_backward,
-    .gelu_forward = cpu_gelu_forward,
-    .gelu_backward = cpu_gelu_backward,
-    .residual_forward = cpu_residual_forward,
-    .layernorm_forward = cpu_layernorm_forward,
-    .layernorm_backward = cpu_layernorm_backward,
     .embedding_forward = cpu_embedding_forward,
     .embedding_backward = cpu_embedding_backward,
     .attention_state_floats = cpu_attention_state_floats,

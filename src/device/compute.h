@@ -2,9 +2,9 @@
  * models run, as one table of function pointers per backend. The CPU table
  * (compute.c) holds the fp32 kernels of fsdp/nn.h; the CUDA table holds the
  * entry points of src/cuda/kernels.h themselves, so a model's call reaches the
- * kernel's launch in one hop: gpt2.c -> ops->layernorm_forward (that is
- * fsdp_cuda_layernorm_forward) -> layernorm_forward<bf16> -> launch. Not
- * installed.
+ * kernel's launch in one hop: gpt2.c -> ops->layernorm_fused_forward (that
+ * is fsdp_cuda_layernorm_fused_forward) -> layernorm_forward<bf16> ->
+ * launch. Not installed.
  *
  * Why this shape (ggml's backend interface, llm.c's one floatX kernel per op):
  * - One kernel per op, generic over the storage type: each slot takes the
@@ -52,21 +52,7 @@ typedef struct fsdp_compute_ops {
   fsdp_device_kind_t device;   /* where every pointer lives */
   size_t sum_squares_partials; /* doubles of scratch sum_squares takes (0: none) */
 
-  /* ---- matrix products (fp32 accumulation) ---- */
-  /* out (B,OC) = inp (B,C) @ weight^T (OC,C) + bias (OC); bias may be NULL. */
-  fsdp_status_t (*linear_forward)(fsdp_dtype_t dt, void *out, const void *inp, const void *weight,
-                                  const void *bias, int B, int C, int OC, fsdp_stream_t s);
-  /* dinp (B,C) += dout @ weight; dweight (OC,C) += dout^T @ inp; dbias +=
-   * column sums of dout. dinp and dbias may be NULL. */
-  fsdp_status_t (*linear_backward)(fsdp_dtype_t dt, void *dinp, float *dweight, float *dbias,
-                                   const void *dout, const void *inp, const void *weight, int B,
-                                   int C, int OC, fsdp_stream_t s);
-  /* The same with the weight stored (C,OC): GPT-2's Conv1D. */
-  fsdp_status_t (*conv1d_forward)(fsdp_dtype_t dt, void *out, const void *inp, const void *weight,
-                                  const void *bias, int B, int C, int OC, fsdp_stream_t s);
-  fsdp_status_t (*conv1d_backward)(fsdp_dtype_t dt, void *dinp, float *dweight, float *dbias,
-                                   const void *dout, const void *inp, const void *weight, int B,
-                                   int C, int OC, fsdp_stream_t s);
+  /* ---- the vocabulary head (fp32 accumulation) ---- */
   /* A tied vocabulary head, wte (V,C), no bias: logits (B,V) with rows ld
    * apart (ld >= V; columns [V, ld) neither read nor written). Forward
    * writes; backward adds dinp (B,C) += dlogits @ wte (dinp may be NULL) and
@@ -76,27 +62,6 @@ typedef struct fsdp_compute_ops {
   fsdp_status_t (*head_backward)(fsdp_dtype_t dt, void *dinp, float *dwte, const void *dlogits,
                                  int ld, const void *inp, const void *wte, int B, int C, int V,
                                  fsdp_stream_t s);
-
-  /* ---- elementwise (n elements) ---- */
-  /* GELU, GPT-2's tanh form; backward adds dout * gelu'(inp) into dinp. */
-  fsdp_status_t (*gelu_forward)(fsdp_dtype_t dt, void *out, const void *inp, size_t n,
-                                fsdp_stream_t s);
-  fsdp_status_t (*gelu_backward)(fsdp_dtype_t dt, void *dinp, const void *inp, const void *dout,
-                                 size_t n, fsdp_stream_t s);
-  /* out = a + b (out may be a or b). */
-  fsdp_status_t (*residual_forward)(fsdp_dtype_t dt, void *out, const void *a, const void *b,
-                                    size_t n, fsdp_stream_t s);
-
-  /* ---- LayerNorm over the last dim of inp (N,C), eps 1e-5 ---- */
-  /* mean and rstd (N) are saved for backward. */
-  fsdp_status_t (*layernorm_forward)(fsdp_dtype_t dt, void *out, float *mean, float *rstd,
-                                     const void *inp, const void *weight, const void *bias, int N,
-                                     int C, fsdp_stream_t s);
-  /* dinp (may be NULL), dweight, dbias accumulate. */
-  fsdp_status_t (*layernorm_backward)(fsdp_dtype_t dt, void *dinp, float *dweight, float *dbias,
-                                      const void *dout, const void *inp, const void *weight,
-                                      const float *mean, const float *rstd, int N, int C,
-                                      fsdp_stream_t s);
 
   /* ---- token + position embedding ---- */
   /* out (B,T,C) = wte[tokens[b,t]] (V,C) + wpe[t]; tokens (int, the backend's
@@ -137,14 +102,16 @@ typedef struct fsdp_compute_ops {
                         const int *targets, int B, int V, float scale, int grad,
                         fsdp_stream_t s);
 
-  /* ---- fused memory-bound work (issue 15 item 4): what GPT-2's blocks call ----
-   * The products WRITE their outputs (beta = 0 on CUDA: no bias fill, no
-   * zeroed buffer read back), d(input) included: the one exception to
-   * "backward adds", since an activation's gradient has one producer. The
-   * column sums of the bias and LayerNorm gradients take scratch
-   * (colsum_scratch_bytes(cols) of the caller's, NULL when 0; contents not
-   * kept: layers share it). weight_out_in: 1 for a (OC,C) weight (linear), 0
-   * for GPT-2's (C,OC) Conv1D. */
+  /* ---- GPT-2's block products and LayerNorms, each fused with the
+   * memory-bound work beside it (issue 15 item 4) ----
+   * The products accumulate in fp32 and WRITE their outputs (beta = 0 on
+   * CUDA: no bias fill, no zeroed buffer read back), d(input) included: the
+   * one exception to "backward adds", since an activation's gradient has one
+   * producer. The column sums of the bias and LayerNorm gradients take
+   * scratch (colsum_scratch_bytes(cols) of the caller's, NULL when 0;
+   * contents not kept: layers share it). weight_out_in: 1 for a (OC,C)
+   * weight (linear; W = weight^T), 0 for GPT-2's (C,OC) Conv1D (W =
+   * weight). GELU is GPT-2's tanh form. */
   size_t (*colsum_scratch_bytes)(int cols);
   /* out (B,OC) = inp (B,C) @ W + bias (may be NULL); with pre (B,OC) not
    * NULL, pre = inp @ W + bias (kept for backward) and out = gelu(pre). */
@@ -160,20 +127,23 @@ typedef struct fsdp_compute_ops {
                                    void *scratch, const void *dout, const void *inp,
                                    const void *weight, const void *gelu_pre, int B, int C, int OC,
                                    int weight_out_in, fsdp_stream_t s);
-  /* The residual add fused with the LayerNorm that reads it: with branch,
-   * res (N,C) = inp + branch (as stored in dt; res may be inp or branch) and
-   * out = LayerNorm(res); without, out = LayerNorm(inp), res unused. */
+  /* LayerNorm over the last dim, eps 1e-5, fused with the residual add that
+   * feeds it: with branch, res (N,C) = inp + branch (as stored in dt; res
+   * may be inp or branch) and out = LayerNorm(res); without, out =
+   * LayerNorm(inp), res unused. mean and rstd (N) are saved for backward. */
   fsdp_status_t (*layernorm_fused_forward)(fsdp_dtype_t dt, void *res, void *out, float *mean,
                                            float *rstd, const void *inp, const void *branch,
                                            const void *weight, const void *bias, int N, int C,
                                            fsdp_stream_t s);
-  /* layernorm_backward with the weight and bias column sums over all SMs
-   * through scratch; dinp (may be NULL: d(residual) in GPT-2) += */
+  /* inp is what forward normalised (res with a branch). dinp (N,C; may be
+   * NULL: d(residual) in GPT-2) += d(inp); dweight (C) += column sums of
+   * xhat * dout and dbias (C) += of dout, over all SMs through scratch. */
   fsdp_status_t (*layernorm_fused_backward)(fsdp_dtype_t dt, void *dinp, float *dweight,
                                             float *dbias, void *scratch, const void *dout,
                                             const void *inp, const void *weight,
                                             const float *mean, const float *rstd, int N, int C,
                                             fsdp_stream_t s);
+
   /* ---- the engine's shard kernels ---- */
   /* *out (one double) = sum of x[i]^2, accumulated in double, deterministic;
    * partials: sum_squares_partials doubles of the caller's (NULL when 0). */

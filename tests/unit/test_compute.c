@@ -31,17 +31,22 @@ START_TEST(every_built_table_is_complete) {
 }
 END_TEST
 
-/* The check itself finds an empty slot, and names it. */
+/* The check itself finds an empty slot, and names it: the first, one in the
+ * middle, the last. */
 START_TEST(completeness_check_names_an_empty_slot) {
   fsdp_compute_ops_t t = *fsdp_compute_ops(FSDP_DEVICE_CPU);
-  t.layernorm_backward = NULL;
+  t.head_forward = NULL;
   const char *missing = NULL;
   ck_assert_int_eq(fsdp_compute_ops_complete(&t, &missing), 0);
-  ck_assert_str_eq(missing, "layernorm_backward");
+  ck_assert_str_eq(missing, "head_forward");
   t = *fsdp_compute_ops(FSDP_DEVICE_CPU);
-  t.xent = NULL; /* the last slot */
+  t.layernorm_fused_backward = NULL;
   ck_assert_int_eq(fsdp_compute_ops_complete(&t, &missing), 0);
-  ck_assert_str_eq(missing, "xent");
+  ck_assert_str_eq(missing, "layernorm_fused_backward");
+  t = *fsdp_compute_ops(FSDP_DEVICE_CPU);
+  t.release = NULL;
+  ck_assert_int_eq(fsdp_compute_ops_complete(&t, &missing), 0);
+  ck_assert_str_eq(missing, "release");
 }
 END_TEST
 
@@ -56,20 +61,23 @@ START_TEST(cpu_table_refuses_what_it_cannot_run) {
   for (int i = 0; i < N * C; i++) x[i] = (float)i, out[i] = -1.0f;
   for (int c = 0; c < C; c++) w[c] = 1.0f, b[c] = 0.0f;
   for (size_t i = 0; i < sizeof dts / sizeof dts[0]; i++) {
-    ck_assert_int_eq(k->layernorm_forward(dts[i], out, mean, rstd, x, w, b, N, C,
-                                          FSDP_HOST_STREAM),
+    ck_assert_int_eq(k->layernorm_fused_forward(dts[i], NULL, out, mean, rstd, x, NULL, w, b, N,
+                                                C, FSDP_HOST_STREAM),
                      FSDP_ERR_UNSUPPORTED);
-    ck_assert_msg(strstr(fsdp_last_error(), "layernorm_forward") &&
+    ck_assert_msg(strstr(fsdp_last_error(), "layernorm_fused_forward") &&
                       strstr(fsdp_last_error(), fsdp_dtype_name(dts[i])),
                   "%s", fsdp_last_error());
     for (int j = 0; j < N * C; j++) ck_assert_float_eq(out[j], -1.0f);
   }
-  ck_assert_int_eq(k->gelu_forward(FSDP_BF16, out, x, N * C, FSDP_HOST_STREAM),
+  /* a (1,C) linear weight with its GELU: out (N,1) and pre (N,1) */
+  ck_assert_int_eq(k->matmul_forward(FSDP_BF16, out, out + N, x, w, b, N, C, 1, 1,
+                                     FSDP_HOST_STREAM),
                    FSDP_ERR_UNSUPPORTED);
-  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "gelu_forward"));
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "matmul_forward"));
   fsdp_stream_t worker;
   ck_assert_int_eq(fsdp_stream_create("compute-test", &worker), FSDP_SUCCESS);
-  ck_assert_int_eq(k->gelu_forward(FSDP_F32, out, x, N * C, worker), FSDP_ERR_INVALID_USAGE);
+  ck_assert_int_eq(k->matmul_forward(FSDP_F32, out, out + N, x, w, b, N, C, 1, 1, worker),
+                   FSDP_ERR_INVALID_USAGE);
   ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "FSDP_HOST_STREAM"));
   fsdp_stream_destroy(worker);
   for (int j = 0; j < N * C; j++) ck_assert_float_eq(out[j], -1.0f);
@@ -84,8 +92,8 @@ START_TEST(cpu_table_is_the_cpu_kernels) {
   float x[N * C], w[C], b[C], out[N * C], want[N * C], mean[N], rstd[N], m2[N], r2[N];
   for (int i = 0; i < N * C; i++) x[i] = sinf((float)i);
   for (int c = 0; c < C; c++) w[c] = 1.0f + 0.1f * (float)c, b[c] = 0.01f * (float)c;
-  ck_assert_int_eq(k->layernorm_forward(FSDP_F32, out, mean, rstd, x, w, b, N, C,
-                                        FSDP_HOST_STREAM),
+  ck_assert_int_eq(k->layernorm_fused_forward(FSDP_F32, NULL, out, mean, rstd, x, NULL, w, b, N,
+                                              C, FSDP_HOST_STREAM),
                    FSDP_SUCCESS);
   fsdp_layernorm_forward(want, m2, r2, x, w, b, N, C);
   ck_assert_int_eq(memcmp(out, want, sizeof out), 0);
