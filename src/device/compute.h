@@ -118,11 +118,10 @@ typedef struct fsdp_compute_ops {
   fsdp_status_t (*matmul_forward)(fsdp_dtype_t dt, void *out, void *pre, const void *inp,
                                   const void *weight, const void *bias, int B, int C, int OC,
                                   int weight_out_in, fsdp_stream_t s);
-  /* dinp (B,C) = dout @ W for a linear (OC,C) weight, dout @ W^T for a
-   * Conv1D (C,OC) one, written (may be NULL), times gelu'(gelu_pre) when
-   * gelu_pre (B,C) is given (the GELU below the product, backward in the same
-   * pass); dweight += the weight's gradient in its layout; dbias += column
-   * sums of dout (may be NULL). */
+  /* dinp (B,C) = dout @ W^T written (may be NULL), times gelu'(gelu_pre)
+   * when gelu_pre (B,C) is given (the GELU below the product, backward in
+   * the same pass); dweight += the weight's gradient in its own layout;
+   * dbias += column sums of dout (may be NULL). */
   fsdp_status_t (*matmul_backward)(fsdp_dtype_t dt, void *dinp, float *dweight, float *dbias,
                                    void *scratch, const void *dout, const void *inp,
                                    const void *weight, const void *gelu_pre, int B, int C, int OC,
