@@ -104,6 +104,13 @@
  * nothing queued before it is still running, and the watchdog's abort ends
  * the call.
  *
+ * Signals: Gloo's TCP transport writes with writev, so a write to a peer that
+ * has just died raises SIGPIPE. The first gloo communicator of a process sets
+ * SIGPIPE to ignored when its disposition is still the default, so that such
+ * a write fails the collective with FSDP_ERR_COMM ("a peer failed") instead
+ * of killing the rank silently; a handler or SIG_IGN the program set is kept.
+ * The other backends change no signal disposition.
+ *
  * Desync check (on by default; world opts desync_check -1 or
  * FSDP_DESYNC_CHECK=0 turn it off): before each collective the ranks
  * all-gather a fixed-size fingerprint of it (operation, tag, count, dtype,

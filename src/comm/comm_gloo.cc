@@ -23,6 +23,7 @@
  * rank fail at once instead of at their own deadline. Exceptions never cross
  * into C: every entry point catches them and returns FSDP_ERR_COMM. */
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -100,10 +101,24 @@ Impl *impl_of(fsdp_comm_t c) { return static_cast<Impl *>(c->impl); }
 
 void free_device(void *p) { delete static_cast<Device *>(p); }
 
+/* Gloo's TCP transport sends with writev, which has no MSG_NOSIGNAL: a write
+ * to a peer that has just died raises SIGPIPE, whose default kills this rank
+ * silently (no report, and fsdp-run could take it for the root cause) where
+ * the collective should fail and say a peer went away. So the first gloo
+ * device of the process sets SIGPIPE to ignored — unless the program chose a
+ * disposition of its own, which is kept (comm.h). */
+void ignore_sigpipe() {
+  struct sigaction now;
+  if (sigaction(SIGPIPE, nullptr, &now) == 0 && !(now.sa_flags & SA_SIGINFO) &&
+      now.sa_handler == SIG_DFL)
+    std::signal(SIGPIPE, SIG_IGN);
+}
+
 /* The world's TCP device: on GLOO_SOCKET_IFNAME when set, else on the
  * address that routes to MASTER_ADDR. */
 Device device_of(fsdp_comm_t c) {
   if (auto *dev = static_cast<Device *>(fsdp_watch_shared(c))) return *dev;
+  ignore_sigpipe();
   gloo::transport::tcp::attr attr;
   const char *iface = std::getenv("GLOO_SOCKET_IFNAME");
   if (iface && *iface)

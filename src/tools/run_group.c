@@ -306,9 +306,13 @@ static void supervise(group_t *g) {
 
 /* ---- report -------------------------------------------------------------- */
 
-/* 1 when w's last line says it failed because a peer did (the comm layer's
- * wording): a consequence, even when it was reaped before the peer was. */
-static int peer_caused(const worker_t *w) { return strstr(w->last, "a peer failed") != NULL; }
+/* 1 when w failed because a peer did, even when it was reaped before the
+ * peer was: its last line says so (the comm layer's wording), or SIGPIPE
+ * killed it (it wrote to a connection whose other end had gone). */
+static int peer_caused(const worker_t *w) {
+  return strstr(w->last, "a peer failed") != NULL ||
+         (WIFSIGNALED(w->status) && WTERMSIG(w->status) == SIGPIPE);
+}
 
 /* The root cause: a failure fsdp-run did not cause itself, not one that blames
  * a peer if any other exists, then the earliest; among failures seen at once,

@@ -323,6 +323,36 @@ def killed(r, kind):
     print(next(l for l in err.splitlines() if "rank 1" in l and "signal 9" in l))
 
 
+def epipe(r):
+    """A write to a peer that died fails with EPIPE in a rank of a gloo world
+    instead of killing it by SIGPIPE (Gloo writes with writev; before, such a
+    rank died silently and fsdp-run could name it the root cause of a
+    kill: CI's kill-fsdp-run blamed rank 0, killed by SIGPIPE, for rank 1's
+    SIGKILL)."""
+    cmd = r.launcher("fsdp-run", 2) + [r.tool("tests/launch/launch_probe"), "epipe"]
+    rc, out, err, secs, left = r.run(cmd, {}, timeout=60)
+    print(f"epipe under fsdp-run: exit {rc} after {secs:.1f} s; leftovers {left}")
+    check(rc == 0 and not left, f"rc {rc}, leftovers {left}:\n{err[-3000:]}")
+    lines = re.findall(r"probe: rank \d: a write to a closed socket failed with EPIPE", err)
+    check(len(lines) == 2, f"not every rank saw EPIPE:\n{err[-3000:]}")
+    print(lines[0])
+
+
+def sigpipe_root_cause(r):
+    """Rank 0 dies of SIGPIPE first, rank 1 of SIGKILL after: fsdp-run names
+    rank 1 (a death by SIGPIPE follows from a peer's; before, the earlier
+    death was the root cause)."""
+    cmd = r.launcher("fsdp-run", 2) + [r.tool("tests/launch/launch_probe"), "sigpipe", "1"]
+    rc, out, err, secs, left = r.run(cmd, {}, timeout=60)
+    print(f"sigpipe under fsdp-run: exit {rc} after {secs:.1f} s; leftovers {left}")
+    check(rc != 0 and secs <= TEARDOWN_S and not left, f"rc {rc}, {secs:.1f} s, {left}")
+    check(re.search(r"root cause: rank 1 .*killed by signal 9 \(SIGKILL\)", err),
+          f"the root cause is not rank 1's SIGKILL:\n{err[-3000:]}")
+    check(re.search(r"rank 0 .*killed by signal 13 \(SIGPIPE\)", err),
+          f"rank 0's SIGPIPE is not reported:\n{err[-3000:]}")
+    print(re.search(r"fsdp-run:   root cause: .*", err).group(0))
+
+
 def stalled(r, kind):
     cmd = r.launcher(kind, 4) + [r.tool("tests/launch/launch_probe"), "stall", "1", "3"]
     rc, out, err, secs, left = r.run(cmd, {"FSDP_TIMEOUT_S": "2"})
@@ -770,6 +800,8 @@ SCENARIOS = {
     "desync-group-mpirun": lambda r: desync_group(r, "mpirun"),
     "kill-fsdp-run": lambda r: killed(r, "fsdp-run"),
     "kill-mpirun": lambda r: killed(r, "mpirun"),
+    "epipe": epipe,
+    "sigpipe-root-cause": sigpipe_root_cause,
     "stall-fsdp-run": lambda r: stalled(r, "fsdp-run"),
     "stall-mpirun": lambda r: stalled(r, "mpirun"),
     "stall-trainer": stalled_trainer,

@@ -23,15 +23,27 @@
  *   extra-group R   rank R issues an extra all_reduce inside its group of a
  *                   split (ranks r / 2): only that group desyncs, and its
  *                   report names the group and world ranks
+ *   epipe           once its communicators exist, every rank writes to a
+ *                   socket whose other end is closed, as Gloo's writev does to
+ *                   a peer that died: the write must fail with EPIPE, not
+ *                   kill the rank with SIGPIPE; then the ok scenario
+ *   sigpipe R       rank 0 dies of SIGPIPE (default disposition restored);
+ *                   rank R, ignoring SIGTERM, sees its all_reduce fail and
+ *                   then kills itself with SIGKILL: SIGKILL, though later, is
+ *                   the root cause fsdp-run names (a write to a gone peer is
+ *                   a consequence of something else)
  *
  * The desync scenarios turn the check on (world opts; with
  * PROBE_DEFAULT_CHECK=1 they leave it to the default) and end with a barrier
  * on a communicator of their own, so every rank has printed its report
  * before the first one exits and a launcher stops the rest. */
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "comm/comm_internal.h"
@@ -124,14 +136,58 @@ static fsdp_status_t run_skip_unit(fsdp_world_t w, int who) {
   return st;
 }
 
+/* A write to a connection whose other end is closed (EPIPE, or SIGPIPE). */
+static int write_to_closed(void) {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) return -1;
+  close(sv[1]);
+  char byte = 0;
+  struct iovec v = {&byte, 1};
+  ssize_t n = writev(sv[0], &v, 1); /* what Gloo's TCP pair calls */
+  int err = errno;
+  close(sv[0]);
+  errno = err;
+  return n < 0 ? -1 : 0;
+}
+
+static fsdp_status_t run_epipe(fsdp_comm_t c) {
+  if (write_to_closed() == 0 || errno != EPIPE) {
+    fprintf(stderr, "probe: rank %d: a write to a closed socket did not fail with EPIPE: %s\n",
+            rank, strerror(errno));
+    exit(1);
+  }
+  fprintf(stderr, "probe: rank %d: a write to a closed socket failed with EPIPE\n", rank);
+  return run_ok(c);
+}
+
+static fsdp_status_t run_sigpipe(fsdp_comm_t c, int who) {
+  if (rank == 0) {
+    signal(SIGPIPE, SIG_DFL);
+    fprintf(stderr, "probe: rank 0: dying of SIGPIPE\n");
+    write_to_closed();
+    raise(SIGPIPE); /* not reached when the write already raised it */
+  }
+  if (rank == who) signal(SIGTERM, SIG_IGN);
+  fsdp_status_t st = run_ok(c); /* fails: rank 0 is gone */
+  if (rank == who) {
+    /* Not the error's text: it blames a peer, and a SIGKILL out of the blue
+     * (the OOM killer, kill -9) prints nothing. */
+    fprintf(stderr, "probe: rank %d: all_reduce failed; SIGKILL to itself\n", rank);
+    raise(SIGKILL);
+  }
+  return st;
+}
+
 int main(int argc, char **argv) {
   const char *what = argc > 1 ? argv[1] : "";
   int desync = !strcmp(what, "extra") || !strcmp(what, "count") ||
                !strcmp(what, "skip-unit") || !strcmp(what, "extra-group");
   if (strcmp(what, "ok") && strcmp(what, "stall") && strcmp(what, "stall-setup") &&
-      strcmp(what, "stall-group") && !desync) {
+      strcmp(what, "stall-group") && strcmp(what, "epipe") && strcmp(what, "sigpipe") &&
+      !desync) {
     fprintf(stderr, "usage: probe ok | stall RANK ITER | stall-group RANK ITER | stall-setup "
-            "RANK | extra RANK | count RANK | skip-unit RANK | extra-group RANK\n");
+            "RANK | extra RANK | count RANK | skip-unit RANK | extra-group RANK | epipe | "
+            "sigpipe RANK\n");
     return 2;
   }
   if (getenv("RANK")) rank = atoi(getenv("RANK")); /* for messages before the world exists */
@@ -158,6 +214,8 @@ int main(int argc, char **argv) {
       st = run_stall_group(c, who, argc > 3 ? atoi(argv[3]) : 3);
     else if (!strcmp(what, "skip-unit")) st = run_skip_unit(w, who);
     else if (!strcmp(what, "extra-group")) st = run_extra_group(c, who);
+    else if (!strcmp(what, "epipe")) st = run_epipe(c);
+    else if (!strcmp(what, "sigpipe")) st = run_sigpipe(c, who);
     else st = run_desync(c, what, who);
   }
   int rc = say(st, "ok");
