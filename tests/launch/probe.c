@@ -28,10 +28,11 @@
  *                   a peer that died: the write must fail with EPIPE, not
  *                   kill the rank with SIGPIPE; then the ok scenario
  *   sigpipe R       rank 0 dies of SIGPIPE (default disposition restored);
- *                   rank R, ignoring SIGTERM, sees its all_reduce fail and
- *                   then kills itself with SIGKILL: SIGKILL, though later, is
- *                   the root cause fsdp-run names (a write to a gone peer is
- *                   a consequence of something else)
+ *                   rank R, ignoring SIGTERM from the start, sees its
+ *                   communicators or all_reduce fail and then kills itself
+ *                   with SIGKILL: SIGKILL, though later, is the root cause
+ *                   fsdp-run names (a write to a gone peer is a consequence
+ *                   of something else)
  *
  * The desync scenarios turn the check on (world opts; with
  * PROBE_DEFAULT_CHECK=1 they leave it to the default) and end with a barrier
@@ -160,22 +161,14 @@ static fsdp_status_t run_epipe(fsdp_comm_t c) {
   return run_ok(c);
 }
 
-static fsdp_status_t run_sigpipe(fsdp_comm_t c, int who) {
+static fsdp_status_t run_sigpipe(fsdp_comm_t c) {
   if (rank == 0) {
     signal(SIGPIPE, SIG_DFL);
     fprintf(stderr, "probe: rank 0: dying of SIGPIPE\n");
     write_to_closed();
     raise(SIGPIPE); /* not reached when the write already raised it */
   }
-  if (rank == who) signal(SIGTERM, SIG_IGN);
-  fsdp_status_t st = run_ok(c); /* fails: rank 0 is gone */
-  if (rank == who) {
-    /* Not the error's text: it blames a peer, and a SIGKILL out of the blue
-     * (the OOM killer, kill -9) prints nothing. */
-    fprintf(stderr, "probe: rank %d: all_reduce failed; SIGKILL to itself\n", rank);
-    raise(SIGKILL);
-  }
-  return st;
+  return run_ok(c); /* fails: rank 0 is gone */
 }
 
 int main(int argc, char **argv) {
@@ -191,6 +184,11 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (getenv("RANK")) rank = atoi(getenv("RANK")); /* for messages before the world exists */
+  int who = argc > 2 ? atoi(argv[2]) : 1;
+  /* sigpipe: rank `who` must outlive fsdp-run's SIGTERM, which may come as
+   * soon as rank 0 dies, even before this rank has its communicators. */
+  int sigpipe_victim = !strcmp(what, "sigpipe") && rank == who;
+  if (sigpipe_victim) signal(SIGTERM, SIG_IGN);
   fsdp_world_opts_t o = FSDP_WORLD_OPTS_INIT;
   /* PROBE_DEFAULT_CHECK=1: leave the check to the library's default (on). */
   const char *dflt = getenv("PROBE_DEFAULT_CHECK");
@@ -206,7 +204,6 @@ int main(int argc, char **argv) {
   }
   st = fsdp_comm_create(w, &c);
   if (st == FSDP_SUCCESS) st = fsdp_comm_create(w, &done);
-  int who = argc > 2 ? atoi(argv[2]) : 1;
   if (st == FSDP_SUCCESS) {
     if (!strcmp(what, "ok")) st = run_ok(c);
     else if (!strcmp(what, "stall")) st = run_stall(c, who, argc > 3 ? atoi(argv[3]) : 3);
@@ -215,8 +212,14 @@ int main(int argc, char **argv) {
     else if (!strcmp(what, "skip-unit")) st = run_skip_unit(w, who);
     else if (!strcmp(what, "extra-group")) st = run_extra_group(c, who);
     else if (!strcmp(what, "epipe")) st = run_epipe(c);
-    else if (!strcmp(what, "sigpipe")) st = run_sigpipe(c, who);
+    else if (!strcmp(what, "sigpipe")) st = run_sigpipe(c);
     else st = run_desync(c, what, who);
+  }
+  if (sigpipe_victim) {
+    /* Not the error's text: it blames a peer, and a SIGKILL out of the blue
+     * (the OOM killer, kill -9) prints nothing. */
+    fprintf(stderr, "probe: rank %d: saw rank 0 gone; SIGKILL to itself\n", rank);
+    raise(SIGKILL);
   }
   int rc = say(st, "ok");
   if (desync && done) fsdp_barrier(done, FSDP_HOST_STREAM);
