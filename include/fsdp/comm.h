@@ -93,10 +93,12 @@
  * good: the report names it (operation, number, unit, communicator, NCCL's
  * text; logged at ERROR), every NCCL communicator of the world is aborted
  * (so that peers waiting for this rank in any of them are released; a call
- * inside NCCL on another thread returns first), and every later collective
- * on any communicator of the world fails with FSDP_ERR_COMM and that report
- * (the engine's next acquire, release or step that issues one): the world's
- * communicators must be destroyed and made anew, or the job ended.
+ * inside NCCL on another thread is let return first, or, if it is stuck
+ * there, the abort comes at its deadline with the timeout's report), and
+ * every later collective on any communicator of the world fails with
+ * FSDP_ERR_COMM and that report (the engine's next acquire, release or step
+ * that issues one): the world's communicators must be destroyed and made
+ * anew, or the job ended.
  * NCCL calls that fail at once fail with FSDP_ERR_COMM, NCCL's text and the
  * collective; after any NCCL error the communicator refuses work and destroy
  * aborts it unless the watchdog already did. A collective's enqueue that
@@ -109,7 +111,9 @@
  * SIGPIPE to ignored when its disposition is still the default, so that such
  * a write fails the collective with FSDP_ERR_COMM ("a peer failed") instead
  * of killing the rank silently; a handler or SIG_IGN the program set is kept.
- * The other backends change no signal disposition.
+ * SIG_IGN is inherited across exec: a program that starts children after
+ * its first gloo communicator and wants SIGPIPE's default for them restores
+ * it in the child. The other backends change no signal disposition.
  *
  * Desync check (on by default; world opts desync_check -1 or
  * FSDP_DESYNC_CHECK=0 turn it off): before each collective the ranks

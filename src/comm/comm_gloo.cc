@@ -108,10 +108,13 @@ void free_device(void *p) { delete static_cast<Device *>(p); }
  * device of the process sets SIGPIPE to ignored — unless the program chose a
  * disposition of its own, which is kept (comm.h). */
 void ignore_sigpipe() {
-  struct sigaction now;
-  if (sigaction(SIGPIPE, nullptr, &now) == 0 && !(now.sa_flags & SA_SIGINFO) &&
-      now.sa_handler == SIG_DFL)
-    std::signal(SIGPIPE, SIG_IGN);
+  struct sigaction now, ign = {};
+  if (sigaction(SIGPIPE, nullptr, &now) != 0 || (now.sa_flags & SA_SIGINFO) ||
+      now.sa_handler != SIG_DFL)
+    return;
+  ign.sa_handler = SIG_IGN;
+  sigemptyset(&ign.sa_mask);
+  sigaction(SIGPIPE, &ign, nullptr);
 }
 
 /* The world's TCP device: on GLOO_SOCKET_IFNAME when set, else on the

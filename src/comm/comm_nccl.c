@@ -67,9 +67,9 @@ typedef struct {
    * stall the watchdog's poll and abort (lock order: the watch's mutex,
    * this, the fsdp_comm's mutex). */
   pthread_mutex_t mu;
-  int gone;            /* the watchdog called ncclCommAbort: comm is freed */
+  int gone;            /* ncclCommAbort was called (abort_locked, submit): comm is freed */
   int in_call;         /* a collective's enqueue is inside NCCL (entering) */
-  int cancel_due;      /* nccl_cancel came during that call: submit aborts after it */
+  int cancel_due;      /* an abort deferred during that call: submit aborts after it */
   fsdp_coll_t entering;
   char why[512];       /* the asynchronous error that made the watchdog abort */
   pending_t *pending;  /* a ring of cap slots, count queued from head; */
@@ -326,7 +326,7 @@ static fsdp_status_t submit(fsdp_comm_t c, const fsdp_coll_t *k, void *cuda_stre
   pthread_mutex_lock(&im->mu);
   im->in_call = 0;
   const int cancelled = im->cancel_due && !im->gone;
-  if (cancelled) { /* nccl_cancel waited for the call to return */
+  if (cancelled) { /* a cancel or fail_async waited for the call to return */
     ncclCommAbort(im->comm);
     im->gone = 1;
   }
@@ -335,7 +335,15 @@ static fsdp_status_t submit(fsdp_comm_t c, const fsdp_coll_t *k, void *cuda_stre
   pthread_mutex_unlock(&im->mu);
   if (cancelled) { /* the world's first failure names the cause */
     fsdp_status_t st = fsdp_watch_check(c);
-    return st ? st : fsdp_error(FSDP_ERR_COMM, "nccl: communicator %d was cancelled", c->id);
+    if (st) return st;
+    char what[256];
+    fsdp_coll_describe(k, what, sizeof what);
+    pthread_mutex_lock(&im->mu);
+    st = fsdp_error(FSDP_ERR_COMM, "nccl: %s on communicator %d, rank %d of %d, was cancelled "
+                    "(%s)", what, c->id, c->rank, c->size,
+                    im->why[0] ? im->why : "a failure elsewhere in the world");
+    pthread_mutex_unlock(&im->mu);
+    return st;
   }
   if (gone) return aborted(c, k); /* the watchdog's report, through fsdp_watch_failed */
   if (r != ncclSuccess) return nccl_fail(c, r, fn, k);
@@ -359,10 +367,12 @@ static fsdp_status_t pending_reserve(fsdp_comm_t c) {
   return FSDP_SUCCESS;
 }
 
-/* NCCL's asynchronous error on c, ncclSuccess for none (or in progress). */
+/* NCCL's asynchronous error on c, ncclSuccess for none (or in progress), or
+ * once an abort is done or deferred (fail_async reports an error once). */
 static ncclResult_t async_error(nccl_impl_t *im) {
   ncclResult_t async = ncclSuccess;
-  if (im->gone || ncclCommGetAsyncError(im->comm, &async) != ncclSuccess) return ncclSuccess;
+  if (im->gone || im->cancel_due || ncclCommGetAsyncError(im->comm, &async) != ncclSuccess)
+    return ncclSuccess;
   return async == ncclInProgress ? ncclSuccess : async;
 }
 
