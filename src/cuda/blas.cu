@@ -288,7 +288,11 @@ static fsdp_status_t matmul_backward(T *dinp, float *dweight, float *dbias, floa
                                      const T *dout, const T *inp, const T *weight,
                                      const T *gelu_pre, int B, int C, int OC, bool weight_out_in,
                                      cudaStream_t s) {
-  if (B <= 0 || OC <= 0) return FSDP_SUCCESS;
+  if (B <= 0) return FSDP_SUCCESS;
+  if (OC <= 0) { /* an empty sum: d(input) is 0, dweight and dbias are empty */
+    if (dinp && C > 0) CUDA_CHECK(cudaMemsetAsync(dinp, 0, (size_t)B * C * sizeof(T), s));
+    return FSDP_SUCCESS;
+  }
   if (dbias && !scratch)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "matmul_backward: dbias needs scratch of "
                       "fsdp_cuda_colsum_scratch_bytes(%d) bytes, got NULL", OC);

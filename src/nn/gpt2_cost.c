@@ -1,6 +1,6 @@
 /* src/nn/gpt2_cost.c — what each kernel class of a GPT-2 step costs, in
  * FLOPs and bytes (fsdp_gpt2_kernel_costs, fsdp/nn.h): the formulas of
- * bench/gpu_budget.py's design "new", row for row (a class holds the rows its
+ * bench/gpu_budget.py's design "built", row for row (a class holds the rows its
  * kernels' calls cover: the bias gradients are summed inside the backward
  * products). Change one side and the kernel-profile test says where they
  * part. Dims: L layers, C width, NH heads, V vocabulary, N = B T tokens. */

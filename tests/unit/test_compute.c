@@ -53,7 +53,8 @@ END_TEST
 enum { N = 3, C = 8 };
 
 /* bf16 (and f16) are not computed on the CPU: refused naming the op and the
- * dtype, the output untouched; a worker stream is refused too. */
+ * dtype, the output untouched; a worker stream and a residual branch without
+ * its output are refused too. */
 START_TEST(cpu_table_refuses_what_it_cannot_run) {
   const fsdp_compute_ops_t *k = fsdp_compute_ops(FSDP_DEVICE_CPU);
   const fsdp_dtype_t dts[] = {FSDP_BF16, FSDP_F16};
@@ -80,6 +81,12 @@ START_TEST(cpu_table_refuses_what_it_cannot_run) {
                    FSDP_ERR_INVALID_USAGE);
   ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "FSDP_HOST_STREAM"));
   fsdp_stream_destroy(worker);
+  /* a residual branch with nowhere to write the sum (the CUDA table refuses
+   * it too) */
+  ck_assert_int_eq(k->layernorm_fused_forward(FSDP_F32, NULL, out, mean, rstd, x, x, w, b, N, C,
+                                              FSDP_HOST_STREAM),
+                   FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "residual branch needs an output"));
   for (int j = 0; j < N * C; j++) ck_assert_float_eq(out[j], -1.0f);
 }
 END_TEST
