@@ -198,7 +198,7 @@ int main(int argc, char **argv) {
   fsdp_status_t st = fsdp_world_init(&w, &o);
   if (st != FSDP_SUCCESS && !sigpipe_victim) return say(st, "");
   if (w) rank = fsdp_world_rank(w);
-  if (!strcmp(what, "stall-setup") && rank == (argc > 2 ? atoi(argv[2]) : 1)) {
+  if (!strcmp(what, "stall-setup") && rank == who) {
     fprintf(stderr, "probe: rank %d: stalling before communicator creation\n", rank);
     for (;;) pause(); /* the hang under test: only a signal ends it */
   }
