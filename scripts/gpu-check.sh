@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/gpu-check.sh — every GPU check in one command, for a machine
 # with an NVIDIA GPU and the CUDA toolkit: sets up and builds build/ with CUDA,
-# runs the CUDA suite (every kernel of src/cuda against the CPU reference on
+# runs the CUDA suite (every kernel of src/backend/cuda against the CPU reference on
 # fresh random inputs; the engine on the GPU against the CPU engine with NCCL at
 # N = 1 and MPI at N = 2 on one GPU, and its memory against the device's; a
 # small GPT-2 trained on the GPU against the CPU; coll_bench on device buffers

@@ -10,7 +10,7 @@
 #include <pthread.h>
 
 #include "core/internal.h"
-#include "device/compute.h"
+#include "backend/compute.h"
 #include "device/stream_internal.h"
 #include "fsdp/engine.h"
 #include "fsdp/profile.h"

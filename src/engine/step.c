@@ -5,7 +5,7 @@
  * learning-rate schedule and the update: AdamW over each unit in one call
  * (weight decay per run of tensors sharing a no_decay flag), SGD and units with
  * parameter groups tensor piece by tensor piece. Every kernel is the compute
- * table's (device/compute.h), so CPU and CUDA run this same code. */
+ * table's (backend/compute.h), so CPU and CUDA run this same code. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>

@@ -9,7 +9,7 @@
 
 #include "core/internal.h"
 #include "fsdp/nn.h"
-#include "device/compute.h"
+#include "backend/compute.h"
 #include "nn/gpt2_io.h"
 
 #define BLOCK_TENSORS 12

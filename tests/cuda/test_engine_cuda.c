@@ -19,7 +19,7 @@
 #include <cuda_runtime_api.h>
 
 #include "common/mpi_check.h"
-#include "cuda/kernels.h"
+#include "backend/cuda/kernels.h"
 #include "cuda_gate.h"
 #include "device/stream_internal.h"
 #include "engine/engine_internal.h" /* the timeline marks' anchor error */

@@ -1,4 +1,4 @@
-/* tests/cuda/test_kernels.c — every CUDA kernel of src/cuda/kernels.h (the
+/* tests/cuda/test_kernels.c — every CUDA kernel of src/backend/cuda/kernels.h (the
  * compute table's entry points at both dtypes, and the shard kernels) against
  * its CPU reference (fsdp/nn.h, fsdp/optim.h, fsdp_f32_to_bf16 and the
  * engine's shard loops) on fresh random inputs: fp32 within 1e-5 relative,
@@ -19,11 +19,11 @@
 
 #include "common/arrays.h"
 #include "common/rng.h"
-#include "cuda/kernels.h"
+#include "backend/cuda/kernels.h"
 #include "cuda_gate.h"
-#include "device/compute.h"
+#include "backend/compute.h"
 #include "fsdp/nn.h"
-#include "nn/head.h"
+#include "backend/cpu/head.h"
 #include "fsdp/optim.h"
 
 #define LEN(a) ((int)(sizeof(a) / sizeof((a)[0])))
@@ -870,7 +870,7 @@ START_TEST(xent) {
 END_TEST
 
 /* ---- GPT-2's vocabulary head: rows ld apart, the gradient over the logits ----
- * Against the CPU's nn/head.h (bitwise the unpadded kernels: test_layers).
+ * Against the CPU's backend/cpu/head.h (bitwise the unpadded kernels: test_layers).
  * Device buffers start with a sentinel in columns [V, ld), which must survive
  * forward, the in-place cross-entropy and backward. */
 

@@ -1,4 +1,4 @@
-/* tests/unit/test_compute.c — the compute tables (src/device/compute.c): every
+/* tests/unit/test_compute.c — the compute tables (src/backend/cpu/compute.c): every
  * slot of every table built is set, the CPU table computes what fsdp/nn.h
  * and the engine's shard loops compute, and it refuses a dtype or a stream it cannot serve with a named
  * error before touching anything. */
@@ -8,11 +8,11 @@
 
 #include "common/check_run.h"
 #include "core/internal.h"
-#include "device/compute.h"
+#include "backend/compute.h"
 #include "fsdp/nn.h"
 #include "fsdp/optim.h"
 #include "fsdp_config.h"
-#include "nn/head.h"
+#include "backend/cpu/head.h"
 
 START_TEST(every_built_table_is_complete) {
   const fsdp_device_kind_t kinds[] = {FSDP_DEVICE_CPU, FSDP_DEVICE_CUDA};
@@ -91,7 +91,7 @@ START_TEST(cpu_table_refuses_what_it_cannot_run) {
 }
 END_TEST
 
-/* Through the table, bitwise what fsdp/nn.h and nn/head.h give: a LayerNorm,
+/* Through the table, bitwise what fsdp/nn.h and backend/cpu/head.h give: a LayerNorm,
  * and the fused cross-entropy's per-row losses summing (in row order) to the
  * CPU's double sum. */
 START_TEST(cpu_table_is_the_cpu_kernels) {

@@ -1,4 +1,4 @@
-/* src/cuda/cuda_internal.cuh — what the .cu files share and nothing else sees:
+/* src/backend/cuda/cuda_internal.cuh — what the .cu files share and nothing else sees:
  * the error macros, launch geometry, fp32/bf16 loads and stores, warp and block
  * reductions, and the row-major cuBLAS wrappers. */
 #ifndef FSDP_CUDA_INTERNAL_CUH
@@ -14,7 +14,7 @@
 extern "C" {
 #include "core/internal.h"
 }
-#include "cuda/kernels.h"
+#include "backend/cuda/kernels.h"
 
 /* ---- errors: a status with file:line, never exit() ---- */
 
@@ -238,7 +238,7 @@ __device__ __forceinline__ float block_max(float x, float *shared) {
   return y;
 }
 
-/* ---- GELU, GPT-2's tanh form: the CPU's formulas (src/nn/gelu.c), tanh via
+/* ---- GELU, GPT-2's tanh form: the CPU's formulas (src/backend/cpu/gelu.c), tanh via
  * one expf; for the products' epilogues (blas.cu) ---- */
 #define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
 #define GELU_C 0.044715f

@@ -1,10 +1,10 @@
-/* src/cuda/blas.cu — CUDA error reporting, the cuBLAS handle cache, row-major
+/* src/backend/cuda/blas.cu — CUDA error reporting, the cuBLAS handle cache, row-major
  * matrix products through cuBLAS, and GPT-2's products on them (the blocks'
  * linear / Conv1D layers with their bias and GELU, the vocabulary head). */
 #include <mutex>
 
-#include "cuda/cublas_lazy.h"
-#include "cuda/cuda_internal.cuh"
+#include "backend/cuda/cublas_lazy.h"
+#include "backend/cuda/cuda_internal.cuh"
 
 /* cuBLAS, opened on first use (cublas_lazy.h); NULL with the reason set. */
 static const fsdp_cublas_t *cublas_api(void) {
@@ -145,7 +145,7 @@ fsdp_status_t fsdp_cuda_blas_release(void) {
  * is, read column-major, C^T (n x m) = op(B)^T (n x k) @ op(A)^T (k x m):
  * cuBLAS with the operands swapped (B first), m and n swapped, and the same
  * transpose flags and leading dimensions, because the column-major view of
- * each stored operand is already its transpose. Every product in src/cuda goes
+ * each stored operand is already its transpose. Every product in src/backend/cuda goes
  * through here, so each call site reads exactly like the CPU kernel's
  * cblas_sgemm(CblasRowMajor, ...) call.
  * Compute is CUBLAS_COMPUTE_32F in the default math mode: fp32 inputs give

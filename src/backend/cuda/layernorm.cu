@@ -1,11 +1,11 @@
-/* src/cuda/layernorm.cu — LayerNorm forward (fused with the residual add
+/* src/backend/cuda/layernorm.cu — LayerNorm forward (fused with the residual add
  * that feeds it) and backward (fp32 and bf16 storage). A warp owns a row: two
  * passes (mean, then squared deviations) as on the CPU, so a large mean next
  * to a small spread does not cancel. The weight and bias gradients are column
  * sums over all SMs in a fixed order: no atomics. */
 #include <initializer_list>
 
-#include "cuda/cuda_internal.cuh"
+#include "backend/cuda/cuda_internal.cuh"
 
 #define LN_EPS 1e-5f /* a float, widened to double as on the CPU */
 #define LN_WARPS 8 /* rows per block */

@@ -1,18 +1,18 @@
-/* src/device/compute.c — the compute tables: which one a device kind gets, the
+/* src/backend/cpu/compute.c — the compute tables: which one a device kind gets, the
  * check that a table fills every slot, and the CPU table. The CPU table is the
- * fp32 kernels of fsdp/nn.h (src/nn/layers.c, which depend on nothing above
+ * fp32 kernels of fsdp/nn.h (src/backend/cpu/layers.c, which depend on nothing above
  * core) called in the caller; any other dtype is refused before anything is
- * touched. The CUDA table is src/cuda's entry points (compute_cuda.c). */
+ * touched. The CUDA table is src/backend/cuda's entry points (compute_cuda.c). */
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/internal.h"
-#include "device/compute.h"
+#include "backend/compute.h"
 #include "fsdp/nn.h"
 #include "fsdp/optim.h"
 #include "fsdp_config.h"
-#include "nn/head.h"
+#include "backend/cpu/head.h"
 
 /* Every slot's name, in the struct's order: a slot added without a name here
  * fails the static assertion below. */

@@ -1,7 +1,7 @@
-/* src/cuda/embedding.cu — token + position embedding forward and backward
+/* src/backend/cuda/embedding.cu — token + position embedding forward and backward
  * (fp32 and bf16 storage; gradients fp32). The position gradient is summed over
  * the batch in order; the token gradient is a float atomicAdd scatter. */
-#include "cuda/cuda_internal.cuh"
+#include "backend/cuda/cuda_internal.cuh"
 
 template <typename T>
 __global__ void embedding_forward_kernel(T *out, const int *tokens, const T *wte, const T *wpe,

@@ -1,15 +1,15 @@
-/* src/nn/layers.c — the CPU fp32 layer kernels: linear and conv1d (OpenBLAS
+/* src/backend/cpu/layers.c — the CPU fp32 layer kernels: linear and conv1d (OpenBLAS
  * sgemm; weights (OC,C) and (C,OC)), LayerNorm, token + position embedding,
  * causal multi-head attention (sgemm on row blocks), the residual add, ReLU and
  * softmax cross-entropy, and GPT-2's vocabulary head with a padded row stride
- * (nn/head.h) (GELU is in gelu.c, built with fast math). Backward kernels
+ * (backend/cpu/head.h) (GELU is in gelu.c, built with fast math). Backward kernels
  * accumulate into their outputs. */
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
 
 #include "fsdp/nn.h"
-#include "nn/head.h"
+#include "backend/cpu/head.h"
 
 static void add_bias(float *out, const float *bias, int B, int OC) {
   if (!bias) return;

@@ -1,4 +1,4 @@
-/* src/cuda/cublas_lazy.h — cuBLAS opened on first use (dlopen), for src/cuda
+/* src/backend/cuda/cublas_lazy.h — cuBLAS opened on first use (dlopen), for src/backend/cuda
  * and the bench. Linking libcublas would make the loader map and relocate
  * cuBLAS and cuBLASLt in every program that links libfsdp — about 210 MiB of
  * resident memory at start-up, GPU or not — so the CPU tools and the CPU

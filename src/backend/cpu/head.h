@@ -1,11 +1,11 @@
-/* src/nn/head.h — GPT-2's vocabulary head on the CPU with a padded row
+/* src/backend/cpu/head.h — GPT-2's vocabulary head on the CPU with a padded row
  * stride: the logits of a row are V wide but ld (>= V; GPT-2 uses V rounded up
  * to a multiple of 128) apart, so one (B, ld) buffer holds the logits and then,
  * written over them, their gradient. Columns [V, ld) are never read or
  * written. The same arithmetic as fsdp_linear_* and fsdp_softmax_xent, so the
  * results are bitwise theirs. Internal (layers.c); not installed. */
-#ifndef FSDP_NN_HEAD_H
-#define FSDP_NN_HEAD_H
+#ifndef FSDP_BACKEND_CPU_HEAD_H
+#define FSDP_BACKEND_CPU_HEAD_H
 
 /* logits (B,V; rows ld apart) = inp (B,C) @ wte^T, wte (V,C). */
 void nn_head_forward(float *logits, int ld, const float *inp, const float *wte, int B, int C,

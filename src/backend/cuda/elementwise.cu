@@ -1,8 +1,8 @@
-/* src/cuda/elementwise.cu — elementwise kernels: the shard kernels axpy and
+/* src/backend/cuda/elementwise.cu — elementwise kernels: the shard kernels axpy and
  * scale, and the f32 <-> bf16 and f32 <-> fp16 casts. Grid-stride loops over
  * size_t indices; math in fp32. (GELU and the residual add run fused into
  * the products and the LayerNorm: blas.cu, layernorm.cu.) */
-#include "cuda/cuda_internal.cuh"
+#include "backend/cuda/cuda_internal.cuh"
 
 /* Runs f(i) for every i < n: a grid-stride loop, so any n fits the capped grid. */
 template <typename F> __global__ void for_each_kernel(size_t n, F f) {

@@ -1,7 +1,7 @@
-/* src/device/compute.h — the compute table: every kernel the engine and the
+/* src/backend/compute.h — the compute table: every kernel the engine and the
  * models run, as one table of function pointers per backend. The CPU table
  * (compute.c) holds the fp32 kernels of fsdp/nn.h; the CUDA table holds the
- * entry points of src/cuda/kernels.h themselves, so a model's call reaches the
+ * entry points of src/backend/cuda/kernels.h themselves, so a model's call reaches the
  * kernel's launch in one hop: gpt2.c -> ops->layernorm_fused_forward (that
  * is fsdp_cuda_layernorm_fused_forward) -> layernorm_forward<bf16> ->
  * launch. Not installed.
@@ -36,8 +36,8 @@
  * branches either; they work on fp32 shards of n elements.
  * Dims legend as in fsdp/nn.h (B, T, C, OC, NH, V; N rows). Tables are
  * immutable and may be used from any thread. */
-#ifndef FSDP_DEVICE_COMPUTE_H
-#define FSDP_DEVICE_COMPUTE_H
+#ifndef FSDP_BACKEND_COMPUTE_H
+#define FSDP_BACKEND_COMPUTE_H
 
 #include <stddef.h>
 

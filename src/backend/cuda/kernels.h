@@ -1,5 +1,5 @@
-/* src/cuda/kernels.h — the CUDA kernels: the compute table's entry points
- * (src/device/compute.h; one per op, generic over the storage dtype), and the
+/* src/backend/cuda/kernels.h — the CUDA kernels: the compute table's entry points
+ * (src/backend/compute.h; one per op, generic over the storage dtype), and the
  * engine's shard kernels (optimizer updates of include/fsdp/optim.h, global
  * norm, clipping, gradient accumulation, casts). A C header: no CUDA header
  * leaks through it, so C code (the engine, the tests) includes it freely and
@@ -52,7 +52,7 @@
 extern "C" {
 #endif
 
-/* ---- the compute table's CUDA entry points (src/device/compute.h) ----
+/* ---- the compute table's CUDA entry points (src/backend/compute.h) ----
  * Each is the table slot of the same name, with the semantics documented
  * there; compute_cuda.c fills the table with them. One entry point per op,
  * generic over the storage dtype (f32 or bf16; any other is refused naming

@@ -1,4 +1,4 @@
-/* src/cuda/attention.cu — causal multi-head self-attention, forward and
+/* src/backend/cuda/attention.cu — causal multi-head self-attention, forward and
  * backward, behind the table's one entry point per op: fp32 keeps the
  * probabilities, bf16 is the fused flash kernel (flash.cu), which keeps only
  * the log-sum-exp. fp32: the score and value products of each batch row are
@@ -7,7 +7,7 @@
  * one call per b); softmax and its backward are warp-per-row kernels. The
  * full (T,T) score block is computed, the masked upper triangle included, and
  * the softmax writes it as 0, as the CPU's att holds. */
-#include "cuda/cuda_internal.cuh"
+#include "backend/cuda/cuda_internal.cuh"
 
 #define ATT_WARPS 8 /* rows per block */
 

@@ -1,10 +1,10 @@
-/* src/cuda/optim.cu — the optimizer step on a flat fp32 shard: AdamW over a
+/* src/backend/cuda/optim.cu — the optimizer step on a flat fp32 shard: AdamW over a
  * whole unit in one launch (decay per run of tensors, clipping folded in) and
- * SGD (the semantics of src/engine/optim.c, scalars prepared on the host as
+ * SGD (the semantics of src/backend/cpu/optim.c, scalars prepared on the host as
  * there), and the deterministic sum of squares behind the global norm. */
 #include <math.h>
 
-#include "cuda/cuda_internal.cuh"
+#include "backend/cuda/cuda_internal.cuh"
 
 #define GRID_STRIDE(i, n)                                                           \
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n);           \

@@ -1,11 +1,11 @@
-/* src/cuda/xent.cu — softmax cross-entropy fused with its gradient, one block
+/* src/backend/cuda/xent.cu — softmax cross-entropy fused with its gradient, one block
  * per row (fp32 and bf16 logits): the row max, the exponential sum in double
  * as on the CPU, the loss in double (kept in double), and the gradient written
  * over the logits in the same kernel (16-byte packs of the row, a scalar tail
  * past the last whole pack; GPT-2's head, rows ld apart). The
  * row's three reads come from L2 after the first (a 50304-wide bf16 row is
  * 98 KiB): HBM sees one read and one write. */
-#include "cuda/cuda_internal.cuh"
+#include "backend/cuda/cuda_internal.cuh"
 
 #define XENT_BLOCK 512
 

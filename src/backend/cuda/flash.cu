@@ -1,4 +1,4 @@
-/* src/cuda/flash.cu — fused causal flash attention in bf16 on tensor cores
+/* src/backend/cuda/flash.cu — fused causal flash attention in bf16 on tensor cores
  * (the portable WMMA API, m16n16k16 bf16 with fp32 accumulators, sm_80 up),
  * forward and backward, keeping only the (B,NH,T) fp32 log-sum-exp.
  *
@@ -29,7 +29,7 @@
 #include <cuda_bf16.h>
 #include <mma.h>
 
-#include "cuda/cuda_internal.cuh"
+#include "backend/cuda/cuda_internal.cuh"
 
 using namespace nvcuda;
 

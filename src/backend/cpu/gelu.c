@@ -1,4 +1,4 @@
-/* src/nn/gelu.c — GELU, GPT-2's tanh form, forward and backward.
+/* src/backend/cpu/gelu.c — GELU, GPT-2's tanh form, forward and backward.
  *
  * This file alone is compiled with -ffast-math -fopenmp-simd: only then does
  * glibc declare its vector expf (libmvec), and the loops run four elements per

@@ -1,8 +1,8 @@
-/* src/device/compute_cuda.c — the CUDA compute table: src/cuda's entry points
+/* src/backend/cuda/compute_cuda.c — the CUDA compute table: src/backend/cuda's entry points
  * themselves in the slots, no adapter between a caller and the kernel's
  * dtype dispatch. Built only with CUDA (meson.build). */
-#include "cuda/kernels.h"
-#include "device/compute.h"
+#include "backend/cuda/kernels.h"
+#include "backend/compute.h"
 
 const fsdp_compute_ops_t fsdp_compute_cuda_ops = {
     .name = "cuda",
