@@ -8,7 +8,7 @@
 #include "tools/flags.h"
 
 static const char usage_text[] =
-    "usage: fsdp-bench [options]   launch with: fsdp-run --nproc-per-node N fsdp-bench ...\n"
+    "usage: fsdp-bench [options]   on several ranks: under fsdp-run or mpirun (docs/launching.md)\n"
     "model (synthetic data: random tokens / inputs, different on every rank)\n"
     "  --model gpt2|mlp           (default gpt2)\n"
     "  --preset NAME              gpt2: tiny, small (default), 124M, 350M, 774M, 1558M\n"

@@ -10,7 +10,7 @@
 #include "tools/train.h"
 
 static const char usage_text[] =
-    "usage: fsdp-train [options]   launch with: fsdp-run --nproc-per-node N fsdp-train ...\n"
+    "usage: fsdp-train [options]   on several ranks: under fsdp-run or mpirun (docs/launching.md)\n"
     "model and data\n"
     "  --model gpt2|mlp          (default gpt2)\n"
     "  --data PATH               gpt2: text (file or directory; default the fortunes), or\n"
