@@ -35,18 +35,19 @@ def blocks(path):
     lines = open(path, encoding="utf-8").read().split("\n")
     out, i = [], 0
     while i < len(lines):
-        m = re.match(r"^(```+)\s*([^\s`]*)", lines[i])
+        m = re.match(r"^( *)(```+)\s*([^\s`]*)", lines[i])  # indented too (inside a list)
         if not m:
             i += 1
             continue
-        fence, info, start = m.group(1), m.group(2), i
+        indent, fence, info, start = len(m.group(1)), m.group(2), m.group(3), i
         prev = lines[i - 1].strip() if i > 0 else ""
         j = i + 1
-        while j < len(lines) and not lines[j].startswith(fence):
+        while j < len(lines) and not lines[j].strip().startswith(fence):
             j += 1
         if j == len(lines):
             sys.exit(f"{path}:{start + 1}: a fence that never closes")
-        out.append((start + 1, info, MARK.match(prev), "\n".join(lines[i + 1:j]) + "\n"))
+        body = "\n".join(l[indent:] if l[:indent].isspace() else l.lstrip() for l in lines[i + 1:j])
+        out.append((start + 1, info, MARK.match(prev), body + "\n"))
         i = j + 1
     return out
 
