@@ -288,7 +288,7 @@ def find_bench(path):
     if path:
         return path
     for d in ("build", "build-bn"):
-        p = os.path.join(REPO, d, "bench", "fsdp-bench")
+        p = os.path.join(REPO, d, "fsdp-bench")
         if os.path.exists(p):
             return p
     sys.exit("compare_pytorch: no fsdp-bench found; build it (meson setup build && ninja -C build) "
@@ -364,7 +364,7 @@ def main():
     ap.add_argument("--dtype", default="f32", choices=("f32", "bf16"),
                     help="f32 (default) or bf16 (cuda only): bf16 gathers and compute, fp32 "
                          "master weights, optimizer and gradient reduction on both sides")
-    ap.add_argument("--fsdp-bench", default=None, help="path (default build*/bench/fsdp-bench)")
+    ap.add_argument("--fsdp-bench", default=None, help="path (default build*/fsdp-bench)")
     ap.add_argument("--mpirun", default=shutil.which("mpirun") or "mpirun")
     ap.add_argument("--json", action="store_true", help="one JSON document instead of the table")
     ap.add_argument("--json-file", default=None, help="also write that document here")

@@ -8,7 +8,7 @@
 #include "tools/flags.h"
 
 static const char usage_text[] =
-    "usage: fsdp-bench [options]        launch with: mpirun -np N fsdp-bench ...\n"
+    "usage: fsdp-bench [options]   on several ranks: under fsdp-run or mpirun (docs/launching.md)\n"
     "model (synthetic data: random tokens / inputs, different on every rank)\n"
     "  --model gpt2|mlp           (default gpt2)\n"
     "  --preset NAME              gpt2: tiny, small (default), 124M, 350M, 774M, 1558M\n"
@@ -29,7 +29,7 @@ static const char usage_text[] =
     "                             f16: gathers move fp16, the loss is scaled dynamically\n"
     "  --reduce-dtype f32|bf16    what gradients are reduced in (default f32)\n"
     "  --device cpu|cuda          where shards, gradients and compute live (default cpu;\n"
-    "                             cuda: gpt2 only, GPU = local rank %% visible GPUs)\n"
+    "                             cuda: gpt2 only, GPU = local rank % visible GPUs)\n"
     "  --comm-backend nccl|mpi    (or --comm) collectives of a cuda engine (default: the\n"
     "                             world's)\n"
     "  --shard-size S             HSDP: ranks per shard group, a divisor of the world\n"

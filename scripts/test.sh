@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/test.sh — sets everything up, then runs every test suite in build/
 # (the nvcc build where the toolkit exists: unit, mpi under mpirun -np 1..4,
-# launch, tokenizer, bench; the cuda suite skips there without a GPU), then the
+# launch, tokenizer, bench, docs; the cuda suite skips there without a GPU), then the
 # GPU path on the CPU (scripts/sim-test.sh: the cuda suite against the SIMT
 # simulator under ASan+UBSan, its production shapes in an optimised build
 # without sanitizers (guard zones instead), the engine and GPT-2 under

@@ -10,7 +10,7 @@
 #include "tools/train.h"
 
 static const char usage_text[] =
-    "usage: fsdp-train [options]        launch with: mpirun -np N fsdp-train ...\n"
+    "usage: fsdp-train [options]   on several ranks: under fsdp-run or mpirun (docs/launching.md)\n"
     "model and data\n"
     "  --model gpt2|mlp          (default gpt2)\n"
     "  --data PATH               gpt2: text (file or directory; default the fortunes), or\n"
@@ -35,7 +35,7 @@ static const char usage_text[] =
     "  --reduce-dtype f32|bf16   what gradients are reduced in (default f32)\n"
     "device\n"
     "  --device cpu|cuda         where shards, gradients and compute live (default cpu;\n"
-    "                            cuda: gpt2 only, GPU = local rank %% visible GPUs)\n"
+    "                            cuda: gpt2 only, GPU = local rank % visible GPUs)\n"
     "  --comm-backend nccl|mpi   collectives of a cuda engine (default: the world's)\n"
     "  --max-live N              cap on gathered units (default: depth + 1, +1 for gpt2's root)\n"
     "  --wrap KINDS              unit per module kind: GPT2Block (gpt2 default), Linear (mlp)\n"

@@ -715,7 +715,7 @@ def mismatch_bench(r):
         if kind == "mpirun" and not r.a.mpirun:
             continue
         cmd = r.launcher(kind, 2) + [rank_wrapper(r, ["--micro-batch", "4"]),
-                                     r.tool("bench/fsdp-bench")] + args
+                                     r.tool("fsdp-bench")] + args
         rc, out, err, secs, left = r.run(cmd, {"FSDP_TIMEOUT_S": "30"}, timeout=60)
         print(f"fsdp-bench --micro-batch differs on rank 1 under {kind}: exit {rc} after "
               f"{secs:.1f} s; leftovers {left}")
