@@ -152,21 +152,6 @@ static void notify_launcher(const char *event) {
   }
 }
 
-/* ---- rank lists ---------------------------------------------------------- */
-
-void fsdp_format_ranks(char *buf, size_t n, const int *r, int count) {
-  size_t used = 0;
-  buf[0] = '\0';
-  for (int i = 0; i < count && used < n; i++) {
-    int j = i;
-    while (j + 1 < count && r[j + 1] == r[j] + 1) j++;
-    int w = j > i ? snprintf(buf + used, n - used, "%s%d-%d", i ? ", " : "", r[i], r[j])
-                  : snprintf(buf + used, n - used, "%s%d", i ? ", " : "", r[i]);
-    used += w > 0 ? (size_t)w : 0;
-    i = j;
-  }
-}
-
 /* Which ranks have not registered: "ranks 2, 3" into buf; returns how many. */
 static int missing_ranks(struct fsdp_env_world *e, char *buf, size_t n) {
   int size = e->layout.size, count = 0;
