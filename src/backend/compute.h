@@ -264,6 +264,12 @@ typedef struct fsdp_compute_ops {
                                            fsdp_stream_t s);
   fsdp_status_t (*layernorm_fused_backward)(const fsdp_layernorm_backward_args_t *a,
                                             fsdp_stream_t s);
+  /* ReLU in place over n elements of dt (the MLP's): x = max(x, 0) (NaN to
+   * 0); backward dx = out > 0 ? dx : 0 with out forward's result, the
+   * gradient through the ReLU written over the one above it. */
+  fsdp_status_t (*relu_forward)(fsdp_dtype_t dt, void *x, size_t n, fsdp_stream_t s);
+  fsdp_status_t (*relu_backward)(fsdp_dtype_t dt, void *dx, const void *out, size_t n,
+                                 fsdp_stream_t s);
   /* ---- the engine's shard kernels ---- */
   /* *out (one double) = sum of x[i]^2, accumulated in double, deterministic;
    * partials: sum_squares_partials doubles of the caller's (NULL when 0). */

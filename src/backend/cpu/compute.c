@@ -23,10 +23,10 @@ static const char *const slot_names[] = {
     "embedding_backward",      "attention_state_floats",   "attention_scratch_bytes",
     "attention_forward",       "attention_backward",       "xent",
     "colsum_scratch_bytes",    "matmul_forward",           "matmul_backward",
-    "layernorm_fused_forward", "layernorm_fused_backward", "sum_squares",
-    "scale",                   "axpy",                     "cast",
-    "adamw_multi",             "sgd_update",               "prepare",
-    "release",
+    "layernorm_fused_forward", "layernorm_fused_backward", "relu_forward",
+    "relu_backward",           "sum_squares",              "scale",
+    "axpy",                    "cast",                     "adamw_multi",
+    "sgd_update",              "prepare",                  "release",
 };
 typedef void (*any_fn)(void);
 #define FIRST_SLOT offsetof(fsdp_compute_ops_t, head_forward)
@@ -183,6 +183,21 @@ static fsdp_status_t cpu_layernorm_fused_backward(const fsdp_layernorm_backward_
   return FSDP_SUCCESS;
 }
 
+static fsdp_status_t cpu_relu_forward(fsdp_dtype_t dt, void *x, size_t n, fsdp_stream_t s) {
+  CPU_OP("relu_forward", dt, s);
+  fsdp_relu_forward(x, x, n);
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t cpu_relu_backward(fsdp_dtype_t dt, void *dx, const void *out, size_t n,
+                                       fsdp_stream_t s) {
+  CPU_OP("relu_backward", dt, s);
+  float *d = dx;
+  const float *o = out;
+  for (size_t i = 0; i < n; i++) d[i] = o[i] > 0.0f ? d[i] : 0.0f;
+  return FSDP_SUCCESS;
+}
+
 /* ---- the engine's shard kernels: the loops the engine ran before the table,
  * expression for expression, so CPU results are bitwise what they were ---- */
 
@@ -286,6 +301,8 @@ static const fsdp_compute_ops_t cpu_ops = {
     .matmul_backward = cpu_matmul_backward,
     .layernorm_fused_forward = cpu_layernorm_fused_forward,
     .layernorm_fused_backward = cpu_layernorm_fused_backward,
+    .relu_forward = cpu_relu_forward,
+    .relu_backward = cpu_relu_backward,
     .sum_squares = cpu_sum_squares,
     .scale = cpu_scale,
     .axpy = cpu_axpy,

@@ -57,9 +57,15 @@ fsdp_status_t fsdp_cuda_adamw_multi(const fsdp_adamw_args_t *a, fsdp_stream_t s)
   const float step_size = (float)(lr / bc1);
   const float inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2));
   const float keep_decay = 1.0f - lr * c->weight_decay;
+  /* the launch's arguments by value: the simulator's launch reads them when
+   * the kernel runs, after a caller's descriptor may be gone */
+  float *param = a->param, *grad = a->grad, *m = a->m, *v = a->v;
+  const unsigned long long *runs = a->runs;
+  const int n_runs = a->n_runs;
+  const float coef = a->coef, b1 = c->beta1, b2 = c->beta2, eps = c->eps;
   FSDP_LAUNCH(adamw_multi_kernel, fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, stream,
-              a->param, a->grad, a->m, a->v, n, a->runs, a->n_runs, a->coef, c->beta1, c->beta2,
-              c->eps, step_size, inv_sqrt_bc2, keep_decay);
+              param, grad, m, v, n, runs, n_runs, coef, b1, b2, eps, step_size, inv_sqrt_bc2,
+              keep_decay);
   LAUNCH_CHECK();
   return FSDP_SUCCESS;
 }
