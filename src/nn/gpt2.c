@@ -1,5 +1,6 @@
-/* src/nn/gpt2.c — GPT-2 over the public engine API: tensor layout and presets,
- * its modules for the library's wrap policy (fsdp/plan.h), forward/backward with
+/* src/nn/gpt2.c — GPT-2 over the public engine API: its units from the tensor
+ * table (ckpt/gpt2_layout.h, with the presets), configuration checks, its
+ * modules for the library's wrap policy (fsdp/plan.h), forward/backward with
  * per-unit activation checkpointing, and sampling. Dims: B batch, T time,
  * C channels, NH heads, V vocabulary, L layers. */
 #include <math.h>
@@ -7,19 +8,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/compute.h"
+#include "ckpt/gpt2_layout.h"
 #include "core/internal.h"
 #include "fsdp/nn.h"
-#include "backend/compute.h"
 #include "nn/gpt2_io.h"
 
-#define BLOCK_TENSORS 12
-enum { LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB, LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB };
-
-static const struct { const char *name; int rows, cols; /* in units of C; 0: none */ } block_layout[] = {
-    {"ln_1.weight", 1, 0},      {"ln_1.bias", 1, 0},        {"attn.c_attn.weight", 1, 3},
-    {"attn.c_attn.bias", 3, 0}, {"attn.c_proj.weight", 1, 1}, {"attn.c_proj.bias", 1, 0},
-    {"ln_2.weight", 1, 0},      {"ln_2.bias", 1, 0},        {"mlp.c_fc.weight", 1, 4},
-    {"mlp.c_fc.bias", 4, 0},    {"mlp.c_proj.weight", 4, 1}, {"mlp.c_proj.bias", 1, 0},
+/* A block's tensors are the one table in ckpt/gpt2_layout.h, which
+ * checkpoints and Hugging Face interop read too; short names for its slots. */
+enum {
+  LN1W = GPT2_LN1W, LN1B = GPT2_LN1B, QKVW = GPT2_QKVW, QKVB = GPT2_QKVB,
+  ATTPROJW = GPT2_ATTPROJW, ATTPROJB = GPT2_ATTPROJB, LN2W = GPT2_LN2W, LN2B = GPT2_LN2B,
+  FCW = GPT2_FCW, FCB = GPT2_FCB, FCPROJW = GPT2_FCPROJW, FCPROJB = GPT2_FCPROJB
 };
 
 /* One block's saved activations, sized for max_batch x max_T. void *: in the
@@ -81,22 +81,6 @@ struct fsdp_gpt2 {
 };
 
 /* ---- configuration ------------------------------------------------------ */
-
-fsdp_status_t fsdp_gpt2_preset(const char *name, fsdp_gpt2_config_t *out) {
-  static const struct { const char *name; fsdp_gpt2_config_t c; } presets[] = {
-      {"124M", {12, 12, 768, 1024, 50257}},   {"350M", {24, 16, 1024, 1024, 50257}},
-      {"774M", {36, 20, 1280, 1024, 50257}},  {"1558M", {48, 25, 1600, 1024, 50257}},
-      {"tiny", {2, 4, 64, 64, 256}},          {"small", {4, 4, 128, 128, 256}},
-  };
-  for (size_t i = 0; name && i < sizeof presets / sizeof presets[0]; i++)
-    if (strcmp(name, presets[i].name) == 0) {
-      *out = presets[i].c;
-      return FSDP_SUCCESS;
-    }
-  return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
-                    "unknown GPT-2 preset '%s': use 124M, 350M, 774M, 1558M, tiny or small",
-                    name ? name : "(null)");
-}
 
 fsdp_status_t fsdp_gpt2_config_check(const fsdp_gpt2_config_t *c) {
   if (!c) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "GPT-2 config is NULL");
@@ -183,14 +167,14 @@ static fsdp_status_t add_name(struct fsdp_gpt2 *g, const char *name, fsdp_tensor
 static fsdp_status_t block_descs(struct fsdp_gpt2 *g, int l, fsdp_tensor_desc_t *d) {
   int64_t C = g->c.n_embd;
   float proj_std = 0.02f / sqrtf(2.0f * (float)g->c.n_layer);
-  for (int j = 0; j < BLOCK_TENSORS; j++) {
+  for (int j = 0; j < GPT2_BLOCK_TENSORS; j++) {
     char name[96];
-    snprintf(name, sizeof name, "h.%d.%s", l, block_layout[j].name);
+    snprintf(name, sizeof name, "h.%d.%s", l, gpt2_block_tensors[j].name);
     FSDP_TRY(add_name(g, name, &d[j]));
-    int matrix = block_layout[j].cols > 0;
+    int matrix = gpt2_block_tensors[j].cols > 0;
     d[j].ndim = matrix ? 2 : 1;
-    d[j].shape[0] = block_layout[j].rows * C;
-    d[j].shape[1] = matrix ? block_layout[j].cols * C : 0;
+    d[j].shape[0] = gpt2_block_tensors[j].rows * C;
+    d[j].shape[1] = matrix ? gpt2_block_tensors[j].cols * C : 0;
     d[j].no_decay = !matrix;
     d[j].init = matrix ? FSDP_INIT_NORMAL : j == LN1W || j == LN2W ? FSDP_INIT_CONSTANT
                                                                    : FSDP_INIT_ZEROS;
@@ -211,7 +195,7 @@ static fsdp_status_t add_unit(struct fsdp_gpt2 *g, const fsdp_gpt2_opts_t *o, co
 static fsdp_status_t register_units(struct fsdp_gpt2 *g, const fsdp_gpt2_opts_t *o) {
   int L = g->c.n_layer;
   int64_t C = g->c.n_embd;
-  fsdp_tensor_desc_t *d = calloc((size_t)L * BLOCK_TENSORS + 4, sizeof *d);
+  fsdp_tensor_desc_t *d = calloc((size_t)L * GPT2_BLOCK_TENSORS + 4, sizeof *d);
   if (!d) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "GPT-2: out of host memory");
   fsdp_status_t st = FSDP_SUCCESS;
   /* root: wte, wpe, its blocks, ln_f */
@@ -226,7 +210,7 @@ static fsdp_status_t register_units(struct fsdp_gpt2 *g, const fsdp_gpt2_opts_t 
     if (g->block_unit[l]) continue;
     g->block_base[l] = n;
     FSDP_TRYG(st, block_descs(g, l, &d[n]), out);
-    n += BLOCK_TENSORS;
+    n += GPT2_BLOCK_TENSORS;
   }
   FSDP_TRYG(st, add_name(g, "ln_f.weight", &d[n]), out);
   d[n] = (fsdp_tensor_desc_t){d[n].name, 1, {C}, FSDP_INIT_CONSTANT, 1.0f, 1};
@@ -238,13 +222,14 @@ static fsdp_status_t register_units(struct fsdp_gpt2 *g, const fsdp_gpt2_opts_t 
   for (int u = 1; u < g->n_units; u++) {
     struct gunit *gu = &g->units[u];
     for (int k = 0; k < gu->count; k++) {
-      g->block_base[gu->first + k] = k * BLOCK_TENSORS;
-      FSDP_TRYG(st, block_descs(g, gu->first + k, &d[k * BLOCK_TENSORS]), out);
+      g->block_base[gu->first + k] = k * GPT2_BLOCK_TENSORS;
+      FSDP_TRYG(st, block_descs(g, gu->first + k, &d[k * GPT2_BLOCK_TENSORS]), out);
     }
     char name[48];
     if (gu->count == 1) snprintf(name, sizeof name, "h.%d", gu->first);
     else snprintf(name, sizeof name, "h.%d-%d", gu->first, gu->first + gu->count - 1);
-    FSDP_TRYG(st, add_unit(g, o, name, "GPT2Block", d, gu->count * BLOCK_TENSORS, &gu->id), out);
+    FSDP_TRYG(st, add_unit(g, o, name, "GPT2Block", d, gu->count * GPT2_BLOCK_TENSORS, &gu->id),
+              out);
   }
 out:
   free(d);
@@ -541,7 +526,7 @@ fsdp_status_t fsdp_gpt2_create(fsdp_engine_t eng, const fsdp_gpt2_config_t *c,
   *g = (struct fsdp_gpt2){.eng = eng, .c = *c, .maxB = o->max_batch, .maxT = maxT};
   fsdp_status_t st;
   size_t backend = 0;
-  g->names = calloc((size_t)c->n_layer * BLOCK_TENSORS + 4, sizeof *g->names);
+  g->names = calloc((size_t)c->n_layer * GPT2_BLOCK_TENSORS + 4, sizeof *g->names);
   if (!g->names) {
     st = fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "GPT-2: out of host memory");
     goto fail;
