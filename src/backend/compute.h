@@ -1,14 +1,15 @@
 /* src/backend/compute.h — the compute table: every kernel the engine and the
- * models run, as one table of function pointers per backend. The CPU table
- * (compute.c) holds the fp32 kernels of fsdp/nn.h; the CUDA table holds the
- * entry points of src/backend/cuda/kernels.h themselves, so a model's call reaches the
- * kernel's launch in one hop: gpt2.c -> ops->layernorm_fused_forward (that
- * is fsdp_cuda_layernorm_fused_forward) -> layernorm_forward<bf16> ->
- * launch. Not installed.
+ * models run, as one table of function pointers per backend, and each
+ * kernel's argument descriptor. The CPU table (cpu/compute.c) runs the fp32
+ * kernels of fsdp/nn.h; the CUDA table holds the entry points of
+ * cuda/kernels.h themselves, so a model's call reaches the kernel's launch in
+ * one hop: gpt2.c -> ops->layernorm_fused_forward (that is
+ * fsdp_cuda_layernorm_fused_forward) -> layernorm_forward<bf16> -> launch.
+ * Not installed.
  *
  * Why this shape (ggml's backend interface, llm.c's one floatX kernel per op):
- * - One kernel per op, generic over the storage type: each slot takes the
- *   dtype of its activations and weights first, and a backend dispatches on
+ * - One kernel per op, generic over the storage type: each descriptor's dt
+ *   is the dtype of its activations and weights, and a backend dispatches on
  *   it in one place (cuda_internal.cuh: fsdp_cuda_dispatch). A dtype a
  *   backend does not implement is refused with FSDP_ERR_UNSUPPORTED naming the
  *   op, the backend and the dtype, before anything runs; never a wrong answer.
@@ -17,8 +18,13 @@
  *   statistics, attention's saved state), double * always fp64 (per-row
  *   losses). Every pointer lives in the backend's memory (fsdp_device_alloc
  *   of the table's `device`).
- * - The stream is the last argument (llm.c's order: outputs, inputs, weights,
- *   dims, stream). CUDA queues the work on it and returns (it must be a CUDA
+ * - A kernel's arguments are ONE descriptor struct, defined below once
+ *   (fsdp_<kernel>_args_t: the dtype, outputs, inputs, weights, dims and
+ *   flags, each field named and documented), and the stream: a slot is
+ *   (const fsdp_<kernel>_args_t *a, fsdp_stream_t s), and callers fill the
+ *   struct with designated initialisers, so a flag reads by its name and a
+ *   field left out is 0 / NULL. The stream is the last argument (llm.c's
+ *   order). CUDA queues the work on it and returns (it must be a CUDA
  *   stream: another is refused, since the legacy stream would race the
  *   engine's); the CPU runs the op in the caller before returning, so it takes
  *   the stream the caller's work is ordered on and that is the caller itself
@@ -47,102 +53,223 @@
 #include "fsdp/device.h"
 #include "fsdp/optim.h"
 
+/* ---- the kernels' descriptors ---- */
+
+/* A tied vocabulary head, wte (V,C), no bias (fp32 accumulation): logits
+ * (B,V) with rows ld apart (ld >= V; columns [V, ld) neither read nor
+ * written). Forward writes logits = inp @ wte^T. */
+typedef struct fsdp_head_forward_args {
+  fsdp_dtype_t dt;
+  void *logits;    /* (B,ld) written */
+  int ld;          /* >= V */
+  const void *inp; /* (B,C) */
+  const void *wte; /* (V,C) */
+  int B, C, V;
+} fsdp_head_forward_args_t;
+
+/* Backward adds dinp (B,C) += dlogits @ wte and dwte (V,C) += dlogits^T @ inp. */
+typedef struct fsdp_head_backward_args {
+  fsdp_dtype_t dt;
+  void *dinp;          /* (B,C) +=; may be NULL */
+  float *dwte;         /* (V,C) += */
+  const void *dlogits; /* (B,ld) */
+  int ld;              /* >= V */
+  const void *inp;     /* (B,C) */
+  const void *wte;     /* (V,C) */
+  int B, C, V;
+} fsdp_head_backward_args_t;
+
+/* Token + position embedding: out (B,T,C) = wte[tokens[b,t]] + wpe[t]. */
+typedef struct fsdp_embedding_forward_args {
+  fsdp_dtype_t dt;
+  void *out;         /* (B,T,C) written */
+  const int *tokens; /* (B,T) in [0,V), the backend's memory: callers validate them */
+  const void *wte;   /* (V,C) */
+  const void *wpe;   /* (maxT,C) */
+  int B, T, C;
+} fsdp_embedding_forward_args_t;
+
+typedef struct fsdp_embedding_backward_args {
+  fsdp_dtype_t dt;
+  float *dwte;       /* (V,C) += */
+  float *dwpe;       /* (maxT,C) += */
+  const void *dout;  /* (B,T,C) */
+  const int *tokens; /* (B,T) */
+  int B, T, C;
+} fsdp_embedding_backward_args_t;
+
+/* Causal multi-head self-attention: qkv (B,T,3C), out (B,T,C), C a multiple
+ * of NH. What attention keeps for backward, att (fp32), depends on the
+ * backend and dtype: attention_state_floats says how many floats (the
+ * (B,NH,T,T) probabilities, or the (B,NH,T) log-sum-exp of an op that
+ * recomputes them). scratch: attention_scratch_bytes(dt, T, NH) of the
+ * caller's (NULL when 0), contents not kept between calls: layers may share
+ * it. */
+typedef struct fsdp_attention_forward_args {
+  fsdp_dtype_t dt;
+  void *out;       /* (B,T,C) written */
+  float *att;      /* attention_state_floats written */
+  void *scratch;   /* attention_scratch_bytes, or NULL when 0 */
+  const void *qkv; /* (B,T,3C) */
+  int B, T, C, NH;
+} fsdp_attention_forward_args_t;
+
+/* Backward adds into dqkv and is given forward's out, which a kernel that
+ * recomputes the probabilities from the log-sum-exp needs (rowsum(dout *
+ * out)). */
+typedef struct fsdp_attention_backward_args {
+  fsdp_dtype_t dt;
+  void *dqkv;       /* (B,T,3C) += */
+  void *scratch;    /* attention_scratch_bytes, or NULL when 0 */
+  const void *dout; /* (B,T,C) */
+  const void *qkv;  /* (B,T,3C) */
+  const void *out;  /* (B,T,C), forward's */
+  const float *att; /* forward's state */
+  int B, T, C, NH;
+} fsdp_attention_backward_args_t;
+
+/* Softmax cross-entropy, fused with its gradient, in place: logits (B,V)
+ * rows ld apart. With grad, each row is overwritten by (softmax - onehot) *
+ * scale (the target logit is read first), so one buffer holds the logits
+ * and then their gradient; columns [V, ld) are not touched. A target outside
+ * [0,V) gives a NaN loss and a NaN row. */
+typedef struct fsdp_xent_args {
+  fsdp_dtype_t dt;
+  void *logits;       /* (B,ld); with grad, overwritten by the gradient */
+  int ld;             /* >= V */
+  double *losses;     /* (B) each row's loss; may be NULL */
+  const int *targets; /* (B), the backend's memory */
+  int B, V;
+  float scale; /* the gradient's factor (1 / rows averaged over) */
+  int grad;    /* 1: write the gradient over the logits; 0: losses only */
+} fsdp_xent_args_t;
+
+/* GPT-2's block products, each fused with the memory-bound work beside it
+ * (issue 15 item 4). The products accumulate in fp32 and WRITE their outputs
+ * (beta = 0 on CUDA: no bias fill, no zeroed buffer read back), d(input)
+ * included: the one exception to "backward adds", since an activation's
+ * gradient has one producer. GELU is GPT-2's tanh form.
+ * Forward: out (B,OC) = inp (B,C) @ W + bias; with pre, pre = inp @ W + bias
+ * (kept for backward) and out = gelu(pre). */
+typedef struct fsdp_matmul_forward_args {
+  fsdp_dtype_t dt;
+  void *out;          /* (B,OC) written */
+  void *pre;          /* (B,OC) written, out = gelu(pre); NULL: no GELU */
+  const void *inp;    /* (B,C) */
+  const void *weight; /* (OC,C) when weight_out_in, else (C,OC) */
+  const void *bias;   /* (OC); may be NULL */
+  int B, C, OC;
+  int weight_out_in; /* 1: a (OC,C) weight (linear; W = weight^T); 0: GPT-2's
+                      * (C,OC) Conv1D (W = weight) */
+} fsdp_matmul_forward_args_t;
+
+/* dinp = dout @ W^T written, times gelu'(gelu_pre) when gelu_pre is given
+ * (the GELU below the product, backward in the same pass); dweight += the
+ * weight's gradient in its own layout; dbias += column sums of dout. */
+typedef struct fsdp_matmul_backward_args {
+  fsdp_dtype_t dt;
+  void *dinp;           /* (B,C) written; may be NULL */
+  float *dweight;       /* the weight's shape, += */
+  float *dbias;         /* (OC) +=; may be NULL */
+  void *scratch;        /* colsum_scratch_bytes(OC) of the caller's, NULL when 0 */
+  const void *dout;     /* (B,OC) */
+  const void *inp;      /* (B,C), forward's */
+  const void *weight;   /* as forward's */
+  const void *gelu_pre; /* (B,C) the pre-activation of a GELU feeding inp; may be NULL */
+  int B, C, OC;
+  int weight_out_in; /* as forward's */
+} fsdp_matmul_backward_args_t;
+
+/* LayerNorm over the last dim, eps 1e-5, fused with the residual add that
+ * feeds it: with branch, res = inp + branch (as stored in dt; res may be inp
+ * or branch) and out = LayerNorm(res); without, out = LayerNorm(inp), res
+ * unused. */
+typedef struct fsdp_layernorm_forward_args {
+  fsdp_dtype_t dt;
+  void *res;          /* (N,C) written with branch; else unused (may be NULL) */
+  void *out;          /* (N,C) written */
+  float *mean, *rstd; /* (N) written, for backward */
+  const void *inp;    /* (N,C) */
+  const void *branch; /* (N,C) the residual branch; may be NULL */
+  const void *weight; /* (C) */
+  const void *bias;   /* (C) */
+  int N, C;
+} fsdp_layernorm_forward_args_t;
+
+/* dinp += d(inp); dweight += column sums of xhat * dout and dbias += of
+ * dout, over all SMs through scratch. */
+typedef struct fsdp_layernorm_backward_args {
+  fsdp_dtype_t dt;
+  void *dinp;         /* (N,C) +=; may be NULL (d(residual) in GPT-2) */
+  float *dweight;     /* (C) += */
+  float *dbias;       /* (C) += */
+  void *scratch;      /* colsum_scratch_bytes(C) of the caller's, NULL when 0 */
+  const void *dout;   /* (N,C) */
+  const void *inp;    /* (N,C) what forward normalised (res with a branch) */
+  const void *weight; /* (C) */
+  const float *mean, *rstd; /* (N) forward's */
+  int N, C;
+} fsdp_layernorm_backward_args_t;
+
+/* AdamW (fsdp_adamw_update's semantics) over a whole fp32 shard in one call.
+ * Gradients are taken times coef (clipping; the CPU scales them in place,
+ * CUDA only reads them: do not read grad afterwards). */
+typedef struct fsdp_adamw_args {
+  float *param, *grad, *m, *v; /* (n) each */
+  size_t n;
+  /* (n_runs >= 1 when n > 0, the backend's memory): start << 1 | decay for
+   * each run of elements sharing a weight-decay flag, starts ascending from 0 */
+  const unsigned long long *runs;
+  int n_runs;
+  float coef;                   /* the gradients' factor (1: none) */
+  const fsdp_optim_config_t *c; /* a host struct */
+  float lr;
+  int64_t t; /* the step, from 1 (bias corrections) */
+} fsdp_adamw_args_t;
+
+/* fsdp_sgd_update's semantics over an fp32 shard. */
+typedef struct fsdp_sgd_args {
+  float *param;
+  const float *grad;
+  float *buf; /* momentum; may be NULL (no momentum) */
+  size_t n;
+  const fsdp_optim_config_t *c; /* a host struct */
+  float lr;
+  int first; /* 1: the first step (buf is set, not decayed) */
+  int decay; /* 1: apply weight decay */
+} fsdp_sgd_args_t;
+
 typedef struct fsdp_compute_ops {
   const char *name;            /* "cpu", "cuda" */
   fsdp_device_kind_t device;   /* where every pointer lives */
   size_t sum_squares_partials; /* doubles of scratch sum_squares takes (0: none) */
 
-  /* ---- the vocabulary head (fp32 accumulation) ---- */
-  /* A tied vocabulary head, wte (V,C), no bias: logits (B,V) with rows ld
-   * apart (ld >= V; columns [V, ld) neither read nor written). Forward
-   * writes; backward adds dinp (B,C) += dlogits @ wte (dinp may be NULL) and
-   * dwte (V,C) += dlogits^T @ inp. */
-  fsdp_status_t (*head_forward)(fsdp_dtype_t dt, void *logits, int ld, const void *inp,
-                                const void *wte, int B, int C, int V, fsdp_stream_t s);
-  fsdp_status_t (*head_backward)(fsdp_dtype_t dt, void *dinp, float *dwte, const void *dlogits,
-                                 int ld, const void *inp, const void *wte, int B, int C, int V,
-                                 fsdp_stream_t s);
-
-  /* ---- token + position embedding ---- */
-  /* out (B,T,C) = wte[tokens[b,t]] (V,C) + wpe[t]; tokens (int, the backend's
-   * memory) must be in [0,V): callers validate them. */
-  fsdp_status_t (*embedding_forward)(fsdp_dtype_t dt, void *out, const int *tokens,
-                                     const void *wte, const void *wpe, int B, int T, int C,
-                                     fsdp_stream_t s);
-  fsdp_status_t (*embedding_backward)(fsdp_dtype_t dt, float *dwte, float *dwpe, const void *dout,
-                                      const int *tokens, int B, int T, int C, fsdp_stream_t s);
-
-  /* ---- causal multi-head self-attention ----
-   * qkv (B,T,3C), out (B,T,C), C a multiple of NH. What attention keeps for
-   * backward, att (fp32), depends on the backend and dtype:
-   * attention_state_floats says how many floats (the (B,NH,T,T) probabilities,
-   * or the (B,NH,T) log-sum-exp of an op that recomputes them). scratch:
-   * attention_scratch_bytes(dt, T, NH) of the caller's (NULL when 0), contents
-   * not kept between calls: layers may share it. Backward adds into dqkv and
-   * is given forward's out (B,T,C), which a kernel that recomputes the
-   * probabilities from the log-sum-exp needs (rowsum(dout * out)). */
+  /* ---- GPT-2's layers: each slot's contract is its descriptor's ---- */
+  fsdp_status_t (*head_forward)(const fsdp_head_forward_args_t *a, fsdp_stream_t s);
+  fsdp_status_t (*head_backward)(const fsdp_head_backward_args_t *a, fsdp_stream_t s);
+  fsdp_status_t (*embedding_forward)(const fsdp_embedding_forward_args_t *a, fsdp_stream_t s);
+  fsdp_status_t (*embedding_backward)(const fsdp_embedding_backward_args_t *a, fsdp_stream_t s);
+  /* sizes of attention's state (floats) and scratch (bytes) */
   size_t (*attention_state_floats)(fsdp_dtype_t dt, int B, int T, int NH);
   size_t (*attention_scratch_bytes)(fsdp_dtype_t dt, int T, int NH);
-  fsdp_status_t (*attention_forward)(fsdp_dtype_t dt, void *out, float *att, void *scratch,
-                                     const void *qkv, int B, int T, int C, int NH,
-                                     fsdp_stream_t s);
-  fsdp_status_t (*attention_backward)(fsdp_dtype_t dt, void *dqkv, void *scratch,
-                                      const void *dout, const void *qkv, const void *out,
-                                      const float *att, int B, int T, int C, int NH,
-                                      fsdp_stream_t s);
-
-  /* ---- softmax cross-entropy, fused with its gradient, in place ----
-   * logits (B,V) rows ld apart; targets (B) in the backend's memory. losses
-   * (B; may be NULL) get each row's loss in double. With grad, each row is
-   * overwritten by (softmax - onehot) * scale (the target logit is read
-   * first), so one buffer holds the logits and then their gradient; columns
-   * [V, ld) are not touched. A target outside [0,V) gives a NaN loss and a
-   * NaN row. */
-  fsdp_status_t (*xent)(fsdp_dtype_t dt, void *logits, int ld, double *losses,
-                        const int *targets, int B, int V, float scale, int grad,
-                        fsdp_stream_t s);
-
-  /* ---- GPT-2's block products and LayerNorms, each fused with the
-   * memory-bound work beside it (issue 15 item 4) ----
-   * The products accumulate in fp32 and WRITE their outputs (beta = 0 on
-   * CUDA: no bias fill, no zeroed buffer read back), d(input) included: the
-   * one exception to "backward adds", since an activation's gradient has one
-   * producer. The column sums of the bias and LayerNorm gradients take
-   * scratch (colsum_scratch_bytes(cols) of the caller's, NULL when 0;
-   * contents not kept: layers share it). weight_out_in: 1 for a (OC,C)
-   * weight (linear; W = weight^T), 0 for GPT-2's (C,OC) Conv1D (W =
-   * weight). GELU is GPT-2's tanh form. */
+  fsdp_status_t (*attention_forward)(const fsdp_attention_forward_args_t *a, fsdp_stream_t s);
+  fsdp_status_t (*attention_backward)(const fsdp_attention_backward_args_t *a, fsdp_stream_t s);
+  fsdp_status_t (*xent)(const fsdp_xent_args_t *a, fsdp_stream_t s);
+  /* bytes of the column sums' scratch (bias and LayerNorm gradients) over
+   * cols columns; contents not kept: layers share it */
   size_t (*colsum_scratch_bytes)(int cols);
-  /* out (B,OC) = inp (B,C) @ W + bias (may be NULL); with pre (B,OC) not
-   * NULL, pre = inp @ W + bias (kept for backward) and out = gelu(pre). */
-  fsdp_status_t (*matmul_forward)(fsdp_dtype_t dt, void *out, void *pre, const void *inp,
-                                  const void *weight, const void *bias, int B, int C, int OC,
-                                  int weight_out_in, fsdp_stream_t s);
-  /* dinp (B,C) = dout @ W^T written (may be NULL), times gelu'(gelu_pre)
-   * when gelu_pre (B,C) is given (the GELU below the product, backward in
-   * the same pass); dweight += the weight's gradient in its own layout;
-   * dbias += column sums of dout (may be NULL). */
-  fsdp_status_t (*matmul_backward)(fsdp_dtype_t dt, void *dinp, float *dweight, float *dbias,
-                                   void *scratch, const void *dout, const void *inp,
-                                   const void *weight, const void *gelu_pre, int B, int C, int OC,
-                                   int weight_out_in, fsdp_stream_t s);
-  /* LayerNorm over the last dim, eps 1e-5, fused with the residual add that
-   * feeds it: with branch, res (N,C) = inp + branch (as stored in dt; res
-   * may be inp or branch) and out = LayerNorm(res); without, out =
-   * LayerNorm(inp), res unused. mean and rstd (N) are saved for backward. */
-  fsdp_status_t (*layernorm_fused_forward)(fsdp_dtype_t dt, void *res, void *out, float *mean,
-                                           float *rstd, const void *inp, const void *branch,
-                                           const void *weight, const void *bias, int N, int C,
+  fsdp_status_t (*matmul_forward)(const fsdp_matmul_forward_args_t *a, fsdp_stream_t s);
+  fsdp_status_t (*matmul_backward)(const fsdp_matmul_backward_args_t *a, fsdp_stream_t s);
+  fsdp_status_t (*layernorm_fused_forward)(const fsdp_layernorm_forward_args_t *a,
                                            fsdp_stream_t s);
-  /* inp is what forward normalised (res with a branch). dinp (N,C; may be
-   * NULL: d(residual) in GPT-2) += d(inp); dweight (C) += column sums of
-   * xhat * dout and dbias (C) += of dout, over all SMs through scratch. */
-  fsdp_status_t (*layernorm_fused_backward)(fsdp_dtype_t dt, void *dinp, float *dweight,
-                                            float *dbias, void *scratch, const void *dout,
-                                            const void *inp, const void *weight,
-                                            const float *mean, const float *rstd, int N, int C,
+  fsdp_status_t (*layernorm_fused_backward)(const fsdp_layernorm_backward_args_t *a,
                                             fsdp_stream_t s);
-
+  /* ReLU in place over n elements of dt (the MLP's): x = max(x, 0) (NaN to
+   * 0); backward dx = out > 0 ? dx : 0 with out forward's result, the
+   * gradient through the ReLU written over the one above it. */
+  fsdp_status_t (*relu_forward)(fsdp_dtype_t dt, void *x, size_t n, fsdp_stream_t s);
+  fsdp_status_t (*relu_backward)(fsdp_dtype_t dt, void *dx, const void *out, size_t n,
+                                 fsdp_stream_t s);
   /* ---- the engine's shard kernels ---- */
   /* *out (one double) = sum of x[i]^2, accumulated in double, deterministic;
    * partials: sum_squares_partials doubles of the caller's (NULL when 0). */
@@ -159,19 +286,8 @@ typedef struct fsdp_compute_ops {
    * from bf16 and f16. */
   fsdp_status_t (*cast)(fsdp_dtype_t dst_dt, void *dst, fsdp_dtype_t src_dt, const void *src,
                         size_t n, fsdp_stream_t s);
-  /* AdamW (fsdp_adamw_update's semantics) over a whole shard in one call:
-   * runs (n_runs >= 1 when n > 0, the backend's memory): start << 1 | decay
-   * for each run of elements sharing a weight-decay flag, starts ascending
-   * from 0. Gradients are taken times coef (clipping; the CPU scales them in
-   * place, CUDA only reads them: do not read grad afterwards). */
-  fsdp_status_t (*adamw_multi)(float *param, float *grad, float *m, float *v, size_t n,
-                               const unsigned long long *runs, int n_runs, float coef,
-                               const fsdp_optim_config_t *c, float lr, int64_t t,
-                               fsdp_stream_t s);
-  /* fsdp_sgd_update's semantics; buf may be NULL (no momentum). */
-  fsdp_status_t (*sgd_update)(float *param, const float *grad, float *buf, size_t n,
-                              const fsdp_optim_config_t *c, float lr, int first, int decay,
-                              fsdp_stream_t s);
+  fsdp_status_t (*adamw_multi)(const fsdp_adamw_args_t *a, fsdp_stream_t s);
+  fsdp_status_t (*sgd_update)(const fsdp_sgd_args_t *a, fsdp_stream_t s);
 
   /* ---- per-stream state ---- */
   /* Creates what the products on stream s need (CUDA: its cuBLAS handle and

@@ -77,11 +77,18 @@ static void update_segment(const struct tensor *t, size_t first, size_t n, size_
   /* AdamW comes here only for units with parameter groups (update_unit):
    * one run, the piece's, its gradient already scaled. */
   if (st == FSDP_SUCCESS && o->kind == FSDP_OPTIM_ADAMW)
-    st = ops->adamw_multi(p, g, c->u->m + k, c->u->v + k, n, c->e->piece_runs + !t->no_decay, 1,
-                          1.0f, o, lr, c->e->optim_step + 1, s);
+    st = ops->adamw_multi(&(fsdp_adamw_args_t){.param = p, .grad = g, .m = c->u->m + k,
+                                                .v = c->u->v + k, .n = n,
+                                                .runs = c->e->piece_runs + !t->no_decay,
+                                                .n_runs = 1, .coef = 1.0f, .c = o, .lr = lr,
+                                                .t = c->e->optim_step + 1},
+                          s);
   else if (st == FSDP_SUCCESS)
-    st = ops->sgd_update(p, g, c->u->m ? c->u->m + k : NULL, n, o, lr, c->e->optim_step == 0,
-                         !t->no_decay, s);
+    st = ops->sgd_update(&(fsdp_sgd_args_t){.param = p, .grad = g,
+                                            .buf = c->u->m ? c->u->m + k : NULL, .n = n, .c = o,
+                                            .lr = lr, .first = c->e->optim_step == 0,
+                                            .decay = !t->no_decay},
+                         s);
   if (c->st == FSDP_SUCCESS) c->st = st;
 }
 
@@ -97,8 +104,11 @@ static int has_groups(const struct unit *u) {
 static fsdp_status_t update_unit(const struct fsdp_engine *e, const struct unit *u, float lr,
                                  float coef) {
   if (e->cfg.optim.kind == FSDP_OPTIM_ADAMW && !has_groups(u))
-    return e->ops->adamw_multi(u->master, u->grad, u->m, u->v, u->count, u->decay_runs,
-                               u->n_runs, coef, &e->cfg.optim, lr, e->optim_step + 1,
+    return e->ops->adamw_multi(&(fsdp_adamw_args_t){.param = u->master, .grad = u->grad,
+                                                    .m = u->m, .v = u->v, .n = u->count,
+                                                    .runs = u->decay_runs, .n_runs = u->n_runs,
+                                                    .coef = coef, .c = &e->cfg.optim, .lr = lr,
+                                                    .t = e->optim_step + 1},
                                e->s_compute);
   struct update_ctx ctx = {e, u, lr, coef, FSDP_SUCCESS};
   fsdp_unit_segments(u, u->shard_offset, u->shard_offset + u->count, update_segment, &ctx);

@@ -1,8 +1,10 @@
-/* src/backend/cpu/compute.c — the compute tables: which one a device kind gets, the
- * check that a table fills every slot, and the CPU table. The CPU table is the
- * fp32 kernels of fsdp/nn.h (src/backend/cpu/layers.c, which depend on nothing above
- * core) called in the caller; any other dtype is refused before anything is
- * touched. The CUDA table is src/backend/cuda's entry points (compute_cuda.c). */
+/* src/backend/cpu/compute.c — the compute tables: which one a device kind
+ * gets, the check that a table fills every slot, and the CPU table. The CPU
+ * table's slots unpack each descriptor into the fp32 kernels of fsdp/nn.h
+ * (layers.c, gelu.c, optim.c here, which depend on nothing above core),
+ * called in the caller; any other dtype is refused before anything is
+ * touched. The CUDA table is src/backend/cuda's entry points
+ * (cuda/compute_cuda.c). */
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,10 +23,10 @@ static const char *const slot_names[] = {
     "embedding_backward",      "attention_state_floats",   "attention_scratch_bytes",
     "attention_forward",       "attention_backward",       "xent",
     "colsum_scratch_bytes",    "matmul_forward",           "matmul_backward",
-    "layernorm_fused_forward", "layernorm_fused_backward", "sum_squares",
-    "scale",                   "axpy",                     "cast",
-    "adamw_multi",             "sgd_update",               "prepare",
-    "release",
+    "layernorm_fused_forward", "layernorm_fused_backward", "relu_forward",
+    "relu_backward",           "sum_squares",              "scale",
+    "axpy",                    "cast",                     "adamw_multi",
+    "sgd_update",              "prepare",                  "release",
 };
 typedef void (*any_fn)(void);
 #define FIRST_SLOT offsetof(fsdp_compute_ops_t, head_forward)
@@ -66,34 +68,29 @@ static fsdp_status_t cpu_refuse(const char *op, fsdp_dtype_t dt, fsdp_stream_t s
 #define CPU_SHARD_OP(op, s) \
   if ((s) != FSDP_HOST_STREAM) return cpu_refuse(op, FSDP_F32, s)
 
-static fsdp_status_t cpu_head_forward(fsdp_dtype_t dt, void *logits, int ld, const void *inp,
-                                      const void *wte, int B, int C, int V, fsdp_stream_t s) {
-  CPU_OP("head_forward", dt, s);
-  nn_head_forward(logits, ld, inp, wte, B, C, V);
+static fsdp_status_t cpu_head_forward(const fsdp_head_forward_args_t *a, fsdp_stream_t s) {
+  CPU_OP("head_forward", a->dt, s);
+  nn_head_forward(a->logits, a->ld, a->inp, a->wte, a->B, a->C, a->V);
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t cpu_head_backward(fsdp_dtype_t dt, void *dinp, float *dwte,
-                                       const void *dlogits, int ld, const void *inp,
-                                       const void *wte, int B, int C, int V, fsdp_stream_t s) {
-  CPU_OP("head_backward", dt, s);
-  nn_head_backward(dinp, dwte, dlogits, ld, inp, wte, B, C, V);
+static fsdp_status_t cpu_head_backward(const fsdp_head_backward_args_t *a, fsdp_stream_t s) {
+  CPU_OP("head_backward", a->dt, s);
+  nn_head_backward(a->dinp, a->dwte, a->dlogits, a->ld, a->inp, a->wte, a->B, a->C, a->V);
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t cpu_embedding_forward(fsdp_dtype_t dt, void *out, const int *tokens,
-                                           const void *wte, const void *wpe, int B, int T, int C,
+static fsdp_status_t cpu_embedding_forward(const fsdp_embedding_forward_args_t *a,
                                            fsdp_stream_t s) {
-  CPU_OP("embedding_forward", dt, s);
-  fsdp_embedding_forward(out, tokens, wte, wpe, B, T, C);
+  CPU_OP("embedding_forward", a->dt, s);
+  fsdp_embedding_forward(a->out, a->tokens, a->wte, a->wpe, a->B, a->T, a->C);
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t cpu_embedding_backward(fsdp_dtype_t dt, float *dwte, float *dwpe,
-                                            const void *dout, const int *tokens, int B, int T,
-                                            int C, fsdp_stream_t s) {
-  CPU_OP("embedding_backward", dt, s);
-  fsdp_embedding_backward(dwte, dwpe, dout, tokens, B, T, C);
+static fsdp_status_t cpu_embedding_backward(const fsdp_embedding_backward_args_t *a,
+                                            fsdp_stream_t s) {
+  CPU_OP("embedding_backward", a->dt, s);
+  fsdp_embedding_backward(a->dwte, a->dwpe, a->dout, a->tokens, a->B, a->T, a->C);
   return FSDP_SUCCESS;
 }
 
@@ -108,30 +105,24 @@ static size_t cpu_attention_scratch_bytes(fsdp_dtype_t dt, int T, int NH) {
   return 0;
 }
 
-static fsdp_status_t cpu_attention_forward(fsdp_dtype_t dt, void *out, float *att, void *scratch,
-                                           const void *qkv, int B, int T, int C, int NH,
+static fsdp_status_t cpu_attention_forward(const fsdp_attention_forward_args_t *a,
                                            fsdp_stream_t s) {
-  CPU_OP("attention_forward", dt, s);
-  (void)scratch;
-  fsdp_attention_forward(out, att, qkv, B, T, C, NH);
+  CPU_OP("attention_forward", a->dt, s);
+  fsdp_attention_forward(a->out, a->att, a->qkv, a->B, a->T, a->C, a->NH);
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t cpu_attention_backward(fsdp_dtype_t dt, void *dqkv, void *scratch,
-                                            const void *dout, const void *qkv, const void *out,
-                                            const float *att, int B, int T, int C, int NH,
+/* The probabilities give the softmax backward directly: no scratch, no out. */
+static fsdp_status_t cpu_attention_backward(const fsdp_attention_backward_args_t *a,
                                             fsdp_stream_t s) {
-  CPU_OP("attention_backward", dt, s);
-  (void)scratch, (void)out; /* the probabilities give the softmax backward directly */
-  fsdp_attention_backward(dqkv, dout, qkv, att, B, T, C, NH);
+  CPU_OP("attention_backward", a->dt, s);
+  fsdp_attention_backward(a->dqkv, a->dout, a->qkv, a->att, a->B, a->T, a->C, a->NH);
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t cpu_xent(fsdp_dtype_t dt, void *logits, int ld, double *losses,
-                              const int *targets, int B, int V, float scale, int grad,
-                              fsdp_stream_t s) {
-  CPU_OP("xent", dt, s);
-  nn_xent_inplace(logits, ld, losses, targets, B, V, scale, grad);
+static fsdp_status_t cpu_xent(const fsdp_xent_args_t *a, fsdp_stream_t s) {
+  CPU_OP("xent", a->dt, s);
+  nn_xent_inplace(a->logits, a->ld, a->losses, a->targets, a->B, a->V, a->scale, a->grad);
   return FSDP_SUCCESS;
 }
 
@@ -142,61 +133,68 @@ static size_t cpu_colsum_scratch_bytes(int cols) {
   return 0;
 }
 
-static fsdp_status_t cpu_matmul_forward(fsdp_dtype_t dt, void *out, void *pre, const void *inp,
-                                        const void *weight, const void *bias, int B, int C,
-                                        int OC, int weight_out_in, fsdp_stream_t s) {
-  CPU_OP("matmul_forward", dt, s);
-  float *y = pre ? pre : out;
-  if (weight_out_in) fsdp_linear_forward(y, inp, weight, bias, B, C, OC);
-  else fsdp_conv1d_forward(y, inp, weight, bias, B, C, OC);
-  if (pre) fsdp_gelu_forward(out, pre, (size_t)B * (size_t)OC);
+static fsdp_status_t cpu_matmul_forward(const fsdp_matmul_forward_args_t *a, fsdp_stream_t s) {
+  CPU_OP("matmul_forward", a->dt, s);
+  float *y = a->pre ? a->pre : a->out;
+  if (a->weight_out_in) fsdp_linear_forward(y, a->inp, a->weight, a->bias, a->B, a->C, a->OC);
+  else fsdp_conv1d_forward(y, a->inp, a->weight, a->bias, a->B, a->C, a->OC);
+  if (a->pre) fsdp_gelu_forward(a->out, a->pre, (size_t)a->B * (size_t)a->OC);
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t cpu_matmul_backward(fsdp_dtype_t dt, void *dinp, float *dweight,
-                                         float *dbias, void *scratch, const void *dout,
-                                         const void *inp, const void *weight,
-                                         const void *gelu_pre, int B, int C, int OC,
-                                         int weight_out_in, fsdp_stream_t s) {
-  CPU_OP("matmul_backward", dt, s);
-  (void)scratch;
-  const size_t n = (size_t)B * (size_t)C;
+static fsdp_status_t cpu_matmul_backward(const fsdp_matmul_backward_args_t *a, fsdp_stream_t s) {
+  CPU_OP("matmul_backward", a->dt, s);
+  const size_t n = (size_t)a->B * (size_t)a->C;
+  float *dinp = a->dinp;
   /* d(input) is written: the product into zeros (then times gelu'(pre)) */
-  float *dx = dinp && gelu_pre ? calloc(n ? n : 1, sizeof(float)) : dinp;
+  float *dx = dinp && a->gelu_pre ? calloc(n ? n : 1, sizeof(float)) : dinp;
   if (dinp && !dx)
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "CPU matmul_backward: %zu floats", n);
   if (dx && dx == dinp) memset(dx, 0, n * sizeof(float)); /* calloc zeroed the other */
-  if (weight_out_in) fsdp_linear_backward(dx, dweight, dbias, dout, inp, weight, B, C, OC);
-  else fsdp_conv1d_backward(dx, dweight, dbias, dout, inp, weight, B, C, OC);
+  if (a->weight_out_in)
+    fsdp_linear_backward(dx, a->dweight, a->dbias, a->dout, a->inp, a->weight, a->B, a->C, a->OC);
+  else
+    fsdp_conv1d_backward(dx, a->dweight, a->dbias, a->dout, a->inp, a->weight, a->B, a->C, a->OC);
   if (dx != dinp) {
     memset(dinp, 0, n * sizeof(float));
-    fsdp_gelu_backward(dinp, gelu_pre, dx, n);
+    fsdp_gelu_backward(dinp, a->gelu_pre, dx, n);
     free(dx);
   }
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t cpu_layernorm_fused_forward(fsdp_dtype_t dt, void *res, void *out,
-                                                 float *mean, float *rstd, const void *inp,
-                                                 const void *branch, const void *weight,
-                                                 const void *bias, int N, int C,
+static fsdp_status_t cpu_layernorm_fused_forward(const fsdp_layernorm_forward_args_t *a,
                                                  fsdp_stream_t s) {
-  CPU_OP("layernorm_fused_forward", dt, s);
-  if (branch && !res)
+  CPU_OP("layernorm_fused_forward", a->dt, s);
+  if (a->branch && !a->res)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "LayerNorm: a residual branch needs an output");
-  if (branch) fsdp_residual_forward(res, inp, branch, (size_t)N * (size_t)C);
-  fsdp_layernorm_forward(out, mean, rstd, branch ? res : inp, weight, bias, N, C);
+  const size_t n = (size_t)a->N * (size_t)a->C;
+  if (a->branch) fsdp_residual_forward(a->res, a->inp, a->branch, n);
+  fsdp_layernorm_forward(a->out, a->mean, a->rstd, a->branch ? a->res : a->inp, a->weight,
+                         a->bias, a->N, a->C);
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t cpu_layernorm_fused_backward(fsdp_dtype_t dt, void *dinp, float *dweight,
-                                                  float *dbias, void *scratch, const void *dout,
-                                                  const void *inp, const void *weight,
-                                                  const float *mean, const float *rstd, int N,
-                                                  int C, fsdp_stream_t s) {
-  CPU_OP("layernorm_fused_backward", dt, s);
-  (void)scratch;
-  fsdp_layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+static fsdp_status_t cpu_layernorm_fused_backward(const fsdp_layernorm_backward_args_t *a,
+                                                  fsdp_stream_t s) {
+  CPU_OP("layernorm_fused_backward", a->dt, s);
+  fsdp_layernorm_backward(a->dinp, a->dweight, a->dbias, a->dout, a->inp, a->weight, a->mean,
+                          a->rstd, a->N, a->C);
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t cpu_relu_forward(fsdp_dtype_t dt, void *x, size_t n, fsdp_stream_t s) {
+  CPU_OP("relu_forward", dt, s);
+  fsdp_relu_forward(x, x, n);
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t cpu_relu_backward(fsdp_dtype_t dt, void *dx, const void *out, size_t n,
+                                       fsdp_stream_t s) {
+  CPU_OP("relu_backward", dt, s);
+  float *d = dx;
+  const float *o = out;
+  for (size_t i = 0; i < n; i++) d[i] = o[i] > 0.0f ? d[i] : 0.0f;
   return FSDP_SUCCESS;
 }
 
@@ -253,28 +251,26 @@ static fsdp_status_t cpu_cast(fsdp_dtype_t dst_dt, void *dst, fsdp_dtype_t src_d
 
 /* Run by run, each as fsdp_adamw_update after the gradients were scaled in
  * place (what the engine did tensor piece by tensor piece). */
-static fsdp_status_t cpu_adamw_multi(float *param, float *grad, float *m, float *v, size_t n,
-                                     const unsigned long long *runs, int n_runs, float coef,
-                                     const fsdp_optim_config_t *c, float lr, int64_t t,
-                                     fsdp_stream_t s) {
+static fsdp_status_t cpu_adamw_multi(const fsdp_adamw_args_t *a, fsdp_stream_t s) {
   CPU_SHARD_OP("adamw_multi", s);
-  if (n && (!runs || n_runs < 1))
+  const size_t n = a->n;
+  if (n && (!a->runs || a->n_runs < 1))
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "AdamW update: %zu elements but no decay runs",
                       n);
-  if (coef != 1.0f)
-    for (size_t i = 0; i < n; i++) grad[i] *= coef;
-  for (int r = 0; r < n_runs; r++) {
-    const size_t at = (size_t)(runs[r] >> 1), end = r + 1 < n_runs ? (size_t)(runs[r + 1] >> 1) : n;
-    fsdp_adamw_update(param + at, grad + at, m + at, v + at, end - at, c, lr, t, (int)(runs[r] & 1));
+  if (a->coef != 1.0f)
+    for (size_t i = 0; i < n; i++) a->grad[i] *= a->coef;
+  for (int r = 0; r < a->n_runs; r++) {
+    const size_t at = (size_t)(a->runs[r] >> 1);
+    const size_t end = r + 1 < a->n_runs ? (size_t)(a->runs[r + 1] >> 1) : n;
+    fsdp_adamw_update(a->param + at, a->grad + at, a->m + at, a->v + at, end - at, a->c, a->lr,
+                      a->t, (int)(a->runs[r] & 1));
   }
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t cpu_sgd_update(float *param, const float *grad, float *buf, size_t n,
-                                    const fsdp_optim_config_t *c, float lr, int first, int decay,
-                                    fsdp_stream_t s) {
+static fsdp_status_t cpu_sgd_update(const fsdp_sgd_args_t *a, fsdp_stream_t s) {
   CPU_SHARD_OP("sgd_update", s);
-  fsdp_sgd_update(param, grad, buf, n, c, lr, first, decay);
+  fsdp_sgd_update(a->param, a->grad, a->buf, a->n, a->c, a->lr, a->first, a->decay);
   return FSDP_SUCCESS;
 }
 
@@ -305,6 +301,8 @@ static const fsdp_compute_ops_t cpu_ops = {
     .matmul_backward = cpu_matmul_backward,
     .layernorm_fused_forward = cpu_layernorm_fused_forward,
     .layernorm_fused_backward = cpu_layernorm_fused_backward,
+    .relu_forward = cpu_relu_forward,
+    .relu_backward = cpu_relu_backward,
     .sum_squares = cpu_sum_squares,
     .scale = cpu_scale,
     .axpy = cpu_axpy,

@@ -140,30 +140,28 @@ size_t fsdp_cuda_attention_scratch_bytes(fsdp_dtype_t dt, int T, int NH) {
   return dt == FSDP_BF16 ? 0 : (size_t)NH * (size_t)T * (size_t)T * sizeof(float);
 }
 
-fsdp_status_t fsdp_cuda_attention_forward(fsdp_dtype_t dt, void *out, float *att, void *scratch,
-                                          const void *qkv, int B, int T, int C, int NH,
+/* Forward needs no scratch in either precision. */
+fsdp_status_t fsdp_cuda_attention_forward(const fsdp_attention_forward_args_t *a,
                                           fsdp_stream_t stream) {
-  (void)scratch; /* forward needs none in either precision */
-  return fsdp_cuda_dispatch("attention_forward", dt, stream, [&](auto *tag, cudaStream_t s) {
+  return fsdp_cuda_dispatch("attention_forward", a->dt, stream, [&](auto *tag, cudaStream_t s) {
     STORAGE(tag);
     if constexpr (std::is_same<S, bf16>::value)
-      return fsdp_cuda_flash_forward(as<S>(out), att, as<S>(qkv), B, T, C, NH, s);
+      return fsdp_cuda_flash_forward(as<S>(a->out), a->att, as<S>(a->qkv), a->B, a->T, a->C,
+                                     a->NH, s);
     else
-      return probs_forward(as<S>(out), att, as<S>(qkv), B, T, C, NH, s);
+      return probs_forward(as<S>(a->out), a->att, as<S>(a->qkv), a->B, a->T, a->C, a->NH, s);
   });
 }
 
-fsdp_status_t fsdp_cuda_attention_backward(fsdp_dtype_t dt, void *dqkv, void *scratch,
-                                           const void *dout, const void *qkv, const void *out,
-                                           const float *att, int B, int T, int C, int NH,
+fsdp_status_t fsdp_cuda_attention_backward(const fsdp_attention_backward_args_t *a,
                                            fsdp_stream_t stream) {
-  return fsdp_cuda_dispatch("attention_backward", dt, stream, [&](auto *tag, cudaStream_t s) {
+  return fsdp_cuda_dispatch("attention_backward", a->dt, stream, [&](auto *tag, cudaStream_t s) {
     STORAGE(tag);
     if constexpr (std::is_same<S, bf16>::value)
-      return fsdp_cuda_flash_backward(as<S>(dqkv), as<S>(dout), as<S>(qkv), as<S>(out), att, B, T,
-                                      C, NH, s);
+      return fsdp_cuda_flash_backward(as<S>(a->dqkv), as<S>(a->dout), as<S>(a->qkv),
+                                      as<S>(a->out), a->att, a->B, a->T, a->C, a->NH, s);
     else
-      return probs_backward(as<S>(dqkv), static_cast<float *>(scratch), as<S>(dout), as<S>(qkv),
-                            att, B, T, C, NH, s);
+      return probs_backward(as<S>(a->dqkv), static_cast<float *>(a->scratch), as<S>(a->dout),
+                            as<S>(a->qkv), a->att, a->B, a->T, a->C, a->NH, s);
   });
 }

@@ -273,21 +273,22 @@ static fsdp_status_t product(T *y, const T *inp, const T *weight, int B, int C, 
 /* out = [gelu](inp @ op(weight) + bias); with pre, pre holds the
  * pre-activation and out its GELU. */
 template <typename T>
-static fsdp_status_t matmul_forward(T *out, T *pre, const T *inp, const T *weight, const T *bias,
-                                    int B, int C, int OC, bool weight_out_in, cudaStream_t s) {
-  if (B <= 0 || OC <= 0) return FSDP_SUCCESS;
+static fsdp_status_t matmul_forward(const fsdp_matmul_forward_args_t &a, cudaStream_t s) {
+  if (a.B <= 0 || a.OC <= 0) return FSDP_SUCCESS;
+  T *out = as<T>(a.out), *pre = as<T>(a.pre);
   T *y = pre ? pre : out;
-  FSDP_TRY(product(y, inp, weight, B, C, OC, weight_out_in, s));
-  return epilogue(y, pre ? out : nullptr, bias, (const T *)nullptr, B, OC, s);
+  FSDP_TRY(product(y, as<T>(a.inp), as<T>(a.weight), a.B, a.C, a.OC, a.weight_out_in != 0, s));
+  return epilogue(y, pre ? out : nullptr, as<T>(a.bias), (const T *)nullptr, a.B, a.OC, s);
 }
 
 /* d(input) written (beta = 0), times gelu'(gelu_pre) when given; dweight +=
  * (the gradient accumulates over micro-batches); dbias += over all SMs. */
 template <typename T>
-static fsdp_status_t matmul_backward(T *dinp, float *dweight, float *dbias, float *scratch,
-                                     const T *dout, const T *inp, const T *weight,
-                                     const T *gelu_pre, int B, int C, int OC, bool weight_out_in,
-                                     cudaStream_t s) {
+static fsdp_status_t matmul_backward(const fsdp_matmul_backward_args_t &a, cudaStream_t s) {
+  const int B = a.B, C = a.C, OC = a.OC;
+  T *dinp = as<T>(a.dinp);
+  const T *dout = as<T>(a.dout), *inp = as<T>(a.inp), *weight = as<T>(a.weight);
+  float *dweight = a.dweight, *dbias = a.dbias, *scratch = static_cast<float *>(a.scratch);
   if (B <= 0) return FSDP_SUCCESS;
   if (OC <= 0) { /* an empty sum: d(input) is 0, dweight and dbias are empty */
     if (dinp && C > 0) CUDA_CHECK(cudaMemsetAsync(dinp, 0, (size_t)B * C * sizeof(T), s));
@@ -298,12 +299,13 @@ static fsdp_status_t matmul_backward(T *dinp, float *dweight, float *dbias, floa
                       "fsdp_cuda_colsum_scratch_bytes(%d) bytes, got NULL", OC);
   if (dbias) FSDP_TRY(bias_grad(dbias, scratch, dout, B, OC, s));
   if (C <= 0) return FSDP_SUCCESS;
-  if (dinp && weight_out_in)
+  if (dinp && a.weight_out_in)
     FSDP_TRY(gemm(false, false, B, C, OC, dout, OC, weight, C, 0.0f, dinp, C, s));
   else if (dinp)
     FSDP_TRY(gemm(false, true, B, C, OC, dout, OC, weight, OC, 0.0f, dinp, C, s));
-  if (dinp && gelu_pre) FSDP_TRY(epilogue(dinp, (T *)nullptr, (const T *)nullptr, gelu_pre, B, C, s));
-  if (weight_out_in) return gemm(true, false, OC, C, B, dout, OC, inp, C, 1.0f, dweight, C, s);
+  if (dinp && a.gelu_pre)
+    FSDP_TRY(epilogue(dinp, (T *)nullptr, (const T *)nullptr, as<T>(a.gelu_pre), B, C, s));
+  if (a.weight_out_in) return gemm(true, false, OC, C, B, dout, OC, inp, C, 1.0f, dweight, C, s);
   return gemm(true, false, C, OC, B, inp, C, dout, OC, 1.0f, dweight, OC, s);
 }
 
@@ -314,66 +316,57 @@ size_t fsdp_cuda_colsum_scratch_bytes(int cols) {
   return colsum_scratch_floats(2, cols) * sizeof(float);
 }
 
-fsdp_status_t fsdp_cuda_matmul_forward(fsdp_dtype_t dt, void *out, void *pre, const void *inp,
-                                       const void *weight, const void *bias, int B, int C,
-                                       int OC, int weight_out_in, fsdp_stream_t stream) {
-  return fsdp_cuda_dispatch("matmul_forward", dt, stream, [&](auto *tag, cudaStream_t s) {
+fsdp_status_t fsdp_cuda_matmul_forward(const fsdp_matmul_forward_args_t *a,
+                                       fsdp_stream_t stream) {
+  return fsdp_cuda_dispatch("matmul_forward", a->dt, stream, [&](auto *tag, cudaStream_t s) {
     STORAGE(tag);
-    return matmul_forward(as<S>(out), as<S>(pre), as<S>(inp), as<S>(weight), as<S>(bias), B, C,
-                          OC, weight_out_in != 0, s);
+    return matmul_forward<S>(*a, s);
   });
 }
 
-fsdp_status_t fsdp_cuda_matmul_backward(fsdp_dtype_t dt, void *dinp, float *dweight,
-                                        float *dbias, void *scratch, const void *dout,
-                                        const void *inp, const void *weight,
-                                        const void *gelu_pre, int B, int C, int OC,
-                                        int weight_out_in, fsdp_stream_t stream) {
-  return fsdp_cuda_dispatch("matmul_backward", dt, stream, [&](auto *tag, cudaStream_t s) {
+fsdp_status_t fsdp_cuda_matmul_backward(const fsdp_matmul_backward_args_t *a,
+                                        fsdp_stream_t stream) {
+  return fsdp_cuda_dispatch("matmul_backward", a->dt, stream, [&](auto *tag, cudaStream_t s) {
     STORAGE(tag);
-    return matmul_backward(as<S>(dinp), dweight, dbias, static_cast<float *>(scratch),
-                           as<S>(dout), as<S>(inp), as<S>(weight), as<S>(gelu_pre), B, C, OC,
-                           weight_out_in != 0, s);
+    return matmul_backward<S>(*a, s);
   });
 }
 
 /* ---- GPT-2's vocabulary head: logits rows ld apart ---- */
 
 template <typename T>
-static fsdp_status_t head_forward(T *logits, int ld, const T *inp, const T *wte, int B, int C,
-                                  int V, cudaStream_t s) {
+static fsdp_status_t head_forward(const fsdp_head_forward_args_t &a, cudaStream_t s) {
+  const int B = a.B, C = a.C, V = a.V, ld = a.ld;
+  T *logits = as<T>(a.logits);
   if (B <= 0 || V <= 0) return FSDP_SUCCESS;
   if (C <= 0) { /* cuBLAS rejects a leading dimension of 0: an empty sum is 0 */
     for (int b = 0; b < B; b++)
       CUDA_CHECK(cudaMemsetAsync(logits + (size_t)b * ld, 0, (size_t)V * sizeof(T), s));
     return FSDP_SUCCESS;
   }
-  return gemm(false, true, B, V, C, inp, C, wte, C, 0.0f, logits, ld, s);
+  return gemm(false, true, B, V, C, as<T>(a.inp), C, as<T>(a.wte), C, 0.0f, logits, ld, s);
 }
 
 template <typename T>
-static fsdp_status_t head_backward(T *dinp, float *dwte, const T *dlogits, int ld, const T *inp,
-                                   const T *wte, int B, int C, int V, cudaStream_t s) {
+static fsdp_status_t head_backward(const fsdp_head_backward_args_t &a, cudaStream_t s) {
+  const int B = a.B, C = a.C, V = a.V, ld = a.ld;
+  const T *dlogits = as<T>(a.dlogits);
   if (B <= 0 || V <= 0 || C <= 0) return FSDP_SUCCESS;
-  if (dinp) FSDP_TRY(gemm(false, false, B, C, V, dlogits, ld, wte, C, 1.0f, dinp, C, s));
-  return gemm(true, false, V, C, B, dlogits, ld, inp, C, 1.0f, dwte, C, s);
+  if (a.dinp)
+    FSDP_TRY(gemm(false, false, B, C, V, dlogits, ld, as<T>(a.wte), C, 1.0f, as<T>(a.dinp), C, s));
+  return gemm(true, false, V, C, B, dlogits, ld, as<T>(a.inp), C, 1.0f, a.dwte, C, s);
 }
 
-fsdp_status_t fsdp_cuda_head_forward(fsdp_dtype_t dt, void *logits, int ld, const void *inp,
-                                     const void *wte, int B, int C, int V, fsdp_stream_t stream) {
-  return fsdp_cuda_dispatch("head_forward", dt, stream, [&](auto *tag, cudaStream_t s) {
+fsdp_status_t fsdp_cuda_head_forward(const fsdp_head_forward_args_t *a, fsdp_stream_t stream) {
+  return fsdp_cuda_dispatch("head_forward", a->dt, stream, [&](auto *tag, cudaStream_t s) {
     STORAGE(tag);
-    return head_forward(as<S>(logits), ld, as<S>(inp), as<S>(wte), B, C, V, s);
+    return head_forward<S>(*a, s);
   });
 }
 
-fsdp_status_t fsdp_cuda_head_backward(fsdp_dtype_t dt, void *dinp, float *dwte,
-                                      const void *dlogits, int ld, const void *inp,
-                                      const void *wte, int B, int C, int V,
-                                      fsdp_stream_t stream) {
-  return fsdp_cuda_dispatch("head_backward", dt, stream, [&](auto *tag, cudaStream_t s) {
+fsdp_status_t fsdp_cuda_head_backward(const fsdp_head_backward_args_t *a, fsdp_stream_t stream) {
+  return fsdp_cuda_dispatch("head_backward", a->dt, stream, [&](auto *tag, cudaStream_t s) {
     STORAGE(tag);
-    return head_backward(as<S>(dinp), dwte, as<S>(dlogits), ld, as<S>(inp), as<S>(wte), B, C, V,
-                         s);
+    return head_backward<S>(*a, s);
   });
 }

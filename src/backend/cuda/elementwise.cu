@@ -1,5 +1,5 @@
 /* src/backend/cuda/elementwise.cu — elementwise kernels: the shard kernels axpy and
- * scale, and the f32 <-> bf16 and f32 <-> fp16 casts. Grid-stride loops over
+ * scale, the f32 <-> bf16 and f32 <-> fp16 casts, and the MLP's ReLU. Grid-stride loops over
  * size_t indices; math in fp32. (GELU and the residual add run fused into
  * the products and the LayerNorm: blas.cu, layernorm.cu.) */
 #include "backend/cuda/cuda_internal.cuh"
@@ -24,6 +24,36 @@ template <typename T>
 static fsdp_status_t axpy(float *y, const T *x, float scale, size_t n, cudaStream_t s) {
   /* The engine's loop is g[i] += scale * src[i]: same two roundings here. */
   return for_each(n, s, [=] __device__(size_t i) { y[i] += __fmul_rn(scale, load(x + i)); });
+}
+
+/* ---- ReLU, in place: the CPU's selects ---- */
+
+template <typename T> static fsdp_status_t relu_forward(T *x, size_t n, cudaStream_t s) {
+  return for_each(n, s, [=] __device__(size_t i) {
+    if (!(load(x + i) > 0.0f)) store(x + i, 0.0f);
+  });
+}
+
+template <typename T>
+static fsdp_status_t relu_backward(T *dx, const T *out, size_t n, cudaStream_t s) {
+  return for_each(n, s, [=] __device__(size_t i) {
+    if (!(load(out + i) > 0.0f)) store(dx + i, 0.0f);
+  });
+}
+
+fsdp_status_t fsdp_cuda_relu_forward(fsdp_dtype_t dt, void *x, size_t n, fsdp_stream_t stream) {
+  return fsdp_cuda_dispatch("relu_forward", dt, stream, [&](auto *tag, cudaStream_t s) {
+    STORAGE(tag);
+    return relu_forward(as<S>(x), n, s);
+  });
+}
+
+fsdp_status_t fsdp_cuda_relu_backward(fsdp_dtype_t dt, void *dx, const void *out, size_t n,
+                                      fsdp_stream_t stream) {
+  return fsdp_cuda_dispatch("relu_backward", dt, stream, [&](auto *tag, cudaStream_t s) {
+    STORAGE(tag);
+    return relu_backward(as<S>(dx), as<S>(out), n, s);
+  });
 }
 
 /* ---- the engine's shard kernels ---- */

@@ -65,20 +65,19 @@ static fsdp_status_t embedding_backward(float *dwte, float *dwpe, const T *dout,
   return FSDP_SUCCESS;
 }
 
-fsdp_status_t fsdp_cuda_embedding_forward(fsdp_dtype_t dt, void *out, const int *tokens,
-                                          const void *wte, const void *wpe, int B, int T, int C,
+fsdp_status_t fsdp_cuda_embedding_forward(const fsdp_embedding_forward_args_t *a,
                                           fsdp_stream_t stream) {
-  return fsdp_cuda_dispatch("embedding_forward", dt, stream, [&](auto *tag, cudaStream_t s) {
+  return fsdp_cuda_dispatch("embedding_forward", a->dt, stream, [&](auto *tag, cudaStream_t s) {
     STORAGE(tag);
-    return embedding_forward(as<S>(out), tokens, as<S>(wte), as<S>(wpe), B, T, C, s);
+    return embedding_forward(as<S>(a->out), a->tokens, as<S>(a->wte), as<S>(a->wpe), a->B, a->T,
+                             a->C, s);
   });
 }
 
-fsdp_status_t fsdp_cuda_embedding_backward(fsdp_dtype_t dt, float *dwte, float *dwpe,
-                                           const void *dout, const int *tokens, int B, int T,
-                                           int C, fsdp_stream_t stream) {
-  return fsdp_cuda_dispatch("embedding_backward", dt, stream, [&](auto *tag, cudaStream_t s) {
+fsdp_status_t fsdp_cuda_embedding_backward(const fsdp_embedding_backward_args_t *a,
+                                           fsdp_stream_t stream) {
+  return fsdp_cuda_dispatch("embedding_backward", a->dt, stream, [&](auto *tag, cudaStream_t s) {
     STORAGE(tag);
-    return embedding_backward(dwte, dwpe, as<S>(dout), tokens, B, T, C, s);
+    return embedding_backward(a->dwte, a->dwpe, as<S>(a->dout), a->tokens, a->B, a->T, a->C, s);
   });
 }

@@ -6,8 +6,8 @@
  * only the .cu files see the CUDA types.
  *
  * Conventions, shared by every function here:
- * - Outputs first, then inputs, weights, dims, the stream last (the CPU
- *   kernels' order). Where the GPU needs memory the CPU does without
+ * - The table's slots take their descriptor (src/backend/compute.h, which
+ *   documents each field) and the stream, last. Where the GPU needs memory the CPU does without
  *   (attention's scratch, the sum of squares' partials) or cannot return a
  *   value without waiting for the stream (cross-entropy's losses), the call
  *   takes a buffer and says so.
@@ -44,6 +44,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend/compute.h"
 #include "fsdp/core.h"
 #include "fsdp/device.h"
 #include "fsdp/optim.h"
@@ -61,20 +62,14 @@ extern "C" {
 
 /* GPT-2 pads V to a multiple of 128 for ld, so that every leading dimension
  * of the three vocabulary products is aligned for the tensor-core kernels. */
-fsdp_status_t fsdp_cuda_head_forward(fsdp_dtype_t dt, void *logits, int ld, const void *inp,
-                                     const void *wte, int B, int C, int V, fsdp_stream_t stream);
-fsdp_status_t fsdp_cuda_head_backward(fsdp_dtype_t dt, void *dinp, float *dwte,
-                                      const void *dlogits, int ld, const void *inp,
-                                      const void *wte, int B, int C, int V,
-                                      fsdp_stream_t stream);
+fsdp_status_t fsdp_cuda_head_forward(const fsdp_head_forward_args_t *a, fsdp_stream_t stream);
+fsdp_status_t fsdp_cuda_head_backward(const fsdp_head_backward_args_t *a, fsdp_stream_t stream);
 /* dwpe[t] += sum over b in order (deterministic); dwte rows += dout by float
  * atomicAdd (repeated tokens add in a varying order: a few ulps). */
-fsdp_status_t fsdp_cuda_embedding_forward(fsdp_dtype_t dt, void *out, const int *tokens,
-                                          const void *wte, const void *wpe, int B, int T, int C,
+fsdp_status_t fsdp_cuda_embedding_forward(const fsdp_embedding_forward_args_t *a,
                                           fsdp_stream_t stream);
-fsdp_status_t fsdp_cuda_embedding_backward(fsdp_dtype_t dt, float *dwte, float *dwpe,
-                                           const void *dout, const int *tokens, int B, int T,
-                                           int C, fsdp_stream_t stream);
+fsdp_status_t fsdp_cuda_embedding_backward(const fsdp_embedding_backward_args_t *a,
+                                           fsdp_stream_t stream);
 /* f32: att keeps the (B,NH,T,T) probabilities; the score and value products
  * of each batch row are strided-batched cuBLAS calls over its heads; scratch
  * is NH*T*T floats for backward; out is not read. bf16: the fused causal
@@ -88,12 +83,9 @@ fsdp_status_t fsdp_cuda_embedding_backward(fsdp_dtype_t dt, float *dwte, float *
  * value. No bound on T. */
 size_t fsdp_cuda_attention_state_floats(fsdp_dtype_t dt, int B, int T, int NH);
 size_t fsdp_cuda_attention_scratch_bytes(fsdp_dtype_t dt, int T, int NH);
-fsdp_status_t fsdp_cuda_attention_forward(fsdp_dtype_t dt, void *out, float *att, void *scratch,
-                                          const void *qkv, int B, int T, int C, int NH,
+fsdp_status_t fsdp_cuda_attention_forward(const fsdp_attention_forward_args_t *a,
                                           fsdp_stream_t stream);
-fsdp_status_t fsdp_cuda_attention_backward(fsdp_dtype_t dt, void *dqkv, void *scratch,
-                                           const void *dout, const void *qkv, const void *out,
-                                           const float *att, int B, int T, int C, int NH,
+fsdp_status_t fsdp_cuda_attention_backward(const fsdp_attention_backward_args_t *a,
                                            fsdp_stream_t stream);
 /* The fused slots (issue 15 item 4). The products write their outputs with
  * beta = 0 and one vectorised pass follows (+ bias, GELU; gelu' on d(input)):
@@ -103,29 +95,21 @@ fsdp_status_t fsdp_cuda_attention_backward(fsdp_dtype_t dt, void *dqkv, void *sc
  * access wherever the pointers are 16-byte aligned and rows are whole packs,
  * the scalar form of the same kernel elsewhere. */
 size_t fsdp_cuda_colsum_scratch_bytes(int cols);
-fsdp_status_t fsdp_cuda_matmul_forward(fsdp_dtype_t dt, void *out, void *pre, const void *inp,
-                                       const void *weight, const void *bias, int B, int C,
-                                       int OC, int weight_out_in, fsdp_stream_t stream);
-fsdp_status_t fsdp_cuda_matmul_backward(fsdp_dtype_t dt, void *dinp, float *dweight,
-                                        float *dbias, void *scratch, const void *dout,
-                                        const void *inp, const void *weight,
-                                        const void *gelu_pre, int B, int C, int OC,
-                                        int weight_out_in, fsdp_stream_t stream);
-fsdp_status_t fsdp_cuda_layernorm_fused_forward(fsdp_dtype_t dt, void *res, void *out,
-                                                float *mean, float *rstd, const void *inp,
-                                                const void *branch, const void *weight,
-                                                const void *bias, int N, int C,
+fsdp_status_t fsdp_cuda_matmul_forward(const fsdp_matmul_forward_args_t *a,
+                                       fsdp_stream_t stream);
+fsdp_status_t fsdp_cuda_matmul_backward(const fsdp_matmul_backward_args_t *a,
+                                        fsdp_stream_t stream);
+fsdp_status_t fsdp_cuda_layernorm_fused_forward(const fsdp_layernorm_forward_args_t *a,
                                                 fsdp_stream_t stream);
-fsdp_status_t fsdp_cuda_layernorm_fused_backward(fsdp_dtype_t dt, void *dinp, float *dweight,
-                                                 float *dbias, void *scratch, const void *dout,
-                                                 const void *inp, const void *weight,
-                                                 const float *mean, const float *rstd, int N,
-                                                 int C, fsdp_stream_t stream);
+fsdp_status_t fsdp_cuda_layernorm_fused_backward(const fsdp_layernorm_backward_args_t *a,
+                                                 fsdp_stream_t stream);
+/* The MLP's ReLU, in place (elementwise.cu). */
+fsdp_status_t fsdp_cuda_relu_forward(fsdp_dtype_t dt, void *x, size_t n, fsdp_stream_t stream);
+fsdp_status_t fsdp_cuda_relu_backward(fsdp_dtype_t dt, void *dx, const void *out, size_t n,
+                                      fsdp_stream_t stream);
 /* One block per row; the exponential sum and the loss in double, as on the
  * CPU. */
-fsdp_status_t fsdp_cuda_xent(fsdp_dtype_t dt, void *logits, int ld, double *losses,
-                             const int *targets, int B, int V, float scale, int grad,
-                             fsdp_stream_t stream);
+fsdp_status_t fsdp_cuda_xent(const fsdp_xent_args_t *a, fsdp_stream_t stream);
 
 /* ---- cuBLAS handles: the table's prepare and release ---- */
 
@@ -146,18 +130,11 @@ fsdp_status_t fsdp_cuda_blas_prepare(fsdp_stream_t stream, int *created);
 /* AdamW and SGD with the semantics of fsdp_adamw_update / fsdp_sgd_update
  * (the bias corrections are computed on the host in double, as there).
  * AdamW over a whole shard in one launch (the engine's step: one per unit
- * instead of two per tensor piece). runs (device memory, n_runs >= 1 when n >
- * 0): start << 1 | decay for each run of elements sharing a decay flag,
- * starts ascending from 0. Gradients are read times coef (clipping; not
- * written back). The same arithmetic as fsdp_adamw_update on each run after
- * the gradients were scaled. */
-fsdp_status_t fsdp_cuda_adamw_multi(float *param, float *grad, float *m, float *v, size_t n,
-                                    const unsigned long long *runs, int n_runs, float coef,
-                                    const fsdp_optim_config_t *c, float lr, int64_t t,
-                                    fsdp_stream_t stream);
-fsdp_status_t fsdp_cuda_sgd_update(float *param, const float *grad, float *buf, size_t n,
-                                   const fsdp_optim_config_t *c, float lr, int first, int decay,
-                                   fsdp_stream_t stream);
+ * instead of two per tensor piece); runs in device memory. Gradients are
+ * read times coef (clipping; not written back). The same arithmetic as
+ * fsdp_adamw_update on each run after the gradients were scaled. */
+fsdp_status_t fsdp_cuda_adamw_multi(const fsdp_adamw_args_t *a, fsdp_stream_t stream);
+fsdp_status_t fsdp_cuda_sgd_update(const fsdp_sgd_args_t *a, fsdp_stream_t stream);
 
 /* *out (one double) = sum of x[i]^2, accumulated in double. Deterministic: the
  * grid depends on n alone, each block reduces its part in a fixed order into

@@ -176,28 +176,26 @@ static fsdp_status_t layernorm_backward(T *dinp, float *dweight, float *dbias, f
   return dinp ? layernorm_dinp(dinp, dout, inp, weight, mean, rstd, N, C, s) : FSDP_SUCCESS;
 }
 
-fsdp_status_t fsdp_cuda_layernorm_fused_forward(fsdp_dtype_t dt, void *res, void *out,
-                                                float *mean, float *rstd, const void *inp,
-                                                const void *branch, const void *weight,
-                                                const void *bias, int N, int C,
+fsdp_status_t fsdp_cuda_layernorm_fused_forward(const fsdp_layernorm_forward_args_t *a,
                                                 fsdp_stream_t stream) {
-  return fsdp_cuda_dispatch("layernorm_fused_forward", dt, stream, [&](auto *tag, cudaStream_t s) {
-    STORAGE(tag);
-    return layernorm_forward(as<S>(res), as<S>(out), mean, rstd, as<S>(inp), as<S>(branch),
-                             as<S>(weight), as<S>(bias), N, C, s);
-  });
+  return fsdp_cuda_dispatch("layernorm_fused_forward", a->dt, stream,
+                            [&](auto *tag, cudaStream_t s) {
+                              STORAGE(tag);
+                              return layernorm_forward(as<S>(a->res), as<S>(a->out), a->mean,
+                                                       a->rstd, as<S>(a->inp), as<S>(a->branch),
+                                                       as<S>(a->weight), as<S>(a->bias), a->N,
+                                                       a->C, s);
+                            });
 }
 
-fsdp_status_t fsdp_cuda_layernorm_fused_backward(fsdp_dtype_t dt, void *dinp, float *dweight,
-                                                 float *dbias, void *scratch, const void *dout,
-                                                 const void *inp, const void *weight,
-                                                 const float *mean, const float *rstd, int N,
-                                                 int C, fsdp_stream_t stream) {
-  return fsdp_cuda_dispatch("layernorm_fused_backward", dt, stream,
+fsdp_status_t fsdp_cuda_layernorm_fused_backward(const fsdp_layernorm_backward_args_t *a,
+                                                 fsdp_stream_t stream) {
+  return fsdp_cuda_dispatch("layernorm_fused_backward", a->dt, stream,
                             [&](auto *tag, cudaStream_t s) {
                               STORAGE(tag);
                               return layernorm_backward(
-                                  as<S>(dinp), dweight, dbias, static_cast<float *>(scratch),
-                                  as<S>(dout), as<S>(inp), as<S>(weight), mean, rstd, N, C, s);
+                                  as<S>(a->dinp), a->dweight, a->dbias,
+                                  static_cast<float *>(a->scratch), as<S>(a->dout), as<S>(a->inp),
+                                  as<S>(a->weight), a->mean, a->rstd, a->N, a->C, s);
                             });
 }

@@ -40,14 +40,15 @@ __global__ void adamw_multi_kernel(float *param, const float *grad, float *m, fl
   }
 }
 
-fsdp_status_t fsdp_cuda_adamw_multi(float *param, float *grad, float *m, float *v, size_t n,
-                                    const unsigned long long *runs, int n_runs, float coef,
-                                    const fsdp_optim_config_t *c, float lr, int64_t t,
-                                    fsdp_stream_t s) {
+fsdp_status_t fsdp_cuda_adamw_multi(const fsdp_adamw_args_t *a, fsdp_stream_t s) {
   CUDA_STREAM(stream, s, "adamw_multi");
+  const fsdp_optim_config_t *c = a->c;
+  const size_t n = a->n;
+  const float lr = a->lr;
+  int64_t t = a->t;
   if (!c) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "AdamW update: NULL config");
   if (n == 0) return FSDP_SUCCESS;
-  if (!runs || n_runs < 1)
+  if (!a->runs || a->n_runs < 1)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "AdamW update: %zu elements but no decay runs",
                       n);
   if (t < 1) t = 1;
@@ -56,9 +57,15 @@ fsdp_status_t fsdp_cuda_adamw_multi(float *param, float *grad, float *m, float *
   const float step_size = (float)(lr / bc1);
   const float inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2));
   const float keep_decay = 1.0f - lr * c->weight_decay;
+  /* the launch's arguments by value: the simulator's launch reads them when
+   * the kernel runs, after a caller's descriptor may be gone */
+  float *param = a->param, *grad = a->grad, *m = a->m, *v = a->v;
+  const unsigned long long *runs = a->runs;
+  const int n_runs = a->n_runs;
+  const float coef = a->coef, b1 = c->beta1, b2 = c->beta2, eps = c->eps;
   FSDP_LAUNCH(adamw_multi_kernel, fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, stream,
-              param, grad, m, v, n, runs, n_runs, coef, c->beta1, c->beta2, c->eps, step_size,
-              inv_sqrt_bc2, keep_decay);
+              param, grad, m, v, n, runs, n_runs, coef, b1, b2, eps, step_size, inv_sqrt_bc2,
+              keep_decay);
   LAUNCH_CHECK();
   return FSDP_SUCCESS;
 }
@@ -97,10 +104,14 @@ __global__ void sgd_kernel(float *param, const float *grad, float *buf, size_t n
   }
 }
 
-fsdp_status_t fsdp_cuda_sgd_update(float *param, const float *grad, float *buf, size_t n,
-                                   const fsdp_optim_config_t *c, float lr, int first, int decay,
-                                   fsdp_stream_t s) {
+fsdp_status_t fsdp_cuda_sgd_update(const fsdp_sgd_args_t *a, fsdp_stream_t s) {
   CUDA_STREAM(stream, s, "sgd_update");
+  const fsdp_optim_config_t *c = a->c;
+  const size_t n = a->n;
+  const float *grad = a->grad;
+  float *param = a->param, *buf = a->buf;
+  const int first = a->first, decay = a->decay;
+  const float lr = a->lr;
   if (!c) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "SGD update: NULL config");
   if (n == 0) return FSDP_SUCCESS;
   const float wd = decay ? c->weight_decay : 0.0f, mu = c->momentum;

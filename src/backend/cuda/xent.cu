@@ -89,12 +89,11 @@ static fsdp_status_t xent(T *dlogits, double *losses, const T *logits, const int
   return FSDP_SUCCESS;
 }
 
-fsdp_status_t fsdp_cuda_xent(fsdp_dtype_t dt, void *logits, int ld, double *losses,
-                             const int *targets, int B, int V, float scale, int grad,
-                             fsdp_stream_t stream) {
-  return fsdp_cuda_dispatch("xent", dt, stream, [&](auto *tag, cudaStream_t s) {
+fsdp_status_t fsdp_cuda_xent(const fsdp_xent_args_t *a, fsdp_stream_t stream) {
+  return fsdp_cuda_dispatch("xent", a->dt, stream, [&](auto *tag, cudaStream_t s) {
     STORAGE(tag);
-    return xent(grad ? as<S>(logits) : nullptr, losses, as<S>(logits), targets, B, V, ld, scale,
-                s);
+    S *logits = as<S>(a->logits);
+    return xent(a->grad ? logits : nullptr, a->losses, logits, a->targets, a->B, a->V, a->ld,
+                a->scale, s);
   });
 }
