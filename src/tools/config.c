@@ -160,8 +160,8 @@ static int read_entry(const char *tool, cfg_file_t *c, yaml_node_t *kn, yaml_nod
     return fail(tool, c, line_of(kn), "a %s where a key belongs",
                 kn->type == YAML_MAPPING_NODE ? "mapping" : "list");
   int taken = key_taken(tool, c, key, line_of(kn));
-  if (taken <= 0) return taken;
-  /* Only keys the tool takes get here, each once: this scan is over a few
+  if (taken < 0) return -1;
+  /* Only keys the tools take get here, each once: this scan is over a few
    * dozen entries at most, whatever the file holds. */
   for (int i = 0; i < c->n_entries; i++)
     if (!strcmp(c->entries[i].key, key))
@@ -174,7 +174,7 @@ static int read_entry(const char *tool, cfg_file_t *c, yaml_node_t *kn, yaml_nod
     return fail(tool, c, line_of(vn), "%s: a value of %zu bytes ('%.*s...'): the limit is %d "
                 "(docs/limits.md)", key, strlen(v), FLAGS_ECHO, v, CFG_MAX_VALUE);
   cfg_entry_t *e = &c->entries[c->n_entries++]; /* counted at once: cfg_free frees it */
-  *e = (cfg_entry_t){strdup(key), strdup(v), line_of(kn)};
+  *e = (cfg_entry_t){strdup(key), strdup(v), line_of(kn), !taken};
   if (!e->key || !e->value) return fail(tool, c, e->line, "out of memory");
   return 0;
 }
@@ -201,9 +201,16 @@ static int read_root(const char *tool, cfg_file_t *c, yaml_document_t *d) {
 
 /* The file, whole, in *text: at most CFG_MAX_BYTES (a pipe too). */
 static int read_file(const char *tool, cfg_file_t *c, FILE *f, char **text, size_t *len) {
-  size_t cap = CFG_MAX_BYTES + 1;
-  if (!(*text = malloc(cap))) return fail(tool, c, 1, "out of memory");
-  *len = fread(*text, 1, cap, f);
+  size_t cap = 4096;
+  *len = 0;
+  for (;;) {
+    char *grown = realloc(*text, cap);
+    if (!grown) return fail(tool, c, 1, "out of memory");
+    *text = grown;
+    *len += fread(*text + *len, 1, cap - *len, f);
+    if (*len < cap || cap > CFG_MAX_BYTES) break;
+    cap = cap * 2 > CFG_MAX_BYTES ? CFG_MAX_BYTES + 1 : cap * 2;
+  }
   if (ferror(f)) return fail(tool, c, 1, "cannot read: %s", strerror(errno));
   if (*len > CFG_MAX_BYTES)
     return fail(tool, c, 1, "larger than %d bytes, the limit for a configuration file "
@@ -289,6 +296,7 @@ int cfg_apply(const char *tool, const cfg_file_t *c, const flag_t *table, size_t
               flag_word_fn word, void *ctx) {
   for (int i = 0; i < c->n_entries; i++) {
     char flag[96], label[512];
+    if (c->entries[i].skipped) continue;
     snprintf(flag, sizeof flag, "--%s", c->entries[i].key);
     snprintf(label, sizeof label, "%s: %s:%d", tool, c->path, c->entries[i].line);
     if (flags_apply(label, table, n, word, ctx, flag, c->entries[i].value, 1)) return -1;

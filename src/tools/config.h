@@ -50,6 +50,7 @@ typedef struct {
 typedef struct {
   char *key, *value; /* a flag without "--", its scalar text */
   int line;
+  int skipped; /* the other tool's key: kept to catch it given twice, never applied */
 } cfg_entry_t;
 
 /* What a tool takes from a file: the keys of its flag table, those its word

@@ -181,6 +181,10 @@ bad two-docs "two-docs.yaml:5: a second document" <<<"$base
 ---
 steps: 2"
 bad empty "empty.yaml:1: no keys: the file is empty" </dev/null
+# fsdp-bench's keys are skipped with a note, once each: a second is refused
+bad skipped-twice "skipped-twice.yaml:6: iters given twice (first at line 5)" <<<"$base
+iters: 3
+iters: 4"
 bad lr-nan "lr-nan.yaml:5: --lr 'nan' is not a finite number" <<<"$base
 lr: nan"
 bad no-layers "no-layers.yaml:5: --layers '0' is not an integer from 1 to 2147483647" <<<"$base
