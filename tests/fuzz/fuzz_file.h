@@ -22,8 +22,13 @@ static void fuzz_cleanup(void) {
 /* The directory, made on the first call. */
 static const char *fuzz_dir_path(void) {
   if (!fuzz_dir[0]) {
-    snprintf(fuzz_dir, sizeof fuzz_dir, "/tmp/fsdp-fuzz-XXXXXX");
-    if (!mkdtemp(fuzz_dir)) abort();
+    /* in memory where there is a tmpfs: a file is written per input */
+    static const char *const bases[] = {"/dev/shm", "/tmp"};
+    for (int i = 0; i < 2 && !fuzz_dir[0]; i++) {
+      snprintf(fuzz_dir, sizeof fuzz_dir, "%s/fsdp-fuzz-XXXXXX", bases[i]);
+      if (!mkdtemp(fuzz_dir)) fuzz_dir[0] = '\0';
+    }
+    if (!fuzz_dir[0]) abort();
     atexit(fuzz_cleanup);
   }
   return fuzz_dir;
