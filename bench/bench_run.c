@@ -126,9 +126,9 @@ static fsdp_status_t model_build(fsdp_world_t world, const bench_opts_t *o, fsdp
     w.max_T = m->T;
     fsdp_plan_opts_t plan;
     char ckpt[512];
-    if (o->config && cfg_gpt2_opts("fsdp-bench", o->config, &w, &plan, ckpt, sizeof ckpt))
-      return FSDP_ERR_INVALID_ARGUMENT;
-    fsdp_status_t st = fsdp_gpt2_create(m->eng, &o->gpt, &w, &m->gpt);
+    fsdp_status_t st = o->config && cfg_gpt2_opts(o->config, &w, &plan, ckpt, sizeof ckpt)
+                           ? FSDP_ERR_INVALID_ARGUMENT
+                           : fsdp_gpt2_create(m->eng, &o->gpt, &w, &m->gpt);
     if (st == FSDP_SUCCESS && o->config &&
         (cfg_check_matched(o->config, 1) || cfg_check_matched(o->config, 2)))
       st = FSDP_ERR_INVALID_ARGUMENT;

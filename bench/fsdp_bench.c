@@ -184,8 +184,8 @@ static void flag_table(bench_opts_t *o, flag_t *t) {
 static int parse(int argc, char **argv, bench_opts_t *o, cfg_file_t *file) {
   flag_t table[BENCH_FLAGS];
   flag_table(o, table);
-  return cfg_parse_args("fsdp-bench", usage_text, argc, argv, table, BENCH_FLAGS, parse_word, o, file,
-                        &o->config);
+  cfg_keys_t keys = {table, BENCH_FLAGS, parse_word, o, cfg_train_only, "fsdp-train"};
+  return cfg_parse_args("fsdp-bench", usage_text, argc, argv, &keys, file, &o->config);
 }
 
 static void print_list(const char *key, const int *v, int n) {
@@ -317,8 +317,8 @@ int main(int argc, char **argv) {
     cfg_free(&file);
     return p > 0 ? 0 : 2;
   }
-  if (cfg_path(argc, argv, &print), print) {
-    print_config(&o);
+  if (cfg_path(argc, argv, &print), print) { /* once per job, also under a launcher */
+    if (cfg_launch_rank() == 0) print_config(&o);
     cfg_free(&file);
     return 0;
   }
