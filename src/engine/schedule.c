@@ -25,8 +25,14 @@ static int unit_index(const struct fsdp_engine *e, const struct unit *u) {
 /* Worker streams run host functions, which read the unit's stream_op. */
 static int host_marks(fsdp_stream_t s) { return !fsdp_stream_cuda_handle(s); }
 
-static size_t gather_bytes(const struct unit *u) { return u->shard * fsdp_gather_elem_bytes(u); }
+/* What a rank puts on the wire: its shard in the gathered dtype (the f32 twin
+ * the CPU widens 16-bit gathers into is memory, not traffic). */
+static size_t gather_bytes(const struct unit *u) {
+  return u->shard * (u->lowp ? sizeof(uint16_t) : sizeof(float));
+}
+/* Alone, a rank reduces nothing over the wire (accumulation only). */
 static size_t reduce_bytes(const struct fsdp_engine *e, const struct unit *u) {
+  if (e->nranks == 1) return 0;
   return u->shard * (e->bf16_reduce ? sizeof(uint16_t) : sizeof(float));
 }
 
