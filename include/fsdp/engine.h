@@ -283,8 +283,13 @@ typedef enum {
   FSDP_TL_REDUCE,      /* reduce stream: reduce-scatter or all-reduce of grads; unit -1,
                           stream 0: the step's all-reduce of the gradient norm */
   FSDP_TL_STEP,        /* host: the optimizer step */
-  FSDP_TL_REPLICA_REDUCE /* replica stream (3): HSDP all-reduce of a unit's gradient shard
-                            across its replica group */
+  FSDP_TL_REPLICA_REDUCE, /* replica stream (3): HSDP all-reduce of a unit's gradient shard
+                             across its replica group */
+  FSDP_TL_COMPUTE_WAIT /* CUDA only, stream 0: the compute stream stalled for communication,
+                          timed on the GPU by CUDA events recorded just before and after its
+                          wait: for a unit's gather or a reduction still reading the gradient
+                          buffer it reuses (unit, pass: the acquire's), or for every reduction
+                          before the step (unit -1). Zero-length when the collective was done */
 } fsdp_tl_kind_t;
 
 typedef struct {

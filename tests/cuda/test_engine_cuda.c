@@ -363,21 +363,83 @@ static void tl_check(fsdp_engine_t e, int step, double t0, double t1, const doub
     ck_assert_msg(gathered >= N_UNITS, "step %d: %d gathers on the timeline", step, gathered);
 }
 
+/* The compute stream's waits for communication (FSDP_TL_COMPUTE_WAIT, what
+ * fsdp-bench calls exposed on CUDA), timed by CUDA events around each wait:
+ * one per forward acquire, one or two per backward acquire (its gather, a
+ * reduction still reading the gradient buffer it reuses), one before the
+ * step; each inside its step, and each ends after what it waited for: an
+ * acquire's after its unit's gather in that pass, the step's after every
+ * reduction. Marks placed beside the waits instead of around them, or on
+ * another stream, break the last two. */
+static double waits_check(fsdp_engine_t e, int step, double t0, double t1) {
+  const double slack = tl_slack(e);
+  const fsdp_tl_event_t *tl;
+  size_t n;
+  ck_assert_int_eq(fsdp_engine_timeline(e, &tl, &n, NULL), FSDP_SUCCESS);
+  int waits[N_UNITS][2] = {{0}}, step_waits = 0;
+  double step_wait = 0.0;
+  for (size_t i = 0; i < n; i++) {
+    const fsdp_tl_event_t *w = &tl[i];
+    if (w->kind != FSDP_TL_COMPUTE_WAIT) continue;
+    ck_assert_msg(w->stream == 0 && w->t_begin <= w->t_end && w->t_begin >= t0 - slack &&
+                  w->t_end <= t1 + slack, "step %d: compute wait of unit %d spans [%.6f, "
+                  "%.6f] s, outside its step [%.6f, %.6f]", step, w->unit, w->t_begin,
+                  w->t_end, t0, t1);
+    if (w->unit < 0) step_waits++, step_wait = w->t_end - w->t_begin;
+    else waits[w->unit][w->pass == FSDP_BACKWARD]++;
+    for (size_t j = 0; j < n; j++) {
+      const fsdp_tl_event_t *c = &tl[j];
+      const int before = w->unit < 0 ? c->kind == FSDP_TL_REDUCE && c->unit >= 0
+                                     : c->kind == FSDP_TL_ALL_GATHER && c->unit == w->unit &&
+                                           c->pass == w->pass;
+      ck_assert_msg(!before || w->t_end >= c->t_end - slack, "step %d: the compute stream's "
+                    "wait (unit %d, pass %d) ended at %.6f s, before the %s of unit %d it "
+                    "waited for (%.6f s)", step, w->unit, (int)w->pass, w->t_end,
+                    c->kind == FSDP_TL_REDUCE ? "reduction" : "gather", c->unit, c->t_end);
+    }
+  }
+  ck_assert_msg(step_waits == 1, "step %d: %d waits before the step", step, step_waits);
+  for (int u = 0; u < N_UNITS; u++)
+    ck_assert_msg(waits[u][0] == 1 && waits[u][1] >= 1 && waits[u][1] <= 2, "step %d: unit %d "
+                  "has %d forward and %d backward compute waits", step, u, waits[u][0],
+                  waits[u][1]);
+  return step_wait;
+}
+
+/* Holds stream s back by a slow kernel before the work queued next (about
+ * 0.1 s on the simulator, far beyond the timeline's slack; microseconds on a
+ * GPU, where the checks hold all the same). */
+static void hold_stream(fsdp_stream_t s, float *scratch) {
+  ck_assert_int_eq(fsdp_cuda_scale(scratch, 1.0f, RACE_SCRATCH, s), FSDP_SUCCESS);
+}
+
 START_TEST(timeline_without_host_functions) {
   const case_t *c = &cases[_i];
   if (!c->backend || !runnable(c)) return;
   fsdp_engine_t e = make_engine(c, FSDP_DEVICE_CUDA);
   ck_assert_uint_gt(fsdp_engine_config(e)->timeline_capacity, 0);
+  float *scratch[2];
+  for (int k = 0; k < 2; k++) {
+    ck_assert_int_eq(fsdp_device_alloc(FSDP_DEVICE_CUDA, RACE_SCRATCH * sizeof(float),
+                                       (void **)&scratch[k]), FSDP_SUCCESS);
+    ck_assert_int_eq(fsdp_device_zero(scratch[k], RACE_SCRATCH * sizeof(float),
+                                      FSDP_HOST_STREAM), FSDP_SUCCESS);
+  }
+  double step_wait = 0.0;
   for (int s = 0; s < 3; s++) {
     double released[N_UNITS];
     fsdp_engine_timeline_clear(e);
     const uint64_t before = fsdp_cuda_host_fn_count();
     const double t0 = fsdp_time_now();
     fsdp_view_t v;
+    /* The gathers and then the reductions start late: the compute stream,
+     * idle, waits for them (waits_check). */
+    hold_stream(e->s_gather, scratch[0]);
     for (int u = 0; u < N_UNITS; u++) {
       ck_assert_int_eq(fsdp_unit_acquire(e, u, FSDP_FORWARD, &v), FSDP_SUCCESS);
       ck_assert_int_eq(fsdp_unit_release(e, u, FSDP_FORWARD), FSDP_SUCCESS);
     }
+    hold_stream(e->s_reduce, scratch[1]);
     for (int u = N_UNITS - 1; u >= 0; u--) { /* zero gradients: only the schedule matters */
       ck_assert_int_eq(fsdp_unit_acquire(e, u, FSDP_BACKWARD, &v), FSDP_SUCCESS);
       released[u] = fsdp_time_now();
@@ -390,13 +452,17 @@ START_TEST(timeline_without_host_functions) {
                   "timeline is kept (each stalls its stream for a host round trip)", s,
                   (unsigned long long)launched);
     tl_check(e, s, t0, t1, released);
+    step_wait = waits_check(e, s, t0, t1);
   }
   if (rank == 0)
     printf("engine N=%d timeline (backend %s, param %s%s): no host function on a CUDA stream "
-           "in 3 steps; collectives timed by CUDA events within their steps (clocks tied "
+           "in 3 steps; collectives and the compute stream's waits for them (the step's for "
+           "held reductions: %.2f ms) timed by CUDA events within their steps (clocks tied "
            "within %.0f us)\n", nranks, backend_name(c, e), fsdp_dtype_name(c->param),
-           c->shard_size ? ", HSDP 2x2" : "", 1e6 * fsdp_marks_anchor_error(e->tl_marks));
+           c->shard_size ? ", HSDP 2x2" : "", 1e3 * step_wait,
+           1e6 * fsdp_marks_anchor_error(e->tl_marks));
   fsdp_engine_destroy(e);
+  for (int k = 0; k < 2; k++) fsdp_device_free(FSDP_DEVICE_CUDA, scratch[k]);
 }
 END_TEST
 
