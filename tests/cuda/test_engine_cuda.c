@@ -478,40 +478,74 @@ START_TEST(blas_handle_made_at_materialize) {
 }
 END_TEST
 
-/* The engine's reserved bytes against what cudaMemGetInfo says it took at
- * materialize. Units of 8 M parameters make the allocator's rounding (2 MiB
- * pages) a small part of each buffer. */
-START_TEST(memory_matches_device) {
+/* An engine on CUDA of n_units units of rows x 2048 parameters (bf16, AdamW),
+ * not materialized. */
+static fsdp_engine_t memory_engine(int n_units, int rows) {
   fsdp_config_t cfg = FSDP_CONFIG_INIT;
   cfg.device = FSDP_DEVICE_CUDA;
   cfg.param_dtype = FSDP_BF16;
   fsdp_engine_t e = NULL;
   ck_assert_int_eq(fsdp_engine_create(world, &cfg, &e), FSDP_SUCCESS);
-  for (int u = 0; u < 6; u++) {
+  for (int u = 0; u < n_units; u++) {
     char name[16];
     snprintf(name, sizeof name, "m%d.w", u);
-    fsdp_tensor_desc_t d = {name, 2, {4096, 2048}, FSDP_INIT_ZEROS, 0.0f, 0};
+    fsdp_tensor_desc_t d = {name, 2, {rows, 2048}, FSDP_INIT_ZEROS, 0.0f, 0};
     fsdp_unit_t id;
     ck_assert_int_eq(fsdp_unit_add(e, name, "Linear", &d, 1, &id), FSDP_SUCCESS);
   }
+  return e;
+}
+
+static size_t device_free(void) {
+  size_t free_b, total;
   ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
-  size_t free0, free1, total;
-  ck_assert_int_eq(cudaMemGetInfo(&free0, &total), cudaSuccess);
+  ck_assert_int_eq(cudaMemGetInfo(&free_b, &total), cudaSuccess);
+  return free_b;
+}
+
+/* The engine's reserved bytes against what it allocated and what
+ * cudaMemGetInfo says the device gave at materialize. The allocations
+ * (fsdp_cuda_alloc_totals) are the engine's reserved bytes and a few small
+ * buffers it does not report (each unit's decay runs, the norm's partial
+ * sums, the piece runs: under 1 MiB here). The device gives each allocation
+ * whole 2 MiB pages (at most one page more than asked; small ones may share a
+ * page already mapped), and two costs of a first materialize that are not
+ * the engine's buffers are paid before the reading: the compute stream's
+ * cuBLAS handle (its workspace, 32 MiB on Hopper; materialize makes it, here
+ * it is made first) and each kernel's first launch (its module's code and
+ * local memory, once per process: a small engine is materialized first). The
+ * 5 % ratio this replaces failed on an H200 at 6.4 %: the handle and pages. */
+START_TEST(memory_matches_device) {
+  fsdp_engine_t warm = memory_engine(1, 16);
+  ck_assert_int_eq(fsdp_engine_materialize(warm, 1), FSDP_SUCCESS);
+  fsdp_engine_destroy(warm);
+  fsdp_engine_t e = memory_engine(6, 4096);
+  const size_t before_blas = device_free();
+  ck_assert_int_eq(fsdp_cuda_blas_prepare(fsdp_engine_stream(e), NULL), FSDP_SUCCESS);
+  const size_t free0 = device_free();
+  uint64_t n0, bytes0, paged0, n1, bytes1, paged1;
+  fsdp_cuda_alloc_totals(&n0, &bytes0, &paged0);
   ck_assert_int_eq(fsdp_engine_materialize(e, 1), FSDP_SUCCESS);
-  ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
-  ck_assert_int_eq(cudaMemGetInfo(&free1, &total), cudaSuccess);
+  const size_t free1 = device_free();
+  fsdp_cuda_alloc_totals(&n1, &bytes1, &paged1);
   fsdp_mem_stats_t m;
   fsdp_engine_memory(e, &m);
-  double device = (double)(free0 - free1), engine = (double)m.total_reserved;
-  double ratio = engine / device;
-  /* Other ranks sharing the GPU allocate at the same time: judge rank 0 of a
-   * one-rank world only. */
+  const double engine = (double)m.total_reserved, allocated = (double)(bytes1 - bytes0);
+  const double paged = (double)(paged1 - paged0), mib = 1048576.0;
+  ck_assert_msg(allocated >= engine && allocated <= engine + mib, "the engine reports %.0f "
+                "bytes reserved but allocated %.0f on the device (%llu allocations)", engine,
+                allocated, (unsigned long long)(n1 - n0));
+  /* Other ranks sharing the GPU allocate at the same time: judge the device's
+   * reading in a one-rank world only. */
   if (nranks == 1) {
-    printf("memory: engine reports %.1f MiB reserved, the device gave %.1f MiB (ratio %.3f)\n",
-           engine / 1048576.0, device / 1048576.0, ratio);
-    ck_assert_msg(fabs(ratio - 1.0) <= 0.05,
-                  "engine reports %.0f bytes, the device lost %.0f (%.1f%% apart, limit 5%%)",
-                  engine, device, 100.0 * fabs(ratio - 1.0));
+    const double device = (double)free0 - (double)free1, page = (double)FSDP_CUDA_PAGE;
+    printf("memory: engine reports %.1f MiB reserved, allocated %.1f MiB in %llu allocations "
+           "(%.1f MiB in 2 MiB pages), the device gave %.1f MiB (the cuBLAS handle before it: "
+           "%.1f MiB)\n", engine / mib, allocated / mib, (unsigned long long)(n1 - n0),
+           paged / mib, device / mib, ((double)before_blas - (double)free0) / mib);
+    ck_assert_msg(device >= allocated - page && device <= paged,
+                  "the engine allocated %.0f bytes (%.0f in 2 MiB pages) but the device lost "
+                  "%.0f", allocated, paged, device);
   }
   fsdp_engine_destroy(e);
 }
