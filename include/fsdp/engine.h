@@ -534,8 +534,9 @@ FSDP_API void fsdp_engine_reset_peaks(fsdp_engine_t engine);
  * number in *count. Events past timeline_capacity are counted in *dropped (may
  * be NULL) and not kept. Waits for the engine's streams. Events are added as
  * they are known: host calls when they return, collectives on the CPU's worker
- * streams when they end; collectives on CUDA streams are timed by CUDA events
- * recorded around them (no host function on the stream: nothing stalls it) and
+ * streams when they end; collectives on CUDA streams, and the compute stream's
+ * waits for them (FSDP_TL_COMPUTE_WAIT), are timed by CUDA events recorded
+ * around them (no host function on the stream: nothing stalls it) and
  * added at the end of fsdp_engine_step or by this call, in fsdp_time_now()
  * seconds like the rest (the GPU's clock is tied to the host's once, when the
  * engine is created, to within microseconds). Sort by t_begin for time order. */

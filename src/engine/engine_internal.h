@@ -197,9 +197,10 @@ void fsdp_tl_add(struct fsdp_engine *e, fsdp_tl_kind_t kind, int unit, fsdp_pass
  * fsdp_tl_resolve reads the marks of every collective the streams have passed
  * into the timeline: at the step's end and when the timeline is read. A pool
  * holds the marks of min(timeline_capacity, FSDP_TL_MARKED_MAX) collectives
- * between two reads; collectives past it count as dropped. No-ops without a
- * timeline or CUDA. */
-#define FSDP_TL_MARKED_MAX 4096
+ * and compute-stream waits between two reads (about 6 per unit and
+ * micro-batch: two gathers, a reduction, up to three waits); those past it
+ * count as dropped. No-ops without a timeline or CUDA. */
+#define FSDP_TL_MARKED_MAX 8192
 struct tl_pending {
   fsdp_tl_event_t ev;
   size_t begin, end; /* marks */
