@@ -438,7 +438,8 @@ static fsdp_status_t measure(model_t *m, const bench_opts_t *o, bench_result_t *
   BENCH_TRY(fsdp_engine_timeline(m->eng, &tl, &n, &dropped));
   if (dropped)
     fprintf(stderr, "fsdp-bench: %zu timeline events dropped: the split is incomplete\n", dropped);
-  bench_split_steps(tl, n, s->w, n_it, s->split);
+  bench_split_steps(tl, n, s->w, n_it, fsdp_engine_config(m->eng)->device == FSDP_DEVICE_CUDA,
+                    s->split);
   comm_bytes(r, s, n_it);
   if (o->trace) /* every round rewrites it: the file holds the last */
     BENCH_TRY(bench_trace_write(m->eng, o->trace, tl, n, s->w, n_it, s->w[0].t_begin));

@@ -371,9 +371,22 @@ fsdp_status_t fsdp_cuda_mem_info(size_t *free_bytes, size_t *total_bytes) {
   return rc == cudaSuccess ? FSDP_SUCCESS : cuda_fail(rc, "cudaMemGetInfo", NULL);
 }
 
+static atomic_uint_fast64_t device_allocs, device_bytes, device_paged;
+
+void fsdp_cuda_alloc_totals(uint64_t *count, uint64_t *bytes, uint64_t *paged_bytes) {
+  *count = atomic_load(&device_allocs);
+  *bytes = atomic_load(&device_bytes);
+  *paged_bytes = atomic_load(&device_paged);
+}
+
 static fsdp_status_t cuda_alloc(size_t bytes, void **ptr) {
   cudaError_t rc = cudaMalloc(ptr, bytes);
-  if (rc == cudaSuccess) return FSDP_SUCCESS;
+  if (rc == cudaSuccess) {
+    atomic_fetch_add(&device_allocs, 1);
+    atomic_fetch_add(&device_bytes, bytes);
+    atomic_fetch_add(&device_paged, (bytes + FSDP_CUDA_PAGE - 1) / FSDP_CUDA_PAGE * FSDP_CUDA_PAGE);
+    return FSDP_SUCCESS;
+  }
   cudaGetLastError();
   size_t free_b = 0, total_b = 0;
   cudaMemGetInfo(&free_b, &total_b);
@@ -474,6 +487,9 @@ static fsdp_status_t pinned_alloc(size_t bytes, void **ptr) {
 static void pinned_free(void *p) { (void)p; }
 int fsdp_is_device_pointer(const void *p) { return (void)p, 0; }
 uint64_t fsdp_cuda_host_fn_count(void) { return 0; }
+void fsdp_cuda_alloc_totals(uint64_t *count, uint64_t *bytes, uint64_t *paged_bytes) {
+  *count = *bytes = *paged_bytes = 0;
+}
 fsdp_status_t fsdp_marks_create(size_t capacity, fsdp_marks_t *marks) {
   (void)capacity, (void)marks;
   return no_cuda("timeline marks");

@@ -199,17 +199,22 @@ static fsdp_status_t skip(struct fsdp_engine *e, const struct guard *g, double n
 /* The step reads every gradient shard. Worker streams are waited for here;
  * on CUDA streams the compute stream waits for each unit's last reduction
  * (and HSDP replica all-reduce), and the step's one host wait, for the
- * gradient norm, covers them. */
+ * gradient norm, covers them. On CUDA the waits lie between two timing marks
+ * on the compute stream (one FSDP_TL_COMPUTE_WAIT): how long it stalled. */
 static fsdp_status_t wait_reductions(struct fsdp_engine *e) {
+  size_t mark;
+  FSDP_TRY(fsdp_tl_mark_begin(e, e->s_compute, &mark));
   if (!fsdp_stream_cuda_handle(e->s_reduce)) {
     FSDP_TRY(fsdp_stream_synchronize(e->s_reduce));
-    return fsdp_stream_synchronize(e->s_replica);
+    FSDP_TRY(fsdp_stream_synchronize(e->s_replica));
+  } else {
+    for (int i = 0; i < e->n_units; i++) {
+      FSDP_TRY(fsdp_stream_wait_event(e->s_compute, e->units[i].reduced));
+      if (e->hybrid) FSDP_TRY(fsdp_stream_wait_event(e->s_compute, e->units[i].replicated));
+    }
   }
-  for (int i = 0; i < e->n_units; i++) {
-    FSDP_TRY(fsdp_stream_wait_event(e->s_compute, e->units[i].reduced));
-    if (e->hybrid) FSDP_TRY(fsdp_stream_wait_event(e->s_compute, e->units[i].replicated));
-  }
-  return FSDP_SUCCESS;
+  return fsdp_tl_mark_end(e, e->s_compute, mark, (fsdp_tl_event_t){FSDP_TL_COMPUTE_WAIT, -1,
+                          FSDP_BACKWARD, 0, 0.0, 0.0, 0});
 }
 
 static fsdp_status_t step(struct fsdp_engine *e, fsdp_step_stats_t *stats) {
