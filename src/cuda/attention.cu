@@ -7,6 +7,7 @@
  * one call per b); softmax and its backward are warp-per-row kernels. The
  * full (T,T) score block is computed, the masked upper triangle included, and
  * the softmax writes it as 0, as the CPU's att holds. */
+#include "cuda/attention_cudnn.h"
 #include "cuda/cuda_internal.cuh"
 
 #define ATT_WARPS 8 /* rows per block */
@@ -146,9 +147,12 @@ fsdp_status_t fsdp_cuda_attention_forward(fsdp_dtype_t dt, void *out, float *att
   (void)scratch; /* forward needs none in either precision */
   return fsdp_cuda_dispatch("attention_forward", dt, stream, [&](auto *tag, cudaStream_t s) {
     STORAGE(tag);
-    if constexpr (std::is_same<S, bf16>::value)
+    if constexpr (std::is_same<S, bf16>::value) {
+      int cudnn = 0; /* cuDNN's fused attention where it runs the shape (attention_choice.cu) */
+      FSDP_TRY(fsdp_cuda_attention_pick(B, T, C, NH, s, &cudnn));
+      if (cudnn) return fsdp_cudnn_attention_forward(out, att, qkv, B, T, C, NH, s);
       return fsdp_cuda_flash_forward(as<S>(out), att, as<S>(qkv), B, T, C, NH, s);
-    else
+    } else
       return probs_forward(as<S>(out), att, as<S>(qkv), B, T, C, NH, s);
   });
 }
@@ -159,10 +163,17 @@ fsdp_status_t fsdp_cuda_attention_backward(fsdp_dtype_t dt, void *dqkv, void *sc
                                            fsdp_stream_t stream) {
   return fsdp_cuda_dispatch("attention_backward", dt, stream, [&](auto *tag, cudaStream_t s) {
     STORAGE(tag);
-    if constexpr (std::is_same<S, bf16>::value)
+    if constexpr (std::is_same<S, bf16>::value) {
+      int cudnn = 0; /* as forward chose, so att holds the stats this path wrote */
+      FSDP_TRY(fsdp_cuda_attention_pick(B, T, C, NH, s, &cudnn));
+      if (cudnn) {
+        void *staged = nullptr; /* cuDNN writes the gradient; the table's backward adds it */
+        FSDP_TRY(fsdp_cudnn_attention_backward(&staged, dout, qkv, out, att, B, T, C, NH, s));
+        return fsdp_cuda_attention_add_staged(dqkv, staged, (size_t)B * T * 3 * C, s);
+      }
       return fsdp_cuda_flash_backward(as<S>(dqkv), as<S>(dout), as<S>(qkv), as<S>(out), att, B, T,
                                       C, NH, s);
-    else
+    } else
       return probs_backward(as<S>(dqkv), static_cast<float *>(scratch), as<S>(dout), as<S>(qkv),
                             att, B, T, C, NH, s);
   });
