@@ -85,7 +85,9 @@ static void run(problem *p, const char *mode, fsdp_stream_t fs) {
 static void timed(problem *p, const char *mode, fsdp_stream_t fs, float *fwd, float *bwd) {
   cudaStream_t s = (cudaStream_t)fsdp_stream_cuda_handle(fs);
   cudaEvent_t e0, e1, e2;
-  CU(cudaEventCreate(&e0)), CU(cudaEventCreate(&e1)), CU(cudaEventCreate(&e2));
+  CU(cudaEventCreate(&e0));
+  CU(cudaEventCreate(&e1));
+  CU(cudaEventCreate(&e2));
   run(p, mode, fs); /* warm: graphs built, workspace allocated */
   const int n = 20;
   CU(cudaEventRecord(e0, s));
@@ -133,7 +135,8 @@ int main(int argc, char **argv) {
   p.nqkv = (size_t)p.B * p.T * 3 * p.C, p.no = (size_t)p.B * p.T * p.C;
   p.nlse = (size_t)p.B * p.NH * p.T;
   p.qkv = dev_bf16_random(p.nqkv), p.dout = dev_bf16_random(p.no);
-  CU(cudaMalloc(&p.out, p.no * 2)), CU(cudaMalloc(&p.dqkv, p.nqkv * 2));
+  CU(cudaMalloc(&p.out, p.no * 2));
+  CU(cudaMalloc(&p.dqkv, p.nqkv * 2));
   CU(cudaMalloc((void **)&p.lse, p.nlse * 4));
   char impl[512];
   OK(fsdp_cuda_attention_set_mode("auto"));
