@@ -1,7 +1,8 @@
 /* src/cuda/attention.cu — causal multi-head self-attention, forward and
  * backward, behind the table's one entry point per op: fp32 keeps the
- * probabilities, bf16 is the fused flash kernel (flash.cu), which keeps only
- * the log-sum-exp. fp32: the score and value products of each batch row are
+ * probabilities, bf16 is cuDNN's fused attention where it runs the shape
+ * (attention_cudnn.cpp, chosen in attention_choice.cu), else the fused flash
+ * kernel (flash.cu); both keep only the log-sum-exp. fp32: the score and value products of each batch row are
  * one strided-batched cuBLAS call over its NH heads (the heads of a row are
  * hs columns apart; batch rows are not a uniform stride away from them, hence
  * one call per b); softmax and its backward are warp-per-row kernels. The
