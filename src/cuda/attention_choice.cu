@@ -82,6 +82,8 @@ fsdp_status_t decide(int device, int B, int T, int C, int NH, cudaStream_t s, de
                         B, T, C, NH, why);
     snprintf(d.text, sizeof d.text, d.cudnn ? "%s" : "in-house flash: %s", why);
   }
+  fsdp_log(FSDP_LOG_INFO, "attention on device %d, B %d, T %d, C %d, NH %d, bf16: %s", device, B,
+           T, C, NH, d.text);
   decisions.push_back(d);
   *out = &decisions.back();
   return FSDP_SUCCESS;
