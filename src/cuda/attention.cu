@@ -150,7 +150,7 @@ fsdp_status_t fsdp_cuda_attention_forward(fsdp_dtype_t dt, void *out, float *att
     STORAGE(tag);
     if constexpr (std::is_same<S, bf16>::value) {
       int cudnn = 0; /* cuDNN's fused attention where it runs the shape (attention_choice.cu) */
-      FSDP_TRY(fsdp_cuda_attention_pick(B, T, C, NH, s, &cudnn));
+      FSDP_TRY(fsdp_cuda_attention_pick(B, T, C, NH, &cudnn));
       if (cudnn) return fsdp_cudnn_attention_forward(out, att, qkv, B, T, C, NH, s);
       return fsdp_cuda_flash_forward(as<S>(out), att, as<S>(qkv), B, T, C, NH, s);
     } else
@@ -166,7 +166,7 @@ fsdp_status_t fsdp_cuda_attention_backward(fsdp_dtype_t dt, void *dqkv, void *sc
     STORAGE(tag);
     if constexpr (std::is_same<S, bf16>::value) {
       int cudnn = 0; /* as forward chose, so att holds the stats this path wrote */
-      FSDP_TRY(fsdp_cuda_attention_pick(B, T, C, NH, s, &cudnn));
+      FSDP_TRY(fsdp_cuda_attention_pick(B, T, C, NH, &cudnn));
       if (cudnn) {
         void *staged = nullptr; /* cuDNN writes the gradient; the table's backward adds it */
         FSDP_TRY(fsdp_cudnn_attention_backward(&staged, dout, qkv, out, att, B, T, C, NH, s));

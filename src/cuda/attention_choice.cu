@@ -45,13 +45,13 @@ int parse_mode(const char *v) {
 }
 
 /* Whether cuDNN runs the shape; its text (version and path) or why not in text. */
-bool cudnn_runs(int B, int T, int C, int NH, cudaStream_t s, char *text, size_t len) {
+bool cudnn_runs(int B, int T, int C, int NH, char *text, size_t len) {
   const char *load_text = nullptr;
   if (!fsdp_cudnn_load(&load_text)) {
     snprintf(text, len, "%s", load_text);
     return false;
   }
-  if (fsdp_cudnn_attention_prepare(B, T, C, NH, s) != FSDP_SUCCESS) {
+  if (fsdp_cudnn_attention_prepare(B, T, C, NH) != FSDP_SUCCESS) {
     snprintf(text, len, "%s", fsdp_last_error());
     return false;
   }
@@ -59,7 +59,7 @@ bool cudnn_runs(int B, int T, int C, int NH, cudaStream_t s, char *text, size_t 
   return true;
 }
 
-fsdp_status_t decide(int device, int B, int T, int C, int NH, cudaStream_t s, decision **out) {
+fsdp_status_t decide(int device, int B, int T, int C, int NH, decision **out) {
   if (!mode_read) {
     const char *v = getenv("FSDP_ATTENTION");
     snprintf(mode_value, sizeof mode_value, "%s", v ? v : "");
@@ -74,7 +74,7 @@ fsdp_status_t decide(int device, int B, int T, int C, int NH, cudaStream_t s, de
     snprintf(d.text, sizeof d.text, "in-house flash: FSDP_ATTENTION=flash");
   } else {
     char why[600];
-    d.cudnn = cudnn_runs(B, T, C, NH, s, why, sizeof why);
+    d.cudnn = cudnn_runs(B, T, C, NH, why, sizeof why);
     if (!d.cudnn && mode == MODE_CUDNN)
       return fsdp_error(FSDP_ERR_UNSUPPORTED,
                         "attention: FSDP_ATTENTION=cudnn, but cuDNN cannot run B %d, T %d, C %d, "
@@ -89,7 +89,7 @@ fsdp_status_t decide(int device, int B, int T, int C, int NH, cudaStream_t s, de
   return FSDP_SUCCESS;
 }
 
-fsdp_status_t find_or_decide(int B, int T, int C, int NH, cudaStream_t s, decision *out) {
+fsdp_status_t find_or_decide(int B, int T, int C, int NH, decision *out) {
   int device;
   CUDA_CHECK(cudaGetDevice(&device));
   std::lock_guard<std::mutex> guard(choice_lock);
@@ -99,7 +99,7 @@ fsdp_status_t find_or_decide(int B, int T, int C, int NH, cudaStream_t s, decisi
       return FSDP_SUCCESS;
     }
   decision *d;
-  FSDP_TRY(decide(device, B, T, C, NH, s, &d));
+  FSDP_TRY(decide(device, B, T, C, NH, &d));
   *out = *d;
   return FSDP_SUCCESS;
 }
@@ -142,27 +142,26 @@ int fsdp_cudnn_load(const char **text) {
   if (text) *text = kNoCudnn;
   return 0;
 }
-fsdp_status_t fsdp_cudnn_attention_prepare(int B, int T, int C, int NH, cudaStream_t stream) {
-  (void)B, (void)T, (void)C, (void)NH, (void)stream;
+fsdp_status_t fsdp_cudnn_attention_prepare(int B, int T, int C, int NH) {
+  (void)B, (void)T, (void)C, (void)NH;
   return fsdp_error(FSDP_ERR_UNSUPPORTED, "%s", kNoCudnn);
 }
 fsdp_status_t fsdp_cudnn_attention_forward(void *out, float *stats, const void *qkv, int B, int T,
                                            int C, int NH, cudaStream_t stream) {
-  (void)out, (void)stats, (void)qkv;
-  return fsdp_cudnn_attention_prepare(B, T, C, NH, stream);
+  (void)out, (void)stats, (void)qkv, (void)stream;
+  return fsdp_cudnn_attention_prepare(B, T, C, NH);
 }
 fsdp_status_t fsdp_cudnn_attention_backward(void **staged, const void *dout, const void *qkv,
                                             const void *out, const float *stats, int B, int T,
                                             int C, int NH, cudaStream_t stream) {
-  (void)staged, (void)dout, (void)qkv, (void)out, (void)stats;
-  return fsdp_cudnn_attention_prepare(B, T, C, NH, stream);
+  (void)staged, (void)dout, (void)qkv, (void)out, (void)stats, (void)stream;
+  return fsdp_cudnn_attention_prepare(B, T, C, NH);
 }
 #endif
 
-fsdp_status_t fsdp_cuda_attention_pick(int B, int T, int C, int NH, cudaStream_t stream,
-                                       int *use_cudnn) {
+fsdp_status_t fsdp_cuda_attention_pick(int B, int T, int C, int NH, int *use_cudnn) {
   decision d;
-  FSDP_TRY(find_or_decide(B, T, C, NH, stream, &d));
+  FSDP_TRY(find_or_decide(B, T, C, NH, &d));
   *use_cudnn = d.cudnn;
   return FSDP_SUCCESS;
 }
@@ -193,7 +192,7 @@ fsdp_status_t fsdp_cuda_attention_set_mode(const char *value) {
 
 fsdp_status_t fsdp_cuda_attention_impl(fsdp_stream_t stream, fsdp_dtype_t dtype, int B, int T,
                                        int C, int NH, char *buf, size_t len) {
-  CUDA_STREAM(s, stream, "attention_impl");
+  if (!fsdp_stream_cuda_handle(stream)) return fsdp_cuda_refuse("attention_impl", dtype, stream);
   if (!buf || len == 0)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_cuda_attention_impl: no buffer");
   if (dtype == FSDP_F32) {
@@ -202,7 +201,7 @@ fsdp_status_t fsdp_cuda_attention_impl(fsdp_stream_t stream, fsdp_dtype_t dtype,
   }
   if (dtype != FSDP_BF16) return fsdp_cuda_refuse("attention_impl", dtype, stream);
   decision d;
-  FSDP_TRY(find_or_decide(B, T, C, NH, s, &d));
+  FSDP_TRY(find_or_decide(B, T, C, NH, &d));
   snprintf(buf, len, "%s", d.text);
   return FSDP_SUCCESS;
 }

@@ -19,11 +19,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
-#include <vector>
 
 extern "C" {
 #include "core/internal.h"
@@ -105,8 +105,9 @@ std::mutex &lock() {
   static std::mutex &m = *new std::mutex;
   return m;
 }
-std::vector<stream_slot> &slots() {
-  static std::vector<stream_slot> &v = *new std::vector<stream_slot>;
+/* A deque: a slot's address stays valid while others are added. */
+std::deque<stream_slot> &slots() {
+  static std::deque<stream_slot> &v = *new std::deque<stream_slot>;
   return v;
 }
 std::map<shape_key, shape_graphs> &graphs() {
@@ -130,7 +131,10 @@ fsdp_status_t fe_fail(const fe::error_t &e, const char *what, const shape_key &k
     if (fe_try_e_.is_bad()) return fe_fail(fe_try_e_, what, key);                   \
   } while (0)
 
-/* The handle of stream on the current device, made on first use. */
+/* The handle of stream on the current device, made on first use. Graphs are
+ * built with the slot of stream nullptr, which runs nothing: a stream that
+ * only asked which kernel runs (and may be destroyed, its address reused)
+ * gets no handle. */
 fsdp_status_t slot_for(cudaStream_t stream, stream_slot **out) {
   int device;
   cudaError_t e = cudaGetDevice(&device);
@@ -285,15 +289,17 @@ fsdp_status_t check_shape(int B, int T, int C, int NH) {
   return FSDP_SUCCESS;
 }
 
-/* The graphs of this shape, built with slot's handle the first time. */
-fsdp_status_t graphs_for(stream_slot *slot, int B, int T, int C, int NH, shape_graphs **out) {
+/* The graphs of this shape on the current device, built the first time. */
+fsdp_status_t graphs_for(int B, int T, int C, int NH, shape_graphs **out) {
   FSDP_TRY(check_shape(B, T, C, NH));
-  const shape_key k = {slot->device, B, T, NH, C / NH};
+  stream_slot *builder;
+  FSDP_TRY(slot_for(nullptr, &builder));
+  const shape_key k = {builder->device, B, T, NH, C / NH};
   auto it = graphs().find(k);
   if (it == graphs().end()) {
     shape_graphs sg{};
-    FSDP_TRY(build_forward(&sg, slot->handle, k));
-    FSDP_TRY(build_backward(&sg, slot->handle, k));
+    FSDP_TRY(build_forward(&sg, builder->handle, k));
+    FSDP_TRY(build_backward(&sg, builder->handle, k));
     it = graphs().emplace(k, sg).first;
   }
   *out = &it->second;
@@ -328,15 +334,12 @@ extern "C" int fsdp_cudnn_load(const char **text) {
   return load_ok;
 }
 
-extern "C" fsdp_status_t fsdp_cudnn_attention_prepare(int B, int T, int C, int NH,
-                                                      cudaStream_t stream) {
+extern "C" fsdp_status_t fsdp_cudnn_attention_prepare(int B, int T, int C, int NH) {
   if (!fsdp_cudnn_load(nullptr)) return not_loaded();
   try {
     std::lock_guard<std::mutex> guard(lock());
-    stream_slot *slot;
-    FSDP_TRY(slot_for(stream, &slot));
     shape_graphs *sg;
-    return graphs_for(slot, B, T, C, NH, &sg);
+    return graphs_for(B, T, C, NH, &sg);
   } catch (const std::exception &e) {
     return thrown("graphs", e.what());
   }
@@ -354,7 +357,7 @@ extern "C" fsdp_status_t fsdp_cudnn_attention_forward(void *out, float *stats, c
     stream_slot *slot;
     shape_graphs *sg;
     FSDP_TRY(slot_for(stream, &slot));
-    FSDP_TRY(graphs_for(slot, B, T, C, NH, &sg));
+    FSDP_TRY(graphs_for(B, T, C, NH, &sg));
     FSDP_TRY(grow(&slot->workspace, &slot->workspace_bytes, (size_t)sg->fwd_workspace,
                   "cudaMalloc(workspace)"));
     std::unordered_map<int64_t, void *> pack = {
@@ -381,7 +384,7 @@ extern "C" fsdp_status_t fsdp_cudnn_attention_backward(void **staged, const void
     stream_slot *slot;
     shape_graphs *sg;
     FSDP_TRY(slot_for(stream, &slot));
-    FSDP_TRY(graphs_for(slot, B, T, C, NH, &sg));
+    FSDP_TRY(graphs_for(B, T, C, NH, &sg));
     FSDP_TRY(grow(&slot->workspace, &slot->workspace_bytes, (size_t)sg->bwd_workspace,
                   "cudaMalloc(workspace)"));
     FSDP_TRY(grow(&slot->staging, &slot->staging_bytes, (size_t)B * T * 3 * C * 2,

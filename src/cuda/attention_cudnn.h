@@ -11,8 +11,9 @@
  *
  * cuDNN is opened at first use (dlopen: $FSDP_CUDNN_LIBRARY, else
  * libcudnn.so.9 on the library path); libfsdp does not link it. Graphs are
- * built once per (device, B, T, NH, HS) and kept for the process; each
- * (device, stream) pair gets its own cuDNN handle, bound to the stream once,
+ * built once per (device, B, T, NH, HS), with a handle of the device's own
+ * that runs nothing, and kept for the process; each (device, stream) pair
+ * that runs attention gets its own cuDNN handle, bound to the stream once,
  * its workspace and its dqkv staging buffer (cudaMalloc at first use and when
  * a larger shape needs more; the one place besides cuBLAS's handles where an
  * attention call allocates device memory). Thread-safe. */
@@ -38,8 +39,7 @@ extern "C" {
  * cuDNN's reason; any other value is FSDP_ERR_INVALID_ARGUMENT. The same
  * answer for forward and backward, so a backward always reads the stats its
  * own kind of forward wrote. */
-fsdp_status_t fsdp_cuda_attention_pick(int B, int T, int C, int NH, cudaStream_t stream,
-                                       int *use_cudnn);
+fsdp_status_t fsdp_cuda_attention_pick(int B, int T, int C, int NH, int *use_cudnn);
 /* dqkv += the staged gradient cuDNN wrote (n bf16 values each), on stream. */
 fsdp_status_t fsdp_cuda_attention_add_staged(void *dqkv, const void *staged, size_t n,
                                              cudaStream_t stream);
@@ -55,8 +55,8 @@ fsdp_status_t fsdp_cuda_attention_set_mode(const char *mode);
  * process. */
 int fsdp_cudnn_load(const char **text);
 /* Builds (once) the forward and backward graphs of this shape on the current
- * device with the handle of `stream`; an error says why cuDNN refused it. */
-fsdp_status_t fsdp_cudnn_attention_prepare(int B, int T, int C, int NH, cudaStream_t stream);
+ * device; an error says why cuDNN refused it. */
+fsdp_status_t fsdp_cudnn_attention_prepare(int B, int T, int C, int NH);
 /* out and stats written. Pointers device memory, 16-byte aligned. */
 fsdp_status_t fsdp_cudnn_attention_forward(void *out, float *stats, const void *qkv, int B, int T,
                                            int C, int NH, cudaStream_t stream);
