@@ -22,6 +22,9 @@ int bench_kernels_collect(fsdp_engine_t eng, const bench_opts_t *o, int B, int T
     r->hbm_bytes_per_s = c->device == FSDP_DEVICE_CUDA
                              ? bench_cuda_hbm(r->device_name, sizeof r->device_name) : 0.0;
     if (c->device != FSDP_DEVICE_CUDA) snprintf(r->device_name, sizeof r->device_name, "cpu");
+    else
+      BENCH_TRY(fsdp_cuda_attention_impl(fsdp_engine_stream(eng), act, B, T, o->gpt.n_embd,
+                                         o->gpt.n_head, r->attention, sizeof r->attention));
   }
   BENCH_TRY(fsdp_engine_profile_read(eng, t, FSDP_KC_COUNT));
   BENCH_TRY(fsdp_engine_profile(eng, 0));
@@ -64,8 +67,9 @@ void bench_print_kernels(const bench_opts_t *o, const bench_result_t *r) {
   char hbm[64] = "n/a (not in bench_cuda.c's table)";
   if (r->hbm_bytes_per_s > 0)
     snprintf(hbm, sizeof hbm, "%.2f TB/s (datasheet)", r->hbm_bytes_per_s / 1e12);
-  printf("device %s: matrix-product peak %.3f TF/s (measured: the peak: line), HBM %s\n",
-         r->device_name, peak / 1e12, hbm);
+  /* one line: check_bench.py finds the table's rows by their offset */
+  printf("device %s: matrix-product peak %.3f TF/s (measured: the peak: line), HBM %s%s%s\n",
+         r->device_name, peak / 1e12, hbm, r->attention[0] ? "; attention: " : "", r->attention);
   printf("%-30s %8s %9s %7s %10s %9s %8s %8s %-7s %7s\n", "class", "calls", "ms", "share",
          "GFLOP", "GB", "TF/s", "GB/s", "bound", "of peak");
   double ms = 0, flops = 0, bytes = 0;

@@ -21,6 +21,21 @@ static void describe_model(const bench_opts_t *o, char *buf, size_t n) {
   if (k > 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, "-10");
 }
 
+/* What runs GPT-2's attention on the GPU at this run's shape
+ * (fsdp_cuda_attention_impl: cuDNN with its version and path, or the in-house
+ * kernel and why); empty for the CPU and the MLP. The same choice the model's
+ * first attention call takes (made once per process and shape). */
+static void attention_impl(const bench_opts_t *o, char *buf, size_t n) {
+  buf[0] = '\0';
+  if (o->cfg.device != FSDP_DEVICE_CUDA || strcmp(o->model, "gpt2")) return;
+  fsdp_stream_t s = NULL;
+  if (fsdp_stream_create_cuda("bench-attention", 0, &s) != FSDP_SUCCESS ||
+      fsdp_cuda_attention_impl(s, o->cfg.param_dtype, o->micro_batch, o->seq_len, o->gpt.n_embd,
+                               o->gpt.n_head, buf, n) != FSDP_SUCCESS)
+    snprintf(buf, n, "unknown: %s", fsdp_last_error());
+  if (s) fsdp_stream_destroy(s);
+}
+
 void bench_print_header(const bench_opts_t *o, int nranks, const char *backend,
                         const bench_machine_t *m, double peak_rank) {
   char model[160];
@@ -32,6 +47,9 @@ void bench_print_header(const bench_opts_t *o, int nranks, const char *backend,
          o->cfg.device == FSDP_DEVICE_CUDA ? " on cuda" : "", (long long)o->warmup,
          (long long)o->iters, (long long)o->rounds);
   printf("machine: %s | %d cores | %s\n", m->cpu, m->cores, m->blas);
+  char att[640];
+  attention_impl(o, att, sizeof att);
+  if (att[0]) printf("attention: %s\n", att);
   if (peak_rank > 0 && o->cfg.device == FSDP_DEVICE_CUDA)
     printf("peak: %.1f TFLOP/s per rank (cuBLAS %s %lld^3 product on each rank's GPU)\n"
            "MFU = (6 (P - wpe) + 12 L T C) x tokens/s / peak\n\n", peak_rank / 1e12,

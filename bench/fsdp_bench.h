@@ -72,6 +72,7 @@ typedef struct {
   int kc_steps;
   double hbm_bytes_per_s; /* datasheet, by device name (0: unknown) */
   char device_name[128];
+  char attention[640]; /* what ran attention (fsdp_cuda_attention_impl); "" on the CPU */
   double *samples;              /* 6 x cap_samples seconds: step, compute, comm, gather,
                                    reduce, exposed of every timed step of every round */
   int n_samples, cap_samples;

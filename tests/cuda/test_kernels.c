@@ -19,6 +19,7 @@
 
 #include "common/arrays.h"
 #include "common/rng.h"
+#include "backend/cuda/attention_cudnn.h"
 #include "backend/cuda/kernels.h"
 #include "cuda_gate.h"
 #include "backend/compute.h"
@@ -55,6 +56,7 @@ static const char *const kKernels[] = {
     "embedding_forward", "embedding_backward",
     "embedding_forward_bf16", "embedding_backward_bf16", "attention_forward",
     "attention_backward", "attention_forward_bf16", "attention_backward_bf16",
+    "attention_forward_cudnn", "attention_backward_cudnn", "attention_choice",
     "xent", "xent_bf16", "head_forward", "head_backward",
     "head_forward_bf16", "head_backward_bf16", "xent_inplace", "xent_inplace_bf16",
     "adamw_update", "sgd_update",
@@ -64,6 +66,7 @@ static const char *const kKernels[] = {
 static struct {
   double err, tol;
   int cases, failed;
+  char skipped[200]; /* why the row could not run here (not a failure) */
 } table[LEN(kKernels)];
 
 static int kernel_row(const char *kernel) {
@@ -85,6 +88,11 @@ static void check_err(const char *kernel, const char *what, double err, double t
                 what, err, tol, seed);
 }
 
+/* A row that cannot run on this machine, and why (printed in the table). */
+static void skip_row(const char *kernel, const char *why) {
+  snprintf(table[kernel_row(kernel)].skipped, sizeof table[0].skipped, "%s", why);
+}
+
 static char device_line[320]; /* the device and the seed, the table's first line */
 
 static void print_table(FILE *f) {
@@ -96,7 +104,9 @@ static void print_table(FILE *f) {
       snprintf(tol, sizeof tol, "exact");
     else
       snprintf(tol, sizeof tol, "%.0e", table[i].tol);
-    if (!table[i].cases)
+    if (!table[i].cases && table[i].skipped[0])
+      fprintf(f, "%-26s %12s %10s  SKIPPED: %s\n", kKernels[i], "-", "-", table[i].skipped);
+    else if (!table[i].cases)
       fprintf(f, "%-26s %12s %10s  %s\n", kKernels[i], "-", "-", "NOT RUN");
     else
       fprintf(f, "%-26s %12.3g %10s  %s\n", kKernels[i], table[i].err, tol,
@@ -749,9 +759,11 @@ static double flash_err(const float *got, const float *want, const float *mag, s
   return worst;
 }
 
-START_TEST(flash_attention) {
-  rng_seed(seed + 5700 + (uint64_t)_i);
-  const int B = kFlash[_i].B, T = kFlash[_i].T, C = kFlash[_i].C, NH = kFlash[_i].NH;
+/* One bf16 case through the table's entry points, whichever kernel the
+ * attention mode picks, its errors recorded in rows fwd and bwd; adds: also
+ * the add-into contract (a second backward). */
+static void bf16_attention_case(int B, int T, int C, int NH, const char *fwd, const char *bwd,
+                                int adds) {
   const size_t nqkv = (size_t)B * T * 3 * C, no = (size_t)B * T * C,
                natt = (size_t)B * NH * T * T, nlse = (size_t)B * NH * T;
   float *qkv = round_bf16(rand_floats(nqkv, 0, 1), nqkv);
@@ -767,10 +779,10 @@ START_TEST(flash_attention) {
       &(fsdp_attention_forward_args_t){.dt = FSDP_BF16, .out = g_out, .att = g_lse, .qkv = g_qkv,
                                        .B = B, .T = T, .C = C, .NH = NH},
       fs));
-  const fsdp_attention_backward_args_t bwd = {.dt = FSDP_BF16, .dqkv = g_dqkv, .dout = g_dout,
-                                              .qkv = g_qkv, .out = g_out, .att = g_lse, .B = B,
-                                              .T = T, .C = C, .NH = NH};
-  OK(fsdp_cuda_attention_backward(&bwd, fs));
+  const fsdp_attention_backward_args_t bargs = {.dt = FSDP_BF16, .dqkv = g_dqkv, .dout = g_dout,
+                                                .qkv = g_qkv, .out = g_out, .att = g_lse, .B = B,
+                                                .T = T, .C = C, .NH = NH};
+  OK(fsdp_cuda_attention_backward(&bargs, fs));
   fsdp_attention_forward(out, att, qkv, B, T, C, NH);
   float *lse = lse_reference(qkv, B, T, C, NH), *got_lse = back_f32(g_lse, nlse);
   float *got = back_bf16(g_out, no), *got_d = back_bf16(g_dqkv, nqkv);
@@ -785,26 +797,34 @@ START_TEST(flash_attention) {
     worst = isnan(got[i]) ? INFINITY : fmax(worst, fabs((double)got[i] - out[i]));
   for (size_t i = 0; i < nlse; ++i)
     lse_worst = isnan(got_lse[i]) ? INFINITY : fmax(lse_worst, fabs((double)got_lse[i] - lse[i]));
-  check_err("attention_forward_bf16", "out (|error| / max|v|)", worst / vmax, 1.0 / 128);
-  check_err("attention_forward_bf16", "lse (|error|)", lse_worst, 1.0 / 128);
-  check_err("attention_backward_bf16", "dqkv (|error| / (|dqkv| + bf16 bound))",
+  check_err(fwd, "out (|error| / max|v|)", worst / vmax, 1.0 / 128);
+  check_err(fwd, "lse (|error|)", lse_worst, 1.0 / 128);
+  check_err(bwd, "dqkv (|error| / (|dqkv| + bf16 bound))",
             flash_err(got_d, dqkv, mag, nqkv), TOL_BF16);
-  if (T < 1024) { /* the add-into contract: dqkv += the gradient again */
-    OK(fsdp_cuda_attention_backward(&bwd, fs));
+  if (adds) { /* the add-into contract: dqkv += the gradient again */
+    OK(fsdp_cuda_attention_backward(&bargs, fs));
     float *got2 = back_bf16(g_dqkv, nqkv);
     for (size_t i = 0; i < nqkv; ++i) dqkv[i] *= 2.0f, mag[i] *= 2.0f;
-    check_err("attention_backward_bf16", "dqkv after a second backward (adds into it)",
+    check_err(bwd, "dqkv after a second backward (adds into it)",
               flash_err(got2, dqkv, mag, nqkv), TOL_BF16);
     free(got2);
   }
   free(qkv), free(dout), free(dqkv), free(out), free(att), free(got), free(got_d), free(lse),
       free(got_lse), free(mag);
 }
+
+START_TEST(flash_attention) {
+  rng_seed(seed + 5700 + (uint64_t)_i);
+  OK(fsdp_cuda_attention_set_mode("flash")); /* the in-house kernel, cuDNN or not */
+  bf16_attention_case(kFlash[_i].B, kFlash[_i].T, kFlash[_i].C, kFlash[_i].NH,
+                      "attention_forward_bf16", "attention_backward_bf16", kFlash[_i].T < 1024);
+}
 END_TEST
 
 /* Head sizes the kernel has no tiles for, and misaligned tensors: refused by
  * name before anything is launched. */
 START_TEST(flash_attention_refuses) {
+  OK(fsdp_cuda_attention_set_mode("flash")); /* cuDNN takes head size 144 */
   uint16_t *buf = dev_alloc(3 * 4 * 160 * 2 * 2);
   float *lse = dev_alloc(4 * 4 * 4);
   fsdp_attention_forward_args_t fwd = {.dt = FSDP_BF16, .out = buf, .att = lse, .qkv = buf,
@@ -826,6 +846,69 @@ START_TEST(flash_attention_refuses) {
   fwd.out = buf, fwd.C = 30, fwd.NH = 4;
   ck_assert_int_eq(fsdp_cuda_attention_forward(&fwd, fs), FSDP_ERR_INVALID_ARGUMENT);
   ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "multiple of the 4 heads"));
+}
+END_TEST
+
+/* cuDNN's fused attention (attention_cudnn.cpp) against the same references
+ * and bounds as the flash kernel: bf16 products with fp32 softmax and
+ * accumulation, so the same error budget. Small shapes (T not a multiple of
+ * any tile, T = 1, head sizes 16, 32, 64) and GPT-2's production layer at
+ * batch 2 (T 1024, 12 heads of 64). Skipped, named in the table, where
+ * cuDNN does not load (the simulator has none). */
+static const struct { int B, T, C, NH; } kCudnn[] = {
+    {2, 65, 96, 3}, {1, 1, 128, 2}, {3, 77, 192, 3}, {1, 130, 32, 2}, {2, 1024, 768, 12},
+};
+
+START_TEST(cudnn_attention) {
+  const char *why = NULL;
+  if (!fsdp_cudnn_load(&why)) {
+    skip_row("attention_forward_cudnn", why);
+    skip_row("attention_backward_cudnn", why);
+    return;
+  }
+  rng_seed(seed + 5800 + (uint64_t)_i);
+  const int B = kCudnn[_i].B, T = kCudnn[_i].T, C = kCudnn[_i].C, NH = kCudnn[_i].NH;
+  OK(fsdp_cuda_attention_set_mode("cudnn")); /* a shape cuDNN refuses fails, not falls back */
+  char impl[512];
+  OK(fsdp_cuda_attention_impl(fs, FSDP_BF16, B, T, C, NH, impl, sizeof impl));
+  ck_assert_msg(!strncmp(impl, "cudnn 9.", 8) && strchr(impl, '/'),
+                "cuDNN is open but the shape reports %s", impl);
+  bf16_attention_case(B, T, C, NH, "attention_forward_cudnn", "attention_backward_cudnn", 1);
+}
+END_TEST
+
+/* The choice itself, wherever it runs: an unknown mode is refused; cuDNN
+ * forced on a shape it cannot run (head size 20: cuDNN needs a multiple of
+ * 8; or no cuDNN at all) is an error naming FSDP_ATTENTION and cuDNN's
+ * reason, never a silent fallback; in auto mode the report names cuDNN with
+ * its version and path or the in-house kernel with a reason, and f32 names
+ * the probabilities kernel. */
+START_TEST(attention_choice) {
+  uint16_t *buf = dev_alloc(3 * 4 * 40 * 2);
+  float *lse = dev_alloc(2 * 4 * 4);
+  ck_assert_int_eq(fsdp_cuda_attention_set_mode("fast"), FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "fast"));
+  OK(fsdp_cuda_attention_set_mode("cudnn"));
+  ck_assert_int_eq(fsdp_cuda_attention_forward(
+                       &(fsdp_attention_forward_args_t){.dt = FSDP_BF16, .out = buf, .att = lse,
+                                                        .qkv = buf, .B = 1, .T = 4, .C = 40,
+                                                        .NH = 2},
+                       fs),
+                   FSDP_ERR_UNSUPPORTED);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "FSDP_ATTENTION=cudnn"));
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "cuDNN"));
+  OK(fsdp_cuda_attention_set_mode("auto"));
+  char impl[512];
+  OK(fsdp_cuda_attention_impl(fs, FSDP_BF16, 2, 64, 128, 2, impl, sizeof impl));
+  const char *why = NULL;
+  if (fsdp_cudnn_load(&why))
+    ck_assert_msg(!strncmp(impl, "cudnn 9.", 8), "cuDNN loads but auto picked: %s", impl);
+  else
+    ck_assert_msg(!strncmp(impl, "in-house flash: ", 16) && strstr(impl, why),
+                  "without cuDNN (%s) auto reported: %s", why, impl);
+  OK(fsdp_cuda_attention_impl(fs, FSDP_F32, 2, 64, 128, 2, impl, sizeof impl));
+  ck_assert_ptr_nonnull(strstr(impl, "fp32"));
+  check_err("attention_choice", "the choice's refusals and reports", 0.0, TOL_EXACT);
 }
 END_TEST
 
@@ -1293,9 +1376,16 @@ static Suite *kernels_big_suite(void) {
 
 /* ---- the suite ---- */
 
+/* Before every test, failed ones too: no device buffers, attention's choice
+ * back to auto (cleared). */
+static void fresh_test(void) {
+  dev_free_all();
+  ck_assert_int_eq(fsdp_cuda_attention_set_mode("auto"), FSDP_SUCCESS);
+}
+
 static void add_test(Suite *s, const char *name, const TTest *test, int n) {
   TCase *tc = tcase_create(name);
-  tcase_add_checked_fixture(tc, dev_free_all, NULL);
+  tcase_add_checked_fixture(tc, fresh_test, NULL);
   tcase_set_timeout(tc, 300);
   tcase_add_loop_test(tc, test, 0, n);
   suite_add_tcase(s, tc);
@@ -1311,6 +1401,8 @@ static Suite *kernels_suite(void) {
   add_test(s, "attention", attention, LEN(kAttention));
   add_test(s, "flash_attention", flash_attention, LEN(kFlash));
   add_test(s, "flash_attention_refuses", flash_attention_refuses, 1);
+  add_test(s, "cudnn_attention", cudnn_attention, LEN(kCudnn));
+  add_test(s, "attention_choice", attention_choice, 1);
   add_test(s, "attention_heads", attention_rejects_uneven_heads, 1);
   add_test(s, "table_refusals", table_refusals, 1);
   add_test(s, "xent", xent, LEN(kXent));
@@ -1367,6 +1459,7 @@ int main(void) {
   print_table(stdout);
   failed += write_report();
   if (!big_mode()) /* the big shapes check a few kernels only */
-    for (int i = 0; i < LEN(kKernels); ++i) failed += !table[i].cases; /* a kernel left unchecked */
+    for (int i = 0; i < LEN(kKernels); ++i) /* a kernel left unchecked */
+      failed += !table[i].cases && !table[i].skipped[0];
   return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -1,12 +1,14 @@
 /* src/backend/cuda/attention.cu — causal multi-head self-attention, forward and
  * backward, behind the table's one entry point per op: fp32 keeps the
- * probabilities, bf16 is the fused flash kernel (flash.cu), which keeps only
- * the log-sum-exp. fp32: the score and value products of each batch row are
+ * probabilities, bf16 is cuDNN's fused attention where it runs the shape
+ * (attention_cudnn.cpp, chosen in attention_choice.cu), else the fused flash
+ * kernel (flash.cu); both keep only the log-sum-exp. fp32: the score and value products of each batch row are
  * one strided-batched cuBLAS call over its NH heads (the heads of a row are
  * hs columns apart; batch rows are not a uniform stride away from them, hence
  * one call per b); softmax and its backward are warp-per-row kernels. The
  * full (T,T) score block is computed, the masked upper triangle included, and
  * the softmax writes it as 0, as the CPU's att holds. */
+#include "backend/cuda/attention_cudnn.h"
 #include "backend/cuda/cuda_internal.cuh"
 
 #define ATT_WARPS 8 /* rows per block */
@@ -145,10 +147,14 @@ fsdp_status_t fsdp_cuda_attention_forward(const fsdp_attention_forward_args_t *a
                                           fsdp_stream_t stream) {
   return fsdp_cuda_dispatch("attention_forward", a->dt, stream, [&](auto *tag, cudaStream_t s) {
     STORAGE(tag);
-    if constexpr (std::is_same<S, bf16>::value)
+    if constexpr (std::is_same<S, bf16>::value) {
+      int cudnn = 0; /* cuDNN's fused attention where it runs the shape (attention_choice.cu) */
+      FSDP_TRY(fsdp_cuda_attention_pick(a->B, a->T, a->C, a->NH, &cudnn));
+      if (cudnn)
+        return fsdp_cudnn_attention_forward(a->out, a->att, a->qkv, a->B, a->T, a->C, a->NH, s);
       return fsdp_cuda_flash_forward(as<S>(a->out), a->att, as<S>(a->qkv), a->B, a->T, a->C,
                                      a->NH, s);
-    else
+    } else
       return probs_forward(as<S>(a->out), a->att, as<S>(a->qkv), a->B, a->T, a->C, a->NH, s);
   });
 }
@@ -157,10 +163,18 @@ fsdp_status_t fsdp_cuda_attention_backward(const fsdp_attention_backward_args_t 
                                            fsdp_stream_t stream) {
   return fsdp_cuda_dispatch("attention_backward", a->dt, stream, [&](auto *tag, cudaStream_t s) {
     STORAGE(tag);
-    if constexpr (std::is_same<S, bf16>::value)
+    if constexpr (std::is_same<S, bf16>::value) {
+      int cudnn = 0; /* as forward chose, so att holds the stats this path wrote */
+      FSDP_TRY(fsdp_cuda_attention_pick(a->B, a->T, a->C, a->NH, &cudnn));
+      if (cudnn) {
+        void *staged = nullptr; /* cuDNN writes the gradient; the table's backward adds it */
+        FSDP_TRY(fsdp_cudnn_attention_backward(&staged, a->dout, a->qkv, a->out, a->att, a->B,
+                                               a->T, a->C, a->NH, s));
+        return fsdp_cuda_attention_add_staged(a->dqkv, staged, (size_t)a->B * a->T * 3 * a->C, s);
+      }
       return fsdp_cuda_flash_backward(as<S>(a->dqkv), as<S>(a->dout), as<S>(a->qkv),
                                       as<S>(a->out), a->att, a->B, a->T, a->C, a->NH, s);
-    else
+    } else
       return probs_backward(as<S>(a->dqkv), static_cast<float *>(a->scratch), as<S>(a->dout),
                             as<S>(a->qkv), a->att, a->B, a->T, a->C, a->NH, s);
   });

@@ -1,0 +1,207 @@
+/* src/backend/cuda/attention_choice.cu — which kernel runs bf16 attention: cuDNN's
+ * fused SDPA (attention_cudnn.cpp) where it loads and builds the shape, else
+ * the in-house flash kernel (flash.cu); decided once per process, device and
+ * shape, and said in words (fsdp_cuda_attention_impl). Also the pass that adds
+ * cuDNN's staged dqkv into the caller's (the table's backward adds, cuDNN
+ * writes). Built in every CUDA build; FSDP_HAVE_CUDNN (src/backend/cuda/meson.build)
+ * says whether attention_cudnn.cpp is in it: not where its headers were
+ * missing at configure time, nor under the simulator, where the cuDNN entry
+ * points are defined here as unavailable. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <mutex>
+#include <vector>
+
+#include "backend/cuda/attention_cudnn.h"
+#include "backend/cuda/cuda_internal.cuh"
+#include "fsdp/device.h"
+
+#ifndef FSDP_HAVE_CUDNN
+#define FSDP_HAVE_CUDNN 0
+#endif
+
+namespace {
+
+enum attention_mode { MODE_AUTO, MODE_FLASH, MODE_CUDNN, MODE_BAD };
+
+struct decision {
+  int device, B, T, C, NH;
+  bool cudnn;
+  char text[640]; /* "cudnn 9.x.y (path)" or "in-house flash: why" */
+};
+
+std::mutex choice_lock;
+std::vector<decision> decisions;
+bool mode_read;
+int mode;
+char mode_value[64]; /* what FSDP_ATTENTION said, for the error */
+
+int parse_mode(const char *v) {
+  if (!v || !*v || !strcmp(v, "auto")) return MODE_AUTO;
+  if (!strcmp(v, "flash")) return MODE_FLASH;
+  if (!strcmp(v, "cudnn")) return MODE_CUDNN;
+  return MODE_BAD;
+}
+
+/* Whether cuDNN runs the shape; its text (version and path) or why not in text. */
+bool cudnn_runs(int B, int T, int C, int NH, char *text, size_t len) {
+  const char *load_text = nullptr;
+  if (!fsdp_cudnn_load(&load_text)) {
+    snprintf(text, len, "%s", load_text);
+    return false;
+  }
+  if (fsdp_cudnn_attention_prepare(B, T, C, NH) != FSDP_SUCCESS) {
+    snprintf(text, len, "%s", fsdp_last_error());
+    return false;
+  }
+  snprintf(text, len, "%s", load_text);
+  return true;
+}
+
+fsdp_status_t decide(int device, int B, int T, int C, int NH, decision **out) {
+  if (!mode_read) {
+    const char *v = getenv("FSDP_ATTENTION");
+    snprintf(mode_value, sizeof mode_value, "%s", v ? v : "");
+    mode = parse_mode(v);
+    mode_read = true;
+  }
+  if (mode == MODE_BAD)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "FSDP_ATTENTION=%s: expected flash, cudnn or auto (unset)", mode_value);
+  decision d = {device, B, T, C, NH, false, ""};
+  if (mode == MODE_FLASH) {
+    snprintf(d.text, sizeof d.text, "in-house flash: FSDP_ATTENTION=flash");
+  } else {
+    char why[600];
+    d.cudnn = cudnn_runs(B, T, C, NH, why, sizeof why);
+    if (!d.cudnn && mode == MODE_CUDNN)
+      return fsdp_error(FSDP_ERR_UNSUPPORTED,
+                        "attention: FSDP_ATTENTION=cudnn, but cuDNN cannot run B %d, T %d, C %d, "
+                        "NH %d: %s",
+                        B, T, C, NH, why);
+    snprintf(d.text, sizeof d.text, d.cudnn ? "%s" : "in-house flash: %s", why);
+  }
+  fsdp_log(FSDP_LOG_INFO, "attention on device %d, B %d, T %d, C %d, NH %d, bf16: %s", device, B,
+           T, C, NH, d.text);
+  decisions.push_back(d);
+  *out = &decisions.back();
+  return FSDP_SUCCESS;
+}
+
+fsdp_status_t find_or_decide(int B, int T, int C, int NH, decision *out) {
+  int device;
+  CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> guard(choice_lock);
+  for (const decision &d : decisions)
+    if (d.device == device && d.B == B && d.T == T && d.C == C && d.NH == NH) {
+      *out = d;
+      return FSDP_SUCCESS;
+    }
+  decision *d;
+  FSDP_TRY(decide(device, B, T, C, NH, &d));
+  *out = *d;
+  return FSDP_SUCCESS;
+}
+
+template <int W>
+__global__ void add_staged_kernel(bf16 *y, const bf16 *x, size_t packs) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < packs;
+       i += (size_t)gridDim.x * blockDim.x) {
+    float a[W], b[W];
+    vload<W>(a, y + i * W);
+    vload<W>(b, x + i * W);
+    for (int j = 0; j < W; ++j) a[j] += b[j];
+    vstore<W>(y + i * W, a);
+  }
+}
+
+template <int W> fsdp_status_t add_staged(bf16 *y, const bf16 *x, size_t n, cudaStream_t s) {
+  const size_t packs = n / W;
+  if (packs == 0) return FSDP_SUCCESS;
+  FSDP_LAUNCH(add_staged_kernel<W>, fsdp_grid(packs, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, s, y, x,
+              packs);
+  LAUNCH_CHECK();
+  return FSDP_SUCCESS;
+}
+
+} // namespace
+
+#if !FSDP_HAVE_CUDNN
+/* attention_cudnn.cpp is not in this build: cuDNN never loads, so it is never
+ * picked, and a direct call says why. */
+static const char kNoCudnn[] =
+#ifdef FSDP_CUDA_SIM
+    "cuDNN not built: the simulator has none";
+#else
+    "cuDNN not built: the cuDNN frontend or cudnn.h was not found at configure time "
+    "(scripts/cudnn-headers.sh)";
+#endif
+
+int fsdp_cudnn_load(const char **text) {
+  if (text) *text = kNoCudnn;
+  return 0;
+}
+fsdp_status_t fsdp_cudnn_attention_prepare(int B, int T, int C, int NH) {
+  (void)B, (void)T, (void)C, (void)NH;
+  return fsdp_error(FSDP_ERR_UNSUPPORTED, "%s", kNoCudnn);
+}
+fsdp_status_t fsdp_cudnn_attention_forward(void *out, float *stats, const void *qkv, int B, int T,
+                                           int C, int NH, cudaStream_t stream) {
+  (void)out, (void)stats, (void)qkv, (void)stream;
+  return fsdp_cudnn_attention_prepare(B, T, C, NH);
+}
+fsdp_status_t fsdp_cudnn_attention_backward(void **staged, const void *dout, const void *qkv,
+                                            const void *out, const float *stats, int B, int T,
+                                            int C, int NH, cudaStream_t stream) {
+  (void)staged, (void)dout, (void)qkv, (void)out, (void)stats, (void)stream;
+  return fsdp_cudnn_attention_prepare(B, T, C, NH);
+}
+#endif
+
+fsdp_status_t fsdp_cuda_attention_pick(int B, int T, int C, int NH, int *use_cudnn) {
+  decision d;
+  FSDP_TRY(find_or_decide(B, T, C, NH, &d));
+  *use_cudnn = d.cudnn;
+  return FSDP_SUCCESS;
+}
+
+fsdp_status_t fsdp_cuda_attention_add_staged(void *dqkv, const void *staged, size_t n,
+                                             cudaStream_t stream) {
+  bf16 *y = as<bf16>(dqkv);
+  const bf16 *x = as<bf16>(staged);
+  if (aligned16(y) && aligned16(x)) {
+    const size_t head = n - n % pack_width<bf16>();
+    FSDP_TRY(add_staged<pack_width<bf16>()>(y, x, head, stream));
+    return add_staged<1>(y + head, x + head, n - head, stream);
+  }
+  return add_staged<1>(y, x, n, stream);
+}
+
+fsdp_status_t fsdp_cuda_attention_set_mode(const char *value) {
+  const int m = parse_mode(value);
+  if (m == MODE_BAD)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "attention mode %s: expected flash, cudnn or "
+                      "auto", value);
+  std::lock_guard<std::mutex> guard(choice_lock);
+  mode = m;
+  mode_read = true;
+  decisions.clear();
+  return FSDP_SUCCESS;
+}
+
+fsdp_status_t fsdp_cuda_attention_impl(fsdp_stream_t stream, fsdp_dtype_t dtype, int B, int T,
+                                       int C, int NH, char *buf, size_t len) {
+  if (!fsdp_stream_cuda_handle(stream)) return fsdp_cuda_refuse("attention_impl", dtype, stream);
+  if (!buf || len == 0)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_cuda_attention_impl: no buffer");
+  if (dtype == FSDP_F32) {
+    snprintf(buf, len, "in-house fp32: probabilities kept (cuDNN runs bf16 only)");
+    return FSDP_SUCCESS;
+  }
+  if (dtype != FSDP_BF16) return fsdp_cuda_refuse("attention_impl", dtype, stream);
+  decision d;
+  FSDP_TRY(find_or_decide(B, T, C, NH, &d));
+  snprintf(buf, len, "%s", d.text);
+  return FSDP_SUCCESS;
+}

@@ -1,0 +1,410 @@
+/* src/backend/cuda/attention_cudnn.cpp — bf16 causal attention through cuDNN's fused
+ * flash SDPA, forward (keeping the softmax stats) and backward, with the cuDNN
+ * frontend's graph API (header-only C++, pinned by scripts/cudnn-headers.sh).
+ * The frontend's dynamic loading resolves every cuDNN call with dlsym on the
+ * handle opened here, so libfsdp has no DT_NEEDED on libcudnn. Host code only
+ * (the host C++ compiler); attention_cudnn.h documents the contract.
+ *
+ * Why graphs per shape: building one (operation graph, heuristics, plan) takes
+ * tens to hundreds of milliseconds; executing one is an enqueue. The cache
+ * and the per-stream handles are deliberately never destroyed: a frontend
+ * graph destroyed by a static destructor after the CUDA runtime has gone
+ * would call into a dead cuDNN at exit. */
+#define NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING
+#include <cudnn_frontend.h>
+#include <dlfcn.h>
+#include <link.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+extern "C" {
+#include "core/internal.h"
+}
+#include "backend/cuda/attention_cudnn.h"
+
+/* The library the frontend's dynamic loading takes every symbol from. */
+namespace cudnn_frontend {
+void *cudnn_dlhandle = nullptr;
+}
+
+namespace fe = cudnn_frontend;
+
+namespace {
+
+/* The variant pack's tensor ids. */
+enum : int64_t { UID_Q = 1, UID_K, UID_V, UID_O, UID_STATS, UID_DO, UID_DQ, UID_DK, UID_DV };
+
+const size_t kMinVersion = 90000; /* cuDNN 9.0.0: flash SDPA forward and backward in bf16 */
+
+/* ---- opening cuDNN ---- */
+
+std::once_flag load_once;
+bool load_ok;
+char load_text[640];
+
+void load(void) {
+  const char *env = getenv("FSDP_CUDNN_LIBRARY");
+  const char *name = env && *env ? env : "libcudnn.so.9";
+  void *lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    snprintf(load_text, sizeof load_text, "cuDNN not found: cannot open %s: %s (install cuDNN 9 "
+             "for CUDA 13, e.g. the nvidia-cudnn-cu13 wheel, and put its lib directory on "
+             "LD_LIBRARY_PATH, or set FSDP_CUDNN_LIBRARY to the library's path)", name, dlerror());
+    return;
+  }
+  const char *path = name;
+  struct link_map *map = nullptr;
+  if (dlinfo(lib, RTLD_DI_LINKMAP, &map) == 0 && map && map->l_name && *map->l_name)
+    path = map->l_name;
+  fe::cudnn_dlhandle = lib;
+  size_t v = 0;
+  try {
+    v = fe::detail::get_backend_version();
+  } catch (const std::exception &e) {
+    snprintf(load_text, sizeof load_text, "cuDNN at %s is not usable: %s", path, e.what());
+    return;
+  }
+  if (v < kMinVersion) {
+    snprintf(load_text, sizeof load_text, "cuDNN at %s is version %zu.%zu.%zu; fused attention "
+             "needs 9.0.0 or newer", path, v / 10000, v % 10000 / 100, v % 100);
+    return;
+  }
+  snprintf(load_text, sizeof load_text, "cudnn %zu.%zu.%zu (%s)", v / 10000, v % 10000 / 100,
+           v % 100, path);
+  load_ok = true;
+}
+
+/* ---- per-stream handles and buffers, per-shape graphs ---- */
+
+struct stream_slot {
+  int device;
+  cudaStream_t stream;
+  cudnnHandle_t handle; /* bound to stream once, at creation */
+  void *workspace;      /* the largest workspace a graph run on this stream needed */
+  size_t workspace_bytes;
+  void *staging; /* backward's dqkv, (B,T,3C) bf16 of the largest shape so far */
+  size_t staging_bytes;
+};
+
+struct shape_graphs {
+  std::shared_ptr<fe::graph::Graph> fwd, bwd;
+  int64_t fwd_workspace, bwd_workspace;
+};
+
+typedef std::array<int, 5> shape_key; /* device, B, T, NH, HS */
+
+std::mutex &lock() {
+  static std::mutex &m = *new std::mutex;
+  return m;
+}
+/* A deque: a slot's address stays valid while others are added. */
+std::deque<stream_slot> &slots() {
+  static std::deque<stream_slot> &v = *new std::deque<stream_slot>;
+  return v;
+}
+std::map<shape_key, shape_graphs> &graphs() {
+  static std::map<shape_key, shape_graphs> &m = *new std::map<shape_key, shape_graphs>;
+  return m;
+}
+
+fsdp_status_t cuda_fail(cudaError_t e, const char *what) {
+  return fsdp_error(e == cudaErrorMemoryAllocation ? FSDP_ERR_OUT_OF_MEMORY : FSDP_ERR_SYSTEM,
+                    "cuDNN attention: %s: %s", what, cudaGetErrorString(e));
+}
+
+fsdp_status_t fe_fail(const fe::error_t &e, const char *what, const shape_key &k) {
+  return fsdp_error(FSDP_ERR_UNSUPPORTED, "cuDNN attention %s (B %d, T %d, %d heads of %d): %s",
+                    what, k[1], k[2], k[3], k[4], e.err_msg.c_str());
+}
+
+#define FE_TRY(expr, what, key)                                                     \
+  do {                                                                              \
+    const fe::error_t fe_try_e_ = (expr);                                           \
+    if (fe_try_e_.is_bad()) return fe_fail(fe_try_e_, what, key);                   \
+  } while (0)
+
+/* The handle of stream on the current device, made on first use. Graphs are
+ * built with the slot of stream nullptr, which runs nothing: a stream that
+ * only asked which kernel runs (and may be destroyed, its address reused)
+ * gets no handle. */
+fsdp_status_t slot_for(cudaStream_t stream, stream_slot **out) {
+  int device;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) return cuda_fail(e, "cudaGetDevice");
+  for (stream_slot &s : slots())
+    if (s.device == device && s.stream == stream) {
+      *out = &s;
+      return FSDP_SUCCESS;
+    }
+  cudnnHandle_t h = nullptr;
+  cudnnStatus_t st = fe::detail::create_handle(&h);
+  if (st == CUDNN_STATUS_SUCCESS) {
+    st = fe::detail::set_stream(h, stream);
+    if (st != CUDNN_STATUS_SUCCESS) fe::detail::destroy_handle(h);
+  }
+  if (st != CUDNN_STATUS_SUCCESS)
+    return fsdp_error(FSDP_ERR_UNSUPPORTED, "cuDNN attention: a handle for device %d: %s", device,
+                      fe::detail::get_error_string(st));
+  slots().push_back(stream_slot{device, stream, h, nullptr, 0, nullptr, 0});
+  *out = &slots().back();
+  return FSDP_SUCCESS;
+}
+
+/* *buf holds at least need bytes. The old buffer may still be read by work
+ * queued on the stream: cudaFree waits for the device first. */
+fsdp_status_t grow(void **buf, size_t *have, size_t need, const char *what) {
+  if (need <= *have) return FSDP_SUCCESS;
+  if (*buf) {
+    cudaError_t e = cudaFree(*buf);
+    *buf = nullptr, *have = 0;
+    if (e != cudaSuccess) return cuda_fail(e, what);
+  }
+  cudaError_t e = cudaMalloc(buf, need);
+  if (e != cudaSuccess) {
+    *buf = nullptr;
+    return cuda_fail(e, what);
+  }
+  *have = need;
+  return FSDP_SUCCESS;
+}
+
+typedef std::shared_ptr<fe::graph::Tensor_attributes> tensor_t;
+
+/* A (B,NH,T,HS) bf16 view of rows ld elements apart, head h at column h*HS. */
+tensor_t heads(fe::graph::Graph &g, const char *name, int64_t uid, const shape_key &k, int64_t ld) {
+  const int64_t B = k[1], T = k[2], NH = k[3], HS = k[4];
+  return g.tensor(fe::graph::Tensor_attributes()
+                      .set_name(name)
+                      .set_uid(uid)
+                      .set_dim({B, NH, T, HS})
+                      .set_stride({T * ld, HS, ld, 1}));
+}
+
+void set_heads(const tensor_t &t, int64_t uid, const shape_key &k, int64_t ld) {
+  const int64_t B = k[1], T = k[2], NH = k[3], HS = k[4];
+  t->set_output(true).set_uid(uid).set_dim({B, NH, T, HS}).set_stride({T * ld, HS, ld, 1});
+}
+
+/* (B,NH,T,1) fp32: one log-sum-exp per query row. */
+fe::graph::Tensor_attributes stats_attributes(const shape_key &k) {
+  const int64_t B = k[1], T = k[2], NH = k[3];
+  return fe::graph::Tensor_attributes()
+      .set_name("stats")
+      .set_uid(UID_STATS)
+      .set_data_type(fe::DataType_t::FLOAT)
+      .set_dim({B, NH, T, 1})
+      .set_stride({NH * T, T, 1, 1});
+}
+
+std::shared_ptr<fe::graph::Graph> new_graph(void) {
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(fe::DataType_t::BFLOAT16)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  return g;
+}
+
+/* Validated, lowered, one plan from heuristics mode A built, its workspace read. */
+fsdp_status_t finish(fe::graph::Graph &g, cudnnHandle_t h, const char *what, const shape_key &k,
+                     int64_t *workspace) {
+  FE_TRY(g.validate(), what, k);
+  FE_TRY(g.build_operation_graph(h), what, k);
+  FE_TRY(g.create_execution_plans({fe::HeurMode_t::A}), what, k);
+  FE_TRY(g.check_support(), what, k);
+  FE_TRY(g.build_plans(), what, k);
+  FE_TRY(g.get_workspace_size(*workspace), what, k);
+  return FSDP_SUCCESS;
+}
+
+float scale_of(const shape_key &k) { return 1.0f / sqrtf((float)k[4]); }
+
+fsdp_status_t build_forward(shape_graphs *sg, cudnnHandle_t h, const shape_key &k) {
+  const int64_t C = (int64_t)k[3] * k[4];
+  auto g = new_graph();
+  tensor_t q = heads(*g, "q", UID_Q, k, 3 * C), kk = heads(*g, "k", UID_K, k, 3 * C),
+           v = heads(*g, "v", UID_V, k, 3 * C);
+  auto opts = fe::graph::SDPA_attributes()
+                  .set_name("attention_forward")
+                  .set_generate_stats(true)
+                  .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+                  .set_diagonal_band_right_bound(0) /* causal: no key after the query */
+                  .set_attn_scale(scale_of(k));
+  auto [o, stats] = g->sdpa(q, kk, v, opts);
+  set_heads(o, UID_O, k, C);
+  const int64_t B = k[1], T = k[2], NH = k[3];
+  stats->set_output(true)
+      .set_uid(UID_STATS)
+      .set_data_type(fe::DataType_t::FLOAT)
+      .set_dim({B, NH, T, 1})
+      .set_stride({NH * T, T, 1, 1});
+  FSDP_TRY(finish(*g, h, "forward", k, &sg->fwd_workspace));
+  sg->fwd = g;
+  return FSDP_SUCCESS;
+}
+
+/* Deterministic (dQ without atomics, as every fsdp kernel but the embedding's
+ * scatter) where this cuDNN has it for the shape, else cuDNN's atomic dQ. */
+fsdp_status_t build_backward(shape_graphs *sg, cudnnHandle_t h, const shape_key &k) {
+  const int64_t C = (int64_t)k[3] * k[4];
+  fsdp_status_t st = FSDP_SUCCESS;
+  for (int deterministic = 1; deterministic >= 0; --deterministic) {
+    auto g = new_graph();
+    tensor_t q = heads(*g, "q", UID_Q, k, 3 * C), kk = heads(*g, "k", UID_K, k, 3 * C),
+             v = heads(*g, "v", UID_V, k, 3 * C), o = heads(*g, "o", UID_O, k, C),
+             dout = heads(*g, "dout", UID_DO, k, C), stats = g->tensor(stats_attributes(k));
+    auto opts = fe::graph::SDPA_backward_attributes()
+                    .set_name("attention_backward")
+                    .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+                    .set_diagonal_band_right_bound(0)
+                    .set_attn_scale(scale_of(k))
+                    .set_deterministic_algorithm(deterministic != 0);
+    auto [dq, dk, dv] = g->sdpa_backward(q, kk, v, o, dout, stats, opts);
+    set_heads(dq, UID_DQ, k, 3 * C);
+    set_heads(dk, UID_DK, k, 3 * C);
+    set_heads(dv, UID_DV, k, 3 * C);
+    st = finish(*g, h, "backward", k, &sg->bwd_workspace);
+    if (st == FSDP_SUCCESS) {
+      if (!deterministic)
+        fsdp_log(FSDP_LOG_INFO, "cuDNN attention backward (B %d, T %d, %d heads of %d): no "
+                 "deterministic plan, dQ is accumulated with atomics", k[1], k[2], k[3], k[4]);
+      sg->bwd = g;
+      return FSDP_SUCCESS;
+    }
+  }
+  return st;
+}
+
+fsdp_status_t check_shape(int B, int T, int C, int NH) {
+  if (B <= 0 || T <= 0 || NH <= 0 || C <= 0 || C % NH != 0)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "cuDNN attention: B %d, T %d, C %d, NH %d: "
+                      "positive sizes with C a multiple of NH expected", B, T, C, NH);
+  return FSDP_SUCCESS;
+}
+
+/* The graphs of this shape on the current device, built the first time. */
+fsdp_status_t graphs_for(int B, int T, int C, int NH, shape_graphs **out) {
+  FSDP_TRY(check_shape(B, T, C, NH));
+  stream_slot *builder;
+  FSDP_TRY(slot_for(nullptr, &builder));
+  const shape_key k = {builder->device, B, T, NH, C / NH};
+  auto it = graphs().find(k);
+  if (it == graphs().end()) {
+    shape_graphs sg{};
+    FSDP_TRY(build_forward(&sg, builder->handle, k));
+    FSDP_TRY(build_backward(&sg, builder->handle, k));
+    it = graphs().emplace(k, sg).first;
+  }
+  *out = &it->second;
+  return FSDP_SUCCESS;
+}
+
+fsdp_status_t check_aligned(const void *const *ptrs, const char *const *names, int n) {
+  for (int i = 0; i < n; ++i)
+    if ((uintptr_t)ptrs[i] % 16)
+      return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                        "cuDNN attention: %s at %p is not 16-byte aligned", names[i], ptrs[i]);
+  return FSDP_SUCCESS;
+}
+
+fsdp_status_t not_loaded(void) {
+  return fsdp_error(FSDP_ERR_UNSUPPORTED, "cuDNN attention: %s", load_text);
+}
+
+fsdp_status_t thrown(const char *what, const char *msg) {
+  return fsdp_error(FSDP_ERR_UNSUPPORTED, "cuDNN attention %s: %s", what, msg);
+}
+
+void *at(const void *base, size_t elems) { /* bf16 element offset */
+  return const_cast<char *>(static_cast<const char *>(base)) + 2 * elems;
+}
+
+} // namespace
+
+extern "C" int fsdp_cudnn_load(const char **text) {
+  std::call_once(load_once, load);
+  if (text) *text = load_text;
+  return load_ok;
+}
+
+extern "C" fsdp_status_t fsdp_cudnn_attention_prepare(int B, int T, int C, int NH) {
+  if (!fsdp_cudnn_load(nullptr)) return not_loaded();
+  try {
+    std::lock_guard<std::mutex> guard(lock());
+    shape_graphs *sg;
+    return graphs_for(B, T, C, NH, &sg);
+  } catch (const std::exception &e) {
+    return thrown("graphs", e.what());
+  }
+}
+
+extern "C" fsdp_status_t fsdp_cudnn_attention_forward(void *out, float *stats, const void *qkv,
+                                                      int B, int T, int C, int NH,
+                                                      cudaStream_t stream) {
+  if (!fsdp_cudnn_load(nullptr)) return not_loaded();
+  const void *ptrs[] = {out, stats, qkv};
+  const char *names[] = {"out", "stats", "qkv"};
+  FSDP_TRY(check_aligned(ptrs, names, 3));
+  try {
+    std::lock_guard<std::mutex> guard(lock());
+    stream_slot *slot;
+    shape_graphs *sg;
+    FSDP_TRY(slot_for(stream, &slot));
+    FSDP_TRY(graphs_for(B, T, C, NH, &sg));
+    FSDP_TRY(grow(&slot->workspace, &slot->workspace_bytes, (size_t)sg->fwd_workspace,
+                  "cudaMalloc(workspace)"));
+    std::unordered_map<int64_t, void *> pack = {
+        {UID_Q, at(qkv, 0)}, {UID_K, at(qkv, (size_t)C)}, {UID_V, at(qkv, 2 * (size_t)C)},
+        {UID_O, out},        {UID_STATS, stats}};
+    const shape_key k = {slot->device, B, T, NH, C / NH};
+    FE_TRY(sg->fwd->execute(slot->handle, pack, slot->workspace), "forward", k);
+    return FSDP_SUCCESS;
+  } catch (const std::exception &e) {
+    return thrown("forward", e.what());
+  }
+}
+
+extern "C" fsdp_status_t fsdp_cudnn_attention_backward(void **staged, const void *dout,
+                                                       const void *qkv, const void *out,
+                                                       const float *stats, int B, int T, int C,
+                                                       int NH, cudaStream_t stream) {
+  if (!fsdp_cudnn_load(nullptr)) return not_loaded();
+  const void *ptrs[] = {dout, qkv, out, stats};
+  const char *names[] = {"dout", "qkv", "out", "stats"};
+  FSDP_TRY(check_aligned(ptrs, names, 4));
+  try {
+    std::lock_guard<std::mutex> guard(lock());
+    stream_slot *slot;
+    shape_graphs *sg;
+    FSDP_TRY(slot_for(stream, &slot));
+    FSDP_TRY(graphs_for(B, T, C, NH, &sg));
+    FSDP_TRY(grow(&slot->workspace, &slot->workspace_bytes, (size_t)sg->bwd_workspace,
+                  "cudaMalloc(workspace)"));
+    FSDP_TRY(grow(&slot->staging, &slot->staging_bytes, (size_t)B * T * 3 * C * 2,
+                  "cudaMalloc(dqkv staging)"));
+    void *d = slot->staging;
+    std::unordered_map<int64_t, void *> pack = {
+        {UID_Q, at(qkv, 0)},
+        {UID_K, at(qkv, (size_t)C)},
+        {UID_V, at(qkv, 2 * (size_t)C)},
+        {UID_O, const_cast<void *>(out)},
+        {UID_DO, const_cast<void *>(dout)},
+        {UID_STATS, const_cast<float *>(stats)},
+        {UID_DQ, d},
+        {UID_DK, at(d, (size_t)C)},
+        {UID_DV, at(d, 2 * (size_t)C)}};
+    const shape_key k = {slot->device, B, T, NH, C / NH};
+    FE_TRY(sg->bwd->execute(slot->handle, pack, slot->workspace), "backward", k);
+    *staged = d;
+    return FSDP_SUCCESS;
+  } catch (const std::exception &e) {
+    return thrown("backward", e.what());
+  }
+}

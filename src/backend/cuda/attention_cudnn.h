@@ -1,0 +1,73 @@
+/* src/backend/cuda/attention_cudnn.h — bf16 causal attention through cuDNN's fused
+ * scaled-dot-product attention (attention_cudnn.cpp), and the choice between
+ * it and the in-house flash kernel (attention_choice.cu). C linkage, for the
+ * .cu files and the cuda tests.
+ *
+ * Layout, as flash.cu's: qkv (B,T,3C) with q, k, v of head h at columns
+ * h*HS, C + h*HS, 2C + h*HS; out (B,T,C); stats (B,NH,T) fp32, the natural
+ * log-sum-exp of each query row's scaled causal scores (cuDNN's softmax
+ * stats, what flash.cu calls lse). Scale 1/sqrt(HS), causal (a query sees the
+ * keys at or before it).
+ *
+ * cuDNN is opened at first use (dlopen: $FSDP_CUDNN_LIBRARY, else
+ * libcudnn.so.9 on the library path); libfsdp does not link it. Graphs are
+ * built once per (device, B, T, NH, HS), with a handle of the device's own
+ * that runs nothing, and kept for the process; each (device, stream) pair
+ * that runs attention gets its own cuDNN handle, bound to the stream once,
+ * its workspace and its dqkv staging buffer (cudaMalloc at first use and when
+ * a larger shape needs more; the one place besides cuBLAS's handles where an
+ * attention call allocates device memory). Thread-safe. */
+#ifndef FSDP_CUDA_ATTENTION_CUDNN_H
+#define FSDP_CUDA_ATTENTION_CUDNN_H
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+
+#include "fsdp/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- attention_choice.cu: which kernel runs a bf16 shape ---- */
+
+/* Sets *use_cudnn for this shape on the current device, deciding it the
+ * first time the (device, B, T, C, NH) is seen: cuDNN when it loads and both
+ * its graphs (forward with stats, backward) build for the shape, else the
+ * in-house flash kernel. $FSDP_ATTENTION (read once) forces a path: "flash",
+ * or "cudnn", where a shape cuDNN cannot run is FSDP_ERR_UNSUPPORTED with
+ * cuDNN's reason; any other value is FSDP_ERR_INVALID_ARGUMENT. The same
+ * answer for forward and backward, so a backward always reads the stats its
+ * own kind of forward wrote. */
+fsdp_status_t fsdp_cuda_attention_pick(int B, int T, int C, int NH, int *use_cudnn);
+/* dqkv += the staged gradient cuDNN wrote (n bf16 values each), on stream. */
+fsdp_status_t fsdp_cuda_attention_add_staged(void *dqkv, const void *staged, size_t n,
+                                             cudaStream_t stream);
+/* For tests and tools: the mode as $FSDP_ATTENTION would set it ("auto",
+ * "flash", "cudnn"), replacing the environment's, and forgetting every
+ * decision made so far. Not while attention runs on another thread. */
+fsdp_status_t fsdp_cuda_attention_set_mode(const char *mode);
+
+/* ---- attention_cudnn.cpp: cuDNN itself (built where its headers were found) ---- */
+
+/* Whether cuDNN is open (opening it on the first call); *text is then
+ * "cudnn 9.x.y (/path/libcudnn.so.9)", else why not. The text lives for the
+ * process. */
+int fsdp_cudnn_load(const char **text);
+/* Builds (once) the forward and backward graphs of this shape on the current
+ * device; an error says why cuDNN refused it. */
+fsdp_status_t fsdp_cudnn_attention_prepare(int B, int T, int C, int NH);
+/* out and stats written. Pointers device memory, 16-byte aligned. */
+fsdp_status_t fsdp_cudnn_attention_forward(void *out, float *stats, const void *qkv, int B, int T,
+                                           int C, int NH, cudaStream_t stream);
+/* The gradient of qkv written into this stream's staging buffer of B*T*3C
+ * bf16, *staged set to it: valid until the next backward on this stream. */
+fsdp_status_t fsdp_cudnn_attention_backward(void **staged, const void *dout, const void *qkv,
+                                            const void *out, const float *stats, int B, int T,
+                                            int C, int NH, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
