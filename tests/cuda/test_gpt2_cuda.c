@@ -30,7 +30,7 @@
 
 enum { MAX_STEPS = 6, SAMPLE = 16 };
 static int B = 4, T = 32, STEPS = 6; /* FSDP_TEST_SMALL: 2, 16, 2 */
-static fsdp_gpt2_config_t cfg = {2, 4, 64, 32, 256}; /* padded_vocab_matches_cpu: V 300 */
+static fsdp_gpt2_config_t cfg = {2, 4, 64, 32, 256}; /* padded_vocab_*: V 300 */
 static fsdp_world_t world;
 static fsdp_dtype_t small_dtype = FSDP_F32; /* FSDP_TEST_SMALL: the one dtype */
 
@@ -491,6 +491,21 @@ START_TEST(bf16_grads_follow_cpu) {
 }
 END_TEST
 
+/* V 300: the CUDA head's products split the vocabulary at 256 (blas.cu), the
+ * logits rows are 384 apart; every tensor's gradient, wte's whole (300, C)
+ * among them, follows the CPU's, which runs unsplit and unpadded. (The
+ * FSDP_TEST_SMALL runs' V 64 is the remainder product alone; V 256 above is
+ * the first product alone.) */
+START_TEST(padded_vocab_grads_match_cpu) {
+  cfg.vocab_size = 300;
+  run_t cpu = {FSDP_DEVICE_CPU, FSDP_F32, NULL}, gpu = {FSDP_DEVICE_CUDA, FSDP_F32, NULL};
+  compare_grads("fp32 grads vs cpu, V 300", &cpu, &gpu, 1e-4);
+  cpu.dtype = gpu.dtype = FSDP_BF16;
+  if (!skipped) compare_grads("bf16 grads vs cpu bf16, V 300", &cpu, &gpu, 5e-2);
+  cfg.vocab_size = 256;
+}
+END_TEST
+
 /* FSDP_TEST_SMALL: CUDA with checkpointing and prefetch against the CPU. */
 START_TEST(small_matches_cpu) {
   run_t cpu = {FSDP_DEVICE_CPU, small_dtype, NULL};
@@ -524,6 +539,7 @@ static Suite *gpt2_cuda_suite(void) {
   tcase_add_test(tc, too_big_is_refused_in_words);
   tcase_add_test(tc, fp32_grads_match_cpu);
   tcase_add_test(tc, bf16_grads_follow_cpu);
+  tcase_add_test(tc, padded_vocab_grads_match_cpu);
   suite_add_tcase(s, tc);
   tc = tcase_create("layer124m");
   tcase_set_timeout(tc, 600);

@@ -1009,13 +1009,17 @@ END_TEST
 /* ---- GPT-2's vocabulary head: rows ld apart, the gradient over the logits ----
  * Against the CPU's backend/cpu/head.h (bitwise the unpadded kernels: test_layers).
  * Device buffers start with a sentinel in columns [V, ld), which must survive
- * forward, the in-place cross-entropy and backward. */
+ * forward, the in-place cross-entropy and backward; it is large and positive,
+ * so a kernel that took a pad column for a logit would have its softmax (and
+ * the loss) dominated by it. The CUDA products split the vocabulary at V / 128
+ * * 128 (blas.cu): GPT-2's 50176 + 81, 128 + 122, 896 + 104, a whole 128, and
+ * a vocabulary under 128 (the remainder alone). */
 
 static const struct { int B, C, V; } kHead[] = {
-    {16, 64, 50257}, {7, 13, 250}, {4, 768, 1000}, {3, 5, 128},
+    {16, 64, 50257}, {7, 13, 250}, {4, 768, 1000}, {3, 5, 128}, {5, 9, 100},
 };
 
-#define HEAD_SENTINEL -77.0f
+#define HEAD_SENTINEL 77.0f
 
 /* (B, ld) host rows: x's V columns, the sentinel after them. */
 static float *padded_rows(const float *x, int B, int V, int ld) {
