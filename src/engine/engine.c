@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/comm_internal.h"
+#include "comm/comm_names.h"
 #include "engine/engine_internal.h"
 
 static const char *const strategy_names[] = {"zero3", "zero2", "noshard"};
@@ -159,7 +159,8 @@ static fsdp_status_t shard_groups(struct fsdp_engine *e) {
 static fsdp_status_t group_split(struct fsdp_engine *e, fsdp_comm_t c, const char *what,
                                  int color, fsdp_comm_t *out) {
   FSDP_TRY(fsdp_comm_split(c, color, e->rank, out));
-  char label[FSDP_COMM_LABEL_MAX], *world = strstr((*out)->label, "world ");
+  char label[FSDP_COMM_LABEL_MAX];
+  const char *world = strstr(fsdp_comm_label(*out), "world ");
   snprintf(label, sizeof label, "%s group %d, %s", what, color, world ? world : "");
   fsdp_comm_set_label(*out, label);
   return FSDP_SUCCESS;

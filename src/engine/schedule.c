@@ -4,7 +4,7 @@
  * collectives in the same order. */
 #include <string.h>
 
-#include "comm/comm_internal.h"
+#include "comm/comm_names.h"
 #include "engine/engine_internal.h"
 
 static const char *pass_name(fsdp_pass_t p) { return p == FSDP_FORWARD ? "forward" : "backward"; }

@@ -10,7 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "comm/comm_internal.h"
+#include "comm/comm_names.h"
 #include "engine/engine_internal.h"
 
 static fsdp_status_t step_ready(struct fsdp_engine *e) {
