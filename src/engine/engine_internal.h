@@ -53,8 +53,9 @@ struct unit {
   uint16_t *lp;                 /* 16-bit params: the master shard rounded, what is gathered */
   float *rounded;               /* 16-bit params on one shard (CPU): lp widened, what views show */
   float *full_grad;             /* accumulate_full_grads only: padded-sized */
-  /* CUDA: host copies of master, grad, m, v that fsdp_unit_shard hands out;
-   * written back at fsdp_engine_set_step while mirror_dirty. */
+  /* CUDA: host copies of master, grad, m, v that fsdp_unit_shard hands out
+   * until fsdp_unit_shard_release; written back at fsdp_engine_set_step while
+   * mirror_dirty. */
   float *mirror[4];
   int mirror_dirty;
 
@@ -169,6 +170,7 @@ struct fsdp_engine {
   /* accounting */
   size_t gathered, gathered_peak, grads_live, grads_peak;
   size_t param_pool_bytes, grad_pool_bytes, staging_bytes;
+  size_t host_copies, host_copies_peak; /* CUDA: fsdp_unit_shard's host copies */
 
   /* timeline, appended from the comm streams too */
   pthread_mutex_t tl_lock;

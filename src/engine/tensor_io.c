@@ -118,6 +118,35 @@ fsdp_status_t fsdp_engine_read_tensor(fsdp_engine_t e, const char *name, float *
   return st;
 }
 
+/* CUDA: u's host copies of master, grad, m and v (those the unit has). */
+static int host_copies(struct unit *u, float *dev[4], float **host[4]) {
+  float *d[4] = {u->master, u->grad, u->m, u->v};
+  int n = 0;
+  for (int k = 0; k < 4; k++)
+    if (d[k]) dev[n] = d[k], host[n++] = &u->mirror[k];
+  return n;
+}
+
+static void host_copies_free(struct fsdp_engine *e, struct unit *u) {
+  for (int k = 0; k < 4; k++) {
+    if (!u->mirror[k]) continue;
+    fsdp_free(u->mirror[k]);
+    u->mirror[k] = NULL;
+    fsdp_mem_track(&e->host_copies, &e->host_copies_peak, 0, u->shard * sizeof(float));
+  }
+  u->mirror_dirty = 0;
+}
+
+/* What a loader wrote into u's host copies, to the device. */
+static fsdp_status_t host_copies_write_back(struct unit *u) {
+  float *dev[4], **host[4];
+  int n = host_copies(u, dev, host);
+  for (int k = 0; k < n; k++)
+    FSDP_TRY(fsdp_device_copy(dev[k], *host[k], u->shard * sizeof(float), FSDP_HOST_STREAM));
+  u->mirror_dirty = 0;
+  return FSDP_SUCCESS;
+}
+
 fsdp_status_t fsdp_unit_shard(fsdp_engine_t e, fsdp_unit_t unit, fsdp_shard_t *shard) {
   struct unit *u = NULL;
   FSDP_TRY(fsdp_unit_get(e, unit, "fsdp_unit_shard", &u));
@@ -133,17 +162,40 @@ fsdp_status_t fsdp_unit_shard(fsdp_engine_t e, fsdp_unit_t unit, fsdp_shard_t *s
   FSDP_TRY(fsdp_stream_synchronize(e->s_compute));
   FSDP_TRY(fsdp_stream_synchronize(e->s_reduce));
   FSDP_TRY(fsdp_stream_synchronize(e->s_replica));
-  float *dev[4] = {u->master, u->grad, u->m, u->v};
-  for (int k = 0; k < 4; k++) {
-    if (!dev[k]) continue;
-    if (!u->mirror[k] && !(u->mirror[k] = fsdp_alloc(u->shard * sizeof(float))))
-      return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "fsdp_unit_shard('%s'): %zu bytes of host memory",
-                        u->name, u->shard * sizeof(float));
-    FSDP_TRY(fsdp_device_copy(u->mirror[k], dev[k], u->shard * sizeof(float), FSDP_HOST_STREAM));
+  float *dev[4], **host[4];
+  int n = host_copies(u, dev, host);
+  for (int k = 0; k < n; k++) {
+    if (!*host[k]) {
+      if (!(*host[k] = fsdp_alloc(u->shard * sizeof(float))))
+        return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "fsdp_unit_shard('%s'): %zu bytes of host "
+                          "memory", u->name, u->shard * sizeof(float));
+      fsdp_mem_track(&e->host_copies, &e->host_copies_peak, u->shard * sizeof(float), 0);
+    }
+    FSDP_TRY(fsdp_device_copy(*host[k], dev[k], u->shard * sizeof(float), FSDP_HOST_STREAM));
   }
   u->mirror_dirty = 1;
   *shard = (fsdp_shard_t){u->shard_offset, u->count,     u->shard,   u->mirror[0],
                           u->mirror[1],    u->mirror[2], u->mirror[3]};
+  return FSDP_SUCCESS;
+}
+
+fsdp_status_t fsdp_unit_shard_release(fsdp_engine_t e, fsdp_unit_t unit, int written) {
+  struct unit *u = NULL;
+  FSDP_TRY(fsdp_unit_get(e, unit, "fsdp_unit_shard_release", &u));
+  if (written && (u->held >= 0 || u->bwd_count > 0))
+    return fsdp_error(FSDP_ERR_INVALID_USAGE, "fsdp_unit_shard_release('%s', written) while "
+                      "the unit is %s: finish the step first", u->name,
+                      u->held >= 0 ? "acquired" : "holding gradients");
+  fsdp_status_t st = written && u->mirror_dirty ? host_copies_write_back(u) : FSDP_SUCCESS;
+  host_copies_free(e, u);
+  return st;
+}
+
+fsdp_status_t fsdp_engine_host_copy_bytes(fsdp_engine_t e, size_t *live, size_t *peak) {
+  if (!e) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_host_copy_bytes: engine "
+                            "is NULL");
+  if (live) *live = e->host_copies;
+  if (peak) *peak = e->host_copies_peak;
   return FSDP_SUCCESS;
 }
 
@@ -160,14 +212,7 @@ fsdp_status_t fsdp_engine_set_step(fsdp_engine_t e, int64_t step) {
   fsdp_engine_drop_gathers(e);
   for (int i = 0; i < e->n_units; i++) {
     struct unit *u = &e->units[i];
-    if (u->mirror_dirty) { /* what a loader wrote into fsdp_unit_shard's host copies */
-      float *dev[4] = {u->master, u->grad, u->m, u->v};
-      for (int k = 0; k < 4; k++)
-        if (dev[k])
-          FSDP_TRY(fsdp_device_copy(dev[k], u->mirror[k], u->shard * sizeof(float),
-                                    FSDP_HOST_STREAM));
-      u->mirror_dirty = 0;
-    }
+    if (u->mirror_dirty) FSDP_TRY(host_copies_write_back(u));
     FSDP_TRY(fsdp_unit_refresh_params(e, u));
   }
   FSDP_TRY(fsdp_stream_synchronize(e->s_compute));
