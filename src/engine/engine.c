@@ -190,7 +190,7 @@ static fsdp_status_t comms_create(struct fsdp_engine *e) {
 
 static fsdp_status_t streams_create(struct fsdp_engine *e) {
   int replica = e->comm_replica != NULL;
-  if (e->cuda && strcmp(fsdp_comm_backend(e->comm_gather), "nccl") == 0) {
+  if (!fsdp_engine_on_host(e) && strcmp(fsdp_comm_backend(e->comm_gather), "nccl") == 0) {
     /* NCCL queues on CUDA streams: communication never waits for the host. */
     FSDP_TRY(fsdp_stream_create_cuda("fsdp-gather", 1, &e->s_gather));
     FSDP_TRY(fsdp_stream_create_cuda("fsdp-reduce", 1, &e->s_reduce));
@@ -201,7 +201,7 @@ static fsdp_status_t streams_create(struct fsdp_engine *e) {
   FSDP_TRY(fsdp_stream_create("fsdp-gather", &e->s_gather));
   FSDP_TRY(fsdp_stream_create("fsdp-reduce", &e->s_reduce));
   if (replica) FSDP_TRY(fsdp_stream_create("fsdp-replica", &e->s_replica));
-  if (!e->cuda) return FSDP_SUCCESS;
+  if (fsdp_engine_on_host(e)) return FSDP_SUCCESS;
   FSDP_TRY(fsdp_stream_create_cuda("fsdp-aux", 1, &e->s_aux));
   /* The current device is per thread: the workers take the caller's. */
   FSDP_TRY(fsdp_cuda_get_device(&e->device));
@@ -226,7 +226,6 @@ fsdp_status_t fsdp_engine_create(fsdp_world_t world, const fsdp_config_t *cfg,
   e->cfg = *c;
   e->rank = fsdp_world_rank(world);
   e->nranks = fsdp_world_size(world);
-  e->cuda = c->device == FSDP_DEVICE_CUDA;
   e->ops = fsdp_compute_ops(c->device); /* set: config_check refused a device without one */
   e->bf16_reduce = c->reduce_dtype == FSDP_BF16;
   e->loss_scale = c->loss_scale_init;
@@ -247,7 +246,8 @@ fsdp_status_t fsdp_engine_create(fsdp_world_t world, const fsdp_config_t *cfg,
   e->cfg.comm_backend = e->comm_backend;
   FSDP_TRYG(st, comms_create(e), fail);
   FSDP_TRYG(st, streams_create(e), fail);
-  if (e->cuda) FSDP_TRYG(st, fsdp_stream_create_cuda("fsdp-compute", 0, &e->s_compute), fail);
+  if (!fsdp_engine_on_host(e))
+    FSDP_TRYG(st, fsdp_stream_create_cuda("fsdp-compute", 0, &e->s_compute), fail);
   FSDP_TRYG(st, fsdp_tl_marks_create(e), fail);
   FSDP_TRYG(st, fsdp_event_create(&e->compute_done), fail);
   *engine = e;
@@ -259,9 +259,9 @@ fail:
 
 void *fsdp_engine_alloc(const struct fsdp_engine *e, size_t bytes) {
   void *p = NULL;
-  fsdp_device_kind_t kind = e->cuda ? FSDP_DEVICE_CUDA : FSDP_DEVICE_CPU;
+  const fsdp_device_kind_t kind = e->ops->device;
   if (fsdp_device_alloc(kind, bytes, &p) != FSDP_SUCCESS) return NULL;
-  if (e->cuda && fsdp_device_zero(p, bytes, FSDP_HOST_STREAM) != FSDP_SUCCESS) {
+  if (!fsdp_engine_on_host(e) && fsdp_device_zero(p, bytes, FSDP_HOST_STREAM) != FSDP_SUCCESS) {
     fsdp_device_free(kind, p);
     return NULL;
   }
@@ -269,11 +269,11 @@ void *fsdp_engine_alloc(const struct fsdp_engine *e, size_t bytes) {
 }
 
 void fsdp_engine_free(const struct fsdp_engine *e, void *p) {
-  fsdp_device_free(e->cuda ? FSDP_DEVICE_CUDA : FSDP_DEVICE_CPU, p);
+  fsdp_device_free(e->ops->device, p);
 }
 
 fsdp_status_t fsdp_engine_zero(const struct fsdp_engine *e, void *p, size_t bytes) {
-  if (!e->cuda) return memset(p, 0, bytes), FSDP_SUCCESS;
+  if (fsdp_engine_on_host(e)) return memset(p, 0, bytes), FSDP_SUCCESS;
   return fsdp_device_zero(p, bytes, e->s_compute);
 }
 

@@ -113,8 +113,8 @@ struct fsdp_engine {
   int hybrid;      /* HSDP: 1 < shard_world < nranks, replica all-reduce after reduce-scatter */
   int lowp;        /* some resharding unit gathers 16 bits (shared slots carry 16-bit buffers) */
   int f32_views;   /* some resharding unit's views read f32 from a shared slot */
-  int cuda;        /* config.device is CUDA: every buffer below is device memory */
-  const fsdp_compute_ops_t *ops; /* config.device's compute table: every shard kernel */
+  const fsdp_compute_ops_t *ops; /* config.device's compute table: every shard kernel; its
+                                    device says where every buffer below lives */
   int bf16_reduce; /* reduce_dtype is bf16 */
   char *comm_backend; /* config.comm_backend, copied (cfg.comm_backend points here) */
   int materialized;
@@ -130,7 +130,7 @@ struct fsdp_engine {
   fsdp_stream_t s_gather, s_reduce;
   fsdp_stream_t s_replica; /* HSDP: the replica all-reduces */
   fsdp_stream_t s_compute; /* CUDA: the compute stream; CPU: the host stream (NULL) */
-  fsdp_stream_t s_aux;     /* CUDA with worker comm streams: their kernels' stream */
+  fsdp_stream_t s_aux;     /* CUDA with worker comm streams: their kernels' stream; else NULL */
   int device;              /* CUDA: the device ordinal current at creation */
 
   struct pslot *pslots;
@@ -189,6 +189,14 @@ struct fsdp_engine {
   fsdp_status_t poisoned;
   char poison_msg[512];
 };
+
+/* The engine's buffers are host memory (config.device's compute table says
+ * where its pointers live): fsdp_unit_shard hands them out in place, they
+ * are filled directly, and the CPU kernels compute on f32 views of 16-bit
+ * parameters. Otherwise (CUDA) they are device memory. */
+static inline int fsdp_engine_on_host(const struct fsdp_engine *e) {
+  return e->ops->device == FSDP_DEVICE_CPU;
+}
 
 void fsdp_tl_add(struct fsdp_engine *e, fsdp_tl_kind_t kind, int unit, fsdp_pass_t pass,
                  int stream, double t0, double t1, size_t bytes);

@@ -63,13 +63,13 @@ static fsdp_status_t decay_runs(struct fsdp_engine *e, struct unit *u) {
 /* Fills u's master shard with its initial values (on CUDA through the host). */
 static fsdp_status_t unit_init(struct fsdp_engine *e, struct unit *u) {
   size_t bytes = u->shard * sizeof(float);
-  struct init_ctx ctx = {e, u, e->cuda ? fsdp_alloc(bytes) : u->master};
+  struct init_ctx ctx = {e, u, fsdp_engine_on_host(e) ? u->master : fsdp_alloc(bytes)};
   if (!ctx.dst)
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "unit '%s': %zu bytes to initialise it", u->name,
                       bytes);
   fsdp_unit_segments(u, u->shard_offset, u->shard_offset + u->count, init_segment, &ctx);
   fsdp_status_t st = FSDP_SUCCESS;
-  if (e->cuda) {
+  if (ctx.dst != u->master) {
     st = fsdp_device_copy(u->master, ctx.dst, bytes, FSDP_HOST_STREAM);
     fsdp_free(ctx.dst);
   }

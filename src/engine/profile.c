@@ -40,7 +40,7 @@ static fsdp_status_t kprof_create(struct fsdp_engine *e) {
   if (!p) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "profile: out of host memory");
   p->open = -1;
   fsdp_status_t st = FSDP_SUCCESS;
-  if (e->cuda) {
+  if (fsdp_stream_cuda_handle(e->s_compute)) { /* CUDA: scopes timed by events */
     if (!(p->ring = calloc(KPROF_SCOPES, sizeof *p->ring)))
       st = fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "profile: out of host memory");
     else st = fsdp_marks_create(2 * KPROF_SCOPES, &p->marks);

@@ -84,8 +84,8 @@ typedef fsdp_status_t (*shard_fn)(struct fsdp_engine *, struct unit *, fsdp_stre
  * worker's next task sees the result. */
 static fsdp_status_t on_worker(struct stream_op *op, shard_fn fn) {
   struct fsdp_engine *e = op->eng;
-  FSDP_TRY(fn(e, op->u, e->cuda ? e->s_aux : FSDP_HOST_STREAM));
-  return fsdp_stream_synchronize(e->cuda ? e->s_aux : FSDP_HOST_STREAM);
+  FSDP_TRY(fn(e, op->u, e->s_aux)); /* NULL on the CPU: the host stream */
+  return fsdp_stream_synchronize(e->s_aux);
 }
 static fsdp_status_t cast_task(void *arg) { return on_worker(arg, cast_grad); }
 static fsdp_status_t accumulate_task(void *arg) { return on_worker(arg, accumulate); }

@@ -154,7 +154,7 @@ fsdp_status_t fsdp_unit_shard(fsdp_engine_t e, fsdp_unit_t unit, fsdp_shard_t *s
     return fsdp_error(FSDP_ERR_INVALID_USAGE, "fsdp_unit_shard('%s') before materialize",
                       u->name);
   if (!shard) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_unit_shard: shard is NULL");
-  if (!e->cuda) {
+  if (fsdp_engine_on_host(e)) {
     *shard = (fsdp_shard_t){u->shard_offset, u->count, u->shard, u->master, u->grad, u->m, u->v};
     return FSDP_SUCCESS;
   }

@@ -124,7 +124,7 @@ static void opts_apply(const struct fsdp_engine *e, struct unit *u, const fsdp_u
   u->reshard = o->reshard_after_forward;
   u->lowp = o->param_dtype == FSDP_BF16 || o->param_dtype == FSDP_F16;
   u->lp_dtype = o->param_dtype;
-  u->widen = u->lowp && !e->cuda;
+  u->widen = u->lowp && fsdp_engine_on_host(e);
   for (int i = 0; i < u->n_tensors; i++) {
     if (o->lr_mult) u->tensors[i].lr_mult = o->lr_mult[i];
     if (o->wd_mult) u->tensors[i].wd_mult = o->wd_mult[i];
