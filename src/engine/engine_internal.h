@@ -1,5 +1,6 @@
 /* src/engine/engine_internal.h — the engine's private state, shared by the
- * engine's source files (engine.c: life cycle; units.c: the registry;
+ * engine's source files (engine.c: life cycle, configuration and device;
+ * comms.c: communicators and their streams; units.c: the registry;
  * materialize.c: shards and pools; tensor_io.c: parameters in and out;
  * schedule.c: gathers and reductions; step.c: the optimizer step;
  * accounting.c: memory and the timeline; consistency.c: the start-up
@@ -104,35 +105,58 @@ struct gslot {
 
 typedef enum { PHASE_IDLE = 0, PHASE_FORWARD, PHASE_BACKWARD } phase_t;
 
-struct fsdp_engine {
+/* The engine's state by concept. Each part names the file that owns it: the
+ * one that sets it up, frees it and (but for what the comment says) is its
+ * only writer; the others read it. */
+
+/* Configuration (engine.c): resolved at create, then only read. */
+struct engine_conf {
   fsdp_world_t world;
   fsdp_config_t cfg;
   int rank, nranks;
   int shard_world; /* ranks a unit is sharded over (shard group): shard_size, 1 for NO_SHARD */
   int shard_rank;  /* this rank in its shard group (rank % shard_world) */
   int hybrid;      /* HSDP: 1 < shard_world < nranks, replica all-reduce after reduce-scatter */
-  int lowp;        /* some resharding unit gathers 16 bits (shared slots carry 16-bit buffers) */
-  int f32_views;   /* some resharding unit's views read f32 from a shared slot */
-  const fsdp_compute_ops_t *ops; /* config.device's compute table: every shard kernel; its
-                                    device says where every buffer below lives */
   int bf16_reduce; /* reduce_dtype is bf16 */
   char *comm_backend; /* config.comm_backend, copied (cfg.comm_backend points here) */
-  int materialized;
-  uint64_t seed;
+  size_t stats_bytes; /* of fsdp_step_stats_t the caller's header has (see engine.c) */
+};
 
+/* The device (engine.c): config.device's compute table, whose `device` says
+ * where every buffer of the engine lives (fsdp_engine_on_host), and the
+ * stream the caller's compute and the shard kernels run on. */
+struct engine_dev {
+  const fsdp_compute_ops_t *ops; /* every shard kernel */
+  fsdp_stream_t s_compute; /* CUDA: the compute stream; CPU: the host stream (NULL) */
+};
+
+/* The plan and its units (units.c registers them; materialize.c lays them
+ * out and sets what follows n_units). */
+struct engine_plan {
   struct unit *units;
   int n_units, cap_units;
+  int materialized;
+  uint64_t seed;
+  int lowp;      /* some resharding unit gathers 16 bits (shared slots carry 16-bit buffers) */
+  int f32_views; /* some resharding unit's views read f32 from a shared slot */
+  size_t max_padded, max_shard;
+};
 
+/* Communication (comms.c): communicators and the streams collectives run on. */
+struct engine_comm {
   fsdp_comm_t comm_host, comm_gather, comm_reduce;
   /* HSDP only (else NULL): the replica group on the gather backend, and the
    * shard group on the host backend (gradient norm, read_tensor). */
   fsdp_comm_t comm_replica, comm_host_shard;
   fsdp_stream_t s_gather, s_reduce;
   fsdp_stream_t s_replica; /* HSDP: the replica all-reduces */
-  fsdp_stream_t s_compute; /* CUDA: the compute stream; CPU: the host stream (NULL) */
-  fsdp_stream_t s_aux;     /* CUDA with worker comm streams: their kernels' stream; else NULL */
-  int device;              /* CUDA: the device ordinal current at creation */
+  fsdp_stream_t s_aux; /* CUDA with worker comm streams: their kernels' stream; else NULL */
+  int device;          /* CUDA: the device ordinal current at creation, the workers' */
+};
 
+/* Memory pools (materialize.c allocates and frees them; the schedule hands
+ * the slots out: their owner, busy and held fields are schedule.c's). */
+struct engine_pools {
   struct pslot *pslots;
   int n_pslots, n_own;
   size_t shared_capacity; /* elements of a shared slot */
@@ -140,14 +164,15 @@ struct fsdp_engine {
    * {0, 1}, a run from element 0 without, and with, weight decay. */
   unsigned long long *piece_runs;
   struct gslot gslots[FSDP_GRAD_SLOTS];
-  int n_gslots, next_gslot;
+  int n_gslots;
   float *staging; /* reduction output, one shard; used on the reduce stream only */
   uint16_t *grad_lp, *staging_lp; /* bf16 reduce: the cast gradient and its reduced shard */
   double *norm_dev;  /* CUDA step: per-unit sums of squares, then the partials */
   double *norm_host; /* CUDA step: the per-unit sums, copied back */
-  size_t max_padded, max_shard;
+};
 
-  /* schedule */
+/* Schedule and prefetch (schedule.c; the step ends a phase). */
+struct engine_sched {
   phase_t phase;
   int fwd_next;      /* next unit to acquire in forward */
   int fwd_done;      /* a complete forward awaits its backward */
@@ -156,22 +181,27 @@ struct fsdp_engine {
   int n_released;
   int bwd_next;      /* backward acquires so far: index into reversed fwd_release */
   int bwd_released;  /* backward releases so far */
+  int next_gslot;    /* the grad slot to try first */
+};
+
+/* The optimizer step's counters, numerics guard and loss scaler (step.c;
+ * tensor_io.c's set_step restarts them). */
+struct engine_optim {
   int64_t step;
   int64_t optim_step; /* updates since the optimizer state was last zeroed */
-
-  /* numerics guard and loss scaler (step.c) */
   int loss_bad;            /* a non-finite loss was reported since the last step */
   int consecutive_skips;
   int64_t skipped_total;
   double loss_scale;       /* 1: no scaling */
   int64_t good_steps;      /* updates in a row since the scale last changed */
-  size_t stats_bytes;      /* of fsdp_step_stats_t the caller's header has (see engine.c) */
+};
 
-  /* accounting */
+/* Statistics and the timeline (accounting.c; others count through
+ * fsdp_mem_track and fsdp_tl_add; the kernel profile is profile.c's). */
+struct engine_stats {
   size_t gathered, gathered_peak, grads_live, grads_peak;
   size_t param_pool_bytes, grad_pool_bytes, staging_bytes;
-  size_t host_copies, host_copies_peak; /* CUDA: fsdp_unit_shard's host copies */
-
+  size_t host_copies, host_copies_peak; /* CUDA: fsdp_unit_shard's host copies (tensor_io.c) */
   /* timeline, appended from the comm streams too */
   pthread_mutex_t tl_lock;
   fsdp_tl_event_t *tl;
@@ -184,8 +214,18 @@ struct fsdp_engine {
   size_t n_pending, cap_pending;
   /* per-kernel-class timing (profile.c); NULL until profiling is first on */
   struct kprof *prof;
+};
 
-  /* first asynchronous failure; every later call reports it */
+struct fsdp_engine {
+  struct engine_conf conf;
+  struct engine_dev dev;
+  struct engine_plan plan;
+  struct engine_comm comm;
+  struct engine_pools pools;
+  struct engine_sched sched;
+  struct engine_optim optim;
+  struct engine_stats stats;
+  /* first asynchronous failure; every later call reports it (engine.c) */
   fsdp_status_t poisoned;
   char poison_msg[512];
 };
@@ -195,7 +235,7 @@ struct fsdp_engine {
  * are filled directly, and the CPU kernels compute on f32 views of 16-bit
  * parameters. Otherwise (CUDA) they are device memory. */
 static inline int fsdp_engine_on_host(const struct fsdp_engine *e) {
-  return e->ops->device == FSDP_DEVICE_CPU;
+  return e->dev.ops->device == FSDP_DEVICE_CPU;
 }
 
 void fsdp_tl_add(struct fsdp_engine *e, fsdp_tl_kind_t kind, int unit, fsdp_pass_t pass,
@@ -237,7 +277,7 @@ static inline size_t fsdp_unit_gathered_bytes(const struct fsdp_engine *e, const
 /* The communicator for host-side sums over one copy of the model: the shard
  * group's under HSDP (every replica holds the same shards), else the world's. */
 static inline fsdp_comm_t fsdp_engine_shard_comm(const struct fsdp_engine *e) {
-  return e->comm_host_shard ? e->comm_host_shard : e->comm_host;
+  return e->comm.comm_host_shard ? e->comm.comm_host_shard : e->comm.comm_host;
 }
 /* Memory of the engine's device, zeroed; NULL on failure (the error is set). */
 void *fsdp_engine_alloc(const struct fsdp_engine *e, size_t bytes);
@@ -246,6 +286,25 @@ void fsdp_engine_free(const struct fsdp_engine *e, void *p);
 fsdp_status_t fsdp_engine_zero(const struct fsdp_engine *e, void *p, size_t bytes);
 fsdp_status_t fsdp_engine_poison(struct fsdp_engine *e, fsdp_status_t st);
 fsdp_status_t fsdp_engine_check_live(struct fsdp_engine *e);
+/* Each part's set-up and release, in its owner's file. comms.c: the
+ * communicators and their streams (after the configuration); stop destroys
+ * the streams (first of all: queued work may touch any buffer), destroy the
+ * communicators (last). accounting.c: the timeline's lock and marks, and all
+ * statistics state. schedule.c: its event, and the release order sized for
+ * the units at materialize. materialize.c: the pools. units.c: the units.
+ * step.c: the loss scaler's start. */
+fsdp_status_t fsdp_engine_comm_create(struct fsdp_engine *e);
+void fsdp_engine_comm_stop(struct fsdp_engine *e);
+void fsdp_engine_comm_destroy(struct fsdp_engine *e);
+fsdp_status_t fsdp_engine_stats_create(struct fsdp_engine *e);
+void fsdp_engine_stats_destroy(struct fsdp_engine *e);
+fsdp_status_t fsdp_engine_sched_create(struct fsdp_engine *e);
+fsdp_status_t fsdp_engine_sched_plan(struct fsdp_engine *e);
+void fsdp_engine_sched_destroy(struct fsdp_engine *e);
+void fsdp_engine_pools_free(struct fsdp_engine *e);
+void fsdp_engine_units_free(struct fsdp_engine *e);
+void fsdp_engine_optim_init(struct fsdp_engine *e);
+
 /* The consistency check of the engine's own part, configuration and unit
  * plan (consistency.c); fsdp_engine_materialize runs it first. */
 fsdp_status_t fsdp_engine_check_plan(struct fsdp_engine *e);

@@ -15,22 +15,22 @@
 
 static fsdp_status_t step_ready(struct fsdp_engine *e) {
   FSDP_TRY(fsdp_engine_check_live(e));
-  if (!e->materialized)
+  if (!e->plan.materialized)
     return fsdp_error(FSDP_ERR_INVALID_USAGE, "fsdp_engine_step before fsdp_engine_materialize");
-  for (int i = 0; i < e->n_units; i++)
-    if (e->units[i].held >= 0)
+  for (int i = 0; i < e->plan.n_units; i++)
+    if (e->plan.units[i].held >= 0)
       return fsdp_error(FSDP_ERR_INVALID_USAGE, "fsdp_engine_step while unit '%s' is acquired",
-                        e->units[i].name);
-  if (e->phase != PHASE_IDLE)
+                        e->plan.units[i].name);
+  if (e->sched.phase != PHASE_IDLE)
     return fsdp_error(FSDP_ERR_INVALID_USAGE,
                       "fsdp_engine_step in the middle of a %s pass: finish it first",
-                      e->phase == PHASE_FORWARD ? "forward" : "backward");
-  for (int i = 0; i < e->n_units; i++)
-    if (e->units[i].bwd_count != e->cfg.grad_accum)
+                      e->sched.phase == PHASE_FORWARD ? "forward" : "backward");
+  for (int i = 0; i < e->plan.n_units; i++)
+    if (e->plan.units[i].bwd_count != e->conf.cfg.grad_accum)
       return fsdp_error(FSDP_ERR_INVALID_USAGE,
                         "fsdp_engine_step before backward: unit '%s' has had %d of %d backward "
-                        "passes (config.grad_accum) since the last step", e->units[i].name,
-                        e->units[i].bwd_count, e->cfg.grad_accum);
+                        "passes (config.grad_accum) since the last step", e->plan.units[i].name,
+                        e->plan.units[i].bwd_count, e->conf.cfg.grad_accum);
   return FSDP_SUCCESS;
 }
 
@@ -38,17 +38,18 @@ static fsdp_status_t step_ready(struct fsdp_engine *e) {
  * One sum per unit on the compute stream, copied back (CUDA: the step's one
  * synchronisation), added in unit order. */
 static fsdp_status_t shard_sumsq(const struct fsdp_engine *e, double *total) {
-  const size_t bytes = (size_t)e->n_units * sizeof(double);
+  const size_t bytes = (size_t)e->plan.n_units * sizeof(double);
   *total = 0.0;
-  FSDP_TRY(fsdp_device_zero(e->norm_dev, bytes, e->s_compute));
-  for (int i = 0; i < e->n_units; i++)
-    if (e->units[i].count)
-      FSDP_TRY(e->ops->sum_squares(e->norm_dev + i,
-                                   e->ops->sum_squares_partials ? e->norm_dev + e->n_units : NULL,
-                                   e->units[i].grad, e->units[i].count, e->s_compute));
-  FSDP_TRY(fsdp_device_copy(e->norm_host, e->norm_dev, bytes, e->s_compute));
-  FSDP_TRY(fsdp_stream_synchronize(e->s_compute));
-  for (int i = 0; i < e->n_units; i++) *total += e->norm_host[i];
+  FSDP_TRY(fsdp_device_zero(e->pools.norm_dev, bytes, e->dev.s_compute));
+  for (int i = 0; i < e->plan.n_units; i++)
+    if (e->plan.units[i].count)
+      FSDP_TRY(e->dev.ops->sum_squares(
+          e->pools.norm_dev + i,
+          e->dev.ops->sum_squares_partials ? e->pools.norm_dev + e->plan.n_units : NULL,
+          e->plan.units[i].grad, e->plan.units[i].count, e->dev.s_compute));
+  FSDP_TRY(fsdp_device_copy(e->pools.norm_host, e->pools.norm_dev, bytes, e->dev.s_compute));
+  FSDP_TRY(fsdp_stream_synchronize(e->dev.s_compute));
+  for (int i = 0; i < e->plan.n_units; i++) *total += e->pools.norm_host[i];
   return FSDP_SUCCESS;
 }
 
@@ -64,23 +65,23 @@ static void update_segment(const struct tensor *t, size_t first, size_t n, size_
   (void)first;
   struct update_ctx *c = arg;
   /* Parameter groups: the tensor's multipliers of lr and weight decay. */
-  fsdp_optim_config_t o_t = c->e->cfg.optim;
+  fsdp_optim_config_t o_t = c->e->conf.cfg.optim;
   const fsdp_optim_config_t *o = &o_t;
   o_t.weight_decay *= t->wd_mult;
   const float lr = c->lr * t->lr_mult;
   size_t k = flat - c->u->shard_offset;
-  const fsdp_compute_ops_t *ops = c->e->ops;
-  const fsdp_stream_t s = c->e->s_compute;
+  const fsdp_compute_ops_t *ops = c->e->dev.ops;
+  const fsdp_stream_t s = c->e->dev.s_compute;
   float *p = c->u->master + k, *g = c->u->grad + k;
   fsdp_status_t st = FSDP_SUCCESS;
   if (c->coef != 1.0f) st = ops->scale(g, c->coef, n, s);
   /* AdamW comes here only for units with parameter groups (update_unit):
    * one run, the piece's, its gradient already scaled. */
   if (st == FSDP_SUCCESS && o->kind == FSDP_OPTIM_ADAMW)
-    st = ops->adamw_multi(p, g, c->u->m + k, c->u->v + k, n, c->e->piece_runs + !t->no_decay, 1,
-                          1.0f, o, lr, c->e->optim_step + 1, s);
+    st = ops->adamw_multi(p, g, c->u->m + k, c->u->v + k, n, c->e->pools.piece_runs + !t->no_decay,
+                          1, 1.0f, o, lr, c->e->optim.optim_step + 1, s);
   else if (st == FSDP_SUCCESS)
-    st = ops->sgd_update(p, g, c->u->m ? c->u->m + k : NULL, n, o, lr, c->e->optim_step == 0,
+    st = ops->sgd_update(p, g, c->u->m ? c->u->m + k : NULL, n, o, lr, c->e->optim.optim_step == 0,
                          !t->no_decay, s);
   if (c->st == FSDP_SUCCESS) c->st = st;
 }
@@ -96,10 +97,10 @@ static int has_groups(const struct unit *u) {
  * one launch on CUDA), else tensor piece by tensor piece. */
 static fsdp_status_t update_unit(const struct fsdp_engine *e, const struct unit *u, float lr,
                                  float coef) {
-  if (e->cfg.optim.kind == FSDP_OPTIM_ADAMW && !has_groups(u))
-    return e->ops->adamw_multi(u->master, u->grad, u->m, u->v, u->count, u->decay_runs,
-                               u->n_runs, coef, &e->cfg.optim, lr, e->optim_step + 1,
-                               e->s_compute);
+  if (e->conf.cfg.optim.kind == FSDP_OPTIM_ADAMW && !has_groups(u))
+    return e->dev.ops->adamw_multi(u->master, u->grad, u->m, u->v, u->count, u->decay_runs,
+                                   u->n_runs, coef, &e->conf.cfg.optim, lr,
+                                   e->optim.optim_step + 1, e->dev.s_compute);
   struct update_ctx ctx = {e, u, lr, coef, FSDP_SUCCESS};
   fsdp_unit_segments(u, u->shard_offset, u->shard_offset + u->count, update_segment, &ctx);
   return ctx.st;
@@ -118,12 +119,13 @@ struct guard {
 static fsdp_status_t agree(struct fsdp_engine *e, struct guard *g) {
   double local = 0.0;
   FSDP_TRY(shard_sumsq(e, &local));
-  struct guard mine = {e->rank < e->shard_world ? local : 0.0, e->loss_bad, !isfinite(local)};
+  struct guard mine = {e->conf.rank < e->conf.shard_world ? local : 0.0, e->optim.loss_bad,
+                       !isfinite(local)};
   *g = mine;
-  if (e->nranks == 1) return FSDP_SUCCESS;
-  fsdp_comm_set_tag(e->comm_host, "grad_norm"); /* named in timeouts and desyncs */
+  if (e->conf.nranks == 1) return FSDP_SUCCESS;
+  fsdp_comm_set_tag(e->comm.comm_host, "grad_norm"); /* named in timeouts and desyncs */
   double t0 = fsdp_time_now();
-  FSDP_TRY(fsdp_all_reduce(e->comm_host, &mine, g, 3, FSDP_F64, FSDP_SUM, FSDP_HOST_STREAM));
+  FSDP_TRY(fsdp_all_reduce(e->comm.comm_host, &mine, g, 3, FSDP_F64, FSDP_SUM, FSDP_HOST_STREAM));
   /* On the timeline: it absorbs the ranks' skew, which is waiting, not compute. */
   fsdp_tl_add(e, FSDP_TL_REDUCE, -1, FSDP_BACKWARD, 0, t0, fsdp_time_now(), sizeof mine);
   return FSDP_SUCCESS;
@@ -136,8 +138,8 @@ static fsdp_status_t clear_grads(struct fsdp_engine *e, struct unit *u) {
 }
 
 static fsdp_status_t update(struct fsdp_engine *e, float lr, double coef) {
-  for (int i = 0; i < e->n_units; i++) {
-    struct unit *u = &e->units[i];
+  for (int i = 0; i < e->plan.n_units; i++) {
+    struct unit *u = &e->plan.units[i];
     FSDP_TRY(fsdp_engine_kclass_begin(e, FSDP_KC_ADAMW));
     fsdp_status_t st = update_unit(e, u, lr, (float)coef);
     const fsdp_status_t end = fsdp_engine_kclass_end(e, FSDP_KC_ADAMW); /* closed either way */
@@ -150,40 +152,42 @@ static fsdp_status_t update(struct fsdp_engine *e, float lr, double coef) {
   fsdp_engine_drop_gathers(e);
   /* The next gathers read the updated shards: they wait for the compute
    * stream to pass the update (on the CPU it already has). */
-  for (int i = 0; i < e->n_pslots; i++) FSDP_TRY(fsdp_event_record(e->pslots[i].free_ev, e->s_compute));
-  e->step++;
-  e->optim_step++;
+  for (int i = 0; i < e->pools.n_pslots; i++)
+    FSDP_TRY(fsdp_event_record(e->pools.pslots[i].free_ev, e->dev.s_compute));
+  e->optim.step++;
+  e->optim.optim_step++;
   return FSDP_SUCCESS;
 }
 
 /* GradScaler's rule: back off on a skipped step, grow after an interval of
  * good ones. Without scaling (scale 1) nothing changes. */
 static void scaler_update(struct fsdp_engine *e, int skipped) {
-  const fsdp_config_t *c = &e->cfg;
+  const fsdp_config_t *c = &e->conf.cfg;
   if (c->loss_scale_init == 1.0) return;
   if (skipped) {
-    e->loss_scale *= c->loss_scale_backoff;
-    e->good_steps = 0;
-  } else if (++e->good_steps >= c->loss_scale_interval) {
-    e->loss_scale *= c->loss_scale_growth;
-    e->good_steps = 0;
+    e->optim.loss_scale *= c->loss_scale_backoff;
+    e->optim.good_steps = 0;
+  } else if (++e->optim.good_steps >= c->loss_scale_interval) {
+    e->optim.loss_scale *= c->loss_scale_growth;
+    e->optim.good_steps = 0;
   }
 }
 
 static fsdp_status_t skip(struct fsdp_engine *e, const struct guard *g, double norm) {
-  for (int i = 0; i < e->n_units; i++) FSDP_TRY(clear_grads(e, &e->units[i]));
-  e->consecutive_skips++;
-  e->skipped_total++;
-  if (e->consecutive_skips < e->cfg.max_consecutive_skips) return FSDP_SUCCESS;
+  for (int i = 0; i < e->plan.n_units; i++) FSDP_TRY(clear_grads(e, &e->plan.units[i]));
+  e->optim.consecutive_skips++;
+  e->optim.skipped_total++;
+  if (e->optim.consecutive_skips < e->conf.cfg.max_consecutive_skips) return FSDP_SUCCESS;
   char scale[64] = "";
-  if (e->cfg.loss_scale_init != 1.0) snprintf(scale, sizeof scale, " (loss scale %g)", e->loss_scale);
+  if (e->conf.cfg.loss_scale_init != 1.0)
+    snprintf(scale, sizeof scale, " (loss scale %g)", e->optim.loss_scale);
   return fsdp_error(FSDP_ERR_NONFINITE,
                     "fsdp_engine_step: %d steps in a row skipped for non-finite values "
                     "(config.max_consecutive_skips %d); at the last, after update %lld, the "
                     "gradient norm was %g%s and %d of %d ranks reported a non-finite loss: "
                     "training has diverged; lower the learning rate or clip gradients",
-                    e->consecutive_skips, e->cfg.max_consecutive_skips, (long long)e->step,
-                    norm, scale, (int)g->bad_loss, e->nranks);
+                    e->optim.consecutive_skips, e->conf.cfg.max_consecutive_skips,
+                    (long long)e->optim.step, norm, scale, (int)g->bad_loss, e->conf.nranks);
 }
 
 /* The step reads every gradient shard. Worker streams are waited for here;
@@ -191,40 +195,41 @@ static fsdp_status_t skip(struct fsdp_engine *e, const struct guard *g, double n
  * (and HSDP replica all-reduce), and the step's one host wait, for the
  * gradient norm, covers them. */
 static fsdp_status_t wait_reductions(struct fsdp_engine *e) {
-  if (!fsdp_stream_cuda_handle(e->s_reduce)) {
-    FSDP_TRY(fsdp_stream_synchronize(e->s_reduce));
-    return fsdp_stream_synchronize(e->s_replica);
+  if (!fsdp_stream_cuda_handle(e->comm.s_reduce)) {
+    FSDP_TRY(fsdp_stream_synchronize(e->comm.s_reduce));
+    return fsdp_stream_synchronize(e->comm.s_replica);
   }
-  for (int i = 0; i < e->n_units; i++) {
-    FSDP_TRY(fsdp_stream_wait_event(e->s_compute, e->units[i].reduced));
-    if (e->hybrid) FSDP_TRY(fsdp_stream_wait_event(e->s_compute, e->units[i].replicated));
+  for (int i = 0; i < e->plan.n_units; i++) {
+    FSDP_TRY(fsdp_stream_wait_event(e->dev.s_compute, e->plan.units[i].reduced));
+    if (e->conf.hybrid)
+      FSDP_TRY(fsdp_stream_wait_event(e->dev.s_compute, e->plan.units[i].replicated));
   }
   return FSDP_SUCCESS;
 }
 
 static fsdp_status_t step(struct fsdp_engine *e, fsdp_step_stats_t *stats) {
   FSDP_TRY(wait_reductions(e));
-  for (int i = 0; i < e->n_gslots; i++) e->gslots[i].busy = e->gslots[i].held = 0;
-  e->grads_live = 0;
+  for (int i = 0; i < e->pools.n_gslots; i++) e->pools.gslots[i].busy = e->pools.gslots[i].held = 0;
+  e->stats.grads_live = 0;
 
   struct guard g;
   FSDP_TRY(agree(e, &g));
-  e->loss_bad = 0;
-  double scale = e->loss_scale, norm = sqrt(g.sumsq) / scale, clip = 1.0;
+  e->optim.loss_bad = 0;
+  double scale = e->optim.loss_scale, norm = sqrt(g.sumsq) / scale, clip = 1.0;
   int skipped = g.bad_loss > 0 || g.bad_grad > 0 || !isfinite(norm);
-  float max_norm = e->cfg.optim.max_grad_norm;
+  float max_norm = e->conf.cfg.optim.max_grad_norm;
   if (!skipped && max_norm > 0.0f && norm > max_norm) clip = max_norm / (norm + 1e-6);
-  float lr = fsdp_schedule_lr(&e->cfg.schedule, e->cfg.optim.lr, e->step);
+  float lr = fsdp_schedule_lr(&e->conf.cfg.schedule, e->conf.cfg.optim.lr, e->optim.step);
 
   fsdp_status_t st = skipped ? skip(e, &g, norm) : update(e, lr, clip / scale);
   if (st != FSDP_SUCCESS && st != FSDP_ERR_NONFINITE) return st;
-  if (!skipped) e->consecutive_skips = 0;
+  if (!skipped) e->optim.consecutive_skips = 0;
   scaler_update(e, skipped);
-  fsdp_step_stats_t s = {.step = e->step, .lr = lr, .grad_norm = norm, .clip_coef = clip,
+  fsdp_step_stats_t s = {.step = e->optim.step, .lr = lr, .grad_norm = norm, .clip_coef = clip,
                          .skipped = skipped, .nonfinite_loss_ranks = (int)g.bad_loss,
-                         .consecutive_skips = e->consecutive_skips,
-                         .skipped_total = e->skipped_total, .loss_scale = scale};
-  if (stats) memcpy(stats, &s, e->stats_bytes);
+                         .consecutive_skips = e->optim.consecutive_skips,
+                         .skipped_total = e->optim.skipped_total, .loss_scale = scale};
+  if (stats) memcpy(stats, &s, e->conf.stats_bytes);
   return st;
 }
 
@@ -247,29 +252,34 @@ fsdp_status_t fsdp_engine_step(fsdp_engine_t e, fsdp_step_stats_t *stats) {
 
 fsdp_status_t fsdp_engine_report_loss(fsdp_engine_t e, double loss) {
   if (!e) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_report_loss: engine is NULL");
-  if (!isfinite(loss)) e->loss_bad = 1;
+  if (!isfinite(loss)) e->optim.loss_bad = 1;
   return FSDP_SUCCESS;
 }
 
-double fsdp_engine_loss_scale(fsdp_engine_t e) { return e ? e->loss_scale : -1.0; }
+double fsdp_engine_loss_scale(fsdp_engine_t e) { return e ? e->optim.loss_scale : -1.0; }
 
 fsdp_status_t fsdp_engine_scaler_state(fsdp_engine_t e, double *scale, int64_t *good_steps) {
   if (!e || !scale || !good_steps)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_scaler_state: NULL argument");
-  *scale = e->loss_scale;
-  *good_steps = e->good_steps;
+  *scale = e->optim.loss_scale;
+  *good_steps = e->optim.good_steps;
   return FSDP_SUCCESS;
 }
 
 fsdp_status_t fsdp_engine_set_scaler_state(fsdp_engine_t e, double scale, int64_t good_steps) {
-  if (!e) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_set_scaler_state: engine is NULL");
+  if (!e)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_set_scaler_state: engine is NULL");
   if (!(scale > 0.0 && scale < 1e300) || good_steps < 0)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_set_scaler_state: scale %g must "
                       "be finite and > 0, good_steps %lld >= 0", scale, (long long)good_steps);
-  if (e->cfg.loss_scale_init == 1.0 && scale != 1.0)
+  if (e->conf.cfg.loss_scale_init == 1.0 && scale != 1.0)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_set_scaler_state: scale %g, but "
                       "this engine has no loss scaling (config.loss_scale_init 1)", scale);
-  e->loss_scale = scale;
-  e->good_steps = good_steps;
+  e->optim.loss_scale = scale;
+  e->optim.good_steps = good_steps;
   return FSDP_SUCCESS;
+}
+
+void fsdp_engine_optim_init(struct fsdp_engine *e) {
+  e->optim.loss_scale = e->conf.cfg.loss_scale_init;
 }

@@ -321,7 +321,9 @@ END_TEST
  * took to see one event recorded (the engine's anchor error: microseconds on
  * a GPU, up to milliseconds on a loaded simulator), plus a millisecond; a
  * clock mapping gone wrong is off by far more */
-static double tl_slack(fsdp_engine_t e) { return 1e-3 + fsdp_marks_anchor_error(e->tl_marks); }
+static double tl_slack(fsdp_engine_t e) {
+  return 1e-3 + fsdp_marks_anchor_error(e->stats.tl_marks);
+}
 
 static void tl_check(fsdp_engine_t e, int step, double t0, double t1, const double *released) {
   const double slack = tl_slack(e);
@@ -396,7 +398,7 @@ START_TEST(timeline_without_host_functions) {
     printf("engine N=%d timeline (backend %s, param %s%s): no host function on a CUDA stream "
            "in 3 steps; collectives timed by CUDA events within their steps (clocks tied "
            "within %.0f us)\n", nranks, backend_name(c, e), fsdp_dtype_name(c->param),
-           c->shard_size ? ", HSDP 2x2" : "", 1e6 * fsdp_marks_anchor_error(e->tl_marks));
+           c->shard_size ? ", HSDP 2x2" : "", 1e6 * fsdp_marks_anchor_error(e->stats.tl_marks));
   fsdp_engine_destroy(e);
 }
 END_TEST
