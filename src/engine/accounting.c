@@ -23,8 +23,8 @@ fsdp_status_t fsdp_engine_memory(fsdp_engine_t e, fsdp_mem_stats_t *mem) {
     size_t b = u->shard * sizeof(float);
     mem->master += b;
     mem->grad_shard += b;
-    mem->optim_state += (u->m ? b : 0) + (u->v ? b : 0);
-    mem->param_copy += (u->lp ? u->shard * sizeof(uint16_t) : 0) + (u->rounded ? b : 0);
+    mem->optim_state += (u->mem.m ? b : 0) + (u->mem.v ? b : 0);
+    mem->param_copy += (u->mem.lp ? u->shard * sizeof(uint16_t) : 0) + (u->mem.rounded ? b : 0);
   }
   mem->persistent = mem->master + mem->grad_shard + mem->optim_state + mem->param_copy;
   mem->gathered_params = e->stats.gathered;

@@ -40,13 +40,9 @@ struct stream_op {
   float *dst;
 };
 
-struct unit {
-  char *name, *kind;
-  int n_tensors;
-  struct tensor *tensors;
-  size_t numel, padded, shard, shard_offset;
-  size_t count; /* real elements of this rank's slice */
-
+/* A unit's memory (materialize.c allocates it, units.c frees it; the step
+ * updates the values in place; the host copies are tensor_io.c's). */
+struct unit_mem {
   float *master, *grad, *m, *v; /* shard-sized, persistent */
   unsigned long long *decay_runs; /* CUDA AdamW: start << 1 | decay of each run of the shard's
                                      elements sharing a decay flag (device); n_runs of them */
@@ -59,7 +55,11 @@ struct unit {
    * mirror_dirty. */
   float *mirror[4];
   int mirror_dirty;
+};
 
+/* A unit's place in the schedule (schedule.c; the step counts backward
+ * passes off and waits for the reductions). */
+struct unit_sched {
   int slot;      /* param slot holding the gathered params, -1 none */
   int held;      /* acquired by the caller: -1 no, else the pass */
   int gslot;     /* grad slot handed out in backward, -1 none */
@@ -71,15 +71,28 @@ struct unit {
   struct stream_op gather_op, reduce_op;
   float reduce_scale;
   float *reduce_src; /* full gradient being reduced */
+  /* HSDP: the gradient shard's all-reduce across the replica group. */
+  fsdp_event_t replicated;
+  struct stream_op replica_op;
+};
+
+/* A unit: its plan (units.c registers it, materialize.c lays it out), its
+ * memory and its schedule state. */
+struct unit {
+  char *name, *kind;
+  int n_tensors;
+  struct tensor *tensors;
+  size_t numel, padded, shard, shard_offset;
+  size_t count; /* real elements of this rank's slice */
   /* Per-unit choices (fsdp_unit_opts_t), resolved at add. */
   int reshard;              /* free the gathered params at the forward release (ZeRO-3) */
   int lowp;                 /* gathered in 16 bits (bf16 or f16) */
   fsdp_dtype_t lp_dtype;    /* that dtype (FSDP_F32 when !lowp) */
   int widen;                /* 16 bits on the CPU: gathers are widened to f32 for compute */
   int own_slot;             /* !reshard: the param slot reserved for it, else -1 */
-  /* HSDP: the gradient shard's all-reduce across the replica group. */
-  fsdp_event_t replicated;
-  struct stream_op replica_op;
+
+  struct unit_mem mem;
+  struct unit_sched sched;
 };
 
 /* Param slots: [0, n_own) reserved, one per unit that keeps its gathered

@@ -49,13 +49,13 @@ static fsdp_status_t decay_runs(struct fsdp_engine *e, struct unit *u) {
   if (!c.runs) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "unit '%s': no host memory", u->name);
   fsdp_unit_segments(u, u->shard_offset, u->shard_offset + u->count, add_run, &c);
   const size_t bytes = (size_t)c.n * sizeof *c.runs;
-  u->decay_runs = fsdp_engine_alloc(e, bytes);
-  fsdp_status_t st = u->decay_runs ? fsdp_device_copy(u->decay_runs, c.runs, bytes,
+  u->mem.decay_runs = fsdp_engine_alloc(e, bytes);
+  fsdp_status_t st = u->mem.decay_runs ? fsdp_device_copy(u->mem.decay_runs, c.runs, bytes,
                                                       FSDP_HOST_STREAM)
                                    : fsdp_error(FSDP_ERR_OUT_OF_MEMORY,
                                                 "unit '%s': cannot allocate its decay runs",
                                                 u->name);
-  u->n_runs = c.n;
+  u->mem.n_runs = c.n;
   free(c.runs);
   return st;
 }
@@ -63,14 +63,14 @@ static fsdp_status_t decay_runs(struct fsdp_engine *e, struct unit *u) {
 /* Fills u's master shard with its initial values (on CUDA through the host). */
 static fsdp_status_t unit_init(struct fsdp_engine *e, struct unit *u) {
   size_t bytes = u->shard * sizeof(float);
-  struct init_ctx ctx = {e, u, fsdp_engine_on_host(e) ? u->master : fsdp_alloc(bytes)};
+  struct init_ctx ctx = {e, u, fsdp_engine_on_host(e) ? u->mem.master : fsdp_alloc(bytes)};
   if (!ctx.dst)
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "unit '%s': %zu bytes to initialise it", u->name,
                       bytes);
   fsdp_unit_segments(u, u->shard_offset, u->shard_offset + u->count, init_segment, &ctx);
   fsdp_status_t st = FSDP_SUCCESS;
-  if (ctx.dst != u->master) {
-    st = fsdp_device_copy(u->master, ctx.dst, bytes, FSDP_HOST_STREAM);
+  if (ctx.dst != u->mem.master) {
+    st = fsdp_device_copy(u->mem.master, ctx.dst, bytes, FSDP_HOST_STREAM);
     fsdp_free(ctx.dst);
   }
   return st != FSDP_SUCCESS ? st : fsdp_unit_refresh_params(e, u);
@@ -83,23 +83,23 @@ static fsdp_status_t unit_materialize(struct fsdp_engine *e, struct unit *u) {
   u->shard_offset = (size_t)e->conf.shard_rank * u->shard;
   u->count = end - begin;
   size_t bytes = u->shard * sizeof(float);
-  u->master = fsdp_engine_alloc(e, bytes);
-  u->grad = fsdp_engine_alloc(e, bytes);
+  u->mem.master = fsdp_engine_alloc(e, bytes);
+  u->mem.grad = fsdp_engine_alloc(e, bytes);
   int moments = e->conf.cfg.optim.kind == FSDP_OPTIM_ADAMW ? 2
                 : e->conf.cfg.optim.momentum > 0.0f        ? 1 : 0;
-  if (moments >= 1) u->m = fsdp_engine_alloc(e, bytes);
-  if (moments == 2) u->v = fsdp_engine_alloc(e, bytes);
+  if (moments >= 1) u->mem.m = fsdp_engine_alloc(e, bytes);
+  if (moments == 2) u->mem.v = fsdp_engine_alloc(e, bytes);
   if (e->conf.cfg.accumulate_full_grads)
-    u->full_grad = fsdp_engine_alloc(e, u->padded * sizeof(float));
-  if (!u->master || !u->grad || (moments >= 1 && !u->m) || (moments == 2 && !u->v) ||
-      (e->conf.cfg.accumulate_full_grads && !u->full_grad))
+    u->mem.full_grad = fsdp_engine_alloc(e, u->padded * sizeof(float));
+  if (!u->mem.master || !u->mem.grad || (moments >= 1 && !u->mem.m) ||
+      (moments == 2 && !u->mem.v) || (e->conf.cfg.accumulate_full_grads && !u->mem.full_grad))
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY,
                       "unit '%s': cannot allocate its shard state (%zu bytes per buffer)",
                       u->name, bytes);
-  if (u->lowp) u->lp = fsdp_engine_alloc(e, u->shard * sizeof(uint16_t));
+  if (u->lowp) u->mem.lp = fsdp_engine_alloc(e, u->shard * sizeof(uint16_t));
   /* One shard on the CPU: views read a widened copy (CUDA reads lp itself). */
-  if (u->widen && e->conf.shard_world == 1) u->rounded = fsdp_engine_alloc(e, bytes);
-  if (u->lowp && (!u->lp || (u->widen && e->conf.shard_world == 1 && !u->rounded)))
+  if (u->widen && e->conf.shard_world == 1) u->mem.rounded = fsdp_engine_alloc(e, bytes);
+  if (u->lowp && (!u->mem.lp || (u->widen && e->conf.shard_world == 1 && !u->mem.rounded)))
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "unit '%s': cannot allocate its 16-bit copy",
                       u->name);
   FSDP_TRY(unit_init(e, u));

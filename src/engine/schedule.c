@@ -66,16 +66,16 @@ static fsdp_status_t reduce_mark(void *arg) {
 
 /* bf16 reduce dtype: the full fp32 gradient rounded into grad_lp. */
 static fsdp_status_t cast_grad(struct fsdp_engine *e, struct unit *u, fsdp_stream_t s) {
-  return e->dev.ops->cast(FSDP_BF16, e->pools.grad_lp, FSDP_F32, u->reduce_src, u->padded, s);
+  return e->dev.ops->cast(FSDP_BF16, e->pools.grad_lp, FSDP_F32, u->sched.reduce_src, u->padded, s);
 }
 
 /* grad shard += scale * reduced gradient (the averaging is folded in here). */
 static fsdp_status_t accumulate(struct fsdp_engine *e, struct unit *u, fsdp_stream_t s) {
   const int lp = e->conf.bf16_reduce && e->conf.nranks > 1;
-  const float *src = e->conf.shard_world > 1 ? e->pools.staging : u->reduce_src;
+  const float *src = e->conf.shard_world > 1 ? e->pools.staging : u->sched.reduce_src;
   const uint16_t *src_lp = e->conf.shard_world > 1 ? e->pools.staging_lp : e->pools.grad_lp;
-  return e->dev.ops->axpy(u->grad, lp ? FSDP_BF16 : FSDP_F32, lp ? (const void *)src_lp : src,
-                          u->reduce_scale, u->shard, s);
+  return e->dev.ops->axpy(u->mem.grad, lp ? FSDP_BF16 : FSDP_F32, lp ? (const void *)src_lp : src,
+                          u->sched.reduce_scale, u->shard, s);
 }
 
 typedef fsdp_status_t (*shard_fn)(struct fsdp_engine *, struct unit *, fsdp_stream_t);
@@ -95,7 +95,7 @@ static fsdp_status_t accumulate_task(void *arg) { return on_worker(arg, accumula
 static fsdp_status_t reduce_queue(struct fsdp_engine *e, struct unit *u, shard_fn fn,
                                   fsdp_host_fn task) {
   if (fsdp_stream_cuda_handle(e->comm.s_reduce)) return fn(e, u, e->comm.s_reduce);
-  return fsdp_stream_launch(e->comm.s_reduce, task, &u->reduce_op);
+  return fsdp_stream_launch(e->comm.s_reduce, task, &u->sched.reduce_op);
 }
 
 /* ---- gathers ------------------------------------------------------------ */
@@ -105,7 +105,8 @@ static fsdp_status_t reduce_queue(struct fsdp_engine *e, struct unit *u, shard_f
 static int nesting(const struct fsdp_engine *e) {
   int n = 0;
   for (int i = e->pools.n_own; i < e->pools.n_pslots; i++)
-    if (e->pools.pslots[i].owner >= 0 && e->plan.units[e->pools.pslots[i].owner].held >= 0) n++;
+    if (e->pools.pslots[i].owner >= 0 && e->plan.units[e->pools.pslots[i].owner].sched.held >= 0)
+      n++;
   return n;
 }
 
@@ -129,35 +130,35 @@ static fsdp_status_t gather_issue(struct fsdp_engine *e, struct unit *u, int slo
                                   fsdp_pass_t pass) {
   struct pslot *p = &e->pools.pslots[slot];
   p->owner = unit_index(e, u);
-  u->slot = slot;
+  u->sched.slot = slot;
   fsdp_mem_track(&e->stats.gathered, &e->stats.gathered_peak, fsdp_unit_gathered_bytes(e, u), 0);
   int host = host_marks(e->comm.s_gather);
   /* Queued host functions of its last gather read the closure (CPU: done). */
-  if (host) FSDP_TRY(fsdp_event_synchronize(u->ready));
-  u->gather_op = (struct stream_op){e, u, pass, 0.0, u->widen ? p->lp : NULL, p->buf};
+  if (host) FSDP_TRY(fsdp_event_synchronize(u->sched.ready));
+  u->sched.gather_op = (struct stream_op){e, u, pass, 0.0, u->widen ? p->lp : NULL, p->buf};
   FSDP_TRY(fsdp_stream_wait_event(e->comm.s_gather, p->free_ev));
   size_t mark;
-  FSDP_TRY(mark_open(e, e->comm.s_gather, &u->gather_op, &mark));
+  FSDP_TRY(mark_open(e, e->comm.s_gather, &u->sched.gather_op, &mark));
   fsdp_comm_set_tag(e->comm.comm_gather, u->name); /* names the unit in timeouts and desyncs */
   if (u->lowp)
-    FSDP_TRY(fsdp_all_gather(e->comm.comm_gather, u->lp, p->lp, u->shard, u->lp_dtype,
+    FSDP_TRY(fsdp_all_gather(e->comm.comm_gather, u->mem.lp, p->lp, u->shard, u->lp_dtype,
                              e->comm.s_gather));
   else
-    FSDP_TRY(fsdp_all_gather(e->comm.comm_gather, u->master, p->buf, u->shard, FSDP_F32,
+    FSDP_TRY(fsdp_all_gather(e->comm.comm_gather, u->mem.master, p->buf, u->shard, FSDP_F32,
                              e->comm.s_gather));
-  if (host) FSDP_TRY(fsdp_stream_launch(e->comm.s_gather, gather_end, &u->gather_op));
+  if (host) FSDP_TRY(fsdp_stream_launch(e->comm.s_gather, gather_end, &u->sched.gather_op));
   else
     FSDP_TRY(fsdp_tl_mark_end(e, e->comm.s_gather, mark, (fsdp_tl_event_t){FSDP_TL_ALL_GATHER,
                               unit_index(e, u), pass, 1, 0.0, 0.0, gather_bytes(u)}));
-  return fsdp_event_record(u->ready, e->comm.s_gather);
+  return fsdp_event_record(u->sched.ready, e->comm.s_gather);
 }
 
 static fsdp_status_t slot_release(struct fsdp_engine *e, struct unit *u) {
-  struct pslot *p = &e->pools.pslots[u->slot];
+  struct pslot *p = &e->pools.pslots[u->sched.slot];
   /* The next gather into this buffer must wait until compute has passed it. */
   FSDP_TRY(fsdp_event_record(p->free_ev, e->dev.s_compute));
   p->owner = -1;
-  u->slot = -1;
+  u->sched.slot = -1;
   fsdp_mem_track(&e->stats.gathered, &e->stats.gathered_peak, 0, fsdp_unit_gathered_bytes(e, u));
   return FSDP_SUCCESS;
 }
@@ -166,9 +167,9 @@ static fsdp_status_t slot_release(struct fsdp_engine *e, struct unit *u) {
 static int evict_prefetched(struct fsdp_engine *e) {
   for (int i = e->pools.n_own; i < e->pools.n_pslots; i++) {
     int owner = e->pools.pslots[i].owner;
-    if (owner >= 0 && e->plan.units[owner].held < 0) {
+    if (owner >= 0 && e->plan.units[owner].sched.held < 0) {
       struct unit *v = &e->plan.units[owner];
-      if (fsdp_event_synchronize(v->ready) != FSDP_SUCCESS) return -1;
+      if (fsdp_event_synchronize(v->sched.ready) != FSDP_SUCCESS) return -1;
       if (slot_release(e, v) != FSDP_SUCCESS) return -1;
       return i;
     }
@@ -177,7 +178,7 @@ static int evict_prefetched(struct fsdp_engine *e) {
 }
 
 static fsdp_status_t gather_needed(struct fsdp_engine *e, struct unit *u, fsdp_pass_t pass) {
-  if (e->conf.shard_world == 1 || u->slot >= 0) return FSDP_SUCCESS;
+  if (e->conf.shard_world == 1 || u->sched.slot >= 0) return FSDP_SUCCESS;
   int slot;
   FSDP_TRY(free_slot(e, u, &slot));
   if (slot < 0) slot = evict_prefetched(e);
@@ -202,7 +203,7 @@ static fsdp_status_t prefetch(struct fsdp_engine *e, fsdp_pass_t pass, int pos) 
   for (int k = 1; k <= e->conf.cfg.prefetch_depth; k++) {
     struct unit *v = unit_ahead(e, pass, pos, k);
     if (!v) break;
-    if (v->slot >= 0) continue;
+    if (v->sched.slot >= 0) continue;
     int slot;
     FSDP_TRY(free_slot(e, v, &slot));
     if (slot < 0) break; /* the cap on live units (max_live_units): stop prefetching */
@@ -216,12 +217,12 @@ static fsdp_status_t prefetch(struct fsdp_engine *e, fsdp_pass_t pass, int pos) 
 static fsdp_status_t grad_buffer(struct fsdp_engine *e, struct unit *u, float **buf) {
   size_t bytes = u->padded * sizeof(float);
   if (e->conf.cfg.accumulate_full_grads) {
-    if (u->bwd_count == 0) {
-      FSDP_TRY(fsdp_stream_wait_event(e->dev.s_compute, u->reduced));
-      FSDP_TRY(fsdp_engine_zero(e, u->full_grad, bytes));
+    if (u->sched.bwd_count == 0) {
+      FSDP_TRY(fsdp_stream_wait_event(e->dev.s_compute, u->sched.reduced));
+      FSDP_TRY(fsdp_engine_zero(e, u->mem.full_grad, bytes));
       fsdp_mem_track(&e->stats.grads_live, &e->stats.grads_peak, bytes, 0);
     }
-    *buf = u->full_grad;
+    *buf = u->mem.full_grad;
     return FSDP_SUCCESS;
   }
   int k = 0;
@@ -236,10 +237,10 @@ static fsdp_status_t grad_buffer(struct fsdp_engine *e, struct unit *u, float **
   struct gslot *g = &e->pools.gslots[slot];
   if (g->busy) { /* compute waits for the reduction still reading it */
     struct unit *prev = &e->plan.units[g->owner];
-    FSDP_TRY(fsdp_stream_wait_event(e->dev.s_compute, prev->reduced));
+    FSDP_TRY(fsdp_stream_wait_event(e->dev.s_compute, prev->sched.reduced));
     fsdp_mem_track(&e->stats.grads_live, &e->stats.grads_peak, 0, prev->padded * sizeof(float));
   }
-  u->gslot = slot;
+  u->sched.gslot = slot;
   e->sched.next_gslot = (slot + 1) % e->pools.n_gslots;
   g->busy = g->held = 1;
   g->owner = unit_index(e, u);
@@ -262,20 +263,20 @@ static fsdp_status_t replica_mark(void *arg) {
  * reduce stream has passed the accumulation. The step waits for it. */
 static fsdp_status_t replica_issue(struct fsdp_engine *e, struct unit *u) {
   int host = host_marks(e->comm.s_replica);
-  if (host) FSDP_TRY(fsdp_event_synchronize(u->replicated));
-  u->replica_op = (struct stream_op){e, u, FSDP_BACKWARD, 0.0, NULL, NULL};
-  FSDP_TRY(fsdp_stream_wait_event(e->comm.s_replica, u->reduced));
+  if (host) FSDP_TRY(fsdp_event_synchronize(u->sched.replicated));
+  u->sched.replica_op = (struct stream_op){e, u, FSDP_BACKWARD, 0.0, NULL, NULL};
+  FSDP_TRY(fsdp_stream_wait_event(e->comm.s_replica, u->sched.reduced));
   size_t mark;
-  FSDP_TRY(mark_open(e, e->comm.s_replica, &u->replica_op, &mark));
+  FSDP_TRY(mark_open(e, e->comm.s_replica, &u->sched.replica_op, &mark));
   fsdp_comm_set_tag(e->comm.comm_replica, u->name);
-  FSDP_TRY(fsdp_all_reduce(e->comm.comm_replica, u->grad, u->grad, u->shard, FSDP_F32, FSDP_SUM,
-                           e->comm.s_replica));
-  if (host) FSDP_TRY(fsdp_stream_launch(e->comm.s_replica, replica_mark, &u->replica_op));
+  FSDP_TRY(fsdp_all_reduce(e->comm.comm_replica, u->mem.grad, u->mem.grad, u->shard, FSDP_F32,
+                           FSDP_SUM, e->comm.s_replica));
+  if (host) FSDP_TRY(fsdp_stream_launch(e->comm.s_replica, replica_mark, &u->sched.replica_op));
   else
     FSDP_TRY(fsdp_tl_mark_end(e, e->comm.s_replica, mark, (fsdp_tl_event_t){FSDP_TL_REPLICA_REDUCE,
                               unit_index(e, u), FSDP_BACKWARD, 3, 0.0, 0.0,
                               u->shard * sizeof(float)}));
-  return fsdp_event_record(u->replicated, e->comm.s_replica);
+  return fsdp_event_record(u->sched.replicated, e->comm.s_replica);
 }
 
 /* Starts the reduction of a unit's full gradient into its fp32 shard. The sum
@@ -283,15 +284,15 @@ static fsdp_status_t replica_issue(struct fsdp_engine *e, struct unit *u) {
 static fsdp_status_t reduce_issue(struct fsdp_engine *e, struct unit *u, float *src) {
   int host = host_marks(e->comm.s_reduce);
   /* Queued host functions read the closure: let the last ones finish. */
-  if (host) FSDP_TRY(fsdp_event_synchronize(u->reduced));
-  u->reduce_src = src;
-  u->reduce_scale = e->conf.cfg.grad_reduce == FSDP_AVG
+  if (host) FSDP_TRY(fsdp_event_synchronize(u->sched.reduced));
+  u->sched.reduce_src = src;
+  u->sched.reduce_scale = e->conf.cfg.grad_reduce == FSDP_AVG
                         ? 1.0f / (float)((double)e->conf.nranks * e->conf.cfg.grad_accum) : 1.0f;
-  u->reduce_op = (struct stream_op){e, u, FSDP_BACKWARD, 0.0, NULL, NULL};
+  u->sched.reduce_op = (struct stream_op){e, u, FSDP_BACKWARD, 0.0, NULL, NULL};
   FSDP_TRY(fsdp_event_record(e->sched.compute_done, e->dev.s_compute));
   FSDP_TRY(fsdp_stream_wait_event(e->comm.s_reduce, e->sched.compute_done));
   size_t mark;
-  FSDP_TRY(mark_open(e, e->comm.s_reduce, &u->reduce_op, &mark));
+  FSDP_TRY(mark_open(e, e->comm.s_reduce, &u->sched.reduce_op, &mark));
   fsdp_comm_set_tag(e->comm.comm_reduce, u->name);
   int lp = e->conf.bf16_reduce && e->conf.nranks > 1;
   if (lp) FSDP_TRY(reduce_queue(e, u, cast_grad, cast_task));
@@ -305,12 +306,12 @@ static fsdp_status_t reduce_issue(struct fsdp_engine *e, struct unit *u, float *
     FSDP_TRY(fsdp_all_reduce(e->comm.comm_reduce, send, (void *)send, u->padded, dt, FSDP_SUM,
                              e->comm.s_reduce));
   FSDP_TRY(reduce_queue(e, u, accumulate, accumulate_task));
-  if (host) FSDP_TRY(fsdp_stream_launch(e->comm.s_reduce, reduce_mark, &u->reduce_op));
+  if (host) FSDP_TRY(fsdp_stream_launch(e->comm.s_reduce, reduce_mark, &u->sched.reduce_op));
   else
     FSDP_TRY(fsdp_tl_mark_end(e, e->comm.s_reduce, mark, (fsdp_tl_event_t){FSDP_TL_REDUCE,
                               unit_index(e, u), FSDP_BACKWARD, 2, 0.0, 0.0, reduce_bytes(e, u)}));
-  FSDP_TRY(fsdp_event_record(u->reduced, e->comm.s_reduce));
-  return e->conf.hybrid && u->bwd_count == e->conf.cfg.grad_accum ? replica_issue(e, u)
+  FSDP_TRY(fsdp_event_record(u->sched.reduced, e->comm.s_reduce));
+  return e->conf.hybrid && u->sched.bwd_count == e->conf.cfg.grad_accum ? replica_issue(e, u)
                                                                   : FSDP_SUCCESS;
 }
 
@@ -318,9 +319,9 @@ static fsdp_status_t reduce_issue(struct fsdp_engine *e, struct unit *u, float *
 
 static fsdp_status_t check_order(struct fsdp_engine *e, struct unit *u, fsdp_pass_t pass) {
   int ui = unit_index(e, u);
-  if (u->held >= 0)
+  if (u->sched.held >= 0)
     return fsdp_error(FSDP_ERR_INVALID_USAGE, "unit '%s' is already acquired (in %s)", u->name,
-                      pass_name((fsdp_pass_t)u->held));
+                      pass_name((fsdp_pass_t)u->sched.held));
   if (pass == FSDP_FORWARD) {
     if (e->sched.phase == PHASE_BACKWARD)
       return fsdp_error(FSDP_ERR_INVALID_USAGE,
@@ -345,10 +346,11 @@ static fsdp_status_t check_order(struct fsdp_engine *e, struct unit *u, fsdp_pas
                       "unit '%s' acquired out of order in backward: expected '%s' (backward "
                       "goes in the reverse of the forward release order)", u->name,
                       e->plan.units[want].name);
-  if (u->bwd_count >= e->conf.cfg.grad_accum)
+  if (u->sched.bwd_count >= e->conf.cfg.grad_accum)
     return fsdp_error(FSDP_ERR_INVALID_USAGE,
                       "unit '%s': backward pass %d in one step but config.grad_accum is %d: "
-                      "call fsdp_engine_step", u->name, u->bwd_count + 1, e->conf.cfg.grad_accum);
+                      "call fsdp_engine_step",
+                      u->name, u->sched.bwd_count + 1, e->conf.cfg.grad_accum);
   return FSDP_SUCCESS;
 }
 
@@ -384,28 +386,29 @@ static fsdp_status_t acquire(struct fsdp_engine *e, struct unit *u, fsdp_pass_t 
   }
   e->sched.fwd_done = e->sched.fwd_done && !starts;
   FSDP_TRY(prefetch(e, pass, pos));
-  FSDP_TRY(fsdp_stream_wait_event(e->dev.s_compute, u->ready));
+  FSDP_TRY(fsdp_stream_wait_event(e->dev.s_compute, u->sched.ready));
   /* 16-bit params on CUDA: views show the gathered values themselves. */
   int lp = u->lowp && !u->widen;
-  const void *base = e->conf.shard_world > 1 ? (lp ? (const void *)e->pools.pslots[u->slot].lp
-                                                : (const void *)e->pools.pslots[u->slot].buf)
-                     : lp      ? (const void *)u->lp
-                     : u->lowp ? (const void *)u->rounded
-                               : (const void *)u->master;
+  const void *base = e->conf.shard_world > 1 ? (lp ? (const void *)e->pools.pslots[u->sched.slot].lp
+                                                : (const void *)e->pools.pslots[u->sched.slot].buf)
+                     : lp      ? (const void *)u->mem.lp
+                     : u->lowp ? (const void *)u->mem.rounded
+                               : (const void *)u->mem.master;
   size_t elem = lp ? sizeof(uint16_t) : sizeof(float);
   for (int i = 0; i < u->n_tensors; i++)
-    u->param_ptrs[i] = (float *)((char *)base + u->tensors[i].offset * elem);
+    u->sched.param_ptrs[i] = (float *)((char *)base + u->tensors[i].offset * elem);
   if (pass == FSDP_BACKWARD) {
     float *g = NULL;
     FSDP_TRY(grad_buffer(e, u, &g));
-    for (int i = 0; i < u->n_tensors; i++) u->grad_ptrs[i] = g + u->tensors[i].offset;
+    for (int i = 0; i < u->n_tensors; i++) u->sched.grad_ptrs[i] = g + u->tensors[i].offset;
     e->sched.bwd_next = pos + 1;
   } else {
     e->sched.fwd_next++;
   }
-  u->held = (int)pass;
-  *view = (fsdp_view_t){u->n_tensors, u->param_ptrs, pass == FSDP_BACKWARD ? u->grad_ptrs : NULL,
-                        lp ? u->lp_dtype : FSDP_F32};
+  u->sched.held = (int)pass;
+  *view =
+      (fsdp_view_t){u->n_tensors, u->sched.param_ptrs,
+                    pass == FSDP_BACKWARD ? u->sched.grad_ptrs : NULL, lp ? u->lp_dtype : FSDP_F32};
   return FSDP_SUCCESS;
 }
 
@@ -424,10 +427,10 @@ fsdp_status_t fsdp_unit_acquire(fsdp_engine_t e, fsdp_unit_t unit, fsdp_pass_t p
 }
 
 static fsdp_status_t release(struct fsdp_engine *e, struct unit *u, fsdp_pass_t pass) {
-  u->held = -1;
+  u->sched.held = -1;
   if (pass == FSDP_FORWARD) {
     e->sched.fwd_release[e->sched.n_released++] = unit_index(e, u);
-    if (u->reshard && u->slot >= 0) FSDP_TRY(slot_release(e, u));
+    if (u->reshard && u->sched.slot >= 0) FSDP_TRY(slot_release(e, u));
     if (e->sched.n_released == e->plan.n_units) {
       e->sched.phase = PHASE_IDLE;
       e->sched.fwd_done = 1;
@@ -435,15 +438,15 @@ static fsdp_status_t release(struct fsdp_engine *e, struct unit *u, fsdp_pass_t 
     }
     return FSDP_SUCCESS;
   }
-  u->bwd_count++;
+  u->sched.bwd_count++;
   if (!e->conf.cfg.accumulate_full_grads) {
-    e->pools.gslots[u->gslot].held = 0;
-    FSDP_TRY(reduce_issue(e, u, e->pools.gslots[u->gslot].buf));
+    e->pools.gslots[u->sched.gslot].held = 0;
+    FSDP_TRY(reduce_issue(e, u, e->pools.gslots[u->sched.gslot].buf));
   }
-  else if (u->bwd_count == e->conf.cfg.grad_accum)
-    FSDP_TRY(reduce_issue(e, u, u->full_grad));
-  u->gslot = -1;
-  if (u->slot >= 0) FSDP_TRY(slot_release(e, u));
+  else if (u->sched.bwd_count == e->conf.cfg.grad_accum)
+    FSDP_TRY(reduce_issue(e, u, u->mem.full_grad));
+  u->sched.gslot = -1;
+  if (u->sched.slot >= 0) FSDP_TRY(slot_release(e, u));
   if (++e->sched.bwd_released == e->plan.n_units) e->sched.phase = PHASE_IDLE;
   return FSDP_SUCCESS;
 }
@@ -451,11 +454,11 @@ static fsdp_status_t release(struct fsdp_engine *e, struct unit *u, fsdp_pass_t 
 fsdp_status_t fsdp_unit_release(fsdp_engine_t e, fsdp_unit_t unit, fsdp_pass_t pass) {
   struct unit *u = NULL;
   FSDP_TRY(unit_lookup(e, unit, pass, "fsdp_unit_release", &u));
-  if (u->held != (int)pass)
+  if (u->sched.held != (int)pass)
     return fsdp_error(FSDP_ERR_INVALID_USAGE,
                       "unit '%s' released in %s but it is not acquired in %s%s", u->name,
                       pass_name(pass), pass_name(pass),
-                      u->held < 0 ? " (released twice?)" : "");
+                      u->sched.held < 0 ? " (released twice?)" : "");
   double t0 = fsdp_time_now();
   fsdp_status_t st = release(e, u, pass);
   if (st != FSDP_SUCCESS) return fsdp_engine_poison(e, st);

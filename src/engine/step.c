@@ -18,7 +18,7 @@ static fsdp_status_t step_ready(struct fsdp_engine *e) {
   if (!e->plan.materialized)
     return fsdp_error(FSDP_ERR_INVALID_USAGE, "fsdp_engine_step before fsdp_engine_materialize");
   for (int i = 0; i < e->plan.n_units; i++)
-    if (e->plan.units[i].held >= 0)
+    if (e->plan.units[i].sched.held >= 0)
       return fsdp_error(FSDP_ERR_INVALID_USAGE, "fsdp_engine_step while unit '%s' is acquired",
                         e->plan.units[i].name);
   if (e->sched.phase != PHASE_IDLE)
@@ -26,11 +26,11 @@ static fsdp_status_t step_ready(struct fsdp_engine *e) {
                       "fsdp_engine_step in the middle of a %s pass: finish it first",
                       e->sched.phase == PHASE_FORWARD ? "forward" : "backward");
   for (int i = 0; i < e->plan.n_units; i++)
-    if (e->plan.units[i].bwd_count != e->conf.cfg.grad_accum)
+    if (e->plan.units[i].sched.bwd_count != e->conf.cfg.grad_accum)
       return fsdp_error(FSDP_ERR_INVALID_USAGE,
                         "fsdp_engine_step before backward: unit '%s' has had %d of %d backward "
                         "passes (config.grad_accum) since the last step", e->plan.units[i].name,
-                        e->plan.units[i].bwd_count, e->conf.cfg.grad_accum);
+                        e->plan.units[i].sched.bwd_count, e->conf.cfg.grad_accum);
   return FSDP_SUCCESS;
 }
 
@@ -46,7 +46,7 @@ static fsdp_status_t shard_sumsq(const struct fsdp_engine *e, double *total) {
       FSDP_TRY(e->dev.ops->sum_squares(
           e->pools.norm_dev + i,
           e->dev.ops->sum_squares_partials ? e->pools.norm_dev + e->plan.n_units : NULL,
-          e->plan.units[i].grad, e->plan.units[i].count, e->dev.s_compute));
+          e->plan.units[i].mem.grad, e->plan.units[i].count, e->dev.s_compute));
   FSDP_TRY(fsdp_device_copy(e->pools.norm_host, e->pools.norm_dev, bytes, e->dev.s_compute));
   FSDP_TRY(fsdp_stream_synchronize(e->dev.s_compute));
   for (int i = 0; i < e->plan.n_units; i++) *total += e->pools.norm_host[i];
@@ -72,17 +72,18 @@ static void update_segment(const struct tensor *t, size_t first, size_t n, size_
   size_t k = flat - c->u->shard_offset;
   const fsdp_compute_ops_t *ops = c->e->dev.ops;
   const fsdp_stream_t s = c->e->dev.s_compute;
-  float *p = c->u->master + k, *g = c->u->grad + k;
+  float *p = c->u->mem.master + k, *g = c->u->mem.grad + k;
   fsdp_status_t st = FSDP_SUCCESS;
   if (c->coef != 1.0f) st = ops->scale(g, c->coef, n, s);
   /* AdamW comes here only for units with parameter groups (update_unit):
    * one run, the piece's, its gradient already scaled. */
   if (st == FSDP_SUCCESS && o->kind == FSDP_OPTIM_ADAMW)
-    st = ops->adamw_multi(p, g, c->u->m + k, c->u->v + k, n, c->e->pools.piece_runs + !t->no_decay,
-                          1, 1.0f, o, lr, c->e->optim.optim_step + 1, s);
+    st = ops->adamw_multi(p, g, c->u->mem.m + k, c->u->mem.v + k, n,
+                          c->e->pools.piece_runs + !t->no_decay, 1, 1.0f, o, lr,
+                          c->e->optim.optim_step + 1, s);
   else if (st == FSDP_SUCCESS)
-    st = ops->sgd_update(p, g, c->u->m ? c->u->m + k : NULL, n, o, lr, c->e->optim.optim_step == 0,
-                         !t->no_decay, s);
+    st = ops->sgd_update(p, g, c->u->mem.m ? c->u->mem.m + k : NULL, n, o, lr,
+                         c->e->optim.optim_step == 0, !t->no_decay, s);
   if (c->st == FSDP_SUCCESS) c->st = st;
 }
 
@@ -98,8 +99,8 @@ static int has_groups(const struct unit *u) {
 static fsdp_status_t update_unit(const struct fsdp_engine *e, const struct unit *u, float lr,
                                  float coef) {
   if (e->conf.cfg.optim.kind == FSDP_OPTIM_ADAMW && !has_groups(u))
-    return e->dev.ops->adamw_multi(u->master, u->grad, u->m, u->v, u->count, u->decay_runs,
-                                   u->n_runs, coef, &e->conf.cfg.optim, lr,
+    return e->dev.ops->adamw_multi(u->mem.master, u->mem.grad, u->mem.m, u->mem.v, u->count,
+                                   u->mem.decay_runs, u->mem.n_runs, coef, &e->conf.cfg.optim, lr,
                                    e->optim.optim_step + 1, e->dev.s_compute);
   struct update_ctx ctx = {e, u, lr, coef, FSDP_SUCCESS};
   fsdp_unit_segments(u, u->shard_offset, u->shard_offset + u->count, update_segment, &ctx);
@@ -133,8 +134,8 @@ static fsdp_status_t agree(struct fsdp_engine *e, struct guard *g) {
 
 /* The gradients are consumed either way: zeroed for the next accumulation. */
 static fsdp_status_t clear_grads(struct fsdp_engine *e, struct unit *u) {
-  u->bwd_count = 0;
-  return fsdp_engine_zero(e, u->grad, u->shard * sizeof(float));
+  u->sched.bwd_count = 0;
+  return fsdp_engine_zero(e, u->mem.grad, u->shard * sizeof(float));
 }
 
 static fsdp_status_t update(struct fsdp_engine *e, float lr, double coef) {
@@ -147,7 +148,7 @@ static fsdp_status_t update(struct fsdp_engine *e, float lr, double coef) {
     FSDP_TRY(end);
     FSDP_TRY(fsdp_unit_refresh_params(e, u));
     FSDP_TRY(clear_grads(e, u));
-    u->mirror_dirty = 0; /* host copies from before the update are stale */
+    u->mem.mirror_dirty = 0; /* host copies from before the update are stale */
   }
   fsdp_engine_drop_gathers(e);
   /* The next gathers read the updated shards: they wait for the compute
@@ -200,9 +201,9 @@ static fsdp_status_t wait_reductions(struct fsdp_engine *e) {
     return fsdp_stream_synchronize(e->comm.s_replica);
   }
   for (int i = 0; i < e->plan.n_units; i++) {
-    FSDP_TRY(fsdp_stream_wait_event(e->dev.s_compute, e->plan.units[i].reduced));
+    FSDP_TRY(fsdp_stream_wait_event(e->dev.s_compute, e->plan.units[i].sched.reduced));
     if (e->conf.hybrid)
-      FSDP_TRY(fsdp_stream_wait_event(e->dev.s_compute, e->plan.units[i].replicated));
+      FSDP_TRY(fsdp_stream_wait_event(e->dev.s_compute, e->plan.units[i].sched.replicated));
   }
   return FSDP_SUCCESS;
 }

@@ -17,7 +17,7 @@ static fsdp_status_t tensor_lookup(struct fsdp_engine *e, const char *what, cons
     return fsdp_error(FSDP_ERR_INVALID_USAGE, "%s('%s') before fsdp_engine_materialize",
                       what, name ? name : "(null)");
   for (int i = 0; i < e->plan.n_units; i++)
-    if (e->plan.units[i].held >= 0)
+    if (e->plan.units[i].sched.held >= 0)
       return fsdp_error(FSDP_ERR_INVALID_USAGE,
                         "%s('%s') while unit '%s' is acquired: release every unit first",
                         what, name ? name : "(null)", e->plan.units[i].name);
@@ -32,14 +32,14 @@ static fsdp_status_t tensor_lookup(struct fsdp_engine *e, const char *what, cons
 void fsdp_engine_drop_gathers(struct fsdp_engine *e) {
   for (int i = 0; i < e->plan.n_units; i++) {
     struct unit *u = &e->plan.units[i];
-    if (u->slot >= 0 && u->held < 0) {
-      fsdp_event_synchronize(u->ready);
+    if (u->sched.slot >= 0 && u->sched.held < 0) {
+      fsdp_event_synchronize(u->sched.ready);
       /* The next gather into it waits until compute has passed its last use. */
-      fsdp_event_record(e->pools.pslots[u->slot].free_ev, e->dev.s_compute);
-      e->pools.pslots[u->slot].owner = -1;
+      fsdp_event_record(e->pools.pslots[u->sched.slot].free_ev, e->dev.s_compute);
+      e->pools.pslots[u->sched.slot].owner = -1;
       fsdp_mem_track(&e->stats.gathered, &e->stats.gathered_peak, 0,
                      fsdp_unit_gathered_bytes(e, u));
-      u->slot = -1;
+      u->sched.slot = -1;
     }
   }
 }
@@ -66,13 +66,13 @@ fsdp_status_t fsdp_engine_load_tensor(fsdp_engine_t e, const char *name, const f
   if (st == FSDP_SUCCESS) st = fsdp_stream_synchronize(e->dev.s_compute); /* the last update */
   if (st == FSDP_SUCCESS) {
     fsdp_engine_drop_gathers(e);
-    u->mirror_dirty = 0;
+    u->mem.mirror_dirty = 0;
     size_t lo = u->shard_offset, hi = u->shard_offset + u->count;
     size_t a = t->offset > lo ? t->offset : lo;
     size_t b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
     if (a < b)
-      st = fsdp_device_copy(u->master + (a - lo), buf + (a - t->offset), (b - a) * sizeof(float),
-                            FSDP_HOST_STREAM);
+      st = fsdp_device_copy(u->mem.master + (a - lo), buf + (a - t->offset),
+                            (b - a) * sizeof(float), FSDP_HOST_STREAM);
     if (st == FSDP_SUCCESS) st = fsdp_unit_refresh_params(e, u);
     if (st == FSDP_SUCCESS) st = fsdp_stream_synchronize(e->dev.s_compute);
   }
@@ -98,7 +98,7 @@ fsdp_status_t fsdp_engine_read_tensor(fsdp_engine_t e, const char *name, float *
                       e->conf.rank);
   FSDP_TRY(fsdp_stream_synchronize(e->dev.s_compute)); /* the last step's update */
   if (e->conf.shard_world == 1)
-    return full ? fsdp_device_copy(full, u->master + t->offset, t->numel * sizeof(float),
+    return full ? fsdp_device_copy(full, u->mem.master + t->offset, t->numel * sizeof(float),
                                    FSDP_HOST_STREAM)
                 : FSDP_SUCCESS;
   float *buf = fsdp_alloc(u->padded * sizeof(float));
@@ -108,7 +108,7 @@ fsdp_status_t fsdp_engine_read_tensor(fsdp_engine_t e, const char *name, float *
   /* The host communicator moves host memory: this rank's shard goes in place.
    * Under HSDP every shard group holds the whole tensor: gathered within it. */
   float *mine = buf + (size_t)e->conf.shard_rank * u->shard;
-  fsdp_status_t st = fsdp_device_copy(mine, u->master, u->shard * sizeof(float),
+  fsdp_status_t st = fsdp_device_copy(mine, u->mem.master, u->shard * sizeof(float),
                                       FSDP_HOST_STREAM);
   if (st == FSDP_SUCCESS)
     st = fsdp_all_gather(fsdp_engine_shard_comm(e), mine, buf, u->shard, FSDP_F32,
@@ -122,21 +122,21 @@ fsdp_status_t fsdp_engine_read_tensor(fsdp_engine_t e, const char *name, float *
 
 /* CUDA: u's host copies of master, grad, m and v (those the unit has). */
 static int host_copies(struct unit *u, float *dev[4], float **host[4]) {
-  float *d[4] = {u->master, u->grad, u->m, u->v};
+  float *d[4] = {u->mem.master, u->mem.grad, u->mem.m, u->mem.v};
   int n = 0;
   for (int k = 0; k < 4; k++)
-    if (d[k]) dev[n] = d[k], host[n++] = &u->mirror[k];
+    if (d[k]) dev[n] = d[k], host[n++] = &u->mem.mirror[k];
   return n;
 }
 
 static void host_copies_free(struct fsdp_engine *e, struct unit *u) {
   for (int k = 0; k < 4; k++) {
-    if (!u->mirror[k]) continue;
-    fsdp_free(u->mirror[k]);
-    u->mirror[k] = NULL;
+    if (!u->mem.mirror[k]) continue;
+    fsdp_free(u->mem.mirror[k]);
+    u->mem.mirror[k] = NULL;
     fsdp_mem_track(&e->stats.host_copies, &e->stats.host_copies_peak, 0, u->shard * sizeof(float));
   }
-  u->mirror_dirty = 0;
+  u->mem.mirror_dirty = 0;
 }
 
 /* What a loader wrote into u's host copies, to the device. */
@@ -145,7 +145,7 @@ static fsdp_status_t host_copies_write_back(struct unit *u) {
   int n = host_copies(u, dev, host);
   for (int k = 0; k < n; k++)
     FSDP_TRY(fsdp_device_copy(dev[k], *host[k], u->shard * sizeof(float), FSDP_HOST_STREAM));
-  u->mirror_dirty = 0;
+  u->mem.mirror_dirty = 0;
   return FSDP_SUCCESS;
 }
 
@@ -157,7 +157,8 @@ fsdp_status_t fsdp_unit_shard(fsdp_engine_t e, fsdp_unit_t unit, fsdp_shard_t *s
                       u->name);
   if (!shard) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_unit_shard: shard is NULL");
   if (fsdp_engine_on_host(e)) {
-    *shard = (fsdp_shard_t){u->shard_offset, u->count, u->shard, u->master, u->grad, u->m, u->v};
+    *shard = (fsdp_shard_t){u->shard_offset, u->count, u->shard, u->mem.master,
+                            u->mem.grad,     u->mem.m, u->mem.v};
     return FSDP_SUCCESS;
   }
   /* CUDA: host copies, refreshed now; see fsdp_unit_shard in engine.h. */
@@ -176,20 +177,20 @@ fsdp_status_t fsdp_unit_shard(fsdp_engine_t e, fsdp_unit_t unit, fsdp_shard_t *s
     }
     FSDP_TRY(fsdp_device_copy(*host[k], dev[k], u->shard * sizeof(float), FSDP_HOST_STREAM));
   }
-  u->mirror_dirty = 1;
-  *shard = (fsdp_shard_t){u->shard_offset, u->count,     u->shard,   u->mirror[0],
-                          u->mirror[1],    u->mirror[2], u->mirror[3]};
+  u->mem.mirror_dirty = 1;
+  *shard = (fsdp_shard_t){u->shard_offset, u->count,     u->shard,   u->mem.mirror[0],
+                          u->mem.mirror[1],    u->mem.mirror[2], u->mem.mirror[3]};
   return FSDP_SUCCESS;
 }
 
 fsdp_status_t fsdp_unit_shard_release(fsdp_engine_t e, fsdp_unit_t unit, int written) {
   struct unit *u = NULL;
   FSDP_TRY(fsdp_unit_get(e, unit, "fsdp_unit_shard_release", &u));
-  if (written && (u->held >= 0 || u->bwd_count > 0))
+  if (written && (u->sched.held >= 0 || u->sched.bwd_count > 0))
     return fsdp_error(FSDP_ERR_INVALID_USAGE, "fsdp_unit_shard_release('%s', written) while "
                       "the unit is %s: finish the step first", u->name,
-                      u->held >= 0 ? "acquired" : "holding gradients");
-  fsdp_status_t st = written && u->mirror_dirty ? host_copies_write_back(u) : FSDP_SUCCESS;
+                      u->sched.held >= 0 ? "acquired" : "holding gradients");
+  fsdp_status_t st = written && u->mem.mirror_dirty ? host_copies_write_back(u) : FSDP_SUCCESS;
   host_copies_free(e, u);
   return st;
 }
@@ -208,15 +209,15 @@ fsdp_status_t fsdp_engine_set_step(fsdp_engine_t e, int64_t step) {
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_set_step: step %lld is negative",
                       (long long)step);
   for (int i = 0; i < e->plan.n_units; i++)
-    if (e->plan.units[i].held >= 0 || e->plan.units[i].bwd_count > 0)
+    if (e->plan.units[i].sched.held >= 0 || e->plan.units[i].sched.bwd_count > 0)
       return fsdp_error(FSDP_ERR_INVALID_USAGE,
                         "fsdp_engine_set_step while unit '%s' is %s: finish the step first",
                         e->plan.units[i].name,
-                        e->plan.units[i].held >= 0 ? "acquired" : "holding gradients");
+                        e->plan.units[i].sched.held >= 0 ? "acquired" : "holding gradients");
   fsdp_engine_drop_gathers(e);
   for (int i = 0; i < e->plan.n_units; i++) {
     struct unit *u = &e->plan.units[i];
-    if (u->mirror_dirty) FSDP_TRY(host_copies_write_back(u));
+    if (u->mem.mirror_dirty) FSDP_TRY(host_copies_write_back(u));
     FSDP_TRY(fsdp_unit_refresh_params(e, u));
   }
   FSDP_TRY(fsdp_stream_synchronize(e->dev.s_compute));
@@ -236,7 +237,7 @@ fsdp_status_t fsdp_engine_set_optim_step(fsdp_engine_t e, int64_t step) {
                       "in [0, %lld] (the engine's step)",
                       (long long)step, (long long)e->optim.step);
   for (int i = 0; i < e->plan.n_units; i++)
-    if (e->plan.units[i].bwd_count > 0)
+    if (e->plan.units[i].sched.bwd_count > 0)
       return fsdp_error(FSDP_ERR_INVALID_USAGE, "fsdp_engine_set_optim_step while unit '%s' "
                         "holds gradients: finish the step first", e->plan.units[i].name);
   e->optim.optim_step = step;
@@ -245,7 +246,9 @@ fsdp_status_t fsdp_engine_set_optim_step(fsdp_engine_t e, int64_t step) {
 
 fsdp_status_t fsdp_unit_refresh_params(const struct fsdp_engine *e, struct unit *u) {
   if (!u->lowp) return FSDP_SUCCESS;
-  FSDP_TRY(e->dev.ops->cast(u->lp_dtype, u->lp, FSDP_F32, u->master, u->shard, e->dev.s_compute));
-  if (!u->rounded) return FSDP_SUCCESS;
-  return e->dev.ops->cast(FSDP_F32, u->rounded, u->lp_dtype, u->lp, u->shard, e->dev.s_compute);
+  FSDP_TRY(e->dev.ops->cast(u->lp_dtype, u->mem.lp, FSDP_F32, u->mem.master, u->shard,
+                            e->dev.s_compute));
+  if (!u->mem.rounded) return FSDP_SUCCESS;
+  return e->dev.ops->cast(FSDP_F32, u->mem.rounded, u->lp_dtype, u->mem.lp, u->shard,
+                          e->dev.s_compute);
 }

@@ -61,9 +61,9 @@ static fsdp_status_t unit_fill(struct fsdp_engine *e, struct unit *u, const char
   u->name = fsdp_strdup(name);
   u->kind = fsdp_strdup(kind ? kind : "");
   u->tensors = calloc((size_t)n, sizeof *u->tensors);
-  u->param_ptrs = calloc((size_t)n, sizeof *u->param_ptrs);
-  u->grad_ptrs = calloc((size_t)n, sizeof *u->grad_ptrs);
-  if (!u->name || !u->kind || !u->tensors || !u->param_ptrs || !u->grad_ptrs)
+  u->sched.param_ptrs = calloc((size_t)n, sizeof *u->sched.param_ptrs);
+  u->sched.grad_ptrs = calloc((size_t)n, sizeof *u->sched.grad_ptrs);
+  if (!u->name || !u->kind || !u->tensors || !u->sched.param_ptrs || !u->sched.grad_ptrs)
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "unit '%s': out of host memory", name);
   u->n_tensors = n;
   for (int i = 0; i < n; i++) {
@@ -82,10 +82,10 @@ static fsdp_status_t unit_fill(struct fsdp_engine *e, struct unit *u, const char
     t->lr_mult = t->wd_mult = 1.0f;
     u->numel += numel;
   }
-  u->slot = u->held = u->gslot = u->own_slot = -1;
-  FSDP_TRY(fsdp_event_create(&u->ready));
-  FSDP_TRY(fsdp_event_create(&u->replicated));
-  return fsdp_event_create(&u->reduced);
+  u->sched.slot = u->sched.held = u->sched.gslot = u->own_slot = -1;
+  FSDP_TRY(fsdp_event_create(&u->sched.ready));
+  FSDP_TRY(fsdp_event_create(&u->sched.replicated));
+  return fsdp_event_create(&u->sched.reduced);
 }
 
 /* Written as !(x >= 0) so that NaN fails too. */
@@ -221,20 +221,20 @@ void fsdp_unit_free(const struct fsdp_engine *e, struct unit *u) {
   free(u->tensors);
   free(u->name);
   free(u->kind);
-  free(u->param_ptrs);
-  free(u->grad_ptrs);
-  fsdp_engine_free(e, u->master);
-  fsdp_engine_free(e, u->grad);
-  fsdp_engine_free(e, u->m);
-  fsdp_engine_free(e, u->v);
-  fsdp_engine_free(e, u->decay_runs);
-  fsdp_engine_free(e, u->full_grad);
-  fsdp_engine_free(e, u->lp);
-  fsdp_engine_free(e, u->rounded);
-  for (int i = 0; i < 4; i++) fsdp_free(u->mirror[i]);
-  fsdp_event_destroy(u->ready);
-  fsdp_event_destroy(u->reduced);
-  fsdp_event_destroy(u->replicated);
+  free(u->sched.param_ptrs);
+  free(u->sched.grad_ptrs);
+  fsdp_engine_free(e, u->mem.master);
+  fsdp_engine_free(e, u->mem.grad);
+  fsdp_engine_free(e, u->mem.m);
+  fsdp_engine_free(e, u->mem.v);
+  fsdp_engine_free(e, u->mem.decay_runs);
+  fsdp_engine_free(e, u->mem.full_grad);
+  fsdp_engine_free(e, u->mem.lp);
+  fsdp_engine_free(e, u->mem.rounded);
+  for (int i = 0; i < 4; i++) fsdp_free(u->mem.mirror[i]);
+  fsdp_event_destroy(u->sched.ready);
+  fsdp_event_destroy(u->sched.reduced);
+  fsdp_event_destroy(u->sched.replicated);
 }
 
 void fsdp_engine_units_free(struct fsdp_engine *e) {
