@@ -31,9 +31,9 @@ fsdp_status_t fsdp_engine_memory(fsdp_engine_t e, fsdp_mem_stats_t *mem) {
   mem->gathered_params_peak = e->stats.gathered_peak;
   mem->grads_in_flight = e->stats.grads_live;
   mem->grads_in_flight_peak = e->stats.grads_peak;
-  mem->param_pool = e->stats.param_pool_bytes;
-  mem->grad_pool = e->stats.grad_pool_bytes;
-  mem->staging = e->stats.staging_bytes;
+  mem->param_pool = e->pools.param_pool_bytes;
+  mem->grad_pool = e->pools.grad_pool_bytes;
+  mem->staging = e->pools.staging_bytes;
   mem->total_reserved = mem->persistent + mem->param_pool + mem->grad_pool + mem->staging;
   return FSDP_SUCCESS;
 }

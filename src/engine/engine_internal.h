@@ -182,6 +182,7 @@ struct engine_pools {
   uint16_t *grad_lp, *staging_lp; /* bf16 reduce: the cast gradient and its reduced shard */
   double *norm_dev;  /* CUDA step: per-unit sums of squares, then the partials */
   double *norm_host; /* CUDA step: the per-unit sums, copied back */
+  size_t param_pool_bytes, grad_pool_bytes, staging_bytes; /* what the above reserve */
 };
 
 /* Schedule and prefetch (schedule.c; the step ends a phase). */
@@ -197,8 +198,7 @@ struct engine_sched {
   int next_gslot;    /* the grad slot to try first */
 };
 
-/* The optimizer step's counters, numerics guard and loss scaler (step.c;
- * tensor_io.c's set_step restarts them). */
+/* The optimizer step's counters, numerics guard and loss scaler (step.c). */
 struct engine_optim {
   int64_t step;
   int64_t optim_step; /* updates since the optimizer state was last zeroed */
@@ -213,7 +213,6 @@ struct engine_optim {
  * fsdp_mem_track and fsdp_tl_add; the kernel profile is profile.c's). */
 struct engine_stats {
   size_t gathered, gathered_peak, grads_live, grads_peak;
-  size_t param_pool_bytes, grad_pool_bytes, staging_bytes;
   size_t host_copies, host_copies_peak; /* CUDA: fsdp_unit_shard's host copies (tensor_io.c) */
   /* timeline, appended from the comm streams too */
   pthread_mutex_t tl_lock;
@@ -317,6 +316,9 @@ void fsdp_engine_sched_destroy(struct fsdp_engine *e);
 void fsdp_engine_pools_free(struct fsdp_engine *e);
 void fsdp_engine_units_free(struct fsdp_engine *e);
 void fsdp_engine_optim_init(struct fsdp_engine *e);
+/* A loaded state (fsdp_engine_set_step): the counts at step, and the numerics
+ * guard afresh. */
+void fsdp_engine_optim_restart(struct fsdp_engine *e, int64_t step);
 
 /* The consistency check of the engine's own part, configuration and unit
  * plan (consistency.c); fsdp_engine_materialize runs it first. */

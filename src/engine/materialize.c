@@ -122,7 +122,7 @@ static fsdp_status_t slot_make(struct fsdp_engine *e, int i, size_t capacity, in
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: cannot allocate a %zu-byte gather "
                       "buffer (%s)", bytes, fsdp_last_error());
   FSDP_TRY(fsdp_event_create(&p->free_ev));
-  e->stats.param_pool_bytes += bytes;
+  e->pools.param_pool_bytes += bytes;
   return FSDP_SUCCESS;
 }
 
@@ -178,11 +178,11 @@ static fsdp_status_t pools_create(struct fsdp_engine *e) {
       return fsdp_error(FSDP_ERR_OUT_OF_MEMORY,
                         "engine: cannot allocate a %zu-byte gradient buffer (%s)",
                         e->plan.max_padded * sizeof(float), fsdp_last_error());
-    e->stats.grad_pool_bytes += e->plan.max_padded * sizeof(float);
+    e->pools.grad_pool_bytes += e->plan.max_padded * sizeof(float);
   }
   if (c->accumulate_full_grads)
     for (int i = 0; i < e->plan.n_units; i++)
-      e->stats.grad_pool_bytes += e->plan.units[i].padded * sizeof(float);
+      e->pools.grad_pool_bytes += e->plan.units[i].padded * sizeof(float);
   /* The reduction's output shard, in the reduce dtype; bf16 also casts the
    * full gradient into a bf16 buffer first. */
   size_t staging = e->conf.shard_world == 1 ? 0 : e->plan.max_shard;
@@ -191,11 +191,11 @@ static fsdp_status_t pools_create(struct fsdp_engine *e) {
     if (staging) e->pools.staging_lp = fsdp_engine_alloc(e, staging * sizeof(uint16_t));
     if (!e->pools.grad_lp || (staging && !e->pools.staging_lp))
       return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: cannot allocate the bf16 reduce buffers");
-    e->stats.staging_bytes = (e->plan.max_padded + staging) * sizeof(uint16_t);
+    e->pools.staging_bytes = (e->plan.max_padded + staging) * sizeof(uint16_t);
   } else if (staging) {
     if (!(e->pools.staging = fsdp_engine_alloc(e, staging * sizeof(float))))
       return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: cannot allocate the reduce buffer");
-    e->stats.staging_bytes = staging * sizeof(float);
+    e->pools.staging_bytes = staging * sizeof(float);
   }
   /* The norm: one sum per unit, then the sum of squares' partials. */
   size_t n = (size_t)e->plan.n_units + e->dev.ops->sum_squares_partials;
@@ -203,7 +203,7 @@ static fsdp_status_t pools_create(struct fsdp_engine *e) {
   e->pools.norm_host = fsdp_alloc((size_t)e->plan.n_units * sizeof(double));
   if (!e->pools.norm_dev || !e->pools.norm_host)
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: cannot allocate the norm buffers");
-  e->stats.staging_bytes += n * sizeof(double);
+  e->pools.staging_bytes += n * sizeof(double);
   return fsdp_engine_sched_plan(e);
 }
 

@@ -5,7 +5,9 @@
  * learning-rate schedule and the update: AdamW over each unit in one call
  * (weight decay per run of tensors sharing a no_decay flag), SGD and units with
  * parameter groups tensor piece by tensor piece. Every kernel is the compute
- * table's (device/compute.h), so CPU and CUDA run this same code. */
+ * table's (device/compute.h), so CPU and CUDA run this same code. The step
+ * counts, the guard and the scaler are this file's (engine_internal.h's
+ * engine_optim), restarted when a loader sets the step. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -283,4 +285,27 @@ fsdp_status_t fsdp_engine_set_scaler_state(fsdp_engine_t e, double scale, int64_
 
 void fsdp_engine_optim_init(struct fsdp_engine *e) {
   e->optim.loss_scale = e->conf.cfg.loss_scale_init;
+}
+
+void fsdp_engine_optim_restart(struct fsdp_engine *e, int64_t step) {
+  e->optim.step = e->optim.optim_step = step;
+  /* A loaded state starts a new trajectory: a loss reported for the abandoned
+   * step, and skips counted before, no longer count. */
+  e->optim.loss_bad = 0;
+  e->optim.consecutive_skips = 0;
+}
+
+fsdp_status_t fsdp_engine_set_optim_step(fsdp_engine_t e, int64_t step) {
+  FSDP_TRY(fsdp_engine_check_live(e));
+  if (step < 0 || step > e->optim.step)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "fsdp_engine_set_optim_step: step %lld is not "
+                      "in [0, %lld] (the engine's step)",
+                      (long long)step, (long long)e->optim.step);
+  for (int i = 0; i < e->plan.n_units; i++)
+    if (e->plan.units[i].sched.bwd_count > 0)
+      return fsdp_error(FSDP_ERR_INVALID_USAGE, "fsdp_engine_set_optim_step while unit '%s' "
+                        "holds gradients: finish the step first", e->plan.units[i].name);
+  e->optim.optim_step = step;
+  return FSDP_SUCCESS;
 }

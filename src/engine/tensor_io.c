@@ -221,26 +221,7 @@ fsdp_status_t fsdp_engine_set_step(fsdp_engine_t e, int64_t step) {
     FSDP_TRY(fsdp_unit_refresh_params(e, u));
   }
   FSDP_TRY(fsdp_stream_synchronize(e->dev.s_compute));
-  e->optim.step = e->optim.optim_step = step;
-  /* A loaded state starts a new trajectory: a loss reported for the abandoned
-   * step, and skips counted before, no longer count. */
-  e->optim.loss_bad = 0;
-  e->optim.consecutive_skips = 0;
-  return FSDP_SUCCESS;
-}
-
-fsdp_status_t fsdp_engine_set_optim_step(fsdp_engine_t e, int64_t step) {
-  FSDP_TRY(fsdp_engine_check_live(e));
-  if (step < 0 || step > e->optim.step)
-    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
-                      "fsdp_engine_set_optim_step: step %lld is not "
-                      "in [0, %lld] (the engine's step)",
-                      (long long)step, (long long)e->optim.step);
-  for (int i = 0; i < e->plan.n_units; i++)
-    if (e->plan.units[i].sched.bwd_count > 0)
-      return fsdp_error(FSDP_ERR_INVALID_USAGE, "fsdp_engine_set_optim_step while unit '%s' "
-                        "holds gradients: finish the step first", e->plan.units[i].name);
-  e->optim.optim_step = step;
+  fsdp_engine_optim_restart(e, step);
   return FSDP_SUCCESS;
 }
 
