@@ -1,8 +1,8 @@
-/* src/engine/engine.c — the engine's life cycle: configuration checks and
- * resolution, create and destroy (each part of the state set up and freed by
- * its owner, engine_internal.h), the device's allocation helpers, poisoning,
- * and the properties of an engine. Communicators and their streams are made
- * in comms.c; units are registered in units.c, materialised in
+/* src/engine/engine.c — the engine's configuration: checks, resolution and
+ * the shard groups (engine_internal.h's engine_conf); the device's
+ * allocation helpers, poisoning, and the properties of an engine. Its life
+ * (create, materialize, destroy) is life.c; communicators and their streams
+ * are made in comms.c; units are registered in units.c, materialised in
  * materialize.c; parameters move in and out in tensor_io.c; the per-step
  * schedule is schedule.c, the optimizer step step.c, memory accounting and
  * the timeline accounting.c. */
@@ -153,22 +153,15 @@ static fsdp_status_t shard_groups(struct fsdp_engine *e) {
   return FSDP_SUCCESS;
 }
 
-fsdp_status_t fsdp_engine_create(fsdp_world_t world, const fsdp_config_t *cfg,
-                                 fsdp_engine_t *engine) {
-  if (!world || !engine)
-    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_create: world and engine "
-                      "must not be NULL");
+fsdp_status_t fsdp_engine_conf_init(struct fsdp_engine *e, fsdp_world_t world,
+                                    const fsdp_config_t *cfg) {
   fsdp_config_t resolved = FSDP_CONFIG_INIT;
   if (cfg) FSDP_TRY(config_resolve(cfg, &resolved));
   const fsdp_config_t *c = &resolved;
-
-  struct fsdp_engine *e = calloc(1, sizeof *e);
-  if (!e) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: out of host memory");
   e->conf.world = world;
   e->conf.cfg = *c;
   e->conf.rank = fsdp_world_rank(world);
   e->conf.nranks = fsdp_world_size(world);
-  e->dev.ops = fsdp_compute_ops(c->device); /* set: config_check refused a device without one */
   e->conf.bf16_reduce = c->reduce_dtype == FSDP_BF16;
   /* A caller compiled before the guard's stats fields passes a config that
    * ends before max_consecutive_skips, and a smaller fsdp_step_stats_t: the
@@ -176,27 +169,14 @@ fsdp_status_t fsdp_engine_create(fsdp_world_t world, const fsdp_config_t *cfg,
   e->conf.stats_bytes = cfg && cfg->size <= offsetof(fsdp_config_t, max_consecutive_skips)
                        ? offsetof(fsdp_step_stats_t, skipped)
                        : sizeof(fsdp_step_stats_t);
-  fsdp_engine_optim_init(e);
-  fsdp_status_t st = fsdp_engine_stats_create(e);
-  if (st != FSDP_SUCCESS) goto fail;
-  st = shard_groups(e);
-  if (st != FSDP_SUCCESS) goto fail;
-  if (c->comm_backend && !(e->conf.comm_backend = fsdp_strdup(c->comm_backend))) {
-    st = fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: out of host memory");
-    goto fail;
-  }
+  FSDP_TRY(shard_groups(e));
+  if (c->comm_backend && !(e->conf.comm_backend = fsdp_strdup(c->comm_backend)))
+    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: out of host memory");
   e->conf.cfg.comm_backend = e->conf.comm_backend;
-  FSDP_TRYG(st, fsdp_engine_comm_create(e), fail);
-  if (!fsdp_engine_on_host(e))
-    FSDP_TRYG(st, fsdp_stream_create_cuda("fsdp-compute", 0, &e->dev.s_compute), fail);
-  FSDP_TRYG(st, fsdp_tl_marks_create(e), fail);
-  FSDP_TRYG(st, fsdp_engine_sched_create(e), fail);
-  *engine = e;
   return FSDP_SUCCESS;
-fail:
-  fsdp_engine_destroy(e);
-  return st;
 }
+
+void fsdp_engine_conf_free(struct fsdp_engine *e) { free(e->conf.comm_backend); }
 
 void *fsdp_engine_alloc(const struct fsdp_engine *e, size_t bytes) {
   void *p = NULL;
@@ -216,23 +196,6 @@ void fsdp_engine_free(const struct fsdp_engine *e, void *p) {
 fsdp_status_t fsdp_engine_zero(const struct fsdp_engine *e, void *p, size_t bytes) {
   if (fsdp_engine_on_host(e)) return memset(p, 0, bytes), FSDP_SUCCESS;
   return fsdp_device_zero(p, bytes, e->dev.s_compute);
-}
-
-void fsdp_engine_destroy(fsdp_engine_t e) {
-  if (!e) return;
-  /* Streams first: their queued work may still touch buffers freed below.
-   * cuBLAS handles are cached per stream: released while these still exist. */
-  fsdp_stream_synchronize(e->dev.s_compute);
-  e->dev.ops->release();
-  fsdp_engine_comm_stop(e);
-  fsdp_stream_destroy(e->dev.s_compute);
-  fsdp_engine_units_free(e);
-  fsdp_engine_pools_free(e);
-  free(e->conf.comm_backend);
-  fsdp_engine_sched_destroy(e);
-  fsdp_engine_stats_destroy(e);
-  fsdp_engine_comm_destroy(e);
-  free(e);
 }
 
 fsdp_status_t fsdp_engine_poison(struct fsdp_engine *e, fsdp_status_t st) {

@@ -1,6 +1,6 @@
 /* src/engine/engine_internal.h — the engine's private state, shared by the
- * engine's source files (engine.c: life cycle, configuration and device;
- * comms.c: communicators and their streams; units.c: the registry;
+ * engine's source files (life.c: create, materialize, destroy; engine.c:
+ * configuration; comms.c: communicators and their streams; units.c: the registry;
  * materialize.c: shards and pools; tensor_io.c: parameters in and out;
  * schedule.c: gathers and reductions; step.c: the optimizer step;
  * accounting.c: memory and the timeline; consistency.c: the start-up
@@ -135,7 +135,7 @@ struct engine_conf {
   size_t stats_bytes; /* of fsdp_step_stats_t the caller's header has (see engine.c) */
 };
 
-/* The device (engine.c): config.device's compute table, whose `device` says
+/* The device (life.c): config.device's compute table, whose `device` says
  * where every buffer of the engine lives (fsdp_engine_on_host), and the
  * stream the caller's compute and the shard kernels run on. */
 struct engine_dev {
@@ -144,7 +144,7 @@ struct engine_dev {
 };
 
 /* The plan and its units (units.c registers them; materialize.c lays them
- * out and sets what follows n_units). */
+ * out and sets what follows n_units; life.c marks them materialized). */
 struct engine_plan {
   struct unit *units;
   int n_units, cap_units;
@@ -298,13 +298,19 @@ void fsdp_engine_free(const struct fsdp_engine *e, void *p);
 fsdp_status_t fsdp_engine_zero(const struct fsdp_engine *e, void *p, size_t bytes);
 fsdp_status_t fsdp_engine_poison(struct fsdp_engine *e, fsdp_status_t st);
 fsdp_status_t fsdp_engine_check_live(struct fsdp_engine *e);
-/* Each part's set-up and release, in its owner's file. comms.c: the
+/* Each part's set-up and release, in its owner's file, called by life.c.
+ * engine.c: the configuration resolved and checked (conf_free may follow a
+ * failed conf_init). materialize.c: the shards and pools. comms.c: the
  * communicators and their streams (after the configuration); stop destroys
  * the streams (first of all: queued work may touch any buffer), destroy the
  * communicators (last). accounting.c: the timeline's lock and marks, and all
  * statistics state. schedule.c: its event, and the release order sized for
- * the units at materialize. materialize.c: the pools. units.c: the units.
- * step.c: the loss scaler's start. */
+ * the units at materialize. units.c: the units. step.c: the loss scaler's
+ * start. */
+fsdp_status_t fsdp_engine_conf_init(struct fsdp_engine *e, fsdp_world_t world,
+                                    const fsdp_config_t *cfg);
+void fsdp_engine_conf_free(struct fsdp_engine *e);
+fsdp_status_t fsdp_engine_shards_create(struct fsdp_engine *e, uint64_t seed);
 fsdp_status_t fsdp_engine_comm_create(struct fsdp_engine *e);
 void fsdp_engine_comm_stop(struct fsdp_engine *e);
 void fsdp_engine_comm_destroy(struct fsdp_engine *e);
@@ -316,9 +322,6 @@ void fsdp_engine_sched_destroy(struct fsdp_engine *e);
 void fsdp_engine_pools_free(struct fsdp_engine *e);
 void fsdp_engine_units_free(struct fsdp_engine *e);
 void fsdp_engine_optim_init(struct fsdp_engine *e);
-/* A loaded state (fsdp_engine_set_step): the counts at step, and the numerics
- * guard afresh. */
-void fsdp_engine_optim_restart(struct fsdp_engine *e, int64_t step);
 
 /* The consistency check of the engine's own part, configuration and unit
  * plan (consistency.c); fsdp_engine_materialize runs it first. */
@@ -342,6 +345,9 @@ void fsdp_unit_segments(const struct unit *u, size_t lo, size_t hi, fsdp_segment
 /* One more shared param slot (materialize.c): at materialize, and when a
  * first step shows units held across the others (schedule.c). */
 fsdp_status_t fsdp_engine_add_shared_slot(struct fsdp_engine *e);
+/* What a loader wrote into u's host copies (fsdp_unit_shard on CUDA), to the
+ * device (tensor_io.c). */
+fsdp_status_t fsdp_unit_host_copies_write_back(struct unit *u);
 /* Frees gathered copies no caller holds; they go stale when weights change. */
 void fsdp_engine_drop_gathers(struct fsdp_engine *e);
 /* After the master shard of u changed: its bf16 copy (and widened view copy)

@@ -204,7 +204,7 @@ static fsdp_status_t pools_create(struct fsdp_engine *e) {
   if (!e->pools.norm_dev || !e->pools.norm_host)
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: cannot allocate the norm buffers");
   e->pools.staging_bytes += n * sizeof(double);
-  return fsdp_engine_sched_plan(e);
+  return FSDP_SUCCESS;
 }
 
 void fsdp_engine_pools_free(struct fsdp_engine *e) {
@@ -232,26 +232,10 @@ static fsdp_status_t piece_runs(struct fsdp_engine *e) {
   return fsdp_device_copy(e->pools.piece_runs, runs, sizeof runs, FSDP_HOST_STREAM);
 }
 
-fsdp_status_t fsdp_engine_materialize(fsdp_engine_t e, uint64_t seed) {
-  FSDP_TRY(fsdp_engine_check_live(e));
-  if (e->plan.materialized)
-    return fsdp_error(FSDP_ERR_INVALID_USAGE, "fsdp_engine_materialize called twice");
-  /* Ranks that built different models would issue mismatched collectives
-   * from here on: compare first (one 16-byte all-gather when they agree),
-   * before any check that could fail on one rank only — a rank without units
-   * returning here would leave the others waiting in the comparison. */
-  FSDP_TRY(fsdp_engine_check_plan(e));
-  if (e->plan.n_units == 0)
-    return fsdp_error(FSDP_ERR_INVALID_USAGE,
-                      "fsdp_engine_materialize: no units were added");
+fsdp_status_t fsdp_engine_shards_create(struct fsdp_engine *e, uint64_t seed) {
   e->plan.seed = seed;
   for (int i = 0; i < e->plan.n_units; i++) FSDP_TRY(unit_materialize(e, &e->plan.units[i]));
   FSDP_TRY(pools_create(e));
   if (e->conf.cfg.optim.kind == FSDP_OPTIM_ADAMW) FSDP_TRY(piece_runs(e));
-  /* The compute stream's state (CUDA: its cuBLAS handle) now, not at the
-   * first product of the first step while gathers are in flight. */
-  FSDP_TRY(e->dev.ops->prepare(e->dev.s_compute, NULL));
-  FSDP_TRY(fsdp_stream_synchronize(e->dev.s_compute)); /* CUDA: the bf16 casts, before gathers */
-  e->plan.materialized = 1;
   return FSDP_SUCCESS;
 }

@@ -7,7 +7,8 @@
  * parameter groups tensor piece by tensor piece. Every kernel is the compute
  * table's (device/compute.h), so CPU and CUDA run this same code. The step
  * counts, the guard and the scaler are this file's (engine_internal.h's
- * engine_optim), restarted when a loader sets the step. */
+ * engine_optim), set again by a loader (fsdp_engine_set_step, after it wrote
+ * shards: their host copies go to the device, the 16-bit copies follow). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -287,12 +288,30 @@ void fsdp_engine_optim_init(struct fsdp_engine *e) {
   e->optim.loss_scale = e->conf.cfg.loss_scale_init;
 }
 
-void fsdp_engine_optim_restart(struct fsdp_engine *e, int64_t step) {
+fsdp_status_t fsdp_engine_set_step(fsdp_engine_t e, int64_t step) {
+  FSDP_TRY(fsdp_engine_check_live(e));
+  if (step < 0)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_set_step: step %lld is negative",
+                      (long long)step);
+  for (int i = 0; i < e->plan.n_units; i++)
+    if (e->plan.units[i].sched.held >= 0 || e->plan.units[i].sched.bwd_count > 0)
+      return fsdp_error(FSDP_ERR_INVALID_USAGE,
+                        "fsdp_engine_set_step while unit '%s' is %s: finish the step first",
+                        e->plan.units[i].name,
+                        e->plan.units[i].sched.held >= 0 ? "acquired" : "holding gradients");
+  fsdp_engine_drop_gathers(e);
+  for (int i = 0; i < e->plan.n_units; i++) {
+    struct unit *u = &e->plan.units[i];
+    if (u->mem.mirror_dirty) FSDP_TRY(fsdp_unit_host_copies_write_back(u));
+    FSDP_TRY(fsdp_unit_refresh_params(e, u));
+  }
+  FSDP_TRY(fsdp_stream_synchronize(e->dev.s_compute));
   e->optim.step = e->optim.optim_step = step;
   /* A loaded state starts a new trajectory: a loss reported for the abandoned
    * step, and skips counted before, no longer count. */
   e->optim.loss_bad = 0;
   e->optim.consecutive_skips = 0;
+  return FSDP_SUCCESS;
 }
 
 fsdp_status_t fsdp_engine_set_optim_step(fsdp_engine_t e, int64_t step) {

@@ -1,8 +1,7 @@
 /* src/engine/tensor_io.c — parameters in and out of the engine: whole tensors
  * (set by a broadcast from a root, read by a gather), this rank's shard as
- * checkpoints see it (on CUDA through host mirrors), fsdp_engine_set_step after
- * a loader wrote shards, and the bf16 copy of a shard refreshed from its
- * master. */
+ * checkpoints see it (on CUDA through host copies, one unit at a time, and
+ * their bytes), and the bf16 copy of a shard refreshed from its master. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -139,8 +138,7 @@ static void host_copies_free(struct fsdp_engine *e, struct unit *u) {
   u->mem.mirror_dirty = 0;
 }
 
-/* What a loader wrote into u's host copies, to the device. */
-static fsdp_status_t host_copies_write_back(struct unit *u) {
+fsdp_status_t fsdp_unit_host_copies_write_back(struct unit *u) {
   float *dev[4], **host[4];
   int n = host_copies(u, dev, host);
   for (int k = 0; k < n; k++)
@@ -190,7 +188,8 @@ fsdp_status_t fsdp_unit_shard_release(fsdp_engine_t e, fsdp_unit_t unit, int wri
     return fsdp_error(FSDP_ERR_INVALID_USAGE, "fsdp_unit_shard_release('%s', written) while "
                       "the unit is %s: finish the step first", u->name,
                       u->sched.held >= 0 ? "acquired" : "holding gradients");
-  fsdp_status_t st = written && u->mem.mirror_dirty ? host_copies_write_back(u) : FSDP_SUCCESS;
+  fsdp_status_t st =
+      written && u->mem.mirror_dirty ? fsdp_unit_host_copies_write_back(u) : FSDP_SUCCESS;
   host_copies_free(e, u);
   return st;
 }
@@ -200,28 +199,6 @@ fsdp_status_t fsdp_engine_host_copy_bytes(fsdp_engine_t e, size_t *live, size_t 
                             "is NULL");
   if (live) *live = e->stats.host_copies;
   if (peak) *peak = e->stats.host_copies_peak;
-  return FSDP_SUCCESS;
-}
-
-fsdp_status_t fsdp_engine_set_step(fsdp_engine_t e, int64_t step) {
-  FSDP_TRY(fsdp_engine_check_live(e));
-  if (step < 0)
-    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_set_step: step %lld is negative",
-                      (long long)step);
-  for (int i = 0; i < e->plan.n_units; i++)
-    if (e->plan.units[i].sched.held >= 0 || e->plan.units[i].sched.bwd_count > 0)
-      return fsdp_error(FSDP_ERR_INVALID_USAGE,
-                        "fsdp_engine_set_step while unit '%s' is %s: finish the step first",
-                        e->plan.units[i].name,
-                        e->plan.units[i].sched.held >= 0 ? "acquired" : "holding gradients");
-  fsdp_engine_drop_gathers(e);
-  for (int i = 0; i < e->plan.n_units; i++) {
-    struct unit *u = &e->plan.units[i];
-    if (u->mem.mirror_dirty) FSDP_TRY(host_copies_write_back(u));
-    FSDP_TRY(fsdp_unit_refresh_params(e, u));
-  }
-  FSDP_TRY(fsdp_stream_synchronize(e->dev.s_compute));
-  fsdp_engine_optim_restart(e, step);
   return FSDP_SUCCESS;
 }
 
