@@ -9,7 +9,7 @@
 #if FSDP_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "cuda/cublas_lazy.h"
+#include "backend/cuda/cublas_lazy.h"
 
 #define CU_TRY(call, what)                                                                  \
   do {                                                                                      \

@@ -126,9 +126,9 @@ static fsdp_status_t model_build(fsdp_world_t world, const bench_opts_t *o, fsdp
     w.max_T = m->T;
     fsdp_plan_opts_t plan;
     char ckpt[512];
-    if (o->config && cfg_gpt2_opts("fsdp-bench", o->config, &w, &plan, ckpt, sizeof ckpt))
-      return FSDP_ERR_INVALID_ARGUMENT;
-    fsdp_status_t st = fsdp_gpt2_create(m->eng, &o->gpt, &w, &m->gpt);
+    fsdp_status_t st = o->config && cfg_gpt2_opts(o->config, &w, &plan, ckpt, sizeof ckpt)
+                           ? FSDP_ERR_INVALID_ARGUMENT
+                           : fsdp_gpt2_create(m->eng, &o->gpt, &w, &m->gpt);
     if (st == FSDP_SUCCESS && o->config &&
         (cfg_check_matched(o->config, 1) || cfg_check_matched(o->config, 2)))
       st = FSDP_ERR_INVALID_ARGUMENT;
@@ -439,7 +439,8 @@ static fsdp_status_t measure(model_t *m, const bench_opts_t *o, bench_result_t *
   BENCH_TRY(fsdp_engine_timeline(m->eng, &tl, &n, &dropped));
   if (dropped)
     fprintf(stderr, "fsdp-bench: %zu timeline events dropped: the split is incomplete\n", dropped);
-  bench_split_steps(tl, n, s->w, n_it, s->split);
+  bench_split_steps(tl, n, s->w, n_it, fsdp_engine_config(m->eng)->device == FSDP_DEVICE_CUDA,
+                    s->split);
   comm_bytes(r, s, n_it);
   if (o->trace) /* every round rewrites it: the file holds the last */
     BENCH_TRY(bench_trace_write(m->eng, o->trace, tl, n, s->w, n_it, s->w[0].t_begin));

@@ -9,7 +9,13 @@
  * For each such call [a, b], the wait is the time from a to the last end, inside
  * [a, b], of a collective it can wait for (acquire: a gather of the same unit or
  * any reduction; release and step: any reduction). A collective that finished
- * before the call started was hidden behind compute and counts nothing. */
+ * before the call started was hidden behind compute and counts nothing.
+ *
+ * On CUDA the host calls only queue work, and a host wait says nothing about
+ * the GPU (the step's wait for the gradient norm spans the whole backward
+ * still queued): exposed communication is the time the compute stream
+ * itself stalled in its waits for collectives, as the engine times them
+ * with CUDA events (FSDP_TL_COMPUTE_WAIT). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -61,7 +67,7 @@ static double comm_union(const fsdp_tl_event_t *tl, size_t n, double lo, double 
 }
 
 void bench_split_steps(const fsdp_tl_event_t *tl, size_t n, const bench_window_t *w, int steps,
-                       bench_split_t *out) {
+                       int device_waits, bench_split_t *out) {
   for (int s = 0; s < steps; s++) {
     bench_split_t *p = &out[s];
     double lo = w[s].t_begin, hi = w[s].t_end;
@@ -76,7 +82,8 @@ void bench_split_steps(const fsdp_tl_event_t *tl, size_t n, const bench_window_t
         p->reduce_s += span, p->reduce_bytes += bytes;
       else if (e->kind == FSDP_TL_REDUCE) p->reduce_s += span; /* the gradient norm */
       else if (e->kind == FSDP_TL_REPLICA_REDUCE) p->reduce_s += span, p->replica_bytes += bytes;
-      else p->exposed_s += host_wait(e, tl, n);
+      else if (e->kind == FSDP_TL_COMPUTE_WAIT) p->exposed_s += device_waits ? span : 0.0;
+      else if (!device_waits) p->exposed_s += host_wait(e, tl, n);
     }
     p->comm_s = comm_union(tl, n, lo, hi);
   }

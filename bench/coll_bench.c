@@ -39,7 +39,7 @@ static const char usage_text[] =
     "  --backend NAME       communicator measured: mpi, gloo, self or nccl (default: the\n"
     "                       world's backend, as fsdp_comm_create gives)\n"
     "  --device cpu|cuda    where the buffers live (default: cuda with nccl, else cpu);\n"
-    "                       cuda: device local_rank %% devices, -s 1 queues on a CUDA stream\n"
+    "                       cuda: device local_rank % devices, -s 1 queues on a CUDA stream\n"
     "  --json               one JSON document on stdout (rank 0) instead of the table\n"
     "  --json-file PATH     also write that document to PATH (the table still prints)\n"
     "Columns: size (B), count (elements in all), type, redop, time (us, mean of the\n"

@@ -28,6 +28,12 @@ side could not run either and the two would no longer compare like with like).
                 reduce_dtype=torch.float32)) on every block and the root, its
                 sharded parameters and AdamW in fp32. bf16 is GPU only (fsdp's
                 CPU kernels compute in fp32, PyTorch's would in bf16).
+With --device cuda a third row runs PyTorch the way single-node training
+scripts do (nanoGPT's habit): torch.compile(model), the step under bf16
+autocast (--dtype bf16; fp32 without TF32 for --dtype f32), AdamW(fused=True),
+and no FSDP (DDP over NCCL when --np > 1, every rank holding the whole model);
+it is printed as its own row with fsdp's ratio to it. The CPU comparison has
+no such row.
 Memory is device memory: the headline is the GPU memory in use after the timed
 steps (cudaMemGetInfo: total - free, CUDA context and NCCL buffers included) on
 both sides — fsdp-bench's device_peak_bytes and torch.cuda.mem_get_info() at
@@ -167,13 +173,41 @@ def build_gpt(torch, cfg):
     return GPT()
 
 
-def torch_rank(rank, args, port, queue):
-    import torch
-    import torch.distributed as dist
+def wrap_fsdp2(torch, model, args):
+    """FSDP2: one unit per block and the root; the AdamW over the shards."""
     try:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     except ImportError:  # torch < 2.6
         from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
+    # bf16: gathers and compute in bf16; the sharded parameters (AdamW's master
+    # weights and state) stay fp32 and gradients are reduced in fp32.
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+        if args.dtype == "bf16" else MixedPrecisionPolicy()
+    for block in model.h:                       # one unit per block, as --wrap GPT2Block
+        fully_shard(block, reshard_after_forward=True, mp_policy=mp)
+    fully_shard(model, reshard_after_forward=True, mp_policy=mp)  # the root: wte, wpe, ln_f
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+                            weight_decay=0.0)
+    return model, opt
+
+
+def wrap_compiled(torch, model, args, device):
+    """nanoGPT's habit: torch.compile, fused AdamW, DDP across ranks (no FSDP);
+    bf16 comes from autocast in the step (fp32 weights, optimizer and grads)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+                            weight_decay=0.0, fused=True)
+    model = torch.compile(model)
+    if args.np > 1:
+        from torch.nn.parallel import DistributedDataParallel
+        model = DistributedDataParallel(model, device_ids=[device.index])
+    return model, opt
+
+
+def torch_rank(rank, args, port, queue, compiled=False):
+    import contextlib
+
+    import torch
+    import torch.distributed as dist
 
     torch.set_num_threads(args.threads)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -190,22 +224,22 @@ def torch_rank(rank, args, port, queue):
     rss_base = status_bytes("VmRSS")
     with torch.device(device):
         model = build_gpt(torch, cfg)
-    # bf16: gathers and compute in bf16; the sharded parameters (AdamW's master
-    # weights and state) stay fp32 and gradients are reduced in fp32.
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-        if args.dtype == "bf16" else MixedPrecisionPolicy()
-    for block in model.h:                       # one unit per block, as --wrap GPT2Block
-        fully_shard(block, reshard_after_forward=True, mp_policy=mp)
-    fully_shard(model, reshard_after_forward=True, mp_policy=mp)  # the root: wte, wpe, ln_f
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
-                            weight_decay=0.0)
+    params = sum(p.numel() for p in model.parameters())
+    model, opt = wrap_compiled(torch, model, args, device) if compiled \
+        else wrap_fsdp2(torch, model, args)
+    amp = compiled and args.dtype == "bf16"
+
+    def autocast():
+        return torch.autocast("cuda", dtype=torch.bfloat16) if amp else contextlib.nullcontext()
+
     g = torch.Generator().manual_seed(args.seed + 1000 * rank + 1)
     B, V = args.micro_batch, cfg["vocab_size"]
     tok = torch.randint(0, V, (B, T), generator=g).to(device)
     tgt = torch.randint(0, V, (B, T), generator=g).to(device)
 
     def step():
-        loss = model(tok, tgt)
+        with autocast():
+            loss = model(tok, tgt)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -241,7 +275,7 @@ def torch_rank(rank, args, port, queue):
                  rss_peak=mem[0].item(), rss_base=mem[1].item(),
                  cuda_peak=mem[2].item(), loss_first=losses[0].item() / args.np,
                  loss_last=losses[1].item() / args.np, torch=torch.__version__,
-                 params=sum(p.numel() for p in model.parameters()))  # DTensor: global
+                 params=params)  # counted before sharding: the whole model
         if cuda:  # bytes, the largest rank's
             r.update(device_in_use=mem[3].item(), device_reserved_peak=mem[4].item(),
                      gpu=torch.cuda.get_device_name(device), cuda_runtime=torch.version.cuda,
@@ -258,14 +292,15 @@ def nccl_version(torch):
     return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
 
 
-def run_torch(args):
+def run_torch(args, compiled=False):
     import torch.multiprocessing as mp
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=torch_rank, args=(r, args, port, queue)) for r in range(args.np)]
+    procs = [ctx.Process(target=torch_rank, args=(r, args, port, queue, compiled))
+             for r in range(args.np)]
     for p in procs:
         p.start()
     result = None
@@ -288,7 +323,7 @@ def find_bench(path):
     if path:
         return path
     for d in ("build", "build-bn"):
-        p = os.path.join(REPO, d, "bench", "fsdp-bench")
+        p = os.path.join(REPO, d, "fsdp-bench")
         if os.path.exists(p):
             return p
     sys.exit("compare_pytorch: no fsdp-bench found; build it (meson setup build && ninja -C build) "
@@ -364,7 +399,7 @@ def main():
     ap.add_argument("--dtype", default="f32", choices=("f32", "bf16"),
                     help="f32 (default) or bf16 (cuda only): bf16 gathers and compute, fp32 "
                          "master weights, optimizer and gradient reduction on both sides")
-    ap.add_argument("--fsdp-bench", default=None, help="path (default build*/bench/fsdp-bench)")
+    ap.add_argument("--fsdp-bench", default=None, help="path (default build*/fsdp-bench)")
     ap.add_argument("--mpirun", default=shutil.which("mpirun") or "mpirun")
     ap.add_argument("--json", action="store_true", help="one JSON document instead of the table")
     ap.add_argument("--json-file", default=None, help="also write that document here")
@@ -401,9 +436,11 @@ def main():
                      f"needs a GPU of its own for every rank): --np {args.np} but {n_gpu} GPU(s) "
                      f"visible; use --np {n_gpu} or fewer")
 
-    runs = []
+    runs, compiled = [], []
     for _ in range(max(args.repeat, 1)):
         runs.append((measured(run_fsdp, args), measured(run_torch, args)))
+        if cuda:  # the third row: torch.compile without FSDP, in the same repeat
+            compiled.append(measured(lambda a: run_torch(a, compiled=True), args))
     # Each repeat's ratio pairs two runs made back to back; the headline is the
     # median over the repeats in which other processes kept less than
     # --max-other-load of the cores busy during both runs (all, if none was).
@@ -422,6 +459,9 @@ def main():
         for f, t in runs:  # PyTorch's MFU against the peak fsdp-bench measured in that repeat
             t["mfu"] = (f["flops_per_token"] * t["tokens_per_s"] / f["peak_flops"]
                         if f["peak_flops"] > 0 else 0.0)
+        for (f, _), c in zip(runs, compiled):
+            c["mfu"] = (f["flops_per_token"] * c["tokens_per_s"] / f["peak_flops"]
+                        if f["peak_flops"] > 0 else 0.0)
         met = speed >= 1.5 and dev_mem < 1.0
     else:
         met = speed >= 1.5 and mem < 1.0
@@ -431,6 +471,12 @@ def main():
                ratio_per_repeat=per_run, quiet_repeats=len(quiet), goal_met=met,
                repeats=[dict(fsdp=f, pytorch_fsdp2=t) for f, t in runs])
     if cuda:
+        # fsdp against torch.compile: the same repeats' medians (quiet ones as above)
+        pairs = [(f, c) for (f, t), c in zip(runs, compiled) if (f, t) in used]
+        comp = sorted((c for _, c in pairs), key=lambda r: r["tokens_per_s"])[len(pairs) // 2]
+        speed_compiled = median([f["tokens_per_s"] / c["tokens_per_s"] for f, c in pairs])
+        doc.update(pytorch_compile=comp, tokens_per_s_ratio_compile=speed_compiled,
+                   compile_repeats=compiled)
         doc.update(seq_len=args.seq_len or cfg["block_size"], device_in_use_ratio=dev_mem,
                    comm="nccl", one_gpu_per_rank=True,
                    memory_compared="GPU memory in use after the timed steps (cudaMemGetInfo "
@@ -445,6 +491,7 @@ def main():
         return 0
     if cuda:
         report_cuda(args, cfg, runs, quiet, fsdp, pt, speed, dev_mem, met)
+        report_compiled(args, fsdp, comp, speed_compiled, compiled)
         return 0
     mib = 1 / 1048576
     T = args.seq_len or cfg["block_size"]
@@ -526,6 +573,20 @@ def report_cuda(args, cfg, runs, quiet, fsdp, pt, speed, dev_mem, met):
         print(f"warning: parameter counts differ: fsdp {fsdp['params']}, PyTorch {pt['params']}")
     print("goal (>= 1.5x tokens/s at lower peak memory; memory = GPU memory in use): %s"
           % ("met" if met else "NOT met"))
+
+
+def report_compiled(args, fsdp, comp, speed, compiled):
+    """The torch.compile row (--device cuda) under the table."""
+    mib = 1 / 1048576
+    mfu = f"{comp['mfu']:.1%}" if fsdp["peak_flops"] > 0 else "n/a"
+    how = "bf16 autocast" if args.dtype == "bf16" else "fp32, no TF32"
+    name = "PyTorch compile " + comp["torch"].split("+")[0]
+    print(f"{name:22} {comp['tokens_per_s']:10.0f} {comp['step_ms']:9.2f} {mfu:>7} "
+          f"{comp['device_in_use'] * mib:15.1f} {comp['loss_first']:8.4f}->{comp['loss_last']:.4f}")
+    print(f"  (torch.compile(model), {how}, AdamW(fused=True), no FSDP"
+          f"{', DDP over NCCL' if args.np > 1 else ''}: the nanoGPT habit) | ratio fsdp / "
+          f"torch.compile: tokens/s {speed:.2f}x | per repeat: "
+          + ", ".join(f"{c['tokens_per_s']:.0f}" for c in compiled) + " tokens/s")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@
 #include "tools/flags.h"
 
 static const char usage_text[] =
-    "usage: fsdp-bench [options]        launch with: mpirun -np N fsdp-bench ...\n"
+    "usage: fsdp-bench [options]   on several ranks: under fsdp-run or mpirun (docs/launching.md)\n"
     "model (synthetic data: random tokens / inputs, different on every rank)\n"
     "  --model gpt2|mlp           (default gpt2)\n"
     "  --preset NAME              gpt2: tiny, small (default), 124M, 350M, 774M, 1558M\n"
@@ -29,7 +29,7 @@ static const char usage_text[] =
     "                             f16: gathers move fp16, the loss is scaled dynamically\n"
     "  --reduce-dtype f32|bf16    what gradients are reduced in (default f32)\n"
     "  --device cpu|cuda          where shards, gradients and compute live (default cpu;\n"
-    "                             cuda: gpt2 only, GPU = local rank %% visible GPUs)\n"
+    "                             cuda: gpt2 only, GPU = local rank % visible GPUs)\n"
     "  --comm-backend nccl|mpi    (or --comm) collectives of a cuda engine (default: the\n"
     "                             world's)\n"
     "  --shard-size S             HSDP: ranks per shard group, a divisor of the world\n"
@@ -76,7 +76,10 @@ static const char usage_text[] =
     "               collective it can wait for (acquire: its unit's gather or a reduction\n"
     "               still holding a gradient buffer; release, step: reductions). Collectives\n"
     "               that ended before the call began were hidden and count nothing; it\n"
-    "               includes a stream's wake-up latency, so it can exceed comm slightly\n"
+    "               includes a stream's wake-up latency, so it can exceed comm slightly.\n"
+    "               On cuda: the time the compute stream stalled waiting for a gather or a\n"
+    "               reduction (CUDA events recorded around each of its waits; the host\n"
+    "               calls only queue work)\n"
     "  compute      step time - exposed (everything else the host did); hidden = 1 -\n"
     "               exposed/comm. The split is the mean over ranks\n"
     "  MFU          model FLOPs/token x tokens/s / peak, where FLOPs/token = 6 (P - wpe) +\n"
@@ -184,8 +187,8 @@ static void flag_table(bench_opts_t *o, flag_t *t) {
 static int parse(int argc, char **argv, bench_opts_t *o, cfg_file_t *file) {
   flag_t table[BENCH_FLAGS];
   flag_table(o, table);
-  return cfg_parse_args("fsdp-bench", usage_text, argc, argv, table, BENCH_FLAGS, parse_word, o, file,
-                        &o->config);
+  cfg_keys_t keys = {table, BENCH_FLAGS, parse_word, o, cfg_train_only, "fsdp-train"};
+  return cfg_parse_args("fsdp-bench", usage_text, argc, argv, &keys, file, &o->config);
 }
 
 static void print_list(const char *key, const int *v, int n) {
@@ -317,8 +320,8 @@ int main(int argc, char **argv) {
     cfg_free(&file);
     return p > 0 ? 0 : 2;
   }
-  if (cfg_path(argc, argv, &print), print) {
-    print_config(&o);
+  if (cfg_path(argc, argv, &print), print) { /* once per job, also under a launcher */
+    if (cfg_launch_rank() == 0) print_config(&o);
     cfg_free(&file);
     return 0;
   }

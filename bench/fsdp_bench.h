@@ -83,7 +83,8 @@ typedef struct {
   double gather_s;  /* sum of all-gather spans on the gather stream */
   double reduce_s;  /* sum of reduce-scatter / all-reduce spans on the reduce stream */
   double comm_s;    /* union of both: time some collective was in flight */
-  double exposed_s; /* time host calls spent waiting for collectives */
+  double exposed_s; /* time compute waited for collectives (CPU: host calls; CUDA:
+                       the compute stream) */
   double gather_bytes, reduce_bytes, replica_bytes; /* this rank's contributions */
 } bench_split_t;
 
@@ -117,8 +118,10 @@ int bench_kernels_collect(fsdp_engine_t eng, const bench_opts_t *o, int B, int T
 void bench_print_kernels(const bench_opts_t *o, const bench_result_t *r);
 void bench_kernels_json(FILE *f, const bench_opts_t *o, const bench_result_t *r);
 
+/* The split of each timed step; device_waits (CUDA): exposed time is the
+ * compute stream's stalls (FSDP_TL_COMPUTE_WAIT), else the host calls' waits. */
 void bench_split_steps(const fsdp_tl_event_t *tl, size_t n, const bench_window_t *w, int steps,
-                       bench_split_t *out);
+                       int device_waits, bench_split_t *out);
 /* Writes the timeline of every rank as one Chrome trace (rank 0 writes the
  * file; collective over the engine's ranks). t0: this rank's time origin. */
 fsdp_status_t bench_trace_write(fsdp_engine_t eng, const char *path, const fsdp_tl_event_t *tl,

@@ -21,20 +21,20 @@ out=bench/results
 mkdir -p "$out"
 mpi() { mpirun "${FSDP_MPIRUN_ARGS[@]}" -np "$@"; }
 
-mpi 2 "$build/bench/coll_bench" --json-file "$out/coll-np2.json" | tee "$out/coll-np2.txt"
+mpi 2 "$build/coll_bench" --json-file "$out/coll-np2.json" | tee "$out/coll-np2.txt"
 
 small=(--preset small --micro-batch 8 --warmup 3 --iters 10 --rounds 4 --sweep
        --sweep-strategies zero3 --sweep-prefetch 0,1)
-mpi 2 "$build/bench/fsdp-bench" "${small[@]}" --json-file "$out/np2-small-prefetch.json" |
+mpi 2 "$build/fsdp-bench" "${small[@]}" --json-file "$out/np2-small-prefetch.json" |
   tee "$out/np2-small-prefetch.txt"
 
-BENCH="$build/bench/fsdp-bench" bench/sweep.sh "$out/sweep-cpu-2core.json" --iters 10 --rounds 3
+BENCH="$build/fsdp-bench" bench/sweep.sh "$out/sweep-cpu-2core.json" --iters 10 --rounds 3
 python3 bench/plot.py "$out/sweep-cpu-2core.json" "$out"
 
-mpi 2 "$build/bench/fsdp-bench" --prefetch 1 --iters 5 --peak-size 0 \
+mpi 2 "$build/fsdp-bench" --prefetch 1 --iters 5 --peak-size 0 \
   --trace "$out/trace-np2-small-pf1.json"
 python3 bench/plot.py --trace "$out/trace-np2-small-pf1.json" "$out/trace-np2-small-pf1.png" --steps 1
 
-cmp=(--np 2 --preset small --repeat 7 --fsdp-bench "$build/bench/fsdp-bench")
+cmp=(--np 2 --preset small --repeat 7 --fsdp-bench "$build/fsdp-bench")
 python3 bench/compare_pytorch.py "${cmp[@]}" --json-file "$out/compare-pytorch-np2-small.json" |
   tee "$out/compare-pytorch-np2-small.txt"

@@ -7,16 +7,16 @@
 # step it moves in the shard group and in the replica group.
 #
 #   bench/sweep.sh [OUT.json] [fsdp-bench flags...]
-#   NPS="1 2 4" BENCH=build/bench/fsdp-bench bench/sweep.sh bench/results/sweep-cpu.json --iters 20
+#   NPS="1 2 4" BENCH=build/fsdp-bench bench/sweep.sh bench/results/sweep-cpu.json --iters 20
 #   SHARD_SIZES="0,2,1" NPS=4 bench/sweep.sh out.json   (4 ranks as 1x4, 2x2, 4x1)
 #
-# Defaults: NPS="1 2 4", BENCH=build/bench/fsdp-bench, OUT=bench/results/sweep.json.
+# Defaults: NPS="1 2 4", BENCH=build/fsdp-bench, OUT=bench/results/sweep.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/mpi-env.sh
 out=${1:-bench/results/sweep.json}
 shift || true
-bench=${BENCH:-build/bench/fsdp-bench}
+bench=${BENCH:-build/fsdp-bench}
 [ -x "$bench" ] || { echo "sweep.sh: no $bench: build first (meson setup build && ninja -C build)" >&2; exit 2; }
 parts=()
 trap 'rm -f "${parts[@]}"' EXIT

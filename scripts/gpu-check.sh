@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/gpu-check.sh — every GPU check in one command, for a machine
 # with an NVIDIA GPU and the CUDA toolkit: sets up and builds build/ with CUDA,
-# runs the CUDA suite (every kernel of src/cuda against the CPU reference on
+# runs the CUDA suite (every kernel of src/backend/cuda against the CPU reference on
 # fresh random inputs; the engine on the GPU against the CPU engine with NCCL at
 # N = 1 and MPI at N = 2 on one GPU, and its memory against the device's; a
 # small GPT-2 trained on the GPU against the CPU; coll_bench on device buffers
@@ -53,11 +53,11 @@ FSDP_REQUIRE_GPU=1 FSDP_CUDA_REPORT="$report" timeout 330 \
 # The bench: one rank, NCCL, bf16 parameters; MFU against the measured bf16
 # cuBLAS peak (fsdp-bench prints the formula).
 bench_status=0
-timeout 240 build/bench/fsdp-bench --device cuda --comm nccl --preset 124M --seq-len 1024 \
+timeout 240 build/fsdp-bench --device cuda --comm nccl --preset 124M --seq-len 1024 \
   --micro-batch 16 --dtype bf16 -w 3 -n 10 --json-file "$bench_json" || bench_status=$?
 # The same step again with each kernel class timed by CUDA events (a run of
 # its own: the events cost the timed steps a little).
-timeout 180 build/bench/fsdp-bench --device cuda --comm nccl --preset 124M --seq-len 1024 \
+timeout 180 build/fsdp-bench --device cuda --comm nccl --preset 124M --seq-len 1024 \
   --micro-batch 16 --dtype bf16 -w 2 -n 5 --kernel-profile --json-file "$kernels_json" \
   >"$kernels_out" || bench_status=$?
 

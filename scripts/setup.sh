@@ -9,7 +9,9 @@ packages=(meson ninja-build pkg-config gcc g++ libc6-dev openmpi-bin libopenmpi-
           libopenblas-dev check zlib1g-dev libgloo-dev
           libpcre2-dev # PCRE2: the tokenizer's regex needs Unicode classes
           python3-venv # the Hugging Face tests' virtual environments (Debian splits venv out)
-          libyaml-dev) # libyaml: the tools' configuration file (src/tools/config.h)
+          python3-matplotlib # bench/plot.py's charts (the plot and plot-trace tests)
+          libyaml-dev # libyaml: the tools' configuration file (src/tools/config.h)
+          clang-14 libclang-rt-14-dev) # libFuzzer + ASan/UBSan: the parsers' fuzz targets (tests/fuzz)
 # --data adds the datasets the demo trains on (tests make their own data).
 if [ "${1:-}" = "--data" ]; then
   shift

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/test.sh — sets everything up, then runs every test suite in build/
 # (the nvcc build where the toolkit exists: unit, mpi under mpirun -np 1..4,
-# launch, tokenizer, bench; the cuda suite skips there without a GPU), then the
+# launch, tokenizer, bench, docs; the cuda suite skips there without a GPU), a
+# libFuzzer target per parser for 20 s each (tests/fuzz/run.sh), then the
 # GPU path on the CPU (scripts/sim-test.sh: the cuda suite against the SIMT
 # simulator under ASan+UBSan, its production shapes in an optimised build
 # without sanitizers (guard zones instead), the engine and GPT-2 under
@@ -30,6 +31,9 @@ trap 'kill -- -$venv -$sim_build 2>/dev/null || true' EXIT
 t0=$SECONDS
 meson test -C build --no-rebuild --print-errorlogs --num-processes "$(nproc)"
 echo "test: build/'s tests done in $((SECONDS - t0)) s"
+t0=$SECONDS
+tests/fuzz/run.sh build 20 # each parser's fuzz target, 20 s each, ASan+UBSan
+echo "test: the fuzz targets done in $((SECONDS - t0)) s"
 wait $venv || true # its outcome is the hf-interop test's, printed above
 wait $sim_build || true # sim-test.sh reports a failed build itself
 trap - EXIT

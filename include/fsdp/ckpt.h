@@ -317,6 +317,8 @@ FSDP_API fsdp_status_t fsdp_ckpt_import(const char *safetensors_file, const char
 
 /* flags of fsdp_ckpt_export_hf and fsdp_ckpt_import_hf */
 #define FSDP_CKPT_OVERWRITE 1 /* replace an existing output instead of refusing it */
+#define FSDP_CKPT_LOCK 2      /* import: hold out_dir's run lock (fsdp_ckpt_lock) while
+                                 writing, taken only once the input passed every check */
 
 /* What an export or import did, for its one summary line. */
 typedef struct {
@@ -357,6 +359,10 @@ FSDP_API fsdp_status_t fsdp_ckpt_export_hf(fsdp_ckpt_t ckpt, const char *out_dir
  * differs, rather than dropped. The model's shape is recorded in the
  * checkpoint's trainer state ("gpt2.n_layer", ... as fsdp-train writes them).
  * An existing out_dir/step-0 is refused unless flags has FSDP_CKPT_OVERWRITE.
+ * A NaN or Inf value is refused (FSDP_ERR_NONFINITE) naming the tensor and
+ * the index, as fsdp_ckpt_save refuses one. A header over 100,000,000 bytes or
+ * of more than 65536 entries is refused before it is parsed (docs/limits.md).
+ * Nothing is created, out_dir included, before the input passed every check.
  * *summary may be NULL. */
 FSDP_API fsdp_status_t fsdp_ckpt_import_hf(const char *in, const char *out_dir,
                                            const char *preset, int flags,

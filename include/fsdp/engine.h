@@ -283,8 +283,13 @@ typedef enum {
   FSDP_TL_REDUCE,      /* reduce stream: reduce-scatter or all-reduce of grads; unit -1,
                           stream 0: the step's all-reduce of the gradient norm */
   FSDP_TL_STEP,        /* host: the optimizer step */
-  FSDP_TL_REPLICA_REDUCE /* replica stream (3): HSDP all-reduce of a unit's gradient shard
-                            across its replica group */
+  FSDP_TL_REPLICA_REDUCE, /* replica stream (3): HSDP all-reduce of a unit's gradient shard
+                             across its replica group */
+  FSDP_TL_COMPUTE_WAIT /* CUDA only, stream 0: the compute stream stalled for communication,
+                          timed on the GPU by CUDA events recorded just before and after its
+                          wait: for a unit's gather or a reduction still reading the gradient
+                          buffer it reuses (unit, pass: the acquire's), or for every reduction
+                          before the step (unit -1). Zero-length when the collective was done */
 } fsdp_tl_kind_t;
 
 typedef struct {
@@ -545,8 +550,9 @@ FSDP_API void fsdp_engine_reset_peaks(fsdp_engine_t engine);
  * number in *count. Events past timeline_capacity are counted in *dropped (may
  * be NULL) and not kept. Waits for the engine's streams. Events are added as
  * they are known: host calls when they return, collectives on the CPU's worker
- * streams when they end; collectives on CUDA streams are timed by CUDA events
- * recorded around them (no host function on the stream: nothing stalls it) and
+ * streams when they end; collectives on CUDA streams, and the compute stream's
+ * waits for them (FSDP_TL_COMPUTE_WAIT), are timed by CUDA events recorded
+ * around them (no host function on the stream: nothing stalls it) and
  * added at the end of fsdp_engine_step or by this call, in fsdp_time_now()
  * seconds like the rest (the GPU's clock is tied to the host's once, when the
  * engine is created, to within microseconds). Sort by t_begin for time order. */

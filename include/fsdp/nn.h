@@ -85,7 +85,11 @@ typedef struct fsdp_mlp *fsdp_mlp_t;
 
 /* widths[0] inputs ... widths[n_layers] classes. max_batch bounds the
  * micro-batch the activation buffers hold. Must precede materialize. One unit
- * per layer: fsdp_mlp_create_plan with wrap_kinds "Linear". */
+ * per layer: fsdp_mlp_create_plan with wrap_kinds "Linear". It computes in
+ * f32 on the engine's device (config.device CPU or CUDA; activations in that
+ * device's memory, x and labels stay host arrays, copied in on CUDA, which
+ * then waits for the loss at each call); a CUDA engine with param_dtype other
+ * than FSDP_F32 is refused (FSDP_ERR_UNSUPPORTED). */
 FSDP_API fsdp_status_t fsdp_mlp_create(fsdp_engine_t engine, const int *widths, int n_layers,
                                        int max_batch, fsdp_mlp_t *mlp);
 /* The same with the layers cut into units by a wrap policy (fsdp/plan.h): the

@@ -128,6 +128,8 @@ fsdp_status_t ckpt_pread(int fd, const char *path, void *buf, size_t n, uint64_t
 /* CRC-32 and size of a whole file, streaming. */
 fsdp_status_t ckpt_file_crc(int fd, const char *path, uint64_t bytes, uint32_t *crc);
 uint32_t ckpt_crc(uint32_t crc, const void *buf, size_t n);
+/* Makes dir and its missing parents; FSDP_ERR_IO when it is not a directory. */
+fsdp_status_t ckpt_make_dirs(const char *dir);
 fsdp_status_t ckpt_fsync_dir(const char *dir);
 /* Removes a directory and the plain files in it (one level: our step dirs). */
 fsdp_status_t ckpt_remove_dir(const char *dir);
@@ -141,8 +143,6 @@ fsdp_status_t ckpt_path(char *out, size_t cap, const char *fmt, ...)
 
 /* ---- commit protocol (commit.c) -------------------------------------------- */
 
-/* Makes dir and its missing parents; FSDP_ERR_IO when it is not a directory. */
-fsdp_status_t ckpt_make_dirs(const char *dir);
 /* Makes save_dir, refuses an existing step-<step> unless overwrite, removes
  * the step-*.tmp-* of dead saves (a live save's guard keeps its own), takes
  * this save's guard (*guard, for ckpt_guard_release once the save is
@@ -156,7 +156,7 @@ fsdp_status_t ckpt_commit(const ckpt_manifest_t *m, const char *save_dir, const 
 /* Replaces save_dir/latest with "step-<step>" (write, fsync, rename, fsync). */
 fsdp_status_t ckpt_point_latest(const char *save_dir, int64_t step);
 
-/* ---- the save directory (dir.c) ------------------------------------------------ */
+/* ---- the lock file (lock.c) --------------------------------------------------- */
 
 /* <save_dir>/lock: byte 0 is the run lock (fsdp_ckpt_lock); byte 1 + (id mod
  * 2^40) guards the save with checkpoint id `id` while it lives. Open file
@@ -167,6 +167,9 @@ fsdp_status_t ckpt_point_latest(const char *save_dir, int64_t step);
  * opened or locked. */
 fsdp_status_t ckpt_guard_take(const char *save_dir, uint64_t id, int *fd);
 void ckpt_guard_release(int fd); /* -1 is ignored */
+
+/* ---- the save directory (dir.c) ------------------------------------------------ */
+
 /* Complete means: the manifest reads (CRC and structure), names step k, and
  * every shard file has the header and the size the manifest says (no shard
  * CRCs: that is the load's and verify's full read). */
@@ -174,11 +177,15 @@ fsdp_status_t ckpt_step_complete(const char *step_dir, int64_t k);
 /* Rank 0's part of fsdp_ckpt_repair (one process, the caller holds the lock). */
 fsdp_status_t ckpt_repair_local(const char *save_dir, fsdp_ckpt_repair_t *out);
 
-/* ---- collective pieces (save.c) ---------------------------------------------- */
+/* ---- the live engine (live.c) ------------------------------------------------- */
 
 /* Every rank passes its status; all return the lowest failing rank's status
  * and message (or the collective's own error). */
 fsdp_status_t ckpt_agree(fsdp_comm_t comm, fsdp_status_t st);
+/* ckpt_agree over the engine's ranks; engine NULL: this process alone (st). */
+fsdp_status_t ckpt_engine_agree(fsdp_engine_t e, fsdp_status_t st);
+/* The engine's rank; 0 when e is NULL. */
+int ckpt_engine_rank(fsdp_engine_t e);
 /* Fails (changing nothing that matters) unless the engine is materialized and
  * between steps. */
 fsdp_status_t ckpt_engine_idle(fsdp_engine_t e, const char *what);

@@ -14,25 +14,6 @@
 
 #include "ckpt/ckpt_internal.h"
 
-fsdp_status_t ckpt_make_dirs(const char *dir) {
-  char path[CKPT_PATH_MAX];
-  FSDP_TRY(ckpt_path(path, sizeof path, "%s", dir));
-  for (char *p = path + 1;; p++) {
-    int last = *p == '\0';
-    if (*p == '/' || last) {
-      *p = '\0';
-      if (mkdir(path, 0755) != 0 && errno != EEXIST)
-        return fsdp_error(FSDP_ERR_IO, "%s: cannot create directory: %s", path, strerror(errno));
-      if (last) break;
-      *p = '/';
-    }
-  }
-  struct stat sb;
-  if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
-    return fsdp_error(FSDP_ERR_IO, "%s: is not a directory", dir);
-  return FSDP_SUCCESS;
-}
-
 /* The id of a step-<k>.tmp-<id> name; 0 when the name is not one of ours. */
 static uint64_t tmp_id(const char *name) {
   const char *at = strncmp(name, "step-", 5) ? NULL : strstr(name, ".tmp-");

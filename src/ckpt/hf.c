@@ -8,21 +8,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckpt/gpt2_layout.h"
 #include "ckpt/hf.h"
 #include "fsdp/nn.h"
 
 /* ---- the tensors a shape implies ---------------------------------------------------- */
 
-static const struct { const char *name; int rows, cols; /* in units of C; 0: none */ } block[] = {
-    {"ln_1.weight", 1, 0},      {"ln_1.bias", 1, 0},         {"attn.c_attn.weight", 1, 3},
-    {"attn.c_attn.bias", 3, 0}, {"attn.c_proj.weight", 1, 1}, {"attn.c_proj.bias", 1, 0},
-    {"ln_2.weight", 1, 0},      {"ln_2.bias", 1, 0},         {"mlp.c_fc.weight", 1, 4},
-    {"mlp.c_fc.bias", 4, 0},    {"mlp.c_proj.weight", 4, 1}, {"mlp.c_proj.bias", 1, 0},
-};
-#define BLOCK_N ((int)(sizeof block / sizeof block[0]))
-_Static_assert(BLOCK_N == 12, "HF_MAX_LAYERS counts 12 tensors a layer");
+_Static_assert(GPT2_BLOCK_TENSORS == 12, "HF_MAX_LAYERS counts 12 tensors a layer");
 
-int hf_n_tensors(const hf_shape_t *s) { return 2 + s->n_layer * BLOCK_N + 2; }
+int hf_n_tensors(const hf_shape_t *s) { return 2 + s->n_layer * GPT2_BLOCK_TENSORS + 2; }
 
 /* Tensor i of the model in fsdp's order (wte, wpe, h.0..., ln_f): our name
  * and shape. */
@@ -31,13 +25,14 @@ void hf_tensor(const hf_shape_t *s, int i, char *name, size_t cap, int *ndim, in
   if (i < 2) {
     snprintf(name, cap, "%s", i ? "wpe" : "wte");
     *ndim = 2, shape[0] = i ? s->n_positions : s->vocab, shape[1] = C;
-  } else if (i < 2 + s->n_layer * BLOCK_N) {
-    int l = (i - 2) / BLOCK_N, k = (i - 2) % BLOCK_N;
-    snprintf(name, cap, "h.%d.%s", l, block[k].name);
-    *ndim = block[k].cols ? 2 : 1;
-    shape[0] = block[k].rows * C, shape[1] = block[k].cols * C;
+  } else if (i < 2 + s->n_layer * GPT2_BLOCK_TENSORS) {
+    int l = (i - 2) / GPT2_BLOCK_TENSORS, k = (i - 2) % GPT2_BLOCK_TENSORS;
+    const gpt2_block_tensor_t *t = &gpt2_block_tensors[k];
+    snprintf(name, cap, "h.%d.%s", l, t->name);
+    *ndim = t->cols ? 2 : 1;
+    shape[0] = t->rows * C, shape[1] = t->cols * C;
   } else {
-    snprintf(name, cap, "ln_f.%s", i == 2 + s->n_layer * BLOCK_N ? "weight" : "bias");
+    snprintf(name, cap, "ln_f.%s", i == 2 + s->n_layer * GPT2_BLOCK_TENSORS ? "weight" : "bias");
     *ndim = 1, shape[0] = C;
   }
 }

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,9 @@
 
 #define ST_MAX_HEADER 100000000u /* the reference implementation's limit */
 #define ST_MAX_DIMS 16
+/* Entries in a header: a parsed entry costs about 2 KB, and the largest GPT-2
+ * preset has 677 (docs/limits.md); a header is counted before it is parsed. */
+#define ST_MAX_ENTRIES 65536
 
 typedef struct {
   const char *key; /* name in the file (owned by the parsed header) */
@@ -37,6 +41,8 @@ typedef struct {
   st_tensor_t *t;
   int n;
   int lm_head; /* index of lm_head.weight in t, or -1 */
+  int *slot;   /* (cap) open addressing from our name to its index in t, -1 empty */
+  size_t cap;  /* a power of two above 2n */
 } st_file_t;
 
 static size_t dtype_bytes(const char *d) {
@@ -142,6 +148,26 @@ static fsdp_status_t read_entries(st_file_t *f) {
   return check_tiling(f);
 }
 
+/* Members of the top-level object, counted without parsing (strings skipped,
+ * escapes too): the parser is never handed more than ST_MAX_ENTRIES. Stops
+ * counting just past the limit. */
+static size_t count_entries(const char *s, size_t n) {
+  size_t count = 0;
+  int depth = 0;
+  for (size_t i = 0; i < n && count <= ST_MAX_ENTRIES; i++) {
+    if (s[i] == '"') {
+      for (i++; i < n && s[i] != '"'; i++) i += s[i] == '\\';
+    } else if (s[i] == '{' || s[i] == '[') {
+      depth++;
+    } else if (s[i] == '}' || s[i] == ']') {
+      depth--;
+    } else if (s[i] == ':' && depth == 1) {
+      count++;
+    }
+  }
+  return count;
+}
+
 static fsdp_status_t read_header(st_file_t *f) {
   struct stat sb;
   uint8_t len8[8];
@@ -153,7 +179,11 @@ static fsdp_status_t read_header(st_file_t *f) {
   FSDP_TRY(ckpt_pread(f->fd, f->file, len8, 8, 0));
   uint64_t n = 0;
   for (int i = 7; i >= 0; i--) n = (n << 8) | len8[i];
-  if (n < 2 || n > ST_MAX_HEADER || n > (uint64_t)sb.st_size - 8)
+  if (n > ST_MAX_HEADER)
+    return fsdp_error(FSDP_ERR_FORMAT, "%s: header length %" PRIu64 " is over the limit of %u "
+                      "bytes (the reference implementation's; docs/limits.md)", f->file, n,
+                      ST_MAX_HEADER);
+  if (n < 2 || n > (uint64_t)sb.st_size - 8)
     return fsdp_error(FSDP_ERR_FORMAT, "%s: header length %" PRIu64 " is impossible for a file of "
                       "%lld bytes (not safetensors, or truncated)", f->file, n, (long long)sb.st_size);
   char *text = malloc(n);
@@ -163,6 +193,9 @@ static fsdp_status_t read_header(st_file_t *f) {
   snprintf(what, sizeof what, "%s (header)", f->file);
   if (!st && text[0] != '{')
     st = fsdp_error(FSDP_ERR_FORMAT, "%s: the header does not start with '{'", f->file);
+  if (!st && count_entries(text, n) > ST_MAX_ENTRIES)
+    st = fsdp_error(FSDP_ERR_FORMAT, "%s: the header holds more than %d entries, the limit (the "
+                    "largest GPT-2 has 677; docs/limits.md)", f->file, ST_MAX_ENTRIES);
   if (!st) st = json_parse(text, n, what, &f->header);
   free(text);
   f->data_at = 8 + n;
@@ -186,8 +219,33 @@ static int importable(const char *dtype) {
   return !strcmp(dtype, "F32") || !strcmp(dtype, "BF16") || !strcmp(dtype, "F16");
 }
 
+static uint64_t name_hash(const char *s) { /* FNV-1a */
+  uint64_t h = 1469598103934665603ull;
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+  return h;
+}
+
+/* The slot of our name: the one holding it, or the empty one it would take. */
+static size_t slot_of(const st_file_t *f, const char *ours) {
+  size_t i = name_hash(ours) & (f->cap - 1);
+  while (f->slot[i] >= 0 && strcmp(f->t[f->slot[i]].name, ours)) i = (i + 1) & (f->cap - 1);
+  return i;
+}
+
+static const st_tensor_t *named(const st_file_t *f, const char *ours) {
+  int i = f->slot[slot_of(f, ours)];
+  return i >= 0 ? &f->t[i] : NULL;
+}
+
+/* Our names from the file's, each once (an index makes this linear: 10^6
+ * entries compared pairwise took minutes). */
 static fsdp_status_t map_names(st_file_t *f, int *kept) {
   *kept = 0;
+  f->cap = 16;
+  while (f->cap < 2 * (size_t)f->n) f->cap *= 2;
+  if (!(f->slot = malloc(f->cap * sizeof *f->slot)))
+    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "%s: out of memory", f->file);
+  memset(f->slot, 0xff, f->cap * sizeof *f->slot);
   for (int i = 0; i < f->n; i++) {
     st_tensor_t *t = &f->t[i];
     const char *k = !strncmp(t->key, "transformer.", 12) ? t->key + 12 : t->key;
@@ -201,10 +259,10 @@ static fsdp_status_t map_names(st_file_t *f, int *kept) {
     if (t->ndim < 1 || t->ndim > FSDP_MAX_DIMS || t->numel == 0)
       return entry_error(f, t->key, "needs 1 to 4 dimensions and at least one element");
     const char *ours = !strcmp(k, "wte.weight") ? "wte" : !strcmp(k, "wpe.weight") ? "wpe" : k;
-    for (int j = 0; j < i; j++)
-      if (f->t[j].name && !strcmp(f->t[j].name, ours))
-        return entry_error(f, t->key, "maps to a name another tensor already has");
+    size_t at = slot_of(f, ours);
+    if (f->slot[at] >= 0) return entry_error(f, t->key, "maps to a name another tensor already has");
     if (!(t->name = fsdp_strdup(ours))) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "import");
+    f->slot[at] = i;
     (*kept)++;
   }
   if (*kept == 0) return fsdp_error(FSDP_ERR_FORMAT, "%s: holds no tensor to import", f->file);
@@ -263,13 +321,30 @@ static fsdp_status_t copy_f32(const st_file_t *f, const st_tensor_t *t, ckpt_wri
   return st;
 }
 
-/* ---- GPT-2: the head, the shapes, the model's size ---------------------------------- */
-
-static const st_tensor_t *named(const st_file_t *f, const char *ours) {
-  for (int i = 0; i < f->n; i++)
-    if (f->t[i].name && !strcmp(f->t[i].name, ours)) return &f->t[i];
-  return NULL;
+/* A checkpoint never holds NaN or Inf (fsdp_ckpt_save refuses them too): the
+ * values are scanned before anything is written, at the cost of reading the
+ * data twice, so that a refused file leaves the output as it was. */
+static fsdp_status_t check_finite(const st_file_t *f) {
+  float *buf = malloc(CHUNK * sizeof(float));
+  if (!buf) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "import: scan buffer");
+  fsdp_status_t st = FSDP_SUCCESS;
+  for (int i = 0; i < f->n && !st; i++) {
+    const st_tensor_t *t = &f->t[i];
+    for (size_t at = 0; t->name && at < t->numel && !st; at += CHUNK) {
+      size_t k = t->numel - at < CHUNK ? t->numel - at : CHUNK, j = 0;
+      st = read_f32(f, t, at, k, buf);
+      while (!st && j < k && isfinite(buf[j])) j++;
+      if (!st && j < k)
+        st = fsdp_error(FSDP_ERR_NONFINITE, "%s: tensor '%s' is %g at index %zu: a checkpoint "
+                        "never holds NaN or Inf (fix or drop the weights before importing)",
+                        f->file, t->key, (double)buf[j], at + j);
+    }
+  }
+  free(buf);
+  return st;
 }
+
+/* ---- GPT-2: the head, the shapes, the model's size ---------------------------------- */
 
 /* GPT-2 ties its output head to wte: a head that differs is another model,
  * which fsdp's GPT-2 cannot hold, so it is refused rather than dropped. */
@@ -527,7 +602,14 @@ static fsdp_status_t import_file(st_file_t *f, expect_t *x, const char *out_dir,
   FSDP_TRY(map_names(f, &kept));
   FSDP_TRY(check_gpt2(f, kept, x));
   FSDP_TRY(check_head(f));
-  FSDP_TRY(write_checkpoint(f, kept, &x->shape, out_dir, flags, sum->out, sizeof sum->out));
+  FSDP_TRY(check_finite(f));
+  /* Only now is the output touched: a refused file leaves nothing behind. */
+  fsdp_ckpt_lock_t lock = NULL;
+  if (flags & FSDP_CKPT_LOCK) FSDP_TRY(fsdp_ckpt_lock(NULL, out_dir, &lock));
+  fsdp_status_t st = write_checkpoint(f, kept, &x->shape, out_dir, flags, sum->out,
+                                      sizeof sum->out);
+  fsdp_ckpt_unlock(lock);
+  FSDP_TRY(st);
   sum->tensors = kept;
   for (int i = 0; i < f->n; i++)
     if (f->t[i].name) sum->numel += f->t[i].numel;
@@ -568,13 +650,14 @@ fsdp_status_t fsdp_ckpt_import_hf(const char *in, const char *out_dir, const cha
   char file[CKPT_PATH_MAX], config[CKPT_PATH_MAX];
   int has_config = 0;
   FSDP_TRY(locate(in, file, config, sizeof file, &has_config));
-  st_file_t f = {file, open(file, O_RDONLY | O_CLOEXEC), 0, 0, NULL, NULL, 0, -1};
+  st_file_t f = {file, open(file, O_RDONLY | O_CLOEXEC), 0, 0, NULL, NULL, 0, -1, NULL, 0};
   if (f.fd < 0) return fsdp_error(FSDP_ERR_IO, "%s: cannot open: %s", file, strerror(errno));
   expect_t x = {has_config ? config : NULL, preset, {0}};
   fsdp_ckpt_io_summary_t local = {0};
   fsdp_status_t st = import_file(&f, &x, out_dir, flags, summary ? summary : &local);
   for (int i = 0; f.t && i < f.n; i++) free(f.t[i].name);
   free(f.t);
+  free(f.slot);
   json_free(f.header);
   close(f.fd);
   return st;

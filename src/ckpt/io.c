@@ -1,6 +1,6 @@
 /* src/ckpt/io.c — checkpoint file I/O: writers that checksum and fsync (or
  * compare against an existing file), positioned reads that name the file when
- * it is short, directory fsync and removal, random ids, and the
+ * it is short, directory creation, fsync and removal, random ids, and the
  * FSDP_CKPT_FAULT test hook. */
 #include <dirent.h>
 #include <errno.h>
@@ -233,6 +233,25 @@ fsdp_status_t ckpt_file_crc(int fd, const char *path, uint64_t bytes, uint32_t *
 }
 
 /* ---- directories -------------------------------------------------------------- */
+
+fsdp_status_t ckpt_make_dirs(const char *dir) {
+  char path[CKPT_PATH_MAX];
+  FSDP_TRY(ckpt_path(path, sizeof path, "%s", dir));
+  for (char *p = path + 1;; p++) {
+    int last = *p == '\0';
+    if (*p == '/' || last) {
+      *p = '\0';
+      if (mkdir(path, 0755) != 0 && errno != EEXIST)
+        return fsdp_error(FSDP_ERR_IO, "%s: cannot create directory: %s", path, strerror(errno));
+      if (last) break;
+      *p = '/';
+    }
+  }
+  struct stat sb;
+  if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+    return fsdp_error(FSDP_ERR_IO, "%s: is not a directory", dir);
+  return FSDP_SUCCESS;
+}
 
 fsdp_status_t ckpt_fsync_dir(const char *dir) {
   int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);

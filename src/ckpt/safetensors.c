@@ -11,8 +11,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "core/json.h"
+#include "ckpt/gpt2_layout.h"
 #include "ckpt/offline.h"
+#include "core/json.h"
 
 #define COPY_FLOATS ((size_t)1 << 18) /* 1 MiB */
 
@@ -77,8 +78,7 @@ static void plan_free(plan_t *p) {
 /* The exported name: the published GPT-2 names where ours differ, under
  * GPT2LMHeadModel's "transformer." for Hugging Face. */
 static void export_name(const char *name, int mode, char *out, size_t cap) {
-  const char *base = !strcmp(name, "wte") ? "wte.weight" : !strcmp(name, "wpe") ? "wpe.weight" : name;
-  snprintf(out, cap, "%s%s", mode == CKPT_ST_HF ? "transformer." : "", base);
+  snprintf(out, cap, "%s%s", mode == CKPT_ST_HF ? GPT2_HF_PREFIX : "", gpt2_published_name(name));
 }
 
 static fsdp_status_t plan_make(const ckpt_manifest_t *m, int n_states, int mode, plan_t *p) {

@@ -133,7 +133,7 @@ Device device_of(fsdp_comm_t c) {
   return dev;
 }
 
-fsdp_status_t connect(fsdp_comm_t c) {
+fsdp_status_t connect_mesh(fsdp_comm_t c) {
   try {
     Device dev = device_of(c);
     auto ctx = std::make_shared<Context>(c->rank, c->size);
@@ -283,13 +283,13 @@ extern "C" {
 static fsdp_status_t gloo_create(fsdp_world_t world, fsdp_comm_t c) {
   c->rank = fsdp_world_rank(world);
   c->size = fsdp_world_size(world);
-  return connect(c);
+  return connect_mesh(c);
 }
 
 static fsdp_status_t gloo_dup(fsdp_comm_t comm, fsdp_comm_t out) {
   out->rank = comm->rank;
   out->size = comm->size;
-  return connect(out);
+  return connect_mesh(out);
 }
 
 /* A new Gloo context over the group's ranks (comm.c set rank, size, colour):
@@ -297,7 +297,7 @@ static fsdp_status_t gloo_dup(fsdp_comm_t comm, fsdp_comm_t out) {
 static fsdp_status_t gloo_split(fsdp_comm_t parent, fsdp_comm_t out, int key) {
   (void)parent;
   (void)key;
-  return connect(out);
+  return connect_mesh(out);
 }
 
 static void gloo_destroy(fsdp_comm_t c) {

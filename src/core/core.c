@@ -178,6 +178,21 @@ double fsdp_time_now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* ---- text ----------------------------------------------------------------- */
+
+void fsdp_format_ranks(char *buf, size_t n, const int *r, int count) {
+  size_t used = 0;
+  buf[0] = '\0';
+  for (int i = 0; i < count && used < n; i++) {
+    int j = i;
+    while (j + 1 < count && r[j + 1] == r[j] + 1) j++;
+    int w = j > i ? snprintf(buf + used, n - used, "%s%d-%d", i ? ", " : "", r[i], r[j])
+                  : snprintf(buf + used, n - used, "%s%d", i ? ", " : "", r[i]);
+    used += w > 0 ? (size_t)w : 0;
+    i = j;
+  }
+}
+
 /* ---- logging ------------------------------------------------------------- */
 
 /* Written once by world init before any stream exists; read-only afterwards. */

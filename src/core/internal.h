@@ -13,6 +13,9 @@ fsdp_status_t fsdp_error(fsdp_status_t st, const char *fmt, ...)
 /* Copies msg verbatim as the calling thread's last error. */
 void fsdp_error_set(const char *msg);
 
+/* Writes "3", "1, 4", "0-2, 5" (ranges for runs) into buf; ranks ascending. */
+void fsdp_format_ranks(char *buf, size_t n, const int *ranks, int count);
+
 /* Logging to stderr, prefixed "fsdp[rank] LEVEL". Level from FSDP_LOG_LEVEL
  * (error|warn|info|debug; default warn). */
 typedef enum { FSDP_LOG_ERROR = 0, FSDP_LOG_WARN, FSDP_LOG_INFO, FSDP_LOG_DEBUG } fsdp_log_level_t;

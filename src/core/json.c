@@ -260,6 +260,10 @@ static int parse_member(parser_t *p, json_t *v, size_t *cap) {
   size_t key_pos = p->pos, key_len;
   char *key;
   if (parse_string(p, &key, &key_len)) return -1;
+  if (strlen(key) != key_len) { /* keys are C strings: "a\u0000b" would read as "a" */
+    fail_at(p, key_pos, "key \"%.64s\\u0000...\" holds U+0000, which no key may hold", key);
+    return free(key), -1;
+  }
   for (size_t i = 0; i < v->n && v->n < JSON_SCAN_KEYS; i++)
     if (strcmp(v->keys[i], key) == 0) {
       fail_at(p, key_pos, "duplicate key \"%.64s\"", key);

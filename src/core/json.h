@@ -3,7 +3,8 @@
  * (vocab.json, tokenizer.json). Not installed.
  *
  * Strict: RFC 8259 only (no comments, trailing commas, NaN, leading zeros or
- * control characters in strings), duplicate object keys are an error, nesting
+ * control characters in strings), duplicate object keys and keys holding U+0000
+ * (\u0000: keys are C strings) are errors, nesting
  * is bounded, and the text after the root value may only be whitespace. Every
  * value remembers the line and column it started at, so callers can name where
  * a field that parsed but is wrong lives. Numbers keep their literal text: an

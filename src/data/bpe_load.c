@@ -244,6 +244,21 @@ static fsdp_status_t merges_alloc(struct fsdp_tokenizer *t, const char *path, si
   return FSDP_SUCCESS;
 }
 
+/* The first byte of s[0..n) that is not UTF-8 text (a control character, or
+ * not a well-formed sequence), or n: checked before a line is echoed. */
+static size_t bad_byte(const unsigned char *s, size_t n) {
+  for (size_t i = 0; i < n;) {
+    unsigned c = s[i];
+    size_t k = c < 0x80 ? 1 : c >= 0xC2 && c < 0xE0 ? 2 : c >= 0xE0 && c < 0xF0 ? 3
+                                                   : c >= 0xF0 && c < 0xF5 ? 4 : 0;
+    if (k == 0 || c < 0x20 || c == 0x7f || i + k > n) return i;
+    for (size_t j = 1; j < k; j++)
+      if ((s[i + j] & 0xC0) != 0x80) return i;
+    i += k;
+  }
+  return n;
+}
+
 static fsdp_status_t load_merges(struct fsdp_tokenizer *t, const char *path) {
   char *text;
   size_t len;
@@ -257,6 +272,13 @@ static fsdp_status_t load_merges(struct fsdp_tokenizer *t, const char *path) {
     const char *nl = memchr(s, '\n', (size_t)(end - s)), *e = nl ? nl : end;
     size_t n = (size_t)(e - s);
     if (n && s[n - 1] == '\r') n--;
+    size_t bad = bad_byte((const unsigned char *)s, n);
+    if (bad < n) {
+      st = fsdp_error(FSDP_ERR_FORMAT, "%s: line %d: byte 0x%02x at column %zu: merges.txt is "
+                      "UTF-8 text without control characters", path, line,
+                      (unsigned char)s[bad], bad + 1);
+      break;
+    }
     if (!(line == 1 && n >= 8 && !memcmp(s, "#version", 8))) {
       merge_line[t->n_merges] = line;
       st = add_merge(t, path, line, s, n, merge_line);

@@ -9,7 +9,8 @@
  *
  * The public functions dispatch through a small ops table so that a CUDA stream
  * (cudaLaunchHostFunc, cudaEventRecord, cudaStreamWaitEvent) can slot in beside
- * this one without the callers changing. */
+ * this one without the callers changing; its event records reach this file
+ * through their own table (stream_impl.h), never by name. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdint.h>
@@ -33,27 +34,12 @@ static fsdp_status_t stream_wait_ticket(struct fsdp_stream *s, uint64_t ticket, 
   return st;
 }
 
-/* Runs one task on the worker; returns its status and fills msg on failure. */
-fsdp_status_t fsdp_task_call(struct fsdp_stream *s, task_t *t, char *msg) {
-  fsdp_error_set(""); /* so a failure that sets no message is not given a stale one */
-  fsdp_status_t st = t->fn(t->arg);
-  if (st == FSDP_SUCCESS) return st;
-  if (fsdp_last_error()[0])
-    snprintf(msg, STREAM_ERROR_MAX, "%s", fsdp_last_error());
-  else
-    snprintf(msg, STREAM_ERROR_MAX, "stream '%s': a queued function failed (%s) without "
-             "setting an error message", s->name, fsdp_status_string(st));
-  return st;
-}
-
 static fsdp_status_t task_run(struct fsdp_stream *s, task_t *t, char *msg) {
-#if FSDP_HAVE_CUDA
-  if (t->wait_cu) {
-    fsdp_status_t st = fsdp_cu_event_wait(t->wait_cu);
+  if (t->wait_rec) {
+    fsdp_status_t st = t->wait_rec->ops->wait(t->wait_rec);
     if (st != FSDP_SUCCESS) snprintf(msg, STREAM_ERROR_MAX, "%s", fsdp_last_error());
     return st;
   }
-#endif
   if (!t->fn) {
     if (t->wait_stream == s) return FSDP_SUCCESS; /* FIFO already orders it */
     return stream_wait_ticket(t->wait_stream, t->wait_ticket, msg);
@@ -62,16 +48,8 @@ static fsdp_status_t task_run(struct fsdp_stream *s, task_t *t, char *msg) {
 }
 
 static void task_free(task_t *t) {
-#if FSDP_HAVE_CUDA
-  if (t->wait_cu) fsdp_cu_event_unref(t->wait_cu);
-#endif
+  if (t->wait_rec) t->wait_rec->ops->unref(t->wait_rec);
   fsdp_free(t);
-}
-
-void fsdp_stream_set_sticky(struct fsdp_stream *s, fsdp_status_t st, const char *msg) {
-  if (st == FSDP_SUCCESS || s->error != FSDP_SUCCESS) return;
-  s->error = st;
-  snprintf(s->error_msg, STREAM_ERROR_MAX, "%s", msg);
 }
 
 static void *stream_worker(void *arg) {
@@ -106,12 +84,6 @@ static void *stream_worker(void *arg) {
 
 /* ---- CPU ops ------------------------------------------------------------- */
 
-void fsdp_stream_fini_sync(struct fsdp_stream *s) {
-  pthread_cond_destroy(&s->done_cv);
-  pthread_cond_destroy(&s->work_cv);
-  pthread_mutex_destroy(&s->mu);
-}
-
 static fsdp_status_t cpu_enqueue(struct fsdp_stream *s, task_t *t) {
   pthread_mutex_lock(&s->mu);
   if (s->tail)
@@ -125,27 +97,12 @@ static fsdp_status_t cpu_enqueue(struct fsdp_stream *s, task_t *t) {
   return FSDP_SUCCESS;
 }
 
-/* Returns the sticky error, moving its text into this thread's last error. */
-static fsdp_status_t report_sticky(fsdp_status_t st, const char *msg) {
-  if (st != FSDP_SUCCESS) fsdp_error_set(msg);
-  return st;
-}
-
-fsdp_status_t fsdp_stream_sticky(struct fsdp_stream *s) {
-  char msg[STREAM_ERROR_MAX];
-  pthread_mutex_lock(&s->mu);
-  fsdp_status_t st = s->error;
-  if (st != FSDP_SUCCESS) memcpy(msg, s->error_msg, STREAM_ERROR_MAX);
-  pthread_mutex_unlock(&s->mu);
-  return report_sticky(st, msg);
-}
-
 static fsdp_status_t cpu_synchronize(struct fsdp_stream *s) {
   char msg[STREAM_ERROR_MAX];
   pthread_mutex_lock(&s->mu);
   uint64_t ticket = s->enqueued;
   pthread_mutex_unlock(&s->mu);
-  return report_sticky(stream_wait_ticket(s, ticket, msg), msg);
+  return fsdp_stream_report_sticky(stream_wait_ticket(s, ticket, msg), msg);
 }
 
 static void cpu_destroy(struct fsdp_stream *s) {
@@ -165,20 +122,6 @@ static const stream_ops_t cpu_ops = {
 };
 
 /* ---- public API ---------------------------------------------------------- */
-
-fsdp_status_t fsdp_stream_init_sync(struct fsdp_stream *s) {
-  if (pthread_mutex_init(&s->mu, NULL) != 0) goto fail_mu;
-  if (pthread_cond_init(&s->work_cv, NULL) != 0) goto fail_work;
-  if (pthread_cond_init(&s->done_cv, NULL) != 0) goto fail_done;
-  return FSDP_SUCCESS;
-fail_done:
-  pthread_cond_destroy(&s->work_cv);
-fail_work:
-  pthread_mutex_destroy(&s->mu);
-fail_mu:
-  return fsdp_error(FSDP_ERR_SYSTEM, "stream '%s': cannot create its mutex or condition "
-                    "variables", s->name);
-}
 
 fsdp_status_t fsdp_stream_create(const char *name, fsdp_stream_t *stream) {
   if (!stream) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_stream_create: stream is NULL");
@@ -256,26 +199,22 @@ fsdp_status_t fsdp_event_create(fsdp_event_t *event) {
   return FSDP_SUCCESS;
 }
 
-/* Drops the CUDA record an event holds, if any; caller holds event->mu. */
-static void event_drop_cu(fsdp_event_t event) {
-#if FSDP_HAVE_CUDA
-  if (event->cu) fsdp_cu_event_unref(event->cu);
-#endif
-  event->cu = NULL;
+/* Drops the record an event holds, if any; caller holds event->mu. */
+static void event_drop_rec(fsdp_event_t event) {
+  if (event->rec) event->rec->ops->unref(event->rec);
+  event->rec = NULL;
 }
 
 void fsdp_event_destroy(fsdp_event_t event) {
   if (!event) return;
-  event_drop_cu(event);
+  event_drop_rec(event);
   pthread_mutex_destroy(&event->mu);
   fsdp_free(event);
 }
 
 fsdp_status_t fsdp_event_record(fsdp_event_t event, fsdp_stream_t stream) {
   if (!event) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_event_record: event is NULL");
-#if FSDP_HAVE_CUDA
-  if (stream && stream->kind == FSDP_DEVICE_CUDA) return fsdp_cu_event_record(event, stream);
-#endif
+  if (stream && stream->ops->record) return stream->ops->record(event, stream);
   uint64_t ticket = 0;
   if (stream) {
     pthread_mutex_lock(&stream->mu);
@@ -283,7 +222,7 @@ fsdp_status_t fsdp_event_record(fsdp_event_t event, fsdp_stream_t stream) {
     pthread_mutex_unlock(&stream->mu);
   }
   pthread_mutex_lock(&event->mu);
-  event_drop_cu(event);
+  event_drop_rec(event);
   event->stream = stream;
   event->ticket = ticket;
   pthread_mutex_unlock(&event->mu);
@@ -291,17 +230,14 @@ fsdp_status_t fsdp_event_record(fsdp_event_t event, fsdp_stream_t stream) {
 }
 
 /* The (stream, ticket) an event names right now; stream NULL means complete.
- * When the last record was on a CUDA stream, *cu gets a reference to it (the
+ * When the last record was on a CUDA stream, *rec gets a reference to it (the
  * caller drops it) and the ticket is meaningless. */
 static struct fsdp_stream *event_target(fsdp_event_t event, uint64_t *ticket,
-                                        struct cu_event **cu) {
+                                        record_t **rec) {
   pthread_mutex_lock(&event->mu);
   struct fsdp_stream *s = event->stream;
   *ticket = event->ticket;
-  *cu = NULL;
-#if FSDP_HAVE_CUDA
-  *cu = fsdp_cu_event_ref(event);
-#endif
+  *rec = event->rec ? event->rec->ops->ref(event->rec) : NULL;
   pthread_mutex_unlock(&event->mu);
   return s;
 }
@@ -310,18 +246,16 @@ fsdp_status_t fsdp_event_synchronize(fsdp_event_t event) {
   if (!event)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_event_synchronize: event is NULL");
   uint64_t ticket;
-  struct cu_event *cu;
-  struct fsdp_stream *s = event_target(event, &ticket, &cu);
+  record_t *rec;
+  struct fsdp_stream *s = event_target(event, &ticket, &rec);
   if (!s) return FSDP_SUCCESS;
-#if FSDP_HAVE_CUDA
-  if (cu) {
-    fsdp_status_t st = fsdp_cu_event_wait(cu);
-    fsdp_cu_event_unref(cu);
+  if (rec) {
+    fsdp_status_t st = rec->ops->wait(rec);
+    rec->ops->unref(rec);
     return st != FSDP_SUCCESS ? st : fsdp_stream_sticky(s);
   }
-#endif
   char msg[STREAM_ERROR_MAX];
-  return report_sticky(stream_wait_ticket(s, ticket, msg), msg);
+  return fsdp_stream_report_sticky(stream_wait_ticket(s, ticket, msg), msg);
 }
 
 fsdp_status_t fsdp_stream_wait_event(fsdp_stream_t stream, fsdp_event_t event) {
@@ -329,43 +263,39 @@ fsdp_status_t fsdp_stream_wait_event(fsdp_stream_t stream, fsdp_event_t event) {
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_stream_wait_event: event is NULL");
   if (!stream) return fsdp_event_synchronize(event);
   uint64_t ticket;
-  struct cu_event *cu;
-  struct fsdp_stream *s = event_target(event, &ticket, &cu);
+  record_t *rec;
+  struct fsdp_stream *s = event_target(event, &ticket, &rec);
   if (!s) return FSDP_SUCCESS; /* already complete: nothing to order against */
-#if FSDP_HAVE_CUDA
-  if (stream->kind == FSDP_DEVICE_CUDA) {
-    if (!cu) return fsdp_event_synchronize(event); /* a CPU event: the host waits */
-    fsdp_status_t st = fsdp_cu_stream_wait(stream, cu);
-    fsdp_cu_event_unref(cu);
+  if (stream->ops->wait_record) {
+    if (!rec) return fsdp_event_synchronize(event); /* a CPU event: the host waits */
+    fsdp_status_t st = stream->ops->wait_record(stream, rec);
+    rec->ops->unref(rec);
     return st;
   }
-  if (cu) { /* a CPU worker waits for a CUDA record: the task owns the reference */
+  if (rec) { /* a CPU worker waits for a CUDA record: the task owns the reference */
     task_t *t = fsdp_alloc(sizeof *t);
     if (!t) {
-      fsdp_cu_event_unref(cu);
+      rec->ops->unref(rec);
       return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "stream '%s': cannot allocate a task",
                         stream->name);
     }
-    t->wait_cu = cu;
+    t->wait_rec = rec;
     return stream->ops->enqueue(stream, t);
   }
-#endif
   return stream_push(stream, NULL, NULL, NULL, s, ticket);
 }
 
 int fsdp_event_query(fsdp_event_t event) {
   if (!event) return 1;
   uint64_t ticket;
-  struct cu_event *cu;
-  struct fsdp_stream *s = event_target(event, &ticket, &cu);
+  record_t *rec;
+  struct fsdp_stream *s = event_target(event, &ticket, &rec);
   if (!s) return 1;
-#if FSDP_HAVE_CUDA
-  if (cu) {
-    int done = fsdp_cu_event_done(cu);
-    fsdp_cu_event_unref(cu);
+  if (rec) {
+    int done = rec->ops->done(rec);
+    rec->ops->unref(rec);
     return done;
   }
-#endif
   pthread_mutex_lock(&s->mu);
   int done = s->completed >= ticket;
   pthread_mutex_unlock(&s->mu);

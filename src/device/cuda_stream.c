@@ -4,7 +4,8 @@
  * FSDP_ERR_UNSUPPORTED and host memory still works through the CPU kind.
  *
  * An fsdp_event recorded on a CUDA stream holds one reference to a cu_event,
- * a cudaEvent_t made for that record (timing disabled). A CPU worker told to
+ * a cudaEvent_t made for that record (timing disabled), which the CPU side
+ * reaches only through its record table (stream_impl.h). A CPU worker told to
  * wait for it takes its own reference, so recording the fsdp_event again (a
  * new cu_event) never moves the point that worker waits for. Spent cu_events
  * go to a free list and are reused, so steady-state steps create none.
@@ -16,6 +17,7 @@
 #include "device/stream_impl.h"
 #include "device/stream_internal.h"
 #include "fsdp/device.h"
+#include "fsdp_config.h"
 
 #if FSDP_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -30,6 +32,7 @@ static fsdp_status_t cuda_fail(cudaError_t rc, const char *what, const char *nam
 /* ---- event records --------------------------------------------------------- */
 
 struct cu_event {
+  record_t rec; /* first: a record_t * is a struct cu_event * */
   cudaEvent_t ev;
   int device; /* an event records only on streams of its device */
   int refs;   /* guarded by pool_mu */
@@ -38,6 +41,7 @@ struct cu_event {
 
 static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct cu_event *pool;
+static const record_ops_t cu_event_ops;
 
 /* A spent record of `device` from the pool, or a new one made there. */
 static fsdp_status_t cu_event_new(int device, struct cu_event **out) {
@@ -60,6 +64,7 @@ static fsdp_status_t cu_event_new(int device, struct cu_event **out) {
       return cuda_fail(rc, "cudaEventCreateWithFlags", NULL);
     }
     c->device = device;
+    c->rec.ops = &cu_event_ops;
   }
   c->refs = 1;
   c->next_free = NULL;
@@ -67,7 +72,8 @@ static fsdp_status_t cu_event_new(int device, struct cu_event **out) {
   return FSDP_SUCCESS;
 }
 
-void fsdp_cu_event_unref(struct cu_event *c) {
+static void cu_event_unref(record_t *r) {
+  struct cu_event *c = (struct cu_event *)r;
   pthread_mutex_lock(&pool_mu);
   if (--c->refs == 0) {
     c->next_free = pool; /* a cudaEvent may be recorded again once nobody waits on it */
@@ -76,41 +82,54 @@ void fsdp_cu_event_unref(struct cu_event *c) {
   pthread_mutex_unlock(&pool_mu);
 }
 
-struct cu_event *fsdp_cu_event_ref(struct fsdp_event *e) {
-  struct cu_event *c = e->cu;
-  if (!c) return NULL;
+static record_t *cu_event_ref(record_t *r) {
+  struct cu_event *c = (struct cu_event *)r;
   pthread_mutex_lock(&pool_mu);
   c->refs++;
   pthread_mutex_unlock(&pool_mu);
-  return c;
+  return r;
 }
 
-fsdp_status_t fsdp_cu_event_record(struct fsdp_event *e, struct fsdp_stream *s) {
-  struct cu_event *c = NULL;
-  FSDP_TRY(cu_event_new(s->device, &c));
-  cudaError_t rc = cudaEventRecord(c->ev, (cudaStream_t)s->cuda);
-  if (rc != cudaSuccess) {
-    fsdp_cu_event_unref(c);
-    return cuda_fail(rc, "cudaEventRecord on stream", s->name);
-  }
-  pthread_mutex_lock(&e->mu);
-  struct cu_event *old = e->cu;
-  e->cu = c;
-  e->stream = s;
-  e->ticket = 0;
-  pthread_mutex_unlock(&e->mu);
-  if (old) fsdp_cu_event_unref(old);
-  return FSDP_SUCCESS;
-}
-
-fsdp_status_t fsdp_cu_event_wait(struct cu_event *c) {
+/* Blocks until the record is done (cudaEventSynchronize). */
+static fsdp_status_t cu_event_wait(record_t *r) {
+  struct cu_event *c = (struct cu_event *)r;
   cudaError_t rc = cudaEventSynchronize(c->ev);
   return rc == cudaSuccess ? FSDP_SUCCESS : cuda_fail(rc, "cudaEventSynchronize", NULL);
 }
 
-int fsdp_cu_event_done(struct cu_event *c) { return cudaEventQuery(c->ev) != cudaErrorNotReady; }
+static int cu_event_done(record_t *r) {
+  struct cu_event *c = (struct cu_event *)r;
+  return cudaEventQuery(c->ev) != cudaErrorNotReady;
+}
 
-fsdp_status_t fsdp_cu_stream_wait(struct fsdp_stream *s, struct cu_event *c) {
+static const record_ops_t cu_event_ops = {
+    .ref = cu_event_ref,
+    .unref = cu_event_unref,
+    .wait = cu_event_wait,
+    .done = cu_event_done,
+};
+
+static fsdp_status_t cuda_record(struct fsdp_event *e, struct fsdp_stream *s) {
+  struct cu_event *c = NULL;
+  FSDP_TRY(cu_event_new(s->device, &c));
+  cudaError_t rc = cudaEventRecord(c->ev, (cudaStream_t)s->cuda);
+  if (rc != cudaSuccess) {
+    cu_event_unref(&c->rec);
+    return cuda_fail(rc, "cudaEventRecord on stream", s->name);
+  }
+  pthread_mutex_lock(&e->mu);
+  record_t *old = e->rec;
+  e->rec = &c->rec;
+  e->stream = s;
+  e->ticket = 0;
+  pthread_mutex_unlock(&e->mu);
+  if (old) old->ops->unref(old);
+  return FSDP_SUCCESS;
+}
+
+/* Later work on CUDA stream s waits for r (cudaStreamWaitEvent). */
+static fsdp_status_t cuda_wait_record(struct fsdp_stream *s, record_t *r) {
+  struct cu_event *c = (struct cu_event *)r;
   cudaError_t rc = cudaStreamWaitEvent((cudaStream_t)s->cuda, c->ev, 0);
   return rc == cudaSuccess ? FSDP_SUCCESS : cuda_fail(rc, "cudaStreamWaitEvent on", s->name);
 }
@@ -172,6 +191,8 @@ static const stream_ops_t cuda_ops = {
     .enqueue = cuda_enqueue,
     .synchronize = cuda_synchronize,
     .destroy = cuda_destroy,
+    .record = cuda_record,
+    .wait_record = cuda_wait_record,
 };
 
 fsdp_status_t fsdp_stream_create_cuda(const char *name, int high_priority,
@@ -350,9 +371,22 @@ fsdp_status_t fsdp_cuda_mem_info(size_t *free_bytes, size_t *total_bytes) {
   return rc == cudaSuccess ? FSDP_SUCCESS : cuda_fail(rc, "cudaMemGetInfo", NULL);
 }
 
+static atomic_uint_fast64_t device_allocs, device_bytes, device_paged;
+
+void fsdp_cuda_alloc_totals(uint64_t *count, uint64_t *bytes, uint64_t *paged_bytes) {
+  *count = atomic_load(&device_allocs);
+  *bytes = atomic_load(&device_bytes);
+  *paged_bytes = atomic_load(&device_paged);
+}
+
 static fsdp_status_t cuda_alloc(size_t bytes, void **ptr) {
   cudaError_t rc = cudaMalloc(ptr, bytes);
-  if (rc == cudaSuccess) return FSDP_SUCCESS;
+  if (rc == cudaSuccess) {
+    atomic_fetch_add(&device_allocs, 1);
+    atomic_fetch_add(&device_bytes, bytes);
+    atomic_fetch_add(&device_paged, (bytes + FSDP_CUDA_PAGE - 1) / FSDP_CUDA_PAGE * FSDP_CUDA_PAGE);
+    return FSDP_SUCCESS;
+  }
   cudaGetLastError();
   size_t free_b = 0, total_b = 0;
   cudaMemGetInfo(&free_b, &total_b);
@@ -453,6 +487,9 @@ static fsdp_status_t pinned_alloc(size_t bytes, void **ptr) {
 static void pinned_free(void *p) { (void)p; }
 int fsdp_is_device_pointer(const void *p) { return (void)p, 0; }
 uint64_t fsdp_cuda_host_fn_count(void) { return 0; }
+void fsdp_cuda_alloc_totals(uint64_t *count, uint64_t *bytes, uint64_t *paged_bytes) {
+  *count = *bytes = *paged_bytes = 0;
+}
 fsdp_status_t fsdp_marks_create(size_t capacity, fsdp_marks_t *marks) {
   (void)capacity, (void)marks;
   return no_cuda("timeline marks");

@@ -21,6 +21,13 @@ fsdp_status_t fsdp_stream_launch_owned(fsdp_stream_t stream, fsdp_host_fn fn,
  * that stream for a round trip to the host); 0 without CUDA. Tests assert that
  * a step queues none. Thread-safe. */
 uint64_t fsdp_cuda_host_fn_count(void);
+/* Device allocations fsdp_device_alloc has made since the process started:
+ * their number, their bytes, and their bytes each rounded up to the driver's
+ * 2 MiB page (what the device can lose to them at most); 0 without CUDA.
+ * Tests hold the engine's accounting and the device's memory to them.
+ * Thread-safe. */
+#define FSDP_CUDA_PAGE ((uint64_t)2 << 20)
+void fsdp_cuda_alloc_totals(uint64_t *count, uint64_t *bytes, uint64_t *paged_bytes);
 
 /* Timing marks: CUDA events with timing enabled, made once (a pool), recorded
  * on CUDA streams as work is queued and read afterwards as fsdp_time_now()

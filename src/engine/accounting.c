@@ -72,15 +72,14 @@ static void tl_dropped_add(struct fsdp_engine *e) {
 /* ---- timing marks on CUDA streams ---------------------------------------- */
 
 fsdp_status_t fsdp_tl_marks_create(struct fsdp_engine *e) {
-  if (!fsdp_stream_cuda_handle(e->comm.s_gather) || e->conf.cfg.timeline_capacity == 0)
-    return FSDP_SUCCESS;
+  if (fsdp_engine_on_host(e) || e->conf.cfg.timeline_capacity == 0) return FSDP_SUCCESS;
   size_t n = e->conf.cfg.timeline_capacity < FSDP_TL_MARKED_MAX ? e->conf.cfg.timeline_capacity
-                                                           : FSDP_TL_MARKED_MAX;
+                                                                 : FSDP_TL_MARKED_MAX;
   if (!(e->stats.tl_pending = calloc(n, sizeof *e->stats.tl_pending)))
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: out of host memory for the timeline");
   e->stats.cap_pending = n;
   FSDP_TRY(fsdp_marks_create(2 * n, &e->stats.tl_marks));
-  return fsdp_marks_anchor(e->stats.tl_marks, e->comm.s_gather); /* idle: nothing issued yet */
+  return fsdp_marks_anchor(e->stats.tl_marks, e->dev.s_compute); /* idle: nothing issued yet */
 }
 
 void fsdp_tl_marks_destroy(struct fsdp_engine *e) {
@@ -104,6 +103,15 @@ fsdp_status_t fsdp_tl_mark_end(struct fsdp_engine *e, fsdp_stream_t s, size_t be
   }
   e->stats.tl_pending[e->stats.n_pending++] = (struct tl_pending){ev, begin, end};
   return FSDP_SUCCESS;
+}
+
+fsdp_status_t fsdp_compute_wait(struct fsdp_engine *e, fsdp_event_t ev, int unit,
+                                fsdp_pass_t pass) {
+  size_t mark;
+  FSDP_TRY(fsdp_tl_mark_begin(e, e->dev.s_compute, &mark));
+  FSDP_TRY(fsdp_stream_wait_event(e->dev.s_compute, ev));
+  return fsdp_tl_mark_end(e, e->dev.s_compute, mark,
+                          (fsdp_tl_event_t){FSDP_TL_COMPUTE_WAIT, unit, pass, 0, 0.0, 0.0, 0});
 }
 
 fsdp_status_t fsdp_tl_resolve(struct fsdp_engine *e) {

@@ -17,7 +17,6 @@
 #include <string.h>
 
 #include "engine/engine_internal.h"
-#include "world/world_internal.h" /* fsdp_format_ranks */
 
 #define TEXT_MAX 512 /* longest key or value a message shows, NUL included */
 

@@ -11,7 +11,7 @@
 #include <pthread.h>
 
 #include "core/internal.h"
-#include "device/compute.h"
+#include "backend/compute.h"
 #include "device/stream_internal.h"
 #include "fsdp/engine.h"
 #include "fsdp/profile.h"
@@ -218,9 +218,9 @@ struct engine_stats {
   pthread_mutex_t tl_lock;
   fsdp_tl_event_t *tl;
   size_t tl_count, tl_cap, tl_dropped;
-  /* CUDA communication streams: collectives marked with timing events
-   * (accounting.c), waiting to be read into the timeline; NULL without a
-   * timeline or without CUDA streams. */
+  /* CUDA: collectives on CUDA communication streams and the compute
+   * stream's waits for them, marked with timing events (accounting.c),
+   * waiting to be read into the timeline; NULL without a timeline or CUDA. */
   fsdp_marks_t tl_marks;
   struct tl_pending *tl_pending;
   size_t n_pending, cap_pending;
@@ -259,9 +259,10 @@ void fsdp_tl_add(struct fsdp_engine *e, fsdp_tl_kind_t kind, int unit, fsdp_pass
  * fsdp_tl_resolve reads the marks of every collective the streams have passed
  * into the timeline: at the step's end and when the timeline is read. A pool
  * holds the marks of min(timeline_capacity, FSDP_TL_MARKED_MAX) collectives
- * between two reads; collectives past it count as dropped. No-ops without a
- * timeline or CUDA communication streams. */
-#define FSDP_TL_MARKED_MAX 4096
+ * and compute-stream waits between two reads (about 6 per unit and
+ * micro-batch: two gathers, a reduction, up to three waits); those past it
+ * count as dropped. No-ops without a timeline or CUDA. */
+#define FSDP_TL_MARKED_MAX 8192
 struct tl_pending {
   fsdp_tl_event_t ev;
   size_t begin, end; /* marks */
@@ -272,6 +273,11 @@ fsdp_status_t fsdp_tl_mark_begin(struct fsdp_engine *e, fsdp_stream_t s, size_t 
 fsdp_status_t fsdp_tl_mark_end(struct fsdp_engine *e, fsdp_stream_t s, size_t begin,
                                fsdp_tl_event_t ev);
 fsdp_status_t fsdp_tl_resolve(struct fsdp_engine *e);
+/* The compute stream waits for ev (a collective's completion); on CUDA with a
+ * timeline, between two marks that put the stall on the timeline as
+ * FSDP_TL_COMPUTE_WAIT (unit, pass). Only the host thread calls it. */
+fsdp_status_t fsdp_compute_wait(struct fsdp_engine *e, fsdp_event_t ev, int unit,
+                                fsdp_pass_t pass);
 /* Kernel-class scopes (profile.c): adds those the compute stream has passed
  * (every one with wait, which waits for the stream); destroy frees it. */
 fsdp_status_t fsdp_kprof_drain(struct fsdp_engine *e, int wait);

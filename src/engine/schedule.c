@@ -26,8 +26,14 @@ static int unit_index(const struct fsdp_engine *e, const struct unit *u) {
 /* Worker streams run host functions, which read the unit's stream_op. */
 static int host_marks(fsdp_stream_t s) { return !fsdp_stream_cuda_handle(s); }
 
-static size_t gather_bytes(const struct unit *u) { return u->shard * fsdp_gather_elem_bytes(u); }
+/* What a rank puts on the wire: its shard in the gathered dtype (the f32 twin
+ * the CPU widens 16-bit gathers into is memory, not traffic). */
+static size_t gather_bytes(const struct unit *u) {
+  return u->shard * (u->lowp ? sizeof(uint16_t) : sizeof(float));
+}
+/* Alone, a rank reduces nothing over the wire (accumulation only). */
 static size_t reduce_bytes(const struct fsdp_engine *e, const struct unit *u) {
+  if (e->conf.nranks == 1) return 0;
   return u->shard * (e->conf.bf16_reduce ? sizeof(uint16_t) : sizeof(float));
 }
 
@@ -218,7 +224,7 @@ static fsdp_status_t grad_buffer(struct fsdp_engine *e, struct unit *u, float **
   size_t bytes = u->padded * sizeof(float);
   if (e->conf.cfg.accumulate_full_grads) {
     if (u->sched.bwd_count == 0) {
-      FSDP_TRY(fsdp_stream_wait_event(e->dev.s_compute, u->sched.reduced));
+      FSDP_TRY(fsdp_compute_wait(e, u->sched.reduced, unit_index(e, u), FSDP_BACKWARD));
       FSDP_TRY(fsdp_engine_zero(e, u->mem.full_grad, bytes));
       fsdp_mem_track(&e->stats.grads_live, &e->stats.grads_peak, bytes, 0);
     }
@@ -237,7 +243,7 @@ static fsdp_status_t grad_buffer(struct fsdp_engine *e, struct unit *u, float **
   struct gslot *g = &e->pools.gslots[slot];
   if (g->busy) { /* compute waits for the reduction still reading it */
     struct unit *prev = &e->plan.units[g->owner];
-    FSDP_TRY(fsdp_stream_wait_event(e->dev.s_compute, prev->sched.reduced));
+    FSDP_TRY(fsdp_compute_wait(e, prev->sched.reduced, unit_index(e, u), FSDP_BACKWARD));
     fsdp_mem_track(&e->stats.grads_live, &e->stats.grads_peak, 0, prev->padded * sizeof(float));
   }
   u->sched.gslot = slot;
@@ -386,7 +392,7 @@ static fsdp_status_t acquire(struct fsdp_engine *e, struct unit *u, fsdp_pass_t 
   }
   e->sched.fwd_done = e->sched.fwd_done && !starts;
   FSDP_TRY(prefetch(e, pass, pos));
-  FSDP_TRY(fsdp_stream_wait_event(e->dev.s_compute, u->sched.ready));
+  FSDP_TRY(fsdp_compute_wait(e, u->sched.ready, unit_index(e, u), pass));
   /* 16-bit params on CUDA: views show the gathered values themselves. */
   int lp = u->lowp && !u->widen;
   const void *base = e->conf.shard_world > 1 ? (lp ? (const void *)e->pools.pslots[u->sched.slot].lp

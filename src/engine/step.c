@@ -5,7 +5,7 @@
  * learning-rate schedule and the update: AdamW over each unit in one call
  * (weight decay per run of tensors sharing a no_decay flag), SGD and units with
  * parameter groups tensor piece by tensor piece. Every kernel is the compute
- * table's (device/compute.h), so CPU and CUDA run this same code. The step
+ * table's (backend/compute.h), so CPU and CUDA run this same code. The step
  * counts, the guard and the scaler are this file's (engine_internal.h's
  * engine_optim), set again by a loader (fsdp_engine_set_step, after it wrote
  * shards: their host copies go to the device, the 16-bit copies follow). */
@@ -81,12 +81,19 @@ static void update_segment(const struct tensor *t, size_t first, size_t n, size_
   /* AdamW comes here only for units with parameter groups (update_unit):
    * one run, the piece's, its gradient already scaled. */
   if (st == FSDP_SUCCESS && o->kind == FSDP_OPTIM_ADAMW)
-    st = ops->adamw_multi(p, g, c->u->mem.m + k, c->u->mem.v + k, n,
-                          c->e->pools.piece_runs + !t->no_decay, 1, 1.0f, o, lr,
-                          c->e->optim.optim_step + 1, s);
+    st = ops->adamw_multi(&(fsdp_adamw_args_t){.param = p, .grad = g, .m = c->u->mem.m + k,
+                                                .v = c->u->mem.v + k, .n = n,
+                                                .runs = c->e->pools.piece_runs + !t->no_decay,
+                                                .n_runs = 1, .coef = 1.0f, .c = o, .lr = lr,
+                                                .t = c->e->optim.optim_step + 1},
+                          s);
   else if (st == FSDP_SUCCESS)
-    st = ops->sgd_update(p, g, c->u->mem.m ? c->u->mem.m + k : NULL, n, o, lr,
-                         c->e->optim.optim_step == 0, !t->no_decay, s);
+    st = ops->sgd_update(&(fsdp_sgd_args_t){.param = p, .grad = g,
+                                            .buf = c->u->mem.m ? c->u->mem.m + k : NULL, .n = n,
+                                            .c = o, .lr = lr,
+                                            .first = c->e->optim.optim_step == 0,
+                                            .decay = !t->no_decay},
+                         s);
   if (c->st == FSDP_SUCCESS) c->st = st;
 }
 
@@ -102,9 +109,12 @@ static int has_groups(const struct unit *u) {
 static fsdp_status_t update_unit(const struct fsdp_engine *e, const struct unit *u, float lr,
                                  float coef) {
   if (e->conf.cfg.optim.kind == FSDP_OPTIM_ADAMW && !has_groups(u))
-    return e->dev.ops->adamw_multi(u->mem.master, u->mem.grad, u->mem.m, u->mem.v, u->count,
-                                   u->mem.decay_runs, u->mem.n_runs, coef, &e->conf.cfg.optim, lr,
-                                   e->optim.optim_step + 1, e->dev.s_compute);
+    return e->dev.ops->adamw_multi(
+        &(fsdp_adamw_args_t){.param = u->mem.master, .grad = u->mem.grad, .m = u->mem.m,
+                             .v = u->mem.v, .n = u->count, .runs = u->mem.decay_runs,
+                             .n_runs = u->mem.n_runs, .coef = coef, .c = &e->conf.cfg.optim,
+                             .lr = lr, .t = e->optim.optim_step + 1},
+        e->dev.s_compute);
   struct update_ctx ctx = {e, u, lr, coef, FSDP_SUCCESS};
   fsdp_unit_segments(u, u->shard_offset, u->shard_offset + u->count, update_segment, &ctx);
   return ctx.st;
@@ -197,18 +207,23 @@ static fsdp_status_t skip(struct fsdp_engine *e, const struct guard *g, double n
 /* The step reads every gradient shard. Worker streams are waited for here;
  * on CUDA streams the compute stream waits for each unit's last reduction
  * (and HSDP replica all-reduce), and the step's one host wait, for the
- * gradient norm, covers them. */
+ * gradient norm, covers them. On CUDA the waits lie between two timing marks
+ * on the compute stream (one FSDP_TL_COMPUTE_WAIT): how long it stalled. */
 static fsdp_status_t wait_reductions(struct fsdp_engine *e) {
+  size_t mark;
+  FSDP_TRY(fsdp_tl_mark_begin(e, e->dev.s_compute, &mark));
   if (!fsdp_stream_cuda_handle(e->comm.s_reduce)) {
     FSDP_TRY(fsdp_stream_synchronize(e->comm.s_reduce));
-    return fsdp_stream_synchronize(e->comm.s_replica);
+    FSDP_TRY(fsdp_stream_synchronize(e->comm.s_replica));
+  } else {
+    for (int i = 0; i < e->plan.n_units; i++) {
+      FSDP_TRY(fsdp_stream_wait_event(e->dev.s_compute, e->plan.units[i].sched.reduced));
+      if (e->conf.hybrid)
+        FSDP_TRY(fsdp_stream_wait_event(e->dev.s_compute, e->plan.units[i].sched.replicated));
+    }
   }
-  for (int i = 0; i < e->plan.n_units; i++) {
-    FSDP_TRY(fsdp_stream_wait_event(e->dev.s_compute, e->plan.units[i].sched.reduced));
-    if (e->conf.hybrid)
-      FSDP_TRY(fsdp_stream_wait_event(e->dev.s_compute, e->plan.units[i].sched.replicated));
-  }
-  return FSDP_SUCCESS;
+  return fsdp_tl_mark_end(e, e->dev.s_compute, mark, (fsdp_tl_event_t){FSDP_TL_COMPUTE_WAIT, -1,
+                          FSDP_BACKWARD, 0, 0.0, 0.0, 0});
 }
 
 static fsdp_status_t step(struct fsdp_engine *e, fsdp_step_stats_t *stats) {

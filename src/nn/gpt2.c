@@ -1,5 +1,6 @@
-/* src/nn/gpt2.c — GPT-2 over the public engine API: tensor layout and presets,
- * its modules for the library's wrap policy (fsdp/plan.h), forward/backward with
+/* src/nn/gpt2.c — GPT-2 over the public engine API: its units from the tensor
+ * table (ckpt/gpt2_layout.h, with the presets), configuration checks, its
+ * modules for the library's wrap policy (fsdp/plan.h), forward/backward with
  * per-unit activation checkpointing, and sampling. Dims: B batch, T time,
  * C channels, NH heads, V vocabulary, L layers. */
 #include <math.h>
@@ -7,19 +8,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/compute.h"
+#include "ckpt/gpt2_layout.h"
 #include "core/internal.h"
 #include "fsdp/nn.h"
-#include "device/compute.h"
 #include "nn/gpt2_io.h"
 
-#define BLOCK_TENSORS 12
-enum { LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB, LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB };
-
-static const struct { const char *name; int rows, cols; /* in units of C; 0: none */ } block_layout[] = {
-    {"ln_1.weight", 1, 0},      {"ln_1.bias", 1, 0},        {"attn.c_attn.weight", 1, 3},
-    {"attn.c_attn.bias", 3, 0}, {"attn.c_proj.weight", 1, 1}, {"attn.c_proj.bias", 1, 0},
-    {"ln_2.weight", 1, 0},      {"ln_2.bias", 1, 0},        {"mlp.c_fc.weight", 1, 4},
-    {"mlp.c_fc.bias", 4, 0},    {"mlp.c_proj.weight", 4, 1}, {"mlp.c_proj.bias", 1, 0},
+/* A block's tensors are the one table in ckpt/gpt2_layout.h, which
+ * checkpoints and Hugging Face interop read too; short names for its slots. */
+enum {
+  LN1W = GPT2_LN1W, LN1B = GPT2_LN1B, QKVW = GPT2_QKVW, QKVB = GPT2_QKVB,
+  ATTPROJW = GPT2_ATTPROJW, ATTPROJB = GPT2_ATTPROJB, LN2W = GPT2_LN2W, LN2B = GPT2_LN2B,
+  FCW = GPT2_FCW, FCB = GPT2_FCB, FCPROJW = GPT2_FCPROJW, FCPROJB = GPT2_FCPROJB
 };
 
 /* One block's saved activations, sized for max_batch x max_T. void *: in the
@@ -81,22 +81,6 @@ struct fsdp_gpt2 {
 };
 
 /* ---- configuration ------------------------------------------------------ */
-
-fsdp_status_t fsdp_gpt2_preset(const char *name, fsdp_gpt2_config_t *out) {
-  static const struct { const char *name; fsdp_gpt2_config_t c; } presets[] = {
-      {"124M", {12, 12, 768, 1024, 50257}},   {"350M", {24, 16, 1024, 1024, 50257}},
-      {"774M", {36, 20, 1280, 1024, 50257}},  {"1558M", {48, 25, 1600, 1024, 50257}},
-      {"tiny", {2, 4, 64, 64, 256}},          {"small", {4, 4, 128, 128, 256}},
-  };
-  for (size_t i = 0; name && i < sizeof presets / sizeof presets[0]; i++)
-    if (strcmp(name, presets[i].name) == 0) {
-      *out = presets[i].c;
-      return FSDP_SUCCESS;
-    }
-  return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
-                    "unknown GPT-2 preset '%s': use 124M, 350M, 774M, 1558M, tiny or small",
-                    name ? name : "(null)");
-}
 
 fsdp_status_t fsdp_gpt2_config_check(const fsdp_gpt2_config_t *c) {
   if (!c) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "GPT-2 config is NULL");
@@ -183,14 +167,14 @@ static fsdp_status_t add_name(struct fsdp_gpt2 *g, const char *name, fsdp_tensor
 static fsdp_status_t block_descs(struct fsdp_gpt2 *g, int l, fsdp_tensor_desc_t *d) {
   int64_t C = g->c.n_embd;
   float proj_std = 0.02f / sqrtf(2.0f * (float)g->c.n_layer);
-  for (int j = 0; j < BLOCK_TENSORS; j++) {
+  for (int j = 0; j < GPT2_BLOCK_TENSORS; j++) {
     char name[96];
-    snprintf(name, sizeof name, "h.%d.%s", l, block_layout[j].name);
+    snprintf(name, sizeof name, "h.%d.%s", l, gpt2_block_tensors[j].name);
     FSDP_TRY(add_name(g, name, &d[j]));
-    int matrix = block_layout[j].cols > 0;
+    int matrix = gpt2_block_tensors[j].cols > 0;
     d[j].ndim = matrix ? 2 : 1;
-    d[j].shape[0] = block_layout[j].rows * C;
-    d[j].shape[1] = matrix ? block_layout[j].cols * C : 0;
+    d[j].shape[0] = gpt2_block_tensors[j].rows * C;
+    d[j].shape[1] = matrix ? gpt2_block_tensors[j].cols * C : 0;
     d[j].no_decay = !matrix;
     d[j].init = matrix ? FSDP_INIT_NORMAL : j == LN1W || j == LN2W ? FSDP_INIT_CONSTANT
                                                                    : FSDP_INIT_ZEROS;
@@ -211,7 +195,7 @@ static fsdp_status_t add_unit(struct fsdp_gpt2 *g, const fsdp_gpt2_opts_t *o, co
 static fsdp_status_t register_units(struct fsdp_gpt2 *g, const fsdp_gpt2_opts_t *o) {
   int L = g->c.n_layer;
   int64_t C = g->c.n_embd;
-  fsdp_tensor_desc_t *d = calloc((size_t)L * BLOCK_TENSORS + 4, sizeof *d);
+  fsdp_tensor_desc_t *d = calloc((size_t)L * GPT2_BLOCK_TENSORS + 4, sizeof *d);
   if (!d) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "GPT-2: out of host memory");
   fsdp_status_t st = FSDP_SUCCESS;
   /* root: wte, wpe, its blocks, ln_f */
@@ -226,7 +210,7 @@ static fsdp_status_t register_units(struct fsdp_gpt2 *g, const fsdp_gpt2_opts_t 
     if (g->block_unit[l]) continue;
     g->block_base[l] = n;
     FSDP_TRYG(st, block_descs(g, l, &d[n]), out);
-    n += BLOCK_TENSORS;
+    n += GPT2_BLOCK_TENSORS;
   }
   FSDP_TRYG(st, add_name(g, "ln_f.weight", &d[n]), out);
   d[n] = (fsdp_tensor_desc_t){d[n].name, 1, {C}, FSDP_INIT_CONSTANT, 1.0f, 1};
@@ -238,13 +222,14 @@ static fsdp_status_t register_units(struct fsdp_gpt2 *g, const fsdp_gpt2_opts_t 
   for (int u = 1; u < g->n_units; u++) {
     struct gunit *gu = &g->units[u];
     for (int k = 0; k < gu->count; k++) {
-      g->block_base[gu->first + k] = k * BLOCK_TENSORS;
-      FSDP_TRYG(st, block_descs(g, gu->first + k, &d[k * BLOCK_TENSORS]), out);
+      g->block_base[gu->first + k] = k * GPT2_BLOCK_TENSORS;
+      FSDP_TRYG(st, block_descs(g, gu->first + k, &d[k * GPT2_BLOCK_TENSORS]), out);
     }
     char name[48];
     if (gu->count == 1) snprintf(name, sizeof name, "h.%d", gu->first);
     else snprintf(name, sizeof name, "h.%d-%d", gu->first, gu->first + gu->count - 1);
-    FSDP_TRYG(st, add_unit(g, o, name, "GPT2Block", d, gu->count * BLOCK_TENSORS, &gu->id), out);
+    FSDP_TRYG(st, add_unit(g, o, name, "GPT2Block", d, gu->count * GPT2_BLOCK_TENSORS, &gu->id),
+              out);
   }
 out:
   free(d);
@@ -541,7 +526,7 @@ fsdp_status_t fsdp_gpt2_create(fsdp_engine_t eng, const fsdp_gpt2_config_t *c,
   *g = (struct fsdp_gpt2){.eng = eng, .c = *c, .maxB = o->max_batch, .maxT = maxT};
   fsdp_status_t st;
   size_t backend = 0;
-  g->names = calloc((size_t)c->n_layer * BLOCK_TENSORS + 4, sizeof *g->names);
+  g->names = calloc((size_t)c->n_layer * GPT2_BLOCK_TENSORS + 4, sizeof *g->names);
   if (!g->names) {
     st = fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "GPT-2: out of host memory");
     goto fail;
@@ -598,22 +583,35 @@ static fsdp_status_t block_forward(const struct fsdp_gpt2 *g, float *const *p,
   const fsdp_stream_t s = g->s;
   int C = g->c.n_embd, BT = B * T;
   KC(g, RESID_LN_FWD,
-     k->layernorm_fused_forward(dt, x, a->ln1, a->ln1_mean, a->ln1_rstd, prev_res2 ? prev_res2 : x,
-                                prev_res2 ? x : NULL, p[LN1W], p[LN1B], BT, C, s));
+     k->layernorm_fused_forward(&(fsdp_layernorm_forward_args_t){
+         .dt = dt, .res = x, .out = a->ln1, .mean = a->ln1_mean, .rstd = a->ln1_rstd,
+         .inp = prev_res2 ? prev_res2 : x, .branch = prev_res2 ? x : NULL, .weight = p[LN1W],
+         .bias = p[LN1B], .N = BT, .C = C}, s));
   KC(g, BLOCK_FWD,
-     k->matmul_forward(dt, a->qkv, NULL, a->ln1, p[QKVW], p[QKVB], BT, C, 3 * C, 0, s));
+     k->matmul_forward(&(fsdp_matmul_forward_args_t){
+         .dt = dt, .out = a->qkv, .inp = a->ln1, .weight = p[QKVW], .bias = p[QKVB], .B = BT,
+         .C = C, .OC = 3 * C}, s));
   KC(g, ATTN_FWD,
-     k->attention_forward(dt, a->atty, a->att, g->att_scratch, a->qkv, B, T, C, g->c.n_head, s));
+     k->attention_forward(&(fsdp_attention_forward_args_t){
+         .dt = dt, .out = a->atty, .att = a->att, .scratch = g->att_scratch, .qkv = a->qkv, .B = B,
+         .T = T, .C = C, .NH = g->c.n_head}, s));
   KC(g, BLOCK_FWD,
-     k->matmul_forward(dt, a->res2, NULL, a->atty, p[ATTPROJW], p[ATTPROJB], BT, C, C, 0, s));
+     k->matmul_forward(&(fsdp_matmul_forward_args_t){
+         .dt = dt, .out = a->res2, .inp = a->atty, .weight = p[ATTPROJW], .bias = p[ATTPROJB],
+         .B = BT, .C = C, .OC = C}, s));
   KC(g, RESID_LN_FWD,
-     k->layernorm_fused_forward(dt, a->res2, a->ln2, a->ln2_mean, a->ln2_rstd, x, a->res2,
-                                p[LN2W], p[LN2B], BT, C, s));
+     k->layernorm_fused_forward(&(fsdp_layernorm_forward_args_t){
+         .dt = dt, .res = a->res2, .out = a->ln2, .mean = a->ln2_mean, .rstd = a->ln2_rstd,
+         .inp = x, .branch = a->res2, .weight = p[LN2W], .bias = p[LN2B], .N = BT, .C = C}, s));
   /* fc's GELU is its product's bias pass: timed with the products */
   KC(g, BLOCK_FWD,
-     k->matmul_forward(dt, a->fch_gelu, a->fch, a->ln2, p[FCW], p[FCB], BT, C, 4 * C, 0, s));
+     k->matmul_forward(&(fsdp_matmul_forward_args_t){
+         .dt = dt, .out = a->fch_gelu, .pre = a->fch, .inp = a->ln2, .weight = p[FCW],
+         .bias = p[FCB], .B = BT, .C = C, .OC = 4 * C}, s));
   KC(g, BLOCK_FWD,
-     k->matmul_forward(dt, out, NULL, a->fch_gelu, p[FCPROJW], p[FCPROJB], BT, 4 * C, C, 0, s));
+     k->matmul_forward(&(fsdp_matmul_forward_args_t){
+         .dt = dt, .out = out, .inp = a->fch_gelu, .weight = p[FCPROJW], .bias = p[FCPROJB],
+         .B = BT, .C = 4 * C, .OC = C}, s));
   return FSDP_SUCCESS;
 }
 
@@ -629,28 +627,38 @@ static fsdp_status_t block_backward(struct fsdp_gpt2 *g, float *const *p, float 
   void *cs = g->colsum;
   /* fc-proj's d(input) times gelu'(fch): GELU's backward, in the same pass */
   KC(g, BLOCK_BWD,
-     k->matmul_backward(dt, g->d4, dp[FCPROJW], dp[FCPROJB], cs, g->dres, a->fch_gelu, p[FCPROJW],
-                        a->fch, BT, 4 * C, C, 0, s));
+     k->matmul_backward(&(fsdp_matmul_backward_args_t){
+         .dt = dt, .dinp = g->d4, .dweight = dp[FCPROJW], .dbias = dp[FCPROJB], .scratch = cs,
+         .dout = g->dres, .inp = a->fch_gelu, .weight = p[FCPROJW], .gelu_pre = a->fch, .B = BT,
+         .C = 4 * C, .OC = C}, s));
   KC(g, BLOCK_BWD,
-     k->matmul_backward(dt, g->d1, dp[FCW], dp[FCB], cs, g->d4, a->ln2, p[FCW], NULL, BT, C, 4 * C,
-                        0, s));
+     k->matmul_backward(&(fsdp_matmul_backward_args_t){
+         .dt = dt, .dinp = g->d1, .dweight = dp[FCW], .dbias = dp[FCB], .scratch = cs,
+         .dout = g->d4, .inp = a->ln2, .weight = p[FCW], .B = BT, .C = C, .OC = 4 * C}, s));
   /* the residual carries d(out) straight to d(res2), to which LN2 adds */
   KC(g, LN_BWD,
-     k->layernorm_fused_backward(dt, g->dres, dp[LN2W], dp[LN2B], cs, g->d1, a->res2, p[LN2W],
-                                 a->ln2_mean, a->ln2_rstd, BT, C, s));
+     k->layernorm_fused_backward(&(fsdp_layernorm_backward_args_t){
+         .dt = dt, .dinp = g->dres, .dweight = dp[LN2W], .dbias = dp[LN2B], .scratch = cs,
+         .dout = g->d1, .inp = a->res2, .weight = p[LN2W], .mean = a->ln2_mean,
+         .rstd = a->ln2_rstd, .N = BT, .C = C}, s));
   KC(g, BLOCK_BWD,
-     k->matmul_backward(dt, g->d1, dp[ATTPROJW], dp[ATTPROJB], cs, g->dres, a->atty, p[ATTPROJW],
-                        NULL, BT, C, C, 0, s));
+     k->matmul_backward(&(fsdp_matmul_backward_args_t){
+         .dt = dt, .dinp = g->d1, .dweight = dp[ATTPROJW], .dbias = dp[ATTPROJB], .scratch = cs,
+         .dout = g->dres, .inp = a->atty, .weight = p[ATTPROJW], .B = BT, .C = C, .OC = C}, s));
   KC(g, ATTN_BWD, fsdp_device_zero(g->d3, 3 * (size_t)BT * C * g->esize, s)); /* attention adds */
   KC(g, ATTN_BWD,
-     k->attention_backward(dt, g->d3, g->att_scratch, g->d1, a->qkv, a->atty, a->att, B, T, C,
-                           g->c.n_head, s));
+     k->attention_backward(&(fsdp_attention_backward_args_t){
+         .dt = dt, .dqkv = g->d3, .scratch = g->att_scratch, .dout = g->d1, .qkv = a->qkv,
+         .out = a->atty, .att = a->att, .B = B, .T = T, .C = C, .NH = g->c.n_head}, s));
   KC(g, BLOCK_BWD,
-     k->matmul_backward(dt, g->d1, dp[QKVW], dp[QKVB], cs, g->d3, a->ln1, p[QKVW], NULL, BT, C,
-                        3 * C, 0, s));
+     k->matmul_backward(&(fsdp_matmul_backward_args_t){
+         .dt = dt, .dinp = g->d1, .dweight = dp[QKVW], .dbias = dp[QKVB], .scratch = cs,
+         .dout = g->d3, .inp = a->ln1, .weight = p[QKVW], .B = BT, .C = C, .OC = 3 * C}, s));
   KC(g, LN_BWD,
-     k->layernorm_fused_backward(dt, g->dres, dp[LN1W], dp[LN1B], cs, g->d1, x, p[LN1W],
-                                 a->ln1_mean, a->ln1_rstd, BT, C, s));
+     k->layernorm_fused_backward(&(fsdp_layernorm_backward_args_t){
+         .dt = dt, .dinp = g->dres, .dweight = dp[LN1W], .dbias = dp[LN1B], .scratch = cs,
+         .dout = g->d1, .inp = x, .weight = p[LN1W], .mean = a->ln1_mean, .rstd = a->ln1_rstd,
+         .N = BT, .C = C}, s));
   return FSDP_SUCCESS;
 }
 
@@ -719,19 +727,22 @@ static fsdp_status_t forward(struct fsdp_gpt2 *g, const int *tokens, const int *
   FSDP_TRY(acquire(g, r, FSDP_FORWARD));
   const int lnf = r->view.n - 2;
   KC(g, EMBED,
-     k->embedding_forward(g->dt, x_at(g, 0, B, T), g->tok, r->view.param[0], r->view.param[1], B, T,
-                          C, g->s));
+     k->embedding_forward(&(fsdp_embedding_forward_args_t){
+         .dt = g->dt, .out = x_at(g, 0, B, T), .tokens = g->tok, .wte = r->view.param[0],
+         .wpe = r->view.param[1], .B = B, .T = T, .C = C}, g->s));
   FSDP_TRY(blocks_forward(g, B, T));
   /* the last block's residual, completed beside ln_f */
   void *xl = x_at(g, g->c.n_layer, B, T);
   const void *res2 = g->c.n_layer ? g->acts[g->c.n_layer - 1].res2 : NULL;
   KC(g, RESID_LN_FWD,
-     k->layernorm_fused_forward(g->dt, xl, g->lnf, g->lnf_mean, g->lnf_rstd, res2 ? res2 : xl,
-                                res2 ? xl : NULL, r->view.param[lnf], r->view.param[lnf + 1], BT,
-                                C, g->s));
+     k->layernorm_fused_forward(&(fsdp_layernorm_forward_args_t){
+         .dt = g->dt, .res = xl, .out = g->lnf, .mean = g->lnf_mean, .rstd = g->lnf_rstd,
+         .inp = res2 ? res2 : xl, .branch = res2 ? xl : NULL, .weight = r->view.param[lnf],
+         .bias = r->view.param[lnf + 1], .N = BT, .C = C}, g->s));
   KC(g, HEAD_FWD,
-     k->head_forward(g->dt, g->logits, g->ldv, g->lnf, r->view.param[0], BT, C, g->c.vocab_size,
-                     g->s));
+     k->head_forward(&(fsdp_head_forward_args_t){
+         .dt = g->dt, .logits = g->logits, .ld = g->ldv, .inp = g->lnf, .wte = r->view.param[0],
+         .B = BT, .C = C, .V = g->c.vocab_size}, g->s));
   return FSDP_SUCCESS;
 }
 
@@ -763,15 +774,20 @@ static fsdp_status_t backward(struct fsdp_gpt2 *g, int B, int T) {
   const int lnf = r->view.n - 2;
   KC(g, HEAD_BWD, fsdp_device_zero(g->d1, n, g->s));
   KC(g, HEAD_BWD,
-     k->head_backward(g->dt, g->d1, dp[0], g->dlogits, g->ldv, g->lnf, p[0], BT, C, g->c.vocab_size,
-                      g->s));
+     k->head_backward(&(fsdp_head_backward_args_t){
+         .dt = g->dt, .dinp = g->d1, .dwte = dp[0], .dlogits = g->dlogits, .ld = g->ldv,
+         .inp = g->lnf, .wte = p[0], .B = BT, .C = C, .V = g->c.vocab_size}, g->s));
   KC(g, LN_BWD, fsdp_device_zero(g->dres, n, g->s));
   KC(g, LN_BWD,
-     k->layernorm_fused_backward(g->dt, g->dres, dp[lnf], dp[lnf + 1], g->colsum, g->d1,
-                                 x_at(g, g->c.n_layer, B, T), p[lnf], g->lnf_mean, g->lnf_rstd, BT,
-                                 C, g->s));
+     k->layernorm_fused_backward(&(fsdp_layernorm_backward_args_t){
+         .dt = g->dt, .dinp = g->dres, .dweight = dp[lnf], .dbias = dp[lnf + 1],
+         .scratch = g->colsum, .dout = g->d1, .inp = x_at(g, g->c.n_layer, B, T),
+         .weight = p[lnf], .mean = g->lnf_mean, .rstd = g->lnf_rstd, .N = BT, .C = C}, g->s));
   FSDP_TRY(blocks_backward(g, B, T));
-  KC(g, EMBED, k->embedding_backward(g->dt, dp[0], dp[1], g->dres, g->tok, B, T, C, g->s));
+  KC(g, EMBED,
+     k->embedding_backward(&(fsdp_embedding_backward_args_t){
+         .dt = g->dt, .dwte = dp[0], .dwpe = dp[1], .dout = g->dres, .tokens = g->tok, .B = B,
+         .T = T, .C = C}, g->s));
   return fsdp_unit_release(g->eng, r->id, FSDP_BACKWARD);
 }
 
@@ -780,8 +796,9 @@ static fsdp_status_t backward(struct fsdp_gpt2 *g, int B, int T) {
  * for the host behind it. */
 static fsdp_status_t xent(struct fsdp_gpt2 *g, void *logits, int BT, float scale, int grad) {
   KC(g, XENT,
-     g->ops->xent(g->dt, logits, g->ldv, gpt2_io_losses(g->io), g->tgt, BT, g->c.vocab_size, scale,
-                  grad, g->s));
+     g->ops->xent(&(fsdp_xent_args_t){
+         .dt = g->dt, .logits = logits, .ld = g->ldv, .losses = gpt2_io_losses(g->io),
+         .targets = g->tgt, .B = BT, .V = g->c.vocab_size, .scale = scale, .grad = grad}, g->s));
   return gpt2_io_loss_start(g->io, BT, g->s);
 }
 

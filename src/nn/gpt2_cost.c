@@ -7,7 +7,7 @@
 #include "core/internal.h"
 #include "fsdp/nn.h"
 
-/* Scores the flash kernel (src/cuda/flash.cu) computes per (batch row, head):
+/* Scores the flash kernel (src/backend/cuda/flash.cu) computes per (batch row, head):
  * a warp owns 16 rows of a block's outer tile (64 rows, 32 past head size 64)
  * and skips every 32-wide inner tile wholly past its diagonal. *q: query-major
  * (forward, dq), *kv: key-major (dk/dv). bench/gpu_budget.py's

@@ -3,7 +3,7 @@
  * per-row losses and activations read out. The one part of GPT-2 that differs
  * by backend is here, and only in what host memory it stages through (pinned
  * on CUDA, so the copies do not block the caller); the kernels are the
- * compute table's (src/device/compute.h). Not installed.
+ * compute table's (src/backend/compute.h). Not installed.
  *
  * Every copy is ordered on the stream passed (the engine's compute stream);
  * stage returns at once, loss and read wait for their results. */

@@ -4,11 +4,15 @@
 #include "tools/config.h"
 
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <yaml.h>
+
+/* A text for a message: at most FLAGS_ECHO bytes, then "...". */
+#define ECHO(s) FLAGS_ECHO, (s), strlen(s) > FLAGS_ECHO ? "..." : ""
 
 static const char *const rule_keys[RULE_NKEYS] = {
     [RULE_WRAP] = "wrap", [RULE_MIN_PARAMS] = "wrap_min_params", [RULE_CHECKPOINT] = "checkpoint",
@@ -55,15 +59,18 @@ static int rule_value(const char *tool, const cfg_file_t *c, int k, const yaml_n
     return *out = !strcmp(v, "bf16") ? FSDP_BF16 : FSDP_F32, 0;
   errno = 0;
   double x = v ? strtod(v, &end) : 0;
-  int number = v && *v && !*end && !errno && isfinite(x) && x >= 0;
+  /* lr_mult and wd_mult become floats: 1e308 would be inf */
+  int number = v && *v && !*end && !errno && x >= 0 && x <= FLT_MAX;
   if (number && k == RULE_MIN_PARAMS && x >= 1 && x == floor(x)) return *out = x, 0;
   if (number && (k == RULE_LR || k == RULE_WD)) return *out = x, 0;
   static const char *const want[RULE_NKEYS] = {
       "true or false", "a whole number >= 1", "true or false", "true or false", "f32 or bf16",
-      "a number >= 0", "a number >= 0"};
-  return fail(tool, c, line_of(vn), "rule %d: %s: %s%s%s is not %s", c->n_rules, rule_keys[k],
-              v ? "'" : "a ", v ? v : vn->type == YAML_MAPPING_NODE ? "mapping" : "list",
-              v ? "'" : "", want[k]);
+      "a number from 0 to 3.4e38 (a float)", "a number from 0 to 3.4e38 (a float)"};
+  if (!v)
+    return fail(tool, c, line_of(vn), "rule %d: %s: a %s is not %s", c->n_rules, rule_keys[k],
+                vn->type == YAML_MAPPING_NODE ? "mapping" : "list", want[k]);
+  return fail(tool, c, line_of(vn), "rule %d: %s: '%.*s%s' is not %s", c->n_rules, rule_keys[k],
+              ECHO(v), want[k]);
 }
 
 static int read_rule(const char *tool, cfg_file_t *c, yaml_document_t *d, yaml_node_t *n) {
@@ -86,18 +93,21 @@ static int read_rule(const char *tool, cfg_file_t *c, yaml_document_t *d, yaml_n
     if (!strcmp(key, "match") && !scalar(vn))
       return fail(tool, c, line_of(vn), "rule %d: match: a %s where a pattern belongs",
                   c->n_rules, vn->type == YAML_MAPPING_NODE ? "mapping" : "list");
+    if (!strcmp(key, "match") && strlen(scalar(vn)) > CFG_MAX_VALUE)
+      return fail(tool, c, line_of(vn), "rule %d: match: a pattern of %zu bytes: the limit is %d "
+                  "(docs/limits.md)", c->n_rules, strlen(scalar(vn)), CFG_MAX_VALUE);
     if (!strcmp(key, "match")) {
       if (!(r->match = strdup(scalar(vn)))) return fail(tool, c, line_of(kn), "out of memory");
       continue;
     }
     if (k == RULE_NKEYS)
-      return fail(tool, c, line_of(kn), "rule %d: no such key '%s' (keys: match, wrap, "
+      return fail(tool, c, line_of(kn), "rule %d: no such key '%.*s%s' (keys: match, wrap, "
                   "wrap_min_params, checkpoint, reshard_after_forward, param_dtype, lr_mult, "
-                  "wd_mult)", c->n_rules, key);
+                  "wd_mult)", c->n_rules, ECHO(key));
     if (rule_value(tool, c, k, vn, &r->val[k])) return -1;
     if (strlen(scalar(vn)) >= sizeof r->text[k])
-      return fail(tool, c, line_of(vn), "rule %d: %s: '%s' is too long", c->n_rules,
-                  rule_keys[k], scalar(vn));
+      return fail(tool, c, line_of(vn), "rule %d: %s: '%.*s%s' is too long", c->n_rules,
+                  rule_keys[k], ECHO(scalar(vn)));
     snprintf(r->text[k], sizeof r->text[k], "%s", scalar(vn));
     r->set[k] = 1;
   }
@@ -113,6 +123,9 @@ static int read_sharding(const char *tool, cfg_file_t *c, yaml_document_t *d, ya
   if (n->type != YAML_SEQUENCE_NODE)
     return fail(tool, c, line_of(n), "sharding: not a list of rules (- match: PATTERN ...)");
   size_t count = (size_t)(n->data.sequence.items.top - n->data.sequence.items.start);
+  if (count > CFG_MAX_RULES) /* planning matches every rule against every name */
+    return fail(tool, c, line_of(n), "sharding: %zu rules; the limit is %d (docs/limits.md)",
+                count, CFG_MAX_RULES);
   if (!(c->rules = calloc(count + 1, sizeof *c->rules)))
     return fail(tool, c, line_of(n), "out of memory");
   for (yaml_node_item_t *i = n->data.sequence.items.start; i < n->data.sequence.items.top; i++)
@@ -120,26 +133,56 @@ static int read_sharding(const char *tool, cfg_file_t *c, yaml_document_t *d, ya
   return 0;
 }
 
+/* 1 when the tool takes key, 0 when it skips it (one of the other tool's),
+ * -1 after printing why it is refused. */
+static int key_taken(const char *tool, const cfg_file_t *c, const char *key, int line) {
+  const cfg_keys_t *k = c->keys;
+  char flag[80];
+  if (!strcmp(key, "config") || !strcmp(key, "print-config"))
+    return fail(tool, c, line, "'%s' is not a key of a configuration file", key);
+  if (strlen(key) + 3 <= sizeof flag) {
+    snprintf(flag, sizeof flag, "--%s", key);
+    if (flags_lookup(k->table, k->n, flag) || k->word(k->ctx, tool, flag, NULL) == 1) return 1;
+  }
+  for (const char *const *s = k->skip; s && *s; s++)
+    if (!strcmp(key, *s)) {
+      if (cfg_launch_rank() == 0)
+        fprintf(stderr, "%s: %s:%d: skipping '%s': a key of %s that %s has no use for\n", tool,
+                c->path, line, key, k->skip_owner, tool);
+      return 0;
+    }
+  return fail(tool, c, line, "unknown key '%.*s%s' (see --help)", ECHO(key));
+}
+
 static int read_entry(const char *tool, cfg_file_t *c, yaml_node_t *kn, yaml_node_t *vn) {
   const char *key = scalar(kn), *v = scalar(vn);
+  if (!key)
+    return fail(tool, c, line_of(kn), "a %s where a key belongs",
+                kn->type == YAML_MAPPING_NODE ? "mapping" : "list");
+  int taken = key_taken(tool, c, key, line_of(kn));
+  if (taken < 0) return -1;
+  /* Only keys the tools take get here, each once: this scan is over a few
+   * dozen entries at most, whatever the file holds. */
   for (int i = 0; i < c->n_entries; i++)
-    if (key && !strcmp(c->entries[i].key, key))
+    if (!strcmp(c->entries[i].key, key))
       return fail(tool, c, line_of(kn), "%s given twice (first at line %d)", key,
                   c->entries[i].line);
-  if (!key || !strcmp(key, "config") || !strcmp(key, "print-config"))
-    return fail(tool, c, line_of(kn), "'%s' is not a key of a configuration file", key ? key : "?");
   if (!v)
     return fail(tool, c, line_of(vn), "%s: a %s where a single value belongs", key,
                 vn->type == YAML_MAPPING_NODE ? "mapping" : "list");
+  if (strlen(v) > CFG_MAX_VALUE)
+    return fail(tool, c, line_of(vn), "%s: a value of %zu bytes ('%.*s...'): the limit is %d "
+                "(docs/limits.md)", key, strlen(v), FLAGS_ECHO, v, CFG_MAX_VALUE);
   cfg_entry_t *e = &c->entries[c->n_entries++]; /* counted at once: cfg_free frees it */
-  *e = (cfg_entry_t){strdup(key), strdup(v), line_of(kn)};
+  *e = (cfg_entry_t){strdup(key), strdup(v), line_of(kn), !taken};
   if (!e->key || !e->value) return fail(tool, c, e->line, "out of memory");
   return 0;
 }
 
 static int read_root(const char *tool, cfg_file_t *c, yaml_document_t *d) {
   yaml_node_t *root = yaml_document_get_root_node(d);
-  if (!root) return 0; /* an empty file */
+  if (!root) /* an empty file is more likely a mistake than a wish for the defaults */
+    return fail(tool, c, 1, "no keys: the file is empty (leave --config out for the defaults)");
   if (root->type != YAML_MAPPING_NODE)
     return fail(tool, c, line_of(root), "the file is not a mapping of keys (key: value)");
   size_t n = (size_t)(root->data.mapping.pairs.top - root->data.mapping.pairs.start);
@@ -156,18 +199,53 @@ static int read_root(const char *tool, cfg_file_t *c, yaml_document_t *d) {
   return 0;
 }
 
-int cfg_load(const char *tool, const char *path, cfg_file_t *c) {
-  *c = (cfg_file_t){.path = strdup(path)};
-  FILE *f = fopen(path, "rb");
-  if (!f) return fprintf(stderr, "%s: --config %s: %s\n", tool, path, strerror(errno)), -1;
+/* The file, whole, in *text: at most CFG_MAX_BYTES (a pipe too). */
+static int read_file(const char *tool, cfg_file_t *c, FILE *f, char **text, size_t *len) {
+  size_t cap = 4096;
+  *len = 0;
+  for (;;) {
+    char *grown = realloc(*text, cap);
+    if (!grown) return fail(tool, c, 1, "out of memory");
+    *text = grown;
+    *len += fread(*text + *len, 1, cap - *len, f);
+    if (*len < cap || cap > CFG_MAX_BYTES) break;
+    cap = cap * 2 > CFG_MAX_BYTES ? CFG_MAX_BYTES + 1 : cap * 2;
+  }
+  if (ferror(f)) return fail(tool, c, 1, "cannot read: %s", strerror(errno));
+  if (*len > CFG_MAX_BYTES)
+    return fail(tool, c, 1, "larger than %d bytes, the limit for a configuration file "
+                "(docs/limits.md)", CFG_MAX_BYTES);
+  return 0;
+}
+
+/* libyaml's loader takes time quadratic in the nesting (200,000 '[' in 400 KB
+ * took a minute): a first pass over the events stops at CFG_MAX_DEPTH, long
+ * before that. Syntax errors are left to the loader, which says more. */
+static int check_depth(const char *tool, cfg_file_t *c, const char *text, size_t len) {
+  yaml_parser_t p;
+  yaml_event_t e;
+  int depth = 0, rc = 0, end = 0;
+  if (!yaml_parser_initialize(&p)) return fail(tool, c, 1, "out of memory");
+  yaml_parser_set_input_string(&p, (const unsigned char *)text, len);
+  while (!rc && !end && yaml_parser_parse(&p, &e)) {
+    depth += e.type == YAML_SEQUENCE_START_EVENT || e.type == YAML_MAPPING_START_EVENT;
+    depth -= e.type == YAML_SEQUENCE_END_EVENT || e.type == YAML_MAPPING_END_EVENT;
+    if (depth > CFG_MAX_DEPTH)
+      rc = fail(tool, c, (int)e.start_mark.line + 1, "nested deeper than %d levels, the limit "
+                "(a configuration needs 3: keys, sharding's list, a rule's keys)", CFG_MAX_DEPTH);
+    end = e.type == YAML_STREAM_END_EVENT;
+    yaml_event_delete(&e);
+  }
+  yaml_parser_delete(&p);
+  return rc;
+}
+
+static int load_text(const char *tool, cfg_file_t *c, const char *text, size_t len) {
   yaml_parser_t p;
   yaml_document_t d;
   int rc = -1;
-  if (!c->path || !yaml_parser_initialize(&p)) {
-    fclose(f);
-    return fprintf(stderr, "%s: --config %s: out of memory\n", tool, path), -1;
-  }
-  yaml_parser_set_input_file(&p, f);
+  if (!yaml_parser_initialize(&p)) return fail(tool, c, 1, "out of memory");
+  yaml_parser_set_input_string(&p, (const unsigned char *)text, len);
   if (!yaml_parser_load(&p, &d)) {
     if (p.context)
       fail(tool, c, (int)p.problem_mark.line + 1, "not YAML: %s %s at line %d", p.problem,
@@ -185,7 +263,22 @@ int cfg_load(const char *tool, const char *path, cfg_file_t *c) {
     }
   }
   yaml_parser_delete(&p);
+  return rc;
+}
+
+int cfg_load(const char *tool, const char *path, const cfg_keys_t *keys, cfg_file_t *c) {
+  *c = (cfg_file_t){.path = strdup(path), .keys = keys};
+  if (!c->path) return fprintf(stderr, "%s: --config %s: out of memory\n", tool, path), -1;
+  FILE *f = fopen(path, "rb");
+  if (!f) return fprintf(stderr, "%s: --config %s: %s\n", tool, path, strerror(errno)), -1;
+  char *text = NULL;
+  size_t len = 0;
+  int rc = read_file(tool, c, f, &text, &len);
   fclose(f);
+  if (!rc) rc = check_depth(tool, c, text, len);
+  if (!rc) rc = load_text(tool, c, text, len);
+  free(text);
+  c->keys = NULL; /* the tool's, valid during the load only */
   return rc;
 }
 
@@ -203,6 +296,7 @@ int cfg_apply(const char *tool, const cfg_file_t *c, const flag_t *table, size_t
               flag_word_fn word, void *ctx) {
   for (int i = 0; i < c->n_entries; i++) {
     char flag[96], label[512];
+    if (c->entries[i].skipped) continue;
     snprintf(flag, sizeof flag, "--%s", c->entries[i].key);
     snprintf(label, sizeof label, "%s: %s:%d", tool, c->path, c->entries[i].line);
     if (flags_apply(label, table, n, word, ctx, flag, c->entries[i].value, 1)) return -1;
@@ -210,15 +304,35 @@ int cfg_apply(const char *tool, const cfg_file_t *c, const flag_t *table, size_t
   return 0;
 }
 
+const char *const cfg_train_only[] = {
+    "data", "layers", "heads", "embd", "context", "vocab", "global-batch", "accumulate-full",
+    "optim", "lr", "momentum", "wd", "clip", "schedule", "min-lr-ratio", "loss-scale",
+    "loss-scale-interval", "max-skips", "steps", "epochs", "eval-every", "eval-batches",
+    "log-every", "sample", "temperature", "save-dir", "save-every", "save-overwrite", "resume",
+    "stop-after", NULL};
+const char *const cfg_bench_only[] = {
+    "micro-batch", "iters", "rounds", "check", "peak-size", "trace", "json-file", "sweep",
+    "sweep-strategies", "sweep-prefetch", "sweep-shard-sizes", "memory-plan", "kernel-profile",
+    NULL};
+
+int cfg_launch_rank(void) {
+  static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char *v = getenv(vars[i]);
+    if (v && *v) return atoi(v);
+  }
+  return 0;
+}
+
 int cfg_parse_args(const char *tool, const char *usage, int argc, char **argv,
-                   const flag_t *table, size_t n, flag_word_fn word, void *ctx,
-                   cfg_file_t *file, cfg_file_t **loaded) {
+                   const cfg_keys_t *keys, cfg_file_t *file, cfg_file_t **loaded) {
   int print;
   const char *path = cfg_path(argc, argv, &print);
-  if (path && (cfg_load(tool, path, file) || cfg_apply(tool, file, table, n, word, ctx)))
+  if (path && (cfg_load(tool, path, keys, file) ||
+               cfg_apply(tool, file, keys->table, keys->n, keys->word, keys->ctx)))
     return -1;
   if (path) *loaded = file;
-  return flags_parse(tool, usage, argc, argv, table, n, word, ctx);
+  return flags_parse(tool, usage, argc, argv, keys->table, keys->n, keys->word, keys->ctx);
 }
 
 /* ---- rules at planning time ---------------------------------------------- */
@@ -331,23 +445,31 @@ int cfg_check_matched(cfg_file_t *c, int domain) {
   return 0;
 }
 
-int cfg_gpt2_opts(const char *tool, cfg_file_t *c, fsdp_gpt2_opts_t *o, fsdp_plan_opts_t *plan,
-                  char *ckpt, size_t ckpt_len) {
-  int wrap_rules = 0, unit_rules = 0;
+int cfg_gpt2_opts(cfg_file_t *c, fsdp_gpt2_opts_t *o, fsdp_plan_opts_t *plan, char *ckpt,
+                  size_t ckpt_len) {
+  int wrap_rule = -1, unit_rules = 0;
   ckpt[0] = '\0';
   for (int i = 0; i < c->n_rules; i++) {
     cfg_rule_t *r = &c->rules[i];
     memset(r->hits, 0, sizeof r->hits); /* counted afresh for each model made */
-    wrap_rules |= r->set[RULE_WRAP] || r->set[RULE_MIN_PARAMS] || r->set[RULE_CHECKPOINT];
+    if (wrap_rule < 0 && (r->set[RULE_WRAP] || r->set[RULE_MIN_PARAMS] || r->set[RULE_CHECKPOINT]))
+      wrap_rule = i;
     unit_rules |= r->set[RULE_RESHARD] || r->set[RULE_DTYPE] || r->set[RULE_LR] || r->set[RULE_WD];
     if (r->set[RULE_CHECKPOINT] && r->val[RULE_CHECKPOINT])
       snprintf(ckpt + strlen(ckpt), ckpt_len - strlen(ckpt), "%s%s", ckpt[0] ? "," : "", r->match);
   }
-  if (wrap_rules && (o->wrap_min_params || (o->checkpoint_kinds && *o->checkpoint_kinds)))
-    return fprintf(stderr, "%s: %s: the sharding rules choose wrapping and checkpointing; "
-                   "--wrap-min-params and --checkpoint would be second policies: give one\n",
-                   tool, c->path), -1;
-  if (wrap_rules) {
+  int ck = o->checkpoint_kinds && *o->checkpoint_kinds;
+  if (wrap_rule >= 0 && (o->wrap_min_params || ck)) {
+    const cfg_rule_t *r = &c->rules[wrap_rule];
+    char flag[160];
+    if (o->wrap_min_params) snprintf(flag, sizeof flag, "--wrap-min-params %zu", o->wrap_min_params);
+    else snprintf(flag, sizeof flag, "--checkpoint %.*s%s", ECHO(o->checkpoint_kinds));
+    snprintf(c->err, sizeof c->err, "%s:%d: rule %d (match '%s') chooses the units and their "
+             "checkpointing, and so does %s: give one policy (drop the flag, or say it in the "
+             "rules)", c->path, r->line, wrap_rule + 1, r->match, flag);
+    return -1;
+  }
+  if (wrap_rule >= 0) {
     *plan = (fsdp_plan_opts_t)FSDP_PLAN_OPTS_INIT;
     c->wrap_kinds = o->wrap_kinds;
     plan->wrap_fn = wrap_fn;
@@ -355,7 +477,7 @@ int cfg_gpt2_opts(const char *tool, cfg_file_t *c, fsdp_gpt2_opts_t *o, fsdp_pla
     plan->checkpoint_names = ckpt[0] ? ckpt : NULL;
     o->plan = plan;
   }
-  if (unit_rules || wrap_rules) o->unit_opts = unit_opts, o->unit_opts_user = c;
+  if (unit_rules || wrap_rule >= 0) o->unit_opts = unit_opts, o->unit_opts_user = c;
   return 0;
 }
 

@@ -50,10 +50,34 @@ typedef struct {
 typedef struct {
   char *key, *value; /* a flag without "--", its scalar text */
   int line;
+  int skipped; /* the other tool's key: kept to catch it given twice, never applied */
 } cfg_entry_t;
+
+/* What a tool takes from a file: the keys of its flag table, those its word
+ * callback knows (asked with value NULL), and the keys it skips with a note
+ * (NULL-terminated: the other tool's, cfg_train_only or cfg_bench_only, so
+ * that one file serves both tools). */
+typedef struct {
+  const flag_t *table;
+  size_t n;
+  flag_word_fn word;
+  void *ctx;
+  const char *const *skip;
+  const char *skip_owner; /* the tool the skipped keys belong to */
+} cfg_keys_t;
+
+/* The keys only fsdp-train takes, and only fsdp-bench (NULL-terminated). */
+extern const char *const cfg_train_only[], *const cfg_bench_only[];
+
+/* Limits (docs/limits.md says why): file bytes, nesting, a value's bytes, rules. */
+#define CFG_MAX_BYTES (1 << 20)
+#define CFG_MAX_DEPTH 16
+#define CFG_MAX_VALUE 4096
+#define CFG_MAX_RULES 1024
 
 typedef struct {
   char *path;
+  const cfg_keys_t *keys; /* during cfg_load only */
   cfg_entry_t *entries;
   int n_entries;
   cfg_rule_t *rules;
@@ -68,8 +92,10 @@ typedef struct {
 /* The --config FILE in argv (NULL when none) and whether --print-config is. */
 const char *cfg_path(int argc, char **argv, int *print);
 
-/* Reads path into cfg. 0, or -1 after printing "<tool>: FILE:LINE: why". */
-int cfg_load(const char *tool, const char *path, cfg_file_t *cfg);
+/* Reads path into cfg, refusing at once a key the tool does not take (and
+ * skipping, with a note on rank 0, the other tool's). 0, or -1 after printing
+ * "<tool>: FILE:LINE: why". */
+int cfg_load(const char *tool, const char *path, const cfg_keys_t *keys, cfg_file_t *cfg);
 void cfg_free(cfg_file_t *cfg);
 
 /* Applies the file's keys through the flag table (in file order, before the
@@ -81,16 +107,21 @@ int cfg_apply(const char *tool, const cfg_file_t *cfg, const flag_t *table, size
  * when there is one), then argv over them (flags_parse). What flags_parse
  * returns, or -1 after printing why the file was refused. */
 int cfg_parse_args(const char *tool, const char *usage, int argc, char **argv,
-                   const flag_t *table, size_t n, flag_word_fn word, void *ctx,
-                   cfg_file_t *file, cfg_file_t **loaded);
+                   const cfg_keys_t *keys, cfg_file_t *file, cfg_file_t **loaded);
+
+/* This process's rank as a launcher gave it (mpirun's OMPI_COMM_WORLD_RANK,
+ * PMI_RANK, torchrun's RANK), 0 without one: what prints once per job before
+ * the world exists (--print-config, notes on the file) prints on rank 0. */
+int cfg_launch_rank(void);
 
 /* The rules as a GPT-2 plan: wrap/checkpoint rules become the plan's callback
  * and checkpoint patterns (with wrap_kinds for the modules no wrap rule
  * takes), unit and tensor rules the unit_opts callback; the rules' match
- * counts start again from zero (one model per call). 0, or -1 after
- * printing why (a wrap rule beside --wrap-min-params or --checkpoint). */
-int cfg_gpt2_opts(const char *tool, cfg_file_t *cfg, fsdp_gpt2_opts_t *o, fsdp_plan_opts_t *plan,
-                  char *ckpt_names, size_t ckpt_len);
+ * counts start again from zero (one model per call). 0, or -1 with cfg->err
+ * saying why (wrap rules beside --wrap-min-params or --checkpoint); the
+ * caller prints it, once per job. */
+int cfg_gpt2_opts(cfg_file_t *cfg, fsdp_gpt2_opts_t *o, fsdp_plan_opts_t *plan, char *ckpt_names,
+                  size_t ckpt_len);
 /* The rule that matched nothing in a domain (0 modules, 1 units, 2 tensors)
  * where it gives settings: 0, or -1 with cfg->err set. Modules are checked
  * while planning; units and tensors once the model is made. */

@@ -2,6 +2,8 @@
 #include "tools/flags.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,23 +19,33 @@ static int parse_value(const char *tool, const flag_t *f, const char *flag, cons
   if (f->type == FLAG_F32) {
     float x = strtof(v, &end);
     if (*end || errno || end == v) goto bad;
+    if (!isfinite(x)) /* strtof takes "nan" and "inf" */
+      return fprintf(stderr, "%s: %s '%.*s%s' is not a finite number\n", tool, flag,
+                     FLAGS_ECHO, v, strlen(v) > FLAGS_ECHO ? "..." : ""), -1;
     *(float *)f->ptr = x;
     return 0;
   }
   long long x = strtoll(v, &end, 10);
-  if (*end || errno || end == v || x < 0) goto bad;
-  if (f->type == FLAG_INT && x > INT32_MAX) goto bad;
-  if (f->type == FLAG_INT) *(int *)f->ptr = (int)x;
-  else if (f->type == FLAG_I64) *(int64_t *)f->ptr = x;
+  long long lo = f->type == FLAG_POS, hi = f->type == FLAG_I64 ? INT64_MAX
+                                           : f->type == FLAG_SIZE ? LLONG_MAX : INT32_MAX;
+  if (*end || errno || end == v) goto bad;
+  if (x < lo || x > hi) {
+    fprintf(stderr, "%s: %s '%.*s%s' is not an integer from %lld to %lld\n", tool, flag,
+            FLAGS_ECHO, v, strlen(v) > FLAGS_ECHO ? "..." : "", lo, hi);
+    return -1;
+  }
+  if (f->type == FLAG_INT || f->type == FLAG_POS) *(int *)f->ptr = (int)x;
+  else if (f->type == FLAG_I64 || f->type == FLAG_I64_32) *(int64_t *)f->ptr = x;
   else *(size_t *)f->ptr = (size_t)x;
   return 0;
 bad:
-  fprintf(stderr, "%s: %s '%s' is not a %s\n", tool, flag, v ? v : "",
+  fprintf(stderr, "%s: %s '%.*s%s' is not a %s\n", tool, flag, FLAGS_ECHO, v ? v : "",
+          v && strlen(v) > FLAGS_ECHO ? "..." : "",
           f->type == FLAG_F32 ? "number" : "non-negative integer");
   return -1;
 }
 
-static const flag_t *lookup(const flag_t *table, size_t n, const char *a) {
+const flag_t *flags_lookup(const flag_t *table, size_t n, const char *a) {
   for (size_t k = 0; k < n; k++)
     if (!strcmp(a, table[k].name) || (table[k].alias && !strcmp(a, table[k].alias)))
       return &table[k];
@@ -50,12 +62,13 @@ int flags_known(const char *flag, const char *const *names, size_t n) {
 static int file_bool(const char *tool, const char *flag, const char *v, int *out) {
   if (!strcmp(v, "true")) return *out = 1, 0;
   if (!strcmp(v, "false")) return *out = 0, 0;
-  return fprintf(stderr, "%s: %s '%s' is not true or false\n", tool, flag, v), -1;
+  return fprintf(stderr, "%s: %s '%.*s%s' is not true or false\n", tool, flag, FLAGS_ECHO, v,
+                 strlen(v) > FLAGS_ECHO ? "..." : ""), -1;
 }
 
 int flags_apply(const char *tool, const flag_t *table, size_t n, flag_word_fn word, void *ctx,
                 const char *flag, const char *v, int from_file) {
-  const flag_t *f = lookup(table, n, flag);
+  const flag_t *f = flags_lookup(table, n, flag);
   int on = 1;
   if (f && (f->type == FLAG_SET || f->type == FLAG_CLEAR) && from_file &&
       file_bool(tool, flag, v, &on))
@@ -69,7 +82,7 @@ int flags_apply(const char *tool, const flag_t *table, size_t n, flag_word_fn wo
 }
 
 int flags_takes_value(const flag_t *table, size_t n, const char *flag) {
-  const flag_t *f = lookup(table, n, flag);
+  const flag_t *f = flags_lookup(table, n, flag);
   return !f || (f->type != FLAG_SET && f->type != FLAG_CLEAR);
 }
 
@@ -89,7 +102,7 @@ int flags_parse(const char *tool, const char *usage, int argc, char **argv, cons
       return fprintf(stderr, "%s: unexpected argument '%s': %s takes only options (see --help)\n",
                      tool, a, tool), -1;
     int takes = flags_takes_value(table, n, a);
-    if (takes && !v && !lookup(table, n, a) && !word(ctx, tool, a, NULL))
+    if (takes && !v && !flags_lookup(table, n, a) && !word(ctx, tool, a, NULL))
       return fprintf(stderr, "%s: unknown option '%s' (see --help)\n", tool, a), -1;
     if (takes && !v) return fprintf(stderr, "%s: %s needs a value (see --help)\n", tool, a), -1;
     if (flags_apply(tool, table, n, word, ctx, a, v, 0)) return -1;
@@ -103,8 +116,10 @@ void flags_print(FILE *out, const flag_t *table, size_t n) {
     const flag_t *f = &table[k];
     const char *key = f->name + 2;
     switch (f->type) {
-    case FLAG_INT: fprintf(out, "%s: %d\n", key, *(int *)f->ptr); break;
+    case FLAG_INT:
+    case FLAG_POS: fprintf(out, "%s: %d\n", key, *(int *)f->ptr); break;
     case FLAG_I64:
+    case FLAG_I64_32:
       /* a negative value is an unset default the flag cannot be given */
       if (*(int64_t *)f->ptr < 0) fprintf(out, "# %s: (the default)\n", key);
       else fprintf(out, "%s: %lld\n", key, (long long)*(int64_t *)f->ptr);
@@ -147,7 +162,8 @@ int flags_config_word(const char *tool, const char *flag, const char *v, fsdp_co
   } else {
     return 1;
   }
-  if (rc) fprintf(stderr, "%s: %s '%s': use %s\n", tool, flag, v,
+  if (rc) fprintf(stderr, "%s: %s '%.*s%s': use %s\n", tool, flag, FLAGS_ECHO, v,
+                  strlen(v) > FLAGS_ECHO ? "..." : "",
                   strcmp(flag, "--device") ? "f32, bf16 or f16" : "cpu or cuda");
   return rc;
 }

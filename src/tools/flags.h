@@ -5,13 +5,16 @@
 #define FSDP_TOOLS_FLAGS_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "fsdp/fsdp.h"
 
 typedef enum {
   FLAG_INT,   /* int, >= 0 */
+  FLAG_POS,   /* int, >= 1 (a model dimension) */
   FLAG_I64,   /* int64_t, >= 0 */
+  FLAG_I64_32, /* int64_t, from 0 to INT32_MAX (a count that becomes an int) */
   FLAG_SIZE,  /* size_t */
   FLAG_F32,   /* float */
   FLAG_STR,   /* const char *, pointing into argv */
@@ -37,6 +40,10 @@ typedef int (*flag_word_fn)(void *ctx, const char *tool, const char *flag, const
  * value-less last flag. */
 int flags_known(const char *flag, const char *const *names, size_t n);
 
+/* Values in messages: at most FLAGS_ECHO bytes of a value are printed, then
+ * "...", so that a huge bad value does not flood stderr. */
+#define FLAGS_ECHO 64
+
 /* Returns 0 when parsed, 1 after printing usage for --help/-h, -1 after
  * printing "<tool>: <what is wrong>" to stderr. --config FILE and
  * --print-config are skipped (tools/config.h handles them). */
@@ -58,6 +65,8 @@ int flags_select_device(const char *tool, fsdp_world_t world, const fsdp_config_
  * line; from a file they take true or false). 0, or -1 after printing why. */
 int flags_apply(const char *tool, const flag_t *table, size_t n, flag_word_fn word, void *ctx,
                 const char *flag, const char *v, int from_file);
+/* The table's flag named flag (its name or alias), or NULL. */
+const flag_t *flags_lookup(const flag_t *table, size_t n, const char *flag);
 /* 0 for a table flag that takes no value (FLAG_SET, FLAG_CLEAR), else 1. */
 int flags_takes_value(const flag_t *table, size_t n, const char *flag);
 

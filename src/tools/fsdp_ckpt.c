@@ -143,13 +143,13 @@ static fsdp_status_t with_ckpt(const char *cmd, const char *path, char **rest) {
   return st;
 }
 
+/* The lock is taken once the input passed its checks: a refused file leaves
+ * no directory or lock file behind. */
 static fsdp_status_t import_locked(const char *file, const char *out_dir) {
-  fsdp_ckpt_lock_t lock;
-  fsdp_status_t st = fsdp_ckpt_lock(NULL, out_dir, &lock);
   fsdp_ckpt_io_summary_t sum;
-  if (!st) st = fsdp_ckpt_import_hf(file, out_dir, opt.preset,
-                                    opt.overwrite ? FSDP_CKPT_OVERWRITE : 0, &sum);
-  fsdp_ckpt_unlock(lock);
+  fsdp_status_t st = fsdp_ckpt_import_hf(file, out_dir, opt.preset,
+                                         FSDP_CKPT_LOCK | (opt.overwrite ? FSDP_CKPT_OVERWRITE : 0),
+                                         &sum);
   if (!st) print_io("imported", &sum, 0);
   return st;
 }

@@ -11,7 +11,7 @@
 #include "tools/flags.h"
 
 static const char usage_text[] =
-    "usage: fsdp-eval --checkpoint PATH [options]    launch with: mpirun -np N fsdp-eval ...\n"
+    "usage: fsdp-eval --checkpoint PATH [options]   on several ranks: under fsdp-run or mpirun\n"
     "  --checkpoint PATH         a step directory, or a save directory (its latest step)\n"
     "  --data PATH               token file or directory of .bin shards, or text\n"
     "                            (file or directory; default the fortunes)\n"

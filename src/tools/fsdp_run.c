@@ -3,13 +3,17 @@
  * supervises them (run_group.c), and restarts the whole group up to
  * --max-restarts times after a failure; workers learn which attempt they are
  * in from FSDP_RESTART_COUNT (fsdp-train --resume auto then continues from
- * the latest checkpoint). */
+ * the latest checkpoint). Every job has an id (--rdzv-id, else a random one),
+ * so that the store of one job turns away the workers of another that meets
+ * it on the same port. */
 #include <errno.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tools/run.h"
@@ -25,11 +29,21 @@ static const char usage_text[] =
     "  --max-restarts R     restart the whole group up to R times after a failure\n"
     "                       (default 0); workers see FSDP_RESTART_COUNT\n"
     "  --grace S            seconds between SIGTERM and SIGKILL when stopping (default 10)\n"
+    "  --rdzv-id ID         the job's id, 1-255 of A-Z a-z 0-9 . _ : - (default: a random\n"
+    "                       one; needed, the same on every node, with --nnodes > 1): the\n"
+    "                       store turns away workers of another job that reach its port\n"
     "Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,\n"
-    "MASTER_ADDR, MASTER_PORT, FSDP_RESTART_COUNT and FSDP_MAX_RESTARTS. Its stderr\n"
-    "is echoed prefixed \"[rank N] \"; stdout is passed through. When a worker fails\n"
-    "the others are stopped and a root-cause report names it. Exit status: 0 when\n"
-    "every worker succeeded, 1 after a failure, 128+signal when interrupted.\n";
+    "MASTER_ADDR, MASTER_PORT, FSDP_RUN_ID, FSDP_RESTART_COUNT and FSDP_MAX_RESTARTS.\n"
+    "Its stderr is echoed prefixed \"[rank N] \"; stdout is passed through. When a\n"
+    "worker fails the others are stopped and a root-cause report names it.\n"
+    "A worker that exits with status 0 while its peers still need it has failed too,\n"
+    "at once: one whose rank joined its env:// world (fsdp_world_init) and has not\n"
+    "left it through fsdp_world_destroy, or one that never joined while another\n"
+    "worker on this node did (that one would wait for it). Workers that never join a\n"
+    "world may end in any order. A worker killed by SIGKILL is reported out of memory\n"
+    "when the oom_kill counter of fsdp-run's memory cgroup rose meanwhile.\n"
+    "Exit status: 0 when every worker succeeded, 1 after a failure, 128+signal when\n"
+    "interrupted.\n";
 
 typedef struct {
   const char *name;
@@ -64,6 +78,7 @@ static int parse(int argc, char **argv, run_opts_t *o) {
       {"--node-rank", &o->node_rank, NULL, NULL},  {"--master-addr", NULL, NULL, &o->master_addr},
       {"--master-port", &o->master_port, NULL, NULL},
       {"--max-restarts", &o->max_restarts, NULL, NULL}, {"--grace", NULL, &o->grace_s, NULL},
+      {"--rdzv-id", NULL, NULL, &o->rdzv_id},
   };
   int i = 1;
   for (; i < argc && !strncmp(argv[i], "--", 2); i++) {
@@ -83,6 +98,12 @@ static int parse(int argc, char **argv, run_opts_t *o) {
   return i < argc ? i : -1;
 }
 
+static int valid_id(const char *id) {
+  size_t n = strlen(id);
+  return n >= 1 && n < sizeof ((run_opts_t *)0)->run_id &&
+         strspn(id, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-") == n;
+}
+
 static int check(const run_opts_t *o) {
   const char *why = o->nproc < 1              ? "--nproc-per-node must be at least 1"
                     : o->nnodes < 1           ? "--nnodes must be at least 1"
@@ -90,9 +111,27 @@ static int check(const run_opts_t *o) {
                     : o->master_port > 65535  ? "--master-port must be at most 65535"
                     : o->master_port == 0 && o->nnodes > 1
                         ? "--master-port 0 (any free port) works on one node only"
+                    : !o->rdzv_id && o->nnodes > 1
+                        ? "--nnodes > 1 needs --rdzv-id ID, the same on every node (a job id "
+                          "lets the store turn away another job's workers)"
+                    : o->rdzv_id && !valid_id(o->rdzv_id)
+                        ? "--rdzv-id must be 1-255 characters of A-Z a-z 0-9 . _ : -"
                         : NULL;
   if (why) fprintf(stderr, "fsdp-run: %s\n", why);
   return why ? -1 : 0;
+}
+
+/* A random job id: 64 bits in hex, from getrandom, else mixed from the clock
+ * and the pid (two jobs started together still differ in their pids). */
+static void random_id(char *buf, size_t n) {
+  unsigned long long r;
+  if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    r = (unsigned long long)ts.tv_sec * 1000000007ull ^ (unsigned long long)ts.tv_nsec << 20 ^
+        (unsigned long long)getpid();
+  }
+  snprintf(buf, n, "%016llx", r);
 }
 
 /* A port free right now; another process could take it before rank 0 binds
@@ -115,6 +154,10 @@ int main(int argc, char **argv) {
   if (first <= 0) return first == 0 ? 0 : 2;
   if (check(&o)) return 2;
   o.argv = argv + first;
+  if (o.rdzv_id)
+    snprintf(o.run_id, sizeof o.run_id, "%s", o.rdzv_id);
+  else
+    random_id(o.run_id, sizeof o.run_id);
   if (gethostname(o.host, sizeof o.host - 1)) snprintf(o.host, sizeof o.host, "?");
   if (o.master_port == 0 && (o.master_port = free_port()) < 0) {
     fprintf(stderr, "fsdp-run: cannot find a free port: %s\n", strerror(errno));

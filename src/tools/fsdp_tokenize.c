@@ -18,7 +18,7 @@ static const char usage_text[] =
     "  --vocab DIR             GPT-2 vocabulary: DIR/vocab.json and DIR/merges.txt\n"
     "  --out FILE              the token file (llm.c's format: magic 20240520, uint16)\n"
     "  --shard-tokens N        write FILE_000000.bin, FILE_000001.bin, ... of N tokens each\n"
-    "  --doc-separator LINE    lines equal to LINE separate documents (%% for fortunes);\n"
+    "  --doc-separator LINE    lines equal to LINE separate documents (% for fortunes);\n"
     "                          default: each file is one document\n"
     "  --no-eot                no <|endoftext|> before each document\n"
     "  --special               <|endoftext|> written in the text is the special token\n"

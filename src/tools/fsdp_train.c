@@ -10,7 +10,7 @@
 #include "tools/train.h"
 
 static const char usage_text[] =
-    "usage: fsdp-train [options]        launch with: mpirun -np N fsdp-train ...\n"
+    "usage: fsdp-train [options]   on several ranks: under fsdp-run or mpirun (docs/launching.md)\n"
     "model and data\n"
     "  --model gpt2|mlp          (default gpt2)\n"
     "  --data PATH               gpt2: text (file or directory; default the fortunes), or\n"
@@ -35,7 +35,7 @@ static const char usage_text[] =
     "  --reduce-dtype f32|bf16   what gradients are reduced in (default f32)\n"
     "device\n"
     "  --device cpu|cuda         where shards, gradients and compute live (default cpu;\n"
-    "                            cuda: gpt2 only, GPU = local rank %% visible GPUs)\n"
+    "                            cuda: gpt2 only, GPU = local rank % visible GPUs)\n"
     "  --comm-backend nccl|mpi   collectives of a cuda engine (default: the world's)\n"
     "  --max-live N              cap on gathered units (default: depth + 1, +1 for gpt2's root)\n"
     "  --wrap KINDS              unit per module kind: GPT2Block (gpt2 default), Linear (mlp)\n"
@@ -115,17 +115,21 @@ static int parse_word(void *ctx, const char *tool, const char *a, const char *v)
 static void flag_table(train_opts_t *o, flag_t *t) {
   const flag_t table[] = {
       {"--model", NULL, FLAG_STR, &o->model}, {"--data", NULL, FLAG_STR, &o->data},
-      {"--layers", NULL, FLAG_INT, &o->gpt.n_layer}, {"--heads", NULL, FLAG_INT, &o->gpt.n_head},
-      {"--embd", NULL, FLAG_INT, &o->gpt.n_embd},
-      {"--context", NULL, FLAG_INT, &o->gpt.block_size},
-      {"--vocab", NULL, FLAG_INT, &o->gpt.vocab_size}, {"--seq-len", NULL, FLAG_INT, &o->seq_len},
+      /* the model's shape: positive, refused here where the file's line is known */
+      {"--layers", NULL, FLAG_POS, &o->gpt.n_layer},
+      {"--heads", NULL, FLAG_POS, &o->gpt.n_head},
+      {"--embd", NULL, FLAG_POS, &o->gpt.n_embd},
+      {"--context", NULL, FLAG_POS, &o->gpt.block_size},
+      {"--vocab", NULL, FLAG_POS, &o->gpt.vocab_size},
+      {"--seq-len", NULL, FLAG_INT, &o->seq_len},
       {"--prefetch", NULL, FLAG_INT, &o->cfg.prefetch_depth},
       {"--max-live", NULL, FLAG_INT, &o->cfg.max_live_units},
       {"--wrap", NULL, FLAG_STR, &o->wrap.wrap_kinds},
       {"--no-wrap", NULL, FLAG_CLEAR, &o->wrap.wrap_kinds},
       {"--wrap-min-params", NULL, FLAG_SIZE, &o->wrap.wrap_min_params},
       {"--checkpoint", NULL, FLAG_STR, &o->wrap.checkpoint_kinds},
-      {"--global-batch", NULL, FLAG_I64, &o->global_batch},
+      /* sequences per rank are an int */
+      {"--global-batch", NULL, FLAG_I64_32, &o->global_batch},
       {"--micro-batches", NULL, FLAG_INT, &o->cfg.grad_accum},
       {"--accumulate-full", NULL, FLAG_SET, &o->cfg.accumulate_full_grads},
       {"--lr", NULL, FLAG_F32, &o->cfg.optim.lr},
@@ -158,8 +162,8 @@ static void flag_table(train_opts_t *o, flag_t *t) {
 static int parse(int argc, char **argv, train_opts_t *o, cfg_file_t *file) {
   flag_t table[TRAIN_FLAGS];
   flag_table(o, table);
-  return cfg_parse_args("fsdp-train", usage_text, argc, argv, table, TRAIN_FLAGS, parse_word, o, file,
-                        &o->config);
+  cfg_keys_t keys = {table, TRAIN_FLAGS, parse_word, o, cfg_bench_only, "fsdp-bench"};
+  return cfg_parse_args("fsdp-train", usage_text, argc, argv, &keys, file, &o->config);
 }
 
 /* --print-config: every key with its effective value, in the file's format. */
@@ -236,8 +240,8 @@ int main(int argc, char **argv) {
     cfg_free(&file);
     return p > 0 ? 0 : 2;
   }
-  if (cfg_path(argc, argv, &print), print) {
-    print_config(&o);
+  if (cfg_path(argc, argv, &print), print) { /* once per job, also under a launcher */
+    if (cfg_launch_rank() == 0) print_config(&o);
     cfg_free(&file);
     return 0;
   }

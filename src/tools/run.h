@@ -12,13 +12,15 @@ typedef struct {
   int master_port;
   int max_restarts;
   double grace_s;     /* SIGTERM, then SIGKILL after this long */
+  const char *rdzv_id; /* --rdzv-id, NULL when not given */
   char **argv;        /* the worker command, NULL-terminated */
   char host[256];     /* this node's name, for reports */
+  char run_id[256];   /* the job id (--rdzv-id, else generated): FSDP_RUN_ID */
 } run_opts_t;
 
 typedef enum {
-  GROUP_SUCCEEDED = 0, /* every worker exited with status 0 */
-  GROUP_FAILED,        /* a worker failed; the others were stopped */
+  GROUP_SUCCEEDED = 0, /* every worker exited with status 0 when no peer needed it */
+  GROUP_FAILED,        /* a worker failed (or exited early); the others were stopped */
   GROUP_INTERRUPTED    /* fsdp-run got SIGINT/SIGTERM and passed it on */
 } group_result_t;
 
@@ -29,7 +31,9 @@ int run_signals_install(void);
 /* Runs the worker group once (attempt 0, 1, ...: FSDP_RESTART_COUNT): each
  * worker's stderr is echoed prefixed "[rank N] "; when one fails the others
  * get SIGTERM, then SIGKILL after grace_s, and a root-cause report (rank,
- * host, exit code or signal, last stderr line) goes to stderr. Returns when
+ * host, exit code or signal, last stderr line) goes to stderr. A worker that
+ * exits with status 0 while its peers still need it has failed (the rule is
+ * at the top of run_group.c). Returns when
  * every worker has been reaped. *signal_out is the signal that interrupted
  * fsdp-run (GROUP_INTERRUPTED). */
 group_result_t run_group(const run_opts_t *o, int attempt, int *signal_out);

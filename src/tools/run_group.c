@@ -7,6 +7,21 @@
  * peer it waited for (a stopped or stuck rank), that peer; SIGINT and SIGTERM
  * sent to fsdp-run are passed on.
  *
+ * A worker that exits with status 0 while its peers still need it fails the
+ * group like any other failure. Workers tell fsdp-run over a datagram socket
+ * (FSDP_RUN_NOTIFY; src/world/rendezvous.c sends) when their rank has joined
+ * the env:// rendezvous and when it has left its world through
+ * fsdp_world_destroy. An exit with status 0 is early when the worker joined
+ * and had not left since (in a world of more than one rank), or when it never
+ * joined while another local worker did (that one waits for it in the
+ * rendezvous); a worker that never joins, beside others that never join, is a
+ * plain program and may end when it likes.
+ *
+ * A worker killed by SIGKILL is reported out of memory when the OOM kill
+ * counter of fsdp-run's memory cgroup (oom_kill in memory.events, cgroup v2,
+ * or memory.oom_control, v1; FSDP_RUN_MEMORY_EVENTS names another file) rose
+ * during the attempt: workers live in fsdp-run's cgroup or below it.
+ *
  * No orphans: workers share one process group of their own (signals reach
  * their children too) and ask the kernel to kill them if fsdp-run dies
  * (PR_SET_PDEATHSIG), so not even SIGKILL of the launcher leaves workers. */
@@ -18,6 +33,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -37,6 +54,8 @@ typedef struct {
   int reaped, status, round;  /* round: supervision round that reaped it */
   int stopped_with;           /* the signal fsdp-run sent it, 0 none */
   int paused_by;              /* a stop signal (SIGSTOP, SIGTSTP) it was seen stopped by, 0 none */
+  int joined, in_world;       /* it joined a rendezvous; it is in a world it has not left */
+  int early;                  /* it exited with status 0 while its peers still needed it */
 } worker_t;
 
 typedef struct {
@@ -47,6 +66,10 @@ typedef struct {
   pid_t launcher, pgid;
   int stopping, killed, round, failed, interrupted_by;
   double kill_at, drain_until;
+  int note_rd, note_wr;       /* the workers' notes (notify_launcher): ours, theirs */
+  char note_env[64];          /* FSDP_RUN_NOTIFY less the rank: "fd:inode" of note_wr */
+  char oom_path[4096];        /* the file with the cgroup's oom_kill counter; "" none */
+  long long oom_before;       /* that counter when the attempt began; -1 unread */
 } group_t;
 
 /* The self-pipe: a signal handler has no context to write to but a global. */
@@ -104,6 +127,12 @@ static void worker_env(const group_t *g, const worker_t *w) {
   setenv_int("MASTER_PORT", o->master_port);
   setenv_int("FSDP_RESTART_COUNT", g->attempt);
   setenv_int("FSDP_MAX_RESTARTS", o->max_restarts);
+  setenv("FSDP_RUN_ID", o->run_id, 1);
+  if (g->note_wr >= 0) {
+    char notify[96];
+    snprintf(notify, sizeof notify, "%s:%d", g->note_env, w->rank);
+    setenv("FSDP_RUN_NOTIFY", notify, 1);
+  }
 }
 
 /* In the child, with the supervisor's signals blocked (spawn): the default
@@ -121,6 +150,7 @@ static void child_exec(const group_t *g, const worker_t *w, int err_fd, const si
   setpgid(0, g->pgid);
   dup2(err_fd, STDERR_FILENO);
   close(err_fd);
+  if (g->note_wr >= 0) fcntl(g->note_wr, F_SETFD, 0); /* the one descriptor it inherits */
   worker_env(g, w);
   execvp(g->o->argv[0], g->o->argv);
   fprintf(stderr, "fsdp-run: cannot run '%s': %s\n", g->o->argv[0], strerror(errno));
@@ -194,9 +224,62 @@ static void read_pipe(worker_t *w) {
   }
 }
 
+/* ---- notes from the workers ---------------------------------------------- */
+
+/* The socket pair the workers' notes arrive on; without it (no descriptors
+ * left) fsdp-run still runs, judging exits by their status alone. */
+static void notes_open(group_t *g) {
+  int sv[2];
+  struct stat st;
+  g->note_rd = g->note_wr = -1;
+  if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, sv)) return;
+  if (fstat(sv[1], &st)) {
+    close(sv[0]);
+    close(sv[1]);
+    return;
+  }
+  g->note_rd = sv[0];
+  g->note_wr = sv[1];
+  fcntl(g->note_rd, F_SETFL, O_NONBLOCK);
+  snprintf(g->note_env, sizeof g->note_env, "%d:%llu", g->note_wr,
+           (unsigned long long)st.st_ino);
+}
+
+static void notes_close(group_t *g) {
+  if (g->note_rd >= 0) close(g->note_rd);
+  if (g->note_wr >= 0) close(g->note_wr);
+}
+
+/* Reads every note waiting: "joined R", "left R" (R the RANK fsdp-run gave). */
+static void notes_read(group_t *g) {
+  char msg[64];
+  ssize_t n;
+  while (g->note_rd >= 0 && (n = recv(g->note_rd, msg, sizeof msg - 1, 0)) > 0) {
+    msg[n] = '\0';
+    char event[16];
+    int rank, i;
+    if (sscanf(msg, "%15s %d", event, &rank) != 2) continue;
+    i = rank - g->o->node_rank * g->o->nproc;
+    if (i < 0 || i >= g->n) continue;
+    if (!strcmp(event, "joined")) g->w[i].joined = g->w[i].in_world = 1;
+    if (!strcmp(event, "left")) g->w[i].in_world = 0;
+  }
+}
+
 /* ---- supervision --------------------------------------------------------- */
 
 static int failed_status(int status) { return !WIFEXITED(status) || WEXITSTATUS(status) != 0; }
+
+static int failed(const worker_t *w) { return w->early || failed_status(w->status); }
+
+/* 1 when w, reaped with status 0, was still needed (the rule at the top). */
+static int still_needed(const group_t *g, const worker_t *w) {
+  if (w->in_world) return g->o->nproc * g->o->nnodes > 1;
+  if (w->joined) return 0;
+  for (int i = 0; i < g->n; i++)
+    if (g->w[i].joined) return 1;
+  return 0;
+}
 
 /* SIGCONT first: a stopped worker would otherwise hold SIGTERM pending until
  * the SIGKILL after the grace period. */
@@ -218,6 +301,11 @@ static void stop_all(group_t *g, int sig) {
   signal_all(g, sig);
 }
 
+/* Reaps what has exited, then reads the notes: a worker sends its note
+ * before it exits, so every exit seen here has its notes in the socket. Exits
+ * with status 0 are judged until fsdp-run starts stopping the group (after
+ * that, an exit is a consequence); a worker that never joined is judged
+ * again as the notes of others arrive. */
 static void reap(group_t *g) {
   int newly_failed = 0;
   g->round++;
@@ -234,6 +322,11 @@ static void reap(group_t *g) {
     w->round = g->round;
     if (w->fd >= 0) g->drain_until = now_s() + DRAIN_S;
     newly_failed |= failed_status(w->status);
+  }
+  notes_read(g);
+  for (int i = 0; i < g->n && !g->stopping; i++) {
+    worker_t *w = &g->w[i];
+    if (w->reaped && !failed(w) && still_needed(g, w)) newly_failed = w->early = 1;
   }
   if (newly_failed && !g->stopping) {
     g->failed = 1;
@@ -279,17 +372,18 @@ static int poll_timeout_ms(const group_t *g, int n_live) {
 }
 
 static void supervise(group_t *g) {
-  struct pollfd *pf = calloc((size_t)g->n + 1, sizeof *pf);
-  int *who = calloc((size_t)g->n + 1, sizeof *who), pipes;
+  struct pollfd *pf = calloc((size_t)g->n + 2, sizeof *pf);
+  int *who = calloc((size_t)g->n + 2, sizeof *who), pipes;
   if (!pf || !who) abort(); /* a few bytes; nothing sensible is left to do */
   for (int n_live; (n_live = live(g, &pipes)) || pipes;) {
-    int k = 1;
+    int k = 2; /* the notes are read by reap(), every round */
     pf[0] = (struct pollfd){sig_pipe[0], POLLIN, 0};
+    pf[1] = (struct pollfd){g->note_rd, POLLIN, 0};
     for (int i = 0; i < g->n; i++)
       if (g->w[i].fd >= 0) pf[k] = (struct pollfd){g->w[i].fd, POLLIN, 0}, who[k++] = i;
     int rc = poll(pf, (nfds_t)k, poll_timeout_ms(g, n_live));
     if (rc > 0 && pf[0].revents) on_signals(g);
-    for (int j = 1; rc > 0 && j < k; j++)
+    for (int j = 2; rc > 0 && j < k; j++)
       if (pf[j].revents) read_pipe(&g->w[who[j]]);
     reap(g);
     if (g->stopping && !g->killed && now_s() >= g->kill_at && live(g, &pipes)) {
@@ -304,7 +398,7 @@ static void supervise(group_t *g) {
   free(who);
 }
 
-/* ---- report -------------------------------------------------------------- */
+/* ---- root cause ---------------------------------------------------------- */
 
 /* 1 when w failed because a peer did, even when it was reaped before the
  * peer was: its last line says so (the comm layer's wording), or SIGPIPE
@@ -314,42 +408,114 @@ static int peer_caused(const worker_t *w) {
          (WIFSIGNALED(w->status) && WTERMSIG(w->status) == SIGPIPE);
 }
 
+/* How telling a failure seen in one round is: a death by signal (the others
+ * usually fail because it died), then an early exit with status 0 (no peer's
+ * failure makes a worker exit 0), then a non-zero exit. */
+static int weight(const worker_t *w) { return WIFSIGNALED(w->status) ? 2 : w->early; }
+
 /* The root cause: a failure fsdp-run did not cause itself, not one that blames
  * a peer if any other exists, then the earliest; among failures seen at once,
- * a death by signal before a non-zero exit (the others usually fail because
- * it died), then the lowest rank. */
+ * the most telling (weight), then the lowest rank. */
 static int better_cause(const worker_t *w, const worker_t *best) {
   if (!best) return 1;
   if (peer_caused(w) != peer_caused(best)) return !peer_caused(w);
   if (w->round != best->round) return w->round < best->round;
-  return WIFSIGNALED(w->status) && !WIFSIGNALED(best->status);
+  return weight(w) > weight(best);
 }
 
 static const worker_t *root_cause(const group_t *g) {
   const worker_t *best = NULL;
   for (int i = 0; i < g->n; i++) {
     const worker_t *w = &g->w[i];
-    if (!w->reaped || !failed_status(w->status)) continue;
+    if (!w->reaped || !failed(w)) continue;
     if (WIFSIGNALED(w->status) && WTERMSIG(w->status) == w->stopped_with) continue;
     if (better_cause(w, best)) best = w;
   }
   return best;
 }
 
-static void describe(const worker_t *w, char *buf, size_t n) {
+/* ---- out of memory ------------------------------------------------------- */
+
+/* The file holding this process's memory cgroup's oom_kill counter:
+ * FSDP_RUN_MEMORY_EVENTS when set, else the first readable of memory.events
+ * (cgroup v2) and memory.oom_control (v1's memory controller) of the cgroups
+ * /proc/self/cgroup names; "" when there is none. */
+static void oom_counter_path(char *path, size_t n) {
+  const char *forced = getenv("FSDP_RUN_MEMORY_EVENTS");
+  path[0] = '\0';
+  if (forced) {
+    snprintf(path, n, "%s", forced);
+    return;
+  }
+  FILE *f = fopen("/proc/self/cgroup", "r");
+  char line[3072]; /* with the mount and the file's name, within the 4096 of path */
+  while (f && fgets(line, sizeof line, f)) {
+    line[strcspn(line, "\n")] = '\0';
+    const char *cg = NULL, *file = NULL, *mount = NULL;
+    if (!strncmp(line, "0::", 3))
+      cg = line + 3, mount = "/sys/fs/cgroup", file = "memory.events";
+    else if (strstr(line, ":memory:"))
+      cg = strstr(line, ":memory:") + 8, mount = "/sys/fs/cgroup/memory",
+      file = "memory.oom_control";
+    if (!cg) continue;
+    snprintf(path, n, "%s%s%s/%s", mount, *cg == '/' ? "" : "/", strcmp(cg, "/") ? cg : "",
+             file);
+    if (access(path, R_OK) == 0) break;
+    path[0] = '\0';
+  }
+  if (f) fclose(f);
+}
+
+/* The "oom_kill N" line of path; -1 when it cannot be read. */
+static long long oom_kills(const char *path) {
+  FILE *f = path[0] ? fopen(path, "r") : NULL;
+  char line[256];
+  long long v = -1;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "oom_kill %lld", &v) == 1) break;
+  if (f) fclose(f);
+  return v;
+}
+
+/* ": out of memory (...)" when w died of a SIGKILL fsdp-run did not send
+ * and the cgroup's OOM kill counter rose during the attempt; else "". */
+static void oom_note(const group_t *g, const worker_t *w, char *buf, size_t n) {
+  buf[0] = '\0';
+  if (!WIFSIGNALED(w->status) || WTERMSIG(w->status) != SIGKILL || w->stopped_with == SIGKILL ||
+      g->oom_before < 0)
+    return;
+  long long now = oom_kills(g->oom_path);
+  if (now > g->oom_before)
+    snprintf(buf, n, ": out of memory (the kernel's OOM killer killed %lld process%s of this "
+             "cgroup during the attempt: oom_kill %lld -> %lld in %s)", now - g->oom_before,
+             now - g->oom_before == 1 ? "" : "es", g->oom_before, now, g->oom_path);
+}
+
+/* ---- report -------------------------------------------------------------- */
+
+static void describe(const group_t *g, const worker_t *w, char *buf, size_t n) {
+  if (w->early) {
+    snprintf(buf, n, "exited with status 0 before the job finished: %s", w->joined
+             ? "it had joined its world and not left it through fsdp_world_destroy, so its "
+               "peers still needed it"
+             : "it never joined the rendezvous, where its peers wait for it");
+    return;
+  }
   if (WIFEXITED(w->status)) {
     snprintf(buf, n, "exited with code %d", WEXITSTATUS(w->status));
     return;
   }
   int sig = WTERMSIG(w->status);
   const char *abbrev = sigabbrev_np(sig);
-  snprintf(buf, n, "%s signal %d (SIG%s)", sig == w->stopped_with ? "was stopped by fsdp-run "
-           "with" : "was killed by", sig, abbrev ? abbrev : "?");
+  char oom[4400];
+  oom_note(g, w, oom, sizeof oom);
+  snprintf(buf, n, "%s signal %d (SIG%s)%s", sig == w->stopped_with ? "was stopped by fsdp-run "
+           "with" : "was killed by", sig, abbrev ? abbrev : "?", oom);
 }
 
 static void report_worker(const group_t *g, const worker_t *w, const char *label) {
-  char how[96], paused[64] = "";
-  describe(w, how, sizeof how);
+  char how[4600], paused[64] = "";
+  describe(g, w, how, sizeof how);
   if (w->paused_by) {
     const char *abbrev = sigabbrev_np(w->paused_by);
     snprintf(paused, sizeof paused, "; it had been paused by SIG%s", abbrev ? abbrev : "?");
@@ -399,8 +565,7 @@ static void report(const group_t *g) {
     fprintf(stderr, "fsdp-run:     rank %d was waiting for it: %s\n", reporter->rank,
             reporter->last);
   for (int i = 0; i < g->n; i++)
-    if (&g->w[i] != root && g->w[i].reaped &&
-        (failed_status(g->w[i].status) || g->w[i].stopped_with))
+    if (&g->w[i] != root && g->w[i].reaped && (failed(&g->w[i]) || g->w[i].stopped_with))
       report_worker(g, &g->w[i], "");
 }
 
@@ -413,6 +578,9 @@ group_result_t run_group(const run_opts_t *o, int attempt, int *signal_out) {
     fprintf(stderr, "fsdp-run: out of memory for %d workers\n", o->nproc);
     return GROUP_FAILED;
   }
+  notes_open(&g);
+  oom_counter_path(g.oom_path, sizeof g.oom_path);
+  g.oom_before = oom_kills(g.oom_path);
   for (int i = 0; i < o->nproc; i++) {
     g.w[i] = (worker_t){.rank = o->node_rank * o->nproc + i, .local_rank = i, .fd = -1,
                         .reaped = 1};
@@ -430,6 +598,7 @@ group_result_t run_group(const run_opts_t *o, int attempt, int *signal_out) {
                                            : GROUP_SUCCEEDED;
   if (result == GROUP_FAILED) report(&g);
   *signal_out = g.interrupted_by;
+  notes_close(&g);
   free(g.w);
   return result;
 }

@@ -169,8 +169,8 @@ static int setup(trainer_t *t, gpt_task_t *g) {
   fsdp_plan_opts_t plan;
   char ckpt[512];
   cfg_file_t *c = o->config;
-  if (c && cfg_gpt2_opts("fsdp-train", c, &w, &plan, ckpt, sizeof ckpt)) return -1;
-  int bad = fsdp_gpt2_create(t->eng, &o->gpt, &w, &g->gpt) != FSDP_SUCCESS;
+  int bad = c && cfg_gpt2_opts(c, &w, &plan, ckpt, sizeof ckpt);
+  bad = bad || fsdp_gpt2_create(t->eng, &o->gpt, &w, &g->gpt) != FSDP_SUCCESS;
   bad = bad || (c && (cfg_check_matched(c, 1) || cfg_check_matched(c, 2)));
   if (bad && c && c->err[0]) { /* the same on every rank: rank 0 says it, all stop */
     if (t->rank == 0) fprintf(stderr, "fsdp-train: %s\n", c->err);

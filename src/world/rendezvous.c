@@ -6,17 +6,25 @@
  * ranks that never joined, so every rank that reached the store fails with
  * the same list instead of hanging.
  *
+ * The store belongs to the job FSDP_RUN_ID names (fsdp-run sets it), so a
+ * rank of another job that reaches it on the same port is turned away before
+ * it can claim a RANK. Under fsdp-run a rank also tells the launcher when it
+ * has joined and when it has left (notify_launcher), which is how fsdp-run
+ * knows that a worker exiting with status 0 is still needed by its peers.
+ *
  * Store keys: rdzv/claim/R (counter: a RANK given to two processes),
  * rdzv/rank/R ("WORLD_SIZE pid host"), rdzv/verdict ("ok" or "fail: why"),
  * rdzv/ack/R (a rank read a failed verdict), exit/R (the exit barrier). */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/internal.h"
@@ -33,6 +41,7 @@ static double verdict_margin(double timeout_s) {
 struct fsdp_env_world {
   fsdp_env_layout_t layout;
   char master[256];
+  char job[FSDP_STORE_JOB_MAX + 1]; /* FSDP_RUN_ID, "" when not given */
   int port;
   double timeout_s;
   fsdp_store_server_t *server; /* rank 0 */
@@ -77,6 +86,11 @@ static fsdp_status_t read_env(struct fsdp_env_world *e, int expected) {
   FSDP_TRY(env_int("RANK", 0, l->size - 1, &l->rank));
   FSDP_TRY(env_int("MASTER_PORT", 1, 65535, &e->port));
   snprintf(e->master, sizeof e->master, "%s", getenv("MASTER_ADDR"));
+  const char *job = getenv("FSDP_RUN_ID");
+  if (job && strlen(job) > FSDP_STORE_JOB_MAX)
+    return fsdp_error(FSDP_ERR_INVALID_USAGE, "env:// launch: FSDP_RUN_ID='%.40s...' is longer "
+                      "than %d bytes", job, FSDP_STORE_JOB_MAX);
+  snprintf(e->job, sizeof e->job, "%s", job ? job : "");
   l->local_rank = l->local_size = -1;
   if (getenv("LOCAL_RANK") && getenv("LOCAL_WORLD_SIZE")) {
     FSDP_TRY(env_int("LOCAL_WORLD_SIZE", 1, l->size, &l->local_size));
@@ -110,18 +124,31 @@ static void find_host_address(struct fsdp_env_world *e) {
   freeaddrinfo(res);
 }
 
-/* ---- rank lists ---------------------------------------------------------- */
+/* ---- telling fsdp-run ---------------------------------------------------- */
 
-void fsdp_format_ranks(char *buf, size_t n, const int *r, int count) {
-  size_t used = 0;
-  buf[0] = '\0';
-  for (int i = 0; i < count && used < n; i++) {
-    int j = i;
-    while (j + 1 < count && r[j + 1] == r[j] + 1) j++;
-    int w = j > i ? snprintf(buf + used, n - used, "%s%d-%d", i ? ", " : "", r[i], r[j])
-                  : snprintf(buf + used, n - used, "%s%d", i ? ", " : "", r[i]);
-    used += w > 0 ? (size_t)w : 0;
-    i = j;
+/* fsdp-run hands every worker one end of a datagram socket pair, named by
+ * FSDP_RUN_NOTIFY="fd:inode:R" (R: the RANK it gave the worker, whatever
+ * world the process makes), and judges a worker that exits with status 0 by
+ * what it heard (src/tools/run_group.c): "joined R" once the process has
+ * registered in a rendezvous, "left R" once it has left its world through
+ * fsdp_world_destroy. The inode proves the descriptor is still that socket: a
+ * program that the worker starts inherits the variable but not the
+ * descriptor (close-on-exec once used). A full queue makes the send wait
+ * (fsdp-run reads every round; a lost "left" would fail a worker that
+ * finished); a launcher that is gone makes it fail at once, and has nothing
+ * to learn. */
+static void notify_launcher(const char *event) {
+  const char *v = getenv("FSDP_RUN_NOTIFY");
+  int fd = -1, rank = -1;
+  unsigned long long ino = 0;
+  struct stat st;
+  if (!v || sscanf(v, "%d:%llu:%d", &fd, &ino, &rank) != 3 || fd < 0 || fstat(fd, &st) ||
+      !S_ISSOCK(st.st_mode) || (unsigned long long)st.st_ino != ino)
+    return;
+  fcntl(fd, F_SETFD, FD_CLOEXEC);
+  char msg[48];
+  int n = snprintf(msg, sizeof msg, "%s %d", event, rank);
+  while (send(fd, msg, (size_t)n, MSG_NOSIGNAL) < 0 && errno == EINTR) {
   }
 }
 
@@ -162,13 +189,15 @@ static fsdp_status_t timed_out(struct fsdp_env_world *e, double t0) {
 
 static fsdp_status_t connect_store(struct fsdp_env_world *e, double deadline) {
   int r0 = e->layout.rank == 0;
-  if (r0) FSDP_TRY(fsdp_store_server_start(e->port, &e->server, NULL));
+  if (r0) FSDP_TRY(fsdp_store_server_start(e->port, e->job, &e->server, NULL));
   double left = deadline - fsdp_time_now();
-  fsdp_status_t st = fsdp_store_connect(r0 ? "127.0.0.1" : e->master, e->port,
+  fsdp_status_t st = fsdp_store_connect(r0 ? "127.0.0.1" : e->master, e->port, e->job,
                                         left > 0 ? left : 0, &e->store);
   if (st == FSDP_SUCCESS || r0) return st;
-  char why[512];
+  char why[1024];
   snprintf(why, sizeof why, "%s", fsdp_last_error()); /* fsdp_error rewrites that buffer */
+  if (st == FSDP_ERR_INVALID_USAGE) /* another job's store: reached, and turned away */
+    return fsdp_error(st, "env:// rendezvous: rank %d cannot join: %s", e->layout.rank, why);
   return fsdp_error(st, "env:// rendezvous: rank %d cannot join: %s. Rank 0 serves the store "
                     "at MASTER_ADDR:MASTER_PORT (%s:%d): it has not started, has exited, or "
                     "the address is wrong", e->layout.rank, why, e->master, e->port);
@@ -294,6 +323,7 @@ static fsdp_status_t join(struct fsdp_env_world *e) {
   double t0 = fsdp_time_now(), deadline = t0 + e->timeout_s;
   FSDP_TRY(connect_store(e, deadline));
   FSDP_TRY(register_rank(e));
+  notify_launcher("joined");
   FSDP_TRY(e->layout.rank == 0 ? decide(e, t0, deadline) : await_verdict(e, t0, deadline));
   if (e->layout.local_rank < 0) FSDP_TRY(derive_local(e));
   find_host_address(e);
@@ -316,6 +346,7 @@ fsdp_status_t fsdp_env_world_start(double timeout_s, int expected, fsdp_env_worl
   fsdp_status_t st = read_env(e, expected);
   if (st == FSDP_SUCCESS) st = join(e);
   if (st != FSDP_SUCCESS) {
+    notify_launcher("left"); /* in no world, whether or not it had registered */
     env_free(e);
     return st;
   }
@@ -344,6 +375,7 @@ static void exit_barrier(struct fsdp_env_world *e) {
 void fsdp_env_world_stop(fsdp_env_world_t *e, int failed) {
   if (!e) return;
   if (!failed) exit_barrier(e);
+  notify_launcher("left"); /* failed too: the program is done with its peers */
   env_free(e);
 }
 
@@ -351,7 +383,7 @@ fsdp_store_t *fsdp_env_world_store(fsdp_env_world_t *e) { return e ? e->store : 
 
 fsdp_status_t fsdp_env_world_store_open(fsdp_env_world_t *e, fsdp_store_t **out) {
   const char *host = e->layout.rank == 0 ? "127.0.0.1" : e->master;
-  return fsdp_store_connect(host, e->port, e->timeout_s, out);
+  return fsdp_store_connect(host, e->port, e->job, e->timeout_s, out);
 }
 
 const char *fsdp_env_world_host_address(const fsdp_env_world_t *e) {

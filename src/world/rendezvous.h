@@ -1,7 +1,11 @@
 /* src/world/rendezvous.h — the env:// bootstrap (rendezvous.c), used by
  * world.c: read RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and LOCAL_RANK,
  * LOCAL_WORLD_SIZE when given), serve the store on rank 0, and wait until
- * every rank has joined. Not installed. */
+ * every rank has joined. FSDP_RUN_ID (fsdp-run sets it) is the job's id: the
+ * store serves ranks of that job only. Under fsdp-run (FSDP_RUN_NOTIFY) a
+ * rank tells the launcher when it has joined and when it has left, so that a
+ * worker exiting with status 0 while its peers need it is named. Not
+ * installed. */
 #ifndef FSDP_WORLD_RENDEZVOUS_H
 #define FSDP_WORLD_RENDEZVOUS_H
 
@@ -25,7 +29,8 @@ fsdp_status_t fsdp_env_world_start(double timeout_s, int expected, fsdp_env_worl
                                    fsdp_env_layout_t *layout);
 /* Waits (within the rendezvous timeout) until every rank has called this,
  * unless failed, so that rank 0 never takes the store away from ranks still
- * using it; then stops serving and disconnects. */
+ * using it; tells fsdp-run the rank has left; then stops serving and
+ * disconnects. */
 void fsdp_env_world_stop(fsdp_env_world_t *env, int failed);
 
 fsdp_store_t *fsdp_env_world_store(fsdp_env_world_t *env);

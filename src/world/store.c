@@ -221,21 +221,31 @@ static int64_t ms_of(double s) { return s <= 0 ? 0 : (int64_t)(s * 1000.0) + 1; 
 
 /* ---- public -------------------------------------------------------------- */
 
-static fsdp_status_t hello(fsdp_store_t *s) {
+static fsdp_status_t hello(fsdp_store_t *s, const char *job) {
   store_reply_t r;
-  FSDP_TRY(request(s, STORE_HELLO, "hello", STORE_MAGIC, NULL, 0, 0, 0.0, &r));
+  FSDP_TRY(request(s, STORE_HELLO, "hello", STORE_MAGIC, job, strlen(job), 0, 0.0, &r));
+  fsdp_status_t st = FSDP_SUCCESS;
+  if (r.status == STORE_BAD && r.arg == 1)
+    st = fsdp_error(FSDP_ERR_INVALID_USAGE, "store %s belongs to job '%.*s', not to this "
+                    "process's job '%s' (FSDP_RUN_ID, fsdp-run --rdzv-id): two jobs use one "
+                    "MASTER_PORT; give each job its own port (fsdp-run --master-port 0 picks "
+                    "a free one)", s->addr, FSDP_STORE_JOB_MAX, r.val ? r.val : "", job);
+  else if (r.status != STORE_OK || r.arg != 1)
+    st = fsdp_error(FSDP_ERR_COMM, "store %s: the peer answered but is not an fsdp store "
+                    "(is MASTER_PORT used by another service?)", s->addr);
   fsdp_free(r.val);
-  if (r.status != STORE_OK || r.arg != 1)
-    return fsdp_error(FSDP_ERR_COMM, "store %s: the peer answered but is not an fsdp store "
-                      "(is MASTER_PORT used by another service?)", s->addr);
-  return FSDP_SUCCESS;
+  return st;
 }
 
-fsdp_status_t fsdp_store_connect(const char *host, int port, double timeout_s,
+fsdp_status_t fsdp_store_connect(const char *host, int port, const char *job, double timeout_s,
                                  fsdp_store_t **out) {
   if (!host || !*host || port <= 0 || port > 65535 || !out)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "store: address '%s' port %d is not a "
                       "host name and a port in 1..65535", host ? host : "(null)", port);
+  if (!job) job = "";
+  if (strlen(job) > FSDP_STORE_JOB_MAX)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "store: job id '%.40s...' is longer than %d "
+                      "bytes", job, FSDP_STORE_JOB_MAX);
   fsdp_store_t *s = calloc(1, sizeof *s);
   if (!s) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "store: cannot allocate a client");
   snprintf(s->addr, sizeof s->addr, "%s:%d", host, port);
@@ -248,7 +258,7 @@ fsdp_status_t fsdp_store_connect(const char *host, int port, double timeout_s,
     st = fsdp_error(FSDP_ERR_TIMEOUT, "store: cannot reach %s within %.1f s (last error: %s)",
                     s->addr, fsdp_time_now() - t0, err);
   else
-    st = hello(s);
+    st = hello(s, job);
   if (st != FSDP_SUCCESS) {
     fsdp_store_close(s);
     return st;

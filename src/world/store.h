@@ -8,9 +8,16 @@
  * at once. add keeps a signed 64-bit counter stored as decimal text, so a get
  * of a counter reads its value.
  *
+ * A store belongs to one job: the server is started with a job id (fsdp-run's
+ * --rdzv-id, FSDP_RUN_ID) and turns away a client that brings another, so
+ * two jobs that meet on one port never share keys (a stranger's RANK=1 would
+ * otherwise take the job's own).
+ *
  * Errors: FSDP_ERR_TIMEOUT when a deadline passes (the key, the store address
  * and the timeout are named), FSDP_ERR_COMM when the server cannot be reached
- * or the connection breaks, FSDP_ERR_INVALID_ARGUMENT for bad keys or sizes.
+ * or the connection breaks, FSDP_ERR_INVALID_USAGE when the store belongs to
+ * another job (both ids named), FSDP_ERR_INVALID_ARGUMENT for bad keys or
+ * sizes.
  *
  * Threads: the server runs on a thread of its own. A client is one TCP
  * connection; its calls are serialised by a mutex, so a thread that must not
@@ -30,22 +37,27 @@ extern "C" {
 
 #define FSDP_STORE_KEY_MAX 1024            /* bytes of a key */
 #define FSDP_STORE_VALUE_MAX (64u << 20)   /* bytes of a value */
+#define FSDP_STORE_JOB_MAX 255             /* bytes of a job id */
 
 typedef struct fsdp_store_server fsdp_store_server_t;
 typedef struct fsdp_store fsdp_store_t;
 
-/* Serves a store on every local address at port (0: any free port; *bound_port
- * says which, and may be NULL). Fails with FSDP_ERR_COMM naming the port when
- * it cannot be bound (in use, no permission). */
-fsdp_status_t fsdp_store_server_start(int port, fsdp_store_server_t **out, int *bound_port);
+/* Serves the store of job (NULL or "": no id; at most FSDP_STORE_JOB_MAX
+ * bytes, copied) on every local address at port (0: any free port;
+ * *bound_port says which, and may be NULL). Fails with FSDP_ERR_COMM naming
+ * the port when it cannot be bound (in use, no permission). */
+fsdp_status_t fsdp_store_server_start(int port, const char *job, fsdp_store_server_t **out,
+                                      int *bound_port);
 /* Stops the server thread and closes every connection; clients see it closed. */
 void fsdp_store_server_stop(fsdp_store_server_t *server);
 
 /* Connects to host:port, retrying refused or unreachable connections until
  * timeout_s has passed (the server may not be up yet), then checks that the
- * peer speaks this protocol. On failure the message names host, port, the
- * time spent and the last error from the network. */
-fsdp_status_t fsdp_store_connect(const char *host, int port, double timeout_s,
+ * peer speaks this protocol and serves job (NULL or "": the store of a job
+ * without an id). On failure the message names host, port, the time spent
+ * and the last error from the network, or both job ids (at once, without
+ * retrying: the port belongs to another job). */
+fsdp_status_t fsdp_store_connect(const char *host, int port, const char *job, double timeout_s,
                                  fsdp_store_t **out);
 void fsdp_store_close(fsdp_store_t *store);
 

@@ -6,8 +6,10 @@
  * 16-byte header (status, value length, argument) followed by the value. The
  * argument is the timeout in milliseconds of a get, the delta of an add, and
  * in replies the counter of an add or the answer of a check. A connection
- * starts with a hello whose key is STORE_MAGIC, so a client that reached some
- * other service finds out at once instead of waiting for a timeout. */
+ * starts with a hello whose key is STORE_MAGIC and whose value is the job id,
+ * so a client that reached some other service finds out at once instead of
+ * waiting for a timeout, and one that reached another job's store is turned
+ * away (STORE_BAD, with the store's own job id as the value). */
 #ifndef FSDP_WORLD_STORE_PROTO_H
 #define FSDP_WORLD_STORE_PROTO_H
 

@@ -39,6 +39,7 @@ typedef struct {
 
 struct fsdp_store_server {
   int listen_fd, wake_rd, wake_wr, port;
+  char job[FSDP_STORE_JOB_MAX + 1]; /* clients must bring this id */
   pthread_t thread;
   /* Touched by the server thread only. */
   kv_t *kv;
@@ -156,8 +157,10 @@ static int do_get(struct fsdp_store_server *s, client_t *c, const char *key, int
 /* Handles one complete request. -1 drops the client. */
 static int handle(struct fsdp_store_server *s, client_t *c, int op, const char *key,
                   const uint8_t *val, size_t vlen, int64_t arg) {
-  if (!c->hello) {
+  if (!c->hello) { /* a stranger stays un-greeted: its next request drops it */
     if (op != STORE_HELLO || strcmp(key, STORE_MAGIC) != 0) return -1;
+    if (vlen != strlen(s->job) || memcmp(val, s->job, vlen) != 0)
+      return reply(c, STORE_BAD, 1, s->job, strlen(s->job));
     c->hello = 1;
     return reply(c, STORE_OK, 1, NULL, 0);
   }
@@ -360,11 +363,16 @@ static fsdp_status_t listen_on(int port, int *fd_out, int *bound) {
   return FSDP_SUCCESS;
 }
 
-fsdp_status_t fsdp_store_server_start(int port, fsdp_store_server_t **out, int *bound_port) {
+fsdp_status_t fsdp_store_server_start(int port, const char *job, fsdp_store_server_t **out,
+                                      int *bound_port) {
   if (!out || port < 0 || port > 65535)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "store: port %d is not 0..65535", port);
+  if (job && strlen(job) > FSDP_STORE_JOB_MAX)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "store: job id '%.40s...' is longer than %d "
+                      "bytes", job, FSDP_STORE_JOB_MAX);
   struct fsdp_store_server *s = calloc(1, sizeof *s);
   if (!s) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "store: cannot allocate the server");
+  snprintf(s->job, sizeof s->job, "%s", job ? job : "");
   int pipefd[2];
   fsdp_status_t st = listen_on(port, &s->listen_fd, &s->port);
   if (st != FSDP_SUCCESS) goto fail_listen;

@@ -1,8 +1,7 @@
 /* src/world/world_internal.h — what the comm layer needs to know about a world
  * beyond MPI: how it was launched, its env:// store, its deadlines, and a slot
  * where the comm layer keeps per-world state (the watchdog). Free of mpi.h so
- * the C++ gloo adapter can include it. Only src/world and src/comm include it
- * (and src/engine/consistency.c, for fsdp_format_ranks).
+ * the C++ gloo adapter can include it. Only src/world and src/comm include it.
  * Not installed. */
 #ifndef FSDP_WORLD_INTERNAL_H
 #define FSDP_WORLD_INTERNAL_H
@@ -49,9 +48,6 @@ int fsdp_world_next_comm_id(fsdp_world_t world);
  * and read only while creating or destroying communicators (main thread). */
 void *fsdp_world_comm_state(fsdp_world_t world);
 void fsdp_world_set_comm_state(fsdp_world_t world, void *state);
-
-/* Writes "3", "1, 4", "0-2, 5" (ranges for runs) into buf; ranks ascending. */
-void fsdp_format_ranks(char *buf, size_t n, const int *ranks, int count);
 
 #ifdef __cplusplus
 }

@@ -13,6 +13,8 @@
  * argv[1] is the fsdp-ckpt executable. */
 #include <check.h>
 #include <dirent.h>
+#include <fcntl.h>
+#include <inttypes.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -20,7 +22,9 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "common/check_run.h"
 #include "common/ckpt_model.h"
@@ -813,10 +817,12 @@ static const struct {
     {"{\"wte.weight\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
      "\"transformer.wte.weight\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}",
      16, 0, "maps to a name"},
+    {"{" ST_A "}", 8, 200000000, "header length 200000054 is over the limit of 100000000 bytes"},
 };
 
 START_TEST(test_safetensors_strict) {
-  const char *file = path("in.safetensors", "");
+  char file[600]; /* path()'s buffers are reused */
+  snprintf(file, sizeof file, "%s", path("in.safetensors", ""));
   write_st(file, st_cases[_i].header, st_cases[_i].data, st_cases[_i].len_delta);
   fsdp_status_t st = fsdp_ckpt_import(file, path("out", ""));
   struct stat sb;
@@ -834,6 +840,67 @@ START_TEST(test_safetensors_strict) {
   ck_assert_msg(strstr(fsdp_last_error(), file) && strstr(fsdp_last_error(), st_cases[_i].problem),
                 "case %d: got '%s'", _i, fsdp_last_error());
   ck_assert_int_ne(stat(path("out", ""), &sb), 0); /* nothing written */
+  /* nor by fsdp-ckpt, which locks the output (an empty `lock` was left) */
+  char args[1200], err[2048];
+  snprintf(args, sizeof args, "import %s %s", file, path("out", ""));
+  ck_assert_int_ne(run_tool(args, err, sizeof err), 0);
+  ck_assert_msg(strstr(err, st_cases[_i].problem), "case %d: fsdp-ckpt said '%s'", _i, err);
+  ck_assert_msg(stat(path("out", ""), &sb) != 0, "case %d: fsdp-ckpt import left %s", _i,
+                path("out", ""));
+  ck_assert_int_eq(mkdir(path("mine", ""), 0755), 0);
+  snprintf(args, sizeof args, "import %s %s", file, path("mine", ""));
+  ck_assert_int_ne(run_tool(args, err, sizeof err), 0);
+  ck_assert_msg(stat(path("mine/lock", ""), &sb) != 0, "case %d: a lock left in a directory "
+                "that had none", _i);
+}
+END_TEST
+
+/* CPU time, not wall time: the bound holds on a loaded machine too. */
+static double cpu_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* A GPT-2 of no layers (wte, wpe, ln_f) and `extra` more entries named
+ * transformer.extra.<i> of shape [each] after it: the header as the issue's. */
+static void write_extras(const char *file, int extra, int each) {
+  size_t cap = 64 + (size_t)extra * 96, n = 0, at = 0;
+  char *h = malloc(cap);
+  ck_assert_ptr_nonnull(h);
+  static const char *const names[] = {"transformer.wte.weight", "transformer.wpe.weight",
+                                      "transformer.ln_f.weight", "transformer.ln_f.bias"};
+  static const char *const shapes[] = {"[2,2]", "[1,2]", "[2]", "[2]"};
+  static const size_t bytes[] = {16, 8, 8, 8};
+  n += (size_t)snprintf(h + n, cap - n, "{");
+  for (int i = 0; i < 4; at += bytes[i], i++)
+    n += (size_t)snprintf(h + n, cap - n, "%s\"%s\":{\"dtype\":\"F32\",\"shape\":%s,"
+                          "\"data_offsets\":[%zu,%zu]}", i ? "," : "", names[i], shapes[i], at,
+                          at + bytes[i]);
+  for (int i = 0; i < extra; at += 4 * (size_t)each, i++)
+    n += (size_t)snprintf(h + n, cap - n, ",\"transformer.extra.%d\":{\"dtype\":\"F32\","
+                          "\"shape\":[%d],\"data_offsets\":[%zu,%zu]}", i, each, at,
+                          at + 4 * (size_t)each);
+  snprintf(h + n, cap - n, "}");
+  write_st(file, h, at, 0);
+  free(h);
+}
+
+/* Hostile headers in bounded time: 60,000 foreign entries (under the entry
+ * limit; compared pairwise they took 11 s of CPU, 10^6 of them hours) refused
+ * at the first, and 100,000 (over it) refused before parsing, by the limit. */
+START_TEST(test_import_many_entries) {
+  static const struct { int extra, each; const char *problem; } cases[] = {
+      {60000, 1, "tensor 'transformer.extra.0': is not a tensor of GPT-2"},
+      {100000, 0, "the header holds more than 65536 entries, the limit"},
+  };
+  const char *file = path("many.safetensors", "");
+  write_extras(file, cases[_i].extra, cases[_i].each);
+  double t0 = cpu_seconds();
+  ck_assert_int_eq(fsdp_ckpt_import(file, path("out", "")), FSDP_ERR_FORMAT);
+  double took = cpu_seconds() - t0;
+  ck_assert_msg(strstr(fsdp_last_error(), cases[_i].problem), "got '%s'", fsdp_last_error());
+  ck_assert_msg(took < 2.0, "%d entries took %.2f s of CPU", cases[_i].extra, took);
 }
 END_TEST
 
@@ -849,16 +916,20 @@ static void write_st_data(const char *file, const char *header, const void *data
 }
 
 /* F16 and BF16 become f32 exactly: normal, negative, largest, subnormal,
- * signed zero, infinity (which verify then reports). */
+ * signed zero; an F16 infinity is refused, by its index. */
 START_TEST(test_import_converts_16bit) {
   const uint16_t h[8] = {0x3c00, 0xc000, 0x7bff, 0x0001, 0x8000, 0x3555, 0x03ff, 0x7c00};
-  const float hf[8] = {1.0f, -2.0f, 65504.0f, 0x1p-24f, -0.0f, 0x1.554p-2f, 0x1.ff8p-15f, INFINITY};
+  const float hf[8] = {1.0f, -2.0f, 65504.0f, 0x1p-24f, -0.0f, 0x1.554p-2f, 0x1.ff8p-15f, 0.5f};
   const uint16_t b[2] = {0x3f80, 0xc040};
   const char *header = "{\"a\":{\"dtype\":\"F16\",\"shape\":[8],\"data_offsets\":[0,16]},"
                        "\"b\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[16,20]}}";
   uint16_t data[10];
   memcpy(data, h, sizeof h);
   memcpy(data + 8, b, sizeof b);
+  write_st_data(path("h.safetensors", ""), header, data, sizeof data);
+  ck_assert_int_eq(fsdp_ckpt_import(path("h.safetensors", ""), path("imp", "")), FSDP_ERR_NONFINITE);
+  ck_assert_msg(strstr(fsdp_last_error(), "tensor 'a' is inf at index 7"), "%s", fsdp_last_error());
+  data[7] = 0x3800; /* 0.5 */
   write_st_data(path("h.safetensors", ""), header, data, sizeof data);
   fsdp_ckpt_io_summary_t sum;
   ck_assert_int_eq(fsdp_ckpt_import_hf(path("h.safetensors", ""), path("imp", ""), NULL, 0, &sum),
@@ -1013,28 +1084,77 @@ START_TEST(test_loss_scale_round_trip) {
 }
 END_TEST
 
-/* Weights with a NaN and an Inf imported from safetensors (the one way to
- * make such a checkpoint now): verify, through the library and fsdp-ckpt,
- * names the tensor, the count and the first index, and fails. */
+/* The CRC-32 (zlib's) of a whole file. */
+static uint32_t file_crc(const char *file) {
+  FILE *f = fopen(file, "rb");
+  ck_assert_ptr_nonnull(f);
+  unsigned char buf[4096];
+  uLong c = crc32(0, Z_NULL, 0);
+  for (size_t n; (n = fread(buf, 1, sizeof buf, f)) > 0;) c = crc32(c, buf, (uInt)n);
+  fclose(f);
+  return (uint32_t)c;
+}
+
+/* Writes floats into a one-rank checkpoint's shard at element `at` and
+ * reseals it: the shard's CRC in the manifest, then the manifest's own, so
+ * that only the values are wrong (the way a checkpoint with NaN would look if
+ * a writer let one through). */
+static void poke_values(const char *step_dir, size_t at, const float *v, size_t n) {
+  char shard[600], manifest[600], text[8192];
+  snprintf(shard, sizeof shard, "%s/rank-0-of-1.bin", step_dir);
+  snprintf(manifest, sizeof manifest, "%s/manifest.json", step_dir);
+  int fd = open(shard, O_WRONLY);
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_eq(pwrite(fd, v, n * sizeof *v, (off_t)(64 + at * sizeof *v)),
+                   (ssize_t)(n * sizeof *v));
+  close(fd);
+  read_text(manifest, text, sizeof text);
+  char *crc = strstr(text, "\"crc32\": \""), hex[9];
+  ck_assert_ptr_nonnull(crc);
+  snprintf(hex, sizeof hex, "%08" PRIx32, file_crc(shard));
+  memcpy(crc + strlen("\"crc32\": \""), hex, 8);
+  char *key = strstr(text, "\n  \"manifest_crc32\": \"");
+  ck_assert_ptr_nonnull(key);
+  snprintf(hex, sizeof hex, "%08" PRIx32,
+           (uint32_t)crc32(0, (const Bytef *)text, (uInt)(key - text + 1)));
+  memcpy(key + strlen("\n  \"manifest_crc32\": \""), hex, 8);
+  FILE *f = fopen(manifest, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+/* Weights with a NaN and an Inf: import refuses them, naming the tensor and
+ * the first index, and writes nothing (they once imported silently, and
+ * training then skipped steps blaming the learning rate). verify, through
+ * the library and fsdp-ckpt, names the tensor, the count and the first index
+ * of a checkpoint holding them, and fails. */
 START_TEST(test_verify_reports_nonfinite) {
-  const char *file = path("nan.safetensors", "");
+  char file[600]; /* path()'s buffers are reused */
+  snprintf(file, sizeof file, "%s", path("nan.safetensors", ""));
   const char *header = "{\"a\":{\"dtype\":\"F32\",\"shape\":[5],\"data_offsets\":[0,20]}}";
   const float data[5] = {1.0f, 2.0f, NAN, 3.0f, -INFINITY};
-  FILE *f = fopen(file, "wb");
-  ck_assert_ptr_nonnull(f);
-  uint64_t n = strlen(header);
-  for (int i = 0; i < 8; i++) fputc((int)(n >> (8 * i)) & 0xff, f);
-  fputs(header, f);
-  fwrite(data, sizeof data, 1, f);
-  fclose(f);
-  ck_assert_int_eq(fsdp_ckpt_import(file, path("imp", "")), FSDP_SUCCESS);
+  write_st_data(file, header, data, sizeof data);
+  struct stat sb;
+  ck_assert_int_eq(fsdp_ckpt_import(file, path("imp", "")), FSDP_ERR_NONFINITE);
+  ck_assert_msg(strstr(fsdp_last_error(), "tensor 'a' is nan at index 2"), "%s", fsdp_last_error());
+  ck_assert_int_ne(stat(path("imp", ""), &sb), 0);
+  char args[700], err[2048];
+  snprintf(args, sizeof args, "import %s %s", file, path("imp", ""));
+  ck_assert_int_ne(run_tool(args, err, sizeof err), 0);
+  ck_assert_msg(strstr(err, "tensor 'a' is nan at index 2"), "fsdp-ckpt said: %s", err);
+  ck_assert_int_ne(stat(path("imp", ""), &sb), 0);
+
+  const float fine[5] = {1.0f, 2.0f, 7.0f, 3.0f, 4.0f};
+  write_st_data(file, header, fine, sizeof fine);
+  ck_assert_msg(fsdp_ckpt_import(file, path("imp", "")) == FSDP_SUCCESS, "%s", fsdp_last_error());
+  poke_values(path("imp/step-0", ""), 2, data + 2, 3);
   fsdp_ckpt_t c;
   ck_assert_int_eq(fsdp_ckpt_open(path("imp", ""), &c), FSDP_SUCCESS);
   ck_assert_int_eq(fsdp_ckpt_verify(c), FSDP_ERR_NONFINITE);
   ck_assert_msg(strstr(fsdp_last_error(), "a (param): 2 of 5, first at index 2"), "message: %s",
                 fsdp_last_error());
   fsdp_ckpt_close(c);
-  char args[700], err[2048];
   snprintf(args, sizeof args, "verify %s", path("imp", ""));
   ck_assert_int_ne(run_tool(args, err, sizeof err), 0);
   ck_assert_msg(strstr(err, "2 non-finite values") && strstr(err, "first at index 2"),
@@ -1099,6 +1219,7 @@ static Suite *ckpt_suite(void) {
   tcase_add_test(tc, test_import_converts_16bit);
   tcase_add_test(tc, test_import_head);
   tcase_add_test(tc, test_import_config_bounds);
+  tcase_add_loop_test(tc, test_import_many_entries, 0, 2);
   tcase_add_test(tc, test_consolidate_memory);
   tcase_add_loop_test(tc, test_save_refuses_nonfinite, 0, 4);
   tcase_add_test(tc, test_verify_reports_nonfinite);

@@ -1,4 +1,4 @@
-/* tests/cuda/test_kernels.c — every CUDA kernel of src/cuda/kernels.h (the
+/* tests/cuda/test_kernels.c — every CUDA kernel of src/backend/cuda/kernels.h (the
  * compute table's entry points at both dtypes, and the shard kernels) against
  * its CPU reference (fsdp/nn.h, fsdp/optim.h, fsdp_f32_to_bf16 and the
  * engine's shard loops) on fresh random inputs: fp32 within 1e-5 relative,
@@ -19,11 +19,11 @@
 
 #include "common/arrays.h"
 #include "common/rng.h"
-#include "cuda/kernels.h"
+#include "backend/cuda/kernels.h"
 #include "cuda_gate.h"
-#include "device/compute.h"
+#include "backend/compute.h"
 #include "fsdp/nn.h"
-#include "nn/head.h"
+#include "backend/cpu/head.h"
 #include "fsdp/optim.h"
 
 #define LEN(a) ((int)(sizeof(a) / sizeof((a)[0])))
@@ -353,13 +353,19 @@ static void matmul_case(int bf16, int B, int C, int OC, int linear, int with_bia
   void *g_dinp = with_dinp ? dev_skewed(bf16, junk, ni, skew) : NULL;
   float *g_dw = dev_f32(dw, nw), *g_db = dev_f32(db, OC);
   float *scratch = dev_alloc(fsdp_cuda_colsum_scratch_bytes(OC));
-  OK(fsdp_cuda_matmul_forward(dt, g_out, g_pre, g_inp, g_w,
-                              with_bias ? dev_skewed(bf16, bias, OC, skew) : NULL, B, C, OC,
-                              linear, fs));
-  OK(fsdp_cuda_matmul_backward(dt, g_dinp, g_dw, with_bias ? g_db : NULL, scratch,
-                               dev_skewed(bf16, dout, no, skew), g_inp, g_w,
-                               gelu ? dev_skewed(bf16, pre_in, ni, skew) : NULL, B, C, OC, linear,
-                               fs));
+  OK(fsdp_cuda_matmul_forward(
+      &(fsdp_matmul_forward_args_t){
+          .dt = dt, .out = g_out, .pre = g_pre, .inp = g_inp, .weight = g_w,
+          .bias = with_bias ? dev_skewed(bf16, bias, OC, skew) : NULL, .B = B, .C = C, .OC = OC,
+          .weight_out_in = linear},
+      fs));
+  OK(fsdp_cuda_matmul_backward(
+      &(fsdp_matmul_backward_args_t){
+          .dt = dt, .dinp = g_dinp, .dweight = g_dw, .dbias = with_bias ? g_db : NULL,
+          .scratch = scratch, .dout = dev_skewed(bf16, dout, no, skew), .inp = g_inp,
+          .weight = g_w, .gelu_pre = gelu ? dev_skewed(bf16, pre_in, ni, skew) : NULL, .B = B,
+          .C = C, .OC = OC, .weight_out_in = linear},
+      fs));
   float *got = back_skewed(bf16, g_out, no, skew);
   float *got_pre = gelu ? back_skewed(bf16, g_pre, no, skew) : NULL;
   float *got_dinp = with_dinp ? back_skewed(bf16, g_dinp, ni, skew) : NULL;
@@ -434,12 +440,18 @@ END_TEST
  * refuse, naming the size, instead of writing through NULL. */
 START_TEST(fused_scratch_refused) {
   float *x = dev_alloc(16 * 16 * 4), *g = dev_alloc(16 * 4), *st = dev_alloc(16 * 4);
-  fsdp_status_t st1 = fsdp_cuda_matmul_backward(FSDP_F32, x, x, g, NULL, x, x, x, NULL, 16, 16,
-                                                16, 0, fs);
+  fsdp_status_t st1 = fsdp_cuda_matmul_backward(
+      &(fsdp_matmul_backward_args_t){.dt = FSDP_F32, .dinp = x, .dweight = x, .dbias = g,
+                                     .dout = x, .inp = x, .weight = x, .B = 16, .C = 16,
+                                     .OC = 16},
+      fs);
   ck_assert_int_eq(st1, FSDP_ERR_INVALID_ARGUMENT);
   ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "fsdp_cuda_colsum_scratch_bytes(16)"));
-  fsdp_status_t st2 = fsdp_cuda_layernorm_fused_backward(FSDP_BF16, x, g, g, NULL, x, x, x, st, st,
-                                                         16, 16, fs);
+  fsdp_status_t st2 = fsdp_cuda_layernorm_fused_backward(
+      &(fsdp_layernorm_backward_args_t){.dt = FSDP_BF16, .dinp = x, .dweight = g, .dbias = g,
+                                        .dout = x, .inp = x, .weight = x, .mean = st, .rstd = st,
+                                        .N = 16, .C = 16},
+      fs);
   ck_assert_int_eq(st2, FSDP_ERR_INVALID_ARGUMENT);
   ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "fsdp_cuda_colsum_scratch_bytes(16)"));
 }
@@ -474,11 +486,18 @@ static void fused_ln_case(int bf16, int N, int C, int branch, int skew, double o
   float *g_mean = dev_alloc(N * 4), *g_rstd = dev_alloc(N * 4);
   float *g_dw = dev_f32(dw, C), *g_db = dev_f32(db, C);
   float *scratch = dev_alloc(fsdp_cuda_colsum_scratch_bytes(C));
-  OK(fsdp_cuda_layernorm_fused_forward(dt, g_res, g_out, g_mean, g_rstd, g_x, branch ? g_br : NULL,
-                                       g_w, g_b, N, C, fs));
+  OK(fsdp_cuda_layernorm_fused_forward(
+      &(fsdp_layernorm_forward_args_t){.dt = dt, .res = g_res, .out = g_out, .mean = g_mean,
+                                       .rstd = g_rstd, .inp = g_x, .branch = branch ? g_br : NULL,
+                                       .weight = g_w, .bias = g_b, .N = N, .C = C},
+      fs));
   const void *ln_in = branch ? g_res : g_x;
-  OK(fsdp_cuda_layernorm_fused_backward(dt, with_dinp ? g_dinp : NULL, g_dw, g_db, scratch,
-                                        g_dout, ln_in, g_w, g_mean, g_rstd, N, C, fs));
+  OK(fsdp_cuda_layernorm_fused_backward(
+      &(fsdp_layernorm_backward_args_t){.dt = dt, .dinp = with_dinp ? g_dinp : NULL,
+                                        .dweight = g_dw, .dbias = g_db, .scratch = scratch,
+                                        .dout = g_dout, .inp = ln_in, .weight = g_w,
+                                        .mean = g_mean, .rstd = g_rstd, .N = N, .C = C},
+      fs));
   float *got_res = back_skewed(bf16, g_res, n, skew), *got = back_skewed(bf16, g_out, n, skew);
   float *got_mean = back_f32(g_mean, N), *got_rstd = back_f32(g_rstd, N);
   float *got_dinp = back_skewed(bf16, g_dinp, n, skew), *got_dw = back_f32(g_dw, C);
@@ -552,10 +571,16 @@ static void embedding_case(int bf16, int B, int T, int C, int V) {
   float *g_dwte = dev_f32(dwte, nte), *g_dwpe = dev_f32(dwpe, npe);
   const fsdp_dtype_t dt = act_dtype(bf16);
   void *g_out = dev_act_alloc(bf16, n);
-  OK(fsdp_cuda_embedding_forward(dt, g_out, g_tok, dev_act(bf16, wte, nte),
-                                 dev_act(bf16, wpe, npe), B, T, C, fs));
-  OK(fsdp_cuda_embedding_backward(dt, g_dwte, g_dwpe, dev_act(bf16, dout, n), g_tok, B, T, C,
-                                  fs));
+  OK(fsdp_cuda_embedding_forward(
+      &(fsdp_embedding_forward_args_t){.dt = dt, .out = g_out, .tokens = g_tok,
+                                       .wte = dev_act(bf16, wte, nte),
+                                       .wpe = dev_act(bf16, wpe, npe), .B = B, .T = T, .C = C},
+      fs));
+  OK(fsdp_cuda_embedding_backward(
+      &(fsdp_embedding_backward_args_t){.dt = dt, .dwte = g_dwte, .dwpe = g_dwpe,
+                                        .dout = dev_act(bf16, dout, n), .tokens = g_tok, .B = B,
+                                        .T = T, .C = C},
+      fs));
   float *got = back_act(bf16, g_out, n);
   fsdp_embedding_forward(out, tok, wte, wpe, B, T, C);
   fsdp_embedding_backward(dwte, dwpe, dout, tok, B, T, C);
@@ -592,14 +617,21 @@ static void attention_case(int B, int T, int C, int NH) {
   ck_assert_uint_eq(fsdp_cuda_attention_state_floats(FSDP_F32, B, T, NH), natt);
   float *g_dqkv = dev_f32(dqkv, nqkv);
   void *g_scratch = dev_alloc(fsdp_cuda_attention_scratch_bytes(FSDP_F32, T, NH));
-  OK(fsdp_cuda_attention_forward(FSDP_F32, g_out, g_att, g_scratch, g_qkv, B, T, C, NH, fs));
+  OK(fsdp_cuda_attention_forward(
+      &(fsdp_attention_forward_args_t){.dt = FSDP_F32, .out = g_out, .att = g_att, .scratch = g_scratch,
+                                       .qkv = g_qkv, .B = B, .T = T, .C = C, .NH = NH},
+      fs));
   fsdp_attention_forward(out, att, qkv, B, T, C, NH);
   float *got = back_f32(g_out, no), *got_att = back_f32(g_att, natt);
   check_err("attention_forward", "out/att",
             max2(rel_err(got, out, no), rel_err(got_att, att, natt)), TOL_F32);
   /* Backward reads the CPU's probabilities: checked on its own. */
-  OK(fsdp_cuda_attention_backward(FSDP_F32, g_dqkv, g_scratch, dev_f32(dout, no), g_qkv, g_out,
-                                  dev_f32(att, natt), B, T, C, NH, fs));
+  OK(fsdp_cuda_attention_backward(
+      &(fsdp_attention_backward_args_t){.dt = FSDP_F32, .dqkv = g_dqkv, .scratch = g_scratch,
+                                        .dout = dev_f32(dout, no), .qkv = g_qkv, .out = g_out,
+                                        .att = dev_f32(att, natt), .B = B, .T = T, .C = C,
+                                        .NH = NH},
+      fs));
   fsdp_attention_backward(dqkv, dout, qkv, att, B, T, C, NH);
   float *got_d = back_f32(g_dqkv, nqkv);
   check_err("attention_backward", "dqkv", rel_err(got_d, dqkv, nqkv), TOL_F32);
@@ -731,9 +763,14 @@ START_TEST(flash_attention) {
   ck_assert_uint_eq(fsdp_cuda_attention_state_floats(FSDP_BF16, B, T, NH), nlse);
   ck_assert_uint_eq(fsdp_cuda_attention_scratch_bytes(FSDP_BF16, T, NH), 0); /* no T^2 */
   float *g_lse = dev_alloc(nlse * 4);
-  OK(fsdp_cuda_attention_forward(FSDP_BF16, g_out, g_lse, NULL, g_qkv, B, T, C, NH, fs));
-  OK(fsdp_cuda_attention_backward(FSDP_BF16, g_dqkv, NULL, g_dout, g_qkv, g_out, g_lse, B, T, C,
-                                  NH, fs));
+  OK(fsdp_cuda_attention_forward(
+      &(fsdp_attention_forward_args_t){.dt = FSDP_BF16, .out = g_out, .att = g_lse, .qkv = g_qkv,
+                                       .B = B, .T = T, .C = C, .NH = NH},
+      fs));
+  const fsdp_attention_backward_args_t bwd = {.dt = FSDP_BF16, .dqkv = g_dqkv, .dout = g_dout,
+                                              .qkv = g_qkv, .out = g_out, .att = g_lse, .B = B,
+                                              .T = T, .C = C, .NH = NH};
+  OK(fsdp_cuda_attention_backward(&bwd, fs));
   fsdp_attention_forward(out, att, qkv, B, T, C, NH);
   float *lse = lse_reference(qkv, B, T, C, NH), *got_lse = back_f32(g_lse, nlse);
   float *got = back_bf16(g_out, no), *got_d = back_bf16(g_dqkv, nqkv);
@@ -753,8 +790,7 @@ START_TEST(flash_attention) {
   check_err("attention_backward_bf16", "dqkv (|error| / (|dqkv| + bf16 bound))",
             flash_err(got_d, dqkv, mag, nqkv), TOL_BF16);
   if (T < 1024) { /* the add-into contract: dqkv += the gradient again */
-    OK(fsdp_cuda_attention_backward(FSDP_BF16, g_dqkv, NULL, g_dout, g_qkv, g_out, g_lse, B, T,
-                                    C, NH, fs));
+    OK(fsdp_cuda_attention_backward(&bwd, fs));
     float *got2 = back_bf16(g_dqkv, nqkv);
     for (size_t i = 0; i < nqkv; ++i) dqkv[i] *= 2.0f, mag[i] *= 2.0f;
     check_err("attention_backward_bf16", "dqkv after a second backward (adds into it)",
@@ -771,27 +807,35 @@ END_TEST
 START_TEST(flash_attention_refuses) {
   uint16_t *buf = dev_alloc(3 * 4 * 160 * 2 * 2);
   float *lse = dev_alloc(4 * 4 * 4);
-  ck_assert_int_eq(fsdp_cuda_attention_forward(FSDP_BF16, buf, lse, NULL, buf, 1, 4, 40, 2, fs),
-                   FSDP_ERR_INVALID_ARGUMENT);
+  fsdp_attention_forward_args_t fwd = {.dt = FSDP_BF16, .out = buf, .att = lse, .qkv = buf,
+                                       .B = 1, .T = 4, .C = 40, .NH = 2};
+  ck_assert_int_eq(fsdp_cuda_attention_forward(&fwd, fs), FSDP_ERR_INVALID_ARGUMENT);
   ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "head size 20"));
-  ck_assert_int_eq(fsdp_cuda_attention_backward(FSDP_BF16, buf, NULL, buf, buf, buf, lse, 1, 4,
-                                                144, 1, fs),
+  ck_assert_int_eq(fsdp_cuda_attention_backward(
+                       &(fsdp_attention_backward_args_t){.dt = FSDP_BF16, .dqkv = buf,
+                                                         .dout = buf, .qkv = buf, .out = buf,
+                                                         .att = lse, .B = 1, .T = 4, .C = 144,
+                                                         .NH = 1},
+                       fs),
                    FSDP_ERR_INVALID_ARGUMENT);
   ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "head size 144"));
-  ck_assert_int_eq(fsdp_cuda_attention_forward(FSDP_BF16, buf + 1, lse, NULL, buf, 1, 4, 64, 1,
-                                               fs),
-                   FSDP_ERR_INVALID_ARGUMENT);
+  fwd.out = buf + 1, fwd.C = 64, fwd.NH = 1;
+  ck_assert_int_eq(fsdp_cuda_attention_forward(&fwd, fs), FSDP_ERR_INVALID_ARGUMENT);
   ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "out at"));
   ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "16-byte aligned"));
-  ck_assert_int_eq(fsdp_cuda_attention_forward(FSDP_BF16, buf, lse, NULL, buf, 1, 4, 30, 4, fs),
-                   FSDP_ERR_INVALID_ARGUMENT);
+  fwd.out = buf, fwd.C = 30, fwd.NH = 4;
+  ck_assert_int_eq(fsdp_cuda_attention_forward(&fwd, fs), FSDP_ERR_INVALID_ARGUMENT);
   ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "multiple of the 4 heads"));
 }
 END_TEST
 
 START_TEST(attention_rejects_uneven_heads) {
   float *buf = dev_alloc(3 * 10 * 4 * 4);
-  ck_assert_int_eq(fsdp_cuda_attention_forward(FSDP_F32, buf, buf, buf, buf, 1, 1, 10, 3, fs),
+  ck_assert_int_eq(fsdp_cuda_attention_forward(
+                       &(fsdp_attention_forward_args_t){.dt = FSDP_F32, .out = buf, .att = buf,
+                                                        .scratch = buf, .qkv = buf, .B = 1,
+                                                        .T = 1, .C = 10, .NH = 3},
+                       fs),
                    FSDP_ERR_INVALID_ARGUMENT);
   ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "multiple"));
 }
@@ -809,13 +853,20 @@ START_TEST(table_refusals) {
   ck_assert_msg(fsdp_compute_ops_complete(k, &missing), "CUDA table: slot %s is empty", missing);
   ck_assert_ptr_eq(k->layernorm_fused_forward, fsdp_cuda_layernorm_fused_forward);
   float *buf = dev_alloc(64 * 4);
-  ck_assert_int_eq(k->layernorm_fused_forward(FSDP_F16, NULL, buf, buf, buf, buf, NULL, buf, buf,
-                                              2, 8, fs),
+  ck_assert_int_eq(k->layernorm_fused_forward(
+                       &(fsdp_layernorm_forward_args_t){.dt = FSDP_F16, .out = buf, .mean = buf,
+                                                        .rstd = buf, .inp = buf, .weight = buf,
+                                                        .bias = buf, .N = 2, .C = 8},
+                       fs),
                    FSDP_ERR_UNSUPPORTED);
   ck_assert_msg(strstr(fsdp_last_error(), "layernorm_fused_forward") &&
                     strstr(fsdp_last_error(), "f16"), "%s", fsdp_last_error());
-  ck_assert_int_eq(k->matmul_forward(FSDP_F32, buf, buf + 16, buf + 32, buf + 48, NULL, 2, 2, 2,
-                                     0, FSDP_HOST_STREAM),
+  ck_assert_int_eq(k->matmul_forward(&(fsdp_matmul_forward_args_t){.dt = FSDP_F32, .out = buf,
+                                                                   .pre = buf + 16,
+                                                                   .inp = buf + 32,
+                                                                   .weight = buf + 48, .B = 2,
+                                                                   .C = 2, .OC = 2},
+                                     FSDP_HOST_STREAM),
                    FSDP_ERR_INVALID_USAGE);
   ck_assert_msg(strstr(fsdp_last_error(), "matmul_forward") &&
                     strstr(fsdp_last_error(), "not a CUDA stream"), "%s", fsdp_last_error());
@@ -850,9 +901,12 @@ static void xent_case(int bf16, int B, int V, int bad) {
   double *g_loss = dev_alloc(B * 8), *g_loss2 = dev_alloc(B * 8);
   const fsdp_dtype_t dt = act_dtype(bf16);
   void *g_logits = dev_act(bf16, logits, n);
-  OK(fsdp_cuda_xent(dt, g_logits, V, g_loss2, g_tgt, B, V, scale, 0, fs));
+  fsdp_xent_args_t xa = {.dt = dt, .logits = g_logits, .ld = V, .losses = g_loss2,
+                         .targets = g_tgt, .B = B, .V = V, .scale = scale, .grad = 0};
+  OK(fsdp_cuda_xent(&xa, fs));
   float *kept = back_act(bf16, g_logits, n);
-  OK(fsdp_cuda_xent(dt, g_logits, V, g_loss, g_tgt, B, V, scale, 1, fs));
+  xa.losses = g_loss, xa.grad = 1;
+  OK(fsdp_cuda_xent(&xa, fs));
   float *got = back_act(bf16, g_logits, n);
   float *got_loss = back_losses(g_loss, B), *got_loss2 = back_losses(g_loss2, B);
   double err = max2(rel_err(got, dl, n), rel_err(got_loss, loss, B));
@@ -870,7 +924,7 @@ START_TEST(xent) {
 END_TEST
 
 /* ---- GPT-2's vocabulary head: rows ld apart, the gradient over the logits ----
- * Against the CPU's nn/head.h (bitwise the unpadded kernels: test_layers).
+ * Against the CPU's backend/cpu/head.h (bitwise the unpadded kernels: test_layers).
  * Device buffers start with a sentinel in columns [V, ld), which must survive
  * forward, the in-place cross-entropy and backward. */
 
@@ -918,13 +972,22 @@ static void head_case(int bf16, int B, int C, int V) {
   const fsdp_dtype_t dt = act_dtype(bf16);
   void *g_l = dev_act(bf16, pad, np), *g_inp = dev_act(bf16, inp, ni), *g_w = dev_act(bf16, w, nw);
   void *g_dinp = dev_act(bf16, dinp, ni);
-  OK(fsdp_cuda_head_forward(dt, g_l, ld, g_inp, g_w, B, C, V, fs));
-  OK(fsdp_cuda_xent(dt, g_l, ld, g_loss0, g_tgt, B, V, scale, 0, fs));
+  OK(fsdp_cuda_head_forward(&(fsdp_head_forward_args_t){.dt = dt, .logits = g_l, .ld = ld,
+                                                        .inp = g_inp, .wte = g_w, .B = B, .C = C,
+                                                        .V = V},
+                            fs));
+  fsdp_xent_args_t xa = {.dt = dt, .logits = g_l, .ld = ld, .losses = g_loss0, .targets = g_tgt,
+                         .B = B, .V = V, .scale = scale, .grad = 0};
+  OK(fsdp_cuda_xent(&xa, fs));
   float *h = back_act(bf16, g_l, np);
   float *logits = packed_rows(h, B, V, ld, &pad_fwd);
   free(h);
-  OK(fsdp_cuda_xent(dt, g_l, ld, g_loss, g_tgt, B, V, scale, 1, fs));
-  OK(fsdp_cuda_head_backward(dt, g_dinp, g_dw, g_l, ld, g_inp, g_w, B, C, V, fs));
+  xa.losses = g_loss, xa.grad = 1;
+  OK(fsdp_cuda_xent(&xa, fs));
+  OK(fsdp_cuda_head_backward(&(fsdp_head_backward_args_t){.dt = dt, .dinp = g_dinp, .dwte = g_dw,
+                                                          .dlogits = g_l, .ld = ld, .inp = g_inp,
+                                                          .wte = g_w, .B = B, .C = C, .V = V},
+                             fs));
   h = back_act(bf16, g_l, np);
   memcpy(host, h, np * 4);
   free(h);
@@ -986,8 +1049,12 @@ START_TEST(adamw) {
   const float coef = _i == 1 ? 0.5f : 1.0f;
   unsigned long long runs[3];
   for (int r = 0; r < 3; r++) runs[r] = (unsigned long long)cut[r] << 1 | (unsigned)(d0 ^ (r & 1));
-  OK(fsdp_cuda_adamw_multi(g_p, dev_f32(g, n), g_m, g_v, n, dev_copy(runs, sizeof runs), 3, coef,
-                           &c, kAdamw[_i].lr, kAdamw[_i].t, fs));
+  OK(fsdp_cuda_adamw_multi(&(fsdp_adamw_args_t){.param = g_p, .grad = dev_f32(g, n), .m = g_m,
+                                                .v = g_v, .n = n,
+                                                .runs = dev_copy(runs, sizeof runs), .n_runs = 3,
+                                                .coef = coef, .c = &c, .lr = kAdamw[_i].lr,
+                                                .t = kAdamw[_i].t},
+                           fs));
   for (size_t i = 0; i < n && coef != 1.0f; i++) g[i] *= coef;
   for (int r = 0; r < 3; r++)
     fsdp_adamw_update(p + cut[r], g + cut[r], m + cut[r], v + cut[r], cut[r + 1] - cut[r], &c,
@@ -1016,7 +1083,9 @@ START_TEST(sgd) {
   const float lr = 0.05f;
   float *p = rand_floats(n, 0, 1), *g = rand_floats(n, 0, 1), *buf = rand_floats(n, 0, 1);
   float *g_p = dev_f32(p, n), *g_buf = dev_f32(buf, n);
-  OK(fsdp_cuda_sgd_update(g_p, dev_f32(g, n), g_buf, n, &c, lr, kSgd[_i].first, kSgd[_i].decay,
+  OK(fsdp_cuda_sgd_update(&(fsdp_sgd_args_t){.param = g_p, .grad = dev_f32(g, n), .buf = g_buf,
+                                             .n = n, .c = &c, .lr = lr, .first = kSgd[_i].first,
+                                             .decay = kSgd[_i].decay},
                           fs));
   fsdp_sgd_update(p, g, buf, n, &c, lr, kSgd[_i].first, kSgd[_i].decay);
   float *got_p = back_f32(g_p, n), *got_buf = back_f32(g_buf, n);

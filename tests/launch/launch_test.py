@@ -245,7 +245,8 @@ def two_nodes(r, args, timeout=180):
     t0 = time.monotonic()
     procs = [subprocess.Popen([r.tool("fsdp-run"), "--nproc-per-node", "2", "--nnodes", "2",
                                "--node-rank", str(k), "--master-addr", "127.0.0.1",
-                               "--master-port", str(port)] + args, env=env, cwd=r.tmp,
+                               "--master-port", str(port), "--rdzv-id", tag] + args,
+                              env=env, cwd=r.tmp,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for k in (0, 1)]
     outs = []
@@ -715,7 +716,7 @@ def mismatch_bench(r):
         if kind == "mpirun" and not r.a.mpirun:
             continue
         cmd = r.launcher(kind, 2) + [rank_wrapper(r, ["--micro-batch", "4"]),
-                                     r.tool("bench/fsdp-bench")] + args
+                                     r.tool("fsdp-bench")] + args
         rc, out, err, secs, left = r.run(cmd, {"FSDP_TIMEOUT_S": "30"}, timeout=60)
         print(f"fsdp-bench --micro-batch differs on rank 1 under {kind}: exit {rc} after "
               f"{secs:.1f} s; leftovers {left}")
@@ -791,6 +792,147 @@ def cli_small(r):
     print("JSON summary val_loss: null")
 
 
+# ---- issue 25: early exits, strangers on the port, out of memory -----------
+
+def rank1_script(r, body):
+    """A script that runs the sh commands `body` on rank 1 (fsdp-run's RANK),
+    then runs its arguments."""
+    path = os.path.join(r.tmp, f"rank1-{uuid.uuid4().hex[:8]}.sh")
+    with open(path, "w") as f:
+        f.write(f'#!/bin/sh\nif [ "$RANK" = 1 ]; then {body}; fi\nexec "$@"\n')
+    os.chmod(path, 0o755)
+    return path
+
+
+def exit0_before_join(r):
+    """Rank 1 exits with status 0 before the rendezvous while rank 0 waits in
+    it for rank 1: fsdp-run names rank 1 at once and stops rank 0 (before:
+    rank 0 waited out its rendezvous timeout, 300 s by default, 20 s here, and
+    the report named rank 0)."""
+    early = rank1_script(r, "echo 'rank 1 leaves early' >&2; exit 0")
+    cmd = r.launcher("fsdp-run", 2) + [early, r.tool("tests/launch/launch_probe"), "ok"]
+    rc, out, err, secs, left = r.run(cmd, {"FSDP_RENDEZVOUS_TIMEOUT_S": "20"}, timeout=60)
+    print(f"rank 1 exits 0 before the rendezvous: exit {rc} after {secs:.1f} s (rendezvous "
+          f"timeout 20 s); leftovers {left}")
+    check(rc == 1 and secs <= FAIL_FAST_S and not left, f"rc {rc}, {secs:.1f} s, {left}:\n"
+          f"{err[-3000:]}")
+    root = re.search(r"root cause: rank 1 .*exited with status 0 before the job finished.*", err)
+    check(root and "never joined" in root.group(0),
+          f"the root cause is not rank 1's early exit:\n{err[-3000:]}")
+    print(root.group(0))
+
+
+def exit0_mid_job(r):
+    """Rank 1 exits with status 0 in the middle of the job (after a collective,
+    without fsdp_world_destroy): fsdp-run names rank 1, not rank 0 whose next
+    collective fails for want of it (before: "root cause: rank 0", its
+    "Connection closed by peer")."""
+    cmd = r.launcher("fsdp-run", 2) + [r.tool("tests/launch/launch_probe"), "exit0", "1"]
+    rc, out, err, secs, left = r.run(cmd, {"FSDP_TIMEOUT_S": "30"}, timeout=60)
+    print(f"rank 1 exits 0 mid-job: exit {rc} after {secs:.1f} s; leftovers {left}")
+    check(rc == 1 and secs <= FAIL_FAST_S and not left, f"rc {rc}, {secs:.1f} s, {left}:\n"
+          f"{err[-3000:]}")
+    root = re.search(r"root cause: rank 1 .*exited with status 0 before the job finished.*", err)
+    check(root and "fsdp_world_destroy" in root.group(0),
+          f"the root cause is not rank 1's early exit:\n{err[-3000:]}")
+    print(root.group(0))
+
+
+def wait_listening(port, deadline):
+    """Polls until something accepts connections on port (a store), or fails."""
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.02)
+    raise Failure(f"nothing listens on port {port}")
+
+
+def job_id(r):
+    """fsdp-run gives each job an id (--rdzv-id, else a generated one) as
+    FSDP_RUN_ID, and a store turns away ranks of another job: job A's rank 0
+    serves the store, job B's rank 1 reaches it on the same port and is
+    refused, naming both ids; A's own rank 1 then joins and A succeeds
+    (before: B's rank 1 took A's RANK=1, so A's rank 1 failed with "RANK=1 was
+    given to 2 processes")."""
+    ids = []
+    for extra in ([], [], ["--rdzv-id", "job-7"]):
+        cmd = r.launcher("fsdp-run", 2) + extra + ["sh", "-c", 'echo "$RANK $FSDP_RUN_ID"']
+        rc, out, err, secs, left = r.run(cmd, timeout=60)
+        seen = {line.split(" ", 1)[1] for line in out.splitlines() if " " in line}
+        check(rc == 0 and len(out.splitlines()) == 2 and len(seen) == 1 and "" not in seen,
+              f"fsdp-run {' '.join(extra)}: rc {rc}, ids {out!r}:\n{err[-2000:]}")
+        ids.append(seen.pop())
+    print(f"job ids: generated {ids[0]!r}, {ids[1]!r}; given {ids[2]!r}")
+    check(ids[0] != ids[1] and ids[2] == "job-7", f"ids {ids}")
+    for extra, words in ((["--nnodes", "2"], "--nnodes > 1 needs --rdzv-id"),
+                         (["--rdzv-id", "a b"], "--rdzv-id must be 1-255 characters")):
+        rc, out, err, secs, left = r.run([r.tool("fsdp-run")] + extra + ["true"], timeout=60)
+        check(rc == 2 and words in err, f"fsdp-run {' '.join(extra)}: rc {rc}: {err}")
+
+    port, tag = free_port(), uuid.uuid4().hex
+    probe = [r.tool("tests/launch/launch_probe"), "ok"]
+
+    started = []
+
+    def start(rank, job):
+        env = {**r.base_env, "FSDP_TEST_TAG": tag, "RANK": str(rank), "WORLD_SIZE": "2",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "FSDP_RUN_ID": job,
+               "FSDP_RENDEZVOUS_TIMEOUT_S": "20"}
+        started.append(subprocess.Popen(probe, env=env, stderr=subprocess.PIPE, text=True))
+        return started[-1]
+
+    t0 = time.monotonic()
+    a0 = start(0, "job-a")
+    try:
+        wait_listening(port, t0 + 20)
+        b1 = start(1, "job-b")
+        b_err = b1.communicate(timeout=20)[1]
+        print(f"job B's rank 1 on job A's port: exit {b1.returncode} after "
+              f"{time.monotonic() - t0:.1f} s: {b_err.strip()[-300:]}")
+        check(b1.returncode != 0, f"job B's rank 1 joined job A's world:\n{b_err}")
+        check("'job-a'" in b_err and "'job-b'" in b_err,
+              f"job B's rank 1 does not name both job ids:\n{b_err}")
+        a1 = start(1, "job-a")
+        a_errs = [p.communicate(timeout=30)[1] for p in (a0, a1)]
+    finally:
+        for p in started:
+            p.kill()
+            p.wait()
+    secs = time.monotonic() - t0
+    left = wait_no_orphans(tag, time.monotonic() + TEARDOWN_S)
+    print(f"job A: exit {a0.returncode}, {a1.returncode} after {secs:.1f} s; leftovers {left}")
+    check(a0.returncode == 0 and a1.returncode == 0 and not left,
+          f"job A failed or left processes ({left}):\n{''.join(a_errs)[-3000:]}")
+    check(secs <= FAIL_FAST_S, f"took {secs:.1f} s")
+
+
+def oom_report(r):
+    """A worker killed by SIGKILL is reported "out of memory" when the
+    cgroup's oom_kill counter rose during the attempt, and only then. The
+    counter file is a stand-in (FSDP_RUN_MEMORY_EVENTS) that the worker bumps
+    as the kernel would before it is killed: this machine's memory cgroup is
+    not ours to limit (before: "killed by signal 9 (SIGKILL)" alone)."""
+    events_file = os.path.join(r.tmp, "memory.events")
+    for oom in (True, False):
+        with open(events_file, "w") as f:
+            f.write("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\noom_group_kill 0\n")
+        bump = ("printf 'low 0\\nhigh 0\\nmax 5\\noom 2\\noom_kill 2\\noom_group_kill 0\\n' "
+                f"> '{events_file}'; " if oom else "")
+        cmd = r.launcher("fsdp-run", 1) + ["sh", "-c", bump + "kill -9 $$"]
+        rc, out, err, secs, left = r.run(cmd, {"FSDP_RUN_MEMORY_EVENTS": events_file},
+                                         timeout=60)
+        root = re.search(r"root cause: rank 0 .*killed by signal 9 \(SIGKILL\).*", err)
+        print(f"SIGKILL {'with' if oom else 'without'} an OOM kill counted: exit {rc}: "
+              f"{root.group(0) if root else err[-300:]}")
+        check(rc == 1 and root and not left, f"rc {rc}, leftovers {left}:\n{err[-3000:]}")
+        said = "out of memory" in root.group(0)
+        check(said == oom, f"'out of memory' {'missing' if oom else 'said'}:\n{err[-3000:]}")
+        if oom:
+            check(f"oom_kill 1 -> 2 in {events_file}" in root.group(0),
+                  f"the report does not show the counter:\n{err[-3000:]}")
+
+
 SCENARIOS = {
     "parity-gpt2": lambda r: parity(r, "gpt2"),
     "parity-mlp": lambda r: parity(r, "mlp"),
@@ -824,6 +966,10 @@ SCENARIOS = {
     "stall-setup-mpirun": lambda r: stalled_setup(r, "mpirun"),
     "sigstop": sigstopped,
     "cli-small": cli_small,
+    "exit0-before-join": exit0_before_join,
+    "exit0-mid-job": exit0_mid_job,
+    "job-id": job_id,
+    "oom-report": oom_report,
 }
 
 

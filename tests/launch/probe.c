@@ -33,6 +33,9 @@
  *                   with SIGKILL: SIGKILL, though later, is the root cause
  *                   fsdp-run names (a write to a gone peer is a consequence
  *                   of something else)
+ *   exit0 R         after one all_reduce, rank R exits with status 0 without
+ *                   destroying its world (a worker that ends while its peers
+ *                   still need it); the others' next all_reduce fails
  *
  * The desync scenarios turn the check on (world opts; with
  * PROBE_DEFAULT_CHECK=1 they leave it to the default) and end with a barrier
@@ -161,6 +164,15 @@ static fsdp_status_t run_epipe(fsdp_comm_t c) {
   return run_ok(c);
 }
 
+static fsdp_status_t run_exit0(fsdp_comm_t c, int who) {
+  fsdp_status_t st = run_ok(c);
+  if (st == FSDP_SUCCESS && rank == who) {
+    fprintf(stderr, "probe: rank %d: exiting with status 0 mid-job\n", rank);
+    exit(0);
+  }
+  return st == FSDP_SUCCESS ? run_ok(c) : st;
+}
+
 static fsdp_status_t run_sigpipe(fsdp_comm_t c) {
   if (rank == 0) {
     signal(SIGPIPE, SIG_DFL);
@@ -177,10 +189,10 @@ int main(int argc, char **argv) {
                !strcmp(what, "skip-unit") || !strcmp(what, "extra-group");
   if (strcmp(what, "ok") && strcmp(what, "stall") && strcmp(what, "stall-setup") &&
       strcmp(what, "stall-group") && strcmp(what, "epipe") && strcmp(what, "sigpipe") &&
-      !desync) {
+      strcmp(what, "exit0") && !desync) {
     fprintf(stderr, "usage: probe ok | stall RANK ITER | stall-group RANK ITER | stall-setup "
             "RANK | extra RANK | count RANK | skip-unit RANK | extra-group RANK | epipe | "
-            "sigpipe RANK\n");
+            "sigpipe RANK | exit0 RANK\n");
     return 2;
   }
   if (getenv("RANK")) rank = atoi(getenv("RANK")); /* for messages before the world exists */
@@ -213,6 +225,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(what, "extra-group")) st = run_extra_group(c, who);
     else if (!strcmp(what, "epipe")) st = run_epipe(c);
     else if (!strcmp(what, "sigpipe")) st = run_sigpipe(c);
+    else if (!strcmp(what, "exit0")) st = run_exit0(c, who);
     else st = run_desync(c, what, who);
   }
   if (sigpipe_victim) {

@@ -2,8 +2,8 @@
  * in one process: a server thread and clients on loopback. Values round-trip
  * byte for byte, a get waits for a set from another client, counters add up
  * under concurrent clients, every deadline is honoured and named, and a
- * client that reaches nothing, or something that is not a store, or a
- * server that went away, fails with a message saying so. */
+ * client that reaches nothing, or something that is not a store, or another
+ * job's store, or a server that went away, fails with a message saying so. */
 #include <check.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -22,9 +22,9 @@ static int port;
 static fsdp_store_t *client;
 
 static void setup(void) {
-  ck_assert_int_eq(fsdp_store_server_start(0, &server, &port), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_store_server_start(0, NULL, &server, &port), FSDP_SUCCESS);
   ck_assert_int_gt(port, 0);
-  ck_assert_int_eq(fsdp_store_connect("127.0.0.1", port, 5.0, &client), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_store_connect("127.0.0.1", port, NULL, 5.0, &client), FSDP_SUCCESS);
 }
 
 static void teardown(void) {
@@ -81,7 +81,7 @@ END_TEST
 static void *get_late(void *arg) {
   char **out = arg;
   fsdp_store_t *other = NULL;
-  if (fsdp_store_connect("127.0.0.1", port, 5.0, &other) == FSDP_SUCCESS &&
+  if (fsdp_store_connect("127.0.0.1", port, NULL, 5.0, &other) == FSDP_SUCCESS &&
       fsdp_store_set(other, "ready", "1", 1) == FSDP_SUCCESS)
     fsdp_store_get(other, "late", 10.0, out, NULL);
   fsdp_store_close(other);
@@ -110,7 +110,7 @@ END_TEST
 static void *add_many(void *arg) {
   fsdp_store_t *c = NULL;
   int *failures = arg;
-  if (fsdp_store_connect("127.0.0.1", port, 5.0, &c) != FSDP_SUCCESS) {
+  if (fsdp_store_connect("127.0.0.1", port, NULL, 5.0, &c) != FSDP_SUCCESS) {
     (*failures)++;
     return NULL;
   }
@@ -165,14 +165,14 @@ END_TEST
 START_TEST(nothing_listening_times_out) {
   int p = 0;
   fsdp_store_server_t *s = NULL;
-  ck_assert_int_eq(fsdp_store_server_start(0, &s, &p), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_store_server_start(0, NULL, &s, &p), FSDP_SUCCESS);
   fsdp_store_server_stop(s); /* now nothing listens on p */
   fsdp_store_t *c = NULL;
   double t0 = fsdp_time_now();
-  ck_assert_int_eq(fsdp_store_connect("127.0.0.1", p, 0.5, &c), FSDP_ERR_TIMEOUT);
+  ck_assert_int_eq(fsdp_store_connect("127.0.0.1", p, NULL, 0.5, &c), FSDP_ERR_TIMEOUT);
   ck_assert_double_lt(fsdp_time_now() - t0, 3.0);
   ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "cannot reach 127.0.0.1"));
-  ck_assert_int_eq(fsdp_store_connect("no-such-host.invalid", p, 0.2, &c), FSDP_ERR_TIMEOUT);
+  ck_assert_int_eq(fsdp_store_connect("no-such-host.invalid", p, NULL, 0.2, &c), FSDP_ERR_TIMEOUT);
   ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "no-such-host.invalid"));
 }
 END_TEST
@@ -205,7 +205,7 @@ START_TEST(another_service_is_not_a_store) {
   pthread_t t;
   ck_assert_int_eq(pthread_create(&t, NULL, answer_garbage, &l), 0);
   fsdp_store_t *c = NULL;
-  fsdp_status_t st = fsdp_store_connect("127.0.0.1", ntohs(a.sin_port), 2.0, &c);
+  fsdp_status_t st = fsdp_store_connect("127.0.0.1", ntohs(a.sin_port), NULL, 2.0, &c);
   pthread_join(t, NULL);
   close(l);
   ck_assert_int_eq(st, FSDP_ERR_COMM);
@@ -218,11 +218,36 @@ END_TEST
 START_TEST(busy_port_is_named) {
   fsdp_store_server_t *s = NULL, *again = NULL;
   int p = 0;
-  ck_assert_int_eq(fsdp_store_server_start(0, &s, &p), FSDP_SUCCESS);
-  ck_assert_int_eq(fsdp_store_server_start(p, &again, NULL), FSDP_ERR_COMM);
+  ck_assert_int_eq(fsdp_store_server_start(0, NULL, &s, &p), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_store_server_start(p, NULL, &again, NULL), FSDP_ERR_COMM);
   char want[32];
   snprintf(want, sizeof want, "port %d", p);
   ck_assert_ptr_nonnull(strstr(fsdp_last_error(), want));
+  fsdp_store_server_stop(s);
+}
+END_TEST
+
+/* A store serves its own job only: a client of another job (or of none) is
+ * turned away at once, naming both ids, and never touches the job's keys. */
+START_TEST(another_job_is_turned_away) {
+  fsdp_store_server_t *s = NULL;
+  fsdp_store_t *mine = NULL, *stranger = NULL;
+  int p = 0;
+  ck_assert_int_eq(fsdp_store_server_start(0, "job-a", &s, &p), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_store_connect("127.0.0.1", p, "job-a", 5.0, &mine), FSDP_SUCCESS);
+  double t0 = fsdp_time_now();
+  ck_assert_int_eq(fsdp_store_connect("127.0.0.1", p, "job-b", 5.0, &stranger),
+                   FSDP_ERR_INVALID_USAGE);
+  ck_assert_double_lt(fsdp_time_now() - t0, 2.0); /* refused, not retried until 5 s */
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "belongs to job 'job-a'"));
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "job 'job-b'"));
+  ck_assert_int_eq(fsdp_store_connect("127.0.0.1", p, NULL, 5.0, &stranger),
+                   FSDP_ERR_INVALID_USAGE);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "job ''"));
+  int64_t claims = 0;
+  ck_assert_int_eq(fsdp_store_add(mine, "rdzv/claim/1", 1, &claims), FSDP_SUCCESS);
+  ck_assert_int_eq(claims, 1);
+  fsdp_store_close(mine);
   fsdp_store_server_stop(s);
 }
 END_TEST
@@ -242,6 +267,7 @@ static Suite *store_suite(void) {
   tcase_add_test(bare, nothing_listening_times_out);
   tcase_add_test(bare, another_service_is_not_a_store);
   tcase_add_test(bare, busy_port_is_named);
+  tcase_add_test(bare, another_job_is_turned_away);
   suite_add_tcase(s, bare);
   return s;
 }

@@ -5,9 +5,12 @@
 # lists is a key, the command line
 # overrides the file, a run under sharding rules checks its results (exit 0:
 # no wrong element), and a rule that matches nothing is refused by file:line.
-# usage: test_bench_config.sh FSDP_BENCH
+# One file serves both tools: the shipped configs/gpt2-small.yaml is read, the
+# keys only fsdp-train takes skipped with a note, and every key of either
+# tool's --help is taken or skipped by the other, never "unknown".
+# usage: test_bench_config.sh FSDP_BENCH FSDP_TRAIN GPT2_SMALL_YAML
 set -euo pipefail
-bench=$1
+bench=$1 train=$2 shipped=$(realpath "$3")
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 cd "$dir"
@@ -48,4 +51,18 @@ rc=$?
 set -e
 [ "$rc" -ne 0 ] || fail "a rule matching nothing was accepted"
 grep -qF "bad.yaml:10: rule 2 (match 'h.7') matches no unit" <<<"$err" || fail "message: $err"
+err=$("$bench" --config "$shipped" --print-config 2>&1 >shipped.yaml) ||
+  fail "fsdp-bench refuses $shipped: $err"
+grep -q "gpt2-small.yaml:4: skipping 'steps': a key of fsdp-train that fsdp-bench has no use for" \
+  <<<"$err" || fail "no note on the skipped key 'steps': $err"
+grep -q '^shard-size: 2$' shipped.yaml || fail "the shared key shard-size lost: $(cat shipped.yaml)"
+for pair in "$train $bench" "$bench $train"; do
+  set -- $pair
+  for flag in $("$1" --help | grep -oE -- '--[a-z][a-z0-9-]*' | sort -u); do
+    case $flag in --config|--print-config) continue ;; esac
+    printf '%s: "@"\n' "${flag#--}" > key.yaml
+    err=$("$2" --config key.yaml --print-config 2>&1 >/dev/null || true)
+    if grep -q "unknown key" <<<"$err"; then fail "$(basename "$2") does not know $1's $flag: $err"; fi
+  done
+done
 echo "ok: fsdp-bench reads, overrides and prints its configuration; rules apply; bad rules refused"

@@ -105,6 +105,7 @@ bad() { # name, expected text, then the YAML on stdin
   [ "$rc" -ne 0 ] || fail "$name: accepted"
   grep -qF -- "$want" <<<"$err" || fail "$name: message '$err' lacks '$want'"
   echo "ok $name: $(grep -F -- "$want" <<<"$err" | head -1)"
+  last=$err
 }
 base='preset: tiny
 data: text.txt
@@ -127,7 +128,7 @@ bad rule-list-key "rule-list-key.yaml:7: rule 1: a list where a key belongs" <<<
 sharding:
   - match: \"h.*\"
     [wrap]: true"
-bad rule-type "rule-type.yaml:7: rule 1: lr_mult: 'half' is not a number >= 0" <<<"$base
+bad rule-type "rule-type.yaml:7: rule 1: lr_mult: 'half' is not a number from 0 to 3.4e38 (a float)" <<<"$base
 sharding:
   - match: \"h.*\"
     lr_mult: half"
@@ -179,4 +180,67 @@ sharding:
 bad two-docs "two-docs.yaml:5: a second document" <<<"$base
 ---
 steps: 2"
+bad empty "empty.yaml:1: no keys: the file is empty" </dev/null
+# fsdp-bench's keys are skipped with a note, once each: a second is refused
+bad skipped-twice "skipped-twice.yaml:6: iters given twice (first at line 5)" <<<"$base
+iters: 3
+iters: 4"
+bad lr-nan "lr-nan.yaml:5: --lr 'nan' is not a finite number" <<<"$base
+lr: nan"
+bad no-layers "no-layers.yaml:5: --layers '0' is not an integer from 1 to 2147483647" <<<"$base
+layers: 0"
+bad huge-batch "huge-batch.yaml:4: --global-batch '9223372036854775807' is not an integer from 0 to 2147483647" <<<"preset: tiny
+data: text.txt
+steps: 1
+global-batch: 9223372036854775807"
+bad huge-mult "huge-mult.yaml:7: rule 1: lr_mult: '1e308' is not a number from 0 to 3.4e38" <<<"$base
+sharding:
+  - match: \"h.*\"
+    lr_mult: 1e308"
+# Wrap rules beside --checkpoint: the message names the flag given, no more,
+# and nothing follows it (an empty "fsdp-train: rank 0: " line did).
+bad rules-and-flag "rules-and-flag.yaml:7: rule 1 (match 'h.*') chooses the units and their checkpointing, and so does --checkpoint GPT2Block" <<<"$base
+checkpoint: GPT2Block
+sharding:
+  - match: \"h.*\"
+    wrap: true"
+[ "$(wc -l <<<"$last")" -eq 1 ] || fail "rules-and-flag: more than the one line: $last"
+if grep -q -- "--wrap-min-params" <<<"$last"; then fail "rules-and-flag: names an absent flag"; fi
+
+# Hostile sizes, each within a time bound on 2 busy cores, refused by name.
+hostile() { # name, seconds, expected text; the file is already there
+  local name=$1 secs=$2 want=$3 err rc
+  set +e
+  err=$(timeout "$secs" "$train" --config "$name.yaml" 2>&1 >/dev/null)
+  rc=$?
+  set -e
+  [ "$rc" -ne 124 ] || fail "$name: still running after ${secs}s"
+  [ "$rc" -ne 0 ] || fail "$name: accepted"
+  grep -qF -- "$want" <<<"$err" || fail "$name: message '${err:0:300}' lacks '$want'"
+  [ "${#err}" -lt 400 ] || fail "$name: ${#err} bytes of message (a value echoed whole?)"
+  echo "ok $name: $err"
+}
+# 100,000 distinct keys (1 MB, under the size limit): refused at the first
+# (the duplicate scan compared every key with every earlier one: ~10 s).
+awk 'BEGIN { for (i = 0; i < 100000; i++) printf "k%x: 1\n", i }' > many-keys.yaml
+hostile many-keys 6 "many-keys.yaml:1: unknown key 'k0'"
+# 200,000 nested lists in 400 KB (libyaml alone took a minute).
+awk 'BEGIN { s = "sharding: "; for (i = 0; i < 200000; i++) s = s "["; for (i = 0; i < 200000; i++) s = s "]"; print s }' > deep.yaml
+hostile deep 6 "deep.yaml:1: nested deeper than 16 levels, the limit"
+head -c 10485760 /dev/zero | tr '\0' 'k' > huge.yaml
+hostile huge 4 "huge.yaml:1: larger than 1048576 bytes, the limit for a configuration file"
+# A bad value of 1 MB (under the file limit) is cut in the message.
+{ printf 'preset: tiny\nseed: '; head -c 1000000 /dev/zero | tr '\0' 9; echo; } > long-value.yaml
+hostile long-value 4 "long-value.yaml:2: seed: a value of 1000000 bytes ('9999"
+{ printf 'preset: tiny\nseed: '; head -c 4000 /dev/zero | tr '\0' 9; echo; } > bad-value.yaml
+hostile bad-value 4 "bad-value.yaml:2: --seed '$(head -c 64 /dev/zero | tr '\0' 9)...' is not a non-negative integer"
+
+# --print-config under a launcher prints once (rank 0), so its output reads back.
+OMPI_COMM_WORLD_RANK=1 "$train" --config same.yaml --print-config > rank1.yaml
+[ ! -s rank1.yaml ] || fail "rank 1 printed the configuration too"
+if command -v mpirun >/dev/null; then
+  mpirun --allow-run-as-root --oversubscribe -np 2 "$train" --config same.yaml --print-config \
+    > mpi.yaml
+  "$train" --config mpi.yaml --print-config > /dev/null || fail "mpirun's --print-config refused"
+fi
 echo "ok: the file reproduces the command line, --print-config reproduces the file, rules apply, bad files are refused"

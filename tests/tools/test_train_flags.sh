@@ -5,8 +5,12 @@
 # usage: test_train_flags.sh FSDP_TRAIN
 set -euo pipefail
 train=$1
+# Text of its own: the default data, the fortunes, is the demo's (setup.sh --data), not the tests'.
+data=$(mktemp)
+trap 'rm -f "$data"' EXIT
+seq 1 3000 >"$data"
 tiny=(--model gpt2 --layers 4 --heads 2 --embd 32 --context 16 --vocab 256 --steps 1
-      --global-batch 4)
+      --global-batch 4 --data "$data")
 out=$("$train" "${tiny[@]}" --wrap-min-params 20000 2>&1)
 echo "$out" | head -5
 # Blocks of 12704 parameters: two per unit reach 20000.

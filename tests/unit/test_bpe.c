@@ -171,6 +171,14 @@ static const bad_case_t bad_cases[] = {
     {"+\"Ċ\": 256", "", "%s/vocab.json: line 258, column 7: duplicate key \"Ċ\" (first at line 12)"},
     {"+\"zz\": 256, \"zz\": 257", "", "%s/vocab.json: line 258, column 18: duplicate key "
      "\"zz\" (first at line 258)"},
+    /* a key holding U+0000 was "a duplicate of" the key before its NUL */
+    {"+\"Ā\\u0000\": 256", "", "%s/vocab.json: line 258, column 1: key \"Ā\\u0000...\" holds "
+     "U+0000"},
+    /* binary merges lines were echoed raw */
+    {"+\"ab\": 256", "a b\na\x01" "b\x02 c\n", "%s/merges.txt: line 2: byte 0x01 at column 2: "
+     "merges.txt is UTF-8 text"},
+    {"+\"ab\": 256", "a \xff\xfe\n", "%s/merges.txt: line 1: byte 0xff at column 3"},
+    {"+\"ab\": 256", "a \xc3\n", "%s/merges.txt: line 1: byte 0xc3 at column 3"},
 };
 
 /* vocab.json: "" the 256 byte tokens; "+..." those and more members; "-" the

@@ -1,4 +1,4 @@
-/* tests/unit/test_compute.c — the compute tables (src/device/compute.c): every
+/* tests/unit/test_compute.c — the compute tables (src/backend/cpu/compute.c): every
  * slot of every table built is set, the CPU table computes what fsdp/nn.h
  * and the engine's shard loops compute, and it refuses a dtype or a stream it cannot serve with a named
  * error before touching anything. */
@@ -8,11 +8,11 @@
 
 #include "common/check_run.h"
 #include "core/internal.h"
-#include "device/compute.h"
+#include "backend/compute.h"
 #include "fsdp/nn.h"
 #include "fsdp/optim.h"
 #include "fsdp_config.h"
-#include "nn/head.h"
+#include "backend/cpu/head.h"
 
 START_TEST(every_built_table_is_complete) {
   const fsdp_device_kind_t kinds[] = {FSDP_DEVICE_CPU, FSDP_DEVICE_CUDA};
@@ -62,8 +62,11 @@ START_TEST(cpu_table_refuses_what_it_cannot_run) {
   for (int i = 0; i < N * C; i++) x[i] = (float)i, out[i] = -1.0f;
   for (int c = 0; c < C; c++) w[c] = 1.0f, b[c] = 0.0f;
   for (size_t i = 0; i < sizeof dts / sizeof dts[0]; i++) {
-    ck_assert_int_eq(k->layernorm_fused_forward(dts[i], NULL, out, mean, rstd, x, NULL, w, b, N,
-                                                C, FSDP_HOST_STREAM),
+    ck_assert_int_eq(k->layernorm_fused_forward(
+                         &(fsdp_layernorm_forward_args_t){.dt = dts[i], .out = out, .mean = mean,
+                                                          .rstd = rstd, .inp = x, .weight = w,
+                                                          .bias = b, .N = N, .C = C},
+                         FSDP_HOST_STREAM),
                      FSDP_ERR_UNSUPPORTED);
     ck_assert_msg(strstr(fsdp_last_error(), "layernorm_fused_forward") &&
                       strstr(fsdp_last_error(), fsdp_dtype_name(dts[i])),
@@ -71,27 +74,31 @@ START_TEST(cpu_table_refuses_what_it_cannot_run) {
     for (int j = 0; j < N * C; j++) ck_assert_float_eq(out[j], -1.0f);
   }
   /* a (1,C) linear weight with its GELU: out (N,1) and pre (N,1) */
-  ck_assert_int_eq(k->matmul_forward(FSDP_BF16, out, out + N, x, w, b, N, C, 1, 1,
-                                     FSDP_HOST_STREAM),
-                   FSDP_ERR_UNSUPPORTED);
+  fsdp_matmul_forward_args_t mm = {.dt = FSDP_BF16, .out = out, .pre = out + N, .inp = x,
+                                   .weight = w, .bias = b, .B = N, .C = C, .OC = 1,
+                                   .weight_out_in = 1};
+  ck_assert_int_eq(k->matmul_forward(&mm, FSDP_HOST_STREAM), FSDP_ERR_UNSUPPORTED);
   ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "matmul_forward"));
   fsdp_stream_t worker;
   ck_assert_int_eq(fsdp_stream_create("compute-test", &worker), FSDP_SUCCESS);
-  ck_assert_int_eq(k->matmul_forward(FSDP_F32, out, out + N, x, w, b, N, C, 1, 1, worker),
-                   FSDP_ERR_INVALID_USAGE);
+  mm.dt = FSDP_F32;
+  ck_assert_int_eq(k->matmul_forward(&mm, worker), FSDP_ERR_INVALID_USAGE);
   ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "FSDP_HOST_STREAM"));
   fsdp_stream_destroy(worker);
   /* a residual branch with nowhere to write the sum (the CUDA table refuses
    * it too) */
-  ck_assert_int_eq(k->layernorm_fused_forward(FSDP_F32, NULL, out, mean, rstd, x, x, w, b, N, C,
-                                              FSDP_HOST_STREAM),
+  ck_assert_int_eq(k->layernorm_fused_forward(
+                       &(fsdp_layernorm_forward_args_t){.dt = FSDP_F32, .out = out, .mean = mean,
+                                                        .rstd = rstd, .inp = x, .branch = x,
+                                                        .weight = w, .bias = b, .N = N, .C = C},
+                       FSDP_HOST_STREAM),
                    FSDP_ERR_INVALID_ARGUMENT);
   ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "residual branch needs an output"));
   for (int j = 0; j < N * C; j++) ck_assert_float_eq(out[j], -1.0f);
 }
 END_TEST
 
-/* Through the table, bitwise what fsdp/nn.h and nn/head.h give: a LayerNorm,
+/* Through the table, bitwise what fsdp/nn.h and backend/cpu/head.h give: a LayerNorm,
  * and the fused cross-entropy's per-row losses summing (in row order) to the
  * CPU's double sum. */
 START_TEST(cpu_table_is_the_cpu_kernels) {
@@ -99,8 +106,11 @@ START_TEST(cpu_table_is_the_cpu_kernels) {
   float x[N * C], w[C], b[C], out[N * C], want[N * C], mean[N], rstd[N], m2[N], r2[N];
   for (int i = 0; i < N * C; i++) x[i] = sinf((float)i);
   for (int c = 0; c < C; c++) w[c] = 1.0f + 0.1f * (float)c, b[c] = 0.01f * (float)c;
-  ck_assert_int_eq(k->layernorm_fused_forward(FSDP_F32, NULL, out, mean, rstd, x, NULL, w, b, N,
-                                              C, FSDP_HOST_STREAM),
+  ck_assert_int_eq(k->layernorm_fused_forward(
+                       &(fsdp_layernorm_forward_args_t){.dt = FSDP_F32, .out = out, .mean = mean,
+                                                        .rstd = rstd, .inp = x, .weight = w,
+                                                        .bias = b, .N = N, .C = C},
+                       FSDP_HOST_STREAM),
                    FSDP_SUCCESS);
   fsdp_layernorm_forward(want, m2, r2, x, w, b, N, C);
   ck_assert_int_eq(memcmp(out, want, sizeof out), 0);
@@ -110,7 +120,10 @@ START_TEST(cpu_table_is_the_cpu_kernels) {
   float logits[N * (C + 2)], ref[N * (C + 2)];
   for (int i = 0; i < N * ld; i++) logits[i] = ref[i] = cosf((float)i);
   double losses[N], sum = 0.0;
-  ck_assert_int_eq(k->xent(FSDP_F32, logits, ld, losses, tgt, N, C, 0.5f, 1, FSDP_HOST_STREAM),
+  ck_assert_int_eq(k->xent(&(fsdp_xent_args_t){.dt = FSDP_F32, .logits = logits, .ld = ld,
+                                                .losses = losses, .targets = tgt, .B = N, .V = C,
+                                                .scale = 0.5f, .grad = 1},
+                           FSDP_HOST_STREAM),
                    FSDP_SUCCESS);
   const double want_sum = nn_xent_inplace(ref, ld, NULL, tgt, N, C, 0.5f, 1);
   for (int r = 0; r < N; r++) sum += losses[r];
@@ -134,7 +147,10 @@ START_TEST(cpu_shard_kernels_are_the_engine_loops) {
   fsdp_optim_config_t c = FSDP_OPTIM_CONFIG_INIT;
   c.weight_decay = 0.1f;
   const unsigned long long runs[2] = {0ull << 1 | 1ull, (unsigned long long)CUT << 1 | 0ull};
-  ck_assert_int_eq(k->adamw_multi(p, g, m, v, NS, runs, 2, 0.5f, &c, 1e-2f, 3, FSDP_HOST_STREAM),
+  ck_assert_int_eq(k->adamw_multi(&(fsdp_adamw_args_t){.param = p, .grad = g, .m = m, .v = v,
+                                                       .n = NS, .runs = runs, .n_runs = 2,
+                                                       .coef = 0.5f, .c = &c, .lr = 1e-2f, .t = 3},
+                                  FSDP_HOST_STREAM),
                    FSDP_SUCCESS);
   for (int i = 0; i < NS; i++) g2[i] *= 0.5f;
   fsdp_adamw_update(p2, g2, m2, v2, CUT, &c, 1e-2f, 3, 1);

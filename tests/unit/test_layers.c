@@ -1,6 +1,6 @@
-/* tests/unit/test_layers.c — the CPU layer kernels, src/nn/layers.c (linear,
+/* tests/unit/test_layers.c — the CPU layer kernels, src/backend/cpu/layers.c (linear,
  * ReLU, softmax cross-entropy, LayerNorm, embedding, causal attention,
- * residual) and src/nn/gelu.c (GELU), against float64 references written
+ * residual) and src/backend/cpu/gelu.c (GELU), against float64 references written
  * here: forward values, gradients by central finite differences of the
  * float64 forward (common/gradcheck.h), the += contract of backward kernels,
  * and the invariants each kernel promises (softmax rows, causality,
@@ -20,7 +20,7 @@
 #include "common/gradcheck.h"
 #include "common/rng.h"
 #include "fsdp/nn.h"
-#include "nn/head.h"
+#include "backend/cpu/head.h"
 
 #define LEN(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
@@ -641,7 +641,7 @@ START_TEST(residual_forward_backward) {
 }
 END_TEST
 
-/* GPT-2's head (nn/head.h): logits rows ld apart, the gradient written over
+/* GPT-2's head (backend/cpu/head.h): logits rows ld apart, the gradient written over
  * them. Against the unpadded kernels on the same inputs: bitwise (the same
  * sgemm calls but for the leading dimension, which OpenBLAS only reads while
  * packing; the same xent_row arithmetic), at GPT-2's V = 50257 -> 50304 and

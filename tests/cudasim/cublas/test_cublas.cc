@@ -1,5 +1,5 @@
 /* tests/cudasim/cublas/test_cublas.cc — the simulated cuBLAS as fsdp meets
- * it: opened by src/cuda/cublas_lazy.h's dlopen (and checked to be the
+ * it: opened by src/backend/cuda/cublas_lazy.h's dlopen (and checked to be the
  * simulator's library, not the toolkit's), handles bound to streams of the
  * simulated runtime, products on device buffers that run asynchronously and
  * in stream order, and the handle and argument errors through the API. Exit
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "../sim_test.h"
-#include "cuda/cublas_lazy.h"
+#include "backend/cuda/cublas_lazy.h"
 
 static const fsdp_cublas_t *api;
 

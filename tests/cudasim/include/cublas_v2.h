@@ -1,7 +1,7 @@
 /* tests/cudasim/include/cublas_v2.h — the simulated cuBLAS's public header
  * (implementation: tests/cudasim/cublas/). It declares the subset of the
- * cuBLAS v2 API that fsdp calls (src/cuda/blas.cu, bench/bench_cuda.c through
- * src/cuda/cublas_lazy.h): handles, the stream binding, cublasGemmEx and
+ * cuBLAS v2 API that fsdp calls (src/backend/cuda/blas.cu, bench/bench_cuda.c through
+ * src/backend/cuda/cublas_lazy.h): handles, the stream binding, cublasGemmEx and
  * cublasGemmStridedBatchedEx, and the status text. Enum values and
  * signatures are the CUDA 13 toolkit's (cublas_api.h), so a program compiled
  * against this header passes cuBLAS the same numbers it passes on a GPU.

@@ -89,7 +89,7 @@
 /* Shared memory must be declared with FSDP_SHARED / FSDP_DYNAMIC_SHARED, which
  * give each block fresh, bounds-checked memory; a bare __shared__ would be
  * memory shared by every block on the thread, unchecked. */
-#define __shared__ _Pragma("GCC error \"cudasim: declare shared memory with FSDP_SHARED(type, name, dims) or FSDP_DYNAMIC_SHARED(type, name) (src/cuda/cuda_internal.cuh)\"")
+#define __shared__ _Pragma("GCC error \"cudasim: declare shared memory with FSDP_SHARED(type, name, dims) or FSDP_DYNAMIC_SHARED(type, name) (src/backend/cuda/cuda_internal.cuh)\"")
 
 /* ---- geometry and vector types ---- */
 

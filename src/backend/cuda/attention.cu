@@ -1,0 +1,167 @@
+/* src/backend/cuda/attention.cu — causal multi-head self-attention, forward and
+ * backward, behind the table's one entry point per op: fp32 keeps the
+ * probabilities, bf16 is the fused flash kernel (flash.cu), which keeps only
+ * the log-sum-exp. fp32: the score and value products of each batch row are
+ * one strided-batched cuBLAS call over its NH heads (the heads of a row are
+ * hs columns apart; batch rows are not a uniform stride away from them, hence
+ * one call per b); softmax and its backward are warp-per-row kernels. The
+ * full (T,T) score block is computed, the masked upper triangle included, and
+ * the softmax writes it as 0, as the CPU's att holds. */
+#include "backend/cuda/cuda_internal.cuh"
+
+#define ATT_WARPS 8 /* rows per block */
+
+/* Softmax of row[0..t] in place, zeros in row[t+1..T), for each of the n_rows
+ * rows of (T,T) blocks; t is the row's index within its block. */
+__global__ void causal_softmax_kernel(float *att, size_t n_rows, int T) {
+  const int lane = threadIdx.x & 31;
+  for (size_t r = (size_t)blockIdx.x * ATT_WARPS + (threadIdx.x >> 5); r < n_rows;
+       r += (size_t)gridDim.x * ATT_WARPS) {
+    float *row = att + r * T;
+    const int t = (int)(r % T);
+    float mx = -INFINITY;
+    for (int j = lane; j <= t; j += 32) mx = fmaxf(mx, row[j]);
+    mx = warp_max(mx);
+    float sum = 0.0f;
+    for (int j = lane; j <= t; j += 32) {
+      const float e = expf(row[j] - mx);
+      row[j] = e;
+      sum += e;
+    }
+    const float inv = 1.0f / warp_sum(sum);
+    for (int j = lane; j < T; j += 32) row[j] = j <= t ? row[j] * inv : 0.0f;
+  }
+}
+
+/* In place on datt: dscore = scale * p * (datt - sum_j p * datt) for j <= t,
+ * 0 above the diagonal; p is att. */
+__global__ void causal_softmax_backward_kernel(float *datt, const float *att, size_t n_rows,
+                                               int T, float scale) {
+  const int lane = threadIdx.x & 31;
+  for (size_t r = (size_t)blockIdx.x * ATT_WARPS + (threadIdx.x >> 5); r < n_rows;
+       r += (size_t)gridDim.x * ATT_WARPS) {
+    float *d = datt + r * T;
+    const float *p = att + r * T;
+    const int t = (int)(r % T);
+    float dot = 0.0f;
+    for (int j = lane; j <= t; j += 32) dot += p[j] * d[j];
+    dot = warp_sum(dot);
+    for (int j = lane; j < T; j += 32) d[j] = j <= t ? scale * p[j] * (d[j] - dot) : 0.0f;
+  }
+}
+
+/* A strided-batched row-major product over the NH heads of one batch row, in
+ * fp32 or bf16 (fp32 accumulation either way). */
+template <typename T>
+static fsdp_status_t heads_gemm(bool ta, bool tb, int m, int n, int k, const T *A, int lda,
+                                long long sa, const T *B, int ldb, long long sb, float alpha,
+                                float beta, T *C, int ldc, long long sc, int NH,
+                                cudaStream_t s) {
+  const fsdp_gemm g = {ta, tb, m, n, k, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc, NH,
+                       fsdp_cuda_type<T>::value, fsdp_cuda_type<T>::value};
+  return fsdp_cuda_gemm(&g, s);
+}
+
+static fsdp_status_t check_heads(int C, int NH) {
+  if (C % NH != 0)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "attention: C %d is not a multiple of the %d heads", C, NH);
+  return FSDP_SUCCESS;
+}
+
+static unsigned softmax_blocks(size_t n_rows) { return fsdp_grid(n_rows, ATT_WARPS); }
+
+/* fp32: the (B,NH,T,T) probabilities kept in att. */
+static fsdp_status_t probs_forward(float *out, float *att, const float *qkv, int B, int T, int C,
+                                   int NH, cudaStream_t stream) {
+  if (B <= 0 || T <= 0 || C <= 0 || NH <= 0) return FSDP_SUCCESS;
+  FSDP_TRY(check_heads(C, NH));
+  const int hs = C / NH, ld = 3 * C;
+  const float scale = 1.0f / sqrtf((float)hs);
+  const long long tt = (long long)T * T;
+  for (int b = 0; b < B; ++b) {
+    const float *q = qkv + (size_t)b * T * ld, *k = q + C;
+    float *a = att + (size_t)b * NH * tt;
+    /* a (T,T) = scale * q @ k^T, per head */
+    FSDP_TRY(heads_gemm(false, true, T, T, hs, q, ld, hs, k, ld, hs, scale, 0.0f, a, T, tt, NH,
+                        stream));
+  }
+  const size_t rows = (size_t)B * NH * T;
+  FSDP_LAUNCH(causal_softmax_kernel, softmax_blocks(rows), ATT_WARPS * 32, 0, stream, att, rows, T);
+  LAUNCH_CHECK();
+  for (int b = 0; b < B; ++b) {
+    const float *v = qkv + (size_t)b * T * ld + 2 * C, *a = att + (size_t)b * NH * tt;
+    /* out (T,hs) = a (T,T) @ v (T,hs), per head; a is 0 past the diagonal */
+    FSDP_TRY(heads_gemm(false, false, T, hs, T, a, T, tt, v, ld, hs, 1.0f, 0.0f,
+                        out + (size_t)b * T * C, C, hs, NH, stream));
+  }
+  return FSDP_SUCCESS;
+}
+
+/* scratch: (NH,T,T) floats, one batch row's dscore at a time. */
+static fsdp_status_t probs_backward(float *dqkv, float *scratch, const float *dout,
+                                    const float *qkv, const float *att, int B, int T, int C,
+                                    int NH, cudaStream_t stream) {
+  if (B <= 0 || T <= 0 || C <= 0 || NH <= 0) return FSDP_SUCCESS;
+  FSDP_TRY(check_heads(C, NH));
+  const int hs = C / NH, ld = 3 * C;
+  const float scale = 1.0f / sqrtf((float)hs);
+  const long long tt = (long long)T * T;
+  const size_t rows = (size_t)NH * T;
+  for (int b = 0; b < B; ++b) {
+    const size_t off = (size_t)b * T * ld;
+    const float *q = qkv + off, *k = q + C, *v = q + 2 * C;
+    float *dq = dqkv + off, *dk = dq + C, *dv = dq + 2 * C;
+    const float *a = att + (size_t)b * NH * tt, *dy = dout + (size_t)b * T * C;
+    /* dv += a^T @ dout */
+    FSDP_TRY(heads_gemm(true, false, T, hs, T, a, T, tt, dy, C, hs, 1.0f, 1.0f, dv, ld, hs, NH,
+                        stream));
+    /* scratch (T,T) = dout @ v^T */
+    FSDP_TRY(heads_gemm(false, true, T, T, hs, dy, C, hs, v, ld, hs, 1.0f, 0.0f, scratch, T, tt,
+                        NH, stream));
+    FSDP_LAUNCH(causal_softmax_backward_kernel, softmax_blocks(rows), ATT_WARPS * 32, 0, stream,
+                scratch, a, rows, T, scale);
+    LAUNCH_CHECK();
+    /* dq += dscore @ k;  dk += dscore^T @ q */
+    FSDP_TRY(heads_gemm(false, false, T, hs, T, scratch, T, tt, k, ld, hs, 1.0f, 1.0f, dq, ld, hs,
+                        NH, stream));
+    FSDP_TRY(heads_gemm(true, false, T, hs, T, scratch, T, tt, q, ld, hs, 1.0f, 1.0f, dk, ld, hs,
+                        NH, stream));
+  }
+  return FSDP_SUCCESS;
+}
+
+size_t fsdp_cuda_attention_state_floats(fsdp_dtype_t dt, int B, int T, int NH) {
+  const size_t bnt = (size_t)B * (size_t)NH * (size_t)T;
+  return dt == FSDP_BF16 ? bnt : bnt * (size_t)T;
+}
+
+size_t fsdp_cuda_attention_scratch_bytes(fsdp_dtype_t dt, int T, int NH) {
+  return dt == FSDP_BF16 ? 0 : (size_t)NH * (size_t)T * (size_t)T * sizeof(float);
+}
+
+/* Forward needs no scratch in either precision. */
+fsdp_status_t fsdp_cuda_attention_forward(const fsdp_attention_forward_args_t *a,
+                                          fsdp_stream_t stream) {
+  return fsdp_cuda_dispatch("attention_forward", a->dt, stream, [&](auto *tag, cudaStream_t s) {
+    STORAGE(tag);
+    if constexpr (std::is_same<S, bf16>::value)
+      return fsdp_cuda_flash_forward(as<S>(a->out), a->att, as<S>(a->qkv), a->B, a->T, a->C,
+                                     a->NH, s);
+    else
+      return probs_forward(as<S>(a->out), a->att, as<S>(a->qkv), a->B, a->T, a->C, a->NH, s);
+  });
+}
+
+fsdp_status_t fsdp_cuda_attention_backward(const fsdp_attention_backward_args_t *a,
+                                           fsdp_stream_t stream) {
+  return fsdp_cuda_dispatch("attention_backward", a->dt, stream, [&](auto *tag, cudaStream_t s) {
+    STORAGE(tag);
+    if constexpr (std::is_same<S, bf16>::value)
+      return fsdp_cuda_flash_backward(as<S>(a->dqkv), as<S>(a->dout), as<S>(a->qkv),
+                                      as<S>(a->out), a->att, a->B, a->T, a->C, a->NH, s);
+    else
+      return probs_backward(as<S>(a->dqkv), static_cast<float *>(a->scratch), as<S>(a->dout),
+                            as<S>(a->qkv), a->att, a->B, a->T, a->C, a->NH, s);
+  });
+}

@@ -1,0 +1,35 @@
+/* src/backend/cuda/compute_cuda.c — the CUDA compute table: src/backend/cuda's entry points
+ * themselves in the slots, no adapter between a caller and the kernel's
+ * dtype dispatch. Built only with CUDA (meson.build). */
+#include "backend/cuda/kernels.h"
+#include "backend/compute.h"
+
+const fsdp_compute_ops_t fsdp_compute_cuda_ops = {
+    .name = "cuda",
+    .device = FSDP_DEVICE_CUDA,
+    .sum_squares_partials = FSDP_CUDA_SUMSQ_PARTIALS,
+    .head_forward = fsdp_cuda_head_forward,
+    .head_backward = fsdp_cuda_head_backward,
+    .embedding_forward = fsdp_cuda_embedding_forward,
+    .embedding_backward = fsdp_cuda_embedding_backward,
+    .attention_state_floats = fsdp_cuda_attention_state_floats,
+    .attention_scratch_bytes = fsdp_cuda_attention_scratch_bytes,
+    .attention_forward = fsdp_cuda_attention_forward,
+    .attention_backward = fsdp_cuda_attention_backward,
+    .xent = fsdp_cuda_xent,
+    .colsum_scratch_bytes = fsdp_cuda_colsum_scratch_bytes,
+    .matmul_forward = fsdp_cuda_matmul_forward,
+    .matmul_backward = fsdp_cuda_matmul_backward,
+    .layernorm_fused_forward = fsdp_cuda_layernorm_fused_forward,
+    .layernorm_fused_backward = fsdp_cuda_layernorm_fused_backward,
+    .relu_forward = fsdp_cuda_relu_forward,
+    .relu_backward = fsdp_cuda_relu_backward,
+    .sum_squares = fsdp_cuda_sum_squares,
+    .scale = fsdp_cuda_scale,
+    .axpy = fsdp_cuda_axpy,
+    .cast = fsdp_cuda_cast,
+    .adamw_multi = fsdp_cuda_adamw_multi,
+    .sgd_update = fsdp_cuda_sgd_update,
+    .prepare = fsdp_cuda_blas_prepare,
+    .release = fsdp_cuda_blas_release,
+};

@@ -1,0 +1,45 @@
+/* tests/fuzz/fuzz_config.c — libFuzzer target: the tools' YAML configuration
+ * file (src/tools/config.c) read with a flag table of every value type, its
+ * keys applied as flags (src/tools/flags.c) and its rules printed back. */
+#include "fuzz_file.h"
+#include "tools/config.h"
+
+static int word(void *ctx, const char *tool, const char *flag, const char *v) {
+  static const char *const known[] = {"--strategy", "--dtype"};
+  (void)ctx;
+  if (!v) return flags_known(flag, known, 2);
+  if (!strcmp(flag, "--strategy")) {
+    fsdp_strategy_t s;
+    return fsdp_strategy_parse(v, &s) == FSDP_SUCCESS ? 0 : -1;
+  }
+  fsdp_config_t cfg = FSDP_CONFIG_INIT;
+  int rc = flags_config_word(tool, flag, v, &cfg);
+  return rc > 0 ? -1 : rc;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  const char *path = fuzz_write("config.yaml", data, size, NULL);
+  int steps = 0, layers = 1, json = 0;
+  int64_t seed = 0, batch = -1;
+  size_t min_params = 0;
+  float lr = 0;
+  const char *text = NULL, *wrap = "GPT2Block";
+  const flag_t table[] = {
+      {"--steps", NULL, FLAG_INT, &steps},        {"--layers", NULL, FLAG_POS, &layers},
+      {"--seed", NULL, FLAG_I64, &seed},          {"--global-batch", NULL, FLAG_I64_32, &batch},
+      {"--wrap-min-params", NULL, FLAG_SIZE, &min_params},
+      {"--lr", NULL, FLAG_F32, &lr},              {"--data", NULL, FLAG_STR, &text},
+      {"--json", NULL, FLAG_SET, &json},          {"--no-wrap", NULL, FLAG_CLEAR, &wrap},
+      {"--wrap", NULL, FLAG_STR, &wrap}};
+  size_t n = sizeof table / sizeof table[0];
+  cfg_keys_t keys = {table, n, word, NULL, cfg_bench_only, "fsdp-bench"};
+  cfg_file_t c;
+  if (cfg_load("fuzz", path, &keys, &c) == 0 && cfg_apply("fuzz", &c, table, n, word, NULL) == 0) {
+    FILE *out = fopen("/dev/null", "w");
+    if (out) cfg_print_rules(out, &c), cfg_print_matches(out, &c), fclose(out);
+    cfg_check_matched(&c, 0);
+  }
+  cfg_free(&c);
+  return 0;
+}
