@@ -183,6 +183,21 @@ static int memory_rows(const char *preset, int B, int T, fsdp_dtype_t dt) {
   return 0;
 }
 
+/* Host memory of a GPU run's end-of-run check and checkpoints: fsdp_unit_shard
+ * copies one unit's fp32 master, gradient and AdamW moments (16 bytes per
+ * parameter) to the host and fsdp_unit_shard_release frees them, so the most
+ * held at once is the largest unit's: the root (wte, wpe, ln_f) when every
+ * block is wrapped. Before, the copies of every unit stayed for the engine's
+ * life. */
+static int host_rows(const char *preset) {
+  fsdp_gpt2_config_t c;
+  if (fsdp_gpt2_preset(preset, &c) != FSDP_SUCCESS) return 1;
+  const double C = c.n_embd, root = (double)c.vocab_size * C + (double)c.block_size * C + 2 * C;
+  printf("%-6s %20.2f %20.2f\n", preset, gib(16.0 * root),
+         gib(16.0 * (double)fsdp_gpt2_num_params(&c)));
+  return 0;
+}
+
 int bench_print_memory_plan(const bench_opts_t *o) {
   const int T = o->seq_len, B = o->micro_batch;
   const fsdp_dtype_t dt = o->cfg.param_dtype == FSDP_BF16 ? FSDP_BF16 : FSDP_F32;
@@ -202,6 +217,18 @@ int bench_print_memory_plan(const bench_opts_t *o) {
   for (int i = 0; i < 3; i++) {
     if (i == 2 && (!strcmp(o->preset, "124M") || !strcmp(o->preset, "1558M"))) break;
     if (memory_rows(presets[i], B, T, dt)) {
+      fprintf(stderr, "fsdp-bench: --memory-plan: %s\n", fsdp_last_error());
+      return 1;
+    }
+  }
+  printf("\nHost copies of the shards on 1 GPU (16 B/param: fp32 master, gradient, AdamW m + v) "
+         "while a check or a checkpoint reads them:\n"
+         "one unit at a time (the largest: the root, wte + wpe + ln_f, every block wrapped), "
+         "before: every unit, kept\n");
+  printf("%-6s %20s %20s\n", "preset", "one unit GiB", "before GiB");
+  for (int i = 0; i < 3; i++) {
+    if (i == 2 && (!strcmp(o->preset, "124M") || !strcmp(o->preset, "1558M"))) break;
+    if (host_rows(presets[i])) {
       fprintf(stderr, "fsdp-bench: --memory-plan: %s\n", fsdp_last_error());
       return 1;
     }

@@ -200,7 +200,8 @@ static fsdp_status_t check_unit(fsdp_engine_t eng, fsdp_unit_t u, double *wrong)
   }
   free(hi);
   free(all);
-  return st;
+  fsdp_status_t rs = fsdp_unit_shard_release(eng, u, 0);
+  return st ? st : rs;
 }
 
 /* #wrong: parameter elements (every unit, assembled from the shards) that are

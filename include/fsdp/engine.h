@@ -314,12 +314,15 @@ typedef struct {
 } fsdp_unit_info_t;
 
 /* What this rank owns of a unit, for checkpoints and tests. Pointers stay owned
- * by the engine and valid until destroy; m and v are NULL when the optimizer
- * keeps no such state. Elements past `count` are padding. On CUDA they point at
- * host copies that fsdp_unit_shard refreshes from the device (it waits for the
- * engine's streams); what the caller writes into them reaches the device at the
- * next fsdp_engine_set_step (checkpoint loaders call it), and is discarded by an
- * fsdp_engine_step before that. */
+ * by the engine and valid until fsdp_unit_shard_release of the unit or destroy;
+ * m and v are NULL when the optimizer keeps no such state. Elements past
+ * `count` are padding. On CUDA they point at host copies (16 bytes per shard
+ * element with AdamW) that fsdp_unit_shard makes and refreshes from the device
+ * (it waits for the engine's streams); what the caller writes into them
+ * reaches the device at fsdp_unit_shard_release with written set, or else at
+ * the next fsdp_engine_set_step (checkpoint loaders call it), and is discarded
+ * by an fsdp_engine_step before that. Release each unit when done with it, so
+ * that a save or a check holds one unit's copies on the host at a time. */
 typedef struct {
   size_t offset, count, capacity;
   float *master, *grad, *m, *v;
@@ -491,6 +494,19 @@ FSDP_API fsdp_status_t fsdp_unit_info(fsdp_engine_t engine, fsdp_unit_t unit,
                                       fsdp_unit_info_t *info);
 FSDP_API fsdp_status_t fsdp_unit_shard(fsdp_engine_t engine, fsdp_unit_t unit,
                                        fsdp_shard_t *shard);
+/* Ends the access fsdp_unit_shard began. On CUDA the unit's host copies are
+ * freed, their contents first copied to the device when written is nonzero
+ * (as fsdp_engine_set_step would; call it after writing every unit, as
+ * before: it refreshes the 16-bit copies and drops gathered ones). On the CPU
+ * the shard is the engine's own memory and nothing happens. A unit without
+ * host copies is fine. Not on a unit acquired or holding gradients when
+ * written is set (FSDP_ERR_INVALID_USAGE). */
+FSDP_API fsdp_status_t fsdp_unit_shard_release(fsdp_engine_t engine, fsdp_unit_t unit,
+                                               int written);
+/* Host bytes of fsdp_unit_shard's copies (CUDA; 0 on the CPU) held now, and
+ * the most held at once since creation. Either pointer may be NULL. */
+FSDP_API fsdp_status_t fsdp_engine_host_copy_bytes(fsdp_engine_t engine, size_t *live,
+                                                   size_t *peak);
 FSDP_API fsdp_status_t fsdp_engine_find_tensor(fsdp_engine_t engine, const char *name,
                                                fsdp_unit_t *unit, int *index);
 /* Tensor `index` (0 .. fsdp_unit_info().n_tensors - 1) of a unit as declared,

@@ -38,6 +38,7 @@ fsdp_status_t ckpt_engine_idle(fsdp_engine_t e, const char *what) {
   if (!e) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "%s: engine is NULL", what);
   fsdp_shard_t s;
   FSDP_TRY(fsdp_unit_shard(e, 0, &s)); /* fails before materialize */
+  FSDP_TRY(fsdp_unit_shard_release(e, 0, 0));
   fsdp_status_t st = fsdp_engine_set_step(e, fsdp_engine_step_count(e));
   if (st) return fsdp_error(st, "%s: %s", what, fsdp_last_error());
   return FSDP_SUCCESS;
@@ -85,6 +86,7 @@ static fsdp_status_t set_optimizer(fsdp_engine_t e, ckpt_manifest_t *m) {
   FSDP_TRY(fsdp_unit_shard(e, 0, &s));
   snprintf(m->optimizer, sizeof m->optimizer, "%s", c->optim.kind == FSDP_OPTIM_SGD ? "sgd" : "adamw");
   m->n_states = 1 + (s.m != NULL) + (s.v != NULL);
+  FSDP_TRY(fsdp_unit_shard_release(e, 0, 0));
   for (int i = 0; i < m->n_states; i++) m->state_names[i] = ckpt_state_name(m->optimizer, i);
   return FSDP_SUCCESS;
 }
@@ -113,10 +115,9 @@ fsdp_status_t ckpt_manifest_from_engine(fsdp_engine_t e, ckpt_manifest_t *m) {
 }
 
 /* This rank's slice of each buffer of unit u, where the shard holds it. */
-static fsdp_status_t write_unit(fsdp_engine_t e, const ckpt_manifest_t *m, int u, int rank,
-                                ckpt_writer_t *w) {
-  fsdp_shard_t s;
-  FSDP_TRY(fsdp_unit_shard(e, u, &s));
+static fsdp_status_t write_shard_slice(const ckpt_manifest_t *m, int u, int rank,
+                                       const fsdp_shard_t *sh, ckpt_writer_t *w) {
+  const fsdp_shard_t s = *sh;
   const ckpt_range_t *g = &m->units[u].ranges[rank];
   size_t n = g->end - g->begin;
   if (n == 0) return FSDP_SUCCESS;
@@ -129,6 +130,15 @@ static fsdp_status_t write_unit(fsdp_engine_t e, const ckpt_manifest_t *m, int u
   for (int k = 0; k < m->n_states; k++)
     FSDP_TRY(ckpt_write(w, bufs[k] + (g->begin - s.offset), n * sizeof(float)));
   return FSDP_SUCCESS;
+}
+
+static fsdp_status_t write_unit(fsdp_engine_t e, const ckpt_manifest_t *m, int u, int rank,
+                                ckpt_writer_t *w) {
+  fsdp_shard_t s;
+  FSDP_TRY(fsdp_unit_shard(e, u, &s));
+  fsdp_status_t st = write_shard_slice(m, u, rank, &s, w);
+  fsdp_status_t rs = fsdp_unit_shard_release(e, u, 0);
+  return st ? st : rs;
 }
 
 fsdp_status_t ckpt_stream_shard(fsdp_engine_t e, const ckpt_manifest_t *m, int rank,

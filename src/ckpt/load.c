@@ -114,6 +114,7 @@ static fsdp_status_t match_optimizer(fsdp_engine_t e, const ckpt_manifest_t *m,
   FSDP_TRY(fsdp_unit_shard(e, 0, &s));
   const char *kind = fsdp_engine_config(e)->optim.kind == FSDP_OPTIM_SGD ? "sgd" : "adamw";
   int states = 1 + (s.m != NULL) + (s.v != NULL);
+  FSDP_TRY(fsdp_unit_shard_release(e, 0, 0));
   *load_state = m->n_states > 1;
   if (!*load_state || (states == m->n_states && !strcmp(kind, m->optimizer))) return FSDP_SUCCESS;
   if (o->reset_optim) return *load_state = 0, FSDP_SUCCESS;
@@ -125,11 +126,11 @@ static fsdp_status_t match_optimizer(fsdp_engine_t e, const ckpt_manifest_t *m,
 
 /* ---- reading into the live shards ------------------------------------------------ */
 
-static fsdp_status_t fill_unit(fsdp_engine_t e, int u, ckpt_files_t *f, int load_state) {
+static fsdp_status_t fill_shard(fsdp_engine_t e, int u, ckpt_files_t *f, int load_state,
+                                const fsdp_shard_t *sh) {
+  const fsdp_shard_t s = *sh;
   fsdp_unit_info_t info;
-  fsdp_shard_t s;
   FSDP_TRY(fsdp_unit_info(e, u, &info));
-  FSDP_TRY(fsdp_unit_shard(e, u, &s));
   size_t lo = s.offset < info.numel ? s.offset : info.numel, hi = lo + s.count;
   float *bufs[CKPT_MAX_STATES] = {s.master, s.m, s.v};
   int n_states = load_state ? f->m->n_states : 1;
@@ -145,6 +146,16 @@ static fsdp_status_t fill_unit(fsdp_engine_t e, int u, ckpt_files_t *f, int load
   for (int k = 1; !load_state && k < CKPT_MAX_STATES; k++)
     if (bufs[k]) memset(bufs[k], 0, s.capacity * sizeof(float));
   return FSDP_SUCCESS;
+}
+
+/* Unit by unit: the shard's host copies (CUDA) exist for one unit at a time,
+ * and go to the device once filled. */
+static fsdp_status_t fill_unit(fsdp_engine_t e, int u, ckpt_files_t *f, int load_state) {
+  fsdp_shard_t s;
+  FSDP_TRY(fsdp_unit_shard(e, u, &s));
+  fsdp_status_t st = fill_shard(e, u, f, load_state, &s);
+  fsdp_status_t rs = fsdp_unit_shard_release(e, u, st == FSDP_SUCCESS);
+  return st ? st : rs;
 }
 
 static fsdp_status_t fill_engine(fsdp_engine_t e, ckpt_files_t *f, int load_state) {

@@ -19,24 +19,34 @@ static const ckpt_tensor_t *tensor_at(const ckpt_manifest_t *m, int u, size_t f,
   return NULL;
 }
 
-/* What write_unit would write, scanned first: a NaN or Inf is never saved. */
+/* What write_unit would write of unit u, scanned first: a NaN or Inf is never
+ * saved. */
+static fsdp_status_t check_unit_finite(const ckpt_manifest_t *m, int u, int rank,
+                                       const fsdp_shard_t *s) {
+  const ckpt_range_t *g = &m->units[u].ranges[rank];
+  const float *bufs[CKPT_MAX_STATES] = {s->master, s->m, s->v};
+  for (int k = 0; k < m->n_states; k++)
+    for (size_t f = g->begin; f < g->end; f++) {
+      float x = bufs[k][f - s->offset];
+      if (isfinite(x)) continue;
+      size_t index = 0;
+      const ckpt_tensor_t *t = tensor_at(m, u, f, &index);
+      return fsdp_error(FSDP_ERR_NONFINITE, "fsdp_ckpt_save: step %" PRId64 " not saved: "
+                        "rank %d's %s of tensor '%s' is %g at index %zu; a checkpoint never "
+                        "holds NaN or Inf", m->step, rank, m->state_names[k],
+                        t ? t->name : m->units[u].name, (double)x, t ? index : f);
+    }
+  return FSDP_SUCCESS;
+}
+
+/* Unit by unit: the shard's host copies (CUDA) exist for one unit at a time. */
 static fsdp_status_t check_finite(fsdp_engine_t e, const ckpt_manifest_t *m, int rank) {
   for (int u = 0; u < m->n_units; u++) {
     fsdp_shard_t s;
     FSDP_TRY(fsdp_unit_shard(e, u, &s));
-    const ckpt_range_t *g = &m->units[u].ranges[rank];
-    const float *bufs[CKPT_MAX_STATES] = {s.master, s.m, s.v};
-    for (int k = 0; k < m->n_states; k++)
-      for (size_t f = g->begin; f < g->end; f++) {
-        float x = bufs[k][f - s.offset];
-        if (isfinite(x)) continue;
-        size_t index = 0;
-        const ckpt_tensor_t *t = tensor_at(m, u, f, &index);
-        return fsdp_error(FSDP_ERR_NONFINITE, "fsdp_ckpt_save: step %" PRId64 " not saved: "
-                          "rank %d's %s of tensor '%s' is %g at index %zu; a checkpoint never "
-                          "holds NaN or Inf", m->step, rank, m->state_names[k],
-                          t ? t->name : m->units[u].name, (double)x, t ? index : f);
-      }
+    fsdp_status_t st = check_unit_finite(m, u, rank, &s);
+    fsdp_status_t rs = fsdp_unit_shard_release(e, u, 0);
+    FSDP_TRY(st ? st : rs);
   }
   return FSDP_SUCCESS;
 }

@@ -333,6 +333,8 @@ void fsdp_comm_set_label(fsdp_comm_t comm, const char *label) {
   if (comm) snprintf(comm->label, sizeof comm->label, "%s", label ? label : "");
 }
 
+const char *fsdp_comm_label(fsdp_comm_t comm) { return comm ? comm->label : ""; }
+
 void fsdp_comm_label_text(fsdp_comm_t comm, char *buf, size_t n) {
   if (comm && comm->label[0]) snprintf(buf, n, " (%s)", comm->label);
   else if (n) buf[0] = '\0';

@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include "comm/comm_names.h"
 #include "fsdp/comm.h"
 #include "fsdp_config.h"
 
@@ -26,9 +27,6 @@ typedef enum {
   FSDP_COLL_BROADCAST,
   FSDP_COLL_BARRIER
 } fsdp_coll_kind_t;
-
-#define FSDP_COMM_TAG_MAX 32 /* bytes of a collective's tag, NUL included */
-#define FSDP_COMM_LABEL_MAX 96 /* bytes of a communicator's label, NUL included */
 
 /* One validated collective, as issued. For a broadcast, recv is the buffer. */
 typedef struct {
@@ -124,14 +122,6 @@ extern const fsdp_comm_ops_t fsdp_comm_gloo_ops;
 extern const fsdp_comm_ops_t fsdp_comm_nccl_ops;
 #endif
 
-/* Labels the next collective issued on comm (the engine passes the unit
- * name): the tag appears in desync fingerprints and watchdog messages. The
- * text is copied (truncated to FSDP_COMM_TAG_MAX - 1 bytes); call it from
- * the thread that issues on comm, right before the collective. */
-void fsdp_comm_set_tag(fsdp_comm_t comm, const char *tag);
-/* Names the group a communicator spans in watchdog and desync reports, e.g.
- * "shard group 1 (world ranks 2-3)"; copied, truncated to FSDP_COMM_LABEL_MAX - 1. */
-void fsdp_comm_set_label(fsdp_comm_t comm, const char *label);
 /* World rank of comm's rank r. */
 static inline int fsdp_comm_world_rank(fsdp_comm_t comm, int r) {
   return comm->members ? comm->members[r] : r;

@@ -18,116 +18,116 @@ fsdp_status_t fsdp_engine_memory(fsdp_engine_t e, fsdp_mem_stats_t *mem) {
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_memory: engine and mem must "
                       "not be NULL");
   memset(mem, 0, sizeof *mem);
-  for (int i = 0; i < e->n_units && e->materialized; i++) {
-    const struct unit *u = &e->units[i];
+  for (int i = 0; i < e->plan.n_units && e->plan.materialized; i++) {
+    const struct unit *u = &e->plan.units[i];
     size_t b = u->shard * sizeof(float);
     mem->master += b;
     mem->grad_shard += b;
-    mem->optim_state += (u->m ? b : 0) + (u->v ? b : 0);
-    mem->param_copy += (u->lp ? u->shard * sizeof(uint16_t) : 0) + (u->rounded ? b : 0);
+    mem->optim_state += (u->mem.m ? b : 0) + (u->mem.v ? b : 0);
+    mem->param_copy += (u->mem.lp ? u->shard * sizeof(uint16_t) : 0) + (u->mem.rounded ? b : 0);
   }
   mem->persistent = mem->master + mem->grad_shard + mem->optim_state + mem->param_copy;
-  mem->gathered_params = e->gathered;
-  mem->gathered_params_peak = e->gathered_peak;
-  mem->grads_in_flight = e->grads_live;
-  mem->grads_in_flight_peak = e->grads_peak;
-  mem->param_pool = e->param_pool_bytes;
-  mem->grad_pool = e->grad_pool_bytes;
-  mem->staging = e->staging_bytes;
+  mem->gathered_params = e->stats.gathered;
+  mem->gathered_params_peak = e->stats.gathered_peak;
+  mem->grads_in_flight = e->stats.grads_live;
+  mem->grads_in_flight_peak = e->stats.grads_peak;
+  mem->param_pool = e->pools.param_pool_bytes;
+  mem->grad_pool = e->pools.grad_pool_bytes;
+  mem->staging = e->pools.staging_bytes;
   mem->total_reserved = mem->persistent + mem->param_pool + mem->grad_pool + mem->staging;
   return FSDP_SUCCESS;
 }
 
 void fsdp_engine_reset_peaks(fsdp_engine_t e) {
   if (!e) return;
-  e->gathered_peak = e->gathered;
-  e->grads_peak = e->grads_live;
+  e->stats.gathered_peak = e->stats.gathered;
+  e->stats.grads_peak = e->stats.grads_live;
 }
 
 void fsdp_tl_add(struct fsdp_engine *e, fsdp_tl_kind_t kind, int unit, fsdp_pass_t pass,
                  int stream, double t0, double t1, size_t bytes) {
-  pthread_mutex_lock(&e->tl_lock);
-  if (e->tl_count == e->tl_cap && e->tl_cap < e->cfg.timeline_capacity) {
-    size_t cap = e->tl_cap ? 2 * e->tl_cap : 1024;
-    if (cap > e->cfg.timeline_capacity) cap = e->cfg.timeline_capacity;
-    fsdp_tl_event_t *grown = realloc(e->tl, cap * sizeof *grown);
+  pthread_mutex_lock(&e->stats.tl_lock);
+  if (e->stats.tl_count == e->stats.tl_cap && e->stats.tl_cap < e->conf.cfg.timeline_capacity) {
+    size_t cap = e->stats.tl_cap ? 2 * e->stats.tl_cap : 1024;
+    if (cap > e->conf.cfg.timeline_capacity) cap = e->conf.cfg.timeline_capacity;
+    fsdp_tl_event_t *grown = realloc(e->stats.tl, cap * sizeof *grown);
     if (grown) {
-      e->tl = grown;
-      e->tl_cap = cap;
+      e->stats.tl = grown;
+      e->stats.tl_cap = cap;
     }
   }
-  if (e->tl_count < e->tl_cap)
-    e->tl[e->tl_count++] = (fsdp_tl_event_t){kind, unit, pass, stream, t0, t1, bytes};
+  if (e->stats.tl_count < e->stats.tl_cap)
+    e->stats.tl[e->stats.tl_count++] = (fsdp_tl_event_t){kind, unit, pass, stream, t0, t1, bytes};
   else
-    e->tl_dropped++;
-  pthread_mutex_unlock(&e->tl_lock);
+    e->stats.tl_dropped++;
+  pthread_mutex_unlock(&e->stats.tl_lock);
 }
 
 static void tl_dropped_add(struct fsdp_engine *e) {
-  pthread_mutex_lock(&e->tl_lock);
-  e->tl_dropped++;
-  pthread_mutex_unlock(&e->tl_lock);
+  pthread_mutex_lock(&e->stats.tl_lock);
+  e->stats.tl_dropped++;
+  pthread_mutex_unlock(&e->stats.tl_lock);
 }
 
 /* ---- timing marks on CUDA streams ---------------------------------------- */
 
 fsdp_status_t fsdp_tl_marks_create(struct fsdp_engine *e) {
-  if (!e->cuda || e->cfg.timeline_capacity == 0) return FSDP_SUCCESS;
-  size_t n = e->cfg.timeline_capacity < FSDP_TL_MARKED_MAX ? e->cfg.timeline_capacity
-                                                           : FSDP_TL_MARKED_MAX;
-  if (!(e->tl_pending = calloc(n, sizeof *e->tl_pending)))
+  if (fsdp_engine_on_host(e) || e->conf.cfg.timeline_capacity == 0) return FSDP_SUCCESS;
+  size_t n = e->conf.cfg.timeline_capacity < FSDP_TL_MARKED_MAX ? e->conf.cfg.timeline_capacity
+                                                                 : FSDP_TL_MARKED_MAX;
+  if (!(e->stats.tl_pending = calloc(n, sizeof *e->stats.tl_pending)))
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: out of host memory for the timeline");
-  e->cap_pending = n;
-  FSDP_TRY(fsdp_marks_create(2 * n, &e->tl_marks));
-  return fsdp_marks_anchor(e->tl_marks, e->s_compute); /* idle: nothing issued yet */
+  e->stats.cap_pending = n;
+  FSDP_TRY(fsdp_marks_create(2 * n, &e->stats.tl_marks));
+  return fsdp_marks_anchor(e->stats.tl_marks, e->dev.s_compute); /* idle: nothing issued yet */
 }
 
 void fsdp_tl_marks_destroy(struct fsdp_engine *e) {
-  fsdp_marks_destroy(e->tl_marks);
-  free(e->tl_pending);
+  fsdp_marks_destroy(e->stats.tl_marks);
+  free(e->stats.tl_pending);
 }
 
 fsdp_status_t fsdp_tl_mark_begin(struct fsdp_engine *e, fsdp_stream_t s, size_t *mark) {
   *mark = FSDP_NO_MARK;
-  return e->tl_marks ? fsdp_marks_record(e->tl_marks, s, mark) : FSDP_SUCCESS;
+  return e->stats.tl_marks ? fsdp_marks_record(e->stats.tl_marks, s, mark) : FSDP_SUCCESS;
 }
 
 fsdp_status_t fsdp_tl_mark_end(struct fsdp_engine *e, fsdp_stream_t s, size_t begin,
                                fsdp_tl_event_t ev) {
-  if (!e->tl_marks) return FSDP_SUCCESS;
+  if (!e->stats.tl_marks) return FSDP_SUCCESS;
   size_t end = FSDP_NO_MARK;
-  if (begin != FSDP_NO_MARK) FSDP_TRY(fsdp_marks_record(e->tl_marks, s, &end));
-  if (end == FSDP_NO_MARK || e->n_pending == e->cap_pending) {
+  if (begin != FSDP_NO_MARK) FSDP_TRY(fsdp_marks_record(e->stats.tl_marks, s, &end));
+  if (end == FSDP_NO_MARK || e->stats.n_pending == e->stats.cap_pending) {
     tl_dropped_add(e); /* the pool is spent until the next read */
     return FSDP_SUCCESS;
   }
-  e->tl_pending[e->n_pending++] = (struct tl_pending){ev, begin, end};
+  e->stats.tl_pending[e->stats.n_pending++] = (struct tl_pending){ev, begin, end};
   return FSDP_SUCCESS;
 }
 
 fsdp_status_t fsdp_compute_wait(struct fsdp_engine *e, fsdp_event_t ev, int unit,
                                 fsdp_pass_t pass) {
   size_t mark;
-  FSDP_TRY(fsdp_tl_mark_begin(e, e->s_compute, &mark));
-  FSDP_TRY(fsdp_stream_wait_event(e->s_compute, ev));
-  return fsdp_tl_mark_end(e, e->s_compute, mark,
+  FSDP_TRY(fsdp_tl_mark_begin(e, e->dev.s_compute, &mark));
+  FSDP_TRY(fsdp_stream_wait_event(e->dev.s_compute, ev));
+  return fsdp_tl_mark_end(e, e->dev.s_compute, mark,
                           (fsdp_tl_event_t){FSDP_TL_COMPUTE_WAIT, unit, pass, 0, 0.0, 0.0, 0});
 }
 
 fsdp_status_t fsdp_tl_resolve(struct fsdp_engine *e) {
-  if (!e->tl_marks) return FSDP_SUCCESS;
+  if (!e->stats.tl_marks) return FSDP_SUCCESS;
   size_t latest = FSDP_NO_MARK;
   double t_latest = 0.0;
-  for (size_t i = 0; i < e->n_pending; i++) {
-    const struct tl_pending *p = &e->tl_pending[i];
+  for (size_t i = 0; i < e->stats.n_pending; i++) {
+    const struct tl_pending *p = &e->stats.tl_pending[i];
     double t0, t1;
-    FSDP_TRY(fsdp_marks_time(e->tl_marks, p->begin, &t0));
-    FSDP_TRY(fsdp_marks_time(e->tl_marks, p->end, &t1));
+    FSDP_TRY(fsdp_marks_time(e->stats.tl_marks, p->begin, &t0));
+    FSDP_TRY(fsdp_marks_time(e->stats.tl_marks, p->end, &t1));
     fsdp_tl_add(e, p->ev.kind, p->ev.unit, p->ev.pass, p->ev.stream, t0, t1, p->ev.bytes);
     if (latest == FSDP_NO_MARK || t1 > t_latest) latest = p->end, t_latest = t1;
   }
-  e->n_pending = 0;
-  fsdp_marks_recycle(e->tl_marks, latest, t_latest);
+  e->stats.n_pending = 0;
+  fsdp_marks_recycle(e->stats.tl_marks, latest, t_latest);
   return FSDP_SUCCESS;
 }
 
@@ -138,23 +138,36 @@ fsdp_status_t fsdp_engine_timeline(fsdp_engine_t e, const fsdp_tl_event_t **even
                       "count must not be NULL");
   /* Streams append (and may grow the array) while they run: let them finish;
    * then the marks they passed can be read. */
-  fsdp_stream_synchronize(e->s_gather);
-  fsdp_stream_synchronize(e->s_reduce);
-  fsdp_stream_synchronize(e->s_replica);
+  fsdp_stream_synchronize(e->comm.s_gather);
+  fsdp_stream_synchronize(e->comm.s_reduce);
+  fsdp_stream_synchronize(e->comm.s_replica);
   FSDP_TRY(fsdp_tl_resolve(e));
-  pthread_mutex_lock(&e->tl_lock);
-  *count = e->tl_count;
-  if (dropped) *dropped = e->tl_dropped;
-  *events = e->tl;
-  pthread_mutex_unlock(&e->tl_lock);
+  pthread_mutex_lock(&e->stats.tl_lock);
+  *count = e->stats.tl_count;
+  if (dropped) *dropped = e->stats.tl_dropped;
+  *events = e->stats.tl;
+  pthread_mutex_unlock(&e->stats.tl_lock);
   return FSDP_SUCCESS;
 }
 
 void fsdp_engine_timeline_clear(fsdp_engine_t e) {
   if (!e) return;
-  pthread_mutex_lock(&e->tl_lock);
-  e->tl_count = e->tl_dropped = 0;
-  pthread_mutex_unlock(&e->tl_lock);
-  e->n_pending = 0; /* marked collectives not read yet go too; the anchor stays */
-  if (e->tl_marks) fsdp_marks_recycle(e->tl_marks, FSDP_NO_MARK, 0.0);
+  pthread_mutex_lock(&e->stats.tl_lock);
+  e->stats.tl_count = e->stats.tl_dropped = 0;
+  pthread_mutex_unlock(&e->stats.tl_lock);
+  e->stats.n_pending = 0; /* marked collectives not read yet go too; the anchor stays */
+  if (e->stats.tl_marks) fsdp_marks_recycle(e->stats.tl_marks, FSDP_NO_MARK, 0.0);
+}
+
+fsdp_status_t fsdp_engine_stats_create(struct fsdp_engine *e) {
+  int rc = pthread_mutex_init(&e->stats.tl_lock, NULL);
+  return rc ? fsdp_error(FSDP_ERR_SYSTEM, "engine: the timeline's lock: %s", strerror(rc))
+            : FSDP_SUCCESS;
+}
+
+void fsdp_engine_stats_destroy(struct fsdp_engine *e) {
+  free(e->stats.tl);
+  fsdp_tl_marks_destroy(e);
+  fsdp_kprof_destroy(e);
+  pthread_mutex_destroy(&e->stats.tl_lock);
 }

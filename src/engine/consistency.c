@@ -88,8 +88,8 @@ static int put_config(text_t *t, const fsdp_config_t *c) {
 static int put_plan(text_t *t, const struct fsdp_engine *e) {
   /* No count line first: a rank that lacks a unit then differs at that unit,
    * which the message names. */
-  for (int u = 0; u < e->n_units; u++) {
-    const struct unit *un = &e->units[u];
+  for (int u = 0; u < e->plan.n_units; u++) {
+    const struct unit *un = &e->plan.units[u];
     char key[64];
     /* Tensors before the unit's summary: a difference then names the tensor
      * and both shapes, not just two parameter counts. */
@@ -185,15 +185,16 @@ static fsdp_status_t mismatch(const struct fsdp_engine *e, char **texts, int siz
     if (differs || !has0) break;
   }
   char key[TEXT_MAX] = "", val[TEXT_MAX], values[1200];
-  for (int r = 0; r < size && !key[0]; r++) line_at(texts[r], line, key, sizeof key, val, sizeof val);
+  for (int r = 0; r < size && !key[0]; r++)
+    line_at(texts[r], line, key, sizeof key, val, sizeof val);
   if (!key[0]) /* the texts differ only past what one line here holds */
     return fsdp_error(FSDP_ERR_INVALID_USAGE, "ranks were started with different settings, "
                       "seen by rank %d: a setting longer than %d bytes differs; start every "
-                      "rank with the same arguments and data", e->rank, TEXT_MAX - 1);
+                      "rank with the same arguments and data", e->conf.rank, TEXT_MAX - 1);
   describe_values(texts, size, line, values, sizeof values);
   return fsdp_error(FSDP_ERR_INVALID_USAGE, "ranks were started with different settings, "
                     "seen by rank %d: %s: %s; start every rank with the same arguments and "
-                    "data", e->rank, key[0] ? key : "(the list of settings)", values);
+                    "data", e->conf.rank, key[0] ? key : "(the list of settings)", values);
 }
 
 /* A rank's own part failed (first: the highest such rank): its reason,
@@ -202,11 +203,12 @@ static fsdp_status_t mismatch(const struct fsdp_engine *e, char **texts, int siz
 static fsdp_status_t failed_rank(struct fsdp_engine *e, fsdp_status_t mine, int first,
                                  const char *reason, const char *step) {
   uint64_t words[64 + 1] = {0}; /* the status, then the text */
-  if (e->rank == first) {
+  if (e->conf.rank == first) {
     words[0] = (uint64_t)mine;
     snprintf((char *)(words + 1), 64 * 8, "%s", reason);
   }
-  fsdp_status_t st = fsdp_broadcast(e->comm_host, words, 65, FSDP_F64, first, FSDP_HOST_STREAM);
+  fsdp_status_t st =
+      fsdp_broadcast(e->comm.comm_host, words, 65, FSDP_F64, first, FSDP_HOST_STREAM);
   if (mine) return fsdp_error(mine, "%s", reason);
   if (st != FSDP_SUCCESS) return st;
   ((char *)(words + 1))[64 * 8 - 1] = '\0';
@@ -222,8 +224,8 @@ static fsdp_status_t failed_rank(struct fsdp_engine *e, fsdp_status_t mine, int 
 static fsdp_status_t agree(struct fsdp_engine *e, fsdp_status_t mine, const char *step) {
   char reason[512];
   snprintf(reason, sizeof reason, "%s", mine ? fsdp_last_error() : "");
-  double failed = mine ? e->rank + 1 : 0, worst = 0;
-  fsdp_status_t st = fsdp_all_reduce(e->comm_host, &failed, &worst, 1, FSDP_F64, FSDP_MAX,
+  double failed = mine ? e->conf.rank + 1 : 0, worst = 0;
+  fsdp_status_t st = fsdp_all_reduce(e->comm.comm_host, &failed, &worst, 1, FSDP_F64, FSDP_MAX,
                                      FSDP_HOST_STREAM);
   if (st == FSDP_SUCCESS && worst > 0) return failed_rank(e, mine, (int)worst - 1, reason, step);
   if (mine) return fsdp_error(mine, "%s", reason);
@@ -232,7 +234,7 @@ static fsdp_status_t agree(struct fsdp_engine *e, fsdp_status_t mine, const char
 
 /* All-gathers the texts, padded to the longest, and names the difference. */
 static fsdp_status_t exchange_texts(struct fsdp_engine *e, const text_t *mine, size_t longest) {
-  size_t words = longest / 8 + 1, size = (size_t)e->nranks;
+  size_t words = longest / 8 + 1, size = (size_t)e->conf.nranks;
   uint64_t *send = fsdp_alloc(words * 8), *all = fsdp_alloc(words * 8 * size);
   char **texts = fsdp_alloc(size * sizeof *texts);
   fsdp_status_t st = FSDP_SUCCESS;
@@ -242,13 +244,13 @@ static fsdp_status_t exchange_texts(struct fsdp_engine *e, const text_t *mine, s
   st = agree(e, st, "allocate the settings of every rank");
   if (st != FSDP_SUCCESS) goto out;
   memcpy(send, mine->text, mine->len);
-  st = fsdp_all_gather(e->comm_host, send, all, words, FSDP_F64, FSDP_HOST_STREAM);
+  st = fsdp_all_gather(e->comm.comm_host, send, all, words, FSDP_F64, FSDP_HOST_STREAM);
   if (st != FSDP_SUCCESS) goto out;
   for (size_t r = 0; r < size; r++) {
     texts[r] = (char *)(all + r * words);
     texts[r][words * 8 - 1] = '\0';
   }
-  st = mismatch(e, texts, e->nranks);
+  st = mismatch(e, texts, e->conf.nranks);
 out:
   fsdp_free(send);
   fsdp_free(all);
@@ -264,9 +266,11 @@ static fsdp_status_t compare(struct fsdp_engine *e, const text_t *mine, fsdp_sta
   char reason[512];
   snprintf(reason, sizeof reason, "%s", local ? fsdp_last_error() : "");
   uint64_t h = local ? 0 : fnv1a(mine->text, mine->len);
-  double hi = (double)(h >> 32), lo = (double)(h & 0xffffffffu), len = local ? 0 : (double)mine->len;
-  double v[7] = {hi, -hi, lo, -lo, len, -len, local ? e->rank + 1 : 0}, m[7];
-  fsdp_status_t st = fsdp_all_reduce(e->comm_host, v, m, 7, FSDP_F64, FSDP_MAX, FSDP_HOST_STREAM);
+  double hi = (double)(h >> 32), lo = (double)(h & 0xffffffffu),
+         len = local ? 0 : (double)mine->len;
+  double v[7] = {hi, -hi, lo, -lo, len, -len, local ? e->conf.rank + 1 : 0}, m[7];
+  fsdp_status_t st =
+      fsdp_all_reduce(e->comm.comm_host, v, m, 7, FSDP_F64, FSDP_MAX, FSDP_HOST_STREAM);
   if (st == FSDP_SUCCESS && m[6] > 0)
     return failed_rank(e, local, (int)m[6] - 1, reason, "prepare its settings");
   if (local) return fsdp_error(local, "%s", reason);
@@ -287,11 +291,11 @@ static fsdp_status_t check(struct fsdp_engine *e, fsdp_status_t st, int n,
   int bad = 0;
   for (int i = 0; st == FSDP_SUCCESS && i < n && !bad; i++)
     bad = put(&t, keys[i] ? keys[i] : "(null)", values[i]);
-  if (st == FSDP_SUCCESS && !bad) bad = put_config(&t, &e->cfg) || (plan && put_plan(&t, e));
+  if (st == FSDP_SUCCESS && !bad) bad = put_config(&t, &e->conf.cfg) || (plan && put_plan(&t, e));
   if (st == FSDP_SUCCESS && bad)
     st = fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "consistency check: out of memory for %zu bytes of "
                     "settings", t.len);
-  if (e->nranks > 1) st = compare(e, &t, st);
+  if (e->conf.nranks > 1) st = compare(e, &t, st);
   free(t.text);
   return st;
 }

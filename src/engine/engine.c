@@ -1,7 +1,9 @@
-/* src/engine/engine.c — the engine's life cycle: configuration checks and
- * resolution, create and destroy, device allocation helpers, poisoning, and
- * the properties of an engine. Units are registered in units.c, materialised
- * in materialize.c; parameters move in and out in tensor_io.c; the per-step
+/* src/engine/engine.c — the engine's configuration: checks, resolution and
+ * the shard groups (engine_internal.h's engine_conf); the device's
+ * allocation helpers, poisoning, and the properties of an engine. Its life
+ * (create, materialize, destroy) is life.c; communicators and their streams
+ * are made in comms.c; units are registered in units.c, materialised in
+ * materialize.c; parameters move in and out in tensor_io.c; the per-step
  * schedule is schedule.c, the optimizer step step.c, memory accounting and
  * the timeline accounting.c. */
 #include <stddef.h>
@@ -9,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/comm_internal.h"
 #include "engine/engine_internal.h"
 
 static const char *const strategy_names[] = {"zero3", "zero2", "noshard"};
@@ -108,10 +109,6 @@ static void config_defaults(fsdp_config_t *c) {
   if (c->loss_scale_init == 0.0) c->loss_scale_init = c->param_dtype == FSDP_F16 ? 65536.0 : 1.0;
 }
 
-static fsdp_status_t worker_set_device(void *arg) {
-  return fsdp_cuda_set_device(((struct fsdp_engine *)arg)->device);
-}
-
 /* cfg imported over the defaults, checked and resolved, into our full-size *c. */
 static fsdp_status_t config_resolve(const fsdp_config_t *cfg, fsdp_config_t *c) {
   *c = (fsdp_config_t)FSDP_CONFIG_INIT;
@@ -137,130 +134,55 @@ fsdp_status_t fsdp_config_resolve(const fsdp_config_t *cfg, fsdp_config_t *out) 
 
 /* The shard group (HSDP: R replica groups x S ranks): shard group g holds
  * the consecutive ranks [g*S, (g+1)*S), replica group k the ranks equal to k
- * mod S. shard_size is resolved in e->cfg. */
+ * mod S. shard_size is resolved in e->conf.cfg. */
 static fsdp_status_t shard_groups(struct fsdp_engine *e) {
-  int s = e->cfg.shard_size ? e->cfg.shard_size : e->nranks;
-  if (e->nranks % s != 0)
-    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "config.shard_size %d does not divide the world "
-                      "of %d ranks: choose a divisor (e.g. the ranks per node, %d)", s, e->nranks,
-                      fsdp_world_local_size(e->world));
-  if (e->cfg.strategy == FSDP_NO_SHARD && s != e->nranks)
+  int s = e->conf.cfg.shard_size ? e->conf.cfg.shard_size : e->conf.nranks;
+  if (e->conf.nranks % s != 0)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "config.shard_size %d does not divide the world "
+                      "of %d ranks: choose a divisor (e.g. the ranks per node, %d)",
+                      s, e->conf.nranks, fsdp_world_local_size(e->conf.world));
+  if (e->conf.cfg.strategy == FSDP_NO_SHARD && s != e->conf.nranks)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "config.shard_size %d with strategy noshard: "
                       "NO_SHARD replicates over the whole world; shard_size applies to zero2 "
                       "and zero3", s);
-  e->cfg.shard_size = s;
-  e->shard_world = e->cfg.strategy == FSDP_NO_SHARD ? 1 : s;
-  e->shard_rank = e->shard_world == 1 ? 0 : e->rank % e->shard_world;
-  e->hybrid = e->shard_world > 1 && e->shard_world < e->nranks;
+  e->conf.cfg.shard_size = s;
+  e->conf.shard_world = e->conf.cfg.strategy == FSDP_NO_SHARD ? 1 : s;
+  e->conf.shard_rank = e->conf.shard_world == 1 ? 0 : e->conf.rank % e->conf.shard_world;
+  e->conf.hybrid = e->conf.shard_world > 1 && e->conf.shard_world < e->conf.nranks;
   return FSDP_SUCCESS;
 }
 
-/* c split into this rank's group of `what` ("shard" or "replica"), labelled. */
-static fsdp_status_t group_split(struct fsdp_engine *e, fsdp_comm_t c, const char *what,
-                                 int color, fsdp_comm_t *out) {
-  FSDP_TRY(fsdp_comm_split(c, color, e->rank, out));
-  char label[FSDP_COMM_LABEL_MAX], *world = strstr((*out)->label, "world ");
-  snprintf(label, sizeof label, "%s group %d, %s", what, color, world ? world : "");
-  fsdp_comm_set_label(*out, label);
-  return FSDP_SUCCESS;
-}
-
-/* The host communicator (gradient norm, the caller's metrics) is always the
- * world's; gathers and reductions use the configured backend, within the
- * shard group; HSDP adds the replica group and a host shard group. */
-static fsdp_status_t comms_create(struct fsdp_engine *e) {
-  FSDP_TRY(fsdp_comm_create(e->world, &e->comm_host));
-  fsdp_comm_t base = NULL;
-  if (e->comm_backend) FSDP_TRY(fsdp_comm_create_backend(e->world, e->comm_backend, &base));
-  else FSDP_TRY(fsdp_comm_dup(e->comm_host, &base));
-  fsdp_status_t st = FSDP_SUCCESS;
-  if (!e->hybrid) {
-    e->comm_gather = base;
-    return fsdp_comm_dup(base, &e->comm_reduce);
-  }
-  int group = e->rank / e->shard_world, replica = e->rank % e->shard_world;
-  st = group_split(e, base, "shard", group, &e->comm_gather);
-  if (!st) st = fsdp_comm_dup(e->comm_gather, &e->comm_reduce);
-  if (!st) st = group_split(e, base, "replica", replica, &e->comm_replica);
-  if (!st) st = group_split(e, e->comm_host, "shard", group, &e->comm_host_shard);
-  fsdp_comm_destroy(base);
-  return st;
-}
-
-static fsdp_status_t streams_create(struct fsdp_engine *e) {
-  int replica = e->comm_replica != NULL;
-  if (e->cuda && strcmp(fsdp_comm_backend(e->comm_gather), "nccl") == 0) {
-    /* NCCL queues on CUDA streams: communication never waits for the host. */
-    FSDP_TRY(fsdp_stream_create_cuda("fsdp-gather", 1, &e->s_gather));
-    FSDP_TRY(fsdp_stream_create_cuda("fsdp-reduce", 1, &e->s_reduce));
-    if (replica) FSDP_TRY(fsdp_stream_create_cuda("fsdp-replica", 1, &e->s_replica));
-    return FSDP_SUCCESS;
-  }
-  /* Host backends (on CUDA: staged through pinned memory) run on workers. */
-  FSDP_TRY(fsdp_stream_create("fsdp-gather", &e->s_gather));
-  FSDP_TRY(fsdp_stream_create("fsdp-reduce", &e->s_reduce));
-  if (replica) FSDP_TRY(fsdp_stream_create("fsdp-replica", &e->s_replica));
-  if (!e->cuda) return FSDP_SUCCESS;
-  FSDP_TRY(fsdp_stream_create_cuda("fsdp-aux", 1, &e->s_aux));
-  /* The current device is per thread: the workers take the caller's. */
-  FSDP_TRY(fsdp_cuda_get_device(&e->device));
-  FSDP_TRY(fsdp_stream_launch(e->s_gather, worker_set_device, e));
-  FSDP_TRY(fsdp_stream_launch(e->s_reduce, worker_set_device, e));
-  if (replica) FSDP_TRY(fsdp_stream_launch(e->s_replica, worker_set_device, e));
-  return FSDP_SUCCESS;
-}
-
-fsdp_status_t fsdp_engine_create(fsdp_world_t world, const fsdp_config_t *cfg,
-                                 fsdp_engine_t *engine) {
-  if (!world || !engine)
-    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_create: world and engine "
-                      "must not be NULL");
+fsdp_status_t fsdp_engine_conf_init(struct fsdp_engine *e, fsdp_world_t world,
+                                    const fsdp_config_t *cfg) {
   fsdp_config_t resolved = FSDP_CONFIG_INIT;
   if (cfg) FSDP_TRY(config_resolve(cfg, &resolved));
   const fsdp_config_t *c = &resolved;
-
-  struct fsdp_engine *e = calloc(1, sizeof *e);
-  if (!e) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: out of host memory");
-  e->world = world;
-  e->cfg = *c;
-  e->rank = fsdp_world_rank(world);
-  e->nranks = fsdp_world_size(world);
-  e->cuda = c->device == FSDP_DEVICE_CUDA;
-  e->ops = fsdp_compute_ops(c->device); /* set: config_check refused a device without one */
-  e->bf16_reduce = c->reduce_dtype == FSDP_BF16;
-  e->loss_scale = c->loss_scale_init;
+  e->conf.world = world;
+  e->conf.cfg = *c;
+  e->conf.rank = fsdp_world_rank(world);
+  e->conf.nranks = fsdp_world_size(world);
+  e->conf.bf16_reduce = c->reduce_dtype == FSDP_BF16;
   /* A caller compiled before the guard's stats fields passes a config that
    * ends before max_consecutive_skips, and a smaller fsdp_step_stats_t: the
    * step writes only the fields its header had. */
-  e->stats_bytes = cfg && cfg->size <= offsetof(fsdp_config_t, max_consecutive_skips)
+  e->conf.stats_bytes = cfg && cfg->size <= offsetof(fsdp_config_t, max_consecutive_skips)
                        ? offsetof(fsdp_step_stats_t, skipped)
                        : sizeof(fsdp_step_stats_t);
-  pthread_mutex_init(&e->tl_lock, NULL);
-
-  fsdp_status_t st = shard_groups(e);
-  if (st != FSDP_SUCCESS) goto fail;
-  if (c->comm_backend && !(e->comm_backend = fsdp_strdup(c->comm_backend))) {
-    st = fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: out of host memory");
-    goto fail;
-  }
-  e->cfg.comm_backend = e->comm_backend;
-  FSDP_TRYG(st, comms_create(e), fail);
-  FSDP_TRYG(st, streams_create(e), fail);
-  if (e->cuda) FSDP_TRYG(st, fsdp_stream_create_cuda("fsdp-compute", 0, &e->s_compute), fail);
-  FSDP_TRYG(st, fsdp_tl_marks_create(e), fail);
-  FSDP_TRYG(st, fsdp_event_create(&e->compute_done), fail);
-  *engine = e;
+  FSDP_TRY(shard_groups(e));
+  if (c->comm_backend && !(e->conf.comm_backend = fsdp_strdup(c->comm_backend)))
+    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: out of host memory");
+  e->conf.cfg.comm_backend = e->conf.comm_backend;
   return FSDP_SUCCESS;
-fail:
-  fsdp_engine_destroy(e);
-  return st;
 }
+
+void fsdp_engine_conf_free(struct fsdp_engine *e) { free(e->conf.comm_backend); }
 
 void *fsdp_engine_alloc(const struct fsdp_engine *e, size_t bytes) {
   void *p = NULL;
-  fsdp_device_kind_t kind = e->cuda ? FSDP_DEVICE_CUDA : FSDP_DEVICE_CPU;
+  const fsdp_device_kind_t kind = e->dev.ops->device;
   if (fsdp_device_alloc(kind, bytes, &p) != FSDP_SUCCESS) return NULL;
-  if (e->cuda && fsdp_device_zero(p, bytes, FSDP_HOST_STREAM) != FSDP_SUCCESS) {
+  if (!fsdp_engine_on_host(e) && fsdp_device_zero(p, bytes, FSDP_HOST_STREAM) != FSDP_SUCCESS) {
     fsdp_device_free(kind, p);
     return NULL;
   }
@@ -268,74 +190,12 @@ void *fsdp_engine_alloc(const struct fsdp_engine *e, size_t bytes) {
 }
 
 void fsdp_engine_free(const struct fsdp_engine *e, void *p) {
-  fsdp_device_free(e->cuda ? FSDP_DEVICE_CUDA : FSDP_DEVICE_CPU, p);
+  fsdp_device_free(e->dev.ops->device, p);
 }
 
 fsdp_status_t fsdp_engine_zero(const struct fsdp_engine *e, void *p, size_t bytes) {
-  if (!e->cuda) return memset(p, 0, bytes), FSDP_SUCCESS;
-  return fsdp_device_zero(p, bytes, e->s_compute);
-}
-
-void fsdp_unit_free(const struct fsdp_engine *e, struct unit *u) {
-  for (int t = 0; t < u->n_tensors; t++) free(u->tensors[t].name);
-  free(u->tensors);
-  free(u->name);
-  free(u->kind);
-  free(u->param_ptrs);
-  free(u->grad_ptrs);
-  fsdp_engine_free(e, u->master);
-  fsdp_engine_free(e, u->grad);
-  fsdp_engine_free(e, u->m);
-  fsdp_engine_free(e, u->v);
-  fsdp_engine_free(e, u->decay_runs);
-  fsdp_engine_free(e, u->full_grad);
-  fsdp_engine_free(e, u->lp);
-  fsdp_engine_free(e, u->rounded);
-  for (int i = 0; i < 4; i++) fsdp_free(u->mirror[i]);
-  fsdp_event_destroy(u->ready);
-  fsdp_event_destroy(u->reduced);
-  fsdp_event_destroy(u->replicated);
-}
-
-void fsdp_engine_destroy(fsdp_engine_t e) {
-  if (!e) return;
-  /* Streams first: their queued work may still touch buffers freed below.
-   * cuBLAS handles are cached per stream: released while these still exist. */
-  fsdp_stream_synchronize(e->s_compute);
-  e->ops->release();
-  fsdp_stream_destroy(e->s_gather);
-  fsdp_stream_destroy(e->s_reduce);
-  fsdp_stream_destroy(e->s_replica);
-  fsdp_stream_destroy(e->s_compute);
-  fsdp_stream_destroy(e->s_aux);
-  for (int i = 0; i < e->n_units; i++) fsdp_unit_free(e, &e->units[i]);
-  free(e->units);
-  for (int i = 0; i < e->n_pslots; i++) {
-    fsdp_engine_free(e, e->pslots[i].buf);
-    fsdp_engine_free(e, e->pslots[i].lp);
-    fsdp_event_destroy(e->pslots[i].free_ev);
-  }
-  free(e->pslots);
-  for (int i = 0; i < e->n_gslots; i++) fsdp_engine_free(e, e->gslots[i].buf);
-  fsdp_engine_free(e, e->staging);
-  fsdp_engine_free(e, e->piece_runs);
-  fsdp_engine_free(e, e->grad_lp);
-  fsdp_engine_free(e, e->staging_lp);
-  fsdp_engine_free(e, e->norm_dev);
-  fsdp_free(e->norm_host);
-  free(e->comm_backend);
-  fsdp_event_destroy(e->compute_done);
-  free(e->fwd_release);
-  free(e->tl);
-  fsdp_tl_marks_destroy(e);
-  fsdp_kprof_destroy(e);
-  fsdp_comm_destroy(e->comm_gather);
-  fsdp_comm_destroy(e->comm_reduce);
-  fsdp_comm_destroy(e->comm_replica);
-  fsdp_comm_destroy(e->comm_host_shard);
-  fsdp_comm_destroy(e->comm_host);
-  pthread_mutex_destroy(&e->tl_lock);
-  free(e);
+  if (fsdp_engine_on_host(e)) return memset(p, 0, bytes), FSDP_SUCCESS;
+  return fsdp_device_zero(p, bytes, e->dev.s_compute);
 }
 
 fsdp_status_t fsdp_engine_poison(struct fsdp_engine *e, fsdp_status_t st) {
@@ -356,21 +216,23 @@ fsdp_status_t fsdp_engine_check_live(struct fsdp_engine *e) {
 fsdp_status_t fsdp_engine_shard_batch(fsdp_engine_t e, int64_t global_batch,
                                       int64_t *micro_batch, int64_t *offset) {
   FSDP_TRY(fsdp_engine_check_live(e));
-  int64_t parts = (int64_t)e->nranks * e->cfg.grad_accum;
+  int64_t parts = (int64_t)e->conf.nranks * e->conf.cfg.grad_accum;
   if (global_batch <= 0 || global_batch % parts != 0)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
                       "global batch %lld is not divisible by world size %d x grad_accum %d = "
-                      "%lld: choose a multiple of %lld", (long long)global_batch, e->nranks,
-                      e->cfg.grad_accum, (long long)parts, (long long)parts);
+                      "%lld: choose a multiple of %lld", (long long)global_batch, e->conf.nranks,
+                      e->conf.cfg.grad_accum, (long long)parts, (long long)parts);
   int64_t mb = global_batch / parts;
   if (micro_batch) *micro_batch = mb;
-  if (offset) *offset = mb * e->rank;
+  if (offset) *offset = mb * e->conf.rank;
   return FSDP_SUCCESS;
 }
 
-int fsdp_engine_num_units(fsdp_engine_t e) { return e ? e->n_units : -1; }
-int64_t fsdp_engine_step_count(fsdp_engine_t e) { return e ? e->step : -1; }
-const fsdp_config_t *fsdp_engine_config(fsdp_engine_t e) { return e ? &e->cfg : NULL; }
-fsdp_world_t fsdp_engine_world(fsdp_engine_t e) { return e ? e->world : NULL; }
-fsdp_comm_t fsdp_engine_comm(fsdp_engine_t e) { return e ? e->comm_host : NULL; }
-fsdp_stream_t fsdp_engine_stream(fsdp_engine_t e) { return e ? e->s_compute : FSDP_HOST_STREAM; }
+int fsdp_engine_num_units(fsdp_engine_t e) { return e ? e->plan.n_units : -1; }
+int64_t fsdp_engine_step_count(fsdp_engine_t e) { return e ? e->optim.step : -1; }
+const fsdp_config_t *fsdp_engine_config(fsdp_engine_t e) { return e ? &e->conf.cfg : NULL; }
+fsdp_world_t fsdp_engine_world(fsdp_engine_t e) { return e ? e->conf.world : NULL; }
+fsdp_comm_t fsdp_engine_comm(fsdp_engine_t e) { return e ? e->comm.comm_host : NULL; }
+fsdp_stream_t fsdp_engine_stream(fsdp_engine_t e) {
+  return e ? e->dev.s_compute : FSDP_HOST_STREAM;
+}

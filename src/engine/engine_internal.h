@@ -1,5 +1,6 @@
 /* src/engine/engine_internal.h — the engine's private state, shared by the
- * engine's source files (engine.c: life cycle; units.c: the registry;
+ * engine's source files (life.c: create, materialize, destroy; engine.c:
+ * configuration; comms.c: communicators and their streams; units.c: the registry;
  * materialize.c: shards and pools; tensor_io.c: parameters in and out;
  * schedule.c: gathers and reductions; step.c: the optimizer step;
  * accounting.c: memory and the timeline; consistency.c: the start-up
@@ -39,13 +40,9 @@ struct stream_op {
   float *dst;
 };
 
-struct unit {
-  char *name, *kind;
-  int n_tensors;
-  struct tensor *tensors;
-  size_t numel, padded, shard, shard_offset;
-  size_t count; /* real elements of this rank's slice */
-
+/* A unit's memory (materialize.c allocates it, units.c frees it; the step
+ * updates the values in place; the host copies are tensor_io.c's). */
+struct unit_mem {
   float *master, *grad, *m, *v; /* shard-sized, persistent */
   unsigned long long *decay_runs; /* CUDA AdamW: start << 1 | decay of each run of the shard's
                                      elements sharing a decay flag (device); n_runs of them */
@@ -53,11 +50,16 @@ struct unit {
   uint16_t *lp;                 /* 16-bit params: the master shard rounded, what is gathered */
   float *rounded;               /* 16-bit params on one shard (CPU): lp widened, what views show */
   float *full_grad;             /* accumulate_full_grads only: padded-sized */
-  /* CUDA: host copies of master, grad, m, v that fsdp_unit_shard hands out;
-   * written back at fsdp_engine_set_step while mirror_dirty. */
+  /* CUDA: host copies of master, grad, m, v that fsdp_unit_shard hands out
+   * until fsdp_unit_shard_release; written back at fsdp_engine_set_step while
+   * mirror_dirty. */
   float *mirror[4];
   int mirror_dirty;
+};
 
+/* A unit's place in the schedule (schedule.c; the step counts backward
+ * passes off and waits for the reductions). */
+struct unit_sched {
   int slot;      /* param slot holding the gathered params, -1 none */
   int held;      /* acquired by the caller: -1 no, else the pass */
   int gslot;     /* grad slot handed out in backward, -1 none */
@@ -69,15 +71,28 @@ struct unit {
   struct stream_op gather_op, reduce_op;
   float reduce_scale;
   float *reduce_src; /* full gradient being reduced */
+  /* HSDP: the gradient shard's all-reduce across the replica group. */
+  fsdp_event_t replicated;
+  struct stream_op replica_op;
+};
+
+/* A unit: its plan (units.c registers it, materialize.c lays it out), its
+ * memory and its schedule state. */
+struct unit {
+  char *name, *kind;
+  int n_tensors;
+  struct tensor *tensors;
+  size_t numel, padded, shard, shard_offset;
+  size_t count; /* real elements of this rank's slice */
   /* Per-unit choices (fsdp_unit_opts_t), resolved at add. */
   int reshard;              /* free the gathered params at the forward release (ZeRO-3) */
   int lowp;                 /* gathered in 16 bits (bf16 or f16) */
   fsdp_dtype_t lp_dtype;    /* that dtype (FSDP_F32 when !lowp) */
   int widen;                /* 16 bits on the CPU: gathers are widened to f32 for compute */
   int own_slot;             /* !reshard: the param slot reserved for it, else -1 */
-  /* HSDP: the gradient shard's all-reduce across the replica group. */
-  fsdp_event_t replicated;
-  struct stream_op replica_op;
+
+  struct unit_mem mem;
+  struct unit_sched sched;
 };
 
 /* Param slots: [0, n_own) reserved, one per unit that keeps its gathered
@@ -103,35 +118,58 @@ struct gslot {
 
 typedef enum { PHASE_IDLE = 0, PHASE_FORWARD, PHASE_BACKWARD } phase_t;
 
-struct fsdp_engine {
+/* The engine's state by concept. Each part names the file that owns it: the
+ * one that sets it up, frees it and (but for what the comment says) is its
+ * only writer; the others read it. */
+
+/* Configuration (engine.c): resolved at create, then only read. */
+struct engine_conf {
   fsdp_world_t world;
   fsdp_config_t cfg;
   int rank, nranks;
   int shard_world; /* ranks a unit is sharded over (shard group): shard_size, 1 for NO_SHARD */
   int shard_rank;  /* this rank in its shard group (rank % shard_world) */
   int hybrid;      /* HSDP: 1 < shard_world < nranks, replica all-reduce after reduce-scatter */
-  int lowp;        /* some resharding unit gathers 16 bits (shared slots carry 16-bit buffers) */
-  int f32_views;   /* some resharding unit's views read f32 from a shared slot */
-  int cuda;        /* config.device is CUDA: every buffer below is device memory */
-  const fsdp_compute_ops_t *ops; /* config.device's compute table: every shard kernel */
   int bf16_reduce; /* reduce_dtype is bf16 */
   char *comm_backend; /* config.comm_backend, copied (cfg.comm_backend points here) */
-  int materialized;
-  uint64_t seed;
+  size_t stats_bytes; /* of fsdp_step_stats_t the caller's header has (see engine.c) */
+};
 
+/* The device (life.c): config.device's compute table, whose `device` says
+ * where every buffer of the engine lives (fsdp_engine_on_host), and the
+ * stream the caller's compute and the shard kernels run on. */
+struct engine_dev {
+  const fsdp_compute_ops_t *ops; /* every shard kernel */
+  fsdp_stream_t s_compute; /* CUDA: the compute stream; CPU: the host stream (NULL) */
+};
+
+/* The plan and its units (units.c registers them; materialize.c lays them
+ * out and sets what follows n_units; life.c marks them materialized). */
+struct engine_plan {
   struct unit *units;
   int n_units, cap_units;
+  int materialized;
+  uint64_t seed;
+  int lowp;      /* some resharding unit gathers 16 bits (shared slots carry 16-bit buffers) */
+  int f32_views; /* some resharding unit's views read f32 from a shared slot */
+  size_t max_padded, max_shard;
+};
 
+/* Communication (comms.c): communicators and the streams collectives run on. */
+struct engine_comm {
   fsdp_comm_t comm_host, comm_gather, comm_reduce;
   /* HSDP only (else NULL): the replica group on the gather backend, and the
    * shard group on the host backend (gradient norm, read_tensor). */
   fsdp_comm_t comm_replica, comm_host_shard;
   fsdp_stream_t s_gather, s_reduce;
   fsdp_stream_t s_replica; /* HSDP: the replica all-reduces */
-  fsdp_stream_t s_compute; /* CUDA: the compute stream; CPU: the host stream (NULL) */
-  fsdp_stream_t s_aux;     /* CUDA with worker comm streams: their kernels' stream */
-  int device;              /* CUDA: the device ordinal current at creation */
+  fsdp_stream_t s_aux; /* CUDA with worker comm streams: their kernels' stream; else NULL */
+  int device;          /* CUDA: the device ordinal current at creation, the workers' */
+};
 
+/* Memory pools (materialize.c allocates and frees them; the schedule hands
+ * the slots out: their owner, busy and held fields are schedule.c's). */
+struct engine_pools {
   struct pslot *pslots;
   int n_pslots, n_own;
   size_t shared_capacity; /* elements of a shared slot */
@@ -139,14 +177,16 @@ struct fsdp_engine {
    * {0, 1}, a run from element 0 without, and with, weight decay. */
   unsigned long long *piece_runs;
   struct gslot gslots[FSDP_GRAD_SLOTS];
-  int n_gslots, next_gslot;
+  int n_gslots;
   float *staging; /* reduction output, one shard; used on the reduce stream only */
   uint16_t *grad_lp, *staging_lp; /* bf16 reduce: the cast gradient and its reduced shard */
   double *norm_dev;  /* CUDA step: per-unit sums of squares, then the partials */
   double *norm_host; /* CUDA step: the per-unit sums, copied back */
-  size_t max_padded, max_shard;
+  size_t param_pool_bytes, grad_pool_bytes, staging_bytes; /* what the above reserve */
+};
 
-  /* schedule */
+/* Schedule and prefetch (schedule.c; the step ends a phase). */
+struct engine_sched {
   phase_t phase;
   int fwd_next;      /* next unit to acquire in forward */
   int fwd_done;      /* a complete forward awaits its backward */
@@ -155,21 +195,25 @@ struct fsdp_engine {
   int n_released;
   int bwd_next;      /* backward acquires so far: index into reversed fwd_release */
   int bwd_released;  /* backward releases so far */
+  int next_gslot;    /* the grad slot to try first */
+};
+
+/* The optimizer step's counters, numerics guard and loss scaler (step.c). */
+struct engine_optim {
   int64_t step;
   int64_t optim_step; /* updates since the optimizer state was last zeroed */
-
-  /* numerics guard and loss scaler (step.c) */
   int loss_bad;            /* a non-finite loss was reported since the last step */
   int consecutive_skips;
   int64_t skipped_total;
   double loss_scale;       /* 1: no scaling */
   int64_t good_steps;      /* updates in a row since the scale last changed */
-  size_t stats_bytes;      /* of fsdp_step_stats_t the caller's header has (see engine.c) */
+};
 
-  /* accounting */
+/* Statistics and the timeline (accounting.c; others count through
+ * fsdp_mem_track and fsdp_tl_add; the kernel profile is profile.c's). */
+struct engine_stats {
   size_t gathered, gathered_peak, grads_live, grads_peak;
-  size_t param_pool_bytes, grad_pool_bytes, staging_bytes;
-
+  size_t host_copies, host_copies_peak; /* CUDA: fsdp_unit_shard's host copies (tensor_io.c) */
   /* timeline, appended from the comm streams too */
   pthread_mutex_t tl_lock;
   fsdp_tl_event_t *tl;
@@ -182,11 +226,29 @@ struct fsdp_engine {
   size_t n_pending, cap_pending;
   /* per-kernel-class timing (profile.c); NULL until profiling is first on */
   struct kprof *prof;
+};
 
-  /* first asynchronous failure; every later call reports it */
+struct fsdp_engine {
+  struct engine_conf conf;
+  struct engine_dev dev;
+  struct engine_plan plan;
+  struct engine_comm comm;
+  struct engine_pools pools;
+  struct engine_sched sched;
+  struct engine_optim optim;
+  struct engine_stats stats;
+  /* first asynchronous failure; every later call reports it (engine.c) */
   fsdp_status_t poisoned;
   char poison_msg[512];
 };
+
+/* The engine's buffers are host memory (config.device's compute table says
+ * where its pointers live): fsdp_unit_shard hands them out in place, they
+ * are filled directly, and the CPU kernels compute on f32 views of 16-bit
+ * parameters. Otherwise (CUDA) they are device memory. */
+static inline int fsdp_engine_on_host(const struct fsdp_engine *e) {
+  return e->dev.ops->device == FSDP_DEVICE_CPU;
+}
 
 void fsdp_tl_add(struct fsdp_engine *e, fsdp_tl_kind_t kind, int unit, fsdp_pass_t pass,
                  int stream, double t0, double t1, size_t bytes);
@@ -233,7 +295,7 @@ static inline size_t fsdp_unit_gathered_bytes(const struct fsdp_engine *e, const
 /* The communicator for host-side sums over one copy of the model: the shard
  * group's under HSDP (every replica holds the same shards), else the world's. */
 static inline fsdp_comm_t fsdp_engine_shard_comm(const struct fsdp_engine *e) {
-  return e->comm_host_shard ? e->comm_host_shard : e->comm_host;
+  return e->comm.comm_host_shard ? e->comm.comm_host_shard : e->comm.comm_host;
 }
 /* Memory of the engine's device, zeroed; NULL on failure (the error is set). */
 void *fsdp_engine_alloc(const struct fsdp_engine *e, size_t bytes);
@@ -242,6 +304,31 @@ void fsdp_engine_free(const struct fsdp_engine *e, void *p);
 fsdp_status_t fsdp_engine_zero(const struct fsdp_engine *e, void *p, size_t bytes);
 fsdp_status_t fsdp_engine_poison(struct fsdp_engine *e, fsdp_status_t st);
 fsdp_status_t fsdp_engine_check_live(struct fsdp_engine *e);
+/* Each part's set-up and release, in its owner's file, called by life.c.
+ * engine.c: the configuration resolved and checked (conf_free may follow a
+ * failed conf_init). materialize.c: the shards and pools. comms.c: the
+ * communicators and their streams (after the configuration); stop destroys
+ * the streams (first of all: queued work may touch any buffer), destroy the
+ * communicators (last). accounting.c: the timeline's lock and marks, and all
+ * statistics state. schedule.c: its event, and the release order sized for
+ * the units at materialize. units.c: the units. step.c: the loss scaler's
+ * start. */
+fsdp_status_t fsdp_engine_conf_init(struct fsdp_engine *e, fsdp_world_t world,
+                                    const fsdp_config_t *cfg);
+void fsdp_engine_conf_free(struct fsdp_engine *e);
+fsdp_status_t fsdp_engine_shards_create(struct fsdp_engine *e, uint64_t seed);
+fsdp_status_t fsdp_engine_comm_create(struct fsdp_engine *e);
+void fsdp_engine_comm_stop(struct fsdp_engine *e);
+void fsdp_engine_comm_destroy(struct fsdp_engine *e);
+fsdp_status_t fsdp_engine_stats_create(struct fsdp_engine *e);
+void fsdp_engine_stats_destroy(struct fsdp_engine *e);
+fsdp_status_t fsdp_engine_sched_create(struct fsdp_engine *e);
+fsdp_status_t fsdp_engine_sched_plan(struct fsdp_engine *e);
+void fsdp_engine_sched_destroy(struct fsdp_engine *e);
+void fsdp_engine_pools_free(struct fsdp_engine *e);
+void fsdp_engine_units_free(struct fsdp_engine *e);
+void fsdp_engine_optim_init(struct fsdp_engine *e);
+
 /* The consistency check of the engine's own part, configuration and unit
  * plan (consistency.c); fsdp_engine_materialize runs it first. */
 fsdp_status_t fsdp_engine_check_plan(struct fsdp_engine *e);
@@ -264,6 +351,9 @@ void fsdp_unit_segments(const struct unit *u, size_t lo, size_t hi, fsdp_segment
 /* One more shared param slot (materialize.c): at materialize, and when a
  * first step shows units held across the others (schedule.c). */
 fsdp_status_t fsdp_engine_add_shared_slot(struct fsdp_engine *e);
+/* What a loader wrote into u's host copies (fsdp_unit_shard on CUDA), to the
+ * device (tensor_io.c). */
+fsdp_status_t fsdp_unit_host_copies_write_back(struct unit *u);
 /* Frees gathered copies no caller holds; they go stale when weights change. */
 void fsdp_engine_drop_gathers(struct fsdp_engine *e);
 /* After the master shard of u changed: its bf16 copy (and widened view copy)

@@ -22,7 +22,7 @@ void fsdp_unit_segments(const struct unit *u, size_t lo, size_t hi, fsdp_segment
 struct init_ctx { const struct fsdp_engine *e; const struct unit *u; float *dst; };
 static void init_segment(const struct tensor *t, size_t first, size_t n, size_t flat, void *ctx) {
   const struct init_ctx *c = ctx;
-  fsdp_init_fill(c->dst + (flat - c->u->shard_offset), n, c->e->seed, t->name, first,
+  fsdp_init_fill(c->dst + (flat - c->u->shard_offset), n, c->e->plan.seed, t->name, first,
                  t->init, t->init_scale);
 }
 
@@ -49,13 +49,13 @@ static fsdp_status_t decay_runs(struct fsdp_engine *e, struct unit *u) {
   if (!c.runs) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "unit '%s': no host memory", u->name);
   fsdp_unit_segments(u, u->shard_offset, u->shard_offset + u->count, add_run, &c);
   const size_t bytes = (size_t)c.n * sizeof *c.runs;
-  u->decay_runs = fsdp_engine_alloc(e, bytes);
-  fsdp_status_t st = u->decay_runs ? fsdp_device_copy(u->decay_runs, c.runs, bytes,
+  u->mem.decay_runs = fsdp_engine_alloc(e, bytes);
+  fsdp_status_t st = u->mem.decay_runs ? fsdp_device_copy(u->mem.decay_runs, c.runs, bytes,
                                                       FSDP_HOST_STREAM)
                                    : fsdp_error(FSDP_ERR_OUT_OF_MEMORY,
                                                 "unit '%s': cannot allocate its decay runs",
                                                 u->name);
-  u->n_runs = c.n;
+  u->mem.n_runs = c.n;
   free(c.runs);
   return st;
 }
@@ -63,14 +63,14 @@ static fsdp_status_t decay_runs(struct fsdp_engine *e, struct unit *u) {
 /* Fills u's master shard with its initial values (on CUDA through the host). */
 static fsdp_status_t unit_init(struct fsdp_engine *e, struct unit *u) {
   size_t bytes = u->shard * sizeof(float);
-  struct init_ctx ctx = {e, u, e->cuda ? fsdp_alloc(bytes) : u->master};
+  struct init_ctx ctx = {e, u, fsdp_engine_on_host(e) ? u->mem.master : fsdp_alloc(bytes)};
   if (!ctx.dst)
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "unit '%s': %zu bytes to initialise it", u->name,
                       bytes);
   fsdp_unit_segments(u, u->shard_offset, u->shard_offset + u->count, init_segment, &ctx);
   fsdp_status_t st = FSDP_SUCCESS;
-  if (e->cuda) {
-    st = fsdp_device_copy(u->master, ctx.dst, bytes, FSDP_HOST_STREAM);
+  if (ctx.dst != u->mem.master) {
+    st = fsdp_device_copy(u->mem.master, ctx.dst, bytes, FSDP_HOST_STREAM);
     fsdp_free(ctx.dst);
   }
   return st != FSDP_SUCCESS ? st : fsdp_unit_refresh_params(e, u);
@@ -78,40 +78,41 @@ static fsdp_status_t unit_init(struct fsdp_engine *e, struct unit *u) {
 
 static fsdp_status_t unit_materialize(struct fsdp_engine *e, struct unit *u) {
   size_t begin, end;
-  FSDP_TRY(fsdp_shard_layout(u->numel, e->shard_world, e->cfg.align, e->shard_rank, &u->padded,
-                             &u->shard, &begin, &end));
-  u->shard_offset = (size_t)e->shard_rank * u->shard;
+  FSDP_TRY(fsdp_shard_layout(u->numel, e->conf.shard_world, e->conf.cfg.align, e->conf.shard_rank,
+                             &u->padded, &u->shard, &begin, &end));
+  u->shard_offset = (size_t)e->conf.shard_rank * u->shard;
   u->count = end - begin;
   size_t bytes = u->shard * sizeof(float);
-  u->master = fsdp_engine_alloc(e, bytes);
-  u->grad = fsdp_engine_alloc(e, bytes);
-  int moments = e->cfg.optim.kind == FSDP_OPTIM_ADAMW ? 2
-                : e->cfg.optim.momentum > 0.0f        ? 1 : 0;
-  if (moments >= 1) u->m = fsdp_engine_alloc(e, bytes);
-  if (moments == 2) u->v = fsdp_engine_alloc(e, bytes);
-  if (e->cfg.accumulate_full_grads) u->full_grad = fsdp_engine_alloc(e, u->padded * sizeof(float));
-  if (!u->master || !u->grad || (moments >= 1 && !u->m) || (moments == 2 && !u->v) ||
-      (e->cfg.accumulate_full_grads && !u->full_grad))
+  u->mem.master = fsdp_engine_alloc(e, bytes);
+  u->mem.grad = fsdp_engine_alloc(e, bytes);
+  int moments = e->conf.cfg.optim.kind == FSDP_OPTIM_ADAMW ? 2
+                : e->conf.cfg.optim.momentum > 0.0f        ? 1 : 0;
+  if (moments >= 1) u->mem.m = fsdp_engine_alloc(e, bytes);
+  if (moments == 2) u->mem.v = fsdp_engine_alloc(e, bytes);
+  if (e->conf.cfg.accumulate_full_grads)
+    u->mem.full_grad = fsdp_engine_alloc(e, u->padded * sizeof(float));
+  if (!u->mem.master || !u->mem.grad || (moments >= 1 && !u->mem.m) ||
+      (moments == 2 && !u->mem.v) || (e->conf.cfg.accumulate_full_grads && !u->mem.full_grad))
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY,
                       "unit '%s': cannot allocate its shard state (%zu bytes per buffer)",
                       u->name, bytes);
-  if (u->lowp) u->lp = fsdp_engine_alloc(e, u->shard * sizeof(uint16_t));
+  if (u->lowp) u->mem.lp = fsdp_engine_alloc(e, u->shard * sizeof(uint16_t));
   /* One shard on the CPU: views read a widened copy (CUDA reads lp itself). */
-  if (u->widen && e->shard_world == 1) u->rounded = fsdp_engine_alloc(e, bytes);
-  if (u->lowp && (!u->lp || (u->widen && e->shard_world == 1 && !u->rounded)))
+  if (u->widen && e->conf.shard_world == 1) u->mem.rounded = fsdp_engine_alloc(e, bytes);
+  if (u->lowp && (!u->mem.lp || (u->widen && e->conf.shard_world == 1 && !u->mem.rounded)))
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "unit '%s': cannot allocate its 16-bit copy",
                       u->name);
   FSDP_TRY(unit_init(e, u));
-  if (e->cfg.optim.kind == FSDP_OPTIM_ADAMW) FSDP_TRY(decay_runs(e, u));
-  if (e->max_padded < u->padded) e->max_padded = u->padded;
-  if (e->max_shard < u->shard) e->max_shard = u->shard;
+  if (e->conf.cfg.optim.kind == FSDP_OPTIM_ADAMW) FSDP_TRY(decay_runs(e, u));
+  if (e->plan.max_padded < u->padded) e->plan.max_padded = u->padded;
+  if (e->plan.max_shard < u->shard) e->plan.max_shard = u->shard;
   return FSDP_SUCCESS;
 }
 
 /* Allocates slot i's buffers: f32 (what views show) and/or 16-bit (what is
  * gathered), capacity elements each. */
 static fsdp_status_t slot_make(struct fsdp_engine *e, int i, size_t capacity, int f32, int lp) {
-  struct pslot *p = &e->pslots[i];
+  struct pslot *p = &e->pools.pslots[i];
   p->capacity = capacity;
   p->owner = -1;
   if (f32) p->buf = fsdp_engine_alloc(e, capacity * sizeof(float));
@@ -121,13 +122,14 @@ static fsdp_status_t slot_make(struct fsdp_engine *e, int i, size_t capacity, in
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: cannot allocate a %zu-byte gather "
                       "buffer (%s)", bytes, fsdp_last_error());
   FSDP_TRY(fsdp_event_create(&p->free_ev));
-  e->param_pool_bytes += bytes;
+  e->pools.param_pool_bytes += bytes;
   return FSDP_SUCCESS;
 }
 
 fsdp_status_t fsdp_engine_add_shared_slot(struct fsdp_engine *e) {
-  FSDP_TRY(slot_make(e, e->n_pslots, e->shared_capacity, e->f32_views, e->lowp));
-  e->n_pslots++;
+  FSDP_TRY(
+      slot_make(e, e->pools.n_pslots, e->pools.shared_capacity, e->plan.f32_views, e->plan.lowp));
+  e->pools.n_pslots++;
   return FSDP_SUCCESS;
 }
 
@@ -138,102 +140,102 @@ fsdp_status_t fsdp_engine_add_shared_slot(struct fsdp_engine *e) {
  * that nests them: fsdp_engine_add_shared_slot); NO_SHARD and shard groups of
  * one rank read the master directly. */
 static fsdp_status_t param_pool_create(struct fsdp_engine *e) {
-  const fsdp_config_t *c = &e->cfg;
+  const fsdp_config_t *c = &e->conf.cfg;
   int any_reshard = 0;
-  for (int i = 0; i < e->n_units && e->shard_world > 1; i++) {
-    struct unit *u = &e->units[i];
+  for (int i = 0; i < e->plan.n_units && e->conf.shard_world > 1; i++) {
+    struct unit *u = &e->plan.units[i];
     if (!u->reshard) {
-      u->own_slot = e->n_own++;
+      u->own_slot = e->pools.n_own++;
       continue;
     }
     any_reshard = 1;
-    if (e->shared_capacity < u->padded) e->shared_capacity = u->padded;
-    e->lowp |= u->lowp;
-    e->f32_views |= !u->lowp || u->widen;
+    if (e->pools.shared_capacity < u->padded) e->pools.shared_capacity = u->padded;
+    e->plan.lowp |= u->lowp;
+    e->plan.f32_views |= !u->lowp || u->widen;
   }
   int n_shared = !any_reshard ? 0 : c->max_live_units ? c->max_live_units : c->prefetch_depth + 1;
   /* Room for the slots nesting may add (one per unit at most). */
-  e->pslots = calloc((size_t)(e->n_own + n_shared + e->n_units), sizeof *e->pslots);
-  if (!e->pslots) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: out of host memory");
-  for (int i = 0; i < e->n_units && e->shard_world > 1; i++) {
-    const struct unit *u = &e->units[i];
+  e->pools.pslots =
+      calloc((size_t)(e->pools.n_own + n_shared + e->plan.n_units), sizeof *e->pools.pslots);
+  if (!e->pools.pslots) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: out of host memory");
+  for (int i = 0; i < e->plan.n_units && e->conf.shard_world > 1; i++) {
+    const struct unit *u = &e->plan.units[i];
     if (!u->reshard) FSDP_TRY(slot_make(e, u->own_slot, u->padded, !u->lowp || u->widen, u->lowp));
   }
-  e->n_pslots = e->n_own;
+  e->pools.n_pslots = e->pools.n_own;
   for (int i = 0; i < n_shared; i++) FSDP_TRY(fsdp_engine_add_shared_slot(e));
   return FSDP_SUCCESS;
 }
 
 static fsdp_status_t pools_create(struct fsdp_engine *e) {
-  const fsdp_config_t *c = &e->cfg;
+  const fsdp_config_t *c = &e->conf.cfg;
   FSDP_TRY(param_pool_create(e));
   /* accumulate_full_grads keeps one full gradient per unit instead. */
-  e->n_gslots = c->accumulate_full_grads ? 0 : FSDP_GRAD_SLOTS;
-  for (int i = 0; i < e->n_gslots; i++) {
-    e->gslots[i].owner = -1;
-    if (!(e->gslots[i].buf = fsdp_engine_alloc(e, e->max_padded * sizeof(float))))
+  e->pools.n_gslots = c->accumulate_full_grads ? 0 : FSDP_GRAD_SLOTS;
+  for (int i = 0; i < e->pools.n_gslots; i++) {
+    e->pools.gslots[i].owner = -1;
+    if (!(e->pools.gslots[i].buf = fsdp_engine_alloc(e, e->plan.max_padded * sizeof(float))))
       return fsdp_error(FSDP_ERR_OUT_OF_MEMORY,
                         "engine: cannot allocate a %zu-byte gradient buffer (%s)",
-                        e->max_padded * sizeof(float), fsdp_last_error());
-    e->grad_pool_bytes += e->max_padded * sizeof(float);
+                        e->plan.max_padded * sizeof(float), fsdp_last_error());
+    e->pools.grad_pool_bytes += e->plan.max_padded * sizeof(float);
   }
   if (c->accumulate_full_grads)
-    for (int i = 0; i < e->n_units; i++) e->grad_pool_bytes += e->units[i].padded * sizeof(float);
+    for (int i = 0; i < e->plan.n_units; i++)
+      e->pools.grad_pool_bytes += e->plan.units[i].padded * sizeof(float);
   /* The reduction's output shard, in the reduce dtype; bf16 also casts the
    * full gradient into a bf16 buffer first. */
-  size_t staging = e->shard_world == 1 ? 0 : e->max_shard;
-  if (e->bf16_reduce && e->nranks > 1) {
-    e->grad_lp = fsdp_engine_alloc(e, e->max_padded * sizeof(uint16_t));
-    if (staging) e->staging_lp = fsdp_engine_alloc(e, staging * sizeof(uint16_t));
-    if (!e->grad_lp || (staging && !e->staging_lp))
+  size_t staging = e->conf.shard_world == 1 ? 0 : e->plan.max_shard;
+  if (e->conf.bf16_reduce && e->conf.nranks > 1) {
+    e->pools.grad_lp = fsdp_engine_alloc(e, e->plan.max_padded * sizeof(uint16_t));
+    if (staging) e->pools.staging_lp = fsdp_engine_alloc(e, staging * sizeof(uint16_t));
+    if (!e->pools.grad_lp || (staging && !e->pools.staging_lp))
       return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: cannot allocate the bf16 reduce buffers");
-    e->staging_bytes = (e->max_padded + staging) * sizeof(uint16_t);
+    e->pools.staging_bytes = (e->plan.max_padded + staging) * sizeof(uint16_t);
   } else if (staging) {
-    if (!(e->staging = fsdp_engine_alloc(e, staging * sizeof(float))))
+    if (!(e->pools.staging = fsdp_engine_alloc(e, staging * sizeof(float))))
       return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: cannot allocate the reduce buffer");
-    e->staging_bytes = staging * sizeof(float);
+    e->pools.staging_bytes = staging * sizeof(float);
   }
   /* The norm: one sum per unit, then the sum of squares' partials. */
-  size_t n = (size_t)e->n_units + e->ops->sum_squares_partials;
-  e->norm_dev = fsdp_engine_alloc(e, n * sizeof(double));
-  e->norm_host = fsdp_alloc((size_t)e->n_units * sizeof(double));
-  if (!e->norm_dev || !e->norm_host)
+  size_t n = (size_t)e->plan.n_units + e->dev.ops->sum_squares_partials;
+  e->pools.norm_dev = fsdp_engine_alloc(e, n * sizeof(double));
+  e->pools.norm_host = fsdp_alloc((size_t)e->plan.n_units * sizeof(double));
+  if (!e->pools.norm_dev || !e->pools.norm_host)
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: cannot allocate the norm buffers");
-  e->staging_bytes += n * sizeof(double);
-  e->fwd_release = calloc((size_t)e->n_units, sizeof *e->fwd_release);
-  if (!e->fwd_release) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: out of host memory");
+  e->pools.staging_bytes += n * sizeof(double);
   return FSDP_SUCCESS;
+}
+
+void fsdp_engine_pools_free(struct fsdp_engine *e) {
+  for (int i = 0; i < e->pools.n_pslots; i++) {
+    fsdp_engine_free(e, e->pools.pslots[i].buf);
+    fsdp_engine_free(e, e->pools.pslots[i].lp);
+    fsdp_event_destroy(e->pools.pslots[i].free_ev);
+  }
+  free(e->pools.pslots);
+  for (int i = 0; i < e->pools.n_gslots; i++) fsdp_engine_free(e, e->pools.gslots[i].buf);
+  fsdp_engine_free(e, e->pools.staging);
+  fsdp_engine_free(e, e->pools.piece_runs);
+  fsdp_engine_free(e, e->pools.grad_lp);
+  fsdp_engine_free(e, e->pools.staging_lp);
+  fsdp_engine_free(e, e->pools.norm_dev);
+  fsdp_free(e->pools.norm_host);
 }
 
 /* AdamW of a single tensor piece (units with parameter groups, step.c): the
  * two one-run lists, without and with decay. */
 static fsdp_status_t piece_runs(struct fsdp_engine *e) {
   const unsigned long long runs[2] = {0ull, 1ull};
-  if (!(e->piece_runs = fsdp_engine_alloc(e, sizeof runs)))
+  if (!(e->pools.piece_runs = fsdp_engine_alloc(e, sizeof runs)))
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: cannot allocate %zu bytes", sizeof runs);
-  return fsdp_device_copy(e->piece_runs, runs, sizeof runs, FSDP_HOST_STREAM);
+  return fsdp_device_copy(e->pools.piece_runs, runs, sizeof runs, FSDP_HOST_STREAM);
 }
 
-fsdp_status_t fsdp_engine_materialize(fsdp_engine_t e, uint64_t seed) {
-  FSDP_TRY(fsdp_engine_check_live(e));
-  if (e->materialized)
-    return fsdp_error(FSDP_ERR_INVALID_USAGE, "fsdp_engine_materialize called twice");
-  /* Ranks that built different models would issue mismatched collectives
-   * from here on: compare first (one 16-byte all-gather when they agree),
-   * before any check that could fail on one rank only — a rank without units
-   * returning here would leave the others waiting in the comparison. */
-  FSDP_TRY(fsdp_engine_check_plan(e));
-  if (e->n_units == 0)
-    return fsdp_error(FSDP_ERR_INVALID_USAGE,
-                      "fsdp_engine_materialize: no units were added");
-  e->seed = seed;
-  for (int i = 0; i < e->n_units; i++) FSDP_TRY(unit_materialize(e, &e->units[i]));
+fsdp_status_t fsdp_engine_shards_create(struct fsdp_engine *e, uint64_t seed) {
+  e->plan.seed = seed;
+  for (int i = 0; i < e->plan.n_units; i++) FSDP_TRY(unit_materialize(e, &e->plan.units[i]));
   FSDP_TRY(pools_create(e));
-  if (e->cfg.optim.kind == FSDP_OPTIM_ADAMW) FSDP_TRY(piece_runs(e));
-  /* The compute stream's state (CUDA: its cuBLAS handle) now, not at the
-   * first product of the first step while gathers are in flight. */
-  FSDP_TRY(e->ops->prepare(e->s_compute, NULL));
-  FSDP_TRY(fsdp_stream_synchronize(e->s_compute)); /* CUDA: the bf16 casts, before gathers */
-  e->materialized = 1;
+  if (e->conf.cfg.optim.kind == FSDP_OPTIM_ADAMW) FSDP_TRY(piece_runs(e));
   return FSDP_SUCCESS;
 }

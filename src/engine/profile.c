@@ -33,14 +33,14 @@ const char *fsdp_kclass_name(fsdp_kclass_t k) {
   return (int)k >= 0 && k < FSDP_KC_COUNT ? names[k] : "?";
 }
 
-/* e->prof is set only once all of it exists (a failure leaves it NULL and
+/* e->stats.prof is set only once all of it exists (a failure leaves it NULL and
  * a later call tries again). */
 static fsdp_status_t kprof_create(struct fsdp_engine *e) {
   struct kprof *p = calloc(1, sizeof *p);
   if (!p) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "profile: out of host memory");
   p->open = -1;
   fsdp_status_t st = FSDP_SUCCESS;
-  if (e->cuda) {
+  if (fsdp_stream_cuda_handle(e->dev.s_compute)) { /* CUDA: scopes timed by events */
     if (!(p->ring = calloc(KPROF_SCOPES, sizeof *p->ring)))
       st = fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "profile: out of host memory");
     else st = fsdp_marks_create(2 * KPROF_SCOPES, &p->marks);
@@ -50,21 +50,21 @@ static fsdp_status_t kprof_create(struct fsdp_engine *e) {
     free(p);
     return st;
   }
-  e->prof = p;
+  e->stats.prof = p;
   return FSDP_SUCCESS;
 }
 
 void fsdp_kprof_destroy(struct fsdp_engine *e) {
-  if (!e->prof) return;
-  fsdp_marks_destroy(e->prof->marks);
-  free(e->prof->ring);
-  free(e->prof);
-  e->prof = NULL;
+  if (!e->stats.prof) return;
+  fsdp_marks_destroy(e->stats.prof->marks);
+  free(e->stats.prof->ring);
+  free(e->stats.prof);
+  e->stats.prof = NULL;
 }
 
 /* Adds the CUDA scopes the stream has passed (all of them with wait). */
 fsdp_status_t fsdp_kprof_drain(struct fsdp_engine *e, int wait) {
-  struct kprof *p = e->prof;
+  struct kprof *p = e->stats.prof;
   while (p && p->marks && p->n) {
     const size_t at = p->head;
     if (!wait && !fsdp_marks_done(p->marks, p->ring[at].end)) break;
@@ -81,17 +81,17 @@ fsdp_status_t fsdp_kprof_drain(struct fsdp_engine *e, int wait) {
 
 fsdp_status_t fsdp_engine_profile(fsdp_engine_t e, int on) {
   if (!e) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_profile: engine is NULL");
-  if (on && !e->prof) FSDP_TRY(kprof_create(e));
-  if (!e->prof) return FSDP_SUCCESS;
-  if (e->prof->open >= 0)
+  if (on && !e->stats.prof) FSDP_TRY(kprof_create(e));
+  if (!e->stats.prof) return FSDP_SUCCESS;
+  if (e->stats.prof->open >= 0)
     return fsdp_error(FSDP_ERR_INVALID_USAGE, "fsdp_engine_profile: the scope of '%s' is open",
-                      names[e->prof->open]);
+                      names[e->stats.prof->open]);
   if (on) { /* scopes still queued belong to the last run: read, then dropped */
-    FSDP_TRY(fsdp_stream_synchronize(e->s_compute));
+    FSDP_TRY(fsdp_stream_synchronize(e->dev.s_compute));
     FSDP_TRY(fsdp_kprof_drain(e, 1));
-    memset(e->prof->sum, 0, sizeof e->prof->sum);
+    memset(e->stats.prof->sum, 0, sizeof e->stats.prof->sum);
   }
-  e->prof->on = on;
+  e->stats.prof->on = on;
   return FSDP_SUCCESS;
 }
 
@@ -101,7 +101,7 @@ static fsdp_status_t bad_class(const char *what, fsdp_kclass_t k) {
 }
 
 fsdp_status_t fsdp_engine_kclass_begin(fsdp_engine_t e, fsdp_kclass_t k) {
-  struct kprof *p = e ? e->prof : NULL;
+  struct kprof *p = e ? e->stats.prof : NULL;
   if (!p || !p->on) return FSDP_SUCCESS;
   if ((int)k < 0 || k >= FSDP_KC_COUNT) return bad_class("fsdp_engine_kclass_begin", k);
   if (p->open >= 0)
@@ -114,11 +114,11 @@ fsdp_status_t fsdp_engine_kclass_begin(fsdp_engine_t e, fsdp_kclass_t k) {
   }
   if (p->n == KPROF_SCOPES) FSDP_TRY(fsdp_kprof_drain(e, 0));
   if (p->n == KPROF_SCOPES) FSDP_TRY(fsdp_kprof_drain(e, 1)); /* all queued: a host wait */
-  return fsdp_marks_record(p->marks, e->s_compute, &p->m_open);
+  return fsdp_marks_record(p->marks, e->dev.s_compute, &p->m_open);
 }
 
 fsdp_status_t fsdp_engine_kclass_end(fsdp_engine_t e, fsdp_kclass_t k) {
-  struct kprof *p = e ? e->prof : NULL;
+  struct kprof *p = e ? e->stats.prof : NULL;
   if (!p || !p->on) return FSDP_SUCCESS;
   if (p->open != (int)k)
     return fsdp_error(FSDP_ERR_INVALID_USAGE, "fsdp_engine_kclass_end('%s') without its begin%s%s",
@@ -131,7 +131,7 @@ fsdp_status_t fsdp_engine_kclass_end(fsdp_engine_t e, fsdp_kclass_t k) {
     return FSDP_SUCCESS;
   }
   size_t end;
-  FSDP_TRY(fsdp_marks_record(p->marks, e->s_compute, &end));
+  FSDP_TRY(fsdp_marks_record(p->marks, e->dev.s_compute, &end));
   p->ring[(p->head + p->n) % KPROF_SCOPES].k = (int)k;
   p->ring[(p->head + p->n) % KPROF_SCOPES].begin = p->m_open;
   p->ring[(p->head + p->n) % KPROF_SCOPES].end = end;
@@ -144,9 +144,9 @@ fsdp_status_t fsdp_engine_profile_read(fsdp_engine_t e, fsdp_kclass_time_t *out,
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_profile_read: engine and out must "
                       "not be NULL, n in [0, %d]", FSDP_KC_COUNT);
   memset(out, 0, (size_t)n * sizeof *out);
-  if (!e->prof) return FSDP_SUCCESS;
-  FSDP_TRY(fsdp_stream_synchronize(e->s_compute));
+  if (!e->stats.prof) return FSDP_SUCCESS;
+  FSDP_TRY(fsdp_stream_synchronize(e->dev.s_compute));
   FSDP_TRY(fsdp_kprof_drain(e, 1));
-  memcpy(out, e->prof->sum, (size_t)n * sizeof *out);
+  memcpy(out, e->stats.prof->sum, (size_t)n * sizeof *out);
   return FSDP_SUCCESS;
 }

@@ -11,12 +11,12 @@
 
 const struct tensor *fsdp_tensor_find(const struct fsdp_engine *e, const char *name,
                                       int *unit, int *index) {
-  for (int u = 0; u < e->n_units; u++)
-    for (int t = 0; t < e->units[u].n_tensors; t++)
-      if (strcmp(e->units[u].tensors[t].name, name) == 0) {
+  for (int u = 0; u < e->plan.n_units; u++)
+    for (int t = 0; t < e->plan.units[u].n_tensors; t++)
+      if (strcmp(e->plan.units[u].tensors[t].name, name) == 0) {
         if (unit) *unit = u;
         if (index) *index = t;
-        return &e->units[u].tensors[t];
+        return &e->plan.units[u].tensors[t];
       }
   return NULL;
 }
@@ -61,9 +61,9 @@ static fsdp_status_t unit_fill(struct fsdp_engine *e, struct unit *u, const char
   u->name = fsdp_strdup(name);
   u->kind = fsdp_strdup(kind ? kind : "");
   u->tensors = calloc((size_t)n, sizeof *u->tensors);
-  u->param_ptrs = calloc((size_t)n, sizeof *u->param_ptrs);
-  u->grad_ptrs = calloc((size_t)n, sizeof *u->grad_ptrs);
-  if (!u->name || !u->kind || !u->tensors || !u->param_ptrs || !u->grad_ptrs)
+  u->sched.param_ptrs = calloc((size_t)n, sizeof *u->sched.param_ptrs);
+  u->sched.grad_ptrs = calloc((size_t)n, sizeof *u->sched.grad_ptrs);
+  if (!u->name || !u->kind || !u->tensors || !u->sched.param_ptrs || !u->sched.grad_ptrs)
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "unit '%s': out of host memory", name);
   u->n_tensors = n;
   for (int i = 0; i < n; i++) {
@@ -82,10 +82,10 @@ static fsdp_status_t unit_fill(struct fsdp_engine *e, struct unit *u, const char
     t->lr_mult = t->wd_mult = 1.0f;
     u->numel += numel;
   }
-  u->slot = u->held = u->gslot = u->own_slot = -1;
-  FSDP_TRY(fsdp_event_create(&u->ready));
-  FSDP_TRY(fsdp_event_create(&u->replicated));
-  return fsdp_event_create(&u->reduced);
+  u->sched.slot = u->sched.held = u->sched.gslot = u->own_slot = -1;
+  FSDP_TRY(fsdp_event_create(&u->sched.ready));
+  FSDP_TRY(fsdp_event_create(&u->sched.replicated));
+  return fsdp_event_create(&u->sched.reduced);
 }
 
 /* Written as !(x >= 0) so that NaN fails too. */
@@ -111,8 +111,8 @@ static fsdp_status_t opts_resolve(const struct fsdp_engine *e, const char *name,
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "unit '%s': reshard_after_forward %d is not "
                       "-1 (the strategy's), 0 or 1", name, o->reshard_after_forward);
   if (o->reshard_after_forward < 0)
-    o->reshard_after_forward = e->cfg.strategy == FSDP_FULL_SHARD;
-  if (o->param_dtype == FSDP_DTYPE_UNSET) o->param_dtype = e->cfg.param_dtype;
+    o->reshard_after_forward = e->conf.cfg.strategy == FSDP_FULL_SHARD;
+  if (o->param_dtype == FSDP_DTYPE_UNSET) o->param_dtype = e->conf.cfg.param_dtype;
   if (o->param_dtype != FSDP_F32 && o->param_dtype != FSDP_BF16 && o->param_dtype != FSDP_F16)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "unit '%s': param_dtype %s: parameters are "
                       "gathered in f32, bf16 or f16", name, fsdp_dtype_name(o->param_dtype));
@@ -124,7 +124,7 @@ static void opts_apply(const struct fsdp_engine *e, struct unit *u, const fsdp_u
   u->reshard = o->reshard_after_forward;
   u->lowp = o->param_dtype == FSDP_BF16 || o->param_dtype == FSDP_F16;
   u->lp_dtype = o->param_dtype;
-  u->widen = u->lowp && !e->cuda;
+  u->widen = u->lowp && fsdp_engine_on_host(e);
   for (int i = 0; i < u->n_tensors; i++) {
     if (o->lr_mult) u->tensors[i].lr_mult = o->lr_mult[i];
     if (o->wd_mult) u->tensors[i].wd_mult = o->wd_mult[i];
@@ -141,7 +141,7 @@ fsdp_status_t fsdp_unit_add_opts(fsdp_engine_t e, const char *name, const char *
                                  const fsdp_tensor_desc_t *tensors, int n_tensors,
                                  const fsdp_unit_opts_t *opts, fsdp_unit_t *unit) {
   FSDP_TRY(fsdp_engine_check_live(e));
-  if (e->materialized)
+  if (e->plan.materialized)
     return fsdp_error(FSDP_ERR_INVALID_USAGE,
                       "unit '%s' added after fsdp_engine_materialize: add every unit first",
                       name ? name : "(null)");
@@ -149,19 +149,19 @@ fsdp_status_t fsdp_unit_add_opts(fsdp_engine_t e, const char *name, const char *
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
                       "fsdp_unit_add: a unit needs a name, at least one tensor (got %d) and "
                       "an output handle", n_tensors);
-  for (int i = 0; i < e->n_units; i++)
-    if (strcmp(e->units[i].name, name) == 0)
+  for (int i = 0; i < e->plan.n_units; i++)
+    if (strcmp(e->plan.units[i].name, name) == 0)
       return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "unit '%s' is already registered", name);
   fsdp_unit_opts_t o;
   FSDP_TRY(opts_resolve(e, name, tensors, n_tensors, opts, &o));
-  if (e->n_units == e->cap_units) {
-    int cap = e->cap_units ? 2 * e->cap_units : 16;
-    struct unit *grown = realloc(e->units, (size_t)cap * sizeof *grown);
+  if (e->plan.n_units == e->plan.cap_units) {
+    int cap = e->plan.cap_units ? 2 * e->plan.cap_units : 16;
+    struct unit *grown = realloc(e->plan.units, (size_t)cap * sizeof *grown);
     if (!grown) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "unit '%s': out of host memory", name);
-    e->units = grown;
-    e->cap_units = cap;
+    e->plan.units = grown;
+    e->plan.cap_units = cap;
   }
-  struct unit *u = &e->units[e->n_units];
+  struct unit *u = &e->plan.units[e->plan.n_units];
   memset(u, 0, sizeof *u);
   fsdp_status_t st = unit_fill(e, u, name, kind, tensors, n_tensors);
   if (st != FSDP_SUCCESS) {
@@ -169,17 +169,17 @@ fsdp_status_t fsdp_unit_add_opts(fsdp_engine_t e, const char *name, const char *
     return st;
   }
   opts_apply(e, u, &o);
-  *unit = e->n_units++;
+  *unit = e->plan.n_units++;
   return FSDP_SUCCESS;
 }
 
 fsdp_status_t fsdp_unit_get(fsdp_engine_t e, fsdp_unit_t unit, const char *what,
                             struct unit **u) {
   if (!e) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "%s: engine is NULL", what);
-  if (unit < 0 || unit >= e->n_units)
+  if (unit < 0 || unit >= e->plan.n_units)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "%s: unit %d does not exist (%d units)", what,
-                      unit, e->n_units);
-  *u = &e->units[unit];
+                      unit, e->plan.n_units);
+  *u = &e->plan.units[unit];
   return FSDP_SUCCESS;
 }
 
@@ -214,4 +214,30 @@ fsdp_status_t fsdp_unit_tensor(fsdp_engine_t e, fsdp_unit_t unit, int index,
                                t->lr_mult, t->wd_mult};
   memcpy(info->shape, t->shape, sizeof info->shape);
   return FSDP_SUCCESS;
+}
+
+void fsdp_unit_free(const struct fsdp_engine *e, struct unit *u) {
+  for (int t = 0; t < u->n_tensors; t++) free(u->tensors[t].name);
+  free(u->tensors);
+  free(u->name);
+  free(u->kind);
+  free(u->sched.param_ptrs);
+  free(u->sched.grad_ptrs);
+  fsdp_engine_free(e, u->mem.master);
+  fsdp_engine_free(e, u->mem.grad);
+  fsdp_engine_free(e, u->mem.m);
+  fsdp_engine_free(e, u->mem.v);
+  fsdp_engine_free(e, u->mem.decay_runs);
+  fsdp_engine_free(e, u->mem.full_grad);
+  fsdp_engine_free(e, u->mem.lp);
+  fsdp_engine_free(e, u->mem.rounded);
+  for (int i = 0; i < 4; i++) fsdp_free(u->mem.mirror[i]);
+  fsdp_event_destroy(u->sched.ready);
+  fsdp_event_destroy(u->sched.reduced);
+  fsdp_event_destroy(u->sched.replicated);
+}
+
+void fsdp_engine_units_free(struct fsdp_engine *e) {
+  for (int i = 0; i < e->plan.n_units; i++) fsdp_unit_free(e, &e->plan.units[i]);
+  free(e->plan.units);
 }

@@ -132,6 +132,7 @@ void train_print_plan(const trainer_t *t, const char *what) {
     fsdp_shard_t s;
     fsdp_unit_shard(t->eng, u, &s);
     size_t per = 4 * (2 + (s.m != NULL) + (s.v != NULL));
+    fsdp_unit_shard_release(t->eng, u, 0);
     printf("  %-8s %-16s %12zu %14zu %8s %6s\n", info.name, info.kind, info.numel,
            info.shard_numel * per, info.reshard_after_forward ? "yes" : "no",
            fsdp_dtype_name(info.param_dtype));

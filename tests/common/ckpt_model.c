@@ -135,6 +135,7 @@ size_t ckm_snapshot(fsdp_engine_t e, float *out) {
       if (out) memcpy(out + n, bufs[k], s.capacity * sizeof(float));
       n += s.capacity;
     }
+    if (fsdp_unit_shard_release(e, u, 0)) return 0;
   }
   return n;
 }

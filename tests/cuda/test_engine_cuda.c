@@ -3,7 +3,8 @@
  * (a function of step, tensor, element and rank), so any difference comes from
  * the engine itself — gathers, reductions (NCCL or staged MPI, fp32 or bf16),
  * accumulation, clipping, AdamW and the bf16 and fp16 parameter copies. Also checks that
- * the memory the engine reports is what the device gave up.
+ * the memory the engine reports is what the device gave up, and that a
+ * checkpoint's save and load hold the shards' host copies one unit at a time.
  *
  * Runs under mpirun at N = 1..4 and under fsdp-run (env://, gloo) at N = 2:
  * the world's backend with device buffers staged through pinned memory (ranks
@@ -320,7 +321,9 @@ END_TEST
  * took to see one event recorded (the engine's anchor error: microseconds on
  * a GPU, up to milliseconds on a loaded simulator), plus a millisecond; a
  * clock mapping gone wrong is off by far more */
-static double tl_slack(fsdp_engine_t e) { return 1e-3 + fsdp_marks_anchor_error(e->tl_marks); }
+static double tl_slack(fsdp_engine_t e) {
+  return 1e-3 + fsdp_marks_anchor_error(e->stats.tl_marks);
+}
 
 static void tl_check(fsdp_engine_t e, int step, double t0, double t1, const double *released) {
   const double slack = tl_slack(e);
@@ -434,12 +437,12 @@ START_TEST(timeline_without_host_functions) {
     fsdp_view_t v;
     /* The gathers and then the reductions start late: the compute stream,
      * idle, waits for them (waits_check). */
-    hold_stream(e->s_gather, scratch[0]);
+    hold_stream(e->comm.s_gather, scratch[0]);
     for (int u = 0; u < N_UNITS; u++) {
       ck_assert_int_eq(fsdp_unit_acquire(e, u, FSDP_FORWARD, &v), FSDP_SUCCESS);
       ck_assert_int_eq(fsdp_unit_release(e, u, FSDP_FORWARD), FSDP_SUCCESS);
     }
-    hold_stream(e->s_reduce, scratch[1]);
+    hold_stream(e->comm.s_reduce, scratch[1]);
     for (int u = N_UNITS - 1; u >= 0; u--) { /* zero gradients: only the schedule matters */
       ck_assert_int_eq(fsdp_unit_acquire(e, u, FSDP_BACKWARD, &v), FSDP_SUCCESS);
       released[u] = fsdp_time_now();
@@ -460,7 +463,7 @@ START_TEST(timeline_without_host_functions) {
            "held reductions: %.2f ms) timed by CUDA events within their steps (clocks tied "
            "within %.0f us)\n", nranks, backend_name(c, e), fsdp_dtype_name(c->param),
            c->shard_size ? ", HSDP 2x2" : "", 1e3 * step_wait,
-           1e6 * fsdp_marks_anchor_error(e->tl_marks));
+           1e6 * fsdp_marks_anchor_error(e->stats.tl_marks));
   fsdp_engine_destroy(e);
   for (int k = 0; k < 2; k++) fsdp_device_free(FSDP_DEVICE_CUDA, scratch[k]);
 }
@@ -551,6 +554,61 @@ START_TEST(memory_matches_device) {
 }
 END_TEST
 
+/* A checkpoint's save and load hold fsdp_unit_shard's host copies of one unit
+ * at a time and free each after use (issue 22: a 1558M GPU run kept 16 bytes
+ * per parameter on the host for the engine's life); what the load wrote into
+ * the copies reaches the device. */
+static void host_copies_expect(fsdp_engine_t e, size_t one_unit, const char *after) {
+  size_t live = 1, peak = 0;
+  ck_assert_int_eq(fsdp_engine_host_copy_bytes(e, &live, &peak), FSDP_SUCCESS);
+  ck_assert_msg(live == 0, "after %s, %zu bytes of host copies remain", after, live);
+  ck_assert_msg(peak > 0 && peak <= one_unit, "during %s, %zu bytes of host copies at once "
+                "(0 < bytes <= one unit's %zu)", after, peak, one_unit);
+}
+
+START_TEST(host_copies_released) {
+  fsdp_engine_t e = make_engine(&cases[0], FSDP_DEVICE_CUDA);
+  fsdp_comm_t comm = fsdp_engine_comm(e);
+  size_t one_unit = 0, total = 0;
+  for (int u = 0; u < N_UNITS; u++) {
+    fsdp_unit_info_t info;
+    ck_assert_int_eq(fsdp_unit_info(e, u, &info), FSDP_SUCCESS);
+    size_t b = 4 * info.shard_numel * sizeof(float); /* master, gradient, m, v */
+    one_unit = b > one_unit ? b : one_unit;
+    total += b;
+  }
+  ck_assert(one_unit < total); /* else one unit at a time would prove nothing */
+  char dir[32] = "/tmp/fsdp-hostcopy-XXXXXX";
+  if (rank == 0) ck_assert_ptr_nonnull(mkdtemp(dir));
+  ck_assert_int_eq(fsdp_broadcast(comm, dir, sizeof dir / 2, FSDP_BF16, 0, FSDP_HOST_STREAM),
+                   FSDP_SUCCESS);
+  float *before = malloc(1000 * sizeof(float)), *now = malloc(1000 * sizeof(float));
+  float *zeros = calloc(1000, sizeof(float));
+  ck_assert_msg(fsdp_ckpt_save(e, dir, NULL, NULL, 0) == FSDP_SUCCESS, "save: %s",
+                fsdp_last_error());
+  host_copies_expect(e, one_unit, "a save");
+  /* Overwritten after the save; the load brings back what was saved. */
+  ck_assert_int_eq(fsdp_engine_read_tensor(e, "c.w", before, -1), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_engine_load_tensor(e, "c.w", zeros, 0), FSDP_SUCCESS);
+  ck_assert_msg(fsdp_ckpt_load(e, dir, NULL, NULL, NULL, 0) == FSDP_SUCCESS, "load: %s",
+                fsdp_last_error());
+  host_copies_expect(e, one_unit, "a save and a load");
+  ck_assert_int_eq(fsdp_engine_read_tensor(e, "c.w", now, -1), FSDP_SUCCESS);
+  ck_assert_msg(memcmp(before, now, 1000 * sizeof(float)) == 0,
+                "c.w after the load differs from what was saved");
+  ck_assert_int_eq(fsdp_barrier(comm, FSDP_HOST_STREAM), FSDP_SUCCESS);
+  if (rank == 0) {
+    char rm[64];
+    snprintf(rm, sizeof rm, "rm -rf %s", dir);
+    ck_assert_int_eq(system(rm), 0);
+  }
+  free(before);
+  free(now);
+  free(zeros);
+  fsdp_engine_destroy(e);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("engine_cuda");
   TCase *tc = tcase_create("engine");
@@ -561,6 +619,7 @@ static Suite *suite(void) {
                       (int)(sizeof cases / sizeof cases[0]));
   tcase_add_test(tc, memory_matches_device);
   tcase_add_test(tc, blas_handle_made_at_materialize);
+  tcase_add_test(tc, host_copies_released);
   suite_add_tcase(s, tc);
   return s;
 }

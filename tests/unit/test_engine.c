@@ -419,6 +419,37 @@ START_TEST(init_and_padding) {
 }
 END_TEST
 
+/* fsdp_unit_shard_release on the CPU: the shard is the engine's own memory
+ * (no host copies, what was written stays), a written release is refused
+ * while the unit is acquired or holds gradients, and a bad unit is named. */
+START_TEST(shard_release) {
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  fsdp_unit_t u[3];
+  fsdp_engine_t e = make_engine(&c, u);
+  fsdp_shard_t s;
+  ck_assert_int_eq(fsdp_unit_shard(e, u[1], &s), FSDP_SUCCESS);
+  s.master[0] = 3.5f;
+  ck_assert_int_eq(fsdp_unit_shard_release(e, u[1], 1), FSDP_SUCCESS);
+  size_t live = 1, peak = 1;
+  ck_assert_int_eq(fsdp_engine_host_copy_bytes(e, &live, &peak), FSDP_SUCCESS);
+  ck_assert_uint_eq(live, 0);
+  ck_assert_uint_eq(peak, 0);
+  float w1[21];
+  ck_assert_int_eq(fsdp_engine_read_tensor(e, "w1", w1, -1), FSDP_SUCCESS);
+  ck_assert_float_eq(w1[0], 3.5f);
+  fsdp_view_t v;
+  ck_assert_int_eq(fsdp_unit_acquire(e, u[0], FSDP_FORWARD, &v), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_unit_shard_release(e, u[0], 1), FSDP_ERR_INVALID_USAGE);
+  ck_assert_msg(strstr(fsdp_last_error(), "'u0'") && strstr(fsdp_last_error(), "acquired"), "%s",
+                fsdp_last_error());
+  ck_assert_int_eq(fsdp_unit_shard_release(e, u[0], 0), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_unit_release(e, u[0], FSDP_FORWARD), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_unit_shard_release(e, 7, 0), FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(fsdp_engine_host_copy_bytes(NULL, &live, &peak), FSDP_ERR_INVALID_ARGUMENT);
+  fsdp_engine_destroy(e);
+}
+END_TEST
+
 /* One rank, grads of 1 everywhere: SGD and AdamW results written out by hand. */
 START_TEST(step_numerics) {
   fsdp_config_t c = FSDP_CONFIG_INIT;
@@ -598,6 +629,7 @@ static Suite *engine_suite(void) {
   tcase_add_loop_test(tc, init_and_padding, 0, 3);
   tcase_add_test(tc, step_numerics);
   tcase_add_test(tc, memory_formula);
+  tcase_add_test(tc, shard_release);
   tcase_add_loop_test(tc, accumulation, 0, 4);
   tcase_add_loop_test(tc, bf16_params, 0, 2);
   suite_add_tcase(s, tc);
