@@ -852,11 +852,12 @@ END_TEST
 /* cuDNN's fused attention (attention_cudnn.cpp) against the same references
  * and bounds as the flash kernel: bf16 products with fp32 softmax and
  * accumulation, so the same error budget. Small shapes (T not a multiple of
- * any tile, T = 1, head sizes 16, 32, 64) and GPT-2's production layer at
+ * any tile, head sizes 16, 32, 64; not T = 1, which cuDNN 9.14 refuses on an
+ * H200: "s_q = s_kv = 1 is not supported", so auto runs flash there) and GPT-2's production layer at
  * batch 2 (T 1024, 12 heads of 64). Skipped, named in the table, where
  * cuDNN does not load (the simulator has none). */
 static const struct { int B, T, C, NH; } kCudnn[] = {
-    {2, 65, 96, 3}, {1, 1, 128, 2}, {3, 77, 192, 3}, {1, 130, 32, 2}, {2, 1024, 768, 12},
+    {2, 65, 96, 3}, {3, 77, 192, 3}, {1, 130, 32, 2}, {2, 1024, 768, 12},
 };
 
 START_TEST(cudnn_attention) {
