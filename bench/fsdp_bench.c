@@ -29,7 +29,7 @@ static const char usage_text[] =
     "                             f16: gathers move fp16, the loss is scaled dynamically\n"
     "  --reduce-dtype f32|bf16    what gradients are reduced in (default f32)\n"
     "  --device cpu|cuda          where shards, gradients and compute live (default cpu;\n"
-    "                             cuda: gpt2 only, GPU = local rank % visible GPUs)\n"
+    "                             cuda: GPU = local rank % visible GPUs; the mlp in f32)\n"
     "  --comm-backend nccl|mpi    (or --comm) collectives of a cuda engine (default: the\n"
     "                             world's)\n"
     "  --shard-size S             HSDP: ranks per shard group, a divisor of the world\n"
@@ -229,9 +229,6 @@ static int finish_options(bench_opts_t *o) {
                    "out for the model's context)\n"), -1;
   if (o->seq_len < 0) o->seq_len = o->gpt.block_size;
   if (!o->micro_batch) o->micro_batch = gpt ? 8 : 64;
-  if (!gpt && o->cfg.device == FSDP_DEVICE_CUDA)
-    return fprintf(stderr, "fsdp-bench: --device cuda runs gpt2 only (the MLP has CPU kernels "
-                   "only)\n"), -1;
   if (o->peak_size < 0) o->peak_size = o->cfg.device == FSDP_DEVICE_CUDA ? 8192 : 2048;
   if (o->iters < 1 || o->rounds < 1)
     return fprintf(stderr, "fsdp-bench: --iters and --rounds must be at least 1\n"), -1;

@@ -211,6 +211,22 @@ typedef struct fsdp_layernorm_backward_args {
   int N, C;
 } fsdp_layernorm_backward_args_t;
 
+/* The MLP's ReLU over n elements of dt, in place: x = max(x, 0) (NaN to 0). */
+typedef struct fsdp_relu_forward_args {
+  fsdp_dtype_t dt;
+  void *x; /* (n) read and written */
+  size_t n;
+} fsdp_relu_forward_args_t;
+
+/* dx = out > 0 ? dx : 0 with out forward's result: the gradient through the
+ * ReLU written over the one above it. */
+typedef struct fsdp_relu_backward_args {
+  fsdp_dtype_t dt;
+  void *dx;        /* (n) read and written */
+  const void *out; /* (n) forward's */
+  size_t n;
+} fsdp_relu_backward_args_t;
+
 /* AdamW (fsdp_adamw_update's semantics) over a whole fp32 shard in one call.
  * Gradients are taken times coef (clipping; the CPU scales them in place,
  * CUDA only reads them: do not read grad afterwards). */
@@ -264,12 +280,8 @@ typedef struct fsdp_compute_ops {
                                            fsdp_stream_t s);
   fsdp_status_t (*layernorm_fused_backward)(const fsdp_layernorm_backward_args_t *a,
                                             fsdp_stream_t s);
-  /* ReLU in place over n elements of dt (the MLP's): x = max(x, 0) (NaN to
-   * 0); backward dx = out > 0 ? dx : 0 with out forward's result, the
-   * gradient through the ReLU written over the one above it. */
-  fsdp_status_t (*relu_forward)(fsdp_dtype_t dt, void *x, size_t n, fsdp_stream_t s);
-  fsdp_status_t (*relu_backward)(fsdp_dtype_t dt, void *dx, const void *out, size_t n,
-                                 fsdp_stream_t s);
+  fsdp_status_t (*relu_forward)(const fsdp_relu_forward_args_t *a, fsdp_stream_t s);
+  fsdp_status_t (*relu_backward)(const fsdp_relu_backward_args_t *a, fsdp_stream_t s);
   /* ---- the engine's shard kernels ---- */
   /* *out (one double) = sum of x[i]^2, accumulated in double, deterministic;
    * partials: sum_squares_partials doubles of the caller's (NULL when 0). */

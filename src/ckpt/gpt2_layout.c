@@ -23,8 +23,32 @@ const gpt2_block_tensor_t gpt2_block_tensors[GPT2_BLOCK_TENSORS] = {
     [GPT2_FCPROJB] = {"mlp.c_proj.bias", 1, 0},
 };
 
+/* The names that differ between ours and the published ones. */
+static const struct { const char *ours, *published; } renamed[] = {
+    {"wte", "wte.weight"},
+    {"wpe", "wpe.weight"},
+};
+
 const char *gpt2_published_name(const char *name) {
-  return !strcmp(name, "wte") ? "wte.weight" : !strcmp(name, "wpe") ? "wpe.weight" : name;
+  for (size_t i = 0; i < sizeof renamed / sizeof renamed[0]; i++)
+    if (!strcmp(name, renamed[i].ours)) return renamed[i].published;
+  return name;
+}
+
+const char *gpt2_our_name(const char *published) {
+  for (size_t i = 0; i < sizeof renamed / sizeof renamed[0]; i++)
+    if (!strcmp(published, renamed[i].published)) return renamed[i].ours;
+  return published;
+}
+
+int gpt2_published_buffer(const char *published) {
+  static const char *const buffers[] = {".attn.bias", ".attn.masked_bias"};
+  size_t n = strlen(published);
+  for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; i++) {
+    size_t k = strlen(buffers[i]);
+    if (n > k && !strcmp(published + n - k, buffers[i])) return 1;
+  }
+  return 0;
 }
 
 fsdp_status_t fsdp_gpt2_preset(const char *name, fsdp_gpt2_config_t *out) {

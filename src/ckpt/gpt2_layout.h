@@ -32,8 +32,17 @@ extern const gpt2_block_tensor_t gpt2_block_tensors[GPT2_BLOCK_TENSORS];
 
 /* The published name of one of ours, without Hugging Face's GPT2LMHeadModel
  * prefix GPT2_HF_PREFIX: "wte" -> "wte.weight", "wpe" -> "wpe.weight", the
- * rest unchanged (a pointer into name or a literal). */
+ * rest unchanged (a pointer into name or a literal). gpt2_our_name is its
+ * inverse, for a published name with the prefix removed. */
 #define GPT2_HF_PREFIX "transformer."
 const char *gpt2_published_name(const char *name);
+const char *gpt2_our_name(const char *published);
+
+/* What a published GPT-2 holds beyond our tensors (names without the
+ * prefix): the output head, tied to wte, and the attention's mask buffers
+ * ("h.<l>.attn.bias", "h.<l>.attn.masked_bias"), which are no parameters.
+ * gpt2_published_buffer says whether a name is one of the buffers. */
+#define GPT2_HF_HEAD "lm_head.weight"
+int gpt2_published_buffer(const char *published);
 
 #endif

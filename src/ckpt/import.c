@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckpt/gpt2_layout.h"
 #include "ckpt/hf.h"
 #include "core/json.h"
 #include "fsdp/nn.h"
@@ -205,16 +206,6 @@ static fsdp_status_t read_header(st_file_t *f) {
 
 /* ---- names: ours from the published GPT-2 ones -------------------------------------- */
 
-static int skipped(const char *key) {
-  size_t n = strlen(key);
-  static const char *const buffers[] = {".attn.bias", ".attn.masked_bias"};
-  for (size_t i = 0; i < 2; i++) {
-    size_t k = strlen(buffers[i]);
-    if (n > k && !strcmp(key + n - k, buffers[i])) return 1;
-  }
-  return 0;
-}
-
 static int importable(const char *dtype) {
   return !strcmp(dtype, "F32") || !strcmp(dtype, "BF16") || !strcmp(dtype, "F16");
 }
@@ -248,17 +239,18 @@ static fsdp_status_t map_names(st_file_t *f, int *kept) {
   memset(f->slot, 0xff, f->cap * sizeof *f->slot);
   for (int i = 0; i < f->n; i++) {
     st_tensor_t *t = &f->t[i];
-    const char *k = !strncmp(t->key, "transformer.", 12) ? t->key + 12 : t->key;
-    if (skipped(k)) continue;
+    size_t prefix = strlen(GPT2_HF_PREFIX);
+    const char *k = !strncmp(t->key, GPT2_HF_PREFIX, prefix) ? t->key + prefix : t->key;
+    if (gpt2_published_buffer(k)) continue;
     if (!importable(t->dtype))
       return entry_error(f, t->key, "dtype is not F32, BF16 or F16 (the ones that import)");
-    if (!strcmp(k, "lm_head.weight")) { /* checked against wte, never imported */
+    if (!strcmp(k, GPT2_HF_HEAD)) { /* checked against wte, never imported */
       f->lm_head = i;
       continue;
     }
     if (t->ndim < 1 || t->ndim > FSDP_MAX_DIMS || t->numel == 0)
       return entry_error(f, t->key, "needs 1 to 4 dimensions and at least one element");
-    const char *ours = !strcmp(k, "wte.weight") ? "wte" : !strcmp(k, "wpe.weight") ? "wpe" : k;
+    const char *ours = gpt2_our_name(k);
     size_t at = slot_of(f, ours);
     if (f->slot[at] >= 0) return entry_error(f, t->key, "maps to a name another tensor already has");
     if (!(t->name = fsdp_strdup(ours))) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "import");

@@ -321,8 +321,10 @@ static fsdp_status_t forward(struct fsdp_mlp *m, int B) {
     FSDP_TRY(edge(m, i, FSDP_FORWARD, 0));
     /* In place: ReLU's backward needs only its output. */
     if (i + 1 < L)
-      FSDP_TRY(m->ops->relu_forward(FSDP_F32, m->act[i + 1],
-                                    (size_t)B * (size_t)m->widths[i + 1], m->s));
+      FSDP_TRY(m->ops->relu_forward(&(fsdp_relu_forward_args_t){
+                                        .dt = FSDP_F32, .x = m->act[i + 1],
+                                        .n = (size_t)B * (size_t)m->widths[i + 1]},
+                                    m->s));
   }
   return root(m, FSDP_FORWARD, 0);
 }
@@ -354,7 +356,9 @@ static fsdp_status_t backward(struct fsdp_mlp *m, int B) {
     if (i == 0) break;
     /* Through the ReLU that produced act[i], after release so that the
      * gradient reduction of unit i overlaps it. */
-    FSDP_TRY(m->ops->relu_backward(FSDP_F32, dinp, m->act[i], (size_t)B * (size_t)m->widths[i],
+    FSDP_TRY(m->ops->relu_backward(&(fsdp_relu_backward_args_t){
+                                       .dt = FSDP_F32, .dx = dinp, .out = m->act[i],
+                                       .n = (size_t)B * (size_t)m->widths[i]},
                                    m->s));
     dout = dinp;
   }

@@ -35,7 +35,7 @@ static const char usage_text[] =
     "  --reduce-dtype f32|bf16   what gradients are reduced in (default f32)\n"
     "device\n"
     "  --device cpu|cuda         where shards, gradients and compute live (default cpu;\n"
-    "                            cuda: gpt2 only, GPU = local rank % visible GPUs)\n"
+    "                            cuda: GPU = local rank % visible GPUs; the mlp in f32)\n"
     "  --comm-backend nccl|mpi   collectives of a cuda engine (default: the world's)\n"
     "  --max-live N              cap on gathered units (default: depth + 1, +1 for gpt2's root)\n"
     "  --wrap KINDS              unit per module kind: GPT2Block (gpt2 default), Linear (mlp)\n"
@@ -195,9 +195,6 @@ static int finish_options(train_opts_t *o) {
                    "unit per layer\n", o->config->path), -1;
   if (!gpt && strcmp(o->model, "mlp"))
     return fprintf(stderr, "fsdp-train: --model '%s': use gpt2 or mlp\n", o->model), -1;
-  if (!gpt && o->cfg.device == FSDP_DEVICE_CUDA)
-    return fprintf(stderr, "fsdp-train: --device cuda trains gpt2 only (the MLP has CPU "
-                   "kernels only)\n"), -1;
   if (!o->seq_len || !o->global_batch)
     return fprintf(stderr, "fsdp-train: --%s 0: use a positive number (leave the flag out "
                    "for the default)\n", !o->seq_len ? "seq-len" : "global-batch"), -1;

@@ -183,18 +183,17 @@ static fsdp_status_t cpu_layernorm_fused_backward(const fsdp_layernorm_backward_
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t cpu_relu_forward(fsdp_dtype_t dt, void *x, size_t n, fsdp_stream_t s) {
-  CPU_OP("relu_forward", dt, s);
-  fsdp_relu_forward(x, x, n);
+static fsdp_status_t cpu_relu_forward(const fsdp_relu_forward_args_t *a, fsdp_stream_t s) {
+  CPU_OP("relu_forward", a->dt, s);
+  fsdp_relu_forward(a->x, a->x, a->n);
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t cpu_relu_backward(fsdp_dtype_t dt, void *dx, const void *out, size_t n,
-                                       fsdp_stream_t s) {
-  CPU_OP("relu_backward", dt, s);
-  float *d = dx;
-  const float *o = out;
-  for (size_t i = 0; i < n; i++) d[i] = o[i] > 0.0f ? d[i] : 0.0f;
+static fsdp_status_t cpu_relu_backward(const fsdp_relu_backward_args_t *a, fsdp_stream_t s) {
+  CPU_OP("relu_backward", a->dt, s);
+  float *d = a->dx;
+  const float *o = a->out;
+  for (size_t i = 0; i < a->n; i++) d[i] = o[i] > 0.0f ? d[i] : 0.0f;
   return FSDP_SUCCESS;
 }
 

@@ -41,18 +41,17 @@ static fsdp_status_t relu_backward(T *dx, const T *out, size_t n, cudaStream_t s
   });
 }
 
-fsdp_status_t fsdp_cuda_relu_forward(fsdp_dtype_t dt, void *x, size_t n, fsdp_stream_t stream) {
-  return fsdp_cuda_dispatch("relu_forward", dt, stream, [&](auto *tag, cudaStream_t s) {
+fsdp_status_t fsdp_cuda_relu_forward(const fsdp_relu_forward_args_t *a, fsdp_stream_t stream) {
+  return fsdp_cuda_dispatch("relu_forward", a->dt, stream, [&](auto *tag, cudaStream_t s) {
     STORAGE(tag);
-    return relu_forward(as<S>(x), n, s);
+    return relu_forward(as<S>(a->x), a->n, s);
   });
 }
 
-fsdp_status_t fsdp_cuda_relu_backward(fsdp_dtype_t dt, void *dx, const void *out, size_t n,
-                                      fsdp_stream_t stream) {
-  return fsdp_cuda_dispatch("relu_backward", dt, stream, [&](auto *tag, cudaStream_t s) {
+fsdp_status_t fsdp_cuda_relu_backward(const fsdp_relu_backward_args_t *a, fsdp_stream_t stream) {
+  return fsdp_cuda_dispatch("relu_backward", a->dt, stream, [&](auto *tag, cudaStream_t s) {
     STORAGE(tag);
-    return relu_backward(as<S>(dx), as<S>(out), n, s);
+    return relu_backward(as<S>(a->dx), as<S>(a->out), a->n, s);
   });
 }
 

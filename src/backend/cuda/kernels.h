@@ -104,9 +104,8 @@ fsdp_status_t fsdp_cuda_layernorm_fused_forward(const fsdp_layernorm_forward_arg
 fsdp_status_t fsdp_cuda_layernorm_fused_backward(const fsdp_layernorm_backward_args_t *a,
                                                  fsdp_stream_t stream);
 /* The MLP's ReLU, in place (elementwise.cu). */
-fsdp_status_t fsdp_cuda_relu_forward(fsdp_dtype_t dt, void *x, size_t n, fsdp_stream_t stream);
-fsdp_status_t fsdp_cuda_relu_backward(fsdp_dtype_t dt, void *dx, const void *out, size_t n,
-                                      fsdp_stream_t stream);
+fsdp_status_t fsdp_cuda_relu_forward(const fsdp_relu_forward_args_t *a, fsdp_stream_t stream);
+fsdp_status_t fsdp_cuda_relu_backward(const fsdp_relu_backward_args_t *a, fsdp_stream_t stream);
 /* One block per row; the exponential sum and the loss in double, as on the
  * CPU. */
 fsdp_status_t fsdp_cuda_xent(const fsdp_xent_args_t *a, fsdp_stream_t stream);
