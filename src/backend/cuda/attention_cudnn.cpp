@@ -115,7 +115,7 @@ std::map<shape_key, shape_graphs> &graphs() {
   return m;
 }
 
-fsdp_status_t cuda_fail(cudaError_t e, const char *what) {
+fsdp_status_t cudnn_side_cuda_fail(cudaError_t e, const char *what) {
   return fsdp_error(e == cudaErrorMemoryAllocation ? FSDP_ERR_OUT_OF_MEMORY : FSDP_ERR_SYSTEM,
                     "cuDNN attention: %s: %s", what, cudaGetErrorString(e));
 }
@@ -138,7 +138,7 @@ fsdp_status_t fe_fail(const fe::error_t &e, const char *what, const shape_key &k
 fsdp_status_t slot_for(cudaStream_t stream, stream_slot **out) {
   int device;
   cudaError_t e = cudaGetDevice(&device);
-  if (e != cudaSuccess) return cuda_fail(e, "cudaGetDevice");
+  if (e != cudaSuccess) return cudnn_side_cuda_fail(e, "cudaGetDevice");
   for (stream_slot &s : slots())
     if (s.device == device && s.stream == stream) {
       *out = &s;
@@ -160,17 +160,17 @@ fsdp_status_t slot_for(cudaStream_t stream, stream_slot **out) {
 
 /* *buf holds at least need bytes. The old buffer may still be read by work
  * queued on the stream: cudaFree waits for the device first. */
-fsdp_status_t grow(void **buf, size_t *have, size_t need, const char *what) {
+fsdp_status_t grow_buffer(void **buf, size_t *have, size_t need, const char *what) {
   if (need <= *have) return FSDP_SUCCESS;
   if (*buf) {
     cudaError_t e = cudaFree(*buf);
     *buf = nullptr, *have = 0;
-    if (e != cudaSuccess) return cuda_fail(e, what);
+    if (e != cudaSuccess) return cudnn_side_cuda_fail(e, what);
   }
   cudaError_t e = cudaMalloc(buf, need);
   if (e != cudaSuccess) {
     *buf = nullptr;
-    return cuda_fail(e, what);
+    return cudnn_side_cuda_fail(e, what);
   }
   *have = need;
   return FSDP_SUCCESS;
@@ -358,7 +358,7 @@ extern "C" fsdp_status_t fsdp_cudnn_attention_forward(void *out, float *stats, c
     shape_graphs *sg;
     FSDP_TRY(slot_for(stream, &slot));
     FSDP_TRY(graphs_for(B, T, C, NH, &sg));
-    FSDP_TRY(grow(&slot->workspace, &slot->workspace_bytes, (size_t)sg->fwd_workspace,
+    FSDP_TRY(grow_buffer(&slot->workspace, &slot->workspace_bytes, (size_t)sg->fwd_workspace,
                   "cudaMalloc(workspace)"));
     std::unordered_map<int64_t, void *> pack = {
         {UID_Q, at(qkv, 0)}, {UID_K, at(qkv, (size_t)C)}, {UID_V, at(qkv, 2 * (size_t)C)},
@@ -385,9 +385,9 @@ extern "C" fsdp_status_t fsdp_cudnn_attention_backward(void **staged, const void
     shape_graphs *sg;
     FSDP_TRY(slot_for(stream, &slot));
     FSDP_TRY(graphs_for(B, T, C, NH, &sg));
-    FSDP_TRY(grow(&slot->workspace, &slot->workspace_bytes, (size_t)sg->bwd_workspace,
+    FSDP_TRY(grow_buffer(&slot->workspace, &slot->workspace_bytes, (size_t)sg->bwd_workspace,
                   "cudaMalloc(workspace)"));
-    FSDP_TRY(grow(&slot->staging, &slot->staging_bytes, (size_t)B * T * 3 * C * 2,
+    FSDP_TRY(grow_buffer(&slot->staging, &slot->staging_bytes, (size_t)B * T * 3 * C * 2,
                   "cudaMalloc(dqkv staging)"));
     void *d = slot->staging;
     std::unordered_map<int64_t, void *> pack = {
