@@ -31,6 +31,14 @@ flags=(-g -O1 -std=c11 -D_GNU_SOURCE -DFSDP_BUILDING -I"$src/src" -I"$src/includ
 # libfsdp.a's own dependencies (meson.build's fsdp_deps) and the tools' libyaml
 libs=("$build/libfsdp.a" $(pkg-config --libs yaml-0.1 zlib libpcre2-8 ompi-c openblas)
       -lgloo -lmvec -lstdc++ -lm -lpthread)
+# a CUDA build's libfsdp.a also needs cudart (and NCCL where built): the
+# toolkit's libraries, found beside nvcc as meson found them.
+if grep -q "FSDP_HAVE_CUDA 1" "$build/fsdp_config.h" 2>/dev/null; then
+  nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+  cuda_lib=$(dirname "$(dirname "$(readlink -f "$nvcc")")")/lib64
+  libs+=(-L"$cuda_lib" -Wl,-rpath,"$cuda_lib" -lcudart -ldl -lrt)
+  grep -q "FSDP_HAVE_NCCL 1" "$build/fsdp_config.h" && libs+=(-lnccl)
+fi
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
 failed=0
 for t in "${targets[@]}"; do
