@@ -102,9 +102,8 @@ typedef struct fsdp_embedding_backward_args {
  * of NH. What attention keeps for backward, att (fp32), depends on the
  * backend and dtype: attention_state_floats says how many floats (the
  * (B,NH,T,T) probabilities, or the (B,NH,T) log-sum-exp of an op that
- * recomputes them). scratch: attention_scratch_bytes(dt, T, NH) of the
- * caller's (NULL when 0), contents not kept between calls: layers may share
- * it. */
+ * recomputes them). scratch: attention_scratch_bytes of the caller's (NULL
+ * when 0), contents not kept between calls: layers may share it. */
 typedef struct fsdp_attention_forward_args {
   fsdp_dtype_t dt;
   void *out;       /* (B,T,C) written */
@@ -227,6 +226,44 @@ typedef struct fsdp_relu_backward_args {
   size_t n;
 } fsdp_relu_backward_args_t;
 
+/* ---- the engine's shard kernels' descriptors (shards of n elements) ---- */
+
+/* *out (one double) = sum of x[i]^2, accumulated in double, deterministic
+ * (the same n gives the same order on every run). */
+typedef struct fsdp_sum_squares_args {
+  double *out;      /* (1) written */
+  double *partials; /* sum_squares_partials doubles of the caller's (NULL when 0) */
+  const float *x;   /* (n) */
+  size_t n;
+} fsdp_sum_squares_args_t;
+
+/* x *= alpha (gradient clipping by the global norm). */
+typedef struct fsdp_scale_args {
+  float *x; /* (n) read and written */
+  float alpha;
+  size_t n;
+} fsdp_scale_args_t;
+
+/* y += alpha * x: a reduced gradient into the fp32 grad shard. */
+typedef struct fsdp_axpy_args {
+  float *y;         /* (n) fp32, += */
+  fsdp_dtype_t xdt; /* x's dtype: f32, or bf16 when gradients are reduced in bf16 */
+  const void *x;    /* (n) of xdt */
+  float alpha;
+  size_t n;
+} fsdp_axpy_args_t;
+
+/* dst = src element by element with fsdp_f32_to_bf16's / fsdp_f32_to_f16's
+ * exact rounding, or their widening inverses: f32 to and from bf16 and f16
+ * (another pair is refused with FSDP_ERR_UNSUPPORTED naming both). */
+typedef struct fsdp_cast_args {
+  fsdp_dtype_t dst_dt;
+  void *dst; /* (n) of dst_dt, written */
+  fsdp_dtype_t src_dt;
+  const void *src; /* (n) of src_dt */
+  size_t n;
+} fsdp_cast_args_t;
+
 /* AdamW (fsdp_adamw_update's semantics) over a whole fp32 shard in one call.
  * Gradients are taken times coef (clipping; the CPU scales them in place,
  * CUDA only reads them: do not read grad afterwards). */
@@ -265,14 +302,19 @@ typedef struct fsdp_compute_ops {
   fsdp_status_t (*head_backward)(const fsdp_head_backward_args_t *a, fsdp_stream_t s);
   fsdp_status_t (*embedding_forward)(const fsdp_embedding_forward_args_t *a, fsdp_stream_t s);
   fsdp_status_t (*embedding_backward)(const fsdp_embedding_backward_args_t *a, fsdp_stream_t s);
-  /* sizes of attention's state (floats) and scratch (bytes) */
-  size_t (*attention_state_floats)(fsdp_dtype_t dt, int B, int T, int NH);
-  size_t (*attention_scratch_bytes)(fsdp_dtype_t dt, int T, int NH);
+  /* sizes of attention's state (floats) and scratch (bytes), forward's and
+   * backward's alike: they read a's dt, B, T and NH only (no pointer), so a
+   * caller sizing buffers before it has them passes those four */
+  size_t (*attention_state_floats)(const fsdp_attention_forward_args_t *a);
+  size_t (*attention_scratch_bytes)(const fsdp_attention_forward_args_t *a);
   fsdp_status_t (*attention_forward)(const fsdp_attention_forward_args_t *a, fsdp_stream_t s);
   fsdp_status_t (*attention_backward)(const fsdp_attention_backward_args_t *a, fsdp_stream_t s);
   fsdp_status_t (*xent)(const fsdp_xent_args_t *a, fsdp_stream_t s);
   /* bytes of the column sums' scratch (bias and LayerNorm gradients) over
-   * cols columns; contents not kept: layers share it */
+   * cols columns; contents not kept: layers share it. One int, not a
+   * descriptor: it sizes matmul_backward's (cols = OC) and
+   * layernorm_fused_backward's (cols = C) scratch alike, for the widest of a
+   * model's layers of both kinds */
   size_t (*colsum_scratch_bytes)(int cols);
   fsdp_status_t (*matmul_forward)(const fsdp_matmul_forward_args_t *a, fsdp_stream_t s);
   fsdp_status_t (*matmul_backward)(const fsdp_matmul_backward_args_t *a, fsdp_stream_t s);
@@ -282,22 +324,11 @@ typedef struct fsdp_compute_ops {
                                             fsdp_stream_t s);
   fsdp_status_t (*relu_forward)(const fsdp_relu_forward_args_t *a, fsdp_stream_t s);
   fsdp_status_t (*relu_backward)(const fsdp_relu_backward_args_t *a, fsdp_stream_t s);
-  /* ---- the engine's shard kernels ---- */
-  /* *out (one double) = sum of x[i]^2, accumulated in double, deterministic;
-   * partials: sum_squares_partials doubles of the caller's (NULL when 0). */
-  fsdp_status_t (*sum_squares)(double *out, double *partials, const float *x, size_t n,
-                               fsdp_stream_t s);
-  /* x *= a (clipping). */
-  fsdp_status_t (*scale)(float *x, float a, size_t n, fsdp_stream_t s);
-  /* y += a * x, x of dtype xdt (f32, or bf16 when gradients are reduced in
-   * bf16): a reduced gradient into the fp32 grad shard. */
-  fsdp_status_t (*axpy)(float *y, fsdp_dtype_t xdt, const void *x, float a, size_t n,
-                        fsdp_stream_t s);
-  /* dst (dst_dt) = src (src_dt) element by element with fsdp_f32_to_bf16's /
-   * fsdp_f32_to_f16's exact rounding, or their widening inverses: f32 to and
-   * from bf16 and f16. */
-  fsdp_status_t (*cast)(fsdp_dtype_t dst_dt, void *dst, fsdp_dtype_t src_dt, const void *src,
-                        size_t n, fsdp_stream_t s);
+  /* ---- the engine's shard kernels: likewise ---- */
+  fsdp_status_t (*sum_squares)(const fsdp_sum_squares_args_t *a, fsdp_stream_t s);
+  fsdp_status_t (*scale)(const fsdp_scale_args_t *a, fsdp_stream_t s);
+  fsdp_status_t (*axpy)(const fsdp_axpy_args_t *a, fsdp_stream_t s);
+  fsdp_status_t (*cast)(const fsdp_cast_args_t *a, fsdp_stream_t s);
   fsdp_status_t (*adamw_multi)(const fsdp_adamw_args_t *a, fsdp_stream_t s);
   fsdp_status_t (*sgd_update)(const fsdp_sgd_args_t *a, fsdp_stream_t s);
 

@@ -55,8 +55,10 @@ static fsdp_status_t mark_open(struct fsdp_engine *e, fsdp_stream_t s, struct st
 static fsdp_status_t gather_end(void *arg) {
   struct stream_op *op = arg;
   if (op->lp)
-    FSDP_TRY(op->eng->dev.ops->cast(FSDP_F32, op->dst, op->u->lp_dtype, op->lp, op->u->padded,
-                                FSDP_HOST_STREAM));
+    FSDP_TRY(op->eng->dev.ops->cast(&(fsdp_cast_args_t){.dst_dt = FSDP_F32, .dst = op->dst,
+                                                         .src_dt = op->u->lp_dtype, .src = op->lp,
+                                                         .n = op->u->padded},
+                                    FSDP_HOST_STREAM));
   fsdp_tl_add(op->eng, FSDP_TL_ALL_GATHER, unit_index(op->eng, op->u), op->pass, 1, op->t_begin,
               fsdp_time_now(), gather_bytes(op->u));
   return FSDP_SUCCESS;
@@ -72,7 +74,10 @@ static fsdp_status_t reduce_mark(void *arg) {
 
 /* bf16 reduce dtype: the full fp32 gradient rounded into grad_lp. */
 static fsdp_status_t cast_grad(struct fsdp_engine *e, struct unit *u, fsdp_stream_t s) {
-  return e->dev.ops->cast(FSDP_BF16, e->pools.grad_lp, FSDP_F32, u->sched.reduce_src, u->padded, s);
+  return e->dev.ops->cast(&(fsdp_cast_args_t){.dst_dt = FSDP_BF16, .dst = e->pools.grad_lp,
+                                              .src_dt = FSDP_F32, .src = u->sched.reduce_src,
+                                              .n = u->padded},
+                          s);
 }
 
 /* grad shard += scale * reduced gradient (the averaging is folded in here). */
@@ -80,8 +85,11 @@ static fsdp_status_t accumulate(struct fsdp_engine *e, struct unit *u, fsdp_stre
   const int lp = e->conf.bf16_reduce && e->conf.nranks > 1;
   const float *src = e->conf.shard_world > 1 ? e->pools.staging : u->sched.reduce_src;
   const uint16_t *src_lp = e->conf.shard_world > 1 ? e->pools.staging_lp : e->pools.grad_lp;
-  return e->dev.ops->axpy(u->mem.grad, lp ? FSDP_BF16 : FSDP_F32, lp ? (const void *)src_lp : src,
-                          u->sched.reduce_scale, u->shard, s);
+  return e->dev.ops->axpy(&(fsdp_axpy_args_t){.y = u->mem.grad,
+                                              .xdt = lp ? FSDP_BF16 : FSDP_F32,
+                                              .x = lp ? (const void *)src_lp : src,
+                                              .alpha = u->sched.reduce_scale, .n = u->shard},
+                          s);
 }
 
 typedef fsdp_status_t (*shard_fn)(struct fsdp_engine *, struct unit *, fsdp_stream_t);

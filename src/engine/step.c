@@ -47,9 +47,13 @@ static fsdp_status_t shard_sumsq(const struct fsdp_engine *e, double *total) {
   for (int i = 0; i < e->plan.n_units; i++)
     if (e->plan.units[i].count)
       FSDP_TRY(e->dev.ops->sum_squares(
-          e->pools.norm_dev + i,
-          e->dev.ops->sum_squares_partials ? e->pools.norm_dev + e->plan.n_units : NULL,
-          e->plan.units[i].mem.grad, e->plan.units[i].count, e->dev.s_compute));
+          &(fsdp_sum_squares_args_t){
+              .out = e->pools.norm_dev + i,
+              .partials = e->dev.ops->sum_squares_partials ? e->pools.norm_dev + e->plan.n_units
+                                                           : NULL,
+              .x = e->plan.units[i].mem.grad,
+              .n = e->plan.units[i].count},
+          e->dev.s_compute));
   FSDP_TRY(fsdp_device_copy(e->pools.norm_host, e->pools.norm_dev, bytes, e->dev.s_compute));
   FSDP_TRY(fsdp_stream_synchronize(e->dev.s_compute));
   for (int i = 0; i < e->plan.n_units; i++) *total += e->pools.norm_host[i];
@@ -77,7 +81,7 @@ static void update_segment(const struct tensor *t, size_t first, size_t n, size_
   const fsdp_stream_t s = c->e->dev.s_compute;
   float *p = c->u->mem.master + k, *g = c->u->mem.grad + k;
   fsdp_status_t st = FSDP_SUCCESS;
-  if (c->coef != 1.0f) st = ops->scale(g, c->coef, n, s);
+  if (c->coef != 1.0f) st = ops->scale(&(fsdp_scale_args_t){.x = g, .alpha = c->coef, .n = n}, s);
   /* AdamW comes here only for units with parameter groups (update_unit):
    * one run, the piece's, its gradient already scaled. */
   if (st == FSDP_SUCCESS && o->kind == FSDP_OPTIM_ADAMW)

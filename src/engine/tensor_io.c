@@ -204,9 +204,13 @@ fsdp_status_t fsdp_engine_host_copy_bytes(fsdp_engine_t e, size_t *live, size_t 
 
 fsdp_status_t fsdp_unit_refresh_params(const struct fsdp_engine *e, struct unit *u) {
   if (!u->lowp) return FSDP_SUCCESS;
-  FSDP_TRY(e->dev.ops->cast(u->lp_dtype, u->mem.lp, FSDP_F32, u->mem.master, u->shard,
+  FSDP_TRY(e->dev.ops->cast(&(fsdp_cast_args_t){.dst_dt = u->lp_dtype, .dst = u->mem.lp,
+                                                 .src_dt = FSDP_F32, .src = u->mem.master,
+                                                 .n = u->shard},
                             e->dev.s_compute));
   if (!u->mem.rounded) return FSDP_SUCCESS;
-  return e->dev.ops->cast(FSDP_F32, u->mem.rounded, u->lp_dtype, u->mem.lp, u->shard,
+  return e->dev.ops->cast(&(fsdp_cast_args_t){.dst_dt = FSDP_F32, .dst = u->mem.rounded,
+                                              .src_dt = u->lp_dtype, .src = u->mem.lp,
+                                              .n = u->shard},
                           e->dev.s_compute);
 }

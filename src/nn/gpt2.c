@@ -412,7 +412,8 @@ static double gib(size_t b) { return (double)b / (1u << 30); }
  * (the widest is fc's bias, 4C). */
 static size_t kernel_bytes(const struct fsdp_gpt2 *g, int B, int T) {
   return gpt2_io_bytes((size_t)B * (size_t)T) +
-         g->ops->attention_scratch_bytes(g->dt, T, g->c.n_head) +
+         g->ops->attention_scratch_bytes(
+             &(fsdp_attention_forward_args_t){.dt = g->dt, .B = B, .T = T, .NH = g->c.n_head}) +
          g->ops->colsum_scratch_bytes(4 * g->c.n_embd);
 }
 
@@ -478,11 +479,13 @@ static fsdp_status_t pick_backend(struct fsdp_gpt2 *g, size_t *bytes) {
   g->align = cfg->device == FSDP_DEVICE_CUDA ? 256 : 1; /* where cuBLAS and the kernels like it */
   g->esize = fsdp_dtype_size(g->dt);
   set_layout(g, FSDP_GPT2_LAYOUT_BUILT);
-  if (g->ops->attention_state_floats(g->dt, g->maxB, g->maxT, g->c.n_head) != att_elems(g))
+  const fsdp_attention_forward_args_t att_max = {
+      .dt = g->dt, .B = g->maxB, .T = g->maxT, .NH = g->c.n_head};
+  if (g->ops->attention_state_floats(&att_max) != att_elems(g))
     return fsdp_error(FSDP_ERR_INTERNAL, "GPT-2: the %s %s attention keeps another state than "
                       "the layout sized for it", g->ops->name, fsdp_dtype_name(g->dt));
   if (cfg->device == FSDP_DEVICE_CUDA) FSDP_TRY(check_fits(g));
-  size_t scratch = g->ops->attention_scratch_bytes(g->dt, g->maxT, g->c.n_head);
+  size_t scratch = g->ops->attention_scratch_bytes(&att_max);
   FSDP_TRY(gpt2_io_create(g->ops->device, (size_t)g->maxB * (size_t)g->maxT, &g->io));
   if (scratch) FSDP_TRY(fsdp_device_alloc(g->ops->device, scratch, &g->att_scratch));
   size_t colsum = g->ops->colsum_scratch_bytes(4 * g->c.n_embd);

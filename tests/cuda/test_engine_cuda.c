@@ -227,7 +227,9 @@ END_TEST
 #define RACE_SCRATCH (1u << 20) /* floats: a kernel long enough to lose a race to */
 
 static void slow_kernel(fsdp_engine_t e, float *scratch) {
-  ck_assert_int_eq(fsdp_cuda_scale(scratch, 1.0f, RACE_SCRATCH, fsdp_engine_stream(e)),
+  ck_assert_int_eq(fsdp_cuda_scale(&(fsdp_scale_args_t){.x = scratch, .alpha = 1.0f,
+                                                        .n = RACE_SCRATCH},
+                                   fsdp_engine_stream(e)),
                    FSDP_SUCCESS);
 }
 
@@ -413,7 +415,9 @@ static double waits_check(fsdp_engine_t e, int step, double t0, double t1) {
  * 0.1 s on the simulator, far beyond the timeline's slack; microseconds on a
  * GPU, where the checks hold all the same). */
 static void hold_stream(fsdp_stream_t s, float *scratch) {
-  ck_assert_int_eq(fsdp_cuda_scale(scratch, 1.0f, RACE_SCRATCH, s), FSDP_SUCCESS);
+  ck_assert_int_eq(
+      fsdp_cuda_scale(&(fsdp_scale_args_t){.x = scratch, .alpha = 1.0f, .n = RACE_SCRATCH}, s),
+      FSDP_SUCCESS);
 }
 
 START_TEST(timeline_without_host_functions) {

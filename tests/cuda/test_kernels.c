@@ -624,9 +624,10 @@ static void attention_case(int B, int T, int C, int NH) {
   float *qkv = rand_floats(nqkv, 0, 1), *dout = rand_floats(no, 0, 1);
   float *dqkv = rand_floats(nqkv, 0, 1), *out = xmalloc(no * 4), *att = xmalloc(natt * 4);
   float *g_qkv = dev_f32(qkv, nqkv), *g_out = dev_alloc(no * 4), *g_att = dev_alloc(natt * 4);
-  ck_assert_uint_eq(fsdp_cuda_attention_state_floats(FSDP_F32, B, T, NH), natt);
+  const fsdp_attention_forward_args_t dims = {.dt = FSDP_F32, .B = B, .T = T, .C = C, .NH = NH};
+  ck_assert_uint_eq(fsdp_cuda_attention_state_floats(&dims), natt);
   float *g_dqkv = dev_f32(dqkv, nqkv);
-  void *g_scratch = dev_alloc(fsdp_cuda_attention_scratch_bytes(FSDP_F32, T, NH));
+  void *g_scratch = dev_alloc(fsdp_cuda_attention_scratch_bytes(&dims));
   OK(fsdp_cuda_attention_forward(
       &(fsdp_attention_forward_args_t){.dt = FSDP_F32, .out = g_out, .att = g_att, .scratch = g_scratch,
                                        .qkv = g_qkv, .B = B, .T = T, .C = C, .NH = NH},
@@ -772,8 +773,9 @@ static void bf16_attention_case(int B, int T, int C, int NH, const char *fwd, co
   memset(dqkv, 0, nqkv * 4); /* the kernel adds into it */
   uint16_t *g_qkv = dev_bf16(qkv, nqkv), *g_out = dev_alloc(no * 2), *g_dqkv = dev_bf16(dqkv, nqkv);
   uint16_t *g_dout = dev_bf16(dout, no);
-  ck_assert_uint_eq(fsdp_cuda_attention_state_floats(FSDP_BF16, B, T, NH), nlse);
-  ck_assert_uint_eq(fsdp_cuda_attention_scratch_bytes(FSDP_BF16, T, NH), 0); /* no T^2 */
+  const fsdp_attention_forward_args_t dims = {.dt = FSDP_BF16, .B = B, .T = T, .C = C, .NH = NH};
+  ck_assert_uint_eq(fsdp_cuda_attention_state_floats(&dims), nlse);
+  ck_assert_uint_eq(fsdp_cuda_attention_scratch_bytes(&dims), 0); /* no T^2 */
   float *g_lse = dev_alloc(nlse * 4);
   OK(fsdp_cuda_attention_forward(
       &(fsdp_attention_forward_args_t){.dt = FSDP_BF16, .out = g_out, .att = g_lse, .qkv = g_qkv,
@@ -1202,8 +1204,10 @@ START_TEST(sum_squares) {
   float *g_x = dev_f32(x, n);
   double *g_out = dev_alloc(2 * sizeof(double));
   double *g_part = dev_alloc(FSDP_CUDA_SUMSQ_PARTIALS * sizeof(double));
-  OK(fsdp_cuda_sum_squares(g_out, g_part, g_x, n, fs));
-  OK(fsdp_cuda_sum_squares(g_out + 1, g_part, g_x, n, fs));
+  OK(fsdp_cuda_sum_squares(
+      &(fsdp_sum_squares_args_t){.out = g_out, .partials = g_part, .x = g_x, .n = n}, fs));
+  OK(fsdp_cuda_sum_squares(
+      &(fsdp_sum_squares_args_t){.out = g_out + 1, .partials = g_part, .x = g_x, .n = n}, fs));
   host_copy(got, g_out, sizeof got);
   ck_assert_msg(!memcmp(&got[0], &got[1], sizeof(double)),
                 "sum_squares is not deterministic: %.17g then %.17g", got[0], got[1]);
@@ -1220,9 +1224,12 @@ START_TEST(scale_axpy) {
   float *x = rand_floats(n, 0, 1), *y = rand_floats(n, 0, 1), *y16 = copy_floats(y, n);
   float *xr = round_bf16(copy_floats(x, n), n), *g_y = dev_f32(y, n), *g_y16 = dev_f32(y, n);
   float *g_x = dev_f32(x, n);
-  OK(fsdp_cuda_axpy(g_y, FSDP_F32, g_x, a, n, fs));
-  OK(fsdp_cuda_axpy(g_y16, FSDP_BF16, dev_bf16(x, n), a, n, fs));
-  OK(fsdp_cuda_scale(g_x, s, n, fs));
+  OK(fsdp_cuda_axpy(&(fsdp_axpy_args_t){.y = g_y, .xdt = FSDP_F32, .x = g_x, .alpha = a, .n = n},
+                    fs));
+  OK(fsdp_cuda_axpy(&(fsdp_axpy_args_t){.y = g_y16, .xdt = FSDP_BF16, .x = dev_bf16(x, n),
+                                        .alpha = a, .n = n},
+                    fs));
+  OK(fsdp_cuda_scale(&(fsdp_scale_args_t){.x = g_x, .alpha = s, .n = n}, fs));
   /* The engine's loops: src/engine/schedule.c (g += scale * src), step.c (g *= coef). */
   for (size_t i = 0; i < n; ++i) y[i] += a * x[i], y16[i] += a * xr[i], x[i] *= s;
   float *got_y = back_f32(g_y, n), *got_y16 = back_f32(g_y16, n), *got_x = back_f32(g_x, n);
@@ -1285,7 +1292,9 @@ START_TEST(casts) {
   uint16_t *want = xmalloc(n * 2), *got = xmalloc(n * 2);
   for (size_t i = 0; i < n; ++i) want[i] = c->narrow(x[i]);
   uint16_t *g_n = dev_alloc(n * 2);
-  OK(fsdp_cuda_cast(c->dt, g_n, FSDP_F32, dev_f32(x, n), n, fs));
+  OK(fsdp_cuda_cast(&(fsdp_cast_args_t){.dst_dt = c->dt, .dst = g_n, .src_dt = FSDP_F32,
+                                        .src = dev_f32(x, n), .n = n},
+                    fs));
   host_copy(got, g_n, n * 2);
   size_t bad = 0, first = 0;
   for (size_t i = n; i-- > 0;)
@@ -1296,7 +1305,9 @@ START_TEST(casts) {
   uint16_t *all = xmalloc(65536 * 2);
   for (uint32_t i = 0; i < 65536; ++i) all[i] = (uint16_t)i;
   float *g_f = dev_alloc(65536 * 4), *wide = xmalloc(65536 * 4);
-  OK(fsdp_cuda_cast(FSDP_F32, g_f, c->dt, dev_copy(all, 65536 * 2), 65536, fs));
+  OK(fsdp_cuda_cast(&(fsdp_cast_args_t){.dst_dt = FSDP_F32, .dst = g_f, .src_dt = c->dt,
+                                        .src = dev_copy(all, 65536 * 2), .n = 65536},
+                    fs));
   host_copy(wide, g_f, 65536 * 4);
   bad = 0;
   for (uint32_t i = 0; i < 65536; ++i) {

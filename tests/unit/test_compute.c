@@ -160,18 +160,28 @@ START_TEST(cpu_shard_kernels_are_the_engine_loops) {
 
   double sum = -1.0, want = 0.0;
   for (int i = 0; i < NS; i++) want += (double)p[i] * p[i];
-  ck_assert_int_eq(k->sum_squares(&sum, NULL, p, NS, FSDP_HOST_STREAM), FSDP_SUCCESS);
+  ck_assert_int_eq(k->sum_squares(&(fsdp_sum_squares_args_t){.out = &sum, .x = p, .n = NS},
+                                  FSDP_HOST_STREAM),
+                   FSDP_SUCCESS);
   ck_assert(sum == want);
 
   uint16_t h[NS];
   float back[NS];
-  ck_assert_int_eq(k->cast(FSDP_BF16, h, FSDP_F32, p, NS, FSDP_HOST_STREAM), FSDP_SUCCESS);
-  ck_assert_int_eq(k->cast(FSDP_F32, back, FSDP_BF16, h, NS, FSDP_HOST_STREAM), FSDP_SUCCESS);
+  ck_assert_int_eq(k->cast(&(fsdp_cast_args_t){.dst_dt = FSDP_BF16, .dst = h,
+                                               .src_dt = FSDP_F32, .src = p, .n = NS},
+                           FSDP_HOST_STREAM),
+                   FSDP_SUCCESS);
+  ck_assert_int_eq(k->cast(&(fsdp_cast_args_t){.dst_dt = FSDP_F32, .dst = back,
+                                               .src_dt = FSDP_BF16, .src = h, .n = NS},
+                           FSDP_HOST_STREAM),
+                   FSDP_SUCCESS);
   for (int i = 0; i < NS; i++) {
     ck_assert_uint_eq(h[i], fsdp_f32_to_bf16(p[i]));
     ck_assert_float_eq(back[i], fsdp_bf16_to_f32(h[i]));
   }
-  ck_assert_int_eq(k->cast(FSDP_F64, back, FSDP_F32, p, NS, FSDP_HOST_STREAM),
+  ck_assert_int_eq(k->cast(&(fsdp_cast_args_t){.dst_dt = FSDP_F64, .dst = back,
+                                               .src_dt = FSDP_F32, .src = p, .n = NS},
+                           FSDP_HOST_STREAM),
                    FSDP_ERR_UNSUPPORTED);
   ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "f64"));
 }

@@ -95,13 +95,12 @@ static fsdp_status_t cpu_embedding_backward(const fsdp_embedding_backward_args_t
 }
 
 /* The CPU keeps the probabilities, and its backward's scratch on its stack. */
-static size_t cpu_attention_state_floats(fsdp_dtype_t dt, int B, int T, int NH) {
-  (void)dt;
-  return (size_t)B * (size_t)NH * (size_t)T * (size_t)T;
+static size_t cpu_attention_state_floats(const fsdp_attention_forward_args_t *a) {
+  return (size_t)a->B * (size_t)a->NH * (size_t)a->T * (size_t)a->T;
 }
 
-static size_t cpu_attention_scratch_bytes(fsdp_dtype_t dt, int T, int NH) {
-  (void)dt, (void)T, (void)NH;
+static size_t cpu_attention_scratch_bytes(const fsdp_attention_forward_args_t *a) {
+  (void)a;
   return 0;
 }
 
@@ -200,40 +199,44 @@ static fsdp_status_t cpu_relu_backward(const fsdp_relu_backward_args_t *a, fsdp_
 /* ---- the engine's shard kernels: the loops the engine ran before the table,
  * expression for expression, so CPU results are bitwise what they were ---- */
 
-static fsdp_status_t cpu_sum_squares(double *out, double *partials, const float *x, size_t n,
-                                     fsdp_stream_t s) {
+static fsdp_status_t cpu_sum_squares(const fsdp_sum_squares_args_t *a, fsdp_stream_t s) {
   CPU_SHARD_OP("sum_squares", s);
-  (void)partials;
+  const float *x = a->x;
   double acc = 0.0;
-  for (size_t i = 0; i < n; i++) acc += (double)x[i] * x[i];
-  *out = acc;
+  for (size_t i = 0; i < a->n; i++) acc += (double)x[i] * x[i];
+  *a->out = acc;
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t cpu_scale(float *x, float a, size_t n, fsdp_stream_t s) {
+static fsdp_status_t cpu_scale(const fsdp_scale_args_t *a, fsdp_stream_t s) {
   CPU_SHARD_OP("scale", s);
-  for (size_t i = 0; i < n; i++) x[i] *= a;
+  float *x = a->x;
+  const float alpha = a->alpha;
+  for (size_t i = 0; i < a->n; i++) x[i] *= alpha;
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t cpu_axpy(float *restrict y, fsdp_dtype_t xdt, const void *x, float a,
-                              size_t n, fsdp_stream_t s) {
-  if (xdt != FSDP_F32 && xdt != FSDP_BF16) return cpu_refuse("axpy", xdt, s);
+static fsdp_status_t cpu_axpy(const fsdp_axpy_args_t *a, fsdp_stream_t s) {
+  if (a->xdt != FSDP_F32 && a->xdt != FSDP_BF16) return cpu_refuse("axpy", a->xdt, s);
   CPU_SHARD_OP("axpy", s);
-  if (xdt == FSDP_BF16)
-    for (size_t i = 0; i < n; i++) y[i] += a * fsdp_bf16_to_f32(((const uint16_t *)x)[i]);
+  float *restrict y = a->y;
+  const float alpha = a->alpha;
+  const size_t n = a->n;
+  if (a->xdt == FSDP_BF16)
+    for (size_t i = 0; i < n; i++) y[i] += alpha * fsdp_bf16_to_f32(((const uint16_t *)a->x)[i]);
   else
-    for (size_t i = 0; i < n; i++) y[i] += a * ((const float *)x)[i];
+    for (size_t i = 0; i < n; i++) y[i] += alpha * ((const float *)a->x)[i];
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t cpu_cast(fsdp_dtype_t dst_dt, void *dst, fsdp_dtype_t src_dt,
-                              const void *src, size_t n, fsdp_stream_t s) {
+static fsdp_status_t cpu_cast(const fsdp_cast_args_t *a, fsdp_stream_t s) {
   CPU_SHARD_OP("cast", s);
-  const float *f = src;
-  const uint16_t *h = src;
-  float *fo = dst;
-  uint16_t *ho = dst;
+  const fsdp_dtype_t src_dt = a->src_dt, dst_dt = a->dst_dt;
+  const size_t n = a->n;
+  const float *f = a->src;
+  const uint16_t *h = a->src;
+  float *fo = a->dst;
+  uint16_t *ho = a->dst;
   if (src_dt == FSDP_F32 && dst_dt == FSDP_BF16)
     for (size_t i = 0; i < n; i++) ho[i] = fsdp_f32_to_bf16(f[i]);
   else if (src_dt == FSDP_F32 && dst_dt == FSDP_F16)

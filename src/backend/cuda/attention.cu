@@ -133,13 +133,13 @@ static fsdp_status_t probs_backward(float *dqkv, float *scratch, const float *do
   return FSDP_SUCCESS;
 }
 
-size_t fsdp_cuda_attention_state_floats(fsdp_dtype_t dt, int B, int T, int NH) {
-  const size_t bnt = (size_t)B * (size_t)NH * (size_t)T;
-  return dt == FSDP_BF16 ? bnt : bnt * (size_t)T;
+size_t fsdp_cuda_attention_state_floats(const fsdp_attention_forward_args_t *a) {
+  const size_t bnt = (size_t)a->B * (size_t)a->NH * (size_t)a->T;
+  return a->dt == FSDP_BF16 ? bnt : bnt * (size_t)a->T;
 }
 
-size_t fsdp_cuda_attention_scratch_bytes(fsdp_dtype_t dt, int T, int NH) {
-  return dt == FSDP_BF16 ? 0 : (size_t)NH * (size_t)T * (size_t)T * sizeof(float);
+size_t fsdp_cuda_attention_scratch_bytes(const fsdp_attention_forward_args_t *a) {
+  return a->dt == FSDP_BF16 ? 0 : (size_t)a->NH * (size_t)a->T * (size_t)a->T * sizeof(float);
 }
 
 /* Forward needs no scratch in either precision. */

@@ -57,18 +57,20 @@ fsdp_status_t fsdp_cuda_relu_backward(const fsdp_relu_backward_args_t *a, fsdp_s
 
 /* ---- the engine's shard kernels ---- */
 
-fsdp_status_t fsdp_cuda_scale(float *x, float a, size_t n, fsdp_stream_t stream) {
+/* The device lambdas capture the fields by value, never the host descriptor. */
+fsdp_status_t fsdp_cuda_scale(const fsdp_scale_args_t *a, fsdp_stream_t stream) {
   CUDA_STREAM(s, stream, "scale");
-  return for_each(n, s, [=] __device__(size_t i) { x[i] *= a; });
+  float *x = a->x;
+  const float alpha = a->alpha;
+  return for_each(a->n, s, [=] __device__(size_t i) { x[i] *= alpha; });
 }
 
-fsdp_status_t fsdp_cuda_axpy(float *y, fsdp_dtype_t xdt, const void *x, float a, size_t n,
-                             fsdp_stream_t stream) {
+fsdp_status_t fsdp_cuda_axpy(const fsdp_axpy_args_t *a, fsdp_stream_t stream) {
   CUDA_STREAM(s, stream, "axpy");
-  switch (xdt) {
-  case FSDP_F32: return axpy(y, as<float>(x), a, n, s);
-  case FSDP_BF16: return axpy(y, as<bf16>(x), a, n, s);
-  default: return fsdp_cuda_refuse("axpy", xdt, stream);
+  switch (a->xdt) {
+  case FSDP_F32: return axpy(a->y, as<float>(a->x), a->alpha, a->n, s);
+  case FSDP_BF16: return axpy(a->y, as<bf16>(a->x), a->alpha, a->n, s);
+  default: return fsdp_cuda_refuse("axpy", a->xdt, stream);
   }
 }
 
@@ -88,9 +90,12 @@ static fsdp_status_t from_f16(float *out, const uint16_t *inp, size_t n, cudaStr
   return for_each(n, s, [=] __device__(size_t i) { out[i] = fsdp_f16_value(inp[i]); });
 }
 
-fsdp_status_t fsdp_cuda_cast(fsdp_dtype_t dst_dt, void *dst, fsdp_dtype_t src_dt,
-                             const void *src, size_t n, fsdp_stream_t stream) {
+fsdp_status_t fsdp_cuda_cast(const fsdp_cast_args_t *a, fsdp_stream_t stream) {
   CUDA_STREAM(s, stream, "cast");
+  const fsdp_dtype_t src_dt = a->src_dt, dst_dt = a->dst_dt;
+  void *dst = a->dst;
+  const void *src = a->src;
+  const size_t n = a->n;
   if (src_dt == FSDP_F32 && dst_dt == FSDP_BF16)
     return to_bf16(as<uint16_t>(dst), as<float>(src), n, s);
   if (src_dt == FSDP_F32 && dst_dt == FSDP_F16)

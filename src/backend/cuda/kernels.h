@@ -81,8 +81,8 @@ fsdp_status_t fsdp_cuda_embedding_backward(const fsdp_embedding_backward_args_t 
  * bf16 needs a head size C/NH that is a multiple of 16 up to 128 (GPT-2's is
  * 64) and 16-byte aligned tensors: else FSDP_ERR_INVALID_ARGUMENT naming the
  * value. No bound on T. */
-size_t fsdp_cuda_attention_state_floats(fsdp_dtype_t dt, int B, int T, int NH);
-size_t fsdp_cuda_attention_scratch_bytes(fsdp_dtype_t dt, int T, int NH);
+size_t fsdp_cuda_attention_state_floats(const fsdp_attention_forward_args_t *a);
+size_t fsdp_cuda_attention_scratch_bytes(const fsdp_attention_forward_args_t *a);
 fsdp_status_t fsdp_cuda_attention_forward(const fsdp_attention_forward_args_t *a,
                                           fsdp_stream_t stream);
 fsdp_status_t fsdp_cuda_attention_backward(const fsdp_attention_backward_args_t *a,
@@ -135,26 +135,19 @@ fsdp_status_t fsdp_cuda_blas_prepare(fsdp_stream_t stream, int *created);
 fsdp_status_t fsdp_cuda_adamw_multi(const fsdp_adamw_args_t *a, fsdp_stream_t stream);
 fsdp_status_t fsdp_cuda_sgd_update(const fsdp_sgd_args_t *a, fsdp_stream_t stream);
 
-/* *out (one double) = sum of x[i]^2, accumulated in double. Deterministic: the
- * grid depends on n alone, each block reduces its part in a fixed order into
- * partials (FSDP_CUDA_SUMSQ_PARTIALS doubles of the caller's), and one block
- * adds those in a fixed order. */
+/* Sum of squares, deterministic: the grid depends on n alone, each block
+ * reduces its part in a fixed order into partials (FSDP_CUDA_SUMSQ_PARTIALS
+ * doubles of the caller's), and one block adds those in a fixed order. */
 #define FSDP_CUDA_SUMSQ_PARTIALS 512
-fsdp_status_t fsdp_cuda_sum_squares(double *out, double *partials, const float *x, size_t n,
-                                    fsdp_stream_t stream);
-/* x *= a (gradient clipping by the global norm). */
-fsdp_status_t fsdp_cuda_scale(float *x, float a, size_t n, fsdp_stream_t stream);
-/* y += a * x: a reduced gradient (x of dtype xdt: f32, or bf16 when reduced
- * in bf16) into the fp32 grad shard. */
-fsdp_status_t fsdp_cuda_axpy(float *y, fsdp_dtype_t xdt, const void *x, float a, size_t n,
-                             fsdp_stream_t stream);
-/* f32 to bf16 or f16 with fsdp_f32_to_bf16's / fsdp_f32_to_f16's exact
+fsdp_status_t fsdp_cuda_sum_squares(const fsdp_sum_squares_args_t *a, fsdp_stream_t stream);
+fsdp_status_t fsdp_cuda_scale(const fsdp_scale_args_t *a, fsdp_stream_t stream);
+fsdp_status_t fsdp_cuda_axpy(const fsdp_axpy_args_t *a, fsdp_stream_t stream);
+/* Casts: f32 to bf16 or f16 with fsdp_f32_to_bf16's / fsdp_f32_to_f16's exact
  * rounding (nearest even; NaN stays a quiet NaN with its sign and top payload
  * bits; fp16 overflows to inf, keeps subnormals), and the widening inverses:
  * fp16 parameters are gathered, not computed in, so casts are all the fp16
  * kernels there are. */
-fsdp_status_t fsdp_cuda_cast(fsdp_dtype_t dst_dt, void *dst, fsdp_dtype_t src_dt,
-                             const void *src, size_t n, fsdp_stream_t stream);
+fsdp_status_t fsdp_cuda_cast(const fsdp_cast_args_t *a, fsdp_stream_t stream);
 
 #ifdef __cplusplus
 }

@@ -153,9 +153,11 @@ __global__ void sum_partials_kernel(double *out, const double *partials, int nb)
   if (threadIdx.x == 0) *out = s;
 }
 
-fsdp_status_t fsdp_cuda_sum_squares(double *out, double *partials, const float *x, size_t n,
-                                    fsdp_stream_t s) {
+fsdp_status_t fsdp_cuda_sum_squares(const fsdp_sum_squares_args_t *a, fsdp_stream_t s) {
   CUDA_STREAM(stream, s, "sum_squares");
+  double *out = a->out, *partials = a->partials;
+  const float *x = a->x;
+  const size_t n = a->n;
   const size_t per_block = (size_t)SUMSQ_BLOCK * SUMSQ_PER_THREAD;
   const size_t want = (n + per_block - 1) / per_block;
   const int nb = (int)(want < FSDP_CUDA_SUMSQ_PARTIALS ? want : FSDP_CUDA_SUMSQ_PARTIALS);
