@@ -116,6 +116,10 @@ static int read_rule(const char *tool, cfg_file_t *c, yaml_document_t *d, yaml_n
   if (r->set[RULE_WRAP] && r->set[RULE_MIN_PARAMS])
     return fail(tool, c, r->line, "rule %d (match '%s'): wrap and wrap_min_params are two "
                 "policies: give one", c->n_rules, r->match);
+  if (r->set[RULE_CHECKPOINT] && r->val[RULE_CHECKPOINT] && strchr(r->match, ','))
+    return fail(tool, c, r->line, "rule %d (match '%s'): checkpoint: a pattern with ',' "
+                "(the checkpointed patterns travel as one comma-separated list)", c->n_rules,
+                r->match);
   return 0;
 }
 
@@ -455,8 +459,15 @@ int cfg_gpt2_opts(cfg_file_t *c, fsdp_gpt2_opts_t *o, fsdp_plan_opts_t *plan, ch
     if (wrap_rule < 0 && (r->set[RULE_WRAP] || r->set[RULE_MIN_PARAMS] || r->set[RULE_CHECKPOINT]))
       wrap_rule = i;
     unit_rules |= r->set[RULE_RESHARD] || r->set[RULE_DTYPE] || r->set[RULE_LR] || r->set[RULE_WD];
-    if (r->set[RULE_CHECKPOINT] && r->val[RULE_CHECKPOINT])
-      snprintf(ckpt + strlen(ckpt), ckpt_len - strlen(ckpt), "%s%s", ckpt[0] ? "," : "", r->match);
+    size_t used = strlen(ckpt);
+    if (r->set[RULE_CHECKPOINT] && r->val[RULE_CHECKPOINT] &&
+        (size_t)snprintf(ckpt + used, ckpt_len - used, "%s%s", used ? "," : "", r->match) >=
+            ckpt_len - used) { /* a cut pattern would checkpoint other units */
+      snprintf(c->err, sizeof c->err, "%s:%d: rule %d (match '%.64s'): the checkpoint rules' "
+               "patterns come to more than %zu bytes, the limit: give fewer, or a pattern "
+               "covering several", c->path, r->line, i + 1, r->match, ckpt_len - 1);
+      return -1;
+    }
   }
   int ck = o->checkpoint_kinds && *o->checkpoint_kinds;
   if (wrap_rule >= 0 && (o->wrap_min_params || ck)) {
