@@ -61,10 +61,12 @@ static int rule_value(const char *tool, const cfg_file_t *c, int k, const yaml_n
   double x = v ? strtod(v, &end) : 0;
   /* lr_mult and wd_mult become floats: 1e308 would be inf */
   int number = v && *v && !*end && !errno && x >= 0 && x <= FLT_MAX;
-  if (number && k == RULE_MIN_PARAMS && x >= 1 && x == floor(x)) return *out = x, 0;
+  /* wrap_min_params becomes a size_t; past 2^53 a double skips whole numbers */
+  if (number && k == RULE_MIN_PARAMS && x >= 1 && x <= 9007199254740992.0 && x == floor(x))
+    return *out = x, 0;
   if (number && (k == RULE_LR || k == RULE_WD)) return *out = x, 0;
   static const char *const want[RULE_NKEYS] = {
-      "true or false", "a whole number >= 1", "true or false", "true or false", "f32 or bf16",
+      "true or false", "a whole number from 1 to 2^53 (9007199254740992)", "true or false", "true or false", "f32 or bf16",
       "a number from 0 to 3.4e38 (a float)", "a number from 0 to 3.4e38 (a float)"};
   if (!v)
     return fail(tool, c, line_of(vn), "rule %d: %s: a %s is not %s", c->n_rules, rule_keys[k],

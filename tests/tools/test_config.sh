@@ -209,6 +209,10 @@ bad huge-mult "huge-mult.yaml:7: rule 1: lr_mult: '1e308' is not a number from 0
 sharding:
   - match: \"h.*\"
     lr_mult: 1e308"
+bad huge-min-params "huge-min-params.yaml:7: rule 1: wrap_min_params: '1e30' is not a whole number from 1 to 2^53" <<<"$base
+sharding:
+  - match: \"h.*\"
+    wrap_min_params: 1e30"
 # Wrap rules beside --checkpoint: the message names the flag given, no more,
 # and nothing follows it (an empty "fsdp-train: rank 0: " line did).
 bad rules-and-flag "rules-and-flag.yaml:7: rule 1 (match 'h.*') chooses the units and their checkpointing, and so does --checkpoint GPT2Block" <<<"$base
