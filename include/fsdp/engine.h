@@ -499,8 +499,10 @@ FSDP_API fsdp_status_t fsdp_unit_shard(fsdp_engine_t engine, fsdp_unit_t unit,
  * (as fsdp_engine_set_step would; call it after writing every unit, as
  * before: it refreshes the 16-bit copies and drops gathered ones). On the CPU
  * the shard is the engine's own memory and nothing happens. A unit without
- * host copies is fine. Not on a unit acquired or holding gradients when
- * written is set (FSDP_ERR_INVALID_USAGE). */
+ * host copies is fine. When written is set, FSDP_ERR_INVALID_USAGE in the
+ * middle of a forward or backward pass, or while the unit is acquired, holds
+ * gradients or is kept gathered between forward and backward (ZeRO-2): a
+ * gather could read the shard being written, or keep its old values. */
 FSDP_API fsdp_status_t fsdp_unit_shard_release(fsdp_engine_t engine, fsdp_unit_t unit,
                                                int written);
 /* Host bytes of fsdp_unit_shard's copies (CUDA; 0 on the CPU) held now, and
