@@ -502,7 +502,10 @@ FSDP_API fsdp_status_t fsdp_unit_shard(fsdp_engine_t engine, fsdp_unit_t unit,
  * host copies is fine. When written is set, FSDP_ERR_INVALID_USAGE in the
  * middle of a forward or backward pass, or while the unit is acquired, holds
  * gradients or is kept gathered between forward and backward (ZeRO-2): a
- * gather could read the shard being written, or keep its old values. */
+ * gather could read the shard being written, or keep its old values. A copy
+ * to the device that fails leaves the unit half written: it stops the engine
+ * (every later call fails with that error, as after a failed step), and the
+ * host copies are freed all the same. */
 FSDP_API fsdp_status_t fsdp_unit_shard_release(fsdp_engine_t engine, fsdp_unit_t unit,
                                                int written);
 /* Host bytes of fsdp_unit_shard's copies (CUDA; 0 on the CPU) held now, and

@@ -199,6 +199,8 @@ fsdp_status_t fsdp_unit_shard_release(fsdp_engine_t e, fsdp_unit_t unit, int wri
                                                            "backward");
   fsdp_status_t st =
       written && u->mem.mirror_dirty ? fsdp_unit_host_copies_write_back(u) : FSDP_SUCCESS;
+  /* The unit may be half written: as any failed device copy, it stops the engine. */
+  if (st != FSDP_SUCCESS) fsdp_engine_poison(e, st);
   host_copies_free(e, u);
   return st;
 }
