@@ -532,8 +532,9 @@ FSDP_API int64_t fsdp_engine_step_count(fsdp_engine_t engine);
 /* For checkpoint loaders that wrote shards (fsdp_unit_shard) directly: sets the
  * update count (the schedule and AdamW's bias correction follow it) and drops
  * gathered copies, which would be stale; the numerics guard starts afresh (no
- * reported loss, no skips in a row). Not while units are acquired, nor
- * between a backward and its step. */
+ * reported loss, no skips in a row). Not before fsdp_engine_materialize,
+ * while units are acquired, nor between a backward and its step
+ * (FSDP_ERR_INVALID_USAGE). */
 FSDP_API fsdp_status_t fsdp_engine_set_step(fsdp_engine_t engine, int64_t step);
 /* The optimizer's own update count, which AdamW's bias correction and SGD's
  * first momentum step follow (the schedule follows the engine's step). Equal

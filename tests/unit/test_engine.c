@@ -266,6 +266,7 @@ START_TEST(unit_add_errors) {
   fsdp_view_t v;
   ck_error(fsdp_unit_acquire(e, 0, FSDP_FORWARD, &v), FSDP_ERR_INVALID_USAGE, "materialize");
   ck_error(fsdp_engine_step(e, NULL), FSDP_ERR_INVALID_USAGE, "materialize");
+  ck_error(fsdp_engine_set_step(e, 0), FSDP_ERR_INVALID_USAGE, "materialize");
   ck_assert_int_eq(fsdp_engine_materialize(e, 1), FSDP_SUCCESS);
   ck_error(fsdp_unit_add(e, "late", NULL, &dup[1], 1, &u), FSDP_ERR_INVALID_USAGE,
            "after fsdp_engine_materialize");
