@@ -499,8 +499,13 @@ FSDP_API fsdp_status_t fsdp_unit_shard(fsdp_engine_t engine, fsdp_unit_t unit,
  * (as fsdp_engine_set_step would; call it after writing every unit, as
  * before: it refreshes the 16-bit copies and drops gathered ones). On the CPU
  * the shard is the engine's own memory and nothing happens. A unit without
- * host copies is fine. Not on a unit acquired or holding gradients when
- * written is set (FSDP_ERR_INVALID_USAGE). */
+ * host copies is fine. When written is set, FSDP_ERR_INVALID_USAGE in the
+ * middle of a forward or backward pass, or while the unit is acquired, holds
+ * gradients or is kept gathered between forward and backward (ZeRO-2): a
+ * gather could read the shard being written, or keep its old values. A copy
+ * to the device that fails leaves the unit half written: it stops the engine
+ * (every later call fails with that error, as after a failed step), and the
+ * host copies are freed all the same. */
 FSDP_API fsdp_status_t fsdp_unit_shard_release(fsdp_engine_t engine, fsdp_unit_t unit,
                                                int written);
 /* Host bytes of fsdp_unit_shard's copies (CUDA; 0 on the CPU) held now, and
@@ -527,8 +532,9 @@ FSDP_API int64_t fsdp_engine_step_count(fsdp_engine_t engine);
 /* For checkpoint loaders that wrote shards (fsdp_unit_shard) directly: sets the
  * update count (the schedule and AdamW's bias correction follow it) and drops
  * gathered copies, which would be stale; the numerics guard starts afresh (no
- * reported loss, no skips in a row). Not while units are acquired, nor
- * between a backward and its step. */
+ * reported loss, no skips in a row). Not before fsdp_engine_materialize,
+ * while units are acquired, nor between a backward and its step
+ * (FSDP_ERR_INVALID_USAGE). */
 FSDP_API fsdp_status_t fsdp_engine_set_step(fsdp_engine_t engine, int64_t step);
 /* The optimizer's own update count, which AdamW's bias correction and SGD's
  * first momentum step follow (the schedule follows the engine's step). Equal

@@ -186,6 +186,9 @@ fsdp_status_t ckpt_agree(fsdp_comm_t comm, fsdp_status_t st);
 fsdp_status_t ckpt_engine_agree(fsdp_engine_t e, fsdp_status_t st);
 /* The engine's rank; 0 when e is NULL. */
 int ckpt_engine_rank(fsdp_engine_t e);
+/* Buffers per shard element the engine's optimizer keeps, master included:
+ * 3 (AdamW: m, v), 2 (SGD with momentum), else 1, as materialize allocates. */
+int ckpt_engine_states(fsdp_engine_t e);
 /* Fails (changing nothing that matters) unless the engine is materialized and
  * between steps. */
 fsdp_status_t ckpt_engine_idle(fsdp_engine_t e, const char *what);

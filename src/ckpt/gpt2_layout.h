@@ -6,9 +6,11 @@
  * registers its units from it; export --hf and import (ckpt/hf.c's
  * hf_tensor) and safetensors name and check tensors by it.
  * It lives in ckpt because ckpt is the lowest layer that needs it: nn sits
- * above ckpt and may include it, ckpt may not include nn. No transposes: the
- * block's matrices are stored in GPT-2's Conv1D layout (in, out), which is
- * Hugging Face's. Not installed; the table is immutable data. */
+ * above ckpt and may include it. ckpt takes from nn only the public
+ * fsdp/nn.h's fsdp_gpt2_config_t, and fsdp_gpt2_preset, declared there and
+ * defined here (gpt2_layout.c); it includes no nn internal header and calls
+ * no nn code. No transposes: the block's matrices are stored in GPT-2's
+ * Conv1D layout (in, out), which is Hugging Face's. Not installed; the table is immutable data. */
 #ifndef FSDP_CKPT_GPT2_LAYOUT_H
 #define FSDP_CKPT_GPT2_LAYOUT_H
 

@@ -30,15 +30,18 @@ fsdp_status_t ckpt_engine_agree(fsdp_engine_t e, fsdp_status_t st) {
   return e ? ckpt_agree(fsdp_engine_comm(e), st) : st;
 }
 
+int ckpt_engine_states(fsdp_engine_t e) {
+  const fsdp_optim_config_t *o = &fsdp_engine_config(e)->optim;
+  return 1 + (o->kind == FSDP_OPTIM_ADAMW ? 2 : o->momentum > 0.0f ? 1 : 0);
+}
+
 int ckpt_engine_rank(fsdp_engine_t e) { return e ? fsdp_comm_rank(fsdp_engine_comm(e)) : 0; }
 
 /* Save and load happen between steps: the probe fails, changing nothing that
- * matters (it drops gathered copies), while units are held or gradients wait. */
+ * matters (it drops gathered copies), before materialize, while units are
+ * held or gradients wait. */
 fsdp_status_t ckpt_engine_idle(fsdp_engine_t e, const char *what) {
   if (!e) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "%s: engine is NULL", what);
-  fsdp_shard_t s;
-  FSDP_TRY(fsdp_unit_shard(e, 0, &s)); /* fails before materialize */
-  FSDP_TRY(fsdp_unit_shard_release(e, 0, 0));
   fsdp_status_t st = fsdp_engine_set_step(e, fsdp_engine_step_count(e));
   if (st) return fsdp_error(st, "%s: %s", what, fsdp_last_error());
   return FSDP_SUCCESS;
@@ -82,11 +85,8 @@ static fsdp_status_t add_units(fsdp_engine_t e, ckpt_manifest_t *m) {
 
 static fsdp_status_t set_optimizer(fsdp_engine_t e, ckpt_manifest_t *m) {
   const fsdp_config_t *c = fsdp_engine_config(e);
-  fsdp_shard_t s;
-  FSDP_TRY(fsdp_unit_shard(e, 0, &s));
   snprintf(m->optimizer, sizeof m->optimizer, "%s", c->optim.kind == FSDP_OPTIM_SGD ? "sgd" : "adamw");
-  m->n_states = 1 + (s.m != NULL) + (s.v != NULL);
-  FSDP_TRY(fsdp_unit_shard_release(e, 0, 0));
+  m->n_states = ckpt_engine_states(e);
   for (int i = 0; i < m->n_states; i++) m->state_names[i] = ckpt_state_name(m->optimizer, i);
   return FSDP_SUCCESS;
 }

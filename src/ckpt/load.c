@@ -110,11 +110,8 @@ static fsdp_status_t match_model(fsdp_engine_t e, const ckpt_manifest_t *m) {
 /* 1: load the state; 0: zero it (weights-only checkpoint, or asked to). */
 static fsdp_status_t match_optimizer(fsdp_engine_t e, const ckpt_manifest_t *m,
                                      const fsdp_ckpt_load_opts_t *o, int *load_state) {
-  fsdp_shard_t s;
-  FSDP_TRY(fsdp_unit_shard(e, 0, &s));
   const char *kind = fsdp_engine_config(e)->optim.kind == FSDP_OPTIM_SGD ? "sgd" : "adamw";
-  int states = 1 + (s.m != NULL) + (s.v != NULL);
-  FSDP_TRY(fsdp_unit_shard_release(e, 0, 0));
+  int states = ckpt_engine_states(e);
   *load_state = m->n_states > 1;
   if (!*load_state || (states == m->n_states && !strcmp(kind, m->optimizer))) return FSDP_SUCCESS;
   if (o->reset_optim) return *load_state = 0, FSDP_SUCCESS;

@@ -309,6 +309,9 @@ void fsdp_engine_optim_init(struct fsdp_engine *e) {
 
 fsdp_status_t fsdp_engine_set_step(fsdp_engine_t e, int64_t step) {
   FSDP_TRY(fsdp_engine_check_live(e));
+  if (!e->plan.materialized) /* no shards to refresh from */
+    return fsdp_error(FSDP_ERR_INVALID_USAGE,
+                      "fsdp_engine_set_step before fsdp_engine_materialize");
   if (step < 0)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_engine_set_step: step %lld is negative",
                       (long long)step);

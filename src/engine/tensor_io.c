@@ -188,8 +188,19 @@ fsdp_status_t fsdp_unit_shard_release(fsdp_engine_t e, fsdp_unit_t unit, int wri
     return fsdp_error(FSDP_ERR_INVALID_USAGE, "fsdp_unit_shard_release('%s', written) while "
                       "the unit is %s: finish the step first", u->name,
                       u->sched.held >= 0 ? "acquired" : "holding gradients");
+  /* A gather in flight reads the master shard the write-back overwrites, and
+   * a gathered copy kept for later would keep the old values. */
+  if (written && (e->sched.phase != PHASE_IDLE || u->sched.slot >= 0))
+    return fsdp_error(FSDP_ERR_INVALID_USAGE, "fsdp_unit_shard_release('%s', written) %s: "
+                      "finish the step first", u->name,
+                      e->sched.phase == PHASE_FORWARD    ? "in the middle of a forward pass"
+                      : e->sched.phase == PHASE_BACKWARD ? "in the middle of a backward pass"
+                                                         : "while the unit is gathered for "
+                                                           "backward");
   fsdp_status_t st =
       written && u->mem.mirror_dirty ? fsdp_unit_host_copies_write_back(u) : FSDP_SUCCESS;
+  /* The unit may be half written: as any failed device copy, it stops the engine. */
+  if (st != FSDP_SUCCESS) fsdp_engine_poison(e, st);
   host_copies_free(e, u);
   return st;
 }

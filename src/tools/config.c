@@ -61,10 +61,12 @@ static int rule_value(const char *tool, const cfg_file_t *c, int k, const yaml_n
   double x = v ? strtod(v, &end) : 0;
   /* lr_mult and wd_mult become floats: 1e308 would be inf */
   int number = v && *v && !*end && !errno && x >= 0 && x <= FLT_MAX;
-  if (number && k == RULE_MIN_PARAMS && x >= 1 && x == floor(x)) return *out = x, 0;
+  /* wrap_min_params becomes a size_t; past 2^53 a double skips whole numbers */
+  if (number && k == RULE_MIN_PARAMS && x >= 1 && x <= 9007199254740992.0 && x == floor(x))
+    return *out = x, 0;
   if (number && (k == RULE_LR || k == RULE_WD)) return *out = x, 0;
   static const char *const want[RULE_NKEYS] = {
-      "true or false", "a whole number >= 1", "true or false", "true or false", "f32 or bf16",
+      "true or false", "a whole number from 1 to 2^53 (9007199254740992)", "true or false", "true or false", "f32 or bf16",
       "a number from 0 to 3.4e38 (a float)", "a number from 0 to 3.4e38 (a float)"};
   if (!v)
     return fail(tool, c, line_of(vn), "rule %d: %s: a %s is not %s", c->n_rules, rule_keys[k],
@@ -116,6 +118,10 @@ static int read_rule(const char *tool, cfg_file_t *c, yaml_document_t *d, yaml_n
   if (r->set[RULE_WRAP] && r->set[RULE_MIN_PARAMS])
     return fail(tool, c, r->line, "rule %d (match '%s'): wrap and wrap_min_params are two "
                 "policies: give one", c->n_rules, r->match);
+  if (r->set[RULE_CHECKPOINT] && r->val[RULE_CHECKPOINT] && strchr(r->match, ','))
+    return fail(tool, c, r->line, "rule %d (match '%s'): checkpoint: a pattern with ',' "
+                "(the checkpointed patterns travel as one comma-separated list)", c->n_rules,
+                r->match);
   return 0;
 }
 
@@ -455,8 +461,15 @@ int cfg_gpt2_opts(cfg_file_t *c, fsdp_gpt2_opts_t *o, fsdp_plan_opts_t *plan, ch
     if (wrap_rule < 0 && (r->set[RULE_WRAP] || r->set[RULE_MIN_PARAMS] || r->set[RULE_CHECKPOINT]))
       wrap_rule = i;
     unit_rules |= r->set[RULE_RESHARD] || r->set[RULE_DTYPE] || r->set[RULE_LR] || r->set[RULE_WD];
-    if (r->set[RULE_CHECKPOINT] && r->val[RULE_CHECKPOINT])
-      snprintf(ckpt + strlen(ckpt), ckpt_len - strlen(ckpt), "%s%s", ckpt[0] ? "," : "", r->match);
+    size_t used = strlen(ckpt);
+    if (r->set[RULE_CHECKPOINT] && r->val[RULE_CHECKPOINT] &&
+        (size_t)snprintf(ckpt + used, ckpt_len - used, "%s%s", used ? "," : "", r->match) >=
+            ckpt_len - used) { /* a cut pattern would checkpoint other units */
+      snprintf(c->err, sizeof c->err, "%s:%d: rule %d (match '%.64s'): the checkpoint rules' "
+               "patterns come to more than %zu bytes, the limit: give fewer, or a pattern "
+               "covering several", c->path, r->line, i + 1, r->match, ckpt_len - 1);
+      return -1;
+    }
   }
   int ck = o->checkpoint_kinds && *o->checkpoint_kinds;
   if (wrap_rule >= 0 && (o->wrap_min_params || ck)) {

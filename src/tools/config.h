@@ -118,8 +118,8 @@ int cfg_launch_rank(void);
  * and checkpoint patterns (with wrap_kinds for the modules no wrap rule
  * takes), unit and tensor rules the unit_opts callback; the rules' match
  * counts start again from zero (one model per call). 0, or -1 with cfg->err
- * saying why (wrap rules beside --wrap-min-params or --checkpoint); the
- * caller prints it, once per job. */
+ * saying why (wrap rules beside --wrap-min-params or --checkpoint, or checkpoint
+ * patterns past ckpt_len bytes joined); the caller prints it, once per job. */
 int cfg_gpt2_opts(cfg_file_t *cfg, fsdp_gpt2_opts_t *o, fsdp_plan_opts_t *plan, char *ckpt_names,
                   size_t ckpt_len);
 /* The rule that matched nothing in a domain (0 modules, 1 units, 2 tensors)

@@ -125,14 +125,13 @@ void train_print_plan(const trainer_t *t, const char *what) {
          c->grad_accum);
   printf("  %-8s %-16s %12s %14s %8s %6s\n", "unit", "kind", "parameters", "bytes/rank",
          "reshard", "dtype");
+  /* master, gradient and optimizer state (AdamW's m and v, SGD's momentum
+   * buffer) of this rank's shard: what the engine allocates per element */
+  const fsdp_optim_config_t *opt = &fsdp_engine_config(t->eng)->optim;
+  size_t per = opt->kind == FSDP_OPTIM_ADAMW ? 16 : opt->momentum > 0.0f ? 12 : 8;
   for (int u = 0; u < fsdp_engine_num_units(t->eng); u++) {
     fsdp_unit_info_t info;
-    fsdp_unit_info(t->eng, u, &info);
-    /* master, gradient and optimizer state of this rank's shard */
-    fsdp_shard_t s;
-    fsdp_unit_shard(t->eng, u, &s);
-    size_t per = 4 * (2 + (s.m != NULL) + (s.v != NULL));
-    fsdp_unit_shard_release(t->eng, u, 0);
+    if (fsdp_unit_info(t->eng, u, &info) != FSDP_SUCCESS) continue;
     printf("  %-8s %-16s %12zu %14zu %8s %6s\n", info.name, info.kind, info.numel,
            info.shard_numel * per, info.reshard_after_forward ? "yes" : "no",
            fsdp_dtype_name(info.param_dtype));

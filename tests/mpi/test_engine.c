@@ -243,6 +243,37 @@ START_TEST(live_cap) {
 }
 END_TEST
 
+/* ZeRO-2 keeps every unit gathered from forward to backward: a written
+ * fsdp_unit_shard_release then would leave the gathered copy with the old
+ * values, so it is refused; after the step (gathers dropped) it goes through. */
+START_TEST(shard_release_gathered) {
+  if (nranks == 1) return;
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  c.strategy = FSDP_SHARD_GRAD_OP;
+  char names[N_UNITS][2][24];
+  fsdp_engine_t e = make_engine(&c, names);
+  fsdp_view_t v;
+  for (int k = 0; k < N_UNITS; k++) {
+    ck_assert_int_eq(fsdp_unit_acquire(e, k, FSDP_FORWARD, &v), FSDP_SUCCESS);
+    ck_assert_int_eq(fsdp_unit_release(e, k, FSDP_FORWARD), FSDP_SUCCESS);
+  }
+  fsdp_shard_t s;
+  ck_assert_int_eq(fsdp_unit_shard(e, 0, &s), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_unit_shard_release(e, 0, 1), FSDP_ERR_INVALID_USAGE);
+  ck_assert_msg(strstr(fsdp_last_error(), "'block.0.w'") && strstr(fsdp_last_error(), "gathered"),
+                "%s", fsdp_last_error());
+  ck_assert_int_eq(fsdp_unit_shard_release(e, 0, 0), FSDP_SUCCESS);
+  for (int k = N_UNITS - 1; k >= 0; k--) {
+    ck_assert_int_eq(fsdp_unit_acquire(e, k, FSDP_BACKWARD, &v), FSDP_SUCCESS);
+    ck_assert_int_eq(fsdp_unit_release(e, k, FSDP_BACKWARD), FSDP_SUCCESS);
+  }
+  ck_assert_int_eq(fsdp_engine_step(e, NULL), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_unit_shard(e, 0, &s), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_unit_shard_release(e, 0, 1), FSDP_SUCCESS);
+  fsdp_engine_destroy(e);
+}
+END_TEST
+
 /* fsdp_engine_check_consistency: equal settings pass; one rank's other value
  * fails on every rank with the key and each rank's value; and materialize
  * compares the plans by itself: the last rank's third unit has another shape. */
@@ -618,6 +649,7 @@ static Suite *engine_suite(void) {
   tcase_add_loop_test(tc, memory, 0, 5);
   tcase_add_loop_test(tc, overlap, 0, 2);
   tcase_add_test(tc, live_cap);
+  tcase_add_test(tc, shard_release_gathered);
   tcase_add_test(tc, consistency);
   tcase_add_test(tc, consistency_rank_without_units);
   tcase_add_test(tc, consistency_local_failure);

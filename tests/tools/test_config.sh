@@ -171,6 +171,18 @@ no-wrap: true
 sharding:
   - match: \"h.0\"
     checkpoint: true"
+# checkpoint rules are joined into one comma-separated list of patterns: a
+# comma in one would split it, and a list past its buffer was cut silently
+# ('h.4' of 'h.47' checkpointed other units).
+bad checkpoint-comma "checkpoint-comma.yaml:6: rule 1 (match 'h.0,h.1'): checkpoint: a pattern with ','" <<<"$base
+sharding:
+  - match: \"h.0,h.1\"
+    checkpoint: true"
+{ echo "$base"; echo "sharding:"
+  for i in $(seq 40); do printf '  - match: "h.%s*"\n    checkpoint: true\n' "$(head -c 20 /dev/zero | tr '\0' 9)$i"; done
+} > long-rules.txt
+bad checkpoint-long "checkpoint-long.yaml:" < long-rules.txt
+grep -q "the checkpoint rules' patterns come to more than" <<<"$last" || fail "checkpoint-long: $last"
 bad duplicate "duplicate.yaml:5: steps given twice (first at line 3)" <<<"$base
 steps: 2"
 bad not-yaml "not-yaml.yaml:8: not YAML: found unexpected end of stream while scanning a quoted scalar at line 6" <<<"$base
@@ -197,6 +209,10 @@ bad huge-mult "huge-mult.yaml:7: rule 1: lr_mult: '1e308' is not a number from 0
 sharding:
   - match: \"h.*\"
     lr_mult: 1e308"
+bad huge-min-params "huge-min-params.yaml:7: rule 1: wrap_min_params: '1e30' is not a whole number from 1 to 2^53" <<<"$base
+sharding:
+  - match: \"h.*\"
+    wrap_min_params: 1e30"
 # Wrap rules beside --checkpoint: the message names the flag given, no more,
 # and nothing follows it (an empty "fsdp-train: rank 0: " line did).
 bad rules-and-flag "rules-and-flag.yaml:7: rule 1 (match 'h.*') chooses the units and their checkpointing, and so does --checkpoint GPT2Block" <<<"$base

@@ -266,6 +266,7 @@ START_TEST(unit_add_errors) {
   fsdp_view_t v;
   ck_error(fsdp_unit_acquire(e, 0, FSDP_FORWARD, &v), FSDP_ERR_INVALID_USAGE, "materialize");
   ck_error(fsdp_engine_step(e, NULL), FSDP_ERR_INVALID_USAGE, "materialize");
+  ck_error(fsdp_engine_set_step(e, 0), FSDP_ERR_INVALID_USAGE, "materialize");
   ck_assert_int_eq(fsdp_engine_materialize(e, 1), FSDP_SUCCESS);
   ck_error(fsdp_unit_add(e, "late", NULL, &dup[1], 1, &u), FSDP_ERR_INVALID_USAGE,
            "after fsdp_engine_materialize");
@@ -450,6 +451,37 @@ START_TEST(shard_release) {
 }
 END_TEST
 
+/* A written release is refused in the middle of a pass (a gather may read
+ * the master shard it overwrites); after the step it goes through. (The
+ * ZeRO-2 gathered copy kept for backward needs two ranks: tests/mpi.) */
+START_TEST(shard_release_mid_pass) {
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  fsdp_unit_t u[3];
+  fsdp_engine_t e = make_engine(&c, u);
+  fsdp_view_t v;
+  ck_assert_int_eq(fsdp_unit_acquire(e, u[0], FSDP_FORWARD, &v), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_unit_release(e, u[0], FSDP_FORWARD), FSDP_SUCCESS);
+  fsdp_shard_t s;
+  ck_assert_int_eq(fsdp_unit_shard(e, u[1], &s), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_unit_shard_release(e, u[1], 1), FSDP_ERR_INVALID_USAGE);
+  ck_assert_msg(strstr(fsdp_last_error(), "'u1'") && strstr(fsdp_last_error(), "forward pass"),
+                "%s", fsdp_last_error());
+  ck_assert_int_eq(fsdp_unit_shard_release(e, u[1], 0), FSDP_SUCCESS);
+  for (int i = 1; i < 3; i++) {
+    ck_assert_int_eq(fsdp_unit_acquire(e, u[i], FSDP_FORWARD, &v), FSDP_SUCCESS);
+    ck_assert_int_eq(fsdp_unit_release(e, u[i], FSDP_FORWARD), FSDP_SUCCESS);
+  }
+  for (int i = 2; i >= 0; i--) {
+    ck_assert_int_eq(fsdp_unit_acquire(e, u[i], FSDP_BACKWARD, &v), FSDP_SUCCESS);
+    ck_assert_int_eq(fsdp_unit_release(e, u[i], FSDP_BACKWARD), FSDP_SUCCESS);
+  }
+  ck_assert_int_eq(fsdp_engine_step(e, NULL), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_unit_shard(e, u[0], &s), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_unit_shard_release(e, u[0], 1), FSDP_SUCCESS);
+  fsdp_engine_destroy(e);
+}
+END_TEST
+
 /* One rank, grads of 1 everywhere: SGD and AdamW results written out by hand. */
 START_TEST(step_numerics) {
   fsdp_config_t c = FSDP_CONFIG_INIT;
@@ -630,6 +662,7 @@ static Suite *engine_suite(void) {
   tcase_add_test(tc, step_numerics);
   tcase_add_test(tc, memory_formula);
   tcase_add_test(tc, shard_release);
+  tcase_add_test(tc, shard_release_mid_pass);
   tcase_add_loop_test(tc, accumulation, 0, 4);
   tcase_add_loop_test(tc, bf16_params, 0, 2);
   suite_add_tcase(s, tc);
