@@ -245,15 +245,20 @@ static fsdp_status_t merges_alloc(struct fsdp_tokenizer *t, const char *path, si
 }
 
 /* The first byte of s[0..n) that is not UTF-8 text (a control character, or
- * not a well-formed sequence), or n: checked before a line is echoed. */
+ * not a well-formed sequence), or n: checked before a line is echoed.
+ * Well-formed as Unicode's table 3-7 has it: the lead bytes C0, C1 and F5-FF
+ * never occur, and the second byte's range after E0, ED, F0 and F4 excludes
+ * overlong forms, surrogates (U+D800-DFFF) and code points above U+10FFFF. */
 static size_t bad_byte(const unsigned char *s, size_t n) {
   for (size_t i = 0; i < n;) {
     unsigned c = s[i];
     size_t k = c < 0x80 ? 1 : c >= 0xC2 && c < 0xE0 ? 2 : c >= 0xE0 && c < 0xF0 ? 3
                                                    : c >= 0xF0 && c < 0xF5 ? 4 : 0;
     if (k == 0 || c < 0x20 || c == 0x7f || i + k > n) return i;
-    for (size_t j = 1; j < k; j++)
-      if ((s[i + j] & 0xC0) != 0x80) return i;
+    unsigned lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
+    unsigned hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+    for (size_t j = 1; j < k; j++, lo = 0x80, hi = 0xBF)
+      if (s[i + j] < lo || s[i + j] > hi) return i;
     i += k;
   }
   return n;

@@ -179,6 +179,19 @@ static const bad_case_t bad_cases[] = {
      "merges.txt is UTF-8 text"},
     {"+\"ab\": 256", "a \xff\xfe\n", "%s/merges.txt: line 1: byte 0xff at column 3"},
     {"+\"ab\": 256", "a \xc3\n", "%s/merges.txt: line 1: byte 0xc3 at column 3"},
+    /* ill-formed sequences whose bytes have UTF-8's shape were accepted:
+     * overlong, a surrogate, above U+10FFFF; the extremes around them pass
+     * (and are refused later, as no byte of GPT-2's alphabet) */
+    {"+\"ab\": 256", "a \xe0\x80\x80\n", "%s/merges.txt: line 1: byte 0xe0 at column 3"},
+    {"+\"ab\": 256", "a \xf0\x80\x80\x80\n", "%s/merges.txt: line 1: byte 0xf0 at column 3"},
+    {"+\"ab\": 256", "a \xed\xa0\x80\n", "%s/merges.txt: line 1: byte 0xed at column 3"},
+    {"+\"ab\": 256", "a \xf4\x90\x80\x80\n", "%s/merges.txt: line 1: byte 0xf4 at column 3"},
+    {"+\"ab\": 256", "a \xc0\x80\n", "%s/merges.txt: line 1: byte 0xc0 at column 3"},
+    {"+\"ab\": 256", "a \xf5\x80\x80\x80\n", "%s/merges.txt: line 1: byte 0xf5 at column 3"},
+    {"+\"ab\": 256", "\xe0\xa0\x80 \xf0\x90\x80\x80\n",
+     "%s/merges.txt: line 1: token \"\xe0\xa0\x80\": character U+0800 is not"},
+    {"+\"ab\": 256", "\xed\x9f\xbf \xf4\x8f\xbf\xbf\n",
+     "%s/merges.txt: line 1: token \"\xed\x9f\xbf\": character U+D7FF is not"},
 };
 
 /* vocab.json: "" the 256 byte tokens; "+..." those and more members; "-" the
