@@ -60,7 +60,8 @@ fsdp_status_t fsdp_engine_materialize(fsdp_engine_t e, uint64_t seed) {
 void fsdp_engine_destroy(fsdp_engine_t e) {
   if (!e) return;
   /* Streams first: their queued work may still touch buffers freed below.
-   * cuBLAS handles are cached per stream: released while these still exist. */
+   * cuBLAS and cuDNN handles are cached per stream: released while these
+   * still exist. */
   fsdp_stream_synchronize(e->dev.s_compute);
   e->dev.ops->release();
   fsdp_engine_comm_stop(e);

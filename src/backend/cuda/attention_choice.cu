@@ -157,6 +157,7 @@ fsdp_status_t fsdp_cudnn_attention_backward(void **staged, const void *dout, con
   (void)staged, (void)dout, (void)qkv, (void)out, (void)stats, (void)stream;
   return fsdp_cudnn_attention_prepare(B, T, C, NH);
 }
+fsdp_status_t fsdp_cudnn_attention_release(void) { return FSDP_SUCCESS; } /* nothing made */
 #endif
 
 fsdp_status_t fsdp_cuda_attention_pick(int B, int T, int C, int NH, int *use_cudnn) {

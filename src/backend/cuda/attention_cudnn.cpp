@@ -7,9 +7,11 @@
  *
  * Why graphs per shape: building one (operation graph, heuristics, plan) takes
  * tens to hundreds of milliseconds; executing one is an enqueue. The cache
- * and the per-stream handles are deliberately never destroyed: a frontend
- * graph destroyed by a static destructor after the CUDA runtime has gone
- * would call into a dead cuDNN at exit. */
+ * and each device's builder handle (the plans were built with it) are
+ * deliberately never destroyed: a frontend graph destroyed by a static
+ * destructor after the CUDA runtime has gone would call into a dead cuDNN at
+ * exit. The per-stream handles and buffers go at
+ * fsdp_cudnn_attention_release (the CUDA table's release). */
 #define NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING
 #include <cudnn_frontend.h>
 #include <dlfcn.h>
@@ -407,4 +409,42 @@ extern "C" fsdp_status_t fsdp_cudnn_attention_backward(void **staged, const void
   } catch (const std::exception &e) {
     return thrown("backward", e.what());
   }
+}
+
+/* Every slot goes even when one fails; the first failure is reported. */
+extern "C" fsdp_status_t fsdp_cudnn_attention_release(void) {
+  std::lock_guard<std::mutex> guard(lock());
+  if (slots().empty()) return FSDP_SUCCESS;
+  int current;
+  cudaError_t e = cudaGetDevice(&current);
+  if (e != cudaSuccess) return cudnn_side_cuda_fail(e, "cudaGetDevice");
+  fsdp_status_t first = FSDP_SUCCESS;
+  size_t kept = 0; /* the builders, moved to the front */
+  for (size_t i = 0; i < slots().size(); ++i) {
+    stream_slot s = slots()[i];
+    /* A handle is destroyed, a buffer freed, on the device it was made on. */
+    e = cudaSetDevice(s.device);
+    if (e != cudaSuccess) {
+      if (first == FSDP_SUCCESS) first = cudnn_side_cuda_fail(e, "cudaSetDevice(device)");
+      continue;
+    }
+    const cudaError_t ew = cudaFree(s.workspace), es = cudaFree(s.staging);
+    if (first == FSDP_SUCCESS && ew != cudaSuccess)
+      first = cudnn_side_cuda_fail(ew, "cudaFree(workspace)");
+    if (first == FSDP_SUCCESS && es != cudaSuccess)
+      first = cudnn_side_cuda_fail(es, "cudaFree(dqkv staging)");
+    if (s.stream == nullptr) { /* the builder: its handle stays with the graphs */
+      slots()[kept++] = stream_slot{s.device, nullptr, s.handle, nullptr, 0, nullptr, 0};
+      continue;
+    }
+    const cudnnStatus_t st = fe::detail::destroy_handle(s.handle);
+    if (first == FSDP_SUCCESS && st != CUDNN_STATUS_SUCCESS)
+      first = fsdp_error(FSDP_ERR_SYSTEM, "cuDNN attention: cudnnDestroy (device %d): %s",
+                         s.device, fe::detail::get_error_string(st));
+  }
+  slots().resize(kept);
+  e = cudaSetDevice(current); /* the caller's device, as it was */
+  if (first == FSDP_SUCCESS && e != cudaSuccess)
+    first = cudnn_side_cuda_fail(e, "cudaSetDevice(current)");
+  return first;
 }

@@ -12,11 +12,12 @@
  * cuDNN is opened at first use (dlopen: $FSDP_CUDNN_LIBRARY, else
  * libcudnn.so.9 on the library path); libfsdp does not link it. Graphs are
  * built once per (device, B, T, NH, HS), with a handle of the device's own
- * that runs nothing, and kept for the process; each (device, stream) pair
- * that runs attention gets its own cuDNN handle, bound to the stream once,
- * its workspace and its dqkv staging buffer (cudaMalloc at first use and when
- * a larger shape needs more; the one place besides cuBLAS's handles where an
- * attention call allocates device memory). Thread-safe. */
+ * that runs nothing; both are kept for the process. Each (device, stream)
+ * pair that runs attention gets its own cuDNN handle, bound to the stream
+ * once, its workspace and its dqkv staging buffer (cudaMalloc at first use
+ * and when a larger shape needs more; the one place besides cuBLAS's handles
+ * where an attention call allocates device memory), until
+ * fsdp_cudnn_attention_release. Thread-safe. */
 #ifndef FSDP_CUDA_ATTENTION_CUDNN_H
 #define FSDP_CUDA_ATTENTION_CUDNN_H
 
@@ -65,6 +66,13 @@ fsdp_status_t fsdp_cudnn_attention_forward(void *out, float *stats, const void *
 fsdp_status_t fsdp_cudnn_attention_backward(void **staged, const void *dout, const void *qkv,
                                             const void *out, const float *stats, int B, int T,
                                             int C, int NH, cudaStream_t stream);
+/* Destroys every (device, stream) pair's handle and frees its workspace and
+ * staging buffer (the graphs and their builder handles stay); the CUDA
+ * table's release calls it. Call it when no attention runs, before those
+ * streams are destroyed (a handle keeps its stream's address; a new stream
+ * at the same address would inherit it). Releases every pair even when one
+ * fails, reporting the first failure; FSDP_SUCCESS where nothing was made. */
+fsdp_status_t fsdp_cudnn_attention_release(void);
 
 #ifdef __cplusplus
 }

@@ -1,8 +1,25 @@
 /* src/backend/cuda/compute_cuda.c — the CUDA compute table: src/backend/cuda's entry points
  * themselves in the slots, no adapter between a caller and the kernel's
- * dtype dispatch. Built only with CUDA (meson.build). */
+ * dtype dispatch (release alone joins two). Built only with CUDA (meson.build). */
+#include <stdio.h>
+
+#include "backend/cuda/attention_cudnn.h"
 #include "backend/cuda/kernels.h"
 #include "backend/compute.h"
+#include "core/internal.h"
+
+/* The release slot: cuBLAS's handles, then cuDNN attention's per-stream
+ * handles and buffers, the second even when the first fails (whose error is
+ * the one reported). */
+static fsdp_status_t cuda_release(void) {
+  const fsdp_status_t blas = fsdp_cuda_blas_release();
+  char keep[1024];
+  snprintf(keep, sizeof keep, "%s", fsdp_last_error());
+  const fsdp_status_t cudnn = fsdp_cudnn_attention_release();
+  if (blas == FSDP_SUCCESS) return cudnn;
+  fsdp_error_set(keep);
+  return blas;
+}
 
 const fsdp_compute_ops_t fsdp_compute_cuda_ops = {
     .name = "cuda",
@@ -31,5 +48,5 @@ const fsdp_compute_ops_t fsdp_compute_cuda_ops = {
     .adamw_multi = fsdp_cuda_adamw_multi,
     .sgd_update = fsdp_cuda_sgd_update,
     .prepare = fsdp_cuda_blas_prepare,
-    .release = fsdp_cuda_blas_release,
+    .release = cuda_release,
 };
