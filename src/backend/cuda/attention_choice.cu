@@ -44,15 +44,20 @@ int parse_mode(const char *v) {
   return MODE_BAD;
 }
 
-/* Whether cuDNN runs the shape; its text (version and path) or why not in text. */
+/* Whether cuDNN runs the shape; its text (version and path) or why not in text.
+ * A refusal is no failure of the caller's (the flash kernel runs instead): the
+ * thread's last error is left as it was. */
 bool cudnn_runs(int B, int T, int C, int NH, char *text, size_t len) {
   const char *load_text = nullptr;
   if (!fsdp_cudnn_load(&load_text)) {
     snprintf(text, len, "%s", load_text);
     return false;
   }
+  char keep[1024];
+  snprintf(keep, sizeof keep, "%s", fsdp_last_error());
   if (fsdp_cudnn_attention_prepare(B, T, C, NH) != FSDP_SUCCESS) {
     snprintf(text, len, "%s", fsdp_last_error());
+    fsdp_error_set(keep);
     return false;
   }
   snprintf(text, len, "%s", load_text);
