@@ -361,7 +361,7 @@ extern "C" fsdp_status_t fsdp_cudnn_attention_forward(void *out, float *stats, c
     FSDP_TRY(slot_for(stream, &slot));
     FSDP_TRY(graphs_for(B, T, C, NH, &sg));
     FSDP_TRY(grow_buffer(&slot->workspace, &slot->workspace_bytes, (size_t)sg->fwd_workspace,
-                  "cudaMalloc(workspace)"));
+                         "cudaMalloc(workspace)"));
     std::unordered_map<int64_t, void *> pack = {
         {UID_Q, at(qkv, 0)}, {UID_K, at(qkv, (size_t)C)}, {UID_V, at(qkv, 2 * (size_t)C)},
         {UID_O, out},        {UID_STATS, stats}};
@@ -388,9 +388,9 @@ extern "C" fsdp_status_t fsdp_cudnn_attention_backward(void **staged, const void
     FSDP_TRY(slot_for(stream, &slot));
     FSDP_TRY(graphs_for(B, T, C, NH, &sg));
     FSDP_TRY(grow_buffer(&slot->workspace, &slot->workspace_bytes, (size_t)sg->bwd_workspace,
-                  "cudaMalloc(workspace)"));
+                         "cudaMalloc(workspace)"));
     FSDP_TRY(grow_buffer(&slot->staging, &slot->staging_bytes, (size_t)B * T * 3 * C * 2,
-                  "cudaMalloc(dqkv staging)"));
+                         "cudaMalloc(dqkv staging)"));
     void *d = slot->staging;
     std::unordered_map<int64_t, void *> pack = {
         {UID_Q, at(qkv, 0)},
