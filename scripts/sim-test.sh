@@ -104,7 +104,7 @@ tsan() {
   local sel=("${tsan_tests[@]}")
   [ "${1:-}" = gpt2 ] && sel+=(gpt2)
   build build-tsan thread "${sel[@]}" &&
-    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/cudasim/tsan.supp" \
+    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 history_size=7 suppressions=$PWD/tests/cudasim/tsan.supp" \
       run build-tsan "${sel[@]}"
 }
 
