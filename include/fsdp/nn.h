@@ -287,6 +287,55 @@ FSDP_API fsdp_status_t fsdp_gpt2_kernel_costs(const fsdp_gpt2_config_t *c, int B
                                               int micro_batches, fsdp_dtype_t act_dtype,
                                               fsdp_kclass_cost_t *out, int n);
 
+/* ---- Llama family ---------------------------------------------------------
+ * A decoder as Hugging Face's LlamaForCausalLM (Llama 2/3, TinyLlama, SmolLM):
+ * token embedding, n_layer decoder layers (RMSNorm, q/k/v projections with
+ * grouped-query attention, rotary position embedding on q and k in HF's
+ * rotate-half convention, causal attention, o_proj, residual; RMSNorm, SwiGLU
+ * gate/up/down, residual), a final RMSNorm and a head tied to the embedding or
+ * its own; no biases. Tensors carry HF's names and (out, in) Linear layout:
+ * "model.embed_tokens.weight" (V,C), "model.layers.<i>.input_layernorm.weight"
+ * (C), ".self_attn.q_proj.weight" (NH*D,C), ".k_proj.weight" and
+ * ".v_proj.weight" (NKV*D,C), ".o_proj.weight" (C,NH*D),
+ * ".post_attention_layernorm.weight" (C), ".mlp.gate_proj.weight" and
+ * ".mlp.up_proj.weight" (F,C), ".mlp.down_proj.weight" (C,F),
+ * "model.norm.weight" (C) and, untied, "lm_head.weight" (V,C); D = C / NH. */
+typedef enum {
+  FSDP_ROPE_DEFAULT = 0, /* inv_freq[i] = theta^(-2i/D) */
+  FSDP_ROPE_LLAMA3 = 1   /* Llama 3.1's frequency scaling of those (HF "llama3") */
+} fsdp_rope_type_t;
+
+typedef struct {
+  int n_layer, n_head, n_kv_head; /* n_kv_head divides n_head */
+  int n_embd;                     /* C, a multiple of n_head */
+  int ffn_hidden;                 /* F, SwiGLU's width */
+  int vocab_size;
+  int max_seq_len; /* HF's max_position_embeddings */
+  float rope_theta;
+  float rms_eps;
+  int tie_embeddings; /* 1: the head is model.embed_tokens.weight */
+  fsdp_rope_type_t rope_type;
+  /* FSDP_ROPE_LLAMA3 only (HF's rope_scaling): factor, low_freq_factor,
+   * high_freq_factor, original_max_position_embeddings */
+  float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+  int rope_original_max_pos;
+} fsdp_llama_config_t;
+
+/* The published shapes, parameter counts equal to the published ones:
+ * "SmolLM-135M" (30 x 576, 9 heads / 3 KV, F 1536, vocabulary 49152, tied:
+ * 134,515,008), "TinyLlama-1.1B" (22 x 2048, 32 / 4 KV, F 5632, vocabulary
+ * 32000, untied: 1,100,048,384), "Llama-3.2-1B" (16 x 2048, 32 / 8 KV, F 8192,
+ * vocabulary 128256, tied, theta 500000 with llama3 scaling:
+ * 1,235,814,400), and "tiny" for tests (2 x 64, 4 / 2 KV, F 160, vocabulary
+ * 256, T 64, untied). Unknown names: FSDP_ERR_INVALID_ARGUMENT listing them. */
+FSDP_API fsdp_status_t fsdp_llama_preset(const char *name, fsdp_llama_config_t *out);
+/* FSDP_ERR_INVALID_ARGUMENT naming the first field out of range. */
+FSDP_API fsdp_status_t fsdp_llama_config_check(const fsdp_llama_config_t *c);
+FSDP_API size_t fsdp_llama_num_params(const fsdp_llama_config_t *c);
+/* RoPE's D/2 inverse frequencies as HF computes them in fp32 (rope_type's
+ * rule); inv_freq holds n_embd / n_head / 2 floats. */
+FSDP_API void fsdp_llama_inv_freq(const fsdp_llama_config_t *c, float *inv_freq);
+
 #ifdef __cplusplus
 }
 #endif

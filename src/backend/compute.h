@@ -79,7 +79,8 @@ typedef struct fsdp_head_backward_args {
   int B, C, V;
 } fsdp_head_backward_args_t;
 
-/* Token + position embedding: out (B,T,C) = wte[tokens[b,t]] + wpe[t]. */
+/* Token + position embedding: out (B,T,C) = wte[tokens[b,t]] + wpe[t];
+ * without wpe (NULL: RoPE models), out = wte[tokens[b,t]] and dwpe is NULL. */
 typedef struct fsdp_embedding_forward_args {
   fsdp_dtype_t dt;
   void *out;         /* (B,T,C) written */
@@ -98,8 +99,11 @@ typedef struct fsdp_embedding_backward_args {
   int B, T, C;
 } fsdp_embedding_backward_args_t;
 
-/* Causal multi-head self-attention: qkv (B,T,3C), out (B,T,C), C a multiple
- * of NH. What attention keeps for backward, att (fp32), depends on the
+/* Causal self-attention, multi-head or grouped-query: NH query heads of D =
+ * C / NH and NKV key/value heads (NKV divides NH; 0 means NH), query head h
+ * reading KV head h / (NH / NKV) (HF's repeat_kv). qkv (B,T,(NH+2*NKV)*D)
+ * holds each row's q heads, then k's, then v's: (B,T,3C) for GPT-2. out
+ * (B,T,C). What attention keeps for backward, att (fp32), depends on the
  * backend and dtype: attention_state_floats says how many floats (the
  * (B,NH,T,T) probabilities, or the (B,NH,T) log-sum-exp of an op that
  * recomputes them). scratch: attention_scratch_bytes of the caller's (NULL
@@ -109,8 +113,9 @@ typedef struct fsdp_attention_forward_args {
   void *out;       /* (B,T,C) written */
   float *att;      /* attention_state_floats written */
   void *scratch;   /* attention_scratch_bytes, or NULL when 0 */
-  const void *qkv; /* (B,T,3C) */
+  const void *qkv; /* (B,T,(NH+2*NKV)*D) */
   int B, T, C, NH;
+  int NKV; /* KV heads; 0: NH */
 } fsdp_attention_forward_args_t;
 
 /* Backward adds into dqkv and is given forward's out, which a kernel that
@@ -118,13 +123,14 @@ typedef struct fsdp_attention_forward_args {
  * out)). */
 typedef struct fsdp_attention_backward_args {
   fsdp_dtype_t dt;
-  void *dqkv;       /* (B,T,3C) += */
+  void *dqkv;       /* qkv's shape, += */
   void *scratch;    /* attention_scratch_bytes, or NULL when 0 */
   const void *dout; /* (B,T,C) */
-  const void *qkv;  /* (B,T,3C) */
+  const void *qkv;  /* (B,T,(NH+2*NKV)*D) */
   const void *out;  /* (B,T,C), forward's */
   const float *att; /* forward's state */
   int B, T, C, NH;
+  int NKV; /* as forward's */
 } fsdp_attention_backward_args_t;
 
 /* Softmax cross-entropy, fused with its gradient, in place: logits (B,V)
@@ -226,6 +232,71 @@ typedef struct fsdp_relu_backward_args {
   size_t n;
 } fsdp_relu_backward_args_t;
 
+/* RMSNorm over the last dim (the Llama family's), fused with the residual
+ * add that feeds it as layernorm_fused_forward is: with branch, res = inp +
+ * branch (as stored in dt) and x = res, else x = inp; rstd = 1 /
+ * sqrt(mean(x^2) + eps) in fp32 and out = weight * (x * rstd), HF's order
+ * (the normalised x rounded to dt before the weight multiplies it). */
+typedef struct fsdp_rmsnorm_forward_args {
+  fsdp_dtype_t dt;
+  void *res;          /* (N,C) written with branch; else unused (may be NULL) */
+  void *out;          /* (N,C) written */
+  float *rstd;        /* (N) written, for backward */
+  const void *inp;    /* (N,C) */
+  const void *branch; /* (N,C) the residual branch; may be NULL */
+  const void *weight; /* (C) */
+  int N, C;
+  float eps;
+} fsdp_rmsnorm_forward_args_t;
+
+/* dinp += d(x); dweight += column sums of (x * rstd) * dout, over all SMs
+ * through scratch (colsum_scratch_bytes(C)). */
+typedef struct fsdp_rmsnorm_backward_args {
+  fsdp_dtype_t dt;
+  void *dinp;         /* (N,C) += */
+  float *dweight;     /* (C) += */
+  void *scratch;      /* colsum_scratch_bytes(C) of the caller's, NULL when 0 */
+  const void *dout;   /* (N,C) */
+  const void *inp;    /* (N,C) what forward normalised (res with a branch) */
+  const void *weight; /* (C) */
+  const float *rstd;  /* (N) forward's */
+  int N, C;
+} fsdp_rmsnorm_backward_args_t;
+
+/* Rotary position embedding in HF's rotate-half convention, in place on the
+ * q and k heads of a packed qkv (attention's layout; v untouched): for
+ * position p = pos0 + t and i < D/2, angle = p * inv_freq[i] (fp32, cos and
+ * sin in fp32), (x[i], x[i+D/2]) -> (x[i] cos - x[i+D/2] sin, x[i+D/2] cos +
+ * x[i] sin). rope_backward applies the inverse rotation (the transpose) to a
+ * gradient of the same layout, in place. */
+typedef struct fsdp_rope_args {
+  fsdp_dtype_t dt;
+  void *qkv;              /* (B,T,(NH+2*NKV)*D) read and written */
+  const float *inv_freq;  /* (D/2) fp32, the backend's memory (fsdp_llama_inv_freq) */
+  int B, T, NH, NKV, D;
+  int pos0; /* position of t = 0 */
+} fsdp_rope_args_t;
+
+/* SwiGLU over one product's output: inp (N,2F) holds each row's gate (columns
+ * [0,F), gate_proj's) then up ([F,2F)); out (N,F) = silu(gate) * up, silu(x)
+ * = x / (1 + exp(-x)), computed in fp32. */
+typedef struct fsdp_swiglu_forward_args {
+  fsdp_dtype_t dt;
+  void *out;       /* (N,F) written */
+  const void *inp; /* (N,2F) */
+  int N, F;
+} fsdp_swiglu_forward_args_t;
+
+/* dinp (N,2F) written (the gate's and up's gradients; one producer, as
+ * matmul_backward's dinp) from dout (N,F) and forward's inp. */
+typedef struct fsdp_swiglu_backward_args {
+  fsdp_dtype_t dt;
+  void *dinp;       /* (N,2F) written */
+  const void *dout; /* (N,F) */
+  const void *inp;  /* (N,2F) forward's */
+  int N, F;
+} fsdp_swiglu_backward_args_t;
+
 /* ---- the engine's shard kernels' descriptors (shards of n elements) ---- */
 
 /* *out (one double) = sum of x[i]^2, accumulated in double, deterministic
@@ -297,7 +368,8 @@ typedef struct fsdp_compute_ops {
   fsdp_device_kind_t device;   /* where every pointer lives */
   size_t sum_squares_partials; /* doubles of scratch sum_squares takes (0: none) */
 
-  /* ---- GPT-2's layers: each slot's contract is its descriptor's ---- */
+  /* ---- GPT-2's layers (and the Llama family's attention, products, head,
+   * embedding): each slot's contract is its descriptor's ---- */
   fsdp_status_t (*head_forward)(const fsdp_head_forward_args_t *a, fsdp_stream_t s);
   fsdp_status_t (*head_backward)(const fsdp_head_backward_args_t *a, fsdp_stream_t s);
   fsdp_status_t (*embedding_forward)(const fsdp_embedding_forward_args_t *a, fsdp_stream_t s);
@@ -324,6 +396,13 @@ typedef struct fsdp_compute_ops {
                                             fsdp_stream_t s);
   fsdp_status_t (*relu_forward)(const fsdp_relu_forward_args_t *a, fsdp_stream_t s);
   fsdp_status_t (*relu_backward)(const fsdp_relu_backward_args_t *a, fsdp_stream_t s);
+  /* ---- the Llama family's layers ---- */
+  fsdp_status_t (*rmsnorm_forward)(const fsdp_rmsnorm_forward_args_t *a, fsdp_stream_t s);
+  fsdp_status_t (*rmsnorm_backward)(const fsdp_rmsnorm_backward_args_t *a, fsdp_stream_t s);
+  fsdp_status_t (*rope_forward)(const fsdp_rope_args_t *a, fsdp_stream_t s);
+  fsdp_status_t (*rope_backward)(const fsdp_rope_args_t *a, fsdp_stream_t s);
+  fsdp_status_t (*swiglu_forward)(const fsdp_swiglu_forward_args_t *a, fsdp_stream_t s);
+  fsdp_status_t (*swiglu_backward)(const fsdp_swiglu_backward_args_t *a, fsdp_stream_t s);
   /* ---- the engine's shard kernels: likewise ---- */
   fsdp_status_t (*sum_squares)(const fsdp_sum_squares_args_t *a, fsdp_stream_t s);
   fsdp_status_t (*scale)(const fsdp_scale_args_t *a, fsdp_stream_t s);

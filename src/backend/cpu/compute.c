@@ -24,7 +24,9 @@ static const char *const slot_names[] = {
     "attention_forward",       "attention_backward",       "xent",
     "colsum_scratch_bytes",    "matmul_forward",           "matmul_backward",
     "layernorm_fused_forward", "layernorm_fused_backward", "relu_forward",
-    "relu_backward",           "sum_squares",              "scale",
+    "relu_backward",           "rmsnorm_forward",          "rmsnorm_backward",
+    "rope_forward",            "rope_backward",            "swiglu_forward",
+    "swiglu_backward",         "sum_squares",              "scale",
     "axpy",                    "cast",                     "adamw_multi",
     "sgd_update",              "prepare",                  "release",
 };
