@@ -70,16 +70,16 @@ static void model_free(model_t *m) {
 static void rules_digest(const cfg_file_t *c, char *out, size_t len) {
   char *text = NULL;
   size_t n = 0;
-  FILE *f = c && c->n_rules ? open_memstream(&text, &n) : NULL;
+  FILE *f = cfg_sharding_count(c) ? open_memstream(&text, &n) : NULL;
   if (!f) {
-    snprintf(out, len, "%s", c && c->n_rules ? "(unreadable)" : "(none)");
+    snprintf(out, len, "%s", cfg_sharding_count(c) ? "(unreadable)" : "(none)");
     return;
   }
   cfg_print_rules(f, c);
   fclose(f);
   uint64_t h = 1469598103934665603ull;
   for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)text[i]) * 1099511628211ull;
-  snprintf(out, len, "%d, FNV-1a 64 %016llx", c->n_rules, (unsigned long long)h);
+  snprintf(out, len, "%d, FNV-1a 64 %016llx", cfg_sharding_count(c), (unsigned long long)h);
   free(text);
 }
 

@@ -221,7 +221,7 @@ static int finish_options(bench_opts_t *o) {
   int gpt = !strcmp(o->model, "gpt2");
   if (!gpt && strcmp(o->model, "mlp"))
     return fprintf(stderr, "fsdp-bench: --model '%s': use gpt2 or mlp\n", o->model), -1;
-  if (!gpt && o->config && o->config->n_rules)
+  if (!gpt && cfg_sharding_count(o->config))
     return fprintf(stderr, "fsdp-bench: %s: sharding rules shape gpt2's units; the mlp has a "
                    "unit per layer\n", o->config->path), -1;
   if (!o->seq_len)
@@ -289,7 +289,7 @@ static int run_all(fsdp_world_t world, const bench_opts_t *o, double peak_rank) 
         bench_print_kernels(o, &res[i]);
       }
     }
-  if (rc == 0 && rank == 0 && !o->json && o->config && o->config->n_rules) {
+  if (rc == 0 && rank == 0 && !o->json && cfg_sharding_count(o->config)) {
     printf("\nsharding rules (the last model's matches):\n");
     cfg_print_matches(stdout, o->config);
   }

@@ -185,6 +185,180 @@ static int read_entry(const char *tool, cfg_file_t *c, yaml_node_t *kn, yaml_nod
   return 0;
 }
 
+/* ---- torchprime's partition specs ---------------------------------------- */
+
+/* torchprime's mesh axes, in CFG_AXIS_* bit order. */
+static const char *const axis_names[CFG_AXES] = {"data", "fsdp", "tensor", "expert", "context"};
+#define AXIS_LIST "data, fsdp, tensor, expert, context"
+
+/* YAML's null as a plain scalar: null, Null, NULL, ~ or nothing. */
+static int is_null(const yaml_node_t *n) {
+  const char *v = scalar(n);
+  return v && n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
+         (!*v || !strcmp(v, "~") || !strcmp(v, "null") || !strcmp(v, "Null") || !strcmp(v, "NULL"));
+}
+
+static int axis_bit(const char *v) {
+  for (int a = 0; v && a < CFG_AXES; a++)
+    if (!strcmp(v, axis_names[a])) return 1 << a;
+  return 0;
+}
+
+/* What a node that is no dimension of a spec is, for a message. */
+static void spec_why(const yaml_node_t *n, char *why, size_t cap) {
+  const char *v = scalar(n);
+  if (!v) snprintf(why, cap, "a %s", n->type == YAML_MAPPING_NODE ? "mapping" : "list");
+  else if (n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE && !strcmp(v, "null"))
+    snprintf(why, cap, "a quoted 'null' (the text; write null bare)");
+  else snprintf(why, cap, "'%.*s%s'", ECHO(v));
+}
+
+/* One dimension of a spec: null (0), a mesh axis or a list of axes (their
+ * bits); -1 when the node is none of these, with why (when not NULL) saying
+ * what it is. */
+static int spec_dim(yaml_document_t *d, const yaml_node_t *n, char *why, size_t cap) {
+  if (is_null(n)) return 0;
+  if (axis_bit(scalar(n))) return axis_bit(scalar(n));
+  int bits = 0;
+  const yaml_node_t *bad = n;
+  for (yaml_node_item_t *i = n->type == YAML_SEQUENCE_NODE ? n->data.sequence.items.start : NULL;
+       i && bad == n && i < n->data.sequence.items.top; i++) {
+    const yaml_node_t *a = yaml_document_get_node(d, *i);
+    if (!axis_bit(scalar(a))) bad = a;
+    bits |= axis_bit(scalar(a));
+  }
+  if (bits && bad == n) return bits;
+  if (why && bad == n && n->type == YAML_SEQUENCE_NODE) snprintf(why, cap, "an empty list");
+  else if (why) spec_why(bad, why, cap);
+  return -1;
+}
+
+/* 1 when every item of the sequence n is a dimension of a spec. */
+static int looks_like_spec(yaml_document_t *d, const yaml_node_t *n) {
+  for (yaml_node_item_t *i = n->data.sequence.items.start; i < n->data.sequence.items.top; i++)
+    if (spec_dim(d, yaml_document_get_node(d, *i), NULL, 0) < 0) return 0;
+  return n->data.sequence.items.top > n->data.sequence.items.start;
+}
+
+/* 1 when key is a flag of either tool (the file's own key, not a name). */
+static int flag_key(const cfg_file_t *c, const char *key) {
+  const cfg_keys_t *k = c->keys;
+  char flag[80];
+  if (strlen(key) + 3 <= sizeof flag) {
+    snprintf(flag, sizeof flag, "--%s", key);
+    if (flags_lookup(k->table, k->n, flag) || k->word(k->ctx, "", flag, NULL) == 1) return 1;
+  }
+  for (const char *const *s = k->skip; s && *s; s++)
+    if (!strcmp(key, *s)) return 1;
+  return !strcmp(key, "config") || !strcmp(key, "print-config");
+}
+
+/* The name and its [i] suffix: "model.layers.*[0]" is module pattern
+ * "model.layers.*", output 0. The name's characters are those of tensor and
+ * module names, so that it prints back as it came. */
+static int spec_name(const char *tool, cfg_file_t *c, cfg_spec_t *s, const char *key) {
+  size_t len = strlen(key);
+  s->index = -1;
+  if (len && key[len - 1] == ']') {
+    const char *open = strrchr(key, '[');
+    char *end = NULL;
+    errno = 0;
+    long i = open && open[1] >= '0' && open[1] <= '9' ? strtol(open + 1, &end, 10) : -1;
+    if (i < 0 || errno || i > 1000000 || end != key + len - 1)
+      return fail(tool, c, s->line, "'%.*s%s': an output index is [N], N a whole number "
+                  "(model.layers.*[0])", ECHO(key));
+    s->index = (int)i, len = (size_t)(open - key);
+  }
+  s->len = len;
+  for (size_t i = 0; i < len; i++)
+    if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.*-", key[i]))
+      return fail(tool, c, s->line, "'%.*s%s' is not a tensor or module name (letters, digits, "
+                  "'_', '-', '.' between parts, '*' for a part that is a whole number)",
+                  ECHO(key));
+  s->ntok = len ? 1 : 0;
+  for (size_t i = 0; i < len; i++) s->ntok += key[i] == '.';
+  return 0;
+}
+
+/* A top-level NAME: PARTITION_SPEC, torchprime's. What no shape of fsdp's can
+ * follow is refused here; what depends on the model (a tensor's rank, the
+ * batch dimension of an output) when the names meet the model. */
+static int read_spec(const char *tool, cfg_file_t *c, yaml_document_t *d, yaml_node_t *kn,
+                     yaml_node_t *vn) {
+  const char *key = scalar(kn);
+  char why[128];
+  if (c->n_specs == CFG_MAX_RULES)
+    return fail(tool, c, line_of(kn), "more than %d partition specs, the limit (docs/limits.md)",
+                CFG_MAX_RULES);
+  if (!c->specs && !(c->specs = calloc(CFG_MAX_RULES, sizeof *c->specs)))
+    return fail(tool, c, line_of(kn), "out of memory");
+  cfg_spec_t *s = &c->specs[c->n_specs++]; /* counted at once: cfg_free frees it */
+  *s = (cfg_spec_t){.line = line_of(kn)};
+  if (strlen(key) > CFG_MAX_VALUE)
+    return fail(tool, c, s->line, "a name of %zu bytes ('%.*s...'): the limit is %d "
+                "(docs/limits.md)", strlen(key), FLAGS_ECHO, key, CFG_MAX_VALUE);
+  if (spec_name(tool, c, s, key)) return -1;
+  if (!(s->name = strdup(key))) return fail(tool, c, s->line, "out of memory");
+  size_t n = (size_t)(vn->data.sequence.items.top - vn->data.sequence.items.start);
+  if (n == 0 || n > CFG_MAX_SPEC_DIMS)
+    return fail(tool, c, line_of(vn), "%s: a partition spec of %zu entries: give one per "
+                "dimension of the tensor or output (1 to %d), each null or a mesh axis", s->name,
+                n, CFG_MAX_SPEC_DIMS);
+  int sharded = -1;
+  for (int k = 0; k < (int)n; k++) {
+    const yaml_node_t *dn = yaml_document_get_node(d, vn->data.sequence.items.start[k]);
+    int bits = spec_dim(d, dn, why, sizeof why);
+    if (bits < 0)
+      return fail(tool, c, line_of(dn), "%s: dimension %d: %s where null, a mesh axis (%s) or a "
+                  "list of axes belongs", s->name, k, why, AXIS_LIST);
+    for (int a = 0; a < CFG_AXES; a++)
+      if (bits & (1 << a) & ~(CFG_AXIS_DATA | CFG_AXIS_FSDP))
+        return fail(tool, c, line_of(dn), "%s: dimension %d on mesh axis '%s': 2-D sharding is "
+                    "not supported (fsdp shards over the fsdp axis alone, batches over fsdp and "
+                    "data)", s->name, k, axis_names[a]);
+    if (bits && sharded >= 0)
+      return fail(tool, c, line_of(dn), "%s: dimensions %d and %d both sharded: 2-D sharding "
+                  "is not supported (fsdp on one dimension, null on the others)", s->name,
+                  sharded, k);
+    if (bits) sharded = k;
+    s->axes[k] = (unsigned char)bits;
+  }
+  s->ndim = (int)n;
+  if (sharded < 0)
+    return fail(tool, c, line_of(vn), "%s: no dimension on a mesh axis replicates it, which fsdp "
+                "never does (every parameter is sharded, every batch split): name fsdp on one "
+                "dimension", s->name);
+  s->dim = sharded;
+  return 0;
+}
+
+/* Orders specs by the name they shard (without [i]), then by line. */
+static int spec_order(const void *a, const void *b) {
+  const cfg_spec_t *x = *(cfg_spec_t *const *)a, *y = *(cfg_spec_t *const *)b;
+  int r = memcmp(x->name, y->name, x->len < y->len ? x->len : y->len);
+  if (!r) r = (x->len > y->len) - (x->len < y->len);
+  return r ? r : x->line - y->line;
+}
+
+/* Two specs for one name (a key given twice, or "a" beside "a[0]", as
+ * torchprime refuses too): sorted, so that a file of many names stays fast. */
+static int check_spec_names(const char *tool, cfg_file_t *c) {
+  if (c->n_specs < 2) return 0;
+  cfg_spec_t **order = malloc((size_t)c->n_specs * sizeof *order);
+  if (!order) return fail(tool, c, 1, "out of memory");
+  for (int i = 0; i < c->n_specs; i++) order[i] = &c->specs[i];
+  qsort(order, (size_t)c->n_specs, sizeof *order, spec_order);
+  int rc = 0;
+  for (int i = 1; i < c->n_specs && !rc; i++) {
+    const cfg_spec_t *a = order[i - 1], *b = order[i];
+    if (a->len == b->len && !memcmp(a->name, b->name, a->len))
+      rc = fail(tool, c, b->line, "%s given twice (first at line %d%s%s)", b->name, a->line,
+                strcmp(a->name, b->name) ? ", as " : "", strcmp(a->name, b->name) ? a->name : "");
+  }
+  free(order);
+  return rc;
+}
+
 static int read_root(const char *tool, cfg_file_t *c, yaml_document_t *d) {
   yaml_node_t *root = yaml_document_get_root_node(d);
   if (!root) /* an empty file is more likely a mistake than a wish for the defaults */
@@ -197,12 +371,17 @@ static int read_root(const char *tool, cfg_file_t *c, yaml_document_t *d) {
   for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top;
        p++) {
     yaml_node_t *kn = yaml_document_get_node(d, p->key), *vn = yaml_document_get_node(d, p->value);
-    int rc = scalar(kn) && !strcmp(scalar(kn), "sharding") ? (c->rules ? fail(tool, c,
-             line_of(kn), "sharding given twice") : read_sharding(tool, c, d, vn))
-                                                        : read_entry(tool, c, kn, vn);
+    const char *key = scalar(kn);
+    /* torchprime's NAME: [spec]; a flag's key with a list is a spec only
+     * where the list reads as one ("model: [fsdp, null, null]") */
+    int spec = key && vn->type == YAML_SEQUENCE_NODE && strcmp(key, "sharding") &&
+               (!flag_key(c, key) || looks_like_spec(d, vn));
+    int rc = key && !strcmp(key, "sharding") ? (c->rules ? fail(tool, c, line_of(kn),
+             "sharding given twice") : read_sharding(tool, c, d, vn))
+             : spec ? read_spec(tool, c, d, kn, vn) : read_entry(tool, c, kn, vn);
     if (rc) return -1;
   }
-  return 0;
+  return check_spec_names(tool, c);
 }
 
 /* The file, whole, in *text: at most CFG_MAX_BYTES (a pipe too). */
@@ -291,8 +470,10 @@ int cfg_load(const char *tool, const char *path, const cfg_keys_t *keys, cfg_fil
 void cfg_free(cfg_file_t *c) {
   for (int i = 0; i < c->n_entries; i++) free(c->entries[i].key), free(c->entries[i].value);
   for (int i = 0; i < c->n_rules; i++) free(c->rules[i].match);
+  for (int i = 0; i < c->n_specs; i++) free(c->specs[i].name);
   free(c->entries);
   free(c->rules);
+  free(c->specs);
   free(c->mults);
   free(c->path);
   *c = (cfg_file_t){0};
@@ -320,6 +501,8 @@ const char *const cfg_bench_only[] = {
     "micro-batch", "iters", "rounds", "check", "peak-size", "trace", "json-file", "sweep",
     "sweep-strategies", "sweep-prefetch", "sweep-shard-sizes", "memory-plan", "kernel-profile",
     NULL};
+
+int cfg_sharding_count(const cfg_file_t *c) { return c ? c->n_rules + c->n_specs : 0; }
 
 int cfg_launch_rank(void) {
   static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK"};
@@ -371,6 +554,94 @@ static int ruled(cfg_file_t *c, int k, const char *name, int count) {
   return found;
 }
 
+/* torchprime's match: the first len bytes of pattern and name have the same
+ * dot-separated parts, a '*' part standing for a whole number. */
+static int spec_match(const char *p, size_t plen, const char *name, size_t nlen) {
+  size_t i = 0, j = 0;
+  while (i < plen && j < nlen) {
+    size_t pe = i, ne = j;
+    while (pe < plen && p[pe] != '.') pe++;
+    while (ne < nlen && name[ne] != '.') ne++;
+    int digits = ne > j;
+    for (size_t k = j; k < ne; k++) digits &= name[k] >= '0' && name[k] <= '9';
+    if (pe - i == 1 && p[i] == '*' ? !digits : pe - i != ne - j || memcmp(p + i, name + j, ne - j))
+      return 0;
+    i = pe + 1, j = ne + 1;
+  }
+  return i >= plen && j >= nlen && (i > plen) == (j > nlen);
+}
+
+/* Counts a spec's match once per name: a module's tensors come together, and
+ * a module met again later ("model", before and after the layers) is the
+ * first or the last one named. */
+static void spec_hit(cfg_spec_t *s, int dom, const char *name, size_t len) {
+  if (s->hits[dom] && ((strlen(s->last[dom]) == len && !strncmp(s->last[dom], name, len)) ||
+                       (strlen(s->first[dom]) == len && !strncmp(s->first[dom], name, len))))
+    return;
+  if (!s->hits[dom]++) snprintf(s->first[dom], sizeof s->first[dom], "%.*s", (int)len, name);
+  snprintf(s->last[dom], sizeof s->last[dom], "%.*s", (int)len, name);
+}
+
+/* The first spec naming the wrappable module `name` (its output: a unit
+ * boundary), or -1. */
+static int spec_wraps(cfg_file_t *c, const char *name) {
+  for (int i = 0; i < c->n_specs; i++) {
+    cfg_spec_t *s = &c->specs[i];
+    if (spec_match(s->name, s->len, name, strlen(name))) return s->units++, i;
+  }
+  return -1;
+}
+
+/* A spec met a tensor (t) or the module the first len bytes of name make:
+ * 0, or -1 with c->err saying why fsdp cannot follow it. */
+static int spec_meets(cfg_file_t *c, cfg_spec_t *s, const fsdp_tensor_desc_t *t, const char *name,
+                      size_t len) {
+  char where[160];
+  snprintf(where, sizeof where, "%s:%d: %s", c->path, s->line, s->name);
+  spec_hit(s, t ? 0 : 1, name, len);
+  if (t && s->index >= 0)
+    return snprintf(c->err, sizeof c->err, "%s: [%d] picks one of a module's outputs, but "
+                    "'%s' is a tensor", where, s->index, name), -1;
+  if (t && s->ndim != t->ndim)
+    return snprintf(c->err, sizeof c->err, "%s: %d entries, but tensor '%s' has %d dimensions: "
+                    "give one per dimension", where, s->ndim, name, t->ndim), -1;
+  if (t && s->axes[s->dim] != CFG_AXIS_FSDP)
+    return snprintf(c->err, sizeof c->err, "%s: tensor '%s' on mesh axis data: a parameter is "
+                    "sharded over fsdp alone (data splits the batch; --shard-size makes replica "
+                    "groups)", where, name), -1;
+  if (!t && s->index > 0)
+    return snprintf(c->err, sizeof c->err, "%s: module '%.*s' returns one tensor: there is no "
+                    "output [%d]", where, (int)len, name, s->index), -1;
+  if (!t && s->ndim != c->out_ndim)
+    return snprintf(c->err, sizeof c->err, "%s: %d entries, but the output of module '%.*s' has "
+                    "%d dimensions (batch, sequence, hidden): give one per dimension", where,
+                    s->ndim, (int)len, name, c->out_ndim), -1;
+  if (!t && s->dim != 0)
+    return snprintf(c->err, sizeof c->err, "%s: shards dimension %d of module '%.*s''s output, "
+                    "not the batch (dimension 0): 2-D sharding is not supported", where, s->dim,
+                    (int)len, name), -1;
+  return 0;
+}
+
+/* The specs against one tensor and the modules it lies in (each prefix of
+ * its name that ends before a '.', and "", the whole model). */
+static int specs_meet(cfg_file_t *c, const fsdp_tensor_desc_t *t) {
+  const char *name = t->name;
+  size_t len = strlen(name);
+  int parts = 1;
+  for (size_t i = 0; i < len; i++) parts += name[i] == '.';
+  for (int i = 0; i < c->n_specs; i++) {
+    cfg_spec_t *s = &c->specs[i];
+    if (s->ntok > parts) continue;
+    size_t end = 0; /* the bytes of name's first ntok parts */
+    for (int k = 0; k < s->ntok; k++) end += strcspn(name + end + (k > 0), ".") + (k > 0);
+    int tensor = s->ntok == parts;
+    if (spec_match(s->name, s->len, name, end) && spec_meets(c, s, tensor ? t : NULL, name, end))
+      return -1;
+  }
+  return 0;
+}
+
 /* The first item of the --wrap kinds list equal to kind. */
 static int in_kinds(const char *list, const char *kind) {
   char item[128];
@@ -388,8 +659,16 @@ static int in_kinds(const char *list, const char *kind) {
 static fsdp_wrap_t wrap_fn(void *user, const fsdp_module_t *m, int n, int i, size_t open) {
   cfg_file_t *c = user;
   int w = ruled(c, RULE_WRAP, m[i].name, 1), g = ruled(c, RULE_MIN_PARAMS, m[i].name, 1);
-  int ck = ruled(c, RULE_CHECKPOINT, m[i].name, 1);
+  int ck = ruled(c, RULE_CHECKPOINT, m[i].name, 1), sp = spec_wraps(c, m[i].name);
   if (w == -2 || g == -2 || ck == -2) return FSDP_WRAP_FAIL;
+  if (sp >= 0 && (g >= 0 || (w >= 0 && !c->rules[w].val[RULE_WRAP]))) {
+    int r = g >= 0 ? g : w;
+    snprintf(c->err, sizeof c->err, "%s:%d: rule %d (match '%s') %s module '%s', but %s (line "
+             "%d) shards its output, which makes it a unit of its own: the rules conflict",
+             c->path, c->rules[r].line, r + 1, c->rules[r].match, g >= 0 ? "groups by size"
+             : "sets wrap false on", m[i].name, c->specs[sp].name, c->specs[sp].line);
+    return FSDP_WRAP_FAIL;
+  }
   if (w >= 0 && g >= 0) {
     snprintf(c->err, sizeof c->err, "%s:%d: rule %d (match '%s') groups module '%s' by size, but "
              "rule %d (line %d, match '%s') wraps it: the rules conflict", c->path,
@@ -403,7 +682,8 @@ static fsdp_wrap_t wrap_fn(void *user, const fsdp_module_t *m, int n, int i, siz
   if (g >= 0)
     return was == g && open > 0 && open < (size_t)c->rules[g].val[RULE_MIN_PARAMS]
                ? FSDP_WRAP_JOIN : FSDP_WRAP_UNIT;
-  int wrap = w >= 0 ? c->rules[w].val[RULE_WRAP] != 0 : in_kinds(c->wrap_kinds, m[i].kind);
+  int wrap = w >= 0 ? c->rules[w].val[RULE_WRAP] != 0
+             : sp >= 0 || in_kinds(c->wrap_kinds, m[i].kind);
   if (!wrap && ck >= 0 && c->rules[ck].val[RULE_CHECKPOINT]) {
     snprintf(c->err, sizeof c->err, "%s:%d: rule %d (match '%s') checkpoints module '%s', which "
              "no rule or --wrap puts in a unit of its own: only a unit's activations can be "
@@ -429,7 +709,7 @@ static fsdp_status_t unit_opts(void *user, const char *unit, const char *kind,
   int any = 0;
   for (int i = 0; i < n; i++) {
     int lr = ruled(c, RULE_LR, t[i].name, 1), wd = ruled(c, RULE_WD, t[i].name, 1);
-    if (lr == -2 || wd == -2) return FSDP_ERR_INVALID_ARGUMENT;
+    if (lr == -2 || wd == -2 || specs_meet(c, &t[i])) return FSDP_ERR_INVALID_ARGUMENT;
     c->mults[i] = lr >= 0 ? (float)c->rules[lr].val[RULE_LR] : 1.0f;
     c->mults[n + i] = wd >= 0 ? (float)c->rules[wd].val[RULE_WD] : 1.0f;
     any |= lr >= 0 || wd >= 0;
@@ -439,6 +719,14 @@ static fsdp_status_t unit_opts(void *user, const char *unit, const char *kind,
 }
 
 int cfg_check_matched(cfg_file_t *c, int domain) {
+  for (int i = 0; domain == 2 && i < c->n_specs; i++) {
+    const cfg_spec_t *s = &c->specs[i];
+    if (s->hits[0] || s->hits[1]) continue;
+    snprintf(c->err, sizeof c->err, "%s:%d: %s matches no tensor and no module, so its partition "
+             "spec applies to nothing ('*' stands for a whole-number part: model.layers.*)",
+             c->path, s->line, s->name);
+    return -1;
+  }
   for (int i = 0; i < c->n_rules; i++)
     for (int k = 0; k < RULE_NKEYS; k++) {
       cfg_rule_t *r = &c->rules[i];
@@ -451,13 +739,18 @@ int cfg_check_matched(cfg_file_t *c, int domain) {
   return 0;
 }
 
-int cfg_gpt2_opts(cfg_file_t *c, fsdp_gpt2_opts_t *o, fsdp_plan_opts_t *plan, char *ckpt,
-                  size_t ckpt_len) {
+int cfg_model_opts(cfg_file_t *c, cfg_model_t *o, fsdp_plan_opts_t *plan, char *ckpt,
+                   size_t ckpt_len) {
   int wrap_rule = -1, unit_rules = 0;
   ckpt[0] = '\0';
+  c->out_ndim = o->out_ndim;
+  for (int i = 0; i < c->n_specs; i++) { /* counted afresh for each model made */
+    memset(c->specs[i].hits, 0, sizeof c->specs[i].hits);
+    c->specs[i].units = 0;
+  }
   for (int i = 0; i < c->n_rules; i++) {
     cfg_rule_t *r = &c->rules[i];
-    memset(r->hits, 0, sizeof r->hits); /* counted afresh for each model made */
+    memset(r->hits, 0, sizeof r->hits);
     if (wrap_rule < 0 && (r->set[RULE_WRAP] || r->set[RULE_MIN_PARAMS] || r->set[RULE_CHECKPOINT]))
       wrap_rule = i;
     unit_rules |= r->set[RULE_RESHARD] || r->set[RULE_DTYPE] || r->set[RULE_LR] || r->set[RULE_WD];
@@ -482,21 +775,62 @@ int cfg_gpt2_opts(cfg_file_t *c, fsdp_gpt2_opts_t *o, fsdp_plan_opts_t *plan, ch
              "rules)", c->path, r->line, wrap_rule + 1, r->match, flag);
     return -1;
   }
-  if (wrap_rule >= 0) {
+  if (c->n_specs && o->wrap_min_params) {
+    snprintf(c->err, sizeof c->err, "%s:%d: the partition specs make a unit of each module whose "
+             "output they shard, and --wrap-min-params %zu groups modules by size: give one "
+             "policy (drop the flag, or use a rule's wrap_min_params without the module specs)",
+             c->path, c->specs[0].line, o->wrap_min_params);
+    return -1;
+  }
+  if (wrap_rule >= 0 || c->n_specs) {
     *plan = (fsdp_plan_opts_t)FSDP_PLAN_OPTS_INIT;
     c->wrap_kinds = o->wrap_kinds;
     plan->wrap_fn = wrap_fn;
     plan->wrap_user = c;
     plan->checkpoint_names = ckpt[0] ? ckpt : NULL;
+    plan->checkpoint_kinds = ck ? o->checkpoint_kinds : NULL; /* beside specs alone */
     o->plan = plan;
   }
-  if (unit_rules || wrap_rule >= 0) o->unit_opts = unit_opts, o->unit_opts_user = c;
+  if (unit_rules || wrap_rule >= 0 || c->n_specs) o->unit_opts = unit_opts, o->unit_opts_user = c;
+  return 0;
+}
+
+int cfg_gpt2_opts(cfg_file_t *c, fsdp_gpt2_opts_t *o, fsdp_plan_opts_t *plan, char *ckpt,
+                  size_t ckpt_len) {
+  cfg_model_t m = {o->wrap_kinds, o->wrap_min_params, o->checkpoint_kinds, 3, o->plan,
+                   o->unit_opts, o->unit_opts_user};
+  if (cfg_model_opts(c, &m, plan, ckpt, ckpt_len)) return -1;
+  o->plan = m.plan, o->unit_opts = m.unit_opts, o->unit_opts_user = m.unit_opts_user;
   return 0;
 }
 
 /* ---- printing ------------------------------------------------------------ */
 
+/* A spec's list as torchprime writes it: [[fsdp, data], null, null]. */
+static void print_spec(FILE *out, const cfg_spec_t *s) {
+  fputc('[', out);
+  for (int k = 0; k < s->ndim; k++) {
+    int n = 0;
+    for (int a = 0; a < CFG_AXES; a++) n += (s->axes[k] >> a) & 1;
+    fprintf(out, "%s%s", k ? ", " : "", !n ? "null" : n > 1 ? "[" : "");
+    for (int a = 0, m = 0; a < CFG_AXES; a++) /* fsdp first, as torchprime writes [fsdp, data] */
+      if (s->axes[k] & (1 << (a < 2 ? 1 - a : a)))
+        fprintf(out, "%s%s", m++ ? ", " : "", axis_names[a < 2 ? 1 - a : a]);
+    if (n > 1) fputc(']', out);
+  }
+  fputc(']', out);
+}
+
 void cfg_print_rules(FILE *out, const cfg_file_t *c) {
+  for (int i = 0; i < c->n_specs; i++) {
+    const cfg_spec_t *s = &c->specs[i];
+    /* names hold [A-Za-z0-9_.*-] and a [i]: plain, unless it could read as
+     * an alias ('*'), a list or nothing */
+    int quote = !s->len || s->name[0] == '*' || s->name[0] == '-' || s->name[0] == '[';
+    fprintf(out, quote ? "\"%s\": " : "%s: ", s->name);
+    print_spec(out, s);
+    fputc('\n', out);
+  }
   if (!c->n_rules) return;
   fprintf(out, "sharding:\n");
   for (int i = 0; i < c->n_rules; i++) {
@@ -511,6 +845,20 @@ void cfg_print_rules(FILE *out, const cfg_file_t *c) {
 }
 
 void cfg_print_matches(FILE *out, const cfg_file_t *c) {
+  for (int i = 0; i < c->n_specs; i++) {
+    const cfg_spec_t *s = &c->specs[i];
+    int d = s->hits[0] ? 0 : 1, n = s->hits[d];
+    fprintf(out, s->len ? "  %s: " : "  \"%s\": ", s->name);
+    print_spec(out, s);
+    fprintf(out, " (%s:%d) -> %d %s%s (%s%s%s): ", c->path, s->line, n, d ? "module" : "tensor",
+            n == 1 ? "" : "s", s->len ? s->first[d] : "the model", n > 1 ? " .. " : "",
+            n > 1 ? s->last[d] : "");
+    if (!d) fprintf(out, "sharded over fsdp (flat shards)\n");
+    else
+      fprintf(out, "batch over %s: data parallelism%s%s\n", s->axes[0] == CFG_AXIS_FSDP ? "fsdp"
+              : s->axes[0] == CFG_AXIS_DATA ? "data" : "fsdp and data",
+              s->units ? ", a unit each" : "", s->units && s->units < n ? " of the wrappable" : "");
+  }
   for (int i = 0; i < c->n_rules; i++) {
     const cfg_rule_t *r = &c->rules[i];
     fprintf(out, "  rule %d (%s:%d, match '%s'):", i + 1, c->path, r->line, r->match);

@@ -21,7 +21,26 @@
  * type and two rules that give one module, unit or tensor different values are
  * errors naming the rule, the file and the line. Modules no wrap rule
  * matches follow --wrap's kinds. The rules shape GPT-2 (fsdp-train refuses
- * them with --model mlp). */
+ * them with --model mlp).
+ *
+ * torchprime's sharding file is read as is: a top-level key that is no flag
+ * (or a flag's key whose list reads as a spec), its value a list, is NAME:
+ * PARTITION_SPEC. NAME is a tensor or a module, '.' between parts, '*' a part
+ * that is a whole number (torchprime's rule: "model.layers.*" is
+ * model.layers.0, model.layers.1, ... and nothing below them), "" the whole
+ * model, and a "[i]" suffix picks a module's i-th output. The spec gives each
+ * dimension null, a mesh axis (data, fsdp, tensor, expert, context) or a list
+ * of axes. What fsdp does is what torchprime's FSDP files say:
+ *   a tensor with fsdp on one dimension (null elsewhere, one entry per
+ *     dimension): sharded, as every parameter is (flat shards);
+ *   a module output with fsdp and/or data on the batch dimension (0): data
+ *     parallelism, as every rank already runs; a model's wrappable module
+ *     (GPT-2's h.<i>) so named becomes a unit of its own, as "wrap: true".
+ * Any other axis, two sharded dimensions, no sharded dimension, data on a
+ * tensor, a non-batch dimension of an output, a rank other than the tensor's
+ * or the output's, and an output index past 0 are refused naming the file and
+ * the line (2-D sharding is not supported). A name that matches nothing is an
+ * error, as a rule's is. */
 #ifndef FSDP_TOOLS_CONFIG_H
 #define FSDP_TOOLS_CONFIG_H
 
@@ -46,6 +65,25 @@ typedef struct {
   int hits[3];            /* modules, units, tensors matched */
   char first[3][64], last[3][64]; /* the first and last of them, for the plan */
 } cfg_rule_t;
+
+/* torchprime's mesh axes, a bit each. */
+enum { CFG_AXIS_DATA = 1, CFG_AXIS_FSDP = 2, CFG_AXIS_TENSOR = 4, CFG_AXIS_EXPERT = 8,
+       CFG_AXIS_CONTEXT = 16, CFG_AXES = 5 };
+#define CFG_MAX_SPEC_DIMS 8
+
+typedef struct {
+  char *name;   /* as the file wrote it, "[i]" included */
+  size_t len;   /* the tensor or module pattern: name's first len bytes */
+  int ntok;     /* its dot-separated parts (0 for "", the whole model) */
+  int index;    /* the "[i]" suffix, -1 without */
+  int line;
+  int ndim;
+  int dim;      /* the one sharded dimension */
+  unsigned char axes[CFG_MAX_SPEC_DIMS]; /* CFG_AXIS_* bits per dimension, 0 for null */
+  int hits[2];  /* tensors, modules matched */
+  int units;    /* of those modules, the ones it made units */
+  char first[2][64], last[2][64];
+} cfg_spec_t;
 
 typedef struct {
   char *key, *value; /* a flag without "--", its scalar text */
@@ -82,6 +120,9 @@ typedef struct {
   int n_entries;
   cfg_rule_t *rules;
   int n_rules;
+  cfg_spec_t *specs; /* torchprime's NAME: [spec] keys, in file order */
+  int n_specs;
+  int out_ndim;      /* the dimensions of a module's output (B, T, C: 3) */
   const char *wrap_kinds; /* the --wrap policy for modules no wrap rule matches */
   float *mults;           /* unit_opts' lr/wd arrays, reused unit after unit */
   int n_mults;
@@ -114,6 +155,27 @@ int cfg_parse_args(const char *tool, const char *usage, int argc, char **argv,
  * the world exists (--print-config, notes on the file) prints on rank 0. */
 int cfg_launch_rank(void);
 
+/* A model's policy fields the rules and specs replace (those of
+ * fsdp_gpt2_opts_t and the Llama model's, of the same names), and the
+ * dimensions of its modules' outputs. */
+typedef struct {
+  const char *wrap_kinds;
+  size_t wrap_min_params;
+  const char *checkpoint_kinds;
+  int out_ndim;                 /* 3 for a transformer's (B, T, C) */
+  const fsdp_plan_opts_t *plan; /* out: the rules' plan, where they make one */
+  fsdp_unit_opts_fn unit_opts;  /* out */
+  void *unit_opts_user;         /* out */
+} cfg_model_t;
+
+/* The rules and specs as a model's plan (cfg_gpt2_opts below, for any model):
+ * wrap/checkpoint rules and module specs become the plan's callback (with
+ * wrap_kinds for the modules none takes; checkpoint_kinds too beside specs
+ * alone), unit and tensor rules and the specs the unit_opts callback. 0, or
+ * -1 with cfg->err saying why, as cfg_gpt2_opts. */
+int cfg_model_opts(cfg_file_t *cfg, cfg_model_t *m, fsdp_plan_opts_t *plan, char *ckpt_names,
+                   size_t ckpt_len);
+
 /* The rules as a GPT-2 plan: wrap/checkpoint rules become the plan's callback
  * and checkpoint patterns (with wrap_kinds for the modules no wrap rule
  * takes), unit and tensor rules the unit_opts callback; the rules' match
@@ -123,11 +185,16 @@ int cfg_launch_rank(void);
 int cfg_gpt2_opts(cfg_file_t *cfg, fsdp_gpt2_opts_t *o, fsdp_plan_opts_t *plan, char *ckpt_names,
                   size_t ckpt_len);
 /* The rule that matched nothing in a domain (0 modules, 1 units, 2 tensors)
- * where it gives settings: 0, or -1 with cfg->err set. Modules are checked
- * while planning; units and tensors once the model is made. */
+ * where it gives settings, and with 2 the partition spec that matched no
+ * tensor and no module: 0, or -1 with cfg->err set. Modules are checked while
+ * planning; units, tensors and specs once the model is made. */
 int cfg_check_matched(cfg_file_t *cfg, int domain);
 
-/* The sharding section as YAML, and the rules' matches as plan lines. */
+/* The rules and partition specs a file holds (0 for NULL). */
+int cfg_sharding_count(const cfg_file_t *cfg);
+
+/* The specs and the sharding section as YAML, and what each spec and rule
+ * matched as plan lines. */
 void cfg_print_rules(FILE *out, const cfg_file_t *cfg);
 void cfg_print_matches(FILE *out, const cfg_file_t *cfg);
 

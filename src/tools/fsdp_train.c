@@ -190,7 +190,7 @@ static const char default_wrap[] = "GPT2Block";
 
 static int finish_options(train_opts_t *o) {
   int gpt = !strcmp(o->model, "gpt2");
-  if (!gpt && o->config && o->config->n_rules)
+  if (!gpt && cfg_sharding_count(o->config))
     return fprintf(stderr, "fsdp-train: %s: sharding rules shape gpt2's units; the mlp has a "
                    "unit per layer\n", o->config->path), -1;
   if (!gpt && strcmp(o->model, "mlp"))

@@ -61,14 +61,15 @@ static void add_float(settings_t *s, const char *key, float x) {
 static void add_rules(settings_t *s, const cfg_file_t *c) {
   char *text = NULL;
   size_t len = 0;
-  FILE *f = c && c->n_rules ? open_memstream(&text, &len) : NULL;
+  FILE *f = cfg_sharding_count(c) ? open_memstream(&text, &len) : NULL;
   if (!f) {
-    add(s, "sharding rules", "%s", c && c->n_rules ? "(unreadable)" : "(none)");
+    add(s, "sharding rules", "%s", cfg_sharding_count(c) ? "(unreadable)" : "(none)");
     return;
   }
   cfg_print_rules(f, c);
   fclose(f);
-  add(s, "sharding rules", "%d, FNV-1a 64 %016" PRIx64, c->n_rules, train_hash(0, text, len));
+  add(s, "sharding rules", "%d, FNV-1a 64 %016" PRIx64, cfg_sharding_count(c),
+      train_hash(0, text, len));
   free(text);
 }
 
