@@ -1,6 +1,7 @@
 /* tests/fuzz/fuzz_config.c — libFuzzer target: the tools' YAML configuration
  * file (src/tools/config.c) read with a flag table of every value type, its
- * keys applied as flags (src/tools/flags.c) and its rules printed back. */
+ * keys applied as flags (src/tools/flags.c), its rules and partition specs
+ * planned over a two-block model's modules and tensors, and printed back. */
 #include "fuzz_file.h"
 #include "tools/config.h"
 
@@ -15,6 +16,24 @@ static int word(void *ctx, const char *tool, const char *flag, const char *v) {
   fsdp_config_t cfg = FSDP_CONFIG_INIT;
   int rc = flags_config_word(tool, flag, v, &cfg);
   return rc > 0 ? -1 : rc;
+}
+
+/* The rules and specs against modules "h.0", "h.1" and their tensors, as a
+ * model's planning would meet them. */
+static void plan(cfg_file_t *c) {
+  static const fsdp_module_t mods[] = {{"h.0", "GPT2Block", 10}, {"h.1", "GPT2Block", 10}};
+  fsdp_tensor_desc_t t[] = {{.name = "wte", .ndim = 2, .shape = {8, 4}},
+                            {.name = "h.0.attn.c_attn.weight", .ndim = 2, .shape = {12, 4}},
+                            {.name = "h.1.ln_1.bias", .ndim = 1, .shape = {4}}};
+  cfg_model_t m = {"GPT2Block", 0, NULL, 3, NULL, NULL, NULL};
+  fsdp_plan_opts_t po;
+  char ckpt[512];
+  if (cfg_model_opts(c, &m, &po, ckpt, sizeof ckpt)) return;
+  for (int i = 0; m.plan && i < 2; i++) m.plan->wrap_fn(m.plan->wrap_user, mods, 2, i, 0);
+  fsdp_unit_opts_t uo = FSDP_UNIT_OPTS_INIT;
+  if (m.unit_opts) m.unit_opts(m.unit_opts_user, "root", "GPT2Model", t, 3, &uo);
+  cfg_check_matched(c, 1);
+  cfg_check_matched(c, 2);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -37,8 +56,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   cfg_file_t c;
   if (cfg_load("fuzz", path, &keys, &c) == 0 && cfg_apply("fuzz", &c, table, n, word, NULL) == 0) {
     FILE *out = fopen("/dev/null", "w");
-    if (out) cfg_print_rules(out, &c), cfg_print_matches(out, &c), fclose(out);
     cfg_check_matched(&c, 0);
+    plan(&c);
+    if (out) cfg_print_rules(out, &c), cfg_print_matches(out, &c), fclose(out);
   }
   cfg_free(&c);
   return 0;
