@@ -710,6 +710,12 @@ static fsdp_status_t unit_opts(void *user, const char *unit, const char *kind,
   for (int i = 0; i < n; i++) {
     int lr = ruled(c, RULE_LR, t[i].name, 1), wd = ruled(c, RULE_WD, t[i].name, 1);
     if (lr == -2 || wd == -2 || specs_meet(c, &t[i])) return FSDP_ERR_INVALID_ARGUMENT;
+    for (const char *const *a = c->aliases; a && a[0]; a += 2) /* a tied head, by HF's name */
+      if (!strcmp(a[1], t[i].name)) {
+        fsdp_tensor_desc_t alias = t[i];
+        alias.name = a[0];
+        if (specs_meet(c, &alias)) return FSDP_ERR_INVALID_ARGUMENT;
+      }
     c->mults[i] = lr >= 0 ? (float)c->rules[lr].val[RULE_LR] : 1.0f;
     c->mults[n + i] = wd >= 0 ? (float)c->rules[wd].val[RULE_WD] : 1.0f;
     any |= lr >= 0 || wd >= 0;
@@ -744,6 +750,7 @@ int cfg_model_opts(cfg_file_t *c, cfg_model_t *o, fsdp_plan_opts_t *plan, char *
   int wrap_rule = -1, unit_rules = 0;
   ckpt[0] = '\0';
   c->out_ndim = o->out_ndim;
+  c->aliases = o->aliases;
   for (int i = 0; i < c->n_specs; i++) { /* counted afresh for each model made */
     memset(c->specs[i].hits, 0, sizeof c->specs[i].hits);
     c->specs[i].units = 0;
@@ -797,7 +804,8 @@ int cfg_model_opts(cfg_file_t *c, cfg_model_t *o, fsdp_plan_opts_t *plan, char *
 
 int cfg_gpt2_opts(cfg_file_t *c, fsdp_gpt2_opts_t *o, fsdp_plan_opts_t *plan, char *ckpt,
                   size_t ckpt_len) {
-  cfg_model_t m = {o->wrap_kinds, o->wrap_min_params, o->checkpoint_kinds, 3, o->plan,
+  static const char *const tied[] = {"lm_head.weight", "wte", NULL}; /* the head is wte */
+  cfg_model_t m = {o->wrap_kinds, o->wrap_min_params, o->checkpoint_kinds, 3, tied, o->plan,
                    o->unit_opts, o->unit_opts_user};
   if (cfg_model_opts(c, &m, plan, ckpt, ckpt_len)) return -1;
   o->plan = m.plan, o->unit_opts = m.unit_opts, o->unit_opts_user = m.unit_opts_user;

@@ -40,7 +40,8 @@
  * tensor, a non-batch dimension of an output, a rank other than the tensor's
  * or the output's, and an output index past 0 are refused naming the file and
  * the line (2-D sharding is not supported). A name that matches nothing is an
- * error, as a rule's is. */
+ * error, as a rule's is; a tied head answers to "lm_head.weight" too
+ * (cfg_model_t's aliases). */
 #ifndef FSDP_TOOLS_CONFIG_H
 #define FSDP_TOOLS_CONFIG_H
 
@@ -123,6 +124,7 @@ typedef struct {
   cfg_spec_t *specs; /* torchprime's NAME: [spec] keys, in file order */
   int n_specs;
   int out_ndim;      /* the dimensions of a module's output (B, T, C: 3) */
+  const char *const *aliases; /* the model's (cfg_model_t), during planning */
   const char *wrap_kinds; /* the --wrap policy for modules no wrap rule matches */
   float *mults;           /* unit_opts' lr/wd arrays, reused unit after unit */
   int n_mults;
@@ -163,6 +165,10 @@ typedef struct {
   size_t wrap_min_params;
   const char *checkpoint_kinds;
   int out_ndim;                 /* 3 for a transformer's (B, T, C) */
+  /* NULL, or pairs (NAME, TENSOR) ending in NULL: a spec naming NAME (and the
+   * modules above it) meets TENSOR, as Hugging Face's state dict names a tied
+   * head "lm_head.weight" beside the embedding */
+  const char *const *aliases;
   const fsdp_plan_opts_t *plan; /* out: the rules' plan, where they make one */
   fsdp_unit_opts_fn unit_opts;  /* out */
   void *unit_opts_user;         /* out */

@@ -25,7 +25,8 @@ static void plan(cfg_file_t *c) {
   fsdp_tensor_desc_t t[] = {{.name = "wte", .ndim = 2, .shape = {8, 4}},
                             {.name = "h.0.attn.c_attn.weight", .ndim = 2, .shape = {12, 4}},
                             {.name = "h.1.ln_1.bias", .ndim = 1, .shape = {4}}};
-  cfg_model_t m = {"GPT2Block", 0, NULL, 3, NULL, NULL, NULL};
+  static const char *const tied[] = {"lm_head.weight", "wte", NULL};
+  cfg_model_t m = {"GPT2Block", 0, NULL, 3, tied, NULL, NULL, NULL};
   fsdp_plan_opts_t po;
   char ckpt[512];
   if (cfg_model_opts(c, &m, &po, ckpt, sizeof ckpt)) return;

@@ -54,6 +54,15 @@ spec=$(losses --config one.yaml "${run[@]}" --no-wrap)
 [ "$spec" = "$(losses --config rule.yaml "${run[@]}" --no-wrap)" ] ||
   fail "the spec's unit differs from the rule's"
 
+# The head is tied to wte, so "lm_head.weight" (Hugging Face's name for it)
+# is wte, and "lm_head" a module the specs may name.
+printf 'lm_head.weight: [fsdp, null]\nlm_head: [[fsdp, data], null, null]\n' > tied.yaml
+out=$("$train" --config tied.yaml "${run[@]}" --steps 1)
+grep -qF "  lm_head.weight: [fsdp, null] (tied.yaml:1) -> 1 tensor (lm_head.weight): sharded" <<<"$out" ||
+  fail "the tied head's spec not reported: $out"
+grep -qF "  lm_head: [[fsdp, data], null, null] (tied.yaml:2) -> 1 module (lm_head): batch over fsdp and data: data parallelism" <<<"$out" ||
+  fail "the head's output spec not reported: $out"
+
 if command -v mpirun >/dev/null; then
   two_cli=$(mpi_losses "${run[@]}")
   two_file=$(mpi_losses --config gpt2-fsdp.yaml "${run[@]}")
@@ -97,6 +106,8 @@ bad data-tensor "data-tensor.yaml:5: wte: tensor 'wte' on mesh axis data: a para
 wte: [data, null]"
 bad tensor-rank "tensor-rank.yaml:5: h.*.ln_1.weight: 2 entries, but tensor 'h.0.ln_1.weight' has 1 dimensions" <<<"$base
 h.*.ln_1.weight: [fsdp, null]"
+bad tied-rank "tied-rank.yaml:5: lm_head.weight: 1 entries, but tensor 'lm_head.weight' has 2 dimensions" <<<"$base
+lm_head.weight: [fsdp]"
 bad output-rank "output-rank.yaml:5: h.*: 2 entries, but the output of module 'h.0' has 3 dimensions" <<<"$base
 h.*: [fsdp, null]"
 bad output-index "output-index.yaml:5: h.*[1]: module 'h.0' returns one tensor: there is no output [1]" <<<"$base
@@ -107,8 +118,9 @@ bad bad-index "bad-index.yaml:5: 'h.*[x]': an output index is [N]" <<<"$base
 h.*[x]: [fsdp, null, null]"
 bad no-match "no-match.yaml:5: model.layers.* matches no tensor and no module" <<<"$base
 model.layers.*: [fsdp, null, null]"
-bad star-digits "star-digits.yaml:5: *.ln_1.weight matches no tensor and no module" <<<"$base
-\"*.ln_1.weight\": [fsdp]"
+# '*' stands for a whole number: "*.weight" is not ln_f.weight
+bad star-digits "star-digits.yaml:5: *.weight matches no tensor and no module" <<<"$base
+\"*.weight\": [fsdp]"
 bad axis-name "axis-name.yaml:5: h.*: dimension 0: 'fdsp' where null, a mesh axis (data, fsdp, tensor, expert, context) or a list of axes belongs" <<<"$base
 h.*: [fdsp, null, null]"
 bad quoted-null "quoted-null.yaml:5: h.*: dimension 1: a quoted 'null' (the text; write null bare)" <<<"$base
