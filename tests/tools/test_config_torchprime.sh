@@ -25,7 +25,7 @@ run=(--preset tiny --layers 3 --data text.txt --steps 3 --global-batch 4 --eval-
 # GPT-2's every tensor and its blocks' outputs, as torchprime's llama-fsdp.yaml
 # says Llama's: the plan the command line's default (a unit per GPT2Block) makes.
 cp "$src/tests/tools/torchprime/gpt2-fsdp.yaml" .
-out=$("$train" --config gpt2-fsdp.yaml "${run[@]}")
+out=$("$train" --config gpt2-fsdp.yaml "${run[@]}" 2>&1) || fail "gpt2-fsdp.yaml refused: $out"
 grep -Eq '^  h\.2 +GPT2Block ' <<<"$out" || fail "h.2 is no unit: $out"
 grep -qF "  h.*: [[fsdp, data], null, null] (gpt2-fsdp.yaml:22) -> 3 modules (h.0 .. h.2): batch over fsdp and data: data parallelism, a unit each" <<<"$out" ||
   fail "the blocks' spec not reported: $out"
@@ -38,7 +38,7 @@ file=$(losses --config gpt2-fsdp.yaml "${run[@]}")
 echo "command line: $cli"
 echo "torchprime:   $file"
 [ -n "$cli" ] && [ "$cli" = "$file" ] || fail "the specs' run differs from the command line's"
-"$train" --config gpt2-fsdp.yaml "${run[@]}" --print-config > printed.yaml
+"$train" --config gpt2-fsdp.yaml "${run[@]}" --print-config > printed.yaml || fail "--print-config refused"
 grep -qxF 'h.*: [[fsdp, data], null, null]' printed.yaml || fail "--print-config lacks h.*'s spec"
 grep -qxF '"": [fsdp, null, null]' printed.yaml || fail "--print-config lacks the model's spec"
 [ "$(losses --config printed.yaml)" = "$cli" ] || fail "--print-config fed back: other losses"
@@ -47,7 +47,7 @@ grep -qxF '"": [fsdp, null, null]' printed.yaml || fail "--print-config lacks th
 # as a wrap rule makes it, to the bit.
 printf 'h.1: [fsdp, null, null]\n' > one.yaml
 printf 'sharding:\n  - match: "h.1"\n    wrap: true\n' > rule.yaml
-out=$("$train" --config one.yaml "${run[@]}" --no-wrap)
+out=$("$train" --config one.yaml "${run[@]}" --no-wrap 2>&1) || fail "one.yaml refused: $out"
 grep -Eq '^  h\.1 +GPT2Block +49984 ' <<<"$out" || fail "h.1 is no unit: $out"
 if grep -Eq '^  h\.[02] ' <<<"$out"; then fail "h.0 or h.2 made a unit: $out"; fi
 spec=$(losses --config one.yaml "${run[@]}" --no-wrap)
@@ -57,7 +57,7 @@ spec=$(losses --config one.yaml "${run[@]}" --no-wrap)
 # The head is tied to wte, so "lm_head.weight" (Hugging Face's name for it)
 # is wte, and "lm_head" a module the specs may name.
 printf 'lm_head.weight: [fsdp, null]\nlm_head: [[fsdp, data], null, null]\n' > tied.yaml
-out=$("$train" --config tied.yaml "${run[@]}" --steps 1)
+out=$("$train" --config tied.yaml "${run[@]}" --steps 1 2>&1) || fail "tied.yaml refused: $out"
 grep -qF "  lm_head.weight: [fsdp, null] (tied.yaml:1) -> 1 tensor (lm_head.weight): sharded" <<<"$out" ||
   fail "the tied head's spec not reported: $out"
 grep -qF "  lm_head: [[fsdp, data], null, null] (tied.yaml:2) -> 1 module (lm_head): batch over fsdp and data: data parallelism" <<<"$out" ||
