@@ -43,6 +43,14 @@ grep -qxF 'h.*: [[fsdp, data], null, null]' printed.yaml || fail "--print-config
 grep -qxF '"": [fsdp, null, null]' printed.yaml || fail "--print-config lacks the model's spec"
 [ "$(losses --config printed.yaml)" = "$cli" ] || fail "--print-config fed back: other losses"
 
+# Specs choose units only: --checkpoint still recomputes them.
+out=$("$train" --config gpt2-fsdp.yaml "${run[@]}" --steps 1 --checkpoint GPT2Block 2>&1) ||
+  fail "specs with --checkpoint refused: $out"
+read -r kept full < <(grep -oE 'activations [0-9.]+ MiB/rank \([0-9.]+' <<<"$out" | tr -d '(' |
+  awk '{ print $2, $4 }')
+awk -v k="$kept" -v f="$full" 'BEGIN { exit !(k < f) }' ||
+  fail "--checkpoint beside specs: activations $kept MiB of $full"
+
 # A module spec is a unit boundary: with --no-wrap, "h.1" alone is a unit,
 # as a wrap rule makes it, to the bit.
 printf 'h.1: [fsdp, null, null]\n' > one.yaml
