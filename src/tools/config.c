@@ -812,6 +812,16 @@ int cfg_gpt2_opts(cfg_file_t *c, fsdp_gpt2_opts_t *o, fsdp_plan_opts_t *plan, ch
   return 0;
 }
 
+int cfg_llama_opts(cfg_file_t *c, fsdp_llama_opts_t *o, int tied, fsdp_plan_opts_t *plan,
+                   char *ckpt, size_t ckpt_len) {
+  static const char *const head[] = {"lm_head.weight", "model.embed_tokens.weight", NULL};
+  cfg_model_t m = {o->wrap_kinds, o->wrap_min_params, o->checkpoint_kinds, 3, tied ? head : NULL,
+                   o->plan, o->unit_opts, o->unit_opts_user};
+  if (cfg_model_opts(c, &m, plan, ckpt, ckpt_len)) return -1;
+  o->plan = m.plan, o->unit_opts = m.unit_opts, o->unit_opts_user = m.unit_opts_user;
+  return 0;
+}
+
 /* ---- printing ------------------------------------------------------------ */
 
 /* A spec's list as torchprime writes it: [[fsdp, data], null, null]. */

@@ -190,6 +190,11 @@ int cfg_model_opts(cfg_file_t *cfg, cfg_model_t *m, fsdp_plan_opts_t *plan, char
  * patterns past ckpt_len bytes joined); the caller prints it, once per job. */
 int cfg_gpt2_opts(cfg_file_t *cfg, fsdp_gpt2_opts_t *o, fsdp_plan_opts_t *plan, char *ckpt_names,
                   size_t ckpt_len);
+/* The same for a Llama (fsdp_llama_opts_t): its modules the decoder layers
+ * "model.layers.<i>", a tied head also named "lm_head.weight" (tied: 1). */
+int cfg_llama_opts(cfg_file_t *cfg, fsdp_llama_opts_t *o, int tied, fsdp_plan_opts_t *plan,
+                   char *ckpt_names, size_t ckpt_len);
+
 /* The rule that matched nothing in a domain (0 modules, 1 units, 2 tensors)
  * where it gives settings, and with 2 the partition spec that matched no
  * tensor and no module: 0, or -1 with cfg->err set. Modules are checked while

@@ -1,6 +1,6 @@
 /* tests/unit/test_config.c — the configuration file's sharding rules and
  * torchprime's partition specs (src/tools/config.h) over Hugging Face's Llama
- * names, without the model: the plan they make of decoder layers
+ * names, without the model: the plan cfg_llama_opts makes of decoder layers
  * "model.layers.<i>" through the library's planner (fsdp/plan.h), what the
  * per-unit callback gives each unit and tensor, torchprime's llama-fsdp.yaml
  * as it ships (tests/tools/torchprime/) on an untied and a tied head, and
@@ -58,15 +58,15 @@ static int load(const char *text, cfg_file_t *c) {
   return rc;
 }
 
-/* The model's planning as fsdp_llama_create does it: the plan over the
- * layers, then unit_opts for the root (embed, norm, head unless tied) and for
- * each unit. Returns the plan's units as "name[*] ..." (checkpointed: '*'),
- * or "refused: <c->err>". opts[u] receives unit u's options (root: 0). */
+/* The model's planning as fsdp_llama_create does it, with the options
+ * cfg_llama_opts makes of the rules and specs: the plan over the layers, then
+ * unit_opts for the root (embed, norm, head unless tied) and for each unit.
+ * Returns the plan's units as "name[*] ..." (checkpointed: '*'), or
+ * "refused: <c->err>". opts[u] receives unit u's options (root: 0). */
 static char units[1024];
 static fsdp_unit_opts_t opts[5];
 static float lr[5][LLAMA_LAYER_TENSORS], wd[5][LLAMA_LAYER_TENSORS];
 static const char *plan_llama(cfg_file_t *c, const char *wrap_kinds, int tied) {
-  static const char *const alias[] = {"lm_head.weight", LLAMA_EMBED, NULL};
   fsdp_llama_config_t lc = tiny();
   size_t per_layer = 0;
   fsdp_tensor_desc_t lt[4][LLAMA_LAYER_TENSORS];
@@ -79,13 +79,13 @@ static const char *plan_llama(cfg_file_t *c, const char *wrap_kinds, int tied) {
     snprintf(mod_names[l], sizeof mod_names[l], "model.layers.%d", l);
     mods[l] = (fsdp_module_t){mod_names[l], "LlamaDecoderLayer", per_layer};
   }
-  cfg_model_t m = {wrap_kinds, 0, NULL, 3, tied ? alias : NULL, NULL, NULL, NULL};
+  fsdp_llama_opts_t m = {.wrap_kinds = wrap_kinds};
   fsdp_plan_opts_t po;
   char ckpt[256];
   fsdp_plan_t plan = NULL;
   units[0] = '\0';
   memset(opts, 0, sizeof opts);
-  if (cfg_model_opts(c, &m, &po, ckpt, sizeof ckpt) ||
+  if (cfg_llama_opts(c, &m, tied, &po, ckpt, sizeof ckpt) ||
       fsdp_plan_create(mods, 4, m.plan, &plan) != FSDP_SUCCESS)
     goto refused;
   const int64_t V = lc.vocab_size, C = lc.n_embd;
