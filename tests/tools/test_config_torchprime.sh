@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # tests/tools/test_config_torchprime.sh — torchprime's sharding YAML in
 # fsdp-train's configuration file (src/tools/config.h): a file of partition
-# specs in torchprime's FSDP shape (tests/tools/torchprime/) gives the same
-# losses as the command line it amounts to, on one rank and under mpirun -np 2;
+# specs in torchprime's FSDP shape (tests/tools/torchprime/: GPT-2's, and
+# torchprime's own llama-fsdp.yaml on the tiny Llama) gives the same losses as
+# the command line it amounts to, on one rank and under mpirun -np 2; our own
+# rules read the same way over Hugging Face's names (model.layers.*);
 # a module spec makes units as a wrap rule does; --print-config carries the
 # specs; every spec fsdp cannot follow (2-D sharding among them) is refused
 # naming the file and the line, and hostile files stay fast.
@@ -78,6 +80,63 @@ if command -v mpirun >/dev/null; then
   echo "mpirun -np 2: torchprime:   $two_file"
   [ -n "$two_cli" ] && [ "$two_cli" = "$two_file" ] || fail "2 ranks: the specs' run differs"
 fi
+
+# Llama: torchprime's llama-fsdp.yaml as it ships, with --no-wrap so that its
+# module specs alone make the units, against the command line's default (a
+# unit per LlamaDecoderLayer): the same plan and the same losses to the bit,
+# on one rank and two.
+lrun=(--model llama --preset tiny --data text.txt --steps 3 --global-batch 4 --eval-every 0 --seed 5)
+cp "$src/tests/tools/torchprime/llama-fsdp.yaml" .
+out=$("$train" --config llama-fsdp.yaml "${lrun[@]}" --no-wrap 2>&1) ||
+  fail "llama-fsdp.yaml refused: $out"
+grep -Eq '^  model\.layers\.1 +LlamaDecoderLayer +43136 ' <<<"$out" || fail "no unit per layer: $out"
+grep -qF "  model.layers.*: [[fsdp, data], null, null] (llama-fsdp.yaml:20) -> 2 modules (model.layers.0 .. model.layers.1): batch over fsdp and data: data parallelism, a unit each" <<<"$out" ||
+  fail "the layers' spec not reported: $out"
+grep -qF "  lm_head.weight: [fsdp, null] (llama-fsdp.yaml:17) -> 1 tensor (lm_head.weight): sharded over fsdp (flat shards)" <<<"$out" ||
+  fail "the head's spec not reported: $out"
+# Bit for bit: the weights and optimizer state saved after the last step,
+# every shard file's payload (past its 64-byte header, which carries the
+# run's own id).
+same_state() { # DIR_A DIR_B
+  local f n=0
+  for f in "$1"/step-3/rank-*.bin; do
+    [ -f "$f" ] && cmp -s <(tail -c +65 "$f") <(tail -c +65 "$2/step-3/${f##*/}") || return 1
+    n=$((n + 1))
+  done
+  [ "$n" -gt 0 ]
+}
+lcli=$(losses "${lrun[@]}" --save-dir cli1 --save-every 3)
+lfile=$(losses --config llama-fsdp.yaml "${lrun[@]}" --no-wrap --save-dir file1 --save-every 3)
+echo "llama command line: $lcli"
+echo "llama torchprime:   $lfile"
+[ -n "$lcli" ] && [ "$lcli" = "$lfile" ] || fail "llama: the specs' run differs from the command line's"
+same_state cli1 file1 || fail "llama: the specs' weights or optimizer state differ"
+if command -v mpirun >/dev/null; then
+  two_cli=$(mpi_losses "${lrun[@]}" --save-dir cli2 --save-every 3)
+  two_file=$(mpi_losses --config llama-fsdp.yaml "${lrun[@]}" --no-wrap --save-dir file2 --save-every 3)
+  echo "llama mpirun -np 2: command line: $two_cli"
+  echo "llama mpirun -np 2: torchprime:   $two_file"
+  [ -n "$two_cli" ] && [ "$two_cli" = "$two_file" ] || fail "llama, 2 ranks: the specs' run differs"
+  same_state cli2 file2 || fail "llama, 2 ranks: the specs' weights or optimizer state differ"
+fi
+echo "llama: the saved weights and optimizer state are the command line's, bit for bit"
+
+# Our own rules over Hugging Face's names: units and checkpointing by
+# "model.layers.*" are the command line's --wrap-min-params and --checkpoint,
+# and a dtype per unit pattern shows in the plan.
+printf 'sharding:\n  - match: "model.layers.*"\n    wrap_min_params: 40000\n    checkpoint: true\n' > hf.yaml
+hf_flags=(--wrap-min-params 40000 --checkpoint LlamaDecoderLayer)
+plan_of() { "$train" "$@" --steps 1 | grep -E '^  (model|root|activations)'; }
+hf_plan=$(plan_of --config hf.yaml "${lrun[@]}")
+echo "$hf_plan"
+[ "$hf_plan" = "$(plan_of "${lrun[@]}" "${hf_flags[@]}")" ] && grep -q 'activations 2.19 MiB' <<<"$hf_plan" ||
+  fail "rules over model.layers.* plan other units or checkpointing than ${hf_flags[*]}"
+[ "$(losses --config hf.yaml "${lrun[@]}")" = "$(losses "${lrun[@]}" "${hf_flags[@]}")" ] ||
+  fail "rules over model.layers.* give other losses than ${hf_flags[*]}"
+printf 'sharding:\n  - match: "model.layers.*"\n    wrap: true\n  - match: "model.layers.1"\n    param_dtype: bf16\n' > hf-dtype.yaml
+out=$("$train" --config hf-dtype.yaml "${lrun[@]}" --steps 1 2>&1) || fail "hf-dtype.yaml refused: $out"
+grep -Eq '^  model\.layers\.0 .* f32$' <<<"$out" && grep -Eq '^  model\.layers\.1 .* bf16$' <<<"$out" ||
+  fail "param_dtype by unit pattern: $out"
 
 # Refused: exit non-zero, the message naming file:line (and what to do).
 bad() { # name, expected text, then the YAML on stdin
