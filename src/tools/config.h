@@ -6,13 +6,14 @@
  * "--" (`global-batch: 32`; flags that take no value take true or false), and
  * the command line overrides the file. `sharding:` holds a list of rules, each
  * a mapping with `match:` (a wildcard pattern, fsdp/plan.h) and settings:
- *   over modules (GPT-2's blocks "h.<i>"):
+ *   over modules (GPT-2's blocks "h.<i>", a Llama's layers "model.layers.<i>"):
  *     wrap: true|false           a unit of its own per matching module
  *     wrap_min_params: N         matching consecutive modules grouped into
  *                                units of at least N parameters (the last
  *                                group may hold fewer: it stays a unit)
  *     checkpoint: true|false     recompute the unit's activations in backward
- *   over units (their names as the plan prints them: "root", "h.3", "h.0-1"):
+ *   over units (their names as the plan prints them: "root", "h.3", "h.0-1",
+ *   "model.layers.0-1"):
  *     reshard_after_forward: true|false   ZeRO-3 (true) or ZeRO-2 for the unit
  *     param_dtype: f32|bf16
  *   over tensors ("h.3.attn.c_attn.weight"): parameter groups
@@ -20,8 +21,8 @@
  * A rule that matches nothing, a key that does not exist, a value of the wrong
  * type and two rules that give one module, unit or tensor different values are
  * errors naming the rule, the file and the line. Modules no wrap rule
- * matches follow --wrap's kinds. The rules shape GPT-2 (fsdp-train refuses
- * them with --model mlp).
+ * matches follow --wrap's kinds. The rules shape GPT-2 and Llama (fsdp-train
+ * refuses them with --model mlp).
  *
  * torchprime's sharding file is read as is: a top-level key that is no flag
  * (or a flag's key whose list reads as a spec), its value a list, is NAME:
