@@ -624,22 +624,25 @@ static int spec_meets(cfg_file_t *c, cfg_spec_t *s, const fsdp_tensor_desc_t *t,
 }
 
 /* The specs against one tensor and the modules it lies in (each prefix of
- * its name that ends before a '.', and "", the whole model). */
+ * its name that ends before a '.', and "", the whole model): how many name
+ * the tensor itself, or -1 with c->err saying why one cannot be followed. */
 static int specs_meet(cfg_file_t *c, const fsdp_tensor_desc_t *t) {
   const char *name = t->name;
   size_t len = strlen(name);
   int parts = 1;
   for (size_t i = 0; i < len; i++) parts += name[i] == '.';
+  int named = 0;
   for (int i = 0; i < c->n_specs; i++) {
     cfg_spec_t *s = &c->specs[i];
     if (s->ntok > parts) continue;
     size_t end = 0; /* the bytes of name's first ntok parts */
     for (int k = 0; k < s->ntok; k++) end += strcspn(name + end + (k > 0), ".") + (k > 0);
     int tensor = s->ntok == parts;
-    if (spec_match(s->name, s->len, name, end) && spec_meets(c, s, tensor ? t : NULL, name, end))
-      return -1;
+    if (!spec_match(s->name, s->len, name, end)) continue;
+    if (spec_meets(c, s, tensor ? t : NULL, name, end)) return -1;
+    named += tensor;
   }
-  return 0;
+  return named;
 }
 
 /* The first item of the --wrap kinds list equal to kind. */
@@ -709,13 +712,20 @@ static fsdp_status_t unit_opts(void *user, const char *unit, const char *kind,
   int any = 0;
   for (int i = 0; i < n; i++) {
     int lr = ruled(c, RULE_LR, t[i].name, 1), wd = ruled(c, RULE_WD, t[i].name, 1);
-    if (lr == -2 || wd == -2 || specs_meet(c, &t[i])) return FSDP_ERR_INVALID_ARGUMENT;
+    int named = specs_meet(c, &t[i]);
+    if (lr == -2 || wd == -2 || named < 0) return FSDP_ERR_INVALID_ARGUMENT;
     for (const char *const *a = c->aliases; a && a[0]; a += 2) /* a tied head, by HF's name */
       if (!strcmp(a[1], t[i].name)) {
         fsdp_tensor_desc_t alias = t[i];
         alias.name = a[0];
-        if (specs_meet(c, &alias)) return FSDP_ERR_INVALID_ARGUMENT;
+        int also = specs_meet(c, &alias);
+        if (also < 0) return FSDP_ERR_INVALID_ARGUMENT;
+        named += also;
       }
+    if (c->n_specs && !named) { /* torchprime would leave it to the compiler; fsdp shards it */
+      if (!c->unnamed++) snprintf(c->unnamed_first, sizeof c->unnamed_first, "%s", t[i].name);
+      snprintf(c->unnamed_last, sizeof c->unnamed_last, "%s", t[i].name);
+    }
     c->mults[i] = lr >= 0 ? (float)c->rules[lr].val[RULE_LR] : 1.0f;
     c->mults[n + i] = wd >= 0 ? (float)c->rules[wd].val[RULE_WD] : 1.0f;
     any |= lr >= 0 || wd >= 0;
@@ -755,6 +765,7 @@ int cfg_model_opts(cfg_file_t *c, cfg_model_t *o, fsdp_plan_opts_t *plan, char *
     memset(c->specs[i].hits, 0, sizeof c->specs[i].hits);
     c->specs[i].units = 0;
   }
+  c->unnamed = 0;
   for (int i = 0; i < c->n_rules; i++) {
     cfg_rule_t *r = &c->rules[i];
     memset(r->hits, 0, sizeof r->hits);
@@ -877,6 +888,10 @@ void cfg_print_matches(FILE *out, const cfg_file_t *c) {
               : s->axes[0] == CFG_AXIS_DATA ? "data" : "fsdp and data",
               s->units ? ", a unit each" : "", s->units && s->units < n ? " of the wrappable" : "");
   }
+  if (c->unnamed)
+    fprintf(out, "  %d tensor%s no spec names (%s%s%s): sharded over fsdp all the same (flat "
+            "shards hold every parameter)\n", c->unnamed, c->unnamed == 1 ? "" : "s",
+            c->unnamed_first, c->unnamed > 1 ? " .. " : "", c->unnamed > 1 ? c->unnamed_last : "");
   for (int i = 0; i < c->n_rules; i++) {
     const cfg_rule_t *r = &c->rules[i];
     fprintf(out, "  rule %d (%s:%d, match '%s'):", i + 1, c->path, r->line, r->match);

@@ -126,6 +126,8 @@ typedef struct {
   int n_specs;
   int out_ndim;      /* the dimensions of a module's output (B, T, C: 3) */
   const char *const *aliases; /* the model's (cfg_model_t), during planning */
+  int unnamed;       /* tensors no spec named (fsdp shards them all the same) */
+  char unnamed_first[64], unnamed_last[64];
   const char *wrap_kinds; /* the --wrap policy for modules no wrap rule matches */
   float *mults;           /* unit_opts' lr/wd arrays, reused unit after unit */
   int n_mults;

@@ -35,6 +35,7 @@ grep -qF "  h.*.attn.c_proj.weight: [null, fsdp] (gpt2-fsdp.yaml:10) -> 3 tensor
   fail "a tensor spec not reported: $out"
 grep -qF '  "": [fsdp, null, null] (gpt2-fsdp.yaml:23) -> 1 module (the model): batch over fsdp: data parallelism' <<<"$out" ||
   fail "the model's spec not reported: $out"
+if grep -q "no spec names" <<<"$out"; then fail "a tensor of gpt2-fsdp.yaml's unnamed: $out"; fi
 cli=$(losses "${run[@]}")
 file=$(losses --config gpt2-fsdp.yaml "${run[@]}")
 echo "command line: $cli"
@@ -60,6 +61,8 @@ printf 'sharding:\n  - match: "h.1"\n    wrap: true\n' > rule.yaml
 out=$("$train" --config one.yaml "${run[@]}" --no-wrap 2>&1) || fail "one.yaml refused: $out"
 grep -Eq '^  h\.1 +GPT2Block +49984 ' <<<"$out" || fail "h.1 is no unit: $out"
 if grep -Eq '^  h\.[02] ' <<<"$out"; then fail "h.0 or h.2 made a unit: $out"; fi
+grep -qF "  40 tensors no spec names (wte .. h.1.mlp.c_proj.bias): sharded over fsdp all the same" <<<"$out" ||
+  fail "the tensors no spec names not reported: $out"
 spec=$(losses --config one.yaml "${run[@]}" --no-wrap)
 [ "$spec" = "$(losses --config rule.yaml "${run[@]}" --no-wrap)" ] ||
   fail "the spec's unit differs from the rule's"
@@ -94,6 +97,7 @@ grep -qF "  model.layers.*: [[fsdp, data], null, null] (llama-fsdp.yaml:20) -> 2
   fail "the layers' spec not reported: $out"
 grep -qF "  lm_head.weight: [fsdp, null] (llama-fsdp.yaml:17) -> 1 tensor (lm_head.weight): sharded over fsdp (flat shards)" <<<"$out" ||
   fail "the head's spec not reported: $out"
+if grep -q "no spec names" <<<"$out"; then fail "a Llama tensor llama-fsdp.yaml names unnamed: $out"; fi
 # Bit for bit: the weights and optimizer state saved after the last step,
 # every shard file's payload (past its 64-byte header, which carries the
 # run's own id).
