@@ -17,7 +17,7 @@ shift $(($# > 1 ? 2 : 1))
 declare -A parser=(
   [config]="src/tools/config.c src/tools/flags.c"
   [safetensors]="src/ckpt/import.c src/core/json.c"
-  [tokenizer]="src/data/bpe_load.c src/core/json.c"
+  [tokenizer]="src/data/bpe_load.c src/data/bpe_json.c src/data/bpe.c src/core/json.c"
   [tokens]="src/data/tokens.c"
   [manifest]="src/ckpt/manifest.c src/core/json.c")
 targets=("$@")

@@ -323,15 +323,18 @@ START_TEST(bpe_tokenizer_json) {
     ck_assert_str_eq(ids, "256 99 257");
     fsdp_tokenizer_free(t);
   }
-  struct { const char *model, *prefix, *added, *want; } bad[] = {
-      {"WordPiece", "false", "", "model.type is WordPiece; fsdp reads BPE models"},
-      {"BPE", "true", "", "line 2: add_prefix_space is true"},
-      {"BPE", "false", "{\"id\": 300, \"content\": \"<pad>\"}", "added token \"<pad>\" (id 300) "
-       "is not that token of model.vocab"},
+  struct { const char *model, *prefix, *added, *want; fsdp_status_t code; } bad[] = {
+      {"WordPiece", "false", "", "model.type is WordPiece; fsdp reads BPE models",
+       FSDP_ERR_UNSUPPORTED},
+      {"BPE", "true", "", "line 2: pre_tokenizer: add_prefix_space is true", FSDP_ERR_UNSUPPORTED},
+      {"BPE", "false", "{\"id\": 30, \"content\": \"<pad>\"}", "added token \"<pad>\" (id 30) "
+       "is not that token of model.vocab", FSDP_ERR_UNSUPPORTED},
+      {"BPE", "false", "{\"id\": 300, \"content\": \"<pad>\"}", "added token \"<pad>\" has id "
+       "300; the ids after model.vocab's 258 must be 258 .. 258, each once", FSDP_ERR_FORMAT},
   };
   for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
     write_tokenizer_json(path, bad[k].model, bad[k].prefix, bad[k].added);
-    ck_assert_int_eq(fsdp_tokenizer_load(dir, &t), FSDP_ERR_UNSUPPORTED);
+    ck_assert_int_eq(fsdp_tokenizer_load(dir, &t), bad[k].code);
     ck_assert_msg(strstr(fsdp_last_error(), path) && strstr(fsdp_last_error(), bad[k].want),
                   "case %zu: %s", k, fsdp_last_error());
   }
