@@ -9,11 +9,14 @@ below; Greek, Cyrillic, CJK, digits, emoji, contractions):
   gpt2    ByteLevel alone (GPT-2's regex), <|endoftext|>; checked with the
           merges saved as [a, b] pairs and rewritten as "a b" strings;
   llama3  Split on Llama 3's regex (\\p{L}, \\p{N}, (?i:'s|...), 1-3 digit
-          groups) then ByteLevel without its regex, ignore_merges, special
-          tokens after the vocabulary (<|begin_of_text|>, ...) and one
-          non-special added token, <|begin_of_text|> put first by a
-          TemplateProcessing post-processor (Llama 3's pipeline);
-  smollm  Digits (one per token) then ByteLevel (SmolLM's pipeline).
+          groups) then ByteLevel without its regex, ignore_merges (with whole
+          words added to model.vocab that the merges do not make), special
+          tokens after the vocabulary (<|begin_of_text|>, ..., and prefixes of
+          them: the longest match wins) and one non-special added token,
+          <|begin_of_text|> put first by a TemplateProcessing post-processor
+          (Llama 3's pipeline);
+  smollm  Digits (one per token) then ByteLevel (SmolLM's pipeline), with a
+          merge "1 2" that Digits must keep unused.
 Then `fsdp-tokenize --ids` (with and without --special) must give exactly the
 ids `tokenizers` gives on held-out text, a token file must hold the document
 token then those ids, and decoding it must give the text back. Last,
@@ -53,6 +56,7 @@ MIXED_TRAIN = [
     "Emoji 🙂🙃👍🏽 and 👩‍💻 with symbols ©®™ — dashes – and … ellipses.",
     "CONTRACTIONS: DON'T, WON'T, I'M, YOU'RE, THEY'VE, WE'LL, HE'D, it'S, she'Ll.",
     "    indented code()  {\n\treturn x  +  y;\n}\r\n\r\n\n",
+    "Unicode spaces: a\u00a0b,\u3000c\u3000\u3000\u3000d. e\u2003\u2003\u2003\u2003f — 100\u00a0km.",
 ] * 10
 
 HELD_OUT = [
@@ -63,8 +67,11 @@ HELD_OUT = [
     "Digits: 1 12 123 1234 12345 123456 3.1415926535 ٣٤٥ ①② 10,000,000.",
     "Emoji runs 🎉🎉🎉 👨‍👩‍👧‍👦 🇬🇷🇷🇺 and 🤔? Symbols: ∑∫√∞ ≠ ≤ ≥.",
     "tabs\tand\nnewlines\r\n\r\n\n  and   \n  mixed   whitespace \t\n" + " " * 40 + "end",
+    "Unicode spaces:\u00a0no-break,\u3000ideographic\u3000\u3000\u3000.\u2003em \u2003\u2003\u2003\u2003"
+    "(run)\u2028line\u0085. 20\u00a0km\u00a0\u00a0\u00a0!",
     "punctuation!!! ??? ... ;;; :-) <html> </html> a+b=c [[x]] {{y}} <|not special|>",
-    "<|begin_of_text|>Hello<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi!<|end_of_text|>",
+    "<|begin_of_text|>Hello<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi!<|end_of_text|>"
+    " <|eot <|start<|eot_i <|im_start|>x<|im_end|>",
     "text<|endoftext|>more text <|endoftext|> end ::sep:: after ::se",
     "x" * 3000 + "\n" * 500 + "dog" * 700,
 ]
@@ -108,7 +115,9 @@ def build(work, train_text):
         pre_tokenizers.Split(Regex(LLAMA3_REGEX), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)]),
         [], train_text, 1000, ignore_merges=True)
-    llama.add_special_tokens(LLAMA3_SPECIAL)
+    # Whole words the merges do not make: with ignore_merges they are one token.
+    llama = extend(llama, work, "llama3-words", [" столица", "Москва", " Tokyo"], [])
+    llama.add_special_tokens(["<|eot", "<|start"] + LLAMA3_SPECIAL)  # prefixes first: longest wins
     llama.add_tokens(["::sep::"])
     bos = llama.token_to_id("<|begin_of_text|>")
     llama.post_processor = processors.TemplateProcessing(
@@ -121,8 +130,29 @@ def build(work, train_text):
         pre_tokenizers.Digits(individual_digits=True),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]),
         ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], train_text, 800)
+    smol = extend(smol, work, "smollm-12", ["12"], [["1", "2"]])  # Digits keeps it unused
     out["smollm"] = save(smol, work, "smollm")
     return out
+
+
+def byte_spelling(text):
+    """GPT-2's byte-to-unicode spelling of text's UTF-8 bytes."""
+    keep = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    alphabet, extra = {}, 0
+    for b in range(256):
+        alphabet[b] = chr(b) if b in keep else chr(256 + extra)
+        extra += b not in keep
+    return "".join(alphabet[b] for b in text.encode("utf-8"))
+
+
+def extend(tok, work, name, words, merges):
+    """tok with the tokens `words` (and `merges`) appended to model.vocab."""
+    j = json.load(open(save(tok, work, name), encoding="utf-8"))
+    vocab = j["model"]["vocab"]
+    for w in words:
+        vocab[byte_spelling(w)] = len(vocab)
+    j["model"]["merges"] += merges
+    return Tokenizer.from_file(write_json(j, work, name))
 
 
 def save(tok, work, name):
