@@ -76,7 +76,7 @@ fsdp_status_t bpe_add_split(struct fsdp_tokenizer *t, const char *pattern, size_
   if (!pattern) pattern = gpt2_pattern, len = sizeof gpt2_pattern - 1;
   int err;
   PCRE2_SIZE at;
-  uint32_t opt = PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | (literal ? PCRE2_LITERAL : 0);
+  uint32_t opt = PCRE2_UTF | PCRE2_MATCH_INVALID_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
   pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, len, opt, &err, &at, NULL);
   if (!re) {
     PCRE2_UCHAR msg[256];
@@ -249,8 +249,9 @@ static size_t utf8_len(unsigned char c) { return c < 0xC0 ? 1 : c < 0xE0 ? 2 : c
 
 /* Split step `step` on s[0..len): each match, and each run between matches
  * (text the pattern does not take, or cannot read: not UTF-8), is a piece for
- * the next step. An empty match makes no piece; the search goes on one
- * character later (as Oniguruma's iteration in HF does). */
+ * the next step. An empty match is a boundary but no piece, and the search
+ * goes on one character later, as HF's iteration over Oniguruma's matches
+ * does. */
 static fsdp_status_t split_pieces(const struct fsdp_tokenizer *t, bpe_work_t *w,
                                   pcre2_match_data *md, int step, const char *s, size_t len,
                                   fsdp_token_buf_t *out) {
@@ -267,7 +268,9 @@ static fsdp_status_t split_pieces(const struct fsdp_tokenizer *t, bpe_work_t *w,
     }
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
     size_t b = ov[0], e = ov[1];
-    if (e == b) {
+    if (e == b) { /* an empty match makes no piece but ends the one before */
+      if (b > prev) FSDP_TRY(split_pieces(t, w, md, step + 1, s + prev, b - prev, out));
+      prev = b;
       at = b + utf8_len((unsigned char)s[b]);
       continue;
     }

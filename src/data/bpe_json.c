@@ -203,11 +203,19 @@ static fsdp_status_t check_pipeline(struct fsdp_tokenizer *t, const char *path,
 }
 
 /* ---- added tokens --------------------------------------------------------------
- * Each is the model's token of its id, or a new id after model.vocab's; new
- * ids continue model.vocab's without a gap (Llama 3's 128000 ..). */
+ * tokenizers ignores the ids written in added_tokens: it gives each token
+ * model.vocab's id when the vocabulary has it (looked up by its spelling),
+ * else the next id after model.vocab's and the added tokens before it, in
+ * list order (Llama 3's 128000 ..). A file whose ids say otherwise would
+ * encode differently here and there, so it is refused. */
 
-static fsdp_status_t added_one(struct fsdp_tokenizer *t, const char *path, const json_t *a,
-                               size_t *extra) {
+static int spells_itself(const char *s, size_t n) { /* printable ASCII: spelling == bytes */
+  for (size_t i = 0; i < n; i++)
+    if (s[i] < 33 || s[i] > 126) return 0;
+  return 1;
+}
+
+static fsdp_status_t added_one(struct fsdp_tokenizer *t, const char *path, const json_t *a) {
   const json_t *c = json_get(a, "content");
   int64_t id;
   if (!c || c->type != JSON_STRING || c->len == 0 || !json_int(json_get(a, "id"), &id) || id < 0)
@@ -218,55 +226,24 @@ static fsdp_status_t added_one(struct fsdp_tokenizer *t, const char *path, const
     if (json_true(a, opts[i]))
       return fsdp_error(FSDP_ERR_UNSUPPORTED, "%s: line %d: added token \"%.64s\" has %s true; "
                         "fsdp matches added tokens exactly", path, a->line, c->text, opts[i]);
-  if (id < t->n_model) {
-    size_t n = t->off[id + 1] - t->off[id];
-    if (n != c->len || memcmp(t->bytes + t->off[id], c->text, n))
-      return fsdp_error(FSDP_ERR_UNSUPPORTED, "%s: line %d: added token \"%.64s\" (id %lld) is "
-                        "not that token of model.vocab; fsdp reads only added tokens that are, "
-                        "or that follow model.vocab's ids", path, a->line, c->text, (long long)id);
-  } else {
-    *extra += c->len;
+  int model = spells_itself(c->text, c->len) ? bpe_vocab_find(t, c->text, c->len) : -1;
+  if (model < 0 && id >= t->n_model && id < t->n && /* a repeat of an earlier added token */
+      t->off[id + 1] - t->off[id] == c->len && !memcmp(t->bytes + t->off[id], c->text, c->len))
+    return FSDP_SUCCESS;
+  int want = model >= 0 ? model : t->n;
+  if (id != want)
+    return fsdp_error(FSDP_ERR_FORMAT, "%s: line %d: added token \"%.64s\" has id %lld; "
+                      "tokenizers reads it as id %d (%s)", path, a->line, c->text, (long long)id,
+                      want, model >= 0 ? "model.vocab's token of that spelling"
+                                       : "the next after model.vocab's and the added tokens "
+                                         "before it");
+  if (model < 0) { /* room was made by added_tokens */
+    memcpy(t->bytes + t->off[t->n], c->text, c->len);
+    t->off[t->n + 1] = t->off[t->n] + c->len;
+    t->n++;
   }
-  t->added[t->n_added++] = (bpe_added_t){(int)(id < INT32_MAX ? id : INT32_MAX),
-                                          json_true(a, "special")};
+  t->added[t->n_added++] = (bpe_added_t){want, json_true(a, "special")};
   return FSDP_SUCCESS;
-}
-
-/* The bytes of the new ids, which must be n_model .. n-1 each once. */
-static fsdp_status_t added_ids(struct fsdp_tokenizer *t, const char *path, const json_t *list,
-                               size_t extra) {
-  int n_new = 0, *item = NULL;
-  for (int i = 0; i < t->n_added; i++) n_new += t->added[i].id >= t->n_model;
-  size_t bytes = t->off[t->n_model];
-  char *b = realloc(t->bytes, bytes + extra + 1);
-  if (b) t->bytes = b;
-  size_t *off = b ? realloc(t->off, ((size_t)t->n_model + (size_t)n_new + 1) * sizeof *off) : NULL;
-  if (off) t->off = off;
-  if (off) item = malloc(((size_t)n_new + 1) * sizeof *item);
-  if (!item) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
-  for (int k = 0; k <= n_new; k++) item[k] = -1;
-  fsdp_status_t st = FSDP_SUCCESS;
-  for (int i = 0; i < t->n_added && !st; i++) { /* added[i] is list item i */
-    int id = t->added[i].id;
-    const json_t *a = &list->items[i];
-    if (id < t->n_model) continue;
-    if (id - t->n_model >= n_new || item[id - t->n_model] >= 0)
-      st = fsdp_error(FSDP_ERR_FORMAT, "%s: line %d: added token \"%.64s\" has id %d; the ids "
-                      "after model.vocab's %d must be %d .. %d, each once", path, a->line,
-                      json_str(a, "content"), id, t->n_model, t->n_model, t->n_model + n_new - 1);
-    else
-      item[id - t->n_model] = i;
-  }
-  for (int k = 0; k < n_new && !st; k++) { /* in id order */
-    const json_t *c = json_get(&list->items[item[k]], "content");
-    t->off[t->n_model + k] = bytes;
-    memcpy(t->bytes + bytes, c->text, c->len);
-    bytes += c->len;
-  }
-  t->off[t->n_model + n_new] = bytes;
-  t->n = t->n_model + n_new;
-  free(item);
-  return st;
 }
 
 static fsdp_status_t added_tokens(struct fsdp_tokenizer *t, const char *path, const json_t *list) {
@@ -277,11 +254,18 @@ static fsdp_status_t added_tokens(struct fsdp_tokenizer *t, const char *path, co
   if (list->n > (size_t)1 << 20)
     return fsdp_error(FSDP_ERR_FORMAT, "%s: line %d: %zu added tokens (at most %d)", path,
                       list->line, list->n, 1 << 20);
-  if (!(t->added = malloc((list->n ? list->n : 1) * sizeof *t->added)))
+  size_t extra = 0, n = list->n ? list->n : 1;
+  for (size_t i = 0; i < list->n; i++) {
+    const json_t *c = json_get(&list->items[i], "content");
+    extra += c && c->type == JSON_STRING ? c->len : 0;
+  }
+  char *b = realloc(t->bytes, t->off[t->n] + extra + 1);
+  if (b) t->bytes = b;
+  size_t *off = b ? realloc(t->off, ((size_t)t->n + n + 1) * sizeof *off) : NULL;
+  if (off) t->off = off;
+  if (!off || !(t->added = malloc(n * sizeof *t->added)))
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
-  size_t extra = 0;
-  for (size_t i = 0; i < list->n; i++) FSDP_TRY(added_one(t, path, &list->items[i], &extra));
-  FSDP_TRY(added_ids(t, path, list, extra));
+  for (size_t i = 0; i < list->n; i++) FSDP_TRY(added_one(t, path, &list->items[i]));
   return bpe_index_added(t, path);
 }
 
