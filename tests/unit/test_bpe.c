@@ -441,6 +441,69 @@ START_TEST(bpe_tokenizer_json_refused) {
 }
 END_TEST
 
+/* A tokenizer.json of Llama 3's size loads in linear time (the test's timeout
+ * would catch a quadratic step): 128000 model ids (bytes, every byte pair,
+ * then pairs plus a byte), 190k merges ([a, b] pairs, alternative splits last),
+ * 256 special tokens after them, <|begin_of_text|> from the template. */
+START_TEST(bpe_llama3_size_loads) {
+  char path[300], a[4], b[4], c[4];
+  snprintf(path, sizeof path, "%s/llama3-size.json", tmp_dir);
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f, "{\"added_tokens\": [");
+  for (int i = 0; i < 256; i++)
+    fprintf(f, "%s{\"id\": %d, \"content\": \"<|special_%d|>\", \"special\": true}", i ? ", " : "",
+            128000 + i, i);
+  fprintf(f, "], \"normalizer\": null, \"pre_tokenizer\": " SEQ(SPLIT("Regex", "\\\\s+", "Isolated"))
+          ", \"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": "
+          "{\"id\": \"<|special_0|>\", \"type_id\": 0}}, {\"Sequence\": {\"id\": \"A\"}}]},\n"
+          "\"model\": {\"type\": \"BPE\", \"ignore_merges\": true, \"vocab\": {");
+  int id = 0;
+  for (; id < 256; id++) {
+    tok_byte_spelling(id, a);
+    fprintf(f, id ? ",\n" : "\n");
+    tok_json_key(f, a);
+    fprintf(f, ": %d", id);
+  }
+  for (int k = 0; id < 128000; k++, id++) { /* pair k, or triple k - 65536 (x = 0) */
+    char key[12];
+    tok_byte_spelling(k < 65536 ? k >> 8 : 0, a);
+    tok_byte_spelling(k < 65536 ? k & 255 : (k - 65536) >> 8, b);
+    tok_byte_spelling(k < 65536 ? 0 : (k - 65536) & 255, c);
+    snprintf(key, sizeof key, "%s%s%s", a, b, k < 65536 ? "" : c);
+    fprintf(f, ",\n");
+    tok_json_key(f, key);
+    fprintf(f, ": %d", id);
+  }
+  fprintf(f, "}, \"merges\": [");
+  for (int k = 0; k < 127744 + 62208; k++) { /* pairs, triples, then the triples' other split */
+    int t = k < 65536 ? 0 : k < 127744 ? k - 65536 : k - 127744;
+    char l[12], r[12];
+    tok_byte_spelling(k < 65536 ? k >> 8 : 0, a);
+    tok_byte_spelling(k < 65536 ? k & 255 : t >> 8, b);
+    tok_byte_spelling(t & 255, c);
+    if (k < 65536) snprintf(l, sizeof l, "%s", a), snprintf(r, sizeof r, "%s", b);
+    else if (k < 127744) snprintf(l, sizeof l, "%s%s", a, b), snprintf(r, sizeof r, "%s", c);
+    else snprintf(l, sizeof l, "%s", a), snprintf(r, sizeof r, "%s%s", b, c);
+    fprintf(f, "%s[", k ? ",\n" : "\n");
+    tok_json_key(f, l);
+    fprintf(f, ", ");
+    tok_json_key(f, r);
+    fprintf(f, "]");
+  }
+  fprintf(f, "]}}\n");
+  fclose(f);
+  fsdp_tokenizer_t t;
+  ck_assert_msg(fsdp_tokenizer_load(path, &t) == FSDP_SUCCESS, "%s", fsdp_last_error());
+  ck_assert_int_eq(fsdp_tokenizer_vocab_size(t), 128256);
+  ck_assert_int_eq(fsdp_tokenizer_eot(t), 128000);
+  char ids[64];
+  encode_str(t, "\x00\x01\x02<|special_9|>\x01\x02", 18, FSDP_TOKENIZE_ALLOW_SPECIAL, ids);
+  ck_assert_str_eq(ids, "66050 128009 514"); /* triple (0, 1, 2): 256 + 65536 + 1 * 256 + 2 */
+  fsdp_tokenizer_free(t);
+}
+END_TEST
+
 static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
   (void)sb, (void)flag, (void)ftw;
   return remove(path);
@@ -461,6 +524,7 @@ int main(void) {
   tcase_add_test(tc, bpe_tokenizer_json);
   tcase_add_test(tc, bpe_tokenizer_json_pipeline);
   tcase_add_test(tc, bpe_tokenizer_json_refused);
+  tcase_add_test(tc, bpe_llama3_size_loads);
   tcase_set_timeout(tc, 60);
   suite_add_tcase(s, tc);
   const int rc = check_run(s);
