@@ -1,6 +1,7 @@
 /* src/tools/fsdp_tokenize.c — fsdp-tokenize: text files to llm.c token files
- * with a GPT-2 vocabulary (vocab.json + merges.txt); also prints the ids of
- * text (--ids) and the text of a token file (--decode). */
+ * with a byte-level BPE vocabulary (GPT-2's vocab.json + merges.txt, or a
+ * Hugging Face tokenizer.json); also prints the ids of text (--ids) and the
+ * text of a token file (--decode). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,13 +16,15 @@ static const char usage_text[] =
     "       fsdp-tokenize --vocab DIR --decode FILE.bin     print a token file's text\n"
     "INPUTs are text files or directories (their regular files in name order; hidden\n"
     "files, symlinks and names ending in .dat or .u8 are skipped, as fsdp-train does).\n"
-    "  --vocab DIR             GPT-2 vocabulary: DIR/vocab.json and DIR/merges.txt\n"
+    "  --vocab DIR             byte-level BPE: DIR/vocab.json and DIR/merges.txt (GPT-2's),\n"
+    "                          or DIR/tokenizer.json or that file (GPT-2, Llama 3, SmolLM)\n"
     "  --out FILE              the token file (llm.c's format: magic 20240520, uint16)\n"
     "  --shard-tokens N        write FILE_000000.bin, FILE_000001.bin, ... of N tokens each\n"
     "  --doc-separator LINE    lines equal to LINE separate documents (% for fortunes);\n"
     "                          default: each file is one document\n"
-    "  --no-eot                no <|endoftext|> before each document\n"
-    "  --special               <|endoftext|> written in the text is the special token\n"
+    "  --no-eot                no document token (<|endoftext|>, else tokenizer.json's\n"
+    "                          leading special token: <|begin_of_text|>) before each document\n"
+    "  --special               special tokens written in the text are those tokens\n"
     "  --overwrite             replace existing output files\n";
 
 typedef struct {
