@@ -130,7 +130,8 @@ static fsdp_status_t split_step(struct fsdp_tokenizer *t, pre_walk_t *w, const j
                       "or {\"String\": \"...\"}, not empty");
   if (!behavior || strcmp(behavior, "Isolated"))
     return step_error(w, p, FSDP_ERR_UNSUPPORTED, "behavior is %s; fsdp splits with Isolated "
-                      "(the byte-level tokenizers' behaviour) only", behavior ? behavior : "missing");
+                      "(the byte-level tokenizers' behaviour) only",
+                      behavior ? behavior : "missing");
   if (json_true(p, "invert"))
     return step_error(w, p, FSDP_ERR_UNSUPPORTED, "invert is true; fsdp splits on matches only");
   return add_step(t, w, s->text, s->len, s == lit, s);

@@ -454,9 +454,10 @@ START_TEST(bpe_llama3_size_loads) {
   for (int i = 0; i < 256; i++)
     fprintf(f, "%s{\"id\": %d, \"content\": \"<|special_%d|>\", \"special\": true}", i ? ", " : "",
             128000 + i, i);
-  fprintf(f, "], \"normalizer\": null, \"pre_tokenizer\": " SEQ(SPLIT("Regex", "\\\\s+", "Isolated"))
-          ", \"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": "
-          "{\"id\": \"<|special_0|>\", \"type_id\": 0}}, {\"Sequence\": {\"id\": \"A\"}}]},\n"
+  fprintf(f, "], \"normalizer\": null, \"pre_tokenizer\": "
+          SEQ(SPLIT("Regex", "\\\\s+", "Isolated")) ", \"post_processor\": {\"type\": "
+          "\"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"<|special_0|>\", "
+          "\"type_id\": 0}}, {\"Sequence\": {\"id\": \"A\"}}]},\n"
           "\"model\": {\"type\": \"BPE\", \"ignore_merges\": true, \"vocab\": {");
   int id = 0;
   for (; id < 256; id++) {
