@@ -97,12 +97,12 @@ FSDP_API fsdp_status_t fsdp_tokenizer_decode(fsdp_tokenizer_t tok, const int *id
  * the skipping rules of fsdp_text_load). Each file, or each part between
  * lines equal to doc_separator, is a document; with eot, the document token
  * (fsdp_tokenizer_eot) precedes every document (llm.c's convention). Output
- * is llm.c's token file format (fsdp/data.h): one file `out`, or with
- * shard_tokens > 0, files out_000000.bin, out_000001.bin, ... of at most
- * shard_tokens tokens. Files
+ * is llm.c's token file format (fsdp/data.h) of the vocabulary's width
+ * (fsdp_token_file_width: GPT-2's uint16 files up to 65536 ids, Llama 3's
+ * uint32 files above): one file `out`, or with shard_tokens > 0, files
+ * out_000000.bin, out_000001.bin, ... of at most shard_tokens tokens. Files
  * are written to a temporary name and renamed; an existing file is refused
- * unless overwrite. A vocabulary of more than 65536 ids cannot be stored in
- * uint16 tokens: FSDP_ERR_INVALID_ARGUMENT before anything is read. */
+ * unless overwrite. */
 typedef struct {
   const char *doc_separator; /* e.g. "%" for fortune files; NULL: a file is a document */
   int eot;                   /* the document token before every document */
@@ -115,6 +115,7 @@ typedef struct {
   size_t files, documents, bytes, tokens;
   int shards;
   int max_id;                /* the largest id written, -1 when none */
+  int width;                 /* bytes a token in the files written: 2 or 4 */
 } fsdp_tokenize_stats_t;
 
 FSDP_API fsdp_status_t fsdp_tokenize_files(fsdp_tokenizer_t tok, const char *const *inputs,
