@@ -7,13 +7,15 @@
  * alphabet) and merges.txt (an optional "#version" line, then one merge
  * "left right" per line, best first); or from Hugging Face's tokenizer.json
  * (see fsdp_tokenizer_load). Encoding first finds the added tokens in the
- * text (leftmost, then longest), then splits the rest with the
- * pre-tokenizer's patterns (GPT-2's regex; Llama 3's; PCRE2, Unicode
- * classes), maps each piece's bytes into the alphabet and applies the merges
- * by rank; decoding concatenates the tokens' bytes. Every byte string
- * round-trips: decode(encode(x)) == x, also for bytes that are not valid
- * UTF-8 (the patterns cannot see them; each run of them becomes a piece of
- * its own).
+ * text (leftmost, then longest), normalizes the text between them when the
+ * tokenizer.json has a normalizer (NFC, utf8proc) and finds there the added
+ * tokens marked "normalized", then splits the rest with the pre-tokenizer's
+ * patterns (GPT-2's regex; Llama 3's; PCRE2, Unicode classes), maps each
+ * piece's bytes into the alphabet and applies the merges by rank; decoding
+ * concatenates the tokens' bytes. Every byte string round-trips:
+ * decode(encode(x)) == x (NFC(x) with the NFC normalizer), also for bytes
+ * that are not valid UTF-8 (the patterns cannot see them, NFC keeps them;
+ * each run of them becomes a piece of its own).
  *
  * Special tokens: GPT-2's files have one, "<|endoftext|>" when the vocabulary
  * has it; a tokenizer.json's are its added tokens marked "special". Encoding
@@ -48,14 +50,16 @@ typedef struct fsdp_tokenizer *fsdp_tokenizer_t;
  * may also name a tokenizer.json file itself. vocab.json wins when a
  * directory has both. tokenizer.json is read as the tokenizers package reads
  * it, for the byte-level BPE kind: model "BPE" (vocab; merges as "a b" or
- * ["a", "b"]; ignore_merges), no normalizer, a pre_tokenizer ending in
- * ByteLevel (its regex when use_regex) after Split steps (a Regex or String
- * pattern, behavior "Isolated") and Digits; added tokens with the ids
+ * ["a", "b"]; ignore_merges), no normalizer or NFC (Qwen2's; also in a
+ * Sequence), a pre_tokenizer ending in ByteLevel (its regex when use_regex)
+ * after Split steps (a Regex or String pattern, behavior "Isolated") and
+ * Digits; added tokens with the ids
  * tokenizers gives them (model.vocab's, else the next after it in list
  * order). Other kinds are FSDP_ERR_UNSUPPORTED naming the model type or the
  * key: WordPiece, Unigram, SentencePiece-style BPE (byte_fallback, Metaspace:
- * Llama 2, TinyLlama), a normalizer (Qwen2's NFC), add_prefix_space, other
- * Split behaviours, lstrip/rstrip/single_word. A pattern PCRE2 cannot
+ * Llama 2, TinyLlama), other normalizers (NFKC, Lowercase, Prepend, ...),
+ * add_prefix_space, other Split behaviours, lstrip/rstrip/single_word, a
+ * normalized added token that NFC would respell. A pattern PCRE2 cannot
  * compile, and ids tokenizers would read otherwise, are FSDP_ERR_FORMAT. */
 FSDP_API fsdp_status_t fsdp_tokenizer_load(const char *dir, fsdp_tokenizer_t *out);
 FSDP_API void fsdp_tokenizer_free(fsdp_tokenizer_t tok); /* NULL is ignored */

@@ -1,8 +1,10 @@
 /* src/data/bpe.c — byte-level BPE at work: the byte alphabet, the lookup
- * tables, added tokens, pre-tokenisation through PCRE2, merges by rank,
- * encode and decode. Loading the files is bpe_load.c's and bpe_json.c's. */
+ * tables, added tokens, NFC through utf8proc, pre-tokenisation through PCRE2,
+ * merges by rank, encode and decode. Loading the files is bpe_load.c's and
+ * bpe_json.c's. */
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 #include "core/internal.h"
 #include "data/bpe_internal.h"
@@ -109,23 +111,71 @@ fsdp_status_t bpe_index_added(struct fsdp_tokenizer *t, const char *path) {
   return FSDP_SUCCESS;
 }
 
-/* The leftmost added token in s[0..len), the longest there (HF's
+/* The leftmost added token in s[0..len) of those matched in the raw text
+ * (normalized 0) or in the normalized text (1), the longest there (HF's
  * leftmost-longest match): its offset (len when none), *id and *k its bytes. */
 static size_t find_added(const struct fsdp_tokenizer *t, const char *s, size_t len, int special,
-                         int *id, size_t *k) {
+                         int normalized, int *id, size_t *k) {
   for (size_t i = 0; t->n_added && i < len; i++) {
     unsigned char b = (unsigned char)s[i];
     *k = 0;
     for (int j = t->added_at[b]; j < t->added_at[b + 1]; j++) {
       const bpe_added_t *a = &t->added[j];
       size_t n = t->off[a->id + 1] - t->off[a->id];
-      if ((special || !a->special) && n > *k && n <= len - i &&
+      if ((special || !a->special) && a->normalized == normalized && n > *k && n <= len - i &&
           !memcmp(s + i, t->bytes + t->off[a->id], n))
         *id = a->id, *k = n;
     }
     if (*k) return i;
   }
   return len;
+}
+
+/* ---- normalization ---------------------------------------------------------- */
+
+static fsdp_status_t nfc_append(char **buf, size_t *cap, size_t at, const void *p, size_t n) {
+  if (*cap - at < n) {
+    size_t c = *cap ? *cap : 4096;
+    while (c - at < n) c *= 2;
+    char *b = realloc(*buf, c);
+    if (!b) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "tokenizer: out of memory normalizing "
+                              "%zu bytes", at + n);
+    *buf = b, *cap = c;
+  }
+  memcpy(*buf + at, p, n);
+  return FSDP_SUCCESS;
+}
+
+fsdp_status_t bpe_nfc(const char *s, size_t len, char **buf, size_t *cap, size_t *out_len) {
+  const utf8proc_uint8_t *u = (const utf8proc_uint8_t *)s;
+  size_t at = 0, n = 0;
+  while (at < len) {
+    size_t end = at;
+    utf8proc_int32_t cp;
+    utf8proc_ssize_t k;
+    while (end < len && (k = utf8proc_iterate(u + end, (utf8proc_ssize_t)(len - end), &cp)) > 0)
+      end += (size_t)k;
+    if (end > at) {
+      utf8proc_uint8_t *nfc = NULL;
+      utf8proc_ssize_t m = utf8proc_map(u + at, (utf8proc_ssize_t)(end - at), &nfc,
+                                        UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+      if (m < 0)
+        return fsdp_error(m == UTF8PROC_ERROR_NOMEM ? FSDP_ERR_OUT_OF_MEMORY : FSDP_ERR_INTERNAL,
+                          "tokenizer: NFC of bytes %zu..%zu failed: %s", at, end,
+                          utf8proc_errmsg(m));
+      fsdp_status_t st = nfc_append(buf, cap, n, nfc, (size_t)m);
+      free(nfc);
+      FSDP_TRY(st);
+      n += (size_t)m;
+    }
+    if (end < len) { /* not UTF-8: the byte itself */
+      FSDP_TRY(nfc_append(buf, cap, n, s + end, 1));
+      n++, end++;
+    }
+    at = end;
+  }
+  *out_len = n;
+  return FSDP_SUCCESS;
 }
 
 /* ---- merges ----------------------------------------------------------------
@@ -142,6 +192,8 @@ typedef struct {
   int *sym, *next, *prev; /* (m) */
   cand_t *heap;           /* (3m) pushes: m-1 at the start, at most 2 per merge */
   size_t cap, n_heap;
+  char *norm;             /* (norm_cap) the normalized text of a span */
+  size_t norm_cap;
 } bpe_work_t;
 
 static int cand_less(const cand_t *a, const cand_t *b) {
@@ -281,6 +333,33 @@ static fsdp_status_t split_pieces(const struct fsdp_tokenizer *t, bpe_work_t *w,
   return prev < len ? split_pieces(t, w, md, step + 1, s + prev, len - prev, out) : FSDP_SUCCESS;
 }
 
+static fsdp_status_t add_id(fsdp_token_buf_t *out, int id) {
+  FSDP_TRY(buf_reserve(out, 1));
+  out->ids[out->n++] = id;
+  return FSDP_SUCCESS;
+}
+
+/* Text between the added tokens matched in the raw text, as HF's
+ * AddedVocabulary takes it: normalized (NFC when the file says so), split on
+ * the added tokens matched in normalized text, pre-tokenised. */
+static fsdp_status_t encode_span(const struct fsdp_tokenizer *t, bpe_work_t *w,
+                                 pcre2_match_data *md, const char *s, size_t len, int special,
+                                 fsdp_token_buf_t *out) {
+  if (t->nfc && len) {
+    FSDP_TRY(bpe_nfc(s, len, &w->norm, &w->norm_cap, &len));
+    s = w->norm;
+  }
+  while (len > 0) {
+    int id = -1;
+    size_t k = 0, plain = find_added(t, s, len, special, 1, &id, &k);
+    FSDP_TRY(split_pieces(t, w, md, 0, s, plain, out));
+    if (k) FSDP_TRY(add_id(out, id));
+    s += plain + k;
+    len -= plain + k;
+  }
+  return FSDP_SUCCESS;
+}
+
 fsdp_status_t fsdp_tokenizer_encode(fsdp_tokenizer_t t, const char *text, size_t len, int flags,
                                     fsdp_token_buf_t *out) {
   if (!t || (!text && len) || !out)
@@ -292,15 +371,15 @@ fsdp_status_t fsdp_tokenizer_encode(fsdp_tokenizer_t t, const char *text, size_t
   fsdp_status_t st = FSDP_SUCCESS;
   int special = flags & FSDP_TOKENIZE_ALLOW_SPECIAL, id = -1;
   while (st == FSDP_SUCCESS && len > 0) {
-    size_t k = 0, plain = find_added(t, text, len, special, &id, &k);
-    st = split_pieces(t, &w, md, 0, text, plain, out);
-    if (st == FSDP_SUCCESS && k) st = buf_reserve(out, 1);
-    if (st == FSDP_SUCCESS && k) out->ids[out->n++] = id;
+    size_t k = 0, plain = find_added(t, text, len, special, 0, &id, &k);
+    st = encode_span(t, &w, md, text, plain, special, out);
+    if (st == FSDP_SUCCESS && k) st = add_id(out, id);
     text += plain + k;
     len -= plain + k;
   }
   free(w.sym);
   free(w.heap);
+  free(w.norm);
   pcre2_match_data_free(md);
   return st;
 }

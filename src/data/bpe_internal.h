@@ -27,7 +27,8 @@ typedef struct {
 /* A token matched in the text before pre-tokenisation (HF's added tokens). */
 typedef struct {
   int id;
-  int special; /* matched only under FSDP_TOKENIZE_ALLOW_SPECIAL */
+  int special;    /* matched only under FSDP_TOKENIZE_ALLOW_SPECIAL */
+  int normalized; /* matched in the normalized text, after those matched in the raw text */
 } bpe_added_t;
 
 #define BPE_MAX_SPLITS 8    /* pre-tokenizer steps that split */
@@ -44,6 +45,7 @@ struct fsdp_tokenizer {
   int byte_id[256];  /* the single-byte token of each byte */
   int eot;           /* the document token ("<|endoftext|>", else a BOS), -1 none */
   int ignore_merges; /* a piece that is a token of the model is that token (Llama 3) */
+  int nfc;           /* the normalizer: Unicode NFC (Qwen2's) */
   bpe_added_t *added;    /* (n_added) by first byte: those starting with byte b are */
   int n_added;           /* added[added_at[b] .. added_at[b+1]) */
   int added_at[257];
@@ -68,6 +70,10 @@ const bpe_merge_t *bpe_merge_find(const struct fsdp_tokenizer *t, int left, int 
  * key for messages. */
 fsdp_status_t bpe_add_split(struct fsdp_tokenizer *t, const char *pattern, size_t len,
                             int literal, const char *where);
+/* s[0..len) in Unicode NFC, into *buf (grown as needed; *cap its size), its
+ * length in *out_len. Runs of valid UTF-8 are normalized; a byte that is not
+ * UTF-8 is kept as is and composes with nothing (as a starter would). */
+fsdp_status_t bpe_nfc(const char *s, size_t len, char **buf, size_t *cap, size_t *out_len);
 /* Orders t->added by first byte and fills added_at (after added changes). */
 fsdp_status_t bpe_index_added(struct fsdp_tokenizer *t, const char *path);
 

@@ -1,7 +1,7 @@
 /* src/data/bpe_json.c — Hugging Face's tokenizer.json of the byte-level BPE
- * kind (GPT-2, Llama 3, SmolLM, Qwen2's pipeline without its normalizer):
- * the model's vocabulary and merges, the pre-tokenizer's steps, added
- * tokens, the document token; every other kind refused by name. */
+ * kind (GPT-2, Llama 3, SmolLM, Qwen2): the model's vocabulary and merges,
+ * the NFC normalizer, the pre-tokenizer's steps, added tokens, the document
+ * token; every other kind refused by name. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -181,16 +181,38 @@ static fsdp_status_t pre_step(struct fsdp_tokenizer *t, pre_walk_t *w, const jso
                     "(Isolated) and Digits steps", type);
 }
 
-/* normalizer (none) and pre_tokenizer (ending in ByteLevel). */
+/* ---- normalizer ----------------------------------------------------------------
+ * None, NFC (Qwen2's), or a Sequence of those: NFC twice is NFC. */
+
+static fsdp_status_t norm_step(struct fsdp_tokenizer *t, pre_walk_t *w, const json_t *n) {
+  const char *type = json_str(n, "type");
+  if (!type) return step_error(w, n, FSDP_ERR_FORMAT, "a normalizer needs a \"type\"");
+  if (!strcmp(type, "NFC")) return t->nfc = 1, FSDP_SUCCESS;
+  if (strcmp(type, "Sequence"))
+    return step_error(w, n, FSDP_ERR_UNSUPPORTED, "%s; fsdp reads tokenizers without a "
+                      "normalizer or with NFC (Qwen2's)%s%s", type,
+                      strcmp(type, "Prepend") && strcmp(type, "Replace") ? "" : "; this one is ",
+                      strcmp(type, "Prepend") && strcmp(type, "Replace") ? "" : sentencepiece);
+  const json_t *list = json_get(n, "normalizers");
+  if (!list || list->type != JSON_ARRAY)
+    return step_error(w, n, FSDP_ERR_FORMAT, "a Sequence needs a \"normalizers\" array");
+  size_t at = strlen(w->key);
+  for (size_t i = 0; i < list->n; i++) {
+    if (at + 40 > sizeof w->key) return step_error(w, n, FSDP_ERR_UNSUPPORTED, "nested too deep");
+    snprintf(w->key + at, sizeof w->key - at, ".normalizers[%zu]", i);
+    FSDP_TRY(norm_step(t, w, &list->items[i]));
+    w->key[at] = '\0';
+  }
+  return FSDP_SUCCESS;
+}
+
+/* normalizer (none or NFC) and pre_tokenizer (ending in ByteLevel). */
 static fsdp_status_t check_pipeline(struct fsdp_tokenizer *t, const char *path,
                                     const json_t *root) {
   const json_t *norm = json_get(root, "normalizer"), *pre = json_get(root, "pre_tokenizer");
   if (norm && norm->type != JSON_NULL) {
-    const char *type = json_str(norm, "type");
-    return fsdp_error(FSDP_ERR_UNSUPPORTED, "%s: line %d: normalizer is %s; fsdp reads "
-                      "tokenizers without one (GPT-2's, Llama 3's; TinyLlama's Prepend/Replace "
-                      "is %s, Qwen2's NFC is not implemented)", path, norm->line,
-                      type ? type : "set", sentencepiece);
+    pre_walk_t n = {.path = path, .key = "normalizer"};
+    FSDP_TRY(norm_step(t, &n, norm));
   }
   if (!pre || pre->type == JSON_NULL)
     return fsdp_error(FSDP_ERR_UNSUPPORTED, "%s: pre_tokenizer is null: not a byte-level BPE "
@@ -208,7 +230,23 @@ static fsdp_status_t check_pipeline(struct fsdp_tokenizer *t, const char *path,
  * model.vocab's id when the vocabulary has it (looked up by its spelling),
  * else the next id after model.vocab's and the added tokens before it, in
  * list order (Llama 3's 128000 ..). A file whose ids say otherwise would
- * encode differently here and there, so it is refused. */
+ * encode differently here and there, so it is refused. A token marked
+ * "normalized" (default: not special) is matched in the normalized text,
+ * where tokenizers looks for its normalized spelling: with NFC, a token
+ * whose spelling NFC changes is refused rather than matched differently. */
+
+static fsdp_status_t check_nfc_spelling(const char *path, const json_t *a, const json_t *c) {
+  char *buf = NULL;
+  size_t cap = 0, len = 0;
+  fsdp_status_t st = bpe_nfc(c->text, c->len, &buf, &cap, &len);
+  int same = !st && len == c->len && !memcmp(buf, c->text, len);
+  free(buf);
+  FSDP_TRY(st);
+  if (same) return FSDP_SUCCESS;
+  return fsdp_error(FSDP_ERR_UNSUPPORTED, "%s: line %d: added token \"%.64s\" is normalized but "
+                    "not in NFC; fsdp matches normalized added tokens as they are spelled",
+                    path, a->line, c->text);
+}
 
 static int spells_itself(const char *s, size_t n) { /* printable ASCII: spelling == bytes */
   for (size_t i = 0; i < n; i++)
@@ -231,6 +269,10 @@ static fsdp_status_t added_one(struct fsdp_tokenizer *t, const char *path, const
   if (model < 0 && id >= t->n_model && id < t->n && /* a repeat of an earlier added token */
       t->off[id + 1] - t->off[id] == c->len && !memcmp(t->bytes + t->off[id], c->text, c->len))
     return FSDP_SUCCESS;
+  const json_t *norm = json_get(a, "normalized");
+  int special = json_true(a, "special");
+  int normalized = norm && norm->type == JSON_BOOL ? norm->boolean : !special;
+  if (normalized && t->nfc) FSDP_TRY(check_nfc_spelling(path, a, c));
   int want = model >= 0 ? model : t->n;
   if (id != want)
     return fsdp_error(FSDP_ERR_FORMAT, "%s: line %d: added token \"%.64s\" has id %lld; "
@@ -243,7 +285,7 @@ static fsdp_status_t added_one(struct fsdp_tokenizer *t, const char *path, const
     t->off[t->n + 1] = t->off[t->n] + c->len;
     t->n++;
   }
-  t->added[t->n_added++] = (bpe_added_t){want, json_true(a, "special")};
+  t->added[t->n_added++] = (bpe_added_t){want, special, normalized};
   return FSDP_SUCCESS;
 }
 

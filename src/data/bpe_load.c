@@ -327,7 +327,7 @@ static fsdp_status_t load_files(struct fsdp_tokenizer *t, const char *dir) {
   if (t->eot < 0) return FSDP_SUCCESS;
   if (!(t->added = malloc(sizeof *t->added)))
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "%s: out of memory", vocab);
-  t->added[t->n_added++] = (bpe_added_t){t->eot, 1};
+  t->added[t->n_added++] = (bpe_added_t){t->eot, 1, 0};
   return bpe_index_added(t, vocab);
 }
 

@@ -3,9 +3,10 @@
 tokenizer.json files of the byte-level BPE kind, against `tokenizers`, token
 for token.
 
-Builds three vocabularies with `tokenizers`, trained on a few KB of mixed-script
+Builds five vocabularies with `tokenizers`, trained on a few KB of mixed-script
 text (English from Debian's fortunes when installed, else the sentences
-below; Greek, Cyrillic, CJK, digits, emoji, contractions):
+below; Greek, Cyrillic, CJK, digits, emoji, contractions, accents written
+decomposed):
   gpt2    ByteLevel alone (GPT-2's regex), <|endoftext|>; checked with the
           merges saved as [a, b] pairs and rewritten as "a b" strings;
   llama3  Split on Llama 3's regex (\\p{L}, \\p{N}, (?i:'s|...), 1-3 digit
@@ -16,25 +17,36 @@ below; Greek, Cyrillic, CJK, digits, emoji, contractions):
           <|begin_of_text|> put first by a TemplateProcessing post-processor
           (Llama 3's pipeline);
   smollm  Digits (one per token) then ByteLevel (SmolLM's pipeline), with a
-          merge "1 2" that Digits must keep unused.
+          merge "1 2" that Digits must keep unused;
+  qwen2   an NFC normalizer (also as a Sequence holding it), Qwen2's Split
+          regex (single digits), ChatML special tokens and a normalized added
+          token with an accent, held-out text with accents decomposed;
+  wide    gpt2's with model.vocab filled past 65536 ids and a special token
+          after them: its token file is llm.c's Llama 3 format (uint32).
 Then `fsdp-tokenize --ids` (with and without --special) must give exactly the
-ids `tokenizers` gives on held-out text, a token file must hold the document
-token then those ids, and decoding it must give the text back. Last,
-WordPiece, Unigram and a SentencePiece-style BPE (TinyLlama's: Metaspace,
-byte fallback) must be refused with a message naming what they are.
+ids `tokenizers` gives on held-out text, a token file (GPT-2's uint16 format
+up to 65536 ids, else Llama 3's uint32) must hold the document token then
+those ids, and decoding it must give the text back. Last, WordPiece, Unigram,
+a SentencePiece-style BPE (TinyLlama's: Metaspace, byte fallback) and
+normalizers other than NFC must be refused with a message naming what they
+are.
 
 usage: compare_hf_json.py FSDP_TOKENIZE WORKDIR   (run by tests/tokenizer/test_hf.sh)
 """
 import json
 import os
+import struct
 import subprocess
 import sys
+import unicodedata
 
 from tokenizers import (Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers,
                         processors, trainers)
 
 LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+               r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 LLAMA3_SPECIAL = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
                   "<|end_header_id|>", "<|eot_id|>"]
 
@@ -58,6 +70,20 @@ MIXED_TRAIN = [
     "    indented code()  {\n\treturn x  +  y;\n}\r\n\r\n\n",
     "Unicode spaces: a\u00a0b,\u3000c\u3000\u3000\u3000d. e\u2003\u2003\u2003\u2003f — 100\u00a0km.",
 ] * 10
+
+# Accented text, each sentence written composed (NFC) and decomposed (NFD).
+ACCENTS = [
+    "Café crème, déjà vu, naïve façade; Ångström, Øresund, São Paulo, Zürich, Kraków.",
+    "Tiếng Việt có dấu: Hà Nội, Đà Nẵng, phở bò, người Việt Nam.",
+    "Ελληνικά με τόνους: άλφα, έψιλον, ήτα, ϊ, ΰ. Español: año, pingüino, acción.",
+]
+ACCENTS_TRAIN = [unicodedata.normalize(f, t) for t in ACCENTS for f in ("NFC", "NFD")] * 8
+ACCENTS_HELD_OUT = [
+    unicodedata.normalize("NFD", "Le garçon mangea une crème brûlée à Besançon, très élégant."),
+    "mixed: e\u0301 é A\u030a Å \u212b \u1100\u1161 \u0958 o\u0308\u0301 \u1e69 s\u0323\u0307 "
+    "caf\u00e9:: cafe\u0301:: <|im_start|>syste\u0300m<|im_end|>",
+    unicodedata.normalize("NFD", ACCENTS[1]) + " " + ACCENTS[2],
+]
 
 HELD_OUT = [
     "Ο καιρός σήμερα είναι υπέροχος· πάμε για περίπατο στην παραλία;",
@@ -88,8 +114,9 @@ def english():
     return "\n".join(ENGLISH[:40]), "\n".join(ENGLISH[40:]), "embedded"
 
 
-def train(pre, special, text, vocab_size, **bpe):
+def train(pre, special, text, vocab_size, normalizer=None, **bpe):
     tok = Tokenizer(models.BPE(**bpe))
+    tok.normalizer = normalizer
     tok.pre_tokenizer = pre
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=special,
@@ -132,6 +159,28 @@ def build(work, train_text):
         ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], train_text, 800)
     smol = extend(smol, work, "smollm-12", ["12"], [["1", "2"]])  # Digits keeps it unused
     out["smollm"] = save(smol, work, "smollm")
+
+    qwen = train(pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)]),
+        ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], train_text + ACCENTS_TRAIN, 1000,
+        normalizer=normalizers.NFC())
+    qwen.add_tokens(["caf\u00e9::"])  # normalized: found in cafe + U+0301 too
+    out["qwen2"] = save(qwen, work, "qwen2")
+    j = json.load(open(out["qwen2"], encoding="utf-8"))
+    assert j["normalizer"] == {"type": "NFC"}, j["normalizer"]
+    j["normalizer"] = {"type": "Sequence", "normalizers": [{"type": "NFC"}]}
+    out["qwen2-sequence"] = write_json(j, work, "qwen2-sequence")
+
+    # More ids than uint16 holds: filler tokens no merge makes, then a special token.
+    j = json.load(open(out["gpt2"], encoding="utf-8"))
+    vocab = j["model"]["vocab"]
+    for i in range(len(vocab), 70000):
+        vocab[f"~q{i}"] = i
+    wide = Tokenizer.from_file(write_json(j, work, "wide"))
+    wide.add_special_tokens(["<|wide|>"])
+    assert wide.token_to_id("<|wide|>") == 70000
+    out["wide"] = save(wide, work, "wide")
     return out
 
 
@@ -215,13 +264,13 @@ def check_tokenizer(exe, work, name, path, texts):
     with open(doc, "w", encoding="utf-8", newline="") as f:
         f.write(text)
     shard = os.path.join(work, f"{name}.bin")
-    r = run([exe, "--vocab", path, "--overwrite", "--out", shard, doc])
+    special = ["--special"] if hf.get_vocab_size() > 65536 else []  # its ids beyond uint16
+    r = run([exe, "--vocab", path, "--overwrite", "--out", shard, doc] + special)
     if r.returncode:
         sys.stdout.write(r.stderr.decode())
         return failures + 1
-    raw = open(shard, "rb").read()
-    ids = [int.from_bytes(raw[1024 + 2 * i:1026 + 2 * i], "little")
-           for i in range((len(raw) - 1024) // 2)]
+    ids, ok = token_file(shard, hf.get_vocab_size())
+    failures += not ok
     if j.get("post_processor") and j["post_processor"]["type"] == "TemplateProcessing":
         want = hf.encode(text).ids  # the post-processor puts <|begin_of_text|> first
         first = "<|begin_of_text|>"
@@ -230,9 +279,26 @@ def check_tokenizer(exe, work, name, path, texts):
         first = "<|endoftext|>"
     failures += compare(name, f"token file ({first} first)", ids, want)
     back = run([exe, "--vocab", path, "--decode", shard]).stdout
+    if j.get("normalizer"):  # NFC, the one normalizer read: decoding gives the normalized text
+        text = unicodedata.normalize("NFC", text)
     ok = back == (first + text).encode("utf-8")
     print(f"{'ok' if ok else 'MISMATCH'}: {name} decode(token file) == {first} + text")
     return failures + (not ok)
+
+
+def token_file(path, vocab_size):
+    """The ids of an llm.c token file, and whether its format is the one for
+    vocab_size: GPT-2's (20240520, 1, uint16) up to 65536 ids, else Llama
+    3's (20240801, 7, uint32)."""
+    raw = open(path, "rb").read()
+    magic, version, count = struct.unpack("<3i", raw[:12])
+    width = 4 if vocab_size > 65536 else 2
+    want = (20240801, 7) if width == 4 else (20240520, 1)
+    ok = (magic, version) == want and len(raw) == 1024 + width * count
+    print(f"{'ok' if ok else 'MISMATCH'}: {os.path.basename(path)}: magic {magic} version "
+          f"{version}, {count} tokens in {len(raw)} bytes (want {want}, {width}-byte tokens)")
+    fmt = "<%d%s" % (count, "I" if width == 4 else "H")
+    return list(struct.unpack(fmt, raw[1024:1024 + width * count])) if ok else [], ok
 
 
 def refused(exe, work):
@@ -251,6 +317,13 @@ def refused(exe, work):
     meta = Tokenizer(models.BPE({"<unk>": 0, "▁a": 1}, [], unk_token="<unk>"))
     meta.pre_tokenizer = pre_tokenizers.Metaspace()
     kinds["metaspace"] = (meta, "Metaspace: a SentencePiece-style BPE")
+    for norm, what in ((normalizers.NFKC(), "normalizer: NFKC;"),
+                       (normalizers.Sequence([normalizers.NFC(), normalizers.Lowercase()]),
+                        "normalizer.normalizers[1]: Lowercase;")):
+        tok = Tokenizer(models.BPE({"a": 0}, []))
+        tok.normalizer = norm
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        kinds[what.split(":")[1].strip(" ;").lower() + "-normalizer"] = (tok, what)
     failures = 0
     for name, (tok, want) in kinds.items():
         path = save(tok, work, name)
@@ -269,9 +342,13 @@ def main():
     print(f"English from {source}: {len(train_en)} chars to train, {len(held_en)} held out; "
           f"{sum(len(t.encode()) for t in train_text)} bytes of training text")
     texts = [held_en + "\n" + "\n".join(HELD_OUT[:6])] + HELD_OUT
+    extra = {"qwen2": ACCENTS_HELD_OUT, "qwen2-sequence": ACCENTS_HELD_OUT,
+             "wide": ["x <|wide|> y<|wide|>" + held_en[:500]]}
     failures = 0
     for name, path in build(work, train_text).items():
-        failures += check_tokenizer(exe, work, name, path, texts)
+        more = extra.get(name, [])
+        first = [texts[0] + "\n" + more[0]] if more else texts[:1]
+        failures += check_tokenizer(exe, work, name, path, first + texts[1:] + more)
     failures += refused(exe, work)
     print(f"{failures} mismatches")
     return 1 if failures else 0

@@ -398,6 +398,65 @@ START_TEST(bpe_tokenizer_json_pipeline) {
 }
 END_TEST
 
+/* Qwen2's normalizer: NFC before pre-tokenisation (ids checked against
+ * tokenizers 0.23 on the same files), then the added tokens marked
+ * "normalized" matched in the normalized text, after the others in the raw. */
+START_TEST(bpe_tokenizer_json_nfc) {
+  char path[300], ids[256];
+  snprintf(path, sizeof path, "%s/nfc.json", tmp_dir);
+  const char *bl = "{\"type\": \"ByteLevel\", \"add_prefix_space\": false}";
+  const char *nfc = "{\"type\": \"NFC\"}";
+  struct { const char *norm, *text, *want; } ok[] = {
+      {"null", "e\xcc\x81", "101 204 129"},        /* e + U+0301 as it is */
+      {nfc, "e\xcc\x81", "195 169"},               /* composed: U+00E9 */
+      {"{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFC\"}, {\"type\": \"NFC\"}]}",
+       "e\xcc\x81", "195 169"},
+      {nfc, "A\xcc\x8a", "195 133"},               /* U+00C5 */
+      {nfc, "\xe2\x84\xab", "195 133"},            /* ANGSTROM SIGN: a singleton, to U+00C5 */
+      {nfc, "\xe1\x84\x80\xe1\x85\xa1", "234 176 128"}, /* Hangul jamo to U+AC00 */
+      {nfc, "\xe0\xa5\x98", "224 164 149 224 164 188"}, /* U+0958: excluded from composition */
+      {nfc, "\xff\xcc\x81" "e\xcc\x81", "255 204 129 195 169"}, /* not UTF-8: kept, composes with nothing */
+  };
+  fsdp_tokenizer_t t;
+  for (size_t k = 0; k < sizeof ok / sizeof ok[0]; k++) {
+    write_hf_json(path, "BPE", "", ok[k].norm, bl, "", "");
+    ck_assert_msg(fsdp_tokenizer_load(path, &t) == FSDP_SUCCESS, "%s", fsdp_last_error());
+    encode_str(t, ok[k].text, strlen(ok[k].text), 0, ids);
+    ck_assert_msg(!strcmp(ids, ok[k].want), "case %zu: %s, want %s", k, ids, ok[k].want);
+    if (k + 1 == sizeof ok / sizeof ok[0]) { /* NUL kept */
+      encode_str(t, "e\0e\xcc\x81", 5, 0, ids);
+      ck_assert_str_eq(ids, "101 0 195 169");
+    }
+    fsdp_tokenizer_free(t);
+  }
+  /* "né" normalized: found in ne + U+0301 once composed; not normalized: raw text only. */
+  write_hf_json(path, "BPE", "", nfc, bl, "{\"id\": 258, \"content\": \"n\xc3\xa9\", "
+                "\"normalized\": true, \"special\": false}", "");
+  ck_assert_msg(fsdp_tokenizer_load(path, &t) == FSDP_SUCCESS, "%s", fsdp_last_error());
+  encode_str(t, "xne\xcc\x81y", 6, 0, ids);
+  ck_assert_str_eq(ids, "120 258 121");
+  fsdp_tokenizer_free(t);
+  write_hf_json(path, "BPE", "", nfc, bl, "{\"id\": 258, \"content\": \"n\xc3\xa9\", "
+                "\"normalized\": false, \"special\": false}", "");
+  ck_assert_msg(fsdp_tokenizer_load(path, &t) == FSDP_SUCCESS, "%s", fsdp_last_error());
+  encode_str(t, "xne\xcc\x81y", 6, 0, ids);
+  ck_assert_str_eq(ids, "120 110 195 169 121");
+  encode_str(t, "xn\xc3\xa9y", 5, 0, ids);
+  ck_assert_str_eq(ids, "120 258 121");
+  fsdp_tokenizer_free(t);
+  /* Raw-text tokens first: the special "bc" wins over the normalized "abc". */
+  write_hf_json(path, "BPE", "", "null", bl,
+                "{\"id\": 258, \"content\": \"bc\", \"normalized\": false, \"special\": true},"
+                "{\"id\": 259, \"content\": \"abc\", \"normalized\": true, \"special\": false}", "");
+  ck_assert_msg(fsdp_tokenizer_load(path, &t) == FSDP_SUCCESS, "%s", fsdp_last_error());
+  encode_str(t, "abc", 3, FSDP_TOKENIZE_ALLOW_SPECIAL, ids);
+  ck_assert_str_eq(ids, "97 258");
+  encode_str(t, "abc", 3, 0, ids);
+  ck_assert_str_eq(ids, "259");
+  fsdp_tokenizer_free(t);
+}
+END_TEST
+
 /* Every part fsdp does not implement, refused naming the file and the key. */
 START_TEST(bpe_tokenizer_json_refused) {
   char path[300];
@@ -419,7 +478,15 @@ START_TEST(bpe_tokenizer_json_refused) {
        FSDP_ERR_UNSUPPORTED},
       {"", "null", "{\"type\": \"Whitespace\"}", "", "pre_tokenizer: type Whitespace",
        FSDP_ERR_UNSUPPORTED},
-      {"", "{\"type\": \"NFC\"}", bl, "", "line 1: normalizer is NFC", FSDP_ERR_UNSUPPORTED},
+      {"", "{\"type\": \"Lowercase\"}", bl, "", "line 1: normalizer: Lowercase; fsdp reads "
+       "tokenizers without a normalizer or with NFC", FSDP_ERR_UNSUPPORTED},
+      {"", "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFC\"}, {\"type\": \"NFKC\"}]}",
+       bl, "", "line 1: normalizer.normalizers[1]: NFKC;", FSDP_ERR_UNSUPPORTED},
+      {"", "{\"type\": \"Prepend\", \"prepend\": \"x\"}", bl, "", "normalizer: Prepend; fsdp "
+       "reads tokenizers without a normalizer or with NFC (Qwen2's); this one is a SentencePiece",
+       FSDP_ERR_UNSUPPORTED},
+      {"", "{\"type\": \"NFC\"}", bl, "{\"id\": 258, \"content\": \"ne\xcc\x81\", \"normalized\": "
+       "true}", "added token \"ne\xcc\x81\" is normalized but not in NFC", FSDP_ERR_UNSUPPORTED},
       {", \"byte_fallback\": true", "null", bl, "", "model.byte_fallback is true: a SentencePiece",
        FSDP_ERR_UNSUPPORTED},
       {", \"continuing_subword_prefix\": \"##\"", "null", bl, "",
@@ -524,6 +591,7 @@ int main(void) {
   tcase_add_test(tc, bpe_large_vocab_loads);
   tcase_add_test(tc, bpe_tokenizer_json);
   tcase_add_test(tc, bpe_tokenizer_json_pipeline);
+  tcase_add_test(tc, bpe_tokenizer_json_nfc);
   tcase_add_test(tc, bpe_tokenizer_json_refused);
   tcase_add_test(tc, bpe_llama3_size_loads);
   tcase_set_timeout(tc, 60);
