@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 
 packages=(meson ninja-build pkg-config gcc g++ libc6-dev openmpi-bin libopenmpi-dev
           libopenblas-dev check zlib1g-dev libgloo-dev
-          libpcre2-dev # PCRE2: the tokenizer's regex needs Unicode classes
+          libpcre2-dev # PCRE2: the tokenizers' patterns (GPT-2's, tokenizer.json's) need Unicode classes
+          libutf8proc-dev # utf8proc: tokenizer.json's NFC normalizer (Qwen2's)
           python3-venv # the Hugging Face tests' virtual environments (Debian splits venv out)
           python3-matplotlib # bench/plot.py's charts (the plot and plot-trace tests)
           libyaml-dev # libyaml: the tools' configuration file (src/tools/config.h)

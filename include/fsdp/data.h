@@ -78,22 +78,28 @@ FSDP_API fsdp_status_t fsdp_text_windows(const fsdp_text_t *text, int validation
                                          int64_t count, int T, int *tokens, int *targets);
 
 /* ---- token files ------------------------------------------------------------
- * llm.c's GPT-2 token file (llm.c's dev/data scripts write them, and fsdp-tokenize):
- * a header of 256 little-endian int32 (magic 20240520, version 1, the token
- * count, the rest 0), then count little-endian uint16 tokens; the file's size
- * is exactly 1024 + 2 x count bytes. A dataset is one such file, or every
- * regular ".bin" file of a directory in strcmp name order, end to end (other
- * files are ignored), held in memory. The validation split is the last
- * val_fraction of the tokens, as for text. Truncated files, a wrong magic
- * (llm.c's Llama-3 uint32 files named as such), version or count, and a
- * directory without ".bin" files fail with FSDP_ERR_IO or FSDP_ERR_FORMAT
- * naming the file and the values. */
-#define FSDP_TOKEN_FILE_MAGIC 20240520
+ * llm.c's token files (its dev/data scripts write them, and fsdp-tokenize): a
+ * header of 256 little-endian int32 (magic, version, the token count, the
+ * rest 0), then count little-endian tokens of the format's width:
+ *   GPT-2    magic 20240520, version 1, uint16 tokens (vocabularies of <= 65536)
+ *   Llama 3  magic 20240801, version 7, uint32 tokens (larger ones: 128256)
+ * The file's size is exactly 1024 + width x count bytes. A dataset is one
+ * such file, or every regular ".bin" file of a directory in strcmp name
+ * order, end to end (other files are ignored), held in memory at the files'
+ * width; the files of one dataset share one format. The validation split is
+ * the last val_fraction of the tokens, as for text. Truncated files, a wrong
+ * magic, version or count, a uint32 token above INT32_MAX, files of both
+ * formats in one directory, and a directory without ".bin" files fail with
+ * FSDP_ERR_IO or FSDP_ERR_FORMAT naming the file and the values. */
+#define FSDP_TOKEN_FILE_MAGIC 20240520        /* GPT-2: uint16 tokens */
 #define FSDP_TOKEN_FILE_VERSION 1
+#define FSDP_TOKEN_FILE_MAGIC_LLAMA3 20240801 /* Llama 3: uint32 tokens */
+#define FSDP_TOKEN_FILE_VERSION_LLAMA3 7
 #define FSDP_TOKEN_FILE_HEADER 1024 /* bytes */
 
 typedef struct {
-  uint16_t *tokens;    /* (n) */
+  void *tokens;        /* (n) uint16_t when width is 2, uint32_t when 4: read with fsdp_tokens_at */
+  int width;           /* bytes per token: 2 (GPT-2 files) or 4 (Llama 3 files) */
   size_t n;            /* all tokens */
   size_t n_train;      /* tokens [0, n_train) train, [n_train, n) validate */
   int max_token;       /* the largest token */
@@ -102,8 +108,14 @@ typedef struct {
   size_t *file_start;  /* (n_files + 1) file f holds tokens [file_start[f], file_start[f+1]) */
 } fsdp_tokens_t;
 
-/* 1 when path is token data: a regular file that starts with the magic or is
- * named ".bin", or a directory holding a ".bin" file; else 0. */
+/* Token i (< tokens->n) of loaded token data. */
+static inline int fsdp_tokens_at(const fsdp_tokens_t *tokens, size_t i) {
+  return tokens->width == 4 ? (int)((const uint32_t *)tokens->tokens)[i]
+                            : ((const uint16_t *)tokens->tokens)[i];
+}
+
+/* 1 when path is token data: a regular file that starts with either magic or
+ * is named ".bin", or a directory holding a ".bin" file; else 0. */
 FSDP_API int fsdp_tokens_probe(const char *path);
 FSDP_API fsdp_status_t fsdp_tokens_load(const char *path, double val_fraction,
                                         fsdp_tokens_t *out);
@@ -115,12 +127,16 @@ FSDP_API fsdp_status_t fsdp_tokens_check_vocab(const fsdp_tokens_t *tokens, int 
 FSDP_API fsdp_status_t fsdp_tokens_windows(const fsdp_tokens_t *tokens, int validation,
                                            uint64_t seed, int64_t step, int64_t first,
                                            int64_t count, int T, int *ids, int *targets);
-/* Writes ids[0..n) as a token file at path (via path.tmp and a rename). Ids
- * must lie in [0, 65535]: else FSDP_ERR_INVALID_ARGUMENT naming the position
- * and value. An existing path is refused (FSDP_ERR_INVALID_USAGE) unless
- * overwrite. */
+/* The width (2 or 4 bytes) of the token files of a vocabulary of vocab_size
+ * ids: GPT-2's uint16 files when every id fits, else Llama 3's uint32. */
+FSDP_API int fsdp_token_file_width(int vocab_size);
+/* Writes ids[0..n) as a token file of `width` bytes a token (2: GPT-2's
+ * format, 4: Llama 3's) at path (via path.tmp and a rename). Ids must lie in
+ * [0, 65535] for width 2, [0, INT32_MAX] for 4: else FSDP_ERR_INVALID_ARGUMENT
+ * naming the position and value. An existing path is refused
+ * (FSDP_ERR_INVALID_USAGE) unless overwrite. */
 FSDP_API fsdp_status_t fsdp_token_file_write(const char *path, const int *ids, size_t n,
-                                             int overwrite);
+                                             int width, int overwrite);
 
 #ifdef __cplusplus
 }

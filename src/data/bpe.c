@@ -1,8 +1,10 @@
-/* src/data/bpe.c — GPT-2's byte-level BPE at work: the byte alphabet, the
- * lookup tables, pre-tokenisation through PCRE2, merges by rank, encode and
- * decode. Loading the files is bpe_load.c's. */
+/* src/data/bpe.c — byte-level BPE at work: the byte alphabet, the lookup
+ * tables, added tokens, NFC through utf8proc, pre-tokenisation through PCRE2,
+ * merges by rank, encode and decode. Loading the files is bpe_load.c's and
+ * bpe_json.c's. */
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 #include "core/internal.h"
 #include "data/bpe_internal.h"
@@ -59,27 +61,120 @@ const bpe_merge_t *bpe_merge_find(const struct fsdp_tokenizer *t, int left, int 
 }
 
 /* ---- pre-tokenisation -----------------------------------------------------
- * GPT-2's pattern. PCRE2 because the pattern needs Unicode letter and number
- * classes (\p{L}, \p{N}) and Unicode whitespace (\s under UCP), which POSIX
- * regex does not have; MATCH_INVALID_UTF lets it run on text that is not
- * valid UTF-8 (it then skips what it cannot read, and encode keeps those
- * bytes as pieces of their own). */
+ * Patterns run under PCRE2 because they need Unicode letter and number
+ * classes (\p{L}, \p{N}), Unicode whitespace (\s under UCP) and case-folding
+ * groups (Llama 3's (?i:'s|...)), which POSIX regex does not have; PCRE2's
+ * dialect reads the patterns Hugging Face writes for Oniguruma. MATCH_INVALID_UTF
+ * lets it run on text that is not valid UTF-8 (it then skips what it cannot
+ * read, and the bytes between matches become pieces of their own). */
 static const char gpt2_pattern[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
-fsdp_status_t bpe_compile_pattern(struct fsdp_tokenizer *t) {
+fsdp_status_t bpe_add_split(struct fsdp_tokenizer *t, const char *pattern, size_t len,
+                            int literal, const char *where) {
+  if (t->n_split == BPE_MAX_SPLITS)
+    return fsdp_error(FSDP_ERR_UNSUPPORTED, "%s: more than %d pre-tokenizer steps that split",
+                      where, BPE_MAX_SPLITS);
+  if (!pattern) pattern = gpt2_pattern, len = sizeof gpt2_pattern - 1;
   int err;
   PCRE2_SIZE at;
-  t->re = pcre2_compile((PCRE2_SPTR)gpt2_pattern, PCRE2_ZERO_TERMINATED,
-                        PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &at, NULL);
-  if (!t->re) {
+  uint32_t opt = PCRE2_UTF | PCRE2_MATCH_INVALID_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
+  pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, len, opt, &err, &at, NULL);
+  if (!re) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof msg);
-    return fsdp_error(FSDP_ERR_UNSUPPORTED, "tokenizer: PCRE2 cannot compile GPT-2's pattern at "
-                      "offset %zu: %s (a PCRE2 built without Unicode support?)", (size_t)at,
-                      (const char *)msg);
+    return fsdp_error(err == PCRE2_ERROR_UNICODE_NOT_SUPPORTED ? FSDP_ERR_UNSUPPORTED
+                                                                : FSDP_ERR_FORMAT,
+                      "%s: PCRE2 cannot compile the pattern \"%.*s\" at offset %zu: %s", where,
+                      (int)(len < 80 ? len : 80), pattern, (size_t)at, (const char *)msg);
   }
-  pcre2_jit_compile(t->re, PCRE2_JIT_COMPLETE); /* an interpreter fallback when JIT is absent */
+  pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* an interpreter fallback when JIT is absent */
+  t->split[t->n_split++] = re;
+  return FSDP_SUCCESS;
+}
+
+static int added_first(const struct fsdp_tokenizer *t, const bpe_added_t *a) {
+  return (unsigned char)t->bytes[t->off[a->id]];
+}
+
+fsdp_status_t bpe_index_added(struct fsdp_tokenizer *t, const char *path) {
+  bpe_added_t *by = malloc((t->n_added ? (size_t)t->n_added : 1) * sizeof *by);
+  if (!by) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
+  memset(t->added_at, 0, sizeof t->added_at); /* counting sort by first byte */
+  for (int i = 0; i < t->n_added; i++) t->added_at[added_first(t, &t->added[i]) + 1]++;
+  for (int b = 0; b < 256; b++) t->added_at[b + 1] += t->added_at[b];
+  int fill[256];
+  memcpy(fill, t->added_at, sizeof fill);
+  for (int i = 0; i < t->n_added; i++) by[fill[added_first(t, &t->added[i])]++] = t->added[i];
+  free(t->added);
+  t->added = by;
+  return FSDP_SUCCESS;
+}
+
+/* The leftmost added token in s[0..len) of those matched in the raw text
+ * (normalized 0) or in the normalized text (1), the longest there (HF's
+ * leftmost-longest match): its offset (len when none), *id and *k its bytes. */
+static size_t find_added(const struct fsdp_tokenizer *t, const char *s, size_t len, int special,
+                         int normalized, int *id, size_t *k) {
+  for (size_t i = 0; t->n_added && i < len; i++) {
+    unsigned char b = (unsigned char)s[i];
+    *k = 0;
+    for (int j = t->added_at[b]; j < t->added_at[b + 1]; j++) {
+      const bpe_added_t *a = &t->added[j];
+      size_t n = t->off[a->id + 1] - t->off[a->id];
+      if ((special || !a->special) && a->normalized == normalized && n > *k && n <= len - i &&
+          !memcmp(s + i, t->bytes + t->off[a->id], n))
+        *id = a->id, *k = n;
+    }
+    if (*k) return i;
+  }
+  return len;
+}
+
+/* ---- normalization ---------------------------------------------------------- */
+
+static fsdp_status_t nfc_append(char **buf, size_t *cap, size_t at, const void *p, size_t n) {
+  if (*cap - at < n) {
+    size_t c = *cap ? *cap : 4096;
+    while (c - at < n) c *= 2;
+    char *b = realloc(*buf, c);
+    if (!b) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "tokenizer: out of memory normalizing "
+                              "%zu bytes", at + n);
+    *buf = b, *cap = c;
+  }
+  memcpy(*buf + at, p, n);
+  return FSDP_SUCCESS;
+}
+
+fsdp_status_t bpe_nfc(const char *s, size_t len, char **buf, size_t *cap, size_t *out_len) {
+  const utf8proc_uint8_t *u = (const utf8proc_uint8_t *)s;
+  size_t at = 0, n = 0;
+  while (at < len) {
+    size_t end = at;
+    utf8proc_int32_t cp;
+    utf8proc_ssize_t k;
+    while (end < len && (k = utf8proc_iterate(u + end, (utf8proc_ssize_t)(len - end), &cp)) > 0)
+      end += (size_t)k;
+    if (end > at) {
+      utf8proc_uint8_t *nfc = NULL;
+      utf8proc_ssize_t m = utf8proc_map(u + at, (utf8proc_ssize_t)(end - at), &nfc,
+                                        UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+      if (m < 0)
+        return fsdp_error(m == UTF8PROC_ERROR_NOMEM ? FSDP_ERR_OUT_OF_MEMORY : FSDP_ERR_INTERNAL,
+                          "tokenizer: NFC of bytes %zu..%zu failed: %s", at, end,
+                          utf8proc_errmsg(m));
+      fsdp_status_t st = nfc_append(buf, cap, n, nfc, (size_t)m);
+      free(nfc);
+      FSDP_TRY(st);
+      n += (size_t)m;
+    }
+    if (end < len) { /* not UTF-8: the byte itself */
+      FSDP_TRY(nfc_append(buf, cap, n, s + end, 1));
+      n++, end++;
+    }
+    at = end;
+  }
+  *out_len = n;
   return FSDP_SUCCESS;
 }
 
@@ -97,6 +192,8 @@ typedef struct {
   int *sym, *next, *prev; /* (m) */
   cand_t *heap;           /* (3m) pushes: m-1 at the start, at most 2 per merge */
   size_t cap, n_heap;
+  char *norm;             /* (norm_cap) the normalized text of a span */
+  size_t norm_cap;
 } bpe_work_t;
 
 static int cand_less(const cand_t *a, const cand_t *b) {
@@ -189,16 +286,33 @@ static fsdp_status_t bpe_piece(const struct fsdp_tokenizer *t, bpe_work_t *w,
   return FSDP_SUCCESS;
 }
 
-/* Pieces of ordinary text: regex matches, and runs of bytes between them
- * that the regex could not read (not UTF-8). */
-static fsdp_status_t encode_ordinary(const struct fsdp_tokenizer *t, bpe_work_t *w,
-                                     pcre2_match_data *md, const char *s, size_t len,
-                                     fsdp_token_buf_t *out) {
-  size_t at = 0;
+/* A piece after the last split: one token when ignore_merges and the model
+ * has it whole, else the merges. */
+static fsdp_status_t bpe_word(const struct fsdp_tokenizer *t, bpe_work_t *w, const char *s,
+                              size_t m, fsdp_token_buf_t *out) {
+  int whole = t->ignore_merges && m ? bpe_vocab_find(t, s, m) : -1;
+  if (whole < 0) return bpe_piece(t, w, (const unsigned char *)s, m, out);
+  FSDP_TRY(buf_reserve(out, 1));
+  out->ids[out->n++] = whole;
+  return FSDP_SUCCESS;
+}
+
+static size_t utf8_len(unsigned char c) { return c < 0xC0 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4; }
+
+/* Split step `step` on s[0..len): each match, and each run between matches
+ * (text the pattern does not take, or cannot read: not UTF-8), is a piece for
+ * the next step. An empty match is a boundary but no piece, and the search
+ * goes on one character later, as HF's iteration over Oniguruma's matches
+ * does. */
+static fsdp_status_t split_pieces(const struct fsdp_tokenizer *t, bpe_work_t *w,
+                                  pcre2_match_data *md, int step, const char *s, size_t len,
+                                  fsdp_token_buf_t *out) {
+  if (step == t->n_split) return bpe_word(t, w, s, len, out);
+  size_t at = 0, prev = 0;
   while (at < len) {
-    int rc = pcre2_match(t->re, (PCRE2_SPTR)s, len, at, 0, md, NULL);
-    if (rc == PCRE2_ERROR_NOMATCH) return bpe_piece(t, w, (const unsigned char *)s + at, len - at, out);
-    if (rc < 0) {
+    int rc = pcre2_match(t->split[step], (PCRE2_SPTR)s, len, at, 0, md, NULL);
+    if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc < 0) { /* rc 0: the ovector holds fewer groups than the pattern; [0], [1] are set */
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(rc, msg, sizeof msg);
       return fsdp_error(FSDP_ERR_INTERNAL, "tokenizer: PCRE2 failed at byte %zu: %s", at,
@@ -206,39 +320,66 @@ static fsdp_status_t encode_ordinary(const struct fsdp_tokenizer *t, bpe_work_t 
     }
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
     size_t b = ov[0], e = ov[1];
-    if (b > at) FSDP_TRY(bpe_piece(t, w, (const unsigned char *)s + at, b - at, out));
-    if (e == b) e = b + 1; /* every alternative takes a character; never loop */
-    FSDP_TRY(bpe_piece(t, w, (const unsigned char *)s + b, e - b, out));
-    at = e;
+    if (e == b) { /* an empty match makes no piece but ends the one before */
+      if (b > prev) FSDP_TRY(split_pieces(t, w, md, step + 1, s + prev, b - prev, out));
+      prev = b;
+      at = b + utf8_len((unsigned char)s[b]);
+      continue;
+    }
+    if (b > prev) FSDP_TRY(split_pieces(t, w, md, step + 1, s + prev, b - prev, out));
+    FSDP_TRY(split_pieces(t, w, md, step + 1, s + b, e - b, out));
+    prev = at = e;
   }
+  return prev < len ? split_pieces(t, w, md, step + 1, s + prev, len - prev, out) : FSDP_SUCCESS;
+}
+
+static fsdp_status_t add_id(fsdp_token_buf_t *out, int id) {
+  FSDP_TRY(buf_reserve(out, 1));
+  out->ids[out->n++] = id;
   return FSDP_SUCCESS;
 }
 
-static const char eot_text[] = "<|endoftext|>";
+/* Text between the added tokens matched in the raw text, as HF's
+ * AddedVocabulary takes it: normalized (NFC when the file says so), split on
+ * the added tokens matched in normalized text, pre-tokenised. */
+static fsdp_status_t encode_span(const struct fsdp_tokenizer *t, bpe_work_t *w,
+                                 pcre2_match_data *md, const char *s, size_t len, int special,
+                                 fsdp_token_buf_t *out) {
+  if (t->nfc && len) {
+    FSDP_TRY(bpe_nfc(s, len, &w->norm, &w->norm_cap, &len));
+    s = w->norm;
+  }
+  while (len > 0) {
+    int id = -1;
+    size_t k = 0, plain = find_added(t, s, len, special, 1, &id, &k);
+    FSDP_TRY(split_pieces(t, w, md, 0, s, plain, out));
+    if (k) FSDP_TRY(add_id(out, id));
+    s += plain + k;
+    len -= plain + k;
+  }
+  return FSDP_SUCCESS;
+}
 
 fsdp_status_t fsdp_tokenizer_encode(fsdp_tokenizer_t t, const char *text, size_t len, int flags,
                                     fsdp_token_buf_t *out) {
   if (!t || (!text && len) || !out)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "tokenizer encode: tok, text and out must not "
                       "be NULL");
-  pcre2_match_data *md = pcre2_match_data_create_from_pattern(t->re, NULL);
+  pcre2_match_data *md = pcre2_match_data_create(1, NULL);
   if (!md) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "tokenizer encode: out of memory");
   bpe_work_t w = {0};
   fsdp_status_t st = FSDP_SUCCESS;
-  int special = (flags & FSDP_TOKENIZE_ALLOW_SPECIAL) && t->eot >= 0;
-  size_t k = sizeof eot_text - 1;
+  int special = flags & FSDP_TOKENIZE_ALLOW_SPECIAL, id = -1;
   while (st == FSDP_SUCCESS && len > 0) {
-    const char *hit = special ? memmem(text, len, eot_text, k) : NULL;
-    size_t plain = hit ? (size_t)(hit - text) : len;
-    st = encode_ordinary(t, &w, md, text, plain, out);
-    if (st == FSDP_SUCCESS && hit) st = buf_reserve(out, 1);
-    if (st == FSDP_SUCCESS && hit) out->ids[out->n++] = t->eot;
-    plain += hit ? k : 0;
-    text += plain;
-    len -= plain;
+    size_t k = 0, plain = find_added(t, text, len, special, 0, &id, &k);
+    st = encode_span(t, &w, md, text, plain, special, out);
+    if (st == FSDP_SUCCESS && k) st = add_id(out, id);
+    text += plain + k;
+    len -= plain + k;
   }
   free(w.sym);
   free(w.heap);
+  free(w.norm);
   pcre2_match_data_free(md);
   return st;
 }
@@ -277,7 +418,8 @@ void fsdp_tokenizer_free(fsdp_tokenizer_t t) {
   free(t->off);
   free(t->map.slot);
   free(t->merges);
-  pcre2_code_free(t->re);
+  free(t->added);
+  for (int i = 0; i < t->n_split; i++) pcre2_code_free(t->split[i]);
   free(t);
 }
 

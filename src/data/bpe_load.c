@@ -1,6 +1,7 @@
 /* src/data/bpe_load.c — loading a GPT-2 tokenizer from vocab.json and
- * merges.txt (or Hugging Face's tokenizer.json), strictly: every way the files can be wrong is an error naming
- * the file, the line and the token. */
+ * merges.txt, strictly: every way the files can be wrong is an error naming
+ * the file, the line and the token; the parts Hugging Face's tokenizer.json
+ * shares with them (bpe_json.c reads the rest); which file a directory has. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,9 @@
 #include "core/json.h"
 #include "data/bpe_internal.h"
 
+/* Llama 3's tokenizer.json is 9 MB; a file this large is not a tokenizer. */
+#define BPE_MAX_FILE ((size_t)1 << 30)
+
 /* The whole of path, NUL-terminated. */
 static fsdp_status_t read_all(const char *path, char **buf, size_t *len) {
   FILE *f = fopen(path, "rb");
@@ -18,6 +22,12 @@ static fsdp_status_t read_all(const char *path, char **buf, size_t *len) {
   size_t cap = 1 << 16, n = 0;
   char *b = malloc(cap);
   while (b) {
+    if (cap > BPE_MAX_FILE) {
+      free(b);
+      fclose(f);
+      return fsdp_error(FSDP_ERR_FORMAT, "%s: larger than %zu MiB: not a tokenizer file", path,
+                        BPE_MAX_FILE >> 20);
+    }
     n += fread(b + n, 1, cap - 1 - n, f);
     if (n < cap - 1) break;
     char *g = realloc(b, cap *= 2);
@@ -153,7 +163,7 @@ static fsdp_status_t vocab_index(struct fsdp_tokenizer *t, const char *path) {
 
 /* The vocabulary from v, an object of tokens and ids (vocab.json's root, or
  * tokenizer.json's model.vocab). */
-static fsdp_status_t vocab_from_json(struct fsdp_tokenizer *t, const char *path, const json_t *v) {
+fsdp_status_t bpe_vocab_from_json(struct fsdp_tokenizer *t, const char *path, const json_t *v) {
   if (!v || v->type != JSON_OBJECT || v->n == 0)
     return fsdp_error(FSDP_ERR_FORMAT, "%s: expected an object of tokens and ids, found %s", path,
                       !v ? "nothing" : v->type == JSON_OBJECT ? "an empty object"
@@ -161,7 +171,7 @@ static fsdp_status_t vocab_from_json(struct fsdp_tokenizer *t, const char *path,
   if (v->n > INT32_MAX / 2) return fsdp_error(FSDP_ERR_FORMAT, "%s: %zu tokens is too many", path, v->n);
   int *owner = malloc(v->n * sizeof *owner);
   if (!owner) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
-  t->n = (int)v->n;
+  t->n = t->n_model = (int)v->n;
   fsdp_status_t st = check_ids(path, v, owner);
   if (!st) st = vocab_bytes(t, path, v, owner);
   if (!st) st = vocab_index(t, path);
@@ -169,7 +179,7 @@ static fsdp_status_t vocab_from_json(struct fsdp_tokenizer *t, const char *path,
   return st;
 }
 
-static fsdp_status_t read_json(const char *path, json_t **v) {
+fsdp_status_t bpe_read_json(const char *path, json_t **v) {
   char *text;
   size_t len;
   FSDP_TRY(read_all(path, &text, &len));
@@ -180,8 +190,8 @@ static fsdp_status_t read_json(const char *path, json_t **v) {
 
 static fsdp_status_t load_vocab(struct fsdp_tokenizer *t, const char *path) {
   json_t *v = NULL;
-  FSDP_TRY(read_json(path, &v));
-  fsdp_status_t st = vocab_from_json(t, path, v);
+  FSDP_TRY(bpe_read_json(path, &v));
+  fsdp_status_t st = bpe_vocab_from_json(t, path, v);
   json_free(v);
   return st;
 }
@@ -202,8 +212,8 @@ static fsdp_status_t merge_token(const struct fsdp_tokenizer *t, const char *pat
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t add_merge(struct fsdp_tokenizer *t, const char *path, int line,
-                               const char *s, size_t len, const int *merge_line) {
+fsdp_status_t bpe_add_merge(struct fsdp_tokenizer *t, const char *path, int line, const char *s,
+                            size_t len, const int *merge_line) {
   const char *sp = memchr(s, ' ', len);
   if (!sp || sp == s || sp + 1 == s + len || memchr(sp + 1, ' ', (size_t)(s + len - sp - 1)))
     return fsdp_error(FSDP_ERR_FORMAT, "%s: line %d: \"%.*s\" is not a merge (two tokens "
@@ -234,7 +244,7 @@ static fsdp_status_t add_merge(struct fsdp_tokenizer *t, const char *path, int l
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t merges_alloc(struct fsdp_tokenizer *t, const char *path, size_t n,
+fsdp_status_t bpe_merges_alloc(struct fsdp_tokenizer *t, const char *path, size_t n,
                                   int **merge_line) {
   t->merge_cap = pow2_above(n);
   t->merges = malloc(t->merge_cap * sizeof *t->merges);
@@ -271,7 +281,7 @@ static fsdp_status_t load_merges(struct fsdp_tokenizer *t, const char *path) {
   size_t lines = 1;
   for (size_t i = 0; i < len; i++) lines += text[i] == '\n';
   int *merge_line = NULL;
-  fsdp_status_t st = merges_alloc(t, path, lines, &merge_line);
+  fsdp_status_t st = bpe_merges_alloc(t, path, lines, &merge_line);
   const char *s = text, *end = text + len;
   for (int line = 1; st == FSDP_SUCCESS && s < end; line++) {
     const char *nl = memchr(s, '\n', (size_t)(end - s)), *e = nl ? nl : end;
@@ -286,104 +296,12 @@ static fsdp_status_t load_merges(struct fsdp_tokenizer *t, const char *path) {
     }
     if (!(line == 1 && n >= 8 && !memcmp(s, "#version", 8))) {
       merge_line[t->n_merges] = line;
-      st = add_merge(t, path, line, s, n, merge_line);
+      st = bpe_add_merge(t, path, line, s, n, merge_line);
     }
     s = nl ? nl + 1 : end;
   }
   free(merge_line);
   free(text);
-  return st;
-}
-
-/* ---- tokenizer.json ----------------------------------------------------------
- * Hugging Face's single file: model.vocab and model.merges ("a b" strings or
- * ["a", "b"] pairs) of a BPE model behind a ByteLevel pre-tokenizer without a
- * prefix space, as GPT-2's is; anything else is refused by name. */
-
-/* One merge of model.merges as "a b" in buf. */
-static fsdp_status_t json_merge(const char *path, const json_t *m, char *buf, size_t cap,
-                                size_t *len) {
-  if (m->type == JSON_STRING && m->len < cap) {
-    memcpy(buf, m->text, m->len);
-    return *len = m->len, FSDP_SUCCESS;
-  }
-  if (m->type == JSON_ARRAY && m->n == 2 && m->items[0].type == JSON_STRING &&
-      m->items[1].type == JSON_STRING && m->items[0].len + m->items[1].len + 1 < cap) {
-    *len = (size_t)snprintf(buf, cap, "%s %s", m->items[0].text, m->items[1].text);
-    return FSDP_SUCCESS;
-  }
-  return fsdp_error(FSDP_ERR_FORMAT, "%s: line %d: a merge must be \"a b\" or [\"a\", \"b\"]",
-                    path, m->line);
-}
-
-static fsdp_status_t merges_from_json(struct fsdp_tokenizer *t, const char *path, const json_t *a) {
-  if (!a || a->type != JSON_ARRAY)
-    return fsdp_error(FSDP_ERR_FORMAT, "%s: model.merges must be an array", path);
-  int *merge_line = NULL;
-  fsdp_status_t st = merges_alloc(t, path, a->n, &merge_line);
-  for (size_t i = 0; i < a->n && !st; i++) {
-    char buf[1024];
-    size_t len = 0;
-    st = json_merge(path, &a->items[i], buf, sizeof buf, &len);
-    merge_line[t->n_merges] = a->items[i].line;
-    if (!st) st = add_merge(t, path, a->items[i].line, buf, len, merge_line);
-  }
-  free(merge_line);
-  return st;
-}
-
-static const char *json_str(const json_t *v, const char *key) {
-  const json_t *s = json_get(v, key);
-  return s && s->type == JSON_STRING ? s->text : NULL;
-}
-
-/* What fsdp's encoder does is GPT-2's pipeline: say so when the file asks for
- * another. */
-static fsdp_status_t check_pipeline(const char *path, const json_t *root) {
-  const json_t *model = json_get(root, "model"), *pre = json_get(root, "pre_tokenizer");
-  const json_t *norm = json_get(root, "normalizer"), *prefix = json_get(pre, "add_prefix_space");
-  const char *type = json_str(model, "type"), *pre_type = json_str(pre, "type");
-  if (!type || strcmp(type, "BPE"))
-    return fsdp_error(FSDP_ERR_UNSUPPORTED, "%s: model.type is %s; fsdp reads BPE models", path,
-                      type ? type : "missing");
-  if (!pre_type || strcmp(pre_type, "ByteLevel"))
-    return fsdp_error(FSDP_ERR_UNSUPPORTED, "%s: pre_tokenizer.type is %s; fsdp implements "
-                      "GPT-2's ByteLevel", path, pre_type ? pre_type : "missing");
-  if (prefix && prefix->type == JSON_BOOL && prefix->boolean)
-    return fsdp_error(FSDP_ERR_UNSUPPORTED, "%s: line %d: add_prefix_space is true; fsdp encodes "
-                      "as GPT-2 does, without it", path, prefix->line);
-  if (norm && norm->type != JSON_NULL)
-    return fsdp_error(FSDP_ERR_UNSUPPORTED, "%s: line %d: a normalizer is set; GPT-2 has none",
-                      path, norm->line);
-  return FSDP_SUCCESS;
-}
-
-/* Added tokens must be tokens of the vocabulary with the same id. */
-static fsdp_status_t check_added(struct fsdp_tokenizer *t, const char *path, const json_t *a) {
-  for (size_t i = 0; a && a->type == JSON_ARRAY && i < a->n; i++) {
-    const char *content = json_str(&a->items[i], "content");
-    int64_t id;
-    if (!content || !json_int(json_get(&a->items[i], "id"), &id))
-      return fsdp_error(FSDP_ERR_FORMAT, "%s: line %d: an added token needs \"id\" and "
-                        "\"content\"", path, a->items[i].line);
-    int have = bpe_vocab_find(t, content, strlen(content));
-    if (have != id)
-      return fsdp_error(FSDP_ERR_UNSUPPORTED, "%s: line %d: added token \"%.64s\" (id %lld) is "
-                        "not that token of model.vocab; fsdp reads only added tokens that are",
-                        path, a->items[i].line, content, (long long)id);
-  }
-  return FSDP_SUCCESS;
-}
-
-static fsdp_status_t load_tokenizer_json(struct fsdp_tokenizer *t, const char *path) {
-  json_t *root = NULL;
-  FSDP_TRY(read_json(path, &root));
-  fsdp_status_t st = check_pipeline(path, root);
-  const json_t *model = json_get(root, "model");
-  if (!st) st = vocab_from_json(t, path, json_get(model, "vocab"));
-  if (!st) st = merges_from_json(t, path, json_get(model, "merges"));
-  if (!st) st = check_added(t, path, json_get(root, "added_tokens"));
-  json_free(root);
   return st;
 }
 
@@ -401,10 +319,16 @@ static fsdp_status_t load_files(struct fsdp_tokenizer *t, const char *dir) {
   FSDP_TRY(path_in(dir, "vocab.json", vocab, sizeof vocab));
   FSDP_TRY(path_in(dir, "merges.txt", merges, sizeof merges));
   FSDP_TRY(path_in(dir, "tokenizer.json", single, sizeof single));
-  if (stat(dir, &sb) == 0 && S_ISREG(sb.st_mode)) return load_tokenizer_json(t, dir);
-  if (stat(vocab, &sb) != 0 && stat(single, &sb) == 0) return load_tokenizer_json(t, single);
+  if (stat(dir, &sb) == 0 && S_ISREG(sb.st_mode)) return bpe_load_tokenizer_json(t, dir);
+  if (stat(vocab, &sb) != 0 && stat(single, &sb) == 0) return bpe_load_tokenizer_json(t, single);
   FSDP_TRY(load_vocab(t, vocab));
-  return load_merges(t, merges);
+  FSDP_TRY(load_merges(t, merges));
+  FSDP_TRY(bpe_add_split(t, NULL, 0, 0, vocab));
+  if (t->eot < 0) return FSDP_SUCCESS;
+  if (!(t->added = malloc(sizeof *t->added)))
+    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "%s: out of memory", vocab);
+  t->added[t->n_added++] = (bpe_added_t){t->eot, 1, 0};
+  return bpe_index_added(t, vocab);
 }
 
 fsdp_status_t fsdp_tokenizer_load(const char *dir, fsdp_tokenizer_t *out) {
@@ -413,7 +337,6 @@ fsdp_status_t fsdp_tokenizer_load(const char *dir, fsdp_tokenizer_t *out) {
   struct fsdp_tokenizer *t = calloc(1, sizeof *t);
   if (!t) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "tokenizer load: out of memory");
   fsdp_status_t st = load_files(t, dir);
-  if (!st) st = bpe_compile_pattern(t);
   if (st) {
     fsdp_tokenizer_free(t);
     return st;

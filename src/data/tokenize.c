@@ -1,5 +1,6 @@
 /* src/data/tokenize.c — text files to token files (fsdp_tokenize_files, what
- * fsdp-tokenize runs): documents, "<|endoftext|>" between them, shards. */
+ * fsdp-tokenize runs): documents, the document token (fsdp_tokenizer_eot)
+ * before each, shards. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,7 +45,7 @@ static fsdp_status_t flush_shard(tokenize_t *z, size_t count) {
   char path[4096];
   if (z->o->shard_tokens) snprintf(path, sizeof path, "%s_%06d.bin", z->out, z->stats->shards);
   else snprintf(path, sizeof path, "%s", z->out);
-  FSDP_TRY(fsdp_token_file_write(path, z->buf.ids, count, z->o->overwrite));
+  FSDP_TRY(fsdp_token_file_write(path, z->buf.ids, count, z->stats->width, z->o->overwrite));
   z->stats->shards++;
   z->stats->tokens += count;
   for (size_t i = 0; i < count; i++)
@@ -55,11 +56,14 @@ static fsdp_status_t flush_shard(tokenize_t *z, size_t count) {
 }
 
 static fsdp_status_t add_document(tokenize_t *z, const char *s, size_t len) {
-  if (z->o->eot) {
-    fsdp_status_t st = fsdp_tokenizer_encode(z->tok, "<|endoftext|>", 13,
-                                             FSDP_TOKENIZE_ALLOW_SPECIAL, &z->buf);
-    if (st) return st;
+  if (z->o->eot && z->buf.n == z->buf.cap) {
+    size_t cap = z->buf.cap ? 2 * z->buf.cap : 1024;
+    int *ids = realloc(z->buf.ids, cap * sizeof *ids);
+    if (!ids) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "tokenize: out of memory for %zu ids", cap);
+    z->buf.ids = ids;
+    z->buf.cap = cap;
   }
+  if (z->o->eot) z->buf.ids[z->buf.n++] = fsdp_tokenizer_eot(z->tok);
   FSDP_TRY(fsdp_tokenizer_encode(z->tok, s, len, z->o->flags, &z->buf));
   z->stats->documents++;
   while (z->o->shard_tokens && z->buf.n >= z->o->shard_tokens)
@@ -112,13 +116,12 @@ fsdp_status_t fsdp_tokenize_files(fsdp_tokenizer_t tok, const char *const *input
   if (!tok || !inputs || n_inputs < 1 || !out || !opts || !stats)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "tokenize: needs a tokenizer, inputs, an output "
                       "and options");
-  if (fsdp_tokenizer_vocab_size(tok) > 65536)
-    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "tokenize: the vocabulary has %d ids; token "
-                      "files hold uint16 tokens, so at most 65536", fsdp_tokenizer_vocab_size(tok));
   if (opts->eot && fsdp_tokenizer_eot(tok) < 0)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "tokenize: the vocabulary has no "
-                      "\"<|endoftext|>\" to put between documents");
-  *stats = (fsdp_tokenize_stats_t){.max_id = -1};
+                      "\"<|endoftext|>\" (nor, in a tokenizer.json, a post-processor's "
+                      "beginning-of-sequence token) to put before every document: pass --no-eot");
+  *stats = (fsdp_tokenize_stats_t){
+      .max_id = -1, .width = fsdp_token_file_width(fsdp_tokenizer_vocab_size(tok))};
   tokenize_t z = {tok, opts, out, {0}, stats};
   fsdp_status_t st = FSDP_SUCCESS;
   for (int i = 0; i < n_inputs && !st; i++) st = add_input(&z, inputs[i]);

@@ -1,6 +1,7 @@
-/* src/data/tokens.c — llm.c's GPT-2 token files: reading one or a directory of
- * them into memory, checking them against a model's vocabulary, the random
- * training windows over them, and writing one. */
+/* src/data/tokens.c — llm.c's token files (GPT-2's uint16, Llama 3's uint32):
+ * reading one or a directory of them into memory at their width, checking
+ * them against a model's vocabulary, the random training windows over them,
+ * and writing one. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -14,7 +15,27 @@
 #include "data/data_internal.h"
 #include "fsdp/data.h"
 
-#define LLAMA3_MAGIC 20240801 /* llm.c's uint32 token files */
+/* The two formats: magic, version, bytes a token, name in messages. */
+typedef struct {
+  int32_t magic, version;
+  int width;
+  const char *name;
+} format_t;
+
+static const format_t formats[] = {
+    {FSDP_TOKEN_FILE_MAGIC, FSDP_TOKEN_FILE_VERSION, 2, "GPT-2 (uint16 tokens)"},
+    {FSDP_TOKEN_FILE_MAGIC_LLAMA3, FSDP_TOKEN_FILE_VERSION_LLAMA3, 4, "Llama 3 (uint32 tokens)"},
+};
+
+static const format_t *format_of_magic(int32_t magic) {
+  for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++)
+    if (formats[i].magic == magic) return &formats[i];
+  return NULL;
+}
+
+static const format_t *format_of_width(int width) {
+  return width == 4 ? &formats[1] : &formats[0];
+}
 
 static int ends_with_bin(const char *name) {
   size_t n = strlen(name);
@@ -34,7 +55,7 @@ int fsdp_tokens_probe(const char *path) {
     FILE *f = fopen(path, "rb");
     size_t got = f ? fread(head, 1, 4, f) : 0;
     if (f) fclose(f);
-    return ends_with_bin(path) || (got == 4 && le32(head) == FSDP_TOKEN_FILE_MAGIC);
+    return ends_with_bin(path) || (got == 4 && format_of_magic(le32(head)));
   }
   DIR *d = S_ISDIR(sb.st_mode) ? opendir(path) : NULL;
   struct dirent *e;
@@ -44,8 +65,9 @@ int fsdp_tokens_probe(const char *path) {
   return found;
 }
 
-/* Reads and checks path's header: *count tokens follow it. */
-static fsdp_status_t read_header(int fd, const char *path, size_t size, size_t *count) {
+/* Reads and checks path's header: *count tokens of format *fmt follow it. */
+static fsdp_status_t read_header(int fd, const char *path, size_t size, size_t *count,
+                                 const format_t **fmt) {
   unsigned char h[FSDP_TOKEN_FILE_HEADER];
   if (size < sizeof h)
     return fsdp_error(FSDP_ERR_IO, "%s: truncated: %zu bytes, shorter than the %d-byte header of "
@@ -53,25 +75,24 @@ static fsdp_status_t read_header(int fd, const char *path, size_t size, size_t *
   if (pread(fd, h, sizeof h, 0) != (ssize_t)sizeof h)
     return fsdp_error(FSDP_ERR_IO, "%s: cannot read the header: %s", path, strerror(errno));
   int32_t magic = le32(h), version = le32(h + 4), n = le32(h + 8);
-  if (magic == LLAMA3_MAGIC)
-    return fsdp_error(FSDP_ERR_FORMAT, "%s: magic %d is llm.c's Llama-3 token file (uint32 "
-                      "tokens); GPT-2 token files have magic %d", path, magic,
-                      FSDP_TOKEN_FILE_MAGIC);
-  if (magic != FSDP_TOKEN_FILE_MAGIC)
+  const format_t *f = format_of_magic(magic);
+  if (!f)
     return fsdp_error(FSDP_ERR_FORMAT, "%s: wrong magic %d (0x%08x): not a token file (llm.c's "
-                      "GPT-2 token files start with %d)", path, magic, (unsigned)magic,
-                      FSDP_TOKEN_FILE_MAGIC);
-  if (version != FSDP_TOKEN_FILE_VERSION)
-    return fsdp_error(FSDP_ERR_FORMAT, "%s: version %d; this reader knows version %d", path,
-                      version, FSDP_TOKEN_FILE_VERSION);
+                      "token files start with %d, GPT-2's, or %d, Llama 3's)", path, magic,
+                      (unsigned)magic, FSDP_TOKEN_FILE_MAGIC, FSDP_TOKEN_FILE_MAGIC_LLAMA3);
+  if (version != f->version)
+    return fsdp_error(FSDP_ERR_FORMAT, "%s: a %s token file of version %d; this reader knows "
+                      "version %d", path, f->name, version, f->version);
   if (n < 0)
     return fsdp_error(FSDP_ERR_FORMAT, "%s: the header's token count is %d", path, n);
-  size_t want = sizeof h + 2 * (size_t)n;
+  size_t want = sizeof h + (size_t)f->width * (size_t)n;
   if (size != want)
-    return fsdp_error(size < want ? FSDP_ERR_IO : FSDP_ERR_FORMAT, "%s: the header says %d tokens "
-                      "(%zu bytes with the header) but the file has %zu bytes: %s", path, n, want,
-                      size, size < want ? "truncated" : "trailing bytes or a wrong count");
+    return fsdp_error(size < want ? FSDP_ERR_IO : FSDP_ERR_FORMAT, "%s: the header says %d %s "
+                      "(%zu bytes with the header) but the file has %zu bytes: %s", path, n,
+                      f->width == 2 ? "uint16 tokens" : "uint32 tokens", want, size,
+                      size < want ? "truncated" : "trailing bytes or a wrong count");
   *count = (size_t)n;
+  *fmt = f;
   return FSDP_SUCCESS;
 }
 
@@ -109,10 +130,10 @@ static fsdp_status_t list_files(const char *path, fsdp_tokens_t *out) {
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t read_tokens(int fd, const char *path, uint16_t *dst, size_t count) {
-  size_t want = 2 * count, done = 0;
+static fsdp_status_t read_tokens(int fd, const char *path, char *dst, size_t want) {
+  size_t done = 0;
   while (done < want) {
-    ssize_t r = pread(fd, (char *)dst + done, want - done, FSDP_TOKEN_FILE_HEADER + (off_t)done);
+    ssize_t r = pread(fd, dst + done, want - done, FSDP_TOKEN_FILE_HEADER + (off_t)done);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0)
       return fsdp_error(FSDP_ERR_IO, "%s: read failed after %zu of %zu token bytes: %s", path,
@@ -123,39 +144,76 @@ static fsdp_status_t read_tokens(int fd, const char *path, uint16_t *dst, size_t
   return FSDP_SUCCESS;
 }
 
-/* Opens every file and checks its header (all before reading any tokens),
- * then reads them end to end. */
+/* Opens every file and checks its header and that all share one format
+ * (all before reading any tokens), then reads them end to end. */
 static fsdp_status_t load_files(fsdp_tokens_t *out) {
   int *fds = malloc((size_t)out->n_files * sizeof *fds);
   out->file_start = calloc((size_t)out->n_files + 1, sizeof *out->file_start);
   if (!fds || !out->file_start)
     return free(fds), fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "token data: out of memory");
   fsdp_status_t st = FSDP_SUCCESS;
+  const format_t *first = NULL;
   int opened = 0;
   for (; opened < out->n_files && !st; opened++) {
     const char *p = out->files[opened];
+    const format_t *f = NULL;
     struct stat sb;
     size_t count = 0;
     fds[opened] = open(p, O_RDONLY | O_CLOEXEC);
     if (fds[opened] < 0 || fstat(fds[opened], &sb) != 0)
       st = fsdp_error(FSDP_ERR_IO, "%s: cannot open: %s", p, strerror(errno));
     else
-      st = read_header(fds[opened], p, (size_t)sb.st_size, &count);
+      st = read_header(fds[opened], p, (size_t)sb.st_size, &count, &f);
+    if (!st && first && f != first)
+      st = fsdp_error(FSDP_ERR_FORMAT, "%s: a %s token file, but %s is a %s one: the files of "
+                      "one dataset share one format (one tokenizer)", p, f->name, out->files[0],
+                      first->name);
+    if (!st) first = f;
     out->file_start[opened + 1] = out->file_start[opened] + count;
   }
   out->n = out->file_start[out->n_files];
+  out->width = first ? first->width : 2;
   if (!st && out->n == 0)
     st = fsdp_error(FSDP_ERR_FORMAT, "%s: no tokens: the token file%s empty", out->files[0],
                     out->n_files > 1 ? "s are all" : " is");
-  if (!st && !(out->tokens = fsdp_alloc(2 * out->n)))
+  if (!st && !(out->tokens = fsdp_alloc((size_t)out->width * out->n)))
     st = fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "token data: cannot allocate %zu tokens", out->n);
   for (int f = 0; f < out->n_files && !st; f++)
-    st = read_tokens(fds[f], out->files[f], out->tokens + out->file_start[f],
-                     out->file_start[f + 1] - out->file_start[f]);
+    st = read_tokens(fds[f], out->files[f],
+                     (char *)out->tokens + (size_t)out->width * out->file_start[f],
+                     (size_t)out->width * (out->file_start[f + 1] - out->file_start[f]));
   for (int f = 0; f < opened; f++)
     if (fds[f] >= 0) close(fds[f]);
   free(fds);
   return st;
+}
+
+/* The file token i lies in. */
+static int file_of(const fsdp_tokens_t *t, size_t i) {
+  int f = 0;
+  while (t->file_start[f + 1] <= i) f++;
+  return f;
+}
+
+/* max_token, refusing uint32 tokens an int cannot hold (no vocabulary has them). */
+static fsdp_status_t find_max(fsdp_tokens_t *t) {
+  if (t->width == 2) {
+    const uint16_t *v = t->tokens;
+    for (size_t i = 0; i < t->n; i++) t->max_token = v[i] > t->max_token ? v[i] : t->max_token;
+    return FSDP_SUCCESS;
+  }
+  const uint32_t *v = t->tokens;
+  uint32_t max = 0;
+  for (size_t i = 0; i < t->n; i++) max = v[i] > max ? v[i] : max;
+  if (max > INT32_MAX) {
+    size_t i = 0;
+    while (v[i] <= INT32_MAX) i++;
+    int f = file_of(t, i);
+    return fsdp_error(FSDP_ERR_FORMAT, "%s: token %zu is %u, beyond any vocabulary (ids are "
+                      "below 2^31)", t->files[f], i - t->file_start[f], v[i]);
+  }
+  t->max_token = (int)max;
+  return FSDP_SUCCESS;
 }
 
 fsdp_status_t fsdp_tokens_load(const char *path, double val_fraction, fsdp_tokens_t *out) {
@@ -167,11 +225,11 @@ fsdp_status_t fsdp_tokens_load(const char *path, double val_fraction, fsdp_token
   fsdp_tokens_t t = {0};
   fsdp_status_t st = list_files(path, &t);
   if (!st) st = load_files(&t);
+  if (!st) st = find_max(&t);
   if (st) {
     fsdp_tokens_free(&t);
     return st;
   }
-  for (size_t i = 0; i < t.n; i++) t.max_token = t.tokens[i] > t.max_token ? t.tokens[i] : t.max_token;
   t.n_train = t.n - (size_t)((double)t.n * val_fraction);
   *out = t;
   return FSDP_SUCCESS;
@@ -191,12 +249,11 @@ fsdp_status_t fsdp_tokens_check_vocab(const fsdp_tokens_t *t, int vocab_size) {
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "tokens check: no token data loaded");
   if (t->max_token < vocab_size) return FSDP_SUCCESS;
   size_t i = 0;
-  while (t->tokens[i] < vocab_size) i++;
-  int f = 0;
-  while (t->file_start[f + 1] <= i) f++;
+  while (fsdp_tokens_at(t, i) < vocab_size) i++;
+  int f = file_of(t, i);
   return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "%s: token %zu is %d, outside the model's "
                     "vocabulary of %d (the data's largest token is %d)", t->files[f],
-                    i - t->file_start[f], t->tokens[i], vocab_size, t->max_token);
+                    i - t->file_start[f], fsdp_tokens_at(t, i), vocab_size, t->max_token);
 }
 
 fsdp_status_t fsdp_tokens_windows(const fsdp_tokens_t *t, int validation, uint64_t seed,
@@ -210,11 +267,14 @@ fsdp_status_t fsdp_tokens_windows(const fsdp_tokens_t *t, int validation, uint64
   FSDP_TRY(data_windows_check("tokens", validation, lo, hi, seed, step, first, count, T, &key,
                               &starts));
   for (int64_t i = 0; i < count; i++) {
-    const uint16_t *src = t->tokens + data_window_start(key, first + i, lo, starts);
+    size_t at = data_window_start(key, first + i, lo, starts);
     int *tok = ids + i * T, *tgt = targets + i * T;
-    for (int k = 0; k < T; k++) {
-      tok[k] = src[k];
-      tgt[k] = src[k + 1];
+    if (t->width == 4) {
+      const uint32_t *src = (const uint32_t *)t->tokens + at;
+      for (int k = 0; k < T; k++) tok[k] = (int)src[k], tgt[k] = (int)src[k + 1];
+    } else {
+      const uint16_t *src = (const uint16_t *)t->tokens + at;
+      for (int k = 0; k < T; k++) tok[k] = src[k], tgt[k] = src[k + 1];
     }
   }
   return FSDP_SUCCESS;
@@ -226,33 +286,44 @@ static fsdp_status_t write_all(FILE *f, const char *path, const void *p, size_t 
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t write_body(FILE *f, const char *tmp, const int *ids, size_t n) {
+static fsdp_status_t write_body(FILE *f, const char *tmp, const int *ids, size_t n,
+                                const format_t *fmt) {
   unsigned char h[FSDP_TOKEN_FILE_HEADER] = {0};
-  int32_t fields[3] = {FSDP_TOKEN_FILE_MAGIC, FSDP_TOKEN_FILE_VERSION, (int32_t)n};
+  int32_t fields[3] = {fmt->magic, fmt->version, (int32_t)n};
   for (int k = 0; k < 3; k++)
     for (int b = 0; b < 4; b++) h[4 * k + b] = (unsigned char)((uint32_t)fields[k] >> (8 * b));
   FSDP_TRY(write_all(f, tmp, h, sizeof h));
-  uint16_t chunk[4096];
+  unsigned char chunk[4 * 4096];
   for (size_t at = 0; at < n;) {
     size_t k = 0;
-    for (; k < 4096 && at < n; k++, at++) chunk[k] = (uint16_t)ids[at];
-    FSDP_TRY(write_all(f, tmp, chunk, 2 * k));
+    for (; k < 4096 && at < n; k++, at++)
+      for (int b = 0; b < fmt->width; b++)
+        chunk[fmt->width * k + b] = (unsigned char)((uint32_t)ids[at] >> (8 * b));
+    FSDP_TRY(write_all(f, tmp, chunk, (size_t)fmt->width * k));
   }
   if (fflush(f) != 0 || fsync(fileno(f)) != 0)
     return fsdp_error(FSDP_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
   return FSDP_SUCCESS;
 }
 
-fsdp_status_t fsdp_token_file_write(const char *path, const int *ids, size_t n, int overwrite) {
+int fsdp_token_file_width(int vocab_size) { return vocab_size > 65536 ? 4 : 2; }
+
+fsdp_status_t fsdp_token_file_write(const char *path, const int *ids, size_t n, int width,
+                                    int overwrite) {
   if (!path || (!ids && n))
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "token file write: path and ids must not be NULL");
+  if (width != 2 && width != 4)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "%s: token width %d; token files hold 2-byte "
+                      "(GPT-2's) or 4-byte (Llama 3's) tokens", path, width);
+  const format_t *fmt = format_of_width(width);
   if (n > INT32_MAX)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "%s: %zu tokens; a token file holds at most %d",
                       path, n, INT32_MAX);
+  int max = width == 2 ? 65535 : INT32_MAX;
   for (size_t i = 0; i < n; i++)
-    if (ids[i] < 0 || ids[i] > 65535)
-      return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "%s: token %zu is %d; token files hold uint16 "
-                        "tokens (0 .. 65535)", path, i, ids[i]);
+    if (ids[i] < 0 || ids[i] > max)
+      return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "%s: token %zu is %d; %s token files hold "
+                        "0 .. %d", path, i, ids[i], fmt->name, max);
   struct stat sb;
   if (!overwrite && stat(path, &sb) == 0)
     return fsdp_error(FSDP_ERR_INVALID_USAGE, "%s already exists: remove it or pass overwrite "
@@ -262,7 +333,7 @@ fsdp_status_t fsdp_token_file_write(const char *path, const int *ids, size_t n, 
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "%s: path too long", path);
   FILE *f = fopen(tmp, "wb");
   if (!f) return fsdp_error(FSDP_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-  fsdp_status_t st = write_body(f, tmp, ids, n);
+  fsdp_status_t st = write_body(f, tmp, ids, n, fmt);
   if (fclose(f) != 0 && !st) st = fsdp_error(FSDP_ERR_IO, "%s: close failed: %s", tmp, strerror(errno));
   if (!st && rename(tmp, path) != 0)
     st = fsdp_error(FSDP_ERR_IO, "%s: cannot rename to %s: %s", tmp, path, strerror(errno));

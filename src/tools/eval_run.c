@@ -19,7 +19,7 @@ static size_t split_hi(const evaluator_t *e) {
 }
 
 static int token_at(const evaluator_t *e, size_t i) {
-  return e->is_tokens ? e->toks.tokens[i] : e->text.bytes[i];
+  return e->is_tokens ? fsdp_tokens_at(&e->toks, i) : e->text.bytes[i];
 }
 
 /* The bytes a target stands for: 1 on byte data, its text's length with a

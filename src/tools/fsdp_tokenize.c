@@ -1,6 +1,7 @@
 /* src/tools/fsdp_tokenize.c — fsdp-tokenize: text files to llm.c token files
- * with a GPT-2 vocabulary (vocab.json + merges.txt); also prints the ids of
- * text (--ids) and the text of a token file (--decode). */
+ * with a byte-level BPE vocabulary (GPT-2's vocab.json + merges.txt, or a
+ * Hugging Face tokenizer.json); also prints the ids of text (--ids) and the
+ * text of a token file (--decode). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,13 +16,17 @@ static const char usage_text[] =
     "       fsdp-tokenize --vocab DIR --decode FILE.bin     print a token file's text\n"
     "INPUTs are text files or directories (their regular files in name order; hidden\n"
     "files, symlinks and names ending in .dat or .u8 are skipped, as fsdp-train does).\n"
-    "  --vocab DIR             GPT-2 vocabulary: DIR/vocab.json and DIR/merges.txt\n"
-    "  --out FILE              the token file (llm.c's format: magic 20240520, uint16)\n"
+    "  --vocab DIR             byte-level BPE: DIR/vocab.json and DIR/merges.txt (GPT-2's),\n"
+    "                          or DIR/tokenizer.json or that file (GPT-2, Llama 3, SmolLM,\n"
+    "                          Qwen2: its NFC normalizer)\n"
+    "  --out FILE              the token file, llm.c's format: GPT-2's (uint16 tokens) for\n"
+    "                          vocabularies of up to 65536 ids, else Llama 3's (uint32)\n"
     "  --shard-tokens N        write FILE_000000.bin, FILE_000001.bin, ... of N tokens each\n"
     "  --doc-separator LINE    lines equal to LINE separate documents (% for fortunes);\n"
     "                          default: each file is one document\n"
-    "  --no-eot                no <|endoftext|> before each document\n"
-    "  --special               <|endoftext|> written in the text is the special token\n"
+    "  --no-eot                no document token (<|endoftext|>, else tokenizer.json's\n"
+    "                          leading special token: <|begin_of_text|>) before each document\n"
+    "  --special               special tokens written in the text are those tokens\n"
     "  --overwrite             replace existing output files\n";
 
 typedef struct {
@@ -103,10 +108,10 @@ static int print_text(fsdp_tokenizer_t tok, const char *path) {
   int rc = 0;
   for (size_t i = 0; i < t.n && !rc; i++) {
     size_t len;
-    const char *s = fsdp_tokenizer_token(tok, t.tokens[i], &len);
+    const char *s = fsdp_tokenizer_token(tok, fsdp_tokens_at(&t, i), &len);
     if (!s) {
       fprintf(stderr, "fsdp-tokenize: %s: token %zu is %d, outside the vocabulary of %d\n", path,
-              i, t.tokens[i], fsdp_tokenizer_vocab_size(tok));
+              i, fsdp_tokens_at(&t, i), fsdp_tokenizer_vocab_size(tok));
       rc = -2; /* said */
     } else {
       fwrite(s, 1, len, stdout);
@@ -122,9 +127,10 @@ static int tokenize(fsdp_tokenizer_t tok, const opts_t *o) {
   if (fsdp_tokenize_files(tok, o->inputs, o->n_inputs, o->out, &o->t, &s)) return -1;
   double secs = fsdp_time_now() - t0;
   printf("fsdp-tokenize: %zu files, %zu documents, %zu bytes -> %zu tokens (%.2f bytes/token, "
-         "largest id %d, vocabulary %d) in %d file%s %s%s in %.2f s (%.2f MB/s)\n", s.files,
+         "largest id %d, vocabulary %d) in %d %sfile%s %s%s in %.2f s (%.2f MB/s)\n", s.files,
          s.documents, s.bytes, s.tokens, s.tokens ? (double)s.bytes / (double)s.tokens : 0.0,
-         s.max_id, fsdp_tokenizer_vocab_size(tok), s.shards, s.shards == 1 ? "" : "s", o->out,
+         s.max_id, fsdp_tokenizer_vocab_size(tok), s.shards, s.width == 4 ? "uint32 " : "",
+         s.shards == 1 ? "" : "s", o->out,
          o->t.shard_tokens ? "_*.bin" : "", secs, (double)s.bytes / secs / 1e6);
   return 0;
 }

@@ -113,7 +113,7 @@ static void print_sample(const trainer_t *t, const gpt_task_t *g, const int *out
 
 static int sample(trainer_t *t, gpt_task_t *g) {
   const train_opts_t *o = t->o;
-  int prompt = g->is_tokens ? g->toks.tokens[g->toks.n_train] : '\n';
+  int prompt = g->is_tokens ? fsdp_tokens_at(&g->toks, g->toks.n_train) : '\n';
   int *out = malloc((size_t)o->sample * sizeof(int));
   if (!out) return -1;
   int rc = fsdp_gpt2_generate(g->gpt, &prompt, 1, o->sample, o->temperature, o->seed, out) ? -1 : 0;
@@ -182,7 +182,7 @@ static int setup(trainer_t *t, gpt_task_t *g) {
   /* What the ranks compare: the path, the size and a hash of the contents. */
   const char *data = o->data ? o->data : "/usr/share/games/fortunes";
   size_t size = g->is_tokens ? g->toks.n : g->text.n;
-  uint64_t h = g->is_tokens ? train_hash(0, g->toks.tokens, 2 * g->toks.n)
+  uint64_t h = g->is_tokens ? train_hash(0, g->toks.tokens, (size_t)g->toks.width * g->toks.n)
                             : train_hash(0, g->text.bytes, g->text.n);
   if (train_engine(t, o->steps) || train_check_consistency(t, data, size, h)) return -1;
   fsdp_gpt2_opts_t w = o->wrap;

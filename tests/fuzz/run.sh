@@ -17,7 +17,7 @@ shift $(($# > 1 ? 2 : 1))
 declare -A parser=(
   [config]="src/tools/config.c src/tools/flags.c"
   [safetensors]="src/ckpt/import.c src/core/json.c"
-  [tokenizer]="src/data/bpe_load.c src/core/json.c"
+  [tokenizer]="src/data/bpe_load.c src/data/bpe_json.c src/data/bpe.c src/core/json.c"
   [tokens]="src/data/tokens.c"
   [manifest]="src/ckpt/manifest.c src/core/json.c")
 targets=("$@")
@@ -29,7 +29,7 @@ mkdir -p "$out"
 flags=(-g -O1 -std=c11 -D_GNU_SOURCE -DFSDP_BUILDING -I"$src/src" -I"$src/include"
        -I"$src/tests/fuzz" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all)
 # libfsdp.a's own dependencies (meson.build's fsdp_deps) and the tools' libyaml
-libs=("$build/libfsdp.a" $(pkg-config --libs yaml-0.1 zlib libpcre2-8 ompi-c openblas)
+libs=("$build/libfsdp.a" $(pkg-config --libs yaml-0.1 zlib libpcre2-8 libutf8proc ompi-c openblas)
       -lgloo -lmvec -lstdc++ -lm -lpthread)
 # a CUDA build's libfsdp.a also needs cudart (and NCCL where built): the
 # toolkit's libraries, found beside nvcc as meson found them.

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # tests/tokenizer/test_hf.sh — fsdp's tokenizer against Hugging Face
-# `tokenizers`, token for token (compare_hf.py), in a virtual environment this
-# script makes and fills from PyPI. Skips (exit 77) only when PyPI cannot be
-# reached. Arguments: fsdp-tokenize, then the build directory for the venv.
+# `tokenizers`, token for token (compare_hf.py, or the script named third:
+# compare_hf_json.py), in a virtual environment this script makes and fills
+# from PyPI. Skips (exit 77) only when PyPI cannot be reached. Arguments:
+# fsdp-tokenize, the build directory for the venv, [the comparison script].
 set -euo pipefail
-TOKENIZE=$1 BUILD=$2
+TOKENIZE=$1 BUILD=$2 SCRIPT=${3:-compare_hf.py}
 HERE=$(cd "$(dirname "$0")" && pwd)
 VENV=$BUILD/venv-tokenizers
 WORK=$(mktemp -d /tmp/fsdp-tok-hf-XXXXXX)
@@ -22,4 +23,4 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import tokenizers' 2>
   fi
 fi
 echo "tokenizers $("$VENV/bin/python" -c 'import tokenizers; print(tokenizers.__version__)')"
-exec "$VENV/bin/python" "$HERE/compare_hf.py" "$TOKENIZE" "$WORK"
+exec "$VENV/bin/python" "$HERE/$SCRIPT" "$TOKENIZE" "$WORK"

@@ -10,7 +10,9 @@
 #     moves fp32 rounding, never more than that;
 #  3. fsdp-eval scoring every position of the split agrees across N (1e-5),
 #     writes a .npy of the right shape, samples deterministically per seed;
-#  4. bad input is named: data with tokens past the model's vocabulary, a
+#  4. the same shards in llm.c's Llama 3 format (uint32 tokens): fsdp-train
+#     prints the same losses to the last digit, fsdp-eval the same loss;
+#  5. bad input is named: data with tokens past the model's vocabulary, a
 #     shard cut short, a malformed vocabulary, an existing output.
 # Arguments: mpirun fsdp-tokenize fsdp-train fsdp-eval.
 set -euo pipefail
@@ -87,14 +89,37 @@ s1=$(grep -o '"tokens":\[[0-9,]*\]' "$DIR/all1.json") s2=$(grep -o '"tokens":\[[
 [ -n "$s1" ] && [ "$s1" = "$s2" ] || fail "samples differ for one seed: $s1 vs $s2"
 echo "full val split: loss $a (N=1), $b (N=2), $bpb bits/byte; logits (70, $V); sample $s1"
 
-# 4. named errors
+# 4. the same tokens as uint32 (llm.c's Llama 3 header: 20240801, version 7): the same run
+mkdir "$DIR/shards32"
+python3 - "$DIR/shards" "$DIR/shards32" <<'PY'
+import os, struct, sys
+for name in sorted(os.listdir(sys.argv[1])):
+    raw = open(os.path.join(sys.argv[1], name), "rb").read()
+    magic, version, n = struct.unpack("<3i", raw[:12])
+    assert (magic, version) == (20240520, 1) and len(raw) == 1024 + 2 * n
+    ids = struct.unpack(f"<{n}H", raw[1024:])
+    head = struct.pack("<3i", 20240801, 7, n) + bytes(1012)
+    open(os.path.join(sys.argv[2], name), "wb").write(head + struct.pack(f"<{n}I", *ids))
+PY
+run 2 "$TRAIN" --preset small --vocab "$V" --seq-len 64 --data "$DIR/shards32" --global-batch 12 \
+  --steps 40 --eval-every 0 --json > "$DIR/train32.json"
+for f in first_loss final_loss val_loss; do
+  [ "$(json_field "$DIR/train32.json" $f)" = "$(json_field "$DIR/train.json" $f)" ] ||
+    fail "$f on uint32 shards $(json_field "$DIR/train32.json" $f), on uint16 $(json_field "$DIR/train.json" $f)"
+done
+run 1 "$EVAL" --checkpoint "$DIR/ckpt" --data "$DIR/shards32" --match-train --json > "$DIR/eval32.json"
+[ "$(json_field "$DIR/eval32.json" loss)" = "$(json_field "$DIR/eval1.json" loss)" ] ||
+  fail "fsdp-eval on uint32 shards $(json_field "$DIR/eval32.json" loss), on uint16 $(json_field "$DIR/eval1.json" loss)"
+echo "uint32 (Llama 3 format) shards: the same losses ($(json_field "$DIR/train32.json" final_loss)) and eval"
+
+# 5. named errors
 run 1 "$TRAIN" --preset small --vocab 100 --data "$DIR/shards" --steps 1 > /dev/null 2> "$DIR/err" && fail "vocab 100 trained"
 grep -q "fort_000000.bin: token [0-9]* is [0-9]*, outside the model's vocabulary of 100" "$DIR/err" ||
   fail "no named error for tokens past the vocabulary: $(cat "$DIR/err")"
 cp "$DIR/shards/fort_000001.bin" "$DIR/cut.bin"
 truncate -s -3 "$DIR/cut.bin"
 run 1 "$TRAIN" --preset small --vocab "$V" --data "$DIR/cut.bin" --steps 1 > /dev/null 2> "$DIR/err" && fail "a cut shard trained"
-grep -q "cut.bin: the header says [0-9]* tokens .* truncated" "$DIR/err" || fail "cut shard: $(cat "$DIR/err")"
+grep -q "cut.bin: the header says [0-9]* uint16 tokens .* truncated" "$DIR/err" || fail "cut shard: $(cat "$DIR/err")"
 mkdir "$DIR/badvocab"
 cp "$DIR/vocab/vocab.json" "$DIR/badvocab/"
 printf '#version: 0.2\nĠ t\nq zz\n' > "$DIR/badvocab/merges.txt"

@@ -1,6 +1,7 @@
 /* tests/unit/test_bpe.c — the GPT-2 BPE tokenizer (src/data/bpe.c,
- * bpe_load.c): round trips, merges applied by rank, pre-tokenisation
- * boundaries, <|endoftext|>, and every malformed vocabulary with its message.
+ * bpe_load.c, bpe_json.c): round trips, merges applied by rank,
+ * pre-tokenisation boundaries, <|endoftext|>, every malformed vocabulary with
+ * its message, and tokenizer.json's steps, added tokens and refusals.
  * Vocabularies are written by tok_vocab.h into a mkdtemp directory. */
 #include <check.h>
 #include <ftw.h>
@@ -287,16 +288,17 @@ START_TEST(bpe_large_vocab_loads) {
 }
 END_TEST
 
-/* A tokenizer.json with the byte tokens, "ab" and <|endoftext|>; model and
- * pre-tokenizer fields as given. */
-static void write_tokenizer_json(const char *path, const char *model_type, const char *prefix,
-                                 const char *added) {
+/* A tokenizer.json with the byte tokens, "ab", <|endoftext|> and vocab_extra
+ * (ids from 258); the merge "a b"; the other parts as given (JSON text). */
+static void write_hf_json(const char *path, const char *model_type, const char *model_extra,
+                          const char *normalizer, const char *pre, const char *added,
+                          const char *vocab_extra) {
   FILE *f = fopen(path, "w");
   ck_assert_ptr_nonnull(f);
-  fprintf(f, "{\"version\": \"1.0\", \"added_tokens\": [%s], \"normalizer\": null,\n"
-          "\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": %s},\n"
-          "\"model\": {\"type\": \"%s\", \"merges\": [\"a b\"], \"vocab\": {", added, prefix,
-          model_type);
+  fprintf(f, "{\"version\": \"1.0\", \"added_tokens\": [%s], \"normalizer\": %s,\n"
+          "\"pre_tokenizer\": %s,\n"
+          "\"model\": {\"type\": \"%s\"%s, \"merges\": [\"a b\"], \"vocab\": {", added,
+          normalizer, pre, model_type, model_extra);
   for (int i = 0; i < 256; i++) {
     char sp[4];
     tok_byte_spelling(i, sp);
@@ -304,8 +306,15 @@ static void write_tokenizer_json(const char *path, const char *model_type, const
     tok_json_key(f, sp);
     fprintf(f, ": %d", i);
   }
-  fprintf(f, ",\n\"ab\": 256, \"<|endoftext|>\": 257}}}\n");
+  fprintf(f, ",\n\"ab\": 256, \"<|endoftext|>\": 257%s}}}\n", vocab_extra);
   fclose(f);
+}
+
+static void write_tokenizer_json(const char *path, const char *model_type, const char *prefix,
+                                 const char *added) {
+  char pre[128];
+  snprintf(pre, sizeof pre, "{\"type\": \"ByteLevel\", \"add_prefix_space\": %s}", prefix);
+  write_hf_json(path, model_type, "", "null", pre, added, "");
 }
 
 START_TEST(bpe_tokenizer_json) {
@@ -323,18 +332,243 @@ START_TEST(bpe_tokenizer_json) {
     ck_assert_str_eq(ids, "256 99 257");
     fsdp_tokenizer_free(t);
   }
-  struct { const char *model, *prefix, *added, *want; } bad[] = {
-      {"WordPiece", "false", "", "model.type is WordPiece; fsdp reads BPE models"},
-      {"BPE", "true", "", "line 2: add_prefix_space is true"},
-      {"BPE", "false", "{\"id\": 300, \"content\": \"<pad>\"}", "added token \"<pad>\" (id 300) "
-       "is not that token of model.vocab"},
+  struct { const char *model, *prefix, *added, *want; fsdp_status_t code; } bad[] = {
+      {"WordPiece", "false", "", "model.type is WordPiece; fsdp reads BPE models",
+       FSDP_ERR_UNSUPPORTED},
+      {"BPE", "true", "", "line 2: pre_tokenizer: add_prefix_space is true", FSDP_ERR_UNSUPPORTED},
+      {"BPE", "false", "{\"id\": 30, \"content\": \"<pad>\"}", "added token \"<pad>\" has id "
+       "30; tokenizers reads it as id 258 (the next after model.vocab's", FSDP_ERR_FORMAT},
+      {"BPE", "false", "{\"id\": 258, \"content\": \"ab\"}", "added token \"ab\" has id 258; "
+       "tokenizers reads it as id 256 (model.vocab's token of that spelling)", FSDP_ERR_FORMAT},
   };
   for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
     write_tokenizer_json(path, bad[k].model, bad[k].prefix, bad[k].added);
-    ck_assert_int_eq(fsdp_tokenizer_load(dir, &t), FSDP_ERR_UNSUPPORTED);
+    ck_assert_int_eq(fsdp_tokenizer_load(dir, &t), bad[k].code);
     ck_assert_msg(strstr(fsdp_last_error(), path) && strstr(fsdp_last_error(), bad[k].want),
                   "case %zu: %s", k, fsdp_last_error());
   }
+}
+END_TEST
+
+#define BL_NOREGEX "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": false}"
+#define SEQ(step) "{\"type\": \"Sequence\", \"pretokenizers\": [" step ", " BL_NOREGEX "]}"
+#define SPLIT(kind, pat, behavior) \
+  "{\"type\": \"Split\", \"pattern\": {\"" kind "\": \"" pat "\"}, \"behavior\": \"" behavior "\"}"
+
+/* Llama 3's pipeline pieces: Split steps (a string, a regex with empty
+ * matches), ignore_merges, added tokens after model.vocab's ids. */
+START_TEST(bpe_tokenizer_json_pipeline) {
+  char path[300], ids[256];
+  snprintf(path, sizeof path, "%s/pipeline.json", tmp_dir);
+  struct { const char *pre, *model, *text, *want; } ok[] = {
+      {SEQ(SPLIT("String", "b", "Isolated")), "", "abab", "97 98 97 98"},
+      {SEQ(SPLIT("Regex", "x*", "Isolated")), "", "ab\xc3\xa9xab", /* empty matches split too */
+       "97 98 195 169 120 97 98"},
+      {BL_NOREGEX, "", "ab ab", "256 32 256"},
+      {SEQ(SPLIT("String", "b", "Isolated")), ", \"ignore_merges\": true", "abc abc",
+       "97 98 99 32 97 98 99"}, /* pieces "a", "b", ... : none is "abc" */
+      {BL_NOREGEX, ", \"ignore_merges\": true", "abc", "258"},
+      {BL_NOREGEX, ", \"ignore_merges\": false", "abc", "256 99"},
+  };
+  fsdp_tokenizer_t t;
+  for (size_t k = 0; k < sizeof ok / sizeof ok[0]; k++) {
+    write_hf_json(path, "BPE", ok[k].model, "null", ok[k].pre, "", ", \"abc\": 258");
+    ck_assert_msg(fsdp_tokenizer_load(path, &t) == FSDP_SUCCESS, "%s", fsdp_last_error());
+    encode_str(t, ok[k].text, strlen(ok[k].text), 0, ids);
+    ck_assert_msg(!strcmp(ids, ok[k].want), "case %zu: %s, want %s", k, ids, ok[k].want);
+    fsdp_tokenizer_free(t);
+  }
+  write_hf_json(path, "BPE", "", "null", BL_NOREGEX,
+                "{\"id\": 257, \"content\": \"<|endoftext|>\", \"special\": true},"
+                "{\"id\": 258, \"content\": \"<x>\", \"special\": false},"
+                "{\"id\": 259, \"content\": \"<|bos|>\", \"special\": true},"
+                "{\"id\": 259, \"content\": \"<|bos|>\", \"special\": true}", "");
+  ck_assert_msg(fsdp_tokenizer_load(path, &t) == FSDP_SUCCESS, "%s", fsdp_last_error());
+  ck_assert_int_eq(fsdp_tokenizer_vocab_size(t), 260);
+  ck_assert_int_eq(fsdp_tokenizer_eot(t), 257);
+  encode_str(t, "a<x>b<|bos|>", 12, 0, ids); /* a non-special added token always matches */
+  ck_assert_str_eq(ids, "97 258 98 60 124 98 111 115 124 62");
+  encode_str(t, "a<x>b<|bos|>", 12, FSDP_TOKENIZE_ALLOW_SPECIAL, ids);
+  ck_assert_str_eq(ids, "97 258 98 259");
+  size_t len;
+  const char *s = fsdp_tokenizer_token(t, 259, &len);
+  ck_assert_int_eq((int)len, 7);
+  ck_assert(!memcmp(s, "<|bos|>", 7));
+  fsdp_tokenizer_free(t);
+}
+END_TEST
+
+/* Qwen2's normalizer: NFC before pre-tokenisation (ids checked against
+ * tokenizers 0.23 on the same files), then the added tokens marked
+ * "normalized" matched in the normalized text, after the others in the raw. */
+START_TEST(bpe_tokenizer_json_nfc) {
+  char path[300], ids[256];
+  snprintf(path, sizeof path, "%s/nfc.json", tmp_dir);
+  const char *bl = "{\"type\": \"ByteLevel\", \"add_prefix_space\": false}";
+  const char *nfc = "{\"type\": \"NFC\"}";
+  struct { const char *norm, *text, *want; } ok[] = {
+      {"null", "e\xcc\x81", "101 204 129"},        /* e + U+0301 as it is */
+      {nfc, "e\xcc\x81", "195 169"},               /* composed: U+00E9 */
+      {"{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFC\"}, {\"type\": \"NFC\"}]}",
+       "e\xcc\x81", "195 169"},
+      {nfc, "A\xcc\x8a", "195 133"},               /* U+00C5 */
+      {nfc, "\xe2\x84\xab", "195 133"},            /* ANGSTROM SIGN: a singleton, to U+00C5 */
+      {nfc, "\xe1\x84\x80\xe1\x85\xa1", "234 176 128"}, /* Hangul jamo to U+AC00 */
+      {nfc, "\xe0\xa5\x98", "224 164 149 224 164 188"}, /* U+0958: excluded from composition */
+      {nfc, "\xff\xcc\x81" "e\xcc\x81", "255 204 129 195 169"}, /* not UTF-8: kept, composes with nothing */
+  };
+  fsdp_tokenizer_t t;
+  for (size_t k = 0; k < sizeof ok / sizeof ok[0]; k++) {
+    write_hf_json(path, "BPE", "", ok[k].norm, bl, "", "");
+    ck_assert_msg(fsdp_tokenizer_load(path, &t) == FSDP_SUCCESS, "%s", fsdp_last_error());
+    encode_str(t, ok[k].text, strlen(ok[k].text), 0, ids);
+    ck_assert_msg(!strcmp(ids, ok[k].want), "case %zu: %s, want %s", k, ids, ok[k].want);
+    if (k + 1 == sizeof ok / sizeof ok[0]) { /* NUL kept */
+      encode_str(t, "e\0e\xcc\x81", 5, 0, ids);
+      ck_assert_str_eq(ids, "101 0 195 169");
+    }
+    fsdp_tokenizer_free(t);
+  }
+  /* "né" normalized: found in ne + U+0301 once composed; not normalized: raw text only. */
+  write_hf_json(path, "BPE", "", nfc, bl, "{\"id\": 258, \"content\": \"n\xc3\xa9\", "
+                "\"normalized\": true, \"special\": false}", "");
+  ck_assert_msg(fsdp_tokenizer_load(path, &t) == FSDP_SUCCESS, "%s", fsdp_last_error());
+  encode_str(t, "xne\xcc\x81y", 6, 0, ids);
+  ck_assert_str_eq(ids, "120 258 121");
+  fsdp_tokenizer_free(t);
+  write_hf_json(path, "BPE", "", nfc, bl, "{\"id\": 258, \"content\": \"n\xc3\xa9\", "
+                "\"normalized\": false, \"special\": false}", "");
+  ck_assert_msg(fsdp_tokenizer_load(path, &t) == FSDP_SUCCESS, "%s", fsdp_last_error());
+  encode_str(t, "xne\xcc\x81y", 6, 0, ids);
+  ck_assert_str_eq(ids, "120 110 195 169 121");
+  encode_str(t, "xn\xc3\xa9y", 5, 0, ids);
+  ck_assert_str_eq(ids, "120 258 121");
+  fsdp_tokenizer_free(t);
+  /* Raw-text tokens first: the special "bc" wins over the normalized "abc". */
+  write_hf_json(path, "BPE", "", "null", bl,
+                "{\"id\": 258, \"content\": \"bc\", \"normalized\": false, \"special\": true},"
+                "{\"id\": 259, \"content\": \"abc\", \"normalized\": true, \"special\": false}", "");
+  ck_assert_msg(fsdp_tokenizer_load(path, &t) == FSDP_SUCCESS, "%s", fsdp_last_error());
+  encode_str(t, "abc", 3, FSDP_TOKENIZE_ALLOW_SPECIAL, ids);
+  ck_assert_str_eq(ids, "97 258");
+  encode_str(t, "abc", 3, 0, ids);
+  ck_assert_str_eq(ids, "259");
+  fsdp_tokenizer_free(t);
+}
+END_TEST
+
+/* Every part fsdp does not implement, refused naming the file and the key. */
+START_TEST(bpe_tokenizer_json_refused) {
+  char path[300];
+  snprintf(path, sizeof path, "%s/refused.json", tmp_dir);
+  const char *bl = "{\"type\": \"ByteLevel\"}";
+  struct { const char *model, *norm, *pre, *added, *want; fsdp_status_t code; } bad[] = {
+      {"", "null", SEQ(SPLIT("Regex", "\\\\s", "Removed")), "",
+       "pre_tokenizer.pretokenizers[0]: behavior is Removed", FSDP_ERR_UNSUPPORTED},
+      {"", "null", SEQ(SPLIT("Regex", "(a", "Isolated")), "",
+       "pre_tokenizer.pretokenizers[0]: PCRE2 cannot compile the pattern \"(a\" at offset 2",
+       FSDP_ERR_FORMAT},
+      {"", "null", "{\"type\": \"Sequence\", \"pretokenizers\": [" BL_NOREGEX ", "
+       SPLIT("String", "b", "Isolated") "]}", "", "pre_tokenizer.pretokenizers[1]: Split follows "
+       "ByteLevel", FSDP_ERR_UNSUPPORTED},
+      {"", "null", "{\"type\": \"Sequence\", \"pretokenizers\": [" SPLIT("String", "b", "Isolated")
+       "]}", "", "pre_tokenizer has no ByteLevel step", FSDP_ERR_UNSUPPORTED},
+      {"", "null", "null", "", "pre_tokenizer is null", FSDP_ERR_UNSUPPORTED},
+      {"", "null", "{\"type\": \"Metaspace\"}", "", "pre_tokenizer: Metaspace: a SentencePiece",
+       FSDP_ERR_UNSUPPORTED},
+      {"", "null", "{\"type\": \"Whitespace\"}", "", "pre_tokenizer: type Whitespace",
+       FSDP_ERR_UNSUPPORTED},
+      {"", "{\"type\": \"Lowercase\"}", bl, "", "line 1: normalizer: Lowercase; fsdp reads "
+       "tokenizers without a normalizer or with NFC", FSDP_ERR_UNSUPPORTED},
+      {"", "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFC\"}, {\"type\": \"NFKC\"}]}",
+       bl, "", "line 1: normalizer.normalizers[1]: NFKC;", FSDP_ERR_UNSUPPORTED},
+      {"", "{\"type\": \"Prepend\", \"prepend\": \"x\"}", bl, "", "normalizer: Prepend; fsdp "
+       "reads tokenizers without a normalizer or with NFC (Qwen2's); this one is a SentencePiece",
+       FSDP_ERR_UNSUPPORTED},
+      {"", "{\"type\": \"NFC\"}", bl, "{\"id\": 258, \"content\": \"ne\xcc\x81\", \"normalized\": "
+       "true}", "added token \"ne\xcc\x81\" is normalized but not in NFC", FSDP_ERR_UNSUPPORTED},
+      {", \"byte_fallback\": true", "null", bl, "", "model.byte_fallback is true: a SentencePiece",
+       FSDP_ERR_UNSUPPORTED},
+      {", \"continuing_subword_prefix\": \"##\"", "null", bl, "",
+       "model.continuing_subword_prefix is set", FSDP_ERR_UNSUPPORTED},
+      {"", "null", bl, "{\"id\": 258, \"content\": \"<s>\", \"lstrip\": true}",
+       "added token \"<s>\" has lstrip true", FSDP_ERR_UNSUPPORTED},
+      {"", "null", bl, "{\"id\": 258, \"content\": \"<s>\"}, {\"id\": 258, \"content\": \"<t>\"}",
+       "added token \"<t>\" has id 258; tokenizers reads it as id 259", FSDP_ERR_FORMAT},
+  };
+  for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+    write_hf_json(path, "BPE", bad[k].model, bad[k].norm, bad[k].pre, bad[k].added, "");
+    fsdp_tokenizer_t t = NULL;
+    ck_assert_msg(fsdp_tokenizer_load(path, &t) == bad[k].code, "case %zu: %s", k,
+                  fsdp_last_error());
+    ck_assert_ptr_null(t);
+    ck_assert_msg(strstr(fsdp_last_error(), path) && strstr(fsdp_last_error(), bad[k].want),
+                  "case %zu: %s\nlacks %s", k, fsdp_last_error(), bad[k].want);
+  }
+}
+END_TEST
+
+/* A tokenizer.json of Llama 3's size loads in linear time (the test's timeout
+ * would catch a quadratic step): 128000 model ids (bytes, every byte pair,
+ * then pairs plus a byte), 190k merges ([a, b] pairs, alternative splits last),
+ * 256 special tokens after them, <|begin_of_text|> from the template. */
+START_TEST(bpe_llama3_size_loads) {
+  char path[300], a[4], b[4], c[4];
+  snprintf(path, sizeof path, "%s/llama3-size.json", tmp_dir);
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f, "{\"added_tokens\": [");
+  for (int i = 0; i < 256; i++)
+    fprintf(f, "%s{\"id\": %d, \"content\": \"<|special_%d|>\", \"special\": true}", i ? ", " : "",
+            128000 + i, i);
+  fprintf(f, "], \"normalizer\": null, \"pre_tokenizer\": "
+          SEQ(SPLIT("Regex", "\\\\s+", "Isolated")) ", \"post_processor\": {\"type\": "
+          "\"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"<|special_0|>\", "
+          "\"type_id\": 0}}, {\"Sequence\": {\"id\": \"A\"}}]},\n"
+          "\"model\": {\"type\": \"BPE\", \"ignore_merges\": true, \"vocab\": {");
+  int id = 0;
+  for (; id < 256; id++) {
+    tok_byte_spelling(id, a);
+    fprintf(f, id ? ",\n" : "\n");
+    tok_json_key(f, a);
+    fprintf(f, ": %d", id);
+  }
+  for (int k = 0; id < 128000; k++, id++) { /* pair k, or triple k - 65536 (x = 0) */
+    char key[12];
+    tok_byte_spelling(k < 65536 ? k >> 8 : 0, a);
+    tok_byte_spelling(k < 65536 ? k & 255 : (k - 65536) >> 8, b);
+    tok_byte_spelling(k < 65536 ? 0 : (k - 65536) & 255, c);
+    snprintf(key, sizeof key, "%s%s%s", a, b, k < 65536 ? "" : c);
+    fprintf(f, ",\n");
+    tok_json_key(f, key);
+    fprintf(f, ": %d", id);
+  }
+  fprintf(f, "}, \"merges\": [");
+  for (int k = 0; k < 127744 + 62208; k++) { /* pairs, triples, then the triples' other split */
+    int t = k < 65536 ? 0 : k < 127744 ? k - 65536 : k - 127744;
+    char l[12], r[12];
+    tok_byte_spelling(k < 65536 ? k >> 8 : 0, a);
+    tok_byte_spelling(k < 65536 ? k & 255 : t >> 8, b);
+    tok_byte_spelling(t & 255, c);
+    if (k < 65536) snprintf(l, sizeof l, "%s", a), snprintf(r, sizeof r, "%s", b);
+    else if (k < 127744) snprintf(l, sizeof l, "%s%s", a, b), snprintf(r, sizeof r, "%s", c);
+    else snprintf(l, sizeof l, "%s", a), snprintf(r, sizeof r, "%s%s", b, c);
+    fprintf(f, "%s[", k ? ",\n" : "\n");
+    tok_json_key(f, l);
+    fprintf(f, ", ");
+    tok_json_key(f, r);
+    fprintf(f, "]");
+  }
+  fprintf(f, "]}}\n");
+  fclose(f);
+  fsdp_tokenizer_t t;
+  ck_assert_msg(fsdp_tokenizer_load(path, &t) == FSDP_SUCCESS, "%s", fsdp_last_error());
+  ck_assert_int_eq(fsdp_tokenizer_vocab_size(t), 128256);
+  ck_assert_int_eq(fsdp_tokenizer_eot(t), 128000);
+  char ids[64];
+  encode_str(t, "\x00\x01\x02<|special_9|>\x01\x02", 18, FSDP_TOKENIZE_ALLOW_SPECIAL, ids);
+  ck_assert_str_eq(ids, "66050 128009 514"); /* triple (0, 1, 2): 256 + 65536 + 1 * 256 + 2 */
+  fsdp_tokenizer_free(t);
 }
 END_TEST
 
@@ -356,6 +590,10 @@ int main(void) {
   tcase_add_loop_test(tc, bpe_load_errors, 0, sizeof bad_cases / sizeof bad_cases[0]);
   tcase_add_test(tc, bpe_large_vocab_loads);
   tcase_add_test(tc, bpe_tokenizer_json);
+  tcase_add_test(tc, bpe_tokenizer_json_pipeline);
+  tcase_add_test(tc, bpe_tokenizer_json_nfc);
+  tcase_add_test(tc, bpe_tokenizer_json_refused);
+  tcase_add_test(tc, bpe_llama3_size_loads);
   tcase_set_timeout(tc, 60);
   suite_add_tcase(s, tc);
   const int rc = check_run(s);
