@@ -55,9 +55,10 @@ FSDP_API void fsdp_layernorm_backward(float *dinp, float *dweight, float *dbias,
                                       const float *dout, const float *inp, const float *weight,
                                       const float *mean, const float *rstd, int N, int C);
 
-/* out (B,T,C) = wte[tokens[b,t]] (V,C) + wpe[t] (maxT,C). Tokens must be in [0,V):
+/* out (B,T,C) = wte[tokens[b,t]] (V,C) + wpe[t] (maxT,C); wpe NULL (models
+ * with rotary positions): out = wte[tokens[b,t]]. Tokens must be in [0,V):
  * callers validate them (data readers do). Backward scatter-adds dout into the
- * rows of dwte and dwpe (both required). */
+ * rows of dwte and of dwpe (NULL: none). */
 FSDP_API void fsdp_embedding_forward(float *out, const int *tokens, const float *wte,
                                      const float *wpe, int B, int T, int C);
 FSDP_API void fsdp_embedding_backward(float *dwte, float *dwpe, const float *dout,
