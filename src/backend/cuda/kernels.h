@@ -112,7 +112,7 @@ fsdp_status_t fsdp_cuda_relu_backward(const fsdp_relu_backward_args_t *a, fsdp_s
 fsdp_status_t fsdp_cuda_xent(const fsdp_xent_args_t *a, fsdp_stream_t stream);
 /* The Llama family's layers (llama.cu). RMSNorm: a warp per row as LayerNorm,
  * dweight's column sums through scratch (fsdp_cuda_colsum_scratch_bytes(C);
- * NULL is FSDP_ERR_INVALID_ARGUMENT), dinp NULL allowed. RoPE: NKV 0 means
+ * NULL is FSDP_ERR_INVALID_ARGUMENT, as a NULL dinp). RoPE: NKV 0 means
  * NH; NKV must divide NH, D be even, pos0 + T at most 2^24 (positions exact in
  * fp32), else FSDP_ERR_INVALID_ARGUMENT naming the values; cos and sin with
  * CUDA's full-range cosf/sinf. SwiGLU: d(input) written, not added (its

@@ -128,12 +128,12 @@ static fsdp_status_t rmsnorm_backward(T *dinp, float *dweight, float *scratch, c
   if (!scratch)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "rmsnorm_backward: needs scratch of "
                       "fsdp_cuda_colsum_scratch_bytes(%d) bytes, got NULL", C);
+  if (!dinp) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "rmsnorm_backward: dinp is NULL");
   constexpr int W = pack_width<T>();
   if (rows_packable<T>(C, {dout, inp}))
     FSDP_TRY((rmsnorm_dweight<W, T>(dweight, scratch, dout, inp, rstd, N, C, s)));
   else
     FSDP_TRY((rmsnorm_dweight<1, T>(dweight, scratch, dout, inp, rstd, N, C, s)));
-  if (!dinp) return FSDP_SUCCESS;
   if (rows_packable<T>(C, {dinp, dout, inp, weight}))
     FSDP_LAUNCH((rmsnorm_dinp_kernel<W, T>), row_blocks(N), RMS_WARPS * 32, 0, s, dinp, dout, inp,
                 weight, rstd, N, C);
