@@ -81,7 +81,11 @@ fsdp_status_t fsdp_cuda_embedding_backward(const fsdp_embedding_backward_args_t 
  * lse) and reads forward's out for rowsum(dout * out); no scratch (0 bytes).
  * bf16 needs a head size C/NH that is a multiple of 16 up to 128 (GPT-2's is
  * 64) and 16-byte aligned tensors: else FSDP_ERR_INVALID_ARGUMENT naming the
- * value. No bound on T. */
+ * value. No bound on T. Grouped-query attention (NKV neither 0 nor NH): f32
+ * runs it with the KV heads' products batched per group (attention.cu); bf16
+ * on cuDNN only, the flash kernel being multi-head: where cuDNN cannot run
+ * the shape, or FSDP_ATTENTION=flash forces flash, FSDP_ERR_UNSUPPORTED
+ * naming NH and NKV (attention_choice.cu). */
 size_t fsdp_cuda_attention_state_floats(const fsdp_attention_forward_args_t *a);
 size_t fsdp_cuda_attention_scratch_bytes(const fsdp_attention_forward_args_t *a);
 fsdp_status_t fsdp_cuda_attention_forward(const fsdp_attention_forward_args_t *a,
