@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "common/arrays.h"
+#include "common/gqa.h"
 #include "common/rng.h"
 #include "backend/cuda/attention_cudnn.h"
 #include "backend/cuda/kernels.h"
@@ -54,9 +55,15 @@ static const char *const kKernels[] = {
     "matmul_forward", "matmul_backward", "matmul_forward_bf16", "matmul_backward_bf16",
     "ln_fused_forward", "ln_fused_backward", "ln_fused_forward_bf16", "ln_fused_backward_bf16",
     "embedding_forward", "embedding_backward",
-    "embedding_forward_bf16", "embedding_backward_bf16", "attention_forward",
-    "attention_backward", "attention_forward_bf16", "attention_backward_bf16",
-    "attention_forward_cudnn", "attention_backward_cudnn", "attention_choice",
+    "embedding_forward_bf16", "embedding_backward_bf16",
+    "rmsnorm_forward", "rmsnorm_backward", "rmsnorm_forward_bf16", "rmsnorm_backward_bf16",
+    "rope_forward", "rope_backward", "rope_forward_bf16", "rope_backward_bf16",
+    "swiglu_forward", "swiglu_backward", "swiglu_forward_bf16", "swiglu_backward_bf16",
+    "llama_refusals", "attention_forward",
+    "attention_backward", "attention_forward_gqa", "attention_backward_gqa",
+    "attention_forward_bf16", "attention_backward_bf16",
+    "attention_forward_cudnn", "attention_backward_cudnn", "attention_forward_cudnn_gqa",
+    "attention_backward_cudnn_gqa", "attention_gqa_refusals", "attention_choice",
     "xent", "xent_bf16", "head_forward", "head_backward",
     "head_forward_bf16", "head_backward_bf16", "xent_inplace", "xent_inplace_bf16",
     "adamw_update", "sgd_update",
@@ -97,7 +104,7 @@ static char device_line[320]; /* the device and the seed, the table's first line
 
 static void print_table(FILE *f) {
   fprintf(f, "%s\n", device_line);
-  fprintf(f, "%-26s %12s %10s  %s\n", "kernel", "max_rel_err", "tolerance", "pass");
+  fprintf(f, "%-28s %12s %10s  %s\n", "kernel", "max_rel_err", "tolerance", "pass");
   for (int i = 0; i < LEN(kKernels); ++i) {
     char tol[32];
     if (table[i].tol == TOL_EXACT)
@@ -105,11 +112,11 @@ static void print_table(FILE *f) {
     else
       snprintf(tol, sizeof tol, "%.0e", table[i].tol);
     if (!table[i].cases && table[i].skipped[0])
-      fprintf(f, "%-26s %12s %10s  SKIPPED: %s\n", kKernels[i], "-", "-", table[i].skipped);
+      fprintf(f, "%-28s %12s %10s  SKIPPED: %s\n", kKernels[i], "-", "-", table[i].skipped);
     else if (!table[i].cases)
-      fprintf(f, "%-26s %12s %10s  %s\n", kKernels[i], "-", "-", "NOT RUN");
+      fprintf(f, "%-28s %12s %10s  %s\n", kKernels[i], "-", "-", "NOT RUN");
     else
-      fprintf(f, "%-26s %12.3g %10s  %s\n", kKernels[i], table[i].err, tol,
+      fprintf(f, "%-28s %12.3g %10s  %s\n", kKernels[i], table[i].err, tol,
               table[i].failed ? "FAIL" : "yes");
   }
 }
@@ -561,12 +568,13 @@ END_TEST
 /* ---- embedding ---- */
 
 /* V = 5 with 128 positions repeats every token many times: the atomic scatter
- * collides. */
-static const struct { int B, T, C, V; } kEmbedding[] = {
-    {3, 17, 40, 50}, {2, 64, 768, 5}, {1, 1, 1, 1},
+ * collides. wpe 0: the token embedding alone (RoPE models: wpe and dwpe
+ * NULL). */
+static const struct { int B, T, C, V, wpe; } kEmbedding[] = {
+    {3, 17, 40, 50, 1}, {2, 64, 768, 5, 1}, {1, 1, 1, 1, 1}, {3, 17, 40, 50, 0}, {2, 64, 576, 5, 0},
 };
 
-static void embedding_case(int bf16, int B, int T, int C, int V) {
+static void embedding_case(int bf16, int B, int T, int C, int V, int with_wpe) {
   const size_t n = (size_t)B * T * C, nte = (size_t)V * C, npe = (size_t)T * C;
   const double tol = bf16 ? TOL_BF16 : TOL_F32;
   int *tok = rand_tokens((size_t)B * T, V);
@@ -584,16 +592,18 @@ static void embedding_case(int bf16, int B, int T, int C, int V) {
   OK(fsdp_cuda_embedding_forward(
       &(fsdp_embedding_forward_args_t){.dt = dt, .out = g_out, .tokens = g_tok,
                                        .wte = dev_act(bf16, wte, nte),
-                                       .wpe = dev_act(bf16, wpe, npe), .B = B, .T = T, .C = C},
+                                       .wpe = with_wpe ? dev_act(bf16, wpe, npe) : NULL, .B = B,
+                                       .T = T, .C = C},
       fs));
   OK(fsdp_cuda_embedding_backward(
-      &(fsdp_embedding_backward_args_t){.dt = dt, .dwte = g_dwte, .dwpe = g_dwpe,
+      &(fsdp_embedding_backward_args_t){.dt = dt, .dwte = g_dwte,
+                                        .dwpe = with_wpe ? g_dwpe : NULL,
                                         .dout = dev_act(bf16, dout, n), .tokens = g_tok, .B = B,
                                         .T = T, .C = C},
       fs));
   float *got = back_act(bf16, g_out, n);
-  fsdp_embedding_forward(out, tok, wte, wpe, B, T, C);
-  fsdp_embedding_backward(dwte, dwpe, dout, tok, B, T, C);
+  fsdp_embedding_forward(out, tok, wte, with_wpe ? wpe : NULL, B, T, C);
+  fsdp_embedding_backward(dwte, with_wpe ? dwpe : NULL, dout, tok, B, T, C);
   float *got_dwte = back_f32(g_dwte, nte), *got_dwpe = back_f32(g_dwpe, npe);
   check_err(bf16 ? "embedding_forward_bf16" : "embedding_forward", "out", rel_err(got, out, n),
             tol);
@@ -607,52 +617,307 @@ START_TEST(embedding) {
   rng_seed(seed + 4000 + (uint64_t)_i);
   for (int bf16 = 0; bf16 <= 1; ++bf16)
     embedding_case(bf16, kEmbedding[_i].B, kEmbedding[_i].T, kEmbedding[_i].C,
-                   kEmbedding[_i].V);
+                   kEmbedding[_i].V, kEmbedding[_i].wpe);
+}
+END_TEST
+
+/* ---- the Llama family's layers (llama.cu) against the CPU table ----
+ * The CPU table's slots (backend/cpu/llama_layers.c) are the reference, on
+ * the same bf16-rounded inputs in bf16 cases. */
+
+static const fsdp_compute_ops_t *cpu_table(void) {
+  const fsdp_compute_ops_t *c = fsdp_compute_ops(FSDP_DEVICE_CPU);
+  ck_assert_ptr_nonnull(c);
+  return c;
+}
+
+/* RMSNorm: C = 13 and 40 at skew 1 take the scalar form; 768 and 2048 the
+ * packs with a partial pass of the row's lanes; eps 1e-5 and Llama's 1e-6;
+ * an offset of 3 (a row far from zero mean, which RMSNorm does not remove).
+ * C = 1 is offset to 5: d(input) of a one-element row is r g (1 - xhat^2),
+ * all cancellation, and r = 1/|x| would make fp32's rounding of it, not the
+ * kernel, the error for an |x| near 0. bf16's out is rounded twice (x * rstd
+ * as stored, HF's order, then the product): up to 2 * 2^-8 relative. */
+static const struct { int N, C, branch, skew; float eps; double offset; } kRms[] = {
+    {37, 768, 1, 0, 1e-5f, 0.0}, {5, 13, 1, 0, 1e-6f, 3.0}, {9, 24, 0, 0, 1e-5f, 0.0},
+    {11, 40, 1, 1, 1e-6f, 0.0},  {1, 1, 1, 0, 1e-5f, 5.0},  {64, 2048, 0, 0, 1e-6f, 3.0},
+};
+
+static void rmsnorm_case(int bf16, int N, int C, int branch, int skew, float eps,
+                         double offset) {
+  const fsdp_dtype_t dt = act_dtype(bf16);
+  const size_t n = (size_t)N * C;
+  const double tol = bf16 ? TOL_BF16 : TOL_F32;
+  float *x = maybe_round(bf16, rand_floats(n, offset, 1), n);
+  float *br = maybe_round(bf16, rand_floats(n, 0, 1), n);
+  float *w = maybe_round(bf16, rand_floats(C, 1, 0.5), C);
+  float *dout = maybe_round(bf16, rand_floats(n, 0, 1), n);
+  float *dinp = maybe_round(bf16, rand_floats(n, 0, 1), n);
+  float *dw = rand_floats(C, 0, 1);
+  void *g_x = dev_skewed(bf16, x, n, skew), *g_br = dev_skewed(bf16, br, n, skew);
+  void *g_w = dev_skewed(bf16, w, C, skew), *g_res = dev_skewed(bf16, x, n, skew);
+  void *g_out = dev_skewed(bf16, x, n, skew), *g_dout = dev_skewed(bf16, dout, n, skew);
+  void *g_dinp = dev_skewed(bf16, dinp, n, skew);
+  float *g_rstd = dev_alloc(N * 4), *g_dw = dev_f32(dw, C);
+  void *scratch = dev_alloc(fsdp_cuda_colsum_scratch_bytes(C));
+  OK(fsdp_cuda_rmsnorm_forward(
+      &(fsdp_rmsnorm_forward_args_t){.dt = dt, .res = g_res, .out = g_out, .rstd = g_rstd,
+                                     .inp = g_x, .branch = branch ? g_br : NULL, .weight = g_w,
+                                     .N = N, .C = C, .eps = eps},
+      fs));
+  OK(fsdp_cuda_rmsnorm_backward(
+      &(fsdp_rmsnorm_backward_args_t){.dt = dt, .dinp = g_dinp,
+                                      .dweight = g_dw, .scratch = scratch, .dout = g_dout,
+                                      .inp = branch ? g_res : g_x, .weight = g_w, .rstd = g_rstd,
+                                      .N = N, .C = C},
+      fs));
+  float *got_res = back_skewed(bf16, g_res, n, skew), *got = back_skewed(bf16, g_out, n, skew);
+  float *got_rstd = back_f32(g_rstd, N), *got_dinp = back_skewed(bf16, g_dinp, n, skew);
+  float *got_dw = back_f32(g_dw, C);
+  /* the CPU: res = x + branch, rounded as the dtype stores it, then RMSNorm of it */
+  float *res = xmalloc(n * 4), *out = xmalloc(n * 4), *rstd = xmalloc(N * 4);
+  const fsdp_compute_ops_t *cpu = cpu_table();
+  const float *normed = x;
+  if (branch) {
+    OK(cpu->rmsnorm_forward(&(fsdp_rmsnorm_forward_args_t){.dt = FSDP_F32, .res = res,
+                                                           .out = out, .rstd = rstd, .inp = x,
+                                                           .branch = br, .weight = w, .N = N,
+                                                           .C = C, .eps = eps},
+                            FSDP_HOST_STREAM));
+    normed = maybe_round(bf16, res, n);
+  }
+  OK(cpu->rmsnorm_forward(&(fsdp_rmsnorm_forward_args_t){.dt = FSDP_F32, .out = out,
+                                                         .rstd = rstd, .inp = normed,
+                                                         .weight = w, .N = N, .C = C, .eps = eps},
+                          FSDP_HOST_STREAM));
+  double err = max2(rel_err(got, out, n), rel_err(got_rstd, rstd, N));
+  if (branch) err = max2(err, rel_err(got_res, res, n));
+  check_err(bf16 ? "rmsnorm_forward_bf16" : "rmsnorm_forward", "res/out/rstd", err, tol);
+  OK(cpu->rmsnorm_backward(&(fsdp_rmsnorm_backward_args_t){.dt = FSDP_F32, .dinp = dinp,
+                                                           .dweight = dw, .dout = dout,
+                                                           .inp = normed, .weight = w,
+                                                           .rstd = rstd, .N = N, .C = C},
+                           FSDP_HOST_STREAM));
+  err = max2(rel_err(got_dinp, dinp, n), rel_err(got_dw, dw, C));
+  check_err(bf16 ? "rmsnorm_backward_bf16" : "rmsnorm_backward", "dinp/dweight", err, tol);
+  free(x), free(br), free(w), free(dout), free(dinp), free(dw), free(got_res), free(got);
+  free(got_rstd), free(got_dinp), free(got_dw), free(res), free(out), free(rstd);
+}
+
+START_TEST(rmsnorm) {
+  rng_seed(seed + 4500 + (uint64_t)_i);
+  for (int bf16 = 0; bf16 <= 1; ++bf16) {
+    rmsnorm_case(bf16, kRms[_i].N, kRms[_i].C, kRms[_i].branch, kRms[_i].skew, kRms[_i].eps,
+                 kRms[_i].offset);
+    dev_free_all();
+  }
+}
+END_TEST
+
+/* RoPE's inverse frequencies for head size D through fsdp_llama_inv_freq:
+ * HF's default at theta 10000, or Llama-3.2-1B's (theta 500000, llama3
+ * scaling). */
+static float *rope_freqs(int D, int llama3) {
+  fsdp_llama_config_t c;
+  OK(fsdp_llama_preset("Llama-3.2-1B", &c));
+  c.n_head = 1, c.n_kv_head = 1, c.n_embd = D;
+  if (!llama3) c.rope_type = FSDP_ROPE_DEFAULT, c.rope_theta = 10000.0f;
+  float *f = xmalloc((size_t)(D / 2) * sizeof(float));
+  fsdp_llama_inv_freq(&c, f);
+  return f;
+}
+
+/* RoPE forward, and backward on a separate gradient, in place on the whole
+ * packed qkv (v must come back untouched): grouped-query (4 over 2), one KV
+ * head (3 over 1), multi-head (NKV 0), D = 6 (3 pairs: part of a warp's
+ * lanes), D = 128 (64 pairs: two per lane), positions from pos0 = 1000 and
+ * 8000 (angles in the thousands: full-range cos and sin). */
+static const struct { int B, T, NH, NKV, D, pos0, llama3; } kRope[] = {
+    {2, 17, 4, 2, 16, 0, 0}, {1, 5, 3, 1, 8, 1000, 0}, {2, 9, 2, 0, 64, 3, 1},
+    {1, 3, 4, 4, 6, 0, 0},   {1, 20, 2, 1, 128, 8000, 1},
+};
+
+static void rope_case(int bf16, int B, int T, int NH, int NKV, int D, int pos0, int llama3) {
+  const fsdp_dtype_t dt = act_dtype(bf16);
+  const size_t n = (size_t)B * T * (NH + 2 * (NKV ? NKV : NH)) * D;
+  const double tol = bf16 ? TOL_BF16 : TOL_F32;
+  float *freq = rope_freqs(D, llama3), *g_freq = dev_f32(freq, (size_t)D / 2);
+  float *x = maybe_round(bf16, rand_floats(n, 0, 1), n);
+  float *dx = maybe_round(bf16, rand_floats(n, 0, 1), n);
+  void *g_x = dev_act(bf16, x, n), *g_dx = dev_act(bf16, dx, n);
+  fsdp_rope_args_t a = {.dt = dt, .qkv = g_x, .inv_freq = g_freq, .B = B, .T = T, .NH = NH,
+                        .NKV = NKV, .D = D, .pos0 = pos0};
+  OK(fsdp_cuda_rope_forward(&a, fs));
+  a.qkv = g_dx;
+  OK(fsdp_cuda_rope_backward(&a, fs));
+  float *got = back_act(bf16, g_x, n), *got_d = back_act(bf16, g_dx, n);
+  const fsdp_compute_ops_t *cpu = cpu_table();
+  a = (fsdp_rope_args_t){.dt = FSDP_F32, .qkv = x, .inv_freq = freq, .B = B, .T = T, .NH = NH,
+                         .NKV = NKV, .D = D, .pos0 = pos0};
+  OK(cpu->rope_forward(&a, FSDP_HOST_STREAM));
+  a.qkv = dx;
+  OK(cpu->rope_backward(&a, FSDP_HOST_STREAM));
+  check_err(bf16 ? "rope_forward_bf16" : "rope_forward", "qkv", rel_err(got, x, n), tol);
+  check_err(bf16 ? "rope_backward_bf16" : "rope_backward", "dqkv", rel_err(got_d, dx, n), tol);
+  free(freq), free(x), free(dx), free(got), free(got_d);
+}
+
+START_TEST(rope) {
+  rng_seed(seed + 4600 + (uint64_t)_i);
+  for (int bf16 = 0; bf16 <= 1; ++bf16) {
+    rope_case(bf16, kRope[_i].B, kRope[_i].T, kRope[_i].NH, kRope[_i].NKV, kRope[_i].D,
+              kRope[_i].pos0, kRope[_i].llama3);
+    dev_free_all();
+  }
+}
+END_TEST
+
+/* SwiGLU: F = 13 and skew 1 (scalar form), 64 and 1024 (packs); gates
+ * spread to +-16 where exp(-x) overflows and silu saturates. Backward
+ * writes its buffer of random values. */
+static const struct { int N, F, skew; double spread; } kSwiglu[] = {
+    {37, 13, 0, 1.0}, {8, 64, 0, 4.0}, {5, 24, 1, 1.0}, {1, 1, 0, 1.0}, {16, 1024, 0, 16.0},
+};
+
+static void swiglu_case(int bf16, int N, int F, int skew, double spread) {
+  const fsdp_dtype_t dt = act_dtype(bf16);
+  const size_t n = (size_t)N * F;
+  const double tol = bf16 ? TOL_BF16 : TOL_F32;
+  float *inp = maybe_round(bf16, rand_floats(2 * n, 0, spread), 2 * n);
+  float *dout = maybe_round(bf16, rand_floats(n, 0, 1), n);
+  float *dinp = rand_floats(2 * n, 0, 1), *out = xmalloc(n * 4);
+  void *g_inp = dev_skewed(bf16, inp, 2 * n, skew), *g_out = dev_skewed(bf16, dout, n, skew);
+  void *g_dout = dev_skewed(bf16, dout, n, skew), *g_dinp = dev_skewed(bf16, dinp, 2 * n, skew);
+  OK(fsdp_cuda_swiglu_forward(
+      &(fsdp_swiglu_forward_args_t){.dt = dt, .out = g_out, .inp = g_inp, .N = N, .F = F}, fs));
+  OK(fsdp_cuda_swiglu_backward(&(fsdp_swiglu_backward_args_t){.dt = dt, .dinp = g_dinp,
+                                                              .dout = g_dout, .inp = g_inp,
+                                                              .N = N, .F = F},
+                               fs));
+  float *got = back_skewed(bf16, g_out, n, skew), *got_d = back_skewed(bf16, g_dinp, 2 * n, skew);
+  const fsdp_compute_ops_t *cpu = cpu_table();
+  OK(cpu->swiglu_forward(
+      &(fsdp_swiglu_forward_args_t){.dt = FSDP_F32, .out = out, .inp = inp, .N = N, .F = F},
+      FSDP_HOST_STREAM));
+  OK(cpu->swiglu_backward(&(fsdp_swiglu_backward_args_t){.dt = FSDP_F32, .dinp = dinp,
+                                                         .dout = dout, .inp = inp, .N = N,
+                                                         .F = F},
+                          FSDP_HOST_STREAM));
+  check_err(bf16 ? "swiglu_forward_bf16" : "swiglu_forward", "out", rel_err(got, out, n), tol);
+  check_err(bf16 ? "swiglu_backward_bf16" : "swiglu_backward", "dinp (written)",
+            rel_err(got_d, dinp, 2 * n), tol);
+  free(inp), free(dout), free(dinp), free(out), free(got), free(got_d);
+}
+
+START_TEST(swiglu) {
+  rng_seed(seed + 4700 + (uint64_t)_i);
+  for (int bf16 = 0; bf16 <= 1; ++bf16) {
+    swiglu_case(bf16, kSwiglu[_i].N, kSwiglu[_i].F, kSwiglu[_i].skew, kSwiglu[_i].spread);
+    dev_free_all();
+  }
+}
+END_TEST
+
+/* What the Llama kernels refuse, by name, before anything runs: an f16
+ * RMSNorm, a backward without its scratch, RoPE with 3 KV heads for 4 query
+ * heads and with an odd head size. */
+START_TEST(llama_refusals) {
+  float *buf = dev_alloc(256 * 4);
+  ck_assert_int_eq(fsdp_cuda_rmsnorm_forward(
+                       &(fsdp_rmsnorm_forward_args_t){.dt = FSDP_F16, .out = buf, .rstd = buf,
+                                                      .inp = buf, .weight = buf, .N = 2, .C = 8,
+                                                      .eps = 1e-5f},
+                       fs),
+                   FSDP_ERR_UNSUPPORTED);
+  ck_assert_msg(strstr(fsdp_last_error(), "rmsnorm_forward") &&
+                    strstr(fsdp_last_error(), "f16"), "%s", fsdp_last_error());
+  ck_assert_int_eq(fsdp_cuda_rmsnorm_backward(
+                       &(fsdp_rmsnorm_backward_args_t){.dt = FSDP_F32, .dinp = buf,
+                                                       .dweight = buf, .dout = buf, .inp = buf,
+                                                       .weight = buf, .rstd = buf, .N = 2, .C = 8},
+                       fs),
+                   FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(fsdp_last_error(), "scratch"), "%s", fsdp_last_error());
+  fsdp_rope_args_t a = {.dt = FSDP_F32, .qkv = buf, .inv_freq = buf, .B = 1, .T = 2, .NH = 4,
+                        .NKV = 3, .D = 8};
+  ck_assert_int_eq(fsdp_cuda_rope_forward(&a, fs), FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(fsdp_last_error(), "NKV 3") && strstr(fsdp_last_error(), "NH 4"), "%s",
+                fsdp_last_error());
+  a.NKV = 2, a.D = 7;
+  ck_assert_int_eq(fsdp_cuda_rope_backward(&a, fs), FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(fsdp_last_error(), "D 7"), "%s", fsdp_last_error());
+  check_err("llama_refusals", "named errors", 0.0, TOL_EXACT);
 }
 END_TEST
 
 /* ---- attention ---- */
 
-/* T = 65 and 200 leave partial 32-lane rows; 12 heads of 64 is GPT-2's shape. */
-static const struct { int B, T, C, NH; } kAttention[] = {
-    {2, 65, 48, 3}, {1, 1, 8, 2}, {2, 200, 128, 4}, {1, 64, 768, 12},
+/* T = 65 and 200 leave partial 32-lane rows; 12 heads of 64 is GPT-2's shape.
+ * NKV: grouped-query (4 query heads over 2 KV heads, 8 over 2), one KV head
+ * for 6 (multi-query), and 0 (= NH) as GPT-2 calls it. */
+static const struct { int B, T, C, NH, NKV; } kAttention[] = {
+    {2, 65, 48, 3, 0},  {1, 1, 8, 2, 0},   {2, 200, 128, 4, 0}, {1, 64, 768, 12, 0},
+    {2, 65, 64, 4, 2},  {1, 33, 96, 6, 1}, {2, 40, 128, 8, 2},  {1, 1, 8, 2, 1},
 };
 
-static void attention_case(int B, int T, int C, int NH) {
-  const size_t nqkv = (size_t)B * T * 3 * C, no = (size_t)B * T * C,
+/* The packed qkv's floats: (B,T,(NH+2*NKV)*C/NH), NKV 0 meaning NH. */
+static size_t qkv_floats(int B, int T, int C, int NH, int NKV) {
+  return (size_t)B * T * (size_t)(NH + 2 * (NKV ? NKV : NH)) * (size_t)(C / NH);
+}
+
+/* fp32 attention against the CPU table's (backend/cpu: multi-head and
+ * grouped-query), forward's out and probabilities, backward's dqkv added
+ * onto random values. */
+static void attention_case(int B, int T, int C, int NH, int NKV) {
+  const size_t nqkv = qkv_floats(B, T, C, NH, NKV), no = (size_t)B * T * C,
                natt = (size_t)B * NH * T * T;
+  const fsdp_compute_ops_t *cpu = cpu_table();
   float *qkv = rand_floats(nqkv, 0, 1), *dout = rand_floats(no, 0, 1);
   float *dqkv = rand_floats(nqkv, 0, 1), *out = xmalloc(no * 4), *att = xmalloc(natt * 4);
   float *g_qkv = dev_f32(qkv, nqkv), *g_out = dev_alloc(no * 4), *g_att = dev_alloc(natt * 4);
-  const fsdp_attention_forward_args_t dims = {.dt = FSDP_F32, .B = B, .T = T, .C = C, .NH = NH};
+  const fsdp_attention_forward_args_t dims = {.dt = FSDP_F32, .B = B, .T = T, .C = C, .NH = NH,
+                                              .NKV = NKV};
   ck_assert_uint_eq(fsdp_cuda_attention_state_floats(&dims), natt);
   float *g_dqkv = dev_f32(dqkv, nqkv);
   void *g_scratch = dev_alloc(fsdp_cuda_attention_scratch_bytes(&dims));
   OK(fsdp_cuda_attention_forward(
-      &(fsdp_attention_forward_args_t){.dt = FSDP_F32, .out = g_out, .att = g_att, .scratch = g_scratch,
-                                       .qkv = g_qkv, .B = B, .T = T, .C = C, .NH = NH},
+      &(fsdp_attention_forward_args_t){.dt = FSDP_F32, .out = g_out, .att = g_att,
+                                       .scratch = g_scratch, .qkv = g_qkv, .B = B, .T = T,
+                                       .C = C, .NH = NH, .NKV = NKV},
       fs));
-  fsdp_attention_forward(out, att, qkv, B, T, C, NH);
+  OK(cpu->attention_forward(&(fsdp_attention_forward_args_t){.dt = FSDP_F32, .out = out,
+                                                             .att = att, .qkv = qkv, .B = B,
+                                                             .T = T, .C = C, .NH = NH,
+                                                             .NKV = NKV},
+                            FSDP_HOST_STREAM));
   float *got = back_f32(g_out, no), *got_att = back_f32(g_att, natt);
-  check_err("attention_forward", "out/att",
+  const int gqa = NKV && NKV != NH;
+  check_err(gqa ? "attention_forward_gqa" : "attention_forward", "out/att",
             max2(rel_err(got, out, no), rel_err(got_att, att, natt)), TOL_F32);
   /* Backward reads the CPU's probabilities: checked on its own. */
   OK(fsdp_cuda_attention_backward(
       &(fsdp_attention_backward_args_t){.dt = FSDP_F32, .dqkv = g_dqkv, .scratch = g_scratch,
                                         .dout = dev_f32(dout, no), .qkv = g_qkv, .out = g_out,
                                         .att = dev_f32(att, natt), .B = B, .T = T, .C = C,
-                                        .NH = NH},
+                                        .NH = NH, .NKV = NKV},
       fs));
-  fsdp_attention_backward(dqkv, dout, qkv, att, B, T, C, NH);
+  OK(cpu->attention_backward(&(fsdp_attention_backward_args_t){.dt = FSDP_F32, .dqkv = dqkv,
+                                                               .dout = dout, .qkv = qkv,
+                                                               .out = out, .att = att, .B = B,
+                                                               .T = T, .C = C, .NH = NH,
+                                                               .NKV = NKV},
+                             FSDP_HOST_STREAM));
   float *got_d = back_f32(g_dqkv, nqkv);
-  check_err("attention_backward", "dqkv", rel_err(got_d, dqkv, nqkv), TOL_F32);
+  check_err(gqa ? "attention_backward_gqa" : "attention_backward", "dqkv",
+            rel_err(got_d, dqkv, nqkv), TOL_F32);
   free(qkv), free(dout), free(dqkv), free(out), free(att), free(got), free(got_att),
       free(got_d);
 }
 
 START_TEST(attention) {
   rng_seed(seed + 5000 + (uint64_t)_i);
-  attention_case(kAttention[_i].B, kAttention[_i].T, kAttention[_i].C, kAttention[_i].NH);
+  attention_case(kAttention[_i].B, kAttention[_i].T, kAttention[_i].C, kAttention[_i].NH,
+                 kAttention[_i].NKV);
 }
 END_TEST
 
@@ -762,39 +1027,48 @@ static double flash_err(const float *got, const float *want, const float *mag, s
 
 /* One bf16 case through the table's entry points, whichever kernel the
  * attention mode picks, its errors recorded in rows fwd and bwd; adds: also
- * the add-into contract (a second backward). */
-static void bf16_attention_case(int B, int T, int C, int NH, const char *fwd, const char *bwd,
-                                int adds) {
-  const size_t nqkv = (size_t)B * T * 3 * C, no = (size_t)B * T * C,
-               natt = (size_t)B * NH * T * T, nlse = (size_t)B * NH * T;
+ * the add-into contract (a second backward). NKV key/value heads (0: NH):
+ * the references run on the multi-head repeat_kv of the inputs (common/gqa.h),
+ * and their dk and dv (with their bounds) are folded back. */
+static void bf16_attention_case(int B, int T, int C, int NH, int NKV, const char *fwd,
+                                const char *bwd, int adds) {
+  const int nkv = NKV ? NKV : NH;
+  const size_t nqkv = qkv_floats(B, T, C, NH, nkv), nmha = (size_t)B * T * 3 * C,
+               no = (size_t)B * T * C, natt = (size_t)B * NH * T * T, nlse = (size_t)B * NH * T;
   float *qkv = round_bf16(rand_floats(nqkv, 0, 1), nqkv);
+  float *mha = xmalloc(nmha * 4);
+  gqa_repeat_kv(mha, qkv, B, T, C, NH, nkv);
   float *dout = round_bf16(rand_floats(no, 0, 1), no);
-  float *dqkv = xmalloc(nqkv * 4), *out = xmalloc(no * 4), *att = xmalloc(natt * 4);
-  memset(dqkv, 0, nqkv * 4); /* the kernel adds into it */
-  uint16_t *g_qkv = dev_bf16(qkv, nqkv), *g_out = dev_alloc(no * 2), *g_dqkv = dev_bf16(dqkv, nqkv);
+  float *dmha = xmalloc(nmha * 4), *out = xmalloc(no * 4), *att = xmalloc(natt * 4);
+  float *zero = zeros(nqkv); /* the kernel adds into dqkv */
+  uint16_t *g_qkv = dev_bf16(qkv, nqkv), *g_out = dev_alloc(no * 2), *g_dqkv = dev_bf16(zero, nqkv);
   uint16_t *g_dout = dev_bf16(dout, no);
-  const fsdp_attention_forward_args_t dims = {.dt = FSDP_BF16, .B = B, .T = T, .C = C, .NH = NH};
+  const fsdp_attention_forward_args_t dims = {.dt = FSDP_BF16, .B = B, .T = T, .C = C, .NH = NH,
+                                              .NKV = NKV};
   ck_assert_uint_eq(fsdp_cuda_attention_state_floats(&dims), nlse);
   ck_assert_uint_eq(fsdp_cuda_attention_scratch_bytes(&dims), 0); /* no T^2 */
   float *g_lse = dev_alloc(nlse * 4);
   OK(fsdp_cuda_attention_forward(
       &(fsdp_attention_forward_args_t){.dt = FSDP_BF16, .out = g_out, .att = g_lse, .qkv = g_qkv,
-                                       .B = B, .T = T, .C = C, .NH = NH},
+                                       .B = B, .T = T, .C = C, .NH = NH, .NKV = NKV},
       fs));
   const fsdp_attention_backward_args_t bargs = {.dt = FSDP_BF16, .dqkv = g_dqkv, .dout = g_dout,
                                                 .qkv = g_qkv, .out = g_out, .att = g_lse, .B = B,
-                                                .T = T, .C = C, .NH = NH};
+                                                .T = T, .C = C, .NH = NH, .NKV = NKV};
   OK(fsdp_cuda_attention_backward(&bargs, fs));
-  fsdp_attention_forward(out, att, qkv, B, T, C, NH);
-  float *lse = lse_reference(qkv, B, T, C, NH), *got_lse = back_f32(g_lse, nlse);
+  fsdp_attention_forward(out, att, mha, B, T, C, NH);
+  float *lse = lse_reference(mha, B, T, C, NH), *got_lse = back_f32(g_lse, nlse);
   float *got = back_bf16(g_out, no), *got_d = back_bf16(g_dqkv, nqkv);
-  float *mag = xmalloc(nqkv * 4);
-  flash_backward_reference(dqkv, mag, dout, qkv, att, out, B, T, C, NH);
+  float *mag_mha = xmalloc(nmha * 4);
+  flash_backward_reference(dmha, mag_mha, dout, mha, att, out, B, T, C, NH);
+  float *dqkv = xmalloc(nqkv * 4), *mag = xmalloc(nqkv * 4);
+  gqa_fold_kv(dqkv, dmha, B, T, C, NH, nkv);
+  gqa_fold_kv(mag, mag_mha, B, T, C, NH, nkv);
   double vmax = 0.0, worst = 0.0, lse_worst = 0.0;
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t)
       for (int c = 0; c < C; ++c)
-        vmax = fmax(vmax, fabs(qkv[((size_t)b * T + t) * 3 * C + 2 * C + c]));
+        vmax = fmax(vmax, fabs(mha[((size_t)b * T + t) * 3 * C + 2 * C + c]));
   for (size_t i = 0; i < no; ++i)
     worst = isnan(got[i]) ? INFINITY : fmax(worst, fabs((double)got[i] - out[i]));
   for (size_t i = 0; i < nlse; ++i)
@@ -811,14 +1085,14 @@ static void bf16_attention_case(int B, int T, int C, int NH, const char *fwd, co
               flash_err(got2, dqkv, mag, nqkv), TOL_BF16);
     free(got2);
   }
-  free(qkv), free(dout), free(dqkv), free(out), free(att), free(got), free(got_d), free(lse),
-      free(got_lse), free(mag);
+  free(qkv), free(mha), free(dout), free(dmha), free(out), free(att), free(zero), free(got),
+      free(got_d), free(lse), free(got_lse), free(mag_mha), free(dqkv), free(mag);
 }
 
 START_TEST(flash_attention) {
   rng_seed(seed + 5700 + (uint64_t)_i);
   OK(fsdp_cuda_attention_set_mode("flash")); /* the in-house kernel, cuDNN or not */
-  bf16_attention_case(kFlash[_i].B, kFlash[_i].T, kFlash[_i].C, kFlash[_i].NH,
+  bf16_attention_case(kFlash[_i].B, kFlash[_i].T, kFlash[_i].C, kFlash[_i].NH, 0,
                       "attention_forward_bf16", "attention_backward_bf16", kFlash[_i].T < 1024);
 }
 END_TEST
@@ -856,10 +1130,14 @@ END_TEST
  * accumulation, so the same error budget. Small shapes (T not a multiple of
  * any tile, head sizes 16, 32, 64; not T = 1, which cuDNN 9.14 refuses on an
  * H200: "s_q = s_kv = 1 is not supported", so auto runs flash there) and GPT-2's production layer at
- * batch 2 (T 1024, 12 heads of 64). Skipped, named in the table, where
- * cuDNN does not load (the simulator has none). */
-static const struct { int B, T, C, NH; } kCudnn[] = {
-    {2, 65, 96, 3}, {3, 77, 192, 3}, {1, 130, 32, 2}, {2, 1024, 768, 12},
+ * batch 2 (T 1024, 12 heads of 64); grouped-query (rows *_cudnn_gqa): 4 query
+ * heads over 2 KV heads, 6 over 1, and the Llama shapes, 32 heads over 8 of
+ * 64 (Llama-3.2-1B, C 2048) and of 128 (C 4096). Skipped, named in the
+ * table, where cuDNN does not load (the simulator has none). */
+static const struct { int B, T, C, NH, NKV; } kCudnn[] = {
+    {2, 65, 96, 3, 0},   {3, 77, 192, 3, 0},   {1, 130, 32, 2, 0},
+    {2, 1024, 768, 12, 0}, {2, 65, 128, 4, 2}, {1, 77, 192, 6, 1},
+    {2, 256, 2048, 32, 8}, {1, 256, 4096, 32, 8},
 };
 
 START_TEST(cudnn_attention) {
@@ -867,16 +1145,28 @@ START_TEST(cudnn_attention) {
   if (!fsdp_cudnn_load(&why)) {
     skip_row("attention_forward_cudnn", why);
     skip_row("attention_backward_cudnn", why);
+    skip_row("attention_forward_cudnn_gqa", why);
+    skip_row("attention_backward_cudnn_gqa", why);
     return;
   }
   rng_seed(seed + 5800 + (uint64_t)_i);
-  const int B = kCudnn[_i].B, T = kCudnn[_i].T, C = kCudnn[_i].C, NH = kCudnn[_i].NH;
+  const int B = kCudnn[_i].B, T = kCudnn[_i].T, C = kCudnn[_i].C, NH = kCudnn[_i].NH,
+            NKV = kCudnn[_i].NKV;
   OK(fsdp_cuda_attention_set_mode("cudnn")); /* a shape cuDNN refuses fails, not falls back */
-  char impl[512];
-  OK(fsdp_cuda_attention_impl(fs, FSDP_BF16, B, T, C, NH, impl, sizeof impl));
-  ck_assert_msg(!strncmp(impl, "cudnn 9.", 8) && strchr(impl, '/'),
-                "cuDNN is open but the shape reports %s", impl);
-  bf16_attention_case(B, T, C, NH, "attention_forward_cudnn", "attention_backward_cudnn", 1);
+  int use_cudnn = 0;
+  OK(fsdp_cuda_attention_pick(B, T, C, NH, NKV, &use_cudnn));
+  ck_assert_msg(use_cudnn, "cuDNN is open but does not run B %d T %d C %d NH %d NKV %d", B, T, C,
+                NH, NKV);
+  if (!NKV) {
+    char impl[512];
+    OK(fsdp_cuda_attention_impl(fs, FSDP_BF16, B, T, C, NH, impl, sizeof impl));
+    ck_assert_msg(!strncmp(impl, "cudnn 9.", 8) && strchr(impl, '/'),
+                  "cuDNN is open but the shape reports %s", impl);
+    bf16_attention_case(B, T, C, NH, 0, "attention_forward_cudnn", "attention_backward_cudnn",
+                        1);
+  } else
+    bf16_attention_case(B, T, C, NH, NKV, "attention_forward_cudnn_gqa",
+                        "attention_backward_cudnn_gqa", 1);
 }
 END_TEST
 
@@ -912,6 +1202,44 @@ START_TEST(attention_choice) {
   OK(fsdp_cuda_attention_impl(fs, FSDP_F32, 2, 64, 128, 2, impl, sizeof impl));
   ck_assert_ptr_nonnull(strstr(impl, "fp32"));
   check_err("attention_choice", "the choice's refusals and reports", 0.0, TOL_EXACT);
+}
+END_TEST
+
+/* Grouped-query attention in bf16 never runs on the in-house flash kernel,
+ * which reads one KV head per query head: forced there (FSDP_ATTENTION=flash)
+ * it is refused naming NH and NKV, forward and backward; in auto mode a
+ * shape cuDNN cannot run (head size 20, or no cuDNN at all: the simulator)
+ * is refused the same way, with cuDNN's reason, not handed to flash. An NKV
+ * that does not divide NH is refused in both precisions. */
+START_TEST(attention_gqa_refusals) {
+  uint16_t *buf = dev_alloc(4 * 8 * 80 * 2);
+  float *lse = dev_alloc(4 * 4 * 4);
+  fsdp_attention_forward_args_t fwd = {.dt = FSDP_BF16, .out = buf, .att = lse, .qkv = buf,
+                                       .B = 1, .T = 4, .C = 64, .NH = 4, .NKV = 2};
+  const fsdp_attention_backward_args_t bwd = {.dt = FSDP_BF16, .dqkv = buf, .dout = buf,
+                                              .qkv = buf, .out = buf, .att = lse, .B = 1,
+                                              .T = 4, .C = 64, .NH = 4, .NKV = 2};
+  OK(fsdp_cuda_attention_set_mode("flash"));
+  ck_assert_int_eq(fsdp_cuda_attention_forward(&fwd, fs), FSDP_ERR_UNSUPPORTED);
+  ck_assert_msg(strstr(fsdp_last_error(), "NH 4") && strstr(fsdp_last_error(), "NKV 2") &&
+                    strstr(fsdp_last_error(), "FSDP_ATTENTION=flash"), "%s", fsdp_last_error());
+  ck_assert_int_eq(fsdp_cuda_attention_backward(&bwd, fs), FSDP_ERR_UNSUPPORTED);
+  ck_assert_msg(strstr(fsdp_last_error(), "NH 4") && strstr(fsdp_last_error(), "NKV 2"), "%s",
+                fsdp_last_error());
+  OK(fsdp_cuda_attention_set_mode("auto"));
+  fwd.C = 80; /* head size 20: no cuDNN graph */
+  ck_assert_int_eq(fsdp_cuda_attention_forward(&fwd, fs), FSDP_ERR_UNSUPPORTED);
+  ck_assert_msg(strstr(fsdp_last_error(), "NH 4") && strstr(fsdp_last_error(), "NKV 2") &&
+                    strstr(fsdp_last_error(), "cuDNN"), "%s", fsdp_last_error());
+  fwd.C = 64, fwd.NKV = 3;
+  ck_assert_int_eq(fsdp_cuda_attention_forward(&fwd, fs), FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(fsdp_last_error(), "NKV 3") && strstr(fsdp_last_error(), "NH 4"), "%s",
+                fsdp_last_error());
+  fwd.dt = FSDP_F32, fwd.scratch = buf;
+  ck_assert_int_eq(fsdp_cuda_attention_forward(&fwd, fs), FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(fsdp_last_error(), "NKV 3") && strstr(fsdp_last_error(), "NH 4"), "%s",
+                fsdp_last_error());
+  check_err("attention_gqa_refusals", "named errors", 0.0, TOL_EXACT);
 }
 END_TEST
 
@@ -1330,7 +1658,7 @@ static void add_test(Suite *s, const char *name, const TTest *test, int n);
  * score rows per head, 2 heads of 64. */
 START_TEST(big_attention) {
   rng_seed(seed + 9000);
-  attention_case(1, 1024, 128, 2);
+  attention_case(1, 1024, 128, 2, 0);
 }
 END_TEST
 
@@ -1375,6 +1703,26 @@ START_TEST(big_fused) {
 }
 END_TEST
 
+/* The Llama family's production shapes: Llama-3.2-1B's C 2048 (32 heads of
+ * 64 over 8 KV heads, its llama3-scaled frequencies, F 8192) and a C 4096
+ * layer (32 heads of 128 over 8, HF's default frequencies): RMSNorm with its
+ * residual, RoPE at positions 4000.., SwiGLU, and fp32 grouped-query
+ * attention at T = 256 (the bf16 shapes run on cuDNN: cudnn_attention). */
+START_TEST(big_llama) {
+  rng_seed(seed + 9500);
+  for (int bf16 = 0; bf16 <= 1; ++bf16) {
+    rmsnorm_case(bf16, 16, 2048, 1, 0, 1e-5f, 0.0);
+    rmsnorm_case(bf16, 16, 4096, 1, 0, 1e-6f, 0.0);
+    rope_case(bf16, 1, 64, 32, 8, 64, 4000, 1);
+    rope_case(bf16, 1, 64, 32, 8, 128, 4000, 0);
+    swiglu_case(bf16, 8, 8192, 0, 4.0);
+    dev_free_all();
+  }
+  attention_case(1, 256, 2048, 32, 8);
+  attention_case(1, 256, 4096, 32, 8);
+}
+END_TEST
+
 static int big_mode(void) {
   const char *b = getenv("FSDP_TEST_BIG");
   return b && *b && strcmp(b, "0") != 0;
@@ -1387,6 +1735,7 @@ static Suite *kernels_big_suite(void) {
   add_test(s, "big_xent", big_xent, 1);
   add_test(s, "big_layernorm", big_layernorm, 1);
   add_test(s, "big_fused", big_fused, 1);
+  add_test(s, "big_llama", big_llama, 1);
   return s;
 }
 
@@ -1414,12 +1763,17 @@ static Suite *kernels_suite(void) {
   add_test(s, "gelu_long", gelu_long, LEN(kLong));
   add_test(s, "fused_scratch_refused", fused_scratch_refused, 1);
   add_test(s, "embedding", embedding, LEN(kEmbedding));
+  add_test(s, "rmsnorm", rmsnorm, LEN(kRms));
+  add_test(s, "rope", rope, LEN(kRope));
+  add_test(s, "swiglu", swiglu, LEN(kSwiglu));
+  add_test(s, "llama_refusals", llama_refusals, 1);
   add_test(s, "attention", attention, LEN(kAttention));
   add_test(s, "flash_attention", flash_attention, LEN(kFlash));
   add_test(s, "flash_attention_refuses", flash_attention_refuses, 1);
   add_test(s, "cudnn_attention", cudnn_attention, LEN(kCudnn));
   add_test(s, "attention_choice", attention_choice, 1);
   add_test(s, "attention_heads", attention_rejects_uneven_heads, 1);
+  add_test(s, "attention_gqa_refusals", attention_gqa_refusals, 1);
   add_test(s, "table_refusals", table_refusals, 1);
   add_test(s, "xent", xent, LEN(kXent));
   add_test(s, "head", head, LEN(kHead));

@@ -2,10 +2,13 @@
  * backward, behind the table's one entry point per op: fp32 keeps the
  * probabilities, bf16 is cuDNN's fused attention where it runs the shape
  * (attention_cudnn.cpp, chosen in attention_choice.cu), else the fused flash
- * kernel (flash.cu); both keep only the log-sum-exp. fp32: the score and value products of each batch row are
- * one strided-batched cuBLAS call over its NH heads (the heads of a row are
- * hs columns apart; batch rows are not a uniform stride away from them, hence
- * one call per b); softmax and its backward are warp-per-row kernels. The
+ * kernel (flash.cu, multi-head only: grouped-query shapes run on cuDNN or
+ * are refused, attention_choice.cu); both keep only the log-sum-exp. fp32:
+ * the score and value products of each batch row are strided-batched cuBLAS
+ * calls over its heads (the heads of a row are hs columns apart; batch rows
+ * are not a uniform stride away from them, hence calls per b; one per
+ * query head of a KV group with grouped-query attention, see struct gqa);
+ * softmax and its backward are warp-per-row kernels. The
  * full (T,T) score block is computed, the masked upper triangle included, and
  * the softmax writes it as 0, as the CPU's att holds. */
 #include "backend/cuda/attention_cudnn.h"
@@ -64,71 +67,103 @@ static fsdp_status_t heads_gemm(bool ta, bool tb, int m, int n, int k, const T *
   return fsdp_cuda_gemm(&g, s);
 }
 
-static fsdp_status_t check_heads(int C, int NH) {
-  if (C % NH != 0)
+/* The KV heads of a shape (NKV 0 means NH), checked: NH heads dividing C,
+ * NKV dividing NH. */
+static fsdp_status_t kv_heads(int C, int NH, int NKV, int *nkv) {
+  *nkv = NKV == 0 ? NH : NKV;
+  if (NH <= 0 || C % NH != 0)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
                       "attention: C %d is not a multiple of the %d heads", C, NH);
+  if (*nkv < 0 || NH % *nkv != 0)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "attention: NKV %d key/value heads do not "
+                      "divide the NH %d query heads", NKV, NH);
   return FSDP_SUCCESS;
 }
 
 static unsigned softmax_blocks(size_t n_rows) { return fsdp_grid(n_rows, ATT_WARPS); }
 
+/* Grouped-query heads as strided batches: query head h = g*G + j (G = NH /
+ * NKV) reads KV head g, so for each j the heads j, G + j, ... are one batch
+ * of NKV, G*hs columns (G (T,T) blocks) apart, against the NKV KV heads hs
+ * columns apart: G calls per batch row (one with NKV = NH, as plain
+ * multi-head attention). No call writes one KV head's gradient twice, so
+ * dk and dv accumulate over j with beta = 1. */
+struct gqa {
+  int hs, G, NKV, ld; /* head size, query heads per KV head, KV heads, row length */
+  size_t kc, vc;      /* columns of the first k and v head */
+};
+
+static gqa gqa_of(int C, int NH, int NKV) {
+  const int hs = C / NH;
+  return {hs, NH / NKV, NKV, (NH + 2 * NKV) * hs, (size_t)NH * hs, (size_t)(NH + NKV) * hs};
+}
+
 /* fp32: the (B,NH,T,T) probabilities kept in att. */
 static fsdp_status_t probs_forward(float *out, float *att, const float *qkv, int B, int T, int C,
-                                   int NH, cudaStream_t stream) {
+                                   int NH, int NKV, cudaStream_t stream) {
   if (B <= 0 || T <= 0 || C <= 0 || NH <= 0) return FSDP_SUCCESS;
-  FSDP_TRY(check_heads(C, NH));
-  const int hs = C / NH, ld = 3 * C;
+  FSDP_TRY(kv_heads(C, NH, NKV, &NKV));
+  const gqa g = gqa_of(C, NH, NKV);
+  const int hs = g.hs, ld = g.ld;
   const float scale = 1.0f / sqrtf((float)hs);
-  const long long tt = (long long)T * T;
-  for (int b = 0; b < B; ++b) {
-    const float *q = qkv + (size_t)b * T * ld, *k = q + C;
-    float *a = att + (size_t)b * NH * tt;
-    /* a (T,T) = scale * q @ k^T, per head */
-    FSDP_TRY(heads_gemm(false, true, T, T, hs, q, ld, hs, k, ld, hs, scale, 0.0f, a, T, tt, NH,
-                        stream));
-  }
+  const long long tt = (long long)T * T, gtt = g.G * tt, ghs = (long long)g.G * hs;
+  for (int b = 0; b < B; ++b)
+    for (int j = 0; j < g.G; ++j) {
+      const float *row = qkv + (size_t)b * T * ld, *q = row + (size_t)j * hs, *k = row + g.kc;
+      float *a = att + ((size_t)b * NH + j) * tt;
+      /* a (T,T) = scale * q @ k^T, per head */
+      FSDP_TRY(heads_gemm(false, true, T, T, hs, q, ld, ghs, k, ld, hs, scale, 0.0f, a, T, gtt,
+                          NKV, stream));
+    }
   const size_t rows = (size_t)B * NH * T;
   FSDP_LAUNCH(causal_softmax_kernel, softmax_blocks(rows), ATT_WARPS * 32, 0, stream, att, rows, T);
   LAUNCH_CHECK();
-  for (int b = 0; b < B; ++b) {
-    const float *v = qkv + (size_t)b * T * ld + 2 * C, *a = att + (size_t)b * NH * tt;
-    /* out (T,hs) = a (T,T) @ v (T,hs), per head; a is 0 past the diagonal */
-    FSDP_TRY(heads_gemm(false, false, T, hs, T, a, T, tt, v, ld, hs, 1.0f, 0.0f,
-                        out + (size_t)b * T * C, C, hs, NH, stream));
-  }
+  for (int b = 0; b < B; ++b)
+    for (int j = 0; j < g.G; ++j) {
+      const float *v = qkv + (size_t)b * T * ld + g.vc, *a = att + ((size_t)b * NH + j) * tt;
+      /* out (T,hs) = a (T,T) @ v (T,hs), per head; a is 0 past the diagonal */
+      FSDP_TRY(heads_gemm(false, false, T, hs, T, a, T, gtt, v, ld, hs, 1.0f, 0.0f,
+                          out + (size_t)b * T * C + (size_t)j * hs, C, ghs, NKV, stream));
+    }
   return FSDP_SUCCESS;
 }
 
 /* scratch: (NH,T,T) floats, one batch row's dscore at a time. */
 static fsdp_status_t probs_backward(float *dqkv, float *scratch, const float *dout,
                                     const float *qkv, const float *att, int B, int T, int C,
-                                    int NH, cudaStream_t stream) {
+                                    int NH, int NKV, cudaStream_t stream) {
   if (B <= 0 || T <= 0 || C <= 0 || NH <= 0) return FSDP_SUCCESS;
-  FSDP_TRY(check_heads(C, NH));
-  const int hs = C / NH, ld = 3 * C;
+  FSDP_TRY(kv_heads(C, NH, NKV, &NKV));
+  const gqa g = gqa_of(C, NH, NKV);
+  const int hs = g.hs, ld = g.ld;
   const float scale = 1.0f / sqrtf((float)hs);
-  const long long tt = (long long)T * T;
+  const long long tt = (long long)T * T, gtt = g.G * tt, ghs = (long long)g.G * hs;
   const size_t rows = (size_t)NH * T;
   for (int b = 0; b < B; ++b) {
     const size_t off = (size_t)b * T * ld;
-    const float *q = qkv + off, *k = q + C, *v = q + 2 * C;
-    float *dq = dqkv + off, *dk = dq + C, *dv = dq + 2 * C;
+    const float *q = qkv + off, *k = q + g.kc, *v = q + g.vc;
+    float *dq = dqkv + off, *dk = dq + g.kc, *dv = dq + g.vc;
     const float *a = att + (size_t)b * NH * tt, *dy = dout + (size_t)b * T * C;
-    /* dv += a^T @ dout */
-    FSDP_TRY(heads_gemm(true, false, T, hs, T, a, T, tt, dy, C, hs, 1.0f, 1.0f, dv, ld, hs, NH,
-                        stream));
-    /* scratch (T,T) = dout @ v^T */
-    FSDP_TRY(heads_gemm(false, true, T, T, hs, dy, C, hs, v, ld, hs, 1.0f, 0.0f, scratch, T, tt,
-                        NH, stream));
+    for (int j = 0; j < g.G; ++j) {
+      const size_t hj = (size_t)j * hs;
+      /* dv += a^T @ dout */
+      FSDP_TRY(heads_gemm(true, false, T, hs, T, a + j * tt, T, gtt, dy + hj, C, ghs, 1.0f, 1.0f,
+                          dv, ld, hs, NKV, stream));
+      /* scratch (T,T) = dout @ v^T */
+      FSDP_TRY(heads_gemm(false, true, T, T, hs, dy + hj, C, ghs, v, ld, hs, 1.0f, 0.0f,
+                          scratch + j * tt, T, gtt, NKV, stream));
+    }
     FSDP_LAUNCH(causal_softmax_backward_kernel, softmax_blocks(rows), ATT_WARPS * 32, 0, stream,
                 scratch, a, rows, T, scale);
     LAUNCH_CHECK();
-    /* dq += dscore @ k;  dk += dscore^T @ q */
-    FSDP_TRY(heads_gemm(false, false, T, hs, T, scratch, T, tt, k, ld, hs, 1.0f, 1.0f, dq, ld, hs,
-                        NH, stream));
-    FSDP_TRY(heads_gemm(true, false, T, hs, T, scratch, T, tt, q, ld, hs, 1.0f, 1.0f, dk, ld, hs,
-                        NH, stream));
+    for (int j = 0; j < g.G; ++j) {
+      const size_t hj = (size_t)j * hs;
+      /* dq += dscore @ k;  dk += dscore^T @ q */
+      FSDP_TRY(heads_gemm(false, false, T, hs, T, scratch + j * tt, T, gtt, k, ld, hs, 1.0f, 1.0f,
+                          dq + hj, ld, ghs, NKV, stream));
+      FSDP_TRY(heads_gemm(true, false, T, hs, T, scratch + j * tt, T, gtt, q + hj, ld, ghs, 1.0f,
+                          1.0f, dk, ld, hs, NKV, stream));
+    }
   }
   return FSDP_SUCCESS;
 }
@@ -149,13 +184,15 @@ fsdp_status_t fsdp_cuda_attention_forward(const fsdp_attention_forward_args_t *a
     STORAGE(tag);
     if constexpr (std::is_same<S, bf16>::value) {
       int cudnn = 0; /* cuDNN's fused attention where it runs the shape (attention_choice.cu) */
-      FSDP_TRY(fsdp_cuda_attention_pick(a->B, a->T, a->C, a->NH, &cudnn));
+      FSDP_TRY(fsdp_cuda_attention_pick(a->B, a->T, a->C, a->NH, a->NKV, &cudnn));
       if (cudnn)
-        return fsdp_cudnn_attention_forward(a->out, a->att, a->qkv, a->B, a->T, a->C, a->NH, s);
+        return fsdp_cudnn_attention_forward(a->out, a->att, a->qkv, a->B, a->T, a->C, a->NH,
+                                            a->NKV, s);
       return fsdp_cuda_flash_forward(as<S>(a->out), a->att, as<S>(a->qkv), a->B, a->T, a->C,
                                      a->NH, s);
     } else
-      return probs_forward(as<S>(a->out), a->att, as<S>(a->qkv), a->B, a->T, a->C, a->NH, s);
+      return probs_forward(as<S>(a->out), a->att, as<S>(a->qkv), a->B, a->T, a->C, a->NH,
+                           a->NKV, s);
   });
 }
 
@@ -165,17 +202,19 @@ fsdp_status_t fsdp_cuda_attention_backward(const fsdp_attention_backward_args_t 
     STORAGE(tag);
     if constexpr (std::is_same<S, bf16>::value) {
       int cudnn = 0; /* as forward chose, so att holds the stats this path wrote */
-      FSDP_TRY(fsdp_cuda_attention_pick(a->B, a->T, a->C, a->NH, &cudnn));
+      FSDP_TRY(fsdp_cuda_attention_pick(a->B, a->T, a->C, a->NH, a->NKV, &cudnn));
       if (cudnn) {
         void *staged = nullptr; /* cuDNN writes the gradient; the table's backward adds it */
         FSDP_TRY(fsdp_cudnn_attention_backward(&staged, a->dout, a->qkv, a->out, a->att, a->B,
-                                               a->T, a->C, a->NH, s));
-        return fsdp_cuda_attention_add_staged(a->dqkv, staged, (size_t)a->B * a->T * 3 * a->C, s);
+                                               a->T, a->C, a->NH, a->NKV, s));
+        const int nkv = a->NKV ? a->NKV : a->NH; /* checked by the pick */
+        return fsdp_cuda_attention_add_staged(
+            a->dqkv, staged, (size_t)a->B * a->T * (a->NH + 2 * nkv) * (a->C / a->NH), s);
       }
       return fsdp_cuda_flash_backward(as<S>(a->dqkv), as<S>(a->dout), as<S>(a->qkv),
                                       as<S>(a->out), a->att, a->B, a->T, a->C, a->NH, s);
     } else
       return probs_backward(as<S>(a->dqkv), static_cast<float *>(a->scratch), as<S>(a->dout),
-                            as<S>(a->qkv), a->att, a->B, a->T, a->C, a->NH, s);
+                            as<S>(a->qkv), a->att, a->B, a->T, a->C, a->NH, a->NKV, s);
   });
 }

@@ -26,7 +26,7 @@ namespace {
 enum attention_mode { MODE_AUTO, MODE_FLASH, MODE_CUDNN, MODE_BAD };
 
 struct decision {
-  int device, B, T, C, NH;
+  int device, B, T, C, NH, NKV;
   bool cudnn;
   char text[640]; /* "cudnn 9.x.y (path)" or "in-house flash: why" */
 };
@@ -47,7 +47,7 @@ int parse_mode(const char *v) {
 /* Whether cuDNN runs the shape; its text (version and path) or why not in text.
  * A refusal is no failure of the caller's (the flash kernel runs instead): the
  * thread's last error is left as it was. */
-bool cudnn_runs(int B, int T, int C, int NH, char *text, size_t len) {
+bool cudnn_runs(int B, int T, int C, int NH, int NKV, char *text, size_t len) {
   const char *load_text = nullptr;
   if (!fsdp_cudnn_load(&load_text)) {
     snprintf(text, len, "%s", load_text);
@@ -55,7 +55,7 @@ bool cudnn_runs(int B, int T, int C, int NH, char *text, size_t len) {
   }
   char keep[1024];
   snprintf(keep, sizeof keep, "%s", fsdp_last_error());
-  if (fsdp_cudnn_attention_prepare(B, T, C, NH) != FSDP_SUCCESS) {
+  if (fsdp_cudnn_attention_prepare(B, T, C, NH, NKV) != FSDP_SUCCESS) {
     snprintf(text, len, "%s", fsdp_last_error());
     fsdp_error_set(keep);
     return false;
@@ -64,7 +64,10 @@ bool cudnn_runs(int B, int T, int C, int NH, char *text, size_t len) {
   return true;
 }
 
-fsdp_status_t decide(int device, int B, int T, int C, int NH, decision **out) {
+/* NKV != NH (grouped-query) runs on cuDNN only: the in-house flash kernel
+ * reads one KV head per query head, so choosing it would be a wrong answer,
+ * refused instead. */
+fsdp_status_t decide(int device, int B, int T, int C, int NH, int NKV, decision **out) {
   if (!mode_read) {
     const char *v = getenv("FSDP_ATTENTION");
     snprintf(mode_value, sizeof mode_value, "%s", v ? v : "");
@@ -74,37 +77,54 @@ fsdp_status_t decide(int device, int B, int T, int C, int NH, decision **out) {
   if (mode == MODE_BAD)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
                       "FSDP_ATTENTION=%s: expected flash, cudnn or auto (unset)", mode_value);
-  decision d = {device, B, T, C, NH, false, ""};
+  decision d = {device, B, T, C, NH, NKV, false, ""};
+  const bool grouped = NKV != NH;
   if (mode == MODE_FLASH) {
+    if (grouped)
+      return fsdp_error(FSDP_ERR_UNSUPPORTED,
+                        "attention: FSDP_ATTENTION=flash, but the in-house flash kernel runs "
+                        "multi-head attention only, not NH %d query heads over NKV %d key/value "
+                        "heads (grouped-query); use cuDNN (FSDP_ATTENTION=auto or cudnn)",
+                        NH, NKV);
     snprintf(d.text, sizeof d.text, "in-house flash: FSDP_ATTENTION=flash");
   } else {
     char why[600];
-    d.cudnn = cudnn_runs(B, T, C, NH, why, sizeof why);
+    d.cudnn = cudnn_runs(B, T, C, NH, NKV, why, sizeof why);
     if (!d.cudnn && mode == MODE_CUDNN)
       return fsdp_error(FSDP_ERR_UNSUPPORTED,
                         "attention: FSDP_ATTENTION=cudnn, but cuDNN cannot run B %d, T %d, C %d, "
-                        "NH %d: %s",
-                        B, T, C, NH, why);
+                        "NH %d, NKV %d: %s",
+                        B, T, C, NH, NKV, why);
+    if (!d.cudnn && grouped)
+      return fsdp_error(FSDP_ERR_UNSUPPORTED,
+                        "attention: NH %d query heads over NKV %d key/value heads (grouped-query) "
+                        "in bf16 run on cuDNN only (the in-house flash kernel is multi-head), and "
+                        "cuDNN cannot run B %d, T %d, C %d: %s",
+                        NH, NKV, B, T, C, why);
     snprintf(d.text, sizeof d.text, d.cudnn ? "%s" : "in-house flash: %s", why);
   }
-  fsdp_log(FSDP_LOG_INFO, "attention on device %d, B %d, T %d, C %d, NH %d, bf16: %s", device, B,
-           T, C, NH, d.text);
+  fsdp_log(FSDP_LOG_INFO, "attention on device %d, B %d, T %d, C %d, NH %d, NKV %d, bf16: %s",
+           device, B, T, C, NH, NKV, d.text);
   decisions.push_back(d);
   *out = &decisions.back();
   return FSDP_SUCCESS;
 }
 
-fsdp_status_t find_or_decide(int B, int T, int C, int NH, decision *out) {
+fsdp_status_t find_or_decide(int B, int T, int C, int NH, int NKV, decision *out) {
+  NKV = NKV == 0 ? NH : NKV;
+  if (NKV < 0 || (NKV > 0 && NH % NKV != 0))
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "attention: NKV %d key/value heads do not "
+                      "divide the NH %d query heads", NKV, NH);
   int device;
   CUDA_CHECK(cudaGetDevice(&device));
   std::lock_guard<std::mutex> guard(choice_lock);
   for (const decision &d : decisions)
-    if (d.device == device && d.B == B && d.T == T && d.C == C && d.NH == NH) {
+    if (d.device == device && d.B == B && d.T == T && d.C == C && d.NH == NH && d.NKV == NKV) {
       *out = d;
       return FSDP_SUCCESS;
     }
   decision *d;
-  FSDP_TRY(decide(device, B, T, C, NH, &d));
+  FSDP_TRY(decide(device, B, T, C, NH, NKV, &d));
   *out = *d;
   return FSDP_SUCCESS;
 }
@@ -147,27 +167,27 @@ int fsdp_cudnn_load(const char **text) {
   if (text) *text = kNoCudnn;
   return 0;
 }
-fsdp_status_t fsdp_cudnn_attention_prepare(int B, int T, int C, int NH) {
-  (void)B, (void)T, (void)C, (void)NH;
+fsdp_status_t fsdp_cudnn_attention_prepare(int B, int T, int C, int NH, int NKV) {
+  (void)B, (void)T, (void)C, (void)NH, (void)NKV;
   return fsdp_error(FSDP_ERR_UNSUPPORTED, "%s", kNoCudnn);
 }
 fsdp_status_t fsdp_cudnn_attention_forward(void *out, float *stats, const void *qkv, int B, int T,
-                                           int C, int NH, cudaStream_t stream) {
+                                           int C, int NH, int NKV, cudaStream_t stream) {
   (void)out, (void)stats, (void)qkv, (void)stream;
-  return fsdp_cudnn_attention_prepare(B, T, C, NH);
+  return fsdp_cudnn_attention_prepare(B, T, C, NH, NKV);
 }
 fsdp_status_t fsdp_cudnn_attention_backward(void **staged, const void *dout, const void *qkv,
                                             const void *out, const float *stats, int B, int T,
-                                            int C, int NH, cudaStream_t stream) {
+                                            int C, int NH, int NKV, cudaStream_t stream) {
   (void)staged, (void)dout, (void)qkv, (void)out, (void)stats, (void)stream;
-  return fsdp_cudnn_attention_prepare(B, T, C, NH);
+  return fsdp_cudnn_attention_prepare(B, T, C, NH, NKV);
 }
 fsdp_status_t fsdp_cudnn_attention_release(void) { return FSDP_SUCCESS; } /* nothing made */
 #endif
 
-fsdp_status_t fsdp_cuda_attention_pick(int B, int T, int C, int NH, int *use_cudnn) {
-  decision d;
-  FSDP_TRY(find_or_decide(B, T, C, NH, &d));
+fsdp_status_t fsdp_cuda_attention_pick(int B, int T, int C, int NH, int NKV, int *use_cudnn) {
+  decision d{};
+  FSDP_TRY(find_or_decide(B, T, C, NH, NKV, &d));
   *use_cudnn = d.cudnn;
   return FSDP_SUCCESS;
 }
@@ -206,8 +226,8 @@ fsdp_status_t fsdp_cuda_attention_impl(fsdp_stream_t stream, fsdp_dtype_t dtype,
     return FSDP_SUCCESS;
   }
   if (dtype != FSDP_BF16) return fsdp_cuda_refuse("attention_impl", dtype, stream);
-  decision d;
-  FSDP_TRY(find_or_decide(B, T, C, NH, &d));
+  decision d{};
+  FSDP_TRY(find_or_decide(B, T, C, NH, NH, &d));
   snprintf(buf, len, "%s", d.text);
   return FSDP_SUCCESS;
 }

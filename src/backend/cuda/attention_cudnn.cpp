@@ -92,7 +92,7 @@ struct stream_slot {
   cudnnHandle_t handle; /* bound to stream once, at creation */
   void *workspace;      /* the largest workspace a graph run on this stream needed */
   size_t workspace_bytes;
-  void *staging; /* backward's dqkv, (B,T,3C) bf16 of the largest shape so far */
+  void *staging; /* backward's dqkv, (B,T,(NH+2*NKV)*HS) bf16 of the largest shape so far */
   size_t staging_bytes;
 };
 
@@ -101,7 +101,7 @@ struct shape_graphs {
   int64_t fwd_workspace, bwd_workspace;
 };
 
-typedef std::array<int, 5> shape_key; /* device, B, T, NH, HS */
+typedef std::array<int, 6> shape_key; /* device, B, T, NH, NKV, HS */
 
 std::mutex &lock() {
   static std::mutex &m = *new std::mutex;
@@ -123,8 +123,8 @@ fsdp_status_t cudnn_side_cuda_fail(cudaError_t e, const char *what) {
 }
 
 fsdp_status_t fe_fail(const fe::error_t &e, const char *what, const shape_key &k) {
-  return fsdp_error(FSDP_ERR_UNSUPPORTED, "cuDNN attention %s (B %d, T %d, %d heads of %d): %s",
-                    what, k[1], k[2], k[3], k[4], e.err_msg.c_str());
+  return fsdp_error(FSDP_ERR_UNSUPPORTED, "cuDNN attention %s (B %d, T %d, %d heads of %d, %d "
+                    "KV heads): %s", what, k[1], k[2], k[3], k[5], k[4], e.err_msg.c_str());
 }
 
 #define FE_TRY(expr, what, key)                                                     \
@@ -180,20 +180,25 @@ fsdp_status_t grow_buffer(void **buf, size_t *have, size_t need, const char *wha
 
 typedef std::shared_ptr<fe::graph::Tensor_attributes> tensor_t;
 
-/* A (B,NH,T,HS) bf16 view of rows ld elements apart, head h at column h*HS. */
-tensor_t heads(fe::graph::Graph &g, const char *name, int64_t uid, const shape_key &k, int64_t ld) {
-  const int64_t B = k[1], T = k[2], NH = k[3], HS = k[4];
+/* A (B,n,T,HS) bf16 view of n heads in rows ld elements apart, head h at
+ * column h*HS (n: NH for q, o and their gradients, NKV for k and v). */
+tensor_t heads(fe::graph::Graph &g, const char *name, int64_t uid, const shape_key &k, int64_t n,
+               int64_t ld) {
+  const int64_t B = k[1], T = k[2], HS = k[5];
   return g.tensor(fe::graph::Tensor_attributes()
                       .set_name(name)
                       .set_uid(uid)
-                      .set_dim({B, NH, T, HS})
+                      .set_dim({B, n, T, HS})
                       .set_stride({T * ld, HS, ld, 1}));
 }
 
-void set_heads(const tensor_t &t, int64_t uid, const shape_key &k, int64_t ld) {
-  const int64_t B = k[1], T = k[2], NH = k[3], HS = k[4];
-  t->set_output(true).set_uid(uid).set_dim({B, NH, T, HS}).set_stride({T * ld, HS, ld, 1});
+void set_heads(const tensor_t &t, int64_t uid, const shape_key &k, int64_t n, int64_t ld) {
+  const int64_t B = k[1], T = k[2], HS = k[5];
+  t->set_output(true).set_uid(uid).set_dim({B, n, T, HS}).set_stride({T * ld, HS, ld, 1});
 }
+
+/* The packed qkv's row length, (NH + 2*NKV) * HS. */
+int64_t qkv_ld(const shape_key &k) { return ((int64_t)k[3] + 2 * (int64_t)k[4]) * k[5]; }
 
 /* (B,NH,T,1) fp32: one log-sum-exp per query row. */
 fe::graph::Tensor_attributes stats_attributes(const shape_key &k) {
@@ -226,13 +231,13 @@ fsdp_status_t finish(fe::graph::Graph &g, cudnnHandle_t h, const char *what, con
   return FSDP_SUCCESS;
 }
 
-float scale_of(const shape_key &k) { return 1.0f / sqrtf((float)k[4]); }
+float scale_of(const shape_key &k) { return 1.0f / sqrtf((float)k[5]); }
 
 fsdp_status_t build_forward(shape_graphs *sg, cudnnHandle_t h, const shape_key &k) {
-  const int64_t C = (int64_t)k[3] * k[4];
+  const int64_t NH = k[3], NKV = k[4], C = NH * k[5], ld = qkv_ld(k);
   auto g = new_graph();
-  tensor_t q = heads(*g, "q", UID_Q, k, 3 * C), kk = heads(*g, "k", UID_K, k, 3 * C),
-           v = heads(*g, "v", UID_V, k, 3 * C);
+  tensor_t q = heads(*g, "q", UID_Q, k, NH, ld), kk = heads(*g, "k", UID_K, k, NKV, ld),
+           v = heads(*g, "v", UID_V, k, NKV, ld);
   auto opts = fe::graph::SDPA_attributes()
                   .set_name("attention_forward")
                   .set_generate_stats(true)
@@ -240,8 +245,8 @@ fsdp_status_t build_forward(shape_graphs *sg, cudnnHandle_t h, const shape_key &
                   .set_diagonal_band_right_bound(0) /* causal: no key after the query */
                   .set_attn_scale(scale_of(k));
   auto [o, stats] = g->sdpa(q, kk, v, opts);
-  set_heads(o, UID_O, k, C);
-  const int64_t B = k[1], T = k[2], NH = k[3];
+  set_heads(o, UID_O, k, NH, C);
+  const int64_t B = k[1], T = k[2];
   stats->set_output(true)
       .set_uid(UID_STATS)
       .set_data_type(fe::DataType_t::FLOAT)
@@ -255,13 +260,13 @@ fsdp_status_t build_forward(shape_graphs *sg, cudnnHandle_t h, const shape_key &
 /* Deterministic (dQ without atomics, as every fsdp kernel but the embedding's
  * scatter) where this cuDNN has it for the shape, else cuDNN's atomic dQ. */
 fsdp_status_t build_backward(shape_graphs *sg, cudnnHandle_t h, const shape_key &k) {
-  const int64_t C = (int64_t)k[3] * k[4];
+  const int64_t NH = k[3], NKV = k[4], C = NH * k[5], ld = qkv_ld(k);
   fsdp_status_t st = FSDP_SUCCESS;
   for (int deterministic = 1; deterministic >= 0; --deterministic) {
     auto g = new_graph();
-    tensor_t q = heads(*g, "q", UID_Q, k, 3 * C), kk = heads(*g, "k", UID_K, k, 3 * C),
-             v = heads(*g, "v", UID_V, k, 3 * C), o = heads(*g, "o", UID_O, k, C),
-             dout = heads(*g, "dout", UID_DO, k, C), stats = g->tensor(stats_attributes(k));
+    tensor_t q = heads(*g, "q", UID_Q, k, NH, ld), kk = heads(*g, "k", UID_K, k, NKV, ld),
+             v = heads(*g, "v", UID_V, k, NKV, ld), o = heads(*g, "o", UID_O, k, NH, C),
+             dout = heads(*g, "dout", UID_DO, k, NH, C), stats = g->tensor(stats_attributes(k));
     auto opts = fe::graph::SDPA_backward_attributes()
                     .set_name("attention_backward")
                     .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
@@ -269,14 +274,15 @@ fsdp_status_t build_backward(shape_graphs *sg, cudnnHandle_t h, const shape_key 
                     .set_attn_scale(scale_of(k))
                     .set_deterministic_algorithm(deterministic != 0);
     auto [dq, dk, dv] = g->sdpa_backward(q, kk, v, o, dout, stats, opts);
-    set_heads(dq, UID_DQ, k, 3 * C);
-    set_heads(dk, UID_DK, k, 3 * C);
-    set_heads(dv, UID_DV, k, 3 * C);
+    set_heads(dq, UID_DQ, k, NH, ld);
+    set_heads(dk, UID_DK, k, NKV, ld);
+    set_heads(dv, UID_DV, k, NKV, ld);
     st = finish(*g, h, "backward", k, &sg->bwd_workspace);
     if (st == FSDP_SUCCESS) {
       if (!deterministic)
-        fsdp_log(FSDP_LOG_INFO, "cuDNN attention backward (B %d, T %d, %d heads of %d): no "
-                 "deterministic plan, dQ is accumulated with atomics", k[1], k[2], k[3], k[4]);
+        fsdp_log(FSDP_LOG_INFO, "cuDNN attention backward (B %d, T %d, %d heads of %d, %d KV "
+                 "heads): no deterministic plan, dQ is accumulated with atomics", k[1], k[2],
+                 k[3], k[5], k[4]);
       sg->bwd = g;
       return FSDP_SUCCESS;
     }
@@ -284,19 +290,20 @@ fsdp_status_t build_backward(shape_graphs *sg, cudnnHandle_t h, const shape_key 
   return st;
 }
 
-fsdp_status_t check_shape(int B, int T, int C, int NH) {
-  if (B <= 0 || T <= 0 || NH <= 0 || C <= 0 || C % NH != 0)
-    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "cuDNN attention: B %d, T %d, C %d, NH %d: "
-                      "positive sizes with C a multiple of NH expected", B, T, C, NH);
+fsdp_status_t check_shape(int B, int T, int C, int NH, int NKV) {
+  if (B <= 0 || T <= 0 || NH <= 0 || C <= 0 || C % NH != 0 || NKV <= 0 || NH % NKV != 0)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "cuDNN attention: B %d, T %d, C %d, NH %d, NKV "
+                      "%d: positive sizes with C a multiple of NH and NKV dividing NH expected",
+                      B, T, C, NH, NKV);
   return FSDP_SUCCESS;
 }
 
 /* The graphs of this shape on the current device, built the first time. */
-fsdp_status_t graphs_for(int B, int T, int C, int NH, shape_graphs **out) {
-  FSDP_TRY(check_shape(B, T, C, NH));
+fsdp_status_t graphs_for(int B, int T, int C, int NH, int NKV, shape_graphs **out) {
+  FSDP_TRY(check_shape(B, T, C, NH, NKV));
   stream_slot *builder;
   FSDP_TRY(slot_for(nullptr, &builder));
-  const shape_key k = {builder->device, B, T, NH, C / NH};
+  const shape_key k = {builder->device, B, T, NH, NKV, C / NH};
   auto it = graphs().find(k);
   if (it == graphs().end()) {
     shape_graphs sg{};
@@ -336,21 +343,23 @@ extern "C" int fsdp_cudnn_load(const char **text) {
   return load_ok;
 }
 
-extern "C" fsdp_status_t fsdp_cudnn_attention_prepare(int B, int T, int C, int NH) {
+extern "C" fsdp_status_t fsdp_cudnn_attention_prepare(int B, int T, int C, int NH, int NKV) {
   if (!fsdp_cudnn_load(nullptr)) return not_loaded();
+  NKV = NKV == 0 ? NH : NKV;
   try {
     std::lock_guard<std::mutex> guard(lock());
     shape_graphs *sg;
-    return graphs_for(B, T, C, NH, &sg);
+    return graphs_for(B, T, C, NH, NKV, &sg);
   } catch (const std::exception &e) {
     return thrown("graphs", e.what());
   }
 }
 
 extern "C" fsdp_status_t fsdp_cudnn_attention_forward(void *out, float *stats, const void *qkv,
-                                                      int B, int T, int C, int NH,
+                                                      int B, int T, int C, int NH, int NKV,
                                                       cudaStream_t stream) {
   if (!fsdp_cudnn_load(nullptr)) return not_loaded();
+  NKV = NKV == 0 ? NH : NKV;
   const void *ptrs[] = {out, stats, qkv};
   const char *names[] = {"out", "stats", "qkv"};
   FSDP_TRY(check_aligned(ptrs, names, 3));
@@ -359,13 +368,14 @@ extern "C" fsdp_status_t fsdp_cudnn_attention_forward(void *out, float *stats, c
     stream_slot *slot;
     shape_graphs *sg;
     FSDP_TRY(slot_for(stream, &slot));
-    FSDP_TRY(graphs_for(B, T, C, NH, &sg));
+    FSDP_TRY(graphs_for(B, T, C, NH, NKV, &sg));
     FSDP_TRY(grow_buffer(&slot->workspace, &slot->workspace_bytes, (size_t)sg->fwd_workspace,
                          "cudaMalloc(workspace)"));
+    const size_t kv = (size_t)NKV * (size_t)(C / NH); /* columns of the k (and v) heads */
     std::unordered_map<int64_t, void *> pack = {
-        {UID_Q, at(qkv, 0)}, {UID_K, at(qkv, (size_t)C)}, {UID_V, at(qkv, 2 * (size_t)C)},
+        {UID_Q, at(qkv, 0)}, {UID_K, at(qkv, (size_t)C)}, {UID_V, at(qkv, (size_t)C + kv)},
         {UID_O, out},        {UID_STATS, stats}};
-    const shape_key k = {slot->device, B, T, NH, C / NH};
+    const shape_key k = {slot->device, B, T, NH, NKV, C / NH};
     FE_TRY(sg->fwd->execute(slot->handle, pack, slot->workspace), "forward", k);
     return FSDP_SUCCESS;
   } catch (const std::exception &e) {
@@ -376,8 +386,9 @@ extern "C" fsdp_status_t fsdp_cudnn_attention_forward(void *out, float *stats, c
 extern "C" fsdp_status_t fsdp_cudnn_attention_backward(void **staged, const void *dout,
                                                        const void *qkv, const void *out,
                                                        const float *stats, int B, int T, int C,
-                                                       int NH, cudaStream_t stream) {
+                                                       int NH, int NKV, cudaStream_t stream) {
   if (!fsdp_cudnn_load(nullptr)) return not_loaded();
+  NKV = NKV == 0 ? NH : NKV;
   const void *ptrs[] = {dout, qkv, out, stats};
   const char *names[] = {"dout", "qkv", "out", "stats"};
   FSDP_TRY(check_aligned(ptrs, names, 4));
@@ -386,23 +397,24 @@ extern "C" fsdp_status_t fsdp_cudnn_attention_backward(void **staged, const void
     stream_slot *slot;
     shape_graphs *sg;
     FSDP_TRY(slot_for(stream, &slot));
-    FSDP_TRY(graphs_for(B, T, C, NH, &sg));
+    FSDP_TRY(graphs_for(B, T, C, NH, NKV, &sg));
     FSDP_TRY(grow_buffer(&slot->workspace, &slot->workspace_bytes, (size_t)sg->bwd_workspace,
                          "cudaMalloc(workspace)"));
-    FSDP_TRY(grow_buffer(&slot->staging, &slot->staging_bytes, (size_t)B * T * 3 * C * 2,
+    const size_t kv = (size_t)NKV * (size_t)(C / NH); /* columns of the k (and v) heads */
+    FSDP_TRY(grow_buffer(&slot->staging, &slot->staging_bytes, (size_t)B * T * (C + 2 * kv) * 2,
                          "cudaMalloc(dqkv staging)"));
     void *d = slot->staging;
     std::unordered_map<int64_t, void *> pack = {
         {UID_Q, at(qkv, 0)},
         {UID_K, at(qkv, (size_t)C)},
-        {UID_V, at(qkv, 2 * (size_t)C)},
+        {UID_V, at(qkv, (size_t)C + kv)},
         {UID_O, const_cast<void *>(out)},
         {UID_DO, const_cast<void *>(dout)},
         {UID_STATS, const_cast<float *>(stats)},
         {UID_DQ, d},
         {UID_DK, at(d, (size_t)C)},
-        {UID_DV, at(d, 2 * (size_t)C)}};
-    const shape_key k = {slot->device, B, T, NH, C / NH};
+        {UID_DV, at(d, (size_t)C + kv)}};
+    const shape_key k = {slot->device, B, T, NH, NKV, C / NH};
     FE_TRY(sg->bwd->execute(slot->handle, pack, slot->workspace), "backward", k);
     *staged = d;
     return FSDP_SUCCESS;

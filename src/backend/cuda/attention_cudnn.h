@@ -3,15 +3,19 @@
  * it and the in-house flash kernel (attention_choice.cu). C linkage, for the
  * .cu files and the cuda tests.
  *
- * Layout, as flash.cu's: qkv (B,T,3C) with q, k, v of head h at columns
- * h*HS, C + h*HS, 2C + h*HS; out (B,T,C); stats (B,NH,T) fp32, the natural
+ * Layout, the table's (src/backend/compute.h): NH query heads and NKV
+ * key/value heads of HS = C/NH (NKV 0 means NH; NKV divides NH, query head h
+ * reading KV head h / (NH/NKV): grouped-query attention, which cuDNN's SDPA
+ * takes as K and V tensors of NKV heads); qkv (B,T,(NH+2*NKV)*HS) with q of
+ * head h at column h*HS, k and v of KV head g at C + g*HS and C + (NKV+g)*HS
+ * ((B,T,3C) for NKV = NH); out (B,T,C); stats (B,NH,T) fp32, the natural
  * log-sum-exp of each query row's scaled causal scores (cuDNN's softmax
  * stats, what flash.cu calls lse). Scale 1/sqrt(HS), causal (a query sees the
  * keys at or before it).
  *
  * cuDNN is opened at first use (dlopen: $FSDP_CUDNN_LIBRARY, else
  * libcudnn.so.9 on the library path); libfsdp does not link it. Graphs are
- * built once per (device, B, T, NH, HS), with a handle of the device's own
+ * built once per (device, B, T, NH, NKV, HS), with a handle of the device's own
  * that runs nothing; both are kept for the process. Each (device, stream)
  * pair that runs attention gets its own cuDNN handle, bound to the stream
  * once, its workspace and its dqkv staging buffer (cudaMalloc at first use
@@ -33,14 +37,18 @@ extern "C" {
 /* ---- attention_choice.cu: which kernel runs a bf16 shape ---- */
 
 /* Sets *use_cudnn for this shape on the current device, deciding it the
- * first time the (device, B, T, C, NH) is seen: cuDNN when it loads and both
- * its graphs (forward with stats, backward) build for the shape, else the
- * in-house flash kernel. $FSDP_ATTENTION (read once) forces a path: "flash",
- * or "cudnn", where a shape cuDNN cannot run is FSDP_ERR_UNSUPPORTED with
- * cuDNN's reason; any other value is FSDP_ERR_INVALID_ARGUMENT. The same
+ * first time the (device, B, T, C, NH, NKV) is seen: cuDNN when it loads and
+ * both its graphs (forward with stats, backward) build for the shape, else
+ * the in-house flash kernel. $FSDP_ATTENTION (read once) forces a path:
+ * "flash", or "cudnn", where a shape cuDNN cannot run is
+ * FSDP_ERR_UNSUPPORTED with cuDNN's reason; any other value is
+ * FSDP_ERR_INVALID_ARGUMENT. The flash kernel is multi-head only: a
+ * grouped-query shape (NKV neither 0 nor NH) that cuDNN cannot run, or with
+ * "flash" forced, is FSDP_ERR_UNSUPPORTED naming NH and NKV, never run on
+ * it; an NKV that does not divide NH is FSDP_ERR_INVALID_ARGUMENT. The same
  * answer for forward and backward, so a backward always reads the stats its
  * own kind of forward wrote. */
-fsdp_status_t fsdp_cuda_attention_pick(int B, int T, int C, int NH, int *use_cudnn);
+fsdp_status_t fsdp_cuda_attention_pick(int B, int T, int C, int NH, int NKV, int *use_cudnn);
 /* dqkv += the staged gradient cuDNN wrote (n bf16 values each), on stream. */
 fsdp_status_t fsdp_cuda_attention_add_staged(void *dqkv, const void *staged, size_t n,
                                              cudaStream_t stream);
@@ -57,15 +65,16 @@ fsdp_status_t fsdp_cuda_attention_set_mode(const char *mode);
 int fsdp_cudnn_load(const char **text);
 /* Builds (once) the forward and backward graphs of this shape on the current
  * device; an error says why cuDNN refused it. */
-fsdp_status_t fsdp_cudnn_attention_prepare(int B, int T, int C, int NH);
+fsdp_status_t fsdp_cudnn_attention_prepare(int B, int T, int C, int NH, int NKV);
 /* out and stats written. Pointers device memory, 16-byte aligned. */
 fsdp_status_t fsdp_cudnn_attention_forward(void *out, float *stats, const void *qkv, int B, int T,
-                                           int C, int NH, cudaStream_t stream);
-/* The gradient of qkv written into this stream's staging buffer of B*T*3C
- * bf16, *staged set to it: valid until the next backward on this stream. */
+                                           int C, int NH, int NKV, cudaStream_t stream);
+/* The gradient of qkv written into this stream's staging buffer of
+ * B*T*(NH+2*NKV)*HS bf16, *staged set to it: valid until the next backward
+ * on this stream. */
 fsdp_status_t fsdp_cudnn_attention_backward(void **staged, const void *dout, const void *qkv,
                                             const void *out, const float *stats, int B, int T,
-                                            int C, int NH, cudaStream_t stream);
+                                            int C, int NH, int NKV, cudaStream_t stream);
 /* Destroys every (device, stream) pair's handle and frees its workspace and
  * staging buffer (the graphs and their builder handles stay); the CUDA
  * table's release calls it. Call it when no attention runs, before those

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <initializer_list>
 #include <type_traits>
 
 extern "C" {
@@ -192,6 +193,16 @@ template <int W, typename T> __device__ __forceinline__ void vstore(T *p, const 
 
 /* Whether p may be read as packs (NULL, an absent operand, may). */
 static inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* Whether rows of C elements may be read as packs: every row starts 16-byte
+ * aligned (C a multiple of a pack and every pointer aligned); else a kernel
+ * takes the scalar form of itself. */
+template <typename T> static bool rows_packable(int C, std::initializer_list<const void *> ps) {
+  if (C % pack_width<T>() != 0) return false;
+  for (const void *p : ps)
+    if (!aligned16(p)) return false;
+  return true;
+}
 
 template <typename T> struct fsdp_cuda_type;
 template <> struct fsdp_cuda_type<float> {

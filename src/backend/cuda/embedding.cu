@@ -1,6 +1,7 @@
 /* src/backend/cuda/embedding.cu — token + position embedding forward and backward
- * (fp32 and bf16 storage; gradients fp32). The position gradient is summed over
- * the batch in order; the token gradient is a float atomicAdd scatter. */
+ * (fp32 and bf16 storage; gradients fp32), or the token embedding alone (no
+ * wpe: the RoPE models). The position gradient is summed over the batch in
+ * order; the token gradient is a float atomicAdd scatter. */
 #include "backend/cuda/cuda_internal.cuh"
 
 template <typename T>
@@ -9,7 +10,8 @@ __global__ void embedding_forward_kernel(T *out, const int *tokens, const T *wte
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x) {
     const size_t bt = i / C, c = i % C, t = bt % T_;
-    store(out + i, load(wte + (size_t)tokens[bt] * C + c) + load(wpe + t * C + c));
+    const float e = load(wte + (size_t)tokens[bt] * C + c);
+    store(out + i, wpe ? e + load(wpe + t * C + c) : e);
   }
 }
 
@@ -56,9 +58,11 @@ static fsdp_status_t embedding_backward(float *dwte, float *dwpe, const T *dout,
                                         cudaStream_t s) {
   if (B <= 0 || T_ <= 0 || C <= 0) return FSDP_SUCCESS;
   const size_t n = (size_t)B * T_ * C, tc = (size_t)T_ * C;
-  FSDP_LAUNCH(embedding_dwpe_kernel, fsdp_grid(tc, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, s, dwpe,
-              dout, B, T_, C);
-  LAUNCH_CHECK();
+  if (dwpe) {
+    FSDP_LAUNCH(embedding_dwpe_kernel, fsdp_grid(tc, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, s,
+                dwpe, dout, B, T_, C);
+    LAUNCH_CHECK();
+  }
   FSDP_LAUNCH(embedding_dwte_kernel, fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, s, dwte,
               dout, tokens, C, n);
   LAUNCH_CHECK();

@@ -65,7 +65,8 @@ extern "C" {
 fsdp_status_t fsdp_cuda_head_forward(const fsdp_head_forward_args_t *a, fsdp_stream_t stream);
 fsdp_status_t fsdp_cuda_head_backward(const fsdp_head_backward_args_t *a, fsdp_stream_t stream);
 /* dwpe[t] += sum over b in order (deterministic); dwte rows += dout by float
- * atomicAdd (repeated tokens add in a varying order: a few ulps). */
+ * atomicAdd (repeated tokens add in a varying order: a few ulps). Without wpe
+ * (NULL) the forward copies wte's rows, and a NULL dwpe is not written. */
 fsdp_status_t fsdp_cuda_embedding_forward(const fsdp_embedding_forward_args_t *a,
                                           fsdp_stream_t stream);
 fsdp_status_t fsdp_cuda_embedding_backward(const fsdp_embedding_backward_args_t *a,
@@ -80,7 +81,11 @@ fsdp_status_t fsdp_cuda_embedding_backward(const fsdp_embedding_backward_args_t 
  * lse) and reads forward's out for rowsum(dout * out); no scratch (0 bytes).
  * bf16 needs a head size C/NH that is a multiple of 16 up to 128 (GPT-2's is
  * 64) and 16-byte aligned tensors: else FSDP_ERR_INVALID_ARGUMENT naming the
- * value. No bound on T. */
+ * value. No bound on T. Grouped-query attention (NKV neither 0 nor NH): f32
+ * runs it with the KV heads' products batched per group (attention.cu); bf16
+ * on cuDNN only, the flash kernel being multi-head: where cuDNN cannot run
+ * the shape, or FSDP_ATTENTION=flash forces flash, FSDP_ERR_UNSUPPORTED
+ * naming NH and NKV (attention_choice.cu). */
 size_t fsdp_cuda_attention_state_floats(const fsdp_attention_forward_args_t *a);
 size_t fsdp_cuda_attention_scratch_bytes(const fsdp_attention_forward_args_t *a);
 fsdp_status_t fsdp_cuda_attention_forward(const fsdp_attention_forward_args_t *a,
@@ -109,6 +114,23 @@ fsdp_status_t fsdp_cuda_relu_backward(const fsdp_relu_backward_args_t *a, fsdp_s
 /* One block per row; the exponential sum and the loss in double, as on the
  * CPU. */
 fsdp_status_t fsdp_cuda_xent(const fsdp_xent_args_t *a, fsdp_stream_t stream);
+/* The Llama family's layers (llama.cu). RMSNorm: a warp per row as LayerNorm,
+ * dweight's column sums through scratch (fsdp_cuda_colsum_scratch_bytes(C);
+ * NULL is FSDP_ERR_INVALID_ARGUMENT, as a NULL dinp). RoPE: NKV 0 means
+ * NH; NKV must divide NH, D be even, pos0 + T at most 2^24 (positions exact in
+ * fp32), else FSDP_ERR_INVALID_ARGUMENT naming the values; cos and sin with
+ * CUDA's full-range cosf/sinf. SwiGLU: d(input) written, not added (its
+ * descriptor's contract). */
+fsdp_status_t fsdp_cuda_rmsnorm_forward(const fsdp_rmsnorm_forward_args_t *a,
+                                        fsdp_stream_t stream);
+fsdp_status_t fsdp_cuda_rmsnorm_backward(const fsdp_rmsnorm_backward_args_t *a,
+                                         fsdp_stream_t stream);
+fsdp_status_t fsdp_cuda_rope_forward(const fsdp_rope_args_t *a, fsdp_stream_t stream);
+fsdp_status_t fsdp_cuda_rope_backward(const fsdp_rope_args_t *a, fsdp_stream_t stream);
+fsdp_status_t fsdp_cuda_swiglu_forward(const fsdp_swiglu_forward_args_t *a,
+                                       fsdp_stream_t stream);
+fsdp_status_t fsdp_cuda_swiglu_backward(const fsdp_swiglu_backward_args_t *a,
+                                        fsdp_stream_t stream);
 
 /* ---- cuBLAS handles: the table's prepare and release ---- */
 

@@ -3,8 +3,6 @@
  * passes (mean, then squared deviations) as on the CPU, so a large mean next
  * to a small spread does not cancel. The weight and bias gradients are column
  * sums over all SMs in a fixed order: no atomics. */
-#include <initializer_list>
-
 #include "backend/cuda/cuda_internal.cuh"
 
 #define LN_EPS 1e-5f /* a float, widened to double as on the CPU */
@@ -95,15 +93,6 @@ __global__ void layernorm_dinp_kernel(T *dinp, const T *dout, const T *inp, cons
 }
 
 static unsigned row_blocks(int N) { return fsdp_grid((size_t)N, LN_WARPS); }
-
-/* Packs when every row starts 16-byte aligned: C a multiple of a pack and
- * every pointer aligned; else the scalar form of the same kernel. */
-template <typename T> static bool rows_packable(int C, std::initializer_list<const void *> ps) {
-  if (C % pack_width<T>() != 0) return false;
-  for (const void *p : ps)
-    if (!aligned16(p)) return false;
-  return true;
-}
 
 template <typename T>
 static fsdp_status_t layernorm_forward(T *res, T *out, float *mean, float *rstd, const T *inp,
