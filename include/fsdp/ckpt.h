@@ -63,6 +63,7 @@
 #define FSDP_CKPT_H
 
 #include "fsdp/engine.h"
+#include "fsdp/nn.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -98,13 +99,17 @@ typedef struct {
   unsigned int version;         /* FSDP_VERSION_CODE */
   int overwrite;                /* 0; 1: replace an existing committed step-<k> */
   const fsdp_ckpt_meta_t *meta; /* NULL; trainer state to record */
+  /* NULL; the Llama the engine holds (checked with fsdp_llama_config_check),
+   * recorded as the manifest's "model" so that fsdp_ckpt_llama_config, eval
+   * and export --hf know it. Read during the call only. */
+  const fsdp_llama_config_t *llama;
 } fsdp_ckpt_save_opts_t;
-FSDP_ASSERT_NO_TAIL(fsdp_ckpt_save_opts_t, meta);
+FSDP_ASSERT_NO_TAIL(fsdp_ckpt_save_opts_t, llama);
 #define FSDP_CKPT_SAVE_OPTS_MAGIC 0xf5d9c0f3u
 #define FSDP_CKPT_SAVE_OPTS_INIT                                                     \
   {                                                                                  \
     .size = sizeof(fsdp_ckpt_save_opts_t), .magic = FSDP_CKPT_SAVE_OPTS_MAGIC,       \
-    .version = FSDP_VERSION_CODE, .overwrite = 0, .meta = NULL                       \
+    .version = FSDP_VERSION_CODE, .overwrite = 0, .meta = NULL, .llama = NULL        \
   }
 
 /* Saves the engine's master shards, optimizer state and step (k =
@@ -263,6 +268,18 @@ typedef struct {
   const fsdp_ckpt_meta_t *meta;
 } fsdp_ckpt_info_t;
 FSDP_API fsdp_status_t fsdp_ckpt_info(fsdp_ckpt_t ckpt, fsdp_ckpt_info_t *info);
+
+/* The model family a checkpoint holds: "llama" when its manifest records a
+ * Llama (fsdp_ckpt_import_hf of a LlamaForCausalLM, or a save with
+ * opts->llama), "gpt2" when it has GPT-2's wte and wpe tensors (GPT-2
+ * checkpoints record their shape as trainer state "gpt2.*", not as a model
+ * record, so that they stay as they always were), else "other" (an MLP, or
+ * tensors imported as they are). A static string; "other" for NULL. */
+FSDP_API const char *fsdp_ckpt_family(fsdp_ckpt_t ckpt);
+/* *out = the Llama configuration the checkpoint records;
+ * FSDP_ERR_INVALID_ARGUMENT when it records none (fsdp_ckpt_family is not
+ * "llama"). */
+FSDP_API fsdp_status_t fsdp_ckpt_llama_config(fsdp_ckpt_t ckpt, fsdp_llama_config_t *out);
 
 typedef struct {
   const char *name, *unit;

@@ -46,6 +46,21 @@ fsdp_status_t fsdp_ckpt_info(fsdp_ckpt_t c, fsdp_ckpt_info_t *info) {
   return FSDP_SUCCESS;
 }
 
+const char *fsdp_ckpt_family(fsdp_ckpt_t c) {
+  if (!c) return "other";
+  if (c->m.has_llama) return "llama";
+  return ckpt_find_tensor(&c->m, "wte") >= 0 && ckpt_find_tensor(&c->m, "wpe") >= 0 ? "gpt2"
+                                                                                     : "other";
+}
+
+fsdp_status_t fsdp_ckpt_llama_config(fsdp_ckpt_t c, fsdp_llama_config_t *out) {
+  if (!c || !out || !c->m.has_llama)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "%s: the checkpoint records no Llama (a %s "
+                      "checkpoint)", c ? c->m.dir : "(null)", fsdp_ckpt_family(c));
+  *out = c->m.llama;
+  return FSDP_SUCCESS;
+}
+
 fsdp_status_t fsdp_ckpt_tensor(fsdp_ckpt_t c, int index, fsdp_ckpt_tensor_t *t) {
   if (!c || !t || index < 0 || index >= c->m.n_tensors)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_ckpt_tensor: no tensor %d (%d tensors)",
