@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""tests/interop/llama_interop.py — fsdp and Hugging Face transformers on the
+same LlamaForCausalLM, both directions (run by test_hf_interop.sh --script
+llama_interop.py inside its virtual environment, with fsdp's tools on the
+command line). For small random Llamas made by transformers (untied with
+grouped-query attention, tied with llama3 RoPE scaling, several dtypes, one
+file and sharded with an index, config.json as transformers v5 writes it and
+as published v4 checkpoints have it):
+  import  -> fsdp-ckpt import at N = 1, reshard to N = 3; the manifest
+             records the Llama (config.json's every field);
+  export  -> fsdp-ckpt export --hf from both: the two exports are the same
+             bytes, every tensor equals the source's bit for bit (upcast to
+             f32), LlamaForCausalLM.from_pretrained loads it with no missing
+             or unexpected keys and the same configuration (heads, KV heads,
+             rope_parameters, eps, tie), names/shapes/dtypes as
+             save_pretrained writes them;
+  refused -> what fsdp's Llama cannot compute is refused by name and leaves
+             nothing behind.
+usage: llama_interop.py WORKDIR FSDP_TRAIN FSDP_CKPT FSDP_EVAL"""
+import filecmp
+import json
+import os
+import subprocess
+import sys
+
+import torch
+import transformers
+from safetensors import safe_open
+from transformers import LlamaConfig, LlamaForCausalLM
+
+work, fsdp_train, fsdp_ckpt, fsdp_eval = sys.argv[1:5]
+failures = []
+
+
+def run(*cmd, ok=True):
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if ok and p.returncode:
+        sys.exit(f"FAIL: {' '.join(cmd)} exited {p.returncode}:\n{p.stdout}{p.stderr}")
+    return p
+
+
+def check(name, good, detail):
+    print(f"{'ok  ' if good else 'FAIL'} {name}: {detail}")
+    if not good:
+        failures.append(name)
+
+
+def tensors(d):
+    """Every tensor of a HF directory (one file or an index's shards), as f32."""
+    index = os.path.join(d, "model.safetensors.index.json")
+    files = (sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index)
+             else ["model.safetensors"])
+    out = {}
+    for name in files:
+        with safe_open(os.path.join(d, name), "pt") as f:
+            out.update({k: f.get_tensor(k).float() for k in f.keys()})
+    return out
+
+
+def layout(d):
+    with safe_open(os.path.join(d, "model.safetensors"), "pt") as f:
+        return {k: (tuple(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype()) for k in f.keys()}
+
+
+def as_v4(d):
+    """config.json rewritten with the keys published checkpoints (v4) use."""
+    path = os.path.join(d, "config.json")
+    c = json.load(open(path))
+    rope = c.pop("rope_parameters")
+    c["rope_theta"] = rope.pop("rope_theta")
+    c["rope_scaling"] = None if rope["rope_type"] == "default" else rope
+    c["torch_dtype"] = c.pop("dtype", "float32")
+    json.dump(c, open(path, "w"), indent=2)
+
+
+CONFIG_KEYS = ["hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "vocab_size", "max_position_embeddings", "rms_norm_eps",
+               "tie_word_embeddings", "rope_parameters", "head_dim", "attention_bias", "mlp_bias"]
+
+BASE = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=256, max_position_embeddings=64, rms_norm_eps=1e-5)
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 16, "rope_theta": 500000.0}
+CASES = [  # name, config, dtype, shard size, v4 config.json
+    ("untied-gqa-f32", dict(tie_word_embeddings=False), torch.float32, None, False),
+    ("tied-llama3-bf16", dict(tie_word_embeddings=True, rope_parameters=LLAMA3), torch.bfloat16,
+     None, True),
+    ("untied-mqa-f16-sharded", dict(tie_word_embeddings=False, num_key_value_heads=1),
+     torch.float16, "40KB", False),
+    ("tied-llama3-f32-sharded-v4", dict(tie_word_embeddings=True, rope_parameters=LLAMA3),
+     torch.float32, "30KB", True),
+]
+
+
+def make(name, cfg, dtype, shard, v4):
+    torch.manual_seed(len(name))
+    model = LlamaForCausalLM(LlamaConfig(**{**BASE, **cfg})).eval()
+    src = os.path.join(work, f"hf-{name}")
+    model.to(dtype).save_pretrained(src, **({"max_shard_size": shard} if shard else {}))
+    if v4:
+        as_v4(src)
+    return model, src
+
+
+def round_trip(name, cfg, dtype, shard, v4):
+    model, src = make(name, cfg, dtype, shard, v4)
+    sharded = os.path.exists(os.path.join(src, "model.safetensors.index.json"))
+    check(f"{name}: source", sharded == bool(shard), f"sharded {sharded}, "
+          f"{len(os.listdir(src))} files")
+    ck1, ck3 = os.path.join(work, f"ck1-{name}"), os.path.join(work, f"ck3-{name}")
+    print(run(fsdp_ckpt, "import", src, ck1).stdout.strip())
+    run(fsdp_ckpt, "reshard", ck1, "--world", "3", ck3)
+    manifest = json.load(open(os.path.join(ck3, "step-0", "manifest.json")))
+    rec = manifest.get("model", {})
+    want = model.config
+    rope = want.rope_parameters
+    same = (rec.get("family") == "llama" and manifest["world_size"] == 3 and
+            [rec.get(k) for k in ("n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden",
+                                  "vocab_size", "max_seq_len", "tie_embeddings", "rope_type")] ==
+            [want.num_hidden_layers, want.num_attention_heads, want.num_key_value_heads,
+             want.hidden_size, want.intermediate_size, want.vocab_size,
+             want.max_position_embeddings, want.tie_word_embeddings, rope["rope_type"]] and
+            rec["rope_theta"] == rope["rope_theta"] and
+            abs(rec["rms_eps"] - want.rms_norm_eps) <= 1e-12)
+    check(f"{name}: manifest", same, f"records {rec}")
+    outs = []
+    for ck in (ck1, ck3):
+        out = ck.replace("ck", "hf-out", 1)
+        print(run(fsdp_ckpt, "export", ck, "--hf", out).stdout.strip())
+        outs.append(out)
+    check(f"{name}: N=1 and N=3 exports", filecmp.cmp(*(os.path.join(o, "model.safetensors")
+                                                        for o in outs), shallow=False) and
+          filecmp.cmp(*(os.path.join(o, "config.json") for o in outs), shallow=False),
+          "model.safetensors and config.json byte-identical")
+    theirs, ours = tensors(src), tensors(outs[1])
+    if want.tie_word_embeddings:
+        theirs.pop("lm_head.weight", None)  # save_pretrained leaves the tied head out too
+    diff = [k for k in theirs if k not in ours or not torch.equal(theirs[k], ours[k])]
+    check(f"{name}: tensors", not diff and set(ours) == set(theirs),
+          f"{len(ours)} tensors equal the source's bit for bit (as f32)" if not diff else
+          f"differ or missing: {diff[:4]}, extra {sorted(set(ours) - set(theirs))[:4]}")
+    back, info = LlamaForCausalLM.from_pretrained(outs[1], output_loading_info=True)
+    keys = {k: sorted(v) for k, v in info.items() if v}
+    check(f"{name}: from_pretrained keys", not keys, keys or "no missing or unexpected keys")
+    got, exp = back.config.to_dict(), want.to_dict()
+    bad = {k: (got.get(k), exp.get(k)) for k in CONFIG_KEYS if got.get(k) != exp.get(k)}
+    check(f"{name}: config", not bad, bad or "from_pretrained reads the source's configuration")
+    if want.tie_word_embeddings:
+        check(f"{name}: tied", back.lm_head.weight.data_ptr() ==
+              back.model.embed_tokens.weight.data_ptr(), "lm_head shares embed_tokens' storage")
+    resaved = os.path.join(work, f"hf-resaved-{name}")
+    back.save_pretrained(resaved)
+    diff = sorted(set(layout(outs[1]).items()) ^ set(layout(resaved).items()))
+    check(f"{name}: safetensors layout", not diff, f"differs from save_pretrained's: {diff[:4]}"
+          if diff else "names, shapes and dtypes as save_pretrained writes them")
+    return model, src, ck1
+
+
+def refused(name, edit, expect):
+    """A copy of a good directory with config.json edited: refused naming
+    `expect`, and the output directory never created."""
+    src = os.path.join(work, f"hf-{CASES[0][0]}")
+    bad = os.path.join(work, f"bad-{name}")
+    os.makedirs(bad)
+    for f in os.listdir(src):
+        os.link(os.path.join(src, f), os.path.join(bad, f)) if f != "config.json" else None
+    c = json.load(open(os.path.join(src, "config.json")))
+    edit(c)
+    json.dump(c, open(os.path.join(bad, "config.json"), "w"))
+    out = os.path.join(work, f"imp-{name}")
+    p = run(fsdp_ckpt, "import", bad, out, ok=False)
+    check(f"refused {name}", p.returncode == 1 and expect in p.stderr and not os.path.exists(out),
+          p.stderr.strip() or f"exit {p.returncode}")
+
+
+print(f"torch {torch.__version__}, transformers {transformers.__version__}")
+made = [round_trip(*case) for case in CASES]
+
+refused("attention_bias", lambda c: c.update(attention_bias=True), '"attention_bias" is true')
+refused("mlp_bias", lambda c: c.update(mlp_bias=True), '"mlp_bias" is true')
+refused("head_dim", lambda c: c.update(head_dim=32), '"head_dim" 32 is not')
+refused("rope_yarn", lambda c: c.update(rope_parameters={"rope_type": "yarn", "factor": 4.0,
+                                                         "rope_theta": 10000.0}),
+        'rope_type "yarn" is not supported')
+refused("hidden_act", lambda c: c.update(hidden_act="gelu"), '"hidden_act" "gelu"')
+refused("model_type", lambda c: c.update(model_type="mistral"), '"model_type" mistral')
+refused("untied_head", lambda c: c.update(tie_word_embeddings=True),
+        "an untied output head, which a Llama with tie_word_embeddings")
+
+print(f"{len(failures)} failed" if failures else "all Llama interop checks passed")
+sys.exit(1 if failures else 0)
