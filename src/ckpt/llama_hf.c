@@ -161,8 +161,11 @@ fsdp_status_t llama_config_from_hf(const char *file, const json_t *cfg, fsdp_lla
     return fsdp_error(FSDP_ERR_FORMAT, "%s: \"num_attention_heads\" %d does not divide "
                       "\"hidden_size\" %d", file, c.n_head, c.n_embd);
   FSDP_TRY(check_supported(file, cfg, c.n_embd, c.n_head));
-  if (fsdp_llama_config_check(&c))
-    return fsdp_error(FSDP_ERR_FORMAT, "%s: %s", file, fsdp_last_error());
+  if (fsdp_llama_config_check(&c)) {
+    char why[512]; /* the message is rewritten below: copied out first */
+    snprintf(why, sizeof why, "%s", fsdp_last_error());
+    return fsdp_error(FSDP_ERR_FORMAT, "%s: %s", file, why);
+  }
   *out = c;
   return FSDP_SUCCESS;
 }

@@ -452,7 +452,11 @@ void sb_json_str(sbuf_t *sb, const char *s) {
 }
 
 void sb_json_float(sbuf_t *sb, float x) {
-  char text[32];
+  char text[48];
+  if (x == floorf(x) && fabsf(x) < 1e15f) { /* integral: 500000, not 5e+05 */
+    sb_printf(sb, "%.0f", (double)x);
+    return;
+  }
   for (int digits = 1; digits <= 9; digits++) { /* 9 significant digits always round-trip */
     snprintf(text, sizeof text, "%.*g", digits, (double)x);
     if (strtof(text, NULL) == x) break;

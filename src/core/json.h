@@ -57,7 +57,8 @@ void sb_printf(sbuf_t *sb, const char *fmt, ...) __attribute__((format(printf, 2
 /* Appends s as a JSON string literal, quotes and escapes included. */
 void sb_json_str(sbuf_t *sb, const char *s);
 /* Appends a finite x as the shortest decimal that strtof reads back as x
- * ("1e-05", "500000", "0.25"): a valid JSON number. */
+ * ("1e-05", "0.25"; integral values below 1e15 without an exponent:
+ * "500000"): a valid JSON number. */
 void sb_json_float(sbuf_t *sb, float x);
 void sb_free(sbuf_t *sb);
 
