@@ -55,9 +55,10 @@ FSDP_API void fsdp_layernorm_backward(float *dinp, float *dweight, float *dbias,
                                       const float *dout, const float *inp, const float *weight,
                                       const float *mean, const float *rstd, int N, int C);
 
-/* out (B,T,C) = wte[tokens[b,t]] (V,C) + wpe[t] (maxT,C). Tokens must be in [0,V):
+/* out (B,T,C) = wte[tokens[b,t]] (V,C) + wpe[t] (maxT,C); wpe NULL (models
+ * with rotary positions): out = wte[tokens[b,t]]. Tokens must be in [0,V):
  * callers validate them (data readers do). Backward scatter-adds dout into the
- * rows of dwte and dwpe (both required). */
+ * rows of dwte and of dwpe (NULL: none). */
 FSDP_API void fsdp_embedding_forward(float *out, const int *tokens, const float *wte,
                                      const float *wpe, int B, int T, int C);
 FSDP_API void fsdp_embedding_backward(float *dwte, float *dwpe, const float *dout,
@@ -335,6 +336,51 @@ FSDP_API size_t fsdp_llama_num_params(const fsdp_llama_config_t *c);
 /* RoPE's D/2 inverse frequencies as HF computes them in fp32 (rope_type's
  * rule); inv_freq holds n_embd / n_head / 2 floats. */
 FSDP_API void fsdp_llama_inv_freq(const fsdp_llama_config_t *c, float *inv_freq);
+
+/* How the model becomes engine units and what it recomputes: GPT-2's options
+ * (fsdp_gpt2_opts_t, every field as documented there) over the Llama
+ * modules, its decoder layers "model.layers.<i>", kind "LlamaDecoderLayer",
+ * in order; whatever no unit takes (always model.embed_tokens, model.norm
+ * and lm_head, and the layers the policy leaves) forms the root unit "root"
+ * (kind "LlamaForCausalLM"), acquired first and released last. A unit of one
+ * layer is named "model.layers.<i>", of several "model.layers.<i>-<j>".
+ * max_T 0: max_seq_len, which must then be at most FSDP_ATTENTION_MAX_T
+ * (set max_T for the long-context presets). */
+typedef fsdp_gpt2_opts_t fsdp_llama_opts_t;
+
+typedef struct fsdp_llama *fsdp_llama_t;
+
+/* Registers the model's units with an engine not yet materialised (init as
+ * HF's LlamaForCausalLM: every matrix N(0, 0.02), norm weights 1, no weight
+ * decay on the norms), copies the RoPE frequencies (fsdp_llama_inv_freq) to
+ * the engine's device once and allocates the activation buffers there.
+ * Devices, dtypes, host memory and errors as GPT-2's (above): fp32 on the
+ * CPU; on CUDA fp32, or bf16 activations with param_dtype bf16 (RMSNorm
+ * statistics, parameter gradients and the loss fp32). A table without the
+ * Llama kernels is refused (FSDP_ERR_UNSUPPORTED naming the missing slot).
+ * Per layer: one (QKV, C) product for q, k and v and one (2F, C) for gate and
+ * up, since the engine keeps a unit's tensors (and their gradients)
+ * adjacent, in the order of the tensor table. Destroy before the engine. */
+FSDP_API fsdp_status_t fsdp_llama_create(fsdp_engine_t engine, const fsdp_llama_config_t *c,
+                                         const fsdp_llama_opts_t *opts, fsdp_llama_t *model);
+FSDP_API void fsdp_llama_destroy(fsdp_llama_t model);
+/* One micro-batch, as fsdp_gpt2_forward_backward: tokens and targets (B,T)
+ * in [0,V), host memory; gradients of loss_sum * loss_scale into the
+ * engine's buffers; *loss_sum (may be NULL) the summed per-token
+ * cross-entropy in double. */
+FSDP_API fsdp_status_t fsdp_llama_forward_backward(fsdp_llama_t model, const int *tokens,
+                                                   const int *targets, int B, int T,
+                                                   float loss_scale, double *loss_sum);
+/* Forward only, as fsdp_gpt2_forward: targets and loss_sum may be NULL;
+ * *logits (may be NULL) points at the (B,T,V) fp32 logits in host memory,
+ * packed V apart, valid until the next call on the model (the host buffer is
+ * allocated by the first call asking for them). */
+FSDP_API fsdp_status_t fsdp_llama_forward(fsdp_llama_t model, const int *tokens,
+                                          const int *targets, int B, int T, double *loss_sum,
+                                          const float **logits);
+/* Bytes of activations and kernel buffers the model holds in the engine's
+ * device memory, and what they would be with no layer checkpointed. */
+FSDP_API size_t fsdp_llama_activation_bytes(fsdp_llama_t model, size_t *without_checkpointing);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,8 @@
 /* src/backend/cpu/compute.c — the compute tables: which one a device kind
  * gets, the check that a table fills every slot, and the CPU table. The CPU
  * table's slots unpack each descriptor into the fp32 kernels of fsdp/nn.h
- * (layers.c, gelu.c, optim.c here, which depend on nothing above core),
+ * (layers.c, llama_layers.c, gelu.c, optim.c here, which depend on nothing
+ * above core),
  * called in the caller; any other dtype is refused before anything is
  * touched. The CUDA table is src/backend/cuda's entry points
  * (cuda/compute_cuda.c). */
@@ -15,6 +16,7 @@
 #include "fsdp/optim.h"
 #include "fsdp_config.h"
 #include "backend/cpu/head.h"
+#include "backend/cpu/llama_layers.h"
 
 /* Every slot's name, in the struct's order: a slot added without a name here
  * fails the static assertion below. */
@@ -106,10 +108,21 @@ static size_t cpu_attention_scratch_bytes(const fsdp_attention_forward_args_t *a
   return 0;
 }
 
+/* NKV must divide NH (0: NH): a query head past the last KV head would read
+ * the v heads or past the row. */
+static fsdp_status_t check_kv_heads(const char *op, int NH, int NKV) {
+  if (NKV < 0 || NH <= 0 || (NKV && (NKV > NH || NH % NKV)))
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "CPU %s: NKV %d key/value heads must divide NH %d query heads (0: NH)",
+                      op, NKV, NH);
+  return FSDP_SUCCESS;
+}
+
 static fsdp_status_t cpu_attention_forward(const fsdp_attention_forward_args_t *a,
                                            fsdp_stream_t s) {
   CPU_OP("attention_forward", a->dt, s);
-  fsdp_attention_forward(a->out, a->att, a->qkv, a->B, a->T, a->C, a->NH);
+  FSDP_TRY(check_kv_heads("attention_forward", a->NH, a->NKV));
+  nn_attention_forward(a->out, a->att, a->qkv, a->B, a->T, a->C, a->NH, a->NKV);
   return FSDP_SUCCESS;
 }
 
@@ -117,7 +130,8 @@ static fsdp_status_t cpu_attention_forward(const fsdp_attention_forward_args_t *
 static fsdp_status_t cpu_attention_backward(const fsdp_attention_backward_args_t *a,
                                             fsdp_stream_t s) {
   CPU_OP("attention_backward", a->dt, s);
-  fsdp_attention_backward(a->dqkv, a->dout, a->qkv, a->att, a->B, a->T, a->C, a->NH);
+  FSDP_TRY(check_kv_heads("attention_backward", a->NH, a->NKV));
+  nn_attention_backward(a->dqkv, a->dout, a->qkv, a->att, a->B, a->T, a->C, a->NH, a->NKV);
   return FSDP_SUCCESS;
 }
 
@@ -195,6 +209,64 @@ static fsdp_status_t cpu_relu_backward(const fsdp_relu_backward_args_t *a, fsdp_
   float *d = a->dx;
   const float *o = a->out;
   for (size_t i = 0; i < a->n; i++) d[i] = o[i] > 0.0f ? d[i] : 0.0f;
+  return FSDP_SUCCESS;
+}
+
+/* ---- the Llama family's layers ---- */
+
+static fsdp_status_t cpu_rmsnorm_forward(const fsdp_rmsnorm_forward_args_t *a,
+                                         fsdp_stream_t s) {
+  CPU_OP("rmsnorm_forward", a->dt, s);
+  if (a->branch && !a->res)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "RMSNorm: a residual branch needs an output");
+  const size_t n = (size_t)a->N * (size_t)a->C;
+  if (a->branch) fsdp_residual_forward(a->res, a->inp, a->branch, n);
+  nn_rmsnorm_forward(a->out, a->rstd, a->branch ? a->res : a->inp, a->weight, a->N, a->C,
+                     a->eps);
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t cpu_rmsnorm_backward(const fsdp_rmsnorm_backward_args_t *a,
+                                          fsdp_stream_t s) {
+  CPU_OP("rmsnorm_backward", a->dt, s);
+  nn_rmsnorm_backward(a->dinp, a->dweight, a->dout, a->inp, a->weight, a->rstd, a->N, a->C);
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t check_rope(const char *op, const fsdp_rope_args_t *a) {
+  FSDP_TRY(check_kv_heads(op, a->NH, a->NKV));
+  if (a->D < 2 || a->D % 2)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "CPU %s: head dim D %d must be even and > 0",
+                      op, a->D);
+  if (!a->inv_freq)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "CPU %s: no inv_freq table", op);
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t cpu_rope_forward(const fsdp_rope_args_t *a, fsdp_stream_t s) {
+  CPU_OP("rope_forward", a->dt, s);
+  FSDP_TRY(check_rope("rope_forward", a));
+  nn_rope(a->qkv, a->inv_freq, a->B, a->T, a->NH, a->NKV, a->D, a->pos0, 0);
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t cpu_rope_backward(const fsdp_rope_args_t *a, fsdp_stream_t s) {
+  CPU_OP("rope_backward", a->dt, s);
+  FSDP_TRY(check_rope("rope_backward", a));
+  nn_rope(a->qkv, a->inv_freq, a->B, a->T, a->NH, a->NKV, a->D, a->pos0, 1);
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t cpu_swiglu_forward(const fsdp_swiglu_forward_args_t *a, fsdp_stream_t s) {
+  CPU_OP("swiglu_forward", a->dt, s);
+  nn_swiglu_forward(a->out, a->inp, a->N, a->F);
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t cpu_swiglu_backward(const fsdp_swiglu_backward_args_t *a,
+                                         fsdp_stream_t s) {
+  CPU_OP("swiglu_backward", a->dt, s);
+  nn_swiglu_backward(a->dinp, a->dout, a->inp, a->N, a->F);
   return FSDP_SUCCESS;
 }
 
@@ -307,6 +379,12 @@ static const fsdp_compute_ops_t cpu_ops = {
     .layernorm_fused_backward = cpu_layernorm_fused_backward,
     .relu_forward = cpu_relu_forward,
     .relu_backward = cpu_relu_backward,
+    .rmsnorm_forward = cpu_rmsnorm_forward,
+    .rmsnorm_backward = cpu_rmsnorm_backward,
+    .rope_forward = cpu_rope_forward,
+    .rope_backward = cpu_rope_backward,
+    .swiglu_forward = cpu_swiglu_forward,
+    .swiglu_backward = cpu_swiglu_backward,
     .sum_squares = cpu_sum_squares,
     .scale = cpu_scale,
     .axpy = cpu_axpy,

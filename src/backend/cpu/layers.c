@@ -1,6 +1,7 @@
 /* src/backend/cpu/layers.c — the CPU fp32 layer kernels: linear and conv1d (OpenBLAS
- * sgemm; weights (OC,C) and (C,OC)), LayerNorm, token + position embedding,
- * causal multi-head attention (sgemm on row blocks), the residual add, ReLU and
+ * sgemm; weights (OC,C) and (C,OC)), LayerNorm, token (+ position) embedding,
+ * causal multi-head or grouped-query attention (sgemm on row blocks;
+ * backend/cpu/llama_layers.h), the residual add, ReLU and
  * softmax cross-entropy, and GPT-2's vocabulary head with a padded row stride
  * (backend/cpu/head.h) (GELU is in gelu.c, built with fast math). Backward kernels
  * accumulate into their outputs. */
@@ -10,6 +11,7 @@
 
 #include "fsdp/nn.h"
 #include "backend/cpu/head.h"
+#include "backend/cpu/llama_layers.h"
 
 static void add_bias(float *out, const float *bias, int B, int OC) {
   if (!bias) return;
@@ -247,8 +249,13 @@ void fsdp_embedding_forward(float *out, const int *tokens, const float *wte, con
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t) {
       const size_t bt = (size_t)b * T + t;
-      const float *te = wte + (size_t)tokens[bt] * C, *pe = wpe + (size_t)t * C;
+      const float *te = wte + (size_t)tokens[bt] * C;
       float *o = out + bt * C;
+      if (!wpe) {
+        memcpy(o, te, (size_t)C * sizeof(float));
+        continue;
+      }
+      const float *pe = wpe + (size_t)t * C;
       for (int c = 0; c < C; ++c) o[c] = te[c] + pe[c];
     }
 }
@@ -260,11 +267,11 @@ void fsdp_embedding_backward(float *dwte, float *dwpe, const float *dout, const 
     for (int t = 0; t < T; ++t) {
       const size_t bt = (size_t)b * T + t;
       const float *d = dout + bt * C;
-      float *dte = dwte + (size_t)tokens[bt] * C, *dpe = dwpe + (size_t)t * C;
-      for (int c = 0; c < C; ++c) {
-        dte[c] += d[c];
-        dpe[c] += d[c];
-      }
+      float *dte = dwte + (size_t)tokens[bt] * C;
+      for (int c = 0; c < C; ++c) dte[c] += d[c];
+      if (!dwpe) continue;
+      float *dpe = dwpe + (size_t)t * C;
+      for (int c = 0; c < C; ++c) dpe[c] += d[c];
     }
 }
 
@@ -299,11 +306,11 @@ static void causal_softmax_row(float *row, int t, int T) {
   for (j = t + 1; j < T; ++j) row[j] = 0.0f;
 }
 
-/* One (b, h): q, k, v and out point at the head's first column; rows are 3C
- * (q, k, v) and C (out) floats apart. att is the head's (T, T) block. */
+/* One (b, h): q, k, v and out point at the head's first column; qkv rows
+ * are ld floats apart ((NH+2*NKV)*hs: 3C without grouping), out rows C. att
+ * is the head's (T, T) block. */
 static void attention_head_forward(float *out, float *att, const float *q, const float *k,
-                                   const float *v, int T, int C, int hs, float scale) {
-  const int ld = 3 * C;
+                                   const float *v, int T, int C, int ld, int hs, float scale) {
   for (int r0 = 0; r0 < T; r0 += ATT_FWD_ROWS) {
     const int r1 = r0 + ATT_FWD_ROWS < T ? r0 + ATT_FWD_ROWS : T, nr = r1 - r0;
     float *a = att + (size_t)r0 * T;
@@ -317,29 +324,38 @@ static void attention_head_forward(float *out, float *att, const float *q, const
   }
 }
 
-void fsdp_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
-                            int NH) {
+void nn_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
+                          int NKV) {
   if (B <= 0 || T <= 0 || C <= 0 || NH <= 0) return;
-  const int hs = C / NH;
+  if (NKV <= 0) NKV = NH;
+  const int hs = C / NH, ld = (NH + 2 * NKV) * hs, group = NH / NKV;
   const float scale = 1.0f / sqrtf((float)hs);
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < NH; ++h) {
-      const float *q = qkv + (size_t)b * T * 3 * C + (size_t)h * hs;
+      const float *row = qkv + (size_t)b * T * ld;
+      const float *k = row + (size_t)(NH + h / group) * hs;
       attention_head_forward(out + (size_t)b * T * C + (size_t)h * hs,
-                             att + ((size_t)b * NH + h) * T * T, q, q + C, q + 2 * C, T, C, hs,
-                             scale);
+                             att + ((size_t)b * NH + h) * T * T, row + (size_t)h * hs, k,
+                             k + (size_t)NKV * hs, T, C, ld, hs, scale);
     }
 }
 
-/* Backward of one (b, h), same layout as the forward plus dq/dk/dv (rows 3C
- * apart) and dout (rows C apart). The gradient of the pre-softmax scores of a
- * row block lives in a stack scratch of FSDP_ATTENTION_MAX_T floats, so a
- * block holds MAX_T / T rows: the whole head at T <= 64, one row at 4096. */
+void fsdp_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
+                            int NH) {
+  nn_attention_forward(out, att, qkv, B, T, C, NH, NH);
+}
+
+/* Backward of one (b, h), same layout as the forward plus dq/dk/dv (rows ld
+ * apart) and dout (rows C apart); dk and dv are added to, so the query heads
+ * of a group sum into their shared KV head. The gradient of the pre-softmax
+ * scores of a row block lives in a stack scratch of FSDP_ATTENTION_MAX_T
+ * floats, so a block holds MAX_T / T rows: the whole head at T <= 64, one row
+ * at 4096. */
 static void attention_head_backward(float *dq, float *dk, float *dv, const float *dout,
                                     const float *q, const float *k, const float *v,
-                                    const float *att, int T, int C, int hs, float scale) {
+                                    const float *att, int T, int C, int ld, int hs, float scale) {
   float datt[FSDP_ATTENTION_MAX_T];
-  const int ld = 3 * C, rows = FSDP_ATTENTION_MAX_T / T;
+  const int rows = FSDP_ATTENTION_MAX_T / T;
   for (int r0 = 0; r0 < T; r0 += rows) {
     const int r1 = r0 + rows < T ? r0 + rows : T, nr = r1 - r0;
     const float *a = att + (size_t)r0 * T, *dy = dout + (size_t)r0 * C;
@@ -367,26 +383,33 @@ static void attention_head_backward(float *dq, float *dk, float *dv, const float
   }
 }
 
-void fsdp_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
-                             int B, int T, int C, int NH) {
+void nn_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
+                           int B, int T, int C, int NH, int NKV) {
   if (B <= 0 || T <= 0 || C <= 0 || NH <= 0) return;
+  if (NKV <= 0) NKV = NH;
+  const int hs = C / NH, ld = (NH + 2 * NKV) * hs, group = NH / NKV;
   if (T > FSDP_ATTENTION_MAX_T) {
     /* Past the scratch: poison the gradient rather than train on a wrong one. */
-    const size_t n = (size_t)B * T * 3 * C;
+    const size_t n = (size_t)B * T * ld;
     for (size_t i = 0; i < n; ++i) dqkv[i] = NAN;
     return;
   }
-  const int hs = C / NH;
   const float scale = 1.0f / sqrtf((float)hs);
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < NH; ++h) {
-      const size_t off = (size_t)b * T * 3 * C + (size_t)h * hs;
-      const float *q = qkv + off;
-      float *dq = dqkv + off;
-      attention_head_backward(dq, dq + C, dq + 2 * C, dout + (size_t)b * T * C + (size_t)h * hs,
-                              q, q + C, q + 2 * C, att + ((size_t)b * NH + h) * T * T, T, C,
-                              hs, scale);
+      const size_t row = (size_t)b * T * ld, kv = (size_t)(NH + h / group) * hs;
+      const float *q = qkv + row + (size_t)h * hs, *k = qkv + row + kv;
+      float *dq = dqkv + row + (size_t)h * hs, *dk = dqkv + row + kv;
+      attention_head_backward(dq, dk, dk + (size_t)NKV * hs,
+                              dout + (size_t)b * T * C + (size_t)h * hs, q, k,
+                              k + (size_t)NKV * hs, att + ((size_t)b * NH + h) * T * T, T, C,
+                              ld, hs, scale);
     }
+}
+
+void fsdp_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
+                             int B, int T, int C, int NH) {
+  nn_attention_backward(dqkv, dout, qkv, att, B, T, C, NH, NH);
 }
 
 /* ---- residual ---- */
