@@ -14,11 +14,17 @@ as published v4 checkpoints have it):
              or unexpected keys and the same configuration (heads, KV heads,
              rope_parameters, eps, tie), names/shapes/dtypes as
              save_pretrained writes them;
+  logits  -> fsdp-eval --logits of the imported checkpoint at N = 1 and of the
+             resharded one under fsdp-run at N = 3 equal LlamaForCausalLM's
+             (the source's weights in f32) to 1e-5 of the largest, and
+             transformers' logits of the export equal fsdp's; fsdp-eval's
+             loss equals transformers' cross-entropy;
   refused -> what fsdp's Llama cannot compute is refused by name and leaves
              nothing behind.
 usage: llama_interop.py WORKDIR FSDP_TRAIN FSDP_CKPT FSDP_EVAL"""
 import filecmp
 import json
+import numpy as np
 import os
 import subprocess
 import sys
@@ -29,6 +35,9 @@ from safetensors import safe_open
 from transformers import LlamaConfig, LlamaForCausalLM
 
 work, fsdp_train, fsdp_ckpt, fsdp_eval = sys.argv[1:5]
+fsdp_run = os.path.join(os.path.dirname(fsdp_eval), "fsdp-run")
+B, T, V = 2, 32, 256  # windows of bytes: the vocabulary is 256
+TOL = 1e-5
 failures = []
 
 
@@ -160,6 +169,52 @@ def round_trip(name, cfg, dtype, shard, v4):
     return model, src, ck1
 
 
+def fsdp_eval_on(ckpt, ranks, *args):
+    launch = [fsdp_run, "--nproc-per-node", str(ranks)] if ranks > 1 else []
+    return run(*launch, fsdp_eval, "--checkpoint", ckpt, "--data", data, "--split", "all",
+               "--seq-len", str(T), *args)
+
+
+def fsdp_logits(ckpt, ranks):
+    out = os.path.join(work, "logits.npy")
+    fsdp_eval_on(ckpt, ranks, "--no-score", "--logits", str(B * T), "--logits-out", out)
+    return np.load(out).reshape(B, T, V)
+
+
+def fsdp_loss(ckpt, ranks):
+    p = fsdp_eval_on(ckpt, ranks, "--json")
+    return [json.loads(l) for l in p.stdout.splitlines() if '"loss"' in l][0]["loss"]
+
+
+def hf_logits(model):
+    with torch.no_grad():
+        return model(torch.from_numpy(tokens)).logits.float().numpy()
+
+
+def rel(a, b):
+    return float(np.max(np.abs(a.astype(np.float64) - b)) / np.max(np.abs(b)))
+
+
+def logits(name, src, ck1):
+    """fsdp's logits (N = 1 and 3) against transformers' on the same weights."""
+    ref = LlamaForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    want = hf_logits(ref)
+    ck3, out3 = os.path.join(work, f"ck3-{name}"), os.path.join(work, f"hf-out3-{name}")
+    for ranks, ck in ((1, ck1), (3, ck3)):
+        got = fsdp_logits(ck, ranks)
+        r = rel(got, want)
+        check(f"{name}: logits N={ranks}", r <= TOL, f"max |fsdp - HF| / max |HF| = {r:.3g} over "
+              f"{got.size} logits")
+    exported = hf_logits(LlamaForCausalLM.from_pretrained(out3).eval())
+    r = rel(exported, got)
+    check(f"{name}: export logits", r <= TOL, f"transformers on the export vs fsdp at N=3: {r:.3g}")
+    x = torch.from_numpy(want.astype(np.float64)).reshape(-1, V)
+    lh = torch.nn.functional.cross_entropy(x, torch.from_numpy(targets.reshape(-1))).item()
+    lf = fsdp_loss(ck3, 3)
+    check(f"{name}: loss", abs(lf - lh) <= TOL * abs(lh), f"fsdp-eval {lf:.6f} at N=3, HF "
+          f"{lh:.8f}, relative difference {abs(lf - lh) / abs(lh):.3g}")
+
+
 def refused(name, edit, expect):
     """A copy of a good directory with config.json edited: refused naming
     `expect`, and the output directory never created."""
@@ -178,7 +233,14 @@ def refused(name, edit, expect):
 
 
 print(f"torch {torch.__version__}, transformers {transformers.__version__}")
-made = [round_trip(*case) for case in CASES]
+rng = np.random.default_rng(23)
+stream = rng.integers(32, 127, size=B * T + 1)  # printable bytes, read back as tokens
+tokens, targets = stream[:-1].reshape(B, T), stream[1:].reshape(B, T)
+data = os.path.join(work, "tokens.txt")
+stream.astype(np.uint8).tofile(data)
+for case in CASES:
+    model, src, ck1 = round_trip(*case)
+    logits(case[0], src, ck1)
 
 refused("attention_bias", lambda c: c.update(attention_bias=True), '"attention_bias" is true')
 refused("mlp_bias", lambda c: c.update(mlp_bias=True), '"mlp_bias" is true')
