@@ -93,9 +93,11 @@ LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_fr
 CASES = [  # name, config, dtype, shard size, v4 config.json
     ("untied-gqa-f32", dict(tie_word_embeddings=False), torch.float32, None, False),
     ("tied-llama3-bf16", dict(tie_word_embeddings=True, rope_parameters=LLAMA3), torch.bfloat16,
-     None, True),
-    ("untied-mqa-f16-sharded", dict(tie_word_embeddings=False, num_key_value_heads=1),
-     torch.float16, "40KB", False),
+     None, False),
+    ("untied-mqa-f16-sharded-v4", dict(tie_word_embeddings=False, num_key_value_heads=1,
+                                       rope_parameters={"rope_type": "default",
+                                                        "rope_theta": 50000.0}),
+     torch.float16, "40KB", True),
     ("tied-llama3-f32-sharded-v4", dict(tie_word_embeddings=True, rope_parameters=LLAMA3),
      torch.float32, "30KB", True),
 ]
