@@ -19,6 +19,15 @@ as published v4 checkpoints have it):
              (the source's weights in f32) to 1e-5 of the largest, and
              transformers' logits of the export equal fsdp's; fsdp-eval's
              loss equals transformers' cross-entropy;
+  train   -> (untied GQA and tied llama3) on one batch, llama_train's one SGD
+             step with lr 1 at N = 1 and N = 3 moves every weight by
+             PyTorch's gradient of the mean loss (to 1e-5 of the largest), and
+             its 20 AdamW steps at N = 3 (weight decay 0.1, norms undecayed)
+             end where torch.optim.AdamW ends: the loss there equal to 1e-5,
+             the weights' RMS difference under 1e-3 of the RMS change (not
+             the largest: an element whose gradient is below Adam's eps,
+             1e-8, moves by g / (|g| + eps), where fp32 rounding of g alone
+             changes the step by a sizeable fraction of lr);
   refused -> what fsdp's Llama cannot compute is refused by name and leaves
              nothing behind.
 usage: llama_interop.py WORKDIR FSDP_TRAIN FSDP_CKPT FSDP_EVAL"""
@@ -36,6 +45,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 work, fsdp_train, fsdp_ckpt, fsdp_eval = sys.argv[1:5]
 fsdp_run = os.path.join(os.path.dirname(fsdp_eval), "fsdp-run")
+llama_train = os.path.join(os.path.dirname(fsdp_eval), "tests", "llama_train")
 B, T, V = 2, 32, 256  # windows of bytes: the vocabulary is 256
 TOL = 1e-5
 failures = []
@@ -217,6 +227,79 @@ def logits(name, src, ck1):
           f"{lh:.8f}, relative difference {abs(lf - lh) / abs(lh):.3g}")
 
 
+TB, TT, STEPS, LR, WD = 6, 16, 20, 1e-3, 0.1  # the training batch (6 rows: N = 1, 2, 3)
+GRAD_TOL, LOSS_TOL, ADAM_RMS_TOL = 1e-5, 1e-5, 1e-3
+
+
+def fsdp_trained(name, ck1, ranks, steps, optim, lr, wd):
+    """The weights after llama_train's steps, through export --hf."""
+    out = os.path.join(work, f"train-{name}-{optim}-{ranks}")
+    launch = [fsdp_run, "--nproc-per-node", str(ranks)] if ranks > 1 else []
+    run(*launch, llama_train, ck1, train_data, str(TB), str(TT), str(steps), optim, str(lr),
+        str(wd), out)
+    run(fsdp_ckpt, "export", out, "--hf", out + "-hf")
+    return tensors(out + "-hf")
+
+
+def torch_loss(model):
+    x = torch.from_numpy(train_stream[:-1].reshape(TB, TT))
+    y = torch.from_numpy(train_stream[1:].reshape(TB, TT))
+    return torch.nn.functional.cross_entropy(model(x).logits.reshape(-1, V), y.reshape(-1))
+
+
+def rms_ratio(a, b, scale):
+    """RMS of a - b over every tensor, over the RMS of scale."""
+    d = sum(float(((a[k] - b[k]) ** 2).sum()) for k in b)
+    return (d / sum(float((scale[k] ** 2).sum()) for k in b)) ** 0.5
+
+
+def worst(a, b, scale):
+    """max |a - b| over every tensor, over max |scale|."""
+    d = max(float((a[k] - b[k]).abs().max()) for k in b)
+    return d / max(float(scale[k].abs().max()) for k in b)
+
+
+def training(name, src):
+    w0 = {k: v for k, v in tensors(src).items()}
+    model = LlamaForCausalLM.from_pretrained(src, dtype=torch.float32).train()
+    named = dict(model.named_parameters())
+    torch_loss(model).backward()
+    grad = {k: named[k].grad.detach().clone() for k in named}
+    ck1 = os.path.join(work, f"ck1-{name}")
+    for ranks in (1, 3):
+        w1 = fsdp_trained(name, ck1, ranks, 1, "sgd", 1.0, 0.0)
+        g = {k: w0[k] - w1[k] for k in w1}
+        r = worst(g, {k: grad[k] for k in w1}, grad)
+        check(f"{name}: gradients N={ranks}", r <= GRAD_TOL and set(w1) == set(grad),
+              f"one SGD step of lr 1: max |(w0 - w1) - PyTorch's grad| / max |grad| = {r:.3g} "
+              f"over {len(w1)} tensors")
+    model.zero_grad()
+    decay = [p for k, p in named.items() if "norm" not in k]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": WD},
+                             {"params": [p for k, p in named.items() if "norm" in k],
+                              "weight_decay": 0.0}], lr=LR, betas=(0.9, 0.999), eps=1e-8)
+    for _ in range(STEPS):
+        opt.zero_grad()
+        torch_loss(model).backward()
+        opt.step()
+    want = {k: p.detach() for k, p in named.items()}
+    got = fsdp_trained(name, ck1, 3, STEPS, "adamw", LR, WD)
+    moved = {k: want[k] - w0[k] for k in got}
+    r, m = rms_ratio(got, want, moved), worst(got, want, moved)
+    check(f"{name}: AdamW {STEPS} steps N=3 weights", r <= ADAM_RMS_TOL and set(got) == set(w0),
+          f"RMS |fsdp - PyTorch| / RMS PyTorch's change = {r:.3g} (largest difference "
+          f"{m:.3g} of the largest change, "
+          f"{max(float(v.abs().max()) for v in moved.values()):.3g})")
+    with torch.no_grad():
+        start = float(torch_loss(LlamaForCausalLM.from_pretrained(src, dtype=torch.float32)))
+        lt = float(torch_loss(model.eval()))
+        lf = float(torch_loss(LlamaForCausalLM.from_pretrained(
+            os.path.join(work, f"train-{name}-adamw-3-hf")).eval()))
+    check(f"{name}: AdamW {STEPS} steps N=3 loss", abs(lf - lt) <= LOSS_TOL * lt and lt < start,
+          f"{start:.6f} -> fsdp {lf:.7f}, PyTorch {lt:.7f} (relative difference "
+          f"{abs(lf - lt) / lt:.3g})")
+
+
 def refused(name, edit, expect):
     """A copy of a good directory with config.json edited: refused naming
     `expect`, and the output directory never created."""
@@ -240,9 +323,14 @@ stream = rng.integers(32, 127, size=B * T + 1)  # printable bytes, read back as 
 tokens, targets = stream[:-1].reshape(B, T), stream[1:].reshape(B, T)
 data = os.path.join(work, "tokens.txt")
 stream.astype(np.uint8).tofile(data)
+train_stream = rng.integers(32, 127, size=TB * TT + 1)
+train_data = os.path.join(work, "train.bin")
+train_stream.astype(np.uint8).tofile(train_data)
 for case in CASES:
     model, src, ck1 = round_trip(*case)
     logits(case[0], src, ck1)
+    if case[0] in ("untied-gqa-f32", "tied-llama3-bf16"):
+        training(case[0], src)
 
 refused("attention_bias", lambda c: c.update(attention_bias=True), '"attention_bias" is true')
 refused("mlp_bias", lambda c: c.update(mlp_bias=True), '"mlp_bias" is true')
