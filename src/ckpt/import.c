@@ -165,6 +165,9 @@ static fsdp_status_t read_entries(st_file_t *f, int part) {
   const json_t *h = p->header;
   if (h->type != JSON_OBJECT)
     return fsdp_error(FSDP_ERR_FORMAT, "%s: the header is not a JSON object", p->path);
+  if ((size_t)f->n + h->n > ST_MAX_ENTRIES)
+    return fsdp_error(FSDP_ERR_FORMAT, "%s: the shards hold more than %d entries together, the "
+                      "limit (docs/limits.md)", p->path, ST_MAX_ENTRIES);
   st_tensor_t *t = realloc(f->t, ((size_t)f->n + h->n + 1) * sizeof *f->t);
   if (!t) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "%s: out of memory", p->path);
   f->t = t;
@@ -182,10 +185,10 @@ static fsdp_status_t read_entries(st_file_t *f, int part) {
   return check_tiling(p, f->t + first, f->n - first);
 }
 
-/* Members of the top-level object, counted without parsing (strings skipped,
- * escapes too): the parser is never handed more than ST_MAX_ENTRIES. Stops
- * counting just past the limit. */
-static size_t count_entries(const char *s, size_t n) {
+/* Members of the objects at most max_depth deep (1: the top level), counted
+ * without parsing (strings skipped, escapes too): the parser is never handed
+ * more than ST_MAX_ENTRIES. Stops counting just past the limit. */
+static size_t count_entries(const char *s, size_t n, int max_depth) {
   size_t count = 0;
   int depth = 0;
   for (size_t i = 0; i < n && count <= ST_MAX_ENTRIES; i++) {
@@ -195,7 +198,7 @@ static size_t count_entries(const char *s, size_t n) {
       depth++;
     } else if (s[i] == '}' || s[i] == ']') {
       depth--;
-    } else if (s[i] == ':' && depth == 1) {
+    } else if (s[i] == ':' && depth <= max_depth) {
       count++;
     }
   }
@@ -229,7 +232,7 @@ static fsdp_status_t read_header(st_file_t *f, int part) {
   snprintf(what, sizeof what, "%s (header)", p->path);
   if (!st && text[0] != '{')
     st = fsdp_error(FSDP_ERR_FORMAT, "%s: the header does not start with '{'", p->path);
-  if (!st && count_entries(text, n) > ST_MAX_ENTRIES)
+  if (!st && count_entries(text, n, 1) > ST_MAX_ENTRIES)
     st = fsdp_error(FSDP_ERR_FORMAT, "%s: the header holds more than %d entries, the limit (the "
                     "largest GPT-2 has 677; docs/limits.md)", p->path, ST_MAX_ENTRIES);
   if (!st) st = json_parse(text, n, what, &p->header);
@@ -250,7 +253,9 @@ static fsdp_status_t open_part(st_file_t *f, int i, const char *path) {
 
 /* ---- a sharded checkpoint's index ----------------------------------------------------- */
 
-/* A JSON file of at most ST_MAX_HEADER bytes, parsed. */
+/* A JSON file of at most ST_MAX_HEADER bytes and ST_MAX_ENTRIES members in
+ * its objects two deep (an index's weight_map; config.json's rope_scaling),
+ * parsed. */
 static fsdp_status_t read_json(const char *file, json_t **out) {
   FILE *fp = fopen(file, "rb");
   if (!fp) return fsdp_error(FSDP_ERR_IO, "%s: cannot open: %s", file, strerror(errno));
@@ -263,6 +268,9 @@ static fsdp_status_t read_json(const char *file, json_t **out) {
                                       ST_MAX_HEADER)
                          : FSDP_SUCCESS;
   fclose(fp);
+  if (!st && count_entries(text, (size_t)len, 2) > ST_MAX_ENTRIES)
+    st = fsdp_error(FSDP_ERR_FORMAT, "%s: holds more than %d entries, the limit (docs/limits.md)",
+                    file, ST_MAX_ENTRIES);
   if (!st) st = json_parse(text, (size_t)len, file, out);
   free(text);
   return st;

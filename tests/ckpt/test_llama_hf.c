@@ -337,6 +337,22 @@ START_TEST(test_sharded) {
 }
 END_TEST
 
+/* An index of 70,000 entries is refused before it is parsed, by the limit. */
+START_TEST(test_index_limit) {
+  ck_assert_int_eq(mkdir(path("hf", ""), 0755), 0);
+  FILE *f = fopen(path("hf/model.safetensors.index.json", ""), "w");
+  ck_assert_ptr_nonnull(f);
+  fputs("{\"weight_map\": {", f);
+  for (int i = 0; i < 70000; i++) fprintf(f, "%s\"t%d\": \"a.safetensors\"", i ? ", " : "", i);
+  fputs("}}", f);
+  fclose(f);
+  ck_assert_int_eq(fsdp_ckpt_import_hf(path("hf", ""), path("ck", ""), NULL, 0, NULL),
+                   FSDP_ERR_FORMAT);
+  ck_assert_msg(strstr(fsdp_last_error(), "model.safetensors.index.json: holds more than 65536 "
+                       "entries, the limit"), "%s", fsdp_last_error());
+}
+END_TEST
+
 /* ---- refusals ------------------------------------------------------------------------- */
 
 typedef struct {
@@ -494,6 +510,7 @@ static Suite *llama_hf_suite(void) {
   tcase_add_test(tc, test_round_trip);
   tcase_add_test(tc, test_tied_v5);
   tcase_add_loop_test(tc, test_sharded, 0, SH_CASES);
+  tcase_add_test(tc, test_index_limit);
   tcase_add_loop_test(tc, test_refused, 0, sizeof refusals / sizeof refusals[0]);
   tcase_add_test(tc, test_preset);
   tcase_add_test(tc, test_manifest_record);
