@@ -630,9 +630,10 @@ static void shape_text(int ndim, const int64_t *shape, char *out, size_t cap) {
 
 /* Our tensor `name` is in the file with this shape (what: the model that
  * needs it); marked expected. */
-static fsdp_status_t check_one(const st_file_t *f, const char *name, int ndim,
+static fsdp_status_t check_one(st_file_t *f, const char *name, int ndim,
                                const int64_t shape[2], const char *what) {
-  const st_tensor_t *t = named(f, name);
+  int at = f->slot[slot_of(f, name)];
+  st_tensor_t *t = at >= 0 ? &f->t[at] : NULL;
   if (!t)
     return fsdp_error(FSDP_ERR_FORMAT, "%s: tensor '%s' is missing (%s needs it)", f->file, name,
                       what);
@@ -643,12 +644,12 @@ static fsdp_status_t check_one(const st_file_t *f, const char *name, int ndim,
     return fsdp_error(FSDP_ERR_FORMAT, "%s: tensor '%s': shape %s is not the %s that %s needs",
                       f->parts[t->part].path, t->key, have, want, what);
   }
-  ((st_tensor_t *)t)->expected = 1;
+  t->expected = 1;
   return FSDP_SUCCESS;
 }
 
 /* Every tensor the shape implies is there with its shape, and nothing else. */
-static fsdp_status_t check_shapes(const st_file_t *f, int kept, const hf_shape_t *s,
+static fsdp_status_t check_shapes(st_file_t *f, int kept, const hf_shape_t *s,
                                   const char *what) {
   for (int i = 0; i < hf_n_tensors(s); i++) {
     char name[64];
@@ -674,7 +675,7 @@ typedef struct {
 
 /* The shape to hold the file to: the preset's and config.json's (which must
  * agree), else the one the tensors imply, for files with wte, wpe and ln_f. */
-static fsdp_status_t check_gpt2(const st_file_t *f, int kept, expect_t *x) {
+static fsdp_status_t check_gpt2(st_file_t *f, int kept, expect_t *x) {
   hf_shape_t cfg = {0}, pre = {0};
   if (x->config) FSDP_TRY(shape_from_config(x->config, x->cfg, &cfg));
   if (x->preset) {
@@ -733,7 +734,7 @@ static fsdp_status_t llama_expected(const st_file_t *f, expect_t *x) {
 }
 
 /* Every tensor the Llama implies is there with its shape, and nothing else. */
-static fsdp_status_t check_llama(const st_file_t *f, int kept, const expect_t *x) {
+static fsdp_status_t check_llama(st_file_t *f, int kept, const expect_t *x) {
   char what[CKPT_PATH_MAX + 32];
   snprintf(what, sizeof what, "the Llama of %s", x->config ? x->config : x->preset);
   for (int i = 0; i < llama_n_tensors(&x->llama); i++) {
