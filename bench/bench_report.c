@@ -8,6 +8,14 @@
 static double mib(double bytes) { return bytes / 1048576.0; }
 
 static void describe_model(const bench_opts_t *o, char *buf, size_t n) {
+  if (!strcmp(o->model, "llama")) {
+    const fsdp_llama_config_t *l = &o->llama;
+    snprintf(buf, n, "llama %s: %d layers x %d wide, %d heads / %d KV, FFN %d, T %d, vocab %d%s%s",
+             o->preset, l->n_layer, l->n_embd, l->n_head, l->n_kv_head, l->ffn_hidden, o->seq_len,
+             l->vocab_size, o->wrap.checkpoint_kinds ? ", checkpoint " : "",
+             o->wrap.checkpoint_kinds ? o->wrap.checkpoint_kinds : "");
+    return;
+  }
   if (!strcmp(o->model, "gpt2")) {
     snprintf(buf, n, "gpt2 %s: %d layers x %d wide, %d heads, T %d, vocab %d%s%s", o->preset,
              o->gpt.n_layer, o->gpt.n_embd, o->gpt.n_head, o->seq_len, o->gpt.vocab_size,
@@ -52,8 +60,11 @@ void bench_print_header(const bench_opts_t *o, int nranks, const char *backend,
   if (att[0]) printf("attention: %s\n", att);
   if (peak_rank > 0 && o->cfg.device == FSDP_DEVICE_CUDA)
     printf("peak: %.1f TFLOP/s per rank (cuBLAS %s %lld^3 product on each rank's GPU)\n"
-           "MFU = (6 (P - wpe) + 12 L T C) x tokens/s / peak\n\n", peak_rank / 1e12,
-           fsdp_dtype_name(o->cfg.param_dtype), (long long)o->peak_size);
+           "MFU = (6 (P%s) + 12 L T C) x tokens/s / peak\n\n", peak_rank / 1e12,
+           fsdp_dtype_name(o->cfg.param_dtype), (long long)o->peak_size,
+           strcmp(o->model, "llama") ? " - wpe"
+           : o->llama.tie_embeddings ? ""
+                                     : " - embed_tokens");
   else if (peak_rank > 0)
     printf("peak: %.1f GFLOP/s per rank (sgemm %lld on every rank at once)\n\n", peak_rank / 1e9,
            (long long)o->peak_size);
@@ -106,9 +117,9 @@ static void result_json(FILE *f, const bench_opts_t *o, int nranks, const bench_
          "\"tokens_per_step\":%.0f,\"flops_per_token\":%.6g,\"peak_flops\":%.6g,"
          "\"shard_size\":%d,\"replicas\":%d,\"comm_bytes_per_step\":{\"shard_group\":{"
          "\"all_gather\":%.0f,\"reduce\":%.0f},\"replica_group\":{\"all_reduce\":%.0f}},",
-         o->model, strcmp(o->model, "gpt2") ? "" : o->preset, fsdp_strategy_name(r->strategy),
+         o->model, strcmp(o->model, "mlp") ? o->preset : "", fsdp_strategy_name(r->strategy),
          r->prefetch, r->max_live, nranks, o->micro_batch, o->cfg.grad_accum,
-         strcmp(o->model, "gpt2") ? 1 : o->seq_len, fsdp_dtype_name(o->cfg.param_dtype),
+         strcmp(o->model, "mlp") ? o->seq_len : 1, fsdp_dtype_name(o->cfg.param_dtype),
          r->params, r->n_units, r->largest_unit, r->tokens_per_step, r->flops_per_token,
          r->peak_flops, r->shard_size, r->replicas, r->gather_bytes, r->reduce_bytes,
          r->replica_bytes);
@@ -198,9 +209,47 @@ static int host_rows(const char *preset) {
   return 0;
 }
 
+/* The Llama presets' activation memory (fsdp_llama_memory) and a one-GPU
+ * total as GPT-2's. */
+static int llama_memory_plan(const bench_opts_t *o, int B, int T, fsdp_dtype_t dt) {
+  printf("Llama activation memory, computed (fsdp_llama_memory), micro-batch %d x %d, %s "
+         "activations (attention keeps %s)\n"
+         "1 GPU: 18 B/param of model state (bf16 gathered, fp32 master + gradient, AdamW "
+         "m + v) + every layer checkpointed\n\n",
+         B, T, fsdp_dtype_name(dt),
+         dt == FSDP_BF16 ? "the (B,NH,T) log-sum-exp" : "(B,NH,T,T) fp32 probabilities");
+  printf("%-15s %9s %10s %9s %9s %10s %10s %12s\n", "preset", "layer MiB", "attn MiB",
+         "in GiB", "head GiB", "saved GiB", "ckpt GiB", "1 GPU GiB");
+  const char *presets[] = {"SmolLM-135M", "TinyLlama-1.1B", "Llama-3.2-1B", o->preset};
+  for (int i = 0; i < 4; i++) {
+    if (i == 3 && (!strcmp(o->preset, presets[0]) || !strcmp(o->preset, presets[1]) ||
+                   !strcmp(o->preset, presets[2])))
+      break;
+    fsdp_llama_config_t c;
+    fsdp_llama_memory_t m;
+    if (fsdp_llama_preset(presets[i], &c) != FSDP_SUCCESS ||
+        (T <= c.max_seq_len && fsdp_llama_memory(&c, B, T, dt, &m) != FSDP_SUCCESS)) {
+      fprintf(stderr, "fsdp-bench: --memory-plan: %s\n", fsdp_last_error());
+      return 1;
+    }
+    if (T > c.max_seq_len) {
+      printf("%-15s (sequence length %d is past its %d positions)\n", presets[i], T,
+             c.max_seq_len);
+      continue;
+    }
+    const double state = 18.0 * (double)fsdp_llama_num_params(&c);
+    printf("%-15s %9.1f %10.1f %9.2f %9.2f %10.2f %10.2f %12.2f\n", presets[i],
+           mib((double)m.per_layer), mib((double)m.attention), gib((double)m.inputs),
+           gib((double)m.common), gib((double)m.saved), gib((double)m.checkpointed),
+           gib(state + (double)m.checkpointed));
+  }
+  return 0;
+}
+
 int bench_print_memory_plan(const bench_opts_t *o) {
   const int T = o->seq_len, B = o->micro_batch;
   const fsdp_dtype_t dt = o->cfg.param_dtype == FSDP_BF16 ? FSDP_BF16 : FSDP_F32;
+  if (!strcmp(o->model, "llama")) return llama_memory_plan(o, B, T, dt);
   printf("GPT-2 activation memory, computed (fsdp_gpt2_memory), micro-batch %d x %d, %s "
          "activations\n"
          "before: attention keeps (B,NH,T,T) fp32 probabilities, logits and their gradient "

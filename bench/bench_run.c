@@ -12,9 +12,10 @@
 typedef struct {
   fsdp_engine_t eng;
   fsdp_gpt2_t gpt;
+  fsdp_llama_t llama;
   fsdp_mlp_t mlp;
   int B, T, accum;      /* T = 1 for the MLP: a sample is a "token" */
-  int *tok, *tgt;       /* gpt2: (accum, B, T) */
+  int *tok, *tgt;       /* gpt2, llama: (accum, B, T) */
   float *x;             /* mlp: (accum, B, 784) */
   int *y;               /* mlp: (accum, B) */
   size_t act_bytes;
@@ -35,13 +36,15 @@ static uint64_t mix(uint64_t z) {
 static int make_data(model_t *m, const bench_opts_t *o, int rank) {
   size_t n = (size_t)m->accum * m->B * m->T;
   uint64_t base = mix(o->seed ^ mix((uint64_t)rank + 1));
-  if (!strcmp(o->model, "gpt2")) {
+  if (strcmp(o->model, "mlp")) {
+    const uint64_t V = (uint64_t)(strcmp(o->model, "llama") ? o->gpt.vocab_size
+                                                             : o->llama.vocab_size);
     m->tok = malloc(n * sizeof *m->tok);
     m->tgt = malloc(n * sizeof *m->tgt);
     if (!m->tok || !m->tgt) return -1;
     for (size_t i = 0; i < n; i++) {
-      m->tok[i] = (int)(mix(base + i) % (uint64_t)o->gpt.vocab_size);
-      m->tgt[i] = (int)(mix(base + i + 1) % (uint64_t)o->gpt.vocab_size);
+      m->tok[i] = (int)(mix(base + i) % V);
+      m->tgt[i] = (int)(mix(base + i + 1) % V);
     }
     return 0;
   }
@@ -56,6 +59,7 @@ static int make_data(model_t *m, const bench_opts_t *o, int rank) {
 
 static void model_free(model_t *m) {
   fsdp_gpt2_destroy(m->gpt);
+  fsdp_llama_destroy(m->llama);
   fsdp_mlp_destroy(m->mlp);
   fsdp_engine_destroy(m->eng);
   free(m->tok);
@@ -88,7 +92,7 @@ static void rules_digest(const cfg_file_t *c, char *out, size_t len) {
  * another --micro-batch or --iters would time different work or hang. */
 static fsdp_status_t bench_check_consistency(fsdp_engine_t eng, const bench_opts_t *o) {
   char v[10][64];
-  const char *keys[10] = {"--model", "--preset", "--layers/heads/embd/context/vocab",
+  const char *keys[10] = {"--model", "--preset", "gpt2 layers/heads/embd/context/vocab",
                           "--seq-len", "--hidden", "--micro-batch",
                           "--warmup/--iters/--rounds/--check", "--seed", "--peak-size",
                           "sharding rules"};
@@ -114,7 +118,7 @@ static fsdp_status_t bench_check_consistency(fsdp_engine_t eng, const bench_opts
 
 static fsdp_status_t model_build(fsdp_world_t world, const bench_opts_t *o, fsdp_config_t *c,
                                  model_t *m) {
-  int gpt = !strcmp(o->model, "gpt2");
+  const int llama = !strcmp(o->model, "llama"), gpt = llama || !strcmp(o->model, "gpt2");
   m->B = o->micro_batch;
   m->T = gpt ? o->seq_len : 1;
   m->accum = c->grad_accum;
@@ -128,7 +132,8 @@ static fsdp_status_t model_build(fsdp_world_t world, const bench_opts_t *o, fsdp
     char ckpt[512];
     fsdp_status_t st = o->config && cfg_gpt2_opts(o->config, &w, &plan, ckpt, sizeof ckpt)
                            ? FSDP_ERR_INVALID_ARGUMENT
-                           : fsdp_gpt2_create(m->eng, &o->gpt, &w, &m->gpt);
+                       : llama ? fsdp_llama_create(m->eng, &o->llama, &w, &m->llama)
+                               : fsdp_gpt2_create(m->eng, &o->gpt, &w, &m->gpt);
     if (st == FSDP_SUCCESS && o->config &&
         (cfg_check_matched(o->config, 1) || cfg_check_matched(o->config, 2)))
       st = FSDP_ERR_INVALID_ARGUMENT;
@@ -142,7 +147,9 @@ static fsdp_status_t model_build(fsdp_world_t world, const bench_opts_t *o, fsdp
     BENCH_TRY(fsdp_mlp_create(m->eng, widths, o->n_hidden + 1, m->B, &m->mlp));
   }
   BENCH_TRY(fsdp_engine_materialize(m->eng, o->seed));
-  m->act_bytes = gpt ? fsdp_gpt2_activation_bytes(m->gpt, NULL) : fsdp_mlp_activation_bytes(m->mlp);
+  m->act_bytes = m->llama ? fsdp_llama_activation_bytes(m->llama, NULL)
+                 : gpt    ? fsdp_gpt2_activation_bytes(m->gpt, NULL)
+                          : fsdp_mlp_activation_bytes(m->mlp);
   return FSDP_SUCCESS;
 }
 
@@ -154,7 +161,10 @@ static fsdp_status_t model_step(model_t *m, double *loss) {
   float scale = (float)fsdp_engine_loss_scale(m->eng) / (float)per;
   for (int k = 0; k < m->accum; k++) {
     double l = 0.0;
-    if (m->gpt)
+    if (m->llama)
+      BENCH_TRY(fsdp_llama_forward_backward(m->llama, m->tok + k * per, m->tgt + k * per, m->B,
+                                            m->T, scale, &l));
+    else if (m->gpt)
       BENCH_TRY(fsdp_gpt2_forward_backward(m->gpt, m->tok + k * per, m->tgt + k * per, m->B, m->T,
                                            scale, &l));
     else
@@ -254,9 +264,18 @@ static double predicted_bytes(const bench_result_t *r, const fsdp_config_t *c) {
 
 /* GPT-2: 6 (P - wpe) + 12 L T C per token (PaLM appendix B, as nanoGPT's
  * estimate_mfu: every weight multiplies once forward and twice backward, the
- * attention scores and values add 12 L T C; wpe is a lookup). MLP: 6P per
+ * attention scores and values add 12 L T C; wpe is a lookup). A Llama: the
+ * same with embed_tokens the lookup when the head is untied (tied, it is the
+ * head's weight and multiplies); grouped-query attention shares k and v
+ * between heads but the scores and values still span NH x D = C. MLP: 6P per
  * sample. Recomputation under checkpointing is not counted. */
 static double flops_per_token(const bench_opts_t *o, const bench_result_t *r) {
+  if (!strcmp(o->model, "llama")) {
+    const fsdp_llama_config_t *l = &o->llama;
+    const double lookup = l->tie_embeddings ? 0.0 : (double)l->vocab_size * l->n_embd;
+    return 6.0 * ((double)r->params - lookup) +
+           12.0 * l->n_layer * (double)o->seq_len * l->n_embd;
+  }
   if (strcmp(o->model, "gpt2")) return 6.0 * (double)r->params;
   const fsdp_gpt2_config_t *g = &o->gpt;
   double wpe = (double)g->block_size * g->n_embd;
@@ -479,14 +498,15 @@ void bench_result_free(bench_result_t *r) {
 
 int bench_run(fsdp_world_t world, const bench_opts_t *o, fsdp_strategy_t strategy, int depth,
               int shard_size, double peak_flops_rank, int round, bench_result_t *r) {
-  int gpt = !strcmp(o->model, "gpt2"), nranks = fsdp_world_size(world);
+  const int llama = !strcmp(o->model, "llama"), gpt = llama || !strcmp(o->model, "gpt2");
+  const int nranks = fsdp_world_size(world), layers = llama ? o->llama.n_layer : o->gpt.n_layer;
   fsdp_config_t c = o->cfg;
   c.strategy = strategy;
   c.prefetch_depth = depth;
   c.shard_size = shard_size;
   int root_held = gpt && (o->wrap.wrap_kinds || o->wrap.wrap_min_params);
   if (c.max_live_units == 0) c.max_live_units = depth + 1 + root_held;
-  size_t events = (size_t)(o->iters + 1) * 64 * (size_t)(gpt ? o->gpt.n_layer + 2 : 8);
+  size_t events = (size_t)(o->iters + 1) * 64 * (size_t)(gpt ? layers + 2 : 8);
   if (c.timeline_capacity < events) c.timeline_capacity = events;
   if (round == 0 && result_init(r, o, &c, root_held))
     return fprintf(stderr, "fsdp-bench: out of host memory\n"), -1;

@@ -6,6 +6,7 @@ is well-formed Chrome trace JSON with properly nested spans on every track.
 No timings are asserted: only structure and exact quantities.
 
     check_bench.py fsdp  MPIRUN NP FSDP_BENCH
+    check_bench.py llama MPIRUN NP FSDP_BENCH
     check_bench.py hsdp  MPIRUN NP FSDP_BENCH
     check_bench.py bytes MPIRUN NP FSDP_BENCH [FSDP_BENCH ARGS...]
     check_bench.py exposed MPIRUN NP FSDP_BENCH [FSDP_BENCH ARGS...]
@@ -97,6 +98,33 @@ def check_fsdp(mpirun, np, exe):
         expect(r["loss_first"] > 0 and r["wrong"] == 0, f"{name}: loss and check")
         expect(r["other_load"] == -1 or 0 <= r["other_load"] <= 1, f"{name}: other load")
     print(f"fsdp-bench --json at N={np}: {len(res)} configurations, 0 wrong")
+
+
+def check_llama(mpirun, np, exe):
+    """--model llama on the tiny preset: its parameters and units, the FLOPs
+    per token of the MFU numerator (embed_tokens untied: a lookup), the
+    memory within the ZeRO formula, nothing wrong."""
+    out = launch(mpirun, np, [exe, "--json", "--model", "llama", "--preset", "tiny", "--seq-len",
+                              "32", "--micro-batch", "2", "-w", "1", "-n", "2",
+                              "--peak-size", "128"], timeout=280)
+    doc = json.loads(out)
+    expect(doc["wrong"] == 0, f"{doc['wrong']} wrong elements")
+    (r,) = doc["results"]
+    L, T, C, V = 2, 32, 64, 256
+    params = 2 * V * C + L * (2 * C + C * C + 2 * 32 * C + C * C + 3 * 160 * C) + C
+    expect(r["model"] == "llama" and r["preset"] == "tiny" and r["seq_len"] == T, "model fields")
+    expect(r["params"] == params and r["units"] == L + 1, f"{r['params']} parameters in "
+           f"{r['units']} units, want {params} in {L + 1}")
+    flops = 6 * (params - V * C) + 12 * L * T * C
+    expect(abs(r["flops_per_token"] - flops) <= 1e-6 * flops,
+           f"FLOPs per token {r['flops_per_token']}, want {flops}")
+    expect(r["tokens_per_step"] == np * 2 * T, "tokens per step")
+    m = r["memory"]
+    pad = 16 * r["units"] * 16 * np / np
+    expect(m["model_peak"] <= m["predicted"] + pad, f"model peak {m['model_peak']} within the "
+           f"ZeRO prediction {m['predicted']}")
+    expect(m["activations"] > 0 and r["loss_first"] > 0 and r["wrong"] == 0, "loss and check")
+    print(f"fsdp-bench --model llama at N={np}: {params} parameters, {flops} FLOPs/token, 0 wrong")
 
 
 def check_hsdp(mpirun, np, exe):
@@ -327,6 +355,8 @@ def main():
     what, mpirun, np, exe = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     if what == "fsdp":
         check_fsdp(mpirun, np, exe)
+    elif what == "llama":
+        check_llama(mpirun, np, exe)
     elif what == "hsdp":
         check_hsdp(mpirun, np, exe)
     elif what == "exposed":

@@ -10,9 +10,11 @@
 static const char usage_text[] =
     "usage: fsdp-bench [options]   on several ranks: under fsdp-run or mpirun (docs/launching.md)\n"
     "model (synthetic data: random tokens / inputs, different on every rank)\n"
-    "  --model gpt2|mlp           (default gpt2)\n"
-    "  --preset NAME              gpt2: tiny, small (default), 124M, 350M, 774M, 1558M\n"
-    "  --seq-len T                tokens per sequence (default: the preset's context)\n"
+    "  --model gpt2|llama|mlp     (default gpt2)\n"
+    "  --preset NAME              gpt2: tiny, small (default), 124M, 350M, 774M, 1558M;\n"
+    "                             llama: tiny (default), SmolLM-135M, TinyLlama-1.1B, Llama-3.2-1B\n"
+    "  --seq-len T                tokens per sequence (default: the preset's context; llama:\n"
+    "                             up to 1024)\n"
     "  --hidden a,b,...           mlp hidden widths (default 512,256; 784 in, 10 out)\n"
     "  --wrap KINDS | --wrap-min-params N | --no-wrap   units, as fsdp-train (GPT2Block)\n"
     "  --checkpoint KINDS         recompute these units' activations in backward\n"
@@ -83,8 +85,10 @@ static const char usage_text[] =
     "  compute      step time - exposed (everything else the host did); hidden = 1 -\n"
     "               exposed/comm. The split is the mean over ranks\n"
     "  MFU          model FLOPs/token x tokens/s / peak, where FLOPs/token = 6 (P - wpe) +\n"
-    "               12 L T C for GPT-2 (PaLM, nanoGPT; recomputation not counted), 6P per\n"
-    "               sample for the MLP, and peak = the sum over ranks of each rank's sgemm\n"
+    "               12 L T C for GPT-2 (PaLM, nanoGPT; recomputation not counted), for a\n"
+    "               Llama 6 (P - embed_tokens when untied, a lookup; tied, the embedding is\n"
+    "               the head and counts) + 12 L T C (GQA shares k, v: the scores still\n"
+    "               span NH x D = C), 6P per sample for the MLP, and peak = the sum over ranks of each rank's sgemm\n"
     "               rate while every rank runs sgemms at once (same BLAS, same threads; best\n"
     "               of three windows of 0.5 s)\n"
     "  memory       per rank, the largest rank: model = persistent + gathered-parameter peak\n"
@@ -138,10 +142,13 @@ static int parse_word(void *ctx, const char *tool, const char *a, const char *v)
     if (fsdp_strategy_parse(v, &o->cfg.strategy) == FSDP_SUCCESS) return 0;
     return fprintf(stderr, "%s: %s\n", tool, fsdp_last_error()), -1;
   }
-  if (!strcmp(a, "--preset")) {
+  if (!strcmp(a, "--preset")) { /* which family's is finish_options' to check */
     o->preset = v;
-    if (fsdp_gpt2_preset(v, &o->gpt) == FSDP_SUCCESS) return 0;
-    return fprintf(stderr, "%s: %s\n", tool, fsdp_last_error()), -1;
+    o->preset_llama = fsdp_llama_preset(v, &o->llama) == FSDP_SUCCESS;
+    if (fsdp_gpt2_preset(v, &o->gpt) == FSDP_SUCCESS || o->preset_llama) return 0;
+    return fprintf(stderr, "%s: unknown --preset '%s': gpt2's are tiny, small, 124M, 350M, "
+                   "774M, 1558M; llama's tiny, SmolLM-135M, TinyLlama-1.1B, Llama-3.2-1B\n",
+                   tool, v), -1;
   }
   int taken = flags_config_word(tool, a, v, &o->cfg);
   if (taken <= 0) return taken;
@@ -217,16 +224,43 @@ static void print_config(bench_opts_t *o) {
   if (o->config) cfg_print_rules(stdout, o->config);
 }
 
+/* --model llama: the preset's shape (default tiny), a unit per decoder layer
+ * by default, T up to 1024 by default. */
+static int finish_llama(bench_opts_t *o) {
+  if (!strcmp(o->preset, "small")) { /* the default, GPT-2's */
+    o->preset = "tiny";
+    o->preset_llama = fsdp_llama_preset("tiny", &o->llama) == FSDP_SUCCESS;
+  }
+  if (!o->preset_llama)
+    return fprintf(stderr, "fsdp-bench: --model llama: --preset %s is a gpt2 shape; llama's "
+                   "are tiny, SmolLM-135M, TinyLlama-1.1B, Llama-3.2-1B\n", o->preset), -1;
+  if (o->wrap.wrap_kinds && !strcmp(o->wrap.wrap_kinds, "GPT2Block"))
+    o->wrap.wrap_kinds = "LlamaDecoderLayer";
+  const int top = o->llama.max_seq_len < FSDP_ATTENTION_MAX_T ? o->llama.max_seq_len
+                                                              : FSDP_ATTENTION_MAX_T;
+  if (o->seq_len < 0) o->seq_len = top < 1024 ? top : 1024;
+  if (o->seq_len > top && !o->memory_plan) /* the plan says which presets it fits */
+    return fprintf(stderr, "fsdp-bench: --seq-len %d exceeds %d (%s's %d positions, "
+                   "attention's limit %d)\n", o->seq_len, top, o->preset, o->llama.max_seq_len,
+                   FSDP_ATTENTION_MAX_T), -1;
+  return 0;
+}
+
 static int finish_options(bench_opts_t *o) {
-  int gpt = !strcmp(o->model, "gpt2");
+  const int llama = !strcmp(o->model, "llama"), gpt = llama || !strcmp(o->model, "gpt2");
   if (!gpt && strcmp(o->model, "mlp"))
-    return fprintf(stderr, "fsdp-bench: --model '%s': use gpt2 or mlp\n", o->model), -1;
+    return fprintf(stderr, "fsdp-bench: --model '%s': use gpt2, llama or mlp\n", o->model), -1;
   if (!gpt && o->config && o->config->n_rules)
-    return fprintf(stderr, "fsdp-bench: %s: sharding rules shape gpt2's units; the mlp has a "
-                   "unit per layer\n", o->config->path), -1;
+    return fprintf(stderr, "fsdp-bench: %s: sharding rules shape gpt2's and llama's units; the "
+                   "mlp has a unit per layer\n", o->config->path), -1;
   if (!o->seq_len)
     return fprintf(stderr, "fsdp-bench: --seq-len 0: use a positive number (leave the flag "
                    "out for the model's context)\n"), -1;
+  if (llama && finish_llama(o)) return -1;
+  fsdp_gpt2_config_t named;
+  if (gpt && !llama && fsdp_gpt2_preset(o->preset, &named) != FSDP_SUCCESS)
+    return fprintf(stderr, "fsdp-bench: --preset %s is a llama shape: add --model llama\n",
+                   o->preset), -1;
   if (o->seq_len < 0) o->seq_len = o->gpt.block_size;
   if (!o->micro_batch) o->micro_batch = gpt ? 8 : 64;
   if (o->peak_size < 0) o->peak_size = o->cfg.device == FSDP_DEVICE_CUDA ? 8192 : 2048;
@@ -234,7 +268,7 @@ static int finish_options(bench_opts_t *o) {
     return fprintf(stderr, "fsdp-bench: --iters and --rounds must be at least 1\n"), -1;
   if (o->trace && o->sweep)
     return fprintf(stderr, "fsdp-bench: --trace records one configuration: drop --sweep\n"), -1;
-  if (o->kernel_profile && !gpt)
+  if (o->kernel_profile && (!gpt || llama))
     return fprintf(stderr, "fsdp-bench: --kernel-profile times gpt2's kernel classes: use "
                    "--model gpt2\n"), -1;
   if (o->peak_size > 16384)

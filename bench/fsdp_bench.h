@@ -10,9 +10,11 @@
 #define BENCH_MAX_CONFIGS 32
 
 typedef struct {
-  const char *model; /* "gpt2" or "mlp" */
+  const char *model; /* "gpt2", "llama" or "mlp" */
   const char *preset;
   fsdp_gpt2_config_t gpt;
+  fsdp_llama_config_t llama; /* --model llama: --preset's */
+  int preset_llama;          /* 1: --preset named a Llama shape */
   int seq_len;
   int hidden[6], n_hidden; /* mlp: 784 inputs, hidden widths, 10 classes */
   fsdp_gpt2_opts_t wrap;   /* wrap_kinds, wrap_min_params, checkpoint_kinds */
@@ -135,7 +137,8 @@ void bench_print_row(const bench_result_t *r);
  * --seq-len in --dtype, before (attention's fp32 probabilities, two logits
  * buffers), now (this build) and after (log-sum-exp, one padded logits
  * buffer) issue 15; computed
- * by fsdp_gpt2_memory, nothing run. 0, or 1 after printing why. */
+ * by fsdp_gpt2_memory, nothing run. With --model llama: the Llama presets
+ * by fsdp_llama_memory. 0, or 1 after printing why. */
 int bench_print_memory_plan(const bench_opts_t *o);
 /* The JSON document (--json on stdout, --json-file to a file). */
 void bench_print_json(FILE *f, const bench_opts_t *o, int nranks, const char *backend,

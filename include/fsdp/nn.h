@@ -382,6 +382,20 @@ FSDP_API fsdp_status_t fsdp_llama_forward(fsdp_llama_t model, const int *tokens,
  * device memory, and what they would be with no layer checkpointed. */
 FSDP_API size_t fsdp_llama_activation_bytes(fsdp_llama_t model, size_t *without_checkpointing);
 
+/* What the model's activation arena takes at micro-batch B x T, by the code
+ * that carves it, without an engine (fsdp_gpt2_memory's fields): per layer
+ * RMSNorm outputs and statistics, q|k|v, attention's state (fp32
+ * probabilities (B,NH,T,T) with f32 activations, the (B,NH,T) log-sum-exp
+ * with bf16 ones, as this build's kernels keep), o_proj's input, the
+ * residual, gate|up and SwiGLU's output; inputs the L + 1 layer inputs;
+ * common the final norm, the padded logits (their gradient written over
+ * them) and backward's scratch. Buffers aligned to 256 bytes as on CUDA; the
+ * kernels' own scratch excluded. FSDP_ERR_INVALID_ARGUMENT naming a bad
+ * value. Thread-safe; allocates nothing. */
+typedef fsdp_gpt2_memory_t fsdp_llama_memory_t;
+FSDP_API fsdp_status_t fsdp_llama_memory(const fsdp_llama_config_t *c, int B, int T,
+                                         fsdp_dtype_t act_dtype, fsdp_llama_memory_t *out);
+
 #ifdef __cplusplus
 }
 #endif

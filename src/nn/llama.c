@@ -278,6 +278,32 @@ static void arena_parts(const struct fsdp_llama *g, size_t *per_layer, size_t *i
             span(g, (size_t)g->maxB * g->maxT * g->c.n_embd, g->esize);
 }
 
+fsdp_status_t fsdp_llama_memory(const fsdp_llama_config_t *c, int B, int T,
+                                fsdp_dtype_t act_dtype, fsdp_llama_memory_t *out) {
+  if (!out) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_llama_memory: NULL output");
+  FSDP_TRY(fsdp_llama_config_check(c));
+  if (B < 1 || T < 1 || T > c->max_seq_len)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "fsdp_llama_memory: batch %d must be >= 1 and T %d in [1, %d]", B, T,
+                      c->max_seq_len);
+  if (act_dtype != FSDP_F32 && act_dtype != FSDP_BF16)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "fsdp_llama_memory: activations are f32 or bf16, not %s",
+                      fsdp_dtype_name(act_dtype));
+  struct fsdp_llama g = {.c = *c, .maxB = B, .maxT = T, .align = 256,
+                         .esize = fsdp_dtype_size(act_dtype), .D = c->n_embd / c->n_head};
+  g.QKV = (c->n_head + 2 * c->n_kv_head) * g.D;
+  g.ldv = (c->vocab_size + 127) / 128 * 128;
+  const size_t bnt = (size_t)B * (size_t)c->n_head * (size_t)T;
+  g.att_floats = act_dtype == FSDP_BF16 ? bnt : bnt * (size_t)T;
+  *out = (fsdp_llama_memory_t){0};
+  arena_parts(&g, &out->per_layer, &out->inputs, &out->common);
+  out->attention = span(&g, g.att_floats, sizeof(float));
+  out->saved = out->inputs + (size_t)c->n_layer * out->per_layer + out->common;
+  out->checkpointed = out->inputs + out->per_layer + out->common;
+  return FSDP_SUCCESS;
+}
+
 /* The kernels' memory besides the arena: staged tokens and losses, the
  * attention and column-sum scratch, the frequencies. */
 static size_t kernel_bytes(const struct fsdp_llama *g) {

@@ -1,5 +1,5 @@
 /* src/tools/fsdp_train.c — fsdp-train: flags, world and engine set-up, then the
- * chosen task (train_mlp.c, train_gpt2.c). Launch with mpirun -np N, or run it
+ * chosen task (train_mlp.c, train_gpt2.c: GPT-2 and the Llama family). Launch with mpirun -np N, or run it
  * alone for one rank. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,13 +12,14 @@
 static const char usage_text[] =
     "usage: fsdp-train [options]   on several ranks: under fsdp-run or mpirun (docs/launching.md)\n"
     "model and data\n"
-    "  --model gpt2|mlp          (default gpt2)\n"
-    "  --data PATH               gpt2: text (file or directory; default the fortunes), or\n"
+    "  --model gpt2|llama|mlp    (default gpt2)\n"
+    "  --data PATH               gpt2, llama: text (file or directory; default the fortunes), or\n"
     "                            llm.c token file(s): FILE.bin or a directory of *.bin\n"
     "                            Fashion-MNIST directory (mlp)\n"
-    "  --preset NAME             gpt2: tiny, small (default), 124M, 350M, 774M, 1558M\n"
-    "  --layers N --heads N --embd N --context N --vocab N   override the preset\n"
-    "  --seq-len T               tokens per sequence (default: the context)\n"
+    "  --preset NAME             gpt2: tiny, small (default), 124M, 350M, 774M, 1558M;\n"
+    "                            llama: tiny (default), SmolLM-135M, TinyLlama-1.1B, Llama-3.2-1B\n"
+    "  --layers N --heads N --embd N --context N --vocab N   override the gpt2 preset\n"
+    "  --seq-len T               tokens per sequence (default: the context; llama: up to 1024)\n"
     "  --hidden a,b,...          mlp hidden widths (default 512,256)\n"
     "sharding\n"
     "  --strategy zero3|zero2|noshard   (default zero3)\n"
@@ -38,17 +39,19 @@ static const char usage_text[] =
     "                            cuda: GPU = local rank % visible GPUs; the mlp in f32)\n"
     "  --comm-backend nccl|mpi   collectives of a cuda engine (default: the world's)\n"
     "  --max-live N              cap on gathered units (default: depth + 1, +1 for gpt2's root)\n"
-    "  --wrap KINDS              unit per module kind: GPT2Block (gpt2 default), Linear (mlp)\n"
+    "  --wrap KINDS              unit per module kind: GPT2Block (gpt2 default),\n"
+    "                            LlamaDecoderLayer (llama default), Linear (mlp)\n"
     "  --wrap-min-params N       or: group blocks (layers) into units of at least N parameters\n"
     "  --no-wrap                 one unit for the whole model\n"
-    "  --checkpoint KINDS        recompute these units' activations in backward (GPT2Block)\n"
+    "  --checkpoint KINDS        recompute these units' activations in backward (GPT2Block,\n"
+    "                            LlamaDecoderLayer)\n"
     "optimisation\n"
     "  --global-batch B          sequences or samples per step over all ranks\n"
     "  --micro-batches M         gradient accumulation (default 1)\n"
     "  --accumulate-full         keep full gradients over micro-batches, reduce once\n"
-    "  --optim adamw|sgd  --lr X (gpt2 2e-3, mlp 1e-3)  --momentum X  --wd X  --clip X (0 = off)\n"
+    "  --optim adamw|sgd  --lr X (gpt2, llama 2e-3; mlp 1e-3)  --momentum X  --wd X  --clip X (0 = off)\n"
     "  --schedule cosine|constant  --warmup N  --min-lr-ratio X\n"
-    "  --steps N (gpt2, 1000)  --epochs N (mlp, 5)  --eval-every N (250)  --eval-batches N  --seed N\n"
+    "  --steps N (gpt2, llama 1000)  --epochs N (mlp, 5)  --eval-every N (250)  --eval-batches N  --seed N\n"
     "output\n"
     "  --sample N  --temperature X   gpt2: generate N bytes at the end\n"
     "  --log-every N             a step line every N steps (default 1; mlp 100)\n"
@@ -81,18 +84,31 @@ static int parse_list(const char *v, train_opts_t *o) {
   return o->n_hidden ? 0 : -1;
 }
 
+/* --preset: a GPT-2 or a Llama shape ("tiny" names both); which one the
+ * model takes is finish_options' to check, once --model is known. */
+static int parse_preset(const char *tool, const char *v, train_opts_t *o) {
+  fsdp_gpt2_config_t g;
+  const int gpt = fsdp_gpt2_preset(v, &g) == FSDP_SUCCESS;
+  const int llama = fsdp_llama_preset(v, &o->llama) == FSDP_SUCCESS;
+  if (gpt) o->gpt = o->gpt_preset = g;
+  o->preset = v;
+  o->preset_of = (gpt ? PRESET_GPT2 : 0) | (llama ? PRESET_LLAMA : 0);
+  if (gpt || llama) return 0;
+  return fprintf(stderr, "%s: unknown --preset '%s': gpt2's are tiny, small, 124M, 350M, 774M, "
+                 "1558M; llama's tiny, SmolLM-135M, TinyLlama-1.1B, Llama-3.2-1B\n", tool, v), -1;
+}
+
 /* Flags whose values are words or lists, not numbers. */
 static int parse_word(void *ctx, const char *tool, const char *a, const char *v) {
   train_opts_t *o = ctx;
   static const char *const known[] = {"--strategy", "--preset", "--optim", "--schedule",
                                       "--hidden", "--device", "--dtype", "--reduce-dtype"};
   if (!v) return flags_known(a, known, sizeof known / sizeof known[0]);
-  if (!strcmp(a, "--strategy") || !strcmp(a, "--preset")) {
-    fsdp_status_t st = !strcmp(a, "--strategy") ? fsdp_strategy_parse(v, &o->cfg.strategy)
-                                                : fsdp_gpt2_preset(v, &o->gpt);
-    if (st == FSDP_SUCCESS) return 0;
+  if (!strcmp(a, "--strategy")) {
+    if (fsdp_strategy_parse(v, &o->cfg.strategy) == FSDP_SUCCESS) return 0;
     return fprintf(stderr, "%s: %s\n", tool, fsdp_last_error()), -1;
   }
+  if (!strcmp(a, "--preset")) return parse_preset(tool, v, o);
   if (!strcmp(a, "--optim") && (!strcmp(v, "adamw") || !strcmp(v, "sgd")))
     return o->cfg.optim.kind = !strcmp(v, "sgd") ? FSDP_OPTIM_SGD : FSDP_OPTIM_ADAMW, 0;
   if (!strcmp(a, "--schedule") && (!strcmp(v, "cosine") || !strcmp(v, "constant")))
@@ -173,6 +189,7 @@ static void print_config(train_opts_t *o) {
   printf("# fsdp-train configuration (fsdp-train --config FILE repeats this run)\n");
   flags_print(stdout, table, TRAIN_FLAGS);
   if (!o->wrap.wrap_kinds) printf("no-wrap: true\n");
+  if (!strcmp(o->model, "llama")) printf("preset: %s\n", o->preset); /* its shape */
   printf("strategy: %s\noptim: %s\nschedule: %s\ndevice: %s\ndtype: %s\nreduce-dtype: %s\n",
          fsdp_strategy_name(o->cfg.strategy), o->cfg.optim.kind == FSDP_OPTIM_SGD ? "sgd" : "adamw",
          o->cfg.schedule.kind == FSDP_SCHED_WARMUP_COSINE ? "cosine" : "constant",
@@ -188,13 +205,39 @@ static void print_config(train_opts_t *o) {
  * by its address. */
 static const char default_wrap[] = "GPT2Block";
 
+/* --model llama: its preset's shape (default tiny), no GPT-2 shape flag, no
+ * sampling; T up to 1024 by default. */
+static int finish_llama(train_opts_t *o) {
+  if (memcmp(&o->gpt, &o->gpt_preset, sizeof o->gpt))
+    return fprintf(stderr, "fsdp-train: --layers, --heads, --embd, --context and --vocab shape "
+                   "gpt2; a llama's shape is its --preset's\n"), -1;
+  if (o->preset && !(o->preset_of & PRESET_LLAMA))
+    return fprintf(stderr, "fsdp-train: --model llama: --preset %s is a gpt2 shape; llama's are "
+                   "tiny, SmolLM-135M, TinyLlama-1.1B, Llama-3.2-1B\n", o->preset), -1;
+  if (!o->preset) fsdp_llama_preset(o->preset = "tiny", &o->llama);
+  if (o->sample)
+    return fprintf(stderr, "fsdp-train: --sample: gpt2 only (llama has no sampler yet)\n"), -1;
+  if (o->seq_len < 0) o->seq_len = o->llama.max_seq_len < 1024 ? o->llama.max_seq_len : 1024;
+  const int top = o->llama.max_seq_len < FSDP_ATTENTION_MAX_T ? o->llama.max_seq_len
+                                                              : FSDP_ATTENTION_MAX_T;
+  if (o->seq_len > top)
+    return fprintf(stderr, "fsdp-train: --seq-len %d exceeds %d (%s's %d positions, attention's "
+                   "limit %d)\n", o->seq_len, top, o->preset, o->llama.max_seq_len,
+                   FSDP_ATTENTION_MAX_T), -1;
+  return 0;
+}
+
 static int finish_options(train_opts_t *o) {
-  int gpt = !strcmp(o->model, "gpt2");
+  const int llama = !strcmp(o->model, "llama"), gpt = llama || !strcmp(o->model, "gpt2");
   if (!gpt && o->config && o->config->n_rules)
-    return fprintf(stderr, "fsdp-train: %s: sharding rules shape gpt2's units; the mlp has a "
-                   "unit per layer\n", o->config->path), -1;
+    return fprintf(stderr, "fsdp-train: %s: sharding rules shape gpt2's and llama's units; the "
+                   "mlp has a unit per layer\n", o->config->path), -1;
   if (!gpt && strcmp(o->model, "mlp"))
-    return fprintf(stderr, "fsdp-train: --model '%s': use gpt2 or mlp\n", o->model), -1;
+    return fprintf(stderr, "fsdp-train: --model '%s': use gpt2, llama or mlp\n", o->model), -1;
+  if (gpt && !llama && o->preset && !(o->preset_of & PRESET_GPT2))
+    return fprintf(stderr, "fsdp-train: --preset %s is a llama shape: add --model llama\n",
+                   o->preset), -1;
+  if (llama && finish_llama(o)) return -1;
   if (!o->seq_len || !o->global_batch)
     return fprintf(stderr, "fsdp-train: --%s 0: use a positive number (leave the flag out "
                    "for the default)\n", !o->seq_len ? "seq-len" : "global-batch"), -1;
@@ -207,6 +250,7 @@ static int finish_options(train_opts_t *o) {
    * --wrap too, the two policies would contradict each other. */
   if (o->wrap.wrap_min_params && o->wrap.wrap_kinds == default_wrap) o->wrap.wrap_kinds = NULL;
   if (!gpt && o->wrap.wrap_kinds == default_wrap) o->wrap.wrap_kinds = "Linear";
+  if (llama && o->wrap.wrap_kinds == default_wrap) o->wrap.wrap_kinds = "LlamaDecoderLayer";
   if (o->wrap.wrap_min_params && o->wrap.wrap_kinds)
     return fprintf(stderr, "fsdp-train: --wrap %s and --wrap-min-params %zu are two wrap "
                    "policies: give one\n", o->wrap.wrap_kinds, o->wrap.wrap_min_params), -1;
@@ -224,6 +268,7 @@ int main(int argc, char **argv) {
                     .seq_len = -1, .global_batch = -1, /* -1: not given */
                     .wrap = {.wrap_kinds = default_wrap}};
   fsdp_gpt2_preset("small", &o.gpt);
+  o.gpt_preset = o.gpt;
   o.cfg.optim.lr = 0.0f; /* per model, below */
   o.cfg.optim.momentum = 0.9f;
   o.cfg.optim.weight_decay = 0.0f;
@@ -254,7 +299,7 @@ int main(int argc, char **argv) {
   }
   /* Open MPI hands rank 0 a pseudo-terminal even when mpirun's output is piped. */
   t.tty = t.rank == 0 && isatty(STDOUT_FILENO) && !o.json && !getenv("OMPI_COMM_WORLD_SIZE");
-  rc = !strcmp(o.model, "gpt2") ? train_gpt2(&t) : train_mlp(&t);
+  rc = strcmp(o.model, "mlp") ? train_gpt2(&t) : train_mlp(&t);
   if (rc == -2) rc = 1; /* the task said why */
   else if (rc) goto fail;
   goto done;

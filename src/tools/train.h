@@ -6,8 +6,10 @@
 #include "fsdp/fsdp.h"
 #include "tools/config.h"
 
+enum { PRESET_GPT2 = 1, PRESET_LLAMA = 2 };
+
 typedef struct {
-  const char *model; /* "mlp" or "gpt2" */
+  const char *model; /* "mlp", "gpt2" or "llama" */
   fsdp_config_t cfg;
   const char *data;
   int64_t global_batch;
@@ -15,8 +17,13 @@ typedef struct {
   uint64_t seed;
   /* mlp */
   int hidden[6], n_hidden;
-  /* gpt2 */
+  /* gpt2 and llama (train_gpt2.c) */
   fsdp_gpt2_config_t gpt;
+  fsdp_gpt2_config_t gpt_preset; /* the last --preset's (or the default) shape: --layers
+                                    and the other GPT-2 shape flags moved gpt off it */
+  fsdp_llama_config_t llama;     /* --model llama: its --preset's */
+  const char *preset;            /* the last --preset, or NULL */
+  int preset_of;                 /* PRESET_GPT2 | PRESET_LLAMA: whose name it is */
   int seq_len, eval_batches, sample;
   float temperature;
   float loss_scale; /* --loss-scale; 0: the engine's default */
@@ -94,6 +101,7 @@ int train_check_consistency(trainer_t *t, const char *data_path, size_t data_byt
 uint64_t train_hash(uint64_t h, const void *data, size_t n);
 
 int train_mlp(trainer_t *t);
+/* GPT-2 or a Llama-family model (o->model) on text or token files. */
 int train_gpt2(trainer_t *t);
 
 #endif

@@ -76,12 +76,16 @@ static void add_rules(settings_t *s, const cfg_file_t *c) {
 static void add_flags(settings_t *s, const train_opts_t *o) {
   const fsdp_config_t *c = &o->cfg;
   add(s, "--model", "%s", o->model);
-  if (!strcmp(o->model, "gpt2")) {
-    add(s, "--layers", "%d", o->gpt.n_layer);
-    add(s, "--heads", "%d", o->gpt.n_head);
-    add(s, "--embd", "%d", o->gpt.n_embd);
-    add(s, "--context", "%d", o->gpt.block_size);
-    add(s, "--vocab", "%d", o->gpt.vocab_size);
+  if (strcmp(o->model, "mlp")) {
+    if (!strcmp(o->model, "llama")) {
+      add(s, "--preset", "%s", o->preset);
+    } else {
+      add(s, "--layers", "%d", o->gpt.n_layer);
+      add(s, "--heads", "%d", o->gpt.n_head);
+      add(s, "--embd", "%d", o->gpt.n_embd);
+      add(s, "--context", "%d", o->gpt.block_size);
+      add(s, "--vocab", "%d", o->gpt.vocab_size);
+    }
     add(s, "--seq-len", "%d", o->seq_len);
     add(s, "--steps", "%d", o->steps);
     add(s, "--eval-batches", "%d", o->eval_batches);

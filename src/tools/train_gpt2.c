@@ -1,9 +1,12 @@
-/* src/tools/train_gpt2.c — GPT-2 on bytes of text or on a token file: random
- * windows from the training split, validation loss in nats per byte (or per
- * token), and a sample at the end. */
+/* src/tools/train_gpt2.c — a decoder, GPT-2 or a Llama-family model
+ * (--model), on bytes of text or on a token file: random windows from the
+ * training split, validation loss in nats per byte (or per token), and for
+ * GPT-2 a sample at the end. The two models differ only in the calls of
+ * struct lm below. */
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "tools/train.h"
 
@@ -11,9 +14,26 @@ typedef struct {
   fsdp_text_t text;
   fsdp_tokens_t toks; /* when --data is token data */
   int is_tokens;
-  fsdp_gpt2_t gpt;
+  fsdp_gpt2_t gpt;     /* --model gpt2 */
+  fsdp_llama_t llama;  /* --model llama */
   int *tok, *tgt;
 } gpt_task_t;
+
+/* The model's calls, whichever it is. */
+static fsdp_status_t lm_forward_backward(const gpt_task_t *g, int B, int T, float scale,
+                                         double *loss) {
+  return g->llama ? fsdp_llama_forward_backward(g->llama, g->tok, g->tgt, B, T, scale, loss)
+                  : fsdp_gpt2_forward_backward(g->gpt, g->tok, g->tgt, B, T, scale, loss);
+}
+
+static fsdp_status_t lm_loss(const gpt_task_t *g, int B, int T, double *loss) {
+  return g->llama ? fsdp_llama_forward(g->llama, g->tok, g->tgt, B, T, loss, NULL)
+                  : fsdp_gpt2_forward(g->gpt, g->tok, g->tgt, B, T, loss, NULL);
+}
+
+static int vocab_of(const train_opts_t *o) {
+  return strcmp(o->model, "llama") ? o->gpt.vocab_size : o->llama.vocab_size;
+}
 
 static fsdp_status_t windows(const gpt_task_t *g, int validation, uint64_t seed, int64_t step,
                              int64_t first, int64_t count, int T, int *tok, int *tgt) {
@@ -28,11 +48,14 @@ static int load_data(trainer_t *t, gpt_task_t *g) {
   g->is_tokens = fsdp_tokens_probe(path);
   if (!g->is_tokens) return fsdp_text_load(path, 0.1, &g->text) ? -1 : 0;
   if (fsdp_tokens_load(path, 0.1, &g->toks)) return -1;
-  if (fsdp_tokens_check_vocab(&g->toks, o->gpt.vocab_size) == FSDP_SUCCESS) return 0;
-  if (t->rank == 0)
+  if (fsdp_tokens_check_vocab(&g->toks, vocab_of(o)) == FSDP_SUCCESS) return 0;
+  if (t->rank == 0 && strcmp(o->model, "llama"))
     fprintf(stderr, "fsdp-train: %s\nfsdp-train: pass --vocab %d or more (or a preset whose "
             "vocabulary holds the data's tokens, e.g. --preset 124M)\n", fsdp_last_error(),
             g->toks.max_token + 1);
+  else if (t->rank == 0)
+    fprintf(stderr, "fsdp-train: %s\nfsdp-train: pass a --preset whose vocabulary holds token "
+            "%d (e.g. SmolLM-135M, 49152 tokens)\n", fsdp_last_error(), g->toks.max_token);
   return -2;
 }
 
@@ -44,8 +67,7 @@ static int evaluate(trainer_t *t, gpt_task_t *g, double *loss) {
     if (windows(g, 1, o->seed + 1, b, t->offset, t->micro, o->seq_len, g->tok, g->tgt))
       return -1;
     double l;
-    if (fsdp_gpt2_forward(g->gpt, g->tok, g->tgt, (int)t->micro, o->seq_len, &l, NULL))
-      return -1;
+    if (lm_loss(g, (int)t->micro, o->seq_len, &l)) return -1;
     sum += l;
   }
   if (train_sum(t, &sum, 1)) return -1;
@@ -63,8 +85,8 @@ static int step(trainer_t *t, gpt_task_t *g, int s, double *loss) {
     if (windows(g, 0, o->seed, s, k * per_micro + t->offset, t->micro, T, g->tok, g->tgt))
       return -1;
     double l;
-    if (fsdp_gpt2_forward_backward(g->gpt, g->tok, g->tgt, (int)t->micro, T,
-                                   train_loss_scale(t) / (float)(t->micro * T), &l))
+    if (lm_forward_backward(g, (int)t->micro, T, train_loss_scale(t) / (float)(t->micro * T),
+                            &l))
       return -1;
     sum += l;
   }
@@ -137,15 +159,15 @@ static int run(trainer_t *t, gpt_task_t *g) {
   char text[64];
   if (o->sample > 0 && sample(t, g)) return -1;
   if (t->rank == 0 && o->json)
-    printf("{\"event\":\"summary\",\"model\":\"gpt2\",\"ranks\":%d,\"strategy\":\"%s\","
+    printf("{\"event\":\"summary\",\"model\":\"%s\",\"ranks\":%d,\"strategy\":\"%s\","
            "\"steps\":%d,\"seconds\":%.2f,\"tokens_per_s\":%.1f,\"first_loss\":%.6f,"
            "\"final_loss\":%.6f,\"val_loss\":%s,\"val_unit\":\"%s\",\"peak_bytes_per_rank\":%zu}\n",
-           t->nranks, fsdp_strategy_name(o->cfg.strategy), steps, secs, tokens * steps / secs,
-           first, loss, val_text(evals, vl, "%.6f", "null", text, sizeof text),
+           o->model, t->nranks, fsdp_strategy_name(o->cfg.strategy), steps, secs,
+           tokens * steps / secs, first, loss, val_text(evals, vl, "%.6f", "null", text, sizeof text),
            g->is_tokens ? "token" : "byte", train_peak_bytes(t));
   else if (t->rank == 0)
-    printf("done: gpt2, %d ranks, %s, %d steps in %.1f s (%.0f tokens/s) | loss %.4f -> %.4f | "
-           "%s | peak %.2f MiB/rank\n", t->nranks, fsdp_strategy_name(o->cfg.strategy), steps,
+    printf("done: %s, %d ranks, %s, %d steps in %.1f s (%.0f tokens/s) | loss %.4f -> %.4f | "
+           "%s | peak %.2f MiB/rank\n", o->model, t->nranks, fsdp_strategy_name(o->cfg.strategy), steps,
            secs, tokens * steps / secs, first, loss,
            val_text(evals, vl, g->is_tokens ? "val loss %.6f nats/token" : "val loss %.6f nats/byte",
                     "no eval ran", text, sizeof text),
@@ -170,7 +192,8 @@ static int setup(trainer_t *t, gpt_task_t *g) {
   char ckpt[512];
   cfg_file_t *c = o->config;
   int bad = c && cfg_gpt2_opts(c, &w, &plan, ckpt, sizeof ckpt);
-  bad = bad || fsdp_gpt2_create(t->eng, &o->gpt, &w, &g->gpt) != FSDP_SUCCESS;
+  bad = bad || (strcmp(o->model, "llama") ? fsdp_gpt2_create(t->eng, &o->gpt, &w, &g->gpt)
+                                          : fsdp_llama_create(t->eng, &o->llama, &w, &g->llama));
   bad = bad || (c && (cfg_check_matched(c, 1) || cfg_check_matched(c, 2)));
   if (bad && c && c->err[0]) { /* the same on every rank: rank 0 says it, all stop */
     if (t->rank == 0) fprintf(stderr, "fsdp-train: %s\n", c->err);
@@ -182,13 +205,21 @@ static int setup(trainer_t *t, gpt_task_t *g) {
   g->tgt = malloc(n * sizeof(int));
   if (!g->tok || !g->tgt) return -1;
   size_t full;
-  t->act_bytes = fsdp_gpt2_activation_bytes(g->gpt, &full);
+  t->act_bytes = g->llama ? fsdp_llama_activation_bytes(g->llama, &full)
+                          : fsdp_gpt2_activation_bytes(g->gpt, &full);
   if (t->rank == 0 && !o->json) {
-    char what[160];
-    snprintf(what, sizeof what, "gpt2 %d layers x %d wide, %d heads, T %d, %zu parameters, on "
-             "%zu %s", o->gpt.n_layer, o->gpt.n_embd, o->gpt.n_head, o->seq_len,
-             fsdp_gpt2_num_params(&o->gpt), g->is_tokens ? g->toks.n : g->text.n,
-             g->is_tokens ? "tokens" : "bytes of text");
+    char what[200];
+    const fsdp_llama_config_t *l = &o->llama;
+    if (g->llama)
+      snprintf(what, sizeof what, "llama %s: %d layers x %d wide, %d heads / %d KV, FFN %d, T "
+               "%d, %zu parameters, on", o->preset, l->n_layer, l->n_embd, l->n_head,
+               l->n_kv_head, l->ffn_hidden, o->seq_len, fsdp_llama_num_params(l));
+    else
+      snprintf(what, sizeof what, "gpt2 %d layers x %d wide, %d heads, T %d, %zu parameters, on",
+               o->gpt.n_layer, o->gpt.n_embd, o->gpt.n_head, o->seq_len,
+               fsdp_gpt2_num_params(&o->gpt));
+    snprintf(what + strlen(what), sizeof what - strlen(what), " %zu %s",
+             g->is_tokens ? g->toks.n : g->text.n, g->is_tokens ? "tokens" : "bytes of text");
     train_print_plan(t, what);
     if (c) cfg_print_matches(stdout, c);
     printf("  activations %.2f MiB/rank (%.2f MiB without checkpointing)\n",
@@ -204,6 +235,7 @@ int train_gpt2(trainer_t *t) {
   free(g.tok);
   free(g.tgt);
   fsdp_gpt2_destroy(g.gpt);
+  fsdp_llama_destroy(g.llama);
   fsdp_text_free(&g.text);
   fsdp_tokens_free(&g.toks);
   return rc;

@@ -3,6 +3,7 @@
  * --json, the unit plan, memory per rank). */
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "tools/train.h"
 
@@ -123,7 +124,15 @@ void train_print_plan(const trainer_t *t, const char *what) {
          "x %d micro-batches\n", what, t->nranks, fsdp_strategy_name(c->strategy), hsdp,
          c->prefetch_depth, (long long)t->o->global_batch, t->nranks, (long long)t->micro,
          c->grad_accum);
-  printf("  %-8s %-16s %12s %14s %8s %6s\n", "unit", "kind", "parameters", "bytes/rank",
+  /* columns as wide as the longest name and kind ("model.layers.0-1"), at least 8 and 16 */
+  int wn = 8, wk = 16;
+  for (int u = 0; u < fsdp_engine_num_units(t->eng); u++) {
+    fsdp_unit_info_t info;
+    if (fsdp_unit_info(t->eng, u, &info) != FSDP_SUCCESS) continue;
+    if ((int)strlen(info.name) > wn) wn = (int)strlen(info.name);
+    if ((int)strlen(info.kind) > wk) wk = (int)strlen(info.kind);
+  }
+  printf("  %-*s %-*s %12s %14s %8s %6s\n", wn, "unit", wk, "kind", "parameters", "bytes/rank",
          "reshard", "dtype");
   /* master, gradient and optimizer state (AdamW's m and v, SGD's momentum
    * buffer) of this rank's shard: what the engine allocates per element */
@@ -132,7 +141,7 @@ void train_print_plan(const trainer_t *t, const char *what) {
   for (int u = 0; u < fsdp_engine_num_units(t->eng); u++) {
     fsdp_unit_info_t info;
     if (fsdp_unit_info(t->eng, u, &info) != FSDP_SUCCESS) continue;
-    printf("  %-8s %-16s %12zu %14zu %8s %6s\n", info.name, info.kind, info.numel,
+    printf("  %-*s %-*s %12zu %14zu %8s %6s\n", wn, info.name, wk, info.kind, info.numel,
            info.shard_numel * per, info.reshard_after_forward ? "yes" : "no",
            fsdp_dtype_name(info.param_dtype));
   }

@@ -4,7 +4,8 @@
  * q/k/v, rotate-half RoPE, grouped-query causal attention, o_proj, SwiGLU,
  * tied or untied head), every parameter's gradient against central
  * differences of that float64 loss, activation checkpointing giving
- * identical weights with less memory, loss going down on the tiny preset, and
+ * identical weights with less memory, the activation memory computed without
+ * a model (fsdp_llama_memory), loss going down on the tiny preset, and
  * bad input refused by name. */
 #include <check.h>
 #include <math.h>
@@ -394,6 +395,34 @@ START_TEST(checkpoint_identical) {
 }
 END_TEST
 
+/* fsdp_llama_memory at SmolLM-135M's shape, 2 x 64, where every buffer is a
+ * multiple of the 256-byte alignment so the formula is exact: per layer,
+ * per token 4 C + QKV + 3 F activations and 2 fp32 statistics, plus
+ * attention's fp32 probabilities (f32) or log-sum-exp (bf16). */
+START_TEST(memory_plan) {
+  fsdp_llama_config_t c;
+  ck_assert_int_eq(fsdp_llama_preset("SmolLM-135M", &c), FSDP_SUCCESS);
+  const size_t Bm = 2, Tm = 64, BT = Bm * Tm, C = 576, QKV = 15 * 64, F = 1536, NH = 9;
+  const size_t Vp = 49152, L = 30;
+  for (int bf = 0; bf < 2; bf++) {
+    fsdp_llama_memory_t m;
+    const size_t e = bf ? 2 : 4, att = bf ? Bm * NH * Tm : Bm * NH * Tm * Tm;
+    ck_assert_int_eq(fsdp_llama_memory(&c, 2, 64, bf ? FSDP_BF16 : FSDP_F32, &m), FSDP_SUCCESS);
+    ck_assert_uint_eq(m.attention, att * 4);
+    ck_assert_uint_eq(m.per_layer, BT * (4 * C + QKV + 3 * F) * e + 2 * BT * 4 + att * 4);
+    ck_assert_uint_eq(m.inputs, (L + 1) * BT * C * e);
+    /* final norm and its statistics, logits, dres, d1, max(QKV, 2F) and F */
+    ck_assert_uint_eq(m.common, BT * (C + Vp + 2 * C + 2 * F + F) * e + BT * 4);
+    ck_assert_uint_eq(m.saved, m.inputs + L * m.per_layer + m.common);
+    ck_assert_uint_eq(m.checkpointed, m.inputs + m.per_layer + m.common);
+  }
+  fsdp_llama_memory_t m;
+  ck_assert_int_eq(fsdp_llama_memory(&c, 2, 4096, FSDP_F32, &m), FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "T 4096"));
+  ck_assert_int_eq(fsdp_llama_memory(&c, 2, 64, FSDP_F16, &m), FSDP_ERR_INVALID_ARGUMENT);
+}
+END_TEST
+
 /* The tiny preset learns a repeating sequence: AdamW, 40 steps. */
 START_TEST(tiny_preset_learns) {
   fsdp_llama_config_t c;
@@ -467,6 +496,7 @@ static Suite *llama_suite(void) {
   tcase_add_loop_test(t, logits_match_reference, 0, 2);
   tcase_add_loop_test(t, gradient_check, 0, 4);
   tcase_add_loop_test(t, checkpoint_identical, 0, 2);
+  tcase_add_test(t, memory_plan);
   tcase_add_test(t, tiny_preset_learns);
   tcase_add_test(t, errors);
   suite_add_tcase(s, t);
