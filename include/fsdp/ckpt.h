@@ -282,6 +282,11 @@ FSDP_API const char *fsdp_ckpt_family(fsdp_ckpt_t ckpt);
  * FSDP_ERR_INVALID_ARGUMENT when it records none (fsdp_ckpt_family is not
  * "llama"). */
 FSDP_API fsdp_status_t fsdp_ckpt_llama_config(fsdp_ckpt_t ckpt, fsdp_llama_config_t *out);
+/* FSDP_SUCCESS when the checkpoint records no Llama or exactly *want; else
+ * FSDP_ERR_INVALID_ARGUMENT naming the first field that differs (a resume of
+ * an imported Llama under another configuration: same tensor shapes, other
+ * heads, RoPE or epsilon, would load and compute something else). */
+FSDP_API fsdp_status_t fsdp_ckpt_llama_check(fsdp_ckpt_t ckpt, const fsdp_llama_config_t *want);
 
 typedef struct {
   const char *name, *unit;

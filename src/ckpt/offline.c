@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "ckpt/ckpt_internal.h"
+#include "ckpt/llama_hf.h"
 #include "ckpt/offline.h"
 
 fsdp_status_t fsdp_ckpt_open(const char *path, fsdp_ckpt_t *out) {
@@ -59,6 +60,18 @@ fsdp_status_t fsdp_ckpt_llama_config(fsdp_ckpt_t c, fsdp_llama_config_t *out) {
                       "checkpoint)", c ? c->m.dir : "(null)", fsdp_ckpt_family(c));
   *out = c->m.llama;
   return FSDP_SUCCESS;
+}
+
+fsdp_status_t fsdp_ckpt_llama_check(fsdp_ckpt_t c, const fsdp_llama_config_t *want) {
+  if (!c || !want)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_ckpt_llama_check: handle and config must "
+                      "not be NULL");
+  if (!c->m.has_llama) return FSDP_SUCCESS;
+  char what[CKPT_PATH_MAX + 32];
+  snprintf(what, sizeof what, "the Llama %s records", c->m.dir);
+  /* llama_config_same's message stands; the status is a mismatch's, not a bad file's */
+  return llama_config_same(what, &c->m.llama, "this model", want) ? FSDP_ERR_INVALID_ARGUMENT
+                                                                   : FSDP_SUCCESS;
 }
 
 fsdp_status_t fsdp_ckpt_tensor(fsdp_ckpt_t c, int index, fsdp_ckpt_tensor_t *t) {

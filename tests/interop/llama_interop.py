@@ -28,6 +28,11 @@ as published v4 checkpoints have it):
              the largest: an element whose gradient is below Adam's eps,
              1e-8, moves by g / (|g| + eps), where fp32 rounding of g alone
              changes the step by a sizeable fraction of lr);
+  resume  -> fsdp-train --model llama --preset tiny continues from the import of
+             a tiny-shaped Llama, its save records the Llama, exports, and
+             transformers' logits of that export equal fsdp-eval's; an import
+             of another configuration (same names, llama3 RoPE, tied) is
+             refused naming the first difference;
   refused -> what fsdp's Llama cannot compute is refused by name and leaves
              nothing behind.
 usage: llama_interop.py WORKDIR FSDP_TRAIN FSDP_CKPT FSDP_EVAL"""
@@ -300,6 +305,31 @@ def training(name, src):
           f"{abs(lf - lt) / lt:.3g})")
 
 
+def resume():
+    """fsdp-train from an import whose configuration is the tiny preset's."""
+    text = os.path.join(work, "text.txt")
+    with open(text, "w") as f:
+        f.write("".join(chr(c) for c in rng.integers(32, 127, size=20000)))
+    run_dir = os.path.join(work, "train-run")
+    run(fsdp_train, "--model", "llama", "--preset", "tiny", "--data", text, "--steps", "2",
+        "--global-batch", "4", "--seq-len", "32", "--resume", os.path.join(work, "ck1-untied-gqa-f32"),
+        "--save-dir", run_dir)
+    rec = json.load(open(os.path.join(run_dir, "step-2", "manifest.json"))).get("model", {})
+    check("resume: record", rec.get("family") == "llama" and rec.get("n_kv_head") == 2,
+          f"fsdp-train's save records {rec}")
+    out = os.path.join(work, "train-run-hf")
+    run(fsdp_ckpt, "export", run_dir, "--hf", out)
+    r = rel(hf_logits(LlamaForCausalLM.from_pretrained(out).eval()), fsdp_logits(run_dir, 1))
+    check("resume: export logits", r <= TOL, f"transformers on the trained export vs fsdp-eval: "
+          f"{r:.3g}")
+    p = run(fsdp_train, "--model", "llama", "--preset", "tiny", "--data", text, "--steps", "2",
+            "--global-batch", "4", "--seq-len", "32", "--resume",
+            os.path.join(work, "ck1-tied-llama3-bf16"), ok=False)
+    check("resume: other config refused", p.returncode != 0 and
+          "is not this model: rope_theta 500000, not 10000" in p.stderr,
+          p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit {p.returncode}")
+
+
 def refused(name, edit, expect):
     """A copy of a good directory with config.json edited: refused naming
     `expect`, and the output directory never created."""
@@ -331,6 +361,7 @@ for case in CASES:
     logits(case[0], src, ck1)
     if case[0] in ("untied-gqa-f32", "tied-llama3-bf16"):
         training(case[0], src)
+resume()
 
 refused("attention_bias", lambda c: c.update(attention_bias=True), '"attention_bias" is true')
 refused("mlp_bias", lambda c: c.update(mlp_bias=True), '"mlp_bias" is true')
