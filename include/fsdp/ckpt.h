@@ -5,7 +5,9 @@
  *   <save_dir>/latest                 "step-<k>\n": the last committed save
  *   <save_dir>/step-<k>/manifest.json format version, checkpoint id, step, world
  *                                     size, strategy, optimizer and its state
- *                                     names, the caller's trainer state, units
+ *                                     names, the caller's trainer state, the
+ *                                     model's record when one is given (a
+ *                                     Llama's configuration), units
  *                                     with each rank's element range, the tensor
  *                                     table (name, shape, dtype, unit, offset),
  *                                     each shard file's size and CRC-32, and a
@@ -63,6 +65,7 @@
 #define FSDP_CKPT_H
 
 #include "fsdp/engine.h"
+#include "fsdp/nn.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -98,13 +101,17 @@ typedef struct {
   unsigned int version;         /* FSDP_VERSION_CODE */
   int overwrite;                /* 0; 1: replace an existing committed step-<k> */
   const fsdp_ckpt_meta_t *meta; /* NULL; trainer state to record */
+  /* NULL; the Llama the engine holds (checked with fsdp_llama_config_check),
+   * recorded as the manifest's "model" so that fsdp_ckpt_llama_config, eval
+   * and export --hf know it. Read during the call only. */
+  const fsdp_llama_config_t *llama;
 } fsdp_ckpt_save_opts_t;
-FSDP_ASSERT_NO_TAIL(fsdp_ckpt_save_opts_t, meta);
+FSDP_ASSERT_NO_TAIL(fsdp_ckpt_save_opts_t, llama);
 #define FSDP_CKPT_SAVE_OPTS_MAGIC 0xf5d9c0f3u
 #define FSDP_CKPT_SAVE_OPTS_INIT                                                     \
   {                                                                                  \
     .size = sizeof(fsdp_ckpt_save_opts_t), .magic = FSDP_CKPT_SAVE_OPTS_MAGIC,       \
-    .version = FSDP_VERSION_CODE, .overwrite = 0, .meta = NULL                       \
+    .version = FSDP_VERSION_CODE, .overwrite = 0, .meta = NULL, .llama = NULL        \
   }
 
 /* Saves the engine's master shards, optimizer state and step (k =
@@ -264,6 +271,23 @@ typedef struct {
 } fsdp_ckpt_info_t;
 FSDP_API fsdp_status_t fsdp_ckpt_info(fsdp_ckpt_t ckpt, fsdp_ckpt_info_t *info);
 
+/* The model family a checkpoint holds: "llama" when its manifest records a
+ * Llama (fsdp_ckpt_import_hf of a LlamaForCausalLM, or a save with
+ * opts->llama), "gpt2" when it has GPT-2's wte and wpe tensors (GPT-2
+ * checkpoints record their shape as trainer state "gpt2.*", not as a model
+ * record, so that they stay as they always were), else "other" (an MLP, or
+ * tensors imported as they are). A static string; "other" for NULL. */
+FSDP_API const char *fsdp_ckpt_family(fsdp_ckpt_t ckpt);
+/* *out = the Llama configuration the checkpoint records;
+ * FSDP_ERR_INVALID_ARGUMENT when it records none (fsdp_ckpt_family is not
+ * "llama"). */
+FSDP_API fsdp_status_t fsdp_ckpt_llama_config(fsdp_ckpt_t ckpt, fsdp_llama_config_t *out);
+/* FSDP_SUCCESS when the checkpoint records no Llama or exactly *want; else
+ * FSDP_ERR_INVALID_ARGUMENT naming the first field that differs (a resume of
+ * an imported Llama under another configuration: same tensor shapes, other
+ * heads, RoPE or epsilon, would load and compute something else). */
+FSDP_API fsdp_status_t fsdp_ckpt_llama_check(fsdp_ckpt_t ckpt, const fsdp_llama_config_t *want);
+
 typedef struct {
   const char *name, *unit;
   int ndim;
@@ -341,16 +365,48 @@ FSDP_API fsdp_status_t fsdp_ckpt_export_ex(fsdp_ckpt_t ckpt, const char *out_fil
  * from_pretrained ties it back, as save_pretrained does) and
  * out_dir/config.json (n_layer, n_head, n_embd, n_positions, vocab_size from
  * the tensors' shapes; n_head from the checkpoint's "gpt2.n_head" trainer
- * state, else the n_head argument, else FSDP_ERR_INVALID_ARGUMENT). out_dir is
+ * state, else the n_head argument, else FSDP_ERR_INVALID_ARGUMENT). A
+ * checkpoint that records a Llama (fsdp_ckpt_llama_config) becomes what
+ * LlamaForCausalLM.from_pretrained loads: its tensors under their own names
+ * (HF's), lm_head.weight only when untied, and config.json from the recorded
+ * configuration (architectures, model_type "llama", num_key_value_heads,
+ * head_dim, rms_norm_eps, rope_theta, rope_scaling null or llama3's,
+ * tie_word_embeddings, torch_dtype float32); every tensor must be the one that
+ * configuration implies, and n_head, when not 0, must be its heads
+ * (FSDP_ERR_INVALID_ARGUMENT otherwise). out_dir is
  * created if missing; an existing model.safetensors or config.json is refused
  * (FSDP_ERR_INVALID_USAGE) unless flags has FSDP_CKPT_OVERWRITE. Files are
  * written to .tmp and renamed. Verifies first. *summary may be NULL. */
 FSDP_API fsdp_status_t fsdp_ckpt_export_hf(fsdp_ckpt_t ckpt, const char *out_dir, int n_head,
                                            int flags, fsdp_ckpt_io_summary_t *summary);
 /* fsdp_ckpt_import for what Hugging Face publishes: `in` is a directory with
- * config.json and model.safetensors, or a safetensors file (a config.json
- * beside it is used). F32, BF16 and F16 tensors are converted to f32 (the
- * summary's dtype says which). Every tensor's shape is checked against the
+ * config.json and model.safetensors, or with model.safetensors.index.json and
+ * the shard files its weight_map names (every shard validated as one file;
+ * the shards must hold exactly the tensors the index lists, each in the file
+ * it names, and the names must be plain file names in that directory), or a
+ * safetensors file or an index (a config.json beside it is used). F32, BF16
+ * and F16 tensors are converted to f32 (the summary's dtype says which).
+ *
+ * The model is a Llama when config.json's model_type is "llama" or, without
+ * a config.json, when the file holds model.embed_tokens.weight; any other
+ * model_type than "gpt2" and "llama" is FSDP_ERR_UNSUPPORTED. A Llama's
+ * configuration comes from config.json (transformers v4's keys: rope_theta,
+ * rope_scaling, torch_dtype; or v5's: rope_parameters, dtype;
+ * num_key_value_heads absent means num_attention_heads, HF's defaults for
+ * the optional ones) and/or `preset` (fsdp_llama_preset's names; both must
+ * agree, one is needed); what fsdp's Llama cannot compute is refused naming
+ * the key (FSDP_ERR_UNSUPPORTED): attention_bias or mlp_bias true, head_dim
+ * other than hidden_size / num_attention_heads, hidden_act other than silu,
+ * a rope type other than default and llama3, a dtype other than float32,
+ * bfloat16 and float16. Its tensors keep their (HF) names and are held to the
+ * shapes of that configuration: the embedding, nine per layer, model.norm
+ * and, untied, lm_head.weight; a tied head in the file must equal the
+ * embedding (refused, naming the first element that differs, otherwise); the
+ * *.rotary_emb.inv_freq buffers older checkpoints saved are skipped. The
+ * checkpoint records the configuration (fsdp_ckpt_llama_config) and lists
+ * the tensors in the model's order, whether they came from one file or shards.
+ *
+ * Otherwise (GPT-2) every tensor's shape is checked against the
  * GPT-2 shape that `preset` (fsdp_gpt2_preset's names; may be NULL) and the
  * config.json describe (both must agree), or, with neither, for a file with
  * wte, wpe and ln_f.weight, against the shape they and the layer count imply;
@@ -359,11 +415,13 @@ FSDP_API fsdp_status_t fsdp_ckpt_export_hf(fsdp_ckpt_t ckpt, const char *out_dir
  * differs, rather than dropped. The model's shape is recorded in the
  * checkpoint's trainer state ("gpt2.n_layer", ... as fsdp-train writes them).
  * An existing out_dir/step-0 is refused unless flags has FSDP_CKPT_OVERWRITE.
- * A NaN or Inf value is refused (FSDP_ERR_NONFINITE) naming the tensor and
- * the index, as fsdp_ckpt_save refuses one. A header over 100,000,000 bytes or
- * of more than 65536 entries is refused before it is parsed (docs/limits.md).
+ * A NaN or Inf value is refused (FSDP_ERR_NONFINITE) naming the file, the
+ * tensor and the index, as fsdp_ckpt_save refuses one. A header over
+ * 100,000,000 bytes or of more than 65536 entries is refused before it is
+ * parsed, as is an index naming more than 4096 shards (docs/limits.md).
  * Nothing is created, out_dir included, before the input passed every check.
- * *summary may be NULL. */
+ * *summary may be NULL (its file is the index for a sharded input, its bytes
+ * those of every shard). */
 FSDP_API fsdp_status_t fsdp_ckpt_import_hf(const char *in, const char *out_dir,
                                            const char *preset, int flags,
                                            fsdp_ckpt_io_summary_t *summary);

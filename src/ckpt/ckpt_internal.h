@@ -66,6 +66,11 @@ typedef struct {
   int has_scaler;
   double loss_scale;
   int64_t good_steps;
+  /* The model, when its family records one: "model" in the manifest, written
+   * only then (GPT-2 and MLP checkpoints have none; their tensors and trainer
+   * state say what they hold). has_llama 1: a Llama of configuration llama. */
+  int has_llama;
+  fsdp_llama_config_t llama;
 } ckpt_manifest_t;
 
 /* ---- manifest (manifest.c) ------------------------------------------------ */

@@ -1,6 +1,7 @@
-/* src/ckpt/hf.c — GPT-2 checkpoints as Hugging Face directories: the model's
- * shape (from tensors, trainer state, config.json or a preset), the tensor
- * shapes that shape implies, config.json, and export --hf. */
+/* src/ckpt/hf.c — checkpoints as Hugging Face directories (export --hf):
+ * GPT-2's shape (from tensors, trainer state, config.json or a preset), the
+ * tensor shapes that shape implies and its config.json; a Llama's from the
+ * configuration its manifest records (llama_hf.c). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 
 #include "ckpt/gpt2_layout.h"
 #include "ckpt/hf.h"
+#include "ckpt/llama_hf.h"
 #include "fsdp/nn.h"
 
 /* ---- the tensors a shape implies ---------------------------------------------------- */
@@ -49,7 +51,8 @@ static fsdp_status_t shape_of(const ckpt_manifest_t *m, int n_head, hf_shape_t *
   const ckpt_tensor_t *wte = find(m, "wte"), *wpe = find(m, "wpe");
   if (!wte || !wpe || wte->ndim != 2 || wpe->ndim != 2)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "%s: not a GPT-2 checkpoint (no 2-D wte and wpe "
-                      "tensors): export --hf writes GPT-2 models only", m->dir);
+                      "tensors) and it records no Llama: export --hf writes GPT-2 and Llama models only",
+                      m->dir);
   *s = (hf_shape_t){.vocab = wte->shape[0], .n_embd = wte->shape[1], .n_positions = wpe->shape[0]};
   char name[64];
   snprintf(name, sizeof name, "h.%d.ln_1.weight", 0);
@@ -129,6 +132,30 @@ static fsdp_status_t make_dir(const char *dir) {
                     errno == EEXIST ? "a file is in the way" : strerror(errno));
 }
 
+/* Every tensor of the checkpoint is one its Llama implies, with that shape. */
+static fsdp_status_t check_llama(const ckpt_manifest_t *m, int n_head) {
+  const fsdp_llama_config_t *c = &m->llama;
+  int n = llama_n_tensors(c);
+  if (n_head > 0 && n_head != c->n_head)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "%s: the checkpoint records a Llama of %d heads, "
+                      "not the %d asked for", m->dir, c->n_head, n_head);
+  if (m->n_tensors != n)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "%s: %d tensors, but the Llama it records (%d "
+                      "layers, %s head) has %d", m->dir, m->n_tensors, c->n_layer,
+                      c->tie_embeddings ? "tied" : "untied", n);
+  for (int i = 0; i < n; i++) {
+    char name[96];
+    int ndim;
+    int64_t shape[2];
+    llama_tensor(c, i, name, sizeof name, &ndim, shape);
+    const ckpt_tensor_t *t = find(m, name);
+    if (!t || t->ndim != ndim || t->shape[0] != shape[0] || (ndim == 2 && t->shape[1] != shape[1]))
+      return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "%s: tensor %s is %s for the Llama the "
+                        "checkpoint records", m->dir, name, t ? "misshapen" : "missing");
+  }
+  return FSDP_SUCCESS;
+}
+
 fsdp_status_t fsdp_ckpt_export_hf(fsdp_ckpt_t c, const char *out_dir, int n_head, int flags,
                                   fsdp_ckpt_io_summary_t *sum) {
   if (!c || !out_dir || !out_dir[0])
@@ -136,8 +163,10 @@ fsdp_status_t fsdp_ckpt_export_hf(fsdp_ckpt_t c, const char *out_dir, int n_head
   hf_shape_t s;
   char model[CKPT_PATH_MAX], config[CKPT_PATH_MAX];
   struct stat sb;
-  FSDP_TRY(shape_of(&c->m, n_head, &s));
-  FSDP_TRY(check_tensors(&c->m, &s));
+  int llama = c->m.has_llama;
+  if (llama) FSDP_TRY(check_llama(&c->m, n_head));
+  else FSDP_TRY(shape_of(&c->m, n_head, &s));
+  if (!llama) FSDP_TRY(check_tensors(&c->m, &s));
   FSDP_TRY(ckpt_path(model, sizeof model, "%s/model.safetensors", out_dir));
   FSDP_TRY(ckpt_path(config, sizeof config, "%s/config.json", out_dir));
   if (!(flags & FSDP_CKPT_OVERWRITE) && stat(config, &sb) == 0)
@@ -146,9 +175,11 @@ fsdp_status_t fsdp_ckpt_export_hf(fsdp_ckpt_t c, const char *out_dir, int n_head
                       config);
   FSDP_TRY(make_dir(out_dir));
   fsdp_ckpt_io_summary_t local;
-  FSDP_TRY(ckpt_write_safetensors(c, model, CKPT_ST_HF, flags, sum ? sum : &local));
+  FSDP_TRY(ckpt_write_safetensors(c, model, llama ? CKPT_ST_LLAMA : CKPT_ST_HF, flags,
+                                  sum ? sum : &local));
   sbuf_t sb_json = {0};
-  config_json(&s, &sb_json);
+  if (llama) llama_config_to_hf(&c->m.llama, &sb_json);
+  else config_json(&s, &sb_json);
   fsdp_status_t st = sb_json.failed ? fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "config.json")
                                     : write_text(config, sb_json.buf, sb_json.len);
   sb_free(&sb_json);

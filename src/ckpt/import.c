@@ -1,7 +1,8 @@
-/* src/ckpt/import.c — full weights from a safetensors file (or a Hugging Face
- * directory) into a weights-only checkpoint (one rank, step 0) that
- * fsdp_ckpt_load starts a model from. F32, BF16 and F16 become f32. The file
- * is validated strictly, GPT-2 shapes and the tied head checked, before
+/* src/ckpt/import.c — full weights from a safetensors file, or a Hugging Face
+ * directory (config.json + model.safetensors, or the shards an index names),
+ * into a weights-only checkpoint (one rank, step 0) that fsdp_ckpt_load
+ * starts a model from. F32, BF16 and F16 become f32. Every file is validated
+ * strictly, a GPT-2's or a Llama's shapes and the tied head checked, before
  * anything is written. */
 #include <errno.h>
 #include <fcntl.h>
@@ -15,6 +16,8 @@
 
 #include "ckpt/gpt2_layout.h"
 #include "ckpt/hf.h"
+#include "ckpt/llama_hf.h"
+#include "ckpt/llama_layout.h"
 #include "core/json.h"
 #include "fsdp/nn.h"
 
@@ -23,10 +26,14 @@
 /* Entries in a header: a parsed entry costs about 2 KB, and the largest GPT-2
  * preset has 677 (docs/limits.md); a header is counted before it is parsed. */
 #define ST_MAX_ENTRIES 65536
+/* Shard files an index may name (Llama 3.1 405B has 191). */
+#define ST_MAX_PARTS 4096
 
 typedef struct {
-  const char *key; /* name in the file (owned by the parsed header) */
+  const char *key; /* name in the file (owned by its part's parsed header) */
   char *name;      /* our name, NULL when skipped */
+  int part;        /* the file that holds it */
+  int expected;    /* 1: a tensor the model's shape implies (check_llama) */
   char dtype[16];
   int ndim;
   int64_t shape[ST_MAX_DIMS];
@@ -34,14 +41,25 @@ typedef struct {
   uint64_t begin, end; /* data_offsets */
 } st_tensor_t;
 
+/* One safetensors file. */
 typedef struct {
-  const char *file;
+  char *path;
   int fd;
   uint64_t data_at, data_len; /* where the data buffer starts, its bytes */
   json_t *header;
+} st_part_t;
+
+/* What is imported: one file, or the shards an index names, with their
+ * tensors in one table. */
+typedef struct {
+  const char *file; /* the safetensors file or the index, as named */
+  json_t *index;    /* the parsed index, NULL for one file */
+  st_part_t *parts;
+  int n_parts;
   st_tensor_t *t;
   int n;
-  int lm_head; /* index of lm_head.weight in t, or -1 */
+  int llama;   /* 1: names are a Llama's, kept as they are */
+  int lm_head; /* index of a tied lm_head.weight in t, or -1 */
   int *slot;   /* (cap) open addressing from our name to its index in t, -1 empty */
   size_t cap;  /* a power of two above 2n */
 } st_file_t;
@@ -58,39 +76,44 @@ static size_t dtype_bytes(const char *d) {
 
 /* ---- the header, strictly ---------------------------------------------------------- */
 
-static fsdp_status_t entry_error(const st_file_t *f, const char *key, const char *problem) {
-  return fsdp_error(FSDP_ERR_FORMAT, "%s: tensor '%s': %s", f->file, key, problem);
+static fsdp_status_t entry_error(const char *file, const char *key, const char *problem) {
+  return fsdp_error(FSDP_ERR_FORMAT, "%s: tensor '%s': %s", file, key, problem);
 }
 
-static fsdp_status_t read_shape(const st_file_t *f, const char *key, const json_t *s,
+/* The same for tensor t, named with the file that holds it. */
+static fsdp_status_t tensor_error(const st_file_t *f, const st_tensor_t *t, const char *problem) {
+  return entry_error(f->parts[t->part].path, t->key, problem);
+}
+
+static fsdp_status_t read_shape(const char *file, const char *key, const json_t *s,
                                 st_tensor_t *t) {
   if (!s || s->type != JSON_ARRAY || s->n > ST_MAX_DIMS)
-    return entry_error(f, key, "\"shape\" must be an array of at most 16 integers");
+    return entry_error(file, key, "\"shape\" must be an array of at most 16 integers");
   t->ndim = (int)s->n;
   t->numel = 1;
   for (int d = 0; d < t->ndim; d++) {
     if (!json_int(&s->items[d], &t->shape[d]) || t->shape[d] < 0 ||
         (t->shape[d] > 0 && t->numel > (SIZE_MAX >> 8) / (size_t)t->shape[d]))
-      return entry_error(f, key, "\"shape\" must hold non-negative integers of sane size");
+      return entry_error(file, key, "\"shape\" must hold non-negative integers of sane size");
     t->numel *= (size_t)t->shape[d];
   }
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t read_entry(const st_file_t *f, const char *key, const json_t *v,
+static fsdp_status_t read_entry(const char *file, const char *key, const json_t *v,
                                 st_tensor_t *t) {
   const json_t *d = json_get(v, "dtype"), *o = json_get(v, "data_offsets");
   int64_t a, b;
   if (v->type != JSON_OBJECT || v->n != 3 || !d || !o || !json_get(v, "shape"))
-    return entry_error(f, key, "must be an object with exactly \"dtype\", \"shape\" and "
+    return entry_error(file, key, "must be an object with exactly \"dtype\", \"shape\" and "
                        "\"data_offsets\"");
   if (d->type != JSON_STRING || !dtype_bytes(d->text))
-    return entry_error(f, key, "\"dtype\" is not a safetensors dtype");
+    return entry_error(file, key, "\"dtype\" is not a safetensors dtype");
   snprintf(t->dtype, sizeof t->dtype, "%s", d->text);
-  FSDP_TRY(read_shape(f, key, json_get(v, "shape"), t));
+  FSDP_TRY(read_shape(file, key, json_get(v, "shape"), t));
   if (o->type != JSON_ARRAY || o->n != 2 || !json_int(&o->items[0], &a) ||
       !json_int(&o->items[1], &b) || a < 0 || b < a)
-    return entry_error(f, key, "\"data_offsets\" must be [begin, end] with 0 <= begin <= end");
+    return entry_error(file, key, "\"data_offsets\" must be [begin, end] with 0 <= begin <= end");
   t->key = key;
   t->begin = (uint64_t)a;
   t->end = (uint64_t)b;
@@ -98,17 +121,17 @@ static fsdp_status_t read_entry(const st_file_t *f, const char *key, const json_
     char msg[160];
     snprintf(msg, sizeof msg, "shape and dtype %s need %" PRIu64 " bytes, data_offsets span %"
              PRIu64, t->dtype, (uint64_t)t->numel * dtype_bytes(t->dtype), t->end - t->begin);
-    return entry_error(f, key, msg);
+    return entry_error(file, key, msg);
   }
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t read_metadata(const st_file_t *f, const json_t *v) {
+static fsdp_status_t read_metadata(const char *file, const json_t *v) {
   if (v->type != JSON_OBJECT)
-    return fsdp_error(FSDP_ERR_FORMAT, "%s: \"__metadata__\" must be an object", f->file);
+    return fsdp_error(FSDP_ERR_FORMAT, "%s: \"__metadata__\" must be an object", file);
   for (size_t i = 0; i < v->n; i++)
     if (v->items[i].type != JSON_STRING)
-      return fsdp_error(FSDP_ERR_FORMAT, "%s: \"__metadata__\".\"%s\" must be a string", f->file,
+      return fsdp_error(FSDP_ERR_FORMAT, "%s: \"__metadata__\".\"%s\" must be a string", file,
                         v->keys[i]);
   return FSDP_SUCCESS;
 }
@@ -118,41 +141,54 @@ static int by_begin(const void *x, const void *y) {
   return a->begin < b->begin ? -1 : a->begin > b->begin ? 1 : (a->end > b->end) - (a->end < b->end);
 }
 
-/* Sorted by offset, the entries must tile the data buffer exactly. */
-static fsdp_status_t check_tiling(st_file_t *f) {
-  qsort(f->t, (size_t)f->n, sizeof *f->t, by_begin);
+/* Sorted by offset, the n entries of part p must tile its data buffer exactly. */
+static fsdp_status_t check_tiling(const st_part_t *p, st_tensor_t *t, int n) {
+  qsort(t, (size_t)n, sizeof *t, by_begin);
   uint64_t at = 0;
-  for (int i = 0; i < f->n; i++) {
-    if (f->t[i].begin != at)
+  for (int i = 0; i < n; i++) {
+    if (t[i].begin != at)
       return fsdp_error(FSDP_ERR_FORMAT, "%s: tensor '%s' starts at data byte %" PRIu64 ", "
-                        "expected %" PRIu64 " (%s)", f->file, f->t[i].key, f->t[i].begin, at,
-                        f->t[i].begin < at ? "it overlaps the previous one" : "a gap");
-    at = f->t[i].end;
+                        "expected %" PRIu64 " (%s)", p->path, t[i].key, t[i].begin, at,
+                        t[i].begin < at ? "it overlaps the previous one" : "a gap");
+    at = t[i].end;
   }
-  if (at != f->data_len)
+  if (at != p->data_len)
     return fsdp_error(FSDP_ERR_FORMAT, "%s: tensors cover %" PRIu64 " data bytes, but the file "
-                      "holds %" PRIu64 " after its header (%s)", f->file, at, f->data_len,
-                      at < f->data_len ? "trailing bytes" : "truncated");
+                      "holds %" PRIu64 " after its header (%s)", p->path, at, p->data_len,
+                      at < p->data_len ? "trailing bytes" : "truncated");
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t read_entries(st_file_t *f) {
-  const json_t *h = f->header;
+/* Part `part`'s entries appended to f->t. */
+static fsdp_status_t read_entries(st_file_t *f, int part) {
+  const st_part_t *p = &f->parts[part];
+  const json_t *h = p->header;
   if (h->type != JSON_OBJECT)
-    return fsdp_error(FSDP_ERR_FORMAT, "%s: the header is not a JSON object", f->file);
-  f->t = calloc(h->n ? h->n : 1, sizeof *f->t);
-  if (!f->t) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "%s: out of memory", f->file);
+    return fsdp_error(FSDP_ERR_FORMAT, "%s: the header is not a JSON object", p->path);
+  if ((size_t)f->n + h->n > ST_MAX_ENTRIES)
+    return fsdp_error(FSDP_ERR_FORMAT, "%s: the shards hold more than %d entries together, the "
+                      "limit (docs/limits.md)", p->path, ST_MAX_ENTRIES);
+  st_tensor_t *t = realloc(f->t, ((size_t)f->n + h->n + 1) * sizeof *f->t);
+  if (!t) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "%s: out of memory", p->path);
+  f->t = t;
+  int first = f->n;
   for (size_t i = 0; i < h->n; i++) {
-    if (!strcmp(h->keys[i], "__metadata__")) FSDP_TRY(read_metadata(f, &h->items[i]));
-    else FSDP_TRY(read_entry(f, h->keys[i], &h->items[i], &f->t[f->n++]));
+    if (!strcmp(h->keys[i], "__metadata__")) {
+      FSDP_TRY(read_metadata(p->path, &h->items[i]));
+      continue;
+    }
+    st_tensor_t *e = &f->t[f->n];
+    *e = (st_tensor_t){.part = part};
+    f->n++; /* counted before it is read: freed with the rest on failure */
+    FSDP_TRY(read_entry(p->path, h->keys[i], &h->items[i], e));
   }
-  return check_tiling(f);
+  return check_tiling(p, f->t + first, f->n - first);
 }
 
-/* Members of the top-level object, counted without parsing (strings skipped,
- * escapes too): the parser is never handed more than ST_MAX_ENTRIES. Stops
- * counting just past the limit. */
-static size_t count_entries(const char *s, size_t n) {
+/* Members of the objects at most max_depth deep (1: the top level), counted
+ * without parsing (strings skipped, escapes too): the parser is never handed
+ * more than ST_MAX_ENTRIES. Stops counting just past the limit. */
+static size_t count_entries(const char *s, size_t n, int max_depth) {
   size_t count = 0;
   int depth = 0;
   for (size_t i = 0; i < n && count <= ST_MAX_ENTRIES; i++) {
@@ -162,49 +198,197 @@ static size_t count_entries(const char *s, size_t n) {
       depth++;
     } else if (s[i] == '}' || s[i] == ']') {
       depth--;
-    } else if (s[i] == ':' && depth == 1) {
+    } else if (s[i] == ':' && depth <= max_depth) {
       count++;
     }
   }
   return count;
 }
 
-static fsdp_status_t read_header(st_file_t *f) {
+static fsdp_status_t read_header(st_file_t *f, int part) {
+  st_part_t *p = &f->parts[part];
   struct stat sb;
   uint8_t len8[8];
-  if (fstat(f->fd, &sb) != 0)
-    return fsdp_error(FSDP_ERR_IO, "%s: cannot stat: %s", f->file, strerror(errno));
+  if (fstat(p->fd, &sb) != 0)
+    return fsdp_error(FSDP_ERR_IO, "%s: cannot stat: %s", p->path, strerror(errno));
   if (sb.st_size < 8)
     return fsdp_error(FSDP_ERR_FORMAT, "%s: %lld bytes is too short for a safetensors file",
-                      f->file, (long long)sb.st_size);
-  FSDP_TRY(ckpt_pread(f->fd, f->file, len8, 8, 0));
+                      p->path, (long long)sb.st_size);
+  FSDP_TRY(ckpt_pread(p->fd, p->path, len8, 8, 0));
   uint64_t n = 0;
   for (int i = 7; i >= 0; i--) n = (n << 8) | len8[i];
   if (n > ST_MAX_HEADER)
     return fsdp_error(FSDP_ERR_FORMAT, "%s: header length %" PRIu64 " is over the limit of %u "
-                      "bytes (the reference implementation's; docs/limits.md)", f->file, n,
+                      "bytes (the reference implementation's; docs/limits.md)", p->path, n,
                       ST_MAX_HEADER);
   if (n < 2 || n > (uint64_t)sb.st_size - 8)
     return fsdp_error(FSDP_ERR_FORMAT, "%s: header length %" PRIu64 " is impossible for a file of "
-                      "%lld bytes (not safetensors, or truncated)", f->file, n, (long long)sb.st_size);
+                      "%lld bytes (not safetensors, or truncated)", p->path, n,
+                      (long long)sb.st_size);
   char *text = malloc(n);
-  if (!text) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "%s: header of %" PRIu64 " bytes", f->file, n);
-  fsdp_status_t st = ckpt_pread(f->fd, f->file, text, n, 8);
+  if (!text) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "%s: header of %" PRIu64 " bytes", p->path, n);
+  fsdp_status_t st = ckpt_pread(p->fd, p->path, text, n, 8);
   char what[CKPT_PATH_MAX + 16];
-  snprintf(what, sizeof what, "%s (header)", f->file);
+  snprintf(what, sizeof what, "%s (header)", p->path);
   if (!st && text[0] != '{')
-    st = fsdp_error(FSDP_ERR_FORMAT, "%s: the header does not start with '{'", f->file);
-  if (!st && count_entries(text, n) > ST_MAX_ENTRIES)
+    st = fsdp_error(FSDP_ERR_FORMAT, "%s: the header does not start with '{'", p->path);
+  if (!st && count_entries(text, n, 1) > ST_MAX_ENTRIES)
     st = fsdp_error(FSDP_ERR_FORMAT, "%s: the header holds more than %d entries, the limit (the "
-                    "largest GPT-2 has 677; docs/limits.md)", f->file, ST_MAX_ENTRIES);
-  if (!st) st = json_parse(text, n, what, &f->header);
+                    "largest GPT-2 has 677; docs/limits.md)", p->path, ST_MAX_ENTRIES);
+  if (!st) st = json_parse(text, n, what, &p->header);
   free(text);
-  f->data_at = 8 + n;
-  f->data_len = (uint64_t)sb.st_size - 8 - n;
-  return st ? st : read_entries(f);
+  p->data_at = 8 + n;
+  p->data_len = (uint64_t)sb.st_size - 8 - n;
+  return st ? st : read_entries(f, part);
 }
 
-/* ---- names: ours from the published GPT-2 ones -------------------------------------- */
+/* Part i: path opened, header read, tensors appended. */
+static fsdp_status_t open_part(st_file_t *f, int i, const char *path) {
+  st_part_t *p = &f->parts[i];
+  if (!(p->path = fsdp_strdup(path))) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "import");
+  if ((p->fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+    return fsdp_error(FSDP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+  return read_header(f, i);
+}
+
+/* ---- a sharded checkpoint's index ----------------------------------------------------- */
+
+/* A JSON file of at most ST_MAX_HEADER bytes and ST_MAX_ENTRIES members in
+ * its objects two deep (an index's weight_map; config.json's rope_scaling),
+ * parsed. */
+static fsdp_status_t read_json(const char *file, json_t **out) {
+  FILE *fp = fopen(file, "rb");
+  if (!fp) return fsdp_error(FSDP_ERR_IO, "%s: cannot open: %s", file, strerror(errno));
+  char *text = NULL;
+  long len = fseek(fp, 0, SEEK_END) == 0 ? ftell(fp) : -1;
+  fsdp_status_t st = len < 0 || len > ST_MAX_HEADER || fseek(fp, 0, SEEK_SET) != 0 ||
+                             !(text = malloc((size_t)len + 1)) ||
+                             fread(text, 1, (size_t)len, fp) != (size_t)len
+                         ? fsdp_error(FSDP_ERR_IO, "%s: cannot read (or over %u bytes)", file,
+                                      ST_MAX_HEADER)
+                         : FSDP_SUCCESS;
+  fclose(fp);
+  if (!st && count_entries(text, (size_t)len, 2) > ST_MAX_ENTRIES)
+    st = fsdp_error(FSDP_ERR_FORMAT, "%s: holds more than %d entries, the limit (docs/limits.md)",
+                    file, ST_MAX_ENTRIES);
+  if (!st) st = json_parse(text, (size_t)len, file, out);
+  free(text);
+  return st;
+}
+
+typedef struct {
+  const char *key, *file; /* a tensor and the shard the index puts it in */
+} wm_entry_t;
+
+static int by_file(const void *x, const void *y) {
+  return strcmp(((const wm_entry_t *)x)->file, ((const wm_entry_t *)y)->file);
+}
+
+static int by_key(const void *x, const void *y) {
+  return strcmp(((const wm_entry_t *)x)->key, ((const wm_entry_t *)y)->key);
+}
+
+/* The index's weight_map as (key, file) pairs: files plain names in dir. */
+static fsdp_status_t weight_map(const st_file_t *f, wm_entry_t **out, size_t *n) {
+  const json_t *wm = json_get(f->index, "weight_map");
+  if (!wm || wm->type != JSON_OBJECT || wm->n == 0)
+    return fsdp_error(FSDP_ERR_FORMAT, "%s: has no \"weight_map\" object naming the shards",
+                      f->file);
+  if (!(*out = malloc(wm->n * sizeof **out)))
+    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "%s: out of memory", f->file);
+  for (size_t i = 0; i < wm->n; i++) {
+    const json_t *v = &wm->items[i];
+    if (v->type != JSON_STRING || !v->len || strlen(v->text) != v->len || strchr(v->text, '/') ||
+        !strcmp(v->text, ".") || !strcmp(v->text, ".."))
+      return fsdp_error(FSDP_ERR_FORMAT, "%s: \"weight_map\".\"%s\" must name a file in the "
+                        "index's directory (no '/')", f->file, wm->keys[i]);
+    (*out)[i] = (wm_entry_t){wm->keys[i], v->text};
+  }
+  *n = wm->n;
+  return FSDP_SUCCESS;
+}
+
+/* Every shard the index names, in name order, read (each checked as one file). */
+static fsdp_status_t open_shards(st_file_t *f, const char *dir, wm_entry_t *wm, size_t n) {
+  qsort(wm, n, sizeof *wm, by_file);
+  size_t distinct = 0;
+  for (size_t i = 0; i < n; i++) distinct += !i || strcmp(wm[i].file, wm[i - 1].file);
+  if (distinct > ST_MAX_PARTS)
+    return fsdp_error(FSDP_ERR_FORMAT, "%s: names %zu shard files, over the limit of %d", f->file,
+                      distinct, ST_MAX_PARTS);
+  if (!(f->parts = calloc(distinct, sizeof *f->parts)))
+    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "%s: out of memory", f->file);
+  for (size_t i = 0; i < distinct; i++) f->parts[i].fd = -1;
+  for (size_t i = 0; i < n; i++) {
+    if (i && !strcmp(wm[i].file, wm[i - 1].file)) continue;
+    char path[CKPT_PATH_MAX];
+    FSDP_TRY(ckpt_path(path, sizeof path, "%s/%s", dir, wm[i].file));
+    f->n_parts++;
+    FSDP_TRY(open_part(f, f->n_parts - 1, path));
+  }
+  return FSDP_SUCCESS;
+}
+
+/* The shards hold exactly the tensors the index lists, each where it says:
+ * both lists sorted by name and walked together (linear after the sort). */
+static fsdp_status_t check_index(const st_file_t *f, wm_entry_t *wm, size_t n) {
+  wm_entry_t *have = malloc(((size_t)f->n + 1) * sizeof *have);
+  if (!have) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "%s: out of memory", f->file);
+  for (int i = 0; i < f->n; i++) {
+    const char *path = f->parts[f->t[i].part].path, *slash = strrchr(path, '/');
+    have[i] = (wm_entry_t){f->t[i].key, slash ? slash + 1 : path};
+  }
+  qsort(have, (size_t)f->n, sizeof *have, by_key);
+  qsort(wm, n, sizeof *wm, by_key);
+  fsdp_status_t st = FSDP_SUCCESS;
+  size_t i = 0, j = 0;
+  while (!st && (i < (size_t)f->n || j < n)) {
+    int c = i == (size_t)f->n ? 1 : j == n ? -1 : strcmp(have[i].key, wm[j].key);
+    if (c == 0 && i + 1 < (size_t)f->n && !strcmp(have[i].key, have[i + 1].key))
+      st = fsdp_error(FSDP_ERR_FORMAT, "%s: tensor '%s' is in both %s and %s", f->file,
+                      have[i].key, have[i].file, have[i + 1].file);
+    else if (c < 0)
+      st = fsdp_error(FSDP_ERR_FORMAT, "%s: tensor '%s' of %s is not in the index's weight_map",
+                      f->file, have[i].key, have[i].file);
+    else if (c > 0)
+      st = fsdp_error(FSDP_ERR_FORMAT, "%s: tensor '%s' is in the weight_map (%s) but that "
+                      "file does not hold it", f->file, wm[j].key, wm[j].file);
+    else if (strcmp(have[i].file, wm[j].file))
+      st = fsdp_error(FSDP_ERR_FORMAT, "%s: tensor '%s' is in %s, not in %s as the weight_map "
+                      "says", f->file, have[i].key, have[i].file, wm[j].file);
+    i++, j++;
+  }
+  free(have);
+  return st;
+}
+
+/* model.safetensors.index.json: its shards, all of them, nothing else. */
+static fsdp_status_t read_index(st_file_t *f) {
+  char dir[CKPT_PATH_MAX];
+  const char *slash = strrchr(f->file, '/');
+  FSDP_TRY(ckpt_path(dir, sizeof dir, "%.*s", slash ? (int)(slash - f->file) : 1,
+                     slash ? f->file : "."));
+  FSDP_TRY(read_json(f->file, &f->index));
+  wm_entry_t *wm = NULL;
+  size_t n = 0;
+  fsdp_status_t st = weight_map(f, &wm, &n);
+  if (!st) st = open_shards(f, dir, wm, n);
+  if (!st) st = check_index(f, wm, n);
+  free(wm);
+  return st;
+}
+
+/* One file, or an index's shards. */
+static fsdp_status_t read_input(st_file_t *f, int sharded) {
+  if (sharded) return read_index(f);
+  if (!(f->parts = calloc(1, sizeof *f->parts)))
+    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "import: out of memory");
+  f->parts[0].fd = -1;
+  f->n_parts = 1;
+  return open_part(f, 0, f->file);
+}
+
+/* ---- names: ours from the published ones -------------------------------------------- */
 
 static int importable(const char *dtype) {
   return !strcmp(dtype, "F32") || !strcmp(dtype, "BF16") || !strcmp(dtype, "F16");
@@ -228,9 +412,27 @@ static const st_tensor_t *named(const st_file_t *f, const char *ours) {
   return i >= 0 ? &f->t[i] : NULL;
 }
 
+/* Buffers, not parameters: GPT-2's attention masks, and the RoPE inverse
+ * frequencies older Llama checkpoints saved. */
+static int skipped(const st_file_t *f, const char *k) {
+  static const char inv_freq[] = ".rotary_emb.inv_freq";
+  size_t n = strlen(k), m = sizeof inv_freq - 1;
+  return f->llama ? n > m && !strcmp(k + n - m, inv_freq) : gpt2_published_buffer(k);
+}
+
+/* Our name for key k: a Llama's as it is; GPT-2's without "transformer.",
+ * renamed. NULL: the tied head, checked against the embedding, never
+ * imported (a Llama's untied head is a tensor like the others). */
+static const char *our_name(const st_file_t *f, const char *k, int tied) {
+  size_t prefix = strlen(GPT2_HF_PREFIX);
+  if (f->llama) return tied && !strcmp(k, LLAMA_HEAD) ? NULL : k;
+  if (!strncmp(k, GPT2_HF_PREFIX, prefix)) k += prefix;
+  return strcmp(k, GPT2_HF_HEAD) ? gpt2_our_name(k) : NULL;
+}
+
 /* Our names from the file's, each once (an index makes this linear: 10^6
- * entries compared pairwise took minutes). */
-static fsdp_status_t map_names(st_file_t *f, int *kept) {
+ * entries compared pairwise took minutes). tied: a Llama's head is tied. */
+static fsdp_status_t map_names(st_file_t *f, int tied, int *kept) {
   *kept = 0;
   f->cap = 16;
   while (f->cap < 2 * (size_t)f->n) f->cap *= 2;
@@ -239,20 +441,18 @@ static fsdp_status_t map_names(st_file_t *f, int *kept) {
   memset(f->slot, 0xff, f->cap * sizeof *f->slot);
   for (int i = 0; i < f->n; i++) {
     st_tensor_t *t = &f->t[i];
-    size_t prefix = strlen(GPT2_HF_PREFIX);
-    const char *k = !strncmp(t->key, GPT2_HF_PREFIX, prefix) ? t->key + prefix : t->key;
-    if (gpt2_published_buffer(k)) continue;
+    if (skipped(f, t->key)) continue;
     if (!importable(t->dtype))
-      return entry_error(f, t->key, "dtype is not F32, BF16 or F16 (the ones that import)");
-    if (!strcmp(k, GPT2_HF_HEAD)) { /* checked against wte, never imported */
+      return tensor_error(f, t, "dtype is not F32, BF16 or F16 (the ones that import)");
+    const char *ours = our_name(f, t->key, tied);
+    if (!ours) { /* checked against the embedding, never imported */
       f->lm_head = i;
       continue;
     }
     if (t->ndim < 1 || t->ndim > FSDP_MAX_DIMS || t->numel == 0)
-      return entry_error(f, t->key, "needs 1 to 4 dimensions and at least one element");
-    const char *ours = gpt2_our_name(k);
+      return tensor_error(f, t, "needs 1 to 4 dimensions and at least one element");
     size_t at = slot_of(f, ours);
-    if (f->slot[at] >= 0) return entry_error(f, t->key, "maps to a name another tensor already has");
+    if (f->slot[at] >= 0) return tensor_error(f, t, "maps to a name another tensor already has");
     if (!(t->name = fsdp_strdup(ours))) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "import");
     f->slot[at] = i;
     (*kept)++;
@@ -281,10 +481,11 @@ static float half_to_float(uint16_t h) {
 /* out[0..n) = elements [first, first+n) of t as f32. */
 static fsdp_status_t read_f32(const st_file_t *f, const st_tensor_t *t, size_t first, size_t n,
                               float *out) {
+  const st_part_t *p = &f->parts[t->part];
   size_t eb = dtype_bytes(t->dtype);
-  if (eb == 4) return ckpt_pread(f->fd, f->file, out, n * 4, f->data_at + t->begin + first * 4);
+  if (eb == 4) return ckpt_pread(p->fd, p->path, out, n * 4, p->data_at + t->begin + first * 4);
   uint16_t *raw = (uint16_t *)out + n; /* the upper half of out, converted upwards */
-  FSDP_TRY(ckpt_pread(f->fd, f->file, raw, n * 2, f->data_at + t->begin + first * 2));
+  FSDP_TRY(ckpt_pread(p->fd, p->path, raw, n * 2, p->data_at + t->begin + first * 2));
   int bf16 = !strcmp(t->dtype, "BF16");
   for (size_t i = 0; i < n; i++) {
     uint16_t h = raw[i];
@@ -329,23 +530,26 @@ static fsdp_status_t check_finite(const st_file_t *f) {
       if (!st && j < k)
         st = fsdp_error(FSDP_ERR_NONFINITE, "%s: tensor '%s' is %g at index %zu: a checkpoint "
                         "never holds NaN or Inf (fix or drop the weights before importing)",
-                        f->file, t->key, (double)buf[j], at + j);
+                        f->parts[t->part].path, t->key, (double)buf[j], at + j);
     }
   }
   free(buf);
   return st;
 }
 
-/* ---- GPT-2: the head, the shapes, the model's size ---------------------------------- */
+/* ---- the tied head ------------------------------------------------------------------ */
 
-/* GPT-2 ties its output head to wte: a head that differs is another model,
- * which fsdp's GPT-2 cannot hold, so it is refused rather than dropped. */
-static fsdp_status_t check_head(const st_file_t *f) {
+/* A tied output head (GPT-2's always, a Llama's with tie_word_embeddings)
+ * must equal the embedding: one that differs is another model, which the
+ * tied model cannot hold, so it is refused rather than dropped. */
+static fsdp_status_t check_head(const st_file_t *f, const char *embed, const char *model) {
   if (f->lm_head < 0) return FSDP_SUCCESS;
-  const st_tensor_t *h = &f->t[f->lm_head], *w = named(f, "wte");
+  const st_tensor_t *h = &f->t[f->lm_head], *w = named(f, embed);
+  char msg[256];
+  snprintf(msg, sizeof msg, "an output head without a %s tensor of its shape: %s ties lm_head "
+           "to it and cannot import an untied head", embed, model);
   if (!w || h->ndim != w->ndim || memcmp(h->shape, w->shape, sizeof h->shape))
-    return entry_error(f, h->key, "an output head without a wte tensor of its shape: fsdp's "
-                       "GPT-2 ties lm_head to wte and cannot import an untied head");
+    return tensor_error(f, h, msg);
   float *a = malloc(2 * CHUNK * sizeof(float));
   if (!a) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "import: head comparison");
   fsdp_status_t st = FSDP_SUCCESS;
@@ -356,13 +560,15 @@ static fsdp_status_t check_head(const st_file_t *f) {
     while (!st && i < k && !memcmp(&a[i], &a[CHUNK + i], 4)) i++;
     if (!st && i < k)
       st = fsdp_error(FSDP_ERR_FORMAT, "%s: tensor '%s' differs from '%s' at element %zu (%g vs "
-                      "%g): an untied output head, which fsdp's GPT-2 (lm_head tied to wte) "
-                      "cannot hold; refusing rather than dropping it", f->file, h->key, w->key,
-                      at + i, (double)a[i], (double)a[CHUNK + i]);
+                      "%g): an untied output head, which %s (lm_head tied to %s) cannot hold; "
+                      "refusing rather than dropping it", f->parts[h->part].path, h->key, w->key,
+                      at + i, (double)a[i], (double)a[CHUNK + i], model, embed);
   }
   free(a);
   return st;
 }
+
+/* ---- GPT-2: the shapes, the model's size ---------------------------------------------- */
 
 /* A positive integer no larger than max (fsdp's GPT-2 holds ints; a hostile
  * n_layer must not wrap hf_n_tensors and so check no tensor). */
@@ -376,35 +582,21 @@ static fsdp_status_t config_int(const char *file, const json_t *cfg, const char 
 }
 
 /* The shape config.json describes (GPT2Config's names). */
-static fsdp_status_t shape_from_config(const char *file, hf_shape_t *s) {
-  FILE *fp = fopen(file, "rb");
-  if (!fp) return fsdp_error(FSDP_ERR_IO, "%s: cannot open: %s", file, strerror(errno));
-  char *text = NULL;
-  long len = fseek(fp, 0, SEEK_END) == 0 ? ftell(fp) : -1;
-  fsdp_status_t st = len < 0 || len > ST_MAX_HEADER || fseek(fp, 0, SEEK_SET) != 0 ||
-                             !(text = malloc((size_t)len + 1)) ||
-                             fread(text, 1, (size_t)len, fp) != (size_t)len
-                         ? fsdp_error(FSDP_ERR_IO, "%s: cannot read", file)
-                         : FSDP_SUCCESS;
-  fclose(fp);
-  json_t *cfg = NULL;
-  if (!st) st = json_parse(text, (size_t)len, file, &cfg);
-  free(text);
-  const json_t *inner = cfg ? json_get(cfg, "n_inner") : NULL;
+static fsdp_status_t shape_from_config(const char *file, const json_t *cfg, hf_shape_t *s) {
+  const json_t *inner = json_get(cfg, "n_inner");
   int64_t v;
-  if (!st) st = config_int(file, cfg, "n_layer", HF_MAX_LAYERS, &s->n_layer);
-  if (!st) st = config_int(file, cfg, "n_head", INT_MAX, &s->n_head);
-  if (!st) st = config_int(file, cfg, "n_embd", INT_MAX, &s->n_embd);
-  if (!st) st = config_int(file, cfg, "n_positions", INT_MAX, &s->n_positions);
-  if (!st) st = config_int(file, cfg, "vocab_size", INT_MAX, &s->vocab);
-  if (!st && s->n_embd % s->n_head)
-    st = fsdp_error(FSDP_ERR_FORMAT, "%s: \"n_head\" %lld does not divide \"n_embd\" %lld", file,
-                    (long long)s->n_head, (long long)s->n_embd);
-  if (!st && inner && inner->type != JSON_NULL && (!json_int(inner, &v) || v != 4 * s->n_embd))
-    st = fsdp_error(FSDP_ERR_UNSUPPORTED, "%s: \"n_inner\" must be null or 4 * n_embd (fsdp's "
-                    "GPT-2 MLP is 4 x wide)", file);
-  json_free(cfg);
-  return st;
+  FSDP_TRY(config_int(file, cfg, "n_layer", HF_MAX_LAYERS, &s->n_layer));
+  FSDP_TRY(config_int(file, cfg, "n_head", INT_MAX, &s->n_head));
+  FSDP_TRY(config_int(file, cfg, "n_embd", INT_MAX, &s->n_embd));
+  FSDP_TRY(config_int(file, cfg, "n_positions", INT_MAX, &s->n_positions));
+  FSDP_TRY(config_int(file, cfg, "vocab_size", INT_MAX, &s->vocab));
+  if (s->n_embd % s->n_head)
+    return fsdp_error(FSDP_ERR_FORMAT, "%s: \"n_head\" %lld does not divide \"n_embd\" %lld",
+                      file, (long long)s->n_head, (long long)s->n_embd);
+  if (inner && inner->type != JSON_NULL && (!json_int(inner, &v) || v != 4 * s->n_embd))
+    return fsdp_error(FSDP_ERR_UNSUPPORTED, "%s: \"n_inner\" must be null or 4 * n_embd (fsdp's "
+                      "GPT-2 MLP is 4 x wide)", file);
+  return FSDP_SUCCESS;
 }
 
 /* Layers, width, context and vocabulary as the file's tensors have them. */
@@ -436,48 +628,56 @@ static void shape_text(int ndim, const int64_t *shape, char *out, size_t cap) {
   if (n < cap) snprintf(out + n, cap - n, "]");
 }
 
+/* Our tensor `name` is in the file with this shape (what: the model that
+ * needs it); marked expected. */
+static fsdp_status_t check_one(st_file_t *f, const char *name, int ndim,
+                               const int64_t shape[2], const char *what) {
+  int at = f->slot[slot_of(f, name)];
+  st_tensor_t *t = at >= 0 ? &f->t[at] : NULL;
+  if (!t)
+    return fsdp_error(FSDP_ERR_FORMAT, "%s: tensor '%s' is missing (%s needs it)", f->file, name,
+                      what);
+  if (t->ndim != ndim || t->shape[0] != shape[0] || (ndim == 2 && t->shape[1] != shape[1])) {
+    char have[64], want[64];
+    shape_text(t->ndim, t->shape, have, sizeof have);
+    shape_text(ndim, shape, want, sizeof want);
+    return fsdp_error(FSDP_ERR_FORMAT, "%s: tensor '%s': shape %s is not the %s that %s needs",
+                      f->parts[t->part].path, t->key, have, want, what);
+  }
+  t->expected = 1;
+  return FSDP_SUCCESS;
+}
+
 /* Every tensor the shape implies is there with its shape, and nothing else. */
-static fsdp_status_t check_shapes(const st_file_t *f, int kept, const hf_shape_t *s,
+static fsdp_status_t check_shapes(st_file_t *f, int kept, const hf_shape_t *s,
                                   const char *what) {
   for (int i = 0; i < hf_n_tensors(s); i++) {
     char name[64];
     int ndim;
     int64_t shape[2];
     hf_tensor(s, i, name, sizeof name, &ndim, shape);
-    const st_tensor_t *t = named(f, name);
-    if (!t)
-      return fsdp_error(FSDP_ERR_FORMAT, "%s: tensor '%s' is missing (%s needs it)", f->file,
-                        name, what);
-    if (t->ndim != ndim || t->shape[0] != shape[0] || (ndim == 2 && t->shape[1] != shape[1])) {
-      char have[64], want[64];
-      shape_text(t->ndim, t->shape, have, sizeof have);
-      shape_text(ndim, shape, want, sizeof want);
-      return fsdp_error(FSDP_ERR_FORMAT, "%s: tensor '%s': shape %s is not the %s that %s needs",
-                        f->file, t->key, have, want, what);
-    }
+    FSDP_TRY(check_one(f, name, ndim, shape, what));
   }
   if (kept != hf_n_tensors(s))
-    for (int i = 0; i < f->n; i++) {
-      const char *n = f->t[i].name;
-      int known = n && (!strcmp(n, "wte") || !strcmp(n, "wpe") || !strncmp(n, "ln_f.", 5));
-      int layer = -1;
-      if (n && sscanf(n, "h.%d.", &layer) == 1 && layer >= 0 && layer < s->n_layer) known = 1;
-      if (n && !known) return entry_error(f, f->t[i].key, "is not a tensor of GPT-2");
-    }
+    for (int i = 0; i < f->n; i++)
+      if (f->t[i].name && !f->t[i].expected)
+        return tensor_error(f, &f->t[i], "is not a tensor of GPT-2");
   return FSDP_SUCCESS;
 }
 
 typedef struct {
   const char *config; /* config.json or NULL */
+  json_t *cfg;        /* config.json parsed, or NULL */
   const char *preset; /* or NULL */
   hf_shape_t shape;   /* n_layer 0: not GPT-2 (other tensors import as they are) */
+  fsdp_llama_config_t llama; /* the file's Llama (f->llama) */
 } expect_t;
 
 /* The shape to hold the file to: the preset's and config.json's (which must
  * agree), else the one the tensors imply, for files with wte, wpe and ln_f. */
-static fsdp_status_t check_gpt2(const st_file_t *f, int kept, expect_t *x) {
+static fsdp_status_t check_gpt2(st_file_t *f, int kept, expect_t *x) {
   hf_shape_t cfg = {0}, pre = {0};
-  if (x->config) FSDP_TRY(shape_from_config(x->config, &cfg));
+  if (x->config) FSDP_TRY(shape_from_config(x->config, x->cfg, &cfg));
   if (x->preset) {
     fsdp_gpt2_config_t c;
     FSDP_TRY(fsdp_gpt2_preset(x->preset, &c));
@@ -497,6 +697,63 @@ static fsdp_status_t check_gpt2(const st_file_t *f, int kept, expect_t *x) {
   return check_shapes(f, kept, &x->shape, what);
 }
 
+/* ---- Llama: the configuration and the shapes ----------------------------------------- */
+
+/* A Llama, by config.json's model_type or, without one, by its embedding. */
+static fsdp_status_t detect_llama(const st_file_t *f, const expect_t *x, int *llama) {
+  const json_t *type = x->cfg ? json_get(x->cfg, "model_type") : NULL;
+  *llama = 0;
+  if (type && (type->type != JSON_STRING || (strcmp(type->text, "llama") &&
+                                             strcmp(type->text, "gpt2"))))
+    return fsdp_error(FSDP_ERR_UNSUPPORTED, "%s: \"model_type\" %s is not one fsdp imports "
+                      "(\"gpt2\", \"llama\")", x->config,
+                      type->type == JSON_STRING ? type->text : "(not a string)");
+  if (type) return *llama = !strcmp(type->text, "llama"), FSDP_SUCCESS;
+  if (x->cfg) return FSDP_SUCCESS; /* GPT2Config's names, as before model_type was read */
+  for (int i = 0; i < f->n && !*llama; i++) *llama = !strcmp(f->t[i].key, LLAMA_EMBED);
+  return FSDP_SUCCESS;
+}
+
+/* The Llama config.json and the preset describe (both must agree). */
+static fsdp_status_t llama_expected(const st_file_t *f, expect_t *x) {
+  fsdp_llama_config_t cfg, pre;
+  if (x->config) FSDP_TRY(llama_config_from_hf(x->config, x->cfg, &cfg));
+  if (x->preset) FSDP_TRY(fsdp_llama_preset(x->preset, &pre));
+  if (!x->config && !x->preset)
+    return fsdp_error(FSDP_ERR_FORMAT, "%s: holds a Llama (%s) but no config.json beside it says "
+                      "its heads, rope_theta and rms_norm_eps: import the directory with its "
+                      "config.json, or name a Llama preset (--preset)", f->file, LLAMA_EMBED);
+  if (x->config && x->preset) {
+    char what[CKPT_PATH_MAX + 32], pwhat[64];
+    snprintf(what, sizeof what, "%s's Llama", x->config);
+    snprintf(pwhat, sizeof pwhat, "Llama preset %s", x->preset);
+    FSDP_TRY(llama_config_same(what, &cfg, pwhat, &pre));
+  }
+  x->llama = x->config ? cfg : pre;
+  return FSDP_SUCCESS;
+}
+
+/* Every tensor the Llama implies is there with its shape, and nothing else. */
+static fsdp_status_t check_llama(st_file_t *f, int kept, const expect_t *x) {
+  char what[CKPT_PATH_MAX + 32];
+  snprintf(what, sizeof what, "the Llama of %s", x->config ? x->config : x->preset);
+  for (int i = 0; i < llama_n_tensors(&x->llama); i++) {
+    char name[96];
+    int ndim;
+    int64_t shape[2];
+    llama_tensor(&x->llama, i, name, sizeof name, &ndim, shape);
+    FSDP_TRY(check_one(f, name, ndim, shape, what));
+  }
+  if (kept != llama_n_tensors(&x->llama))
+    for (int i = 0; i < f->n; i++)
+      if (f->t[i].name && !f->t[i].expected) {
+        char msg[CKPT_PATH_MAX + 64];
+        snprintf(msg, sizeof msg, "is not a tensor of %s", what);
+        return tensor_error(f, &f->t[i], msg);
+      }
+  return FSDP_SUCCESS;
+}
+
 /* ---- the checkpoint ---------------------------------------------------------------- */
 
 /* The model's shape in the trainer state, as fsdp-train records it. */
@@ -509,8 +766,26 @@ static fsdp_status_t shape_meta(const hf_shape_t *s, fsdp_ckpt_meta_t *meta) {
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t make_manifest(const st_file_t *f, int kept, const hf_shape_t *s,
-                                   ckpt_manifest_t *m) {
+/* The imported tensors in checkpoint order: a Llama's as the model lists
+ * them (the same checkpoint from one file or from shards), else the file's. */
+static fsdp_status_t import_order(const st_file_t *f, const expect_t *x, int kept, int **order) {
+  if (!(*order = malloc((size_t)kept * sizeof **order)))
+    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "import: out of memory");
+  for (int i = 0, k = 0; !f->llama && i < f->n; i++)
+    if (f->t[i].name) (*order)[k++] = i;
+  for (int i = 0; f->llama && i < kept; i++) {
+    char name[96];
+    int ndim;
+    int64_t shape[2];
+    llama_tensor(&x->llama, i, name, sizeof name, &ndim, shape);
+    (*order)[i] = (int)(named(f, name) - f->t);
+  }
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t make_manifest(const st_file_t *f, const expect_t *x, const int *order,
+                                   int kept, ckpt_manifest_t *m) {
+  const hf_shape_t *s = &x->shape;
   FSDP_TRY(ckpt_manifest_alloc(m, 1, 1, kept));
   m->id = ckpt_random_id();
   m->align = 1;
@@ -520,22 +795,25 @@ static fsdp_status_t make_manifest(const st_file_t *f, int kept, const hf_shape_
   snprintf(m->optimizer, sizeof m->optimizer, "none");
   snprintf(m->param_dtype, sizeof m->param_dtype, "f32");
   FSDP_TRY(shape_meta(s, &m->meta));
+  m->has_llama = f->llama;
+  if (f->llama) m->llama = x->llama;
   ckpt_unit_t *u = &m->units[0];
   if (!(u->name = fsdp_strdup("model")) || !(u->kind = fsdp_strdup("import")))
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "import: out of memory");
-  for (int i = 0, k = 0; i < f->n; i++) {
-    if (!f->t[i].name) continue;
-    ckpt_tensor_t *t = &m->tensors[k++];
-    *t = (ckpt_tensor_t){fsdp_strdup(f->t[i].name), 0, u->numel, f->t[i].numel, f->t[i].ndim, {0}};
+  for (int k = 0; k < kept; k++) {
+    const st_tensor_t *src = &f->t[order[k]];
+    ckpt_tensor_t *t = &m->tensors[k];
+    *t = (ckpt_tensor_t){fsdp_strdup(src->name), 0, u->numel, src->numel, src->ndim, {0}};
     if (!t->name) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "import: out of memory");
-    memcpy(t->shape, f->t[i].shape, sizeof t->shape);
+    memcpy(t->shape, src->shape, sizeof t->shape);
     u->numel += t->numel;
   }
   u->ranges[0] = (ckpt_range_t){0, u->numel};
   return ckpt_manifest_layout(m, "imported checkpoint");
 }
 
-static fsdp_status_t write_shard(const st_file_t *f, ckpt_manifest_t *m) {
+static fsdp_status_t write_shard(const st_file_t *f, const int *order, int kept,
+                                 ckpt_manifest_t *m) {
   char path[CKPT_PATH_MAX];
   uint8_t head[CKPT_HEADER_BYTES];
   ckpt_writer_t w;
@@ -543,29 +821,30 @@ static fsdp_status_t write_shard(const st_file_t *f, ckpt_manifest_t *m) {
   ckpt_header_encode(m, 0, head);
   FSDP_TRY(ckpt_writer_open(&w, path, NULL));
   fsdp_status_t st = ckpt_write(&w, head, sizeof head);
-  for (int i = 0; i < f->n && !st; i++)
-    if (f->t[i].name) st = copy_f32(f, &f->t[i], &w);
+  for (int k = 0; k < kept && !st; k++) st = copy_f32(f, &f->t[order[k]], &w);
   if (st) return ckpt_writer_abort(&w), st;
   FSDP_TRY(ckpt_writer_close(&w));
   m->files[0] = (ckpt_file_t){w.bytes, w.crc};
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t write_checkpoint(const st_file_t *f, int kept, const hf_shape_t *s,
+static fsdp_status_t write_checkpoint(const st_file_t *f, int kept, const expect_t *x,
                                       const char *out_dir, int flags, char *step_dir, size_t cap) {
   ckpt_manifest_t m = {0};
   char tmp[CKPT_PATH_MAX];
-  int guard = -1;
-  fsdp_status_t st = make_manifest(f, kept, s, &m);
+  int guard = -1, *order = NULL;
+  fsdp_status_t st = import_order(f, x, kept, &order);
+  if (!st) st = make_manifest(f, x, order, kept, &m);
   if (!st) st = ckpt_prepare(out_dir, 0, m.id, flags & FSDP_CKPT_OVERWRITE, tmp, sizeof tmp, &guard);
-  if (st) return ckpt_manifest_free(&m), st;
+  if (st) return free(order), ckpt_manifest_free(&m), st;
   st = ckpt_path(m.dir, sizeof m.dir, "%s", tmp);
-  if (!st) st = write_shard(f, &m);
+  if (!st) st = write_shard(f, order, kept, &m);
   if (!st) st = ckpt_commit(&m, out_dir, tmp, NULL, NULL, 0);
   if (st) ckpt_discard(tmp);
   if (!st) snprintf(step_dir, cap, "%s/step-0", out_dir);
   ckpt_guard_release(guard);
   ckpt_manifest_free(&m);
+  free(order);
   return st;
 }
 
@@ -579,8 +858,21 @@ static void source_dtype(const st_file_t *f, char *out, size_t cap) {
   }
 }
 
-static fsdp_status_t import_file(st_file_t *f, expect_t *x, const char *out_dir, int flags,
-                                 fsdp_ckpt_io_summary_t *sum) {
+/* The model the tensors must make: a Llama's (names kept) or GPT-2's. */
+static fsdp_status_t check_model(st_file_t *f, expect_t *x, int *kept) {
+  FSDP_TRY(detect_llama(f, x, &f->llama));
+  if (f->llama) FSDP_TRY(llama_expected(f, x));
+  FSDP_TRY(map_names(f, f->llama && x->llama.tie_embeddings, kept));
+  if (!f->llama) {
+    FSDP_TRY(check_gpt2(f, *kept, x));
+    return check_head(f, "wte", "fsdp's GPT-2");
+  }
+  FSDP_TRY(check_llama(f, *kept, x));
+  return check_head(f, LLAMA_EMBED, "a Llama with tie_word_embeddings");
+}
+
+static fsdp_status_t import_file(st_file_t *f, expect_t *x, int sharded, const char *out_dir,
+                                 int flags, fsdp_ckpt_io_summary_t *sum) {
   struct stat sb;
   char step[CKPT_PATH_MAX];
   int kept = 0;
@@ -590,40 +882,48 @@ static fsdp_status_t import_file(st_file_t *f, expect_t *x, const char *out_dir,
     return fsdp_error(FSDP_ERR_INVALID_USAGE, "%s already exists: refusing to overwrite a committed "
                       "checkpoint (ask for overwrite, e.g. fsdp-ckpt import --overwrite, or import "
                       "elsewhere)", step);
-  FSDP_TRY(read_header(f));
-  FSDP_TRY(map_names(f, &kept));
-  FSDP_TRY(check_gpt2(f, kept, x));
-  FSDP_TRY(check_head(f));
+  if (x->config) FSDP_TRY(read_json(x->config, &x->cfg));
+  FSDP_TRY(read_input(f, sharded));
+  FSDP_TRY(check_model(f, x, &kept));
   FSDP_TRY(check_finite(f));
   /* Only now is the output touched: a refused file leaves nothing behind. */
   fsdp_ckpt_lock_t lock = NULL;
   if (flags & FSDP_CKPT_LOCK) FSDP_TRY(fsdp_ckpt_lock(NULL, out_dir, &lock));
-  fsdp_status_t st = write_checkpoint(f, kept, &x->shape, out_dir, flags, sum->out,
-                                      sizeof sum->out);
+  fsdp_status_t st = write_checkpoint(f, kept, x, out_dir, flags, sum->out, sizeof sum->out);
   fsdp_ckpt_unlock(lock);
   FSDP_TRY(st);
   sum->tensors = kept;
   for (int i = 0; i < f->n; i++)
     if (f->t[i].name) sum->numel += f->t[i].numel;
-  sum->bytes = f->data_at + f->data_len;
+  for (int i = 0; i < f->n_parts; i++) sum->bytes += f->parts[i].data_at + f->parts[i].data_len;
   snprintf(sum->file, sizeof sum->file, "%s", f->file);
   source_dtype(f, sum->dtype, sizeof sum->dtype);
   return FSDP_SUCCESS;
 }
 
-/* A directory is config.json + model.safetensors; a file may have a
- * config.json beside it. */
-static fsdp_status_t locate(const char *in, char *file, char *config, size_t cap, int *has_config) {
+#define ST_INDEX "model.safetensors.index.json"
+
+static int is_index(const char *path) {
+  size_t n = strlen(path), k = strlen(".index.json");
+  return n > k && !strcmp(path + n - k, ".index.json");
+}
+
+/* A directory is config.json + model.safetensors, or + the index of its
+ * shards; a file (safetensors or an index) may have a config.json beside it. */
+static fsdp_status_t locate(const char *in, char *file, char *config, size_t cap, int *has_config,
+                            int *sharded) {
   struct stat sb;
   if (stat(in, &sb) != 0) return fsdp_error(FSDP_ERR_IO, "%s: cannot open: %s", in, strerror(errno));
   if (S_ISDIR(sb.st_mode)) {
     FSDP_TRY(ckpt_path(file, cap, "%s/model.safetensors", in));
     FSDP_TRY(ckpt_path(config, cap, "%s/config.json", in));
     *has_config = stat(config, &sb) == 0;
+    if (stat(file, &sb) == 0) return FSDP_SUCCESS;
+    FSDP_TRY(ckpt_path(file, cap, "%s/" ST_INDEX, in));
     if (stat(file, &sb) != 0)
-      return fsdp_error(FSDP_ERR_IO, "%s: no model.safetensors in the directory (sharded "
-                        "checkpoints are not read: save with safe_serialization and a "
-                        "max_shard_size above the model's size)", in);
+      return fsdp_error(FSDP_ERR_IO, "%s: neither model.safetensors nor " ST_INDEX " (with its "
+                        "shards) in the directory", in);
+    *sharded = 1;
     return FSDP_SUCCESS;
   }
   FSDP_TRY(ckpt_path(file, cap, "%s", in));
@@ -631,7 +931,22 @@ static fsdp_status_t locate(const char *in, char *file, char *config, size_t cap
   int dlen = slash ? (int)(slash - in) : 1;
   FSDP_TRY(ckpt_path(config, cap, "%.*s/config.json", dlen, slash ? in : "."));
   *has_config = stat(config, &sb) == 0;
+  *sharded = is_index(in);
   return FSDP_SUCCESS;
+}
+
+static void free_input(st_file_t *f, expect_t *x) {
+  for (int i = 0; f->t && i < f->n; i++) free(f->t[i].name);
+  for (int i = 0; f->parts && i < f->n_parts; i++) {
+    free(f->parts[i].path);
+    json_free(f->parts[i].header);
+    if (f->parts[i].fd >= 0) close(f->parts[i].fd);
+  }
+  free(f->parts);
+  free(f->t);
+  free(f->slot);
+  json_free(f->index);
+  json_free(x->cfg);
 }
 
 fsdp_status_t fsdp_ckpt_import_hf(const char *in, const char *out_dir, const char *preset,
@@ -640,18 +955,13 @@ fsdp_status_t fsdp_ckpt_import_hf(const char *in, const char *out_dir, const cha
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "import: needs a safetensors file or Hugging "
                       "Face directory and an output directory");
   char file[CKPT_PATH_MAX], config[CKPT_PATH_MAX];
-  int has_config = 0;
-  FSDP_TRY(locate(in, file, config, sizeof file, &has_config));
-  st_file_t f = {file, open(file, O_RDONLY | O_CLOEXEC), 0, 0, NULL, NULL, 0, -1, NULL, 0};
-  if (f.fd < 0) return fsdp_error(FSDP_ERR_IO, "%s: cannot open: %s", file, strerror(errno));
-  expect_t x = {has_config ? config : NULL, preset, {0}};
+  int has_config = 0, sharded = 0;
+  FSDP_TRY(locate(in, file, config, sizeof file, &has_config, &sharded));
+  st_file_t f = {.file = file, .lm_head = -1};
+  expect_t x = {.config = has_config ? config : NULL, .preset = preset};
   fsdp_ckpt_io_summary_t local = {0};
-  fsdp_status_t st = import_file(&f, &x, out_dir, flags, summary ? summary : &local);
-  for (int i = 0; f.t && i < f.n; i++) free(f.t[i].name);
-  free(f.t);
-  free(f.slot);
-  json_free(f.header);
-  close(f.fd);
+  fsdp_status_t st = import_file(&f, &x, sharded, out_dir, flags, summary ? summary : &local);
+  free_input(&f, &x);
   return st;
 }
 

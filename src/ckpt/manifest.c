@@ -147,6 +147,33 @@ static void write_config(const fsdp_config_t *c, sbuf_t *sb) {
             s->total_steps, (double)s->min_lr_ratio, c->grad_accum);
 }
 
+static const char *rope_type_name(fsdp_rope_type_t t) {
+  return t == FSDP_ROPE_LLAMA3 ? "llama3" : "default";
+}
+
+/* Floats as the shortest text that reads back to the same float. */
+static void write_llama(const fsdp_llama_config_t *c, sbuf_t *sb) {
+  sb_printf(sb, "  \"model\": {\"family\": \"llama\", \"n_layer\": %d, \"n_head\": %d, "
+            "\"n_kv_head\": %d, \"n_embd\": %d, \"ffn_hidden\": %d, \"vocab_size\": %d, "
+            "\"max_seq_len\": %d, \"rope_theta\": ", c->n_layer, c->n_head, c->n_kv_head,
+            c->n_embd, c->ffn_hidden, c->vocab_size, c->max_seq_len);
+  sb_json_float(sb, c->rope_theta);
+  sb_printf(sb, ", \"rms_eps\": ");
+  sb_json_float(sb, c->rms_eps);
+  sb_printf(sb, ", \"tie_embeddings\": %s, \"rope_type\": \"%s\"",
+            c->tie_embeddings ? "true" : "false", rope_type_name(c->rope_type));
+  if (c->rope_type == FSDP_ROPE_LLAMA3) {
+    sb_printf(sb, ", \"rope_factor\": ");
+    sb_json_float(sb, c->rope_factor);
+    sb_printf(sb, ", \"rope_low_freq_factor\": ");
+    sb_json_float(sb, c->rope_low_freq_factor);
+    sb_printf(sb, ", \"rope_high_freq_factor\": ");
+    sb_json_float(sb, c->rope_high_freq_factor);
+    sb_printf(sb, ", \"rope_original_max_pos\": %d", c->rope_original_max_pos);
+  }
+  sb_printf(sb, "},\n");
+}
+
 static void write_head(const ckpt_manifest_t *m, sbuf_t *sb) {
   sb_printf(sb, "{\n  \"format\": \"fsdp-checkpoint\",\n  \"version\": %d,\n  \"id\": \"%016" PRIx64
             "\",\n  \"step\": %" PRId64 ",\n  \"world_size\": %d,\n  \"strategy\": \"%s\",\n"
@@ -160,6 +187,7 @@ static void write_head(const ckpt_manifest_t *m, sbuf_t *sb) {
   for (int i = 0; i < m->meta.n; i++)
     sb_printf(sb, "%s\"%s\": %" PRId64, i ? ", " : "", m->meta.kv[i].key, m->meta.kv[i].value);
   sb_printf(sb, "},\n");
+  if (m->has_llama) write_llama(&m->llama, sb);
   if (m->has_scaler) /* %.17g: the double comes back bit for bit */
     sb_printf(sb, "  \"loss_scaler\": {\"scale\": %.17g, \"good_steps\": %" PRId64 "},\n",
               m->loss_scale, m->good_steps);
@@ -335,6 +363,63 @@ static int read_scaler(mctx_t *c, const json_t *root, ckpt_manifest_t *m) {
   return 0;
 }
 
+static int get_float(mctx_t *c, const json_t *obj, const char *key, const char *path,
+                     float *out) {
+  const json_t *v = field(c, obj, key, JSON_NUMBER, path);
+  if (!v) return -1;
+  if (!json_float(v, out)) return bad(c, v, path, "must be a finite number");
+  return 0;
+}
+
+/* Optional: "model" records a Llama (import, or a save given its config). */
+static int read_model(mctx_t *c, const json_t *root, ckpt_manifest_t *m) {
+  const json_t *v = json_get(root, "model");
+  if (!v) return 0;
+  if (v->type != JSON_OBJECT) return bad(c, v, "model", "must be an object");
+  char family[16], rope[16];
+  if (get_str(c, v, "family", "model.family", family, sizeof family)) return -1;
+  if (strcmp(family, "llama"))
+    return bad(c, json_get(v, "family"), "model.family", "must be \"llama\" (the family this "
+               "build records)");
+  fsdp_llama_config_t *l = &m->llama;
+  const struct { const char *key; int *out; } ints[] = {
+      {"n_layer", &l->n_layer}, {"n_head", &l->n_head}, {"n_kv_head", &l->n_kv_head},
+      {"n_embd", &l->n_embd}, {"ffn_hidden", &l->ffn_hidden}, {"vocab_size", &l->vocab_size},
+      {"max_seq_len", &l->max_seq_len}};
+  for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+    int64_t x;
+    if (get_int(c, v, ints[i].key, 1, INT32_MAX, "model", &x)) return -1;
+    *ints[i].out = (int)x;
+  }
+  const json_t *tie = field(c, v, "tie_embeddings", JSON_BOOL, "model.tie_embeddings");
+  if (!tie || get_float(c, v, "rope_theta", "model.rope_theta", &l->rope_theta) ||
+      get_float(c, v, "rms_eps", "model.rms_eps", &l->rms_eps) ||
+      get_str(c, v, "rope_type", "model.rope_type", rope, sizeof rope))
+    return -1;
+  l->tie_embeddings = tie->boolean;
+  if (!strcmp(rope, "llama3")) {
+    int64_t old;
+    l->rope_type = FSDP_ROPE_LLAMA3;
+    if (get_float(c, v, "rope_factor", "model.rope_factor", &l->rope_factor) ||
+        get_float(c, v, "rope_low_freq_factor", "model.rope_low_freq_factor",
+                  &l->rope_low_freq_factor) ||
+        get_float(c, v, "rope_high_freq_factor", "model.rope_high_freq_factor",
+                  &l->rope_high_freq_factor) ||
+        get_int(c, v, "rope_original_max_pos", 1, INT32_MAX, "model.rope_original_max_pos", &old))
+      return -1;
+    l->rope_original_max_pos = (int)old;
+  } else if (strcmp(rope, "default")) {
+    return bad(c, json_get(v, "rope_type"), "model.rope_type", "must be \"default\" or \"llama3\"");
+  }
+  if (fsdp_llama_config_check(l)) {
+    char problem[512];
+    snprintf(problem, sizeof problem, "is not a valid Llama: %s", fsdp_last_error());
+    return bad(c, v, "model", problem);
+  }
+  m->has_llama = 1;
+  return 0;
+}
+
 static int read_range(mctx_t *c, const json_t *r, const char *path, ckpt_range_t *out) {
   int64_t a, b;
   if (r->type != JSON_ARRAY || r->n != 2 || !json_int(&r->items[0], &a) ||
@@ -430,8 +515,10 @@ static int read_head(mctx_t *c, const json_t *root, ckpt_manifest_t *m) {
   m->step = step;
   m->world = (int)world;
   m->align = (size_t)align;
-  return read_optimizer(c, root, m) || read_trainer(c, root, m) || read_scaler(c, root, m) ? -1
-                                                                                          : 0;
+  return read_optimizer(c, root, m) || read_trainer(c, root, m) || read_scaler(c, root, m) ||
+                 read_model(c, root, m)
+             ? -1
+             : 0;
 }
 
 static int read_tables(mctx_t *c, const json_t *root, ckpt_manifest_t *m) {

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "ckpt/ckpt_internal.h"
+#include "ckpt/llama_hf.h"
 #include "ckpt/offline.h"
 
 fsdp_status_t fsdp_ckpt_open(const char *path, fsdp_ckpt_t *out) {
@@ -44,6 +45,33 @@ fsdp_status_t fsdp_ckpt_info(fsdp_ckpt_t c, fsdp_ckpt_info_t *info) {
                              m->param_dtype, m->n_states, m->n_units, m->n_tensors, numel,
                              m->align, &m->meta};
   return FSDP_SUCCESS;
+}
+
+const char *fsdp_ckpt_family(fsdp_ckpt_t c) {
+  if (!c) return "other";
+  if (c->m.has_llama) return "llama";
+  return ckpt_find_tensor(&c->m, "wte") >= 0 && ckpt_find_tensor(&c->m, "wpe") >= 0 ? "gpt2"
+                                                                                     : "other";
+}
+
+fsdp_status_t fsdp_ckpt_llama_config(fsdp_ckpt_t c, fsdp_llama_config_t *out) {
+  if (!c || !out || !c->m.has_llama)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "%s: the checkpoint records no Llama (a %s "
+                      "checkpoint)", c ? c->m.dir : "(null)", fsdp_ckpt_family(c));
+  *out = c->m.llama;
+  return FSDP_SUCCESS;
+}
+
+fsdp_status_t fsdp_ckpt_llama_check(fsdp_ckpt_t c, const fsdp_llama_config_t *want) {
+  if (!c || !want)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_ckpt_llama_check: handle and config must "
+                      "not be NULL");
+  if (!c->m.has_llama) return FSDP_SUCCESS;
+  char what[CKPT_PATH_MAX + 32];
+  snprintf(what, sizeof what, "the Llama %s records", c->m.dir);
+  /* llama_config_same's message stands; the status is a mismatch's, not a bad file's */
+  return llama_config_same(what, &c->m.llama, "this model", want) ? FSDP_ERR_INVALID_ARGUMENT
+                                                                   : FSDP_SUCCESS;
 }
 
 fsdp_status_t fsdp_ckpt_tensor(fsdp_ckpt_t c, int index, fsdp_ckpt_tensor_t *t) {

@@ -16,9 +16,10 @@ fsdp_status_t ckpt_copy_unit(ckpt_files_t *f, int u, int s, size_t first, size_t
                              ckpt_writer_t *w);
 
 /* What ckpt_write_safetensors writes: every state under our names
- * (consolidate), parameters under the published GPT-2 names (export), or
- * under GPT2LMHeadModel's "transformer." names (export --hf). */
-enum { CKPT_ST_ALL, CKPT_ST_GPT2, CKPT_ST_HF };
+ * (consolidate), parameters under the published GPT-2 names (export), under
+ * GPT2LMHeadModel's "transformer." names (export --hf), or under their own
+ * names, which are LlamaForCausalLM's (export --hf of a Llama). */
+enum { CKPT_ST_ALL, CKPT_ST_GPT2, CKPT_ST_HF, CKPT_ST_LLAMA };
 /* Refuses an existing out_file unless flags has FSDP_CKPT_OVERWRITE; verifies
  * the checkpoint; fills *sum (may be NULL) on success. */
 fsdp_status_t ckpt_write_safetensors(fsdp_ckpt_t c, const char *out_file, int mode, int flags,

@@ -18,6 +18,8 @@ static fsdp_status_t remap(const ckpt_manifest_t *old, int world, ckpt_manifest_
   m->has_scaler = old->has_scaler; /* the loss scale resumes at any N */
   m->loss_scale = old->loss_scale;
   m->good_steps = old->good_steps;
+  m->has_llama = old->has_llama;
+  m->llama = old->llama;
   memcpy(m->state_names, old->state_names, sizeof m->state_names);
   memcpy(m->strategy, old->strategy, sizeof m->strategy);
   memcpy(m->optimizer, old->optimizer, sizeof m->optimizer);

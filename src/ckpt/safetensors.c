@@ -1,5 +1,6 @@
 /* src/ckpt/safetensors.c — writing full tensors as safetensors, streaming:
- * consolidate (every state, our names) and export (parameters, GPT-2 names).
+ * consolidate (every state, our names) and export (parameters, GPT-2 names,
+ * or a Llama's own).
  * Format: an 8-byte little-endian header length, a JSON header {name: {dtype,
  * shape, data_offsets}, "__metadata__": {str: str}} padded with spaces to a
  * multiple of 8 bytes, then the raw data in header order. */
@@ -76,9 +77,10 @@ static void plan_free(plan_t *p) {
 }
 
 /* The exported name: the published GPT-2 names where ours differ, under
- * GPT2LMHeadModel's "transformer." for Hugging Face. */
+ * GPT2LMHeadModel's "transformer." for Hugging Face; a Llama's as it is. */
 static void export_name(const char *name, int mode, char *out, size_t cap) {
-  snprintf(out, cap, "%s%s", mode == CKPT_ST_HF ? GPT2_HF_PREFIX : "", gpt2_published_name(name));
+  if (mode == CKPT_ST_LLAMA) snprintf(out, cap, "%s", name);
+  else snprintf(out, cap, "%s%s", mode == CKPT_ST_HF ? GPT2_HF_PREFIX : "", gpt2_published_name(name));
 }
 
 static fsdp_status_t plan_make(const ckpt_manifest_t *m, int n_states, int mode, plan_t *p) {

@@ -147,6 +147,8 @@ fsdp_status_t fsdp_ckpt_save(fsdp_engine_t e, const char *save_dir,
   /* HSDP: the writers' copies are the ones saved (the others are equal). */
   if (!st && c.rank < m.world) st = check_finite(e, &m, c.rank);
   if (!st && o.meta) m.meta = *o.meta;
+  if (!st && o.llama) st = fsdp_llama_config_check(o.llama);
+  if (!st && o.llama) m.has_llama = 1, m.llama = *o.llama;
   m.id = c.rank == 0 ? ckpt_random_id() : 0;
   st = ckpt_agree(c.comm, st);
   if (!st) st = share_id(c.comm, &m.id);

@@ -3,6 +3,7 @@
 #include "core/json.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -405,6 +406,15 @@ int json_int(const json_t *v, int64_t *out) {
   return 1;
 }
 
+int json_float(const json_t *v, float *out) {
+  if (!v || v->type != JSON_NUMBER) return 0;
+  char *end;
+  float x = strtof(v->text, &end);
+  if (*end || !isfinite(x)) return 0;
+  *out = x;
+  return 1;
+}
+
 /* ---- writing ------------------------------------------------------------------ */
 
 static int sb_reserve(sbuf_t *sb, size_t extra) {
@@ -439,6 +449,19 @@ void sb_json_str(sbuf_t *sb, const char *s) {
     else sb_printf(sb, "%c", *c);
   }
   sb_printf(sb, "\"");
+}
+
+void sb_json_float(sbuf_t *sb, float x) {
+  char text[48];
+  if (x == floorf(x) && fabsf(x) < 1e15f) { /* integral: 500000, not 5e+05 */
+    sb_printf(sb, "%.0f", (double)x);
+    return;
+  }
+  for (int digits = 1; digits <= 9; digits++) { /* 9 significant digits always round-trip */
+    snprintf(text, sizeof text, "%.*g", digits, (double)x);
+    if (strtof(text, NULL) == x) break;
+  }
+  sb_printf(sb, "%s", text);
 }
 
 void sb_free(sbuf_t *sb) {

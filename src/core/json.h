@@ -41,6 +41,9 @@ void json_free(json_t *v);
 const json_t *json_get(const json_t *v, const char *key);
 /* 1 and *out when v is an integer literal that fits int64, else 0. */
 int json_int(const json_t *v, int64_t *out);
+/* 1 and *out when v is a number whose nearest float is finite (an integer
+ * literal too; one past float's range is 0), else 0. */
+int json_float(const json_t *v, float *out);
 
 /* A growable text buffer for writers. Functions are no-ops once an allocation
  * failed; sb_failed reports it at the end. */
@@ -53,6 +56,10 @@ typedef struct {
 void sb_printf(sbuf_t *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Appends s as a JSON string literal, quotes and escapes included. */
 void sb_json_str(sbuf_t *sb, const char *s);
+/* Appends a finite x as the shortest decimal that strtof reads back as x
+ * ("1e-05", "0.25"; integral values below 1e15 without an exponent:
+ * "500000"): a valid JSON number. */
+void sb_json_float(sbuf_t *sb, float x);
 void sb_free(sbuf_t *sb);
 
 #endif

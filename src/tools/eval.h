@@ -8,7 +8,10 @@
 typedef struct {
   const char *ckpt, *data, *tokenizer, *split, *logits_out, *prompt, *prompt_tokens, *preset;
   fsdp_config_t cfg;
-  fsdp_gpt2_config_t gpt; /* from the checkpoint; --preset/--heads where it is silent */
+  fsdp_gpt2_config_t gpt; /* from the checkpoint; --preset/--heads where it is silent.
+                           * A Llama's vocab_size and context (block_size) too */
+  int is_llama;            /* the checkpoint records a Llama: the model is llama */
+  fsdp_llama_config_t llama;
   int seq_len, match_train, logits_k, sample, top_k, json, no_score;
   int64_t global_batch, max_windows;
   float temperature;
@@ -19,7 +22,8 @@ typedef struct {
   const eval_opts_t *o;
   fsdp_world_t world;
   fsdp_engine_t eng;
-  fsdp_gpt2_t gpt;
+  fsdp_gpt2_t gpt;             /* one of the two, as o->is_llama says */
+  fsdp_llama_t llama;
   fsdp_ckpt_meta_t meta;      /* the checkpoint's trainer state */
   int64_t step;               /* the checkpoint's */
   int rank, nranks;
@@ -35,6 +39,15 @@ typedef struct {
 /* 1 and *v when the checkpoint recorded key, else 0. */
 static inline int eval_meta(const evaluator_t *e, const char *key, int64_t *v) {
   return fsdp_ckpt_meta_get(&e->meta, key, v) == FSDP_SUCCESS;
+}
+
+/* One forward of the model (GPT-2 or Llama), as fsdp_gpt2_forward. */
+static inline fsdp_status_t eval_forward(evaluator_t *e, int B, int T, double *loss_sum,
+                                         const float **logits) {
+  return e->llama ? fsdp_llama_forward(e->llama, e->ids, loss_sum ? e->tgt : NULL, B, T, loss_sum,
+                                       logits)
+                  : fsdp_gpt2_forward(e->gpt, e->ids, loss_sum ? e->tgt : NULL, B, T, loss_sum,
+                                      logits);
 }
 
 /* Mean loss (and perplexity, bits per byte) over the split: every position

@@ -61,14 +61,13 @@ static int score_all(evaluator_t *e, double acc[3], int64_t *windows) {
     int64_t first = base + e->offset, count = W - first < e->micro ? W - first : e->micro;
     double l = 0, bytes = 0;
     fill(e, lo + (size_t)(count > 0 ? first : 0) * (size_t)T, count > 0 ? (int)count : 1, T, &bytes);
-    if (fsdp_gpt2_forward(e->gpt, e->ids, e->tgt, count > 0 ? (int)count : 1, T, &l, NULL))
-      return -1;
+    if (eval_forward(e, count > 0 ? (int)count : 1, T, &l, NULL)) return -1;
     if (count > 0) acc[0] += l, acc[1] += (double)count * T, acc[2] += bytes;
   }
   if (tail > 0) {
     double l = 0, bytes = 0;
     fill(e, lo + (size_t)W * (size_t)T, 1, (int)tail, &bytes);
-    if (fsdp_gpt2_forward(e->gpt, e->ids, e->tgt, 1, (int)tail, &l, NULL)) return -1;
+    if (eval_forward(e, 1, (int)tail, &l, NULL)) return -1;
     if (e->rank == 0) acc[0] += l, acc[1] += (double)tail, acc[2] += bytes;
   }
   *windows = W + (tail > 0);
@@ -88,7 +87,7 @@ static int score_match_train(evaluator_t *e, double acc[3], int64_t *windows) {
         : fsdp_text_windows(&e->text, 1, (uint64_t)seed + 1, b, e->offset, e->micro, e->T,
                             e->ids, e->tgt);
     double l = 0;
-    if (st || fsdp_gpt2_forward(e->gpt, e->ids, e->tgt, (int)e->micro, e->T, &l, NULL)) return -1;
+    if (st || eval_forward(e, (int)e->micro, e->T, &l, NULL)) return -1;
     acc[0] += l;
     acc[1] += (double)e->micro * e->T;
     for (int64_t i = 0; i < e->micro * e->T; i++) acc[2] += target_bytes(e, e->tgt[i]);
@@ -166,7 +165,7 @@ int eval_logits(evaluator_t *e) {
     double bytes = 0;
     const float *logits;
     fill(e, lo + (size_t)at, 1, T, &bytes);
-    rc = fsdp_gpt2_forward(e->gpt, e->ids, NULL, 1, T, NULL, &logits) ? -1 : 0;
+    rc = eval_forward(e, 1, T, NULL, &logits) ? -1 : 0;
     if (!rc && all) memcpy(all + (size_t)at * V, logits, (size_t)T * V * sizeof(float));
   }
   if (!rc && all) rc = write_npy(e->o->logits_out, all, K, V);

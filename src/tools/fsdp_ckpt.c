@@ -20,12 +20,15 @@ static const char usage_text[] =
     "  consolidate PATH OUT.safetensors every tensor and optimizer state in one file\n"
     "  export PATH OUT.safetensors      parameters only, GPT-2 names, for other tools\n"
     "  export PATH --hf DIR [--n-head N] DIR/model.safetensors + config.json that\n"
-    "                                   transformers' GPT2LMHeadModel.from_pretrained loads\n"
-    "                                   (--n-head for checkpoints that do not record it)\n"
+    "                                   transformers' GPT2LMHeadModel or LlamaForCausalLM\n"
+    "                                   .from_pretrained loads (--n-head for GPT-2\n"
+    "                                   checkpoints that do not record it)\n"
     "  import IN SAVE_DIR [--preset P]  a weights-only checkpoint (step 0) to --resume from;\n"
     "                                   IN: a safetensors file or a Hugging Face directory\n"
-    "                                   (config.json + model.safetensors), F32/BF16/F16;\n"
-    "                                   shapes checked against config.json and the preset\n"
+    "                                   (config.json + model.safetensors, or its sharded\n"
+    "                                   model.safetensors.index.json), GPT-2 or Llama,\n"
+    "                                   F32/BF16/F16; shapes checked against config.json\n"
+    "                                   and the preset (GPT-2's or Llama's by the model)\n"
     "  reshard PATH --world N SAVE_DIR  rewrite the checkpoint for N ranks\n"
     "export and import refuse to replace their output unless --overwrite.\n"
     "PATH is a step directory (SAVE_DIR/step-K) or a save directory (its `latest` is used).\n"
@@ -55,6 +58,17 @@ static void print_summary(fsdp_ckpt_t c) {
   for (int i = 0; i < in.meta->n; i++)
     printf(" %s=%" PRId64, in.meta->kv[i].key, in.meta->kv[i].value);
   printf("%s\n", in.meta->n ? "" : " none");
+  fsdp_llama_config_t l;
+  if (fsdp_ckpt_llama_config(c, &l) == FSDP_SUCCESS) {
+    printf("  model: llama, %d layers, width %d, %d heads / %d KV, FFN %d, vocabulary %d, "
+           "context %d, rope_theta %g", l.n_layer, l.n_embd, l.n_head, l.n_kv_head, l.ffn_hidden,
+           l.vocab_size, l.max_seq_len, (double)l.rope_theta);
+    if (l.rope_type == FSDP_ROPE_LLAMA3)
+      printf(" (llama3 x%g, %g..%g, original %d)", (double)l.rope_factor,
+             (double)l.rope_low_freq_factor, (double)l.rope_high_freq_factor,
+             l.rope_original_max_pos);
+    printf(", rms_eps %g, %s head\n", (double)l.rms_eps, l.tie_embeddings ? "tied" : "untied");
+  }
 }
 
 static int inspect(fsdp_ckpt_t c) {

@@ -1,5 +1,5 @@
-/* src/tools/fsdp_eval.c — fsdp-eval: loads a GPT-2 checkpoint at any rank
- * count and scores data, writes logits or samples (eval_run.c). A tool of its
+/* src/tools/fsdp_eval.c — fsdp-eval: loads a GPT-2 or Llama checkpoint at any
+ * rank count and scores data, writes logits or samples (eval_run.c). A tool of its
  * own rather than a mode of fsdp-train: it takes no optimizer, schedule or
  * saving flags, holds no optimizer state, and reads the model's shape from
  * the checkpoint instead of from flags. Launch with mpirun -np N or alone. */
@@ -31,7 +31,8 @@ static const char usage_text[] =
     "  --prompt TEXT | --prompt-tokens a,b,c   (default <|endoftext|>, or a newline)\n"
     "  --temperature X (0.8)  --top-k K (0: all)  --seed N (1)\n"
     "model and engine\n"
-    "  --preset NAME --heads N   for checkpoints that do not record the model's shape\n"
+    "  --preset NAME --heads N   for GPT-2 checkpoints that do not record the model's shape\n"
+    "                            (a Llama's checkpoint records its configuration)\n"
     "  --strategy zero3|zero2|noshard  --dtype f32|bf16  --device cpu|cuda\n"
     "  --json                    one JSON object per result\n";
 
@@ -81,6 +82,21 @@ static int parse(int argc, char **argv, eval_opts_t *o) {
   return 0;
 }
 
+/* A Llama: the configuration its manifest records. Sampling is GPT-2's only. */
+static int llama_from_ckpt(evaluator_t *e, eval_opts_t *o, fsdp_ckpt_t ck) {
+  if (fsdp_ckpt_llama_config(ck, &o->llama)) return -1;
+  o->is_llama = 1;
+  o->gpt.vocab_size = o->llama.vocab_size;
+  o->gpt.block_size = o->llama.max_seq_len < FSDP_ATTENTION_MAX_T ? o->llama.max_seq_len
+                                                                   : FSDP_ATTENTION_MAX_T;
+  if (o->sample) {
+    if (e->rank == 0) fprintf(stderr, "fsdp-eval: --sample: sampling from a Llama is not written "
+                              "yet (scoring and --logits are)\n");
+    return -2;
+  }
+  return 0;
+}
+
 /* The model's shape: the checkpoint's record, else its tensors' shapes with
  * n_head from --preset/--heads. Local (every rank reads the manifest). */
 static int model_from_ckpt(evaluator_t *e, eval_opts_t *o) {
@@ -90,6 +106,11 @@ static int model_from_ckpt(evaluator_t *e, eval_opts_t *o) {
   if (fsdp_ckpt_info(ck, &info)) return fsdp_ckpt_close(ck), -1;
   e->meta = *info.meta;
   e->step = info.step;
+  if (!strcmp(fsdp_ckpt_family(ck), "llama")) {
+    int rc = llama_from_ckpt(e, o, ck);
+    fsdp_ckpt_close(ck);
+    return rc;
+  }
   const char *keys[] = {"gpt2.n_layer", "gpt2.n_head", "gpt2.n_embd", "gpt2.block_size",
                         "gpt2.vocab_size"};
   int *fields[] = {&o->gpt.n_layer, &o->gpt.n_head, &o->gpt.n_embd, &o->gpt.block_size,
@@ -153,11 +174,13 @@ static int setup(evaluator_t *e, eval_opts_t *o) {
   if (fsdp_engine_create(e->world, &o->cfg, &e->eng) ||
       fsdp_engine_shard_batch(e->eng, e->global_batch, &e->micro, &e->offset))
     return -1;
-  fsdp_gpt2_opts_t w = {.wrap_kinds = "GPT2Block", .max_batch = (int)e->micro, .max_T = e->T};
+  fsdp_gpt2_opts_t w = {.wrap_kinds = o->is_llama ? "LlamaDecoderLayer" : "GPT2Block",
+                        .max_batch = (int)e->micro, .max_T = e->T};
   fsdp_ckpt_load_opts_t lo = FSDP_CKPT_LOAD_OPTS_INIT;
   lo.reset_optim = 1; /* eval holds no optimizer state */
-  if (fsdp_gpt2_create(e->eng, &o->gpt, &w, &e->gpt) || fsdp_engine_materialize(e->eng, 1) ||
-      fsdp_ckpt_load(e->eng, o->ckpt, &lo, NULL, NULL, 0))
+  if ((o->is_llama ? fsdp_llama_create(e->eng, &o->llama, &w, &e->llama)
+                   : fsdp_gpt2_create(e->eng, &o->gpt, &w, &e->gpt)) ||
+      fsdp_engine_materialize(e->eng, 1) || fsdp_ckpt_load(e->eng, o->ckpt, &lo, NULL, NULL, 0))
     return -1;
   e->ids = malloc((size_t)e->micro * (size_t)e->T * sizeof(int));
   e->tgt = malloc((size_t)e->micro * (size_t)e->T * sizeof(int));
@@ -191,6 +214,7 @@ done:
   free(e.ids);
   free(e.tgt);
   fsdp_gpt2_destroy(e.gpt);
+  fsdp_llama_destroy(e.llama);
   fsdp_engine_destroy(e.eng);
   fsdp_tokenizer_free(e.tok);
   fsdp_text_free(&e.text);

@@ -121,6 +121,17 @@ static int repair_latest(trainer_t *t, const char *dir) {
   return rep.step >= 0;
 }
 
+/* A Llama checkpoint (an import, a save) holds this run's configuration:
+ * the tensors' shapes leave heads, RoPE and epsilon open. Every rank reads
+ * the manifest, so every rank fails alike. */
+static int check_llama(const char *path, const fsdp_llama_config_t *l) {
+  fsdp_ckpt_t c;
+  if (fsdp_ckpt_open(path, &c)) return -1;
+  fsdp_status_t st = fsdp_ckpt_llama_check(c, l);
+  fsdp_ckpt_close(c);
+  return st ? -1 : 0;
+}
+
 int train_resume(trainer_t *t) {
   const train_opts_t *o = t->o;
   if (o->save_dir && open_save_dir(t)) return -1;
@@ -131,6 +142,7 @@ int train_resume(trainer_t *t) {
   fsdp_ckpt_meta_t meta = {0};
   char dir[4096];
   double t0 = fsdp_time_now();
+  if (!strcmp(o->model, "llama") && check_llama(path, &o->llama)) return -1;
   if (fsdp_ckpt_load(t->eng, path, NULL, &meta, dir, sizeof dir)) return -1;
   double secs = fsdp_time_now() - t0;
   t->start_step = (int)fsdp_engine_step_count(t->eng);
@@ -153,6 +165,7 @@ int train_save(trainer_t *t, int step) {
   fsdp_ckpt_save_opts_t so = FSDP_CKPT_SAVE_OPTS_INIT;
   so.overwrite = o->save_overwrite;
   so.meta = &meta;
+  if (!strcmp(o->model, "llama")) so.llama = &o->llama; /* eval and export --hf read it */
   char dir[4096];
   double t0 = fsdp_time_now();
   if (fsdp_ckpt_save(t->eng, o->save_dir, &so, dir, sizeof dir)) return -1;

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # tests/fuzz/run.sh — a libFuzzer target per parser we own (the configuration
 # file, safetensors headers, the tokenizer's vocab/merges and tokenizer.json,
-# token-file headers, checkpoint manifests), built with clang under ASan and
-# UBSan and run for a bounded time each on its seed corpus
+# token-file headers, checkpoint manifests, a Llama's config.json), built with
+# clang under ASan and UBSan and run for a bounded time each on its seed corpus
 # (tests/fuzz/corpus/<target>/). The parser's own sources are compiled into
 # the target, instrumented; the rest comes from BUILD_DIR's libfsdp.a (a
 # plain build: scripts/setup.sh). New inputs go to a scratch corpus, never
@@ -19,9 +19,10 @@ declare -A parser=(
   [safetensors]="src/ckpt/import.c src/core/json.c"
   [tokenizer]="src/data/bpe_load.c src/data/bpe_json.c src/data/bpe.c src/core/json.c"
   [tokens]="src/data/tokens.c"
-  [manifest]="src/ckpt/manifest.c src/core/json.c")
+  [manifest]="src/ckpt/manifest.c src/core/json.c"
+  [llama_config]="src/ckpt/llama_hf.c src/ckpt/import.c src/core/json.c")
 targets=("$@")
-((${#targets[@]})) || targets=(config safetensors tokenizer tokens manifest)
+((${#targets[@]})) || targets=(config safetensors tokenizer tokens manifest llama_config)
 cc=$(command -v clang || command -v clang-14) || { echo "run.sh: needs clang"; exit 1; }
 [ -f "$build/libfsdp.a" ] || { echo "run.sh: no $build/libfsdp.a (run scripts/setup.sh)"; exit 1; }
 out=$build/fuzz
