@@ -378,6 +378,15 @@ FSDP_API fsdp_status_t fsdp_llama_forward_backward(fsdp_llama_t model, const int
 FSDP_API fsdp_status_t fsdp_llama_forward(fsdp_llama_t model, const int *tokens,
                                           const int *targets, int B, int T, double *loss_sum,
                                           const float **logits);
+/* Sampling as GPT-2's (fsdp_gpt2_generate, fsdp_gpt2_sample, the same seeded
+ * draws and errors): n_new tokens after the prompt, each from the logits of
+ * fsdp_llama_forward over the last max_T tokens (no KV cache), rank 0's draw
+ * broadcast. Collective. */
+typedef fsdp_gpt2_sampling_t fsdp_llama_sampling_t;
+FSDP_API fsdp_status_t fsdp_llama_generate(fsdp_llama_t model, const int *prompt, int n_prompt,
+                                           int n_new, float temperature, uint64_t seed, int *out);
+FSDP_API fsdp_status_t fsdp_llama_sample(fsdp_llama_t model, const int *prompt, int n_prompt,
+                                         int n_new, const fsdp_llama_sampling_t *how, int *out);
 /* Bytes of activations and kernel buffers the model holds in the engine's
  * device memory, and what they would be with no layer checkpointed. */
 FSDP_API size_t fsdp_llama_activation_bytes(fsdp_llama_t model, size_t *without_checkpointing);

@@ -1,9 +1,9 @@
 /* src/nn/llama.c — the Llama family (fsdp/nn.h) over the public engine API:
  * its units from the tensor table (ckpt/llama_layout.h) cut by the library's
  * wrap policy, the activation arena, and forward/backward through the compute
- * table with per-unit activation checkpointing. Dims: B batch, T time, C
- * channels, NH query heads, NKV key/value heads, D = C / NH, QKV = (NH +
- * 2 NKV) D, F SwiGLU's width, V vocabulary, L layers. */
+ * table with per-unit activation checkpointing, and sampling (nn/sample.c).
+ * Dims: B batch, T time, C channels, NH query heads, NKV key/value heads,
+ * D = C / NH, QKV = (NH + 2 NKV) D, F SwiGLU's width, V vocabulary, L layers. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +13,7 @@
 #include "core/internal.h"
 #include "fsdp/nn.h"
 #include "nn/gpt2_io.h"
+#include "nn/sample.h"
 
 #define LAYER_KIND "LlamaDecoderLayer"
 
@@ -783,4 +784,33 @@ fsdp_status_t fsdp_llama_forward(fsdp_llama_t g, const int *tokens, const int *t
     memmove(g->logits_host + r * V, g->logits_host + r * ld, V * sizeof(float));
   *logits = g->logits_host;
   return FSDP_SUCCESS;
+}
+
+/* ---- sampling (nn/sample.c) ---------------------------------------------- */
+
+/* The logits of the last of T tokens, into row. */
+static fsdp_status_t next_logits(void *model, const int *ctx, int T, float *row) {
+  struct fsdp_llama *g = model;
+  FSDP_TRY(check_batch(g, ctx, NULL, 1, T));
+  FSDP_TRY(forward(g, ctx, NULL, 1, T));
+  FSDP_TRY(fsdp_unit_release(g->eng, g->units[0].id, FSDP_FORWARD));
+  const char *last = (const char *)g->logits + (size_t)(T - 1) * (size_t)g->ldv * g->esize;
+  return gpt2_io_read(g->io, row, last, g->dt, (size_t)g->c.vocab_size, g->s);
+}
+
+fsdp_status_t fsdp_llama_sample(fsdp_llama_t g, const int *prompt, int n_prompt, int n_new,
+                                const fsdp_llama_sampling_t *how, int *out) {
+  if (!g) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_llama_sample: NULL model");
+  float *row = malloc((size_t)g->c.vocab_size * sizeof *row);
+  if (!row) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "fsdp_llama_sample: out of memory");
+  fsdp_status_t st = nn_sample("fsdp_llama_sample", g->eng, g, next_logits, row,
+                               g->c.vocab_size, g->maxT, prompt, n_prompt, n_new, how, out);
+  free(row);
+  return st;
+}
+
+fsdp_status_t fsdp_llama_generate(fsdp_llama_t g, const int *prompt, int n_prompt, int n_new,
+                                  float temperature, uint64_t seed, int *out) {
+  fsdp_llama_sampling_t how = {temperature, 0, seed};
+  return fsdp_llama_sample(g, prompt, n_prompt, n_new, &how, out);
 }
