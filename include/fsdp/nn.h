@@ -405,6 +405,18 @@ typedef fsdp_gpt2_memory_t fsdp_llama_memory_t;
 FSDP_API fsdp_status_t fsdp_llama_memory(const fsdp_llama_config_t *c, int B, int T,
                                          fsdp_dtype_t act_dtype, fsdp_llama_memory_t *out);
 
+/* What each kernel class (fsdp/profile.h) of one step costs, counted as
+ * fsdp_gpt2_kernel_costs counts GPT-2's: the four bias-free products per
+ * layer (q|k|v, o_proj, gate|up, down_proj) in the block classes, grouped-query
+ * attention's flash tiles (per query head; q|k|v (NH + 2 NKV) D wide), the
+ * RMSNorms, RoPE and SwiGLU in their own classes, the head, cross-entropy,
+ * embedding (no position table) and AdamW over fsdp_llama_num_params; the
+ * LayerNorm classes 0. Writes out[0, n) (n <= FSDP_KC_COUNT);
+ * FSDP_ERR_INVALID_ARGUMENT naming a bad value. Thread-safe. */
+FSDP_API fsdp_status_t fsdp_llama_kernel_costs(const fsdp_llama_config_t *c, int B, int T,
+                                               int micro_batches, fsdp_dtype_t act_dtype,
+                                               fsdp_kclass_cost_t *out, int n);
+
 #ifdef __cplusplus
 }
 #endif
