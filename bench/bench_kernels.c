@@ -1,10 +1,11 @@
 /* bench/bench_kernels.c — fsdp-bench --kernel-profile: each kernel class's
  * time on the compute stream (fsdp/profile.h; CUDA events on a GPU, the host
  * clock on the CPU), next to what the class should cost (FLOPs and bytes,
- * fsdp_gpt2_kernel_costs) and the device's peaks: calls, ms and share of the
- * step, achieved TF/s and GB/s, and the fraction of the peak of the resource
- * that bounds the class (the bf16 matrix-product peak fsdp-bench measured,
- * and HBM bandwidth from a datasheet table by device name). Rank 0's times. */
+ * fsdp_gpt2_kernel_costs or fsdp_llama_kernel_costs) and the device's peaks:
+ * calls, ms and share of the step, achieved TF/s and GB/s, and the fraction
+ * of the peak of the resource that bounds the class (the bf16 matrix-product
+ * peak fsdp-bench measured, and HBM bandwidth from a datasheet table by device
+ * name). Rank 0's times; the classes the model has (run or costed) only. */
 #include <string.h>
 
 #include "fsdp_bench.h"
@@ -17,14 +18,19 @@ int bench_kernels_collect(fsdp_engine_t eng, const bench_opts_t *o, int B, int T
     /* a GPU computes in bf16 with 16-bit parameters, else in fp32 */
     fsdp_dtype_t act = c->device == FSDP_DEVICE_CUDA && c->param_dtype == FSDP_BF16 ? FSDP_BF16
                                                                                     : FSDP_F32;
-    BENCH_TRY(fsdp_gpt2_kernel_costs(&o->gpt, B, T, c->grad_accum, act, r->kc_cost,
-                                     FSDP_KC_COUNT));
+    const int llama = !strcmp(o->model, "llama");
+    BENCH_TRY(llama ? fsdp_llama_kernel_costs(&o->llama, B, T, c->grad_accum, act, r->kc_cost,
+                                              FSDP_KC_COUNT)
+                    : fsdp_gpt2_kernel_costs(&o->gpt, B, T, c->grad_accum, act, r->kc_cost,
+                                             FSDP_KC_COUNT));
     r->hbm_bytes_per_s = c->device == FSDP_DEVICE_CUDA
                              ? bench_cuda_hbm(r->device_name, sizeof r->device_name) : 0.0;
     if (c->device != FSDP_DEVICE_CUDA) snprintf(r->device_name, sizeof r->device_name, "cpu");
     else
-      BENCH_TRY(fsdp_cuda_attention_impl(fsdp_engine_stream(eng), act, B, T, o->gpt.n_embd,
-                                         o->gpt.n_head, r->attention, sizeof r->attention));
+      BENCH_TRY(fsdp_cuda_attention_impl(fsdp_engine_stream(eng), act, B, T,
+                                         llama ? o->llama.n_embd : o->gpt.n_embd,
+                                         llama ? o->llama.n_head : o->gpt.n_head, r->attention,
+                                         sizeof r->attention));
   }
   BENCH_TRY(fsdp_engine_profile_read(eng, t, FSDP_KC_COUNT));
   BENCH_TRY(fsdp_engine_profile(eng, 0));
@@ -34,6 +40,11 @@ int bench_kernels_collect(fsdp_engine_t eng, const bench_opts_t *o, int B, int T
   }
   r->kc_steps += steps;
   return FSDP_SUCCESS;
+}
+
+/* A class the model has: its kernels ran, or it declares a cost. */
+static int kc_listed(const bench_result_t *r, int k) {
+  return r->kc[k].calls > 0 || r->kc_cost[k].flops > 0 || r->kc_cost[k].bytes > 0;
 }
 
 typedef struct {
@@ -62,8 +73,8 @@ void bench_print_kernels(const bench_opts_t *o, const bench_result_t *r) {
   const double peak = r->peak_flops / (r->replicas * r->shard_size);
   const double ranks = r->replicas * r->shard_size;
   printf("\nkernel classes (--kernel-profile, rank 0, per step; %s on the compute stream; "
-         "FLOPs and bytes as fsdp_gpt2_kernel_costs declares them)\n",
-         o->cfg.device == FSDP_DEVICE_CUDA ? "CUDA events" : "host clock");
+         "FLOPs and bytes as fsdp_%s_kernel_costs declares them)\n",
+         o->cfg.device == FSDP_DEVICE_CUDA ? "CUDA events" : "host clock", o->model);
   char hbm[64] = "n/a (not in bench_cuda.c's table)";
   if (r->hbm_bytes_per_s > 0)
     snprintf(hbm, sizeof hbm, "%.2f TB/s (datasheet)", r->hbm_bytes_per_s / 1e12);
@@ -74,6 +85,7 @@ void bench_print_kernels(const bench_opts_t *o, const bench_result_t *r) {
          "GFLOP", "GB", "TF/s", "GB/s", "bound", "of peak");
   double ms = 0, flops = 0, bytes = 0;
   for (int k = 0; k < FSDP_KC_COUNT; k++) {
+    if (!kc_listed(r, k)) continue;
     kc_row_t w = kc_row(r, k);
     char frac[16] = "n/a";
     if (w.of_peak >= 0) snprintf(frac, sizeof frac, "%.1f%%", 100 * w.of_peak);
@@ -89,24 +101,32 @@ void bench_print_kernels(const bench_opts_t *o, const bench_result_t *r) {
          "other", "", step_ms - ms, step_ms > 0 ? 100 * (step_ms - ms) / step_ms : 0.0);
   const double model = r->flops_per_token * r->tokens_per_step / ranks;
   printf("step %.3f ms, MFU %.2f%%: model FLOPs (the MFU numerator) %.4g per rank step, the "
-         "classes' %.4g (+ scores recomputed in attention backward, - bias and LayerNorm "
+         "classes' %.4g (+ scores recomputed in attention backward, - bias and norm "
          "parameters, which multiply nothing)\n", step_ms, 100 * r->mfu.median, model, flops);
 }
 
 void bench_kernels_json(FILE *f, const bench_opts_t *o, const bench_result_t *r) {
   if (!r->kc_steps) return;
   const fsdp_gpt2_config_t *g = &o->gpt;
-  fprintf(f, ",\"gpt2\":{\"n_layer\":%d,\"n_head\":%d,\"n_embd\":%d,\"block_size\":%d,"
-          "\"vocab_size\":%d},\"device_name\":\"%s\",\"hbm_bytes_per_s\":%.6g,\"kernels\":[",
-          g->n_layer, g->n_head, g->n_embd, g->block_size, g->vocab_size, r->device_name,
+  const fsdp_llama_config_t *l = &o->llama;
+  if (!strcmp(o->model, "llama"))
+    fprintf(f, ",\"llama\":{\"n_layer\":%d,\"n_head\":%d,\"n_kv_head\":%d,\"n_embd\":%d,"
+            "\"ffn_hidden\":%d,\"vocab_size\":%d,\"tied\":%d}", l->n_layer, l->n_head,
+            l->n_kv_head, l->n_embd, l->ffn_hidden, l->vocab_size, l->tie_embeddings);
+  else
+    fprintf(f, ",\"gpt2\":{\"n_layer\":%d,\"n_head\":%d,\"n_embd\":%d,\"block_size\":%d,"
+            "\"vocab_size\":%d}", g->n_layer, g->n_head, g->n_embd, g->block_size, g->vocab_size);
+  fprintf(f, ",\"device_name\":\"%s\",\"hbm_bytes_per_s\":%.6g,\"kernels\":[", r->device_name,
           r->hbm_bytes_per_s);
-  for (int k = 0; k < FSDP_KC_COUNT; k++) {
+  for (int k = 0, first = 1; k < FSDP_KC_COUNT; k++) {
+    if (!kc_listed(r, k)) continue;
     kc_row_t w = kc_row(r, k);
     fprintf(f, "%s{\"class\":\"%s\",\"calls_per_step\":%.6g,\"ms_per_step\":%.6g,"
             "\"share\":%.6g,\"flops\":%.17g,\"bytes\":%.17g,\"tflops\":%.6g,\"gbps\":%.6g,"
-            "\"bound\":\"%s\",\"of_peak\":%.6g}", k ? "," : "",
+            "\"bound\":\"%s\",\"of_peak\":%.6g}", first ? "" : ",",
             fsdp_kclass_name((fsdp_kclass_t)k), w.calls, w.ms, w.share, r->kc_cost[k].flops,
             r->kc_cost[k].bytes, w.tflops, w.gbps, w.bound, w.of_peak);
+    first = 0;
   }
   fprintf(f, "]");
 }

@@ -100,13 +100,54 @@ def check_fsdp(mpirun, np, exe):
     print(f"fsdp-bench --json at N={np}: {len(res)} configurations, 0 wrong")
 
 
+def llama_costs(L, NH, NKV, C, F, V, B, T, params, act):
+    """Each kernel class's FLOPs and bytes for one step of a Llama (one
+    micro-batch), counted from what its kernels read and write, as
+    gpu_budget.py counts GPT-2's: the second side of fsdp_llama_kernel_costs."""
+    from gpu_budget import causal_tile_area
+    N, D = B * T, C // NH
+    QKV = (NH + 2 * NKV) * D
+    k = {}
+
+    def add(name, flops, nbytes):
+        f, b = k.get(name, (0, 0))
+        k[name] = (f + flops, b + nbytes)
+
+    for K, M in ((C, QKV), (C, C), (C, 2 * F), (F, C)):  # q|k|v, o, gate|up, down: no bias
+        add("block products, forward", L * 2 * N * K * M, L * (N * K + K * M + N * M) * act)
+        # dout, weight and input in; d(input) out, d(weight) out in fp32
+        add("block products, backward", L * 4 * N * K * M,
+            L * ((2 * N * M + K * M + 2 * N * K) * act + 4 * K * M))
+    q_area, kv_area = causal_tile_area(T, 64 if D <= 64 else 32, 32)
+    score = 2 * D * B * NH * L  # FLOPs per score of one product, every query head
+    lse = 4 * B * NH * T
+    add("attention forward", 2 * q_area * score, L * (N * (QKV + C) * act + lse))
+    # two kernels, each reading q|k|v, dout and out; d(q|k|v) read and written
+    add("attention backward", (3 * q_area + 4 * kv_area) * score,
+        L * ((2 * N * (QKV + 2 * C) + 2 * N * QKV) * act + 2 * lse))
+    norms = 2 * L + 1
+    add("residual + RMSNorm forward", 0, norms * (4 * N * C * act + 4 * N))
+    add("RMSNorm backward", 0, norms * (6 * N * C * act + 4 * N))
+    add("RoPE forward + backward", 0, L * 4 * N * (NH + NKV) * D * act)
+    add("SwiGLU forward + backward", 0, L * 8 * N * F * act)
+    add("LM head forward", 2 * N * C * V, (N * C + V * C + N * V) * act)
+    add("LM head backward", 4 * N * C * V, (2 * N * V + V * C + 2 * N * C) * act + 4 * V * C)
+    add("cross-entropy", 0, 2 * N * V * act + 8 * N)
+    add("embedding", 0, 3 * N * C * act + 8 * N * C)  # no position table
+    add("AdamW", 0, params * (28 + (2 if act == 2 else 0)))
+    return k
+
+
 def check_llama(mpirun, np, exe):
     """--model llama on the tiny preset: its parameters and units, the FLOPs
     per token of the MFU numerator (embed_tokens untied: a lookup), the
-    memory within the ZeRO formula, nothing wrong."""
+    memory within the ZeRO formula, nothing wrong; --kernel-profile lists the
+    Llama's classes (RMSNorm, RoPE, SwiGLU; no LayerNorm), each bracketed,
+    with llama_costs' FLOPs and bytes, their FLOPs besides attention's the MFU
+    numerator's besides its 12 L T C per token, less the norm weights."""
     out = launch(mpirun, np, [exe, "--json", "--model", "llama", "--preset", "tiny", "--seq-len",
                               "32", "--micro-batch", "2", "-w", "1", "-n", "2",
-                              "--peak-size", "128"], timeout=280)
+                              "--peak-size", "128", "--kernel-profile"], timeout=280)
     doc = json.loads(out)
     expect(doc["wrong"] == 0, f"{doc['wrong']} wrong elements")
     (r,) = doc["results"]
@@ -124,7 +165,24 @@ def check_llama(mpirun, np, exe):
     expect(m["model_peak"] <= m["predicted"] + pad, f"model peak {m['model_peak']} within the "
            f"ZeRO prediction {m['predicted']}")
     expect(m["activations"] > 0 and r["loss_first"] > 0 and r["wrong"] == 0, "loss and check")
-    print(f"fsdp-bench --model llama at N={np}: {params} parameters, {flops} FLOPs/token, 0 wrong")
+    want = llama_costs(L, 4, 2, C, 160, V, 2, T, params, 4)
+    ks = {k["class"]: k for k in r["kernels"]}
+    expect(len(ks) == len(r["kernels"]) and set(ks) == set(want),
+           f"classes: fsdp-bench {sorted(ks)}, want {sorted(want)}")
+    close = lambda a, b: abs(a - b) <= 1e-9 * max(1.0, abs(b))
+    for name, (f, b) in want.items():
+        k = ks[name]
+        expect(k["calls_per_step"] > 0 and k["ms_per_step"] > 0,
+               f"{name}: {k['calls_per_step']} calls a step: its kernels are not bracketed")
+        expect(close(k["flops"], f) and close(k["bytes"], b),
+               f"{name}: fsdp_llama_kernel_costs says {k['flops']:.0f} FLOPs, {k['bytes']:.0f} "
+               f"bytes; llama_costs {f:.0f}, {b:.0f}")
+    N = 2 * T
+    classes = sum(k["flops"] for n, k in ks.items() if not n.startswith("attention"))
+    expect(close(classes, flops * N - 12 * L * T * C * N - 6 * N * (2 * L * C + C)),
+           f"classes' FLOPs {classes:.6g} besides attention's, MFU numerator {flops * N:.6g}")
+    print(f"fsdp-bench --model llama at N={np}: {params} parameters, {flops} FLOPs/token, "
+          f"{len(ks)} kernel classes as llama_costs, 0 wrong")
 
 
 def check_hsdp(mpirun, np, exe):

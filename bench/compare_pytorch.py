@@ -1,8 +1,15 @@
 #!/usr/bin/env python3
-"""bench/compare_pytorch.py — the same GPT-2 trained by fsdp (fsdp-bench under
-mpirun) and by PyTorch FSDP2 (fully_shard, one process per rank), one after the
-other in one invocation, with the same configuration, batch, dtype, optimizer
+"""bench/compare_pytorch.py — the same GPT-2 or Llama trained by fsdp (fsdp-bench
+under mpirun) and by PyTorch FSDP2 (fully_shard, one process per rank), one after
+the other in one invocation, with the same configuration, batch, dtype, optimizer
 (AdamW), world size and threads (one BLAS / intra-op thread per rank).
+
+--model llama --preset NAME: fsdp-bench --model llama against transformers'
+LlamaForCausalLM (sdpa attention) built from the same preset (fsdp_llama_preset's
+shape: hidden, layers, heads, KV heads, FFN, vocabulary, RoPE theta and llama3
+scaling, tied or not), one FSDP2 unit per decoder layer as fsdp's default; the
+loss is the cross-entropy of the logits against fsdp-bench's kind of targets
+(random, unshifted), as for GPT-2. Needs transformers beside torch.
 
 Prints both tokens/s (median over the timed steps; per step the slowest rank),
 both peak memories per rank and the ratios.
@@ -49,6 +56,8 @@ Without torch it says how to install it and exits 0.
     python3 bench/compare_pytorch.py --np 2              # the small preset on CPU
     python3 bench/compare_pytorch.py --device cuda --np 1 --preset 124M \\
         --seq-len 1024 --micro-batch 16 --dtype bf16      # one GPU, GPT-2 124M
+    python3 bench/compare_pytorch.py --model llama --preset SmolLM-135M --seq-len 64 \\
+        --micro-batch 2                                   # Llama on the CPU
 """
 import argparse
 import json
@@ -69,6 +78,29 @@ PRESETS = {
     "124M": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257),
     "350M": dict(n_layer=24, n_head=16, n_embd=1024, block_size=1024, vocab_size=50257),
 }
+# The Llama presets as fsdp_llama_preset has them (src/ckpt/llama_layout.c);
+# block_size is the T fsdp-bench runs by default: the context, at most 1024.
+LLAMA_PRESETS = {name: dict(zip(
+    ("n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden", "vocab_size", "max_seq_len",
+     "rope_theta", "tied", "rope_scaling"), v), block_size=min(v[6], 1024)) for name, v in {
+    "tiny": (2, 4, 2, 64, 160, 256, 64, 10000.0, False, None),
+    "SmolLM-135M": (30, 9, 3, 576, 1536, 49152, 2048, 10000.0, True, None),
+    "TinyLlama-1.1B": (22, 32, 4, 2048, 5632, 32000, 2048, 10000.0, False, None),
+    "Llama-3.2-1B": (16, 32, 8, 2048, 8192, 128256, 131072, 500000.0, True,
+                     dict(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                          original_max_position_embeddings=8192)),
+}.items()}
+MODELS = {"gpt2": PRESETS, "llama": LLAMA_PRESETS}
+
+
+def describe(args, cfg, T):
+    """The model's line in the table."""
+    if args.model == "llama":
+        return (f"Llama {args.preset}: {cfg['n_layer']} layers x {cfg['n_embd']} wide, "
+                f"{cfg['n_head']} heads / {cfg['n_kv_head']} KV, FFN {cfg['ffn_hidden']}, T {T}, "
+                f"vocab {cfg['vocab_size']}, {'tied' if cfg['tied'] else 'untied'}")
+    return (f"GPT-2 {args.preset}: {cfg['n_layer']} layers x {cfg['n_embd']} wide, "
+            f"{cfg['n_head']} heads, T {T}, vocab {cfg['vocab_size']}")
 
 
 def status_bytes(key):
@@ -160,6 +192,9 @@ def build_gpt(torch, cfg):
                     std = 0.02 / math.sqrt(2 * L) if name.endswith(("c_proj.weight", "mlp_proj.weight")) else 0.02
                     nn.init.normal_(p, 0.0, std)
 
+        def units(self):
+            return self.h
+
         def forward(self, idx, targets):
             T = idx.shape[1]
             x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
@@ -173,6 +208,36 @@ def build_gpt(torch, cfg):
     return GPT()
 
 
+def build_llama(torch, cfg):
+    """transformers' LlamaForCausalLM of the preset's shape (its own init: N(0, 0.02)
+    matrices, unit norms, as fsdp's), returning the loss as build_gpt's model."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    F = torch.nn.functional
+    rope = dict(rope_type="llama3", **cfg["rope_scaling"]) if cfg["rope_scaling"] \
+        else dict(rope_type="default")
+    hf = LlamaConfig(vocab_size=cfg["vocab_size"], hidden_size=cfg["n_embd"],
+                     intermediate_size=cfg["ffn_hidden"], num_hidden_layers=cfg["n_layer"],
+                     num_attention_heads=cfg["n_head"], num_key_value_heads=cfg["n_kv_head"],
+                     max_position_embeddings=cfg["max_seq_len"], rms_norm_eps=1e-5,
+                     tie_word_embeddings=cfg["tied"], attention_bias=False, mlp_bias=False,
+                     rope_parameters=dict(rope, rope_theta=cfg["rope_theta"]))
+    hf._attn_implementation = "sdpa"
+
+    class CausalLM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lm = LlamaForCausalLM(hf)
+
+        def units(self):
+            return self.lm.model.layers
+
+        def forward(self, idx, targets):
+            logits = self.lm(input_ids=idx, use_cache=False).logits
+            return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+    return CausalLM()
+
+
 def wrap_fsdp2(torch, model, args):
     """FSDP2: one unit per block and the root; the AdamW over the shards."""
     try:
@@ -183,9 +248,9 @@ def wrap_fsdp2(torch, model, args):
     # weights and state) stay fp32 and gradients are reduced in fp32.
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if args.dtype == "bf16" else MixedPrecisionPolicy()
-    for block in model.h:                       # one unit per block, as --wrap GPT2Block
+    for block in model.units():  # one unit per block / decoder layer, as fsdp's default wrap
         fully_shard(block, reshard_after_forward=True, mp_policy=mp)
-    fully_shard(model, reshard_after_forward=True, mp_policy=mp)  # the root: wte, wpe, ln_f
+    fully_shard(model, reshard_after_forward=True, mp_policy=mp)  # the root: embeddings, norm, head
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                             weight_decay=0.0)
     return model, opt
@@ -217,13 +282,13 @@ def torch_rank(rank, args, port, queue, compiled=False):
         torch.cuda.set_device(device)
         torch.set_float32_matmul_precision("highest")  # no TF32: fsdp's fp32 GEMMs have none
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=args.np)
-    cfg = PRESETS[args.preset]
+    cfg = MODELS[args.model][args.preset]
     T = args.seq_len or cfg["block_size"]
     torch.manual_seed(args.seed)
     reset_peak_rss()
     rss_base = status_bytes("VmRSS")
     with torch.device(device):
-        model = build_gpt(torch, cfg)
+        model = (build_llama if args.model == "llama" else build_gpt)(torch, cfg)
     params = sum(p.numel() for p in model.parameters())
     model, opt = wrap_compiled(torch, model, args, device) if compiled \
         else wrap_fsdp2(torch, model, args)
@@ -335,7 +400,7 @@ def run_fsdp(args):
     cmd = [args.mpirun, "--oversubscribe", "--bind-to", "none", "-np", str(args.np)]
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
-    cmd += [bench, "--json", "--preset", args.preset, "--micro-batch", str(args.micro_batch),
+    cmd += [bench, "--json", "--model", args.model, "--preset", args.preset, "--micro-batch", str(args.micro_batch),
             "--warmup", str(args.warmup), "--iters", str(args.iters), "--strategy", "zero3",
             "--prefetch", str(args.prefetch)]
     if args.device == "cuda":  # NCCL, one GPU per rank; the default --peak-size: cuBLAS peak, MFU
@@ -379,7 +444,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--np", type=int, default=2, help="ranks (default 2)")
-    ap.add_argument("--preset", default="small", choices=sorted(PRESETS))
+    ap.add_argument("--model", default="gpt2", choices=sorted(MODELS))
+    ap.add_argument("--preset", default=None,
+                    help="gpt2: %s (default small); llama: %s (default tiny)"
+                         % (", ".join(PRESETS), ", ".join(LLAMA_PRESETS)))
     ap.add_argument("--seq-len", type=int, default=0, help="default: the preset's context")
     ap.add_argument("--micro-batch", type=int, default=8, help="sequences per rank (default 8)")
     ap.add_argument("--warmup", type=int, default=3)
@@ -410,9 +478,14 @@ def main():
     if args.dtype == "bf16" and not cuda:
         ap.error("--dtype bf16 compares GPUs only (--device cuda): on the CPU fsdp gathers bf16 "
                  "but computes in fp32, and PyTorch would compute in bf16")
-    if not 0 <= args.seq_len <= PRESETS[args.preset]["block_size"]:
+    presets = MODELS[args.model]
+    args.preset = args.preset or ("tiny" if args.model == "llama" else "small")
+    if args.preset not in presets:
+        ap.error(f"--preset {args.preset}: --model {args.model}'s presets are "
+                 f"{', '.join(presets)}")
+    if not 0 <= args.seq_len <= presets[args.preset]["block_size"]:
         ap.error(f"--seq-len {args.seq_len}: the {args.preset} preset's context is "
-                 f"{PRESETS[args.preset]['block_size']} positions")
+                 f"{presets[args.preset]['block_size']} positions")
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -421,6 +494,13 @@ def main():
               "                    package index, are smaller)\n"
               "  then run again:   python3 bench/compare_pytorch.py --np 2")
         return 0
+    if args.model == "llama":
+        try:
+            import transformers  # noqa: F401
+        except ImportError:
+            print("compare_pytorch: --model llama builds transformers' LlamaForCausalLM, and "
+                  "transformers is not installed:\n  pip install transformers   then run again")
+            return 0
     if cuda:
         # device_count() asks NVML / the driver without creating a CUDA context here,
         # so the spawned ranks start clean.
@@ -453,7 +533,7 @@ def main():
     pt = sorted((t for _, t in used), key=lambda r: r["tokens_per_s"])[len(used) // 2]
     mem = fsdp["rss_peak"] / pt["rss_peak"]
     growth = (fsdp["rss_peak"] - fsdp["rss_base"]) / max(pt["rss_peak"] - pt["rss_base"], 1)
-    cfg = PRESETS[args.preset]
+    cfg = MODELS[args.model][args.preset]
     if cuda:  # GPU memory in use after the timed steps, both sides measured alike
         dev_mem = fsdp["device_in_use"] / max(pt["device_in_use"], 1)
         for f, t in runs:  # PyTorch's MFU against the peak fsdp-bench measured in that repeat
@@ -465,7 +545,7 @@ def main():
         met = speed >= 1.5 and dev_mem < 1.0
     else:
         met = speed >= 1.5 and mem < 1.0
-    doc = dict(preset=args.preset, config=cfg, world_size=args.np, micro_batch=args.micro_batch,
+    doc = dict(model=args.model, preset=args.preset, config=cfg, world_size=args.np, micro_batch=args.micro_batch,
                iters=args.iters, dtype=args.dtype, device=args.device, fsdp=fsdp, pytorch_fsdp2=pt,
                tokens_per_s_ratio=speed, rss_peak_ratio=mem, rss_growth_ratio=growth,
                ratio_per_repeat=per_run, quiet_repeats=len(quiet), goal_met=met,
@@ -495,8 +575,7 @@ def main():
         return 0
     mib = 1 / 1048576
     T = args.seq_len or cfg["block_size"]
-    print(f"GPT-2 {args.preset}: {cfg['n_layer']} layers x {cfg['n_embd']} wide, {cfg['n_head']} "
-          f"heads, T {T}, vocab {cfg['vocab_size']}, {fsdp['params']} parameters | {args.np} ranks "
+    print(f"{describe(args, cfg, T)}, {fsdp['params']} parameters | {args.np} ranks "
           f"x {args.micro_batch} sequences | fp32 | AdamW | {args.threads} thread(s) per rank | "
           f"{args.warmup} warm-up + {args.iters} timed steps | {len(runs)} alternating repeats, "
           f"{len(quiet)} quiet (other load < {args.max_other_load:.0%}): "
@@ -530,8 +609,7 @@ def report_cuda(args, cfg, runs, quiet, fsdp, pt, speed, dev_mem, met):
     T = args.seq_len or cfg["block_size"]
     dtype = ("bf16 gathers and compute, fp32 master weights, AdamW state and gradient reduction"
              if args.dtype == "bf16" else "fp32 (no TF32)")
-    print(f"GPT-2 {args.preset}: {cfg['n_layer']} layers x {cfg['n_embd']} wide, {cfg['n_head']} "
-          f"heads, T {T}, vocab {cfg['vocab_size']}, {fsdp['params']} parameters | {args.np} ranks "
+    print(f"{describe(args, cfg, T)}, {fsdp['params']} parameters | {args.np} ranks "
           f"x {args.micro_batch} sequences | {dtype} | AdamW | {args.warmup} warm-up + "
           f"{args.iters} timed steps | {len(runs)} alternating repeats, {len(quiet)} quiet (other "
           f"load < {args.max_other_load:.0%}): "

@@ -378,6 +378,15 @@ FSDP_API fsdp_status_t fsdp_llama_forward_backward(fsdp_llama_t model, const int
 FSDP_API fsdp_status_t fsdp_llama_forward(fsdp_llama_t model, const int *tokens,
                                           const int *targets, int B, int T, double *loss_sum,
                                           const float **logits);
+/* Sampling as GPT-2's (fsdp_gpt2_generate, fsdp_gpt2_sample, the same seeded
+ * draws and errors): n_new tokens after the prompt, each from the logits of
+ * fsdp_llama_forward over the last max_T tokens (no KV cache), rank 0's draw
+ * broadcast. Collective. */
+typedef fsdp_gpt2_sampling_t fsdp_llama_sampling_t;
+FSDP_API fsdp_status_t fsdp_llama_generate(fsdp_llama_t model, const int *prompt, int n_prompt,
+                                           int n_new, float temperature, uint64_t seed, int *out);
+FSDP_API fsdp_status_t fsdp_llama_sample(fsdp_llama_t model, const int *prompt, int n_prompt,
+                                         int n_new, const fsdp_llama_sampling_t *how, int *out);
 /* Bytes of activations and kernel buffers the model holds in the engine's
  * device memory, and what they would be with no layer checkpointed. */
 FSDP_API size_t fsdp_llama_activation_bytes(fsdp_llama_t model, size_t *without_checkpointing);
@@ -395,6 +404,18 @@ FSDP_API size_t fsdp_llama_activation_bytes(fsdp_llama_t model, size_t *without_
 typedef fsdp_gpt2_memory_t fsdp_llama_memory_t;
 FSDP_API fsdp_status_t fsdp_llama_memory(const fsdp_llama_config_t *c, int B, int T,
                                          fsdp_dtype_t act_dtype, fsdp_llama_memory_t *out);
+
+/* What each kernel class (fsdp/profile.h) of one step costs, counted as
+ * fsdp_gpt2_kernel_costs counts GPT-2's: the four bias-free products per
+ * layer (q|k|v, o_proj, gate|up, down_proj) in the block classes, grouped-query
+ * attention's flash tiles (per query head; q|k|v (NH + 2 NKV) D wide), the
+ * RMSNorms, RoPE and SwiGLU in their own classes, the head, cross-entropy,
+ * embedding (no position table) and AdamW over fsdp_llama_num_params; the
+ * LayerNorm classes 0. Writes out[0, n) (n <= FSDP_KC_COUNT);
+ * FSDP_ERR_INVALID_ARGUMENT naming a bad value. Thread-safe. */
+FSDP_API fsdp_status_t fsdp_llama_kernel_costs(const fsdp_llama_config_t *c, int B, int T,
+                                               int micro_batches, fsdp_dtype_t act_dtype,
+                                               fsdp_kclass_cost_t *out, int n);
 
 #ifdef __cplusplus
 }

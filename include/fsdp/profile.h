@@ -1,12 +1,15 @@
 /* fsdp/profile.h — per-kernel-class accounting: the classes of kernels a
  * training step runs (bench/gpu-budget.md's), and their time on the engine's
- * compute stream when profiling is on. What each class should cost for GPT-2
- * (FLOPs and bytes) is fsdp_gpt2_kernel_costs (fsdp/nn.h); fsdp-bench
- * --kernel-profile puts the two together.
+ * compute stream when profiling is on. What each class should cost (FLOPs
+ * and bytes) is fsdp_gpt2_kernel_costs and fsdp_llama_kernel_costs
+ * (fsdp/nn.h); a model leaves the classes it has no kernels for at zero (GPT-2
+ * the RMSNorm, RoPE and SwiGLU ones, a Llama the LayerNorm ones); fsdp-bench
+ * --kernel-profile puts the two together, listing the classes the model has.
  *
  * The class list is FSDP_KERNEL_CLASSES, one line per class: add or rename a
  * class there (and its cost in src/nn/gpt2_cost.c, its row's class in
- * bench/gpu_budget.py: the kernel-profile test holds the three together).
+ * bench/gpu_budget.py for GPT-2, check_bench.py's llama_costs for a Llama: the
+ * kernel-profile tests hold them together).
  * FSDP_KC_COUNT grows when classes are added: pass the count your header has.
  *
  * Timing: between fsdp_engine_kclass_begin and _end of a class the caller
@@ -41,7 +44,11 @@ extern "C" {
   X(HEAD_BWD, "LM head backward")                                      \
   X(XENT, "cross-entropy")                                             \
   X(EMBED, "embedding")                                                \
-  X(ADAMW, "AdamW")
+  X(ADAMW, "AdamW")                                                    \
+  X(RMSNORM_FWD, "residual + RMSNorm forward") /* the Llama family */  \
+  X(RMSNORM_BWD, "RMSNorm backward")                                   \
+  X(ROPE, "RoPE forward + backward")                                   \
+  X(SWIGLU, "SwiGLU forward + backward")
 
 typedef enum {
 #define FSDP_KC_ENUM_(id, name) FSDP_KC_##id,

@@ -1,8 +1,8 @@
 /* src/nn/gpt2.c — GPT-2 over the public engine API: its units from the tensor
  * table (ckpt/gpt2_layout.h, with the presets), configuration checks, its
  * modules for the library's wrap policy (fsdp/plan.h), forward/backward with
- * per-unit activation checkpointing, and sampling. Dims: B batch, T time,
- * C channels, NH heads, V vocabulary, L layers. */
+ * per-unit activation checkpointing, and sampling (nn/sample.c). Dims: B
+ * batch, T time, C channels, NH heads, V vocabulary, L layers. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +13,7 @@
 #include "core/internal.h"
 #include "fsdp/nn.h"
 #include "nn/gpt2_io.h"
+#include "nn/sample.h"
 
 /* A block's tensors are the one table in ckpt/gpt2_layout.h, which
  * checkpoints and Hugging Face interop read too; short names for its slots. */
@@ -849,98 +850,21 @@ fsdp_status_t fsdp_gpt2_forward(fsdp_gpt2_t g, const int *tokens, const int *tar
   return FSDP_SUCCESS;
 }
 
-/* ---- sampling ----------------------------------------------------------- */
+/* ---- sampling (nn/sample.c) ---------------------------------------------- */
 
-static double uniform01(uint64_t seed, uint64_t i) {
-  uint64_t z = seed + 0x9E3779B97F4A7C15ull * (i + 1);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return (double)(z >> 11) * 0x1.0p-53;
-}
-
-/* The k-th largest of row[0..V), by quickselect on scratch (V floats). */
-static float kth_largest(const float *row, int V, int k, float *scratch) {
-  memcpy(scratch, row, (size_t)V * sizeof *scratch);
-  int lo = 0, hi = V - 1, want = k - 1; /* descending order: index k-1 */
-  while (lo < hi) {
-    float pivot = scratch[lo + (hi - lo) / 2];
-    int i = lo, j = hi;
-    while (i <= j) {
-      while (scratch[i] > pivot) i++;
-      while (scratch[j] < pivot) j--;
-      if (i <= j) {
-        float t = scratch[i];
-        scratch[i++] = scratch[j];
-        scratch[j--] = t;
-      }
-    }
-    if (want <= j) hi = j;
-    else if (want >= i) lo = i;
-    else break;
-  }
-  return scratch[want];
-}
-
-/* Draws from softmax(row / temperature) over the top_k largest logits (all
- * when top_k is 0 or >= V; ties with the k-th are kept), overwriting row with
- * the weights. */
-static int sample_token(float *row, int V, float temperature, int top_k, float *scratch,
-                        double u) {
-  float maxv = row[0];
-  for (int v = 1; v < V; v++) maxv = row[v] > maxv ? row[v] : maxv;
-  float floor_v = top_k > 0 && top_k < V ? kth_largest(row, V, top_k, scratch) : -INFINITY;
-  double sum = 0.0;
-  for (int v = 0; v < V; v++)
-    sum += row[v] = row[v] >= floor_v ? expf((row[v] - maxv) / temperature) : 0.0f;
-  double acc = 0.0, target = u * sum;
-  for (int v = 0; v < V; v++)
-    if (row[v] > 0.0f && (acc += row[v]) >= target) return v;
-  for (int v = V - 1; v > 0; v--) /* rounding left target past the sum: the last kept */
-    if (row[v] > 0.0f) return v;
-  return 0;
-}
-
-/* The logits of the last of T tokens, into g->row. */
-static fsdp_status_t next_logits(struct fsdp_gpt2 *g, const int *ctx, int T) {
-  size_t V = (size_t)g->c.vocab_size;
+/* The logits of the last of T tokens, into row. */
+static fsdp_status_t next_logits(void *model, const int *ctx, int T, float *row) {
+  struct fsdp_gpt2 *g = model;
   FSDP_TRY(forward_loss(g, ctx, NULL, 1, T, NULL));
   const char *last = (const char *)g->logits + (size_t)(T - 1) * (size_t)g->ldv * g->esize;
-  return gpt2_io_read(g->io, g->row, last, g->dt, V, g->s);
+  return gpt2_io_read(g->io, row, last, g->dt, (size_t)g->c.vocab_size, g->s);
 }
 
 fsdp_status_t fsdp_gpt2_sample(fsdp_gpt2_t g, const int *prompt, int n_prompt, int n_new,
                                const fsdp_gpt2_sampling_t *how, int *out) {
-  if (!g || !prompt || n_prompt < 1 || n_new < 0 || !out || !how || !(how->temperature > 0.0f) ||
-      how->top_k < 0)
-    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
-                      "fsdp_gpt2_sample: needs a prompt of at least one token, n_new >= 0, "
-                      "a positive temperature and top_k >= 0 (got %d, %d, %g, %d)", n_prompt,
-                      n_new, how ? (double)how->temperature : 0.0, how ? how->top_k : 0);
-  int V = g->c.vocab_size;
-  int *ctx = malloc((size_t)(n_prompt + n_new) * sizeof(int));
-  float *scratch = how->top_k ? malloc((size_t)V * sizeof(float)) : NULL;
-  fsdp_status_t st = FSDP_SUCCESS;
-  if (!ctx || (how->top_k && !scratch)) {
-    st = fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "fsdp_gpt2_sample: out of memory");
-    goto done;
-  }
-  memcpy(ctx, prompt, (size_t)n_prompt * sizeof(int));
-  for (int i = 0; i < n_new; i++) {
-    int len = n_prompt + i, T = len < g->maxT ? len : g->maxT;
-    FSDP_TRYG(st, next_logits(g, ctx + len - T, T), done);
-    int tok = sample_token(g->row, V, how->temperature, how->top_k, scratch,
-                           uniform01(how->seed, (uint64_t)i));
-    /* Every rank computed the same logits; rank 0's draw (an int moved as 4
-     * bytes) makes that certain. */
-    FSDP_TRYG(st, fsdp_broadcast(fsdp_engine_comm(g->eng), &tok, 1, FSDP_F32, 0,
-                                 FSDP_HOST_STREAM), done);
-    ctx[len] = out[i] = tok;
-  }
-done:
-  free(scratch);
-  free(ctx);
-  return st;
+  if (!g) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_gpt2_sample: NULL model");
+  return nn_sample("fsdp_gpt2_sample", g->eng, g, next_logits, g->row, g->c.vocab_size, g->maxT,
+                   prompt, n_prompt, n_new, how, out);
 }
 
 fsdp_status_t fsdp_gpt2_generate(fsdp_gpt2_t g, const int *prompt, int n_prompt, int n_new,

@@ -1,9 +1,9 @@
 /* src/nn/llama.c — the Llama family (fsdp/nn.h) over the public engine API:
  * its units from the tensor table (ckpt/llama_layout.h) cut by the library's
  * wrap policy, the activation arena, and forward/backward through the compute
- * table with per-unit activation checkpointing. Dims: B batch, T time, C
- * channels, NH query heads, NKV key/value heads, D = C / NH, QKV = (NH +
- * 2 NKV) D, F SwiGLU's width, V vocabulary, L layers. */
+ * table with per-unit activation checkpointing, and sampling (nn/sample.c).
+ * Dims: B batch, T time, C channels, NH query heads, NKV key/value heads,
+ * D = C / NH, QKV = (NH + 2 NKV) D, F SwiGLU's width, V vocabulary, L layers. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +13,7 @@
 #include "core/internal.h"
 #include "fsdp/nn.h"
 #include "nn/gpt2_io.h"
+#include "nn/sample.h"
 
 #define LAYER_KIND "LlamaDecoderLayer"
 
@@ -495,7 +496,7 @@ static fsdp_status_t layer_forward(const struct fsdp_llama *g, float *const *p,
   const fsdp_stream_t s = g->s;
   const int C = g->c.n_embd, F = g->c.ffn_hidden, BT = B * T;
   const float eps = g->c.rms_eps;
-  KC(g, RESID_LN_FWD,
+  KC(g, RMSNORM_FWD,
      k->rmsnorm_forward(&(fsdp_rmsnorm_forward_args_t){
          .dt = dt, .res = x, .out = a->ln1, .rstd = a->ln1_rstd,
          .inp = prev_res2 ? prev_res2 : x, .branch = prev_res2 ? x : NULL,
@@ -504,7 +505,7 @@ static fsdp_status_t layer_forward(const struct fsdp_llama *g, float *const *p,
      k->matmul_forward(&(fsdp_matmul_forward_args_t){
          .dt = dt, .out = a->qkv, .inp = a->ln1, .weight = p[LLAMA_Q], .B = BT, .C = C,
          .OC = g->QKV, .weight_out_in = 1}, s));
-  KC(g, BLOCK_FWD,
+  KC(g, ROPE,
      k->rope_forward(&(fsdp_rope_args_t){
          .dt = dt, .qkv = a->qkv, .inv_freq = g->inv_freq, .B = B, .T = T,
          .NH = g->c.n_head, .NKV = g->c.n_kv_head, .D = g->D}, s));
@@ -516,7 +517,7 @@ static fsdp_status_t layer_forward(const struct fsdp_llama *g, float *const *p,
      k->matmul_forward(&(fsdp_matmul_forward_args_t){
          .dt = dt, .out = a->res2, .inp = a->atty, .weight = p[LLAMA_O], .B = BT, .C = C,
          .OC = C, .weight_out_in = 1}, s));
-  KC(g, RESID_LN_FWD,
+  KC(g, RMSNORM_FWD,
      k->rmsnorm_forward(&(fsdp_rmsnorm_forward_args_t){
          .dt = dt, .res = a->res2, .out = a->ln2, .rstd = a->ln2_rstd, .inp = x,
          .branch = a->res2, .weight = p[LLAMA_MLP_NORM], .N = BT, .C = C, .eps = eps}, s));
@@ -524,7 +525,7 @@ static fsdp_status_t layer_forward(const struct fsdp_llama *g, float *const *p,
      k->matmul_forward(&(fsdp_matmul_forward_args_t){
          .dt = dt, .out = a->gu, .inp = a->ln2, .weight = p[LLAMA_GATE], .B = BT, .C = C,
          .OC = 2 * F, .weight_out_in = 1}, s));
-  KC(g, BLOCK_FWD,
+  KC(g, SWIGLU,
      k->swiglu_forward(&(fsdp_swiglu_forward_args_t){
          .dt = dt, .out = a->h, .inp = a->gu, .N = BT, .F = F}, s));
   KC(g, BLOCK_FWD,
@@ -548,7 +549,7 @@ static fsdp_status_t layer_backward(struct fsdp_llama *g, float *const *p, float
          .dt = dt, .dinp = g->dh, .dweight = dp[LLAMA_DOWN], .scratch = cs, .dout = g->dres,
          .inp = a->h, .weight = p[LLAMA_DOWN], .B = BT, .C = F, .OC = C, .weight_out_in = 1},
          s));
-  KC(g, BLOCK_BWD,
+  KC(g, SWIGLU,
      k->swiglu_backward(&(fsdp_swiglu_backward_args_t){
          .dt = dt, .dinp = g->dwide, .dout = g->dh, .inp = a->gu, .N = BT, .F = F}, s));
   KC(g, BLOCK_BWD,
@@ -557,7 +558,7 @@ static fsdp_status_t layer_backward(struct fsdp_llama *g, float *const *p, float
          .inp = a->ln2, .weight = p[LLAMA_GATE], .B = BT, .C = C, .OC = 2 * F,
          .weight_out_in = 1}, s));
   /* the residual carries d(out) straight to d(res2), to which the norm adds */
-  KC(g, LN_BWD,
+  KC(g, RMSNORM_BWD,
      k->rmsnorm_backward(&(fsdp_rmsnorm_backward_args_t){
          .dt = dt, .dinp = g->dres, .dweight = dp[LLAMA_MLP_NORM], .scratch = cs,
          .dout = g->d1, .inp = a->res2, .weight = p[LLAMA_MLP_NORM], .rstd = a->ln2_rstd,
@@ -573,7 +574,7 @@ static fsdp_status_t layer_backward(struct fsdp_llama *g, float *const *p, float
          .dt = dt, .dqkv = g->dwide, .scratch = g->att_scratch, .dout = g->d1, .qkv = a->qkv,
          .out = a->atty, .att = a->att, .B = B, .T = T, .C = C, .NH = g->c.n_head,
          .NKV = g->c.n_kv_head}, s));
-  KC(g, BLOCK_BWD,
+  KC(g, ROPE,
      k->rope_backward(&(fsdp_rope_args_t){
          .dt = dt, .qkv = g->dwide, .inv_freq = g->inv_freq, .B = B, .T = T,
          .NH = g->c.n_head, .NKV = g->c.n_kv_head, .D = g->D}, s));
@@ -582,7 +583,7 @@ static fsdp_status_t layer_backward(struct fsdp_llama *g, float *const *p, float
          .dt = dt, .dinp = g->d1, .dweight = dp[LLAMA_Q], .scratch = cs, .dout = g->dwide,
          .inp = a->ln1, .weight = p[LLAMA_Q], .B = BT, .C = C, .OC = g->QKV,
          .weight_out_in = 1}, s));
-  KC(g, LN_BWD,
+  KC(g, RMSNORM_BWD,
      k->rmsnorm_backward(&(fsdp_rmsnorm_backward_args_t){
          .dt = dt, .dinp = g->dres, .dweight = dp[LLAMA_ATTN_NORM], .scratch = cs,
          .dout = g->d1, .inp = x, .weight = p[LLAMA_ATTN_NORM], .rstd = a->ln1_rstd, .N = BT,
@@ -682,7 +683,7 @@ static fsdp_status_t forward(struct fsdp_llama *g, const int *tokens, const int 
   FSDP_TRY(layers_forward(g, B, T));
   void *xl = x_at(g, L, B, T);
   const void *res2 = g->acts[L - 1].res2;
-  KC(g, RESID_LN_FWD,
+  KC(g, RMSNORM_FWD,
      k->rmsnorm_forward(&(fsdp_rmsnorm_forward_args_t){
          .dt = g->dt, .res = xl, .out = g->lnf, .rstd = g->lnf_rstd, .inp = res2, .branch = xl,
          .weight = p[g->norm_at], .N = BT, .C = C, .eps = g->c.rms_eps}, g->s));
@@ -724,8 +725,8 @@ static fsdp_status_t backward(struct fsdp_llama *g, int B, int T) {
          .dt = g->dt, .dinp = g->d1, .dwte = dp[g->head_at], .dlogits = g->logits,
          .ld = g->ldv, .inp = g->lnf, .wte = p[g->head_at], .B = BT, .C = C,
          .V = g->c.vocab_size}, g->s));
-  KC(g, LN_BWD, fsdp_device_zero(g->dres, n, g->s));
-  KC(g, LN_BWD,
+  KC(g, RMSNORM_BWD, fsdp_device_zero(g->dres, n, g->s));
+  KC(g, RMSNORM_BWD,
      k->rmsnorm_backward(&(fsdp_rmsnorm_backward_args_t){
          .dt = g->dt, .dinp = g->dres, .dweight = dp[g->norm_at], .scratch = g->colsum,
          .dout = g->d1, .inp = x_at(g, g->c.n_layer, B, T), .weight = p[g->norm_at],
@@ -783,4 +784,33 @@ fsdp_status_t fsdp_llama_forward(fsdp_llama_t g, const int *tokens, const int *t
     memmove(g->logits_host + r * V, g->logits_host + r * ld, V * sizeof(float));
   *logits = g->logits_host;
   return FSDP_SUCCESS;
+}
+
+/* ---- sampling (nn/sample.c) ---------------------------------------------- */
+
+/* The logits of the last of T tokens, into row. */
+static fsdp_status_t next_logits(void *model, const int *ctx, int T, float *row) {
+  struct fsdp_llama *g = model;
+  FSDP_TRY(check_batch(g, ctx, NULL, 1, T));
+  FSDP_TRY(forward(g, ctx, NULL, 1, T));
+  FSDP_TRY(fsdp_unit_release(g->eng, g->units[0].id, FSDP_FORWARD));
+  const char *last = (const char *)g->logits + (size_t)(T - 1) * (size_t)g->ldv * g->esize;
+  return gpt2_io_read(g->io, row, last, g->dt, (size_t)g->c.vocab_size, g->s);
+}
+
+fsdp_status_t fsdp_llama_sample(fsdp_llama_t g, const int *prompt, int n_prompt, int n_new,
+                                const fsdp_llama_sampling_t *how, int *out) {
+  if (!g) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_llama_sample: NULL model");
+  float *row = malloc((size_t)g->c.vocab_size * sizeof *row);
+  if (!row) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "fsdp_llama_sample: out of memory");
+  fsdp_status_t st = nn_sample("fsdp_llama_sample", g->eng, g, next_logits, row,
+                               g->c.vocab_size, g->maxT, prompt, n_prompt, n_new, how, out);
+  free(row);
+  return st;
+}
+
+fsdp_status_t fsdp_llama_generate(fsdp_llama_t g, const int *prompt, int n_prompt, int n_new,
+                                  float temperature, uint64_t seed, int *out) {
+  fsdp_llama_sampling_t how = {temperature, 0, seed};
+  return fsdp_llama_sample(g, prompt, n_prompt, n_new, &how, out);
 }

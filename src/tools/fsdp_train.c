@@ -53,7 +53,7 @@ static const char usage_text[] =
     "  --schedule cosine|constant  --warmup N  --min-lr-ratio X\n"
     "  --steps N (gpt2, llama 1000)  --epochs N (mlp, 5)  --eval-every N (250)  --eval-batches N  --seed N\n"
     "output\n"
-    "  --sample N  --temperature X   gpt2: generate N bytes at the end\n"
+    "  --sample N  --temperature X   gpt2, llama: generate N bytes (tokens) at the end\n"
     "  --log-every N             a step line every N steps (default 1; mlp 100)\n"
     "  --json                    one JSON object per line\n"
     "configuration\n"
@@ -205,8 +205,8 @@ static void print_config(train_opts_t *o) {
  * by its address. */
 static const char default_wrap[] = "GPT2Block";
 
-/* --model llama: its preset's shape (default tiny), no GPT-2 shape flag, no
- * sampling; T up to 1024 by default. */
+/* --model llama: its preset's shape (default tiny), no GPT-2 shape flag; T up
+ * to 1024 by default. */
 static int finish_llama(train_opts_t *o) {
   if (memcmp(&o->gpt, &o->gpt_preset, sizeof o->gpt))
     return fprintf(stderr, "fsdp-train: --layers, --heads, --embd, --context and --vocab shape "
@@ -215,8 +215,6 @@ static int finish_llama(train_opts_t *o) {
     return fprintf(stderr, "fsdp-train: --model llama: --preset %s is a gpt2 shape; llama's are "
                    "tiny, SmolLM-135M, TinyLlama-1.1B, Llama-3.2-1B\n", o->preset), -1;
   if (!o->preset) fsdp_llama_preset(o->preset = "tiny", &o->llama);
-  if (o->sample)
-    return fprintf(stderr, "fsdp-train: --sample: gpt2 only (llama has no sampler yet)\n"), -1;
   if (o->seq_len < 0) o->seq_len = o->llama.max_seq_len < 1024 ? o->llama.max_seq_len : 1024;
   const int top = o->llama.max_seq_len < FSDP_ATTENTION_MAX_T ? o->llama.max_seq_len
                                                               : FSDP_ATTENTION_MAX_T;

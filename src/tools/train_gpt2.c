@@ -1,7 +1,7 @@
 /* src/tools/train_gpt2.c — a decoder, GPT-2 or a Llama-family model
  * (--model), on bytes of text or on a token file: random windows from the
- * training split, validation loss in nats per byte (or per token), and for
- * GPT-2 a sample at the end. The two models differ only in the calls of
+ * training split, validation loss in nats per byte (or per token), and a
+ * sample at the end. The two models differ only in the calls of
  * struct lm below. */
 #include <ctype.h>
 #include <stdio.h>
@@ -29,6 +29,12 @@ static fsdp_status_t lm_forward_backward(const gpt_task_t *g, int B, int T, floa
 static fsdp_status_t lm_loss(const gpt_task_t *g, int B, int T, double *loss) {
   return g->llama ? fsdp_llama_forward(g->llama, g->tok, g->tgt, B, T, loss, NULL)
                   : fsdp_gpt2_forward(g->gpt, g->tok, g->tgt, B, T, loss, NULL);
+}
+
+static fsdp_status_t lm_generate(const gpt_task_t *g, int prompt, int n, float temperature,
+                                 uint64_t seed, int *out) {
+  return g->llama ? fsdp_llama_generate(g->llama, &prompt, 1, n, temperature, seed, out)
+                  : fsdp_gpt2_generate(g->gpt, &prompt, 1, n, temperature, seed, out);
 }
 
 static int vocab_of(const train_opts_t *o) {
@@ -116,7 +122,7 @@ static int sample(trainer_t *t, gpt_task_t *g) {
   int prompt = g->is_tokens ? fsdp_tokens_at(&g->toks, g->toks.n_train) : '\n';
   int *out = malloc((size_t)o->sample * sizeof(int));
   if (!out) return -1;
-  int rc = fsdp_gpt2_generate(g->gpt, &prompt, 1, o->sample, o->temperature, o->seed, out) ? -1 : 0;
+  int rc = lm_generate(g, prompt, o->sample, o->temperature, o->seed, out) ? -1 : 0;
   if (rc == 0 && t->rank == 0) print_sample(t, g, out);
   free(out);
   return rc;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tests/tools/test_train_llama.sh — fsdp-train --model llama: the tiny preset
-# learns text (loss down over 40 steps), a unit per decoder layer, checkpointing
+# learns text (loss down over 40 steps) and its --sample is mostly the text's
+# digits and newlines, a unit per decoder layer, checkpointing
 # holding fewer activations; it trains on an llm.c token file, refuses a
 # token beyond the preset's vocabulary, and the flags that mix up GPT-2 and
 # Llama shapes are refused by name.
@@ -13,14 +14,19 @@ seq 1 3000 >"$dir/text.txt"
 fail() { echo "FAIL: $*"; exit 1; }
 run=(--model llama --preset tiny --global-batch 8 --seq-len 32 --eval-every 0 --lr 3e-3)
 
-out=$("$train" "${run[@]}" --steps 40 --data "$dir/text.txt" --json 2>&1) || fail "training: $out"
+out=$("$train" "${run[@]}" --steps 40 --data "$dir/text.txt" --json --sample 40 2>&1) ||
+  fail "training: $out"
 summary=$(grep '"event":"summary"' <<<"$out") || fail "no summary: $out"
+sample=$(grep '"event":"sample"' <<<"$out") || fail "no sample: $out"
 echo "$summary"
-python3 - "$summary" <<'PY' || exit 1
+echo "$sample"
+python3 - "$summary" "$sample" <<'PY' || exit 1
 import json, sys
 s = json.loads(sys.argv[1])
 assert s["model"] == "llama", s
 assert s["final_loss"] < 0.6 * s["first_loss"], f"loss {s['first_loss']} -> {s['final_loss']}"
+text = json.loads(sys.argv[2])["text"]  # untrained: 11 of 256 bytes are digits or newlines
+assert len(text) == 40 and sum(ch in "0123456789\n" for ch in text) >= 32, repr(text)
 PY
 
 out=$("$train" "${run[@]}" --steps 2 --data "$dir/text.txt" --checkpoint LlamaDecoderLayer 2>&1) ||
@@ -66,5 +72,4 @@ refused "--preset small is a gpt2 shape" --model llama --preset small
 refused "--preset SmolLM-135M is a llama shape: add --model llama" --preset SmolLM-135M
 refused "a llama's shape is its --preset's" --model llama --layers 3
 refused "--seq-len 5000 exceeds 4096" --model llama --preset Llama-3.2-1B --seq-len 5000
-refused "--sample: gpt2 only" --model llama --sample 4
 echo "ok: llama trains on text and tokens; mixed-up flags are refused"

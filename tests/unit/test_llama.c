@@ -450,6 +450,45 @@ START_TEST(tiny_preset_learns) {
 }
 END_TEST
 
+/* Greedy generation (top-k 1, whatever the seed) is the argmax of
+ * fsdp_llama_forward's last logits row, step by step, past max_seq_len (the
+ * context then slides); seeded draws repeat; bad arguments are refused. */
+START_TEST(greedy_sampling) {
+  const fsdp_llama_config_t *c = &cfgs[_i];
+  enum { P = 2, N = 12 };
+  fsdp_config_t ec = FSDP_CONFIG_INIT;
+  fsdp_engine_t e = engine(&ec);
+  fsdp_llama_t m = model(e, c, "LlamaDecoderLayer", NULL);
+  int ctx[P + N] = {1, 2}, a[N], b[N];
+  fsdp_llama_sampling_t greedy = {1.0f, 1, 7}, other = {1.0f, 1, 99};
+  ck_assert_int_eq(fsdp_llama_sample(m, ctx, P, N, &greedy, a), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_llama_sample(m, ctx, P, N, &other, b), FSDP_SUCCESS);
+  ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
+  for (int i = 0; i < N; i++) {
+    const int len = P + i, t = len < c->max_seq_len ? len : c->max_seq_len;
+    const float *logits;
+    ck_assert_int_eq(fsdp_llama_forward(m, ctx + len - t, NULL, 1, t, NULL, &logits),
+                     FSDP_SUCCESS);
+    const float *row = logits + (size_t)(t - 1) * c->vocab_size;
+    int best = 0;
+    for (int v = 1; v < c->vocab_size; v++) best = row[v] > row[best] ? v : best;
+    ck_assert_msg(a[i] == best, "token %d: generated %d, argmax %d", i, a[i], best);
+    ctx[len] = a[i];
+  }
+  ck_assert_int_eq(fsdp_llama_generate(m, ctx, P, N, 1.0f, 3, a), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_llama_generate(m, ctx, P, N, 1.0f, 3, b), FSDP_SUCCESS);
+  ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
+  for (int i = 0; i < N; i++) ck_assert(a[i] >= 0 && a[i] < c->vocab_size);
+  ck_assert_int_eq(fsdp_llama_generate(m, ctx, P, N, 0.0f, 3, a), FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "fsdp_llama_sample"));
+  ctx[1] = c->vocab_size;
+  ck_assert_int_eq(fsdp_llama_generate(m, ctx, P, N, 1.0f, 3, a), FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "not in the vocabulary"));
+  fsdp_llama_destroy(m);
+  fsdp_engine_destroy(e);
+}
+END_TEST
+
 /* Bad configs, batches and tokens are refused naming the value; the model
  * trains after a refused call. */
 START_TEST(errors) {
@@ -498,6 +537,7 @@ static Suite *llama_suite(void) {
   tcase_add_loop_test(t, checkpoint_identical, 0, 2);
   tcase_add_test(t, memory_plan);
   tcase_add_test(t, tiny_preset_learns);
+  tcase_add_loop_test(t, greedy_sampling, 0, 2);
   tcase_add_test(t, errors);
   suite_add_tcase(s, t);
   return s;
