@@ -240,7 +240,10 @@ int eval_sample(evaluator_t *e) {
   if (!rc && !out) rc = -1;
   fsdp_gpt2_sampling_t how = {e->o->temperature, e->o->top_k, e->o->seed};
   int keep = (int)p.n > e->T ? e->T : (int)p.n; /* the context the model can see */
-  if (!rc && fsdp_gpt2_sample(e->gpt, p.ids + p.n - keep, keep, e->o->sample, &how, out)) rc = -1;
+  const int *ctx = p.ids + p.n - keep;
+  if (!rc && (e->llama ? fsdp_llama_sample(e->llama, ctx, keep, e->o->sample, &how, out)
+                       : fsdp_gpt2_sample(e->gpt, ctx, keep, e->o->sample, &how, out)))
+    rc = -1;
   if (!rc && e->rank == 0) print_sample(e, &p, out, e->o->sample);
   free(out);
   fsdp_token_buf_free(&p);

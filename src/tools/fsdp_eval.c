@@ -82,18 +82,13 @@ static int parse(int argc, char **argv, eval_opts_t *o) {
   return 0;
 }
 
-/* A Llama: the configuration its manifest records. Sampling is GPT-2's only. */
-static int llama_from_ckpt(evaluator_t *e, eval_opts_t *o, fsdp_ckpt_t ck) {
+/* A Llama: the configuration its manifest records. */
+static int llama_from_ckpt(eval_opts_t *o, fsdp_ckpt_t ck) {
   if (fsdp_ckpt_llama_config(ck, &o->llama)) return -1;
   o->is_llama = 1;
   o->gpt.vocab_size = o->llama.vocab_size;
   o->gpt.block_size = o->llama.max_seq_len < FSDP_ATTENTION_MAX_T ? o->llama.max_seq_len
                                                                    : FSDP_ATTENTION_MAX_T;
-  if (o->sample) {
-    if (e->rank == 0) fprintf(stderr, "fsdp-eval: --sample: sampling from a Llama is not written "
-                              "yet (scoring and --logits are)\n");
-    return -2;
-  }
   return 0;
 }
 
@@ -107,7 +102,7 @@ static int model_from_ckpt(evaluator_t *e, eval_opts_t *o) {
   e->meta = *info.meta;
   e->step = info.step;
   if (!strcmp(fsdp_ckpt_family(ck), "llama")) {
-    int rc = llama_from_ckpt(e, o, ck);
+    int rc = llama_from_ckpt(o, ck);
     fsdp_ckpt_close(ck);
     return rc;
   }

@@ -30,16 +30,20 @@ static fsdp_status_t trainer_meta(const trainer_t *t, fsdp_ckpt_meta_t *meta) {
   fsdp_status_t st = fsdp_ckpt_meta_set(meta, "seed", (int64_t)t->o->seed);
   if (!st) st = fsdp_ckpt_meta_set(meta, "global_batch", t->o->global_batch);
   if (!st) st = fsdp_ckpt_meta_set(meta, "total_steps", t->total_steps);
+  if (!strcmp(t->o->model, "mlp")) return st;
+  /* What fsdp-eval needs to draw fsdp-train's validation windows (and its
+   * sampling context) again, and for GPT-2 to rebuild the model (n_head is in
+   * no tensor's shape; a Llama's manifest records its configuration). */
+  const char *seq_keys[] = {"seq_len", "eval_batches", "eval_global_batch"};
+  int64_t seq_values[] = {t->o->seq_len, t->o->eval_batches,
+                          t->o->global_batch / t->o->cfg.grad_accum};
+  for (int i = 0; i < 3 && !st; i++) st = fsdp_ckpt_meta_set(meta, seq_keys[i], seq_values[i]);
   if (strcmp(t->o->model, "gpt2")) return st;
-  /* What fsdp-eval needs to rebuild the model (n_head is in no tensor's
-   * shape) and to draw fsdp-train's validation windows again. */
   const fsdp_gpt2_config_t *c = &t->o->gpt;
   const char *keys[] = {"gpt2.n_layer", "gpt2.n_head", "gpt2.n_embd", "gpt2.block_size",
-                        "gpt2.vocab_size", "seq_len", "eval_batches", "eval_global_batch"};
-  int64_t values[] = {c->n_layer, c->n_head, c->n_embd, c->block_size, c->vocab_size,
-                      t->o->seq_len, t->o->eval_batches,
-                      t->o->global_batch / t->o->cfg.grad_accum};
-  for (int i = 0; i < 8 && !st; i++) st = fsdp_ckpt_meta_set(meta, keys[i], values[i]);
+                        "gpt2.vocab_size"};
+  int64_t values[] = {c->n_layer, c->n_head, c->n_embd, c->block_size, c->vocab_size};
+  for (int i = 0; i < 5 && !st; i++) st = fsdp_ckpt_meta_set(meta, keys[i], values[i]);
   return st;
 }
 

@@ -5,16 +5,18 @@
 # holding fewer activations; it trains on an llm.c token file, refuses a
 # token beyond the preset's vocabulary, and the flags that mix up GPT-2 and
 # Llama shapes are refused by name.
-# usage: test_train_llama.sh FSDP_TRAIN
+# fsdp-eval samples from the saved Llama as fsdp-train does.
+# usage: test_train_llama.sh FSDP_TRAIN [FSDP_EVAL]
 set -euo pipefail
-train=$1
+train=$1 eval=${2:-}
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 seq 1 3000 >"$dir/text.txt"
 fail() { echo "FAIL: $*"; exit 1; }
 run=(--model llama --preset tiny --global-batch 8 --seq-len 32 --eval-every 0 --lr 3e-3)
 
-out=$("$train" "${run[@]}" --steps 40 --data "$dir/text.txt" --json --sample 40 2>&1) ||
+out=$("$train" "${run[@]}" --steps 40 --data "$dir/text.txt" --json --sample 40 \
+  --save-dir "$dir/ckpt" 2>&1) ||
   fail "training: $out"
 summary=$(grep '"event":"summary"' <<<"$out") || fail "no summary: $out"
 sample=$(grep '"event":"sample"' <<<"$out") || fail "no sample: $out"
@@ -28,6 +30,20 @@ assert s["final_loss"] < 0.6 * s["first_loss"], f"loss {s['first_loss']} -> {s['
 text = json.loads(sys.argv[2])["text"]  # untrained: 11 of 256 bytes are digits or newlines
 assert len(text) == 40 and sum(ch in "0123456789\n" for ch in text) >= 32, repr(text)
 PY
+
+# the same draw from the saved checkpoint through fsdp-eval (same prompt, seed,
+# temperature and top-k defaults as fsdp-train's --sample)
+if [ -n "$eval" ]; then
+  ev=$("$eval" --checkpoint "$dir/ckpt" --no-score --sample 40 --json 2>&1) ||
+    fail "fsdp-eval --sample: $ev"
+  esample=$(grep '"event":"sample"' <<<"$ev") || fail "no fsdp-eval sample: $ev"
+  python3 - "$sample" "$esample" <<'PY' || exit 1
+import json, sys
+a, b = (json.loads(x) for x in sys.argv[1:])
+drawn = [ord(ch) for ch in a["text"]]  # a byte model: each character one byte's id
+assert drawn == b["tokens"], f"fsdp-train drew {drawn}, fsdp-eval {b['tokens']}"
+PY
+fi
 
 out=$("$train" "${run[@]}" --steps 2 --data "$dir/text.txt" --checkpoint LlamaDecoderLayer 2>&1) ||
   fail "checkpointing: $out"
