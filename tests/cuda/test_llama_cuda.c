@@ -280,8 +280,10 @@ static void forward_matches(const char *what, const result_t *ra, const result_t
   }
   printf("llama cuda %s forward (%s): eval loss %.6f vs %.6f, logits max difference %.3g (of "
          "%.3g)\n", what, shape_name(), ra->eval, rb->eval, worst, scale);
-  ck_assert(fabs(ra->eval - rb->eval) <= tol * ra->eval);
-  if (logits_tol > 0) ck_assert(worst <= logits_tol * fmax(scale, 1.0));
+  ck_assert_msg(fabs(ra->eval - rb->eval) <= tol * ra->eval, "%s: eval loss %g vs %g", what,
+                ra->eval, rb->eval);
+  ck_assert_msg(logits_tol <= 0 || worst <= logits_tol * fmax(scale, 1.0),
+                "%s: logits %g apart (of %g)", what, worst, scale);
 }
 
 /* ---- every tensor's gradient after one micro-batch ----
@@ -365,7 +367,7 @@ static void grads_match(const char *what, const run_t *ra, const run_t *rb, doub
   printf("llama cuda %s (%s): loss %.6f vs %.6f, %d tensors' gradients, worst %s at %.3g of its "
          "scale (tolerance %.0e) ok\n", what, shape_name(), la, lb, a.n, a.name[worst_i], worst,
          tol);
-  ck_assert(fabs(la - lb) <= loss_tol * la);
+  ck_assert_msg(fabs(la - lb) <= loss_tol * la, "%s: loss %.6f vs %.6f", what, la, lb);
   tensors_free(&a);
   tensors_free(&b);
 }
