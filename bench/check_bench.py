@@ -6,7 +6,7 @@ is well-formed Chrome trace JSON with properly nested spans on every track.
 No timings are asserted: only structure and exact quantities.
 
     check_bench.py fsdp  MPIRUN NP FSDP_BENCH
-    check_bench.py llama MPIRUN NP FSDP_BENCH
+    check_bench.py llama MPIRUN NP FSDP_BENCH [FSDP_BENCH ARGS...]
     check_bench.py hsdp  MPIRUN NP FSDP_BENCH
     check_bench.py bytes MPIRUN NP FSDP_BENCH [FSDP_BENCH ARGS...]
     check_bench.py exposed MPIRUN NP FSDP_BENCH [FSDP_BENCH ARGS...]
@@ -138,19 +138,22 @@ def llama_costs(L, NH, NKV, C, F, V, B, T, params, act):
     return k
 
 
-def check_llama(mpirun, np, exe):
+def check_llama(mpirun, np, exe, extra):
     """--model llama on the tiny preset: its parameters and units, the FLOPs
     per token of the MFU numerator (embed_tokens untied: a lookup), the
     memory within the ZeRO formula, nothing wrong; --kernel-profile lists the
     Llama's classes (RMSNorm, RoPE, SwiGLU; no LayerNorm), each bracketed,
     with llama_costs' FLOPs and bytes, their FLOPs besides attention's the MFU
-    numerator's besides its 12 L T C per token, less the norm weights."""
+    numerator's besides its 12 L T C per token, less the norm weights; on the
+    device extra asks for (--device cuda: the result says cuda)."""
     out = launch(mpirun, np, [exe, "--json", "--model", "llama", "--preset", "tiny", "--seq-len",
                               "32", "--micro-batch", "2", "-w", "1", "-n", "2",
-                              "--peak-size", "128", "--kernel-profile"], timeout=280)
+                              "--peak-size", "128", "--kernel-profile"] + extra, timeout=280)
     doc = json.loads(out)
     expect(doc["wrong"] == 0, f"{doc['wrong']} wrong elements")
     (r,) = doc["results"]
+    device = extra[extra.index("--device") + 1] if "--device" in extra else "cpu"
+    expect(r.get("device", "cpu") == device, f"device {r.get('device')}, want {device}")
     L, T, C, V = 2, 32, 64, 256
     params = 2 * V * C + L * (2 * C + C * C + 2 * 32 * C + C * C + 3 * 160 * C) + C
     expect(r["model"] == "llama" and r["preset"] == "tiny" and r["seq_len"] == T, "model fields")
@@ -181,8 +184,8 @@ def check_llama(mpirun, np, exe):
     classes = sum(k["flops"] for n, k in ks.items() if not n.startswith("attention"))
     expect(close(classes, flops * N - 12 * L * T * C * N - 6 * N * (2 * L * C + C)),
            f"classes' FLOPs {classes:.6g} besides attention's, MFU numerator {flops * N:.6g}")
-    print(f"fsdp-bench --model llama at N={np}: {params} parameters, {flops} FLOPs/token, "
-          f"{len(ks)} kernel classes as llama_costs, 0 wrong")
+    print(f"fsdp-bench --model llama on {device} at N={np}: {params} parameters, {flops} "
+          f"FLOPs/token, {len(ks)} kernel classes as llama_costs, 0 wrong")
 
 
 def check_hsdp(mpirun, np, exe):
@@ -414,7 +417,7 @@ def main():
     if what == "fsdp":
         check_fsdp(mpirun, np, exe)
     elif what == "llama":
-        check_llama(mpirun, np, exe)
+        check_llama(mpirun, np, exe, sys.argv[5:])
     elif what == "hsdp":
         check_hsdp(mpirun, np, exe)
     elif what == "exposed":

@@ -7,11 +7,12 @@
 #   build-sim/    AddressSanitizer + UBSan: the cuda suite except its
 #                 production shapes (every kernel against the CPU at shapes
 #                 chosen to cover its code paths, the engine and collectives
-#                 on "device" buffers under mpirun and fsdp-run, GPT-2,
+#                 on "device" buffers under mpirun and fsdp-run, GPT-2 and
+#                 Llama (the models, fsdp-train and fsdp-bench on CUDA),
 #                 coll_bench, the NCCL watchdog, the simulator's own tests);
 #   build-simopt/ no sanitizer (-O3 -g): the production shapes, suite `big`
-#                 (kernels-big, gpt2-124m-layer): values against the CPU at
-#                 GPT-2's real sizes. Under ASan they took 573 s of the
+#                 (kernels-big, gpt2-124m-layer, llama-smollm-layer): values
+#                 against the CPU at GPT-2's and SmolLM-135M's real sizes. Under ASan they took 573 s of the
 #                 suite's 954 s; their logic runs under ASan+UBSan at small
 #                 shapes in build-sim/. Here the simulator NaN-fills device
 #                 memory and puts guard zones around each allocation
@@ -24,7 +25,8 @@
 #                 the world's backend; the release-ordering test included) and
 #                 GPT-2 at its small size (gpt2-small-f32/-bf16: checkpointing
 #                 and prefetch on CUDA against the CPU, losses and every
-#                 tensor's gradient), with no report (a missing stream wait
+#                 tensor's gradient) and Llama's tiny preset alike
+#                 (llama-small-f32/-bf16), with no report (a missing stream wait
 #                 between the compute, gather and reduce streams is a race).
 #                 The full-size GPT-2 test outran 900 s under TSan on the
 #                 shared 2-core machine; `scripts/sim-test.sh tsan-gpt2` runs it.
@@ -52,7 +54,8 @@ jobs=${SIM_TEST_JOBS:-$cores}
 # What each build runs (meson test's selection).
 asan_tests=(--suite cuda --no-suite big)
 big_tests=(--suite big)
-tsan_tests=(--suite cuda engine-np1 engine-np2 gpt2-small-f32 gpt2-small-bf16)
+tsan_tests=(--suite cuda engine-np1 engine-np2 gpt2-small-f32 gpt2-small-bf16 llama-small-f32
+  llama-small-bf16)
 
 # Configures dir once with the simulator and sanitizer, then builds the
 # programs that `meson test` with the given selection runs.
@@ -149,8 +152,8 @@ status=0
 case $what in
   asan) stage "ASan+UBSan cuda suite" asan || status=1 ;;
   big) stage "production shapes (no sanitizer)" big || status=1 ;;
-  tsan) stage "TSan engine and GPT-2 (small)" tsan || status=1 ;;
-  tsan-gpt2) stage "TSan engine and GPT-2 (small and full)" tsan gpt2 || status=1 ;;
+  tsan) stage "TSan engine, GPT-2 and Llama (small)" tsan || status=1 ;;
+  tsan-gpt2) stage "TSan engine, GPT-2 (small and full) and Llama (small)" tsan gpt2 || status=1 ;;
   build) stage "builds" built || status=1 ;;
   all)
     t0=$SECONDS
@@ -163,7 +166,7 @@ case $what in
       finish tsan || status=1
     else
       stage "ASan+UBSan cuda suite" asan || status=1
-      stage "TSan engine and GPT-2 (small)" tsan || status=1
+      stage "TSan engine, GPT-2 and Llama (small)" tsan || status=1
     fi
     finish big || status=1
     echo "sim-test: all done in $((SECONDS - t0)) s"
