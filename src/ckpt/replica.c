@@ -58,9 +58,16 @@ static float *block_of(const fsdp_replica_t r, unsigned char *buf, int u, int st
 
 /* ---- connection (communicator, stream, event) ------------------------------ */
 
+static fsdp_status_t finish(fsdp_replica_t r);
+
+/* A transfer that completed before the failure still counts; one that failed
+ * is not an error here (the failure is the caller's news already). */
 static void disconnect(fsdp_replica_t r) {
-  if (r->in_flight >= 0) fsdp_event_synchronize(r->done); /* its failure is not ours */
-  r->in_flight = -1;
+  if (r->in_flight >= 0) {
+    char saved[1024];
+    snprintf(saved, sizeof saved, "%s", fsdp_last_error());
+    if (finish(r) != FSDP_SUCCESS) fsdp_error(FSDP_ERR_COMM, "%s", saved);
+  }
   fsdp_event_destroy(r->done);
   fsdp_stream_destroy(r->stream);
   fsdp_comm_destroy(r->comm);

@@ -67,7 +67,11 @@ static const char usage_text[] =
     "  --resume auto|PATH        continue from DIR's latest checkpoint (auto: if there is one),\n"
     "                            or from PATH (a step or save directory), at any rank count\n"
     "  --stop-after N            stop after update N as if preempted (the schedule still\n"
-    "                            spans --steps); resume later with --resume\n";
+    "                            spans --steps); resume later with --resume\n"
+    "  --replica-every K         gpt2: snapshot every K updates into the buddy rank's memory\n"
+    "                            (fsdp/replica.h; 0 off, the default); under fsdp-run\n"
+    "                            --min-nproc a lost rank's shard is then restored from it\n"
+    "                            and the survivors go on (docs/launching.md)\n";
 
 static int parse_list(const char *v, train_opts_t *o) {
   o->n_hidden = 0;
@@ -111,7 +115,7 @@ static int parse_word(void *ctx, const char *tool, const char *a, const char *v)
 }
 
 /* The flags with a value of their own type; the rest are parse_word's. */
-#define TRAIN_FLAGS 42
+#define TRAIN_FLAGS 43
 static void flag_table(train_opts_t *o, flag_t *t) {
   const flag_t table[] = {
       {"--model", NULL, FLAG_STR, &o->model}, {"--data", NULL, FLAG_STR, &o->data},
@@ -151,6 +155,7 @@ static void flag_table(train_opts_t *o, flag_t *t) {
       {"--save-every", NULL, FLAG_INT, &o->save_every},
       {"--save-overwrite", NULL, FLAG_SET, &o->save_overwrite},
       {"--resume", NULL, FLAG_STR, &o->resume}, {"--stop-after", NULL, FLAG_INT, &o->stop_after},
+      {"--replica-every", NULL, FLAG_INT, &o->replica_every},
       {"--comm-backend", "--comm", FLAG_STR, &o->cfg.comm_backend},
       {"--shard-size", NULL, FLAG_INT, &o->cfg.shard_size},
   };
@@ -212,6 +217,9 @@ static int finish_options(train_opts_t *o) {
                    "policies: give one\n", o->wrap.wrap_kinds, o->wrap.wrap_min_params), -1;
   if ((o->save_every || (o->resume && !strcmp(o->resume, "auto"))) && !o->save_dir)
     return fprintf(stderr, "fsdp-train: --save-every and --resume auto need --save-dir\n"), -1;
+  if (o->replica_every < 0 || (o->replica_every && !gpt))
+    return fprintf(stderr, "fsdp-train: --replica-every %d: use a number of updates >= 1 (0: "
+                   "off), with --model gpt2\n", o->replica_every), -1;
   if ((gpt ? o->steps : o->epochs) <= 0)
     return fprintf(stderr, "fsdp-train: --%s must be positive\n", gpt ? "steps" : "epochs"), -1;
   return 0;
@@ -273,6 +281,7 @@ fail:
   rc = 1;
 done:
   fsdp_ckpt_unlock(t.lock);
+  fsdp_replica_destroy(t.replica);
   fsdp_engine_destroy(t.eng);
   fsdp_world_destroy(t.world);
   cfg_free(&file);

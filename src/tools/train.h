@@ -24,6 +24,7 @@ typedef struct {
   /* checkpoints (train_ckpt.c) */
   const char *save_dir, *resume; /* resume: "auto" (save_dir's latest, if any) or a path */
   int save_every, save_overwrite, stop_after;
+  int replica_every; /* --replica-every: buddy snapshots (train_elastic.c); 0 off */
   cfg_file_t *config; /* --config FILE, or NULL: its sharding rules (config.h) */
 } train_opts_t;
 
@@ -40,6 +41,9 @@ typedef struct {
   int tty;               /* rank 0 writes to a terminal: a progress bar */
   fsdp_ckpt_lock_t lock; /* --save-dir's run lock (train_ckpt.c), NULL without */
   char error[256];       /* why a tool-side step failed; "" means fsdp_last_error() */
+  fsdp_replica_t replica; /* --replica-every, else NULL */
+  int64_t resumed_from, lost_steps; /* after a shrink, until the first step is done; -1 */
+  int saved_through; /* after a shrink: saves up to this step exist from the old world */
 } trainer_t;
 
 /* Creates the engine once the task knows how many steps it will take (the
@@ -79,6 +83,26 @@ int train_resume(trainer_t *t);
 int train_save(trainer_t *t, int step);
 /* One past the last update this process runs: --stop-after or the schedule's end. */
 int train_end_step(const trainer_t *t);
+
+/* Elastic training (train_elastic.c). train_replica_start makes the buddy
+ * replica (--replica-every) once the model is materialised and prints its
+ * memory; train_snapshot, after update `step`, takes a snapshot when due,
+ * and after a shrink tells fsdp-run at the first step done. 0 or -1. */
+int train_replica_start(trainer_t *t);
+int train_snapshot(trainer_t *t, int step);
+/* The task's model over the engine: unbuild destroys it (before the engine
+ * goes), build makes and materialises it over t->eng (sized by t->micro). */
+typedef struct {
+  void (*unbuild)(void *task);
+  int (*build)(trainer_t *t, void *task);
+  void *task;
+} train_model_t;
+/* After update `step` (1-based) failed: when the world is elastic and a
+ * replica exists, rebuilds the world of the survivors, the engine and the
+ * model, restores the newest complete snapshot and sets *resume to its step
+ * (the loop goes on from there); 0, or -1 when the job must end (the error
+ * said why). */
+int train_recover(trainer_t *t, int step, const train_model_t *model, int *resume);
 
 /* Test-only fault injection (FSDP_FAULT, train_fault.c), called in the middle
  * of every step: kills, stalls or fails this rank when the variable says so;

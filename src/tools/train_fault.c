@@ -11,7 +11,9 @@
  *            the trainer's own error path, while the others wait in a
  *            collective for it
  *   S counts from 1 (the step being taken). A is the launch attempt it fires
- *   in (FSDP_RESTART_COUNT, default 0), so a restarted group runs clean.
+ *   in (FSDP_RESTART_COUNT, default 0), so a restarted group runs clean. R is
+ *   the rank the process was launched as (after an elastic shrink its rank
+ *   changes, the fault's does not). Several faults: SPEC,SPEC,...
  *
  * Test-only: nothing else reads FSDP_FAULT. */
 #include <signal.h>
@@ -28,6 +30,8 @@ typedef struct {
   fault_action_t action;
   int rank, step, attempt;
 } fault_t;
+
+static int fault_one(trainer_t *t, const char *spec, int launch_rank, int step);
 
 /* Parses "ACTION:rank=R:step=S[:attempt=A]"; 0, or -1 when malformed. */
 static int fault_parse(const char *spec, fault_t *f) {
@@ -46,8 +50,18 @@ static int fault_parse(const char *spec, fault_t *f) {
 }
 
 int train_fault(trainer_t *t, int step) {
-  const char *spec = getenv("FSDP_FAULT");
-  if (!spec || !*spec) return 0;
+  static int launch_rank = -1; /* the first call comes before any shrink */
+  if (launch_rank < 0) launch_rank = t->rank;
+  const char *all = getenv("FSDP_FAULT");
+  if (!all || !*all) return 0;
+  char specs[512], *save = NULL;
+  snprintf(specs, sizeof specs, "%s", all);
+  for (char *spec = strtok_r(specs, ",", &save); spec; spec = strtok_r(NULL, ",", &save))
+    if (fault_one(t, spec, launch_rank, step)) return -1;
+  return 0;
+}
+
+static int fault_one(trainer_t *t, const char *spec, int launch_rank, int step) {
   fault_t f;
   if (fault_parse(spec, &f)) {
     fprintf(stderr, "fsdp-train: FSDP_FAULT='%s' is not ACTION:rank=R:step=S[:attempt=A] "
@@ -55,7 +69,7 @@ int train_fault(trainer_t *t, int step) {
     return -1;
   }
   const char *rc = getenv("FSDP_RESTART_COUNT");
-  if (f.rank != t->rank || f.step != step || f.attempt != (rc ? atoi(rc) : 0)) return 0;
+  if (f.rank != launch_rank || f.step != step || f.attempt != (rc ? atoi(rc) : 0)) return 0;
   fflush(stdout);
   if (f.action == FAULT_KILL) raise(SIGKILL);
   if (f.action == FAULT_STALL)

@@ -1,0 +1,88 @@
+/* src/tools/train_elastic.c — fsdp-train going on without a lost rank: buddy
+ * snapshots every --replica-every updates (fsdp/replica.h) and, under
+ * fsdp-run --min-nproc, the rebuild after a loss: the survivors' world, the
+ * engine and model over it, the state of the newest complete snapshot from
+ * memory. The windows of step s are a function of (seed, s) split by rank
+ * and world size, so the data position needs nothing beyond the step. */
+#include <stdio.h>
+#include <string.h>
+
+#include "tools/train.h"
+
+int train_replica_start(trainer_t *t) {
+  t->resumed_from = t->lost_steps = -1;
+  if (!t->o->replica_every) return 0;
+  if (fsdp_replica_create(t->eng, t->o->replica_every, &t->replica)) return -1;
+  fsdp_replica_info_t info;
+  if (fsdp_replica_info(t->replica, &info)) return -1;
+  if (t->rank == 0 && !t->o->json)
+    printf("  buddy replicas every %d updates: 4 x %.2f MiB/rank of host memory (rank r's "
+           "copy on rank r + %d)%s\n", info.every, info.snapshot_bytes / 1048576.0,
+           (info.buddy - info.rank + info.world_size) % (info.world_size ? info.world_size : 1),
+           fsdp_world_elastic() ? "; elastic: a lost rank is restored from them" : "");
+  return 0;
+}
+
+int train_snapshot(trainer_t *t, int step) {
+  if (!t->replica) return 0;
+  if (t->resumed_from >= 0 && t->rank == 0) {
+    fsdp_world_note_resumed(t->world, t->resumed_from, t->lost_steps);
+    printf("resumed: first step done in the world of %d ranks (from the snapshot of step %lld, "
+           "%lld step%s redone)\n", t->nranks, (long long)t->resumed_from,
+           (long long)t->lost_steps, t->lost_steps == 1 ? "" : "s");
+    fflush(stdout);
+  }
+  t->resumed_from = -1;
+  fsdp_ckpt_meta_t meta = {0};
+  /* The data position: windows are drawn by step; the seed names the stream. */
+  if (fsdp_ckpt_meta_set(&meta, "step", step) ||
+      fsdp_ckpt_meta_set(&meta, "seed", (int64_t)t->o->seed))
+    return -1;
+  return fsdp_replica_snapshot(t->replica, &meta, NULL) ? -1 : 0;
+}
+
+/* Everything made over the old world goes, the snapshots stay. */
+static void tear_down(trainer_t *t, const train_model_t *model) {
+  fsdp_replica_disconnect(t->replica);
+  fsdp_ckpt_unlock(t->lock); /* rank 0 may change: the new one takes it */
+  t->lock = NULL;
+  model->unbuild(model->task);
+  fsdp_engine_destroy(t->eng);
+  t->eng = NULL;
+}
+
+static int rebuild(trainer_t *t, const train_model_t *model) {
+  if (train_engine(t, t->total_steps)) {
+    fprintf(stderr, "fsdp-train: rank %d: %s (--global-batch %lld must split over the %d "
+            "ranks left)\n", t->rank, fsdp_last_error(), (long long)t->o->global_batch,
+            t->nranks);
+    return -1;
+  }
+  if (model->build(t, model->task)) return -1;
+  return t->o->save_dir && fsdp_ckpt_lock(t->eng, t->o->save_dir, &t->lock) ? -1 : 0;
+}
+
+int train_recover(trainer_t *t, int step, const train_model_t *model, int *resume) {
+  if (!t->replica || !fsdp_world_elastic() || t->error[0]) return -1;
+  double t0 = fsdp_time_now();
+  fprintf(stderr, "fsdp-train: rank %d: update %d failed: %s; waiting for fsdp-run's word on "
+          "the survivors' world\n", t->rank, step, fsdp_last_error());
+  tear_down(t, model);
+  fsdp_world_change_t c;
+  if (fsdp_world_rejoin(&t->world, NULL, &c)) return -1;
+  t->rank = c.rank;
+  t->nranks = c.size;
+  if (rebuild(t, model)) return -1;
+  int64_t s;
+  if (fsdp_replica_restore(t->replica, t->eng, NULL, &s)) return -1;
+  t->resumed_from = s;
+  if (step - 1 > t->saved_through) t->saved_through = step - 1;
+  t->lost_steps = step - 1 - s;
+  *resume = (int)s;
+  if (t->rank == 0)
+    printf("shrunk: rank %d of %d is now rank %d of %d; restored the snapshot of step %lld from "
+           "memory in %.2f s; redoing %lld step%s\n", c.old_rank, c.old_size, c.rank, c.size,
+           (long long)s, fsdp_time_now() - t0, (long long)t->lost_steps,
+           t->lost_steps == 1 ? "" : "s");
+  return 0;
+}

@@ -1,0 +1,119 @@
+/* src/world/rejoin.c — elastic worlds (fsdp/world.h): reading fsdp-run's word
+ * on the control pipe after a loss, and joining the survivors' new world. */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/internal.h"
+#include "world/rendezvous.h"
+#include "world/world_internal.h"
+
+static fsdp_world_change_fn change_fn;
+static void *change_user;
+static int generation; /* the last world fsdp-run announced that we joined */
+
+int fsdp_world_elastic(void) {
+  const char *v = getenv("FSDP_RUN_CONTROL");
+  return v && *v && atoi(v) >= 0;
+}
+
+void fsdp_world_on_change(fsdp_world_change_fn fn, void *user) {
+  change_fn = fn;
+  change_user = user;
+}
+
+typedef struct {
+  int generation, rank, size, port;
+} word_t;
+
+/* Reads the control pipe until a "world G R S P" line newer than the last
+ * world joined has arrived (several may be waiting: the newest wins), within
+ * timeout_s. */
+static fsdp_status_t read_word(int fd, double timeout_s, word_t *out) {
+  static char buf[4096];
+  static size_t have;
+  double deadline = fsdp_time_now() + timeout_s;
+  *out = (word_t){0, 0, 0, 0};
+  for (;;) {
+    char *line = buf, *nl;
+    while ((nl = memchr(line, '\n', have - (size_t)(line - buf)))) {
+      word_t w;
+      *nl = '\0';
+      if (sscanf(line, "world %d %d %d %d", &w.generation, &w.rank, &w.size, &w.port) == 4 &&
+          w.generation > generation && w.generation > out->generation)
+        *out = w;
+      line = nl + 1;
+    }
+    have -= (size_t)(line - buf);
+    memmove(buf, line, have);
+    struct pollfd p = {fd, POLLIN, 0};
+    int wait_ms = out->generation ? 0 : (int)((deadline - fsdp_time_now()) * 1000.0);
+    if (!out->generation && wait_ms <= 0)
+      return fsdp_error(FSDP_ERR_TIMEOUT, "fsdp_world_rejoin: fsdp-run said nothing within "
+                        "%g s about a world of the survivors (it ends the job when fewer than "
+                        "--min-nproc ranks are left)", timeout_s);
+    int rc = poll(&p, 1, wait_ms);
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc <= 0) {
+      if (out->generation) return FSDP_SUCCESS;
+      continue;
+    }
+    ssize_t got = read(fd, buf + have, sizeof buf - 1 - have);
+    if (got == 0 && out->generation) return FSDP_SUCCESS;
+    if (got <= 0)
+      return fsdp_error(FSDP_ERR_COMM, "fsdp_world_rejoin: the control pipe from fsdp-run "
+                        "(FSDP_RUN_CONTROL=%d) %s", fd, got == 0 ? "was closed: fsdp-run is "
+                        "gone" : strerror(errno));
+    have += (size_t)got;
+  }
+}
+
+static void setenv_int(const char *name, int v) {
+  char text[16];
+  snprintf(text, sizeof text, "%d", v);
+  setenv(name, text, 1);
+}
+
+fsdp_status_t fsdp_world_rejoin(fsdp_world_t *world, const fsdp_world_opts_t *opts,
+                                fsdp_world_change_t *change) {
+  if (!world || !*world)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_world_rejoin: no world to leave");
+  if (!fsdp_world_elastic() || fsdp_world_kind(*world) != FSDP_WORLD_ENV)
+    return fsdp_error(FSDP_ERR_UNSUPPORTED, "fsdp_world_rejoin: this world cannot go on "
+                      "without a lost rank (that needs an env:// world under fsdp-run "
+                      "--min-nproc)");
+  fsdp_world_change_t c = {.old_rank = fsdp_world_rank(*world),
+                           .old_size = fsdp_world_size(*world)};
+  double timeout_s = fsdp_world_rendezvous_timeout(*world);
+  fsdp_world_mark_failed(*world);
+  fsdp_world_destroy(*world);
+  *world = NULL;
+  word_t w = {0, 0, 0, 0};
+  FSDP_TRY(read_word(atoi(getenv("FSDP_RUN_CONTROL")), timeout_s, &w));
+  /* The env:// contract, for this world: a single node. */
+  setenv_int("RANK", w.rank);
+  setenv_int("WORLD_SIZE", w.size);
+  setenv_int("LOCAL_RANK", w.rank);
+  setenv_int("LOCAL_WORLD_SIZE", w.size);
+  setenv_int("MASTER_PORT", w.port);
+  FSDP_TRY(fsdp_world_init(world, opts));
+  generation = w.generation;
+  c.generation = w.generation;
+  c.rank = fsdp_world_rank(*world);
+  c.size = fsdp_world_size(*world);
+  fsdp_log(FSDP_LOG_INFO, "world: rank %d of %d is now rank %d of %d (world %d after a loss)",
+           c.old_rank, c.old_size, c.rank, c.size, c.generation);
+  if (change) *change = c;
+  if (change_fn) change_fn(&c, change_user);
+  return FSDP_SUCCESS;
+}
+
+void fsdp_world_note_resumed(fsdp_world_t world, int64_t step, int64_t lost_steps) {
+  if (fsdp_world_kind(world) != FSDP_WORLD_ENV) return;
+  char extra[64];
+  snprintf(extra, sizeof extra, "%lld %lld", (long long)step, (long long)lost_steps);
+  fsdp_env_notify("resumed", extra);
+}
