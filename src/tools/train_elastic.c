@@ -27,9 +27,14 @@ int train_snapshot(trainer_t *t, int step) {
   if (!t->replica) return 0;
   if (t->resumed_from >= 0 && t->rank == 0) {
     fsdp_world_note_resumed(t->world, t->resumed_from, t->lost_steps);
-    printf("resumed: first step done in the world of %d ranks (from the snapshot of step %lld, "
-           "%lld step%s redone)\n", t->nranks, (long long)t->resumed_from,
-           (long long)t->lost_steps, t->lost_steps == 1 ? "" : "s");
+    if (t->o->json)
+      printf("{\"event\":\"resumed\",\"step\":%d,\"ranks\":%d,\"from_step\":%lld,"
+             "\"redone\":%lld}\n", step, t->nranks, (long long)t->resumed_from,
+             (long long)t->lost_steps);
+    else
+      printf("resumed: first step done in the world of %d ranks (from the snapshot of step "
+             "%lld, %lld step%s redone)\n", t->nranks, (long long)t->resumed_from,
+             (long long)t->lost_steps, t->lost_steps == 1 ? "" : "s");
     fflush(stdout);
   }
   t->resumed_from = -1;
@@ -79,7 +84,11 @@ int train_recover(trainer_t *t, int step, const train_model_t *model, int *resum
   if (step - 1 > t->saved_through) t->saved_through = step - 1;
   t->lost_steps = step - 1 - s;
   *resume = (int)s;
-  if (t->rank == 0)
+  if (t->rank == 0 && t->o->json)
+    printf("{\"event\":\"shrink\",\"old_ranks\":%d,\"ranks\":%d,\"failed_step\":%d,"
+           "\"from_step\":%lld,\"seconds\":%.3f}\n", c.old_size, c.size, step, (long long)s,
+           fsdp_time_now() - t0);
+  else if (t->rank == 0)
     printf("shrunk: rank %d of %d is now rank %d of %d; restored the snapshot of step %lld from "
            "memory in %.2f s; redoing %lld step%s\n", c.old_rank, c.old_size, c.rank, c.size,
            (long long)s, fsdp_time_now() - t0, (long long)t->lost_steps,

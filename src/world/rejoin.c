@@ -13,7 +13,7 @@
 
 static fsdp_world_change_fn change_fn;
 static void *change_user;
-static int generation; /* the last world fsdp-run announced that we joined */
+static int generation; /* the last world fsdp-run announced that we tried */
 
 int fsdp_world_elastic(void) {
   const char *v = getenv("FSDP_RUN_CONTROL");
@@ -30,7 +30,7 @@ typedef struct {
 } word_t;
 
 /* Reads the control pipe until a "world G R S P" line newer than the last
- * world joined has arrived (several may be waiting: the newest wins), within
+ * world tried has arrived (several may be waiting: the newest wins), within
  * timeout_s. */
 static fsdp_status_t read_word(int fd, double timeout_s, word_t *out) {
   static char buf[4096];
@@ -92,15 +92,24 @@ fsdp_status_t fsdp_world_rejoin(fsdp_world_t *world, const fsdp_world_opts_t *op
   fsdp_world_destroy(*world);
   *world = NULL;
   word_t w = {0, 0, 0, 0};
-  FSDP_TRY(read_word(atoi(getenv("FSDP_RUN_CONTROL")), timeout_s, &w));
-  /* The env:// contract, for this world: a single node. */
-  setenv_int("RANK", w.rank);
-  setenv_int("WORLD_SIZE", w.size);
-  setenv_int("LOCAL_RANK", w.rank);
-  setenv_int("LOCAL_WORLD_SIZE", w.size);
-  setenv_int("MASTER_PORT", w.port);
-  FSDP_TRY(fsdp_world_init(world, opts));
-  generation = w.generation;
+  int fd = atoi(getenv("FSDP_RUN_CONTROL"));
+  /* A rank lost while the survivors meet makes that meeting fail at its
+   * deadline; fsdp-run has announced the smaller world meanwhile. */
+  for (fsdp_status_t st = FSDP_ERR_TIMEOUT; st != FSDP_SUCCESS;) {
+    FSDP_TRY(read_word(fd, timeout_s, &w));
+    generation = w.generation;
+    /* The env:// contract, for this world: a single node. */
+    setenv_int("RANK", w.rank);
+    setenv_int("WORLD_SIZE", w.size);
+    setenv_int("LOCAL_RANK", w.rank);
+    setenv_int("LOCAL_WORLD_SIZE", w.size);
+    setenv_int("MASTER_PORT", w.port);
+    st = fsdp_world_init(world, opts);
+    if (st != FSDP_SUCCESS && st != FSDP_ERR_TIMEOUT) return st;
+    if (st != FSDP_SUCCESS)
+      fsdp_log(FSDP_LOG_WARN, "world: world %d of the survivors did not meet (%s); waiting for "
+               "fsdp-run's next word", w.generation, fsdp_last_error());
+  }
   c.generation = w.generation;
   c.rank = fsdp_world_rank(*world);
   c.size = fsdp_world_size(*world);
