@@ -69,9 +69,9 @@ static const char usage_text[] =
     "  --stop-after N            stop after update N as if preempted (the schedule still\n"
     "                            spans --steps); resume later with --resume\n"
     "  --replica-every K         gpt2: snapshot every K updates into the buddy rank's memory\n"
-    "                            (fsdp/replica.h; 0 off, the default); under fsdp-run\n"
-    "                            --min-nproc a lost rank's shard is then restored from it\n"
-    "                            and the survivors go on (docs/launching.md)\n";
+    "                            (fsdp/replica.h; 0 off, the default); under an elastic\n"
+    "                            fsdp-run a lost rank's shard is then restored from it and\n"
+    "                            the survivors go on (docs/launching.md)\n";
 
 static int parse_list(const char *v, train_opts_t *o) {
   o->n_hidden = 0;
