@@ -49,6 +49,9 @@ typedef struct {
   size_t host_bytes;     /* all four buffers */
   int64_t own_step[2];   /* this rank's snapshots: their steps, -1 none */
   int64_t held_step[2];  /* complete snapshots received from `source`, -1 none */
+  int snapshots;         /* taken so far */
+  double copy_s;         /* seconds spent copying shards into snapshots, in the trainer's
+                            thread (the part of a snapshot on the step's path), all of them */
 } fsdp_replica_info_t;
 
 /* A replica of engine's shards, snapshotted every `every` updates (0:

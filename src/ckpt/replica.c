@@ -35,6 +35,8 @@ struct fsdp_replica {
   unsigned char *own[2], *held[2];
   int64_t own_step[2], held_step[2];
   int in_flight;              /* the slot being sent, -1 none */
+  int snapshots;              /* taken so far, and the seconds their copies took */
+  double copy_s;
   int64_t in_flight_step;
   fsdp_comm_t comm;
   fsdp_stream_t stream;
@@ -238,7 +240,10 @@ fsdp_status_t fsdp_replica_snapshot(fsdp_replica_t r, const fsdp_ckpt_meta_t *me
   FSDP_TRY(finish(r));
   int k = (int)((step / r->every) & 1);
   r->own_step[k] = -1;
+  double t0 = fsdp_time_now();
   FSDP_TRY(fill(r, r->own[k], step, meta));
+  r->copy_s += fsdp_time_now() - t0;
+  r->snapshots++;
   r->own_step[k] = step;
   r->held_step[k] = -1; /* being overwritten: the other one is the complete copy */
   FSDP_TRY(fsdp_shift(r->comm, r->own[k], r->held[k], r->bytes / sizeof(float), FSDP_F32,
@@ -262,7 +267,8 @@ fsdp_status_t fsdp_replica_info(fsdp_replica_t r, fsdp_replica_info_t *info) {
   *info = (fsdp_replica_info_t){.every = r->every, .world_size = r->world, .rank = r->rank,
                                 .buddy = (r->rank + r->offset) % r->world,
                                 .source = (r->rank - r->offset + r->world) % r->world,
-                                .snapshot_bytes = r->bytes, .host_bytes = 4 * r->bytes};
+                                .snapshot_bytes = r->bytes, .host_bytes = 4 * r->bytes,
+                                .snapshots = r->snapshots, .copy_s = r->copy_s};
   for (int k = 0; k < 2; k++) {
     info->own_step[k] = r->own_step[k];
     info->held_step[k] = r->held_step[k];

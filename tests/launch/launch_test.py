@@ -1039,6 +1039,29 @@ def elastic_twice(r):
     check(mine == ref, "final state differs from the reference")
 
 
+def elastic_callback(r):
+    """The C API alone (tests/launch/probe.c rejoin): rank 2 of 4 dies; each
+    survivor's fsdp_world_rejoin joins the world of 3 and calls the change
+    callback once with its old and new rank; an all_reduce over the new world
+    checks out. Without --min-nproc the same loss ends the job as before (the
+    others are stopped; a rejoin, were it reached, is refused)."""
+    probe = r.tool(os.path.join("tests", "launch", "launch_probe"))
+    cmd = r.launcher("fsdp-run", 4) + ["--min-nproc", "3", probe, "rejoin", "2"]
+    rc, out, err, secs, left = r.run(cmd, {"FSDP_TIMEOUT_S": "20"})
+    check(rc == 0 and not left, f"exit {rc}, leftovers {left}:\n{err[-3000:]}")
+    for old, new in ((0, 0), (1, 1), (3, 2)):
+        check(f"probe: rank {old}: change 1: rank {old} of 4 -> rank {new} of 3 (callback)" in err,
+              f"no change line for rank {old}:\n{err[-3000:]}")
+        check(f"probe: rank {new}: ok" in err, f"rank {new} of 3 not ok:\n{err[-3000:]}")
+    check(err.count(": change ") == 3, f"callbacks:\n{err[-3000:]}")
+    rc, out, err, secs, left = r.run(r.launcher("fsdp-run", 4) + [probe, "rejoin", "2"],
+                                     {"FSDP_TIMEOUT_S": "20"})
+    check(rc == 1 and "root cause: rank 2 (local rank 2" in err and ": change " not in err,
+          f"without --min-nproc: exit {rc}:\n{err[-3000:]}")
+    print(f"3 survivors rejoined with one callback each in {secs:.1f} s; without --min-nproc "
+          f"the job ends (exit 1)")
+
+
 def elastic_pair(r):
     """A rank and its buddy die together: no complete copy of the first is
     left, the job ends saying so, and the disk checkpoint remains usable."""
@@ -1092,6 +1115,7 @@ SCENARIOS = {
     "elastic-kill": elastic_kill,
     "elastic-twice": elastic_twice,
     "elastic-pair": elastic_pair,
+    "elastic-callback": elastic_callback,
 }
 
 

@@ -3,7 +3,8 @@
  * exactly its shard (master and both AdamW moments, bit for bit, checked
  * against an all-gather of the live shards), the previous snapshot survives
  * the next one (double buffering), and a restore into a fresh engine
- * reproduces the snapshot's state and step. N = 1..4. */
+ * reproduces the snapshot's state and step; a rejoin outside an elastic
+ * launcher is refused. N = 1..4. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -180,6 +181,18 @@ START_TEST(buddy_holds_the_shard_bit_for_bit) {
 }
 END_TEST
 
+/* Outside an elastic fsdp-run (mpirun, or fsdp-run without --min-nproc) a
+ * rejoin is refused and the world left as it was. */
+START_TEST(rejoin_needs_an_elastic_launcher) {
+  fsdp_world_t w = world;
+  ck_assert_int_eq(fsdp_world_elastic(), 0);
+  ck_assert_int_eq(fsdp_world_rejoin(&w, NULL, NULL), FSDP_ERR_UNSUPPORTED);
+  ck_assert_ptr_eq(w, world);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "--min-nproc"));
+  ck_assert_int_eq(fsdp_world_size(world), nranks);
+}
+END_TEST
+
 START_TEST(restore_refuses_another_model) {
   fsdp_engine_t e = make_engine(7, 0);
   fsdp_replica_t r;
@@ -205,6 +218,7 @@ int main(void) {
   tcase_add_test(tc, shift_moves_each_rank_to_rank_plus_offset);
   tcase_add_test(tc, buddy_holds_the_shard_bit_for_bit);
   tcase_add_test(tc, restore_refuses_another_model);
+  tcase_add_test(tc, rejoin_needs_an_elastic_launcher);
   suite_add_tcase(s, tc);
   return mpi_check_run(s);
 }
