@@ -69,6 +69,7 @@ typedef struct {
   int ctl, ctl_rd;            /* its control pipe: our write end, its read end; -1 none */
   int cur;                    /* its rank in the current world (--min-nproc) */
   int lost;                   /* it died: 1 being judged, 2 the others went on without it */
+  int hung;                   /* a peer's watchdog named it; fsdp-run killed it (--min-nproc) */
 } worker_t;
 
 typedef struct {
@@ -85,6 +86,8 @@ typedef struct {
   long long oom_before;       /* that counter when the attempt began; -1 unread */
   int generation, size;       /* worlds made after losses; ranks in the current one */
   double lost_at;             /* when the last loss was seen */
+  int settling;               /* a loss is being recovered from: a watchdog's line may
+                                 name a rank of the world before it, so none is acted on */
 } group_t;
 
 /* The self-pipe: a signal handler has no context to write to but a global. */
@@ -295,7 +298,10 @@ static void notes_read(group_t *g) {
     if (i < 0 || i >= g->n) continue;
     if (!strcmp(event, "joined")) g->w[i].joined = g->w[i].in_world = 1;
     if (!strcmp(event, "left")) g->w[i].in_world = 0;
-    if (!strcmp(event, "resumed")) log_resumed(g, &g->w[i], msg);
+    if (!strcmp(event, "resumed")) {
+      log_resumed(g, &g->w[i], msg);
+      g->settling = 0;
+    }
   }
 }
 
@@ -365,6 +371,7 @@ static int shrink(group_t *g) {
     if (g->w[i].lost == 1) g->w[i].lost = 2;
   g->generation++;
   g->lost_at = now_s();
+  g->settling = 1;
   fprintf(stderr, "fsdp-run: going on with %d of %d ranks (world %d, --min-nproc %d): the "
           "survivors meet at port %d and roll back to their last complete snapshot\n", alive,
           g->size, g->generation, g->o->min_nproc, port);
@@ -384,6 +391,25 @@ static int shrink(group_t *g) {
 /* A worker that failed on its own may be lost rather than failed (--min-nproc). */
 static int may_lose(const group_t *g, const worker_t *w) {
   return g->o->min_nproc && !g->stopping && !w->stopped_with && failed_status(w->status);
+}
+
+static int waited_for(const worker_t *w);
+
+/* --min-nproc: a rank that another's watchdog names as never arriving (it is
+ * stopped or stuck) is killed, so that it is lost like one that died and the
+ * others go on without it. */
+static void kill_hung(group_t *g, const worker_t *reporter) {
+  int r = g->o->min_nproc && !g->stopping && !g->settling ? waited_for(reporter) : -1;
+  for (int i = 0; r >= 0 && i < g->n; i++) {
+    worker_t *w = &g->w[i];
+    if (w->cur != r || w->reaped || w->hung || w == reporter) continue;
+    fprintf(stderr, "fsdp-run: rank %d's watchdog says rank %d (first launched as rank %d, pid "
+            "%ld) never arrived: killing it so that the others go on without it\n",
+            reporter->cur, r, w->rank, (long)w->pid);
+    w->hung = 1;
+    g->settling = 1; /* until the survivors resumed */
+    kill(w->pid, SIGKILL); /* stopped or not */
+  }
 }
 
 /* Reaps what has exited, then reads the notes: a worker sends its note
@@ -475,7 +501,10 @@ static void supervise(group_t *g) {
     int rc = poll(pf, (nfds_t)k, poll_timeout_ms(g, n_live));
     if (rc > 0 && pf[0].revents) on_signals(g);
     for (int j = 2; rc > 0 && j < k; j++)
-      if (pf[j].revents) read_pipe(&g->w[who[j]]);
+      if (pf[j].revents) {
+        read_pipe(&g->w[who[j]]);
+        kill_hung(g, &g->w[who[j]]);
+      }
     reap(g);
     if (g->stopping && !g->killed && now_s() >= g->kill_at && live(g, &pipes)) {
       signal_all(g, SIGKILL);
@@ -601,6 +630,7 @@ static void describe(const group_t *g, const worker_t *w, char *buf, size_t n) {
   char oom[4400];
   oom_note(g, w, oom, sizeof oom);
   snprintf(buf, n, "%s signal %d (SIG%s)%s", sig == w->stopped_with ? "was stopped by fsdp-run "
+           "with" : w->hung ? "hung (a peer's watchdog named it) and was killed by fsdp-run "
            "with" : "was killed by", sig, abbrev ? abbrev : "?", oom);
 }
 

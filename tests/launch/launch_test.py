@@ -1062,6 +1062,48 @@ def elastic_callback(r):
           f"the job ends (exit 1)")
 
 
+def elastic_sigstop(r):
+    """A rank SIGSTOPped after step 3: the others' watchdogs name it at the
+    3 s timeout, fsdp-run kills it, and the 3 others go on from their last
+    complete snapshot to the reference's very state."""
+    tag = uuid.uuid4().hex
+    save = os.path.join(r.tmp, "elastic-sigstop")
+    env = dict(r.base_env, FSDP_TEST_TAG=tag, FSDP_TIMEOUT_S="3")
+    cmd = r.launcher("fsdp-run", 4) + ["--min-nproc", "2"] + elastic_args(r, save)
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline, out = time.monotonic() + 60, ""
+    while time.monotonic() < deadline:
+        line = p.stdout.readline()
+        out += line
+        if not line or '"step":3,' in line:
+            break
+    victims = [pid for pid, _ in tagged_processes(tag)
+               if b"RANK=2" in open(f"/proc/{pid}/environ", "rb").read().split(b"\0")]
+    check(victims, "rank 2 not found")
+    os.kill(victims[0], signal.SIGSTOP)
+    try:
+        rest, err = p.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        rest, err = p.communicate()
+        raise Failure(f"fsdp-run still running 120 s after SIGSTOP:\n{err[-3000:]}")
+    out += rest
+    left = wait_no_orphans(tag, time.monotonic() + TEARDOWN_S)
+    check(p.returncode == 0 and not left, f"exit {p.returncode}, leftovers {left}:\n{err[-3000:]}")
+    check(re.search(r"watchdog says rank 2 \(first launched as rank 2, pid \d+\) never arrived",
+                    err), f"fsdp-run did not act on the watchdog's report:\n{err[-3000:]}")
+    check("hung (a peer's watchdog named it) and was killed by fsdp-run" in err,
+          f"the loss is not explained:\n{err[-3000:]}")
+    shrinks = events(out, "shrink")
+    check([(e["old_ranks"], e["ranks"]) for e in shrinks] == [(4, 3)], f"shrinks {shrinks}")
+    resumed = shrinks[0]["from_step"]
+    mine = consolidated(r, os.path.join(save, "step-12"))
+    ref = reference_from(r, os.path.join(save, f"step-{resumed}"), 3)
+    print(f"rank 2 SIGSTOPped after step 3: killed at the watchdog's word, the others resumed "
+          f"from step {resumed}; final state {'identical' if mine == ref else 'DIFFERENT'}")
+    check(mine == ref, "final state differs from the reference")
+
+
 def elastic_pair(r):
     """A rank and its buddy die together: no complete copy of the first is
     left, the job ends saying so, and the disk checkpoint remains usable."""
@@ -1116,6 +1158,7 @@ SCENARIOS = {
     "elastic-twice": elastic_twice,
     "elastic-pair": elastic_pair,
     "elastic-callback": elastic_callback,
+    "elastic-sigstop": elastic_sigstop,
 }
 
 
