@@ -111,6 +111,13 @@ FSDP_API void fsdp_replica_disconnect(fsdp_replica_t replica);
 FSDP_API fsdp_status_t fsdp_replica_restore(fsdp_replica_t replica, fsdp_engine_t engine,
                                             fsdp_ckpt_meta_t *meta, int64_t *step);
 
+/* A rank joining a running job (fsdp_world_joining: it has no snapshots):
+ * its side of the survivors' fsdp_replica_restore over the new world, which
+ * it receives its shard from; *out then snapshots like the others'.
+ * Collective with the survivors' restore; errors as there. */
+FSDP_API fsdp_status_t fsdp_replica_join(fsdp_engine_t engine, int every, fsdp_replica_t *out,
+                                         fsdp_ckpt_meta_t *meta, int64_t *step);
+
 FSDP_API void fsdp_replica_destroy(fsdp_replica_t replica); /* NULL is ignored */
 
 #ifdef __cplusplus

@@ -141,8 +141,8 @@ FSDP_API void fsdp_world_abort(fsdp_world_t world, fsdp_status_t status, const c
  * Steps done after the snapshot are done again. */
 
 typedef struct {
-  int generation;         /* 1 after the first loss, 2 after the second, ... */
-  int old_rank, old_size; /* this process in the world that broke */
+  int generation;         /* 1 after the first change, 2 after the second, ... */
+  int old_rank, old_size; /* this process in the world before (-1, 0: a joining worker) */
   int rank, size;         /* ... and in the new one */
 } fsdp_world_change_t;
 
@@ -152,11 +152,21 @@ typedef void (*fsdp_world_change_fn)(const fsdp_world_change_t *change, void *us
 /* 1 when the launcher can go on without a lost rank (FSDP_RUN_CONTROL set by
  * fsdp-run --min-nproc), else 0: a failure ends the job as before. */
 FSDP_API int fsdp_world_elastic(void);
+/* 1 in a worker fsdp-run started to join a running elastic job (fsdp-run
+ * --respawn, FSDP_RUN_JOIN=1): it has no world yet and calls
+ * fsdp_world_rejoin with *world NULL instead of fsdp_world_init. */
+FSDP_API int fsdp_world_joining(void);
+/* 1 when fsdp-run has announced a new world this process has not joined
+ * (a worker joins; the others make room at their next snapshot boundary).
+ * Never blocks; local: ranks may see it at different times, so a trainer
+ * agrees on it (one rank's answer, broadcast) before acting. */
+FSDP_API int fsdp_world_change_pending(void);
 /* Registers fn (NULL: none) to learn of every membership change; user is
  * passed back. One callback per process; the last registration wins. */
 FSDP_API void fsdp_world_on_change(fsdp_world_change_fn fn, void *user);
-/* After a communication failure in an elastic world: destroys *world (which
- * must be an env:// world whose communicators are all destroyed), waits
+/* After a communication failure in an elastic world, or when a change is
+ * pending: destroys *world (which must be an env:// world whose
+ * communicators are all destroyed; NULL in a joining worker), waits
  * within the rendezvous timeout for the launcher's word, joins the new world
  * into *world with opts (may be NULL) and fills *change (may be NULL); then
  * calls the change callback. FSDP_ERR_UNSUPPORTED when the world is not

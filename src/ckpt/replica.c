@@ -308,28 +308,29 @@ typedef struct {
 
 /* Where old rank q's snapshot of step s is: the new rank holding it and
  * whether as a held copy; -1 when nowhere. */
-static int holder(const survivor_t *all, int m, const int *by_old, int q, int64_t s, int *held) {
+static int holder(const survivor_t *all, const survivor_t *ref, const int *by_old, int q,
+                  int64_t s, int *held) {
   int i = by_old[q];
   if (i >= 0) {
     *held = 0;
     return slot_of(all[i].own, s) >= 0 ? i : -1;
   }
-  int b = by_old[(q + all[0].offset) % all[0].world];
+  int b = by_old[(q + ref->offset) % ref->world];
   *held = 1;
-  (void)m;
   return b >= 0 && slot_of(all[b].held, s) >= 0 ? b : -1;
 }
 
 /* Why step s cannot be restored: the first old rank without a copy. */
-static fsdp_status_t no_copy(const survivor_t *all, int m, const int *by_old, int64_t s) {
-  int n = (int)all[0].world, off = (int)all[0].offset;
+static fsdp_status_t no_copy(const survivor_t *all, const survivor_t *ref, const int *by_old,
+                             int64_t s) {
+  int n = (int)ref->world, off = (int)ref->offset;
   if (s < 0)
     return fsdp_error(FSDP_ERR_INVALID_USAGE, "replica: no snapshot was taken before the loss "
                       "(the first comes after update %d of the old world's %d ranks); resume "
                       "from the last checkpoint on disk instead", 0, n);
   for (int q = 0; q < n; q++) {
     int held;
-    if (holder(all, m, by_old, q, s, &held) >= 0) continue;
+    if (holder(all, ref, by_old, q, s, &held) >= 0) continue;
     int b = (q + off) % n;
     if (!held)
       return fsdp_error(FSDP_ERR_INVALID_USAGE, "replica: surviving rank %d (old numbering) "
@@ -349,13 +350,16 @@ static fsdp_status_t no_copy(const survivor_t *all, int m, const int *by_old, in
 }
 
 /* The newest step every old rank's snapshot is complete for (survivors'
- * own copies, the lost ranks' buddies' copies), or an error naming why not. */
-static fsdp_status_t agree(const survivor_t *all, int m, int *by_old, int64_t *step) {
-  int n = (int)all[0].world;
+ * own copies, the lost ranks' buddies' copies), or an error naming why not.
+ * ref is a survivor; joining ranks (world 0) hold nothing. */
+static fsdp_status_t agree(const survivor_t *all, const survivor_t *ref, int m, int *by_old,
+                           int64_t *step) {
+  int n = (int)ref->world;
   for (int q = 0; q < n; q++) by_old[q] = -1;
   for (int i = 0; i < m; i++) {
     const survivor_t *a = &all[i];
-    if (a->world != n || a->offset != all[0].offset || a->n_units != all[0].n_units ||
+    if (a->world == 0) continue;
+    if (a->world != n || a->offset != ref->offset || a->n_units != ref->n_units ||
         a->rank < 0 || a->rank >= n || by_old[a->rank] >= 0)
       return fsdp_error(FSDP_ERR_INVALID_USAGE, "replica: new rank %d's replica (old rank "
                         "%lld of %lld) does not fit new rank 0's (of %d ranks) or repeats an "
@@ -363,22 +367,22 @@ static fsdp_status_t agree(const survivor_t *all, int m, int *by_old, int64_t *s
                         (long long)a->rank, (long long)a->world, n);
     by_old[a->rank] = i;
   }
-  int64_t c[2] = {all[0].own[0], all[0].own[1]};
-  if (c[1] > c[0]) c[0] = all[0].own[1], c[1] = all[0].own[0];
+  int64_t c[2] = {ref->own[0], ref->own[1]};
+  if (c[1] > c[0]) c[0] = ref->own[1], c[1] = ref->own[0];
   for (int k = 0; k < 2; k++) {
     if (c[k] < 0) continue;
     int ok = 1, held;
-    for (int q = 0; q < n && ok; q++) ok = holder(all, m, by_old, q, c[k], &held) >= 0;
+    for (int q = 0; q < n && ok; q++) ok = holder(all, ref, by_old, q, c[k], &held) >= 0;
     if (ok) return *step = c[k], FSDP_SUCCESS;
   }
-  return no_copy(all, m, by_old, c[0]);
+  return no_copy(all, ref, by_old, c[0]);
 }
 
 /* Old rank q's slice of unit u, sent by the new rank holding it to all, and
  * its overlap with this rank's new slice written into the engine's shard. */
 static fsdp_status_t move_slice(fsdp_replica_t r, fsdp_comm_t comm, int root, const void *snap,
-                                int u, float *buf, const fsdp_shard_t *to) {
-  size_t n = r->cap[u] * (size_t)r->n_states;
+                                int u, size_t cap, float *buf, const fsdp_shard_t *to) {
+  size_t n = cap * (size_t)r->n_states;
   if (snap) {
     memcpy(buf, ranges_of((unsigned char *)snap) + 2 * u, 2 * sizeof(uint64_t));
     memcpy(buf + 4, block_of(r, (unsigned char *)snap, u, 0), n * sizeof(float));
@@ -391,7 +395,7 @@ static fsdp_status_t move_slice(fsdp_replica_t r, fsdp_comm_t comm, int root, co
                                                          : to->offset + to->count;
   float *dst[MAX_STATES] = {to->master, to->m, to->v};
   for (int k = 0; a < b && k < r->n_states; k++)
-    memcpy(dst[k] + (a - to->offset), buf + 4 + (size_t)k * r->cap[u] + (a - range[0]),
+    memcpy(dst[k] + (a - to->offset), buf + 4 + (size_t)k * cap + (a - range[0]),
            (b - a) * sizeof(float));
   return FSDP_SUCCESS;
 }
@@ -418,25 +422,44 @@ static fsdp_status_t check_units(fsdp_replica_t r, fsdp_engine_t e) {
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t move_all(fsdp_replica_t r, fsdp_engine_t e, const survivor_t *all, int m,
-                              const int *by_old, int64_t step) {
+/* Unit u's shard capacity in the old world of n ranks, as the engine lays it
+ * out (a joining rank has no snapshot to read it from); a survivor checks it
+ * against its own. */
+static fsdp_status_t old_capacity(fsdp_replica_t r, fsdp_engine_t e, int u, int n, size_t *cap) {
+  const fsdp_config_t *c = fsdp_engine_config(e);
+  fsdp_unit_info_t info;
+  FSDP_TRY(fsdp_unit_info(e, u, &info));
+  int world = c->strategy == FSDP_NO_SHARD ? 1 : n;
+  FSDP_TRY(fsdp_shard_layout(info.numel, world, c->align, 0, NULL, cap, NULL, NULL));
+  if (r->world > 0 && *cap != r->cap[u])
+    return fsdp_error(FSDP_ERR_UNSUPPORTED, "fsdp_replica_restore: unit %d ('%s') had %zu "
+                      "elements per rank, not the %zu of a plain split over %d ranks (HSDP "
+                      "replicas cannot be restored yet)", u, info.name, r->cap[u], *cap, n);
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t move_all(fsdp_replica_t r, fsdp_engine_t e, const survivor_t *all,
+                              const survivor_t *ref, const int *by_old, int64_t step) {
   fsdp_comm_t comm = fsdp_engine_comm(e);
   int me = fsdp_comm_rank(comm);
-  size_t most = 0;
-  for (int u = 0; u < r->n_units; u++)
-    if (r->cap[u] > most) most = r->cap[u];
+  size_t most = 0, cap;
+  for (int u = 0; u < r->n_units; u++) {
+    FSDP_TRY(old_capacity(r, e, u, (int)ref->world, &cap));
+    if (cap > most) most = cap;
+  }
   float *buf = fsdp_alloc((most * (size_t)r->n_states + 4) * sizeof(float));
   if (!buf) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "fsdp_replica_restore: out of memory");
   fsdp_status_t st = FSDP_SUCCESS;
   for (int u = 0; u < r->n_units && !st; u++) {
     fsdp_shard_t s;
-    if ((st = fsdp_unit_shard(e, u, &s))) break;
-    for (int q = 0; q < (int)all[0].world && !st; q++) {
-      int held, root = holder(all, m, by_old, q, step, &held);
+    if ((st = old_capacity(r, e, u, (int)ref->world, &cap)) || (st = fsdp_unit_shard(e, u, &s)))
+      break;
+    for (int q = 0; q < (int)ref->world && !st; q++) {
+      int held, root = holder(all, ref, by_old, q, step, &held);
       const void *snap = NULL;
       if (root == me) snap = held ? r->held[slot_of(r->held_step, step)]
                                   : r->own[slot_of(r->own_step, step)];
-      st = move_slice(r, comm, root, snap, u, buf, &s);
+      st = move_slice(r, comm, root, snap, u, cap, buf, &s);
     }
     fsdp_status_t rs = fsdp_unit_shard_release(e, u, st == FSDP_SUCCESS);
     if (!st) st = rs;
@@ -445,41 +468,90 @@ static fsdp_status_t move_all(fsdp_replica_t r, fsdp_engine_t e, const survivor_
   return st;
 }
 
+/* The snapshot's scaler state and trainer integers, from the first survivor
+ * (a joining rank has none of its own). */
+typedef struct {
+  double scale;
+  int64_t good_steps;
+  fsdp_ckpt_meta_t meta;
+} restored_t;
+_Static_assert(sizeof(restored_t) % sizeof(float) == 0, "moved as f32 elements");
+
+static fsdp_status_t share_header(fsdp_replica_t r, fsdp_comm_t comm, int root, int64_t step,
+                                  restored_t *out) {
+  memset(out, 0, sizeof *out);
+  if (fsdp_comm_rank(comm) == root) {
+    const snap_header_t *h = header_of(r->own[slot_of(r->own_step, step)]);
+    *out = (restored_t){h->scale, h->good_steps, h->meta};
+  }
+  return fsdp_broadcast(comm, out, sizeof *out / sizeof(float), FSDP_F32, root, FSDP_HOST_STREAM);
+}
+
+/* The restore proper, on every rank of the new world (survivors and joining
+ * ranks alike: r->world 0 for the latter). */
+static fsdp_status_t restore(fsdp_replica_t r, fsdp_engine_t e, fsdp_ckpt_meta_t *meta,
+                             int64_t *step_out) {
+  fsdp_comm_t comm = fsdp_engine_comm(e);
+  int m = fsdp_comm_size(comm), first = -1;
+  survivor_t mine = {r->world, r->rank, r->offset, r->n_units,
+                     {r->own_step[0], r->own_step[1]}, {r->held_step[0], r->held_step[1]}};
+  survivor_t *all = fsdp_alloc((size_t)m * sizeof *all);
+  if (!all) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "fsdp_replica_restore: out of memory");
+  fsdp_status_t st = fsdp_all_gather(comm, &mine, all, sizeof mine / sizeof(double), FSDP_F64,
+                                     FSDP_HOST_STREAM);
+  for (int i = 0; !st && i < m && first < 0; i++)
+    if (all[i].world > 0) first = i;
+  int *by_old = first >= 0 ? fsdp_alloc((size_t)all[first].world * sizeof *by_old) : NULL;
+  if (!st && first < 0)
+    st = fsdp_error(FSDP_ERR_INVALID_USAGE, "replica: no rank of the new world holds "
+                    "snapshots; resume from the last checkpoint on disk instead");
+  else if (!st && !by_old)
+    st = fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "fsdp_replica_restore: out of memory");
+  int64_t step = -1;
+  restored_t h;
+  if (!st) st = check_units(r, e); /* the same model on every rank: the same verdict */
+  if (!st) st = agree(all, &all[first], m, by_old, &step);
+  if (!st) st = move_all(r, e, all, &all[first], by_old, step);
+  if (!st) st = share_header(r, comm, first, step, &h);
+  if (!st) st = fsdp_engine_set_step(e, step);
+  if (!st && fsdp_engine_config(e)->loss_scale_init != 1.0)
+    st = fsdp_engine_set_scaler_state(e, h.scale, h.good_steps);
+  if (!st && meta) *meta = h.meta;
+  if (!st && step_out) *step_out = step;
+  fsdp_free(all);
+  fsdp_free(by_old);
+  if (st) return st;
+  free_buffers(r); /* the old world's snapshots; the new world's start now */
+  st = layout(r, e);
+  return st ? st : connect(r, e);
+}
+
 fsdp_status_t fsdp_replica_restore(fsdp_replica_t r, fsdp_engine_t e, fsdp_ckpt_meta_t *meta,
                                    int64_t *step_out) {
   if (!r || !e)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_replica_restore: replica and engine "
                       "must not be NULL");
   if (r->comm) disconnect(r);
-  fsdp_comm_t comm = fsdp_engine_comm(e);
-  int m = fsdp_comm_size(comm);
-  survivor_t mine = {r->world, r->rank, r->offset, r->n_units,
-                     {r->own_step[0], r->own_step[1]}, {r->held_step[0], r->held_step[1]}};
-  survivor_t *all = fsdp_alloc((size_t)m * sizeof *all);
-  int *by_old = fsdp_alloc((size_t)r->world * sizeof *by_old);
-  if (!all || !by_old) {
-    fsdp_free(all);
-    fsdp_free(by_old);
-    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "fsdp_replica_restore: out of memory");
+  return restore(r, e, meta, step_out);
+}
+
+fsdp_status_t fsdp_replica_join(fsdp_engine_t e, int every, fsdp_replica_t *out,
+                                fsdp_ckpt_meta_t *meta, int64_t *step) {
+  if (!e || !out || every < 0)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_replica_join: engine and out must not "
+                      "be NULL, every >= 0 (it is %d)", every);
+  fsdp_replica_t r = fsdp_alloc(sizeof *r);
+  if (!r) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "fsdp_replica_join: out of memory");
+  memset(r, 0, sizeof *r);
+  r->every = every ? every : FSDP_REPLICA_DEFAULT_EVERY;
+  r->in_flight = -1;
+  r->rank = -1; /* world 0: a joining rank, holding nothing */
+  fsdp_status_t st = layout(r, e);
+  if (st == FSDP_SUCCESS) st = restore(r, e, meta, step);
+  if (st != FSDP_SUCCESS) {
+    fsdp_replica_destroy(r);
+    return st;
   }
-  int64_t step = -1;
-  fsdp_status_t st = fsdp_all_gather(comm, &mine, all, sizeof mine / sizeof(double), FSDP_F64,
-                                     FSDP_HOST_STREAM);
-  if (!st) st = check_units(r, e); /* the same model on every rank: the same verdict */
-  if (!st) st = agree(all, m, by_old, &step);
-  if (!st) st = move_all(r, e, all, m, by_old, step);
-  if (!st) st = fsdp_engine_set_step(e, step);
-  if (!st) {
-    const snap_header_t *h = header_of(r->own[slot_of(r->own_step, step)]);
-    if (fsdp_engine_config(e)->loss_scale_init != 1.0)
-      st = fsdp_engine_set_scaler_state(e, h->scale, h->good_steps);
-    if (!st && meta) *meta = h->meta;
-  }
-  fsdp_free(all);
-  fsdp_free(by_old);
-  if (st) return st;
-  if (step_out) *step_out = step;
-  free_buffers(r); /* the old world's snapshots; the new world's start now */
-  st = layout(r, e);
-  return st ? st : connect(r, e);
+  *out = r;
+  return FSDP_SUCCESS;
 }

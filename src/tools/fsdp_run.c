@@ -33,6 +33,10 @@ static const char usage_text[] =
     "                       world of their own (fsdp_world_rejoin; fsdp-train\n"
     "                       --replica-every restores the lost shards from memory)\n"
     "                       instead of the group stopping (default 0: off)\n"
+    "  --respawn 1          with --min-nproc: once the survivors resumed, start a new\n"
+    "                       worker for each lost one; it joins them at their next\n"
+    "                       snapshot (FSDP_RUN_JOIN=1, fsdp_world_joining) and the world\n"
+    "                       grows back (default 0)\n"
     "  --grace S            seconds between SIGTERM and SIGKILL when stopping (default 10)\n"
     "  --rdzv-id ID         the job's id, 1-255 of A-Z a-z 0-9 . _ : - (default: a random\n"
     "                       one; needed, the same on every node, with --nnodes > 1): the\n"
@@ -84,6 +88,7 @@ static int parse(int argc, char **argv, run_opts_t *o) {
       {"--master-port", &o->master_port, NULL, NULL},
       {"--max-restarts", &o->max_restarts, NULL, NULL}, {"--grace", NULL, &o->grace_s, NULL},
       {"--rdzv-id", NULL, NULL, &o->rdzv_id}, {"--min-nproc", &o->min_nproc, NULL, NULL},
+      {"--respawn", &o->respawn, NULL, NULL},
   };
   int i = 1;
   for (; i < argc && !strncmp(argv[i], "--", 2); i++) {
@@ -122,6 +127,7 @@ static int check(const run_opts_t *o) {
                     : o->min_nproc && o->nnodes > 1
                         ? "--min-nproc works on one node only (a lost node's ranks cannot "
                           "yet be replaced across nodes)"
+                    : o->respawn && !o->min_nproc ? "--respawn needs --min-nproc"
                     : o->min_nproc > o->nproc
                         ? "--min-nproc must be at most --nproc-per-node"
                     : o->rdzv_id && !valid_id(o->rdzv_id)

@@ -253,7 +253,9 @@ int main(int argc, char **argv) {
 
   trainer_t t = {.o = &o, .t0 = fsdp_time_now()};
   int rc = 1;
-  if (fsdp_world_init(&t.world, NULL)) goto fail;
+  t.joining = fsdp_world_joining();
+  if (t.joining ? fsdp_world_rejoin(&t.world, NULL, NULL) : fsdp_world_init(&t.world, NULL))
+    goto fail;
   t.rank = fsdp_world_rank(t.world);
   t.nranks = fsdp_world_size(t.world);
   if (flags_select_device("fsdp-train", t.world, &o.cfg)) {

@@ -12,6 +12,7 @@ typedef struct {
   int master_port;
   int max_restarts;
   int min_nproc;      /* --min-nproc: shrink down to this many ranks after a loss; 0 off */
+  int respawn;        /* --respawn: replace a lost worker once the survivors resumed */
   double grace_s;     /* SIGTERM, then SIGKILL after this long */
   const char *rdzv_id; /* --rdzv-id, NULL when not given */
   char **argv;        /* the worker command, NULL-terminated */

@@ -30,7 +30,10 @@
  * no rank ever meets the old world's store), and fsdp_world_rejoin in the
  * worker makes that world. A survivor's note "resumed R STEP LOST" (its first
  * step done in the new world) is logged with the time since the loss. Below
- * the floor the loss is a failure like any other.
+ * the floor the loss is a failure like any other. With --respawn, once the
+ * survivors resumed, each lost worker's slot gets a new worker (FSDP_RUN_JOIN=1)
+ * and everyone the word of a world of survivors plus joiners; the survivors
+ * make room at their next snapshot boundary (fsdp_world_change_pending).
  *
  * No orphans: workers share one process group of their own (signals reach
  * their children too) and ask the kernel to kill them if fsdp-run dies
@@ -70,6 +73,7 @@ typedef struct {
   int cur;                    /* its rank in the current world (--min-nproc) */
   int lost;                   /* it died: 1 being judged, 2 the others went on without it */
   int hung;                   /* a peer's watchdog named it; fsdp-run killed it (--min-nproc) */
+  int joining;                /* started to replace a lost worker (--respawn): FSDP_RUN_JOIN */
 } worker_t;
 
 typedef struct {
@@ -147,6 +151,10 @@ static void worker_env(const group_t *g, const worker_t *w) {
   setenv_int("FSDP_MAX_RESTARTS", o->max_restarts);
   setenv("FSDP_RUN_ID", o->run_id, 1);
   if (w->ctl_rd >= 0) setenv_int("FSDP_RUN_CONTROL", w->ctl_rd);
+  if (w->joining)
+    setenv("FSDP_RUN_JOIN", "1", 1);
+  else
+    unsetenv("FSDP_RUN_JOIN");
   if (g->note_wr >= 0) {
     char notify[96];
     snprintf(notify, sizeof notify, "%s:%d", g->note_env, w->rank);
@@ -275,6 +283,49 @@ static void notes_close(group_t *g) {
   if (g->note_wr >= 0) close(g->note_wr);
 }
 
+static int spawn(group_t *g, worker_t *w);
+
+/* --respawn: a new worker in each lost worker's slot, and the word of the
+ * world they join (survivors first, in their order, then the new ones). */
+static void respawn(group_t *g) {
+  int alive = 0, joining = 0, port = run_free_port();
+  for (int i = 0; i < g->n; i++) alive += !g->w[i].reaped;
+  for (int i = 0; i < g->n && port >= 0; i++) {
+    worker_t *w = &g->w[i];
+    if (w->lost != 2) continue;
+    if (w->ctl >= 0) close(w->ctl);
+    if (w->fd >= 0) close_pipe(w);
+    *w = (worker_t){.rank = w->rank, .local_rank = w->local_rank, .fd = -1, .ctl = -1,
+                    .ctl_rd = -1, .cur = -1, .joining = 1};
+    if (spawn(g, w)) {
+      fprintf(stderr, "fsdp-run: cannot start a worker for rank %d: %s\n", w->rank,
+              strerror(errno));
+      w->reaped = 1;
+      continue;
+    }
+    joining++;
+  }
+  if (!joining) return;
+  g->generation++;
+  g->lost_at = now_s();
+  g->settling = 1;
+  fprintf(stderr, "fsdp-run: started %d worker%s to replace the lost: world %d of %d ranks meets "
+          "at port %d once the %d others reach their next snapshot\n", joining,
+          joining == 1 ? "" : "s", g->generation, alive + joining, port, alive);
+  g->size = alive + joining;
+  for (int pass = 0, r = 0; pass < 2; pass++)
+    for (int i = 0; i < g->n; i++) {
+      worker_t *w = &g->w[i];
+      if (w->reaped || w->joining != pass) continue;
+      char line[96];
+      int len = snprintf(line, sizeof line, "world %d %d %d %d\n", g->generation, r, g->size,
+                         port);
+      w->cur = r++;
+      if (write(w->ctl, line, (size_t)len) != len) { /* it is dying: its exit is seen next */
+      }
+    }
+}
+
 static void log_resumed(const group_t *g, const worker_t *w, const char *msg) {
   long long step, lost;
   if (sscanf(msg, "%*s %*d %lld %lld", &step, &lost) != 2) return;
@@ -301,6 +352,8 @@ static void notes_read(group_t *g) {
     if (!strcmp(event, "resumed")) {
       log_resumed(g, &g->w[i], msg);
       g->settling = 0;
+      for (int k = 0; k < g->n; k++) g->w[k].joining = 0;
+      if (g->o->respawn && !g->stopping) respawn(g);
     }
   }
 }

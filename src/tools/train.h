@@ -44,6 +44,7 @@ typedef struct {
   fsdp_replica_t replica; /* --replica-every, else NULL */
   int64_t resumed_from, lost_steps; /* after a shrink, until the first step is done; -1 */
   int saved_through; /* after a shrink: saves up to this step exist from the old world */
+  int joining;       /* started by fsdp-run --respawn to join a running job */
 } trainer_t;
 
 /* Creates the engine once the task knows how many steps it will take (the
@@ -89,6 +90,8 @@ int train_end_step(const trainer_t *t);
  * memory; train_snapshot, after update `step`, takes a snapshot when due,
  * and after a shrink tells fsdp-run at the first step done. 0 or -1. */
 int train_replica_start(trainer_t *t);
+/* A joining worker (t->joining) takes t->start_step and its shard from the
+ * survivors instead of a replica of its own making; 0 or -1. */
 int train_snapshot(trainer_t *t, int step);
 /* The task's model over the engine: unbuild destroys it (before the engine
  * goes), build makes and materialises it over t->eng (sized by t->micro). */
@@ -103,6 +106,10 @@ typedef struct {
  * (the loop goes on from there); 0, or -1 when the job must end (the error
  * said why). */
 int train_recover(trainer_t *t, int step, const train_model_t *model, int *resume);
+/* After update `step`'s snapshot: when fsdp-run announced a bigger world (a
+ * worker joins), every rank moves into it and the state of that snapshot is
+ * spread over it. 0, or -1 (the error said why). */
+int train_grow(trainer_t *t, int step, const train_model_t *model);
 
 /* Test-only fault injection (FSDP_FAULT, train_fault.c), called in the middle
  * of every step: kills, stalls or fails this rank when the variable says so;

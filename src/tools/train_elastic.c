@@ -9,8 +9,26 @@
 
 #include "tools/train.h"
 
+/* The joining worker's side of the survivors' rebuild (rebuild below): the
+ * save directory's lock, then the shard of the snapshot they restore. */
+static int join(trainer_t *t) {
+  if (!t->o->replica_every) {
+    fprintf(stderr, "fsdp-train: rank %d: joining a running job needs --replica-every, as its "
+            "peers have\n", t->rank);
+    return -1;
+  }
+  if (t->o->save_dir && fsdp_ckpt_lock(t->eng, t->o->save_dir, &t->lock)) return -1;
+  int64_t s;
+  if (fsdp_replica_join(t->eng, t->o->replica_every, &t->replica, NULL, &s)) return -1;
+  t->start_step = (int)s;
+  t->saved_through = (int)s; /* the others saved it */
+  if (t->rank == 0) printf("joined at step %lld\n", (long long)s);
+  return 0;
+}
+
 int train_replica_start(trainer_t *t) {
   t->resumed_from = t->lost_steps = -1;
+  if (t->joining) return join(t);
   if (!t->o->replica_every) return 0;
   if (fsdp_replica_create(t->eng, t->o->replica_every, &t->replica)) return -1;
   fsdp_replica_info_t info;
@@ -65,6 +83,36 @@ static int rebuild(trainer_t *t, const train_model_t *model) {
   }
   if (model->build(t, model->task)) return -1;
   return t->o->save_dir && fsdp_ckpt_lock(t->eng, t->o->save_dir, &t->lock) ? -1 : 0;
+}
+
+int train_grow(trainer_t *t, int step, const train_model_t *model) {
+  if (!t->replica || !fsdp_world_elastic() || step % t->o->replica_every) return 0;
+  /* Rank 0's view decides: the word reaches the ranks' pipes at different times. */
+  double pending = t->rank == 0 && fsdp_world_change_pending();
+  if (fsdp_broadcast(fsdp_engine_comm(t->eng), &pending, 1, FSDP_F64, 0, FSDP_HOST_STREAM))
+    return -1;
+  if (!pending) return 0;
+  double t0 = fsdp_time_now();
+  if (fsdp_replica_wait(t->replica)) return -1; /* every survivor holds its own snapshot */
+  tear_down(t, model);
+  fsdp_world_change_t c;
+  if (fsdp_world_rejoin(&t->world, NULL, &c)) return -1;
+  t->rank = c.rank;
+  t->nranks = c.size;
+  int64_t s;
+  if (rebuild(t, model) || fsdp_replica_restore(t->replica, t->eng, NULL, &s)) return -1;
+  if (s != step)
+    return fprintf(stderr, "fsdp-train: rank %d: grew back from the snapshot of step %lld, not "
+                   "of step %d\n", t->rank, (long long)s, step), -1;
+  t->resumed_from = s;
+  t->lost_steps = 0;
+  if (t->rank == 0 && t->o->json)
+    printf("{\"event\":\"grow\",\"old_ranks\":%d,\"ranks\":%d,\"step\":%d,\"seconds\":%.3f}\n",
+           c.old_size, c.size, step, fsdp_time_now() - t0);
+  else if (t->rank == 0)
+    printf("grew: rank %d of %d is now rank %d of %d at step %d (%.2f s)\n", c.old_rank,
+           c.old_size, c.rank, c.size, step, fsdp_time_now() - t0);
+  return 0;
 }
 
 int train_recover(trainer_t *t, int step, const train_model_t *model, int *resume) {

@@ -140,7 +140,8 @@ static int run(trainer_t *t, gpt_task_t *g) {
       evals++;
       train_report_eval(t, s + 1, "val_loss", vl, vl);
     }
-    if (train_save(t, s + 1) || train_snapshot(t, s + 1)) return -1;
+    train_model_t m = {unbuild_model, build_model, g};
+    if (train_save(t, s + 1) || train_snapshot(t, s + 1) || train_grow(t, s + 1, &m)) return -1;
   }
   double secs = fsdp_time_now() - t->t0;
   char text[64];
@@ -171,7 +172,9 @@ static int setup(trainer_t *t, gpt_task_t *g) {
   size_t size = g->is_tokens ? g->toks.n : g->text.n;
   uint64_t h = g->is_tokens ? train_hash(0, g->toks.tokens, 2 * g->toks.n)
                             : train_hash(0, g->text.bytes, g->text.n);
-  if (train_engine(t, o->steps) || train_check_consistency(t, data, size, h)) return -1;
+  /* A joining worker's peers compared their settings at their own start. */
+  if (train_engine(t, o->steps) || (!t->joining && train_check_consistency(t, data, size, h)))
+    return -1;
   int b = build_model(t, g);
   if (b) return b;
   if (t->rank == 0 && !o->json) {
@@ -231,7 +234,7 @@ static int build_model(trainer_t *t, void *task) {
 int train_gpt2(trainer_t *t) {
   gpt_task_t g = {0};
   int rc = setup(t, &g);
-  rc = rc ? rc : train_resume(t) || run(t, &g) ? -1 : 0;
+  rc = rc ? rc : (!t->joining && train_resume(t)) || run(t, &g) ? -1 : 0;
   unbuild_model(&g);
   fsdp_text_free(&g.text);
   fsdp_tokens_free(&g.toks);

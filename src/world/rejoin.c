@@ -29,12 +29,13 @@ typedef struct {
   int generation, rank, size, port;
 } word_t;
 
+static char buf[4096]; /* what the control pipe said that no world used yet */
+static size_t have;
+
 /* Reads the control pipe until a "world G R S P" line newer than the last
  * world tried has arrived (several may be waiting: the newest wins), within
- * timeout_s. */
-static fsdp_status_t read_word(int fd, double timeout_s, word_t *out) {
-  static char buf[4096];
-  static size_t have;
+ * timeout_s; with `peek`, only what is there now (*out zero when none). */
+static fsdp_status_t read_word(int fd, double timeout_s, int peek, word_t *out) {
   double deadline = fsdp_time_now() + timeout_s;
   *out = (word_t){0, 0, 0, 0};
   for (;;) {
@@ -47,22 +48,27 @@ static fsdp_status_t read_word(int fd, double timeout_s, word_t *out) {
         *out = w;
       line = nl + 1;
     }
-    have -= (size_t)(line - buf);
-    memmove(buf, line, have);
+    if (!peek) { /* the lines read are used; a peek leaves them for the read */
+      have -= (size_t)(line - buf);
+      memmove(buf, line, have);
+    } else {
+      for (char *z = buf; z < line; z++)
+        if (*z == '\0') *z = '\n';
+    }
     struct pollfd p = {fd, POLLIN, 0};
-    int wait_ms = out->generation ? 0 : (int)((deadline - fsdp_time_now()) * 1000.0);
-    if (!out->generation && wait_ms <= 0)
+    int wait_ms = out->generation || peek ? 0 : (int)((deadline - fsdp_time_now()) * 1000.0);
+    if (!out->generation && !peek && wait_ms <= 0)
       return fsdp_error(FSDP_ERR_TIMEOUT, "fsdp_world_rejoin: fsdp-run said nothing within "
                         "%g s about a world of the survivors (it ends the job when fewer than "
                         "--min-nproc ranks are left)", timeout_s);
     int rc = poll(&p, 1, wait_ms);
     if (rc < 0 && errno == EINTR) continue;
     if (rc <= 0) {
-      if (out->generation) return FSDP_SUCCESS;
+      if (out->generation || peek) return FSDP_SUCCESS;
       continue;
     }
     ssize_t got = read(fd, buf + have, sizeof buf - 1 - have);
-    if (got == 0 && out->generation) return FSDP_SUCCESS;
+    if (got == 0 && (out->generation || peek)) return FSDP_SUCCESS;
     if (got <= 0)
       return fsdp_error(FSDP_ERR_COMM, "fsdp_world_rejoin: the control pipe from fsdp-run "
                         "(FSDP_RUN_CONTROL=%d) %s", fd, got == 0 ? "was closed: fsdp-run is "
@@ -77,26 +83,46 @@ static void setenv_int(const char *name, int v) {
   setenv(name, text, 1);
 }
 
+int fsdp_world_joining(void) {
+  const char *v = getenv("FSDP_RUN_JOIN");
+  return fsdp_world_elastic() && v && !strcmp(v, "1");
+}
+
+int fsdp_world_change_pending(void) {
+  const char *v = getenv("FSDP_RUN_CONTROL");
+  word_t w;
+  return v && read_word(atoi(v), 0, 1, &w) == FSDP_SUCCESS && w.generation > 0;
+}
+
+static double join_timeout(void) {
+  const char *v = getenv("FSDP_RENDEZVOUS_TIMEOUT_S");
+  double t = v ? atof(v) : 0;
+  return t > 0 ? t : FSDP_DEFAULT_RENDEZVOUS_TIMEOUT_S;
+}
+
 fsdp_status_t fsdp_world_rejoin(fsdp_world_t *world, const fsdp_world_opts_t *opts,
                                 fsdp_world_change_t *change) {
-  if (!world || !*world)
-    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_world_rejoin: no world to leave");
-  if (!fsdp_world_elastic() || fsdp_world_kind(*world) != FSDP_WORLD_ENV)
+  if (!world || (!*world && !fsdp_world_joining()))
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_world_rejoin: no world to leave (only "
+                      "a worker fsdp-run starts to join, FSDP_RUN_JOIN=1, has none)");
+  if (!fsdp_world_elastic() || (*world && fsdp_world_kind(*world) != FSDP_WORLD_ENV))
     return fsdp_error(FSDP_ERR_UNSUPPORTED, "fsdp_world_rejoin: this world cannot go on "
                       "without a lost rank (that needs an env:// world under fsdp-run "
                       "--min-nproc)");
-  fsdp_world_change_t c = {.old_rank = fsdp_world_rank(*world),
-                           .old_size = fsdp_world_size(*world)};
-  double timeout_s = fsdp_world_rendezvous_timeout(*world);
-  fsdp_world_mark_failed(*world);
-  fsdp_world_destroy(*world);
-  *world = NULL;
+  fsdp_world_change_t c = {.old_rank = *world ? fsdp_world_rank(*world) : -1,
+                           .old_size = *world ? fsdp_world_size(*world) : 0};
+  double timeout_s = *world ? fsdp_world_rendezvous_timeout(*world) : join_timeout();
+  if (*world) {
+    fsdp_world_mark_failed(*world);
+    fsdp_world_destroy(*world);
+    *world = NULL;
+  }
   word_t w = {0, 0, 0, 0};
   int fd = atoi(getenv("FSDP_RUN_CONTROL"));
   /* A rank lost while the survivors meet makes that meeting fail at its
    * deadline; fsdp-run has announced the smaller world meanwhile. */
   for (fsdp_status_t st = FSDP_ERR_TIMEOUT; st != FSDP_SUCCESS;) {
-    FSDP_TRY(read_word(fd, timeout_s, &w));
+    FSDP_TRY(read_word(fd, timeout_s, 0, &w));
     generation = w.generation;
     /* The env:// contract, for this world: a single node. */
     setenv_int("RANK", w.rank);

@@ -1104,6 +1104,30 @@ def elastic_sigstop(r):
     check(mine == ref, "final state differs from the reference")
 
 
+def elastic_grow(r):
+    """Grow back, 4 -> 3 -> 4: rank 1 dies at step 5, the 3 others go on;
+    fsdp-run --respawn starts a new worker once they resumed, and at their
+    next snapshot all 4 move into a world of 4 (the newcomer receives its
+    shard from memory). The end equals a 4-rank run from that step's disk
+    checkpoint (saved by the 3) resharded to 4."""
+    save = os.path.join(r.tmp, "elastic-grow")
+    cmd = r.launcher("fsdp-run", 4) + ["--min-nproc", "2", "--respawn", "1"] + elastic_args(r, save)
+    rc, out, err, secs, left = r.run(cmd, {"FSDP_FAULT": "kill:rank=1:step=5",
+                                           "FSDP_TIMEOUT_S": "20"}, timeout=240)
+    check(rc == 0 and not left, f"exit {rc}, leftovers {left}:\n{err[-3000:]}")
+    check("started 1 worker to replace the lost" in err, f"no replacement:\n{err[-3000:]}")
+    shrinks, grows = events(out, "shrink"), events(out, "grow")
+    check([(e["old_ranks"], e["ranks"]) for e in shrinks] == [(4, 3)], f"shrinks {shrinks}")
+    check([(e["old_ranks"], e["ranks"]) for e in grows] == [(3, 4)], f"grows {grows}:\n{err[-3000:]}")
+    at = grows[0]["step"]
+    check(at % 2 == 0 and at > shrinks[0]["from_step"], f"grew at step {at}")
+    mine = consolidated(r, os.path.join(save, "step-12"))
+    ref = reference_from(r, os.path.join(save, f"step-{at}"), 4)
+    print(f"4 -> 3 ranks at step 5 (from step {shrinks[0]['from_step']}), back to 4 at step {at} "
+          f"({grows[0]['seconds']:.2f} s); final state {'identical' if mine == ref else 'DIFFERENT'}")
+    check(mine == ref, "final state differs from the reference")
+
+
 def elastic_pair(r):
     """A rank and its buddy die together: no complete copy of the first is
     left, the job ends saying so, and the disk checkpoint remains usable."""
@@ -1159,6 +1183,7 @@ SCENARIOS = {
     "elastic-pair": elastic_pair,
     "elastic-callback": elastic_callback,
     "elastic-sigstop": elastic_sigstop,
+    "elastic-grow": elastic_grow,
 }
 
 
