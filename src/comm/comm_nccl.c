@@ -288,22 +288,8 @@ static ncclResult_t issue(ncclComm_t comm, const fsdp_coll_t *k, float *scratch,
   case FSDP_COLL_BROADCAST:
     *fn = "ncclBroadcast";
     return ncclBroadcast(k->recv, k->recv, k->count, t, k->root, comm, s);
-  case FSDP_COLL_SHIFT: {
-    int n = 1, me = 0;
-    *fn = "ncclSend/ncclRecv (shift)";
-    ncclResult_t r = ncclCommCount(comm, &n);
-    if (r == ncclSuccess) r = ncclCommUserRank(comm, &me);
-    if (r != ncclSuccess) return r;
-    if (k->root == 0)
-      return cudaMemcpyAsync(k->recv, k->send, k->count * fsdp_dtype_size(k->dtype),
-                             cudaMemcpyDeviceToDevice, s) == cudaSuccess ? ncclSuccess
-                                                                         : ncclUnhandledCudaError;
-    r = ncclGroupStart();
-    if (r == ncclSuccess) r = ncclSend(k->send, k->count, t, (me + k->root) % n, comm, s);
-    if (r == ncclSuccess) r = ncclRecv(k->recv, k->count, t, (me - k->root + n) % n, comm, s);
-    ncclResult_t end = ncclGroupEnd();
-    return r == ncclSuccess ? end : r;
-  }
+  case FSDP_COLL_SHIFT: /* refused before it gets here (comm.c) */
+    break;
   case FSDP_COLL_BARRIER: /* NCCL has none: a one-element all-reduce orders the streams */
     *fn = "ncclAllReduce (barrier)";
     return ncclAllReduce(scratch, scratch, 1, ncclFloat32, ncclSum, comm, s);
