@@ -325,9 +325,9 @@ static fsdp_status_t no_copy(const survivor_t *all, const survivor_t *ref, const
                              int64_t s) {
   int n = (int)ref->world, off = (int)ref->offset;
   if (s < 0)
-    return fsdp_error(FSDP_ERR_INVALID_USAGE, "replica: no snapshot was taken before the loss "
-                      "(the first comes after update %d of the old world's %d ranks); resume "
-                      "from the last checkpoint on disk instead", 0, n);
+    return fsdp_error(FSDP_ERR_INVALID_USAGE, "replica: the old world of %d ranks took no "
+                      "snapshot before the loss (the first comes after `every` updates); "
+                      "resume from the last checkpoint on disk instead", n);
   for (int q = 0; q < n; q++) {
     int held;
     if (holder(all, ref, by_old, q, s, &held) >= 0) continue;
