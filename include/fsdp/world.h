@@ -161,6 +161,10 @@ FSDP_API int fsdp_world_joining(void);
  * Never blocks; local: ranks may see it at different times, so a trainer
  * agrees on it (one rank's answer, broadcast) before acting. */
 FSDP_API int fsdp_world_change_pending(void);
+/* 1 once a collective of this world failed (a lost or timed-out peer, a
+ * desync): the failure a rejoin answers; 0 otherwise (a trainer's own error,
+ * which no launcher word follows). */
+FSDP_API int fsdp_world_failed(fsdp_world_t world);
 /* Registers fn (NULL: none) to learn of every membership change; user is
  * passed back. One callback per process; the last registration wins. */
 FSDP_API void fsdp_world_on_change(fsdp_world_change_fn fn, void *user);

@@ -64,6 +64,7 @@ typedef struct {
   char partial[LINE_BYTES];   /* a line not yet ended */
   size_t n_partial;
   char last[LINE_BYTES];      /* the last non-empty line it wrote to stderr */
+  int fresh;                  /* `last` not yet looked at for a watchdog's report */
   int reaped, status, round;  /* round: supervision round that reaped it */
   int stopped_with;           /* the signal fsdp-run sent it, 0 none */
   int paused_by;              /* a stop signal (SIGSTOP, SIGTSTP) it was seen stopped by, 0 none */
@@ -231,6 +232,7 @@ static void emit_line(worker_t *w, const char *line, size_t len) {
   size_t k = len;
   while (k && (line[k - 1] == ' ' || line[k - 1] == '\r' || line[k - 1] == '\t')) k--;
   if (k) snprintf(w->last, sizeof w->last, "%.*s", (int)k, line);
+  w->fresh |= k > 0;
 }
 
 static void close_pipe(worker_t *w) {
@@ -450,9 +452,13 @@ static int waited_for(const worker_t *w);
 
 /* --min-nproc: a rank that another's watchdog names as never arriving (it is
  * stopped or stuck) is killed, so that it is lost like one that died and the
- * others go on without it. */
-static void kill_hung(group_t *g, const worker_t *reporter) {
-  int r = g->o->min_nproc && !g->stopping && !g->settling ? waited_for(reporter) : -1;
+ * others go on without it. Each line is judged once, when it is new, and
+ * none while a loss settles (its ranks may be the world's before). */
+static void kill_hung(group_t *g, worker_t *reporter) {
+  int r = g->o->min_nproc && !g->stopping && !g->settling && reporter->fresh
+              ? waited_for(reporter)
+              : -1;
+  reporter->fresh = 0; /* each line once: a later read must not act on it again */
   for (int i = 0; r >= 0 && i < g->n; i++) {
     worker_t *w = &g->w[i];
     if (w->cur != r || w->reaped || w->hung || w == reporter) continue;

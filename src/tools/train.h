@@ -100,8 +100,9 @@ typedef struct {
   int (*build)(trainer_t *t, void *task);
   void *task;
 } train_model_t;
-/* After update `step` (1-based) failed: when the world is elastic and a
- * replica exists, rebuilds the world of the survivors, the engine and the
+/* After update `step` (1-based) failed, or anything after update step - 1:
+ * when the world is elastic, a replica exists and the world's communication
+ * failed (fsdp_world_failed), rebuilds the world of the survivors, the engine and the
  * model, restores the newest complete snapshot and sets *resume to its step
  * (the loop goes on from there); 0, or -1 when the job must end (the error
  * said why). */
@@ -115,6 +116,8 @@ int train_grow(trainer_t *t, int step, const train_model_t *model);
  * of every step: kills, stalls or fails this rank when the variable says so;
  * -1 when FSDP_FAULT is malformed, else 0. */
 int train_fault(trainer_t *t, int step);
+/* The same variable's snapkill faults, called as a buddy snapshot begins. */
+void train_fault_snapshot(trainer_t *t, int step);
 
 /* Compares this rank's flags and data identity (path, size, content hash) with
  * every other rank's (train_check.c); -1 with fsdp_last_error naming the

@@ -61,6 +61,7 @@ int train_snapshot(trainer_t *t, int step) {
   if (fsdp_ckpt_meta_set(&meta, "step", step) ||
       fsdp_ckpt_meta_set(&meta, "seed", (int64_t)t->o->seed))
     return -1;
+  if (step % t->o->replica_every == 0) train_fault_snapshot(t, step);
   return fsdp_replica_snapshot(t->replica, &meta, NULL) ? -1 : 0;
 }
 
@@ -116,7 +117,8 @@ int train_grow(trainer_t *t, int step, const train_model_t *model) {
 }
 
 int train_recover(trainer_t *t, int step, const train_model_t *model, int *resume) {
-  if (!t->replica || !fsdp_world_elastic() || t->error[0]) return -1;
+  if (!t->replica || !fsdp_world_elastic() || t->error[0] || !fsdp_world_failed(t->world))
+    return -1;
   double t0 = fsdp_time_now();
   fprintf(stderr, "fsdp-train: rank %d: update %d failed: %s; waiting for fsdp-run's word on "
           "the survivors' world\n", t->rank, step, fsdp_last_error());

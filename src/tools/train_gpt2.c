@@ -141,7 +141,11 @@ static int run(trainer_t *t, gpt_task_t *g) {
       train_report_eval(t, s + 1, "val_loss", vl, vl);
     }
     train_model_t m = {unbuild_model, build_model, g};
-    if (train_save(t, s + 1) || train_snapshot(t, s + 1) || train_grow(t, s + 1, &m)) return -1;
+    if (train_save(t, s + 1) || train_snapshot(t, s + 1) || train_grow(t, s + 1, &m)) {
+      int resume; /* a peer lost after the update: from the snapshot all the same */
+      if (train_recover(t, s + 2, &m, &resume)) return -1;
+      s = resume - 1;
+    }
   }
   double secs = fsdp_time_now() - t->t0;
   char text[64];

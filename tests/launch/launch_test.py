@@ -1128,6 +1128,22 @@ def elastic_grow(r):
     check(mine == ref, "final state differs from the reference")
 
 
+def elastic_snapshot(r):
+    """A rank dies as the snapshot after update 6 begins: its buddy never gets
+    its copy of step 6, so every survivor rolls back to step 4, the snapshot
+    before (double buffering), and ends as a 3-rank run from step 4 does."""
+    rc, out, err, secs, save = elastic_run(r, "snapkill:rank=2:step=6")
+    check(rc == 0, f"exit {rc}:\n{err[-3000:]}")
+    (resumed,), times = check_shrinks(out, err, [(4, 3)])
+    check(resumed == 4, f"resumed from step {resumed}, not 4 (the snapshot before the one the "
+          f"loss interrupted)")
+    mine = consolidated(r, os.path.join(save, "step-12"))
+    ref = reference_from(r, os.path.join(save, "step-4"), 3)
+    print(f"lost during the snapshot of step 6: resumed from step {resumed}; final state "
+          f"{'identical' if mine == ref else 'DIFFERENT'}")
+    check(mine == ref, "final state differs from the reference")
+
+
 def elastic_pair(r):
     """A rank and its buddy die together: no complete copy of the first is
     left, the job ends saying so, and the disk checkpoint remains usable."""
@@ -1184,6 +1200,7 @@ SCENARIOS = {
     "elastic-callback": elastic_callback,
     "elastic-sigstop": elastic_sigstop,
     "elastic-grow": elastic_grow,
+    "elastic-snapshot": elastic_snapshot,
 }
 
 
