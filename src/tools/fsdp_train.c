@@ -71,7 +71,7 @@ static const char usage_text[] =
     "                            or from PATH (a step or save directory), at any rank count\n"
     "  --stop-after N            stop after update N as if preempted (the schedule still\n"
     "                            spans --steps); resume later with --resume\n"
-    "  --replica-every K         gpt2, llama: snapshot every K updates into the buddy rank's memory\n"
+    "  --replica-every K         snapshot every K updates into the buddy rank's memory\n"
     "                            (fsdp/replica.h; 0 off, the default); under an elastic\n"
     "                            fsdp-run a lost rank's shard is then restored from it and\n"
     "                            the survivors go on (docs/launching.md)\n";
