@@ -938,18 +938,19 @@ def oom_report(r):
 ELASTIC_RECOVERY_S = 30.0  # from the loss to the survivors' first step done
 
 
-def elastic_args(r, save):
+def elastic_args(r, save, model="gpt2"):
     text = os.path.join(r.tmp, "text.txt")
     write_text(text)
     # 12 splits over 4, 3 and 2 ranks; snapshots and saves every 2 updates.
-    return [r.tool("fsdp-train"), "--preset", "tiny", "--data", text, "--steps", "12",
+    return [r.tool("fsdp-train"), "--model", model, "--preset", "tiny", "--data", text,
+            "--steps", "12",
             "--global-batch", "12", "--eval-every", "0", "--json", "--replica-every", "2",
             "--save-dir", save, "--save-every", "2"]
 
 
-def elastic_run(r, fault, n=4, extra_env=None):
+def elastic_run(r, fault, n=4, extra_env=None, model="gpt2"):
     save = os.path.join(r.tmp, "elastic-" + uuid.uuid4().hex[:8])
-    cmd = r.launcher("fsdp-run", n) + ["--min-nproc", "2"] + elastic_args(r, save)
+    cmd = r.launcher("fsdp-run", n) + ["--min-nproc", "2"] + elastic_args(r, save, model)
     env = {"FSDP_FAULT": fault, "FSDP_TIMEOUT_S": "20", "FSDP_RENDEZVOUS_TIMEOUT_S": "10"}
     env.update(extra_env or {})
     rc, out, err, secs, left = r.run(cmd, env, timeout=240)
@@ -966,7 +967,7 @@ def consolidated(r, path):
         return f.read()
 
 
-def reference_from(r, step_dir, n):
+def reference_from(r, step_dir, n, model="gpt2"):
     """The reference of a shrink: the disk checkpoint of the step the survivors
     rolled back to, resharded for n ranks by fsdp-ckpt, trained to the end by
     n ranks; its final checkpoint's bytes (every tensor and optimizer state)."""
@@ -975,7 +976,7 @@ def reference_from(r, step_dir, n):
                         capture_output=True, text=True)
     check(ck.returncode == 0, f"fsdp-ckpt reshard {step_dir}: {ck.stderr}")
     save = os.path.join(r.tmp, "reference-" + uuid.uuid4().hex[:8])
-    args = elastic_args(r, save)
+    args = elastic_args(r, save, model)
     args = args[:args.index("--replica-every")] + args[args.index("--save-dir"):]
     rc, out, err, secs, left = r.run(r.launcher("fsdp-run", n) + args + ["--resume", resharded])
     check(rc == 0 and not left, f"reference run at {n} ranks: exit {rc}:\n{err[-3000:]}")
@@ -1021,6 +1022,21 @@ def elastic_kill(r):
     print(f"resumed from the snapshot of step {resumed} {times[0]:.2f} s after the loss; final "
           f"state ({len(mine)} bytes) {'identical to' if mine == ref else 'DIFFERENT from'} the "
           f"3-rank run from step {resumed} resharded on disk ({secs:.1f} s)")
+    check(mine == ref, "final state differs from the reference")
+
+
+def elastic_llama(r):
+    """elastic-kill's loss (rank 2 of 4 at step 7) with a grouped-query Llama:
+    the replicas, the in-memory reshard and the rebuilt model are the
+    model's own, and the end equals the 3-rank run from the disk checkpoint."""
+    rc, out, err, secs, save = elastic_run(r, "kill:rank=2:step=7", model="llama")
+    check(rc == 0, f"exit {rc}:\n{err[-3000:]}")
+    (resumed,), times = check_shrinks(out, err, [(4, 3)])
+    check(resumed in (6, 4), f"resumed from step {resumed} after a loss at step 7")
+    mine = consolidated(r, os.path.join(save, "step-12"))
+    ref = reference_from(r, os.path.join(save, f"step-{resumed}"), 3, "llama")
+    print(f"llama: resumed from step {resumed} {times[0]:.2f} s after the loss; final state "
+          f"{'identical' if mine == ref else 'DIFFERENT'}")
     check(mine == ref, "final state differs from the reference")
 
 
@@ -1195,6 +1211,7 @@ SCENARIOS = {
     "job-id": job_id,
     "oom-report": oom_report,
     "elastic-kill": elastic_kill,
+    "elastic-llama": elastic_llama,
     "elastic-twice": elastic_twice,
     "elastic-pair": elastic_pair,
     "elastic-callback": elastic_callback,
