@@ -61,6 +61,8 @@ static float *block_of(const fsdp_replica_t r, unsigned char *buf, int u, int st
 /* ---- connection (communicator, stream, event) ------------------------------ */
 
 static fsdp_status_t finish(fsdp_replica_t r);
+static fsdp_status_t old_capacity(const char *op, fsdp_replica_t r, fsdp_engine_t e, int u,
+                                  int n, size_t *cap);
 
 /* A transfer that completed before the failure still counts; one that failed
  * is not an error here (the failure is the caller's news already). */
@@ -162,9 +164,14 @@ fsdp_status_t fsdp_replica_create(fsdp_engine_t e, int every, fsdp_replica_t *ou
   r->in_flight = -1;
   fsdp_status_t st = layout(r, e);
   if (st == FSDP_SUCCESS) st = connect(r, e);
+  /* refused now rather than after a loss, when restore would refuse them (and
+   * a joining rank, which has no capacities to check, would wait for them) */
+  for (int u = 0; st == FSDP_SUCCESS && u < r->n_units; u++) {
+    size_t cap;
+    st = old_capacity("fsdp_replica_create", r, e, u, r->world, &cap);
+  }
   if (st != FSDP_SUCCESS) {
-    free_buffers(r);
-    fsdp_free(r);
+    fsdp_replica_destroy(r);
     return st;
   }
   *out = r;
@@ -425,16 +432,18 @@ static fsdp_status_t check_units(fsdp_replica_t r, fsdp_engine_t e) {
 /* Unit u's shard capacity in the old world of n ranks, as the engine lays it
  * out (a joining rank has no snapshot to read it from); a survivor checks it
  * against its own. */
-static fsdp_status_t old_capacity(fsdp_replica_t r, fsdp_engine_t e, int u, int n, size_t *cap) {
+static fsdp_status_t old_capacity(const char *op, fsdp_replica_t r, fsdp_engine_t e, int u,
+                                  int n, size_t *cap) {
   const fsdp_config_t *c = fsdp_engine_config(e);
   fsdp_unit_info_t info;
   FSDP_TRY(fsdp_unit_info(e, u, &info));
   int world = c->strategy == FSDP_NO_SHARD ? 1 : n;
   FSDP_TRY(fsdp_shard_layout(info.numel, world, c->align, 0, NULL, cap, NULL, NULL));
   if (r->world > 0 && *cap != r->cap[u])
-    return fsdp_error(FSDP_ERR_UNSUPPORTED, "fsdp_replica_restore: unit %d ('%s') had %zu "
-                      "elements per rank, not the %zu of a plain split over %d ranks (HSDP "
-                      "replicas cannot be restored yet)", u, info.name, r->cap[u], *cap, n);
+    return fsdp_error(FSDP_ERR_UNSUPPORTED, "%s: unit %d ('%s') had %zu elements per rank, "
+                      "not the %zu of a plain split over %d ranks (HSDP replicas cannot be "
+                      "restored yet: drop --shard-size or --replica-every)", op, u, info.name,
+                      r->cap[u], *cap, n);
   return FSDP_SUCCESS;
 }
 
@@ -444,7 +453,7 @@ static fsdp_status_t move_all(fsdp_replica_t r, fsdp_engine_t e, const survivor_
   int me = fsdp_comm_rank(comm);
   size_t most = 0, cap;
   for (int u = 0; u < r->n_units; u++) {
-    FSDP_TRY(old_capacity(r, e, u, (int)ref->world, &cap));
+    FSDP_TRY(old_capacity("fsdp_replica_restore", r, e, u, (int)ref->world, &cap));
     if (cap > most) most = cap;
   }
   float *buf = fsdp_alloc((most * (size_t)r->n_states + 4) * sizeof(float));
@@ -452,7 +461,8 @@ static fsdp_status_t move_all(fsdp_replica_t r, fsdp_engine_t e, const survivor_
   fsdp_status_t st = FSDP_SUCCESS;
   for (int u = 0; u < r->n_units && !st; u++) {
     fsdp_shard_t s;
-    if ((st = old_capacity(r, e, u, (int)ref->world, &cap)) || (st = fsdp_unit_shard(e, u, &s)))
+    if ((st = old_capacity("fsdp_replica_restore", r, e, u, (int)ref->world, &cap)) ||
+        (st = fsdp_unit_shard(e, u, &s)))
       break;
     for (int q = 0; q < (int)ref->world && !st; q++) {
       int held, root = holder(all, ref, by_old, q, step, &held);

@@ -4,7 +4,7 @@
  * against an all-gather of the live shards), the previous snapshot survives
  * the next one (double buffering), and a restore into a fresh engine
  * reproduces the snapshot's state and step; a rejoin outside an elastic
- * launcher is refused. N = 1..4. */
+ * launcher is refused, and so are HSDP replicas. N = 1..4. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,10 +22,11 @@ static const int64_t rows[N_UNITS] = {13, 31, 7};
 #define COLS 11
 #define EVERY 2
 
-static fsdp_engine_t make_engine(uint64_t seed, int extra_row) {
+static fsdp_engine_t make_engine_sharded(uint64_t seed, int extra_row, int shard_size) {
   static char names[N_UNITS][2][16];
   fsdp_config_t c = FSDP_CONFIG_INIT;
   fsdp_engine_t e;
+  c.shard_size = shard_size;
   c.optim.kind = FSDP_OPTIM_ADAMW;
   c.optim.lr = 1e-2f;
   ck_assert_int_eq(fsdp_engine_create(world, &c, &e), FSDP_SUCCESS);
@@ -40,6 +41,10 @@ static fsdp_engine_t make_engine(uint64_t seed, int extra_row) {
   }
   ck_assert_int_eq(fsdp_engine_materialize(e, seed), FSDP_SUCCESS);
   return e;
+}
+
+static fsdp_engine_t make_engine(uint64_t seed, int extra_row) {
+  return make_engine_sharded(seed, extra_row, 0);
 }
 
 /* A step whose gradients differ by rank, element and step, so the moments are
@@ -210,6 +215,20 @@ START_TEST(restore_refuses_another_model) {
 }
 END_TEST
 
+/* HSDP's shards (shard groups smaller than the world) cannot be restored:
+ * refused when the replica is made, not after a loss. */
+START_TEST(create_refuses_hsdp) {
+  if (nranks < 2) return;
+  fsdp_engine_t e = make_engine_sharded(7, 0, 1);
+  fsdp_replica_t r = NULL;
+  ck_assert_int_eq(fsdp_replica_create(e, 1, &r), FSDP_ERR_UNSUPPORTED);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "fsdp_replica_create: unit 0"));
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "HSDP"));
+  ck_assert_ptr_null(r);
+  fsdp_engine_destroy(e);
+}
+END_TEST
+
 int main(void) {
   if (mpi_check_join(&world, &rank, &nranks)) return EXIT_FAILURE;
   Suite *s = suite_create("replica");
@@ -219,6 +238,7 @@ int main(void) {
   tcase_add_test(tc, buddy_holds_the_shard_bit_for_bit);
   tcase_add_test(tc, restore_refuses_another_model);
   tcase_add_test(tc, rejoin_needs_an_elastic_launcher);
+  tcase_add_test(tc, create_refuses_hsdp);
   suite_add_tcase(s, tc);
   return mpi_check_run(s);
 }
