@@ -138,7 +138,14 @@ FSDP_API void fsdp_world_abort(fsdp_world_t world, fsdp_status_t status, const c
  *  4. redoes its per-rank state: the data position is the restored step's,
  *     split by the new rank and world size; per-rank buffers sized by the
  *     micro-batch are sized again; RNG streams keyed by rank are re-keyed.
- * Steps done after the snapshot are done again. */
+ * Steps done after the snapshot are done again.
+ *
+ * Thread safety: fsdp_world_change_pending, fsdp_world_on_change and
+ * fsdp_world_rejoin from the main thread only, like init and destroy: the
+ * control pipe's unread lines and the change callback are process-wide, and
+ * fsdp_world_rejoin sets RANK, WORLD_SIZE, LOCAL_RANK,
+ * LOCAL_WORLD_SIZE and MASTER_PORT in the environment (setenv) for the new
+ * world, so no other thread may read the environment meanwhile. */
 
 typedef struct {
   int generation;         /* 1 after the first change, 2 after the second, ... */
