@@ -253,8 +253,12 @@ fsdp_status_t fsdp_replica_snapshot(fsdp_replica_t r, const fsdp_ckpt_meta_t *me
   r->snapshots++;
   r->own_step[k] = step;
   r->held_step[k] = -1; /* being overwritten: the other one is the complete copy */
-  FSDP_TRY(fsdp_shift(r->comm, r->own[k], r->held[k], r->bytes / sizeof(float), FSDP_F32,
-                      r->offset, r->stream));
+  /* in pieces of at most 2^28 floats: the MPI and Gloo backends count a
+   * collective's elements in an int, and a rank's snapshot can pass 2^31 */
+  const size_t total = r->bytes / sizeof(float), piece = (size_t)1 << 28;
+  for (size_t at = 0; at < total; at += piece)
+    FSDP_TRY(fsdp_shift(r->comm, r->own[k] + at * sizeof(float), r->held[k] + at * sizeof(float),
+                        total - at < piece ? total - at : piece, FSDP_F32, r->offset, r->stream));
   FSDP_TRY(fsdp_event_record(r->done, r->stream));
   r->in_flight = k;
   r->in_flight_step = step;

@@ -67,6 +67,10 @@ static fsdp_status_t read_word(int fd, double timeout_s, int peek, word_t *out) 
       if (out->generation || peek) return FSDP_SUCCESS;
       continue;
     }
+    if (have == sizeof buf - 1)
+      return fsdp_error(FSDP_ERR_COMM, "fsdp_world_rejoin: %zu bytes on the control pipe from "
+                        "fsdp-run (FSDP_RUN_CONTROL=%d) without a newline: not fsdp-run's "
+                        "protocol", have, fd);
     ssize_t got = read(fd, buf + have, sizeof buf - 1 - have);
     if (got == 0 && (out->generation || peek)) return FSDP_SUCCESS;
     if (got <= 0)
