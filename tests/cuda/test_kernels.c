@@ -26,6 +26,7 @@
 #include "backend/compute.h"
 #include "fsdp/nn.h"
 #include "backend/cpu/head.h"
+#include "backend/cpu/llama_layers.h"
 #include "fsdp/optim.h"
 
 #define LEN(a) ((int)(sizeof(a) / sizeof((a)[0])))
@@ -932,13 +933,16 @@ END_TEST
  * of bf16-rounded weights are within 2^-8 of the exact ones). dqkv from zeros,
  * measured as flash_backward_reference says. Then the add-into contract: a
  * second backward on the same dqkv must double it. Shapes: T not a multiple
- * of the 32-key or 64-row tiles, T = 1, several batch rows and heads, every
- * tile variant (head sizes 16, 32, 64 with 64-row tiles, 128 with 32-row
- * tiles), and T = 1024 at GPT-2's head size 64 (2 heads: the simulator's
- * tensor cores are fibers). */
-static const struct { int B, T, C, NH; } kFlash[] = {
-    {2, 65, 96, 3}, {1, 1, 128, 2}, {3, 77, 192, 3}, {2, 100, 256, 2}, {1, 130, 32, 2},
-    {1, 1024, 128, 2},
+ * of the 32- or 64-row tiles, T = 1, several batch rows and heads, every
+ * tile variant (head sizes 16, 32, 64 with 64-row inner tiles, 128 with 32),
+ * grouped-query attention (2 query heads per KV head at head sizes 64 and
+ * 128, 3 at 64, and one KV head for 4 query heads, multi-query), and T =
+ * 1024 at GPT-2's head size 64 (2 heads: the simulator's tensor cores are
+ * fibers; the production shapes are the kernels-big test's). */
+static const struct { int B, T, C, NH, NKV; } kFlash[] = {
+    {2, 65, 96, 3, 0},  {1, 1, 128, 2, 0},   {3, 77, 192, 3, 0},  {2, 100, 256, 2, 0},
+    {1, 130, 32, 2, 0}, {2, 77, 256, 4, 2},  {1, 100, 512, 4, 1}, {2, 70, 384, 6, 2},
+    {1, 1, 512, 4, 2},  {1, 1024, 128, 2, 0},
 };
 
 /* The log-sum-exp of each row's scaled causal scores, in double. */
@@ -1025,6 +1029,35 @@ static double flash_err(const float *got, const float *want, const float *mag, s
   return worst;
 }
 
+/* Grouped-query attention as HF's repeat_kv defines it: qkv (B,T,(NH+2NKV)D)
+ * to the multi-head (B,T,3C) whose KV head h is the grouped one h / (NH /
+ * NKV), and a multi-head gradient (or bound) back, each KV head's the sum
+ * over its group's query heads. NKV = NH copies. */
+static float *repeat_kv(const float *x, int B, int T, int C, int NH, int NKV) {
+  const int D = C / NH, G = NH / NKV, ld = (NH + 2 * NKV) * D;
+  float *e = xmalloc((size_t)B * T * 3 * C * sizeof(float));
+  for (size_t r = 0; r < (size_t)B * T; ++r)
+    for (int part = 0; part < 3; ++part)
+      for (int h = 0; h < NH; ++h) {
+        const int src = part == 0 ? h : NH + (part - 1) * NKV + h / G;
+        memcpy(e + r * 3 * C + (size_t)part * C + (size_t)h * D, x + r * ld + (size_t)src * D,
+               (size_t)D * sizeof(float));
+      }
+  return e;
+}
+
+static void sum_kv(float *x, const float *e, int B, int T, int C, int NH, int NKV) {
+  const int D = C / NH, G = NH / NKV, ld = (NH + 2 * NKV) * D;
+  memset(x, 0, (size_t)B * T * ld * sizeof(float));
+  for (size_t r = 0; r < (size_t)B * T; ++r)
+    for (int part = 0; part < 3; ++part)
+      for (int h = 0; h < NH; ++h) {
+        const int dst = part == 0 ? h : NH + (part - 1) * NKV + h / G;
+        for (int d = 0; d < D; ++d)
+          x[r * ld + (size_t)dst * D + d] += e[r * 3 * C + (size_t)part * C + (size_t)h * D + d];
+      }
+}
+
 /* One bf16 case through the table's entry points, whichever kernel the
  * attention mode picks, its errors recorded in rows fwd and bwd; adds: also
  * the add-into contract (a second backward). NKV key/value heads (0: NH):
@@ -1046,13 +1079,14 @@ static void bf16_attention_case(int B, int T, int C, int NH, int NKV, const char
   const fsdp_attention_forward_args_t dims = {.dt = FSDP_BF16, .B = B, .T = T, .C = C, .NH = NH,
                                               .NKV = NKV};
   ck_assert_uint_eq(fsdp_cuda_attention_state_floats(&dims), nlse);
-  ck_assert_uint_eq(fsdp_cuda_attention_scratch_bytes(&dims), 0); /* no T^2 */
-  float *g_lse = dev_alloc(nlse * 4);
+  ck_assert_uint_eq(fsdp_cuda_attention_scratch_bytes(&dims), nlse * 4); /* no T^2 */
+  float *g_lse = dev_alloc(nlse * 4), *g_scratch = dev_alloc(nlse * 4);
   OK(fsdp_cuda_attention_forward(
       &(fsdp_attention_forward_args_t){.dt = FSDP_BF16, .out = g_out, .att = g_lse, .qkv = g_qkv,
                                        .B = B, .T = T, .C = C, .NH = NH, .NKV = NKV},
       fs));
-  const fsdp_attention_backward_args_t bargs = {.dt = FSDP_BF16, .dqkv = g_dqkv, .dout = g_dout,
+  const fsdp_attention_backward_args_t bargs = {.dt = FSDP_BF16, .dqkv = g_dqkv,
+                                                .scratch = g_scratch, .dout = g_dout,
                                                 .qkv = g_qkv, .out = g_out, .att = g_lse, .B = B,
                                                 .T = T, .C = C, .NH = NH, .NKV = NKV};
   OK(fsdp_cuda_attention_backward(&bargs, fs));
@@ -1097,8 +1131,9 @@ START_TEST(flash_attention) {
 }
 END_TEST
 
-/* Head sizes the kernel has no tiles for, and misaligned tensors: refused by
- * name before anything is launched. */
+/* Head sizes the kernel has no tiles for, misaligned tensors, KV heads that
+ * do not divide the query heads and a missing scratch: refused by name before
+ * anything is launched. */
 START_TEST(flash_attention_refuses) {
   OK(fsdp_cuda_attention_set_mode("flash")); /* cuDNN takes head size 144 */
   uint16_t *buf = dev_alloc(3 * 4 * 160 * 2 * 2);
@@ -1122,6 +1157,22 @@ START_TEST(flash_attention_refuses) {
   fwd.out = buf, fwd.C = 30, fwd.NH = 4;
   ck_assert_int_eq(fsdp_cuda_attention_forward(&fwd, fs), FSDP_ERR_INVALID_ARGUMENT);
   ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "multiple of the 4 heads"));
+  /* KV heads that do not divide the query heads, in both precisions */
+  fwd.C = 64, fwd.NH = 4, fwd.NKV = 3;
+  for (int bf16 = 0; bf16 <= 1; ++bf16) {
+    fwd.dt = bf16 ? FSDP_BF16 : FSDP_F32;
+    ck_assert_int_eq(fsdp_cuda_attention_forward(&fwd, fs), FSDP_ERR_INVALID_ARGUMENT);
+    ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "3 KV heads do not divide the 4 query heads"));
+  }
+  /* backward without the scratch attention_scratch_bytes asks for */
+  ck_assert_int_eq(fsdp_cuda_attention_backward(
+                       &(fsdp_attention_backward_args_t){.dt = FSDP_BF16, .dqkv = buf,
+                                                         .dout = buf, .qkv = buf, .out = buf,
+                                                         .att = lse, .B = 1, .T = 4, .C = 64,
+                                                         .NH = 4, .NKV = 2},
+                       fs),
+                   FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "no scratch"));
 }
 END_TEST
 
@@ -1731,6 +1782,7 @@ static int big_mode(void) {
 static Suite *kernels_big_suite(void) {
   Suite *s = suite_create("cuda_kernels_big");
   add_test(s, "big_attention", big_attention, 1);
+  add_test(s, "big_flash_attention", big_flash_attention, 1);
   add_test(s, "big_vocab_matmul", big_vocab_matmul, 1);
   add_test(s, "big_xent", big_xent, 1);
   add_test(s, "big_layernorm", big_layernorm, 1);
