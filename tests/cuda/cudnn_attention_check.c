@@ -6,8 +6,8 @@
  * - grouped-query: Llama-3.2-1B's (B 4, T 1024, 32 query heads over 8 KV
  *   heads of 64) against cuDNN's multi-head attention on the same inputs
  *   with each KV head repeated for its query heads (HF's repeat_kv), its dk
- *   and dv summed back over each group (the in-house flash kernel is
- *   multi-head only).
+ *   and dv summed back over each group (an independent reference: the
+ *   in-house flash kernel is the other implementation under test).
  * Prints what was opened (version, path), the largest differences (on the
  * scale of each tensor's largest value: a layout or mask error is O(1), bf16
  * rounding about 1e-2 at most), the milliseconds per call, and PASS or FAIL.
