@@ -7,12 +7,10 @@
  * so that the store of one job turns away the workers of another that meets
  * it on the same port. */
 #include <errno.h>
-#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
-#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -148,19 +146,6 @@ static void random_id(char *buf, size_t n) {
         (unsigned long long)getpid();
   }
   snprintf(buf, n, "%016llx", r);
-}
-
-/* A port free right now; another process could take it before rank 0 binds
- * it, which rank 0 then reports (the store cannot bind). */
-int run_free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), port = -1;
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof a;
-  if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-      getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-    port = ntohs(a.sin_port);
-  if (fd >= 0) close(fd);
-  return port;
 }
 
 int main(int argc, char **argv) {

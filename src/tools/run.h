@@ -45,7 +45,7 @@ int run_signals_install(void);
  * survivors and a new port to meet at (fsdp_world_rejoin), and go on. */
 group_result_t run_group(const run_opts_t *o, int attempt, int *signal_out);
 
-/* A TCP port on the loopback free right now (fsdp_run.c); -1 with errno. */
+/* A TCP port on the loopback free right now (run_group.c); -1 with errno. */
 int run_free_port(void);
 
 #endif
