@@ -60,8 +60,9 @@ int train_replica_start(trainer_t *t) {
   fsdp_replica_info_t info;
   if (fsdp_replica_info(t->replica, &info)) return -1;
   if (t->rank == 0 && !t->o->json)
-    printf("  buddy replicas every %d updates: 4 x %.2f MiB/rank of host memory (rank r's "
-           "copy on rank r + %d)%s\n", info.every, info.snapshot_bytes / 1048576.0,
+    printf("  buddy replicas every %d updates: %.2f MiB/rank of host memory, 4 snapshots of "
+           "%.2f MiB (rank r's copy on rank r + %d)%s\n", info.every,
+           info.host_bytes / 1048576.0, info.snapshot_bytes / 1048576.0,
            (info.buddy - info.rank + info.world_size) % (info.world_size ? info.world_size : 1),
            fsdp_world_elastic() ? "; elastic: a lost rank is restored from them" : "");
   return 0;
