@@ -9,6 +9,18 @@
  * 1. The transfer is one fsdp_shift on a communicator and CPU stream of the
  * replica's own, so it runs beside the next steps instead of inside them.
  *
+ * Where the snapshots live: always in host memory (fsdp_alloc), whatever the
+ * engine's device. On a CUDA engine the copy into a snapshot reads each
+ * unit's shard through fsdp_unit_shard, which copies it device -> host on
+ * FSDP_HOST_STREAM (synchronously, in the calling thread, after the engine's
+ * streams are done with it); the restore writes the rebuilt shards back the
+ * same way (fsdp_unit_shard_release). The replica's communicator is a dup of
+ * the engine's host communicator (fsdp_engine_comm: the world's backend, Gloo
+ * under fsdp-run, MPI under mpirun), not of its gather communicator, so an
+ * engine gathering over NCCL still moves its snapshots host to host and
+ * spends no GPU memory on them; the restore's broadcasts use the engine's
+ * host communicator too.
+ *
  * Double-buffered: each rank holds its own last two snapshots and the last
  * two it received, each tagged with its step. A received snapshot counts only
  * once its transfer completed and its header (magic, step, source rank, world
