@@ -342,7 +342,7 @@ static void stop_all(group_t *g, int sig);
  * order), or the end of the job. -1 when the job ends. */
 static int tell_world(group_t *g, const run_word_t *word) {
   if (word->kind == RUN_WORD_END) {
-    if (g->o->node_rank) fprintf(stderr, "fsdp-run: node 0 ends the job: %s\n", word->why);
+    if (g->o->node_rank) fprintf(stderr, "fsdp-run: ending the job: %s\n", word->why);
     if (!g->stopping) {
       g->failed = 1;
       stop_all(g, SIGTERM);

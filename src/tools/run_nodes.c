@@ -141,9 +141,9 @@ static int decide(run_nodes_t *n, const char *why, int admitted_from, run_word_t
   n->generation += n->size > 0;
   n->size = total;
   if (why)
-    fprintf(stderr, "fsdp-run: going on with %d of %d ranks (world %d, --min-nproc %d, %d "
-            "node%s): %s; the ranks meet at port %d\n", total, old, n->generation,
-            n->o->min_nproc, kept, kept == 1 ? "" : "s", why, port);
+    fprintf(stderr, "fsdp-run: %s %d of %d ranks (world %d, --min-nproc %d, %d node%s): %s; "
+            "the ranks meet at port %d\n", total > old ? "growing to" : "going on with", total,
+            old, n->generation, n->o->min_nproc, kept, kept == 1 ? "" : "s", why, port);
   for (int k = 0, first = 0; k < kept; k++) {
     int node = n->order[k];
     peer_t *p = &n->peer[node];

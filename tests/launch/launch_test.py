@@ -1242,7 +1242,7 @@ def read_step(p, step, deadline):
     raise Failure(f"node 0 never reported step {step}:\n{text[-3000:]}")
 
 
-def nodes_job(r, netns, nnodes, extra, act, timeout=120):
+def nodes_job(r, netns, nnodes, extra, act, timeout=120, fault=None):
     """An elastic job of two fsdp-run agents (2 ranks each) on two hosts;
     act(procs, deadline, start_node1) drives it (kills, late starts) and
     returns node 0's stdout so far. (rc of each agent, node 0's stdout, both
@@ -1252,7 +1252,7 @@ def nodes_job(r, netns, nnodes, extra, act, timeout=120):
         port, job = free_port(), "nodes-" + uuid.uuid4().hex[:10]
         save = os.path.join(r.tmp, job)
         env = dict(r.base_env, FSDP_TEST_TAG=job, FSDP_TIMEOUT_S="20",
-                   FSDP_RENDEZVOUS_TIMEOUT_S="10")
+                   FSDP_RENDEZVOUS_TIMEOUT_S="10", **({"FSDP_FAULT": fault} if fault else {}))
         args, logs, procs = elastic_args(r, save), [], []
         t0 = time.monotonic()
         deadline = t0 + timeout
@@ -1319,6 +1319,29 @@ def nodes_kill(r, netns):
           f"node 0 resumed from step {resumed} {times[0]:.2f} s later; final state "
           f"{'identical to' if mine == ref else 'DIFFERENT from'} the 2-rank run from step "
           f"{resumed} ({secs:.1f} s)")
+    check(mine == ref, "final state differs from the reference")
+
+
+def nodes_kill_worker(r):
+    """2 nodes x 2 ranks; one worker of node 1 (rank 3) dies at step 5: the 3
+    left (2 on node 0, 1 on node 1) go on. Their snapshots from then on need
+    one buddy distance agreed by ranks whose nodes hold 2 and 1 ranks; the end
+    equals a 3-rank run from the step they resumed from."""
+    def act(procs, deadline, start):
+        start(1)
+        return ""
+    rcs, out, err, save, secs = nodes_job(r, False, "2", ["--min-nproc", "2"], act,
+                                          fault="kill:rank=3:step=5")
+    check(rcs == [0, 0], f"exit {rcs}:\n{err[-3000:]}")
+    check("lost rank 3 (first launched as rank 3, local rank 1" in err and
+          "node 1 lost 1 worker" in err, f"the loss is not named:\n{err[-3000:]}")
+    shrinks = events(out, "shrink")
+    check([(e["old_ranks"], e["ranks"]) for e in shrinks] == [(4, 3)], f"shrinks {shrinks}")
+    resumed = shrinks[0]["from_step"]
+    mine = consolidated(r, os.path.join(save, "step-12"))
+    ref = reference_from(r, os.path.join(save, f"step-{resumed}"), 3)
+    print(f"rank 3 (node 1) lost at step 5; 3 ranks on 2 nodes resumed from step {resumed}; "
+          f"final state {'identical' if mine == ref else 'DIFFERENT'} ({secs:.1f} s)")
     check(mine == ref, "final state differs from the reference")
 
 
@@ -1409,6 +1432,7 @@ SCENARIOS = {
     "elastic-snapshot": elastic_snapshot,
     "nodes-kill": lambda r: nodes_kill(r, False),
     "nodes-kill-netns": lambda r: nodes_kill(r, True),
+    "nodes-kill-worker": nodes_kill_worker,
     "nodes-grow": nodes_grow,
     "nodes-lose-node0": nodes_lose_node0,
 }
