@@ -8,6 +8,7 @@
  * it on the same port. An elastic job over several nodes (--min-nproc or
  * --nnodes MIN:MAX) has its agents meet first (run_nodes.c). */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -209,9 +210,10 @@ int main(int argc, char **argv) {
     run_nodes_t *nodes;
     run_word_t word;
     int sig = 0;
-    if (run_nodes_open(&o, &nodes, &word)) {
+    if (run_nodes_open(&o, run_signals_fd(), &nodes, &word)) {
+      unsigned char got = 0; /* the signal that stopped the meeting, if one did */
       run_nodes_close(nodes, 0);
-      return 1;
+      return read(run_signals_fd(), &got, 1) == 1 && got != SIGCHLD ? 128 + got : 1;
     }
     group_result_t r = run_group_nodes(&o, nodes, &word, &sig);
     run_nodes_close(nodes, r == GROUP_SUCCEEDED);

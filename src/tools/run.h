@@ -32,6 +32,8 @@ typedef enum {
 /* Installs the signal handlers the supervisor relies on (SIGCHLD, SIGINT,
  * SIGTERM through a self-pipe; SIGPIPE ignored). 0, or -1 with errno. */
 int run_signals_install(void);
+/* The read end of that self-pipe: readable once a signal came. */
+int run_signals_fd(void);
 
 /* Runs the worker group once (attempt 0, 1, ...: FSDP_RESTART_COUNT): each
  * worker's stderr is echoed prefixed "[rank N] "; when one fails the others

@@ -134,6 +134,8 @@ int run_signals_install(void) {
   return 0;
 }
 
+int run_signals_fd(void) { return sig_pipe[0]; }
+
 /* ---- spawning ------------------------------------------------------------ */
 
 static void setenv_int(const char *name, long v) {

@@ -42,8 +42,11 @@ typedef struct {
   size_t have;
 } peer_t;
 
+#define MAX_NEWCOMERS 16
+
 struct run_nodes {
   const run_opts_t *o;
+  int stop_fd;       /* readable when fsdp-run got a signal: stop waiting */
   int listen_fd;     /* node 0: the agents' port; -1 elsewhere */
   peer_t *peer;      /* node 0: by node rank; elsewhere peer[0] is the link to node 0 */
   int *order;        /* node 0: node ranks in rank order of the current world */
@@ -51,6 +54,7 @@ struct run_nodes {
   int generation, size;
   int settling;      /* node 0: a new world is being made; admit nobody until it resumed */
   int finished;      /* node 0 said bye: its exit is no loss */
+  peer_t newcomers[MAX_NEWCOMERS]; /* node 0: connections not yet introduced; fd 0 none */
 };
 
 static double now_s(void) {
@@ -212,29 +216,25 @@ static void hello(run_nodes_t *n, int fd, const char *line) {
   *p = (peer_t){.fd = fd, .state = PEER_WAITING, .alive = nproc};
 }
 
-/* Connections not yet introduced: their fd and what they sent so far. */
-#define MAX_NEWCOMERS 16
-static peer_t newcomers[MAX_NEWCOMERS];
-
 static void accept_agents(run_nodes_t *n) {
   int fd;
   while ((fd = accept4(n->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0) {
     keepalive(fd);
     int k = 0;
-    while (k < MAX_NEWCOMERS && newcomers[k].fd > 0) k++;
+    while (k < MAX_NEWCOMERS && n->newcomers[k].fd > 0) k++;
     if (k == MAX_NEWCOMERS) {
       close(fd);
       continue;
     }
-    newcomers[k] = (peer_t){.fd = fd};
+    n->newcomers[k] = (peer_t){.fd = fd};
   }
   for (int k = 0; k < MAX_NEWCOMERS; k++) {
     char line[1024];
-    if (newcomers[k].fd <= 0) continue;
-    int got = read_line(&newcomers[k], line, sizeof line);
-    if (got < 0) close(newcomers[k].fd);
-    if (got > 0) hello(n, newcomers[k].fd, line);
-    if (got != 0) newcomers[k].fd = 0;
+    if (n->newcomers[k].fd <= 0) continue;
+    int got = read_line(&n->newcomers[k], line, sizeof line);
+    if (got < 0) close(n->newcomers[k].fd);
+    if (got > 0) hello(n, n->newcomers[k].fd, line);
+    if (got != 0) n->newcomers[k].fd = 0;
   }
 }
 
@@ -288,6 +288,15 @@ static int listen_agents(run_nodes_t *n) {
   return 0;
 }
 
+/* A signal came while the agents meet: nothing is started yet. */
+static int interrupted(run_nodes_t *n) {
+  fprintf(stderr, "fsdp-run: interrupted while node %d waited for %s\n", n->o->node_rank,
+          n->o->node_rank ? "node 0's agent" : "the other nodes");
+  for (int k = 1; k < n->o->nnodes; k++)
+    send_line(n->peer[k].fd, "end node 0's fsdp-run was interrupted\n");
+  return -1;
+}
+
 /* Node 0: waits up to --rdzv-timeout for --nnodes MAX nodes, then starts
  * with what came when that is at least MIN. */
 static int meet(run_nodes_t *n, run_word_t *mine) {
@@ -311,12 +320,14 @@ static int meet(run_nodes_t *n, run_word_t *mine) {
         send_line(n->peer[k].fd, "end node 0 gave up waiting for the other nodes\n");
       return -1;
     }
-    struct pollfd pf[1 + MAX_NEWCOMERS];
+    struct pollfd pf[2 + MAX_NEWCOMERS];
     int m = 0;
+    pf[m++] = (struct pollfd){n->stop_fd, POLLIN, 0};
     pf[m++] = (struct pollfd){n->listen_fd, POLLIN, 0};
     for (int k = 0; k < MAX_NEWCOMERS; k++)
-      if (newcomers[k].fd > 0) pf[m++] = (struct pollfd){newcomers[k].fd, POLLIN, 0};
-    poll(pf, (nfds_t)m, (int)(left * 1000) + 1);
+      if (n->newcomers[k].fd > 0) pf[m++] = (struct pollfd){n->newcomers[k].fd, POLLIN, 0};
+    if (poll(pf, (nfds_t)m, (int)(left * 1000) + 1) > 0 && pf[0].revents)
+      return interrupted(n);
   }
   n->order[n->n_order++] = 0;
   for (int k = 1; k < n->o->nnodes; k++)
@@ -352,8 +363,9 @@ static int connect_node0(run_nodes_t *n) {
       return 0;
     }
     if (now_s() >= deadline) break;
-    struct timespec pause = {0, 100 * 1000 * 1000}; /* a retry interval, not a wait for an event */
-    nanosleep(&pause, NULL);
+    /* node 0's agent may not listen yet: try again in 0.1 s, or stop on a signal */
+    struct pollfd stop = {n->stop_fd, POLLIN, 0};
+    if (poll(&stop, 1, 100) > 0) return interrupted(n);
   }
   fprintf(stderr, "fsdp-run: node %d cannot reach node 0's agent at %s:%d within --rdzv-timeout "
           "%g s: %s\n", n->o->node_rank, n->o->master_addr, n->o->master_port,
@@ -408,7 +420,7 @@ static int listen_node0(run_nodes_t *n, run_word_t *w) {
   return have;
 }
 
-int run_nodes_open(const run_opts_t *o, run_nodes_t **out, run_word_t *first) {
+int run_nodes_open(const run_opts_t *o, int stop_fd, run_nodes_t **out, run_word_t *first) {
   run_nodes_t *n = calloc(1, sizeof *n);
   if (n) n->peer = calloc((size_t)o->nnodes, sizeof *n->peer);
   if (n) n->order = calloc((size_t)o->nnodes, sizeof *n->order);
@@ -418,6 +430,7 @@ int run_nodes_open(const run_opts_t *o, run_nodes_t **out, run_word_t *first) {
     return -1;
   }
   n->o = o;
+  n->stop_fd = stop_fd;
   n->listen_fd = -1;
   for (int k = 0; k < o->nnodes; k++) n->peer[k].fd = -1;
   *out = n;
@@ -429,8 +442,8 @@ int run_nodes_open(const run_opts_t *o, run_nodes_t **out, run_word_t *first) {
   /* The first word: "start" within node 0's --rdzv-timeout, or "join" once
    * node 0 admits us (when the world running is not being remade). */
   for (;;) {
-    struct pollfd pf = {n->peer[0].fd, POLLIN, 0};
-    if (poll(&pf, 1, -1) < 0 && errno != EINTR) return -1;
+    struct pollfd pf[2] = {{n->peer[0].fd, POLLIN, 0}, {stop_fd, POLLIN, 0}};
+    if (poll(pf, 2, -1) > 0 && pf[1].revents) return interrupted(n);
     if (listen_node0(n, first)) break;
     if (n->peer[0].fd < 0) {
       fprintf(stderr, "fsdp-run: node %d: the job ended before node 0 admitted this node\n",
@@ -447,7 +460,8 @@ int run_nodes_fds(const run_nodes_t *n, struct pollfd *pf, int max) {
   int m = 0;
   if (n->listen_fd >= 0 && m < max) pf[m++] = (struct pollfd){n->listen_fd, POLLIN, 0};
   for (int k = 0; k < MAX_NEWCOMERS && n->listen_fd >= 0; k++)
-    if (newcomers[k].fd > 0 && m < max) pf[m++] = (struct pollfd){newcomers[k].fd, POLLIN, 0};
+    if (n->newcomers[k].fd > 0 && m < max)
+      pf[m++] = (struct pollfd){n->newcomers[k].fd, POLLIN, 0};
   for (int k = 0; k < n->o->nnodes; k++)
     if (n->peer[k].fd >= 0 && m < max) pf[m++] = (struct pollfd){n->peer[k].fd, POLLIN, 0};
   return m;
@@ -482,7 +496,7 @@ void run_nodes_close(run_nodes_t *n, int succeeded) {
       close(n->peer[k].fd);
     }
   for (int k = 0; k < MAX_NEWCOMERS; k++)
-    if (newcomers[k].fd > 0) close(newcomers[k].fd), newcomers[k].fd = 0;
+    if (n->newcomers[k].fd > 0) close(n->newcomers[k].fd), n->newcomers[k].fd = 0;
   if (n->listen_fd >= 0) close(n->listen_fd);
   free(n->peer);
   free(n->order);

@@ -31,9 +31,10 @@ typedef struct run_nodes run_nodes_t;
 /* Meets the other agents: node 0 serves them at --master-port and waits up
  * to --rdzv-timeout for --nnodes MAX of them (MIN suffice at the deadline);
  * another node connects and waits for its first word, START or (a node that
- * comes late) JOIN. 0, or -1 with the reason on stderr; *out is set either
+ * comes late) JOIN. Gives up (-1) when stop_fd becomes readable (a signal:
+ * run_signals_fd). 0, or -1 with the reason on stderr; *out is set either
  * way and is freed by run_nodes_close. */
-int run_nodes_open(const run_opts_t *o, run_nodes_t **out, run_word_t *first);
+int run_nodes_open(const run_opts_t *o, int stop_fd, run_nodes_t **out, run_word_t *first);
 /* The descriptors to poll for the link (at most max); returns how many. */
 int run_nodes_fds(const run_nodes_t *n, struct pollfd *pf, int max);
 /* Reads what the link holds (never waits): 1 when *w is a new word for this

@@ -1364,9 +1364,9 @@ def nodes_grow(r):
     check(at % 2 == 0 and at >= 2, f"grew at step {at}")
     mine = consolidated(r, os.path.join(save, "step-12"))
     ref = reference_from(r, os.path.join(save, f"step-{at}"), 4)
+    same = "identical" if mine == ref else "DIFFERENT"
     print(f"started with 1 node (2 ranks), node 1 admitted at step {at} "
-          f"({grows[0]['seconds']:.2f} s); final state {'identical' if mine == ref else 'DIFFERENT'}"
-          f" ({secs:.1f} s)")
+          f"({grows[0]['seconds']:.2f} s); final state {same} ({secs:.1f} s)")
     check(mine == ref, "final state differs from the reference")
 
 
