@@ -408,8 +408,6 @@ static void notes_read(group_t *g) {
 
 static int failed_status(int status) { return !WIFEXITED(status) || WEXITSTATUS(status) != 0; }
 
-static void describe(const group_t *g, const worker_t *w, char *buf, size_t n);
-
 static int failed(const worker_t *w) {
   return !w->lost && (w->early || failed_status(w->status));
 }
@@ -443,6 +441,8 @@ static void stop_all(group_t *g, int sig) {
   signal_all(g, sig);
 }
 
+static void describe(const group_t *g, const worker_t *w, char *buf, size_t n);
+
 /* After losses (workers marked lost): tells every survivor its rank in the
  * world of survivors and where to meet; -1 (nothing sent) when fewer than
  * --min-nproc are left. */
@@ -466,6 +466,9 @@ static int shrink(group_t *g) {
     run_word_t word;
     snprintf(why, sizeof why, "node %d lost %d worker%s", g->o->node_rank, lost,
              lost == 1 ? "" : "s");
+    if (!alive)
+      fprintf(stderr, "fsdp-run: node %d has no worker left: the job goes on without it (node "
+              "0 decides)\n", g->o->node_rank);
     return run_nodes_lost(g->nodes, alive, why, &word) ? tell_world(g, &word) : 0;
   }
   if (alive < g->o->min_nproc || alive < 1 || port < 0) {
