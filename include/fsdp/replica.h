@@ -6,7 +6,9 @@
  * host buffer of its own and sends that buffer to its buddy, which keeps it.
  * The buddy of rank r is rank (r + L) mod N, L the ranks per node when the
  * world spans several nodes (so a copy lives in another failure domain), else
- * 1. The transfer is one fsdp_shift on a communicator and CPU stream of the
+ * 1; after a shrink that left nodes of different sizes, L is the smallest
+ * node's (agreed by an all-reduce when the replica connects to a world, so
+ * creating, restoring and joining are collective over the world's ranks). The transfer is one fsdp_shift on a communicator and CPU stream of the
  * replica's own, so it runs beside the next steps instead of inside them.
  *
  * Where the snapshots live: always in host memory (fsdp_alloc), whatever the

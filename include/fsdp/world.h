@@ -122,10 +122,12 @@ FSDP_API void fsdp_world_abort(fsdp_world_t world, fsdp_status_t status, const c
     __attribute__((noreturn));
 
 /* ---- elastic worlds: going on without a lost rank ---------------------------
- * Under fsdp-run --min-nproc M (one node) a worker that dies does not end the
- * job while at least M others live: fsdp-run tells each survivor, over a
- * control pipe (FSDP_RUN_CONTROL), its rank in a world of the survivors (old
- * order kept) and a fresh port where that world's rank 0 serves a new store.
+ * Under fsdp-run --min-nproc M a worker (or, over several nodes, a node)
+ * that dies does not end the job while at least M ranks live: fsdp-run tells
+ * each survivor, over a control pipe (FSDP_RUN_CONTROL), its rank in a world
+ * of the survivors (old order kept), its local rank and its node's rank count
+ * there, and a fresh port where that world's rank 0 (on node 0) serves a new
+ * store.
  * The survivors' collectives fail meanwhile (the lost peer's connections
  * close, or the watchdog's deadline passes); each survivor then:
  *  1. destroys what it made over the old world: models, engines,

@@ -95,11 +95,16 @@ static fsdp_status_t connect(fsdp_replica_t r, fsdp_engine_t e) {
   r->eng = e;
   r->world = fsdp_world_size(w);
   r->rank = fsdp_world_rank(w);
-  int local = fsdp_world_local_size(w);
   r->shards = shard_world(e);
-  r->offset = r->world == 1 ? 0 : local > 0 && local < r->world ? local : 1;
   FSDP_TRY(fsdp_comm_dup(fsdp_engine_comm(e), &r->comm));
-  fsdp_status_t st = fsdp_stream_create("replica", &r->stream);
+  /* The distance is the smallest node's rank count, agreed by every rank:
+   * after a shrink the nodes may hold different numbers of ranks. */
+  double local = -(double)fsdp_world_local_size(w), fewest;
+  fsdp_status_t st = fsdp_all_reduce(r->comm, &local, &fewest, 1, FSDP_F64, FSDP_MAX,
+                                     FSDP_HOST_STREAM);
+  int least = (int)-fewest;
+  r->offset = r->world == 1 ? 0 : least > 0 && least < r->world ? least : 1;
+  if (st == FSDP_SUCCESS) st = fsdp_stream_create("replica", &r->stream);
   if (st == FSDP_SUCCESS) st = fsdp_event_create(&r->done);
   if (st != FSDP_SUCCESS) disconnect(r);
   return st;

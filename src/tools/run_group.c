@@ -35,6 +35,10 @@
  * and everyone the word of a world of survivors plus joiners; the survivors
  * make room at their next snapshot boundary (fsdp_world_change_pending).
  *
+ * Over several nodes (run_group_nodes) node 0's agent decides each world
+ * (run_nodes.c): an agent reports its losses there and passes on what it is
+ * told, "world G R S P LR LS" with the rank's local rank and the node's count.
+ *
  * No orphans: workers share one process group of their own (signals reach
  * their children too) and ask the kernel to kill them if fsdp-run dies
  * (PR_SET_PDEATHSIG), so not even SIGKILL of the launcher leaves workers. */
@@ -54,6 +58,7 @@
 #include <unistd.h>
 
 #include "tools/run.h"
+#include "tools/run_nodes.h"
 
 #define LINE_BYTES 4096
 #define DRAIN_S 1.0 /* how long to read a pipe still held open after its worker died */
@@ -94,6 +99,8 @@ typedef struct {
   double lost_at;             /* when the last loss was seen */
   int settling;               /* a loss is being recovered from: a watchdog's line may
                                  name a rank of the world before it, so none is acted on */
+  run_nodes_t *nodes;         /* the other agents (elastic over nodes), else NULL */
+  int base, port;             /* the first local worker's first rank; the first world's port */
 } group_t;
 
 /* The self-pipe: a signal handler has no context to write to but a global. */
@@ -127,6 +134,8 @@ int run_signals_install(void) {
   return 0;
 }
 
+int run_signals_fd(void) { return sig_pipe[0]; }
+
 /* ---- spawning ------------------------------------------------------------ */
 
 static void setenv_int(const char *name, long v) {
@@ -144,11 +153,11 @@ static void worker_env(const group_t *g, const worker_t *w) {
   for (size_t i = 0; i < sizeof mpi_vars / sizeof mpi_vars[0]; i++) unsetenv(mpi_vars[i]);
   setenv_int("RANK", w->rank);
   setenv_int("LOCAL_RANK", w->local_rank);
-  setenv_int("WORLD_SIZE", (long)o->nproc * o->nnodes);
+  setenv_int("WORLD_SIZE", g->size);
   setenv_int("LOCAL_WORLD_SIZE", o->nproc);
   setenv_int("GROUP_RANK", o->node_rank);
   setenv("MASTER_ADDR", o->master_addr, 1);
-  setenv_int("MASTER_PORT", o->master_port);
+  setenv_int("MASTER_PORT", g->port);
   setenv_int("FSDP_RESTART_COUNT", g->attempt);
   setenv_int("FSDP_MAX_RESTARTS", o->max_restarts);
   setenv("FSDP_RUN_ID", o->run_id, 1);
@@ -329,6 +338,38 @@ static void respawn(group_t *g) {
     }
 }
 
+static void stop_all(group_t *g, int sig);
+
+/* Over nodes: node 0's word for this node's live workers (ranks in their
+ * order), or the end of the job. -1 when the job ends. */
+static int tell_world(group_t *g, const run_word_t *word) {
+  if (word->kind == RUN_WORD_END) {
+    if (g->o->node_rank) fprintf(stderr, "fsdp-run: ending the job: %s\n", word->why);
+    if (!g->stopping) {
+      g->failed = 1;
+      stop_all(g, SIGTERM);
+    }
+    return -1;
+  }
+  if (word->kind != RUN_WORD_WORLD && word->kind != RUN_WORD_JOIN) return 0;
+  g->generation = word->generation;
+  g->size = word->size;
+  g->lost_at = now_s();
+  g->settling = 1;
+  for (int i = 0, k = 0; i < g->n; i++) {
+    worker_t *w = &g->w[i];
+    if (w->reaped) continue;
+    char line[96];
+    int len = snprintf(line, sizeof line, "world %d %d %d %d %d %d\n", word->generation,
+                       word->first + k, word->size, word->port, k, word->count);
+    w->cur = k < word->count ? word->first + k : -1;
+    k++;
+    if (write(w->ctl, line, (size_t)len) != len) { /* it is dying: its exit is seen next */
+    }
+  }
+  return 0;
+}
+
 static void log_resumed(const group_t *g, const worker_t *w, const char *msg) {
   long long step, lost;
   if (sscanf(msg, "%*s %*d %lld %lld", &step, &lost) != 2) return;
@@ -348,7 +389,7 @@ static void notes_read(group_t *g) {
     char event[16];
     int rank, i;
     if (sscanf(msg, "%15s %d", event, &rank) != 2) continue;
-    i = rank - g->o->node_rank * g->o->nproc;
+    i = rank - g->base;
     if (i < 0 || i >= g->n) continue;
     if (!strcmp(event, "joined")) g->w[i].joined = g->w[i].in_world = 1;
     if (!strcmp(event, "left")) g->w[i].in_world = 0;
@@ -356,6 +397,8 @@ static void notes_read(group_t *g) {
       log_resumed(g, &g->w[i], msg);
       g->settling = 0;
       for (int k = 0; k < g->n; k++) g->w[k].joining = 0;
+      run_word_t word;
+      if (g->nodes && !g->stopping && run_nodes_resumed(g->nodes, &word)) tell_world(g, &word);
       if (g->o->respawn && !g->stopping) respawn(g);
     }
   }
@@ -371,7 +414,7 @@ static int failed(const worker_t *w) {
 
 /* 1 when w, reaped with status 0, was still needed (the rule at the top). */
 static int still_needed(const group_t *g, const worker_t *w) {
-  if (w->in_world) return g->o->nproc * g->o->nnodes > 1;
+  if (w->in_world) return g->size > 1;
   if (w->joined) return 0;
   for (int i = 0; i < g->n; i++)
     if (g->w[i].joined) return 1;
@@ -415,6 +458,18 @@ static int shrink(group_t *g) {
             "pid %ld): it %s\n", w->cur, w->rank, w->local_rank, g->o->host, (long)w->pid, how);
     w->cur = -1;
     lost++;
+  }
+  if (g->nodes) { /* node 0's agent decides for every node */
+    for (int i = 0; i < g->n; i++)
+      if (g->w[i].lost == 1) g->w[i].lost = 2;
+    char why[160];
+    run_word_t word;
+    snprintf(why, sizeof why, "node %d lost %d worker%s", g->o->node_rank, lost,
+             lost == 1 ? "" : "s");
+    if (!alive)
+      fprintf(stderr, "fsdp-run: node %d has no worker left: the job goes on without it (node "
+              "0 decides)\n", g->o->node_rank);
+    return run_nodes_lost(g->nodes, alive, why, &word) ? tell_world(g, &word) : 0;
   }
   if (alive < g->o->min_nproc || alive < 1 || port < 0) {
     fprintf(stderr, "fsdp-run: %d rank%s left, fewer than --min-nproc %d: ending the job\n",
@@ -549,7 +604,8 @@ static int poll_timeout_ms(const group_t *g, int n_live) {
 }
 
 static void supervise(group_t *g) {
-  struct pollfd *pf = calloc((size_t)g->n + 2, sizeof *pf);
+  enum { LINK_FDS = 64 }; /* the agents' link: node 0's port, agents, newcomers */
+  struct pollfd *pf = calloc((size_t)g->n + 2 + LINK_FDS, sizeof *pf);
   int *who = calloc((size_t)g->n + 2, sizeof *who), pipes;
   if (!pf || !who) abort(); /* a few bytes; nothing sensible is left to do */
   for (int n_live; (n_live = live(g, &pipes)) || pipes;) {
@@ -558,7 +614,8 @@ static void supervise(group_t *g) {
     pf[1] = (struct pollfd){g->note_rd, POLLIN, 0};
     for (int i = 0; i < g->n; i++)
       if (g->w[i].fd >= 0) pf[k] = (struct pollfd){g->w[i].fd, POLLIN, 0}, who[k++] = i;
-    int rc = poll(pf, (nfds_t)k, poll_timeout_ms(g, n_live));
+    int m = g->nodes ? run_nodes_fds(g->nodes, pf + k, LINK_FDS) : 0;
+    int rc = poll(pf, (nfds_t)(k + m), poll_timeout_ms(g, n_live));
     if (rc > 0 && pf[0].revents) on_signals(g);
     for (int j = 2; rc > 0 && j < k; j++)
       if (pf[j].revents) {
@@ -566,6 +623,8 @@ static void supervise(group_t *g) {
         kill_hung(g, &g->w[who[j]]);
       }
     reap(g);
+    run_word_t word;
+    if (g->nodes && run_nodes_read(g->nodes, &word) && !g->stopping) tell_world(g, &word);
     if (g->stopping && !g->killed && now_s() >= g->kill_at && live(g, &pipes)) {
       signal_all(g, SIGKILL);
       g->killed = 1;
@@ -752,9 +811,12 @@ static void report(const group_t *g) {
 
 /* ---- the attempt --------------------------------------------------------- */
 
-group_result_t run_group(const run_opts_t *o, int attempt, int *signal_out) {
+static group_result_t run(const run_opts_t *o, int attempt, run_nodes_t *nodes,
+                          const run_word_t *first, int *signal_out) {
   group_t g = {.o = o, .attempt = attempt, .n = o->nproc, .launcher = getpid(),
-               .size = o->nproc * o->nnodes};
+               .size = first ? first->size : o->nproc * o->nnodes, .nodes = nodes,
+               .base = first ? first->first : o->node_rank * o->nproc,
+               .port = first ? first->port : o->master_port};
   g.w = calloc((size_t)o->nproc, sizeof *g.w);
   if (!g.w) {
     fprintf(stderr, "fsdp-run: out of memory for %d workers\n", o->nproc);
@@ -764,8 +826,9 @@ group_result_t run_group(const run_opts_t *o, int attempt, int *signal_out) {
   oom_counter_path(g.oom_path, sizeof g.oom_path);
   g.oom_before = oom_kills(g.oom_path);
   for (int i = 0; i < o->nproc; i++) {
-    g.w[i] = (worker_t){.rank = o->node_rank * o->nproc + i, .local_rank = i, .fd = -1,
-                        .reaped = 1, .ctl = -1, .ctl_rd = -1, .cur = o->node_rank * o->nproc + i};
+    g.w[i] = (worker_t){.rank = g.base + i, .local_rank = i, .fd = -1, .reaped = 1, .ctl = -1,
+                        .ctl_rd = -1, .cur = g.base + i,
+                        .joining = first && first->kind == RUN_WORD_JOIN};
     if (spawn(&g, &g.w[i]) != 0) {
       fprintf(stderr, "fsdp-run: cannot start local rank %d: %s\n", i, strerror(errno));
       g.failed = 1;
@@ -774,6 +837,7 @@ group_result_t run_group(const run_opts_t *o, int attempt, int *signal_out) {
     }
     g.w[i].reaped = 0;
   }
+  if (first && first->kind == RUN_WORD_JOIN && !g.stopping) tell_world(&g, first);
   supervise(&g);
   group_result_t result = g.interrupted_by ? GROUP_INTERRUPTED
                           : g.failed       ? GROUP_FAILED
@@ -785,6 +849,15 @@ group_result_t run_group(const run_opts_t *o, int attempt, int *signal_out) {
     if (g.w[i].ctl >= 0) close(g.w[i].ctl);
   free(g.w);
   return result;
+}
+
+group_result_t run_group(const run_opts_t *o, int attempt, int *signal_out) {
+  return run(o, attempt, NULL, NULL, signal_out);
+}
+
+group_result_t run_group_nodes(const run_opts_t *o, run_nodes_t *nodes, const run_word_t *first,
+                               int *signal_out) {
+  return run(o, 0, nodes, first, signal_out);
 }
 
 /* A port free right now; another process could take it before rank 0 binds

@@ -27,23 +27,25 @@ void fsdp_world_on_change(fsdp_world_change_fn fn, void *user) {
 
 typedef struct {
   int generation, rank, size, port;
+  int local_rank, local_size; /* over several nodes; -1 on one node (all local) */
 } word_t;
 
 static char buf[4096]; /* what the control pipe said that no world used yet */
 static size_t have;
 
-/* Reads the control pipe until a "world G R S P" line newer than the last
+/* Reads the control pipe until a "world G R S P [LR LS]" line newer than the last
  * world tried has arrived (several may be waiting: the newest wins), within
  * timeout_s; with `peek`, only what is there now (*out zero when none). */
 static fsdp_status_t read_word(int fd, double timeout_s, int peek, word_t *out) {
   double deadline = fsdp_time_now() + timeout_s;
-  *out = (word_t){0, 0, 0, 0};
+  *out = (word_t){0, 0, 0, 0, -1, -1};
   for (;;) {
     char *line = buf, *nl;
     while ((nl = memchr(line, '\n', have - (size_t)(line - buf)))) {
-      word_t w;
+      word_t w = {0, 0, 0, 0, -1, -1};
       *nl = '\0';
-      if (sscanf(line, "world %d %d %d %d", &w.generation, &w.rank, &w.size, &w.port) == 4 &&
+      if (sscanf(line, "world %d %d %d %d %d %d", &w.generation, &w.rank, &w.size, &w.port,
+                 &w.local_rank, &w.local_size) >= 4 &&
           w.generation > generation && w.generation > out->generation)
         *out = w;
       line = nl + 1;
@@ -121,18 +123,19 @@ fsdp_status_t fsdp_world_rejoin(fsdp_world_t *world, const fsdp_world_opts_t *op
     fsdp_world_destroy(*world);
     *world = NULL;
   }
-  word_t w = {0, 0, 0, 0};
+  word_t w = {0, 0, 0, 0, -1, -1};
   int fd = atoi(getenv("FSDP_RUN_CONTROL"));
   /* A rank lost while the survivors meet makes that meeting fail at its
    * deadline; fsdp-run has announced the smaller world meanwhile. */
   for (fsdp_status_t st = FSDP_ERR_TIMEOUT; st != FSDP_SUCCESS;) {
     FSDP_TRY(read_word(fd, timeout_s, 0, &w));
     generation = w.generation;
-    /* The env:// contract, for this world: a single node. */
+    /* The env:// contract, for this world: a single node unless the word
+     * names this node's share of it. */
     setenv_int("RANK", w.rank);
     setenv_int("WORLD_SIZE", w.size);
-    setenv_int("LOCAL_RANK", w.rank);
-    setenv_int("LOCAL_WORLD_SIZE", w.size);
+    setenv_int("LOCAL_RANK", w.local_size > 0 ? w.local_rank : w.rank);
+    setenv_int("LOCAL_WORLD_SIZE", w.local_size > 0 ? w.local_size : w.size);
     setenv_int("MASTER_PORT", w.port);
     st = fsdp_world_init(world, opts);
     if (st != FSDP_SUCCESS && st != FSDP_ERR_TIMEOUT) return st;

@@ -1268,6 +1268,218 @@ def elastic_hsdp_grow(r):
     check(mine == ref, "final state differs from the reference")
 
 
+# ---- elastic over nodes: two fsdp-run agents as two "hosts" ---------------------
+
+class Hosts:
+    """Two "hosts" for two fsdp-run agents: on the loopback, or (netns=True)
+    two network namespaces joined by a veth pair, 10.77.N.1 and 10.77.N.2.
+    Raises SystemExit(SKIP) naming why when namespaces cannot be made."""
+
+    def __init__(self, r, netns):
+        self.names, self.addr = [], "127.0.0.1"
+        if not netns:
+            return
+        n = random.randrange(1, 250)
+        ns = [f"fsdp{n}-{uuid.uuid4().hex[:6]}-{k}" for k in (0, 1)]
+        veth = [f"vf{uuid.uuid4().hex[:6]}{k}" for k in (0, 1)]
+        steps = [["ip", "netns", "add", ns[0]], ["ip", "netns", "add", ns[1]],
+                 ["ip", "link", "add", veth[0], "type", "veth", "peer", "name", veth[1]]]
+        for k in (0, 1):
+            steps += [["ip", "link", "set", veth[k], "netns", ns[k]],
+                      ["ip", "netns", "exec", ns[k], "ip", "addr", "add", f"10.77.{n}.{k + 1}/24",
+                       "dev", veth[k]],
+                      ["ip", "netns", "exec", ns[k], "ip", "link", "set", veth[k], "up"],
+                      ["ip", "netns", "exec", ns[k], "ip", "link", "set", "lo", "up"]]
+        for cmd in steps:
+            try:
+                p = subprocess.run(cmd, capture_output=True, text=True)
+            except OSError as e:
+                p = subprocess.CompletedProcess(cmd, 1, "", str(e))
+            if cmd[:3] == ["ip", "netns", "add"] and p.returncode == 0:
+                self.names.append(cmd[3])
+            if p.returncode != 0:
+                self.close()
+                print(f"SKIP: cannot make two network namespaces here: {' '.join(cmd)}: "
+                      f"{p.stderr.strip()} (the loopback form of this case always runs)")
+                raise SystemExit(SKIP)
+        self.addr = f"10.77.{n}.1"
+
+    def prefix(self, node):
+        return ["ip", "netns", "exec", self.names[node]] if self.names else []
+
+    def close(self):
+        for name in self.names:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        self.names = []
+
+
+def node_agent(r, hosts, node, nnodes, port, job, extra, args, env, logs):
+    cmd = hosts.prefix(node) + [r.tool("fsdp-run"), "--nproc-per-node", "2", "--nnodes", nnodes,
+                                "--node-rank", str(node), "--master-addr", hosts.addr,
+                                "--master-port", str(port), "--rdzv-id", job] + extra + args
+    err = open(os.path.join(r.tmp, f"{job}-node{node}.err"), "w")
+    logs.append(err.name)
+    return subprocess.Popen(cmd, env=env, cwd=r.tmp, stdout=subprocess.PIPE, stderr=err,
+                            text=True)
+
+
+def read_step(p, step, deadline):
+    """Node 0's stdout up to rank 0's event of update `step` (its JSON line)."""
+    text = ""
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([p.stdout], [], [], deadline - time.monotonic())
+        chunk = os.read(p.stdout.fileno(), 65536).decode(errors="replace") if ready else ""
+        if not chunk:
+            break
+        text += chunk
+        if re.search(rf'"event":"step","step":{step}\b', text):
+            return text
+    raise Failure(f"node 0 never reported step {step}:\n{text[-3000:]}")
+
+
+def nodes_job(r, netns, nnodes, extra, act, timeout=120, fault=None):
+    """An elastic job of two fsdp-run agents (2 ranks each) on two hosts;
+    act(procs, deadline, start_node1) drives it (kills, late starts) and
+    returns node 0's stdout so far. (rc of each agent, node 0's stdout, both
+    agents' stderr, save dir, seconds)."""
+    hosts = Hosts(r, netns)
+    try:
+        port, job = free_port(), "nodes-" + uuid.uuid4().hex[:10]
+        save = os.path.join(r.tmp, job)
+        env = dict(r.base_env, FSDP_TEST_TAG=job, FSDP_TIMEOUT_S="20",
+                   FSDP_RENDEZVOUS_TIMEOUT_S="30", **({"FSDP_FAULT": fault} if fault else {}))
+        args, logs, procs = elastic_args(r, save), [], []
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+
+        def start(node):
+            procs.append(node_agent(r, hosts, node, nnodes, port, job, extra, args, env, logs))
+            return procs[-1]
+        start(0)
+        try:
+            out = act(procs, deadline, start)
+            rcs = []
+            for k, p in enumerate(procs):
+                o, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+                if k == 0:
+                    out += o
+                rcs.append(p.returncode)
+        except subprocess.TimeoutExpired:
+            raise Failure(f"the agents still run after {timeout} s:\n" +
+                          "".join(open(f).read()[-2000:] for f in logs))
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        secs = time.monotonic() - t0
+        left = wait_no_orphans(job, t0 + timeout + TEARDOWN_S)
+        check(not left, f"leftover processes {left}")
+        err = "".join(open(f).read() for f in logs)
+        return rcs, out, err, save, secs
+    finally:
+        hosts.close()
+
+
+def nodes_kill(r, netns):
+    """2 nodes x 2 ranks, elastic (--min-nproc 2): node 1's agent is SIGKILLed
+    (its workers die with it) after a random step. Node 0's 2 ranks go on from
+    their last complete snapshot (rank r's buddy is r + 2: the lost ranks'
+    copies are on node 0), exit 0, and end bit for bit as a 2-rank run from
+    that step's disk checkpoint resharded to 2 ranks."""
+    seed = int(os.environ.get("FSDP_ELASTIC_SEED", random.randrange(1 << 30)))
+    step = random.Random(seed).randrange(4, 10)
+    print(f"FSDP_ELASTIC_SEED={seed}: node 1 killed after step {step}")
+
+    def act(procs, deadline, start):
+        start(1)
+        out = read_step(procs[0], step, deadline)
+        procs[1].kill()
+        return out
+    rcs, out, err, save, secs = nodes_job(r, netns, "2", ["--min-nproc", "2"], act)
+    check(rcs[0] == 0, f"node 0's fsdp-run exited {rcs[0]}:\n{err[-3000:]}")
+    check("lost node 1: its agent's connection closed" in err, f"the loss is not named:\n"
+          f"{err[-3000:]}")
+    check("going on with 2 of 4 ranks" in err, f"no 4 -> 2 in fsdp-run's log:\n{err[-3000:]}")
+    shrinks = events(out, "shrink")
+    check([(e["old_ranks"], e["ranks"]) for e in shrinks] == [(4, 2)], f"shrinks {shrinks}")
+    resumed = shrinks[0]["from_step"]
+    check(resumed % 2 == 0 and 2 <= resumed <= step + 1, f"resumed from step {resumed} after "
+          f"a loss after step {step}")
+    times = [float(x) for x in re.findall(r"first step done ([0-9.]+) s after the loss", err)]
+    check(len(times) == 1 and times[0] <= ELASTIC_RECOVERY_S, f"recovery times {times}")
+    mine = consolidated(r, os.path.join(save, "step-12"))
+    ref = reference_from(r, os.path.join(save, f"step-{resumed}"), 2)
+    print(f"{'two network namespaces' if netns else 'loopback'}: node 1 lost after step {step}; "
+          f"node 0 resumed from step {resumed} {times[0]:.2f} s later; final state "
+          f"{'identical to' if mine == ref else 'DIFFERENT from'} the 2-rank run from step "
+          f"{resumed} ({secs:.1f} s)")
+    check(mine == ref, "final state differs from the reference")
+
+
+def nodes_kill_worker(r):
+    """2 nodes x 2 ranks; one worker of node 1 (rank 3) dies at step 5: the 3
+    left (2 on node 0, 1 on node 1) go on. Their snapshots from then on need
+    one buddy distance agreed by ranks whose nodes hold 2 and 1 ranks; the end
+    equals a 3-rank run from the step they resumed from."""
+    def act(procs, deadline, start):
+        start(1)
+        return ""
+    rcs, out, err, save, secs = nodes_job(r, False, "2", ["--min-nproc", "2"], act,
+                                          fault="kill:rank=3:step=5")
+    check(rcs == [0, 0], f"exit {rcs}:\n{err[-3000:]}")
+    check("lost rank 3 (first launched as rank 3, local rank 1" in err and
+          "node 1 lost 1 worker" in err, f"the loss is not named:\n{err[-3000:]}")
+    shrinks = events(out, "shrink")
+    check([(e["old_ranks"], e["ranks"]) for e in shrinks] == [(4, 3)], f"shrinks {shrinks}")
+    resumed = shrinks[0]["from_step"]
+    mine = consolidated(r, os.path.join(save, "step-12"))
+    ref = reference_from(r, os.path.join(save, f"step-{resumed}"), 3)
+    print(f"rank 3 (node 1) lost at step 5; 3 ranks on 2 nodes resumed from step {resumed}; "
+          f"final state {'identical' if mine == ref else 'DIFFERENT'} ({secs:.1f} s)")
+    check(mine == ref, "final state differs from the reference")
+
+
+def nodes_grow(r):
+    """--nnodes 1:2: node 0 starts alone once --rdzv-timeout passes (2 ranks);
+    node 1's agent comes after the first update and is admitted at the next
+    snapshot: 2 -> 4 ranks, ending as a 4-rank run from that step does."""
+    def act(procs, deadline, start):
+        out = read_step(procs[0], 1, deadline)
+        start(1)
+        return out
+    rcs, out, err, save, secs = nodes_job(r, False, "1:2", ["--rdzv-timeout", "1"], act)
+    check(rcs == [0, 0], f"exit {rcs}:\n{err[-3000:]}")
+    grows = events(out, "grow")
+    check([(e["old_ranks"], e["ranks"]) for e in grows] == [(2, 4)], f"grows {grows}:\n"
+          f"{err[-3000:]}")
+    check("growing to 4 of 2 ranks" in err and "node 1 joined" in err, f"fsdp-run did not log "
+          f"the admission:\n{err[-3000:]}")
+    at = grows[0]["step"]
+    check(at % 2 == 0 and at >= 2, f"grew at step {at}")
+    mine = consolidated(r, os.path.join(save, "step-12"))
+    ref = reference_from(r, os.path.join(save, f"step-{at}"), 4)
+    same = "identical" if mine == ref else "DIFFERENT"
+    print(f"started with 1 node (2 ranks), node 1 admitted at step {at} "
+          f"({grows[0]['seconds']:.2f} s); final state {same} ({secs:.1f} s)")
+    check(mine == ref, "final state differs from the reference")
+
+
+def nodes_lose_node0(r):
+    """Node 0 serves every world's store: when its agent dies, node 1 ends the
+    job (exit 1) saying why, and nothing is left running."""
+    def act(procs, deadline, start):
+        start(1)
+        out = read_step(procs[0], 3, deadline)
+        procs[0].kill()
+        return out
+    rcs, out, err, save, secs = nodes_job(r, False, "2", ["--min-nproc", "2"], act)
+    check(rcs[1] == 1, f"node 1's fsdp-run exited {rcs[1]}, expected 1:\n{err[-3000:]}")
+    check("node 0's agent (127.0.0.1:" in err and "the job cannot go on without it" in err,
+          f"node 1 did not say why it ended:\n{err[-3000:]}")
+    print(f"node 0 lost: node 1 ended in {secs:.1f} s naming it")
+
+
 SCENARIOS = {
     "parity-gpt2": lambda r: parity(r, "gpt2"),
     "parity-mlp": lambda r: parity(r, "mlp"),
@@ -1317,6 +1529,11 @@ SCENARIOS = {
     "elastic-hsdp": elastic_hsdp,
     "elastic-hsdp-pair": elastic_hsdp_pair,
     "elastic-hsdp-grow": elastic_hsdp_grow,
+    "nodes-kill": lambda r: nodes_kill(r, False),
+    "nodes-kill-netns": lambda r: nodes_kill(r, True),
+    "nodes-kill-worker": nodes_kill_worker,
+    "nodes-grow": nodes_grow,
+    "nodes-lose-node0": nodes_lose_node0,
 }
 
 

@@ -1,0 +1,504 @@
+/* src/tools/run_nodes.c — fsdp-run's agents of an elastic job over several
+ * nodes talking to each other (run_nodes.h): node 0's agent serves a small
+ * line protocol at --master-port, the other agents connect to it, and node
+ * 0's agent alone decides every world: the first one (once --nnodes MIN:MAX
+ * nodes have joined), the survivors' after a loss, the larger one that admits
+ * a node joining late. Workers never see this link; each agent passes its
+ * workers their part of a world on their control pipes (run_group.c).
+ *
+ * Lines, agent -> node 0: "hello JOB NODE NPROC", "alive N" (after a loss it
+ * has N live workers), "bye" (its workers succeeded). Node 0 -> agent:
+ * "start|join|world G SIZE PORT FIRST COUNT" (world G of SIZE ranks meeting at
+ * MASTER_ADDR:PORT, this node's workers are ranks FIRST..FIRST+COUNT-1;
+ * start: spawn them, join: spawn them as joiners, world: tell the live ones),
+ * "end WHY" (the job cannot go on), "bye" (node 0's workers succeeded).
+ *
+ * Node 0 serves every world's store (its rank 0 does), so a job whose node 0
+ * is lost, or keeps no rank, ends. An agent whose connection closes without
+ * "bye" is lost with every worker it had (TCP keep-alive notices a host that
+ * vanished without closing it). */
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tools/run_nodes.h"
+
+enum { PEER_ABSENT, PEER_WAITING, PEER_IN, PEER_GONE };
+
+typedef struct {
+  int fd;            /* the link; -1 none */
+  int state;         /* PEER_*: node 0's view of that node */
+  int alive;         /* its live workers (node 0's view) */
+  char buf[1024];    /* a line not yet ended */
+  size_t have;
+} peer_t;
+
+#define MAX_NEWCOMERS 16
+
+struct run_nodes {
+  const run_opts_t *o;
+  int stop_fd;       /* readable when fsdp-run got a signal: stop waiting */
+  int listen_fd;     /* node 0: the agents' port; -1 elsewhere */
+  peer_t *peer;      /* node 0: by node rank; elsewhere peer[0] is the link to node 0 */
+  int *order;        /* node 0: node ranks in rank order of the current world */
+  int n_order;
+  int generation, size;
+  int settling;      /* node 0: a new world is being made; admit nobody until it resumed */
+  int finished;      /* node 0 said bye: its exit is no loss */
+  peer_t newcomers[MAX_NEWCOMERS]; /* node 0: connections not yet introduced; fd 0 none */
+};
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int run_nodes_elastic(const run_opts_t *o) { return o->nnodes > 1 && o->min_nproc > 0; }
+
+static void send_line(int fd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void send_line(int fd, const char *fmt, ...) {
+  char line[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  if (fd >= 0 && n > 0 && send(fd, line, (size_t)n, MSG_NOSIGNAL) != n) {
+    /* the peer is gone: its connection's end is seen by the next read */
+  }
+}
+
+/* Keep-alive probes: a host that vanishes (power, network) without closing
+ * the connection is noticed within about 11 s. */
+static void keepalive(int fd) {
+  int on = 1, idle = 5, intvl = 2, cnt = 3;
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
+}
+
+/* Reads what p's link holds; a complete line into line (1), none yet (0),
+ * or the link closed or broken (-1). */
+static int read_line(peer_t *p, char *line, size_t n) {
+  for (;;) {
+    char *nl = memchr(p->buf, '\n', p->have);
+    if (nl) {
+      size_t len = (size_t)(nl - p->buf);
+      snprintf(line, n, "%.*s", (int)len, p->buf);
+      p->have -= len + 1;
+      memmove(p->buf, nl + 1, p->have);
+      return 1;
+    }
+    if (p->have == sizeof p->buf) return -1; /* not our protocol */
+    ssize_t got = recv(p->fd, p->buf + p->have, sizeof p->buf - p->have, MSG_DONTWAIT);
+    if (got < 0 && (errno == EAGAIN || errno == EINTR)) return 0;
+    if (got <= 0) return -1;
+    p->have += (size_t)got;
+  }
+}
+
+/* ---- node 0: deciding worlds --------------------------------------------- */
+
+/* The world of every node still in it with live workers, in rank order;
+ * kind "start", "join" for the nodes just admitted, "world" for the rest.
+ * *mine: node 0's part. -1 (and "end" to every agent) when it cannot be made. */
+static int decide(run_nodes_t *n, const char *why, int admitted_from, run_word_t *mine) {
+  int total = 0, kept = 0, port = run_free_port(), from = admitted_from;
+  for (int k = 0; k < n->n_order; k++) {
+    peer_t *p = &n->peer[n->order[k]];
+    if (p->state == PEER_IN && p->alive > 0) {
+      n->order[kept++] = n->order[k];
+      total += p->alive;
+    } else if (k < from) {
+      admitted_from--;
+    }
+  }
+  n->n_order = kept;
+  char end[512] = "";
+  if (n->peer[0].alive == 0)
+    snprintf(end, sizeof end, "node 0 has no rank left, and node 0's rank 0 serves every "
+             "world's store: the job cannot go on");
+  else if (total < n->o->min_nproc)
+    snprintf(end, sizeof end, "%d rank%s left on %d node%s, fewer than --min-nproc %d", total,
+             total == 1 ? "" : "s", kept, kept == 1 ? "" : "s", n->o->min_nproc);
+  else if (port < 0)
+    snprintf(end, sizeof end, "no free port for the next world: %s", strerror(errno));
+  if (end[0]) {
+    fprintf(stderr, "fsdp-run: ending the job: %s\n", end);
+    for (int k = 1; k < n->o->nnodes; k++) send_line(n->peer[k].fd, "end %s\n", end);
+    *mine = (run_word_t){.kind = RUN_WORD_END};
+    snprintf(mine->why, sizeof mine->why, "%s", end);
+    return -1;
+  }
+  int old = n->size;
+  n->generation += n->size > 0;
+  n->size = total;
+  if (why)
+    fprintf(stderr, "fsdp-run: %s %d of %d ranks (world %d, --min-nproc %d, %d node%s): %s; "
+            "the ranks meet at port %d\n", total > old ? "growing to" : "going on with", total,
+            old, n->generation, n->o->min_nproc, kept, kept == 1 ? "" : "s", why, port);
+  for (int k = 0, first = 0; k < kept; k++) {
+    int node = n->order[k];
+    peer_t *p = &n->peer[node];
+    const char *kind = !why ? "start" : k >= admitted_from ? "join" : "world";
+    if (node == 0)
+      *mine = (run_word_t){.kind = !why ? RUN_WORD_START : RUN_WORD_WORLD,
+                           .generation = n->generation, .size = total, .port = port,
+                           .first = first, .count = p->alive};
+    else
+      send_line(p->fd, "%s %d %d %d %d %d\n", kind, n->generation, total, port, first, p->alive);
+    first += p->alive;
+  }
+  n->settling = why != NULL;
+  return 0;
+}
+
+/* Admits every node waiting to join (none while a world is being made). */
+static int admit(run_nodes_t *n, run_word_t *mine) {
+  int from = n->n_order, count = 0;
+  char names[256] = "";
+  for (int k = 1; k < n->o->nnodes && !n->settling; k++) {
+    peer_t *p = &n->peer[k];
+    if (p->state != PEER_WAITING) continue;
+    p->state = PEER_IN;
+    n->order[n->n_order++] = k;
+    snprintf(names + strlen(names), sizeof names - strlen(names), "%s%d", count ? ", " : "", k);
+    count++;
+  }
+  if (!count) return 0;
+  char why[400];
+  snprintf(why, sizeof why, "node%s %s joined; the ranks running move into the larger world "
+           "at their next snapshot", count == 1 ? "" : "s", names);
+  return decide(n, why, from, mine) ? -1 : 1;
+}
+
+/* A "hello" from a new connection: which node it is, checked. */
+static void hello(run_nodes_t *n, int fd, const char *line) {
+  char job[256];
+  int node, nproc;
+  const char *bad = NULL;
+  char text[640];
+  if (sscanf(line, "hello %255s %d %d", job, &node, &nproc) != 3) {
+    bad = "not fsdp-run's protocol";
+  } else if (strcmp(job, n->o->run_id)) {
+    snprintf(text, sizeof text, "it is of job '%s', this is job '%s' (--rdzv-id)", job,
+             n->o->run_id);
+    bad = text;
+  } else if (node <= 0 || node >= n->o->nnodes) {
+    snprintf(text, sizeof text, "its --node-rank %d is not in 1..%d", node, n->o->nnodes - 1);
+    bad = text;
+  } else if (nproc != n->o->nproc) {
+    snprintf(text, sizeof text, "node %d has --nproc-per-node %d, node 0 has %d (every node "
+             "needs the same)", node, nproc, n->o->nproc);
+    bad = text;
+  } else if (n->peer[node].state == PEER_WAITING || n->peer[node].state == PEER_IN) {
+    snprintf(text, sizeof text, "node %d is in the job already", node);
+    bad = text;
+  }
+  if (bad) {
+    fprintf(stderr, "fsdp-run: turned away an agent: %s\n", bad);
+    send_line(fd, "end turned away by node 0: %s\n", bad);
+    close(fd);
+    return;
+  }
+  peer_t *p = &n->peer[node];
+  *p = (peer_t){.fd = fd, .state = PEER_WAITING, .alive = nproc};
+}
+
+static void accept_agents(run_nodes_t *n) {
+  int fd;
+  while ((fd = accept4(n->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0) {
+    keepalive(fd);
+    int k = 0;
+    while (k < MAX_NEWCOMERS && n->newcomers[k].fd > 0) k++;
+    if (k == MAX_NEWCOMERS) {
+      close(fd);
+      continue;
+    }
+    n->newcomers[k] = (peer_t){.fd = fd};
+  }
+  for (int k = 0; k < MAX_NEWCOMERS; k++) {
+    char line[1024];
+    if (n->newcomers[k].fd <= 0) continue;
+    int got = read_line(&n->newcomers[k], line, sizeof line);
+    if (got < 0) close(n->newcomers[k].fd);
+    if (got > 0) hello(n, n->newcomers[k].fd, line);
+    if (got != 0) n->newcomers[k].fd = 0;
+  }
+}
+
+/* Node 0: what the agents sent. 1 when *mine holds a new word for node 0. */
+static int coordinate(run_nodes_t *n, run_word_t *mine) {
+  accept_agents(n);
+  char why[600] = "";
+  for (int k = 1; k < n->o->nnodes; k++) {
+    peer_t *p = &n->peer[k];
+    char line[1024];
+    int got, alive;
+    while (p->fd >= 0 && (got = read_line(p, line, sizeof line)) != 0) {
+      if (got > 0 && sscanf(line, "alive %d", &alive) == 1 && p->state == PEER_IN) {
+        snprintf(why + strlen(why), sizeof why - strlen(why), "%snode %d lost %d worker%s",
+                 why[0] ? "; " : "", k, p->alive - alive, p->alive - alive == 1 ? "" : "s");
+        p->alive = alive;
+        continue;
+      }
+      if (got > 0 && strcmp(line, "bye")) continue;
+      if (got < 0 && p->state == PEER_IN && p->alive > 0)
+        snprintf(why + strlen(why), sizeof why - strlen(why), "%slost node %d: its agent's "
+                 "connection closed (the agent and its %d worker%s are gone)", why[0] ? "; " : "",
+                 k, p->alive, p->alive == 1 ? "" : "s");
+      p->alive = 0; /* gone, or done ("bye") */
+      p->state = PEER_GONE;
+      close(p->fd);
+      p->fd = -1;
+    }
+  }
+  if (why[0]) {
+    decide(n, why, n->n_order, mine);
+    return 1;
+  }
+  return admit(n, mine) != 0;
+}
+
+/* ---- opening ------------------------------------------------------------- */
+
+static int listen_agents(run_nodes_t *n) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0), on = 1;
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)n->o->master_port),
+                          .sin_addr.s_addr = htonl(INADDR_ANY)};
+  if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+  if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, 64)) {
+    fprintf(stderr, "fsdp-run: node 0 cannot serve the agents at port %d: %s\n",
+            n->o->master_port, strerror(errno));
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  n->listen_fd = fd;
+  return 0;
+}
+
+/* A signal came while the agents meet: nothing is started yet. */
+static int interrupted(run_nodes_t *n) {
+  fprintf(stderr, "fsdp-run: interrupted while node %d waited for %s\n", n->o->node_rank,
+          n->o->node_rank ? "node 0's agent" : "the other nodes");
+  for (int k = 1; k < n->o->nnodes; k++)
+    send_line(n->peer[k].fd, "end node 0's fsdp-run was interrupted\n");
+  return -1;
+}
+
+/* Node 0: waits up to --rdzv-timeout for --nnodes MAX nodes, then starts
+ * with what came when that is at least MIN. */
+static int meet(run_nodes_t *n, run_word_t *mine) {
+  double deadline = now_s() + n->o->rdzv_timeout_s;
+  for (;;) {
+    accept_agents(n);
+    int in = 1;
+    for (int k = 1; k < n->o->nnodes; k++) in += n->peer[k].state == PEER_WAITING;
+    double left = deadline - now_s();
+    if (in == n->o->nnodes || (left <= 0 && in >= n->o->nnodes_min)) break;
+    if (left <= 0) {
+      char miss[256] = "";
+      for (int k = 1; k < n->o->nnodes; k++)
+        if (n->peer[k].state != PEER_WAITING)
+          snprintf(miss + strlen(miss), sizeof miss - strlen(miss), " %d", k);
+      fprintf(stderr, "fsdp-run: only %d of the %d nodes --nnodes needs joined within "
+              "--rdzv-timeout %g s; missing node ranks:%s. Start fsdp-run on every node with "
+              "the same --master-addr, --master-port and --rdzv-id\n", in, n->o->nnodes_min,
+              n->o->rdzv_timeout_s, miss);
+      for (int k = 1; k < n->o->nnodes; k++)
+        send_line(n->peer[k].fd, "end node 0 gave up waiting for the other nodes\n");
+      return -1;
+    }
+    struct pollfd pf[2 + MAX_NEWCOMERS];
+    int m = 0;
+    pf[m++] = (struct pollfd){n->stop_fd, POLLIN, 0};
+    pf[m++] = (struct pollfd){n->listen_fd, POLLIN, 0};
+    for (int k = 0; k < MAX_NEWCOMERS; k++)
+      if (n->newcomers[k].fd > 0) pf[m++] = (struct pollfd){n->newcomers[k].fd, POLLIN, 0};
+    if (poll(pf, (nfds_t)m, (int)(left * 1000) + 1) > 0 && pf[0].revents)
+      return interrupted(n);
+  }
+  n->order[n->n_order++] = 0;
+  for (int k = 1; k < n->o->nnodes; k++)
+    if (n->peer[k].state == PEER_WAITING) {
+      n->peer[k].state = PEER_IN;
+      n->order[n->n_order++] = k;
+    }
+  return decide(n, NULL, n->n_order, mine);
+}
+
+static int connect_node0(run_nodes_t *n) {
+  char port[16];
+  snprintf(port, sizeof port, "%d", n->o->master_port);
+  double deadline = now_s() + n->o->rdzv_timeout_s;
+  const char *err = "no address";
+  for (;;) {
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
+    int rc = getaddrinfo(n->o->master_addr, port, &hints, &res), fd = -1;
+    if (rc) err = gai_strerror(rc);
+    for (struct addrinfo *a = rc ? NULL : res; a && fd < 0; a = a->ai_next) {
+      fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd >= 0 && connect(fd, a->ai_addr, a->ai_addrlen)) {
+        err = strerror(errno);
+        close(fd);
+        fd = -1;
+      }
+    }
+    if (res) freeaddrinfo(res);
+    if (fd >= 0) {
+      keepalive(fd);
+      n->peer[0] = (peer_t){.fd = fd, .state = PEER_IN};
+      send_line(fd, "hello %s %d %d\n", n->o->run_id, n->o->node_rank, n->o->nproc);
+      return 0;
+    }
+    if (now_s() >= deadline) break;
+    /* node 0's agent may not listen yet: try again in 0.1 s, or stop on a signal */
+    struct pollfd stop = {n->stop_fd, POLLIN, 0};
+    if (poll(&stop, 1, 100) > 0) return interrupted(n);
+  }
+  fprintf(stderr, "fsdp-run: node %d cannot reach node 0's agent at %s:%d within --rdzv-timeout "
+          "%g s: %s\n", n->o->node_rank, n->o->master_addr, n->o->master_port,
+          n->o->rdzv_timeout_s, err);
+  return -1;
+}
+
+/* Parses a line from node 0; 1 when it was a word. */
+static int parse_word(const char *line, run_word_t *w) {
+  char kind[16];
+  *w = (run_word_t){.kind = RUN_WORD_NONE};
+  if (!strncmp(line, "end ", 4)) {
+    w->kind = RUN_WORD_END;
+    snprintf(w->why, sizeof w->why, "%.500s", line + 4);
+    return 1;
+  }
+  if (!strcmp(line, "bye")) return w->kind = RUN_WORD_BYE, 1;
+  if (sscanf(line, "%15s %d %d %d %d %d", kind, &w->generation, &w->size, &w->port, &w->first,
+             &w->count) != 6)
+    return 0;
+  w->kind = !strcmp(kind, "start") ? RUN_WORD_START
+            : !strcmp(kind, "join") ? RUN_WORD_JOIN
+            : !strcmp(kind, "world") ? RUN_WORD_WORLD
+                                      : RUN_WORD_NONE;
+  return w->kind != RUN_WORD_NONE;
+}
+
+/* Another node: reads node 0's lines; 1 when *w holds a word. */
+static int listen_node0(run_nodes_t *n, run_word_t *w) {
+  char line[1024];
+  int got, have = 0;
+  run_word_t next;
+  while (n->peer[0].fd >= 0 && (got = read_line(&n->peer[0], line, sizeof line)) != 0) {
+    if (got < 0) {
+      close(n->peer[0].fd);
+      n->peer[0].fd = -1;
+      if (n->finished) return have;
+      *w = (run_word_t){.kind = RUN_WORD_END};
+      snprintf(w->why, sizeof w->why, "node 0's agent (%s:%d) is gone: node 0 serves every "
+               "world's store, so the job cannot go on without it", n->o->master_addr,
+               n->o->master_port);
+      return 1;
+    }
+    if (!parse_word(line, &next)) continue;
+    if (next.kind == RUN_WORD_BYE) {
+      n->finished = 1;
+      continue;
+    }
+    *w = next;
+    have = 1;
+  }
+  return have;
+}
+
+int run_nodes_open(const run_opts_t *o, int stop_fd, run_nodes_t **out, run_word_t *first) {
+  run_nodes_t *n = calloc(1, sizeof *n);
+  if (n) n->peer = calloc((size_t)o->nnodes, sizeof *n->peer);
+  if (n) n->order = calloc((size_t)o->nnodes, sizeof *n->order);
+  if (!n || !n->peer || !n->order) {
+    fprintf(stderr, "fsdp-run: out of memory\n");
+    run_nodes_close(n, 0);
+    return -1;
+  }
+  n->o = o;
+  n->stop_fd = stop_fd;
+  n->listen_fd = -1;
+  for (int k = 0; k < o->nnodes; k++) n->peer[k].fd = -1;
+  *out = n;
+  if (o->node_rank == 0) {
+    n->peer[0] = (peer_t){.fd = -1, .state = PEER_IN, .alive = o->nproc};
+    return listen_agents(n) || meet(n, first) ? -1 : 0;
+  }
+  if (connect_node0(n)) return -1;
+  /* The first word: "start" within node 0's --rdzv-timeout, or "join" once
+   * node 0 admits us (when the world running is not being remade). */
+  for (;;) {
+    struct pollfd pf[2] = {{n->peer[0].fd, POLLIN, 0}, {stop_fd, POLLIN, 0}};
+    if (poll(pf, 2, -1) > 0 && pf[1].revents) return interrupted(n);
+    if (listen_node0(n, first)) break;
+    if (n->peer[0].fd < 0) {
+      fprintf(stderr, "fsdp-run: node %d: the job ended before node 0 admitted this node\n",
+              o->node_rank);
+      return -1;
+    }
+  }
+  if (first->kind == RUN_WORD_END)
+    fprintf(stderr, "fsdp-run: node %d cannot join: %s\n", o->node_rank, first->why);
+  return first->kind == RUN_WORD_END ? -1 : 0;
+}
+
+int run_nodes_fds(const run_nodes_t *n, struct pollfd *pf, int max) {
+  int m = 0;
+  if (n->listen_fd >= 0 && m < max) pf[m++] = (struct pollfd){n->listen_fd, POLLIN, 0};
+  for (int k = 0; k < MAX_NEWCOMERS && n->listen_fd >= 0; k++)
+    if (n->newcomers[k].fd > 0 && m < max)
+      pf[m++] = (struct pollfd){n->newcomers[k].fd, POLLIN, 0};
+  for (int k = 0; k < n->o->nnodes; k++)
+    if (n->peer[k].fd >= 0 && m < max) pf[m++] = (struct pollfd){n->peer[k].fd, POLLIN, 0};
+  return m;
+}
+
+int run_nodes_read(run_nodes_t *n, run_word_t *w) {
+  return n->o->node_rank == 0 ? coordinate(n, w) : listen_node0(n, w);
+}
+
+int run_nodes_lost(run_nodes_t *n, int alive, const char *why, run_word_t *w) {
+  *w = (run_word_t){.kind = RUN_WORD_NONE};
+  if (n->o->node_rank) {
+    send_line(n->peer[0].fd, "alive %d\n", alive);
+    return 0;
+  }
+  n->peer[0].alive = alive;
+  decide(n, why, n->n_order, w);
+  return 1;
+}
+
+int run_nodes_resumed(run_nodes_t *n, run_word_t *w) {
+  if (n->o->node_rank) return 0;
+  n->settling = 0;
+  return admit(n, w) != 0;
+}
+
+void run_nodes_close(run_nodes_t *n, int succeeded) {
+  if (!n) return;
+  for (int k = 0; n->peer && k < n->o->nnodes; k++)
+    if (n->peer[k].fd >= 0) {
+      if (succeeded) send_line(n->peer[k].fd, "bye\n");
+      close(n->peer[k].fd);
+    }
+  for (int k = 0; k < MAX_NEWCOMERS; k++)
+    if (n->newcomers[k].fd > 0) close(n->newcomers[k].fd), n->newcomers[k].fd = 0;
+  if (n->listen_fd >= 0) close(n->listen_fd);
+  free(n->peer);
+  free(n->order);
+  free(n);
+}
