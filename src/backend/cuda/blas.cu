@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "backend/cuda/cublas_lazy.h"
+#include "backend/cuda/cublaslt_lazy.h"
 #include "backend/cuda/cuda_internal.cuh"
 
 /* cuBLAS, opened on first use (cublas_lazy.h); NULL with the reason set. */
@@ -63,6 +64,19 @@ struct blas_slot {
 std::mutex blas_lock;
 blas_slot blas_slots[FSDP_CUDA_MAX_BLAS_HANDLES];
 int blas_count;
+
+/* cuBLASLt (the blocks' forward products): one shape's decision, the
+ * algorithm its heuristic gave or none. */
+struct lt_choice {
+  int device, dt, B, C, OC, linear, epilogue;
+  bool ok;
+  cublasLtMatmulAlgo_t algo;
+};
+constexpr int kLtChoices = 64;
+std::mutex lt_lock;
+cublasLtHandle_t lt_handle; /* one per process: cuBLASLt handles carry no stream */
+lt_choice lt_choices[kLtChoices];
+int lt_count;
 } // namespace
 
 static fsdp_status_t blas_create(int device, cudaStream_t stream, cublasHandle_t *out) {
@@ -131,6 +145,15 @@ fsdp_status_t fsdp_cuda_blas_release(void) {
       first = fsdp_cublas_fail(s, "cublasDestroy(handle)", __FILE__, __LINE__);
   }
   blas_count = 0;
+  {
+    std::lock_guard<std::mutex> lt_guard(lt_lock);
+    const cublasStatus_t s = lt_handle ? fsdp_cublaslt(nullptr)->destroy(lt_handle)
+                                       : CUBLAS_STATUS_SUCCESS;
+    if (first == FSDP_SUCCESS && s != CUBLAS_STATUS_SUCCESS)
+      first = fsdp_cublas_fail(s, "cublasLtDestroy(handle)", __FILE__, __LINE__);
+    lt_handle = nullptr;
+    lt_count = 0;
+  }
   const cudaError_t e = cudaSetDevice(current); /* the caller's device, as it was */
   if (first == FSDP_SUCCESS && e != cudaSuccess)
     first = fsdp_cuda_fail(e, "cudaSetDevice(current)", __FILE__, __LINE__);
@@ -179,19 +202,124 @@ static fsdp_status_t gemm(bool ta, bool tb, int m, int n, int k, const T *A, int
 }
 
 /* ---- the blocks' products: linear and Conv1D ----
- * Why our own epilogue kernel and not cuBLASLt's (CUBLASLT_EPILOGUE_BIAS,
- * GELU_AUX_BIAS, DGELU, as llm.c does): the products here run under the
- * simulator in CI against a reference cuBLAS, which has no cuBLASLt, and
- * cuBLASLt's epilogues carry constraints of their own (the GELU aux leading
- * dimension a multiple of 8, NOT_SUPPORTED for some shapes and types) that a
- * reference would have to model faithfully before its green meant anything on
- * a GPU. So every product writes its output with beta = 0 (no fill, no zeroed
- * buffer read back) and one vectorised pass follows it: + bias, and GELU for
- * the MLP's fc (keeping the pre-activation for backward), or gelu'(pre) for
- * the fc-proj product's d(input). The price against a cuBLASLt epilogue: one
- * read and one write of the output per product (bench/gpu-budget.md counts
- * it), and in bf16 the product is rounded before the bias is added (two
- * roundings, not one). cuBLASLt with a simulator reference is the next step. */
+ * The forward product with a bias runs through cuBLASLt with the bias, or the
+ * bias and GELU keeping its input, as the product's epilogue
+ * (CUBLASLT_EPILOGUE_BIAS, _GELU_AUX_BIAS, as llm.c does): one rounding in
+ * bf16 and no second pass over the output. The simulator's cuBLASLt
+ * (tests/cudasim/cublas/lt_reference.h) models those epilogues and the
+ * documented refusals (the GELU input's leading dimension, here OC, a
+ * multiple of 8). Where cuBLASLt is absent or its heuristic finds no
+ * algorithm for a shape (decided once per shape, lt_pick), and for the
+ * backward (DGELU_BGRAD / BGRADB are not used yet: fsdp's dbias accumulates
+ * over micro-batches in fp32, the epilogue overwrites in the output's type),
+ * the product is written with beta = 0 and one vectorised pass follows it:
+ * + bias, and GELU for the MLP's fc (keeping the pre-activation for
+ * backward), or gelu'(pre) for the fc-proj product's d(input). The price of
+ * the pass: one read and one write of the output per product
+ * (bench/gpu-budget.md counts it), and in bf16 two roundings, not one. */
+
+namespace {
+/* The descriptors of one call, destroyed with it. */
+struct lt_call {
+  const fsdp_cublaslt_t *api;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  explicit lt_call(const fsdp_cublaslt_t *x) : api(x) {}
+  ~lt_call() {
+    if (pref) api->pref_destroy(pref);
+    if (d) api->layout_destroy(d);
+    if (b) api->layout_destroy(b);
+    if (a) api->layout_destroy(a);
+    if (desc) api->desc_destroy(desc);
+  }
+};
+} // namespace
+
+/* Describes y (B, OC) = inp (B, C) @ op(weight) with the epilogue, in the
+ * column-major view (D = y^T, OC x B): A = weight (op T when it is (OC, C)),
+ * B = inp^T. Returns false when a descriptor call fails. */
+template <typename T>
+static bool lt_describe(lt_call &c, const T *bias, T *aux, int B, int C, int OC, bool linear,
+                        uint32_t epilogue) {
+  const fsdp_cublaslt_t *api = c.api;
+  const cudaDataType t = fsdp_cuda_type<T>::value;
+  const int32_t ta = linear ? CUBLAS_OP_T : CUBLAS_OP_N, tb = CUBLAS_OP_N;
+  const int64_t aux_ld = OC;
+  const void *bias_ptr = bias;
+  void *aux_ptr = aux;
+  return api->desc_create(&c.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+         api->desc_set(c.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) == 0 &&
+         api->desc_set(c.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) == 0 &&
+         api->desc_set(c.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue) == 0 &&
+         api->desc_set(c.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr,
+                       sizeof bias_ptr) == 0 &&
+         (!aux || (api->desc_set(c.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux_ptr,
+                                 sizeof aux_ptr) == 0 &&
+                   api->desc_set(c.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
+                                 sizeof aux_ld) == 0)) &&
+         api->layout_create(&c.a, t, linear ? C : OC, linear ? OC : C, linear ? C : OC) == 0 &&
+         api->layout_create(&c.b, t, C, B, C) == 0 &&
+         api->layout_create(&c.d, t, OC, B, OC) == 0 && api->pref_create(&c.pref) == 0;
+}
+
+/* Runs the forward product with its epilogue through cuBLASLt when the shape
+ * qualifies (*done = 1), else leaves *done 0 for the product + pass. The
+ * decision is made once per (device, type, shape, epilogue) and kept. */
+template <typename T>
+static fsdp_status_t lt_forward(T *out, T *aux, const T *inp, const T *weight, const T *bias,
+                                int B, int C, int OC, bool linear, cudaStream_t s, int *done) {
+  *done = 0;
+  if (!bias || C <= 0 || (aux && OC % 8 != 0)) return FSDP_SUCCESS;
+  const fsdp_cublaslt_t *api = fsdp_cublaslt(nullptr);
+  if (!api) return FSDP_SUCCESS;
+  const uint32_t epilogue = aux ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
+  int device;
+  CUDA_CHECK(cudaGetDevice(&device));
+  const int dt = fsdp_cuda_type<T>::value;
+  lt_call call(api);
+  const bool described = lt_describe(call, bias, aux, B, C, OC, linear, epilogue);
+  cublasLtMatmulAlgo_t algo;
+  {
+    std::lock_guard<std::mutex> guard(lt_lock);
+    if (!lt_handle && api->create(&lt_handle) != CUBLAS_STATUS_SUCCESS) {
+      lt_handle = nullptr;
+      return FSDP_SUCCESS;
+    }
+    int i = 0;
+    while (i < lt_count && !(lt_choices[i].device == device && lt_choices[i].dt == dt &&
+                             lt_choices[i].B == B && lt_choices[i].C == C &&
+                             lt_choices[i].OC == OC && lt_choices[i].linear == (int)linear &&
+                             lt_choices[i].epilogue == (int)epilogue))
+      ++i;
+    if (i == lt_count) {
+      cublasLtMatmulHeuristicResult_t r;
+      int found = 0;
+      const bool ok = described &&
+                      api->heuristic(lt_handle, call.desc, call.a, call.b, call.d, call.d,
+                                     call.pref, 1, &r, &found) == CUBLAS_STATUS_SUCCESS &&
+                      found == 1;
+      if (lt_count == kLtChoices) { /* a rare shape past the table: decided each time */
+        if (!ok) return FSDP_SUCCESS;
+        algo = r.algo;
+      } else {
+        lt_choices[lt_count++] = lt_choice{device, dt, B, C, OC, (int)linear, (int)epilogue, ok,
+                                           ok ? r.algo : cublasLtMatmulAlgo_t{}};
+      }
+    }
+    if (i < lt_count) {
+      if (!lt_choices[i].ok || !described) return FSDP_SUCCESS;
+      algo = lt_choices[i].algo;
+    }
+  }
+  const float one = 1.0f, zero = 0.0f;
+  const cublasStatus_t st = api->matmul(lt_handle, call.desc, &one, weight, call.a, inp, call.b,
+                                        &zero, out, call.d, out, call.d, &algo, nullptr, 0, s);
+  if (st != CUBLAS_STATUS_SUCCESS)
+    return fsdp_cublas_fail(st, "cublasLtMatmul(matmul_forward)", __FILE__, __LINE__);
+  *done = 1;
+  return FSDP_SUCCESS;
+}
 
 /* One pass after a beta = 0 product y (rows, OC), rows of OC elements:
  * y += bias (bias may be NULL); with gelu, act = gelu(y) (y keeps the
@@ -276,6 +404,10 @@ template <typename T>
 static fsdp_status_t matmul_forward(const fsdp_matmul_forward_args_t &a, cudaStream_t s) {
   if (a.B <= 0 || a.OC <= 0) return FSDP_SUCCESS;
   T *out = as<T>(a.out), *pre = as<T>(a.pre);
+  int done;
+  FSDP_TRY(lt_forward(out, pre, as<T>(a.inp), as<T>(a.weight), as<T>(a.bias), a.B, a.C, a.OC,
+                      a.weight_out_in != 0, s, &done));
+  if (done) return FSDP_SUCCESS;
   T *y = pre ? pre : out;
   FSDP_TRY(product(y, as<T>(a.inp), as<T>(a.weight), a.B, a.C, a.OC, a.weight_out_in != 0, s));
   return epilogue(y, pre ? out : nullptr, as<T>(a.bias), (const T *)nullptr, a.B, a.OC, s);
