@@ -208,11 +208,12 @@ static fsdp_status_t gemm(bool ta, bool tb, int m, int n, int k, const T *A, int
  * bf16 and no second pass over the output. The simulator's cuBLASLt
  * (tests/cudasim/cublas/lt_reference.h) models those epilogues and the
  * documented refusals (the GELU input's leading dimension, here OC, a
- * multiple of 8). Where cuBLASLt is absent or its heuristic finds no
- * algorithm for a shape (decided once per shape, lt_pick), and for the
- * backward (DGELU_BGRAD / BGRADB are not used yet: fsdp's dbias accumulates
- * over micro-batches in fp32, the epilogue overwrites in the output's type),
- * the product is written with beta = 0 and one vectorised pass follows it:
+ * multiple of 8). The backward's d(input) of the fc-proj product takes
+ * GELU's slope the same way (CUBLASLT_EPILOGUE_DGELU, aux = the fc's
+ * pre-activation, ld C). DGELU_BGRAD and BGRADB are not used: fsdp's dbias
+ * accumulates over micro-batches in fp32 and the epilogue overwrites in the
+ * output's type. Where cuBLASLt is absent or its heuristic finds no algorithm
+ * for a shape (decided once per shape, lt_run), the product is written with beta = 0 and one vectorised pass follows it:
  * + bias, and GELU for the MLP's fc (keeping the pre-activation for
  * backward), or gelu'(pre) for the fc-proj product's d(input). The price of
  * the pass: one read and one write of the output per product
@@ -236,49 +237,70 @@ struct lt_call {
 };
 } // namespace
 
-/* Describes y (B, OC) = inp (B, C) @ op(weight) with the epilogue, in the
- * column-major view (D = y^T, OC x B): A = weight (op T when it is (OC, C)),
- * B = inp^T. Returns false when a descriptor call fails. */
+/* One cuBLASLt call in the column-major view: D (m x n, ld ldd) = op(A)
+ * (m x k; A stored m x k, or k x m when ta) @ B (k x n, ld ldb), with the
+ * epilogue's bias and aux (aux ld = ldd). */
+struct lt_shape {
+  bool ta;
+  int m, n, k, lda, ldb, ldd;
+  uint32_t epilogue;
+};
+
+/* The alignment promised to the heuristic (a shape's algorithm is reused for
+ * every pointer, so it must not rely on more than each call guarantees):
+ * lt_run takes only 16-byte aligned A, B, D, bias and aux. */
+static const uint32_t kAlign = 16;
+
+/* Returns false when a descriptor call fails. */
 template <typename T>
-static bool lt_describe(lt_call &c, const T *bias, T *aux, int B, int C, int OC, bool linear,
-                        uint32_t epilogue) {
+static bool lt_describe(lt_call &c, const lt_shape &x, const T *bias, const T *aux) {
   const fsdp_cublaslt_t *api = c.api;
   const cudaDataType t = fsdp_cuda_type<T>::value;
-  const int32_t ta = linear ? CUBLAS_OP_T : CUBLAS_OP_N, tb = CUBLAS_OP_N;
-  const int64_t aux_ld = OC;
-  const void *bias_ptr = bias;
-  void *aux_ptr = aux;
+  const int32_t ta = x.ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = CUBLAS_OP_N;
+  const int64_t aux_ld = x.ldd;
+  const void *bias_ptr = bias, *aux_ptr = aux;
   return api->desc_create(&c.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
          api->desc_set(c.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) == 0 &&
          api->desc_set(c.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) == 0 &&
-         api->desc_set(c.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue) == 0 &&
-         api->desc_set(c.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr,
-                       sizeof bias_ptr) == 0 &&
+         api->desc_set(c.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &x.epilogue,
+                       sizeof x.epilogue) == 0 &&
+         (!bias || api->desc_set(c.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr,
+                                 sizeof bias_ptr) == 0) &&
          (!aux || (api->desc_set(c.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux_ptr,
                                  sizeof aux_ptr) == 0 &&
                    api->desc_set(c.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
                                  sizeof aux_ld) == 0)) &&
-         api->layout_create(&c.a, t, linear ? C : OC, linear ? OC : C, linear ? C : OC) == 0 &&
-         api->layout_create(&c.b, t, C, B, C) == 0 &&
-         api->layout_create(&c.d, t, OC, B, OC) == 0 && api->pref_create(&c.pref) == 0;
+         api->layout_create(&c.a, t, x.ta ? x.k : x.m, x.ta ? x.m : x.k, x.lda) == 0 &&
+         api->layout_create(&c.b, t, x.k, x.n, x.ldb) == 0 &&
+         api->layout_create(&c.d, t, x.m, x.n, x.ldd) == 0 && api->pref_create(&c.pref) == 0 &&
+         api->pref_set(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &kAlign,
+                       sizeof kAlign) == 0 &&
+         api->pref_set(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &kAlign,
+                       sizeof kAlign) == 0 &&
+         api->pref_set(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &kAlign,
+                       sizeof kAlign) == 0 &&
+         api->pref_set(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &kAlign,
+                       sizeof kAlign) == 0;
 }
 
-/* Runs the forward product with its epilogue through cuBLASLt when the shape
- * qualifies (*done = 1), else leaves *done 0 for the product + pass. The
- * decision is made once per (device, type, shape, epilogue) and kept. */
+/* Runs D = epilogue(op(A) B) through cuBLASLt when the shape qualifies
+ * (*done = 1), else leaves *done 0 for the product + pass. The decision is
+ * made once per (device, type, layer shape, epilogue) and kept; B, C, OC and
+ * linear name the layer. */
 template <typename T>
-static fsdp_status_t lt_forward(T *out, T *aux, const T *inp, const T *weight, const T *bias,
-                                int B, int C, int OC, bool linear, cudaStream_t s, int *done) {
+static fsdp_status_t lt_run(const lt_shape &x, T *d, const T *A, const T *Bm, const T *bias,
+                            const T *aux, int B, int C, int OC, bool linear, cudaStream_t s,
+                            int *done) {
   *done = 0;
-  if (!bias || C <= 0 || (aux && OC % 8 != 0)) return FSDP_SUCCESS;
+  if (!aligned16(d) || !aligned16(A) || !aligned16(Bm) || !aligned16(bias) || !aligned16(aux))
+    return FSDP_SUCCESS;
   const fsdp_cublaslt_t *api = fsdp_cublaslt(nullptr);
   if (!api) return FSDP_SUCCESS;
-  const uint32_t epilogue = aux ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
   int device;
   CUDA_CHECK(cudaGetDevice(&device));
   const int dt = fsdp_cuda_type<T>::value;
   lt_call call(api);
-  const bool described = lt_describe(call, bias, aux, B, C, OC, linear, epilogue);
+  const bool described = lt_describe(call, x, bias, aux);
   cublasLtMatmulAlgo_t algo;
   {
     std::lock_guard<std::mutex> guard(lt_lock);
@@ -290,7 +312,7 @@ static fsdp_status_t lt_forward(T *out, T *aux, const T *inp, const T *weight, c
     while (i < lt_count && !(lt_choices[i].device == device && lt_choices[i].dt == dt &&
                              lt_choices[i].B == B && lt_choices[i].C == C &&
                              lt_choices[i].OC == OC && lt_choices[i].linear == (int)linear &&
-                             lt_choices[i].epilogue == (int)epilogue))
+                             lt_choices[i].epilogue == (int)x.epilogue))
       ++i;
     if (i == lt_count) {
       cublasLtMatmulHeuristicResult_t r;
@@ -303,8 +325,8 @@ static fsdp_status_t lt_forward(T *out, T *aux, const T *inp, const T *weight, c
         if (!ok) return FSDP_SUCCESS;
         algo = r.algo;
       } else {
-        lt_choices[lt_count++] = lt_choice{device, dt, B, C, OC, (int)linear, (int)epilogue, ok,
-                                           ok ? r.algo : cublasLtMatmulAlgo_t{}};
+        lt_choices[lt_count++] = lt_choice{device, dt, B, C, OC, (int)linear, (int)x.epilogue,
+                                           ok, ok ? r.algo : cublasLtMatmulAlgo_t{}};
       }
     }
     if (i < lt_count) {
@@ -313,12 +335,38 @@ static fsdp_status_t lt_forward(T *out, T *aux, const T *inp, const T *weight, c
     }
   }
   const float one = 1.0f, zero = 0.0f;
-  const cublasStatus_t st = api->matmul(lt_handle, call.desc, &one, weight, call.a, inp, call.b,
-                                        &zero, out, call.d, out, call.d, &algo, nullptr, 0, s);
+  const cublasStatus_t st = api->matmul(lt_handle, call.desc, &one, A, call.a, Bm, call.b, &zero,
+                                        d, call.d, d, call.d, &algo, nullptr, 0, s);
   if (st != CUBLAS_STATUS_SUCCESS)
-    return fsdp_cublas_fail(st, "cublasLtMatmul(matmul_forward)", __FILE__, __LINE__);
+    return fsdp_cublas_fail(st, "cublasLtMatmul(d, A, B)", __FILE__, __LINE__);
   *done = 1;
   return FSDP_SUCCESS;
+}
+
+/* out (B, OC) = [gelu](inp @ op(weight) + bias), aux = the pre-activation:
+ * column-major D = out^T (OC x B) = op(weight^T) inp^T. Needs a bias, and
+ * with GELU, OC % 8 == 0 (the aux leading dimension). */
+template <typename T>
+static fsdp_status_t lt_forward(T *out, T *aux, const T *inp, const T *weight, const T *bias,
+                                int B, int C, int OC, bool linear, cudaStream_t s, int *done) {
+  *done = 0;
+  if (!bias || C <= 0 || (aux && OC % 8 != 0)) return FSDP_SUCCESS;
+  const lt_shape x = {linear, OC, B, C, linear ? C : OC, C, OC,
+                      aux ? (uint32_t)CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                          : (uint32_t)CUBLASLT_EPILOGUE_BIAS};
+  return lt_run(x, out, weight, inp, bias, (const T *)aux, B, C, OC, linear, s, done);
+}
+
+/* dinp (B, C) = (dout @ op(weight)) * gelu'(pre) (DGELU, aux = pre, ld C):
+ * column-major D = dinp^T (C x B) = op(weight^T) dout^T. Needs C % 8 == 0. */
+template <typename T>
+static fsdp_status_t lt_dgelu(T *dinp, const T *pre, const T *dout, const T *weight, int B, int C,
+                              int OC, bool linear, cudaStream_t s, int *done) {
+  *done = 0;
+  if (C % 8 != 0) return FSDP_SUCCESS;
+  const lt_shape x = {!linear, C, B, OC, linear ? C : OC, OC, C,
+                      (uint32_t)CUBLASLT_EPILOGUE_DGELU};
+  return lt_run(x, dinp, weight, dout, (const T *)nullptr, pre, B, C, OC, linear, s, done);
 }
 
 /* One pass after a beta = 0 product y (rows, OC), rows of OC elements:
@@ -431,12 +479,18 @@ static fsdp_status_t matmul_backward(const fsdp_matmul_backward_args_t &a, cudaS
                       "fsdp_cuda_colsum_scratch_bytes(%d) bytes, got NULL", OC);
   if (dbias) FSDP_TRY(bias_grad(dbias, scratch, dout, B, OC, s));
   if (C <= 0) return FSDP_SUCCESS;
-  if (dinp && a.weight_out_in)
-    FSDP_TRY(gemm(false, false, B, C, OC, dout, OC, weight, C, 0.0f, dinp, C, s));
-  else if (dinp)
-    FSDP_TRY(gemm(false, true, B, C, OC, dout, OC, weight, OC, 0.0f, dinp, C, s));
+  int fused = 0;
   if (dinp && a.gelu_pre)
-    FSDP_TRY(epilogue(dinp, (T *)nullptr, (const T *)nullptr, as<T>(a.gelu_pre), B, C, s));
+    FSDP_TRY(lt_dgelu(dinp, as<T>(a.gelu_pre), dout, weight, B, C, OC, a.weight_out_in != 0, s,
+                      &fused));
+  if (dinp && !fused) { /* the product, then gelu'(pre) in a pass */
+    if (a.weight_out_in)
+      FSDP_TRY(gemm(false, false, B, C, OC, dout, OC, weight, C, 0.0f, dinp, C, s));
+    else
+      FSDP_TRY(gemm(false, true, B, C, OC, dout, OC, weight, OC, 0.0f, dinp, C, s));
+    if (a.gelu_pre)
+      FSDP_TRY(epilogue(dinp, (T *)nullptr, (const T *)nullptr, as<T>(a.gelu_pre), B, C, s));
+  }
   if (a.weight_out_in) return gemm(true, false, OC, C, B, dout, OC, inp, C, 1.0f, dweight, C, s);
   return gemm(true, false, C, OC, B, inp, C, dout, OC, 1.0f, dweight, OC, s);
 }

@@ -26,6 +26,7 @@ typedef struct {
   __typeof__(&cublasLtMatrixLayoutDestroy) layout_destroy;
   __typeof__(&cublasLtMatmulPreferenceCreate) pref_create;
   __typeof__(&cublasLtMatmulPreferenceDestroy) pref_destroy;
+  __typeof__(&cublasLtMatmulPreferenceSetAttribute) pref_set;
   __typeof__(&cublasLtMatmulAlgoGetHeuristic) heuristic;
   __typeof__(&cublasLtMatmul) matmul;
 } fsdp_cublaslt_t;
@@ -57,6 +58,7 @@ static void fsdp_cublaslt_load(void) {
       {(void **)&fsdp_cublaslt_table.layout_destroy, "cublasLtMatrixLayoutDestroy"},
       {(void **)&fsdp_cublaslt_table.pref_create, "cublasLtMatmulPreferenceCreate"},
       {(void **)&fsdp_cublaslt_table.pref_destroy, "cublasLtMatmulPreferenceDestroy"},
+      {(void **)&fsdp_cublaslt_table.pref_set, "cublasLtMatmulPreferenceSetAttribute"},
       {(void **)&fsdp_cublaslt_table.heuristic, "cublasLtMatmulAlgoGetHeuristic"},
       {(void **)&fsdp_cublaslt_table.matmul, "cublasLtMatmul"},
   };

@@ -33,6 +33,7 @@ struct cublasLtMatrixLayoutSim {
 };
 struct cublasLtMatmulPreferenceSim {
   uint64_t workspace;
+  uint32_t align[4]; /* A, B, C, D: promised alignment in bytes */
 };
 
 namespace {
@@ -177,7 +178,7 @@ SIM_EXPORT cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t lay
 
 SIM_EXPORT cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *pref) {
   if (!pref) return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmulPreferenceCreate", "NULL");
-  *pref = new (std::nothrow) cublasLtMatmulPreferenceSim{0};
+  *pref = new (std::nothrow) cublasLtMatmulPreferenceSim{0, {256, 256, 256, 256}};
   return *pref ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_ALLOC_FAILED;
 }
 
@@ -189,14 +190,25 @@ SIM_EXPORT cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreferen
 SIM_EXPORT cublasStatus_t cublasLtMatmulPreferenceSetAttribute(
     cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr, const void *buf,
     size_t size) {
-  if (!pref || attr != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES)
-    return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "cublasLtMatmulPreferenceSetAttribute",
-                  "a NULL preference or an attribute the simulator does not model");
-  return put(&pref->workspace, buf, size, "MAX_WORKSPACE_BYTES");
+  if (!pref)
+    return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmulPreferenceSetAttribute", "NULL");
+  switch (attr) {
+  case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES:
+    return put(&pref->workspace, buf, size, "MAX_WORKSPACE_BYTES");
+  case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES:
+  case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES:
+  case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES:
+  case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES:
+    return put(&pref->align[attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES], buf, size,
+               "MIN_ALIGNMENT");
+  }
+  return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "cublasLtMatmulPreferenceSetAttribute",
+                "an attribute the simulator does not model: CUBLAS_STATUS_NOT_SUPPORTED");
 }
 
 /* One algorithm (workspace 0) when the call with these descriptors would be
- * accepted; else the refusal's status and no algorithm (the toolkit answers
+ * accepted, relying on the preference's promised alignments (kept in the
+ * algorithm, checked by cublasLtMatmul); else the refusal's status and no algorithm (the toolkit answers
  * CUBLAS_STATUS_NOT_SUPPORTED when no kernel fits). */
 SIM_EXPORT cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
     cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
@@ -220,6 +232,7 @@ SIM_EXPORT cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
                     why, sizeof why);
   if (st != CUBLAS_STATUS_SUCCESS) return refuse(st, fn, why);
   memset(&results[0], 0, sizeof results[0]);
+  for (int i = 0; i < 4; ++i) results[0].algo.data[i] = pref->align[i];
   results[0].state = CUBLAS_STATUS_SUCCESS;
   results[0].wavesCount = 1.0f;
   *count = 1;
@@ -234,8 +247,20 @@ SIM_EXPORT cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_
                                          cublasLtMatrixLayout_t dd,
                                          const cublasLtMatmulAlgo_t *algo, void *workspace,
                                          size_t workspace_bytes, cudaStream_t stream) {
-  (void)algo, (void)workspace, (void)workspace_bytes; /* one reference algorithm, no workspace */
+  (void)workspace, (void)workspace_bytes; /* one reference algorithm, no workspace */
   const char *fn = "cublasLtMatmul";
+  if (!algo)
+    return refuse(CUBLAS_STATUS_NOT_SUPPORTED, fn, "no algorithm: the simulator models only "
+                  "one from cublasLtMatmulAlgoGetHeuristic: CUBLAS_STATUS_NOT_SUPPORTED");
+  const void *ptrs[4] = {A, B, C, D};
+  for (int i = 0; i < 4; ++i)
+    if (algo->data[i] == 0 || (uintptr_t)ptrs[i] % algo->data[i] != 0) {
+      char why[200];
+      snprintf(why, sizeof why, "matrix %c at %p is less aligned than the %llu bytes its "
+               "algorithm was chosen for (MIN_ALIGNMENT_%c_BYTES): CUBLAS_STATUS_NOT_SUPPORTED",
+               "ABCD"[i], ptrs[i], (unsigned long long)algo->data[i], "ABCD"[i]);
+      return refuse(CUBLAS_STATUS_NOT_SUPPORTED, fn, why);
+    }
   sim_lt e;
   cublasStatus_t st = describe(fn, h, d, a, b, c, dd, A, B, C, D, &e);
   if (st != CUBLAS_STATUS_SUCCESS) return st;

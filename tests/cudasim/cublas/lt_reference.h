@@ -28,8 +28,9 @@
  *    above are NOT_SUPPORTED with a line saying the simulator does not model
  *    them. Everything the product itself refuses is refused as
  *    cublasGemmEx refuses it.
- * Not modelled: the heuristic's choice among kernels, pointer alignment
- * rules, workspace, non-default bias / aux data types, row order. */
+ * Not modelled: the heuristic's choice among kernels, workspace, non-default
+ * bias / aux data types, row order. Pointer alignment is cublaslt.cc's (the
+ * preference's promise, kept in the algorithm). */
 #ifndef FSDP_CUDASIM_LT_REFERENCE_H
 #define FSDP_CUDASIM_LT_REFERENCE_H
 

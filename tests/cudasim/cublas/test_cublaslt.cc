@@ -2,7 +2,8 @@
  * meets it: opened by src/backend/cuda/cublaslt_lazy.h's dlopen (and checked
  * to be the simulator's library), descriptors built as blas.cu builds them, the
  * heuristic answering no algorithm where the call would be refused (a GELU
- * input leading dimension not divisible by 8), and cublasLtMatmul with
+ * input leading dimension not divisible by 8), a D less aligned than the
+ * preference promised refused, and cublasLtMatmul with
  * GELU_AUX_BIAS on a stream of the simulated runtime, against the host. Exit 0
  * when every check passes. */
 #include <dlfcn.h>
@@ -79,6 +80,9 @@ static void test_gelu_aux_bias(void) {
                       0, s) == 0, "matmul");
     CHECK(api->matmul(h, d.d, &one, dw, d.a, dx, d.b, &zero, dp, d.c, dy, d.c, &r.algo, nullptr,
                       0, s) == CUBLAS_STATUS_NOT_SUPPORTED, "C != D accepted");
+    CHECK(api->matmul(h, d.d, &one, dw, d.a, dx, d.b, &zero, dy + 1, d.c, dy + 1, d.c, &r.algo,
+                      nullptr, 0, s) == CUBLAS_STATUS_NOT_SUPPORTED,
+          "D 4 bytes off the 256 promised (the default MIN_ALIGNMENT_D_BYTES) accepted");
     CHECK(cudaStreamSynchronize(s) == cudaSuccess, "sync");
   }
   cudaMemcpy(y.data(), dy, y.size() * 4, cudaMemcpyDeviceToHost);

@@ -60,8 +60,15 @@ typedef enum {
   CUBLASLT_EPILOGUE_BGRADB = 512,
 } cublasLtEpilogue_t;
 
+/* MIN_ALIGNMENT_*: the alignment the caller promises for each matrix
+ * (default 256, cudaMalloc's); the algorithm the heuristic returns may rely
+ * on it, and cublasLtMatmul refuses a pointer less aligned than promised. */
 typedef enum {
-  CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1, /* uint64_t */
+  CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,     /* uint64_t */
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5,   /* uint32_t */
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6,   /* uint32_t */
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES = 7,   /* uint32_t */
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8,   /* uint32_t */
 } cublasLtMatmulPreferenceAttributes_t;
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t *lightHandle);
