@@ -20,6 +20,7 @@ typedef struct {
   int *y;               /* mlp: (accum, B) */
   size_t act_bytes;
   fsdp_step_stats_t last; /* the last step's: skipped_total counts the guard's skips */
+  fsdp_replica_t replica; /* --replica-every, else NULL */
 } model_t;
 
 enum { MLP_IN = 784, MLP_CLASSES = 10 };
@@ -58,6 +59,7 @@ static int make_data(model_t *m, const bench_opts_t *o, int rank) {
 }
 
 static void model_free(model_t *m) {
+  fsdp_replica_destroy(m->replica);
   fsdp_gpt2_destroy(m->gpt);
   fsdp_llama_destroy(m->llama);
   fsdp_mlp_destroy(m->mlp);
@@ -149,6 +151,7 @@ static fsdp_status_t model_build(fsdp_world_t world, const bench_opts_t *o, fsdp
     BENCH_TRY(fsdp_mlp_create(m->eng, widths, o->n_hidden + 1, m->B, &m->mlp));
   }
   BENCH_TRY(fsdp_engine_materialize(m->eng, o->seed));
+  if (o->replica_every) BENCH_TRY(fsdp_replica_create(m->eng, o->replica_every, &m->replica));
   m->act_bytes = m->llama ? fsdp_llama_activation_bytes(m->llama, NULL)
                  : gpt    ? fsdp_gpt2_activation_bytes(m->gpt, NULL)
                           : fsdp_mlp_activation_bytes(m->mlp);
@@ -176,7 +179,8 @@ static fsdp_status_t model_step(model_t *m, double *loss) {
   }
   *loss = sum / ((double)per * m->accum);
   BENCH_TRY(fsdp_engine_report_loss(m->eng, *loss));
-  return fsdp_engine_step(m->eng, &m->last);
+  BENCH_TRY(fsdp_engine_step(m->eng, &m->last));
+  return m->replica ? fsdp_replica_snapshot(m->replica, NULL, NULL) : FSDP_SUCCESS;
 }
 
 /* ---- correctness ------------------------------------------------------------ */
@@ -454,6 +458,12 @@ static fsdp_status_t measure(model_t *m, const bench_opts_t *o, bench_result_t *
   fsdp_comm_t comm = fsdp_engine_comm(m->eng);
   double first = 0.0, last = 0.0;
   BENCH_TRY(timed_steps(m, o, s, &first, &last));
+  fsdp_replica_info_t ri;
+  if (m->replica && fsdp_replica_info(m->replica, &ri) == FSDP_SUCCESS && ri.rank == 0 &&
+      ri.snapshots)
+    fprintf(stderr, "fsdp-bench: replicas every %d steps: %d snapshots of %.2f MiB, copy %.3f "
+            "ms each on rank 0's step path (the transfer runs beside the steps)\n", ri.every,
+            ri.snapshots, ri.snapshot_bytes / 1048576.0, ri.copy_s * 1e3 / ri.snapshots);
   if (o->kernel_profile) BENCH_TRY(bench_kernels_collect(m->eng, o, m->B, m->T, n_it, r));
   size_t n = 0, dropped = 0;
   const fsdp_tl_event_t *tl = NULL;

@@ -61,6 +61,8 @@ static const char usage_text[] =
     "  --json-file PATH           also write that document to PATH (the table still prints)\n"
     "  --trace FILE               the timed steps of every rank as one Chrome trace (Perfetto,\n"
     "                             chrome://tracing): pid = rank, tracks compute/gather/reduce\n"
+    "  --replica-every K          snapshot every K steps to the buddy rank (fsdp/replica.h),\n"
+    "                             inside the timed steps: what replicas cost (0 off)\n"
     "  --kernel-profile           gpt2, llama: time each kernel class (fsdp/profile.h) in the timed\n"
     "                             steps (CUDA events on the compute stream; host clock on the\n"
     "                             CPU) and print per class calls, ms, share of the step,\n"
@@ -163,7 +165,7 @@ static int parse_word(void *ctx, const char *tool, const char *a, const char *v)
 }
 
 /* The flags with a value of their own type; the rest are parse_word's. */
-#define BENCH_FLAGS 24
+#define BENCH_FLAGS 25
 static void flag_table(bench_opts_t *o, flag_t *t) {
   const flag_t table[] = {
       {"--model", NULL, FLAG_STR, &o->model},         {"--seq-len", NULL, FLAG_INT, &o->seq_len},
@@ -185,6 +187,7 @@ static void flag_table(bench_opts_t *o, flag_t *t) {
       {"--comm-backend", "--comm", FLAG_STR, &o->cfg.comm_backend},
       {"--shard-size", NULL, FLAG_INT, &o->cfg.shard_size},
       {"--kernel-profile", NULL, FLAG_SET, &o->kernel_profile},
+      {"--replica-every", NULL, FLAG_INT, &o->replica_every},
   };
   _Static_assert(sizeof table / sizeof table[0] == BENCH_FLAGS, "BENCH_FLAGS counts the table");
   memcpy(t, table, sizeof table);

@@ -33,6 +33,7 @@ typedef struct {
   int shard_sizes[4], n_shard_sizes; /* --sweep-shard-sizes (0: the world); else config's */
   cfg_file_t *config;      /* --config FILE, or NULL: its sharding rules (tools/config.h) */
   int kernel_profile;      /* --kernel-profile: time each kernel class (bench_kernels.c) */
+  int replica_every;       /* --replica-every: buddy snapshots inside the timed steps; 0 off */
 } bench_opts_t;
 
 /* One configuration's numbers; statistics are over the timed steps of every

@@ -207,6 +207,14 @@ FSDP_API fsdp_status_t fsdp_all_reduce(fsdp_comm_t comm, const void *send, void 
 FSDP_API fsdp_status_t fsdp_broadcast(fsdp_comm_t comm, void *buf, size_t count,
                                       fsdp_dtype_t dtype, int root, fsdp_stream_t stream);
 FSDP_API fsdp_status_t fsdp_barrier(fsdp_comm_t comm, fsdp_stream_t stream);
+/* A ring shift: recv (count elements) = send of rank (rank - offset) mod size;
+ * each rank sends to (rank + offset) mod size. offset in 0 .. size - 1 (0 is a
+ * copy); send and recv must not overlap. Every rank passes the same count and
+ * offset. What buddy replicas (fsdp/replica.h) move: point to point, so each
+ * rank sends and receives count elements whatever the size. The host backends
+ * (mpi, gloo, self) run it; nccl refuses it (FSDP_ERR_UNSUPPORTED) for now. */
+FSDP_API fsdp_status_t fsdp_shift(fsdp_comm_t comm, const void *send, void *recv, size_t count,
+                                  fsdp_dtype_t dtype, int offset, fsdp_stream_t stream);
 
 #ifdef __cplusplus
 }

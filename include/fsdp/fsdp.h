@@ -12,5 +12,6 @@
 #include "fsdp/nn.h"
 #include "fsdp/data.h"
 #include "fsdp/ckpt.h"
+#include "fsdp/replica.h"
 #include "fsdp/tokenizer.h"
 #endif

@@ -371,10 +371,13 @@ FSDP_API void fsdp_llama_destroy(fsdp_llama_t model);
 FSDP_API fsdp_status_t fsdp_llama_forward_backward(fsdp_llama_t model, const int *tokens,
                                                    const int *targets, int B, int T,
                                                    float loss_scale, double *loss_sum);
-/* Forward only, as fsdp_gpt2_forward: targets and loss_sum may be NULL;
- * *logits (may be NULL) points at the (B,T,V) fp32 logits in host memory,
- * packed V apart, valid until the next call on the model (the host buffer is
- * allocated by the first call asking for them). */
+/* Forward only, as fsdp_gpt2_forward: targets and loss_sum may be NULL
+ * (*loss_sum is written only with targets); *logits (may be NULL) points at
+ * the (B,T,V) fp32 logits in host memory, packed V apart, valid until the
+ * next call on the model. The host buffer is the model's, allocated by the
+ * first call asking for logits at the full max_batch x max_T x V (padded)
+ * floats (Llama-3.2-1B at 8 x 2048: 8.4 GB) and kept until destroy: ask for
+ * logits with a model created for the batch you read them at. */
 FSDP_API fsdp_status_t fsdp_llama_forward(fsdp_llama_t model, const int *tokens,
                                           const int *targets, int B, int T, double *loss_sum,
                                           const float **logits);

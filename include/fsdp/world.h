@@ -121,6 +121,77 @@ FSDP_API double fsdp_world_timeout(fsdp_world_t world);
 FSDP_API void fsdp_world_abort(fsdp_world_t world, fsdp_status_t status, const char *message)
     __attribute__((noreturn));
 
+/* ---- elastic worlds: going on without a lost rank ---------------------------
+ * Under fsdp-run --min-nproc M (one node) a worker that dies does not end the
+ * job while at least M others live: fsdp-run tells each survivor, over a
+ * control pipe (FSDP_RUN_CONTROL), its rank in a world of the survivors (old
+ * order kept) and a fresh port where that world's rank 0 serves a new store.
+ * The survivors' collectives fail meanwhile (the lost peer's connections
+ * close, or the watchdog's deadline passes); each survivor then:
+ *  1. destroys what it made over the old world: models, engines,
+ *     communicators (fsdp_replica_disconnect keeps the snapshots);
+ *  2. calls fsdp_world_rejoin, which destroys the old world (without the
+ *     exit barrier: it failed) and joins the new one;
+ *  3. makes its engine again over the new world (the global batch is split
+ *     anew: fsdp_engine_shard_batch) and restores the training state of the
+ *     newest complete snapshot (fsdp_replica_restore; or a checkpoint);
+ *  4. redoes its per-rank state: the data position is the restored step's,
+ *     split by the new rank and world size; per-rank buffers sized by the
+ *     micro-batch are sized again; RNG streams keyed by rank are re-keyed.
+ * Steps done after the snapshot are done again.
+ *
+ * Thread safety: fsdp_world_change_pending, fsdp_world_on_change and
+ * fsdp_world_rejoin from the main thread only, like init and destroy: the
+ * control pipe's unread lines and the change callback are process-wide, and
+ * fsdp_world_rejoin sets RANK, WORLD_SIZE, LOCAL_RANK,
+ * LOCAL_WORLD_SIZE and MASTER_PORT in the environment (setenv) for the new
+ * world, so no other thread may read the environment meanwhile. */
+
+typedef struct {
+  int generation;         /* 1 after the first change, 2 after the second, ... */
+  int old_rank, old_size; /* this process in the world before (-1, 0: a joining worker) */
+  int rank, size;         /* ... and in the new one */
+} fsdp_world_change_t;
+
+/* Called by fsdp_world_rejoin once the new world is up (main thread). */
+typedef void (*fsdp_world_change_fn)(const fsdp_world_change_t *change, void *user);
+
+/* 1 when the launcher can go on without a lost rank (FSDP_RUN_CONTROL set by
+ * fsdp-run --min-nproc), else 0: a failure ends the job as before. */
+FSDP_API int fsdp_world_elastic(void);
+/* 1 in a worker fsdp-run started to join a running elastic job (fsdp-run
+ * --respawn, FSDP_RUN_JOIN=1): it has no world yet and calls
+ * fsdp_world_rejoin with *world NULL instead of fsdp_world_init. */
+FSDP_API int fsdp_world_joining(void);
+/* 1 when fsdp-run has announced a new world this process has not joined
+ * (a worker joins; the others make room at their next snapshot boundary).
+ * Never blocks; local: ranks may see it at different times, so a trainer
+ * agrees on it (one rank's answer, broadcast) before acting. */
+FSDP_API int fsdp_world_change_pending(void);
+/* 1 once a collective of this world failed (a lost or timed-out peer, a
+ * desync): the failure a rejoin answers; 0 otherwise (a trainer's own error,
+ * which no launcher word follows). */
+FSDP_API int fsdp_world_failed(fsdp_world_t world);
+/* Registers fn (NULL: none) to learn of every membership change; user is
+ * passed back. One callback per process; the last registration wins. */
+FSDP_API void fsdp_world_on_change(fsdp_world_change_fn fn, void *user);
+/* After a communication failure in an elastic world, or when a change is
+ * pending: destroys *world (which must be an env:// world whose
+ * communicators are all destroyed; NULL in a joining worker), waits
+ * within the rendezvous timeout for the launcher's word, joins the new world
+ * into *world with opts (may be NULL) and fills *change (may be NULL); then
+ * calls the change callback. FSDP_ERR_UNSUPPORTED when the world is not
+ * elastic (nothing is destroyed); FSDP_ERR_TIMEOUT when no word came (the
+ * launcher ends the job: too few ranks left); the rendezvous' errors
+ * otherwise. On an error *world is NULL (destroyed) unless UNSUPPORTED. */
+FSDP_API fsdp_status_t fsdp_world_rejoin(fsdp_world_t *world, const fsdp_world_opts_t *opts,
+                                         fsdp_world_change_t *change);
+/* Tells fsdp-run (when it listens) that training resumed in this world from
+ * the snapshot of `step`, `lost_steps` updates having been undone, so that
+ * its log says so with the time since the loss. Any rank may call it; fsdp-train
+ * calls it on rank 0 after the first step done in the new world. */
+FSDP_API void fsdp_world_note_resumed(fsdp_world_t world, int64_t step, int64_t lost_steps);
+
 #ifdef __cplusplus
 }
 #endif

@@ -27,7 +27,7 @@
 
 const char *fsdp_coll_name(fsdp_coll_kind_t kind) {
   static const char *names[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast",
-                                "barrier"};
+                                "barrier", "shift"};
   return (unsigned)kind < sizeof names / sizeof names[0] ? names[kind] : "collective";
 }
 
@@ -380,6 +380,7 @@ static fsdp_status_t check_aliasing(fsdp_comm_t comm, fsdp_coll_t *c) {
   if (c->kind == FSDP_COLL_ALL_GATHER) c->in_place = s == r + slot;
   if (c->kind == FSDP_COLL_REDUCE_SCATTER) c->in_place = r == s + slot;
   if (c->kind == FSDP_COLL_ALL_REDUCE) c->in_place = s == r;
+  /* A shift has no in-place form: its input leaves while its output arrives. */
   if (c->in_place || !ranges_overlap(c->send, send_b, c->recv, recv_b)) return FSDP_SUCCESS;
   return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
                     "%s: send and recv overlap but not in the in-place layout (send %p, "
@@ -443,6 +444,12 @@ static fsdp_status_t check_coll(fsdp_comm_t comm, fsdp_coll_t *c) {
   if (c->kind == FSDP_COLL_BROADCAST && (c->root < 0 || c->root >= comm->size))
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "broadcast: root %d is not a rank of this "
                       "communicator (size %d)", c->root, comm->size);
+  if (c->kind == FSDP_COLL_SHIFT && comm->ops->enqueue)
+    return fsdp_error(FSDP_ERR_UNSUPPORTED, "shift: the %s backend has no shift yet; use a "
+                      "host backend's communicator (fsdp_comm_create_backend)", comm->ops->name);
+  if (c->kind == FSDP_COLL_SHIFT && (c->root < 0 || c->root >= comm->size))
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "shift: offset %d is not in 0 .. %d (the "
+                      "communicator's size less one)", c->root, comm->size - 1);
   FSDP_TRY(check_placement(comm, c));
   return check_aliasing(comm, c);
 }
@@ -553,6 +560,13 @@ fsdp_status_t fsdp_broadcast(fsdp_comm_t comm, void *buf, size_t count, fsdp_dty
                              int root, fsdp_stream_t stream) {
   fsdp_coll_t c = {.kind = FSDP_COLL_BROADCAST, .recv = buf, .count = count, .dtype = dtype,
                    .op = FSDP_SUM, .root = root};
+  return coll_issue(comm, &c, stream);
+}
+
+fsdp_status_t fsdp_shift(fsdp_comm_t comm, const void *send, void *recv, size_t count,
+                         fsdp_dtype_t dtype, int offset, fsdp_stream_t stream) {
+  fsdp_coll_t c = {.kind = FSDP_COLL_SHIFT, .send = send, .recv = recv, .count = count,
+                   .dtype = dtype, .op = FSDP_SUM, .root = offset};
   return coll_issue(comm, &c, stream);
 }
 

@@ -37,7 +37,7 @@ static fingerprint_t fingerprint_of(const fsdp_coll_t *c) {
   f.dtype = (int32_t)c->dtype;
   if (c->kind == FSDP_COLL_REDUCE_SCATTER || c->kind == FSDP_COLL_ALL_REDUCE)
     f.op = (int32_t)c->op;
-  if (c->kind == FSDP_COLL_BROADCAST) f.root = c->root;
+  if (c->kind == FSDP_COLL_BROADCAST || c->kind == FSDP_COLL_SHIFT) f.root = c->root;
   if (c->kind == FSDP_COLL_BARRIER) f.dtype = 0;
   f.seq = c->seq;
   f.count = c->count;
@@ -80,6 +80,10 @@ void fsdp_coll_describe(const fsdp_coll_t *c, char *buf, size_t n) {
     return;
   case FSDP_COLL_BROADCAST:
     snprintf(buf, n, "broadcast #%llu%s (%zu %s from rank %d)", (unsigned long long)c->seq, tag,
+             c->count, dt, c->root);
+    return;
+  case FSDP_COLL_SHIFT:
+    snprintf(buf, n, "shift #%llu%s (%zu %s to rank + %d)", (unsigned long long)c->seq, tag,
              c->count, dt, c->root);
     return;
   case FSDP_COLL_BARRIER:

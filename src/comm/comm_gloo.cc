@@ -5,7 +5,8 @@
  * different streams never see each other's messages; the TCP device (one
  * event-loop thread) is shared by the communicators of a world.
  *
- * all_gather, all_reduce, broadcast and barrier are Gloo's own collectives.
+ * all_gather, all_reduce, broadcast and barrier are Gloo's own collectives;
+ * shift is one send and one receive on Gloo's unbound buffers.
  * Gloo has no reduce-scatter in its collective API (only the legacy
  * ReduceScatterHalvingDoubling class, whose buffers are bound at construction
  * and whose device thread busy-polls when a peer runs ahead: unfit for
@@ -254,6 +255,23 @@ void broadcast(const Ctx &ctx, const fsdp_coll_t *k) {
   gloo::broadcast(o);
 }
 
+/* One point-to-point pair: this rank's send to rank + offset while the one of
+ * rank - offset arrives (a single slot, so both directions match up). */
+void shift(const Ctx &ctx, const fsdp_coll_t *k) {
+  const int n = ctx->size, r = ctx->rank;
+  const size_t bytes = k->count * fsdp_dtype_size(k->dtype);
+  if (k->root == 0) {
+    std::memcpy(k->recv, k->send, bytes);
+    return;
+  }
+  auto out = ctx->createUnboundBuffer(const_cast<void *>(k->send), bytes);
+  auto in = ctx->createUnboundBuffer(k->recv, bytes);
+  const uint64_t slot = ctx->nextSlot();
+  in->recv((r - k->root + n) % n, slot);
+  out->send((r + k->root) % n, slot);
+  if (!in->waitRecv() || !out->waitSend()) throw std::runtime_error("shift: wait aborted");
+}
+
 void run_coll(fsdp_comm_t c, const fsdp_coll_t *k) {
   const Ctx &ctx = impl_of(c)->ctx;
   switch (k->kind) {
@@ -270,6 +288,8 @@ void run_coll(fsdp_comm_t c, const fsdp_coll_t *k) {
     gloo::BarrierOptions o(ctx);
     return gloo::barrier(o);
   }
+  case FSDP_COLL_SHIFT:
+    return shift(ctx, k);
   }
   throw std::logic_error("unknown collective kind " + std::to_string(k->kind));
 }

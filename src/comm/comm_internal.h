@@ -25,10 +25,12 @@ typedef enum {
   FSDP_COLL_REDUCE_SCATTER,
   FSDP_COLL_ALL_REDUCE,
   FSDP_COLL_BROADCAST,
-  FSDP_COLL_BARRIER
+  FSDP_COLL_BARRIER,
+  FSDP_COLL_SHIFT /* root is the offset: send to rank + root, receive from rank - root */
 } fsdp_coll_kind_t;
 
-/* One validated collective, as issued. For a broadcast, recv is the buffer. */
+/* One validated collective, as issued. For a broadcast, recv is the buffer;
+ * for a shift, root is the offset (0 .. size - 1). */
 typedef struct {
   fsdp_coll_kind_t kind;
   const void *send;

@@ -163,6 +163,13 @@ static fsdp_status_t mpi_run(fsdp_comm_t c, const fsdp_coll_t *k) {
                                   impl_comm(c)), "MPI_Bcast", k);
   case FSDP_COLL_BARRIER:
     return mpi_check(c, MPI_Barrier(impl_comm(c)), "MPI_Barrier", k);
+  case FSDP_COLL_SHIFT: {
+    int n = (int)k->count, to = (c->rank + k->root) % c->size;
+    int from = (c->rank - k->root + c->size) % c->size;
+    return mpi_check(c, MPI_Sendrecv(k->send, n, mpi_type(k->dtype), to, 0, k->recv, n,
+                                     mpi_type(k->dtype), from, 0, impl_comm(c),
+                                     MPI_STATUS_IGNORE), "MPI_Sendrecv", k);
+  }
   }
   return fsdp_error(FSDP_ERR_INTERNAL, "comm mpi: unknown collective kind %d", (int)k->kind);
 }

@@ -288,6 +288,8 @@ static ncclResult_t issue(ncclComm_t comm, const fsdp_coll_t *k, float *scratch,
   case FSDP_COLL_BROADCAST:
     *fn = "ncclBroadcast";
     return ncclBroadcast(k->recv, k->recv, k->count, t, k->root, comm, s);
+  case FSDP_COLL_SHIFT: /* refused before it gets here (comm.c) */
+    break;
   case FSDP_COLL_BARRIER: /* NCCL has none: a one-element all-reduce orders the streams */
     *fn = "ncclAllReduce (barrier)";
     return ncclAllReduce(scratch, scratch, 1, ncclFloat32, ncclSum, comm, s);

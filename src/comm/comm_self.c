@@ -39,6 +39,7 @@ static fsdp_status_t self_run(fsdp_comm_t c, const fsdp_coll_t *k) {
   case FSDP_COLL_ALL_GATHER:
   case FSDP_COLL_REDUCE_SCATTER:
   case FSDP_COLL_ALL_REDUCE:
+  case FSDP_COLL_SHIFT:
     if (k->send != k->recv) memmove(k->recv, k->send, k->count * fsdp_dtype_size(k->dtype));
     return FSDP_SUCCESS;
   case FSDP_COLL_BROADCAST:

@@ -323,6 +323,7 @@ static fsdp_status_t split_pieces(const struct fsdp_tokenizer *t, bpe_work_t *w,
     if (e == b) { /* an empty match makes no piece but ends the one before */
       if (b > prev) FSDP_TRY(split_pieces(t, w, md, step + 1, s + prev, b - prev, out));
       prev = b;
+      if (b == len) break; /* at the end ("$"): s[b] is past the text */
       at = b + utf8_len((unsigned char)s[b]);
       continue;
     }

@@ -84,7 +84,9 @@ fsdp_status_t bpe_merges_alloc(struct fsdp_tokenizer *t, const char *path, size_
                                int **merge_line);
 fsdp_status_t bpe_add_merge(struct fsdp_tokenizer *t, const char *path, int line, const char *s,
                             size_t len, const int *merge_line);
-/* Hugging Face's tokenizer.json (bpe_json.c). */
-fsdp_status_t bpe_load_tokenizer_json(struct fsdp_tokenizer *t, const char *path);
+/* GPT-2's vocab.json and merges.txt (bpe_load.c), for fsdp_tokenizer_load
+ * (bpe_json.c), which also reads Hugging Face's tokenizer.json. */
+fsdp_status_t bpe_load_gpt2_files(struct fsdp_tokenizer *t, const char *vocab,
+                                  const char *merges);
 
 #endif

@@ -1,11 +1,13 @@
 /* src/data/bpe_json.c — Hugging Face's tokenizer.json of the byte-level BPE
  * kind (GPT-2, Llama 3, SmolLM, Qwen2): the model's vocabulary and merges,
  * the NFC normalizer, the pre-tokenizer's steps, added tokens, the document
- * token; every other kind refused by name. */
+ * token; every other kind refused by name. And fsdp_tokenizer_load: a
+ * tokenizer.json, or GPT-2's vocab.json + merges.txt (bpe_load.c). */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "core/internal.h"
 #include "data/bpe_internal.h"
@@ -352,7 +354,7 @@ static void document_token(struct fsdp_tokenizer *t, const json_t *root) {
   t->eot = bos ? added_id(t, bos) : -1;
 }
 
-fsdp_status_t bpe_load_tokenizer_json(struct fsdp_tokenizer *t, const char *path) {
+static fsdp_status_t load_tokenizer_json(struct fsdp_tokenizer *t, const char *path) {
   json_t *root = NULL;
   FSDP_TRY(bpe_read_json(path, &root));
   const json_t *model = json_get(root, "model");
@@ -364,4 +366,39 @@ fsdp_status_t bpe_load_tokenizer_json(struct fsdp_tokenizer *t, const char *path
   if (!st) document_token(t, root);
   json_free(root);
   return st;
+}
+
+/* ---- the front door: which format a path holds ---- */
+
+static fsdp_status_t path_in(const char *dir, const char *name, char *out, size_t cap) {
+  if ((size_t)snprintf(out, cap, "%s/%s", dir, name) >= cap)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "tokenizer: directory name too long: %s", dir);
+  return FSDP_SUCCESS;
+}
+
+/* vocab.json + merges.txt in dir, else its tokenizer.json, or dir itself a
+ * tokenizer.json. */
+static fsdp_status_t load_files(struct fsdp_tokenizer *t, const char *dir) {
+  char vocab[4096], merges[4096], single[4096];
+  struct stat sb;
+  FSDP_TRY(path_in(dir, "vocab.json", vocab, sizeof vocab));
+  FSDP_TRY(path_in(dir, "merges.txt", merges, sizeof merges));
+  FSDP_TRY(path_in(dir, "tokenizer.json", single, sizeof single));
+  if (stat(dir, &sb) == 0 && S_ISREG(sb.st_mode)) return load_tokenizer_json(t, dir);
+  if (stat(vocab, &sb) != 0 && stat(single, &sb) == 0) return load_tokenizer_json(t, single);
+  return bpe_load_gpt2_files(t, vocab, merges);
+}
+
+fsdp_status_t fsdp_tokenizer_load(const char *dir, fsdp_tokenizer_t *out) {
+  if (!dir || !out)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "tokenizer load: dir and out must not be NULL");
+  struct fsdp_tokenizer *t = calloc(1, sizeof *t);
+  if (!t) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "tokenizer load: out of memory");
+  fsdp_status_t st = load_files(t, dir);
+  if (st) {
+    fsdp_tokenizer_free(t);
+    return st;
+  }
+  *out = t;
+  return FSDP_SUCCESS;
 }

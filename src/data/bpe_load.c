@@ -1,12 +1,11 @@
 /* src/data/bpe_load.c — loading a GPT-2 tokenizer from vocab.json and
  * merges.txt, strictly: every way the files can be wrong is an error naming
  * the file, the line and the token; the parts Hugging Face's tokenizer.json
- * shares with them (bpe_json.c reads the rest); which file a directory has. */
+ * shares with them (bpe_json.c reads the rest). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "core/internal.h"
 #include "core/json.h"
@@ -305,22 +304,10 @@ static fsdp_status_t load_merges(struct fsdp_tokenizer *t, const char *path) {
   return st;
 }
 
-static fsdp_status_t path_in(const char *dir, const char *name, char *out, size_t cap) {
-  if ((size_t)snprintf(out, cap, "%s/%s", dir, name) >= cap)
-    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "tokenizer: directory name too long: %s", dir);
-  return FSDP_SUCCESS;
-}
-
-/* vocab.json + merges.txt in dir, else its tokenizer.json, or dir itself a
- * tokenizer.json. */
-static fsdp_status_t load_files(struct fsdp_tokenizer *t, const char *dir) {
-  char vocab[4096], merges[4096], single[4096];
-  struct stat sb;
-  FSDP_TRY(path_in(dir, "vocab.json", vocab, sizeof vocab));
-  FSDP_TRY(path_in(dir, "merges.txt", merges, sizeof merges));
-  FSDP_TRY(path_in(dir, "tokenizer.json", single, sizeof single));
-  if (stat(dir, &sb) == 0 && S_ISREG(sb.st_mode)) return bpe_load_tokenizer_json(t, dir);
-  if (stat(vocab, &sb) != 0 && stat(single, &sb) == 0) return bpe_load_tokenizer_json(t, single);
+/* GPT-2's pair of files, vocab.json and merges.txt (the tokenizer's front
+ * door, fsdp_tokenizer_load in bpe_json.c, decides which format a path holds). */
+fsdp_status_t bpe_load_gpt2_files(struct fsdp_tokenizer *t, const char *vocab,
+                                  const char *merges) {
   FSDP_TRY(load_vocab(t, vocab));
   FSDP_TRY(load_merges(t, merges));
   FSDP_TRY(bpe_add_split(t, NULL, 0, 0, vocab));
@@ -329,18 +316,4 @@ static fsdp_status_t load_files(struct fsdp_tokenizer *t, const char *dir) {
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "%s: out of memory", vocab);
   t->added[t->n_added++] = (bpe_added_t){t->eot, 1, 0};
   return bpe_index_added(t, vocab);
-}
-
-fsdp_status_t fsdp_tokenizer_load(const char *dir, fsdp_tokenizer_t *out) {
-  if (!dir || !out)
-    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "tokenizer load: dir and out must not be NULL");
-  struct fsdp_tokenizer *t = calloc(1, sizeof *t);
-  if (!t) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "tokenizer load: out of memory");
-  fsdp_status_t st = load_files(t, dir);
-  if (st) {
-    fsdp_tokenizer_free(t);
-    return st;
-  }
-  *out = t;
-  return FSDP_SUCCESS;
 }

@@ -7,12 +7,10 @@
  * so that the store of one job turns away the workers of another that meets
  * it on the same port. */
 #include <errno.h>
-#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
-#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -28,6 +26,15 @@ static const char usage_text[] =
     "  --master-port P      its port (default 29500; 0: a free port, one node only)\n"
     "  --max-restarts R     restart the whole group up to R times after a failure\n"
     "                       (default 0); workers see FSDP_RESTART_COUNT\n"
+    "  --min-nproc M        elastic (one node): when a worker dies on its own and at\n"
+    "                       least M others live, go on without it: the survivors make a\n"
+    "                       world of their own (fsdp_world_rejoin; fsdp-train\n"
+    "                       --replica-every restores the lost shards from memory)\n"
+    "                       instead of the group stopping (default 0: off)\n"
+    "  --respawn 1          with --min-nproc: once the survivors resumed, start a new\n"
+    "                       worker for each lost one; it joins them at their next\n"
+    "                       snapshot (FSDP_RUN_JOIN=1, fsdp_world_joining) and the world\n"
+    "                       grows back (default 0)\n"
     "  --grace S            seconds between SIGTERM and SIGKILL when stopping (default 10)\n"
     "  --rdzv-id ID         the job's id, 1-255 of A-Z a-z 0-9 . _ : - (default: a random\n"
     "                       one; needed, the same on every node, with --nnodes > 1): the\n"
@@ -78,7 +85,8 @@ static int parse(int argc, char **argv, run_opts_t *o) {
       {"--node-rank", &o->node_rank, NULL, NULL},  {"--master-addr", NULL, NULL, &o->master_addr},
       {"--master-port", &o->master_port, NULL, NULL},
       {"--max-restarts", &o->max_restarts, NULL, NULL}, {"--grace", NULL, &o->grace_s, NULL},
-      {"--rdzv-id", NULL, NULL, &o->rdzv_id},
+      {"--rdzv-id", NULL, NULL, &o->rdzv_id}, {"--min-nproc", &o->min_nproc, NULL, NULL},
+      {"--respawn", &o->respawn, NULL, NULL},
   };
   int i = 1;
   for (; i < argc && !strncmp(argv[i], "--", 2); i++) {
@@ -114,6 +122,12 @@ static int check(const run_opts_t *o) {
                     : !o->rdzv_id && o->nnodes > 1
                         ? "--nnodes > 1 needs --rdzv-id ID, the same on every node (a job id "
                           "lets the store turn away another job's workers)"
+                    : o->min_nproc && o->nnodes > 1
+                        ? "--min-nproc works on one node only (a lost node's ranks cannot "
+                          "yet be replaced across nodes)"
+                    : o->respawn && !o->min_nproc ? "--respawn needs --min-nproc"
+                    : o->min_nproc > o->nproc
+                        ? "--min-nproc must be at most --nproc-per-node"
                     : o->rdzv_id && !valid_id(o->rdzv_id)
                         ? "--rdzv-id must be 1-255 characters of A-Z a-z 0-9 . _ : -"
                         : NULL;
@@ -134,19 +148,6 @@ static void random_id(char *buf, size_t n) {
   snprintf(buf, n, "%016llx", r);
 }
 
-/* A port free right now; another process could take it before rank 0 binds
- * it, which rank 0 then reports (the store cannot bind). */
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), port = -1;
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof a;
-  if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-      getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-    port = ntohs(a.sin_port);
-  if (fd >= 0) close(fd);
-  return port;
-}
-
 int main(int argc, char **argv) {
   run_opts_t o = {.nproc = 1, .nnodes = 1, .master_addr = "127.0.0.1", .master_port = 29500,
                   .grace_s = 10.0};
@@ -159,7 +160,7 @@ int main(int argc, char **argv) {
   else
     random_id(o.run_id, sizeof o.run_id);
   if (gethostname(o.host, sizeof o.host - 1)) snprintf(o.host, sizeof o.host, "?");
-  if (o.master_port == 0 && (o.master_port = free_port()) < 0) {
+  if (o.master_port == 0 && (o.master_port = run_free_port()) < 0) {
     fprintf(stderr, "fsdp-run: cannot find a free port: %s\n", strerror(errno));
     return 1;
   }

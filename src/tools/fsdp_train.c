@@ -70,7 +70,11 @@ static const char usage_text[] =
     "  --resume auto|PATH        continue from DIR's latest checkpoint (auto: if there is one),\n"
     "                            or from PATH (a step or save directory), at any rank count\n"
     "  --stop-after N            stop after update N as if preempted (the schedule still\n"
-    "                            spans --steps); resume later with --resume\n";
+    "                            spans --steps); resume later with --resume\n"
+    "  --replica-every K         snapshot every K updates into the buddy rank's memory\n"
+    "                            (fsdp/replica.h; 0 off, the default); under an elastic\n"
+    "                            fsdp-run a lost rank's shard is then restored from it and\n"
+    "                            the survivors go on (docs/launching.md)\n";
 
 static int parse_list(const char *v, train_opts_t *o) {
   o->n_hidden = 0;
@@ -127,7 +131,7 @@ static int parse_word(void *ctx, const char *tool, const char *a, const char *v)
 }
 
 /* The flags with a value of their own type; the rest are parse_word's. */
-#define TRAIN_FLAGS 42
+#define TRAIN_FLAGS 43
 static void flag_table(train_opts_t *o, flag_t *t) {
   const flag_t table[] = {
       {"--model", NULL, FLAG_STR, &o->model}, {"--data", NULL, FLAG_STR, &o->data},
@@ -167,6 +171,7 @@ static void flag_table(train_opts_t *o, flag_t *t) {
       {"--save-every", NULL, FLAG_INT, &o->save_every},
       {"--save-overwrite", NULL, FLAG_SET, &o->save_overwrite},
       {"--resume", NULL, FLAG_STR, &o->resume}, {"--stop-after", NULL, FLAG_INT, &o->stop_after},
+      {"--replica-every", NULL, FLAG_INT, &o->replica_every},
       {"--comm-backend", "--comm", FLAG_STR, &o->cfg.comm_backend},
       {"--shard-size", NULL, FLAG_INT, &o->cfg.shard_size},
   };
@@ -254,6 +259,9 @@ static int finish_options(train_opts_t *o) {
                    "policies: give one\n", o->wrap.wrap_kinds, o->wrap.wrap_min_params), -1;
   if ((o->save_every || (o->resume && !strcmp(o->resume, "auto"))) && !o->save_dir)
     return fprintf(stderr, "fsdp-train: --save-every and --resume auto need --save-dir\n"), -1;
+  if (o->replica_every < 0 || (o->replica_every && !gpt))
+    return fprintf(stderr, "fsdp-train: --replica-every %d: use a number of updates >= 1 (0: "
+                   "off), with --model gpt2 or llama\n", o->replica_every), -1;
   if ((gpt ? o->steps : o->epochs) <= 0)
     return fprintf(stderr, "fsdp-train: --%s must be positive\n", gpt ? "steps" : "epochs"), -1;
   return 0;
@@ -288,7 +296,9 @@ int main(int argc, char **argv) {
 
   trainer_t t = {.o = &o, .t0 = fsdp_time_now()};
   int rc = 1;
-  if (fsdp_world_init(&t.world, NULL)) goto fail;
+  t.joining = fsdp_world_joining();
+  if (t.joining ? fsdp_world_rejoin(&t.world, NULL, NULL) : fsdp_world_init(&t.world, NULL))
+    goto fail;
   t.rank = fsdp_world_rank(t.world);
   t.nranks = fsdp_world_size(t.world);
   if (flags_select_device("fsdp-train", t.world, &o.cfg)) {
@@ -316,6 +326,7 @@ fail:
   rc = 1;
 done:
   fsdp_ckpt_unlock(t.lock);
+  fsdp_replica_destroy(t.replica);
   fsdp_engine_destroy(t.eng);
   fsdp_world_destroy(t.world);
   cfg_free(&file);

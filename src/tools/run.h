@@ -11,6 +11,8 @@ typedef struct {
   const char *master_addr;
   int master_port;
   int max_restarts;
+  int min_nproc;      /* --min-nproc: shrink down to this many ranks after a loss; 0 off */
+  int respawn;        /* --respawn: replace a lost worker once the survivors resumed */
   double grace_s;     /* SIGTERM, then SIGKILL after this long */
   const char *rdzv_id; /* --rdzv-id, NULL when not given */
   char **argv;        /* the worker command, NULL-terminated */
@@ -35,7 +37,15 @@ int run_signals_install(void);
  * exits with status 0 while its peers still need it has failed (the rule is
  * at the top of run_group.c). Returns when
  * every worker has been reaped. *signal_out is the signal that interrupted
- * fsdp-run (GROUP_INTERRUPTED). */
+ * fsdp-run (GROUP_INTERRUPTED).
+ *
+ * With min_nproc (one node): a worker that dies while at least min_nproc
+ * others live is lost, not a failure: the survivors are told, through their
+ * control pipes (FSDP_RUN_CONTROL), their rank in a new world of the
+ * survivors and a new port to meet at (fsdp_world_rejoin), and go on. */
 group_result_t run_group(const run_opts_t *o, int attempt, int *signal_out);
+
+/* A TCP port on the loopback free right now (run_group.c); -1 with errno. */
+int run_free_port(void);
 
 #endif

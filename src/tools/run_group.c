@@ -22,11 +22,25 @@
  * or memory.oom_control, v1; FSDP_RUN_MEMORY_EVENTS names another file) rose
  * during the attempt: workers live in fsdp-run's cgroup or below it.
  *
+ * Shrinking (--min-nproc, one node): a worker that dies on its own while at
+ * least min_nproc others live is lost rather than failed. Each survivor
+ * gets one line on its control pipe (FSDP_RUN_CONTROL, the read end's
+ * descriptor), "world G R S P": generation G, its rank R in a world of S
+ * survivors (ranks kept in their old order), store at port P (a new one, so
+ * no rank ever meets the old world's store), and fsdp_world_rejoin in the
+ * worker makes that world. A survivor's note "resumed R STEP LOST" (its first
+ * step done in the new world) is logged with the time since the loss. Below
+ * the floor the loss is a failure like any other. With --respawn, once the
+ * survivors resumed, each lost worker's slot gets a new worker (FSDP_RUN_JOIN=1)
+ * and everyone the word of a world of survivors plus joiners; the survivors
+ * make room at their next snapshot boundary (fsdp_world_change_pending).
+ *
  * No orphans: workers share one process group of their own (signals reach
  * their children too) and ask the kernel to kill them if fsdp-run dies
  * (PR_SET_PDEATHSIG), so not even SIGKILL of the launcher leaves workers. */
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -51,11 +65,17 @@ typedef struct {
   char partial[LINE_BYTES];   /* a line not yet ended */
   size_t n_partial;
   char last[LINE_BYTES];      /* the last non-empty line it wrote to stderr */
+  int fresh;                  /* `last` not yet looked at for a watchdog's report */
   int reaped, status, round;  /* round: supervision round that reaped it */
   int stopped_with;           /* the signal fsdp-run sent it, 0 none */
   int paused_by;              /* a stop signal (SIGSTOP, SIGTSTP) it was seen stopped by, 0 none */
   int joined, in_world;       /* it joined a rendezvous; it is in a world it has not left */
   int early;                  /* it exited with status 0 while its peers still needed it */
+  int ctl, ctl_rd;            /* its control pipe: our write end, its read end; -1 none */
+  int cur;                    /* its rank in the current world (--min-nproc) */
+  int lost;                   /* it died: 1 being judged, 2 the others went on without it */
+  int hung;                   /* a peer's watchdog named it; fsdp-run killed it (--min-nproc) */
+  int joining;                /* started to replace a lost worker (--respawn): FSDP_RUN_JOIN */
 } worker_t;
 
 typedef struct {
@@ -70,6 +90,10 @@ typedef struct {
   char note_env[64];          /* FSDP_RUN_NOTIFY less the rank: "fd:inode" of note_wr */
   char oom_path[4096];        /* the file with the cgroup's oom_kill counter; "" none */
   long long oom_before;       /* that counter when the attempt began; -1 unread */
+  int generation, size;       /* worlds made after losses; ranks in the current one */
+  double lost_at;             /* when the last loss was seen */
+  int settling;               /* a loss is being recovered from: a watchdog's line may
+                                 name a rank of the world before it, so none is acted on */
 } group_t;
 
 /* The self-pipe: a signal handler has no context to write to but a global. */
@@ -128,6 +152,11 @@ static void worker_env(const group_t *g, const worker_t *w) {
   setenv_int("FSDP_RESTART_COUNT", g->attempt);
   setenv_int("FSDP_MAX_RESTARTS", o->max_restarts);
   setenv("FSDP_RUN_ID", o->run_id, 1);
+  if (w->ctl_rd >= 0) setenv_int("FSDP_RUN_CONTROL", w->ctl_rd);
+  if (w->joining)
+    setenv("FSDP_RUN_JOIN", "1", 1);
+  else
+    unsetenv("FSDP_RUN_JOIN");
   if (g->note_wr >= 0) {
     char notify[96];
     snprintf(notify, sizeof notify, "%s:%d", g->note_env, w->rank);
@@ -150,7 +179,8 @@ static void child_exec(const group_t *g, const worker_t *w, int err_fd, const si
   setpgid(0, g->pgid);
   dup2(err_fd, STDERR_FILENO);
   close(err_fd);
-  if (g->note_wr >= 0) fcntl(g->note_wr, F_SETFD, 0); /* the one descriptor it inherits */
+  if (g->note_wr >= 0) fcntl(g->note_wr, F_SETFD, 0); /* the descriptors it inherits */
+  if (w->ctl_rd >= 0) fcntl(w->ctl_rd, F_SETFD, 0);
   worker_env(g, w);
   execvp(g->o->argv[0], g->o->argv);
   fprintf(stderr, "fsdp-run: cannot run '%s': %s\n", g->o->argv[0], strerror(errno));
@@ -158,7 +188,10 @@ static void child_exec(const group_t *g, const worker_t *w, int err_fd, const si
 }
 
 static int spawn(group_t *g, worker_t *w) {
-  int p[2];
+  int p[2], c[2] = {-1, -1};
+  if (g->o->min_nproc && pipe2(c, O_CLOEXEC)) return -1;
+  w->ctl_rd = c[0];
+  w->ctl = c[1];
   if (pipe2(p, O_CLOEXEC)) return -1;
   sigset_t block, old;
   sigemptyset(&block);
@@ -179,6 +212,8 @@ static int spawn(group_t *g, worker_t *w) {
   if (g->pgid == 0) g->pgid = pid; /* the first worker leads the group */
   setpgid(pid, g->pgid);          /* also here: whichever runs first wins */
   close(p[1]);
+  if (w->ctl_rd >= 0) close(w->ctl_rd);
+  w->ctl_rd = -1;
   fcntl(p[0], F_SETFL, O_NONBLOCK);
   w->pid = pid;
   w->fd = p[0];
@@ -198,6 +233,7 @@ static void emit_line(worker_t *w, const char *line, size_t len) {
   size_t k = len;
   while (k && (line[k - 1] == ' ' || line[k - 1] == '\r' || line[k - 1] == '\t')) k--;
   if (k) snprintf(w->last, sizeof w->last, "%.*s", (int)k, line);
+  w->fresh |= k > 0;
 }
 
 static void close_pipe(worker_t *w) {
@@ -250,7 +286,60 @@ static void notes_close(group_t *g) {
   if (g->note_wr >= 0) close(g->note_wr);
 }
 
-/* Reads every note waiting: "joined R", "left R" (R the RANK fsdp-run gave). */
+static int spawn(group_t *g, worker_t *w);
+
+/* --respawn: a new worker in each lost worker's slot, and the word of the
+ * world they join (survivors first, in their order, then the new ones). */
+static void respawn(group_t *g) {
+  int alive = 0, joining = 0, port = run_free_port();
+  for (int i = 0; i < g->n; i++) alive += !g->w[i].reaped;
+  for (int i = 0; i < g->n && port >= 0; i++) {
+    worker_t *w = &g->w[i];
+    if (w->lost != 2) continue;
+    if (w->ctl >= 0) close(w->ctl);
+    if (w->fd >= 0) close_pipe(w);
+    *w = (worker_t){.rank = w->rank, .local_rank = w->local_rank, .fd = -1, .ctl = -1,
+                    .ctl_rd = -1, .cur = -1, .joining = 1};
+    if (spawn(g, w)) {
+      fprintf(stderr, "fsdp-run: cannot start a worker for rank %d: %s\n", w->rank,
+              strerror(errno));
+      w->reaped = 1;
+      continue;
+    }
+    joining++;
+  }
+  if (!joining) return;
+  g->generation++;
+  g->lost_at = now_s();
+  g->settling = 1;
+  fprintf(stderr, "fsdp-run: started %d worker%s to replace the lost: world %d of %d ranks meets "
+          "at port %d once the %d others reach their next snapshot\n", joining,
+          joining == 1 ? "" : "s", g->generation, alive + joining, port, alive);
+  g->size = alive + joining;
+  for (int pass = 0, r = 0; pass < 2; pass++)
+    for (int i = 0; i < g->n; i++) {
+      worker_t *w = &g->w[i];
+      if (w->reaped || w->joining != pass) continue;
+      char line[96];
+      int len = snprintf(line, sizeof line, "world %d %d %d %d\n", g->generation, r, g->size,
+                         port);
+      w->cur = r++;
+      if (write(w->ctl, line, (size_t)len) != len) { /* it is dying: its exit is seen next */
+      }
+    }
+}
+
+static void log_resumed(const group_t *g, const worker_t *w, const char *msg) {
+  long long step, lost;
+  if (sscanf(msg, "%*s %*d %lld %lld", &step, &lost) != 2) return;
+  fprintf(stderr, "fsdp-run: world %d (%d ranks, rank %d first launched as rank %d) resumed "
+          "from the snapshot of step %lld: %lld step%s lost, first step done %.2f s after the "
+          "loss\n", g->generation, g->size, w->cur, w->rank, step, lost, lost == 1 ? "" : "s",
+          now_s() - g->lost_at);
+}
+
+/* Reads every note waiting: "joined R", "left R" (R the RANK fsdp-run gave),
+ * "resumed R STEP LOST" (after a shrink). */
 static void notes_read(group_t *g) {
   char msg[64];
   ssize_t n;
@@ -263,6 +352,12 @@ static void notes_read(group_t *g) {
     if (i < 0 || i >= g->n) continue;
     if (!strcmp(event, "joined")) g->w[i].joined = g->w[i].in_world = 1;
     if (!strcmp(event, "left")) g->w[i].in_world = 0;
+    if (!strcmp(event, "resumed")) {
+      log_resumed(g, &g->w[i], msg);
+      g->settling = 0;
+      for (int k = 0; k < g->n; k++) g->w[k].joining = 0;
+      if (g->o->respawn && !g->stopping) respawn(g);
+    }
   }
 }
 
@@ -270,7 +365,9 @@ static void notes_read(group_t *g) {
 
 static int failed_status(int status) { return !WIFEXITED(status) || WEXITSTATUS(status) != 0; }
 
-static int failed(const worker_t *w) { return w->early || failed_status(w->status); }
+static int failed(const worker_t *w) {
+  return !w->lost && (w->early || failed_status(w->status));
+}
 
 /* 1 when w, reaped with status 0, was still needed (the rule at the top). */
 static int still_needed(const group_t *g, const worker_t *w) {
@@ -301,13 +398,87 @@ static void stop_all(group_t *g, int sig) {
   signal_all(g, sig);
 }
 
+static void describe(const group_t *g, const worker_t *w, char *buf, size_t n);
+
+/* After losses (workers marked lost): tells every survivor its rank in the
+ * world of survivors and where to meet; -1 (nothing sent) when fewer than
+ * --min-nproc are left. */
+static int shrink(group_t *g) {
+  int alive = 0, lost = 0, port = run_free_port();
+  for (int i = 0; i < g->n; i++) alive += !g->w[i].reaped;
+  for (int i = 0; i < g->n; i++) {
+    worker_t *w = &g->w[i];
+    if (w->lost != 1) continue;
+    char how[4600];
+    describe(g, w, how, sizeof how);
+    fprintf(stderr, "fsdp-run: lost rank %d (first launched as rank %d, local rank %d, host %s, "
+            "pid %ld): it %s\n", w->cur, w->rank, w->local_rank, g->o->host, (long)w->pid, how);
+    w->cur = -1;
+    lost++;
+  }
+  if (alive < g->o->min_nproc || alive < 1 || port < 0) {
+    fprintf(stderr, "fsdp-run: %d rank%s left, fewer than --min-nproc %d: ending the job\n",
+            alive, alive == 1 ? "" : "s", g->o->min_nproc);
+    for (int i = 0; i < g->n; i++)
+      if (g->w[i].lost == 1) g->w[i].lost = 0; /* failures after all */
+    return -1;
+  }
+  for (int i = 0; i < g->n; i++)
+    if (g->w[i].lost == 1) g->w[i].lost = 2;
+  g->generation++;
+  g->lost_at = now_s();
+  g->settling = 1;
+  fprintf(stderr, "fsdp-run: going on with %d of %d ranks (world %d, --min-nproc %d): the "
+          "survivors meet at port %d and roll back to their last complete snapshot\n", alive,
+          g->size, g->generation, g->o->min_nproc, port);
+  g->size = alive;
+  for (int i = 0, r = 0; i < g->n; i++) {
+    worker_t *w = &g->w[i];
+    if (w->reaped) continue;
+    char line[96];
+    int len = snprintf(line, sizeof line, "world %d %d %d %d\n", g->generation, r, alive, port);
+    w->cur = r++;
+    if (write(w->ctl, line, (size_t)len) != len) { /* it is dying: its exit is seen next */
+    }
+  }
+  return 0;
+}
+
+/* A worker that failed on its own may be lost rather than failed (--min-nproc). */
+static int may_lose(const group_t *g, const worker_t *w) {
+  return g->o->min_nproc && !g->stopping && !w->stopped_with && failed_status(w->status);
+}
+
+static int waited_for(const worker_t *w);
+
+/* --min-nproc: a rank that another's watchdog names as never arriving (it is
+ * stopped or stuck) is killed, so that it is lost like one that died and the
+ * others go on without it. Each line is judged once, when it is new, and
+ * none while a loss settles (its ranks may be the world's before). */
+static void kill_hung(group_t *g, worker_t *reporter) {
+  int r = g->o->min_nproc && !g->stopping && !g->settling && reporter->fresh
+              ? waited_for(reporter)
+              : -1;
+  reporter->fresh = 0; /* each line once: a later read must not act on it again */
+  for (int i = 0; r >= 0 && i < g->n; i++) {
+    worker_t *w = &g->w[i];
+    if (w->cur != r || w->reaped || w->hung || w == reporter) continue;
+    fprintf(stderr, "fsdp-run: rank %d's watchdog says rank %d (first launched as rank %d, pid "
+            "%ld) never arrived: killing it so that the others go on without it\n",
+            reporter->cur, r, w->rank, (long)w->pid);
+    w->hung = 1;
+    g->settling = 1; /* until the survivors resumed */
+    kill(w->pid, SIGKILL); /* stopped or not */
+  }
+}
+
 /* Reaps what has exited, then reads the notes: a worker sends its note
  * before it exits, so every exit seen here has its notes in the socket. Exits
  * with status 0 are judged until fsdp-run starts stopping the group (after
  * that, an exit is a consequence); a worker that never joined is judged
  * again as the notes of others arrive. */
 static void reap(group_t *g) {
-  int newly_failed = 0;
+  int newly_failed = 0, lost = 0;
   g->round++;
   for (int i = 0; i < g->n; i++) {
     worker_t *w = &g->w[i];
@@ -321,12 +492,18 @@ static void reap(group_t *g) {
     w->reaped = 1;
     w->round = g->round;
     if (w->fd >= 0) g->drain_until = now_s() + DRAIN_S;
+    if (may_lose(g, w)) {
+      w->lost = 1;
+      lost++;
+      continue;
+    }
     newly_failed |= failed_status(w->status);
   }
+  if (lost && shrink(g)) newly_failed = 1;
   notes_read(g);
   for (int i = 0; i < g->n && !g->stopping; i++) {
     worker_t *w = &g->w[i];
-    if (w->reaped && !failed(w) && still_needed(g, w)) newly_failed = w->early = 1;
+    if (w->reaped && !w->lost && !failed(w) && still_needed(g, w)) newly_failed = w->early = 1;
   }
   if (newly_failed && !g->stopping) {
     g->failed = 1;
@@ -384,7 +561,10 @@ static void supervise(group_t *g) {
     int rc = poll(pf, (nfds_t)k, poll_timeout_ms(g, n_live));
     if (rc > 0 && pf[0].revents) on_signals(g);
     for (int j = 2; rc > 0 && j < k; j++)
-      if (pf[j].revents) read_pipe(&g->w[who[j]]);
+      if (pf[j].revents) {
+        read_pipe(&g->w[who[j]]);
+        kill_hung(g, &g->w[who[j]]);
+      }
     reap(g);
     if (g->stopping && !g->killed && now_s() >= g->kill_at && live(g, &pipes)) {
       signal_all(g, SIGKILL);
@@ -510,6 +690,7 @@ static void describe(const group_t *g, const worker_t *w, char *buf, size_t n) {
   char oom[4400];
   oom_note(g, w, oom, sizeof oom);
   snprintf(buf, n, "%s signal %d (SIG%s)%s", sig == w->stopped_with ? "was stopped by fsdp-run "
+           "with" : w->hung ? "hung (a peer's watchdog named it) and was killed by fsdp-run "
            "with" : "was killed by", sig, abbrev ? abbrev : "?", oom);
 }
 
@@ -572,7 +753,8 @@ static void report(const group_t *g) {
 /* ---- the attempt --------------------------------------------------------- */
 
 group_result_t run_group(const run_opts_t *o, int attempt, int *signal_out) {
-  group_t g = {.o = o, .attempt = attempt, .n = o->nproc, .launcher = getpid()};
+  group_t g = {.o = o, .attempt = attempt, .n = o->nproc, .launcher = getpid(),
+               .size = o->nproc * o->nnodes};
   g.w = calloc((size_t)o->nproc, sizeof *g.w);
   if (!g.w) {
     fprintf(stderr, "fsdp-run: out of memory for %d workers\n", o->nproc);
@@ -583,7 +765,7 @@ group_result_t run_group(const run_opts_t *o, int attempt, int *signal_out) {
   g.oom_before = oom_kills(g.oom_path);
   for (int i = 0; i < o->nproc; i++) {
     g.w[i] = (worker_t){.rank = o->node_rank * o->nproc + i, .local_rank = i, .fd = -1,
-                        .reaped = 1};
+                        .reaped = 1, .ctl = -1, .ctl_rd = -1, .cur = o->node_rank * o->nproc + i};
     if (spawn(&g, &g.w[i]) != 0) {
       fprintf(stderr, "fsdp-run: cannot start local rank %d: %s\n", i, strerror(errno));
       g.failed = 1;
@@ -599,6 +781,21 @@ group_result_t run_group(const run_opts_t *o, int attempt, int *signal_out) {
   if (result == GROUP_FAILED) report(&g);
   *signal_out = g.interrupted_by;
   notes_close(&g);
+  for (int i = 0; i < o->nproc; i++)
+    if (g.w[i].ctl >= 0) close(g.w[i].ctl);
   free(g.w);
   return result;
+}
+
+/* A port free right now; another process could take it before rank 0 binds
+ * it, which rank 0 then reports (the store cannot bind). */
+int run_free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), port = -1;
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+      getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+    port = ntohs(a.sin_port);
+  if (fd >= 0) close(fd);
+  return port;
 }

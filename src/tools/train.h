@@ -31,6 +31,7 @@ typedef struct {
   /* checkpoints (train_ckpt.c) */
   const char *save_dir, *resume; /* resume: "auto" (save_dir's latest, if any) or a path */
   int save_every, save_overwrite, stop_after;
+  int replica_every; /* --replica-every: buddy snapshots (train_elastic.c); 0 off */
   cfg_file_t *config; /* --config FILE, or NULL: its sharding rules (config.h) */
 } train_opts_t;
 
@@ -43,10 +44,15 @@ typedef struct {
   int total_steps;
   int start_step;        /* updates already done when this process began (resume) */
   size_t act_bytes;      /* the model's activation buffers */
+  size_t act_bytes_full; /* ... and what they would be with no layer checkpointed */
   double t0;
   int tty;               /* rank 0 writes to a terminal: a progress bar */
   fsdp_ckpt_lock_t lock; /* --save-dir's run lock (train_ckpt.c), NULL without */
   char error[256];       /* why a tool-side step failed; "" means fsdp_last_error() */
+  fsdp_replica_t replica; /* --replica-every, else NULL */
+  int64_t resumed_from, lost_steps; /* after a shrink, until the first step is done; -1 */
+  int saved_through; /* after a shrink: saves up to this step exist from the old world */
+  int joining;       /* started by fsdp-run --respawn to join a running job */
 } trainer_t;
 
 /* Creates the engine once the task knows how many steps it will take (the
@@ -87,10 +93,39 @@ int train_save(trainer_t *t, int step);
 /* One past the last update this process runs: --stop-after or the schedule's end. */
 int train_end_step(const trainer_t *t);
 
+/* Elastic training (train_elastic.c). train_replica_start makes the buddy
+ * replica (--replica-every) once the model is materialised and prints its
+ * memory; train_snapshot, after update `step`, takes a snapshot when due,
+ * and after a shrink tells fsdp-run at the first step done. 0 or -1. */
+int train_replica_start(trainer_t *t);
+/* A joining worker (t->joining) takes t->start_step and its shard from the
+ * survivors instead of a replica of its own making; 0 or -1. */
+int train_snapshot(trainer_t *t, int step);
+/* The task's model over the engine: unbuild destroys it (before the engine
+ * goes), build makes and materialises it over t->eng (sized by t->micro). */
+typedef struct {
+  void (*unbuild)(void *task);
+  int (*build)(trainer_t *t, void *task);
+  void *task;
+} train_model_t;
+/* After update `step` (1-based) failed, or anything after update step - 1:
+ * when the world is elastic, a replica exists and the world's communication
+ * failed (fsdp_world_failed), rebuilds the world of the survivors, the engine and the
+ * model, restores the newest complete snapshot and sets *resume to its step
+ * (the loop goes on from there); 0, or -1 when the job must end (the error
+ * said why). */
+int train_recover(trainer_t *t, int step, const train_model_t *model, int *resume);
+/* After update `step`'s snapshot: when fsdp-run announced a bigger world (a
+ * worker joins), every rank moves into it and the state of that snapshot is
+ * spread over it. 0, or -1 (the error said why). */
+int train_grow(trainer_t *t, int step, const train_model_t *model);
+
 /* Test-only fault injection (FSDP_FAULT, train_fault.c), called in the middle
  * of every step: kills, stalls or fails this rank when the variable says so;
  * -1 when FSDP_FAULT is malformed, else 0. */
 int train_fault(trainer_t *t, int step);
+/* The same variable's snapkill faults, called as a buddy snapshot begins. */
+void train_fault_snapshot(trainer_t *t, int step);
 
 /* Compares this rank's flags and data identity (path, size, content hash) with
  * every other rank's (train_check.c); -1 with fsdp_last_error naming the

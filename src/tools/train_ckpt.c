@@ -164,6 +164,7 @@ int train_save(trainer_t *t, int step) {
   const train_opts_t *o = t->o;
   if (!o->save_dir || !((o->save_every > 0 && step % o->save_every == 0) || step == t->total_steps))
     return 0;
+  if (step <= t->saved_through) return 0; /* redone after a shrink: the old world's save stands */
   fsdp_ckpt_meta_t meta;
   if (trainer_meta(t, &meta)) return -1;
   fsdp_ckpt_save_opts_t so = FSDP_CKPT_SAVE_OPTS_INIT;

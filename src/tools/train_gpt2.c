@@ -136,6 +136,9 @@ static const char *val_text(int evals, double vl, const char *fmt, const char *n
   return buf;
 }
 
+static int build_model(trainer_t *t, void *task);
+static void unbuild_model(void *task);
+
 static int run(trainer_t *t, gpt_task_t *g) {
   const train_opts_t *o = t->o;
   double loss = 0, first = -1, vl = 0;
@@ -145,9 +148,15 @@ static int run(trainer_t *t, gpt_task_t *g) {
   for (int s = t->start_step; s < end; s++) {
     double ts = fsdp_time_now();
     fsdp_step_stats_t st;
-    if (step(t, g, s, &loss) || train_fault(t, s + 1)) return -1;
-    int skipped = train_update(t, s + 1, loss, &st);
-    if (skipped < 0) return -1;
+    int skipped = step(t, g, s, &loss) || train_fault(t, s + 1) ? -1
+                                                               : train_update(t, s + 1, loss, &st);
+    if (skipped < 0) { /* elastic: the survivors go on from the last complete snapshot */
+      train_model_t m = {unbuild_model, build_model, g};
+      int resume;
+      if (train_recover(t, s + 1, &m, &resume)) return -1;
+      s = resume - 1;
+      continue;
+    }
     if (skipped) {
       s--; /* the same update again, on the same data */
       continue;
@@ -159,7 +168,12 @@ static int run(trainer_t *t, gpt_task_t *g) {
       evals++;
       train_report_eval(t, s + 1, "val_loss", vl, vl);
     }
-    if (train_save(t, s + 1)) return -1;
+    train_model_t m = {unbuild_model, build_model, g};
+    if (train_save(t, s + 1) || train_snapshot(t, s + 1) || train_grow(t, s + 1, &m)) {
+      int resume; /* a peer lost after the update: from the snapshot all the same */
+      if (train_recover(t, s + 2, &m, &resume)) return -1;
+      s = resume - 1;
+    }
   }
   double secs = fsdp_time_now() - t->t0;
   char text[64];
@@ -190,7 +204,49 @@ static int setup(trainer_t *t, gpt_task_t *g) {
   size_t size = g->is_tokens ? g->toks.n : g->text.n;
   uint64_t h = g->is_tokens ? train_hash(0, g->toks.tokens, (size_t)g->toks.width * g->toks.n)
                             : train_hash(0, g->text.bytes, g->text.n);
-  if (train_engine(t, o->steps) || train_check_consistency(t, data, size, h)) return -1;
+  /* A joining worker's peers compared their settings at their own start. */
+  if (train_engine(t, o->steps) || (!t->joining && train_check_consistency(t, data, size, h)))
+    return -1;
+  int b = build_model(t, g);
+  if (b) return b;
+  if (t->rank == 0 && !o->json) {
+    char what[200];
+    const fsdp_llama_config_t *l = &o->llama;
+    if (g->llama)
+      snprintf(what, sizeof what, "llama %s: %d layers x %d wide, %d heads / %d KV, FFN %d, T "
+               "%d, %zu parameters, on", o->preset, l->n_layer, l->n_embd, l->n_head,
+               l->n_kv_head, l->ffn_hidden, o->seq_len, fsdp_llama_num_params(l));
+    else
+      snprintf(what, sizeof what, "gpt2 %d layers x %d wide, %d heads, T %d, %zu parameters, on",
+               o->gpt.n_layer, o->gpt.n_embd, o->gpt.n_head, o->seq_len,
+               fsdp_gpt2_num_params(&o->gpt));
+    snprintf(what + strlen(what), sizeof what - strlen(what), " %zu %s",
+             g->is_tokens ? g->toks.n : g->text.n, g->is_tokens ? "tokens" : "bytes of text");
+    train_print_plan(t, what);
+    if (o->config) cfg_print_matches(stdout, o->config);
+    printf("  activations %.2f MiB/rank (%.2f MiB without checkpointing)\n",
+           t->act_bytes / 1048576.0, t->act_bytes_full / 1048576.0);
+  }
+  return train_replica_start(t);
+}
+
+static void unbuild_model(void *task) {
+  gpt_task_t *g = task;
+  free(g->tok);
+  free(g->tgt);
+  fsdp_gpt2_destroy(g->gpt);
+  fsdp_llama_destroy(g->llama);
+  g->tok = g->tgt = NULL;
+  g->gpt = NULL;
+  g->llama = NULL;
+}
+
+/* The model over t->eng, materialised, and its per-rank batch buffers: at
+ * start-up and again over the survivors' engine after a shrink. -2 when the
+ * configuration file is at fault (rank 0 said why). */
+static int build_model(trainer_t *t, void *task) {
+  gpt_task_t *g = task;
+  const train_opts_t *o = t->o;
   fsdp_gpt2_opts_t w = o->wrap;
   w.max_batch = (int)t->micro;
   w.max_T = o->seq_len;
@@ -215,35 +271,15 @@ static int setup(trainer_t *t, gpt_task_t *g) {
   size_t full;
   t->act_bytes = g->llama ? fsdp_llama_activation_bytes(g->llama, &full)
                           : fsdp_gpt2_activation_bytes(g->gpt, &full);
-  if (t->rank == 0 && !o->json) {
-    char what[200];
-    const fsdp_llama_config_t *l = &o->llama;
-    if (g->llama)
-      snprintf(what, sizeof what, "llama %s: %d layers x %d wide, %d heads / %d KV, FFN %d, T "
-               "%d, %zu parameters, on", o->preset, l->n_layer, l->n_embd, l->n_head,
-               l->n_kv_head, l->ffn_hidden, o->seq_len, fsdp_llama_num_params(l));
-    else
-      snprintf(what, sizeof what, "gpt2 %d layers x %d wide, %d heads, T %d, %zu parameters, on",
-               o->gpt.n_layer, o->gpt.n_embd, o->gpt.n_head, o->seq_len,
-               fsdp_gpt2_num_params(&o->gpt));
-    snprintf(what + strlen(what), sizeof what - strlen(what), " %zu %s",
-             g->is_tokens ? g->toks.n : g->text.n, g->is_tokens ? "tokens" : "bytes of text");
-    train_print_plan(t, what);
-    if (c) cfg_print_matches(stdout, c);
-    printf("  activations %.2f MiB/rank (%.2f MiB without checkpointing)\n",
-           t->act_bytes / 1048576.0, full / 1048576.0);
-  }
+  t->act_bytes_full = full;
   return 0;
 }
 
 int train_gpt2(trainer_t *t) {
   gpt_task_t g = {0};
   int rc = setup(t, &g);
-  rc = rc ? rc : train_resume(t) || run(t, &g) ? -1 : 0;
-  free(g.tok);
-  free(g.tgt);
-  fsdp_gpt2_destroy(g.gpt);
-  fsdp_llama_destroy(g.llama);
+  rc = rc ? rc : (!t->joining && train_resume(t)) || run(t, &g) ? -1 : 0;
+  unbuild_model(&g);
   fsdp_text_free(&g.text);
   fsdp_tokens_free(&g.toks);
   return rc;

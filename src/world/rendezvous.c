@@ -9,7 +9,7 @@
  * The store belongs to the job FSDP_RUN_ID names (fsdp-run sets it), so a
  * rank of another job that reaches it on the same port is turned away before
  * it can claim a RANK. Under fsdp-run a rank also tells the launcher when it
- * has joined and when it has left (notify_launcher), which is how fsdp-run
+ * has joined and when it has left (fsdp_env_notify), which is how fsdp-run
  * knows that a worker exiting with status 0 is still needed by its peers.
  *
  * Store keys: rdzv/claim/R (counter: a RANK given to two processes),
@@ -137,7 +137,7 @@ static void find_host_address(struct fsdp_env_world *e) {
  * (fsdp-run reads every round; a lost "left" would fail a worker that
  * finished); a launcher that is gone makes it fail at once, and has nothing
  * to learn. */
-static void notify_launcher(const char *event) {
+void fsdp_env_notify(const char *event, const char *extra) {
   const char *v = getenv("FSDP_RUN_NOTIFY");
   int fd = -1, rank = -1;
   unsigned long long ino = 0;
@@ -146,8 +146,8 @@ static void notify_launcher(const char *event) {
       !S_ISSOCK(st.st_mode) || (unsigned long long)st.st_ino != ino)
     return;
   fcntl(fd, F_SETFD, FD_CLOEXEC);
-  char msg[48];
-  int n = snprintf(msg, sizeof msg, "%s %d", event, rank);
+  char msg[128];
+  int n = snprintf(msg, sizeof msg, "%s %d%s%s", event, rank, extra ? " " : "", extra ? extra : "");
   while (send(fd, msg, (size_t)n, MSG_NOSIGNAL) < 0 && errno == EINTR) {
   }
 }
@@ -323,7 +323,7 @@ static fsdp_status_t join(struct fsdp_env_world *e) {
   double t0 = fsdp_time_now(), deadline = t0 + e->timeout_s;
   FSDP_TRY(connect_store(e, deadline));
   FSDP_TRY(register_rank(e));
-  notify_launcher("joined");
+  fsdp_env_notify("joined", NULL);
   FSDP_TRY(e->layout.rank == 0 ? decide(e, t0, deadline) : await_verdict(e, t0, deadline));
   if (e->layout.local_rank < 0) FSDP_TRY(derive_local(e));
   find_host_address(e);
@@ -346,7 +346,7 @@ fsdp_status_t fsdp_env_world_start(double timeout_s, int expected, fsdp_env_worl
   fsdp_status_t st = read_env(e, expected);
   if (st == FSDP_SUCCESS) st = join(e);
   if (st != FSDP_SUCCESS) {
-    notify_launcher("left"); /* in no world, whether or not it had registered */
+    fsdp_env_notify("left", NULL); /* in no world, whether or not it had registered */
     env_free(e);
     return st;
   }
@@ -375,7 +375,7 @@ static void exit_barrier(struct fsdp_env_world *e) {
 void fsdp_env_world_stop(fsdp_env_world_t *e, int failed) {
   if (!e) return;
   if (!failed) exit_barrier(e);
-  notify_launcher("left"); /* failed too: the program is done with its peers */
+  fsdp_env_notify("left", NULL); /* failed too: the program is done with its peers */
   env_free(e);
 }
 

@@ -33,6 +33,10 @@ fsdp_status_t fsdp_env_world_start(double timeout_s, int expected, fsdp_env_worl
  * disconnects. */
 void fsdp_env_world_stop(fsdp_env_world_t *env, int failed);
 
+/* Sends fsdp-run a note "EVENT R[ EXTRA]" (R the RANK it launched this
+ * worker as) when it listens (FSDP_RUN_NOTIFY); nothing otherwise. */
+void fsdp_env_notify(const char *event, const char *extra);
+
 fsdp_store_t *fsdp_env_world_store(fsdp_env_world_t *env);
 fsdp_status_t fsdp_env_world_store_open(fsdp_env_world_t *env, fsdp_store_t **out);
 const char *fsdp_env_world_host_address(const fsdp_env_world_t *env);

@@ -444,6 +444,8 @@ const char *fsdp_world_host_address(fsdp_world_t world) {
   return world ? fsdp_env_world_host_address(world->env) : "";
 }
 
+int fsdp_world_failed(fsdp_world_t world) { return world && atomic_load(&world->failed); }
+
 void fsdp_world_mark_failed(fsdp_world_t world) {
   if (world) atomic_store(&world->failed, 1);
 }

@@ -6,8 +6,8 @@
  * - grouped-query: Llama-3.2-1B's (B 4, T 1024, 32 query heads over 8 KV
  *   heads of 64) against cuDNN's multi-head attention on the same inputs
  *   with each KV head repeated for its query heads (HF's repeat_kv), its dk
- *   and dv summed back over each group (the in-house flash kernel is
- *   multi-head only).
+ *   and dv summed back over each group (an independent reference: the
+ *   in-house flash kernel is the other implementation under test).
  * Prints what was opened (version, path), the largest differences (on the
  * scale of each tensor's largest value: a layout or mask error is O(1), bf16
  * rounding about 1e-2 at most), the milliseconds per call, and PASS or FAIL.
@@ -49,7 +49,7 @@ typedef struct {
   int B, T, C, NH, NKV; /* NKV: KV heads, NH for multi-head */
   size_t nqkv, no, nlse;
   void *qkv, *dout, *out, *dqkv; /* bf16 */
-  float *lse;
+  float *lse, *scratch;           /* scratch: attention_scratch_bytes */
 } problem;
 
 /* rnd(), not rand_floats: the common arrays assert with Check, which reports
@@ -104,10 +104,10 @@ static fsdp_attention_forward_args_t fwd_args(const problem *p) {
 }
 
 static fsdp_attention_backward_args_t bwd_args(const problem *p) {
-  return (fsdp_attention_backward_args_t){.dt = FSDP_BF16, .dqkv = p->dqkv, .dout = p->dout,
-                                          .qkv = p->qkv, .out = p->out, .att = p->lse,
-                                          .B = p->B, .T = p->T, .C = p->C, .NH = p->NH,
-                                          .NKV = p->NKV};
+  return (fsdp_attention_backward_args_t){.dt = FSDP_BF16, .dqkv = p->dqkv,
+                                          .scratch = p->scratch, .dout = p->dout, .qkv = p->qkv,
+                                          .out = p->out, .att = p->lse, .B = p->B, .T = p->T,
+                                          .C = p->C, .NH = p->NH, .NKV = p->NKV};
 }
 
 /* Forward and backward (from zeros) with the kernel `mode` picks. */
@@ -161,18 +161,21 @@ static double scaled_diff(const float *a, const float *b, size_t n) {
 /* The problem's sizes and device buffers: qkv and dout random (dout shared
  * when given), out, dqkv and lse allocated. */
 static problem make(int B, int T, int C, int NH, int NKV, void *dout) {
-  problem p = {B, T, C, NH, NKV, 0, 0, 0, NULL, NULL, NULL, NULL, NULL};
+  problem p = {B, T, C, NH, NKV, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL};
   p.nqkv = (size_t)B * T * (size_t)(NH + 2 * NKV) * (size_t)(C / NH), p.no = (size_t)B * T * C;
   p.nlse = (size_t)B * NH * T;
   p.qkv = dev_bf16_random(p.nqkv), p.dout = dout ? dout : dev_bf16_random(p.no);
   CU(cudaMalloc(&p.out, p.no * 2));
   CU(cudaMalloc(&p.dqkv, p.nqkv * 2));
   CU(cudaMalloc((void **)&p.lse, p.nlse * 4));
+  const fsdp_attention_forward_args_t sizes = fwd_args(&p);
+  CU(cudaMalloc((void **)&p.scratch, fsdp_cuda_attention_scratch_bytes(&sizes)));
   return p;
 }
 
 static void forget(problem *p, int owns_dout) {
   cudaFree(p->qkv), cudaFree(p->out), cudaFree(p->dqkv), cudaFree(p->lse);
+  cudaFree(p->scratch);
   if (owns_dout) cudaFree(p->dout);
 }
 

@@ -313,10 +313,10 @@ END_TEST
 
 /* Device buffers besides the arena at bf16: tokens and targets (int) and
  * per-row losses (double) of gpt2_io.c; the column sums' partials, two fp32
- * outputs of 128 row slices over fc's 4C columns. The bf16 attention (flash)
- * has no scratch. */
+ * outputs of 128 row slices over fc's 4C columns; the bf16 attention's
+ * (B,NH,T) floats of D = rowsum(dout * out) (attention_scratch_bytes). */
 static size_t kernel_scratch(const fsdp_gpt2_config_t *c, size_t b, size_t t) {
-  return b * t * (2 * 4 + 8) + 2 * 128 * 4 * (size_t)c->n_embd * 4;
+  return b * t * (2 * 4 + 8) + b * t * (size_t)c->n_head * 4 + 2 * 128 * 4 * (size_t)c->n_embd * 4;
 }
 
 static size_t need_at(const fsdp_gpt2_config_t *c, int b, int t) {

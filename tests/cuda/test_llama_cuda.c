@@ -12,10 +12,9 @@
  *   per-layer checkpointing on CUDA against none (losses and parameters).
  * fp32: CUDA fp32 kernels against the CPU's; bf16: bf16 parameters and
  * activations on CUDA against the CPU engine with bf16 parameters (fp32
- * compute). bf16 grouped-query attention runs on cuDNN only (the in-house
- * flash kernel is multi-head, attention_choice.cu): where cuDNN cannot run
- * it (the simulator has none) the case must meet exactly that refusal, by
- * name, and says so on a "SKIP (refused: ...)" line; any other failure fails.
+ * compute). bf16 attention runs on cuDNN where it runs the shape and on the
+ * in-house flash kernel otherwise (the simulator), grouped-query included
+ * (attention_choice.cu).
  * FSDP_TEST_SMALL=1 (the TSan run of scripts/sim-test.sh): T 16, 2 steps, one
  * dtype (FSDP_TEST_DTYPE=f32: grouped-query, untied; bf16: multi-head, tied),
  * CUDA with checkpointing and prefetch against the CPU: losses and every
@@ -128,32 +127,6 @@ static fsdp_status_t open_model(const run_t *r, fsdp_config_t *c, fsdp_engine_t 
   return FSDP_SUCCESS;
 }
 
-/* The one refusal a run may meet: bf16 grouped-query attention on CUDA where
- * cuDNN cannot run it; its words are kept in refusal. */
-static char refusal[1024];
-static int gqa_refused(const run_t *r, fsdp_status_t st) {
-  if (st != FSDP_ERR_UNSUPPORTED || r->device != FSDP_DEVICE_CUDA || r->dtype != FSDP_BF16 ||
-      cfg.n_kv_head == cfg.n_head || !strstr(fsdp_last_error(), "(grouped-query)"))
-    return 0;
-  snprintf(refusal, sizeof refusal, "%s", fsdp_last_error());
-  return 1;
-}
-
-/* The first micro-batch: FSDP_SUCCESS, or the refusal above (the model and
- * engine destroyed); anything else fails the test. */
-static fsdp_status_t first_step(const run_t *r, fsdp_engine_t e, fsdp_llama_t g, const int *tok,
-                                const int *tgt, int b, int t, float scale, double *loss) {
-  const fsdp_status_t st = fsdp_llama_forward_backward(g, tok, tgt, b, t, scale, loss);
-  if (gqa_refused(r, st)) {
-    fsdp_llama_destroy(g);
-    fsdp_engine_destroy(e);
-    return st;
-  }
-  ck_assert_msg(st == FSDP_SUCCESS, "%s, %s on %s: %s", shape_name(), fsdp_dtype_name(r->dtype),
-                r->device == FSDP_DEVICE_CUDA ? "cuda" : "cpu", fsdp_last_error());
-  return st;
-}
-
 typedef struct {
   double loss[MAX_STEPS]; /* mean per token */
   double eval;            /* forward-only loss after training */
@@ -180,16 +153,10 @@ static fsdp_status_t train(const run_t *r, result_t *out) {
   ck_assert(tok && tgt);
   for (int s = 0; s < STEPS; s++) {
     batch(s, tok, tgt);
-    if (s == 0) {
-      st = first_step(r, e, g, tok, tgt, B, T, 1.0f / (B * T), &out->loss[s]);
-      if (st != FSDP_SUCCESS) {
-        free(tok), free(tgt);
-        return st;
-      }
-    } else
-      ck_assert_msg(fsdp_llama_forward_backward(g, tok, tgt, B, T, 1.0f / (B * T),
-                                                &out->loss[s]) == FSDP_SUCCESS,
-                    "step %d: %s", s, fsdp_last_error());
+    ck_assert_msg(fsdp_llama_forward_backward(g, tok, tgt, B, T, 1.0f / (B * T),
+                                              &out->loss[s]) == FSDP_SUCCESS,
+                  "%s, %s on %s, step %d: %s", shape_name(), fsdp_dtype_name(r->dtype),
+                  r->device == FSDP_DEVICE_CUDA ? "cuda" : "cpu", s, fsdp_last_error());
     ck_assert_msg(fsdp_engine_step(e, NULL) == FSDP_SUCCESS, "%s", fsdp_last_error());
     out->loss[s] /= B * T;
   }
@@ -210,18 +177,13 @@ static fsdp_status_t train(const run_t *r, result_t *out) {
 }
 
 /* Runs a and b; 1 when both trained, 0 when the case is skipped (no CUDA
- * engine) or refused by name (said on a line). */
+ * engine). */
 static int both(const char *what, const run_t *a, const run_t *b, result_t *ra, result_t *rb) {
-  refusal[0] = '\0';
   fsdp_status_t st = train(a, ra);
   if (st == FSDP_SUCCESS) st = train(b, rb);
   if (st == FSDP_SUCCESS) return 1;
-  if (refusal[0])
-    printf("llama cuda %s (%s): SKIP (refused: %s)\n", what, shape_name(), refusal);
-  else {
-    skipped = 1;
-    printf("llama cuda %s: SKIP: %s\n", what, fsdp_last_error());
-  }
+  skipped = 1;
+  printf("llama cuda %s: SKIP: %s\n", what, fsdp_last_error());
   return 0;
 }
 
@@ -297,7 +259,7 @@ static void forward_matches(const char *what, const result_t *ra, const result_t
 #define GRAD_LR 1024.0f
 
 /* g: every tensor's gradient; *loss the mean loss. FSDP_SUCCESS, or
- * FSDP_ERR_UNSUPPORTED: no CUDA engine, or refused (gqa_refused). */
+ * FSDP_ERR_UNSUPPORTED: no CUDA engine. */
 static fsdp_status_t grads_of(const run_t *r, tensors_t *g, double *loss) {
   fsdp_config_t c = FSDP_CONFIG_INIT;
   c.optim.kind = FSDP_OPTIM_SGD;
@@ -310,12 +272,11 @@ static fsdp_status_t grads_of(const run_t *r, tensors_t *g, double *loss) {
   int *tok = malloc((size_t)B * T * sizeof(int)), *tgt = malloc((size_t)B * T * sizeof(int));
   ck_assert(tok && tgt);
   batch(0, tok, tgt);
-  st = first_step(r, e, m, tok, tgt, B, T, 1.0f / (B * T), loss);
+  ck_assert_msg(fsdp_llama_forward_backward(m, tok, tgt, B, T, 1.0f / (B * T), loss) ==
+                    FSDP_SUCCESS,
+                "%s, %s on %s: %s", shape_name(), fsdp_dtype_name(r->dtype),
+                r->device == FSDP_DEVICE_CUDA ? "cuda" : "cpu", fsdp_last_error());
   free(tok), free(tgt);
-  if (st != FSDP_SUCCESS) {
-    tensors_free(g);
-    return st;
-  }
   *loss /= B * T;
   ck_assert_msg(fsdp_engine_step(e, NULL) == FSDP_SUCCESS, "%s", fsdp_last_error());
   for (int i = 0; i < g->n; i++) {
@@ -335,15 +296,10 @@ static void grads_match(const char *what, const run_t *ra, const run_t *rb, doub
                         double loss_tol) {
   tensors_t a = {0}, b = {0};
   double la = 0.0, lb = 0.0;
-  refusal[0] = '\0';
   fsdp_status_t st = grads_of(ra, &a, &la);
   if (st == FSDP_SUCCESS) st = grads_of(rb, &b, &lb);
   if (st != FSDP_SUCCESS) {
     tensors_free(&a);
-    if (refusal[0]) {
-      printf("llama cuda %s (%s): SKIP (refused: %s)\n", what, shape_name(), refusal);
-      return;
-    }
     skipped = 1;
     printf("llama cuda %s: SKIP: %s\n", what, fsdp_last_error());
     return;
@@ -436,7 +392,7 @@ START_TEST(mha_tied_bf16) {
 }
 END_TEST
 
-/* Runs on cuDNN where it loads; the simulator must refuse it by name. */
+/* On cuDNN where it loads, on the in-house flash kernel otherwise. */
 START_TEST(gqa_untied_bf16) {
   shape(2, 0);
   case_run(FSDP_BF16);
@@ -462,8 +418,7 @@ END_TEST
 
 /* One SmolLM-135M decoder layer (C 576, 9 heads of 64 over 3 KV heads, F
  * 1536) at T 512, batch 1, a small vocabulary: one micro-batch's loss and
- * every gradient, CUDA against the CPU, fp32 and bf16 (the latter refused by
- * name where cuDNN cannot run grouped-query attention). */
+ * every gradient, CUDA against the CPU, fp32 and bf16. */
 START_TEST(smollm_layer_matches_cpu) {
   ck_assert_int_eq(fsdp_llama_preset("SmolLM-135M", &cfg), FSDP_SUCCESS);
   cfg.n_layer = 1;

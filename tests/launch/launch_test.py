@@ -933,6 +933,246 @@ def oom_report(r):
                   f"the report does not show the counter:\n{err[-3000:]}")
 
 
+# ---- elastic: going on without a lost rank (--min-nproc, --replica-every) ------
+
+ELASTIC_RECOVERY_S = 30.0  # from the loss to the survivors' first step done
+
+
+def elastic_args(r, save, model="gpt2"):
+    text = os.path.join(r.tmp, "text.txt")
+    write_text(text)
+    # 12 splits over 4, 3 and 2 ranks; snapshots and saves every 2 updates.
+    return [r.tool("fsdp-train"), "--model", model, "--preset", "tiny", "--data", text,
+            "--steps", "12",
+            "--global-batch", "12", "--eval-every", "0", "--json", "--replica-every", "2",
+            "--save-dir", save, "--save-every", "2"]
+
+
+def elastic_run(r, fault, n=4, extra_env=None, model="gpt2"):
+    save = os.path.join(r.tmp, "elastic-" + uuid.uuid4().hex[:8])
+    cmd = r.launcher("fsdp-run", n) + ["--min-nproc", "2"] + elastic_args(r, save, model)
+    env = {"FSDP_FAULT": fault, "FSDP_TIMEOUT_S": "20", "FSDP_RENDEZVOUS_TIMEOUT_S": "10"}
+    env.update(extra_env or {})
+    rc, out, err, secs, left = r.run(cmd, env, timeout=240)
+    check(not left, f"leftover processes {left}")
+    return rc, out, err, secs, save
+
+
+def consolidated(r, path):
+    st = os.path.join(r.tmp, uuid.uuid4().hex[:8] + ".safetensors")
+    ck = subprocess.run([r.tool("fsdp-ckpt"), "consolidate", path, st], capture_output=True,
+                        text=True)
+    check(ck.returncode == 0, f"fsdp-ckpt consolidate {path}: {ck.stderr}")
+    with open(st, "rb") as f:
+        return f.read()
+
+
+def reference_from(r, step_dir, n, model="gpt2"):
+    """The reference of a shrink: the disk checkpoint of the step the survivors
+    rolled back to, resharded for n ranks by fsdp-ckpt, trained to the end by
+    n ranks; its final checkpoint's bytes (every tensor and optimizer state)."""
+    resharded = os.path.join(r.tmp, "resharded-" + uuid.uuid4().hex[:8])
+    ck = subprocess.run([r.tool("fsdp-ckpt"), "reshard", step_dir, "--world", str(n), resharded],
+                        capture_output=True, text=True)
+    check(ck.returncode == 0, f"fsdp-ckpt reshard {step_dir}: {ck.stderr}")
+    save = os.path.join(r.tmp, "reference-" + uuid.uuid4().hex[:8])
+    args = elastic_args(r, save, model)
+    args = args[:args.index("--replica-every")] + args[args.index("--save-dir"):]
+    rc, out, err, secs, left = r.run(r.launcher("fsdp-run", n) + args + ["--resume", resharded])
+    check(rc == 0 and not left, f"reference run at {n} ranks: exit {rc}:\n{err[-3000:]}")
+    return consolidated(r, os.path.join(save, "step-12"))
+
+
+def check_shrinks(out, err, expect):
+    """Each shrink (old ranks, new ranks) as fsdp-train and fsdp-run report it;
+    the steps the survivors resumed from."""
+    shrinks = events(out, "shrink")
+    check([(e["old_ranks"], e["ranks"]) for e in shrinks] == expect,
+          f"shrinks {shrinks}, expected {expect}:\n{err[-3000:]}")
+    for old, new in expect:
+        check(f"going on with {new} of {old} ranks" in err, f"no {old} -> {new} in fsdp-run's "
+              f"log:\n{err[-3000:]}")
+    times = [float(x) for x in re.findall(r"first step done ([0-9.]+) s after the loss", err)]
+    check(len(times) == len(expect), f"fsdp-run logged {len(times)} resumptions:\n{err[-3000:]}")
+    check(max(times) <= ELASTIC_RECOVERY_S, f"recovery took {max(times)} s > {ELASTIC_RECOVERY_S}")
+    check("was killed by signal 9 (SIGKILL)" in err, f"the loss is not named:\n{err[-3000:]}")
+    return [e["from_step"] for e in shrinks], times
+
+
+def elastic_kill(r):
+    """4 ranks, one SIGKILLed at a random step: the 3 others go on from their
+    last complete snapshot (in memory), exit 0, and end with the very state
+    (weights and optimizer, bit for bit) of a 3-rank run started from the disk
+    checkpoint of that step resharded to 3 ranks."""
+    seed = int(os.environ.get("FSDP_ELASTIC_SEED", random.randrange(1 << 30)))
+    rng = random.Random(seed)
+    rank, step = rng.randrange(4), rng.randrange(3, 12)  # the first snapshot is after step 2
+    print(f"FSDP_ELASTIC_SEED={seed}: rank {rank} killed at step {step}")
+    rc, out, err, secs, save = elastic_run(r, f"kill:rank={rank}:step={step}")
+    check(rc == 0, f"exit {rc}:\n{err[-3000:]}")
+    check(f"lost rank {rank} (first launched as rank {rank}," in err, f"rank {rank} not named")
+    (resumed,), times = check_shrinks(out, err, [(4, 3)])
+    # The newest snapshot before the loss, or the one before it when the loss
+    # came while the newest was still on its way to the buddy.
+    newest = (step - 1) // 2 * 2
+    check(resumed in (newest, newest - 2) and resumed >= 2,
+          f"resumed from step {resumed} after a loss at step {step}")
+    mine = consolidated(r, os.path.join(save, "step-12"))
+    ref = reference_from(r, os.path.join(save, f"step-{resumed}"), 3)
+    print(f"resumed from the snapshot of step {resumed} {times[0]:.2f} s after the loss; final "
+          f"state ({len(mine)} bytes) {'identical to' if mine == ref else 'DIFFERENT from'} the "
+          f"3-rank run from step {resumed} resharded on disk ({secs:.1f} s)")
+    check(mine == ref, "final state differs from the reference")
+
+
+def elastic_llama(r):
+    """elastic-kill's loss (rank 2 of 4 at step 7) with a grouped-query Llama:
+    the replicas, the in-memory reshard and the rebuilt model are the
+    model's own, and the end equals the 3-rank run from the disk checkpoint."""
+    rc, out, err, secs, save = elastic_run(r, "kill:rank=2:step=7", model="llama")
+    check(rc == 0, f"exit {rc}:\n{err[-3000:]}")
+    (resumed,), times = check_shrinks(out, err, [(4, 3)])
+    check(resumed in (6, 4), f"resumed from step {resumed} after a loss at step 7")
+    mine = consolidated(r, os.path.join(save, "step-12"))
+    ref = reference_from(r, os.path.join(save, f"step-{resumed}"), 3, "llama")
+    print(f"llama: resumed from step {resumed} {times[0]:.2f} s after the loss; final state "
+          f"{'identical' if mine == ref else 'DIFFERENT'}")
+    check(mine == ref, "final state differs from the reference")
+
+
+def elastic_twice(r):
+    """Two losses one after the other, 4 -> 3 -> 2: the second rolls back to a
+    snapshot taken by the 3 survivors; the end equals a 2-rank run from that
+    step's disk checkpoint (saved by 3 ranks) resharded to 2."""
+    rc, out, err, secs, save = elastic_run(r, "kill:rank=1:step=5,kill:rank=3:step=9")
+    check(rc == 0, f"exit {rc}:\n{err[-3000:]}")
+    resumed, times = check_shrinks(out, err, [(4, 3), (3, 2)])
+    check(resumed == [4, 8], f"resumed from {resumed}, expected [4, 8]")
+    mine = consolidated(r, os.path.join(save, "step-12"))
+    ref = reference_from(r, os.path.join(save, "step-8"), 2)
+    print(f"4 -> 3 -> 2 ranks, resumed from steps {resumed} ({', '.join(f'{t:.2f}' for t in times)}"
+          f" s after each loss); final state {'identical' if mine == ref else 'DIFFERENT'}")
+    check(mine == ref, "final state differs from the reference")
+
+
+def elastic_callback(r):
+    """The C API alone (tests/launch/probe.c rejoin): rank 2 of 4 dies; each
+    survivor's fsdp_world_rejoin joins the world of 3 and calls the change
+    callback once with its old and new rank; an all_reduce over the new world
+    checks out. Without --min-nproc the same loss ends the job as before (the
+    others are stopped; a rejoin, were it reached, is refused)."""
+    probe = r.tool(os.path.join("tests", "launch", "launch_probe"))
+    cmd = r.launcher("fsdp-run", 4) + ["--min-nproc", "3", probe, "rejoin", "2"]
+    rc, out, err, secs, left = r.run(cmd, {"FSDP_TIMEOUT_S": "20"})
+    check(rc == 0 and not left, f"exit {rc}, leftovers {left}:\n{err[-3000:]}")
+    for old, new in ((0, 0), (1, 1), (3, 2)):
+        check(f"probe: rank {old}: change 1: rank {old} of 4 -> rank {new} of 3 (callback)" in err,
+              f"no change line for rank {old}:\n{err[-3000:]}")
+        check(f"probe: rank {new}: ok" in err, f"rank {new} of 3 not ok:\n{err[-3000:]}")
+    check(err.count(": change ") == 3, f"callbacks:\n{err[-3000:]}")
+    rc, out, err, secs, left = r.run(r.launcher("fsdp-run", 4) + [probe, "rejoin", "2"],
+                                     {"FSDP_TIMEOUT_S": "20"})
+    check(rc == 1 and "root cause: rank 2 (local rank 2" in err and ": change " not in err,
+          f"without --min-nproc: exit {rc}:\n{err[-3000:]}")
+    print(f"3 survivors rejoined with one callback each in {secs:.1f} s; without --min-nproc "
+          f"the job ends (exit 1)")
+
+
+def elastic_sigstop(r):
+    """A rank SIGSTOPped after step 3: the others' watchdogs name it at the
+    3 s timeout, fsdp-run kills it, and the 3 others go on from their last
+    complete snapshot to the reference's very state."""
+    tag = uuid.uuid4().hex
+    save = os.path.join(r.tmp, "elastic-sigstop")
+    env = dict(r.base_env, FSDP_TEST_TAG=tag, FSDP_TIMEOUT_S="3")
+    cmd = r.launcher("fsdp-run", 4) + ["--min-nproc", "2"] + elastic_args(r, save)
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline, out = time.monotonic() + 60, ""
+    while time.monotonic() < deadline:
+        line = p.stdout.readline()
+        out += line
+        if not line or '"step":3,' in line:
+            break
+    victims = [pid for pid, _ in tagged_processes(tag)
+               if b"RANK=2" in open(f"/proc/{pid}/environ", "rb").read().split(b"\0")]
+    check(victims, "rank 2 not found")
+    os.kill(victims[0], signal.SIGSTOP)
+    try:
+        rest, err = p.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        rest, err = p.communicate()
+        raise Failure(f"fsdp-run still running 120 s after SIGSTOP:\n{err[-3000:]}")
+    out += rest
+    left = wait_no_orphans(tag, time.monotonic() + TEARDOWN_S)
+    check(p.returncode == 0 and not left, f"exit {p.returncode}, leftovers {left}:\n{err[-3000:]}")
+    check(re.search(r"watchdog says rank 2 \(first launched as rank 2, pid \d+\) never arrived",
+                    err), f"fsdp-run did not act on the watchdog's report:\n{err[-3000:]}")
+    check("hung (a peer's watchdog named it) and was killed by fsdp-run" in err,
+          f"the loss is not explained:\n{err[-3000:]}")
+    shrinks = events(out, "shrink")
+    check([(e["old_ranks"], e["ranks"]) for e in shrinks] == [(4, 3)], f"shrinks {shrinks}")
+    resumed = shrinks[0]["from_step"]
+    mine = consolidated(r, os.path.join(save, "step-12"))
+    ref = reference_from(r, os.path.join(save, f"step-{resumed}"), 3)
+    print(f"rank 2 SIGSTOPped after step 3: killed at the watchdog's word, the others resumed "
+          f"from step {resumed}; final state {'identical' if mine == ref else 'DIFFERENT'}")
+    check(mine == ref, "final state differs from the reference")
+
+
+def elastic_grow(r):
+    """Grow back, 4 -> 3 -> 4: rank 1 dies at step 5, the 3 others go on;
+    fsdp-run --respawn starts a new worker once they resumed, and at their
+    next snapshot all 4 move into a world of 4 (the newcomer receives its
+    shard from memory). The end equals a 4-rank run from that step's disk
+    checkpoint (saved by the 3) resharded to 4."""
+    save = os.path.join(r.tmp, "elastic-grow")
+    cmd = r.launcher("fsdp-run", 4) + ["--min-nproc", "2", "--respawn", "1"] + elastic_args(r, save)
+    rc, out, err, secs, left = r.run(cmd, {"FSDP_FAULT": "kill:rank=1:step=5",
+                                           "FSDP_TIMEOUT_S": "20"}, timeout=240)
+    check(rc == 0 and not left, f"exit {rc}, leftovers {left}:\n{err[-3000:]}")
+    check("started 1 worker to replace the lost" in err, f"no replacement:\n{err[-3000:]}")
+    shrinks, grows = events(out, "shrink"), events(out, "grow")
+    check([(e["old_ranks"], e["ranks"]) for e in shrinks] == [(4, 3)], f"shrinks {shrinks}")
+    check([(e["old_ranks"], e["ranks"]) for e in grows] == [(3, 4)], f"grows {grows}:\n{err[-3000:]}")
+    at = grows[0]["step"]
+    check(at % 2 == 0 and at > shrinks[0]["from_step"], f"grew at step {at}")
+    mine = consolidated(r, os.path.join(save, "step-12"))
+    ref = reference_from(r, os.path.join(save, f"step-{at}"), 4)
+    print(f"4 -> 3 ranks at step 5 (from step {shrinks[0]['from_step']}), back to 4 at step {at} "
+          f"({grows[0]['seconds']:.2f} s); final state {'identical' if mine == ref else 'DIFFERENT'}")
+    check(mine == ref, "final state differs from the reference")
+
+
+def elastic_snapshot(r):
+    """A rank dies as the snapshot after update 6 begins: its buddy never gets
+    its copy of step 6, so every survivor rolls back to step 4, the snapshot
+    before (double buffering), and ends as a 3-rank run from step 4 does."""
+    rc, out, err, secs, save = elastic_run(r, "snapkill:rank=2:step=6")
+    check(rc == 0, f"exit {rc}:\n{err[-3000:]}")
+    (resumed,), times = check_shrinks(out, err, [(4, 3)])
+    check(resumed == 4, f"resumed from step {resumed}, not 4 (the snapshot before the one the "
+          f"loss interrupted)")
+    mine = consolidated(r, os.path.join(save, "step-12"))
+    ref = reference_from(r, os.path.join(save, "step-4"), 3)
+    print(f"lost during the snapshot of step 6: resumed from step {resumed}; final state "
+          f"{'identical' if mine == ref else 'DIFFERENT'}")
+    check(mine == ref, "final state differs from the reference")
+
+
+def elastic_pair(r):
+    """A rank and its buddy die together: no complete copy of the first is
+    left, the job ends saying so, and the disk checkpoint remains usable."""
+    rc, out, err, secs, save = elastic_run(r, "kill:rank=1:step=5,kill:rank=2:step=5")
+    check(rc == 1, f"exit {rc}, expected 1:\n{err[-3000:]}")
+    check("rank 1 was lost and so was its buddy, rank 2: no complete copy of rank 1's shard"
+          in err, f"no message about the lost copy:\n{err[-3000:]}")
+    ck = subprocess.run([r.tool("fsdp-ckpt"), "verify", save], capture_output=True, text=True)
+    check(ck.returncode == 0 and "step-4" in ck.stdout + ck.stderr,
+          f"fsdp-ckpt verify {save}: {ck.stdout}{ck.stderr}")
+    print(f"ended in {secs:.1f} s naming the lost copy; {save}/step-4 verifies")
+
+
 SCENARIOS = {
     "parity-gpt2": lambda r: parity(r, "gpt2"),
     "parity-mlp": lambda r: parity(r, "mlp"),
@@ -970,6 +1210,14 @@ SCENARIOS = {
     "exit0-mid-job": exit0_mid_job,
     "job-id": job_id,
     "oom-report": oom_report,
+    "elastic-kill": elastic_kill,
+    "elastic-llama": elastic_llama,
+    "elastic-twice": elastic_twice,
+    "elastic-pair": elastic_pair,
+    "elastic-callback": elastic_callback,
+    "elastic-sigstop": elastic_sigstop,
+    "elastic-grow": elastic_grow,
+    "elastic-snapshot": elastic_snapshot,
 }
 
 

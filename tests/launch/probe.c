@@ -33,6 +33,13 @@
  *                   with SIGKILL: SIGKILL, though later, is the root cause
  *                   fsdp-run names (a write to a gone peer is a consequence
  *                   of something else)
+ *   rejoin R        elastic (fsdp-run --min-nproc): rank R SIGKILLs itself
+ *                   before all_reduce #3; the others' all_reduce fails, they
+ *                   destroy their communicators, fsdp_world_rejoin makes the
+ *                   survivors' world (the change callback prints "probe:
+ *                   rank R: change G: rank A of N -> rank B of M" once), and
+ *                   an all_reduce over it is checked; without --min-nproc
+ *                   the rejoin is refused and the rank fails
  *   exit0 R         after one all_reduce, rank R exits with status 0 without
  *                   destroying its world (a worker that ends while its peers
  *                   still need it); the others' next all_reduce fails
@@ -183,16 +190,56 @@ static fsdp_status_t run_sigpipe(fsdp_comm_t c) {
   return run_ok(c); /* fails: rank 0 is gone */
 }
 
+static int changes;
+
+static void on_change(const fsdp_world_change_t *c, void *user) {
+  changes++;
+  fprintf(stderr, "probe: rank %d: change %d: rank %d of %d -> rank %d of %d (%s)\n", c->old_rank,
+          c->generation, c->old_rank, c->old_size, c->rank, c->size, (const char *)user);
+}
+
+/* The rejoin scenario, from the first all_reduce to the checked one over the
+ * survivors' world; *c and *done are the old world's, made anew. */
+static fsdp_status_t run_rejoin(fsdp_world_t *w, const fsdp_world_opts_t *o, fsdp_comm_t *c,
+                                fsdp_comm_t *done, int who) {
+  fsdp_status_t st = FSDP_SUCCESS;
+  for (int i = 0; i < 5 && st == FSDP_SUCCESS; i++) {
+    if (rank == who && i == 2) raise(SIGKILL);
+    st = run_ok(*c);
+  }
+  if (st == FSDP_SUCCESS) {
+    fprintf(stderr, "probe: rank %d: every all_reduce passed with rank %d dead\n", rank, who);
+    exit(1);
+  }
+  fsdp_comm_destroy(*done);
+  fsdp_comm_destroy(*c);
+  *c = *done = NULL;
+  fsdp_world_on_change(on_change, "callback");
+  fsdp_world_change_t ch;
+  fsdp_status_t rs = fsdp_world_rejoin(w, o, &ch);
+  if (rs != FSDP_SUCCESS) return rs;
+  if (changes != 1 || ch.rank != fsdp_world_rank(*w) || ch.size != fsdp_world_size(*w) ||
+      ch.old_rank != rank || ch.generation != 1) {
+    fprintf(stderr, "probe: rank %d: change %d callbacks, rank %d of %d, world %d\n", rank,
+            changes, ch.rank, ch.size, ch.generation);
+    exit(1);
+  }
+  rank = fsdp_world_rank(*w);
+  rs = fsdp_comm_create(*w, c);
+  if (rs == FSDP_SUCCESS) rs = fsdp_comm_create(*w, done);
+  return rs == FSDP_SUCCESS ? run_ok(*c) : rs;
+}
+
 int main(int argc, char **argv) {
   const char *what = argc > 1 ? argv[1] : "";
   int desync = !strcmp(what, "extra") || !strcmp(what, "count") ||
                !strcmp(what, "skip-unit") || !strcmp(what, "extra-group");
   if (strcmp(what, "ok") && strcmp(what, "stall") && strcmp(what, "stall-setup") &&
       strcmp(what, "stall-group") && strcmp(what, "epipe") && strcmp(what, "sigpipe") &&
-      strcmp(what, "exit0") && !desync) {
+      strcmp(what, "exit0") && strcmp(what, "rejoin") && !desync) {
     fprintf(stderr, "usage: probe ok | stall RANK ITER | stall-group RANK ITER | stall-setup "
             "RANK | extra RANK | count RANK | skip-unit RANK | extra-group RANK | epipe | "
-            "sigpipe RANK | exit0 RANK\n");
+            "sigpipe RANK | exit0 RANK | rejoin RANK\n");
     return 2;
   }
   if (getenv("RANK")) rank = atoi(getenv("RANK")); /* for messages before the world exists */
@@ -226,6 +273,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(what, "epipe")) st = run_epipe(c);
     else if (!strcmp(what, "sigpipe")) st = run_sigpipe(c);
     else if (!strcmp(what, "exit0")) st = run_exit0(c, who);
+    else if (!strcmp(what, "rejoin")) st = run_rejoin(&w, &o, &c, &done, who);
     else st = run_desync(c, what, who);
   }
   if (sigpipe_victim) {

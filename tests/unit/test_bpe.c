@@ -378,6 +378,17 @@ START_TEST(bpe_tokenizer_json_pipeline) {
     ck_assert_msg(!strcmp(ids, ok[k].want), "case %zu: %s, want %s", k, ids, ok[k].want);
     fsdp_tokenizer_free(t);
   }
+  /* an empty match at the very end ("$") reads nothing past the text: the
+   * text is a heap block of exactly its bytes (valgrind and ASan see) */
+  write_hf_json(path, "BPE", "", "null", SEQ(SPLIT("Regex", "$", "Isolated")), "", "");
+  ck_assert_msg(fsdp_tokenizer_load(path, &t) == FSDP_SUCCESS, "%s", fsdp_last_error());
+  char *exact = malloc(2);
+  ck_assert_ptr_nonnull(exact);
+  memcpy(exact, "ab", 2);
+  encode_str(t, exact, 2, 0, ids);
+  ck_assert_str_eq(ids, "256");
+  free(exact);
+  fsdp_tokenizer_free(t);
   write_hf_json(path, "BPE", "", "null", BL_NOREGEX,
                 "{\"id\": 257, \"content\": \"<|endoftext|>\", \"special\": true},"
                 "{\"id\": 258, \"content\": \"<x>\", \"special\": false},"

@@ -17,6 +17,7 @@
 
 #include "common/arrays.h"
 #include "common/check_run.h"
+#include "common/gqa.h"
 #include "common/gradcheck.h"
 #include "common/rng.h"
 #include "core/internal.h"
@@ -410,36 +411,17 @@ END_TEST
 static const struct { int B, T, NH, NKV, D; } kGqa[] = {
     {1, 4, 2, 1, 3}, {2, 9, 4, 2, 4}, {1, 70, 6, 2, 2}, {2, 5, 3, 3, 4}, {1, 6, 4, 0, 2}};
 
-/* qkv (B,T,(NH+2NKV)D) -> (B,T,3C): each KV head copied to the query heads
- * reading it (HF's repeat_kv). */
-static float *repeat_kv(const float *qkv, int B, int T, int NH, int NKV, int D) {
-  const int C = NH * D, W = (NH + 2 * NKV) * D, group = NH / NKV;
-  float *out = xmalloc((size_t)B * T * 3 * C * sizeof(float));
-  for (size_t bt = 0; bt < (size_t)B * T; ++bt) {
-    const float *src = qkv + bt * W;
-    float *dst = out + bt * 3 * C;
-    memcpy(dst, src, (size_t)C * sizeof(float));
-    for (int h = 0; h < NH; ++h) {
-      const int kv = h / group;
-      memcpy(dst + C + (size_t)h * D, src + C + (size_t)kv * D, (size_t)D * sizeof(float));
-      memcpy(dst + 2 * C + (size_t)h * D, src + C + (size_t)(NKV + kv) * D,
-             (size_t)D * sizeof(float));
-    }
-  }
-  return out;
-}
-
 /* Forward equals multi-head attention over the repeated K and V; backward's
  * dq equals its dq and each KV head's dk, dv the sum over its group's heads;
  * backward adds into what is there. */
 START_TEST(gqa_matches_repeat_kv) {
   const int B = kGqa[_i].B, T = kGqa[_i].T, NH = kGqa[_i].NH, D = kGqa[_i].D;
   const int NKV = kGqa[_i].NKV ? kGqa[_i].NKV : NH, C = NH * D, W = (NH + 2 * NKV) * D;
-  const int group = NH / NKV;
   const size_t bt = (size_t)B * T, na = (size_t)B * NH * T * T;
   rng_seed(950 + (uint64_t)_i);
   float *qkv = rand_floats(bt * W, 0.0, 2.0), *dout = rand_floats(bt * C, 0.0, 1.0);
-  float *mha = repeat_kv(qkv, B, T, NH, NKV, D);
+  float *mha = zeros(bt * 3 * C);
+  gqa_repeat_kv(mha, qkv, B, T, C, NH, NKV);
   float *out = zeros(bt * C), *att = zeros(na), *want = zeros(bt * C), *watt = zeros(na);
   fsdp_attention_forward_args_t f = {.dt = FSDP_F32, .out = out, .att = att, .qkv = qkv,
                                      .B = B, .T = T, .C = C, .NH = NH, .NKV = kGqa[_i].NKV};
@@ -454,24 +436,14 @@ START_TEST(gqa_matches_repeat_kv) {
                                       .NKV = kGqa[_i].NKV};
   ck_assert_int_eq(cpu()->attention_backward(&b, HOST), FSDP_SUCCESS);
   fsdp_attention_backward(dmha, dout, mha, watt, B, T, C, NH);
-  for (size_t r = 0; r < bt; ++r) {
-    const float *g = dqkv + r * W, *m = dmha + r * 3 * C;
-    for (int c = 0; c < C; ++c) assert_close("gqa dq", r * W + c, g[c], m[c], 1e-5);
-    for (int kv = 0; kv < NKV; ++kv)
-      for (int d = 0; d < D; ++d) {
-        double sk = 0, sv = 0;
-        for (int h = kv * group; h < (kv + 1) * group; ++h)
-          sk += m[C + h * D + d], sv += m[2 * C + h * D + d];
-        assert_close("gqa dk", r * W + C + kv * D + d, g[C + kv * D + d], sk, 1e-5);
-        assert_close("gqa dv", r * W + C + (NKV + kv) * D + d, g[C + (NKV + kv) * D + d], sv,
-                     1e-5);
-      }
-  }
+  float *fold = zeros(bt * W); /* dq as it is, dk and dv summed over each group */
+  gqa_fold_kv(fold, dmha, B, T, C, NH, NKV);
+  for (size_t i = 0; i < bt * W; ++i) assert_close("gqa dqkv", i, dqkv[i], fold[i], 1e-5);
   float *once = copy_floats(dqkv, bt * W);
   ck_assert_int_eq(cpu()->attention_backward(&b, HOST), FSDP_SUCCESS);
   for (size_t i = 0; i < bt * W; ++i) assert_close("gqa dqkv twice", i, dqkv[i], 2.0 * once[i], 1e-6);
   free(qkv), free(dout), free(mha), free(out), free(att), free(want), free(watt);
-  free(dqkv), free(dmha), free(once);
+  free(dqkv), free(dmha), free(fold), free(once);
 }
 END_TEST
 

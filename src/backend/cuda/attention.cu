@@ -1,9 +1,9 @@
-/* src/backend/cuda/attention.cu — causal multi-head self-attention, forward and
+/* src/backend/cuda/attention.cu — causal self-attention, forward and
  * backward, behind the table's one entry point per op: fp32 keeps the
  * probabilities, bf16 is cuDNN's fused attention where it runs the shape
  * (attention_cudnn.cpp, chosen in attention_choice.cu), else the fused flash
- * kernel (flash.cu, multi-head only: grouped-query shapes run on cuDNN or
- * are refused, attention_choice.cu); both keep only the log-sum-exp. fp32:
+ * kernel (flash.cu: FlashAttention-2 on mma.sync, multi-head and
+ * grouped-query); both keep only the log-sum-exp. fp32:
  * the score and value products of each batch row are strided-batched cuBLAS
  * calls over its heads (the heads of a row are hs columns apart; batch rows
  * are not a uniform stride away from them, hence calls per b; one per
@@ -128,7 +128,9 @@ static fsdp_status_t probs_forward(float *out, float *att, const float *qkv, int
   return FSDP_SUCCESS;
 }
 
-/* scratch: (NH,T,T) floats, one batch row's dscore at a time. */
+/* scratch: (NH,T,T) floats, one batch row's dscore at a time. The group's
+ * query heads add into their KV head's dk and dv one call after another
+ * (stream order), never in one batch. */
 static fsdp_status_t probs_backward(float *dqkv, float *scratch, const float *dout,
                                     const float *qkv, const float *att, int B, int T, int C,
                                     int NH, int NKV, cudaStream_t stream) {
@@ -154,7 +156,7 @@ static fsdp_status_t probs_backward(float *dqkv, float *scratch, const float *do
                           scratch + j * tt, T, gtt, NKV, stream));
     }
     FSDP_LAUNCH(causal_softmax_backward_kernel, softmax_blocks(rows), ATT_WARPS * 32, 0, stream,
-                scratch, a, rows, T, scale);
+                scratch, att + (size_t)b * NH * tt, rows, T, scale);
     LAUNCH_CHECK();
     for (int j = 0; j < g.G; ++j) {
       const size_t hj = (size_t)j * hs;
@@ -173,8 +175,10 @@ size_t fsdp_cuda_attention_state_floats(const fsdp_attention_forward_args_t *a) 
   return a->dt == FSDP_BF16 ? bnt : bnt * (size_t)a->T;
 }
 
+/* bf16: the flash backward's D = rowsum(dout * out), (B,NH,T) floats. */
 size_t fsdp_cuda_attention_scratch_bytes(const fsdp_attention_forward_args_t *a) {
-  return a->dt == FSDP_BF16 ? 0 : (size_t)a->NH * (size_t)a->T * (size_t)a->T * sizeof(float);
+  const size_t nt = (size_t)a->NH * (size_t)a->T;
+  return (a->dt == FSDP_BF16 ? (size_t)a->B : (size_t)a->T) * nt * sizeof(float);
 }
 
 /* Forward needs no scratch in either precision. */
@@ -189,7 +193,7 @@ fsdp_status_t fsdp_cuda_attention_forward(const fsdp_attention_forward_args_t *a
         return fsdp_cudnn_attention_forward(a->out, a->att, a->qkv, a->B, a->T, a->C, a->NH,
                                             a->NKV, s);
       return fsdp_cuda_flash_forward(as<S>(a->out), a->att, as<S>(a->qkv), a->B, a->T, a->C,
-                                     a->NH, s);
+                                     a->NH, a->NKV, s);
     } else
       return probs_forward(as<S>(a->out), a->att, as<S>(a->qkv), a->B, a->T, a->C, a->NH,
                            a->NKV, s);
@@ -211,8 +215,9 @@ fsdp_status_t fsdp_cuda_attention_backward(const fsdp_attention_backward_args_t 
         return fsdp_cuda_attention_add_staged(
             a->dqkv, staged, (size_t)a->B * a->T * (a->NH + 2 * nkv) * (a->C / a->NH), s);
       }
-      return fsdp_cuda_flash_backward(as<S>(a->dqkv), as<S>(a->dout), as<S>(a->qkv),
-                                      as<S>(a->out), a->att, a->B, a->T, a->C, a->NH, s);
+      return fsdp_cuda_flash_backward(as<S>(a->dqkv), static_cast<float *>(a->scratch),
+                                      as<S>(a->dout), as<S>(a->qkv), as<S>(a->out), a->att, a->B,
+                                      a->T, a->C, a->NH, a->NKV, s);
     } else
       return probs_backward(as<S>(a->dqkv), static_cast<float *>(a->scratch), as<S>(a->dout),
                             as<S>(a->qkv), a->att, a->B, a->T, a->C, a->NH, a->NKV, s);

@@ -64,9 +64,8 @@ bool cudnn_runs(int B, int T, int C, int NH, int NKV, char *text, size_t len) {
   return true;
 }
 
-/* NKV != NH (grouped-query) runs on cuDNN only: the in-house flash kernel
- * reads one KV head per query head, so choosing it would be a wrong answer,
- * refused instead. */
+/* cuDNN where it runs the shape (unless FSDP_ATTENTION=flash), else the
+ * in-house flash kernel, multi-head and grouped-query alike. */
 fsdp_status_t decide(int device, int B, int T, int C, int NH, int NKV, decision **out) {
   if (!mode_read) {
     const char *v = getenv("FSDP_ATTENTION");
@@ -78,14 +77,7 @@ fsdp_status_t decide(int device, int B, int T, int C, int NH, int NKV, decision 
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
                       "FSDP_ATTENTION=%s: expected flash, cudnn or auto (unset)", mode_value);
   decision d = {device, B, T, C, NH, NKV, false, ""};
-  const bool grouped = NKV != NH;
   if (mode == MODE_FLASH) {
-    if (grouped)
-      return fsdp_error(FSDP_ERR_UNSUPPORTED,
-                        "attention: FSDP_ATTENTION=flash, but the in-house flash kernel runs "
-                        "multi-head attention only, not NH %d query heads over NKV %d key/value "
-                        "heads (grouped-query); use cuDNN (FSDP_ATTENTION=auto or cudnn)",
-                        NH, NKV);
     snprintf(d.text, sizeof d.text, "in-house flash: FSDP_ATTENTION=flash");
   } else {
     char why[600];
@@ -95,12 +87,6 @@ fsdp_status_t decide(int device, int B, int T, int C, int NH, int NKV, decision 
                         "attention: FSDP_ATTENTION=cudnn, but cuDNN cannot run B %d, T %d, C %d, "
                         "NH %d, NKV %d: %s",
                         B, T, C, NH, NKV, why);
-    if (!d.cudnn && grouped)
-      return fsdp_error(FSDP_ERR_UNSUPPORTED,
-                        "attention: NH %d query heads over NKV %d key/value heads (grouped-query) "
-                        "in bf16 run on cuDNN only (the in-house flash kernel is multi-head), and "
-                        "cuDNN cannot run B %d, T %d, C %d: %s",
-                        NH, NKV, B, T, C, why);
     snprintf(d.text, sizeof d.text, d.cudnn ? "%s" : "in-house flash: %s", why);
   }
   fsdp_log(FSDP_LOG_INFO, "attention on device %d, B %d, T %d, C %d, NH %d, NKV %d, bf16: %s",

@@ -42,12 +42,10 @@ extern "C" {
  * the in-house flash kernel. $FSDP_ATTENTION (read once) forces a path:
  * "flash", or "cudnn", where a shape cuDNN cannot run is
  * FSDP_ERR_UNSUPPORTED with cuDNN's reason; any other value is
- * FSDP_ERR_INVALID_ARGUMENT. The flash kernel is multi-head only: a
- * grouped-query shape (NKV neither 0 nor NH) that cuDNN cannot run, or with
- * "flash" forced, is FSDP_ERR_UNSUPPORTED naming NH and NKV, never run on
- * it; an NKV that does not divide NH is FSDP_ERR_INVALID_ARGUMENT. The same
- * answer for forward and backward, so a backward always reads the stats its
- * own kind of forward wrote. */
+ * FSDP_ERR_INVALID_ARGUMENT. Grouped-query shapes (NKV neither 0 nor NH)
+ * go the same way as multi-head ones; an NKV that does not divide NH is
+ * FSDP_ERR_INVALID_ARGUMENT. The same answer for forward and backward, so a
+ * backward always reads the stats its own kind of forward wrote. */
 fsdp_status_t fsdp_cuda_attention_pick(int B, int T, int C, int NH, int NKV, int *use_cudnn);
 /* dqkv += the staged gradient cuDNN wrote (n bf16 values each), on stream. */
 fsdp_status_t fsdp_cuda_attention_add_staged(void *dqkv, const void *staged, size_t n,

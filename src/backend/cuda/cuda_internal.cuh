@@ -375,13 +375,15 @@ struct fsdp_gemm {
 fsdp_status_t fsdp_cuda_gemm(const struct fsdp_gemm *g, cudaStream_t stream);
 
 /* ---- fused causal flash attention, bf16 (flash.cu) ----
- * qkv (B,T,3C), out (B,T,C), lse (B,NH,T) fp32; backward adds into dqkv and
- * reads forward's out. Head size C/NH a multiple of 16 up to 128, pointers
- * 16-byte aligned, else FSDP_ERR_INVALID_ARGUMENT naming the value. */
+ * qkv (B,T,(NH+2*NKV)*D), out (B,T,C), lse (B,NH,T) fp32, D = C/NH, NKV KV
+ * heads (0: NH); backward adds into dqkv, reads forward's out and uses
+ * scratch, (B,NH,T) floats. Head size a multiple of 16 up to 128, NKV
+ * dividing NH, pointers 16-byte aligned, else FSDP_ERR_INVALID_ARGUMENT
+ * naming the value. */
 fsdp_status_t fsdp_cuda_flash_forward(bf16 *out, float *lse, const bf16 *qkv, int B, int T, int C,
-                                      int NH, cudaStream_t stream);
-fsdp_status_t fsdp_cuda_flash_backward(bf16 *dqkv, const bf16 *dout, const bf16 *qkv,
-                                       const bf16 *out, const float *lse, int B, int T, int C,
-                                       int NH, cudaStream_t stream);
+                                      int NH, int NKV, cudaStream_t stream);
+fsdp_status_t fsdp_cuda_flash_backward(bf16 *dqkv, float *scratch, const bf16 *dout,
+                                       const bf16 *qkv, const bf16 *out, const float *lse, int B,
+                                       int T, int C, int NH, int NKV, cudaStream_t stream);
 
 #endif

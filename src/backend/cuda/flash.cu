@@ -1,408 +1,432 @@
-/* src/backend/cuda/flash.cu — fused causal flash attention in bf16 on tensor cores
- * (the portable WMMA API, m16n16k16 bf16 with fp32 accumulators, sm_80 up),
- * forward and backward, keeping only the (B,NH,T) fp32 log-sum-exp.
+/* src/backend/cuda/flash.cu — fused causal flash attention in bf16, forward and
+ * backward, FlashAttention-2's design (Dao 2023) on mma.sync m16n8k16 through
+ * mma.cuh: multi-head or grouped-query (query head h reads KV head
+ * h / (NH / NKV)), keeping only the (B,NH,T) fp32 log-sum-exp.
  *
- * Tiling: a block takes one (batch row, head) and an outer tile of `rows`
- * (64, or 32 for hs > 64) queries (forward, dq) or keys (dk/dv); each of its
- * warps owns 16 of those rows outright, so rows never cross warps and a
- * warp's softmax needs only __syncwarp. The inner loop walks 32-wide tiles of
- * the other side (keys, or queries for dk/dv) through shared memory. Causal:
- * a block visits only the tiles that reach its diagonal, and a warp skips
- * every tile lying wholly past its own rows' diagonal; the mask is applied
- * element by element only where a tile straddles it.
+ * Work split. A block of 4 warps takes one (batch row, head) and 64 rows of
+ * the outer side (queries: forward, dq; keys: dk/dv); each warp owns 16 of
+ * them outright, so a row never crosses warps. The outer rows' operands are
+ * staged once through shared memory into registers (ldmatrix); the inner
+ * side (keys and values, or queries and dout) streams through two shared
+ * stages filled by cp.async, the next tile's copy in flight while the warps
+ * compute on this one. Scores and probabilities never leave registers: the
+ * fp32 accumulators of S = Q K^T are masked, exponentiated and packed to bf16
+ * in place as the A operand of the next product (the PTX layouts make an
+ * accumulator's two neighbouring n8 tiles one A fragment). exp2 with
+ * log2(e) / sqrt(D) folded into the scale; the online softmax keeps each
+ * row's running max and a per-lane partial sum, reduced over the row's 4
+ * lanes once at the end. Causal: a block visits only the inner tiles that
+ * reach its diagonal, a warp skips those wholly past its own rows, and the
+ * mask is applied element by element only on tiles that straddle the
+ * diagonal or T.
  *
- * Row ownership without a fragment layout: WMMA leaves the mapping of a
- * tile's elements to lanes unspecified, so the forward softmax, which needs
- * row maxima and sums, stages the warp's 16 x 32 scores through shared memory
- * in fp32 (two lanes per row) and writes the probabilities back as bf16, the
- * next product's operand. Per-element work that needs an element's row or
- * column (the running output's rescale, the mask, exp(s - lse) and dS in
- * backward) runs on the accumulators directly: a fragment loaded from a 16 x
- * 16 table of row (column) indices gives, element for element, the row
- * (column) of every accumulator of the same type.
+ * Backward (FA2's, parallel over key tiles): a pass D = rowsum(dO * O) into
+ * scratch; dk/dv, a block per (batch row, KV head, 64 keys) looping over the
+ * group's query heads and their query tiles, with P^T = exp2(scale2 K Q^T -
+ * lse2) recomputed from the log-sum-exp, dS^T = P^T (V dO^T - D), dV += P^T
+ * dO, dK += dS^T Q, all four products register to register; and dq, a
+ * block per (batch row, head, 64 queries), which recomputes S and dP (dQ +=
+ * dS K). dq in its own pass rather than fp32 atomics from the dk/dv blocks
+ * (FA2's choice): every output element has one writer, so the gradient is the
+ * same bits every run, no fp32 dq buffer (B T C floats) is zeroed and folded
+ * back, and the price is the two recomputed products (7 products instead of
+ * 5).
  *
- * Backward is two kernels, so that each output row has one writer and
- * nothing is atomic (deterministic, no fp32 scratch): dk/dv over key tiles
- * (S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q) and dq over query
- * tiles (S, dP again, dQ += dS K). D = rowsum(dO * O) is recomputed from the
- * forward's output where needed. Scores are recomputed as p = exp(s - lse). */
-#include <cuda_bf16.h>
-#include <mma.h>
-
-#include "backend/cuda/cuda_internal.cuh"
-
-using namespace nvcuda;
+ * Tiles and shared memory (static, under 48 KiB): inner tiles of 64 rows for
+ * head sizes up to 64, 32 above; rows padded by 16 bytes, so the 8 rows an
+ * ldmatrix reads fall in 8 different bank groups. Expected on an H100 at
+ * GPT-2's layer (B 16, T 1024, 12 heads of 64): 26 GFLOP forward (the causal
+ * half of 2 products), ~0.1 ms at 250 TF/s (a third of the dense bf16 peak,
+ * FA2's share); backward 7 products, ~0.36 ms; 12 layers ~5.6 ms a step,
+ * against the 67.8 ms the WMMA kernel took (issue 22). Registers (ptxas,
+ * sm_90, head size 64 / 128): forward 136 / 168, dq 168 / 234, dk/dv 254 /
+ * 255 with 24 bytes spilled: 2-3 blocks of 4 warps per SM. */
+#include "backend/cuda/mma.cuh"
 
 namespace {
 
-const int kInner = 32; /* the inner tile: keys (forward, dq) or queries (dk/dv) */
-const int kFrag = 16;
+const float kLog2e = 1.4426950408889634f;
+const int kWarps = 4;
+const int kRows = 16 * kWarps; /* the outer tile */
+const int kThreads = 32 * kWarps;
 
-typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> frag_a;
-/* B = X^T for a row-major X tile: X's rows are B's columns */
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> frag_bt;
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> frag_b;
-typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> frag_c;
-
-template <int HS> struct geom {
-  static constexpr int rows = HS <= 64 ? 64 : 32; /* the outer tile: fits 48 KiB up to HS 128 */
-  static constexpr int warps = rows / kFrag;
-  static constexpr int threads = warps * 32;
-  static constexpr int dfrags = HS / kFrag;
+template <int D> struct tiles {
+  static constexpr int inner = D <= 64 ? 64 : 32; /* keys (forward, dq) or queries (dk/dv) */
+  static constexpr int ld = D + 8;                 /* a shared row, padded */
+  static constexpr int ksteps = D / 16;            /* k steps over the head */
+  static constexpr int dtiles = D / 8;             /* n8 tiles over the head */
+  static constexpr int itiles = inner / 8;         /* n8 tiles over the inner tile */
 };
 
-/* What every kernel reads in the same way: the (b, h) slices of qkv and the
- * tables of row and column indices. */
-struct alignas(32) index_tables {
-  float row[kFrag][kFrag]; /* row[r][c] = r */
-  float col[kFrag][kFrag]; /* col[r][c] = c */
+/* Two stages of two inner tiles each (K and V, or Q and dO); also the outer
+ * tiles' staging (the first 2 * kRows rows). */
+template <int D> struct alignas(16) smem {
+  bf16 row[4 * tiles<D>::inner][tiles<D>::ld];
 };
 
-struct heads {
-  int T, C, NH, b, h;
-  __device__ size_t row(int t, int ld) const { return ((size_t)b * T + t) * ld; }
-  __device__ size_t stat(int t) const { return ((size_t)b * NH + h) * T + t; }
+struct flash_dims {
+  int T, NH, NKV, C; /* C = NH * D */
+  int ldq;           /* (NH + 2 NKV) D: a qkv row */
+  float scale;       /* 1 / sqrt(D) */
+  float scale2;      /* log2(e) / sqrt(D) */
 };
 
-__device__ const __nv_bfloat16 *wm(const bf16 *p) {
-  return reinterpret_cast<const __nv_bfloat16 *>(p);
-}
-
-__device__ void fill_tables(index_tables *t) {
-  for (int i = threadIdx.x; i < kFrag * kFrag; i += blockDim.x) {
-    t->row[i / kFrag][i % kFrag] = (float)(i / kFrag);
-    t->col[i / kFrag][i % kFrag] = (float)(i % kFrag);
-  }
-}
-
-/* Rows [r0, r0 + n) of a bf16 matrix with leading dimension ld (src points at
- * row 0's column of this head) into tile (n, HS), 16 bytes at a time; rows at
- * or past T are zeros (a masked key's value must be finite: 0 * NaN is NaN). */
-union alignas(16) pack8 { /* 8 bf16 moved as one 16-byte access */
-  uint4 u;
-  bf16 h[8];
-};
-
-template <int HS>
-__device__ void load_tile(bf16 (*tile)[HS], const bf16 *src, size_t ld, int r0, int n, int T) {
-  const int per_row = HS / 8;
-  for (int i = threadIdx.x; i < n * per_row; i += blockDim.x) {
+/* Rows [r0, r0 + n) of a bf16 matrix (row stride ld elements, src at row 0's
+ * column of this head) into shared rows, by cp.async; rows at or past T are
+ * zeros (a masked key's value must be finite: 0 * NaN is NaN). */
+template <int D>
+__device__ void load_rows(bf16 (*dst)[tiles<D>::ld], const bf16 *src, size_t ld, int r0, int n,
+                          int T) {
+  const int per_row = D / 8;
+  for (int i = threadIdx.x; i < n * per_row; i += kThreads) {
     const int r = i / per_row, c = (i % per_row) * 8;
-    pack8 v;
-    v.u = uint4{0u, 0u, 0u, 0u};
-    if (r0 + r < T) v = *reinterpret_cast<const pack8 *>(src + (size_t)(r0 + r) * ld + c);
-    *reinterpret_cast<pack8 *>(&tile[r][c]) = v;
+    const bool in = r0 + r < T;
+    cp_async16(&dst[r][c], src + (size_t)(in ? r0 + r : 0) * ld + c, in);
   }
 }
 
-/* acc (16 x 16 of A's rows by B's rows) = A (16 x HS) @ B^T, both row-major in shared memory. */
-template <int HS>
-__device__ void product_nt(frag_c &acc, const bf16 *a, const bf16 *b) {
-  wmma::fill_fragment(acc, 0.0f);
-  for (int k = 0; k < HS / kFrag; ++k) {
-    frag_a fa;
-    frag_bt fb;
-    wmma::load_matrix_sync(fa, wm(a + k * kFrag), HS);
-    wmma::load_matrix_sync(fb, wm(b + k * kFrag), HS);
-    wmma::mma_sync(acc, fa, fb, acc);
-  }
-}
-
-/* acc[d] += P (16 x kInner, bf16, ld kInner) @ X (kInner x HS, row-major), for every d. */
-template <int HS>
-__device__ void product_pv(frag_c (&acc)[geom<HS>::dfrags], const bf16 *p, bf16 (*x)[HS]) {
-  for (int j = 0; j < kInner / kFrag; ++j) {
-    frag_a fa;
-    wmma::load_matrix_sync(fa, wm(p + j * kFrag), kInner);
-    for (int d = 0; d < geom<HS>::dfrags; ++d) {
-      frag_b fb;
-      wmma::load_matrix_sync(fb, wm(&x[j * kFrag][d * kFrag]), HS);
-      wmma::mma_sync(acc[d], fa, fb, acc[d]);
-    }
-  }
-}
-
-/* The warp's fp32 16 x kInner staging area back to bf16 (lanes in step). */
-__device__ void to_bf16(bf16 *dst, const float *src) {
+/* The A fragments of shared rows [r, r + 16), all D columns. */
+template <int D>
+__device__ void load_a(uint32_t (&a)[tiles<D>::ksteps][4], const bf16 (*x)[tiles<D>::ld], int r) {
   const int lane = threadIdx.x & 31;
-  __syncwarp();
-  for (int i = lane; i < kFrag * kInner; i += 32) store(dst + i, src[i]);
-  __syncwarp();
+  for (int kk = 0; kk < tiles<D>::ksteps; ++kk)
+    ldmatrix_x4(a[kk], &x[r + (lane & 15)][kk * 16 + (lane >> 4) * 8]);
 }
 
-/* acc[d] (16 x HS) times per-row factors, then += or = into rows [row0, row0
- * + 16) of a bf16 matrix (ld, this head's column), rows at or past T left
- * alone; staged kInner columns at a time through the warp's fp32 area. */
-template <int HS>
-__device__ void write_rows(bf16 *dst, size_t ld, int row0, int T, frag_c (&acc)[geom<HS>::dfrags],
-                           float *stage, bool add) {
+/* acc (16 x N) += A (16 x D, fragments) X^T, X rows [0, N) of shared memory. */
+template <int D, int N>
+__device__ void mma_abt(float (&acc)[N / 8][4], const uint32_t (&a)[tiles<D>::ksteps][4],
+                        const bf16 (*x)[tiles<D>::ld]) {
   const int lane = threadIdx.x & 31;
-  for (int d0 = 0; d0 < HS; d0 += kInner) {
-    for (int d = d0; d < d0 + kInner && d < HS; d += kFrag)
-      wmma::store_matrix_sync(stage + (d - d0), acc[d / kFrag], kInner, wmma::mem_row_major);
-    __syncwarp();
-    const int width = HS - d0 < kInner ? HS - d0 : kInner;
-    for (int i = lane; i < kFrag * width; i += 32) {
-      const int r = i / width, c = i % width;
-      if (row0 + r >= T) continue;
-      bf16 *o = dst + (size_t)(row0 + r) * ld + d0 + c;
-      const float v = stage[r * kInner + c];
-      store(o, add ? load(o) + v : v);
+  for (int kk = 0; kk < tiles<D>::ksteps; ++kk)
+    for (int n = 0; n < N / 8; n += 2) {
+      uint32_t r[4];
+      ldmatrix_x4(r, &x[n * 8 + (lane & 7) + (lane >> 4) * 8][kk * 16 + ((lane >> 3) & 1) * 8]);
+      const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+      mma_bf16_16816(acc[n], a[kk], b0);
+      mma_bf16_16816(acc[n + 1], a[kk], b1);
     }
-    __syncwarp();
+}
+
+/* acc (16 x D) += P (16 x K, fragments) X, X rows [0, K) of shared memory. */
+template <int D, int K>
+__device__ void mma_ab(float (&acc)[tiles<D>::dtiles][4], const uint32_t (&p)[K / 16][4],
+                       const bf16 (*x)[tiles<D>::ld]) {
+  const int lane = threadIdx.x & 31;
+  for (int kk = 0; kk < K / 16; ++kk)
+    for (int d = 0; d < D; d += 16) {
+      uint32_t r[4];
+      ldmatrix_x4_trans(r, &x[kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8][d + (lane >> 4) * 8]);
+      const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+      mma_bf16_16816(acc[d / 8], p[kk], b0);
+      mma_bf16_16816(acc[d / 8 + 1], p[kk], b1);
+    }
+}
+
+/* Accumulators (16 x N, fp32) as the A fragments of the next product (bf16). */
+template <int N>
+__device__ void to_a(uint32_t (&a)[N / 16][4], const float (&acc)[N / 8][4]) {
+  for (int kk = 0; kk < N / 16; ++kk) {
+    a[kk][0] = pack_bf16x2(acc[2 * kk][0], acc[2 * kk][1]);
+    a[kk][1] = pack_bf16x2(acc[2 * kk][2], acc[2 * kk][3]);
+    a[kk][2] = pack_bf16x2(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
+    a[kk][3] = pack_bf16x2(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
   }
 }
 
-/* D[i] = sum_d dO[i][d] O[i][d] for n rows from r0 (dout tile in shared,
- * O from global), 0 past T; one warp per row. */
-template <int HS>
-__device__ void rowdot(float *D, bf16 (*dout)[HS], const bf16 *o, size_t ld, int r0, int n, int T) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  for (int r = warp; r < n; r += nwarps) {
-    float s = 0.0f;
-    if (r0 + r < T)
-      for (int d = lane; d < HS; d += 32) s += load(&dout[r][d]) * load(o + (size_t)(r0 + r) * ld + d);
-    s = warp_sum(s);
-    if (lane == 0) D[r] = s;
+template <int N> __device__ void zero(float (&acc)[N][4]) {
+  for (int n = 0; n < N; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+}
+
+/* rows[row0 + g (+8)] += or = f * acc (16 x D, this lane's columns), rows at or
+ * past T left alone; rows ld apart from dst (this head's column). */
+template <int D>
+__device__ void write_rows(bf16 *dst, size_t ld, int row0, int T, const float (&acc)[D / 8][4],
+                           const float (&f)[2], bool add) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  for (int hf = 0; hf < 2; ++hf) {
+    const int row = row0 + g + 8 * hf;
+    if (row >= T) continue;
+    for (int n = 0; n < D / 8; ++n) {
+      bf16 *o = dst + (size_t)row * ld + n * 8 + 2 * t;
+      float x0 = f[hf] * acc[n][2 * hf], x1 = f[hf] * acc[n][2 * hf + 1];
+      if (add) x0 += load(o), x1 += load(o + 1);
+      *reinterpret_cast<uint32_t *>(o) = pack_bf16x2(x0, x1);
+    }
   }
 }
 
 /* ---- forward ---- */
 
-template <int HS> struct alignas(32) fwd_smem {
-  bf16 q[geom<HS>::rows][HS];
-  bf16 k[kInner][HS];
-  bf16 v[kInner][HS];
-  float s[geom<HS>::warps][kFrag][kInner]; /* scores, then the output's staging */
-  bf16 p[geom<HS>::warps][kFrag][kInner];
-  float factor[geom<HS>::warps][kFrag]; /* per row: the rescale, then 1 / sum */
-  index_tables ids;
-};
-
-/* The online softmax of the warp's staged 16 x kInner scores (keys from k0)
- * for rows from row0: running max m and sum l per row (two lanes per row, each
- * 16 columns, both holding m and l), probabilities to p as bf16, and each
- * row's rescale of the running output to factor. */
-__device__ void online_softmax(float *m, float *l, const float (*s)[kInner], bf16 (*p)[kInner],
-                               float *factor, int row0, int k0, int T, float scale) {
-  const int lane = threadIdx.x & 31, r = lane >> 1, c0 = (lane & 1) * (kInner / 2);
-  const int i = row0 + r, last = i < T ? i : T - 1; /* a row past T attends like row T-1 */
-  float x[kInner / 2], mx = -INFINITY;
-  for (int c = 0; c < kInner / 2; ++c) {
-    x[c] = k0 + c0 + c <= last ? s[r][c0 + c] * scale : -INFINITY;
-    mx = fmaxf(mx, x[c]);
-  }
-  const float m_new = fmaxf(*m, fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1)));
-  float sum = 0.0f;
-  for (int c = 0; c < kInner / 2; ++c) {
-    store(&p[r][c0 + c], expf(x[c] - m_new));
-    sum += load(&p[r][c0 + c]); /* the weights the product applies */
-  }
-  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-  const float alpha = expf(*m - m_new); /* 0 on the first tile: m was -inf */
-  *l = *l * alpha + sum;
-  *m = m_new;
-  if (c0 == 0) factor[r] = alpha;
-}
-
-template <int HS>
-__global__ void __launch_bounds__(geom<HS>::threads)
-    flash_forward_kernel(bf16 *out, float *lse, const bf16 *qkv, int T, int C, int NH,
-                         float scale) {
-  typedef geom<HS> G;
-  typedef fwd_smem<HS> smem_t;
-  FSDP_SHARED(smem_t, sm_, [1]);
-  smem_t &sm = sm_[0];
-  const heads hd = {T, C, NH, (int)blockIdx.z, (int)blockIdx.y};
-  const int q0 = (int)(gridDim.x - 1 - blockIdx.x) * G::rows; /* longest rows first */
-  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, row0 = q0 + w * kFrag;
-  const size_t ld = 3 * (size_t)C;
-  const bf16 *base = qkv + hd.row(0, (int)ld) + (size_t)hd.h * HS;
-  load_tile<HS>(sm.q, base, ld, q0, G::rows, T);
-  fill_tables(&sm.ids);
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    flash_forward_kernel(bf16 *out, float *lse, const bf16 *qkv, flash_dims p) {
+  typedef tiles<D> G;
+  FSDP_SHARED(smem<D>, sm_, [1]);
+  bf16(*rows)[G::ld] = sm_[0].row;
+  const int T = p.T, b = (int)blockIdx.z, h = (int)blockIdx.y, hk = h / (p.NH / p.NKV);
+  const int q0 = (int)(gridDim.x - 1 - blockIdx.x) * kRows; /* longest rows first */
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int row0 = q0 + 16 * w;
+  const size_t ldq = (size_t)p.ldq;
+  const bf16 *qb = qkv + (size_t)b * T * ldq + (size_t)h * D;
+  const bf16 *kb = qkv + (size_t)b * T * ldq + (size_t)(p.NH + hk) * D;
+  const bf16 *vb = kb + (size_t)p.NKV * D;
+  load_rows<D>(rows, qb, ldq, q0, kRows, T);
+  cp_async_commit();
+  cp_async_wait<0>();
   __syncthreads();
-  frag_c o[G::dfrags], rows;
-  for (int d = 0; d < G::dfrags; ++d) wmma::fill_fragment(o[d], 0.0f);
-  wmma::load_matrix_sync(rows, &sm.ids.row[0][0], kFrag, wmma::mem_row_major);
-  float m = -INFINITY, l = 0.0f;
-  const int keys = T < q0 + G::rows ? T : q0 + G::rows;
-  for (int k0 = 0; k0 < keys; k0 += kInner) {
-    __syncthreads(); /* every warp is done with the previous k and v */
-    load_tile<HS>(sm.k, base + C, ld, k0, kInner, T);
-    load_tile<HS>(sm.v, base + 2 * (size_t)C, ld, k0, kInner, T);
-    __syncthreads();
-    if (row0 >= T || k0 > row0 + kFrag - 1) continue; /* wholly masked for this warp */
-    for (int n = 0; n < kInner / kFrag; ++n) {
-      frag_c s;
-      product_nt<HS>(s, &sm.q[w * kFrag][0], &sm.k[n * kFrag][0]);
-      wmma::store_matrix_sync(&sm.s[w][0][n * kFrag], s, kInner, wmma::mem_row_major);
+  uint32_t qa[G::ksteps][4];
+  load_a<D>(qa, rows, 16 * w);
+  __syncthreads(); /* every warp holds its queries before the stages take keys */
+  const int keys = T < q0 + kRows ? T : q0 + kRows;
+  const int n_tiles = (keys + G::inner - 1) / G::inner;
+  load_rows<D>(rows, kb, ldq, 0, G::inner, T);
+  load_rows<D>(rows + G::inner, vb, ldq, 0, G::inner, T);
+  cp_async_commit();
+  float o[G::dtiles][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  zero(o);
+  for (int j = 0; j < n_tiles; ++j) {
+    const int k0 = j * G::inner;
+    bf16(*ks)[G::ld] = rows + (j & 1) * 2 * G::inner, (*vs)[G::ld] = ks + G::inner;
+    if (j + 1 < n_tiles) { /* the next tile into the other stage, in flight meanwhile */
+      bf16(*kn)[G::ld] = rows + ((j + 1) & 1) * 2 * G::inner;
+      load_rows<D>(kn, kb, ldq, k0 + G::inner, G::inner, T);
+      load_rows<D>(kn + G::inner, vb, ldq, k0 + G::inner, G::inner, T);
     }
-    __syncwarp();
-    online_softmax(&m, &l, sm.s[w], sm.p[w], sm.factor[w], row0, k0, T, scale);
-    __syncwarp();
-    for (int d = 0; d < G::dfrags; ++d)
-      for (int e = 0; e < o[d].num_elements; ++e) o[d].x[e] *= sm.factor[w][(int)rows.x[e]];
-    product_pv<HS>(o, &sm.p[w][0][0], sm.v);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    if (row0 < T && k0 <= row0 + 15) {
+      float s[G::itiles][4];
+      zero(s);
+      mma_abt<D, G::inner>(s, qa, ks);
+      const bool edge = k0 + G::inner - 1 > row0 || k0 + G::inner > T;
+      float mx[2] = {-INFINITY, -INFINITY};
+      for (int n = 0; n < G::itiles; ++n)
+        for (int i = 0; i < 4; ++i) {
+          const int key = k0 + 8 * n + 2 * t + (i & 1), row = row0 + g + 8 * (i >> 1);
+          float x = s[n][i] * p.scale2;
+          if (edge && (key > row || key >= T)) x = -INFINITY;
+          s[n][i] = x;
+          mx[i >> 1] = fmaxf(mx[i >> 1], x);
+        }
+      float alpha[2];
+      for (int hf = 0; hf < 2; ++hf) { /* the row's 4 lanes agree on its max */
+        mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 1));
+        mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 2));
+        const float m_new = fmaxf(m[hf], mx[hf]); /* finite: key 0 is in every row's first tile */
+        alpha[hf] = exp2_approx(m[hf] - m_new);   /* 0 on the first tile */
+        m[hf] = m_new;
+        l[hf] *= alpha[hf];
+      }
+      for (int n = 0; n < G::itiles; ++n)
+        for (int i = 0; i < 4; ++i) {
+          s[n][i] = exp2_approx(s[n][i] - m[i >> 1]);
+          l[i >> 1] += s[n][i];
+        }
+      for (int d = 0; d < G::dtiles; ++d)
+        for (int i = 0; i < 4; ++i) o[d][i] *= alpha[i >> 1];
+      uint32_t pa[G::inner / 16][4];
+      to_a<G::inner>(pa, s);
+      mma_ab<D, G::inner>(o, pa, vs);
+    }
+    __syncthreads(); /* the stage is free for the copy two tiles on */
   }
   if (row0 >= T) return;
-  const int r = lane >> 1;
-  if ((lane & 1) == 0) {
-    sm.factor[w][r] = 1.0f / l;
-    if (row0 + r < T) lse[hd.stat(row0 + r)] = m + logf(l);
+  float inv[2];
+  for (int hf = 0; hf < 2; ++hf) {
+    l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 1);
+    l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 2);
+    inv[hf] = 1.0f / l[hf];
+    const int row = row0 + g + 8 * hf;
+    if (t == 0 && row < T)
+      lse[((size_t)b * p.NH + h) * T + row] = (m[hf] + log2f(l[hf])) * (1.0f / kLog2e);
   }
-  __syncwarp();
-  for (int d = 0; d < G::dfrags; ++d)
-    for (int e = 0; e < o[d].num_elements; ++e) o[d].x[e] *= sm.factor[w][(int)rows.x[e]];
-  write_rows<HS>(out + hd.row(0, C) + (size_t)hd.h * HS, C, row0, T, o, &sm.s[w][0][0], false);
+  write_rows<D>(out + (size_t)b * T * p.C + (size_t)h * D, (size_t)p.C, row0, T, o, inv, false);
 }
 
 /* ---- backward ---- */
 
-/* Element-wise on the recomputed scores s and dp of one 16 x 16 tile: p =
- * exp(scale s - lse) where the key does not come after the query, else 0; dS
- * = scale p (dp - D). The statistics are indexed by query, which is the
- * tile's row (dq: rows are queries) or its column (dk/dv: rows are keys). */
-__device__ void softmax_grad(frag_c &s, frag_c &dp, const frag_c &rows, const frag_c &cols,
-                             int row0, int col0, bool rows_are_queries, const float *lse,
-                             const float *D, int stat0, int T, float scale) {
-  for (int e = 0; e < s.num_elements; ++e) {
-    const int r = (int)rows.x[e], c = (int)cols.x[e];
-    const int qi = rows_are_queries ? row0 + r : col0 + c, ki = rows_are_queries ? col0 + c : row0 + r;
-    const int si = (rows_are_queries ? row0 + r : col0 + c) - stat0;
-    const float p = ki <= qi && qi < T ? expf(s.x[e] * scale - lse[si]) : 0.0f;
-    s.x[e] = p;
-    dp.x[e] = scale * p * (dp.x[e] - D[si]);
+/* dsum[b][h][t] = sum over the head's d of dout * out (fp32), a warp per row. */
+__global__ void flash_dot_kernel(float *dsum, const bf16 *dout, const bf16 *out, int B, int T,
+                                 int NH, int D) {
+  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  const size_t n = (size_t)B * T * NH;
+  for (size_t r = (size_t)blockIdx.x * warps + (threadIdx.x >> 5); r < n;
+       r += (size_t)gridDim.x * warps) {
+    const size_t bt = r / NH;
+    const int h = (int)(r % NH);
+    const bf16 *y = dout + bt * NH * D + (size_t)h * D, *o = out + bt * NH * D + (size_t)h * D;
+    float s = 0.0f;
+    for (int d = lane; d < D; d += 32) s += load(y + d) * load(o + d);
+    s = warp_sum(s);
+    if (lane == 0) dsum[((bt / T) * NH + h) * T + bt % T] = s;
   }
 }
 
-template <int HS> struct alignas(32) dq_smem {
-  bf16 q[geom<HS>::rows][HS];
-  bf16 dout[geom<HS>::rows][HS];
-  bf16 k[kInner][HS];
-  bf16 v[kInner][HS];
-  float s[geom<HS>::warps][kFrag][kInner]; /* dS, then the output's staging */
-  bf16 ds[geom<HS>::warps][kFrag][kInner];
-  float lse[geom<HS>::rows];
-  float D[geom<HS>::rows];
-  index_tables ids;
-};
-
-template <int HS>
-__global__ void __launch_bounds__(geom<HS>::threads)
-    flash_backward_dq_kernel(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const bf16 *out,
-                             const float *lse, int T, int C, int NH, float scale) {
-  typedef geom<HS> G;
-  typedef dq_smem<HS> smem_t;
-  FSDP_SHARED(smem_t, sm_, [1]);
-  smem_t &sm = sm_[0];
-  const heads hd = {T, C, NH, (int)blockIdx.z, (int)blockIdx.y};
-  const int q0 = (int)(gridDim.x - 1 - blockIdx.x) * G::rows;
-  const int w = threadIdx.x >> 5, row0 = q0 + w * kFrag;
-  const size_t ld = 3 * (size_t)C, col = (size_t)hd.h * HS;
-  const bf16 *base = qkv + hd.row(0, (int)ld) + col;
-  load_tile<HS>(sm.q, base, ld, q0, G::rows, T);
-  load_tile<HS>(sm.dout, dout + hd.row(0, C) + col, C, q0, G::rows, T);
-  fill_tables(&sm.ids);
-  for (int i = threadIdx.x; i < G::rows; i += blockDim.x)
-    sm.lse[i] = q0 + i < T ? lse[hd.stat(q0 + i)] : 0.0f;
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    flash_backward_dq_kernel(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float *lse,
+                             const float *dsum, flash_dims p) {
+  typedef tiles<D> G;
+  FSDP_SHARED(smem<D>, sm_, [1]);
+  bf16(*rows)[G::ld] = sm_[0].row;
+  const int T = p.T, b = (int)blockIdx.z, h = (int)blockIdx.y, hk = h / (p.NH / p.NKV);
+  const int q0 = (int)(gridDim.x - 1 - blockIdx.x) * kRows;
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int row0 = q0 + 16 * w;
+  const size_t ldq = (size_t)p.ldq;
+  const bf16 *qb = qkv + (size_t)b * T * ldq + (size_t)h * D;
+  const bf16 *kb = qkv + (size_t)b * T * ldq + (size_t)(p.NH + hk) * D;
+  const bf16 *vb = kb + (size_t)p.NKV * D;
+  load_rows<D>(rows, qb, ldq, q0, kRows, T);
+  load_rows<D>(rows + kRows, dout + (size_t)b * T * p.C + (size_t)h * D, (size_t)p.C, q0, kRows, T);
+  cp_async_commit();
+  cp_async_wait<0>();
   __syncthreads();
-  rowdot<HS>(sm.D, sm.dout, out + hd.row(0, C) + col, C, q0, G::rows, T);
+  uint32_t qa[G::ksteps][4], da[G::ksteps][4];
+  load_a<D>(qa, rows, 16 * w);
+  load_a<D>(da, rows + kRows, 16 * w);
+  float lse2[2], dd[2];
+  for (int hf = 0; hf < 2; ++hf) {
+    const int row = row0 + g + 8 * hf;
+    const size_t at = ((size_t)b * p.NH + h) * T + (row < T ? row : 0);
+    lse2[hf] = lse[at] * kLog2e, dd[hf] = dsum[at];
+  }
   __syncthreads();
-  frag_c dq[G::dfrags], rows, cols;
-  for (int d = 0; d < G::dfrags; ++d) wmma::fill_fragment(dq[d], 0.0f);
-  wmma::load_matrix_sync(rows, &sm.ids.row[0][0], kFrag, wmma::mem_row_major);
-  wmma::load_matrix_sync(cols, &sm.ids.col[0][0], kFrag, wmma::mem_row_major);
-  const int keys = T < q0 + G::rows ? T : q0 + G::rows;
-  for (int k0 = 0; k0 < keys; k0 += kInner) {
-    __syncthreads();
-    load_tile<HS>(sm.k, base + C, ld, k0, kInner, T);
-    load_tile<HS>(sm.v, base + 2 * (size_t)C, ld, k0, kInner, T);
-    __syncthreads();
-    if (row0 >= T || k0 > row0 + kFrag - 1) continue;
-    for (int n = 0; n < kInner / kFrag; ++n) {
-      frag_c s, dp;
-      product_nt<HS>(s, &sm.q[w * kFrag][0], &sm.k[n * kFrag][0]);
-      product_nt<HS>(dp, &sm.dout[w * kFrag][0], &sm.v[n * kFrag][0]);
-      softmax_grad(s, dp, rows, cols, row0, k0 + n * kFrag, true, sm.lse, sm.D, q0, T, scale);
-      wmma::store_matrix_sync(&sm.s[w][0][n * kFrag], dp, kInner, wmma::mem_row_major);
+  const int keys = T < q0 + kRows ? T : q0 + kRows;
+  const int n_tiles = (keys + G::inner - 1) / G::inner;
+  load_rows<D>(rows, kb, ldq, 0, G::inner, T);
+  load_rows<D>(rows + G::inner, vb, ldq, 0, G::inner, T);
+  cp_async_commit();
+  float dq[G::dtiles][4];
+  zero(dq);
+  for (int j = 0; j < n_tiles; ++j) {
+    const int k0 = j * G::inner;
+    bf16(*ks)[G::ld] = rows + (j & 1) * 2 * G::inner, (*vs)[G::ld] = ks + G::inner;
+    if (j + 1 < n_tiles) {
+      bf16(*kn)[G::ld] = rows + ((j + 1) & 1) * 2 * G::inner;
+      load_rows<D>(kn, kb, ldq, k0 + G::inner, G::inner, T);
+      load_rows<D>(kn + G::inner, vb, ldq, k0 + G::inner, G::inner, T);
     }
-    to_bf16(&sm.ds[w][0][0], &sm.s[w][0][0]);
-    product_pv<HS>(dq, &sm.ds[w][0][0], sm.k);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    if (row0 < T && k0 <= row0 + 15) {
+      float s[G::itiles][4], dp[G::itiles][4];
+      zero(s), zero(dp);
+      mma_abt<D, G::inner>(s, qa, ks);
+      mma_abt<D, G::inner>(dp, da, vs);
+      const bool edge = k0 + G::inner - 1 > row0 || k0 + G::inner > T || row0 + 16 > T;
+      for (int n = 0; n < G::itiles; ++n)
+        for (int i = 0; i < 4; ++i) {
+          const int key = k0 + 8 * n + 2 * t + (i & 1), row = row0 + g + 8 * (i >> 1);
+          const bool in = !edge || (key <= row && row < T);
+          const float pr = in ? exp2_approx(s[n][i] * p.scale2 - lse2[i >> 1]) : 0.0f;
+          s[n][i] = pr * (dp[n][i] - dd[i >> 1]); /* dS, the scale applied at the end */
+        }
+      uint32_t dsa[G::inner / 16][4];
+      to_a<G::inner>(dsa, s);
+      mma_ab<D, G::inner>(dq, dsa, ks);
+    }
+    __syncthreads();
   }
   if (row0 >= T) return;
-  write_rows<HS>(dqkv + hd.row(0, (int)ld) + col, ld, row0, T, dq, &sm.s[w][0][0], true);
+  const float f[2] = {p.scale, p.scale};
+  write_rows<D>(dqkv + (size_t)b * T * ldq + (size_t)h * D, ldq, row0, T, dq, f, true);
 }
 
-template <int HS> struct alignas(32) dkdv_smem {
-  bf16 k[geom<HS>::rows][HS];
-  bf16 v[geom<HS>::rows][HS];
-  bf16 q[kInner][HS];
-  bf16 dout[kInner][HS];
-  float s[geom<HS>::warps][kFrag][kInner]; /* P^T and dS^T staging, then the outputs' */
-  bf16 pt[geom<HS>::warps][kFrag][kInner];
-  bf16 dst[geom<HS>::warps][kFrag][kInner];
-  float lse[kInner];
-  float D[kInner];
-  index_tables ids;
-};
-
-template <int HS>
-__global__ void __launch_bounds__(geom<HS>::threads)
-    flash_backward_dkdv_kernel(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const bf16 *out,
-                               const float *lse, int T, int C, int NH, float scale) {
-  typedef geom<HS> G;
-  typedef dkdv_smem<HS> smem_t;
-  FSDP_SHARED(smem_t, sm_, [1]);
-  smem_t &sm = sm_[0];
-  const heads hd = {T, C, NH, (int)blockIdx.z, (int)blockIdx.y};
-  const int k0 = (int)blockIdx.x * G::rows; /* the longest columns come first */
-  const int w = threadIdx.x >> 5, key0 = k0 + w * kFrag;
-  const size_t ld = 3 * (size_t)C, col = (size_t)hd.h * HS;
-  const bf16 *base = qkv + hd.row(0, (int)ld) + col, *dy = dout + hd.row(0, C) + col;
-  load_tile<HS>(sm.k, base + C, ld, k0, G::rows, T);
-  load_tile<HS>(sm.v, base + 2 * (size_t)C, ld, k0, G::rows, T);
-  fill_tables(&sm.ids);
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    flash_backward_dkdv_kernel(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float *lse,
+                               const float *dsum, flash_dims p) {
+  typedef tiles<D> G;
+  FSDP_SHARED(smem<D>, sm_, [1]);
+  bf16(*rows)[G::ld] = sm_[0].row;
+  const int T = p.T, b = (int)blockIdx.z, hk = (int)blockIdx.y, group = p.NH / p.NKV;
+  const int k0 = (int)blockIdx.x * kRows; /* the longest columns first */
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int key0 = k0 + 16 * w;
+  const size_t ldq = (size_t)p.ldq;
+  const bf16 *kb = qkv + (size_t)b * T * ldq + (size_t)(p.NH + hk) * D;
+  const bf16 *vb = kb + (size_t)p.NKV * D;
+  load_rows<D>(rows, kb, ldq, k0, kRows, T);
+  load_rows<D>(rows + kRows, vb, ldq, k0, kRows, T);
+  cp_async_commit();
+  cp_async_wait<0>();
   __syncthreads();
-  frag_c dk[G::dfrags], dv[G::dfrags], rows, cols;
-  for (int d = 0; d < G::dfrags; ++d) wmma::fill_fragment(dk[d], 0.0f), wmma::fill_fragment(dv[d], 0.0f);
-  wmma::load_matrix_sync(rows, &sm.ids.row[0][0], kFrag, wmma::mem_row_major);
-  wmma::load_matrix_sync(cols, &sm.ids.col[0][0], kFrag, wmma::mem_row_major);
-  for (int i0 = k0 / kInner * kInner; i0 < T; i0 += kInner) {
-    __syncthreads();
-    load_tile<HS>(sm.q, base, ld, i0, kInner, T);
-    load_tile<HS>(sm.dout, dy, C, i0, kInner, T);
-    for (int i = threadIdx.x; i < kInner; i += blockDim.x)
-      sm.lse[i] = i0 + i < T ? lse[hd.stat(i0 + i)] : 0.0f;
-    __syncthreads();
-    rowdot<HS>(sm.D, sm.dout, out + hd.row(0, C) + col, C, i0, kInner, T);
-    __syncthreads();
-    if (key0 >= T || i0 + kInner - 1 < key0) continue; /* every query before the warp's keys */
-    frag_c s[kInner / kFrag], dp[kInner / kFrag];
-    for (int n = 0; n < kInner / kFrag; ++n) {
-      product_nt<HS>(s[n], &sm.k[w * kFrag][0], &sm.q[n * kFrag][0]);
-      product_nt<HS>(dp[n], &sm.v[w * kFrag][0], &sm.dout[n * kFrag][0]);
-      softmax_grad(s[n], dp[n], rows, cols, key0, i0 + n * kFrag, false, sm.lse, sm.D, i0, T,
-                   scale);
-      wmma::store_matrix_sync(&sm.s[w][0][n * kFrag], s[n], kInner, wmma::mem_row_major);
+  uint32_t ka[G::ksteps][4], va[G::ksteps][4];
+  load_a<D>(ka, rows, 16 * w);
+  load_a<D>(va, rows + kRows, 16 * w);
+  __syncthreads();
+  /* steps: the group's query heads, each over its query tiles from k0's */
+  const int i_first = k0 / G::inner * G::inner;
+  const int per_head = (T - i_first + G::inner - 1) / G::inner, n_steps = group * per_head;
+  auto src = [&](int j, const bf16 **q, const bf16 **y, int *i0, int *h) {
+    *h = hk * group + j / per_head;
+    *i0 = i_first + j % per_head * G::inner;
+    *q = qkv + (size_t)b * T * ldq + (size_t)*h * D;
+    *y = dout + (size_t)b * T * p.C + (size_t)*h * D;
+  };
+  const bf16 *q, *y;
+  int i0, h;
+  src(0, &q, &y, &i0, &h);
+  load_rows<D>(rows, q, ldq, i0, G::inner, T);
+  load_rows<D>(rows + G::inner, y, (size_t)p.C, i0, G::inner, T);
+  cp_async_commit();
+  float dk[G::dtiles][4], dv[G::dtiles][4];
+  zero(dk), zero(dv);
+  for (int j = 0; j < n_steps; ++j) {
+    bf16(*qs)[G::ld] = rows + (j & 1) * 2 * G::inner, (*ys)[G::ld] = qs + G::inner;
+    if (j + 1 < n_steps) {
+      bf16(*qn)[G::ld] = rows + ((j + 1) & 1) * 2 * G::inner;
+      src(j + 1, &q, &y, &i0, &h);
+      load_rows<D>(qn, q, ldq, i0, G::inner, T);
+      load_rows<D>(qn + G::inner, y, (size_t)p.C, i0, G::inner, T);
     }
-    to_bf16(&sm.pt[w][0][0], &sm.s[w][0][0]);
-    for (int n = 0; n < kInner / kFrag; ++n)
-      wmma::store_matrix_sync(&sm.s[w][0][n * kFrag], dp[n], kInner, wmma::mem_row_major);
-    to_bf16(&sm.dst[w][0][0], &sm.s[w][0][0]);
-    product_pv<HS>(dv, &sm.pt[w][0][0], sm.dout);
-    product_pv<HS>(dk, &sm.dst[w][0][0], sm.q);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    src(j, &q, &y, &i0, &h);
+    if (key0 < T && i0 + G::inner - 1 >= key0) { /* else every query comes before the keys */
+      float s[G::itiles][4], dp[G::itiles][4];
+      zero(s), zero(dp);
+      mma_abt<D, G::inner>(s, ka, qs);
+      mma_abt<D, G::inner>(dp, va, ys);
+      const bool edge = i0 < key0 + 15 || i0 + G::inner > T;
+      const float *ls = lse + ((size_t)b * p.NH + h) * T, *ds = dsum + ((size_t)b * p.NH + h) * T;
+      for (int n = 0; n < G::itiles; ++n)
+        for (int c = 0; c < 2; ++c) {
+          const int qi = i0 + 8 * n + 2 * t + c;
+          const float l2 = qi < T ? ls[qi] * kLog2e : 0.0f, dd = qi < T ? ds[qi] : 0.0f;
+          for (int hf = 0; hf < 2; ++hf) {
+            const int key = key0 + g + 8 * hf, i = 2 * hf + c;
+            const bool in = !edge || (key <= qi && qi < T);
+            const float pr = in ? exp2_approx(s[n][i] * p.scale2 - l2) : 0.0f;
+            s[n][i] = pr;                    /* P^T */
+            dp[n][i] = pr * (dp[n][i] - dd); /* dS^T, the scale applied at the end */
+          }
+        }
+      uint32_t pa[G::inner / 16][4];
+      to_a<G::inner>(pa, s);
+      mma_ab<D, G::inner>(dv, pa, ys);
+      to_a<G::inner>(pa, dp);
+      mma_ab<D, G::inner>(dk, pa, qs);
+    }
+    __syncthreads();
   }
   if (key0 >= T) return;
-  bf16 *dbase = dqkv + hd.row(0, (int)ld) + col;
-  write_rows<HS>(dbase + C, ld, key0, T, dk, &sm.s[w][0][0], true);
-  write_rows<HS>(dbase + 2 * (size_t)C, ld, key0, T, dv, &sm.s[w][0][0], true);
+  bf16 *db = dqkv + (size_t)b * T * ldq + (size_t)(p.NH + hk) * D;
+  const float fk[2] = {p.scale, p.scale}, fv[2] = {1.0f, 1.0f};
+  write_rows<D>(db, ldq, key0, T, dk, fk, true);
+  write_rows<D>(db + (size_t)p.NKV * D, ldq, key0, T, dv, fv, true);
 }
 
 /* ---- launches ---- */
 
 struct flash_args {
-  int B, T, C, NH, hs;
-  float scale;
+  int B, T, C, NH, NKV, hs;
 };
 
 fsdp_status_t check_args(const flash_args &a, const void *const *ptrs, const char *const *names,
@@ -410,7 +434,11 @@ fsdp_status_t check_args(const flash_args &a, const void *const *ptrs, const cha
   if (a.C % a.NH != 0)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
                       "flash attention: C %d is not a multiple of the %d heads", a.C, a.NH);
-  if (a.hs % kFrag != 0 || a.hs > 128)
+  if (a.NKV <= 0 || a.NKV > a.NH || a.NH % a.NKV != 0)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "flash attention: %d KV heads do not divide the %d query heads", a.NKV,
+                      a.NH);
+  if (a.hs % 16 != 0 || a.hs > 128)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
                       "flash attention: head size %d (C %d / NH %d) is not supported: the "
                       "kernel needs a multiple of 16 up to 128",
@@ -427,27 +455,32 @@ fsdp_status_t check_args(const flash_args &a, const void *const *ptrs, const cha
   return FSDP_SUCCESS;
 }
 
-template <int HS>
-fsdp_status_t forward(bf16 *out, float *lse, const bf16 *qkv, const flash_args &a,
-                      cudaStream_t s) {
-  const dim3 grid((unsigned)((a.T + geom<HS>::rows - 1) / geom<HS>::rows), (unsigned)a.NH,
-                  (unsigned)a.B);
-  FSDP_LAUNCH(flash_forward_kernel<HS>, grid, geom<HS>::threads, 0, s, out, lse, qkv, a.T, a.C,
-              a.NH, a.scale);
+flash_dims dims_of(const flash_args &a) {
+  const float scale = 1.0f / sqrtf((float)a.hs);
+  return {a.T, a.NH, a.NKV, a.C, (a.NH + 2 * a.NKV) * a.hs, scale, scale * kLog2e};
+}
+
+template <int D>
+fsdp_status_t forward(bf16 *out, float *lse, const bf16 *qkv, const flash_args &a, cudaStream_t s) {
+  const dim3 grid((unsigned)((a.T + kRows - 1) / kRows), (unsigned)a.NH, (unsigned)a.B);
+  FSDP_LAUNCH(flash_forward_kernel<D>, grid, kThreads, 0, s, out, lse, qkv, dims_of(a));
   LAUNCH_CHECK();
   return FSDP_SUCCESS;
 }
 
-template <int HS>
-fsdp_status_t backward(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const bf16 *out,
-                       const float *lse, const flash_args &a, cudaStream_t s) {
-  const dim3 grid((unsigned)((a.T + geom<HS>::rows - 1) / geom<HS>::rows), (unsigned)a.NH,
-                  (unsigned)a.B);
-  FSDP_LAUNCH(flash_backward_dkdv_kernel<HS>, grid, geom<HS>::threads, 0, s, dqkv, dout, qkv, out,
-              lse, a.T, a.C, a.NH, a.scale);
+template <int D>
+fsdp_status_t backward(bf16 *dqkv, float *dsum, const bf16 *dout, const bf16 *qkv,
+                       const bf16 *out, const float *lse, const flash_args &a, cudaStream_t s) {
+  const size_t rows = (size_t)a.B * a.T * a.NH;
+  FSDP_LAUNCH(flash_dot_kernel, fsdp_grid(rows, FSDP_CUDA_BLOCK / 32), FSDP_CUDA_BLOCK, 0, s, dsum,
+              dout, out, a.B, a.T, a.NH, D);
   LAUNCH_CHECK();
-  FSDP_LAUNCH(flash_backward_dq_kernel<HS>, grid, geom<HS>::threads, 0, s, dqkv, dout, qkv, out,
-              lse, a.T, a.C, a.NH, a.scale);
+  const unsigned tiles_t = (unsigned)((a.T + kRows - 1) / kRows);
+  FSDP_LAUNCH(flash_backward_dkdv_kernel<D>, dim3(tiles_t, (unsigned)a.NKV, (unsigned)a.B),
+              kThreads, 0, s, dqkv, dout, qkv, lse, dsum, dims_of(a));
+  LAUNCH_CHECK();
+  FSDP_LAUNCH(flash_backward_dq_kernel<D>, dim3(tiles_t, (unsigned)a.NH, (unsigned)a.B), kThreads,
+              0, s, dqkv, dout, qkv, lse, dsum, dims_of(a));
   LAUNCH_CHECK();
   return FSDP_SUCCESS;
 }
@@ -458,9 +491,9 @@ fsdp_status_t backward(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const bf16
 } // namespace
 
 fsdp_status_t fsdp_cuda_flash_forward(bf16 *out, float *lse, const bf16 *qkv, int B, int T, int C,
-                                      int NH, cudaStream_t stream) {
+                                      int NH, int NKV, cudaStream_t stream) {
   if (B <= 0 || T <= 0 || C <= 0 || NH <= 0) return FSDP_SUCCESS;
-  const flash_args a = {B, T, C, NH, C / NH, 1.0f / sqrtf((float)(C / NH))};
+  const flash_args a = {B, T, C, NH, NKV ? NKV : NH, C / NH};
   const void *ptrs[] = {out, qkv};
   const char *names[] = {"out", "qkv"};
   FSDP_TRY(check_args(a, ptrs, names, 2));
@@ -474,18 +507,23 @@ fsdp_status_t fsdp_cuda_flash_forward(bf16 *out, float *lse, const bf16 *qkv, in
   return fsdp_error(FSDP_ERR_INTERNAL, "flash attention: head size %d not dispatched", a.hs);
 }
 
-fsdp_status_t fsdp_cuda_flash_backward(bf16 *dqkv, const bf16 *dout, const bf16 *qkv,
-                                       const bf16 *out, const float *lse, int B, int T, int C,
-                                       int NH, cudaStream_t stream) {
+fsdp_status_t fsdp_cuda_flash_backward(bf16 *dqkv, float *scratch, const bf16 *dout,
+                                       const bf16 *qkv, const bf16 *out, const float *lse, int B,
+                                       int T, int C, int NH, int NKV, cudaStream_t stream) {
   if (B <= 0 || T <= 0 || C <= 0 || NH <= 0) return FSDP_SUCCESS;
-  const flash_args a = {B, T, C, NH, C / NH, 1.0f / sqrtf((float)(C / NH))};
+  const flash_args a = {B, T, C, NH, NKV ? NKV : NH, C / NH};
   const void *ptrs[] = {dqkv, dout, qkv, out};
   const char *names[] = {"dqkv", "dout", "qkv", "out"};
   FSDP_TRY(check_args(a, ptrs, names, 4));
+  if (!scratch)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "flash attention backward: no scratch (attention_scratch_bytes gives %zu "
+                      "bytes for B %d, T %d, NH %d)",
+                      (size_t)B * T * NH * sizeof(float), B, T, NH);
   switch (a.hs) {
 #define FLASH_BACKWARD(hs) \
   case hs:                 \
-    return backward<hs>(dqkv, dout, qkv, out, lse, a, stream);
+    return backward<hs>(dqkv, scratch, dout, qkv, out, lse, a, stream);
     FLASH_HEAD_SIZES(FLASH_BACKWARD)
 #undef FLASH_BACKWARD
   }

@@ -71,21 +71,19 @@ fsdp_status_t fsdp_cuda_embedding_forward(const fsdp_embedding_forward_args_t *a
                                           fsdp_stream_t stream);
 fsdp_status_t fsdp_cuda_embedding_backward(const fsdp_embedding_backward_args_t *a,
                                            fsdp_stream_t stream);
-/* f32: att keeps the (B,NH,T,T) probabilities; the score and value products
- * of each batch row are strided-batched cuBLAS calls over its heads; scratch
- * is NH*T*T floats for backward; out is not read. bf16: the fused causal
- * flash kernel on tensor cores (flash.cu: WMMA bf16 products, fp32
- * accumulation and softmax statistics, the scores never in device memory,
- * tiles wholly above the diagonal skipped); att keeps only the (B,NH,T) fp32
- * log-sum-exp of each row's scaled scores, backward recomputes p = exp(s -
- * lse) and reads forward's out for rowsum(dout * out); no scratch (0 bytes).
- * bf16 needs a head size C/NH that is a multiple of 16 up to 128 (GPT-2's is
- * 64) and 16-byte aligned tensors: else FSDP_ERR_INVALID_ARGUMENT naming the
- * value. No bound on T. Grouped-query attention (NKV neither 0 nor NH): f32
- * runs it with the KV heads' products batched per group (attention.cu); bf16
- * on cuDNN only, the flash kernel being multi-head: where cuDNN cannot run
- * the shape, or FSDP_ATTENTION=flash forces flash, FSDP_ERR_UNSUPPORTED
- * naming NH and NKV (attention_choice.cu). */
+/* Multi-head or grouped-query (NKV KV heads, 0: NH; qkv rows (NH+2*NKV)*D).
+ * f32: att keeps the (B,NH,T,T) probabilities; the score and value products
+ * of each batch row are strided-batched cuBLAS calls over its KV heads, once
+ * per query head of a group (attention.cu); scratch is NH*T*T floats for
+ * backward; out is not read. bf16: cuDNN where it runs the shape
+ * (attention_choice.cu), else the fused causal flash kernel (flash.cu:
+ * FlashAttention-2 on mma.sync, the scores in registers, tiles wholly above
+ * the diagonal skipped); att keeps only the (B,NH,T) fp32 log-sum-exp of each
+ * row's scaled scores, backward recomputes p = exp(s - lse), reads forward's
+ * out for D = rowsum(dout * out) and keeps D in scratch (B*NH*T floats). bf16
+ * needs a head size C/NH that is a multiple of 16 up to 128 (GPT-2's is 64)
+ * and 16-byte aligned tensors: else FSDP_ERR_INVALID_ARGUMENT naming the
+ * value. No bound on T. */
 size_t fsdp_cuda_attention_state_floats(const fsdp_attention_forward_args_t *a);
 size_t fsdp_cuda_attention_scratch_bytes(const fsdp_attention_forward_args_t *a);
 fsdp_status_t fsdp_cuda_attention_forward(const fsdp_attention_forward_args_t *a,

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include <cuda_runtime.h>
+#include <cudasim_ptx.h>
 #include <mma.h>
 
 #include "../sim_test.h"
@@ -216,6 +217,70 @@ __global__ void shared_align_kernel(int *misaligned) {
   FSDP_SHARED(wide_tile, tile, [2]);
   pad[threadIdx.x % 3] = 0;
   if (reinterpret_cast<uintptr_t>(&tile[0]) % 32) *misaligned = 1;
+}
+
+/* ---- the PTX model (cudasim_ptx.h) ----
+ * The fragment layouts written out here from the PTX ISA's tables, apart from
+ * the model's own code: lane l, g = l / 4, t = l % 4. */
+namespace ptx = fsdp_sim::ptx;
+
+/* A (16 x 16) register i of lane l: element (row, col) of its low half. */
+__device__ static void a_at(int l, int i, int *row, int *col) {
+  *row = l / 4 + (i % 2) * 8, *col = (l % 4) * 2 + (i / 2) * 8;
+}
+
+/* d = a b + c: A (16 x 16) and B (16 x 8) from row-major bf16 bits, C and D
+ * (16 x 8) row-major floats; each lane builds its registers from the layout. */
+__global__ void ptx_mma_kernel(float *d, const uint16_t *a, const uint16_t *b, const float *c) {
+  const int l = threadIdx.x, g = l / 4, t = l % 4;
+  uint32_t ra[4], rb[2];
+  float rc[4], rd[4];
+  for (int i = 0; i < 4; ++i) {
+    int row, col;
+    a_at(l, i, &row, &col);
+    ra[i] = a[row * 16 + col] | (uint32_t)a[row * 16 + col + 1] << 16;
+  }
+  for (int i = 0; i < 2; ++i) { /* B (k, n): k = 2t + 8i (+1), n = g */
+    const int k = 2 * t + 8 * i;
+    rb[i] = b[k * 8 + g] | (uint32_t)b[(k + 1) * 8 + g] << 16;
+  }
+  for (int i = 0; i < 4; ++i) rc[i] = c[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2];
+  ptx::mma_m16n8k16_bf16(rd, ra, rb, rc, __FILE__, __LINE__);
+  for (int i = 0; i < 4; ++i) d[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2] = rd[i];
+}
+
+/* ldmatrix x4 of a 16 x 16 tile (shared, rows 24 elements apart) in A's
+ * order (lane l points at row l % 16, column 8 (l / 16)), plain or .trans;
+ * each lane's 4 registers out. */
+__global__ void ptx_ldmatrix_kernel(uint32_t *out, const uint16_t *x, int trans) {
+  FSDP_SHARED(uint16_t, tile, [16][24]);
+  const int l = threadIdx.x;
+  for (int i = l; i < 16 * 24; i += 32) tile[i / 24][i % 24] = x[i];
+  __syncwarp();
+  uint32_t r[4];
+  ptx::ldmatrix_x4(r, &tile[l % 16][(l / 16) * 8], trans != 0, __FILE__, __LINE__);
+  for (int i = 0; i < 4; ++i) out[l * 4 + i] = r[i];
+}
+
+__global__ void ptx_ldmatrix_misaligned_kernel(int *p) {
+  FSDP_SHARED(uint16_t, tile, [16][24]);
+  (void)p;
+  uint32_t r[4];
+  ptx::ldmatrix_x4(r, &tile[threadIdx.x % 16][1], false, __FILE__, __LINE__);
+}
+
+/* cp.async of 16 bytes and of none (zeros), then one misaligned. */
+__global__ void ptx_cp_async_kernel(uint32_t *out, const uint32_t *in) {
+  FSDP_SHARED(uint32_t, buf, [8]);
+  if (threadIdx.x == 0) ptx::cp_async16(&buf[0], in, 16, __FILE__, __LINE__);
+  if (threadIdx.x == 1) ptx::cp_async16(&buf[4], in, 0, __FILE__, __LINE__);
+  __syncthreads();
+  out[threadIdx.x] = buf[threadIdx.x];
+}
+
+__global__ void ptx_cp_async_misaligned_kernel(int *p) {
+  FSDP_SHARED(uint32_t, buf, [8]);
+  ptx::cp_async16(&buf[1], p, 16, __FILE__, __LINE__);
 }
 
 /* ---- helpers ---- */
@@ -563,6 +628,107 @@ static void test_wmma() {
                cudaErrorIllegalInstruction, "wmma_partial_warp_kernel", "past the block's 16");
 }
 
+/* ---- the PTX model ---- */
+
+/* mma.m16n8k16 against a scalar product, bit for bit (values k / 8, small:
+ * every product and sum exact in fp32), on operands whose every element
+ * differs, so a transposed or shifted fragment shows; then random values
+ * against a double product to fp32 rounding. */
+static float bf16_float(uint16_t h) {
+  const uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static void ptx_mma_case(bool exact) {
+  std::vector<uint16_t> ha(256), hb(128);
+  std::vector<float> A(256), Bm(128), hc(128);
+  unsigned rng = 12345;
+  auto next = [&]() { return (rng = rng * 1664525u + 1013904223u) >> 8; };
+  for (int i = 0; i < 256; ++i) {
+    A[i] = exact ? (float)((int)(i * 37 % 23) - 11) / 8 : (float)(next() % 2001) / 1000.0f - 1.0f;
+    ha[i] = bf16_of(A[i]), A[i] = bf16_float(ha[i]);
+  }
+  for (int i = 0; i < 128; ++i) {
+    Bm[i] = exact ? (float)((int)(i * 29 % 19) - 9) / 8 : (float)(next() % 2001) / 1000.0f - 1.0f;
+    hb[i] = bf16_of(Bm[i]), Bm[i] = bf16_float(hb[i]);
+    hc[i] = exact ? (float)(i % 13) / 4 : (float)(next() % 2001) / 1000.0f - 1.0f;
+  }
+  uint16_t *a = dev<uint16_t>(256), *b = dev<uint16_t>(128);
+  float *c = dev<float>(128), *d = dev<float>(128);
+  cudaMemcpy(a, ha.data(), 512, cudaMemcpyHostToDevice);
+  cudaMemcpy(b, hb.data(), 256, cudaMemcpyHostToDevice);
+  cudaMemcpy(c, hc.data(), 512, cudaMemcpyHostToDevice);
+  FSDP_LAUNCH(ptx_mma_kernel, 1, 32, 0, nullptr, d, a, b, c);
+  CHECK(cudaDeviceSynchronize() == cudaSuccess, "ptx_mma_kernel");
+  std::vector<float> got = back(d, 128);
+  int wrong = 0;
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 8; ++j) {
+      double want = hc[i * 8 + j], mag = fabs(want);
+      for (int k = 0; k < 16; ++k) {
+        const double ab = (double)A[i * 16 + k] * Bm[k * 8 + j];
+        want += ab, mag += fabs(ab);
+      }
+      const double e = fabs(got[i * 8 + j] - want);
+      wrong += exact ? got[i * 8 + j] != (float)want : !(e <= 16 * 0x1p-24 * mag);
+    }
+  CHECK(wrong == 0, "mma.m16n8k16 (%s values): %d of 128 elements wrong",
+        exact ? "exact" : "random", wrong);
+  cudaFree(a), cudaFree(b), cudaFree(c), cudaFree(d);
+}
+
+/* Each lane's ldmatrix registers against the layout: plain, A's fragment
+ * a[i] of the tile; .trans, that of the tile's transpose. */
+static void ptx_ldmatrix_case(bool trans) {
+  std::vector<uint16_t> hx(16 * 24, 0xffff);
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c) hx[r * 24 + c] = (uint16_t)(r * 16 + c);
+  uint16_t *x = dev<uint16_t>(hx.size());
+  uint32_t *out = dev<uint32_t>(128);
+  cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice);
+  FSDP_LAUNCH(ptx_ldmatrix_kernel, 1, 32, 0, nullptr, out, x, trans ? 1 : 0);
+  CHECK(cudaDeviceSynchronize() == cudaSuccess, "ptx_ldmatrix_kernel");
+  std::vector<uint32_t> got = back(out, 128);
+  int wrong = 0;
+  for (int l = 0; l < 32; ++l) {
+    const int g = l / 4, t = l % 4;
+    for (int i = 0; i < 4; ++i) {
+      /* matrix i is the 8 x 8 block at (8 (i % 2), 8 (i / 2)); register i
+       * holds its (g, 2t..2t+1), or with .trans its (2t..2t+1, g) */
+      const int r0 = 8 * (i % 2), c0 = 8 * (i / 2);
+      const int lo = trans ? (r0 + 2 * t) * 16 + c0 + g : (r0 + g) * 16 + c0 + 2 * t;
+      const int hi = trans ? lo + 16 : lo + 1;
+      wrong += got[l * 4 + i] != ((uint32_t)lo | (uint32_t)hi << 16);
+    }
+  }
+  CHECK(wrong == 0, "ldmatrix.x4%s: %d of 128 registers wrong", trans ? ".trans" : "", wrong);
+  cudaFree(x), cudaFree(out);
+}
+
+static void test_ptx() {
+  cudaSetDevice(0); /* test_wmma ended on a faulted device */
+  ptx_mma_case(true);
+  ptx_mma_case(false);
+  ptx_ldmatrix_case(false);
+  ptx_ldmatrix_case(true);
+  std::vector<uint32_t> hin = {1, 2, 3, 4};
+  uint32_t *in = dev<uint32_t>(4), *out = dev<uint32_t>(8);
+  cudaMemcpy(in, hin.data(), 16, cudaMemcpyHostToDevice);
+  FSDP_LAUNCH(ptx_cp_async_kernel, 1, 8, 0, nullptr, out, in);
+  std::vector<uint32_t> got = back(out, 8);
+  CHECK(got[0] == 1 && got[3] == 4 && got[4] == 0 && got[7] == 0,
+        "cp.async: copied %u..%u, zero-filled %u..%u", got[0], got[3], got[4], got[7]);
+  cudaFree(in), cudaFree(out);
+  expect_fault([](int *p) { FSDP_LAUNCH(ptx_ldmatrix_misaligned_kernel, 1, 32, 0, nullptr, p); },
+               cudaErrorMisalignedAddress, "ptx_ldmatrix_misaligned_kernel",
+               "must be 16-byte aligned");
+  expect_fault([](int *p) { FSDP_LAUNCH(ptx_cp_async_misaligned_kernel, 1, 32, 0, nullptr, p); },
+               cudaErrorMisalignedAddress, "ptx_cp_async_misaligned_kernel",
+               "both must be 16-byte aligned");
+}
+
 /* ---- children: cases that end the process ---- */
 
 static int child_shared_oob() {
@@ -680,6 +846,7 @@ int main(int argc, char **argv) {
   test_launch_limits();
   test_faults();
   test_wmma();
+  test_ptx();
   test_children();
   printf("test_sim: %d checks, %d failed\n", checks, failures);
   return failures ? 1 : 0;
