@@ -21,11 +21,12 @@ void put(void *p, int t, long long i, double v) {
 
 bool known(int e) {
   return e == SIM_LT_DEFAULT || e == SIM_LT_BIAS || e == SIM_LT_GELU_AUX_BIAS ||
-         e == SIM_LT_DGELU || e == SIM_LT_DGELU_BGRAD || e == SIM_LT_BGRADB;
+         e == SIM_LT_DGELU || e == SIM_LT_DGELU_BGRAD || e == SIM_LT_BGRADA ||
+         e == SIM_LT_BGRADB;
 }
 bool has_bias(int e) {
   return e == SIM_LT_BIAS || e == SIM_LT_GELU_AUX_BIAS || e == SIM_LT_DGELU_BGRAD ||
-         e == SIM_LT_BGRADB;
+         e == SIM_LT_BGRADA || e == SIM_LT_BGRADB;
 }
 bool has_aux(int e) {
   return e == SIM_LT_GELU_AUX_BIAS || e == SIM_LT_DGELU || e == SIM_LT_DGELU_BGRAD;
@@ -124,11 +125,21 @@ void sim_lt_run(const sim_lt *e) {
         v *= sim_gelu_grad((float)get(e->aux, t, ia));
         if (!bgrad.empty()) bgrad[i] += v;
         break;
-      default: break; /* BGRADB: D is the plain product */
+      default: break; /* BGRADA, BGRADB: D is the plain product */
       }
       put(g.C, t, i + j * g.ldc, v);
     }
   for (long long i = 0; i < (long long)bgrad.size(); ++i) put(e->bias, t, i, (float)bgrad[i]);
+  if (e->epilogue == SIM_LT_BGRADA) {
+    /* bias[row] = sum over k of op(A)(row, l) */
+    const bool ta = g.transa != CUBLAS_OP_N;
+    for (long long i = 0; i < m; ++i) {
+      double s = 0.0;
+      for (long long l = 0; l < g.k; ++l)
+        s += get(g.A, g.atype, ta ? l + i * g.lda : i + l * g.lda);
+      put(e->bias, t, i, (float)s);
+    }
+  }
   if (e->epilogue == SIM_LT_BGRADB) {
     /* bias[col] = sum over k of op(B)(l, col) */
     const bool tb = g.transb != CUBLAS_OP_N;

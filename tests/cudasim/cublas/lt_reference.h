@@ -1,6 +1,6 @@
 /* tests/cudasim/cublas/lt_reference.h — the simulated cuBLASLt's core: one
  * cublasLtMatmul with its epilogue (bias, GELU keeping its input, GELU's
- * gradient with the bias gradient, the bias gradient over B), the epilogue's
+ * gradient with the bias gradient, the bias gradient over A or B), the epilogue's
  * documented checks, and the reference that computes it on top of the
  * reference product (gemm_reference.h). No CUDA runtime here, so
  * test_lt_reference.cc checks it on its own.
@@ -16,9 +16,11 @@
  *  - CUBLASLT_EPILOGUE_DEFAULT; _BIAS: + bias[row] (length m);
  *    _GELU_AUX_BIAS: pre = product + bias[row], aux(row, col) = pre, D =
  *    gelu(pre); _DGELU: D = product * gelu'(aux); _DGELU_BGRAD: that, and
- *    bias[row] = sum over columns of D (the unrounded values); _BGRADB:
- *    bias[col] = sum over k of op(B)(k, col) (length n). GELU is the tanh form.
- *    The bias, aux and bias-gradient types are D's (the attributes' defaults);
+ *    bias[row] = sum over columns of D (the unrounded values); _BGRADA:
+ *    bias[row] = sum over k of op(A)(row, k) (length m); _BGRADB: bias[col] =
+ *    sum over k of op(B)(k, col) (length n). GELU is the tanh form. The bias,
+ *    aux and bias-gradient types are C's (the attributes' defaults: an fp32 C
+ *    over bf16 A and B sums the bias gradient into fp32);
  *  - refusals: a bias or aux epilogue without its pointer is
  *    CUBLAS_STATUS_INVALID_VALUE (beyond cuBLASLt, which would fault on the
  *    device); an aux leading dimension below m is INVALID_VALUE (an impossible
@@ -43,6 +45,7 @@ enum {
   SIM_LT_GELU_AUX_BIAS = 32 | 128 | 4,
   SIM_LT_DGELU = 64 | 128,
   SIM_LT_DGELU_BGRAD = 64 | 128 | 16,
+  SIM_LT_BGRADA = 256,
   SIM_LT_BGRADB = 512,
 };
 
@@ -51,7 +54,7 @@ enum {
 struct sim_lt {
   struct sim_gemm g;
   int epilogue;
-  void *bias;            /* bias (read) or bias gradient (written), D's type */
+  void *bias;            /* bias (read) or bias gradient (written), C's type */
   void *aux;             /* GELU input: written by GELU_AUX_BIAS, read by DGELU */
   long long aux_ld;      /* elements */
 };

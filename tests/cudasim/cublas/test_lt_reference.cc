@@ -4,7 +4,9 @@
  * the row-major mappings fsdp's blas.cu uses for a linear layer: forward with
  * bias and with GELU keeping its input (aux rows wider than the output, the
  * gaps left untouched), backward d(input) times GELU's slope with the bias
- * gradient, dweight with the bias gradient over B; fp32 and bf16; and every
+ * gradient, dweight with the bias gradient over B, and a Conv1D's dweight
+ * accumulated in fp32 over bf16 or fp32 operands with the bias gradient over
+ * A (fp32, C's type); fp32 and bf16; and every
  * epilogue refusal (aux leading dimension below the rows or not divisible by
  * 8, a missing pointer, a batched or unmodelled epilogue). Needs no CUDA
  * runtime. Exit 0 when every check passes. */
@@ -169,6 +171,38 @@ static void backward_bgradb(cudaDataType t) {
   CHECK(bad == 0, "%d bgradb values wrong", bad);
 }
 
+/* A Conv1D's dweight (C, OC) += inp^T dout, accumulated (beta = 1) in an
+ * fp32 C over operands of type t, with dbias[o] = sum over b of dout
+ * (BGRADA, written in C's type, fp32): column-major D (OC x C) = dout
+ * op_T(inp). */
+static void backward_bgrada(cudaDataType t) {
+  const int B = 12, C = 5, OC = 9;
+  buf dout(t, B * OC), inp(t, B * C), dw(CUDA_R_32F, OC * C), dbias(CUDA_R_32F, OC);
+  dout.fill(9, B * OC), inp.fill(10, B * C), dw.fill(11, OC * C);
+  const std::vector<float> before = dw.f;
+  sim_gemm g = gemm(CUBLAS_OP_N, CUBLAS_OP_T, OC, C, B, dout.ptr(), OC, inp.ptr(), C, dw.ptr(),
+                    OC, t);
+  g.ctype = CUDA_R_32F;
+  sim_lt e = {g, SIM_LT_BGRADA, dbias.ptr(), nullptr, 0};
+  const float one = 1.0f;
+  char why[512] = "";
+  CHECK(sim_lt_check(&e, &one, &one, why, sizeof why) == CUBLAS_STATUS_SUCCESS,
+        "bgrada refused: %s", why);
+  sim_lt_run(&e);
+  const std::vector<float> p = product(g);
+  int bad = 0;
+  for (int i = 0; i < C * OC; ++i)
+    if (!near(dw.get(i), (double)before[i] + p[i], CUDA_R_32F) && bad++ < 3)
+      CHECK(false, "dweight[%d] = %g, want %g", i, dw.get(i), (double)before[i] + p[i]);
+  for (int o = 0; o < OC; ++o) {
+    double sum = 0.0;
+    for (int b = 0; b < B; ++b) sum += dout.get(o + b * OC);
+    if (!near(dbias.get(o), sum, CUDA_R_32F) && bad++ < 3)
+      CHECK(false, "dbias[%d] = %g, want %g", o, dbias.get(o), sum);
+  }
+  CHECK(bad == 0, "%d bgrada values wrong", bad);
+}
+
 static void refusals(void) {
   const int m = 10, n = 3, k = 4;
   buf A(CUDA_R_32F, m * k), Bm(CUDA_R_32F, k * n), D(CUDA_R_32F, 2 * m * n), bias(CUDA_R_32F, m),
@@ -208,6 +242,7 @@ int main(void) {
     backward_dgelu(t, false);
     backward_dgelu(t, true);
     backward_bgradb(t);
+    backward_bgrada(t);
   }
   refusals();
   printf("%d checks, %d failed\n", checks, failures);
