@@ -38,8 +38,9 @@
  * an accumulation in float would be 1e-7 or more off. */
 #define TOL_F32 1e-5
 #define TOL_BF16 1e-2
-/* The fused products' bf16 forward rounds twice (the product as stored, then
- * with the bias; blas.cu says why): a different fp32 summation order can move
+/* The fused products' bf16 forward rounds twice where the product + pass runs
+ * (the product as stored, then with the bias; blas.cu says where; cuBLASLt's
+ * epilogue rounds once): a different fp32 summation order can move
  * the first rounding by one bf16 ulp, up to 2^-7 relative, before the second
  * half-ulp, so 1e-2 would leave no room. */
 #define TOL_BF16_TWICE 2e-2

@@ -208,7 +208,7 @@ static fsdp_status_t gemm(bool ta, bool tb, int m, int n, int k, const T *A, int
  * (CUBLASLT_EPILOGUE_BIAS, _GELU_AUX_BIAS: one rounding in bf16 and no second
  * pass over the output); the fc-proj product's d(input) with GELU's slope
  * (_DGELU, aux = the fc's pre-activation, ld C); the weight gradient with the
- * bias gradient, the sum of dout's rows (_BGRADA for a Conv1D, whose dweight
+ * bias gradient, dout's column sums (_BGRADA for a Conv1D, whose dweight
  * is D (OC x C) = dout op(inp), _BGRADB for a linear layer, D (C x OC) = inp
  * op(dout)). The bias gradient comes out in C's type, fp32 (dweight), but
  * overwrites: it goes to the caller's column-sum scratch and one kernel over
@@ -221,13 +221,15 @@ static fsdp_status_t gemm(bool ta, bool tb, int m, int n, int k, const T *A, int
  * documented refusals (the GELU input's leading dimension a multiple of 8).
  * Each (device, type, layer shape, epilogue) is decided once by cuBLASLt's
  * heuristic and kept (lt_decide), and said in words by fsdp_cuda_product_impl.
+ * No workspace is offered, so the heuristic chooses among the kernels that
+ * need none (one per stream could widen its choice: unmeasured).
  * Where cuBLASLt is absent or finds no algorithm, or a tensor is not 16-byte
  * aligned, the product is written with beta = 0 and one vectorised pass
  * follows it: + bias, and GELU for the MLP's fc (keeping the pre-activation
  * for backward), or gelu'(pre) for the fc-proj product's d(input); the bias
  * gradient is a column sum over all SMs. The price of a pass: one read and
  * one write of the output (the column sum: one read of dout), and in bf16 two
- * roundings, not one (bench/gpu-budget.md counts them). */
+ * roundings, not one (bench/gpu-budget.md says what they cost). */
 
 namespace {
 /* The descriptors of one call, destroyed with it. */
