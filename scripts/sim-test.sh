@@ -9,7 +9,9 @@
 #                 chosen to cover its code paths, the engine and collectives
 #                 on "device" buffers under mpirun and fsdp-run, GPT-2 and
 #                 Llama (the models, fsdp-train and fsdp-bench on CUDA),
-#                 coll_bench, the NCCL watchdog, the simulator's own tests);
+#                 coll_bench, the NCCL watchdog, the simulator's own tests,
+#                 elastic-kill-nccl: a rank lost under fsdp-run --min-nproc
+#                 with fsdp-train on CUDA over NCCL, about 60 s);
 #   build-simopt/ no sanitizer (-O3 -g): the production shapes, suite `big`
 #                 (kernels-big, gpt2-124m-layer, llama-smollm-layer): values
 #                 against the CPU at GPT-2's and SmolLM-135M's real sizes. Under ASan they took 573 s of the

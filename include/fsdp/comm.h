@@ -211,8 +211,10 @@ FSDP_API fsdp_status_t fsdp_barrier(fsdp_comm_t comm, fsdp_stream_t stream);
  * each rank sends to (rank + offset) mod size. offset in 0 .. size - 1 (0 is a
  * copy); send and recv must not overlap. Every rank passes the same count and
  * offset. What buddy replicas (fsdp/replica.h) move: point to point, so each
- * rank sends and receives count elements whatever the size. The host backends
- * (mpi, gloo, self) run it; nccl refuses it (FSDP_ERR_UNSUPPORTED) for now. */
+ * rank sends and receives count elements whatever the size. Every backend
+ * runs it: mpi, gloo and self on host buffers (device ones staged), nccl on
+ * device buffers as one ncclSend and one ncclRecv in a group (on a CUDA
+ * stream: queued there and watched like the other collectives). */
 FSDP_API fsdp_status_t fsdp_shift(fsdp_comm_t comm, const void *send, void *recv, size_t count,
                                   fsdp_dtype_t dtype, int offset, fsdp_stream_t stream);
 

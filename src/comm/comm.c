@@ -444,9 +444,6 @@ static fsdp_status_t check_coll(fsdp_comm_t comm, fsdp_coll_t *c) {
   if (c->kind == FSDP_COLL_BROADCAST && (c->root < 0 || c->root >= comm->size))
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "broadcast: root %d is not a rank of this "
                       "communicator (size %d)", c->root, comm->size);
-  if (c->kind == FSDP_COLL_SHIFT && comm->ops->enqueue)
-    return fsdp_error(FSDP_ERR_UNSUPPORTED, "shift: the %s backend has no shift yet; use a "
-                      "host backend's communicator (fsdp_comm_create_backend)", comm->ops->name);
   if (c->kind == FSDP_COLL_SHIFT && (c->root < 0 || c->root >= comm->size))
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "shift: offset %d is not in 0 .. %d (the "
                       "communicator's size less one)", c->root, comm->size - 1);

@@ -271,9 +271,23 @@ static ncclRedOp_t nccl_op(fsdp_reduce_op_t op) {
   return op == FSDP_MAX ? ncclMax : op == FSDP_AVG ? ncclAvg : ncclSum;
 }
 
+/* A ring shift: the send to rank + offset and the receive from rank -
+ * offset in one group, which NCCL pairs by peer and runs together (every
+ * rank sends and receives at once: no ordering can deadlock). A call that
+ * fails still closes the group, which then runs nothing. */
+static ncclResult_t shift(ncclComm_t comm, const fsdp_coll_t *k, int rank, int size,
+                          ncclDataType_t t, cudaStream_t s) {
+  ncclResult_t r = ncclGroupStart();
+  if (r != ncclSuccess) return r;
+  r = ncclSend(k->send, k->count, t, (rank + k->root) % size, comm, s);
+  if (r == ncclSuccess) r = ncclRecv(k->recv, k->count, t, (rank - k->root + size) % size, comm, s);
+  ncclResult_t end = ncclGroupEnd();
+  return r != ncclSuccess ? r : end;
+}
+
 /* The NCCL call that queues k on s. */
-static ncclResult_t issue(ncclComm_t comm, const fsdp_coll_t *k, float *scratch, cudaStream_t s,
-                          const char **fn) {
+static ncclResult_t issue(fsdp_comm_t c, ncclComm_t comm, const fsdp_coll_t *k, float *scratch,
+                          cudaStream_t s, const char **fn) {
   ncclDataType_t t = nccl_type(k->dtype);
   switch (k->kind) {
   case FSDP_COLL_ALL_GATHER:
@@ -288,8 +302,9 @@ static ncclResult_t issue(ncclComm_t comm, const fsdp_coll_t *k, float *scratch,
   case FSDP_COLL_BROADCAST:
     *fn = "ncclBroadcast";
     return ncclBroadcast(k->recv, k->recv, k->count, t, k->root, comm, s);
-  case FSDP_COLL_SHIFT: /* refused before it gets here (comm.c) */
-    break;
+  case FSDP_COLL_SHIFT:
+    *fn = "ncclSend/ncclRecv (shift)";
+    return shift(comm, k, c->rank, c->size, t, s);
   case FSDP_COLL_BARRIER: /* NCCL has none: a one-element all-reduce orders the streams */
     *fn = "ncclAllReduce (barrier)";
     return ncclAllReduce(scratch, scratch, 1, ncclFloat32, ncclSum, comm, s);
@@ -324,7 +339,7 @@ static fsdp_status_t submit(fsdp_comm_t c, const fsdp_coll_t *k, void *cuda_stre
   if (clock && im->count == 0) fsdp_watch_begin(c, k);
   pthread_mutex_unlock(&im->mu);
   const char *fn = NULL;
-  ncclResult_t r = issue(comm, k, im->scratch, cuda_stream, &fn);
+  ncclResult_t r = issue(c, comm, k, im->scratch, cuda_stream, &fn);
   pthread_mutex_lock(&im->mu);
   im->in_call = 0;
   const int cancelled = im->cancel_due && !im->gone;

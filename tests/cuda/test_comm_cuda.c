@@ -3,7 +3,8 @@
  * has a GPU of its own) and the host backend of the world (mpi under mpirun,
  * self alone) with its device buffers staged through pinned memory (ranks
  * may share one GPU). Each collective runs on a CUDA stream, a CPU stream and
- * the host stream, f32 and bf16, out of place and in place.
+ * the host stream, f32 and bf16, out of place and in place (the ring shift
+ * out of place only, at every offset).
  *
  * One communicator and its streams serve every check of a backend (an
  * unchecked fixture): making an NCCL communicator costs a GPU tenths of a
@@ -210,6 +211,32 @@ START_TEST(broadcast_on_device) {
 }
 END_TEST
 
+/* _i -> (dtype, stream), every offset: recv holds rank - offset's send. */
+START_TEST(shift_on_device) {
+  fsdp_stream_t streams[] = {cuda_stream, cpu_stream, FSDP_HOST_STREAM};
+  fsdp_dtype_t dt = dtypes[_i % 2];
+  fsdp_stream_t s = streams[_i / 2];
+  size_t es = fsdp_dtype_size(dt), wrong = 0;
+  char *h = fsdp_alloc(N * es);
+  for (size_t i = 0; i < N; i++) put(h, dt, i, val(rank, i, _i));
+  char *send = to_device(h, N * es);
+  fsdp_status_t st = FSDP_SUCCESS;
+  for (int off = 0; off < nranks && st == FSDP_SUCCESS; off++) {
+    for (size_t i = 0; i < N; i++) put(h, dt, i, 99.0);
+    void *recv = to_device(h, N * es);
+    st = finish(fsdp_shift(comm, send, recv, N, dt, off, s), s);
+    from_device(h, recv, N * es);
+    int from = (rank - off + nranks) % nranks;
+    for (size_t i = 0; i < N; i++) wrong += get(h, dt, i) != val(from, i, _i);
+    fsdp_device_free(FSDP_DEVICE_CUDA, recv);
+  }
+  fsdp_device_free(FSDP_DEVICE_CUDA, send);
+  fsdp_free(h);
+  ck_assert_msg(st == FSDP_SUCCESS, "shift: %s", fsdp_last_error());
+  ck_assert_msg(wrong == 0, "shift %s case %d: %zu wrong", fsdp_dtype_name(dt), _i, wrong);
+}
+END_TEST
+
 /* Host backends: the second round of the same collectives allocates no
  * staging memory. nccl: host buffers are refused on every rank. */
 START_TEST(staging_is_kept_or_host_refused) {
@@ -248,6 +275,7 @@ static TCase *collectives(const char *name, void (*fixture)(void)) {
   tcase_add_loop_test(tc, reduce_scatter_on_device, 0, N_CASES);
   tcase_add_loop_test(tc, all_reduce_on_device, 0, N_CASES);
   tcase_add_loop_test(tc, broadcast_on_device, 0, N_CASES);
+  tcase_add_loop_test(tc, shift_on_device, 0, 6);
   tcase_add_test(tc, staging_is_kept_or_host_refused);
   return tc;
 }

@@ -938,20 +938,37 @@ def oom_report(r):
 ELASTIC_RECOVERY_S = 30.0  # from the loss to the survivors' first step done
 
 
-def elastic_args(r, save, model="gpt2"):
+# What the elastic cases train: on the CPU over Gloo (the default), or with
+# --device cuda on the GPU over NCCL (the cuda suite, under the simulator):
+# there a one-layer GPT-2 for 5 steps, as a simulated step takes seconds.
+ELASTIC_TRAIN = {
+    "cpu": {"steps": 12, "global_batch": 12, "extra": []},
+    "cuda": {"steps": 5, "global_batch": 6,
+             "extra": ["--device", "cuda", "--comm", "nccl", "--layers", "1", "--heads", "2",
+                       "--embd", "32", "--context", "16", "--seq-len", "16"]},
+}
+
+
+def elastic_train(r):
+    return ELASTIC_TRAIN[r.a.device]
+
+
+def elastic_args(r, save, model="gpt2", extra=()):
     text = os.path.join(r.tmp, "text.txt")
     write_text(text)
-    # 12 splits over 4, 3 and 2 ranks; snapshots and saves every 2 updates.
+    t = elastic_train(r)
+    # The batch splits over 4, 3 and 2 ranks; snapshots and saves every 2 updates.
     return [r.tool("fsdp-train"), "--model", model, "--preset", "tiny", "--data", text,
-            "--steps", "12",
-            "--global-batch", "12", "--eval-every", "0", "--json", "--replica-every", "2",
-            "--save-dir", save, "--save-every", "2"]
+            "--steps", str(t["steps"]),
+            "--global-batch", str(t["global_batch"]), "--eval-every", "0", "--json",
+            "--replica-every", "2", "--save-dir", save, "--save-every", "2", *extra] + t["extra"]
 
 
-def elastic_run(r, fault, n=4, extra_env=None, model="gpt2"):
+def elastic_run(r, fault, n=4, extra_env=None, model="gpt2", extra=(), launch=()):
     save = os.path.join(r.tmp, "elastic-" + uuid.uuid4().hex[:8])
-    cmd = r.launcher("fsdp-run", n) + ["--min-nproc", "2"] + elastic_args(r, save, model)
-    env = {"FSDP_FAULT": fault, "FSDP_TIMEOUT_S": "20", "FSDP_RENDEZVOUS_TIMEOUT_S": "10"}
+    cmd = (r.launcher("fsdp-run", n) + ["--min-nproc", "2", *launch] +
+           elastic_args(r, save, model, extra))
+    env = {"FSDP_FAULT": fault, "FSDP_TIMEOUT_S": "20", "FSDP_RENDEZVOUS_TIMEOUT_S": "30"}
     env.update(extra_env or {})
     rc, out, err, secs, left = r.run(cmd, env, timeout=240)
     check(not left, f"leftover processes {left}")
@@ -967,20 +984,21 @@ def consolidated(r, path):
         return f.read()
 
 
-def reference_from(r, step_dir, n, model="gpt2"):
+def reference_from(r, step_dir, n, model="gpt2", extra=()):
     """The reference of a shrink: the disk checkpoint of the step the survivors
     rolled back to, resharded for n ranks by fsdp-ckpt, trained to the end by
-    n ranks; its final checkpoint's bytes (every tensor and optimizer state)."""
+    n ranks (with extra flags: the survivors' layout); its final checkpoint's
+    bytes (every tensor and optimizer state)."""
     resharded = os.path.join(r.tmp, "resharded-" + uuid.uuid4().hex[:8])
     ck = subprocess.run([r.tool("fsdp-ckpt"), "reshard", step_dir, "--world", str(n), resharded],
                         capture_output=True, text=True)
     check(ck.returncode == 0, f"fsdp-ckpt reshard {step_dir}: {ck.stderr}")
     save = os.path.join(r.tmp, "reference-" + uuid.uuid4().hex[:8])
-    args = elastic_args(r, save, model)
+    args = elastic_args(r, save, model, extra)
     args = args[:args.index("--replica-every")] + args[args.index("--save-dir"):]
     rc, out, err, secs, left = r.run(r.launcher("fsdp-run", n) + args + ["--resume", resharded])
     check(rc == 0 and not left, f"reference run at {n} ranks: exit {rc}:\n{err[-3000:]}")
-    return consolidated(r, os.path.join(save, "step-12"))
+    return consolidated(r, os.path.join(save, f"step-{elastic_train(r)['steps']}"))
 
 
 def check_shrinks(out, err, expect):
@@ -999,29 +1017,33 @@ def check_shrinks(out, err, expect):
     return [e["from_step"] for e in shrinks], times
 
 
-def elastic_kill(r):
-    """4 ranks, one SIGKILLed at a random step: the 3 others go on from their
-    last complete snapshot (in memory), exit 0, and end with the very state
-    (weights and optimizer, bit for bit) of a 3-rank run started from the disk
-    checkpoint of that step resharded to 3 ranks."""
+def elastic_kill(r, n=4):
+    """n ranks, one SIGKILLed at a random step: the n - 1 others go on from
+    their last complete snapshot (in memory), exit 0, and end with the very
+    state (weights and optimizer, bit for bit) of an (n - 1)-rank run started
+    from the disk checkpoint of that step resharded to n - 1 ranks. With
+    --device cuda the survivors' NCCL communicators fail (the dead peer),
+    are aborted and made anew over the survivors' world."""
     seed = int(os.environ.get("FSDP_ELASTIC_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
-    rank, step = rng.randrange(4), rng.randrange(3, 12)  # the first snapshot is after step 2
-    print(f"FSDP_ELASTIC_SEED={seed}: rank {rank} killed at step {step}")
-    rc, out, err, secs, save = elastic_run(r, f"kill:rank={rank}:step={step}")
+    steps = elastic_train(r)["steps"]
+    rank, step = rng.randrange(n), rng.randrange(3, steps)  # the first snapshot is after step 2
+    print(f"FSDP_ELASTIC_SEED={seed}: rank {rank} of {n} killed at step {step} "
+          f"({r.a.device})")
+    rc, out, err, secs, save = elastic_run(r, f"kill:rank={rank}:step={step}", n=n)
     check(rc == 0, f"exit {rc}:\n{err[-3000:]}")
     check(f"lost rank {rank} (first launched as rank {rank}," in err, f"rank {rank} not named")
-    (resumed,), times = check_shrinks(out, err, [(4, 3)])
+    (resumed,), times = check_shrinks(out, err, [(n, n - 1)])
     # The newest snapshot before the loss, or the one before it when the loss
     # came while the newest was still on its way to the buddy.
     newest = (step - 1) // 2 * 2
     check(resumed in (newest, newest - 2) and resumed >= 2,
           f"resumed from step {resumed} after a loss at step {step}")
-    mine = consolidated(r, os.path.join(save, "step-12"))
-    ref = reference_from(r, os.path.join(save, f"step-{resumed}"), 3)
+    mine = consolidated(r, os.path.join(save, f"step-{steps}"))
+    ref = reference_from(r, os.path.join(save, f"step-{resumed}"), n - 1)
     print(f"resumed from the snapshot of step {resumed} {times[0]:.2f} s after the loss; final "
           f"state ({len(mine)} bytes) {'identical to' if mine == ref else 'DIFFERENT from'} the "
-          f"3-rank run from step {resumed} resharded on disk ({secs:.1f} s)")
+          f"{n - 1}-rank run from step {resumed} resharded on disk ({secs:.1f} s)")
     check(mine == ref, "final state differs from the reference")
 
 
@@ -1173,6 +1195,79 @@ def elastic_pair(r):
     print(f"ended in {secs:.1f} s naming the lost copy; {save}/step-4 verifies")
 
 
+def elastic_hsdp(r):
+    """HSDP (4 ranks, --shard-size 2: 2 replica groups of 2), one rank
+    SIGKILLed at a random step: the survivors' world of 3 is not a multiple
+    of 2, so every rank shards over all 3 (plain zero3, said in the shrink
+    event and the log); the lost rank's shard comes from its replica group
+    (the other group holds it) and the end equals, bit for bit, a 3-rank
+    plain run from that step's disk checkpoint (written by shard group 0)."""
+    seed = int(os.environ.get("FSDP_ELASTIC_SEED", random.randrange(1 << 30)))
+    rng = random.Random(seed)
+    rank, step = rng.randrange(4), rng.randrange(3, 12)
+    print(f"FSDP_ELASTIC_SEED={seed}: rank {rank} of 2 x 2 killed at step {step}")
+    rc, out, err, secs, save = elastic_run(r, f"kill:rank={rank}:step={step}",
+                                           extra=("--shard-size", "2"))
+    check(rc == 0, f"exit {rc}:\n{err[-3000:]}")
+    (resumed,), times = check_shrinks(out, err, [(4, 3)])
+    newest = (step - 1) // 2 * 2
+    check(resumed in (newest, newest - 2) and resumed >= 2,
+          f"resumed from step {resumed} after a loss at step {step}")
+    (shrink,) = events(out, "shrink")
+    check(shrink["shard_size"] == 3, f"the survivors shard over {shrink['shard_size']}, not 3")
+    check("--shard-size 2 does not divide the 3 ranks of the new world: sharding over all 3 "
+          "(plain zero3)" in err, f"the layout change is not logged:\n{err[-3000:]}")
+    mine = consolidated(r, os.path.join(save, "step-12"))
+    ref = reference_from(r, os.path.join(save, f"step-{resumed}"), 3)
+    print(f"hsdp 2 x 2 -> zero3 over 3: resumed from step {resumed} {times[0]:.2f} s after the "
+          f"loss; final state {'identical' if mine == ref else 'DIFFERENT'}")
+    check(mine == ref, "final state differs from the reference")
+
+
+def elastic_hsdp_pair(r):
+    """HSDP 2 x 2: rank 1 and its buddy, rank 2, die together. Without
+    HSDP that loses rank 1's shard (elastic-pair); here rank 3 holds the same
+    shard, so the 2 survivors (one shard group of 2: --shard-size 2 fits)
+    go on and end as a 2-rank run from that step's disk checkpoint."""
+    rc, out, err, secs, save = elastic_run(r, "kill:rank=1:step=5,kill:rank=2:step=5",
+                                           extra=("--shard-size", "2"))
+    check(rc == 0, f"exit {rc}:\n{err[-3000:]}")
+    shrinks = events(out, "shrink")
+    check([e["ranks"] for e in shrinks][-1:] == [2] and all(e["shard_size"] == e["ranks"] or
+                                                          e["ranks"] % 2 for e in shrinks),
+          f"shrinks {shrinks}:\n{err[-3000:]}")
+    resumed = shrinks[-1]["from_step"]
+    check(resumed == 4, f"resumed from step {resumed}, expected 4")
+    mine = consolidated(r, os.path.join(save, "step-12"))
+    ref = reference_from(r, os.path.join(save, "step-4"), 2)
+    print(f"hsdp: ranks 1 and 2 lost together, {len(shrinks)} shrink(s) to 2 ranks from step "
+          f"{resumed}; final state {'identical' if mine == ref else 'DIFFERENT'}")
+    check(mine == ref, "final state differs from the reference")
+
+
+def elastic_hsdp_grow(r):
+    """HSDP 2 x 2 -> 3 (plain zero3) -> back to 2 x 2: rank 1 dies at step
+    5, fsdp-run --respawn starts a replacement, and at the next snapshot all
+    4 return to --shard-size 2 (the newcomer chooses it too); the end equals
+    a 4-rank --shard-size 2 run from that step's disk checkpoint (saved by
+    the 3)."""
+    rc, out, err, secs, save = elastic_run(r, "kill:rank=1:step=5", extra=("--shard-size", "2"),
+                                           launch=("--respawn", "1"))
+    check(rc == 0, f"exit {rc}:\n{err[-3000:]}")
+    shrinks, grows = events(out, "shrink"), events(out, "grow")
+    check([(e["old_ranks"], e["ranks"], e["shard_size"]) for e in shrinks] == [(4, 3, 3)],
+          f"shrinks {shrinks}:\n{err[-3000:]}")
+    check([(e["old_ranks"], e["ranks"], e["shard_size"]) for e in grows] == [(3, 4, 2)],
+          f"grows {grows}:\n{err[-3000:]}")
+    at = grows[0]["step"]
+    check(at % 2 == 0 and at > shrinks[0]["from_step"], f"grew at step {at}")
+    mine = consolidated(r, os.path.join(save, "step-12"))
+    ref = reference_from(r, os.path.join(save, f"step-{at}"), 4, extra=("--shard-size", "2"))
+    print(f"hsdp 2 x 2 -> 3 at step 5 (from step {shrinks[0]['from_step']}) -> 2 x 2 at step "
+          f"{at}; final state {'identical' if mine == ref else 'DIFFERENT'}")
+    check(mine == ref, "final state differs from the reference")
+
+
 SCENARIOS = {
     "parity-gpt2": lambda r: parity(r, "gpt2"),
     "parity-mlp": lambda r: parity(r, "mlp"),
@@ -1211,6 +1306,7 @@ SCENARIOS = {
     "job-id": job_id,
     "oom-report": oom_report,
     "elastic-kill": elastic_kill,
+    "elastic-kill-3": lambda r: elastic_kill(r, 3),
     "elastic-llama": elastic_llama,
     "elastic-twice": elastic_twice,
     "elastic-pair": elastic_pair,
@@ -1218,6 +1314,9 @@ SCENARIOS = {
     "elastic-sigstop": elastic_sigstop,
     "elastic-grow": elastic_grow,
     "elastic-snapshot": elastic_snapshot,
+    "elastic-hsdp": elastic_hsdp,
+    "elastic-hsdp-pair": elastic_hsdp_pair,
+    "elastic-hsdp-grow": elastic_hsdp_grow,
 }
 
 
@@ -1226,6 +1325,8 @@ def main():
     ap.add_argument("scenario", choices=sorted(SCENARIOS))
     ap.add_argument("--build", required=True)
     ap.add_argument("--mpirun")
+    # the elastic cases' training device (ELASTIC_TRAIN); cuda trains over NCCL
+    ap.add_argument("--device", choices=sorted(ELASTIC_TRAIN), default="cpu")
     args = ap.parse_args()
     try:
         SCENARIOS[args.scenario](Runner(args))

@@ -24,6 +24,22 @@
  * unlinks the name too. Nothing is left in /dev/shm after destroy, abort, a
  * crash after init, or a failed init.
  *
+ * Point to point (ncclSend, ncclRecv), as NCCL documents it: a send to peer
+ * p pairs with p's receive from this rank, the k-th send from a to b with
+ * the k-th receive on b from a; inside one ncclGroupStart/End the sends and
+ * receives on a communicator run together as one operation (so a ring of
+ * them, each rank sending to the next and receiving from the previous,
+ * cannot deadlock), taking one turn among the communicator's collectives.
+ * Only the two ranks of a pair take part; the others need not call
+ * anything. The bytes move in chunks through the sender's staging area (a
+ * slice per destination). A send without its matching receive (or the
+ * reverse) keeps its stream until ncclCommAbort here or at any rank, the
+ * peer's exit, or the deadline (then ncclRemoteError naming the peer); a
+ * receive whose size differs from its send's is ncclInvalidUsage naming
+ * both. At N = 1 a rank may send to and receive from itself (a copy).
+ * A call that fails inside a group (a bad argument) makes ncclGroupEnd
+ * return that error and run nothing of the group, as NCCL does.
+ *
  * Arithmetic (matching fsdp's host backends, include/fsdp/comm.h):
  *  - f32 and f64 (and the integer types) reduce in their own type;
  *  - bf16 combines two values at a time in fp32 and rounds each step to bf16
@@ -89,7 +105,8 @@
  * Not modelled: speed, NCCL's ring/tree order of summation (any order within
  * comm.h's bounds is NCCL-like; rank order is one), devices (a communicator
  * is not tied to the device current at init), nonblocking communicators
- * (ncclConfig_t), ncclCommSplit, point-to-point, registration. */
+ * (ncclConfig_t), ncclCommSplit, sends and receives on one communicator from
+ * several streams in one group (refused: ncclInvalidUsage), registration. */
 #ifndef FSDP_CUDASIM_NCCL_H
 #define FSDP_CUDASIM_NCCL_H
 
@@ -173,7 +190,14 @@ ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recv
 ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream);
 
-/* Collectives issued between the two are queued at ncclGroupEnd, in order. */
+/* Point to point: count elements to / from rank peer (pairing above). */
+ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t stream);
+
+/* Collectives issued between the two are queued at ncclGroupEnd, in order
+ * (sends and receives after them, together per communicator). */
 ncclResult_t ncclGroupStart(void);
 ncclResult_t ncclGroupEnd(void);
 

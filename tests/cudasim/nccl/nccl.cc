@@ -1,7 +1,8 @@
 /* tests/cudasim/nccl/nccl.cc — the simulated NCCL's entry points (nccl.h):
  * ids, communicators (a registry of live ones, so a destroyed handle is an
  * error, not a read of freed memory), argument checks at the call, groups,
- * and each collective queued on the caller's stream with cudaLaunchHostFunc.
+ * and each collective queued on the caller's stream with cudaLaunchHostFunc
+ * (a group's sends and receives on one communicator as one queued item).
  * When the stream reaches it, the host function takes the communicator's
  * next turn (collectives of one communicator run one at a time in issue
  * order, whatever streams they were issued on, as NCCL serialises them) and
@@ -156,10 +157,12 @@ ncclComm *live_ref(ncclComm_t comm) {
 
 struct queued {
   ncclComm *comm;
-  sim_desc desc;
+  sim_desc desc;                /* a collective, or the first of p2p */
   const void *send;
   void *recv;
   cudaStream_t stream;
+  std::vector<sim_p2p> p2p = {}; /* a group's sends and receives on comm, run together */
+  bool skip = false;            /* its group failed at a call: it only takes its turn */
 };
 
 /* Waits for c's turn for ticket seq (1-based): every earlier collective of
@@ -183,6 +186,28 @@ void finish_turn(ncclComm *c) {
   std::lock_guard<std::mutex> guard(c->lock);
   ++c->done;
   c->turn_cv.notify_all();
+}
+
+/* N = 1: the k-th send to itself lands in the k-th receive. */
+ncclResult_t run_local_p2p(const std::vector<sim_p2p> &ops, std::string *why) {
+  std::vector<const sim_p2p *> sends, recvs;
+  for (const sim_p2p &o : ops) (o.d.kind == SIM_SEND ? sends : recvs).push_back(&o);
+  if (sends.size() != recvs.size()) {
+    *why = std::to_string(sends.size()) + " ncclSend and " + std::to_string(recvs.size()) +
+           " ncclRecv to itself in one group on a communicator of 1 rank: one is unmatched";
+    return ncclInvalidUsage;
+  }
+  for (size_t k = 0; k < sends.size(); ++k) {
+    const size_t sb = sends[k]->d.count * sim_type_size(sends[k]->d.dtype),
+                 rb = recvs[k]->d.count * sim_type_size(recvs[k]->d.dtype);
+    if (sb != rb) {
+      *why = "rank 0 sends " + std::to_string(sb) + " bytes to itself and receives " +
+             std::to_string(rb) + ": a send and its receive must move the same bytes";
+      return ncclInvalidUsage;
+    }
+    memmove(recvs[k]->buf, sends[k]->buf, sb);
+  }
+  return ncclSuccess;
 }
 
 void run_local(const sim_desc &d, const void *send, void *recv) {
@@ -213,17 +238,22 @@ void run_queued(void *p) {
   if (!wait_turn(c, q->desc.seq, &why)) {
     set_async(c, ncclInternalError, why);
     hold_until_abort(c);
-  } else if (!c->aborted.load() && c->async.load() == ncclSuccess) {
+  } else if (!q->skip && !c->aborted.load() && c->async.load() == ncclSuccess) {
     ncclResult_t r = ncclSuccess;
-    if (c->nranks == 1) run_local(q->desc, q->send, q->recv);
+    if (c->nranks == 1 && !q->p2p.empty()) r = run_local_p2p(q->p2p, &why);
+    else if (c->nranks == 1) run_local(q->desc, q->send, q->recv);
     else if (q->desc.seq == c->stall_op && !c->stall_in_call)
       r = sim_group_stall(&c->group, q->desc, &why);
     else if (q->desc.seq == c->fail_op)
       r = ncclSystemError, why = "injected failure (FSDP_SIM_NCCL_FAIL): this rank never "
                                  "joined it and its output is not written";
+    else if (!q->p2p.empty())
+      r = sim_group_p2p(&c->group, q->p2p.data(), q->p2p.size(), q->desc.seq, &why);
     else r = sim_group_run(&c->group, q->desc, q->send, q->recv, &why);
     if (r != ncclSuccess && !c->aborted.load()) {
-      set_async(c, r, sim_desc_text(q->desc) + " #" + std::to_string(q->desc.seq) + ": " + why);
+      const std::string what = q->p2p.empty() ? sim_desc_text(q->desc) : "a group of " +
+                               std::to_string(q->p2p.size()) + " ncclSend/ncclRecv";
+      set_async(c, r, what + " #" + std::to_string(q->desc.seq) + ": " + why);
       hold_until_abort(c);
     }
   }
@@ -248,12 +278,18 @@ ncclResult_t launch(queued *q) {
 
 thread_local int group_depth;
 thread_local std::vector<queued *> group_queue;
+/* The group's sends and receives, each holding a reference on its comm,
+ * queued per communicator at ncclGroupEnd. */
+thread_local std::vector<queued *> group_p2p;
+/* The first error a call of the open group returned: ncclGroupEnd returns
+ * it and runs nothing of the group, as NCCL does. */
+thread_local ncclResult_t group_error;
 
 /* ---- argument checks ---- */
 
 const char *kind_fn(int kind) {
   static const char *fns[] = {"ncclAllReduce", "ncclBroadcast", "ncclReduceScatter",
-                              "ncclAllGather"};
+                              "ncclAllGather", "ncclSend", "ncclRecv"};
   return fns[kind];
 }
 
@@ -291,7 +327,12 @@ ncclResult_t check_call(const sim_desc &d, const void *send, void *recv, ncclCom
   if (d.kind == SIM_BROADCAST && (d.root < 0 || d.root >= c->nranks))
     return fail(ncclInvalidArgument, "%s: root %d is not a rank of this communicator of %d",
                 fn, d.root, c->nranks);
+  if ((d.kind == SIM_SEND || d.kind == SIM_RECV) && (d.root < 0 || d.root >= c->nranks))
+    return fail(ncclInvalidArgument, "%s: peer %d is not a rank of this communicator of %d",
+                fn, d.root, c->nranks);
   if (d.count == 0) return ncclSuccess;
+  if (d.kind == SIM_SEND) return check_buffer(fn, "sendbuff", send, c);
+  if (d.kind == SIM_RECV) return check_buffer(fn, "recvbuff", recv, c);
   const size_t n = (size_t)c->nranks, send_n = d.kind == SIM_REDUCE_SCATTER ? n * d.count : d.count,
                recv_n = d.kind == SIM_ALL_GATHER ? n * d.count : d.count;
   if (d.kind != SIM_BROADCAST || c->rank == d.root) {
@@ -350,7 +391,15 @@ ncclResult_t enqueue(sim_desc d, const void *send, void *recv, ncclComm_t comm,
   if (r == ncclSuccess && !q) r = fail(ncclSystemError, "%s: out of host memory", fn);
   if (r != ncclSuccess) {
     unref(c);
+    if (group_depth > 0 && group_error == ncclSuccess) group_error = r;
     return r;
+  }
+  if (d.kind == SIM_SEND || d.kind == SIM_RECV) {
+    q->p2p.push_back({d, d.kind == SIM_SEND ? const_cast<void *>(send) : recv});
+    if (group_depth > 0) { /* its turn is taken at ncclGroupEnd, with its group's */
+      group_p2p.push_back(q);
+      return ncclSuccess;
+    }
   }
   {
     std::lock_guard<std::mutex> guard(c->lock);
@@ -550,20 +599,64 @@ SIM_EXPORT ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size
                  stream);
 }
 
+SIM_EXPORT ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype,
+                                 int peer, ncclComm_t comm, cudaStream_t stream) {
+  return enqueue({SIM_SEND, (int)datatype, -1, peer, count, 0}, sendbuff, nullptr, comm, stream);
+}
+
+SIM_EXPORT ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
+                                 ncclComm_t comm, cudaStream_t stream) {
+  return enqueue({SIM_RECV, (int)datatype, -1, peer, count, 0}, nullptr, recvbuff, comm, stream);
+}
+
 SIM_EXPORT ncclResult_t ncclGroupStart(void) {
-  ++group_depth;
+  if (group_depth++ == 0) group_error = ncclSuccess;
   return ncclSuccess;
+}
+
+/* The group's sends and receives, one queued item per communicator (in the
+ * order the communicators first appear), each taking one turn now. */
+static ncclResult_t batch_p2p(std::vector<queued *> *batches) {
+  std::vector<queued *> ops;
+  ops.swap(group_p2p);
+  ncclResult_t r = ncclSuccess;
+  for (queued *o : ops) {
+    queued *b = nullptr;
+    for (queued *x : *batches)
+      if (x->comm == o->comm) b = x;
+    if (!b) {
+      batches->push_back(o);
+      continue;
+    }
+    if (b->stream != o->stream && r == ncclSuccess)
+      r = fail(ncclInvalidUsage, "%s on another stream than the group's first send/receive on "
+               "the same communicator: not modelled by the simulator", kind_fn(o->desc.kind));
+    b->p2p.push_back(o->p2p[0]);
+    unref(o->comm); /* the batch holds one reference */
+    delete o;
+  }
+  for (queued *b : *batches) {
+    std::lock_guard<std::mutex> guard(b->comm->lock);
+    b->desc.seq = ++b->comm->issued;
+  }
+  return r;
 }
 
 SIM_EXPORT ncclResult_t ncclGroupEnd(void) {
   if (group_depth == 0)
     return fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
   if (--group_depth > 0) return ncclSuccess;
-  std::vector<queued *> batch;
+  std::vector<queued *> batch, p2p;
   batch.swap(group_queue);
-  ncclResult_t first = ncclSuccess;
+  ncclResult_t first = group_error;
+  const ncclResult_t paired = batch_p2p(&p2p);
+  if (first == ncclSuccess) first = paired;
+  batch.insert(batch.end(), p2p.begin(), p2p.end());
   for (queued *q : batch) {
-    const ncclResult_t r = launch(q);
+    q->skip = first != ncclSuccess; /* a failed group runs nothing, but its turns pass */
+    ncclComm *c = q->comm;
+    const ncclResult_t r = !q->skip && c->stall_in_call && q->desc.seq == c->stall_op
+                               ? stall_in_call(q) : launch(q);
     if (first == ncclSuccess) first = r;
   }
   return first;

@@ -22,11 +22,20 @@
 #include <unistd.h>
 
 #include <type_traits>
+#include <vector>
 
 struct alignas(64) sim_slot {
   std::atomic<uint64_t> step;  /* barriers this rank has reached */
   std::atomic<int32_t> pid;    /* 0 until the rank joins */
   sim_desc desc;               /* its current collective, posted before the first barrier */
+};
+
+/* Rank src's sends to rank dst (sim_group_p2p): chunks through src's
+ * staging slice for dst, one at a time. Counters only grow. */
+struct alignas(64) sim_chan {
+  std::atomic<uint64_t> ready;  /* chunks src has published */
+  std::atomic<uint64_t> taken;  /* chunks dst has copied out */
+  uint64_t len, msg;            /* bytes of the published chunk, and of its whole message */
 };
 
 /* ftruncate fills the segment with zeros: every atomic starts at 0. */
@@ -38,6 +47,7 @@ struct sim_segment {
   std::atomic<uint32_t> wake;       /* futex word: bumped by every arrival and abort */
   std::atomic<int32_t> aborted_by;  /* rank + 1 of a rank that aborted, 0 if none */
   sim_slot slots[SIM_NCCL_MAX_RANKS];
+  sim_chan chans[SIM_NCCL_MAX_RANKS][SIM_NCCL_MAX_RANKS]; /* [src][dst] */
 };
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex word must be lock-free");
@@ -275,9 +285,14 @@ const char *sim_op_name(int op) {
 
 std::string sim_desc_text(const sim_desc &d) {
   static const char *kinds[] = {"ncclAllReduce", "ncclBroadcast", "ncclReduceScatter",
-                                "ncclAllGather"};
+                                "ncclAllGather", "ncclSend", "ncclRecv"};
   char buf[192];
-  int n = snprintf(buf, sizeof buf, "%s(%s %llu, %s", kinds[d.kind & 3],
+  if (d.kind == SIM_SEND || d.kind == SIM_RECV) {
+    snprintf(buf, sizeof buf, "%s(count %llu, %s, peer %d)", kinds[d.kind],
+             (unsigned long long)d.count, sim_type_name(d.dtype), d.root);
+    return buf;
+  }
+  int n = snprintf(buf, sizeof buf, "%s(%s %llu, %s", kinds[d.kind % 4],
                    d.kind == SIM_REDUCE_SCATTER ? "recvcount" : d.kind == SIM_ALL_GATHER
                                                                     ? "sendcount" : "count",
                    (unsigned long long)d.count, sim_type_name(d.dtype));
@@ -498,4 +513,116 @@ ncclResult_t sim_group_run(sim_group *g, const sim_desc &d, const void *send, vo
   /* Nobody may post the next description before every rank compared this one. */
   if (!moved) r = barrier(g, what, err);
   return r;
+}
+
+/* ---- point to point ---- */
+
+namespace {
+
+/* One send or receive of a group as it progresses. */
+struct p2p_state {
+  size_t bytes, at = 0;  /* the message; how much has moved */
+  uint64_t chunks = 0;   /* published (send) or copied out (receive) */
+  bool done = false;
+};
+
+/* The staging slice of src's area that carries its chunks to dst. */
+size_t slice_bytes(int nranks) { return (SIM_NCCL_STAGE / (size_t)nranks) & ~(size_t)63; }
+
+uint64_t chunks_of(size_t bytes, size_t slice) {
+  return bytes == 0 ? 1 : (bytes + slice - 1) / slice; /* an empty message still pairs */
+}
+
+/* One step of op i, when nothing earlier in the group uses its channel;
+ * *moved when it did something. */
+ncclResult_t p2p_step(sim_group *g, const sim_p2p *ops, p2p_state *st, size_t i, uint64_t seq,
+                      bool *moved, std::string *err) {
+  const sim_desc &d = ops[i].d;
+  for (size_t j = 0; j < i; ++j)
+    if (!st[j].done && ops[j].d.kind == d.kind && ops[j].d.root == d.root) return ncclSuccess;
+  const int me = g->rank, peer = d.root;
+  const size_t slice = slice_bytes(g->nranks), need = chunks_of(st[i].bytes, slice);
+  unsigned char *buf = static_cast<unsigned char *>(ops[i].buf);
+  if (d.kind == SIM_SEND) {
+    sim_chan &c = g->seg->chans[me][peer];
+    const uint64_t ready = c.ready.load(std::memory_order_relaxed);
+    if (c.taken.load(std::memory_order_acquire) != ready) return ncclSuccess; /* slot busy */
+    if (st[i].chunks == need) { /* the last chunk was taken */
+      st[i].done = *moved = true;
+      return ncclSuccess;
+    }
+    const size_t len = st[i].bytes - st[i].at < slice ? st[i].bytes - st[i].at : slice;
+    memcpy(stage(g->seg, me) + (size_t)peer * slice, buf + st[i].at, len);
+    c.len = len;
+    c.msg = st[i].bytes;
+    c.ready.store(ready + 1, std::memory_order_release);
+    st[i].at += len;
+    st[i].chunks++;
+    *moved = true;
+    wake_all(g->seg);
+    return ncclSuccess;
+  }
+  sim_chan &c = g->seg->chans[peer][me];
+  const uint64_t taken = c.taken.load(std::memory_order_relaxed);
+  if (c.ready.load(std::memory_order_acquire) == taken) return ncclSuccess; /* nothing yet */
+  if (c.msg != st[i].bytes)
+    return fail(err, ncclInvalidUsage, "rank %d sends %llu bytes to rank %d, which receives "
+                "%zu (%s in group #%llu): a send and its receive must move the same bytes",
+                peer, (unsigned long long)c.msg, me, st[i].bytes, sim_desc_text(d).c_str(),
+                (unsigned long long)seq);
+  memcpy(buf + st[i].at, stage(g->seg, peer) + (size_t)me * slice, c.len);
+  st[i].at += c.len;
+  c.taken.store(taken + 1, std::memory_order_release);
+  st[i].done = ++st[i].chunks == need;
+  *moved = true;
+  wake_all(g->seg);
+  return ncclSuccess;
+}
+
+} // namespace
+
+ncclResult_t sim_group_p2p(sim_group *g, const sim_p2p *ops, size_t n, uint64_t seq,
+                           std::string *err) {
+  sim_segment *s = g->seg;
+  std::vector<p2p_state> st(n);
+  for (size_t i = 0; i < n; ++i) st[i].bytes = ops[i].d.count * sim_type_size(ops[i].d.dtype);
+  double deadline = now_s() + g->timeout_s;
+  for (;;) {
+    const uint32_t seen = s->wake.load(std::memory_order_acquire);
+    bool moved = false, all = true;
+    for (size_t i = 0; i < n; ++i) {
+      if (st[i].done) continue;
+      const ncclResult_t r = p2p_step(g, ops, st.data(), i, seq, &moved, err);
+      if (r != ncclSuccess) return r;
+      all = all && st[i].done;
+    }
+    if (all) return ncclSuccess;
+    if (moved) {
+      deadline = now_s() + g->timeout_s;
+      continue;
+    }
+    size_t k = 0; /* the first half still waiting, for the messages */
+    while (st[k].done) ++k;
+    const std::string what = sim_desc_text(ops[k].d) + " of group #" + std::to_string(seq);
+    const int peer = ops[k].d.root;
+    if (g->abort && g->abort->load())
+      return fail(err, ncclRemoteError, "rank %d aborted this communicator while waiting at %s",
+                  g->rank, what.c_str());
+    const int32_t ab = s->aborted_by.load();
+    if (ab > 0)
+      return fail(err, ncclRemoteError, "rank %d aborted the communicator (ncclCommAbort) while "
+                  "rank %d waited at %s", ab - 1, g->rank, what.c_str());
+    for (size_t i = 0; i < n; ++i)
+      if (!st[i].done && pid_gone(s->slots[ops[i].d.root].pid.load()))
+        return fail(err, ncclRemoteError, "rank %d (pid %d) exited without the %s that matches "
+                    "rank %d's %s", ops[i].d.root, (int)s->slots[ops[i].d.root].pid.load(),
+                    ops[i].d.kind == SIM_SEND ? "ncclRecv" : "ncclSend", g->rank,
+                    sim_desc_text(ops[i].d).c_str());
+    const double left = deadline - now_s();
+    if (left <= 0)
+      return fail(err, ncclRemoteError, "rank %d waited %g s (FSDP_SIM_NCCL_TIMEOUT_S) at %s "
+                  "for rank %d's matching %s", g->rank, g->timeout_s, what.c_str(), peer,
+                  ops[k].d.kind == SIM_SEND ? "ncclRecv" : "ncclSend");
+    sleep_on(s, seen, left);
+  }
 }

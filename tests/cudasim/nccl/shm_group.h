@@ -16,12 +16,14 @@
 
 #include "nccl.h"
 
-enum sim_kind { SIM_ALL_REDUCE = 0, SIM_BROADCAST, SIM_REDUCE_SCATTER, SIM_ALL_GATHER };
+enum sim_kind { SIM_ALL_REDUCE = 0, SIM_BROADCAST, SIM_REDUCE_SCATTER, SIM_ALL_GATHER, SIM_SEND,
+                SIM_RECV };
 
-/* One collective as every rank must issue it. count: NCCL's count argument
- * (recvcount for reduce-scatter, sendcount for all-gather). */
+/* One collective as every rank must issue it, or one half of a point-to-point
+ * transfer (SIM_SEND, SIM_RECV: root is the peer). count: NCCL's count
+ * argument (recvcount for reduce-scatter, sendcount for all-gather). */
 struct sim_desc {
-  int32_t kind, dtype, op, root; /* op: ncclRedOp_t or -1; root or -1 */
+  int32_t kind, dtype, op, root; /* op: ncclRedOp_t or -1; root (the peer of a send/recv) or -1 */
   uint64_t count;
   uint64_t seq;                  /* 1-based number on its communicator, for messages */
 };
@@ -61,6 +63,23 @@ void sim_group_abort(sim_group *g);
  * (ncclInvalidUsage with each rank's call when they differ), then moves the
  * data. A failed wait is ncclRemoteError naming the rank(s). */
 ncclResult_t sim_group_run(sim_group *g, const sim_desc &d, const void *send, void *recv,
+                           std::string *err);
+/* One ncclSend or ncclRecv of a group: d (SIM_SEND or SIM_RECV, root the
+ * peer) on buf. */
+struct sim_p2p {
+  sim_desc d;
+  void *buf;
+};
+/* Runs the point-to-point halves of one group together: each send pairs with
+ * the peer's receive from this rank, the k-th send from a to b with the k-th
+ * receive on b from a, across groups as well (NCCL's matching), and all of
+ * them progress at once (a ring of sends and receives cannot deadlock). Data
+ * move through the sender's staging area, one slice per destination. A send
+ * waits for its receive (and the reverse) until g->abort, an abort by any
+ * rank, the peer's exit, or the deadline (reset at every step forward):
+ * ncclRemoteError naming the peer. A receive of another size than its send is
+ * ncclInvalidUsage naming both. seq numbers the group in messages. */
+ncclResult_t sim_group_p2p(sim_group *g, const sim_p2p *ops, size_t n, uint64_t seq,
                            std::string *err);
 /* Blocks like a rank that never arrives: until g->abort or the deadline. */
 ncclResult_t sim_group_stall(sim_group *g, const sim_desc &d, std::string *err);

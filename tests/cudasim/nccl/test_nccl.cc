@@ -1,7 +1,10 @@
 /* tests/cudasim/nccl/test_nccl.cc — the simulated NCCL through its API, as
  * comm_nccl.c uses it: forked ranks (N = 1..4) each on a simulated device,
  * collectives on device buffers queued on streams, f32/f64/bf16 with sum,
- * avg and max against host references, in a group too; then the errors: a
+ * avg and max against host references, in a group too; ncclSend/ncclRecv in
+ * a group (a ring shift, two messages to one peer paired in order); then the
+ * errors: a send without its receive failing at the deadline naming the
+ * peer, a receive of another size than its send; a
  * host buffer refused at the call, differing counts reported asynchronously
  * with each rank's call, ncclCommAbort unblocking a stream that waits for a
  * peer that never comes, FSDP_SIM_NCCL_STALL ending in an error that names
@@ -143,6 +146,100 @@ static void collectives(int r, int n, ncclUniqueId id) {
   cudaStreamDestroy(s);
 }
 
+/* A ring in one group: each rank receives from rank - 1 before it sends to
+ * rank + 1 (the group runs them together), two messages each, which pair in
+ * order; past one chunk of the staging slice. */
+static void p2p_ring(int r, int n, ncclUniqueId id) {
+  ncclComm_t c = init(r, n, id);
+  if (!c) return;
+  cudaStream_t s;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess, "stream");
+  const size_t count = 300001;
+  const int to = (r + 1) % n, from = (r - 1 + n) % n;
+  std::vector<float> host(2 * count), back(2 * count);
+  for (size_t i = 0; i < count; ++i) host[i] = (float)val(r, i), host[count + i] = (float)val(r, i) + 100;
+  float *d = nullptr; /* two messages out, two in */
+  CHECK(cudaMalloc((void **)&d, 4 * count * sizeof(float)) == cudaSuccess, "malloc");
+  cudaMemcpy(d, host.data(), 2 * count * sizeof(float), cudaMemcpyHostToDevice);
+  CHECK(ncclGroupStart() == ncclSuccess, "group");
+  CHECK(ncclRecv(d + 2 * count, count, ncclFloat32, from, c, s) == ncclSuccess, "%s", ncclGetLastError(c));
+  CHECK(ncclRecv(d + 3 * count, count, ncclFloat32, from, c, s) == ncclSuccess, "%s", ncclGetLastError(c));
+  CHECK(ncclSend(d, count, ncclFloat32, to, c, s) == ncclSuccess, "%s", ncclGetLastError(c));
+  CHECK(ncclSend(d + count, count, ncclFloat32, to, c, s) == ncclSuccess, "%s", ncclGetLastError(c));
+  CHECK(ncclGroupEnd() == ncclSuccess, "group end: %s", ncclGetLastError(c));
+  CHECK(cudaStreamSynchronize(s) == cudaSuccess, "sync");
+  ncclResult_t async = ncclSuccess;
+  ncclCommGetAsyncError(c, &async);
+  CHECK(async == ncclSuccess, "async error: %s", ncclGetLastError(c));
+  cudaMemcpy(back.data(), d + 2 * count, 2 * count * sizeof(float), cudaMemcpyDeviceToHost);
+  size_t bad = 0;
+  for (size_t i = 0; i < count; ++i)
+    bad += back[i] != (float)val(from, i) || back[count + i] != (float)val(from, i) + 100;
+  CHECK(bad == 0, "N=%d ring of sends: %zu wrong", n, bad);
+  CHECK(ncclSend(d, 1, ncclFloat32, n, c, s) == ncclInvalidArgument &&
+            strstr(ncclGetLastError(c), "peer"), "peer out of range: %s", ncclGetLastError(c));
+  cudaFree(d);
+  ncclCommDestroy(c);
+  cudaStreamDestroy(s);
+}
+
+/* Rank 0 sends to rank 1, which never receives: rank 0's send waits to its
+ * 1 s deadline and fails naming rank 1 (on a GPU it would wait until the
+ * abort); then rank 1 receives 11 floats from a send of 10 on a new
+ * communicator: refused, naming both sizes. */
+static int p2p_pipe[2];
+
+static void p2p_errors(int r, int n, ncclUniqueId id) {
+  setenv("FSDP_SIM_NCCL_TIMEOUT_S", r == 0 ? "1" : "60", 1);
+  ncclComm_t c = init(r, n, id);
+  if (!c) return;
+  cudaStream_t s;
+  cudaStreamCreate(&s);
+  float *d = nullptr;
+  cudaMalloc((void **)&d, 64 * sizeof(float));
+  if (r == 0) {
+    const double t0 = now_s();
+    CHECK(ncclSend(d, 1, ncclFloat32, 1, c, s) == ncclSuccess, "queued");
+    const ncclResult_t async = wait_async(c);
+    CHECK(async == ncclRemoteError && strstr(ncclGetLastError(c), "rank 1's matching ncclRecv"),
+          "an unmatched send fails naming its peer: %d %s", (int)async, ncclGetLastError(c));
+    CHECK(now_s() - t0 >= 1, "the send must wait for its receive (%.2f s)", now_s() - t0);
+    CHECK(ncclCommAbort(c) == ncclSuccess, "abort");
+    CHECK(cudaStreamSynchronize(s) == cudaSuccess, "the failed send ends at the abort");
+    CHECK(write(p2p_pipe[1], "p", 1) == 1, "pipe");
+  } else {
+    char ch;
+    CHECK(read(p2p_pipe[0], &ch, 1) == 1, "pipe");
+    ncclCommAbort(c);
+  }
+  cudaStreamSynchronize(s);
+  cudaFree(d);
+  cudaStreamDestroy(s);
+}
+
+static void p2p_sizes(int r, int n, ncclUniqueId id) {
+  ncclComm_t c = init(r, n, id);
+  if (!c) return;
+  cudaStream_t s;
+  cudaStreamCreate(&s);
+  float *d = nullptr;
+  cudaMalloc((void **)&d, 64 * sizeof(float));
+  if (r == 0) CHECK(ncclSend(d, 10, ncclFloat32, 1, c, s) == ncclSuccess, "queued");
+  else CHECK(ncclRecv(d, 11, ncclFloat32, 0, c, s) == ncclSuccess, "queued");
+  const ncclResult_t async = wait_async(c);
+  if (r == 1)
+    CHECK(async == ncclInvalidUsage &&
+              strstr(ncclGetLastError(c), "rank 0 sends 40 bytes to rank 1, which receives 44"),
+          "sizes differ: %d %s", (int)async, ncclGetLastError(c));
+  else
+    CHECK(async == ncclRemoteError && strstr(ncclGetLastError(c), "rank 1 aborted"),
+          "the sender sees its peer's abort: %d %s", (int)async, ncclGetLastError(c));
+  ncclCommAbort(c);
+  cudaStreamSynchronize(s);
+  cudaFree(d);
+  cudaStreamDestroy(s);
+}
+
 static void mismatch(int r, int n, ncclUniqueId id) {
   ncclComm_t c = init(r, n, id);
   if (!c) return;
@@ -264,7 +361,20 @@ int main(void) {
     printf("collectives f32/f64/bf16 x sum/avg/max, grouped, N = %d: %s (%.1f s)\n", n,
            bad ? "FAILED" : "ok", now_s() - t0);
   }
-  int bad = run_ranks(2, mismatch);
+  for (int n = 1; n <= 4; ++n) {
+    const int bad = run_ranks(n, p2p_ring);
+    CHECK(bad == 0, "send/recv ring at N = %d: %d rank(s) failed", n, bad);
+    printf("ncclSend/ncclRecv ring in a group, paired in order, N = %d: %s\n", n,
+           bad ? "FAILED" : "ok");
+  }
+  CHECK(pipe(p2p_pipe) == 0, "pipe");
+  int bad = run_ranks(2, p2p_errors);
+  CHECK(bad == 0, "unmatched send: %d", bad);
+  bad = run_ranks(2, p2p_sizes);
+  CHECK(bad == 0, "p2p sizes: %d", bad);
+  printf("an unmatched send fails at the deadline naming its peer; differing sizes: %s\n",
+         bad ? "FAILED" : "ok");
+  bad = run_ranks(2, mismatch);
   CHECK(bad == 0, "mismatch: %d", bad);
   printf("differing counts reported on both ranks: %s\n", bad ? "FAILED" : "ok");
   CHECK(pipe(abort_pipe) == 0, "pipe");
