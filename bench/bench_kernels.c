@@ -31,6 +31,7 @@ int bench_kernels_collect(fsdp_engine_t eng, const bench_opts_t *o, int B, int T
                                          llama ? o->llama.n_embd : o->gpt.n_embd,
                                          llama ? o->llama.n_head : o->gpt.n_head, r->attention,
                                          sizeof r->attention));
+    bench_products(o, fsdp_engine_stream(eng), act, B * T, r->products, sizeof r->products);
   }
   BENCH_TRY(fsdp_engine_profile_read(eng, t, FSDP_KC_COUNT));
   BENCH_TRY(fsdp_engine_profile(eng, 0));
@@ -103,6 +104,7 @@ void bench_print_kernels(const bench_opts_t *o, const bench_result_t *r) {
   printf("step %.3f ms, MFU %.2f%%: model FLOPs (the MFU numerator) %.4g per rank step, the "
          "classes' %.4g (+ scores recomputed in attention backward, - bias and norm "
          "parameters, which multiply nothing)\n", step_ms, 100 * r->mfu.median, model, flops);
+  if (r->products[0]) printf("block products: %s\n", r->products);
 }
 
 void bench_kernels_json(FILE *f, const bench_opts_t *o, const bench_result_t *r) {

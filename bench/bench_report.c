@@ -45,6 +45,39 @@ static void attention_impl(const bench_opts_t *o, char *buf, size_t n) {
   if (s) fsdp_stream_destroy(s);
 }
 
+void bench_products(const bench_opts_t *o, fsdp_stream_t s, fsdp_dtype_t dt, int rows, char *buf,
+                    size_t n) {
+  buf[0] = '\0';
+  if (o->cfg.device != FSDP_DEVICE_CUDA || strcmp(o->model, "gpt2")) return;
+  const int C = o->gpt.n_embd, bias = FSDP_PRODUCT_BIAS;
+  const struct { const char *name; int C, OC, flags; } layer[] = {
+      {"qkv", C, 3 * C, bias}, {"attn proj", C, C, bias},
+      {"fc", C, 4 * C, bias | FSDP_PRODUCT_GELU}, {"fc proj", 4 * C, C, bias | FSDP_PRODUCT_DGELU}};
+  size_t k = 0;
+  for (size_t i = 0; i < sizeof layer / sizeof layer[0] && k < n; i++) {
+    char impl[320];
+    if (fsdp_cuda_product_impl(s, dt, rows, layer[i].C, layer[i].OC, layer[i].flags, impl,
+                               sizeof impl) != FSDP_SUCCESS) {
+      snprintf(buf, n, "unknown: %s", fsdp_last_error());
+      return;
+    }
+    const int w = snprintf(buf + k, n - k, "%s%s: %s", i ? "; " : "", layer[i].name, impl);
+    k = w < 0 ? n : k + (size_t)w;
+  }
+}
+
+/* bench_products on a stream of its own, at the header's shape. */
+static void products_impl(const bench_opts_t *o, char *buf, size_t n) {
+  buf[0] = '\0';
+  if (o->cfg.device != FSDP_DEVICE_CUDA || strcmp(o->model, "gpt2")) return;
+  fsdp_stream_t s = NULL;
+  if (fsdp_stream_create_cuda("bench-products", 0, &s) != FSDP_SUCCESS)
+    snprintf(buf, n, "unknown: %s", fsdp_last_error());
+  else
+    bench_products(o, s, o->cfg.param_dtype, o->micro_batch * o->seq_len, buf, n);
+  if (s) fsdp_stream_destroy(s);
+}
+
 void bench_print_header(const bench_opts_t *o, int nranks, const char *backend,
                         const bench_machine_t *m, double peak_rank) {
   char model[160];
@@ -59,6 +92,9 @@ void bench_print_header(const bench_opts_t *o, int nranks, const char *backend,
   char att[640];
   attention_impl(o, att, sizeof att);
   if (att[0]) printf("attention: %s\n", att);
+  char products[1024];
+  products_impl(o, products, sizeof products);
+  if (products[0]) printf("block products: %s\n", products);
   if (peak_rank > 0 && o->cfg.device == FSDP_DEVICE_CUDA)
     printf("peak: %.1f TFLOP/s per rank (cuBLAS %s %lld^3 product on each rank's GPU)\n"
            "MFU = (6 (P%s) + 12 L T C) x tokens/s / peak\n\n", peak_rank / 1e12,

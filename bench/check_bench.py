@@ -410,7 +410,8 @@ def check_kernels(mpirun, np, exe, budget, path, extra):
     and dtype; the classes' FLOPs besides attention's (the flash kernel's
     causal tiles) are the MFU numerator's besides its 12 L T C per token of
     attention, minus 6 per token for each bias and LayerNorm parameter (they
-    multiply nothing)."""
+    multiply nothing). On CUDA a line after the table says what runs each of
+    the four block products (cuBLASLt epilogue or product + pass)."""
     B, T = 2, 32
     out = launch(mpirun, np, [exe, "--preset", "tiny", "--micro-batch", str(B), "--seq-len",
                               str(T), "-w", "1", "-n", "2", "--peak-size", "64",
@@ -458,7 +459,14 @@ def check_kernels(mpirun, np, exe, budget, path, extra):
     rest = lines[head[0] + 3 + len(ks):]
     expect(len(rest) >= 3 and rest[0].startswith("all classes") and rest[1].startswith("other")
            and rest[2].startswith("step ") and "MFU" in rest[2], f"table end: {rest[:3]}")
-    print("\n".join(lines[head[0]:head[0] + 6 + len(ks)]))
+    cuda = r.get("device") == "cuda"
+    if cuda:  # what runs each block product, the choice once per shape (bench_products)
+        prod = rest[3] if len(rest) > 3 else ""
+        expect(prod.startswith("block products: qkv: fwd ")
+               and all(f"; {n}: fwd " in prod for n in ("attn proj", "fc", "fc proj"))
+               and prod.count(", dinp ") == 4 and prod.count(", dW ") == 4,
+               f"no block products line after the table: {prod!r}")
+    print("\n".join(lines[head[0]:head[0] + 6 + len(ks) + cuda]))
     print(f"kernel profile at N={np}: {len(ks)} classes bracketed, FLOPs and bytes as "
           f"gpu_budget.py's, FLOPs against the MFU numerator")
 

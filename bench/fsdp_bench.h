@@ -82,6 +82,7 @@ typedef struct {
   double hbm_bytes_per_s; /* datasheet, by device name (0: unknown) */
   char device_name[128];
   char attention[640]; /* what ran attention (fsdp_cuda_attention_impl); "" on the CPU */
+  char products[1024]; /* what ran GPT-2's block products (bench_products); "" otherwise */
   double *samples;              /* 6 x cap_samples seconds: step, compute, comm, gather,
                                    reduce, exposed of every timed step of every round */
   int n_samples, cap_samples;
@@ -137,6 +138,13 @@ void bench_split_steps(const fsdp_tl_event_t *tl, size_t n, const bench_window_t
 fsdp_status_t bench_trace_write(fsdp_engine_t eng, const char *path, const fsdp_tl_event_t *tl,
                                 size_t n, const bench_window_t *w, int steps, double t0);
 
+/* What runs each of GPT-2's four block products (qkv, attention projection,
+ * fc, fc projection) over rows x n_embd in dt on stream s: per layer
+ * fsdp_cuda_product_impl's words (the cuBLASLt epilogue or the product and a
+ * pass, with why), the choice the model's products make; "; "-separated into
+ * buf. Empty for the CPU and other models; "unknown: <error>" on failure. */
+void bench_products(const bench_opts_t *o, fsdp_stream_t s, fsdp_dtype_t dt, int rows, char *buf,
+                    size_t n);
 void bench_print_header(const bench_opts_t *o, int nranks, const char *backend,
                         const bench_machine_t *m, double peak_rank);
 void bench_print_row(const bench_result_t *r);

@@ -114,19 +114,22 @@ def built(d):
     P = d["P"]
     return [
         klass("block products, forward", mm_f, mm_fb, "tc", EFF["tc"], 4 * L,
-              "bf16 cuBLAS, beta = 0"),
-        # blas.cu: our own pass after each product, not a cuBLASLt epilogue:
-        # the output read and written again, fc's GELU written beside it
-        klass("bias + GELU epilogue", 0, L * sum(2 * N * M * bf for _, M in lin)
-              + L * N * 4 * C * bf, "mem", EFF["mem"], 4 * L,
-              "own pass after the product: + bias, GELU for fc (pre kept)",
+              "bf16 cuBLASLt, beta = 0"),
+        # blas.cu: the bias, and fc's GELU keeping its input, as the products'
+        # cuBLASLt epilogues (BIAS, GELU_AUX_BIAS): the bias read, fc's
+        # pre-activation written beside its output, no pass over the output
+        klass("bias + GELU epilogue", 0, L * sum(M * bf for _, M in lin) + L * N * 4 * C * bf,
+              "mem", EFF["mem"], 0, "cuBLASLt epilogue: + bias, GELU for fc (pre kept)",
               kc="block products, forward"),
         klass("block products, backward", mm_b, mm_bb, "tc", EFF["tc"], 8 * L,
               "d(input) and d(weight), beta = 0: no zeroing pass"),
-        klass("bias gradients", 0, L * sum(N * M * bf for _, M in lin), "mem", EFF["mem"], 4 * L,
-              "column sums, partials over all SMs", kc="block products, backward"),
-        klass("GELU backward", 0, L * 3 * N * 4 * C * bf, "mem", EFF["mem"], L,
-              "gelu'(pre) pass on fc-proj's d(input)", kc="block products, backward"),
+        # the bias gradient in dweight's product (BGRADA, fp32, into scratch),
+        # then one kernel adds it onto dbias: M floats written, read, and
+        # dbias read and written
+        klass("bias gradients", 0, L * sum(4 * M * 4 for _, M in lin), "mem", EFF["mem"], 4 * L,
+              "BGRADA epilogue of dweight, added onto dbias", kc="block products, backward"),
+        klass("GELU backward", 0, L * N * 4 * C * bf, "mem", EFF["mem"], 0,
+              "DGELU epilogue of fc-proj's d(input): pre read", kc="block products, backward"),
     ] + flash_attention(d) + [
         klass("residual + LayerNorm forward", 0, ln * (4 * N * C * bf + 8 * N), "mem", EFF["mem"],
               ln, "fused: reads x and the branch, writes x' and ln(x')"),

@@ -104,6 +104,30 @@ FSDP_API void *fsdp_stream_cuda_handle(fsdp_stream_t stream);
 FSDP_API fsdp_status_t fsdp_cuda_attention_impl(fsdp_stream_t stream, fsdp_dtype_t dtype, int B,
                                                 int T, int C, int NH, char *buf, size_t len);
 
+/* fsdp_cuda_product_impl's flags: the weight is (OC, C) (a linear layer;
+ * else a Conv1D's (C, OC)); the layer adds a bias; a GELU follows it (the
+ * forward keeps its input); its input is a GELU's output (d(input) takes
+ * GELU's slope). */
+enum {
+  FSDP_PRODUCT_OUT_IN = 1,
+  FSDP_PRODUCT_BIAS = 2,
+  FSDP_PRODUCT_GELU = 4,
+  FSDP_PRODUCT_DGELU = 8,
+};
+/* What runs a block's layer y (B, OC) = x (B, C) @ W [+ bias] in `dtype` on
+ * `stream` (a CUDA stream; its device is the current one), for each of its
+ * three products, in words into buf (len bytes, NUL-terminated, truncated to
+ * fit): "fwd <how>, dinp <how>, dW <how>", each "cuBLASLt <epilogue>" (BIAS,
+ * GELU_AUX_BIAS, DGELU, BGRADA, BGRADB: what follows the product runs as its
+ * epilogue), "cuBLAS" (a plain product: nothing follows it), or "cuBLAS +
+ * <pass> (<why not cuBLASLt>)". This makes the choice the layer's first
+ * products make, once per process, device, dtype, shape and epilogue, for
+ * 16-byte aligned tensors (a less aligned one takes the pass). Thread-safe.
+ * FSDP_ERR_INVALID_ARGUMENT for sizes below 1 or no buffer;
+ * FSDP_ERR_UNSUPPORTED without CUDA or for a dtype other than f32 and bf16. */
+FSDP_API fsdp_status_t fsdp_cuda_product_impl(fsdp_stream_t stream, fsdp_dtype_t dtype, int B,
+                                              int C, int OC, int flags, char *buf, size_t len);
+
 /* Memory on a device kind: CPU is fsdp_alloc's aligned host memory, CUDA is
  * cudaMalloc on the current device. Neither is initialised. The caller frees
  * with fsdp_device_free of the same kind (NULL is ignored). */

@@ -468,6 +468,11 @@ fsdp_status_t fsdp_cuda_attention_impl(fsdp_stream_t stream, fsdp_dtype_t dtype,
   (void)stream, (void)dtype, (void)B, (void)T, (void)C, (void)NH, (void)buf, (void)len;
   return no_cuda("fsdp_cuda_attention_impl");
 }
+fsdp_status_t fsdp_cuda_product_impl(fsdp_stream_t stream, fsdp_dtype_t dtype, int B, int C,
+                                     int OC, int flags, char *buf, size_t len) {
+  (void)stream, (void)dtype, (void)B, (void)C, (void)OC, (void)flags, (void)buf, (void)len;
+  return no_cuda("fsdp_cuda_product_impl");
+}
 fsdp_status_t fsdp_cuda_set_device(int ordinal) {
   (void)ordinal;
   return no_cuda("fsdp_cuda_set_device");

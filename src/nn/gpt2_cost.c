@@ -35,10 +35,12 @@ static void product_costs(double L, double N, double K, double M, double a, int 
   /* dout, weight, input read; d(input) and d(weight) written (fp32) */
   k[FSDP_KC_BLOCK_BWD].bytes += L * ((N * M + K * M + N * K) * a + (N * K + N * M) * a + K * M * 4);
   if (!bias) return;
-  /* the bias pass after the product (blas.cu): the output read and written;
-   * the bias gradient's column sums read dout once more */
-  k[FSDP_KC_BLOCK_FWD].bytes += L * 2 * N * M * a;
-  k[FSDP_KC_BLOCK_BWD].bytes += L * N * M * a;
+  /* the bias as the product's cuBLASLt epilogue (blas.cu): the bias read; the
+   * bias gradient in dweight's product (fp32, M written) added onto dbias (M
+   * read twice, written). The product + pass that runs where cuBLASLt does
+   * not reads and writes the output again and reads dout once more. */
+  k[FSDP_KC_BLOCK_FWD].bytes += L * M * a;
+  k[FSDP_KC_BLOCK_BWD].bytes += L * M * 4 * 4;
 }
 
 /* flash: 2 products forward, 7 backward (dk/dv: S^T, dP^T, dV, dK; dq: S, dP,
@@ -64,8 +66,8 @@ static void block_costs(const fsdp_gpt2_config_t *c, double B, double T, double 
   const double L = c->n_layer, C = c->n_embd, N = B * T;
   const double lin[4][2] = {{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}}; /* (K, M) */
   for (int i = 0; i < 4; i++) product_costs(L, N, lin[i][0], lin[i][1], a, 1, k);
-  k[FSDP_KC_BLOCK_FWD].bytes += L * N * 4 * C * a; /* GELU's output, from the fc epilogue */
-  k[FSDP_KC_BLOCK_BWD].bytes += L * 3 * N * 4 * C * a; /* gelu'(pre), fc-proj's pass */
+  k[FSDP_KC_BLOCK_FWD].bytes += L * N * 4 * C * a; /* fc's pre-activation (GELU_AUX_BIAS) */
+  k[FSDP_KC_BLOCK_BWD].bytes += L * N * 4 * C * a; /* pre read by fc-proj's DGELU epilogue */
   attention_costs(L, B, T, c->n_head, c->n_head, c->n_embd / c->n_head, a, k);
   const double ln = 2 * L + 1; /* two per block and ln_f: x and the branch in, x' and ln(x') out */
   k[FSDP_KC_RESID_LN_FWD].bytes += ln * (4 * N * C * a + 8 * N);

@@ -38,8 +38,9 @@
  * an accumulation in float would be 1e-7 or more off. */
 #define TOL_F32 1e-5
 #define TOL_BF16 1e-2
-/* The fused products' bf16 forward rounds twice (the product as stored, then
- * with the bias; blas.cu says why): a different fp32 summation order can move
+/* The fused products' bf16 forward rounds twice where the product + pass runs
+ * (the product as stored, then with the bias; blas.cu says where; cuBLASLt's
+ * epilogue rounds once): a different fp32 summation order can move
  * the first rounding by one bf16 ulp, up to 2^-7 relative, before the second
  * half-ulp, so 1e-2 would leave no room. */
 #define TOL_BF16_TWICE 2e-2
@@ -65,6 +66,7 @@ static const char *const kKernels[] = {
     "attention_forward_bf16", "attention_backward_bf16",
     "attention_forward_cudnn", "attention_backward_cudnn", "attention_forward_cudnn_gqa",
     "attention_backward_cudnn_gqa", "attention_gqa_refusals", "attention_choice",
+    "product_choice",
     "xent", "xent_bf16", "head_forward", "head_backward",
     "head_forward_bf16", "head_backward_bf16", "xent_inplace", "xent_inplace_bf16",
     "adamw_update", "sgd_update",
@@ -430,6 +432,11 @@ static void matmul_case(int bf16, int B, int C, int OC, int linear, int with_bia
    * that cancels to near 0 is measured on that scale (as rel_err does with
    * the RMS of several), or OC = 1 would divide by its own tiny value. */
   const double sum_of = sqrt((double)B) * rms_of(dout, no);
+  /* dbias sums dout's stored values in fp32 on every path (the weight
+   * gradient's BGRADA/BGRADB epilogue in dweight's type, the column sum, the
+   * CPU's loop), so f32's bound holds in bf16 too, below LONG_ROWS. */
+  check_err(bf16 ? "matmul_backward_bf16" : "matmul_backward", "dbias",
+            rel_err_floor(got_db, db, OC, sum_of), B > LONG_ROWS ? tol : TOL_F32);
   /* dweight's sum runs inside cuBLAS: over 3.4 M rows a GPU's fp32 running
    * sum may be off by ~sqrt(rows) / sqrt(6) ulps of that scale (4e-5; the
    * simulator's reference GEMM sums in double), so 2 sqrt(rows) ulps there
@@ -437,8 +444,6 @@ static void matmul_case(int bf16, int B, int C, int OC, int linear, int with_bia
   const double tol_dw = B > LONG_ROWS ? fmax(tol, 2.0 * sqrt((double)B) * 0x1p-24) : tol;
   check_err(bf16 ? "matmul_backward_bf16" : "matmul_backward", "dweight",
             rel_err_floor(got_dw, dw, nw, sum_of * rms_of(inp, ni)), tol_dw);
-  check_err(bf16 ? "matmul_backward_bf16" : "matmul_backward", "dbias",
-            rel_err_floor(got_db, db, OC, sum_of), tol);
   free(inp), free(w), free(bias), free(dout), free(pre_in), free(junk), free(dw), free(db);
   free(pre), free(act), free(dinp), free(got), free(got_pre), free(got_dinp), free(got_dw);
   free(got_db);
@@ -451,6 +456,56 @@ START_TEST(matmul) {
                 kMatmul[_i].bias, kMatmul[_i].gelu, kMatmul[_i].dinp, kMatmul[_i].skew);
     dev_free_all();
   }
+}
+END_TEST
+
+/* What runs each product (fsdp_cuda_product_impl), wherever it runs: a
+ * layer without bias or GELU is three plain products; GELU with OC not a
+ * multiple of 8 takes the pass without asking cuBLASLt (the GELU input's
+ * leading dimension), and d(input)'s slope likewise for C; GPT-2's four
+ * block layers name an epilogue or a pass with its reason for each product,
+ * and under the simulator (whose cuBLASLt takes every shape here) the
+ * epilogue: BGRADA for a Conv1D's weight gradient, BGRADB for a linear
+ * layer's. Bad sizes, no buffer and an f16 product are refused. */
+START_TEST(product_choice) {
+  char impl[400];
+  OK(fsdp_cuda_product_impl(fs, FSDP_BF16, 64, 96, 160, FSDP_PRODUCT_OUT_IN, impl, sizeof impl));
+  ck_assert_str_eq(impl, "fwd cuBLAS, dinp cuBLAS, dW cuBLAS");
+  OK(fsdp_cuda_product_impl(fs, FSDP_F32, 37, 13, 21, FSDP_PRODUCT_BIAS | FSDP_PRODUCT_GELU |
+                            FSDP_PRODUCT_DGELU, impl, sizeof impl));
+  const char *odd = "fwd cuBLAS + bias+GELU pass (OC not a multiple of 8), dinp cuBLAS + "
+                    "GELU' pass (C not a multiple of 8), dW ";
+  ck_assert_msg(!strncmp(impl, odd, strlen(odd)), "%s", impl);
+  const int simulated = !strncmp(device_line, "device: cudasim", 15);
+  static const struct { int C, OC, flags; const char *want; } gpt2[] = {
+      {768, 2304, FSDP_PRODUCT_BIAS, "fwd cuBLASLt BIAS, dinp cuBLAS, dW cuBLASLt BGRADA"},
+      {768, 768, FSDP_PRODUCT_BIAS, "fwd cuBLASLt BIAS, dinp cuBLAS, dW cuBLASLt BGRADA"},
+      {768, 3072, FSDP_PRODUCT_BIAS | FSDP_PRODUCT_GELU,
+       "fwd cuBLASLt GELU_AUX_BIAS, dinp cuBLAS, dW cuBLASLt BGRADA"},
+      {3072, 768, FSDP_PRODUCT_BIAS | FSDP_PRODUCT_DGELU,
+       "fwd cuBLASLt BIAS, dinp cuBLASLt DGELU, dW cuBLASLt BGRADA"},
+      {768, 3072, FSDP_PRODUCT_BIAS | FSDP_PRODUCT_OUT_IN,
+       "fwd cuBLASLt BIAS, dinp cuBLAS, dW cuBLASLt BGRADB"},
+  };
+  for (int dt = 0; dt < 2; ++dt)
+    for (int i = 0; i < LEN(gpt2); ++i) {
+      OK(fsdp_cuda_product_impl(fs, dt ? FSDP_BF16 : FSDP_F32, 2048, gpt2[i].C, gpt2[i].OC,
+                                gpt2[i].flags, impl, sizeof impl));
+      if (simulated) ck_assert_str_eq(impl, gpt2[i].want);
+      /* elsewhere: each part with a bias an epilogue, or a pass that says why */
+      const char *dw = strstr(impl, ", dW ");
+      ck_assert_msg(!strncmp(impl, "fwd cuBLASLt ", 13) || strstr(impl, " pass ("), "%s", impl);
+      ck_assert_msg(dw && (!strncmp(dw, ", dW cuBLASLt BGRAD", 19) ||
+                           !strncmp(dw, ", dW cuBLAS + bias column sum (", 31)), "%s", impl);
+    }
+  ck_assert_int_eq(fsdp_cuda_product_impl(fs, FSDP_F32, 0, 8, 8, 0, impl, sizeof impl),
+                   FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "B 0"));
+  ck_assert_int_eq(fsdp_cuda_product_impl(fs, FSDP_F32, 8, 8, 8, 0, NULL, 0),
+                   FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(fsdp_cuda_product_impl(fs, FSDP_F16, 8, 8, 8, 0, impl, sizeof impl),
+                   FSDP_ERR_UNSUPPORTED);
+  check_err("product_choice", "the products' reports and refusals", 0.0, TOL_EXACT);
 }
 END_TEST
 
@@ -1787,6 +1842,7 @@ static Suite *kernels_suite(void) {
   add_test(s, "fused_layernorm", fused_layernorm, LEN(kFusedLn));
   add_test(s, "gelu_long", gelu_long, LEN(kLong));
   add_test(s, "fused_scratch_refused", fused_scratch_refused, 1);
+  add_test(s, "product_choice", product_choice, 1);
   add_test(s, "embedding", embedding, LEN(kEmbedding));
   add_test(s, "rmsnorm", rmsnorm, LEN(kRms));
   add_test(s, "rope", rope, LEN(kRope));

@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "backend/cuda/cublas_lazy.h"
+#include "backend/cuda/cublaslt_lazy.h"
 #include "backend/cuda/cuda_internal.cuh"
 
 /* cuBLAS, opened on first use (cublas_lazy.h); NULL with the reason set. */
@@ -63,6 +64,19 @@ struct blas_slot {
 std::mutex blas_lock;
 blas_slot blas_slots[FSDP_CUDA_MAX_BLAS_HANDLES];
 int blas_count;
+
+/* cuBLASLt (the blocks' products with their epilogues): one (device, type,
+ * layer shape, epilogue)'s decision, the algorithm its heuristic gave or none. */
+struct lt_choice {
+  int device, dt, B, C, OC, linear, epilogue;
+  bool ok;
+  cublasLtMatmulAlgo_t algo;
+};
+constexpr int kLtChoices = 64;
+std::mutex lt_lock;
+cublasLtHandle_t lt_handle; /* one per process: cuBLASLt handles carry no stream */
+lt_choice lt_choices[kLtChoices];
+int lt_count;
 } // namespace
 
 static fsdp_status_t blas_create(int device, cudaStream_t stream, cublasHandle_t *out) {
@@ -131,6 +145,15 @@ fsdp_status_t fsdp_cuda_blas_release(void) {
       first = fsdp_cublas_fail(s, "cublasDestroy(handle)", __FILE__, __LINE__);
   }
   blas_count = 0;
+  {
+    std::lock_guard<std::mutex> lt_guard(lt_lock);
+    const cublasStatus_t s = lt_handle ? fsdp_cublaslt(nullptr)->destroy(lt_handle)
+                                       : CUBLAS_STATUS_SUCCESS;
+    if (first == FSDP_SUCCESS && s != CUBLAS_STATUS_SUCCESS)
+      first = fsdp_cublas_fail(s, "cublasLtDestroy(handle)", __FILE__, __LINE__);
+    lt_handle = nullptr;
+    lt_count = 0;
+  }
   const cudaError_t e = cudaSetDevice(current); /* the caller's device, as it was */
   if (first == FSDP_SUCCESS && e != cudaSuccess)
     first = fsdp_cuda_fail(e, "cudaSetDevice(current)", __FILE__, __LINE__);
@@ -179,19 +202,257 @@ static fsdp_status_t gemm(bool ta, bool tb, int m, int n, int k, const T *A, int
 }
 
 /* ---- the blocks' products: linear and Conv1D ----
- * Why our own epilogue kernel and not cuBLASLt's (CUBLASLT_EPILOGUE_BIAS,
- * GELU_AUX_BIAS, DGELU, as llm.c does): the products here run under the
- * simulator in CI against a reference cuBLAS, which has no cuBLASLt, and
- * cuBLASLt's epilogues carry constraints of their own (the GELU aux leading
- * dimension a multiple of 8, NOT_SUPPORTED for some shapes and types) that a
- * reference would have to model faithfully before its green meant anything on
- * a GPU. So every product writes its output with beta = 0 (no fill, no zeroed
- * buffer read back) and one vectorised pass follows it: + bias, and GELU for
- * the MLP's fc (keeping the pre-activation for backward), or gelu'(pre) for
- * the fc-proj product's d(input). The price against a cuBLASLt epilogue: one
- * read and one write of the output per product (bench/gpu-budget.md counts
- * it), and in bf16 the product is rounded before the bias is added (two
- * roundings, not one). cuBLASLt with a simulator reference is the next step. */
+ * Each product a block's layer makes runs through cuBLASLt with what follows
+ * it as the product's epilogue (as llm.c does), where cuBLASLt takes the
+ * shape: the forward with its bias, or the bias and GELU keeping its input
+ * (CUBLASLT_EPILOGUE_BIAS, _GELU_AUX_BIAS: one rounding in bf16 and no second
+ * pass over the output); the fc-proj product's d(input) with GELU's slope
+ * (_DGELU, aux = the fc's pre-activation, ld C); the weight gradient with the
+ * bias gradient, dout's column sums (_BGRADA for a Conv1D, whose dweight
+ * is D (OC x C) = dout op(inp), _BGRADB for a linear layer, D (C x OC) = inp
+ * op(dout)). The bias gradient comes out in C's type, fp32 (dweight), but
+ * overwrites: it goes to the caller's column-sum scratch and one kernel over
+ * OC floats adds it onto dbias, which accumulates over micro-batches. Not
+ * used: _DGELU_BGRAD, which would make fc-proj's d(input) product also sum
+ * the fc's bias gradient: in dinp's type (bf16 rounds the sum) and in another
+ * layer's call, while the fc's own weight-gradient product already sums it
+ * in fp32 with _BGRADA. The simulator's cuBLASLt
+ * (tests/cudasim/cublas/lt_reference.h) models these epilogues and the
+ * documented refusals (the GELU input's leading dimension a multiple of 8).
+ * Each (device, type, layer shape, epilogue) is decided once by cuBLASLt's
+ * heuristic and kept (lt_decide), and said in words by fsdp_cuda_product_impl.
+ * No workspace is offered, so the heuristic chooses among the kernels that
+ * need none (one per stream could widen its choice: unmeasured).
+ * Where cuBLASLt is absent or finds no algorithm, or a tensor is not 16-byte
+ * aligned, the product is written with beta = 0 and one vectorised pass
+ * follows it: + bias, and GELU for the MLP's fc (keeping the pre-activation
+ * for backward), or gelu'(pre) for the fc-proj product's d(input); the bias
+ * gradient is a column sum over all SMs. The price of a pass: one read and
+ * one write of the output (the column sum: one read of dout), and in bf16 two
+ * roundings, not one (bench/gpu-budget.md says what they cost). */
+
+namespace {
+/* The descriptors of one call, destroyed with it. */
+struct lt_call {
+  const fsdp_cublaslt_t *api;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  explicit lt_call(const fsdp_cublaslt_t *x) : api(x) {}
+  ~lt_call() {
+    if (pref) api->pref_destroy(pref);
+    if (d) api->layout_destroy(d);
+    if (b) api->layout_destroy(b);
+    if (a) api->layout_destroy(a);
+    if (desc) api->desc_destroy(desc);
+  }
+};
+
+/* One cuBLASLt call in the column-major view: D (m x n, ld ldd) [+]= op(A)
+ * (m x k; A stored m x k, or k x m when ta) @ op(B) (k x n; B stored k x n,
+ * or n x k when tb), with the epilogue's bias and aux (aux ld = ldd). */
+struct lt_shape {
+  bool ta, tb;
+  int m, n, k, lda, ldb, ldd;
+  uint32_t epilogue;
+};
+
+/* The layer a call belongs to: y (B, OC) = x (B, C) @ op(weight). */
+struct lt_layer {
+  int B, C, OC;
+  bool linear;
+};
+} // namespace
+
+/* The alignment promised to the heuristic (a shape's algorithm is reused for
+ * every pointer, so it must not rely on more than each call guarantees):
+ * lt_run takes only 16-byte aligned A, B, D, bias and aux. */
+static const uint32_t kAlign = 16;
+
+/* What the heuristic is shown for the bias and aux pointers, which it reads
+ * only for their alignment: an address 16-byte aligned and no more, as the
+ * smallest promise lt_run keeps (the first call's own pointers might be more
+ * aligned than a later call's). */
+static const void *const kProbe = reinterpret_cast<const void *>(uintptr_t{48});
+
+/* Returns false when a descriptor call fails. A and B are of type T, C and D
+ * (and the bias gradient) of TD. */
+template <typename T, typename TD>
+static bool lt_describe(lt_call &c, const lt_shape &x, const void *bias, const void *aux) {
+  const fsdp_cublaslt_t *api = c.api;
+  const cudaDataType t = fsdp_cuda_type<T>::value, td = fsdp_cuda_type<TD>::value;
+  const int32_t ta = x.ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = x.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int64_t aux_ld = x.ldd;
+  return api->desc_create(&c.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+         api->desc_set(c.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) == 0 &&
+         api->desc_set(c.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) == 0 &&
+         api->desc_set(c.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &x.epilogue,
+                       sizeof x.epilogue) == 0 &&
+         (!bias ||
+          api->desc_set(c.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias) == 0) &&
+         (!aux || (api->desc_set(c.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                 sizeof aux) == 0 &&
+                   api->desc_set(c.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
+                                 sizeof aux_ld) == 0)) &&
+         api->layout_create(&c.a, t, x.ta ? x.k : x.m, x.ta ? x.m : x.k, x.lda) == 0 &&
+         api->layout_create(&c.b, t, x.tb ? x.n : x.k, x.tb ? x.k : x.n, x.ldb) == 0 &&
+         api->layout_create(&c.d, td, x.m, x.n, x.ldd) == 0 && api->pref_create(&c.pref) == 0 &&
+         api->pref_set(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &kAlign,
+                       sizeof kAlign) == 0 &&
+         api->pref_set(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &kAlign,
+                       sizeof kAlign) == 0 &&
+         api->pref_set(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &kAlign,
+                       sizeof kAlign) == 0 &&
+         api->pref_set(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &kAlign,
+                       sizeof kAlign) == 0;
+}
+
+/* Whether cuBLASLt runs x for layer l on the current device (*ok) and with
+ * which algorithm: decided at the first ask per (device, type, layer shape,
+ * epilogue) by the heuristic and kept. bias and aux: whether the epilogue
+ * takes them. *ok is false without cuBLASLt. */
+template <typename T, typename TD>
+static fsdp_status_t lt_decide(const lt_shape &x, bool bias, bool aux, const lt_layer &l,
+                               bool *ok, cublasLtMatmulAlgo_t *algo) {
+  *ok = false;
+  const fsdp_cublaslt_t *api = fsdp_cublaslt(nullptr);
+  if (!api) return FSDP_SUCCESS;
+  int device;
+  CUDA_CHECK(cudaGetDevice(&device));
+  const lt_choice key{device,        fsdp_cuda_type<T>::value, l.B, l.C, l.OC, (int)l.linear,
+                      (int)x.epilogue, false,                  cublasLtMatmulAlgo_t{}};
+  std::lock_guard<std::mutex> guard(lt_lock);
+  for (int i = 0; i < lt_count; ++i) {
+    const lt_choice &c = lt_choices[i];
+    if (c.device == key.device && c.dt == key.dt && c.B == key.B && c.C == key.C &&
+        c.OC == key.OC && c.linear == key.linear && c.epilogue == key.epilogue) {
+      *ok = c.ok;
+      *algo = c.algo;
+      return FSDP_SUCCESS;
+    }
+  }
+  if (!lt_handle && api->create(&lt_handle) != CUBLAS_STATUS_SUCCESS) {
+    lt_handle = nullptr;
+    return FSDP_SUCCESS;
+  }
+  lt_call call(api);
+  cublasLtMatmulHeuristicResult_t r;
+  int found = 0;
+  *ok = lt_describe<T, TD>(call, x, bias ? kProbe : nullptr, aux ? kProbe : nullptr) &&
+        api->heuristic(lt_handle, call.desc, call.a, call.b, call.d, call.d, call.pref, 1, &r,
+                       &found) == CUBLAS_STATUS_SUCCESS &&
+        found == 1;
+  if (*ok) *algo = r.algo;
+  if (lt_count < kLtChoices) { /* past the table, a rare shape is decided at each call */
+    lt_choices[lt_count] = key;
+    lt_choices[lt_count].ok = *ok;
+    if (*ok) lt_choices[lt_count].algo = r.algo;
+    ++lt_count;
+  }
+  return FSDP_SUCCESS;
+}
+
+/* Runs D = epilogue(op(A) op(B) + beta D) through cuBLASLt when layer l's
+ * shape qualifies (*done = 1), else leaves *done 0 for the product + pass. */
+template <typename T, typename TD>
+static fsdp_status_t lt_run(const lt_shape &x, const lt_layer &l, TD *d, const T *A, const T *Bm,
+                            const void *bias, const void *aux, float beta, cudaStream_t s,
+                            int *done) {
+  *done = 0;
+  if (!aligned16(d) || !aligned16(A) || !aligned16(Bm) || !aligned16(bias) || !aligned16(aux))
+    return FSDP_SUCCESS;
+  bool ok;
+  cublasLtMatmulAlgo_t algo;
+  FSDP_TRY((lt_decide<T, TD>(x, bias != nullptr, aux != nullptr, l, &ok, &algo)));
+  if (!ok) return FSDP_SUCCESS;
+  lt_call call(fsdp_cublaslt(nullptr)); /* open: the heuristic ran */
+  if (!lt_describe<T, TD>(call, x, bias, aux))
+    return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "cuBLASLt: the descriptors of a %d x %d x %d "
+                      "product (epilogue %u), which its heuristic took, could not be made",
+                      x.m, x.n, x.k, (unsigned)x.epilogue);
+  const float one = 1.0f;
+  const cublasStatus_t st = call.api->matmul(lt_handle, call.desc, &one, A, call.a, Bm, call.b,
+                                             &beta, d, call.d, d, call.d, &algo, nullptr, 0, s);
+  if (st != CUBLAS_STATUS_SUCCESS)
+    return fsdp_cublas_fail(st, "cublasLtMatmul(d, A, B)", __FILE__, __LINE__);
+  *done = 1;
+  return FSDP_SUCCESS;
+}
+
+/* The cuBLASLt call of each product of layer l, or false where the product +
+ * pass runs without asking cuBLASLt; *why then says why. */
+
+/* out (B, OC) = [gelu](inp @ op(weight) + bias), aux = the pre-activation:
+ * column-major D = out^T (OC x B) = op(weight^T) inp^T. Needs a bias, and
+ * with GELU, OC % 8 == 0 (the aux leading dimension). */
+static bool forward_shape(const lt_layer &l, bool bias, bool gelu, lt_shape *x, const char **why) {
+  *why = !bias ? "no bias" : l.C <= 0 ? "C = 0" : gelu && l.OC % 8 ? "OC not a multiple of 8"
+                                                                   : nullptr;
+  *x = {l.linear, false, l.OC, l.B, l.C, l.linear ? l.C : l.OC, l.C, l.OC,
+        gelu ? (uint32_t)CUBLASLT_EPILOGUE_GELU_AUX_BIAS : (uint32_t)CUBLASLT_EPILOGUE_BIAS};
+  return !*why;
+}
+
+/* dinp (B, C) = (dout @ op(weight)) * gelu'(pre) (DGELU, aux = pre, ld C):
+ * column-major D = dinp^T (C x B) = op(weight^T) dout^T. Needs C % 8 == 0. */
+static bool dgelu_shape(const lt_layer &l, lt_shape *x, const char **why) {
+  *why = l.C % 8 ? "C not a multiple of 8" : nullptr;
+  *x = {!l.linear, false, l.C, l.B, l.OC, l.linear ? l.C : l.OC, l.OC, l.C,
+        (uint32_t)CUBLASLT_EPILOGUE_DGELU};
+  return !*why;
+}
+
+/* dweight += inp^T dout (its layout), with the bias gradient (dout's column
+ * sums) written: a linear layer's D = dweight^T (C x OC) = inp^T op(dout^T)
+ * sums B's columns (BGRADB); a Conv1D's D = dweight^T (OC x C) = dout^T
+ * op(inp^T) sums A's rows (BGRADA). Needs a bias. */
+static bool wgrad_shape(const lt_layer &l, bool bias, lt_shape *x, const char **why) {
+  *why = !bias ? "no bias" : nullptr;
+  if (l.linear)
+    *x = {false, true, l.C, l.OC, l.B, l.C, l.OC, l.C, (uint32_t)CUBLASLT_EPILOGUE_BGRADB};
+  else
+    *x = {false, true, l.OC, l.C, l.B, l.OC, l.C, l.OC, (uint32_t)CUBLASLT_EPILOGUE_BGRADA};
+  return !*why;
+}
+
+template <typename T>
+static fsdp_status_t lt_forward(T *out, T *aux, const T *inp, const T *weight, const T *bias,
+                                const lt_layer &l, cudaStream_t s, int *done) {
+  *done = 0;
+  lt_shape x;
+  const char *why;
+  if (!forward_shape(l, bias != nullptr, aux != nullptr, &x, &why)) return FSDP_SUCCESS;
+  return lt_run(x, l, out, weight, inp, bias, aux, 0.0f, s, done);
+}
+
+template <typename T>
+static fsdp_status_t lt_dgelu(T *dinp, const T *pre, const T *dout, const T *weight,
+                              const lt_layer &l, cudaStream_t s, int *done) {
+  *done = 0;
+  lt_shape x;
+  const char *why;
+  if (!dgelu_shape(l, &x, &why)) return FSDP_SUCCESS;
+  return lt_run(x, l, dinp, weight, dout, nullptr, pre, 0.0f, s, done);
+}
+
+/* grad (OC) written with dout's column sums, dweight += as above. */
+template <typename T>
+static fsdp_status_t lt_wgrad(float *dweight, float *grad, const T *dout, const T *inp,
+                              const lt_layer &l, cudaStream_t s, int *done) {
+  *done = 0;
+  lt_shape x;
+  const char *why;
+  if (!wgrad_shape(l, true, &x, &why)) return FSDP_SUCCESS;
+  if (l.linear) return lt_run(x, l, dweight, inp, dout, grad, nullptr, 1.0f, s, done);
+  return lt_run(x, l, dweight, dout, inp, grad, nullptr, 1.0f, s, done);
+}
+
+/* acc[i] += x[i] for n floats: an epilogue's bias gradient onto fsdp's
+ * running sum. */
+__global__ void add_kernel(float *acc, const float *x, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    acc[i] += x[i];
+}
 
 /* One pass after a beta = 0 product y (rows, OC), rows of OC elements:
  * y += bias (bias may be NULL); with gelu, act = gelu(y) (y keeps the
@@ -276,16 +537,22 @@ template <typename T>
 static fsdp_status_t matmul_forward(const fsdp_matmul_forward_args_t &a, cudaStream_t s) {
   if (a.B <= 0 || a.OC <= 0) return FSDP_SUCCESS;
   T *out = as<T>(a.out), *pre = as<T>(a.pre);
+  int done;
+  FSDP_TRY(lt_forward(out, pre, as<T>(a.inp), as<T>(a.weight), as<T>(a.bias),
+                      lt_layer{a.B, a.C, a.OC, a.weight_out_in != 0}, s, &done));
+  if (done) return FSDP_SUCCESS;
   T *y = pre ? pre : out;
   FSDP_TRY(product(y, as<T>(a.inp), as<T>(a.weight), a.B, a.C, a.OC, a.weight_out_in != 0, s));
   return epilogue(y, pre ? out : nullptr, as<T>(a.bias), (const T *)nullptr, a.B, a.OC, s);
 }
 
 /* d(input) written (beta = 0), times gelu'(gelu_pre) when given; dweight +=
- * (the gradient accumulates over micro-batches); dbias += over all SMs. */
+ * (the gradient accumulates over micro-batches); dbias += dout's column
+ * sums, from the weight gradient's epilogue or a column sum over all SMs. */
 template <typename T>
 static fsdp_status_t matmul_backward(const fsdp_matmul_backward_args_t &a, cudaStream_t s) {
   const int B = a.B, C = a.C, OC = a.OC;
+  const lt_layer l = {B, C, OC, a.weight_out_in != 0};
   T *dinp = as<T>(a.dinp);
   const T *dout = as<T>(a.dout), *inp = as<T>(a.inp), *weight = as<T>(a.weight);
   float *dweight = a.dweight, *dbias = a.dbias, *scratch = static_cast<float *>(a.scratch);
@@ -297,14 +564,27 @@ static fsdp_status_t matmul_backward(const fsdp_matmul_backward_args_t &a, cudaS
   if (dbias && !scratch)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "matmul_backward: dbias needs scratch of "
                       "fsdp_cuda_colsum_scratch_bytes(%d) bytes, got NULL", OC);
-  if (dbias) FSDP_TRY(bias_grad(dbias, scratch, dout, B, OC, s));
-  if (C <= 0) return FSDP_SUCCESS;
-  if (dinp && a.weight_out_in)
-    FSDP_TRY(gemm(false, false, B, C, OC, dout, OC, weight, C, 0.0f, dinp, C, s));
-  else if (dinp)
-    FSDP_TRY(gemm(false, true, B, C, OC, dout, OC, weight, OC, 0.0f, dinp, C, s));
+  if (C <= 0) return dbias ? bias_grad(dbias, scratch, dout, B, OC, s) : FSDP_SUCCESS;
+  int fused = 0;
   if (dinp && a.gelu_pre)
-    FSDP_TRY(epilogue(dinp, (T *)nullptr, (const T *)nullptr, as<T>(a.gelu_pre), B, C, s));
+    FSDP_TRY(lt_dgelu(dinp, as<T>(a.gelu_pre), dout, weight, l, s, &fused));
+  if (dinp && !fused) { /* the product, then gelu'(pre) in a pass */
+    if (a.weight_out_in)
+      FSDP_TRY(gemm(false, false, B, C, OC, dout, OC, weight, C, 0.0f, dinp, C, s));
+    else
+      FSDP_TRY(gemm(false, true, B, C, OC, dout, OC, weight, OC, 0.0f, dinp, C, s));
+    if (a.gelu_pre)
+      FSDP_TRY(epilogue(dinp, (T *)nullptr, (const T *)nullptr, as<T>(a.gelu_pre), B, C, s));
+  }
+  fused = 0;
+  if (dbias) FSDP_TRY(lt_wgrad(dweight, scratch, dout, inp, l, s, &fused));
+  if (fused) { /* the epilogue wrote dout's column sums into scratch */
+    FSDP_LAUNCH(add_kernel, fsdp_grid(OC, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, s, dbias,
+                scratch, OC);
+    LAUNCH_CHECK();
+    return FSDP_SUCCESS;
+  }
+  if (dbias) FSDP_TRY(bias_grad(dbias, scratch, dout, B, OC, s));
   if (a.weight_out_in) return gemm(true, false, OC, C, B, dout, OC, inp, C, 1.0f, dweight, C, s);
   return gemm(true, false, C, OC, B, inp, C, dout, OC, 1.0f, dweight, OC, s);
 }
@@ -329,6 +609,70 @@ fsdp_status_t fsdp_cuda_matmul_backward(const fsdp_matmul_backward_args_t *a,
   return fsdp_cuda_dispatch("matmul_backward", a->dt, stream, [&](auto *tag, cudaStream_t s) {
     STORAGE(tag);
     return matmul_backward<S>(*a, s);
+  });
+}
+
+/* "cuBLASLt <epilogue>" where cuBLASLt runs x (eligible: the shape asks it)
+ * for layer l, else "<pass> (<why>)" into out. */
+template <typename T, typename TD>
+static fsdp_status_t say_choice(bool eligible, const lt_shape &x, bool bias, bool aux,
+                                const lt_layer &l, const char *why, const char *pass, char *out,
+                                size_t n) {
+  bool ok = false;
+  cublasLtMatmulAlgo_t algo;
+  if (eligible) {
+    FSDP_TRY((lt_decide<T, TD>(x, bias, aux, l, &ok, &algo)));
+    why = fsdp_cublaslt(nullptr) ? "cuBLASLt's heuristic found no algorithm" : "no cuBLASLt";
+  }
+  const char *name = x.epilogue == CUBLASLT_EPILOGUE_BIAS            ? "BIAS"
+                     : x.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ? "GELU_AUX_BIAS"
+                     : x.epilogue == CUBLASLT_EPILOGUE_DGELU         ? "DGELU"
+                     : x.epilogue == CUBLASLT_EPILOGUE_BGRADA        ? "BGRADA"
+                                                                     : "BGRADB";
+  if (ok) snprintf(out, n, "cuBLASLt %s", name);
+  else snprintf(out, n, "%s (%s)", pass, why);
+  return FSDP_SUCCESS;
+}
+
+template <typename T>
+static fsdp_status_t product_impl(const lt_layer &l, int flags, char *buf, size_t len) {
+  const bool bias = flags & FSDP_PRODUCT_BIAS, gelu = flags & FSDP_PRODUCT_GELU;
+  char fwd[96] = "cuBLAS", dinp[96] = "cuBLAS", dw[96] = "cuBLAS";
+  lt_shape x;
+  const char *why;
+  if (bias || gelu) {
+    const bool e = forward_shape(l, bias, gelu, &x, &why);
+    FSDP_TRY((say_choice<T, T>(e, x, true, gelu, l, why,
+                               !bias ? "cuBLAS + GELU pass"
+                               : gelu ? "cuBLAS + bias+GELU pass"
+                                      : "cuBLAS + bias pass",
+                               fwd, sizeof fwd)));
+  }
+  if (flags & FSDP_PRODUCT_DGELU) {
+    const bool e = dgelu_shape(l, &x, &why);
+    FSDP_TRY((say_choice<T, T>(e, x, false, true, l, why, "cuBLAS + GELU' pass", dinp,
+                               sizeof dinp)));
+  }
+  if (bias) {
+    const bool e = wgrad_shape(l, true, &x, &why);
+    FSDP_TRY((say_choice<T, float>(e, x, true, false, l, why, "cuBLAS + bias column sum", dw,
+                                   sizeof dw)));
+  }
+  snprintf(buf, len, "fwd %s, dinp %s, dW %s", fwd, dinp, dw);
+  return FSDP_SUCCESS;
+}
+
+fsdp_status_t fsdp_cuda_product_impl(fsdp_stream_t stream, fsdp_dtype_t dtype, int B, int C,
+                                     int OC, int flags, char *buf, size_t len) {
+  if (!buf || len == 0)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_cuda_product_impl: no buffer");
+  if (B <= 0 || C <= 0 || OC <= 0)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_cuda_product_impl: B %d, C %d, OC %d: "
+                      "a product's sizes are positive", B, C, OC);
+  return fsdp_cuda_dispatch("product_impl", dtype, stream, [&](auto *tag, cudaStream_t) {
+    STORAGE(tag);
+    return product_impl<S>(lt_layer{B, C, OC, (flags & FSDP_PRODUCT_OUT_IN) != 0}, flags, buf,
+                           len);
   });
 }
 

@@ -1,0 +1,125 @@
+/* tests/cudasim/cublas/test_cublaslt.cc — the simulated cuBLASLt as fsdp
+ * meets it: opened by src/backend/cuda/cublaslt_lazy.h's dlopen (and checked
+ * to be the simulator's library), descriptors built as blas.cu builds them, the
+ * heuristic answering no algorithm where the call would be refused (a GELU
+ * input leading dimension not divisible by 8), a D less aligned than the
+ * preference promised refused, and cublasLtMatmul with
+ * GELU_AUX_BIAS on a stream of the simulated runtime, against the host. Exit 0
+ * when every check passes. */
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <vector>
+
+#include "../sim_test.h"
+#include "backend/cuda/cublaslt_lazy.h"
+
+static const fsdp_cublaslt_t *api;
+
+struct descs {
+  cublasLtMatmulDesc_t d = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulPreference_t p = nullptr;
+  ~descs() {
+    api->pref_destroy(p), api->layout_destroy(c), api->layout_destroy(b), api->layout_destroy(a);
+    api->desc_destroy(d);
+  }
+};
+
+/* y (B, OC) = gelu(x (B, C) W^T + bias), pre kept with leading dimension OC. */
+static void build(descs &s, int B, int C, int OC, const float *bias, float *pre) {
+  const int32_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  const uint32_t ep = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  const int64_t ld = OC;
+  CHECK(api->desc_create(&s.d, CUBLAS_COMPUTE_32F, CUDA_R_32F) == 0, "desc");
+  CHECK(api->desc_set(s.d, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) == 0, "transa");
+  CHECK(api->desc_set(s.d, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) == 0, "transb");
+  CHECK(api->desc_set(s.d, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep) == 0, "epilogue");
+  CHECK(api->desc_set(s.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias) == 0, "bias");
+  CHECK(api->desc_set(s.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &pre, sizeof pre) == 0, "aux");
+  CHECK(api->desc_set(s.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld) == 0, "aux ld");
+  CHECK(api->desc_set(s.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, 4) ==
+            CUBLAS_STATUS_INVALID_VALUE, "an attribute of the wrong size accepted");
+  CHECK(api->layout_create(&s.a, CUDA_R_32F, C, OC, C) == 0, "A");
+  CHECK(api->layout_create(&s.b, CUDA_R_32F, C, B, C) == 0, "B");
+  CHECK(api->layout_create(&s.c, CUDA_R_32F, OC, B, OC) == 0, "D");
+  CHECK(api->pref_create(&s.p) == 0, "pref");
+}
+
+static float *dev(size_t n, const float *host) {
+  float *d = nullptr;
+  CHECK(cudaMalloc((void **)&d, n * 4) == cudaSuccess, "malloc");
+  if (host) cudaMemcpy(d, host, n * 4, cudaMemcpyHostToDevice);
+  return d;
+}
+
+static void test_gelu_aux_bias(void) {
+  const int B = 5, C = 7, OC = 16;
+  std::vector<float> x(B * C), w(OC * C), bias(OC), y(B * OC), pre(B * OC);
+  for (int i = 0; i < B * C; ++i) x[i] = (float)((i * 37 % 19) - 9) / 8;
+  for (int i = 0; i < OC * C; ++i) w[i] = (float)((i * 53 % 23) - 11) / 16;
+  for (int i = 0; i < OC; ++i) bias[i] = (float)(i % 5 - 2) / 4;
+  float *dx = dev(x.size(), x.data()), *dw = dev(w.size(), w.data()),
+        *db = dev(bias.size(), bias.data()), *dy = dev(y.size(), nullptr),
+        *dp = dev(pre.size(), nullptr);
+  cublasLtHandle_t h = nullptr;
+  CHECK(api->create(&h) == 0, "create");
+  cudaStream_t s = nullptr;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess, "stream");
+  {
+    descs d;
+    build(d, B, C, OC, db, dp);
+    cublasLtMatmulHeuristicResult_t r;
+    int found = 0;
+    CHECK(api->heuristic(h, d.d, d.a, d.b, d.c, d.c, d.p, 1, &r, &found) == 0 && found == 1,
+          "no algorithm for a valid GELU_AUX_BIAS (found %d)", found);
+    const float one = 1.0f, zero = 0.0f;
+    CHECK(api->matmul(h, d.d, &one, dw, d.a, dx, d.b, &zero, dy, d.c, dy, d.c, &r.algo, nullptr,
+                      0, s) == 0, "matmul");
+    CHECK(api->matmul(h, d.d, &one, dw, d.a, dx, d.b, &zero, dp, d.c, dy, d.c, &r.algo, nullptr,
+                      0, s) == CUBLAS_STATUS_NOT_SUPPORTED, "C != D accepted");
+    CHECK(api->matmul(h, d.d, &one, dw, d.a, dx, d.b, &zero, dy + 1, d.c, dy + 1, d.c, &r.algo,
+                      nullptr, 0, s) == CUBLAS_STATUS_NOT_SUPPORTED,
+          "D 4 bytes off the 256 promised (the default MIN_ALIGNMENT_D_BYTES) accepted");
+    CHECK(cudaStreamSynchronize(s) == cudaSuccess, "sync");
+  }
+  cudaMemcpy(y.data(), dy, y.size() * 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(pre.data(), dp, pre.size() * 4, cudaMemcpyDeviceToHost);
+  int bad = 0;
+  for (int b = 0; b < B; ++b)
+    for (int o = 0; o < OC; ++o) {
+      double p = bias[o];
+      for (int c = 0; c < C; ++c) p += (double)x[b * C + c] * w[o * C + c];
+      const double g = 0.5 * p * (1 + tanh(sqrt(2 / M_PI) * (p + 0.044715 * p * p * p)));
+      bad += fabs(pre[b * OC + o] - p) > 1e-5 || fabs(y[b * OC + o] - g) > 1e-5;
+    }
+  CHECK(bad == 0, "%d of %d values wrong", bad, B * OC);
+  {
+    descs d; /* OC 12: the GELU input's leading dimension is not a multiple of 8 */
+    build(d, B, C, 12, db, dp);
+    cublasLtMatmulHeuristicResult_t r;
+    int found = 5;
+    CHECK(api->heuristic(h, d.d, d.a, d.b, d.c, d.c, d.p, 1, &r, &found) ==
+              CUBLAS_STATUS_NOT_SUPPORTED && found == 0,
+          "an aux ld of 12 got an algorithm (found %d)", found);
+  }
+  CHECK(api->destroy(h) == 0 && api->destroy(h) == CUBLAS_STATUS_NOT_INITIALIZED,
+        "destroy twice");
+  cudaStreamDestroy(s);
+  cudaFree(dx), cudaFree(dw), cudaFree(db), cudaFree(dy), cudaFree(dp);
+}
+
+int main(void) {
+  const char *why = nullptr;
+  api = fsdp_cublaslt(&why);
+  CHECK(api != nullptr, "cublaslt_lazy.h could not open the simulated cuBLASLt: %s", why);
+  if (!api) return 1;
+  Dl_info info;
+  CHECK(dladdr((void *)api->matmul, &info) && strstr(info.dli_fname, "cudasim/cublas"),
+        "cublasLtMatmul comes from %s, not the simulator's", info.dli_fname);
+  test_gelu_aux_bias();
+  printf("test_cublaslt: %d checks, %d failed\n", checks, failures);
+  return failures ? 1 : 0;
+}
