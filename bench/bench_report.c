@@ -8,18 +8,13 @@
 static double mib(double bytes) { return bytes / 1048576.0; }
 
 static void describe_model(const bench_opts_t *o, char *buf, size_t n) {
-  if (!strcmp(o->model, "llama")) {
-    const fsdp_llama_config_t *l = &o->llama;
-    snprintf(buf, n, "llama %s: %d layers x %d wide, %d heads / %d KV, FFN %d, T %d, vocab %d%s%s",
-             o->preset, l->n_layer, l->n_embd, l->n_head, l->n_kv_head, l->ffn_hidden, o->seq_len,
-             l->vocab_size, o->wrap.checkpoint_kinds ? ", checkpoint " : "",
-             o->wrap.checkpoint_kinds ? o->wrap.checkpoint_kinds : "");
-    return;
-  }
-  if (!strcmp(o->model, "gpt2")) {
-    snprintf(buf, n, "gpt2 %s: %d layers x %d wide, %d heads, T %d, vocab %d%s%s", o->preset,
-             o->gpt.n_layer, o->gpt.n_embd, o->gpt.n_head, o->seq_len, o->gpt.vocab_size,
-             o->wrap.checkpoint_kinds ? ", checkpoint " : "",
+  if (o->lm.k) {
+    lm_layout_t y;
+    char shape[96];
+    lm_layout(&o->lm, &y);
+    lm_shape(&o->lm, shape, sizeof shape);
+    snprintf(buf, n, "%s %s: %s, T %d, vocab %d%s%s", y.name, o->preset, shape, o->seq_len,
+             y.vocab_size, o->wrap.checkpoint_kinds ? ", checkpoint " : "",
              o->wrap.checkpoint_kinds ? o->wrap.checkpoint_kinds : "");
     return;
   }

@@ -6,11 +6,14 @@
 
 #include "bench_util.h"
 #include "tools/config.h"
+#include "tools/lm.h"
 
 #define BENCH_MAX_CONFIGS 32
 
 typedef struct {
   const char *model; /* "gpt2", "llama" or "mlp" */
+  lm_t lm;           /* gpt2, llama: the decoder over gpt or llama below, picked once
+                        when the options are final (lm.k NULL: the MLP) */
   const char *preset;
   fsdp_gpt2_config_t gpt;
   fsdp_llama_config_t llama; /* --model llama: --preset's */
@@ -117,7 +120,7 @@ double bench_cuda_hbm(char *name, size_t len);
 /* --kernel-profile (bench_kernels.c): the declared costs and the device's
  * bandwidth into r (once per configuration), then the classes' times of this
  * round's `steps` timed steps added; the table (after the row) and its JSON. */
-int bench_kernels_collect(fsdp_engine_t eng, const bench_opts_t *o, int B, int T, int steps,
+int bench_kernels_collect(fsdp_engine_t eng, const lm_t *lm, int B, int T, int steps,
                           bench_result_t *r);
 void bench_print_kernels(const bench_opts_t *o, const bench_result_t *r);
 void bench_kernels_json(FILE *f, const bench_opts_t *o, const bench_result_t *r);
