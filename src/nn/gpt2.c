@@ -8,7 +8,6 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "ckpt/gpt2_layout.h"
 #include "nn/decoder.h"

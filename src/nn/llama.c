@@ -7,9 +7,7 @@
  * (nn/sample.c). Dims: B batch, T time, C channels, NH query heads, NKV
  * key/value heads, D = C / NH, QKV = (NH + 2 NKV) D, F SwiGLU's width, V
  * vocabulary, L layers. */
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "ckpt/llama_layout.h"
 #include "nn/decoder.h"

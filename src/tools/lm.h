@@ -1,6 +1,6 @@
 /* src/tools/lm.h — the one place the tools (fsdp-train, fsdp-eval, fsdp-bench)
  * choose between the decoders, GPT-2 and the Llama family: lm_pick reads the
- * model's name once and every later call goes through its table (lm.c). A
+ * model's name once and every later call takes the picked model's (lm.c). A
  * handle is driven by one thread; errors as the model's calls (fsdp/nn.h). */
 #ifndef FSDP_TOOLS_LM_H
 #define FSDP_TOOLS_LM_H
@@ -8,12 +8,14 @@
 #include "fsdp/fsdp.h"
 #include "tools/config.h"
 
-typedef struct lm_kind lm_kind_t;
+typedef enum { LM_NONE = 0, LM_GPT2, LM_LLAMA } lm_kind_t;
 
 typedef struct {
-  const lm_kind_t *k; /* NULL: not a decoder (the MLP) */
-  const void *c;      /* the caller's fsdp_gpt2_config_t or fsdp_llama_config_t, kept alive */
-  void *model;        /* fsdp_gpt2_t or fsdp_llama_t after lm_create, else NULL */
+  lm_kind_t kind;                   /* LM_NONE: not a decoder (the MLP) */
+  const fsdp_gpt2_config_t *gpt;    /* LM_GPT2's configuration (the caller's, kept alive) */
+  const fsdp_llama_config_t *llama; /* LM_LLAMA's */
+  fsdp_gpt2_t g;                    /* the model after lm_create, else NULL */
+  fsdp_llama_t l;
 } lm_t;
 
 /* What the tools print and size from. */
@@ -28,7 +30,7 @@ typedef struct {
 } lm_layout_t;
 
 /* model "gpt2" or "llama" with its configuration (the other may be NULL);
- * any other name: a handle with k NULL. */
+ * any other name: kind LM_NONE. */
 lm_t lm_pick(const char *model, const fsdp_gpt2_config_t *gpt, const fsdp_llama_config_t *llama);
 void lm_layout(const lm_t *lm, lm_layout_t *out);
 /* "<layers> layers x <width> wide, <heads> heads" and, for a Llama,
