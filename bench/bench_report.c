@@ -8,7 +8,7 @@
 static double mib(double bytes) { return bytes / 1048576.0; }
 
 static void describe_model(const bench_opts_t *o, char *buf, size_t n) {
-  if (o->lm.k) {
+  if (o->lm.kind != LM_NONE) {
     lm_layout_t y;
     char shape[96];
     lm_layout(&o->lm, &y);

@@ -36,7 +36,7 @@ static uint64_t mix(uint64_t z) {
 static int make_data(model_t *m, const bench_opts_t *o, int rank) {
   size_t n = (size_t)m->accum * m->B * m->T;
   uint64_t base = mix(o->seed ^ mix((uint64_t)rank + 1));
-  if (m->lm.k) {
+  if (m->lm.kind != LM_NONE) {
     lm_layout_t y;
     lm_layout(&m->lm, &y);
     const uint64_t V = (uint64_t)y.vocab_size;
@@ -119,7 +119,7 @@ static fsdp_status_t bench_check_consistency(fsdp_engine_t eng, const bench_opts
 
 static fsdp_status_t model_build(fsdp_world_t world, const bench_opts_t *o, fsdp_config_t *c,
                                  model_t *m) {
-  const int gpt = m->lm.k != NULL;
+  const int gpt = m->lm.kind != LM_NONE;
   m->B = o->micro_batch;
   m->T = gpt ? o->seq_len : 1;
   m->accum = c->grad_accum;
@@ -159,7 +159,7 @@ static fsdp_status_t model_step(model_t *m, double *loss) {
   float scale = (float)fsdp_engine_loss_scale(m->eng) / (float)per;
   for (int k = 0; k < m->accum; k++) {
     double l = 0.0;
-    if (m->lm.k)
+    if (m->lm.kind != LM_NONE)
       BENCH_TRY(lm_forward_backward(&m->lm, m->tok + k * per, m->tgt + k * per, m->B, m->T,
                                     scale, &l));
     else
@@ -266,7 +266,7 @@ static double predicted_bytes(const bench_result_t *r, const fsdp_config_t *c) {
  * between heads but the scores and values still span NH x D = C. MLP: 6P per
  * sample. Recomputation under checkpointing is not counted. */
 static double flops_per_token(const bench_opts_t *o, const bench_result_t *r) {
-  if (!o->lm.k) return 6.0 * (double)r->params;
+  if (o->lm.kind == LM_NONE) return 6.0 * (double)r->params;
   lm_layout_t y;
   lm_layout(&o->lm, &y);
   return 6.0 * ((double)r->params - (double)y.lookup) +
@@ -496,8 +496,8 @@ void bench_result_free(bench_result_t *r) {
 int bench_run(fsdp_world_t world, const bench_opts_t *o, fsdp_strategy_t strategy, int depth,
               int shard_size, double peak_flops_rank, int round, bench_result_t *r) {
   lm_layout_t y = {0};
-  if (o->lm.k) lm_layout(&o->lm, &y);
-  const int gpt = o->lm.k != NULL, nranks = fsdp_world_size(world), layers = y.n_layer;
+  if (o->lm.kind != LM_NONE) lm_layout(&o->lm, &y);
+  const int gpt = o->lm.kind != LM_NONE, nranks = fsdp_world_size(world), layers = y.n_layer;
   fsdp_config_t c = o->cfg;
   c.strategy = strategy;
   c.prefetch_depth = depth;

@@ -13,7 +13,7 @@
 typedef struct {
   const char *model; /* "gpt2", "llama" or "mlp" */
   lm_t lm;           /* gpt2, llama: the decoder over gpt or llama below, picked once
-                        when the options are final (lm.k NULL: the MLP) */
+                        when the options are final (LM_NONE: the MLP) */
   const char *preset;
   fsdp_gpt2_config_t gpt;
   fsdp_llama_config_t llama; /* --model llama: --preset's */
