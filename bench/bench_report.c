@@ -1,6 +1,7 @@
 /* bench/bench_report.c — fsdp-bench's output on rank 0: a table for people
  * (medians, the spread of throughput and step time) and one JSON document with
  * every statistic for machines. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "fsdp_bench.h"
@@ -73,12 +74,30 @@ void bench_print_header(const bench_opts_t *o, int nranks, const char *backend,
   fflush(stdout);
 }
 
-/* "zero3", or "zero3 2x2" under HSDP. */
+/* "zero3", or "zero3 2x2" under HSDP; " +r10" with buddy replicas every 10
+ * steps. */
 static void strategy_label(const bench_result_t *r, char *buf, size_t n) {
+  int k;
   if (r->replicas > 1 && r->strategy != FSDP_NO_SHARD)
-    snprintf(buf, n, "%s %dx%d", fsdp_strategy_name(r->strategy), r->replicas, r->shard_size);
+    k = snprintf(buf, n, "%s %dx%d", fsdp_strategy_name(r->strategy), r->replicas, r->shard_size);
   else
-    snprintf(buf, n, "%s", fsdp_strategy_name(r->strategy));
+    k = snprintf(buf, n, "%s", fsdp_strategy_name(r->strategy));
+  if (r->replica_every && k >= 0 && (size_t)k < n)
+    snprintf(buf + k, n - (size_t)k, " +r%d", r->replica_every);
+}
+
+void bench_print_replica_cost(const bench_result_t *without, const bench_result_t *with) {
+  char name[32];
+  strategy_label(without, name, sizeof name);
+  const double a = without->tokens_per_s.median, b = with->tokens_per_s.median;
+  printf("cost: %s pf %d, replicas every %d steps: %.0f tokens/s (%.0f-%.0f) with, %.0f "
+         "(%.0f-%.0f) without (%+.1f %%); snapshots of %.2f MiB/rank, %.2f MiB of host memory "
+         "per rank, copy %.3f ms each on the step's path against a %.2f ms step\n",
+         name, without->prefetch, with->replica_every, b, with->tokens_per_s.min,
+         with->tokens_per_s.max, a, without->tokens_per_s.min, without->tokens_per_s.max,
+         a > 0 ? 100.0 * (b - a) / a : 0.0, mib(with->replica_snapshot_bytes),
+         mib(with->replica_host_bytes), with->replica_copy_ms, with->step_s.median * 1e3);
+  fflush(stdout);
 }
 
 void bench_print_row(const bench_result_t *r) {
@@ -118,6 +137,11 @@ static void result_json(FILE *f, const bench_opts_t *o, int nranks, const bench_
          r->params, r->n_units, r->largest_unit, r->tokens_per_step, r->flops_per_token,
          r->peak_flops, r->shard_size, r->replicas, r->gather_bytes, r->reduce_bytes,
          r->replica_bytes);
+  fprintf(f, "\"replica_every\":%d,", r->replica_every);
+  if (r->replica_every)
+    fprintf(f, "\"buddy_replica\":{\"snapshot_bytes\":%.0f,\"host_bytes\":%.0f,"
+            "\"copy_ms\":%.4f},", r->replica_snapshot_bytes, r->replica_host_bytes,
+            r->replica_copy_ms);
   const struct { const char *name; const bench_stat_t *s; double scale; } stats[] = {
       {"tokens_per_s", &r->tokens_per_s, 1},   {"tokens_per_s_per_rank", &r->tokens_per_s_rank, 1},
       {"step_ms", &r->step_s, 1e3},            {"compute_ms", &r->compute_s, 1e3},
@@ -204,6 +228,91 @@ static int host_rows(const char *preset) {
   return 0;
 }
 
+/* What buddy replicas (fsdp/replica.h) cost in host memory per rank: the
+ * model's units as a run makes them (its wrap plan, on a one-rank engine
+ * that is never materialised), sized by fsdp_replica_bytes, the function
+ * fsdp_replica_create sizes its buffers with, at each shard size (the ranks
+ * a unit is sharded over: the world, or HSDP's --shard-size). */
+static fsdp_status_t replica_units(fsdp_world_t w, const bench_opts_t *o, const char *preset,
+                                   size_t *numel, int cap, int *n) {
+  fsdp_config_t c = o->cfg;
+  c.device = FSDP_DEVICE_CPU;
+  c.comm_backend = NULL;
+  c.shard_size = 0;
+  fsdp_engine_t e;
+  fsdp_gpt2_opts_t wrap = o->wrap;
+  wrap.max_batch = wrap.max_T = 1; /* activation buffers: none worth the name */
+  fsdp_status_t st = fsdp_engine_create(w, &c, &e);
+  if (st) return st;
+  fsdp_llama_t llama = NULL;
+  fsdp_gpt2_t gpt = NULL;
+  fsdp_gpt2_config_t g;
+  fsdp_llama_config_t l;
+  st = !strcmp(o->model, "llama")
+                         ? fsdp_llama_preset(preset, &l) ||
+                               fsdp_llama_create(e, &l, &wrap, &llama)
+                         : fsdp_gpt2_preset(preset, &g) || fsdp_gpt2_create(e, &g, &wrap, &gpt);
+  *n = st ? 0 : fsdp_engine_num_units(e);
+  if (*n > cap) {
+    fprintf(stderr, "fsdp-bench: --memory-plan: %s has %d units, the plan lists at most %d\n",
+            preset, *n, cap);
+    *n = 0;
+    st = FSDP_ERR_UNSUPPORTED;
+  }
+  for (int u = 0; u < *n && !st; u++) {
+    fsdp_unit_info_t info;
+    st = fsdp_unit_info(e, u, &info);
+    numel[u] = info.numel;
+  }
+  fsdp_llama_destroy(llama);
+  fsdp_gpt2_destroy(gpt);
+  fsdp_engine_destroy(e);
+  return st;
+}
+
+static int replica_rows(const bench_opts_t *o, const char *const *presets, int n_presets) {
+  enum { MAX_UNITS = 512 };
+  const int states = o->cfg.optim.kind == FSDP_OPTIM_ADAMW ? 3
+                     : o->cfg.optim.momentum != 0.0f       ? 2
+                                                           : 1; /* master + the optimizer's */
+  int shards[4] = {1, 8, 64}, n_shards = 3;
+  if (o->cfg.shard_size > 0 && o->cfg.shard_size != 1 && o->cfg.shard_size != 8 &&
+      o->cfg.shard_size != 64)
+    shards[n_shards++] = o->cfg.shard_size;
+  printf("\nBuddy replicas (--replica-every K, %s %d): host memory per rank, whatever K: 4 "
+         "snapshots (its own last two, the last two of the rank it keeps copies for) of a "
+         "shard, fp32 "
+         "master%s; fsdp_replica_bytes over the model's units; S = ranks a unit is sharded "
+         "over (the world, or --shard-size)\n",
+         o->replica_every ? "here" : "default", o->replica_every ? o->replica_every
+                                                                : FSDP_REPLICA_DEFAULT_EVERY,
+         states == 3 ? " + AdamW m + v" : states == 2 ? " + SGD momentum" : "");
+  printf("%-15s %6s %18s %18s %10s\n", "preset", "S", "snapshot bytes", "host bytes",
+         "host GiB");
+  fsdp_world_t w = NULL;
+  size_t *numel = malloc(MAX_UNITS * sizeof *numel);
+  int rc = !numel || fsdp_world_init(&w, NULL) != FSDP_SUCCESS;
+  for (int i = 0; i < n_presets && !rc; i++) {
+    int n;
+    if (replica_units(w, o, presets[i], numel, MAX_UNITS, &n)) {
+      rc = 1;
+      break;
+    }
+    for (int k = 0; k < n_shards && !rc; k++) {
+      size_t snap, host;
+      rc = fsdp_replica_bytes(numel, n, states, shards[k], o->cfg.align, &snap, &host) != 0;
+      if (!rc)
+        printf("%-15s %6d %18zu %18zu %10.3f\n", presets[i], shards[k], snap, host,
+               gib((double)host));
+    }
+  }
+  if (rc) fprintf(stderr, "fsdp-bench: --memory-plan: %s\n", numel ? fsdp_last_error() :
+                  "out of memory");
+  fsdp_world_destroy(w);
+  free(numel);
+  return rc;
+}
+
 /* The Llama presets' activation memory (fsdp_llama_memory) and a one-GPU
  * total as GPT-2's. */
 static int llama_memory_plan(const bench_opts_t *o, int B, int T, fsdp_dtype_t dt) {
@@ -238,7 +347,9 @@ static int llama_memory_plan(const bench_opts_t *o, int B, int T, fsdp_dtype_t d
            gib((double)m.common), gib((double)m.saved), gib((double)m.checkpointed),
            gib(state + (double)m.checkpointed));
   }
-  return 0;
+  int n = strcmp(o->preset, presets[0]) && strcmp(o->preset, presets[1]) &&
+          strcmp(o->preset, presets[2]) ? 4 : 3;
+  return replica_rows(o, presets, n);
 }
 
 int bench_print_memory_plan(const bench_opts_t *o) {
@@ -277,5 +388,5 @@ int bench_print_memory_plan(const bench_opts_t *o) {
       return 1;
     }
   }
-  return 0;
+  return replica_rows(o, presets, strcmp(o->preset, "124M") && strcmp(o->preset, "1558M") ? 3 : 2);
 }

@@ -444,11 +444,12 @@ static fsdp_status_t measure(model_t *m, const bench_opts_t *o, bench_result_t *
   double first = 0.0, last = 0.0;
   BENCH_TRY(timed_steps(m, o, s, &first, &last));
   fsdp_replica_info_t ri;
-  if (m->replica && fsdp_replica_info(m->replica, &ri) == FSDP_SUCCESS && ri.rank == 0 &&
-      ri.snapshots)
-    fprintf(stderr, "fsdp-bench: replicas every %d steps: %d snapshots of %.2f MiB, copy %.3f "
-            "ms each on rank 0's step path (the transfer runs beside the steps)\n", ri.every,
-            ri.snapshots, ri.snapshot_bytes / 1048576.0, ri.copy_s * 1e3 / ri.snapshots);
+  if (m->replica) {
+    BENCH_TRY(fsdp_replica_info(m->replica, &ri));
+    r->replica_snapshot_bytes = (double)ri.snapshot_bytes;
+    r->replica_host_bytes = (double)ri.host_bytes;
+    r->replica_copy_ms = ri.snapshots ? ri.copy_s * 1e3 / ri.snapshots : 0.0;
+  }
   if (o->kernel_profile) BENCH_TRY(bench_kernels_collect(m->eng, &m->lm, m->B, m->T, n_it, r));
   size_t n = 0, dropped = 0;
   const fsdp_tl_event_t *tl = NULL;
@@ -521,6 +522,7 @@ int bench_run(fsdp_world_t world, const bench_opts_t *o, fsdp_strategy_t strateg
     model_sizes(&m, r);
     r->shard_size = fsdp_engine_config(m.eng)->shard_size;
     r->replicas = nranks / r->shard_size;
+    r->replica_every = o->replica_every;
     r->tokens_per_step = (double)nranks * c.grad_accum * m.B * m.T;
     r->flops_per_token = flops_per_token(o, r);
     r->peak_flops = peak_flops_rank * nranks;

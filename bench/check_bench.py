@@ -8,6 +8,7 @@ No timings are asserted: only structure and exact quantities.
     check_bench.py fsdp  MPIRUN NP FSDP_BENCH
     check_bench.py llama MPIRUN NP FSDP_BENCH [FSDP_BENCH ARGS...]
     check_bench.py hsdp  MPIRUN NP FSDP_BENCH
+    check_bench.py replica MPIRUN NP FSDP_BENCH
     check_bench.py bytes MPIRUN NP FSDP_BENCH [FSDP_BENCH ARGS...]
     check_bench.py exposed MPIRUN NP FSDP_BENCH [FSDP_BENCH ARGS...]
     check_bench.py trace MPIRUN NP FSDP_BENCH OUT.json
@@ -225,6 +226,58 @@ def check_hsdp(mpirun, np, exe):
     print(f"fsdp-bench HSDP rows at N={np}: {len(res)} configurations, 0 wrong")
 
 
+def plan_replica_bytes(exe, model, shard):
+    """fsdp-bench --memory-plan's buddy-replica rows for the tiny preset:
+    {S: (snapshot bytes, host bytes)}."""
+    p = subprocess.run([exe, "--memory-plan", "--model", model, "--preset", "tiny",
+                        "--shard-size", str(shard)], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, timeout=60)
+    sys.stderr.write(p.stderr)
+    expect(p.returncode == 0, f"--memory-plan --model {model} exited {p.returncode}")
+    rows = {}
+    for line in p.stdout[p.stdout.index("Buddy replicas"):].splitlines():
+        f = line.split()
+        if len(f) == 5 and f[0] == "tiny":
+            rows[int(f[1])] = (int(f[2]), int(f[3]))
+    expect(shard in rows, f"--memory-plan lists no replica row for tiny at S={shard}:\n{p.stdout}")
+    return rows
+
+
+def check_replica(mpirun, np, exe):
+    """--replica-every: every configuration runs without and then with buddy
+    replicas, side by side (the table's rows and the cost line), and the host
+    memory the replica allocated on the real run (fsdp_replica_info) is,
+    to the byte, what --memory-plan computed for that model and shard size;
+    plain FSDP over the world and HSDP with shard groups of 1."""
+    for model in ("gpt2", "llama"):
+        for shard in sorted({np, 1}):
+            plan = plan_replica_bytes(exe, model, shard)
+            args = [exe, "--model", model, "--preset", "tiny", "--micro-batch", "1", "-w", "1",
+                    "-n", "2", "--peak-size", "0", "--replica-every", "1", "--shard-size",
+                    str(shard)]
+            doc = json.loads(launch(mpirun, np, args + ["--json"]))
+            res = doc["results"]
+            expect([r["replica_every"] for r in res] == [0, 1],
+                   f"{model} S={shard}: runs without and with replicas, not {res}")
+            expect("buddy_replica" not in res[0], "the run without replicas reports none")
+            got = res[1]["buddy_replica"]
+            want = plan[shard]
+            expect((got["snapshot_bytes"], got["host_bytes"]) == want,
+                   f"{model} S={shard}: the run's replica holds {got['snapshot_bytes']} B per "
+                   f"snapshot, {got['host_bytes']} B in all; --memory-plan said {want}")
+            expect(got["host_bytes"] == 4 * got["snapshot_bytes"], "four snapshots")
+            print(f"{model} tiny, N={np}, S={shard}: replica host memory {got['host_bytes']} B "
+                  f"per rank, as planned; {res[0]['tokens_per_s']['median']:.0f} tokens/s "
+                  f"without, {res[1]['tokens_per_s']['median']:.0f} with")
+    out = launch(mpirun, np, args)
+    rows = [line.split("|")[0].split() for line in out.splitlines() if line.startswith("zero3")]
+    expect(rows == [["zero3", "1"], ["zero3", "+r1", "1"]] or
+           rows == [["zero3", f"{np}x1", "1"], ["zero3", f"{np}x1", "+r1", "1"]],
+           f"the table's rows are not without / with replicas: {rows}\n{out}")
+    expect(sum(line.startswith("cost: zero3") and " with, " in line and " without " in line
+               for line in out.splitlines()) == 1, f"no cost line:\n{out}")
+
+
 def check_bytes(mpirun, np, exe, extra):
     """Bytes per step are what the wire carries: the 16-bit runs gather and
     reduce half the f32 run's bytes (the same shards; the f32 copy the CPU
@@ -420,6 +473,8 @@ def main():
         check_llama(mpirun, np, exe, sys.argv[5:])
     elif what == "hsdp":
         check_hsdp(mpirun, np, exe)
+    elif what == "replica":
+        check_replica(mpirun, np, exe)
     elif what == "exposed":
         check_exposed(mpirun, np, exe, sys.argv[5:])
     elif what == "bytes":

@@ -53,7 +53,9 @@ static const char usage_text[] =
     "                             --shard-size)\n"
     "output\n"
     "  --memory-plan              print GPT-2's activation memory per layer (124M, 1558M,\n"
-    "                             --preset) before and after issue 15, computed; run nothing\n"
+    "                             --preset) before and after issue 15 (--model llama: its\n"
+    "                             presets), and the host memory buddy replicas take per rank\n"
+    "                             at shard sizes 1, 8, 64 and --shard-size, computed; run nothing\n"
     "  --config FILE              YAML: every flag as a key (its name without --) and sharding\n"
     "                             rules, as fsdp-train; the command line overrides it\n"
     "  --print-config             print the effective configuration as such a file, and exit\n"
@@ -62,7 +64,8 @@ static const char usage_text[] =
     "  --trace FILE               the timed steps of every rank as one Chrome trace (Perfetto,\n"
     "                             chrome://tracing): pid = rank, tracks compute/gather/reduce\n"
     "  --replica-every K          snapshot every K steps to the buddy rank (fsdp/replica.h),\n"
-    "                             inside the timed steps: what replicas cost (0 off)\n"
+    "                             inside the timed steps: each configuration runs without\n"
+    "                             and with replicas, tokens/s side by side (0 off)\n"
     "  --kernel-profile           gpt2, llama: time each kernel class (fsdp/profile.h) in the timed\n"
     "                             steps (CUDA events on the compute stream; host clock on the\n"
     "                             CPU) and print per class calls, ms, share of the step,\n"
@@ -319,14 +322,23 @@ static int run_all(fsdp_world_t world, const bench_opts_t *o, double peak_rank) 
   if (!res) return fprintf(stderr, "fsdp-bench: out of memory\n"), 1;
   bench_machine(&m);
   if (rank == 0 && !o->json) bench_print_header(o, nranks, backend, &m, peak_rank);
+  /* --replica-every K: each configuration without replicas, then with them */
+  const int per = o->replica_every ? 2 : 1;
+  if (n * per > BENCH_MAX_CONFIGS) n = BENCH_MAX_CONFIGS / per;
   for (int round = 0; round < (int)o->rounds && rc == 0; round++)
-    for (int i = 0; i < n && rc == 0; i++) {
-      rc = bench_run(world, o, st[i], depth[i], shard[i], peak_rank, round, &res[i]) ? 1 : 0;
+    for (int i = 0; i < n * per && rc == 0; i++) {
+      bench_opts_t oc = *o;
+      int k = i / per;
+      oc.replica_every = per == 2 && i % 2 == 0 ? 0 : o->replica_every;
+      rc = bench_run(world, &oc, st[k], depth[k], shard[k], peak_rank, round, &res[i]) ? 1 : 0;
       if (rc == 0 && rank == 0 && !o->json && round == (int)o->rounds - 1) {
         bench_print_row(&res[i]);
         bench_print_kernels(o, &res[i]);
       }
     }
+  n *= per;
+  for (int i = 1; rc == 0 && rank == 0 && !o->json && per == 2 && i < n; i += 2)
+    bench_print_replica_cost(&res[i - 1], &res[i]);
   if (rc == 0 && rank == 0 && !o->json && cfg_sharding_count(o->config)) {
     printf("\nsharding rules (the last model's matches):\n");
     cfg_print_matches(stdout, o->config);

@@ -64,6 +64,12 @@ typedef struct {
    * over timed steps): gathers and gradient reductions in the shard group, the
    * HSDP gradient-shard all-reduce in the replica group. */
   double gather_bytes, reduce_bytes, replica_bytes;
+  /* --replica-every: buddy snapshots every replica_every steps (0: none in
+   * this configuration); one snapshot's bytes and all the replica's host
+   * memory per rank (fsdp_replica_info), rank 0's copy into a snapshot (the
+   * part on the step's path), milliseconds per snapshot */
+  int replica_every;
+  double replica_snapshot_bytes, replica_host_bytes, replica_copy_ms;
   double wrong;                 /* see bench_check, summed over rounds */
   double skipped_steps;         /* steps the numerics guard skipped (NaN/Inf, fp16 overflow) */
   double loss_scale;            /* at the end (1: no loss scaling) */
@@ -144,6 +150,9 @@ void bench_print_row(const bench_result_t *r);
  * by fsdp_gpt2_memory, nothing run. With --model llama: the Llama presets
  * by fsdp_llama_memory. 0, or 1 after printing why. */
 int bench_print_memory_plan(const bench_opts_t *o);
+/* The issue's "Cost" line: tokens/s of one configuration with buddy
+ * replicas and without, side by side. */
+void bench_print_replica_cost(const bench_result_t *without, const bench_result_t *with);
 /* The JSON document (--json on stdout, --json-file to a file). */
 void bench_print_json(FILE *f, const bench_opts_t *o, int nranks, const char *backend,
                       const bench_machine_t *m, const bench_result_t *r, int n);

@@ -14,12 +14,19 @@
  * once its transfer completed and its header (magic, step, source rank, world
  * size, bytes) checks out; until then the previous one is the newest complete
  * copy. Memory: 4 x fsdp_replica_info().snapshot_bytes per rank (about
- * 4 x 12 bytes per parameter / N with AdamW), reported by fsdp-train at
- * start-up.
+ * 4 x 12 bytes per parameter / S with AdamW, S the ranks a unit is sharded
+ * over: the world, HSDP's shard size, 1 under NO_SHARD), reported by
+ * fsdp-train at start-up; fsdp_replica_bytes computes it before an engine
+ * exists (fsdp-bench --memory-plan).
  *
  * After a rank is lost, the survivors rebuild the training state of the last
- * snapshot that every lost rank's buddy holds, for a new world of any size,
- * from memory alone (fsdp_replica_restore; no file is read).
+ * snapshot complete for every shard, for a new world of any size and layout,
+ * from memory alone (fsdp_replica_restore; no file is read). Under HSDP
+ * (config.shard_size S < N) every shard is held by the N / S ranks of a
+ * replica group, bit for bit the same: a lost rank's shard is taken from a
+ * surviving rank of its replica group's own snapshot of that step (all of a
+ * step's snapshots hold the same step, loss scaler and trainer integers), and
+ * only when all of them are lost from a buddy's copy.
  *
  * Thread safety: one thread (the trainer's) calls every function of a
  * replica. Errors: every call returns fsdp_status_t, fsdp_last_error() says
@@ -75,6 +82,19 @@ FSDP_API fsdp_status_t fsdp_replica_snapshot(fsdp_replica_t replica, const fsdp_
 FSDP_API fsdp_status_t fsdp_replica_wait(fsdp_replica_t replica);
 FSDP_API fsdp_status_t fsdp_replica_info(fsdp_replica_t replica, fsdp_replica_info_t *info);
 
+/* What a replica of units of numel[0 .. n_units) parameters costs per rank,
+ * before any engine exists: *snapshot (may be NULL) one snapshot's bytes,
+ * *host (may be NULL) the host memory fsdp_replica_create allocates (its
+ * four snapshots), equal to fsdp_replica_info's snapshot_bytes and
+ * host_bytes for an engine of those units. shards: the ranks a unit is
+ * sharded over (config.shard_size, the world without HSDP, 1 under
+ * NO_SHARD); align: config.align; n_states: 1 + the optimizer's states per
+ * element (3 for AdamW, 2 for SGD with momentum). FSDP_ERR_INVALID_ARGUMENT
+ * naming a bad value. Thread-safe; allocates nothing. */
+FSDP_API fsdp_status_t fsdp_replica_bytes(const size_t *numel, int n_units, int n_states,
+                                          int shards, size_t align, size_t *snapshot,
+                                          size_t *host);
+
 /* The state `state` (0 master, 1 and 2 the optimizer's, as fsdp_ckpt_read
  * numbers them) of unit `unit` in the snapshot of step `step` that this rank
  * keeps for `source` (held 1) or its own (held 0): *data points at *count
@@ -94,20 +114,23 @@ FSDP_API void fsdp_replica_disconnect(fsdp_replica_t replica);
 /* The survivors' rebuild (collective over `engine`'s world, a new world of
  * M ranks made after the loss; every rank of it must hold its replica from
  * the old world of N ranks, disconnected or not: it is disconnected first).
- * The ranks agree on the newest step s such that every survivor holds its own
- * snapshot s and, for every lost rank, its buddy is a survivor that holds
- * that rank's complete snapshot s; then every unit's old shards (own or the
- * buddy's copy) are moved to the owners of the new layout (one broadcast per
- * unit and old rank, from the rank holding it: each rank receives the whole
- * state once, one old shard at a time), the engine's
+ * The ranks agree on the newest step s such that every old shard has a
+ * complete snapshot s on a survivor: the own snapshot of a surviving rank
+ * that held the shard (under HSDP any rank of its replica group), else a
+ * buddy's copy of a lost one; then every unit's old shards are moved to the
+ * owners of the new layout, whatever it is (another world size, another
+ * shard size, HSDP or not: one broadcast per unit and old shard, from the
+ * rank holding it: each rank receives the whole state once, one old shard at
+ * a time), the engine's
  * master shards and optimizer state are overwritten, and its step (and the
  * loss scaler's state) set to s. The old and new engines must have the same
  * units and tensors. *meta (may be NULL) receives the snapshot's trainer
  * integers, *step (may be NULL) s. Afterwards the replica snapshots the new
  * world (its communicator is made here; its old snapshots are dropped).
  * FSDP_ERR_INVALID_USAGE, on every rank, when no step has a complete copy of
- * every lost rank (naming the lost rank, its buddy and why); the engine is
- * then untouched. */
+ * every shard (naming the lost rank and its buddy, or under HSDP the shard
+ * and the ranks that held it, and why) or when config.align changed; the
+ * engine is then untouched. */
 FSDP_API fsdp_status_t fsdp_replica_restore(fsdp_replica_t replica, fsdp_engine_t engine,
                                             fsdp_ckpt_meta_t *meta, int64_t *step);
 

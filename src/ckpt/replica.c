@@ -6,7 +6,15 @@
  * trainer's integers), then each unit's element count on the snapshotting
  * rank, then per unit its master shard and optimizer states, each padded to
  * the shard's capacity, so that every rank's buffer has the same size and
- * one fsdp_shift moves it. */
+ * one fsdp_shift moves it.
+ *
+ * Under HSDP (R replica groups x S ranks) the S shards of a unit exist R
+ * times: old rank q holds shard q mod S, and every rank of q's replica group
+ * holds the same one, bit for bit (the replica all-reduce gives them the same
+ * gradient). A restore therefore needs, per shard index, one complete
+ * snapshot of it: the own snapshot of any surviving holder, else a buddy's
+ * copy of a lost one. */
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -15,6 +23,7 @@
 
 #define SNAP_MAGIC 0x66736470736e6170ull /* "fsdpsnap" */
 #define MAX_STATES 3
+#define REPLICA_BUFFERS 4 /* own[2] and held[2] */
 
 typedef struct {
   uint64_t magic;
@@ -29,6 +38,7 @@ struct fsdp_replica {
   fsdp_engine_t eng;
   int every, n_units, n_states;
   int world, rank, offset;    /* the world the snapshots are taken in; shift distance */
+  int shards;                 /* ranks a unit is sharded over there (HSDP's S; 1 NO_SHARD) */
   size_t *cap, *numel;        /* per unit: shard capacity, parameters */
   size_t *at;                 /* per unit: first float of its block in a snapshot */
   size_t head_bytes, bytes;   /* header + counts; the whole snapshot */
@@ -61,8 +71,7 @@ static float *block_of(const fsdp_replica_t r, unsigned char *buf, int u, int st
 /* ---- connection (communicator, stream, event) ------------------------------ */
 
 static fsdp_status_t finish(fsdp_replica_t r);
-static fsdp_status_t old_capacity(const char *op, fsdp_replica_t r, fsdp_engine_t e, int u,
-                                  int n, size_t *cap);
+static int shard_world(fsdp_engine_t e);
 
 /* A transfer that completed before the failure still counts; one that failed
  * is not an error here (the failure is the caller's news already). */
@@ -87,6 +96,7 @@ static fsdp_status_t connect(fsdp_replica_t r, fsdp_engine_t e) {
   r->world = fsdp_world_size(w);
   r->rank = fsdp_world_rank(w);
   int local = fsdp_world_local_size(w);
+  r->shards = shard_world(e);
   r->offset = r->world == 1 ? 0 : local > 0 && local < r->world ? local : 1;
   FSDP_TRY(fsdp_comm_dup(fsdp_engine_comm(e), &r->comm));
   fsdp_status_t st = fsdp_stream_create("replica", &r->stream);
@@ -110,6 +120,47 @@ static void free_buffers(fsdp_replica_t r) {
   r->cap = r->numel = r->at = NULL;
 }
 
+/* The ranks a unit of e is sharded over: the shard group's (HSDP's S, the
+ * world without), 1 under NO_SHARD. */
+static int shard_world(fsdp_engine_t e) {
+  const fsdp_config_t *c = fsdp_engine_config(e);
+  return c->strategy == FSDP_NO_SHARD ? 1 : c->shard_size;
+}
+
+/* The one definition of a snapshot's size: per unit the shard capacity of a
+ * split over `shards` ranks (as the engine lays it out), n_states floats per
+ * element, after a header and the per-unit ranges. cap and at (may be NULL)
+ * receive per unit the capacity and the first float of its block. */
+static fsdp_status_t snapshot_size(const size_t *numel, int n_units, int n_states, int shards,
+                                   size_t align, size_t *cap, size_t *at, size_t *head_bytes,
+                                   size_t *bytes) {
+  size_t floats = 0;
+  for (int u = 0; u < n_units; u++) {
+    size_t c;
+    FSDP_TRY(fsdp_shard_layout(numel[u], shards, align, 0, NULL, &c, NULL, NULL));
+    if (cap) cap[u] = c;
+    if (at) at[u] = floats;
+    floats += c * (size_t)n_states;
+  }
+  *head_bytes = round8(sizeof(snap_header_t) + 2 * (size_t)n_units * sizeof(uint64_t));
+  *bytes = *head_bytes + floats * sizeof(float);
+  return FSDP_SUCCESS;
+}
+
+fsdp_status_t fsdp_replica_bytes(const size_t *numel, int n_units, int n_states, int shards,
+                                 size_t align, size_t *snapshot, size_t *host) {
+  if (!numel || n_units <= 0 || n_states < 1 || n_states > MAX_STATES || shards < 1 ||
+      align == 0 || (align & (align - 1)))
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_replica_bytes: needs numel of n_units "
+                      "> 0 units (%d), n_states in [1, %d] (%d), shards >= 1 (%d) and a power "
+                      "of two align (%zu)", n_units, MAX_STATES, n_states, shards, align);
+  size_t head, bytes;
+  FSDP_TRY(snapshot_size(numel, n_units, n_states, shards, align, NULL, NULL, &head, &bytes));
+  if (snapshot) *snapshot = bytes;
+  if (host) *host = REPLICA_BUFFERS * bytes;
+  return FSDP_SUCCESS;
+}
+
 /* Sizes the snapshots for e's units and allocates the four buffers. */
 static fsdp_status_t layout(fsdp_replica_t r, fsdp_engine_t e) {
   int n = fsdp_engine_num_units(e);
@@ -126,23 +177,30 @@ static fsdp_status_t layout(fsdp_replica_t r, fsdp_engine_t e) {
   FSDP_TRY(fsdp_unit_shard(e, 0, &s));
   r->n_states = 1 + (s.m != NULL) + (s.v != NULL);
   FSDP_TRY(fsdp_unit_shard_release(e, 0, 0));
-  size_t floats = 0;
   for (int u = 0; u < n; u++) {
     fsdp_unit_info_t info;
     FSDP_TRY(fsdp_unit_info(e, u, &info));
-    r->cap[u] = info.shard_numel;
     r->numel[u] = info.numel;
-    r->at[u] = floats;
-    floats += r->cap[u] * (size_t)r->n_states;
   }
-  r->head_bytes = round8(sizeof(snap_header_t) + 2 * (size_t)n * sizeof(uint64_t));
-  r->bytes = r->head_bytes + floats * sizeof(float);
+  const int shards = shard_world(e);
+  const size_t align = fsdp_engine_config(e)->align;
+  FSDP_TRY(snapshot_size(r->numel, n, r->n_states, shards, align, r->cap, r->at, &r->head_bytes,
+                         &r->bytes));
+  /* a joining rank and the restore compute old capacities the same way */
+  for (int u = 0; u < n; u++) {
+    fsdp_unit_info_t info;
+    FSDP_TRY(fsdp_unit_info(e, u, &info));
+    if (info.shard_numel != r->cap[u])
+      return fsdp_error(FSDP_ERR_INTERNAL, "replica: unit %d ('%s') has %zu elements per rank, "
+                        "not the %zu of fsdp_shard_layout over %d ranks at alignment %zu", u,
+                        info.name, info.shard_numel, r->cap[u], shards, align);
+  }
   for (int k = 0; k < 2; k++) {
     r->own[k] = fsdp_alloc(r->bytes);
     r->held[k] = fsdp_alloc(r->bytes);
     if (!r->own[k] || !r->held[k])
-      return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "replica: cannot allocate 4 snapshots of %zu "
-                        "bytes", r->bytes);
+      return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "replica: cannot allocate %d snapshots of %zu "
+                        "bytes", REPLICA_BUFFERS, r->bytes);
     memset(r->own[k], 0, r->bytes); /* padding is sent too: no uninitialised bytes */
     r->own_step[k] = r->held_step[k] = -1;
   }
@@ -164,12 +222,6 @@ fsdp_status_t fsdp_replica_create(fsdp_engine_t e, int every, fsdp_replica_t *ou
   r->in_flight = -1;
   fsdp_status_t st = layout(r, e);
   if (st == FSDP_SUCCESS) st = connect(r, e);
-  /* refused now rather than after a loss, when restore would refuse them (and
-   * a joining rank, which has no capacities to check, would wait for them) */
-  for (int u = 0; st == FSDP_SUCCESS && u < r->n_units; u++) {
-    size_t cap;
-    st = old_capacity("fsdp_replica_create", r, e, u, r->world, &cap);
-  }
   if (st != FSDP_SUCCESS) {
     fsdp_replica_destroy(r);
     return st;
@@ -278,7 +330,8 @@ fsdp_status_t fsdp_replica_info(fsdp_replica_t r, fsdp_replica_info_t *info) {
   *info = (fsdp_replica_info_t){.every = r->every, .world_size = r->world, .rank = r->rank,
                                 .buddy = (r->rank + r->offset) % r->world,
                                 .source = (r->rank - r->offset + r->world) % r->world,
-                                .snapshot_bytes = r->bytes, .host_bytes = 4 * r->bytes,
+                                .snapshot_bytes = r->bytes,
+                                .host_bytes = REPLICA_BUFFERS * r->bytes,
                                 .snapshots = r->snapshots, .copy_s = r->copy_s};
   for (int k = 0; k < 2; k++) {
     info->own_step[k] = r->own_step[k];
@@ -313,37 +366,58 @@ fsdp_status_t fsdp_replica_view(fsdp_replica_t r, int held, int64_t step, int un
 
 /* What each rank of the new world tells the others, as int64s. */
 typedef struct {
-  int64_t world, rank, offset, n_units;
+  int64_t world, rank, offset, n_units, shards;
   int64_t own[2], held[2];
 } survivor_t;
 
-/* Where old rank q's snapshot of step s is: the new rank holding it and
- * whether as a held copy; -1 when nowhere. */
-static int holder(const survivor_t *all, const survivor_t *ref, const int *by_old, int q,
+/* Where a snapshot of step s of shard j (the shard old ranks j, j + S, ...
+ * held) is: the new rank holding it, *held whether as a buddy's copy; -1
+ * when nowhere. A surviving holder's own snapshot first, so that HSDP's
+ * replicas serve before any buddy copy is needed. */
+static int holder(const survivor_t *all, const survivor_t *ref, const int *by_old, int j,
                   int64_t s, int *held) {
-  int i = by_old[q];
-  if (i >= 0) {
-    *held = 0;
-    return slot_of(all[i].own, s) >= 0 ? i : -1;
-  }
-  int b = by_old[(q + ref->offset) % ref->world];
+  const int n = (int)ref->world, S = (int)ref->shards, off = (int)ref->offset;
+  *held = 0;
+  for (int q = j; q < n; q += S)
+    if (by_old[q] >= 0 && slot_of(all[by_old[q]].own, s) >= 0) return by_old[q];
   *held = 1;
-  return b >= 0 && slot_of(all[b].held, s) >= 0 ? b : -1;
+  for (int q = j; q < n; q += S) {
+    int b = by_old[(q + off) % n];
+    if (b >= 0 && slot_of(all[b].held, s) >= 0) return b;
+  }
+  return -1;
 }
 
-/* Why step s cannot be restored: the first old rank without a copy. */
+/* "1, 3" */
+static void ranks_of_shard(const survivor_t *ref, int j, char *buf, size_t size) {
+  size_t used = 0;
+  buf[0] = '\0';
+  for (int q = j; q < (int)ref->world && used < size; q += (int)ref->shards)
+    used += (size_t)snprintf(buf + used, size - used, "%s%d", q == j ? "" : ", ", q);
+}
+
+/* Why step s cannot be restored: the first shard without a copy. */
 static fsdp_status_t no_copy(const survivor_t *all, const survivor_t *ref, const int *by_old,
                              int64_t s) {
-  int n = (int)ref->world, off = (int)ref->offset;
+  int n = (int)ref->world, off = (int)ref->offset, S = (int)ref->shards;
   if (s < 0)
     return fsdp_error(FSDP_ERR_INVALID_USAGE, "replica: the old world of %d ranks took no "
                       "snapshot before the loss (the first comes after `every` updates); "
                       "resume from the last checkpoint on disk instead", n);
-  for (int q = 0; q < n; q++) {
+  for (int j = 0; j < S; j++) {
     int held;
-    if (holder(all, ref, by_old, q, s, &held) >= 0) continue;
-    int b = (q + off) % n;
-    if (!held)
+    if (holder(all, ref, by_old, j, s, &held) >= 0) continue;
+    if (S < n) { /* HSDP: every holder of shard j and their buddies */
+      char ranks[256];
+      ranks_of_shard(ref, j, ranks, sizeof ranks);
+      return fsdp_error(FSDP_ERR_INVALID_USAGE, "replica: no complete snapshot of step %lld "
+                        "of shard %d of %d (held by old ranks %s, and copied to each one's "
+                        "buddy, %d rank%s on) is left in memory: those ranks were lost or hold "
+                        "other steps; resume from the last checkpoint on disk instead",
+                        (long long)s, j, S, ranks, off, off == 1 ? "" : "s");
+    }
+    int q = j, b = (q + off) % n;
+    if (by_old[q] >= 0)
       return fsdp_error(FSDP_ERR_INVALID_USAGE, "replica: surviving rank %d (old numbering) "
                         "holds no snapshot of step %lld; resume from the last checkpoint on "
                         "disk instead", q, (long long)s);
@@ -360,9 +434,9 @@ static fsdp_status_t no_copy(const survivor_t *all, const survivor_t *ref, const
   return FSDP_SUCCESS;
 }
 
-/* The newest step every old rank's snapshot is complete for (survivors'
- * own copies, the lost ranks' buddies' copies), or an error naming why not.
- * ref is a survivor; joining ranks (world 0) hold nothing. */
+/* The newest step every shard has a complete snapshot of (survivors' own
+ * copies, buddies' copies of lost ranks), or an error naming why not. ref is
+ * a survivor; joining ranks (world 0) hold nothing. */
 static fsdp_status_t agree(const survivor_t *all, const survivor_t *ref, int m, int *by_old,
                            int64_t *step) {
   int n = (int)ref->world;
@@ -371,22 +445,36 @@ static fsdp_status_t agree(const survivor_t *all, const survivor_t *ref, int m, 
     const survivor_t *a = &all[i];
     if (a->world == 0) continue;
     if (a->world != n || a->offset != ref->offset || a->n_units != ref->n_units ||
-        a->rank < 0 || a->rank >= n || by_old[a->rank] >= 0)
+        a->shards != ref->shards || a->rank < 0 || a->rank >= n || by_old[a->rank] >= 0)
       return fsdp_error(FSDP_ERR_INVALID_USAGE, "replica: new rank %d's replica (old rank "
                         "%lld of %lld) does not fit new rank 0's (of %d ranks) or repeats an "
                         "old rank: every survivor must restore the replica it kept", i,
                         (long long)a->rank, (long long)a->world, n);
     by_old[a->rank] = i;
   }
-  int64_t c[2] = {ref->own[0], ref->own[1]};
-  if (c[1] > c[0]) c[0] = ref->own[1], c[1] = ref->own[0];
-  for (int k = 0; k < 2; k++) {
-    if (c[k] < 0) continue;
+  if (ref->shards < 1 || n % ref->shards)
+    return fsdp_error(FSDP_ERR_INVALID_USAGE, "replica: the old world of %d ranks was sharded "
+                      "over groups of %lld ranks, which does not divide it", n,
+                      (long long)ref->shards);
+  /* the candidates, newest first: every step any survivor holds */
+  int64_t newest = -1;
+  for (int64_t below = INT64_MAX;;) {
+    int64_t c = -1;
+    for (int i = 0; i < m; i++)
+      for (int k = 0; k < 2; k++) {
+        int64_t s[2] = {all[i].own[k], all[i].held[k]};
+        for (int x = 0; x < 2; x++)
+          if (s[x] < below && s[x] > c) c = s[x];
+      }
+    if (c < 0) break;
+    if (newest < 0) newest = c;
     int ok = 1, held;
-    for (int q = 0; q < n && ok; q++) ok = holder(all, ref, by_old, q, c[k], &held) >= 0;
-    if (ok) return *step = c[k], FSDP_SUCCESS;
+    for (int j = 0; j < (int)ref->shards && ok; j++)
+      ok = holder(all, ref, by_old, j, c, &held) >= 0;
+    if (ok) return *step = c, FSDP_SUCCESS;
+    below = c;
   }
-  return no_copy(all, ref, by_old, c[0]);
+  return no_copy(all, ref, by_old, newest);
 }
 
 /* Old rank q's slice of unit u, sent by the new rank holding it to all, and
@@ -433,31 +521,35 @@ static fsdp_status_t check_units(fsdp_replica_t r, fsdp_engine_t e) {
   return FSDP_SUCCESS;
 }
 
-/* Unit u's shard capacity in the old world of n ranks, as the engine lays it
- * out (a joining rank has no snapshot to read it from); a survivor checks it
+/* Unit u's shard capacity in the old world, sharded over `shards` ranks (a
+ * joining rank has no snapshot to read it from); a survivor checks it
  * against its own. */
-static fsdp_status_t old_capacity(const char *op, fsdp_replica_t r, fsdp_engine_t e, int u,
-                                  int n, size_t *cap) {
-  const fsdp_config_t *c = fsdp_engine_config(e);
+static fsdp_status_t old_capacity(fsdp_replica_t r, fsdp_engine_t e, int u, int shards,
+                                  size_t *cap) {
   fsdp_unit_info_t info;
   FSDP_TRY(fsdp_unit_info(e, u, &info));
-  int world = c->strategy == FSDP_NO_SHARD ? 1 : n;
-  FSDP_TRY(fsdp_shard_layout(info.numel, world, c->align, 0, NULL, cap, NULL, NULL));
+  FSDP_TRY(fsdp_shard_layout(info.numel, shards, fsdp_engine_config(e)->align, 0, NULL, cap,
+                             NULL, NULL));
   if (r->world > 0 && *cap != r->cap[u])
-    return fsdp_error(FSDP_ERR_UNSUPPORTED, "%s: unit %d ('%s') had %zu elements per rank, "
-                      "not the %zu of a plain split over %d ranks (HSDP replicas cannot be "
-                      "restored yet: drop --shard-size or --replica-every)", op, u, info.name,
-                      r->cap[u], *cap, n);
+    return fsdp_error(FSDP_ERR_INVALID_USAGE, "fsdp_replica_restore: unit %d ('%s') had %zu "
+                      "elements per rank, not the %zu of a split over %d ranks at alignment "
+                      "%zu: keep config.align as it was", u, info.name, r->cap[u], *cap, shards,
+                      fsdp_engine_config(e)->align);
   return FSDP_SUCCESS;
+}
+
+/* The buffer of step `step` a holder sends: its own or its buddy copy. */
+static const unsigned char *snapshot_of(fsdp_replica_t r, int held, int64_t step) {
+  return held ? r->held[slot_of(r->held_step, step)] : r->own[slot_of(r->own_step, step)];
 }
 
 static fsdp_status_t move_all(fsdp_replica_t r, fsdp_engine_t e, const survivor_t *all,
                               const survivor_t *ref, const int *by_old, int64_t step) {
   fsdp_comm_t comm = fsdp_engine_comm(e);
-  int me = fsdp_comm_rank(comm);
+  int me = fsdp_comm_rank(comm), shards = (int)ref->shards;
   size_t most = 0, cap;
   for (int u = 0; u < r->n_units; u++) {
-    FSDP_TRY(old_capacity("fsdp_replica_restore", r, e, u, (int)ref->world, &cap));
+    FSDP_TRY(old_capacity(r, e, u, shards, &cap));
     if (cap > most) most = cap;
   }
   float *buf = fsdp_alloc((most * (size_t)r->n_states + 4) * sizeof(float));
@@ -465,15 +557,11 @@ static fsdp_status_t move_all(fsdp_replica_t r, fsdp_engine_t e, const survivor_
   fsdp_status_t st = FSDP_SUCCESS;
   for (int u = 0; u < r->n_units && !st; u++) {
     fsdp_shard_t s;
-    if ((st = old_capacity("fsdp_replica_restore", r, e, u, (int)ref->world, &cap)) ||
-        (st = fsdp_unit_shard(e, u, &s)))
-      break;
-    for (int q = 0; q < (int)ref->world && !st; q++) {
-      int held, root = holder(all, ref, by_old, q, step, &held);
-      const void *snap = NULL;
-      if (root == me) snap = held ? r->held[slot_of(r->held_step, step)]
-                                  : r->own[slot_of(r->own_step, step)];
-      st = move_slice(r, comm, root, snap, u, cap, buf, &s);
+    if ((st = old_capacity(r, e, u, shards, &cap)) || (st = fsdp_unit_shard(e, u, &s))) break;
+    for (int j = 0; j < shards && !st; j++) {
+      int held, root = holder(all, ref, by_old, j, step, &held);
+      st = move_slice(r, comm, root, root == me ? snapshot_of(r, held, step) : NULL, u, cap, buf,
+                      &s);
     }
     fsdp_status_t rs = fsdp_unit_shard_release(e, u, st == FSDP_SUCCESS);
     if (!st) st = rs;
@@ -482,8 +570,8 @@ static fsdp_status_t move_all(fsdp_replica_t r, fsdp_engine_t e, const survivor_
   return st;
 }
 
-/* The snapshot's scaler state and trainer integers, from the first survivor
- * (a joining rank has none of its own). */
+/* The snapshot's scaler state and trainer integers, from the holder of shard
+ * 0 (every snapshot of a step carries them; a joining rank has none). */
 typedef struct {
   double scale;
   int64_t good_steps;
@@ -491,11 +579,13 @@ typedef struct {
 } restored_t;
 _Static_assert(sizeof(restored_t) % sizeof(float) == 0, "moved as f32 elements");
 
-static fsdp_status_t share_header(fsdp_replica_t r, fsdp_comm_t comm, int root, int64_t step,
+static fsdp_status_t share_header(fsdp_replica_t r, fsdp_comm_t comm, const survivor_t *all,
+                                  const survivor_t *ref, const int *by_old, int64_t step,
                                   restored_t *out) {
+  int held, root = holder(all, ref, by_old, 0, step, &held);
   memset(out, 0, sizeof *out);
   if (fsdp_comm_rank(comm) == root) {
-    const snap_header_t *h = header_of(r->own[slot_of(r->own_step, step)]);
+    const snap_header_t *h = header_of(snapshot_of(r, held, step));
     *out = (restored_t){h->scale, h->good_steps, h->meta};
   }
   return fsdp_broadcast(comm, out, sizeof *out / sizeof(float), FSDP_F32, root, FSDP_HOST_STREAM);
@@ -507,7 +597,7 @@ static fsdp_status_t restore(fsdp_replica_t r, fsdp_engine_t e, fsdp_ckpt_meta_t
                              int64_t *step_out) {
   fsdp_comm_t comm = fsdp_engine_comm(e);
   int m = fsdp_comm_size(comm), first = -1;
-  survivor_t mine = {r->world, r->rank, r->offset, r->n_units,
+  survivor_t mine = {r->world, r->rank, r->offset, r->n_units, r->shards,
                      {r->own_step[0], r->own_step[1]}, {r->held_step[0], r->held_step[1]}};
   survivor_t *all = fsdp_alloc((size_t)m * sizeof *all);
   if (!all) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "fsdp_replica_restore: out of memory");
@@ -526,7 +616,7 @@ static fsdp_status_t restore(fsdp_replica_t r, fsdp_engine_t e, fsdp_ckpt_meta_t
   if (!st) st = check_units(r, e); /* the same model on every rank: the same verdict */
   if (!st) st = agree(all, &all[first], m, by_old, &step);
   if (!st) st = move_all(r, e, all, &all[first], by_old, step);
-  if (!st) st = share_header(r, comm, first, step, &h);
+  if (!st) st = share_header(r, comm, all, &all[first], by_old, step, &h);
   if (!st) st = fsdp_engine_set_step(e, step);
   if (!st && fsdp_engine_config(e)->loss_scale_init != 1.0)
     st = fsdp_engine_set_scaler_state(e, h.scale, h.good_steps);

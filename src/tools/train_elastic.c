@@ -9,6 +9,31 @@
 
 #include "tools/train.h"
 
+int train_shard_size(const trainer_t *t) {
+  int want = t->o->cfg.shard_size, n = t->nranks;
+  if (!want || n % want == 0 || !(t->joining || t->resized)) return want;
+  for (int s = want + 1; s < n; s++)
+    if (n % s == 0) return s;
+  return n;
+}
+
+/* Says so when the world's new size made the shard size differ from
+ * --shard-size (rank 0, on stderr beside JSON; every rank chose the same). */
+static void note_layout(const trainer_t *t) {
+  int want = t->o->cfg.shard_size, got = fsdp_engine_config(t->eng)->shard_size;
+  if (t->rank != 0 || !want || want == got) return;
+  FILE *f = t->o->json ? stderr : stdout;
+  if (got == t->nranks)
+    fprintf(f, "fsdp-train: --shard-size %d does not divide the %d ranks of the new world: "
+            "sharding over all %d (plain %s)\n", want, t->nranks, t->nranks,
+            fsdp_strategy_name(t->o->cfg.strategy));
+  else
+    fprintf(f, "fsdp-train: --shard-size %d does not divide the %d ranks of the new world: "
+            "sharding over groups of %d, the smallest divisor above %d (HSDP %d x %d)\n", want,
+            t->nranks, got, want, t->nranks / got, got);
+  fflush(f);
+}
+
 /* The joining worker's side of the survivors' rebuild (rebuild below): the
  * save directory's lock, then the shard of the snapshot they restore. */
 static int join(trainer_t *t) {
@@ -18,6 +43,7 @@ static int join(trainer_t *t) {
     return -1;
   }
   if (t->o->save_dir && fsdp_ckpt_lock(t->eng, t->o->save_dir, &t->lock)) return -1;
+  note_layout(t);
   int64_t s;
   if (fsdp_replica_join(t->eng, t->o->replica_every, &t->replica, NULL, &s)) return -1;
   t->start_step = (int)s;
@@ -34,8 +60,9 @@ int train_replica_start(trainer_t *t) {
   fsdp_replica_info_t info;
   if (fsdp_replica_info(t->replica, &info)) return -1;
   if (t->rank == 0 && !t->o->json)
-    printf("  buddy replicas every %d updates: 4 x %.2f MiB/rank of host memory (rank r's "
-           "copy on rank r + %d)%s\n", info.every, info.snapshot_bytes / 1048576.0,
+    printf("  buddy replicas every %d updates: %.2f MiB/rank of host memory, 4 snapshots of "
+           "%.2f MiB (rank r's copy on rank r + %d)%s\n", info.every,
+           info.host_bytes / 1048576.0, info.snapshot_bytes / 1048576.0,
            (info.buddy - info.rank + info.world_size) % (info.world_size ? info.world_size : 1),
            fsdp_world_elastic() ? "; elastic: a lost rank is restored from them" : "");
   return 0;
@@ -76,6 +103,7 @@ static void tear_down(trainer_t *t, const train_model_t *model) {
 }
 
 static int rebuild(trainer_t *t, const train_model_t *model) {
+  t->resized = 1;
   if (train_engine(t, t->total_steps)) {
     fprintf(stderr, "fsdp-train: rank %d: %s (--global-batch %lld must split over the %d "
             "ranks left)\n", t->rank, fsdp_last_error(), (long long)t->o->global_batch,
@@ -83,6 +111,7 @@ static int rebuild(trainer_t *t, const train_model_t *model) {
     return -1;
   }
   if (model->build(t, model->task)) return -1;
+  note_layout(t);
   return t->o->save_dir && fsdp_ckpt_lock(t->eng, t->o->save_dir, &t->lock) ? -1 : 0;
 }
 
@@ -108,8 +137,9 @@ int train_grow(trainer_t *t, int step, const train_model_t *model) {
   t->resumed_from = s;
   t->lost_steps = 0;
   if (t->rank == 0 && t->o->json)
-    printf("{\"event\":\"grow\",\"old_ranks\":%d,\"ranks\":%d,\"step\":%d,\"seconds\":%.3f}\n",
-           c.old_size, c.size, step, fsdp_time_now() - t0);
+    printf("{\"event\":\"grow\",\"old_ranks\":%d,\"ranks\":%d,\"shard_size\":%d,\"step\":%d,"
+           "\"seconds\":%.3f}\n", c.old_size, c.size, fsdp_engine_config(t->eng)->shard_size,
+           step, fsdp_time_now() - t0);
   else if (t->rank == 0)
     printf("grew: rank %d of %d is now rank %d of %d at step %d (%.2f s)\n", c.old_rank,
            c.old_size, c.rank, c.size, step, fsdp_time_now() - t0);
@@ -135,9 +165,9 @@ int train_recover(trainer_t *t, int step, const train_model_t *model, int *resum
   t->lost_steps = step - 1 - s;
   *resume = (int)s;
   if (t->rank == 0 && t->o->json)
-    printf("{\"event\":\"shrink\",\"old_ranks\":%d,\"ranks\":%d,\"failed_step\":%d,"
-           "\"from_step\":%lld,\"seconds\":%.3f}\n", c.old_size, c.size, step, (long long)s,
-           fsdp_time_now() - t0);
+    printf("{\"event\":\"shrink\",\"old_ranks\":%d,\"ranks\":%d,\"shard_size\":%d,"
+           "\"failed_step\":%d,\"from_step\":%lld,\"seconds\":%.3f}\n", c.old_size, c.size,
+           fsdp_engine_config(t->eng)->shard_size, step, (long long)s, fsdp_time_now() - t0);
   else if (t->rank == 0)
     printf("shrunk: rank %d of %d is now rank %d of %d; restored the snapshot of step %lld from "
            "memory in %.2f s; redoing %lld step%s\n", c.old_rank, c.old_size, c.rank, c.size,

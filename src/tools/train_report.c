@@ -11,6 +11,7 @@ fsdp_status_t train_engine(trainer_t *t, int total_steps) {
   fsdp_config_t c = t->o->cfg;
   t->total_steps = total_steps;
   c.schedule.total_steps = total_steps;
+  c.shard_size = train_shard_size(t);
   if (c.schedule.warmup_steps < 0) c.schedule.warmup_steps = total_steps < 200 ? total_steps / 10 : 20;
   fsdp_status_t st = fsdp_engine_create(t->world, &c, &t->eng);
   if (st) return st;

@@ -938,19 +938,20 @@ def oom_report(r):
 ELASTIC_RECOVERY_S = 30.0  # from the loss to the survivors' first step done
 
 
-def elastic_args(r, save, model="gpt2"):
+def elastic_args(r, save, model="gpt2", extra=()):
     text = os.path.join(r.tmp, "text.txt")
     write_text(text)
     # 12 splits over 4, 3 and 2 ranks; snapshots and saves every 2 updates.
     return [r.tool("fsdp-train"), "--model", model, "--preset", "tiny", "--data", text,
             "--steps", "12",
             "--global-batch", "12", "--eval-every", "0", "--json", "--replica-every", "2",
-            "--save-dir", save, "--save-every", "2"]
+            "--save-dir", save, "--save-every", "2", *extra]
 
 
-def elastic_run(r, fault, n=4, extra_env=None, model="gpt2"):
+def elastic_run(r, fault, n=4, extra_env=None, model="gpt2", extra=(), launch=()):
     save = os.path.join(r.tmp, "elastic-" + uuid.uuid4().hex[:8])
-    cmd = r.launcher("fsdp-run", n) + ["--min-nproc", "2"] + elastic_args(r, save, model)
+    cmd = (r.launcher("fsdp-run", n) + ["--min-nproc", "2", *launch] +
+           elastic_args(r, save, model, extra))
     env = {"FSDP_FAULT": fault, "FSDP_TIMEOUT_S": "20", "FSDP_RENDEZVOUS_TIMEOUT_S": "10"}
     env.update(extra_env or {})
     rc, out, err, secs, left = r.run(cmd, env, timeout=240)
@@ -967,16 +968,17 @@ def consolidated(r, path):
         return f.read()
 
 
-def reference_from(r, step_dir, n, model="gpt2"):
+def reference_from(r, step_dir, n, model="gpt2", extra=()):
     """The reference of a shrink: the disk checkpoint of the step the survivors
     rolled back to, resharded for n ranks by fsdp-ckpt, trained to the end by
-    n ranks; its final checkpoint's bytes (every tensor and optimizer state)."""
+    n ranks (with extra flags: the survivors' layout); its final checkpoint's
+    bytes (every tensor and optimizer state)."""
     resharded = os.path.join(r.tmp, "resharded-" + uuid.uuid4().hex[:8])
     ck = subprocess.run([r.tool("fsdp-ckpt"), "reshard", step_dir, "--world", str(n), resharded],
                         capture_output=True, text=True)
     check(ck.returncode == 0, f"fsdp-ckpt reshard {step_dir}: {ck.stderr}")
     save = os.path.join(r.tmp, "reference-" + uuid.uuid4().hex[:8])
-    args = elastic_args(r, save, model)
+    args = elastic_args(r, save, model, extra)
     args = args[:args.index("--replica-every")] + args[args.index("--save-dir"):]
     rc, out, err, secs, left = r.run(r.launcher("fsdp-run", n) + args + ["--resume", resharded])
     check(rc == 0 and not left, f"reference run at {n} ranks: exit {rc}:\n{err[-3000:]}")
@@ -1173,6 +1175,79 @@ def elastic_pair(r):
     print(f"ended in {secs:.1f} s naming the lost copy; {save}/step-4 verifies")
 
 
+def elastic_hsdp(r):
+    """HSDP (4 ranks, --shard-size 2: 2 replica groups of 2), one rank
+    SIGKILLed at a random step: the survivors' world of 3 is not a multiple
+    of 2, so every rank shards over all 3 (plain zero3, said in the shrink
+    event and the log); the lost rank's shard comes from its replica group
+    (the other group holds it) and the end equals, bit for bit, a 3-rank
+    plain run from that step's disk checkpoint (written by shard group 0)."""
+    seed = int(os.environ.get("FSDP_ELASTIC_SEED", random.randrange(1 << 30)))
+    rng = random.Random(seed)
+    rank, step = rng.randrange(4), rng.randrange(3, 12)
+    print(f"FSDP_ELASTIC_SEED={seed}: rank {rank} of 2 x 2 killed at step {step}")
+    rc, out, err, secs, save = elastic_run(r, f"kill:rank={rank}:step={step}",
+                                           extra=("--shard-size", "2"))
+    check(rc == 0, f"exit {rc}:\n{err[-3000:]}")
+    (resumed,), times = check_shrinks(out, err, [(4, 3)])
+    newest = (step - 1) // 2 * 2
+    check(resumed in (newest, newest - 2) and resumed >= 2,
+          f"resumed from step {resumed} after a loss at step {step}")
+    (shrink,) = events(out, "shrink")
+    check(shrink["shard_size"] == 3, f"the survivors shard over {shrink['shard_size']}, not 3")
+    check("--shard-size 2 does not divide the 3 ranks of the new world: sharding over all 3 "
+          "(plain zero3)" in err, f"the layout change is not logged:\n{err[-3000:]}")
+    mine = consolidated(r, os.path.join(save, "step-12"))
+    ref = reference_from(r, os.path.join(save, f"step-{resumed}"), 3)
+    print(f"hsdp 2 x 2 -> zero3 over 3: resumed from step {resumed} {times[0]:.2f} s after the "
+          f"loss; final state {'identical' if mine == ref else 'DIFFERENT'}")
+    check(mine == ref, "final state differs from the reference")
+
+
+def elastic_hsdp_pair(r):
+    """HSDP 2 x 2: rank 1 and its buddy, rank 2, die together. Without
+    HSDP that loses rank 1's shard (elastic-pair); here rank 3 holds the same
+    shard, so the 2 survivors (one shard group of 2: --shard-size 2 fits)
+    go on and end as a 2-rank run from that step's disk checkpoint."""
+    rc, out, err, secs, save = elastic_run(r, "kill:rank=1:step=5,kill:rank=2:step=5",
+                                           extra=("--shard-size", "2"))
+    check(rc == 0, f"exit {rc}:\n{err[-3000:]}")
+    shrinks = events(out, "shrink")
+    check([e["ranks"] for e in shrinks][-1:] == [2] and all(e["shard_size"] == e["ranks"] or
+                                                          e["ranks"] % 2 for e in shrinks),
+          f"shrinks {shrinks}:\n{err[-3000:]}")
+    resumed = shrinks[-1]["from_step"]
+    check(resumed == 4, f"resumed from step {resumed}, expected 4")
+    mine = consolidated(r, os.path.join(save, "step-12"))
+    ref = reference_from(r, os.path.join(save, "step-4"), 2)
+    print(f"hsdp: ranks 1 and 2 lost together, {len(shrinks)} shrink(s) to 2 ranks from step "
+          f"{resumed}; final state {'identical' if mine == ref else 'DIFFERENT'}")
+    check(mine == ref, "final state differs from the reference")
+
+
+def elastic_hsdp_grow(r):
+    """HSDP 2 x 2 -> 3 (plain zero3) -> back to 2 x 2: rank 1 dies at step
+    5, fsdp-run --respawn starts a replacement, and at the next snapshot all
+    4 return to --shard-size 2 (the newcomer chooses it too); the end equals
+    a 4-rank --shard-size 2 run from that step's disk checkpoint (saved by
+    the 3)."""
+    rc, out, err, secs, save = elastic_run(r, "kill:rank=1:step=5", extra=("--shard-size", "2"),
+                                           launch=("--respawn", "1"))
+    check(rc == 0, f"exit {rc}:\n{err[-3000:]}")
+    shrinks, grows = events(out, "shrink"), events(out, "grow")
+    check([(e["old_ranks"], e["ranks"], e["shard_size"]) for e in shrinks] == [(4, 3, 3)],
+          f"shrinks {shrinks}:\n{err[-3000:]}")
+    check([(e["old_ranks"], e["ranks"], e["shard_size"]) for e in grows] == [(3, 4, 2)],
+          f"grows {grows}:\n{err[-3000:]}")
+    at = grows[0]["step"]
+    check(at % 2 == 0 and at > shrinks[0]["from_step"], f"grew at step {at}")
+    mine = consolidated(r, os.path.join(save, "step-12"))
+    ref = reference_from(r, os.path.join(save, f"step-{at}"), 4, extra=("--shard-size", "2"))
+    print(f"hsdp 2 x 2 -> 3 at step 5 (from step {shrinks[0]['from_step']}) -> 2 x 2 at step "
+          f"{at}; final state {'identical' if mine == ref else 'DIFFERENT'}")
+    check(mine == ref, "final state differs from the reference")
+
+
 SCENARIOS = {
     "parity-gpt2": lambda r: parity(r, "gpt2"),
     "parity-mlp": lambda r: parity(r, "mlp"),
@@ -1218,6 +1293,9 @@ SCENARIOS = {
     "elastic-sigstop": elastic_sigstop,
     "elastic-grow": elastic_grow,
     "elastic-snapshot": elastic_snapshot,
+    "elastic-hsdp": elastic_hsdp,
+    "elastic-hsdp-pair": elastic_hsdp_pair,
+    "elastic-hsdp-grow": elastic_hsdp_grow,
 }
 
 

@@ -3,8 +3,9 @@
  * exactly its shard (master and both AdamW moments, bit for bit, checked
  * against an all-gather of the live shards), the previous snapshot survives
  * the next one (double buffering), and a restore into a fresh engine
- * reproduces the snapshot's state and step; a rejoin outside an elastic
- * launcher is refused, and so are HSDP replicas. N = 1..4. */
+ * reproduces the snapshot's state and step; HSDP snapshots restore into
+ * plain FSDP and back; fsdp_replica_bytes says what create allocates; a
+ * rejoin outside an elastic launcher is refused. N = 1..4. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -215,16 +216,87 @@ START_TEST(restore_refuses_another_model) {
 }
 END_TEST
 
-/* HSDP's shards (shard groups smaller than the world) cannot be restored:
- * refused when the replica is made, not after a loss. */
-START_TEST(create_refuses_hsdp) {
+/* Unit u's whole state (master, m, v of its numel elements, one after the
+ * other) on every rank: shard group 0's slices summed over the world (the
+ * other ranks, replicas of those, add zeros). */
+static float *whole_unit(fsdp_engine_t e, int u, size_t *numel) {
+  fsdp_unit_info_t info;
+  fsdp_shard_t s;
+  ck_assert_int_eq(fsdp_unit_info(e, u, &info), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_unit_shard(e, u, &s), FSDP_SUCCESS);
+  *numel = info.numel;
+  float *all = calloc(3 * info.numel, sizeof(float));
+  ck_assert(all && s.m && s.v);
+  const float *from[3] = {s.master, s.m, s.v};
+  size_t count = s.offset >= info.numel ? 0
+                 : s.offset + s.count > info.numel ? info.numel - s.offset : s.count;
+  for (int k = 0; k < 3 && rank < fsdp_engine_config(e)->shard_size; k++)
+    memcpy(all + (size_t)k * info.numel + s.offset, from[k], count * sizeof(float));
+  ck_assert_int_eq(fsdp_unit_shard_release(e, u, 0), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_all_reduce(fsdp_engine_comm(e), all, all, 3 * info.numel, FSDP_F32,
+                                   FSDP_SUM, FSDP_HOST_STREAM), FSDP_SUCCESS);
+  return all;
+}
+
+/* One replica's snapshots restored into `to`: its state equals `want`
+ * (whole_unit of the snapshot's step) bit for bit, its step is `at`. */
+static void check_restore(fsdp_replica_t r, fsdp_engine_t to, int64_t at, float *const *want) {
+  int64_t restored;
+  ck_assert_int_eq(fsdp_replica_restore(r, to, NULL, &restored), FSDP_SUCCESS);
+  ck_assert_int_eq(restored, at);
+  for (int u = 0; u < N_UNITS; u++) {
+    size_t n;
+    float *now = whole_unit(to, u, &n);
+    ck_assert_msg(!memcmp(now, want[u], 3 * n * sizeof(float)), "rank %d: unit %d differs after "
+                  "the restore of step %lld", rank, u, (long long)at);
+    free(now);
+  }
+}
+
+/* HSDP (shard groups of S < N ranks, each shard held by N / S of them): the
+ * snapshots follow the shard group (fsdp_replica_bytes says what create
+ * allocates), restore into plain FSDP over the world (another layout) and
+ * from there back into HSDP, each time with the state of the snapshot. */
+START_TEST(hsdp_restores_into_another_layout) {
   if (nranks < 2) return;
-  fsdp_engine_t e = make_engine_sharded(7, 0, 1);
-  fsdp_replica_t r = NULL;
-  ck_assert_int_eq(fsdp_replica_create(e, 1, &r), FSDP_ERR_UNSUPPORTED);
-  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "fsdp_replica_create: unit 0"));
-  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "HSDP"));
-  ck_assert_ptr_null(r);
+  const int S = nranks % 2 == 0 && nranks > 2 ? 2 : 1;
+  fsdp_engine_t e = make_engine_sharded(7, 0, S);
+  fsdp_replica_t r;
+  ck_assert_int_eq(fsdp_replica_create(e, EVERY, &r), FSDP_SUCCESS);
+  fsdp_replica_info_t info;
+  ck_assert_int_eq(fsdp_replica_info(r, &info), FSDP_SUCCESS);
+  size_t numel[N_UNITS], snap, host;
+  for (int u = 0; u < N_UNITS; u++) {
+    fsdp_unit_info_t ui;
+    ck_assert_int_eq(fsdp_unit_info(e, u, &ui), FSDP_SUCCESS);
+    numel[u] = ui.numel;
+  }
+  ck_assert_int_eq(fsdp_replica_bytes(numel, N_UNITS, 3, S, fsdp_engine_config(e)->align, &snap,
+                                      &host), FSDP_SUCCESS);
+  ck_assert_uint_eq(snap, info.snapshot_bytes);
+  ck_assert_uint_eq(host, info.host_bytes);
+  ck_assert_int_eq(fsdp_replica_bytes(numel, N_UNITS, 3, 0, 64, &snap, NULL),
+                   FSDP_ERR_INVALID_ARGUMENT);
+  float *at2[N_UNITS], *at4[N_UNITS];
+  for (int s = 1; s <= 3; s++) {
+    step(e, s);
+    ck_assert_int_eq(fsdp_replica_snapshot(r, NULL, NULL), FSDP_SUCCESS);
+    for (int u = 0; u < N_UNITS && s == 2; u++) at2[u] = whole_unit(e, u, &numel[u]);
+  }
+  ck_assert_int_eq(fsdp_replica_wait(r), FSDP_SUCCESS);
+  fsdp_engine_t f = make_engine(99, 0); /* plain FSDP over the world */
+  check_restore(r, f, 2, at2);
+  step(f, 3);
+  step(f, 4);
+  ck_assert_int_eq(fsdp_replica_snapshot(r, NULL, NULL), FSDP_SUCCESS);
+  ck_assert_int_eq(fsdp_replica_wait(r), FSDP_SUCCESS);
+  for (int u = 0; u < N_UNITS; u++) at4[u] = whole_unit(f, u, &numel[u]);
+  fsdp_engine_t g = make_engine_sharded(5, 0, S); /* and back into HSDP */
+  check_restore(r, g, 4, at4);
+  for (int u = 0; u < N_UNITS; u++) free(at2[u]), free(at4[u]);
+  fsdp_replica_destroy(r);
+  fsdp_engine_destroy(g);
+  fsdp_engine_destroy(f);
   fsdp_engine_destroy(e);
 }
 END_TEST
@@ -238,7 +310,7 @@ int main(void) {
   tcase_add_test(tc, buddy_holds_the_shard_bit_for_bit);
   tcase_add_test(tc, restore_refuses_another_model);
   tcase_add_test(tc, rejoin_needs_an_elastic_launcher);
-  tcase_add_test(tc, create_refuses_hsdp);
+  tcase_add_test(tc, hsdp_restores_into_another_layout);
   suite_add_tcase(s, tc);
   return mpi_check_run(s);
 }
