@@ -10,7 +10,7 @@
 
 #include "fsdp_bench.h"
 
-int bench_kernels_collect(fsdp_engine_t eng, const bench_opts_t *o, int B, int T, int steps,
+int bench_kernels_collect(fsdp_engine_t eng, const lm_t *lm, int B, int T, int steps,
                           bench_result_t *r) {
   fsdp_kclass_time_t t[FSDP_KC_COUNT];
   if (r->kc_steps == 0) {
@@ -18,20 +18,16 @@ int bench_kernels_collect(fsdp_engine_t eng, const bench_opts_t *o, int B, int T
     /* a GPU computes in bf16 with 16-bit parameters, else in fp32 */
     fsdp_dtype_t act = c->device == FSDP_DEVICE_CUDA && c->param_dtype == FSDP_BF16 ? FSDP_BF16
                                                                                     : FSDP_F32;
-    const int llama = !strcmp(o->model, "llama");
-    BENCH_TRY(llama ? fsdp_llama_kernel_costs(&o->llama, B, T, c->grad_accum, act, r->kc_cost,
-                                              FSDP_KC_COUNT)
-                    : fsdp_gpt2_kernel_costs(&o->gpt, B, T, c->grad_accum, act, r->kc_cost,
-                                             FSDP_KC_COUNT));
+    BENCH_TRY(lm_kernel_costs(lm, B, T, c->grad_accum, act, r->kc_cost, FSDP_KC_COUNT));
+    lm_layout_t y;
+    lm_layout(lm, &y);
     r->hbm_bytes_per_s = c->device == FSDP_DEVICE_CUDA
                              ? bench_cuda_hbm(r->device_name, sizeof r->device_name) : 0.0;
     if (c->device != FSDP_DEVICE_CUDA) snprintf(r->device_name, sizeof r->device_name, "cpu");
     else
-      BENCH_TRY(fsdp_cuda_attention_impl(fsdp_engine_stream(eng), act, B, T,
-                                         llama ? o->llama.n_embd : o->gpt.n_embd,
-                                         llama ? o->llama.n_head : o->gpt.n_head, r->attention,
-                                         sizeof r->attention));
-    bench_products(o, fsdp_engine_stream(eng), act, B * T, r->products, sizeof r->products);
+      BENCH_TRY(fsdp_cuda_attention_impl(fsdp_engine_stream(eng), act, B, T, y.n_embd, y.n_head,
+                                         r->attention, sizeof r->attention));
+    bench_products(lm, fsdp_engine_stream(eng), act, B * T, r->products, sizeof r->products);
   }
   BENCH_TRY(fsdp_engine_profile_read(eng, t, FSDP_KC_COUNT));
   BENCH_TRY(fsdp_engine_profile(eng, 0));

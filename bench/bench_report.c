@@ -9,18 +9,13 @@
 static double mib(double bytes) { return bytes / 1048576.0; }
 
 static void describe_model(const bench_opts_t *o, char *buf, size_t n) {
-  if (!strcmp(o->model, "llama")) {
-    const fsdp_llama_config_t *l = &o->llama;
-    snprintf(buf, n, "llama %s: %d layers x %d wide, %d heads / %d KV, FFN %d, T %d, vocab %d%s%s",
-             o->preset, l->n_layer, l->n_embd, l->n_head, l->n_kv_head, l->ffn_hidden, o->seq_len,
-             l->vocab_size, o->wrap.checkpoint_kinds ? ", checkpoint " : "",
-             o->wrap.checkpoint_kinds ? o->wrap.checkpoint_kinds : "");
-    return;
-  }
-  if (!strcmp(o->model, "gpt2")) {
-    snprintf(buf, n, "gpt2 %s: %d layers x %d wide, %d heads, T %d, vocab %d%s%s", o->preset,
-             o->gpt.n_layer, o->gpt.n_embd, o->gpt.n_head, o->seq_len, o->gpt.vocab_size,
-             o->wrap.checkpoint_kinds ? ", checkpoint " : "",
+  if (o->lm.kind != LM_NONE) {
+    lm_layout_t y;
+    char shape[96];
+    lm_layout(&o->lm, &y);
+    lm_shape(&o->lm, shape, sizeof shape);
+    snprintf(buf, n, "%s %s: %s, T %d, vocab %d%s%s", y.name, o->preset, shape, o->seq_len,
+             y.vocab_size, o->wrap.checkpoint_kinds ? ", checkpoint " : "",
              o->wrap.checkpoint_kinds ? o->wrap.checkpoint_kinds : "");
     return;
   }
@@ -45,11 +40,11 @@ static void attention_impl(const bench_opts_t *o, char *buf, size_t n) {
   if (s) fsdp_stream_destroy(s);
 }
 
-void bench_products(const bench_opts_t *o, fsdp_stream_t s, fsdp_dtype_t dt, int rows, char *buf,
+void bench_products(const lm_t *lm, fsdp_stream_t s, fsdp_dtype_t dt, int rows, char *buf,
                     size_t n) {
   buf[0] = '\0';
-  if (o->cfg.device != FSDP_DEVICE_CUDA || strcmp(o->model, "gpt2")) return;
-  const int C = o->gpt.n_embd, bias = FSDP_PRODUCT_BIAS;
+  if (lm->kind != LM_GPT2) return;
+  const int C = lm->gpt->n_embd, bias = FSDP_PRODUCT_BIAS;
   const struct { const char *name; int C, OC, flags; } layer[] = {
       {"qkv", C, 3 * C, bias}, {"attn proj", C, C, bias},
       {"fc", C, 4 * C, bias | FSDP_PRODUCT_GELU}, {"fc proj", 4 * C, C, bias | FSDP_PRODUCT_DGELU}};
@@ -74,7 +69,7 @@ static void products_impl(const bench_opts_t *o, char *buf, size_t n) {
   if (fsdp_stream_create_cuda("bench-products", 0, &s) != FSDP_SUCCESS)
     snprintf(buf, n, "unknown: %s", fsdp_last_error());
   else
-    bench_products(o, s, o->cfg.param_dtype, o->micro_batch * o->seq_len, buf, n);
+    bench_products(&o->lm, s, o->cfg.param_dtype, o->micro_batch * o->seq_len, buf, n);
   if (s) fsdp_stream_destroy(s);
 }
 

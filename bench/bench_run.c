@@ -11,8 +11,7 @@
 
 typedef struct {
   fsdp_engine_t eng;
-  fsdp_gpt2_t gpt;
-  fsdp_llama_t llama;
+  lm_t lm;              /* o->lm, with the model once built */
   fsdp_mlp_t mlp;
   int B, T, accum;      /* T = 1 for the MLP: a sample is a "token" */
   int *tok, *tgt;       /* gpt2, llama: (accum, B, T) */
@@ -37,9 +36,10 @@ static uint64_t mix(uint64_t z) {
 static int make_data(model_t *m, const bench_opts_t *o, int rank) {
   size_t n = (size_t)m->accum * m->B * m->T;
   uint64_t base = mix(o->seed ^ mix((uint64_t)rank + 1));
-  if (strcmp(o->model, "mlp")) {
-    const uint64_t V = (uint64_t)(strcmp(o->model, "llama") ? o->gpt.vocab_size
-                                                             : o->llama.vocab_size);
+  if (m->lm.kind != LM_NONE) {
+    lm_layout_t y;
+    lm_layout(&m->lm, &y);
+    const uint64_t V = (uint64_t)y.vocab_size;
     m->tok = malloc(n * sizeof *m->tok);
     m->tgt = malloc(n * sizeof *m->tgt);
     if (!m->tok || !m->tgt) return -1;
@@ -60,8 +60,7 @@ static int make_data(model_t *m, const bench_opts_t *o, int rank) {
 
 static void model_free(model_t *m) {
   fsdp_replica_destroy(m->replica);
-  fsdp_gpt2_destroy(m->gpt);
-  fsdp_llama_destroy(m->llama);
+  lm_destroy(&m->lm);
   fsdp_mlp_destroy(m->mlp);
   fsdp_engine_destroy(m->eng);
   free(m->tok);
@@ -120,7 +119,7 @@ static fsdp_status_t bench_check_consistency(fsdp_engine_t eng, const bench_opts
 
 static fsdp_status_t model_build(fsdp_world_t world, const bench_opts_t *o, fsdp_config_t *c,
                                  model_t *m) {
-  const int llama = !strcmp(o->model, "llama"), gpt = llama || !strcmp(o->model, "gpt2");
+  const int gpt = m->lm.kind != LM_NONE;
   m->B = o->micro_batch;
   m->T = gpt ? o->seq_len : 1;
   m->accum = c->grad_accum;
@@ -132,12 +131,8 @@ static fsdp_status_t model_build(fsdp_world_t world, const bench_opts_t *o, fsdp
     w.max_T = m->T;
     fsdp_plan_opts_t plan;
     char ckpt[512];
-    int bad = o->config && (llama ? cfg_llama_opts(o->config, &w, o->llama.tie_embeddings, &plan,
-                                                   ckpt, sizeof ckpt)
-                                  : cfg_gpt2_opts(o->config, &w, &plan, ckpt, sizeof ckpt));
-    fsdp_status_t st = bad ? FSDP_ERR_INVALID_ARGUMENT
-                       : llama ? fsdp_llama_create(m->eng, &o->llama, &w, &m->llama)
-                               : fsdp_gpt2_create(m->eng, &o->gpt, &w, &m->gpt);
+    int bad = o->config && lm_config_opts(&m->lm, o->config, &w, &plan, ckpt, sizeof ckpt);
+    fsdp_status_t st = bad ? FSDP_ERR_INVALID_ARGUMENT : lm_create(&m->lm, m->eng, &w);
     if (st == FSDP_SUCCESS && o->config &&
         (cfg_check_matched(o->config, 1) || cfg_check_matched(o->config, 2)))
       st = FSDP_ERR_INVALID_ARGUMENT;
@@ -152,9 +147,7 @@ static fsdp_status_t model_build(fsdp_world_t world, const bench_opts_t *o, fsdp
   }
   BENCH_TRY(fsdp_engine_materialize(m->eng, o->seed));
   if (o->replica_every) BENCH_TRY(fsdp_replica_create(m->eng, o->replica_every, &m->replica));
-  m->act_bytes = m->llama ? fsdp_llama_activation_bytes(m->llama, NULL)
-                 : gpt    ? fsdp_gpt2_activation_bytes(m->gpt, NULL)
-                          : fsdp_mlp_activation_bytes(m->mlp);
+  m->act_bytes = gpt ? lm_activation_bytes(&m->lm, NULL) : fsdp_mlp_activation_bytes(m->mlp);
   return FSDP_SUCCESS;
 }
 
@@ -166,12 +159,9 @@ static fsdp_status_t model_step(model_t *m, double *loss) {
   float scale = (float)fsdp_engine_loss_scale(m->eng) / (float)per;
   for (int k = 0; k < m->accum; k++) {
     double l = 0.0;
-    if (m->llama)
-      BENCH_TRY(fsdp_llama_forward_backward(m->llama, m->tok + k * per, m->tgt + k * per, m->B,
-                                            m->T, scale, &l));
-    else if (m->gpt)
-      BENCH_TRY(fsdp_gpt2_forward_backward(m->gpt, m->tok + k * per, m->tgt + k * per, m->B, m->T,
-                                           scale, &l));
+    if (m->lm.kind != LM_NONE)
+      BENCH_TRY(lm_forward_backward(&m->lm, m->tok + k * per, m->tgt + k * per, m->B, m->T,
+                                    scale, &l));
     else
       BENCH_TRY(fsdp_mlp_forward_backward(m->mlp, m->x + k * per * MLP_IN, m->y + k * per, m->B,
                                           scale, &l));
@@ -276,16 +266,11 @@ static double predicted_bytes(const bench_result_t *r, const fsdp_config_t *c) {
  * between heads but the scores and values still span NH x D = C. MLP: 6P per
  * sample. Recomputation under checkpointing is not counted. */
 static double flops_per_token(const bench_opts_t *o, const bench_result_t *r) {
-  if (!strcmp(o->model, "llama")) {
-    const fsdp_llama_config_t *l = &o->llama;
-    const double lookup = l->tie_embeddings ? 0.0 : (double)l->vocab_size * l->n_embd;
-    return 6.0 * ((double)r->params - lookup) +
-           12.0 * l->n_layer * (double)o->seq_len * l->n_embd;
-  }
-  if (strcmp(o->model, "gpt2")) return 6.0 * (double)r->params;
-  const fsdp_gpt2_config_t *g = &o->gpt;
-  double wpe = (double)g->block_size * g->n_embd;
-  return 6.0 * ((double)r->params - wpe) + 12.0 * g->n_layer * (double)o->seq_len * g->n_embd;
+  if (o->lm.kind == LM_NONE) return 6.0 * (double)r->params;
+  lm_layout_t y;
+  lm_layout(&o->lm, &y);
+  return 6.0 * ((double)r->params - (double)y.lookup) +
+         12.0 * y.n_layer * (double)o->seq_len * y.n_embd;
 }
 
 /* Sustained sgemm rate of this rank while every rank runs sgemms: three
@@ -465,7 +450,7 @@ static fsdp_status_t measure(model_t *m, const bench_opts_t *o, bench_result_t *
     r->replica_host_bytes = (double)ri.host_bytes;
     r->replica_copy_ms = ri.snapshots ? ri.copy_s * 1e3 / ri.snapshots : 0.0;
   }
-  if (o->kernel_profile) BENCH_TRY(bench_kernels_collect(m->eng, o, m->B, m->T, n_it, r));
+  if (o->kernel_profile) BENCH_TRY(bench_kernels_collect(m->eng, &m->lm, m->B, m->T, n_it, r));
   size_t n = 0, dropped = 0;
   const fsdp_tl_event_t *tl = NULL;
   BENCH_TRY(fsdp_engine_timeline(m->eng, &tl, &n, &dropped));
@@ -511,8 +496,9 @@ void bench_result_free(bench_result_t *r) {
 
 int bench_run(fsdp_world_t world, const bench_opts_t *o, fsdp_strategy_t strategy, int depth,
               int shard_size, double peak_flops_rank, int round, bench_result_t *r) {
-  const int llama = !strcmp(o->model, "llama"), gpt = llama || !strcmp(o->model, "gpt2");
-  const int nranks = fsdp_world_size(world), layers = llama ? o->llama.n_layer : o->gpt.n_layer;
+  lm_layout_t y = {0};
+  if (o->lm.kind != LM_NONE) lm_layout(&o->lm, &y);
+  const int gpt = o->lm.kind != LM_NONE, nranks = fsdp_world_size(world), layers = y.n_layer;
   fsdp_config_t c = o->cfg;
   c.strategy = strategy;
   c.prefetch_depth = depth;
@@ -526,7 +512,7 @@ int bench_run(fsdp_world_t world, const bench_opts_t *o, fsdp_strategy_t strateg
 
   bench_rss_reset();
   double rss_base = (double)bench_rss_now();
-  model_t m = {0};
+  model_t m = {.lm = o->lm};
   series_t s = {0};
   fsdp_status_t st = model_build(world, o, &c, &m);
   if (st == FSDP_SUCCESS && (make_data(&m, o, fsdp_world_rank(world)) ||

@@ -253,7 +253,8 @@ static int finish_llama(bench_opts_t *o) {
 }
 
 static int finish_options(bench_opts_t *o) {
-  const int llama = !strcmp(o->model, "llama"), gpt = llama || !strcmp(o->model, "gpt2");
+  o->lm = lm_pick(o->model, &o->gpt, &o->llama);
+  const int llama = !strcmp(o->model, "llama"), gpt = o->lm.kind != LM_NONE;
   if (!gpt && strcmp(o->model, "mlp"))
     return fprintf(stderr, "fsdp-bench: --model '%s': use gpt2, llama or mlp\n", o->model), -1;
   if (!gpt && cfg_sharding_count(o->config))

@@ -6,11 +6,14 @@
 
 #include "bench_util.h"
 #include "tools/config.h"
+#include "tools/lm.h"
 
 #define BENCH_MAX_CONFIGS 32
 
 typedef struct {
   const char *model; /* "gpt2", "llama" or "mlp" */
+  lm_t lm;           /* gpt2, llama: the decoder over gpt or llama below, picked once
+                        when the options are final (LM_NONE: the MLP) */
   const char *preset;
   fsdp_gpt2_config_t gpt;
   fsdp_llama_config_t llama; /* --model llama: --preset's */
@@ -124,7 +127,7 @@ double bench_cuda_hbm(char *name, size_t len);
 /* --kernel-profile (bench_kernels.c): the declared costs and the device's
  * bandwidth into r (once per configuration), then the classes' times of this
  * round's `steps` timed steps added; the table (after the row) and its JSON. */
-int bench_kernels_collect(fsdp_engine_t eng, const bench_opts_t *o, int B, int T, int steps,
+int bench_kernels_collect(fsdp_engine_t eng, const lm_t *lm, int B, int T, int steps,
                           bench_result_t *r);
 void bench_print_kernels(const bench_opts_t *o, const bench_result_t *r);
 void bench_kernels_json(FILE *f, const bench_opts_t *o, const bench_result_t *r);
@@ -142,8 +145,8 @@ fsdp_status_t bench_trace_write(fsdp_engine_t eng, const char *path, const fsdp_
  * fc, fc projection) over rows x n_embd in dt on stream s: per layer
  * fsdp_cuda_product_impl's words (the cuBLASLt epilogue or the product and a
  * pass, with why), the choice the model's products make; "; "-separated into
- * buf. Empty for the CPU and other models; "unknown: <error>" on failure. */
-void bench_products(const bench_opts_t *o, fsdp_stream_t s, fsdp_dtype_t dt, int rows, char *buf,
+ * buf. Empty for other models (s must be a CUDA stream); "unknown: <error>" on failure. */
+void bench_products(const lm_t *lm, fsdp_stream_t s, fsdp_dtype_t dt, int rows, char *buf,
                     size_t n);
 void bench_print_header(const bench_opts_t *o, int nranks, const char *backend,
                         const bench_machine_t *m, double peak_rank);

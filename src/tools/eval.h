@@ -4,6 +4,7 @@
 #define FSDP_TOOLS_EVAL_H
 
 #include "fsdp/fsdp.h"
+#include "tools/lm.h"
 
 typedef struct {
   const char *ckpt, *data, *tokenizer, *split, *logits_out, *prompt, *prompt_tokens, *preset;
@@ -22,8 +23,7 @@ typedef struct {
   const eval_opts_t *o;
   fsdp_world_t world;
   fsdp_engine_t eng;
-  fsdp_gpt2_t gpt;             /* one of the two, as o->is_llama says */
-  fsdp_llama_t llama;
+  lm_t lm;                    /* GPT-2 or Llama, as o->is_llama says (setup) */
   fsdp_ckpt_meta_t meta;      /* the checkpoint's trainer state */
   int64_t step;               /* the checkpoint's */
   int rank, nranks;
@@ -44,10 +44,7 @@ static inline int eval_meta(const evaluator_t *e, const char *key, int64_t *v) {
 /* One forward of the model (GPT-2 or Llama), as fsdp_gpt2_forward. */
 static inline fsdp_status_t eval_forward(evaluator_t *e, int B, int T, double *loss_sum,
                                          const float **logits) {
-  return e->llama ? fsdp_llama_forward(e->llama, e->ids, loss_sum ? e->tgt : NULL, B, T, loss_sum,
-                                       logits)
-                  : fsdp_gpt2_forward(e->gpt, e->ids, loss_sum ? e->tgt : NULL, B, T, loss_sum,
-                                      logits);
+  return lm_forward(&e->lm, e->ids, loss_sum ? e->tgt : NULL, B, T, loss_sum, logits);
 }
 
 /* Mean loss (and perplexity, bits per byte) over the split: every position

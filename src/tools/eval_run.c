@@ -241,8 +241,7 @@ int eval_sample(evaluator_t *e) {
   fsdp_gpt2_sampling_t how = {e->o->temperature, e->o->top_k, e->o->seed};
   int keep = (int)p.n > e->T ? e->T : (int)p.n; /* the context the model can see */
   const int *ctx = p.ids + p.n - keep;
-  if (!rc && (e->llama ? fsdp_llama_sample(e->llama, ctx, keep, e->o->sample, &how, out)
-                       : fsdp_gpt2_sample(e->gpt, ctx, keep, e->o->sample, &how, out)))
+  if (!rc && lm_sample(&e->lm, ctx, keep, e->o->sample, &how, out))
     rc = -1;
   if (!rc && e->rank == 0) print_sample(e, &p, out, e->o->sample);
   free(out);

@@ -169,12 +169,13 @@ static int setup(evaluator_t *e, eval_opts_t *o) {
   if (fsdp_engine_create(e->world, &o->cfg, &e->eng) ||
       fsdp_engine_shard_batch(e->eng, e->global_batch, &e->micro, &e->offset))
     return -1;
-  fsdp_gpt2_opts_t w = {.wrap_kinds = o->is_llama ? "LlamaDecoderLayer" : "GPT2Block",
-                        .max_batch = (int)e->micro, .max_T = e->T};
+  e->lm = lm_pick(o->is_llama ? "llama" : "gpt2", &o->gpt, &o->llama);
+  lm_layout_t y;
+  lm_layout(&e->lm, &y);
+  fsdp_gpt2_opts_t w = {.wrap_kinds = y.layer_kind, .max_batch = (int)e->micro, .max_T = e->T};
   fsdp_ckpt_load_opts_t lo = FSDP_CKPT_LOAD_OPTS_INIT;
   lo.reset_optim = 1; /* eval holds no optimizer state */
-  if ((o->is_llama ? fsdp_llama_create(e->eng, &o->llama, &w, &e->llama)
-                   : fsdp_gpt2_create(e->eng, &o->gpt, &w, &e->gpt)) ||
+  if (lm_create(&e->lm, e->eng, &w) ||
       fsdp_engine_materialize(e->eng, 1) || fsdp_ckpt_load(e->eng, o->ckpt, &lo, NULL, NULL, 0))
     return -1;
   e->ids = malloc((size_t)e->micro * (size_t)e->T * sizeof(int));
@@ -208,8 +209,7 @@ fail:
 done:
   free(e.ids);
   free(e.tgt);
-  fsdp_gpt2_destroy(e.gpt);
-  fsdp_llama_destroy(e.llama);
+  lm_destroy(&e.lm);
   fsdp_engine_destroy(e.eng);
   fsdp_tokenizer_free(e.tok);
   fsdp_text_free(&e.text);

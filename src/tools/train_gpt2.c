@@ -1,45 +1,22 @@
 /* src/tools/train_gpt2.c — a decoder, GPT-2 or a Llama-family model
  * (--model), on bytes of text or on a token file: random windows from the
  * training split, validation loss in nats per byte (or per token), and a
- * sample at the end. The two models differ only in the calls of
- * struct lm below. */
+ * sample at the end. The two models differ only behind tools/lm.h. */
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "tools/lm.h"
 #include "tools/train.h"
 
 typedef struct {
   fsdp_text_t text;
   fsdp_tokens_t toks; /* when --data is token data */
   int is_tokens;
-  fsdp_gpt2_t gpt;     /* --model gpt2 */
-  fsdp_llama_t llama;  /* --model llama */
+  lm_t lm;            /* --model gpt2 or llama, picked once (train_gpt2) */
   int *tok, *tgt;
 } gpt_task_t;
-
-/* The model's calls, whichever it is. */
-static fsdp_status_t lm_forward_backward(const gpt_task_t *g, int B, int T, float scale,
-                                         double *loss) {
-  return g->llama ? fsdp_llama_forward_backward(g->llama, g->tok, g->tgt, B, T, scale, loss)
-                  : fsdp_gpt2_forward_backward(g->gpt, g->tok, g->tgt, B, T, scale, loss);
-}
-
-static fsdp_status_t lm_loss(const gpt_task_t *g, int B, int T, double *loss) {
-  return g->llama ? fsdp_llama_forward(g->llama, g->tok, g->tgt, B, T, loss, NULL)
-                  : fsdp_gpt2_forward(g->gpt, g->tok, g->tgt, B, T, loss, NULL);
-}
-
-static fsdp_status_t lm_generate(const gpt_task_t *g, int prompt, int n, float temperature,
-                                 uint64_t seed, int *out) {
-  return g->llama ? fsdp_llama_generate(g->llama, &prompt, 1, n, temperature, seed, out)
-                  : fsdp_gpt2_generate(g->gpt, &prompt, 1, n, temperature, seed, out);
-}
-
-static int vocab_of(const train_opts_t *o) {
-  return strcmp(o->model, "llama") ? o->gpt.vocab_size : o->llama.vocab_size;
-}
 
 static fsdp_status_t windows(const gpt_task_t *g, int validation, uint64_t seed, int64_t step,
                              int64_t first, int64_t count, int T, int *tok, int *tgt) {
@@ -54,8 +31,10 @@ static int load_data(trainer_t *t, gpt_task_t *g) {
   g->is_tokens = fsdp_tokens_probe(path);
   if (!g->is_tokens) return fsdp_text_load(path, 0.1, &g->text) ? -1 : 0;
   if (fsdp_tokens_load(path, 0.1, &g->toks)) return -1;
-  if (fsdp_tokens_check_vocab(&g->toks, vocab_of(o)) == FSDP_SUCCESS) return 0;
-  if (t->rank == 0 && strcmp(o->model, "llama"))
+  lm_layout_t y;
+  lm_layout(&g->lm, &y);
+  if (fsdp_tokens_check_vocab(&g->toks, y.vocab_size) == FSDP_SUCCESS) return 0;
+  if (t->rank == 0 && !y.named_by_preset)
     fprintf(stderr, "fsdp-train: %s\nfsdp-train: pass --vocab %d or more (or a preset whose "
             "vocabulary holds the data's tokens, e.g. --preset 124M)\n", fsdp_last_error(),
             g->toks.max_token + 1);
@@ -73,7 +52,7 @@ static int evaluate(trainer_t *t, gpt_task_t *g, double *loss) {
     if (windows(g, 1, o->seed + 1, b, t->offset, t->micro, o->seq_len, g->tok, g->tgt))
       return -1;
     double l;
-    if (lm_loss(g, (int)t->micro, o->seq_len, &l)) return -1;
+    if (lm_forward(&g->lm, g->tok, g->tgt, (int)t->micro, o->seq_len, &l, NULL)) return -1;
     sum += l;
   }
   if (train_sum(t, &sum, 1)) return -1;
@@ -91,8 +70,8 @@ static int step(trainer_t *t, gpt_task_t *g, int s, double *loss) {
     if (windows(g, 0, o->seed, s, k * per_micro + t->offset, t->micro, T, g->tok, g->tgt))
       return -1;
     double l;
-    if (lm_forward_backward(g, (int)t->micro, T, train_loss_scale(t) / (float)(t->micro * T),
-                            &l))
+    if (lm_forward_backward(&g->lm, g->tok, g->tgt, (int)t->micro, T,
+                            train_loss_scale(t) / (float)(t->micro * T), &l))
       return -1;
     sum += l;
   }
@@ -122,7 +101,8 @@ static int sample(trainer_t *t, gpt_task_t *g) {
   int prompt = g->is_tokens ? fsdp_tokens_at(&g->toks, g->toks.n_train) : '\n';
   int *out = malloc((size_t)o->sample * sizeof(int));
   if (!out) return -1;
-  int rc = lm_generate(g, prompt, o->sample, o->temperature, o->seed, out) ? -1 : 0;
+  const fsdp_gpt2_sampling_t how = {o->temperature, 0, o->seed}; /* as fsdp_gpt2_generate */
+  int rc = lm_sample(&g->lm, &prompt, 1, o->sample, &how, out) ? -1 : 0;
   if (rc == 0 && t->rank == 0) print_sample(t, g, out);
   free(out);
   return rc;
@@ -210,16 +190,14 @@ static int setup(trainer_t *t, gpt_task_t *g) {
   int b = build_model(t, g);
   if (b) return b;
   if (t->rank == 0 && !o->json) {
-    char what[200];
-    const fsdp_llama_config_t *l = &o->llama;
-    if (g->llama)
-      snprintf(what, sizeof what, "llama %s: %d layers x %d wide, %d heads / %d KV, FFN %d, T "
-               "%d, %zu parameters, on", o->preset, l->n_layer, l->n_embd, l->n_head,
-               l->n_kv_head, l->ffn_hidden, o->seq_len, fsdp_llama_num_params(l));
-    else
-      snprintf(what, sizeof what, "gpt2 %d layers x %d wide, %d heads, T %d, %zu parameters, on",
-               o->gpt.n_layer, o->gpt.n_embd, o->gpt.n_head, o->seq_len,
-               fsdp_gpt2_num_params(&o->gpt));
+    char what[200], shape[96];
+    lm_layout_t y;
+    lm_layout(&g->lm, &y);
+    lm_shape(&g->lm, shape, sizeof shape);
+    /* a shape the flags may have changed is not named by its preset */
+    snprintf(what, sizeof what, "%s%s%s%s %s, T %d, %zu parameters, on", y.name,
+             y.named_by_preset ? " " : "", y.named_by_preset ? o->preset : "",
+             y.named_by_preset ? ":" : "", shape, o->seq_len, y.params);
     snprintf(what + strlen(what), sizeof what - strlen(what), " %zu %s",
              g->is_tokens ? g->toks.n : g->text.n, g->is_tokens ? "tokens" : "bytes of text");
     train_print_plan(t, what);
@@ -234,11 +212,8 @@ static void unbuild_model(void *task) {
   gpt_task_t *g = task;
   free(g->tok);
   free(g->tgt);
-  fsdp_gpt2_destroy(g->gpt);
-  fsdp_llama_destroy(g->llama);
+  lm_destroy(&g->lm);
   g->tok = g->tgt = NULL;
-  g->gpt = NULL;
-  g->llama = NULL;
 }
 
 /* The model over t->eng, materialised, and its per-rank batch buffers: at
@@ -253,11 +228,8 @@ static int build_model(trainer_t *t, void *task) {
   fsdp_plan_opts_t plan;
   char ckpt[512];
   cfg_file_t *c = o->config;
-  int bad = c && (strcmp(o->model, "llama")
-                      ? cfg_gpt2_opts(c, &w, &plan, ckpt, sizeof ckpt)
-                      : cfg_llama_opts(c, &w, o->llama.tie_embeddings, &plan, ckpt, sizeof ckpt));
-  bad = bad || (strcmp(o->model, "llama") ? fsdp_gpt2_create(t->eng, &o->gpt, &w, &g->gpt)
-                                          : fsdp_llama_create(t->eng, &o->llama, &w, &g->llama));
+  int bad = c && lm_config_opts(&g->lm, c, &w, &plan, ckpt, sizeof ckpt);
+  bad = bad || lm_create(&g->lm, t->eng, &w);
   bad = bad || (c && (cfg_check_matched(c, 1) || cfg_check_matched(c, 2)));
   if (bad && c && c->err[0]) { /* the same on every rank: rank 0 says it, all stop */
     if (t->rank == 0) fprintf(stderr, "fsdp-train: %s\n", c->err);
@@ -269,14 +241,13 @@ static int build_model(trainer_t *t, void *task) {
   g->tgt = malloc(n * sizeof(int));
   if (!g->tok || !g->tgt) return -1;
   size_t full;
-  t->act_bytes = g->llama ? fsdp_llama_activation_bytes(g->llama, &full)
-                          : fsdp_gpt2_activation_bytes(g->gpt, &full);
+  t->act_bytes = lm_activation_bytes(&g->lm, &full);
   t->act_bytes_full = full;
   return 0;
 }
 
 int train_gpt2(trainer_t *t) {
-  gpt_task_t g = {0};
+  gpt_task_t g = {.lm = lm_pick(t->o->model, &t->o->gpt, &t->o->llama)};
   int rc = setup(t, &g);
   rc = rc ? rc : (!t->joining && train_resume(t)) || run(t, &g) ? -1 : 0;
   unbuild_model(&g);

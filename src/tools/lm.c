@@ -1,0 +1,93 @@
+/* src/tools/lm.c — the decoders behind tools/lm.h: each call is the picked
+ * model's. The only file of the tools that names both models' calls. */
+#include <stdio.h>
+#include <string.h>
+
+#include "tools/lm.h"
+
+lm_t lm_pick(const char *model, const fsdp_gpt2_config_t *gpt, const fsdp_llama_config_t *llama) {
+  if (model && !strcmp(model, "gpt2")) return (lm_t){.kind = LM_GPT2, .gpt = gpt};
+  if (model && !strcmp(model, "llama")) return (lm_t){.kind = LM_LLAMA, .llama = llama};
+  return (lm_t){.kind = LM_NONE};
+}
+
+void lm_layout(const lm_t *lm, lm_layout_t *out) {
+  const fsdp_gpt2_config_t *g = lm->gpt;
+  const fsdp_llama_config_t *l = lm->llama;
+  if (lm->kind == LM_LLAMA)
+    *out = (lm_layout_t){.name = "llama", .layer_kind = "LlamaDecoderLayer",
+                         .named_by_preset = 1, .n_layer = l->n_layer, .n_embd = l->n_embd,
+                         .n_head = l->n_head, .vocab_size = l->vocab_size,
+                         .params = fsdp_llama_num_params(l),
+                         .lookup = l->tie_embeddings ? 0
+                                                     : (size_t)l->vocab_size * (size_t)l->n_embd};
+  else
+    *out = (lm_layout_t){.name = "gpt2", .layer_kind = "GPT2Block", .named_by_preset = 0,
+                         .n_layer = g->n_layer, .n_embd = g->n_embd, .n_head = g->n_head,
+                         .vocab_size = g->vocab_size, .params = fsdp_gpt2_num_params(g),
+                         .lookup = (size_t)g->block_size * (size_t)g->n_embd};
+}
+
+void lm_shape(const lm_t *lm, char *buf, size_t n) {
+  const fsdp_llama_config_t *l = lm->llama;
+  if (lm->kind == LM_LLAMA)
+    snprintf(buf, n, "%d layers x %d wide, %d heads / %d KV, FFN %d", l->n_layer, l->n_embd,
+             l->n_head, l->n_kv_head, l->ffn_hidden);
+  else
+    snprintf(buf, n, "%d layers x %d wide, %d heads", lm->gpt->n_layer, lm->gpt->n_embd,
+             lm->gpt->n_head);
+}
+
+int lm_config_opts(const lm_t *lm, cfg_file_t *cfg, fsdp_gpt2_opts_t *o, fsdp_plan_opts_t *plan,
+                   char *ckpt_names, size_t ckpt_len) {
+  return lm->kind == LM_LLAMA
+             ? cfg_llama_opts(cfg, o, lm->llama->tie_embeddings, plan, ckpt_names, ckpt_len)
+             : cfg_gpt2_opts(cfg, o, plan, ckpt_names, ckpt_len);
+}
+
+fsdp_status_t lm_create(lm_t *lm, fsdp_engine_t eng, const fsdp_gpt2_opts_t *o) {
+  return lm->kind == LM_LLAMA
+             ? fsdp_llama_create(eng, lm->llama, o, &lm->l)
+             : fsdp_gpt2_create(eng, lm->gpt, o, &lm->g);
+}
+
+void lm_destroy(lm_t *lm) {
+  fsdp_gpt2_destroy(lm->g);
+  fsdp_llama_destroy(lm->l);
+  lm->g = NULL;
+  lm->l = NULL;
+}
+
+fsdp_status_t lm_forward_backward(const lm_t *lm, const int *tokens, const int *targets, int B,
+                                  int T, float loss_scale, double *loss_sum) {
+  return lm->kind == LM_LLAMA
+             ? fsdp_llama_forward_backward(lm->l, tokens, targets, B, T, loss_scale, loss_sum)
+             : fsdp_gpt2_forward_backward(lm->g, tokens, targets, B, T, loss_scale, loss_sum);
+}
+
+fsdp_status_t lm_forward(const lm_t *lm, const int *tokens, const int *targets, int B, int T,
+                         double *loss_sum, const float **logits) {
+  return lm->kind == LM_LLAMA
+             ? fsdp_llama_forward(lm->l, tokens, targets, B, T, loss_sum, logits)
+             : fsdp_gpt2_forward(lm->g, tokens, targets, B, T, loss_sum, logits);
+}
+
+fsdp_status_t lm_sample(const lm_t *lm, const int *prompt, int n_prompt, int n_new,
+                        const fsdp_gpt2_sampling_t *how, int *out) {
+  return lm->kind == LM_LLAMA
+             ? fsdp_llama_sample(lm->l, prompt, n_prompt, n_new, how, out)
+             : fsdp_gpt2_sample(lm->g, prompt, n_prompt, n_new, how, out);
+}
+
+size_t lm_activation_bytes(const lm_t *lm, size_t *without_checkpointing) {
+  return lm->kind == LM_LLAMA
+             ? fsdp_llama_activation_bytes(lm->l, without_checkpointing)
+             : fsdp_gpt2_activation_bytes(lm->g, without_checkpointing);
+}
+
+fsdp_status_t lm_kernel_costs(const lm_t *lm, int B, int T, int micro_batches,
+                              fsdp_dtype_t act_dtype, fsdp_kclass_cost_t *out, int n) {
+  return lm->kind == LM_LLAMA
+             ? fsdp_llama_kernel_costs(lm->llama, B, T, micro_batches, act_dtype, out, n)
+             : fsdp_gpt2_kernel_costs(lm->gpt, B, T, micro_batches, act_dtype, out, n);
+}
