@@ -26,7 +26,7 @@ int bench_kernels_collect(fsdp_engine_t eng, const lm_t *lm, int B, int T, int s
     if (c->device != FSDP_DEVICE_CUDA) snprintf(r->device_name, sizeof r->device_name, "cpu");
     else
       BENCH_TRY(fsdp_cuda_attention_impl(fsdp_engine_stream(eng), act, B, T, y.n_embd, y.n_head,
-                                         r->attention, sizeof r->attention));
+                                         y.n_kv_head, r->attention, sizeof r->attention));
     bench_products(lm, fsdp_engine_stream(eng), act, B * T, r->products, sizeof r->products);
   }
   BENCH_TRY(fsdp_engine_profile_read(eng, t, FSDP_KC_COUNT));
@@ -114,6 +114,10 @@ void bench_kernels_json(FILE *f, const bench_opts_t *o, const bench_result_t *r)
   else
     fprintf(f, ",\"gpt2\":{\"n_layer\":%d,\"n_head\":%d,\"n_embd\":%d,\"block_size\":%d,"
             "\"vocab_size\":%d}", g->n_layer, g->n_head, g->n_embd, g->block_size, g->vocab_size);
+  if (r->attention[0]) { /* what ran attention on the GPU (fsdp_cuda_attention_impl) */
+    fprintf(f, ",\"attention\":");
+    bench_json_string(f, r->attention);
+  }
   fprintf(f, ",\"device_name\":\"%s\",\"hbm_bytes_per_s\":%.6g,\"kernels\":[", r->device_name,
           r->hbm_bytes_per_s);
   for (int k = 0, first = 1; k < FSDP_KC_COUNT; k++) {

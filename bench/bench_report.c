@@ -25,17 +25,20 @@ static void describe_model(const bench_opts_t *o, char *buf, size_t n) {
   if (k > 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, "-10");
 }
 
-/* What runs GPT-2's attention on the GPU at this run's shape
- * (fsdp_cuda_attention_impl: cuDNN with its version and path, or the in-house
- * kernel and why); empty for the CPU and the MLP. The same choice the model's
- * first attention call takes (made once per process and shape). */
+/* What runs the model's attention on the GPU at this run's shape, grouped-query
+ * for a Llama with fewer KV heads (fsdp_cuda_attention_impl: cuDNN with its
+ * version and path, or the in-house kernel and why); empty for the CPU and the
+ * MLP. The same choice the model's first attention call takes (made once per
+ * process and shape). */
 static void attention_impl(const bench_opts_t *o, char *buf, size_t n) {
   buf[0] = '\0';
-  if (o->cfg.device != FSDP_DEVICE_CUDA || strcmp(o->model, "gpt2")) return;
+  if (o->cfg.device != FSDP_DEVICE_CUDA || o->lm.kind == LM_NONE) return;
+  lm_layout_t y;
+  lm_layout(&o->lm, &y);
   fsdp_stream_t s = NULL;
   if (fsdp_stream_create_cuda("bench-attention", 0, &s) != FSDP_SUCCESS ||
-      fsdp_cuda_attention_impl(s, o->cfg.param_dtype, o->micro_batch, o->seq_len, o->gpt.n_embd,
-                               o->gpt.n_head, buf, n) != FSDP_SUCCESS)
+      fsdp_cuda_attention_impl(s, o->cfg.param_dtype, o->micro_batch, o->seq_len, y.n_embd,
+                               y.n_head, y.n_kv_head, buf, n) != FSDP_SUCCESS)
     snprintf(buf, n, "unknown: %s", fsdp_last_error());
   if (s) fsdp_stream_destroy(s);
 }

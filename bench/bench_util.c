@@ -86,7 +86,7 @@ void bench_machine(bench_machine_t *m) {
 }
 
 /* Writes s as a JSON string: quotes and backslashes escaped, controls dropped. */
-static void json_string(FILE *f, const char *s) {
+void bench_json_string(FILE *f, const char *s) {
   fputc('"', f);
   for (; *s; s++)
     if (*s == '"' || *s == '\\') fprintf(f, "\\%c", *s);
@@ -96,9 +96,9 @@ static void json_string(FILE *f, const char *s) {
 
 void bench_machine_json(FILE *f, const bench_machine_t *m) {
   fprintf(f, "{\"cpu\":");
-  json_string(f, m->cpu);
+  bench_json_string(f, m->cpu);
   fprintf(f, ",\"cores\":%d,\"blas\":", m->cores);
-  json_string(f, m->blas);
+  bench_json_string(f, m->blas);
   fprintf(f, "}");
 }
 

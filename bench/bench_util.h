@@ -39,6 +39,8 @@ typedef struct {
 
 void bench_machine(bench_machine_t *m);
 void bench_machine_json(FILE *f, const bench_machine_t *m);
+/* s as a JSON string: quotes and backslashes escaped, controls dropped. */
+void bench_json_string(FILE *f, const char *s);
 
 /* Resident set size of this process in bytes: now, and its high-water mark
  * since the last bench_rss_reset (Linux /proc/self/status VmRSS and VmHWM;

@@ -155,6 +155,10 @@ def check_llama(mpirun, np, exe, extra):
     (r,) = doc["results"]
     device = extra[extra.index("--device") + 1] if "--device" in extra else "cpu"
     expect(r.get("device", "cpu") == device, f"device {r.get('device')}, want {device}")
+    # what ran attention (4 query heads over 2 KV heads; f32: the in-house fp32 path), GPU only
+    att = r.get("attention", "")
+    expect(att.startswith("in-house fp32") if device == "cuda" else att == "",
+           f"attention on {device}: {att!r}")
     L, T, C, V = 2, 32, 64, 256
     params = 2 * V * C + L * (2 * C + C * C + 2 * 32 * C + C * C + 3 * 160 * C) + C
     expect(r["model"] == "llama" and r["preset"] == "tiny" and r["seq_len"] == T, "model fields")

@@ -92,7 +92,7 @@ FSDP_API fsdp_device_kind_t fsdp_stream_device(fsdp_stream_t stream);
 /* The cudaStream_t of a CUDA stream, NULL for any other. */
 FSDP_API void *fsdp_stream_cuda_handle(fsdp_stream_t stream);
 /* What runs causal attention in `dtype` for B x T tokens of C channels in NH
- * heads on `stream` (a CUDA stream; its device is the current one), in words,
+ * query heads over NKV key/value heads (grouped-query; 0: NKV = NH) on `stream` (a CUDA stream; its device is the current one), in words,
  * into buf (len bytes, NUL-terminated, truncated to fit): "cudnn 9.x.y
  * (/path/libcudnn.so.9)" (cuDNN's fused flash attention), "in-house flash:
  * <why not cuDNN>" (bf16), or "in-house fp32: ..." (f32). For bf16 this makes
@@ -102,7 +102,8 @@ FSDP_API void *fsdp_stream_cuda_handle(fsdp_stream_t stream);
  * one (cudnn where cuDNN cannot run the shape: FSDP_ERR_UNSUPPORTED with
  * cuDNN's reason). Thread-safe. FSDP_ERR_UNSUPPORTED without CUDA. */
 FSDP_API fsdp_status_t fsdp_cuda_attention_impl(fsdp_stream_t stream, fsdp_dtype_t dtype, int B,
-                                                int T, int C, int NH, char *buf, size_t len);
+                                                int T, int C, int NH, int NKV, char *buf,
+                                                size_t len);
 
 /* fsdp_cuda_product_impl's flags: the weight is (OC, C) (a linear layer;
  * else a Conv1D's (C, OC)); the layer adds a bias; a GELU follows it (the

@@ -464,8 +464,8 @@ fsdp_status_t fsdp_stream_create_cuda(const char *name, int high_priority,
 }
 int fsdp_cuda_device_count(void) { return 0; }
 fsdp_status_t fsdp_cuda_attention_impl(fsdp_stream_t stream, fsdp_dtype_t dtype, int B, int T,
-                                       int C, int NH, char *buf, size_t len) {
-  (void)stream, (void)dtype, (void)B, (void)T, (void)C, (void)NH, (void)buf, (void)len;
+                                       int C, int NH, int NKV, char *buf, size_t len) {
+  (void)stream, (void)dtype, (void)B, (void)T, (void)C, (void)NH, (void)NKV, (void)buf, (void)len;
   return no_cuda("fsdp_cuda_attention_impl");
 }
 fsdp_status_t fsdp_cuda_product_impl(fsdp_stream_t stream, fsdp_dtype_t dtype, int B, int C,

@@ -17,13 +17,15 @@ void lm_layout(const lm_t *lm, lm_layout_t *out) {
   if (lm->kind == LM_LLAMA)
     *out = (lm_layout_t){.name = "llama", .layer_kind = "LlamaDecoderLayer",
                          .named_by_preset = 1, .n_layer = l->n_layer, .n_embd = l->n_embd,
-                         .n_head = l->n_head, .vocab_size = l->vocab_size,
+                         .n_head = l->n_head, .n_kv_head = l->n_kv_head,
+                         .vocab_size = l->vocab_size,
                          .params = fsdp_llama_num_params(l),
                          .lookup = l->tie_embeddings ? 0
                                                      : (size_t)l->vocab_size * (size_t)l->n_embd};
   else
     *out = (lm_layout_t){.name = "gpt2", .layer_kind = "GPT2Block", .named_by_preset = 0,
                          .n_layer = g->n_layer, .n_embd = g->n_embd, .n_head = g->n_head,
+                         .n_kv_head = g->n_head,
                          .vocab_size = g->vocab_size, .params = fsdp_gpt2_num_params(g),
                          .lookup = (size_t)g->block_size * (size_t)g->n_embd};
 }

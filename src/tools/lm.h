@@ -23,7 +23,7 @@ typedef struct {
   const char *name;       /* "gpt2", "llama" */
   const char *layer_kind; /* its layers' module kind: wrap and checkpoint ("GPT2Block") */
   int named_by_preset;    /* the shape is always its preset's (no per-field flags) */
-  int n_layer, n_embd, n_head, vocab_size;
+  int n_layer, n_embd, n_head, n_kv_head, vocab_size; /* n_kv_head: GPT-2 n_head */
   size_t params;
   size_t lookup;          /* parameters looked up, not multiplied: GPT-2's wpe, an untied
                              Llama's embed_tokens (6 (P - lookup) + 12 L T C FLOPs a token) */

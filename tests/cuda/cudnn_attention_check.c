@@ -186,8 +186,8 @@ static int mha_check(int B, int T, int C, int NH, fsdp_stream_t fs) {
   problem p = make(B, T, C, NH, NH, NULL);
   char impl[512];
   OK(fsdp_cuda_attention_set_mode("auto"));
-  OK(fsdp_cuda_attention_impl(fs, FSDP_BF16, p.B, p.T, p.C, p.NH, impl, sizeof impl));
-  printf("shape B %d T %d C %d NH %d: auto picks %s\n", p.B, p.T, p.C, p.NH, impl);
+  OK(fsdp_cuda_attention_impl(fs, FSDP_BF16, p.B, p.T, p.C, p.NH, p.NKV, impl, sizeof impl));
+  printf("shape B %d T %d C %d NH %d NKV %d: auto picks %s\n", p.B, p.T, p.C, p.NH, p.NKV, impl);
 
   run(&p, "flash", fs);
   float *out_f = host_bf16(p.out, p.no), *lse_f = host_f32(p.lse, p.nlse),

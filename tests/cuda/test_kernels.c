@@ -1237,7 +1237,7 @@ START_TEST(cudnn_attention) {
                 NH, NKV);
   if (!NKV) {
     char impl[512];
-    OK(fsdp_cuda_attention_impl(fs, FSDP_BF16, B, T, C, NH, impl, sizeof impl));
+    OK(fsdp_cuda_attention_impl(fs, FSDP_BF16, B, T, C, NH, 0, impl, sizeof impl));
     ck_assert_msg(!strncmp(impl, "cudnn 9.", 8) && strchr(impl, '/'),
                   "cuDNN is open but the shape reports %s", impl);
     bf16_attention_case(B, T, C, NH, 0, "attention_forward_cudnn", "attention_backward_cudnn",
@@ -1270,14 +1270,14 @@ START_TEST(attention_choice) {
   ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "cuDNN"));
   OK(fsdp_cuda_attention_set_mode("auto"));
   char impl[512];
-  OK(fsdp_cuda_attention_impl(fs, FSDP_BF16, 2, 64, 128, 2, impl, sizeof impl));
+  OK(fsdp_cuda_attention_impl(fs, FSDP_BF16, 2, 64, 128, 2, 0, impl, sizeof impl));
   const char *why = NULL;
   if (fsdp_cudnn_load(&why))
     ck_assert_msg(!strncmp(impl, "cudnn 9.", 8), "cuDNN loads but auto picked: %s", impl);
   else
     ck_assert_msg(!strncmp(impl, "in-house flash: ", 16) && strstr(impl, why),
                   "without cuDNN (%s) auto reported: %s", why, impl);
-  OK(fsdp_cuda_attention_impl(fs, FSDP_F32, 2, 64, 128, 2, impl, sizeof impl));
+  OK(fsdp_cuda_attention_impl(fs, FSDP_F32, 2, 64, 128, 2, 0, impl, sizeof impl));
   ck_assert_ptr_nonnull(strstr(impl, "fp32"));
   check_err("attention_choice", "the choice's refusals and reports", 0.0, TOL_EXACT);
 }

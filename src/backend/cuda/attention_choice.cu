@@ -203,7 +203,7 @@ fsdp_status_t fsdp_cuda_attention_set_mode(const char *value) {
 }
 
 fsdp_status_t fsdp_cuda_attention_impl(fsdp_stream_t stream, fsdp_dtype_t dtype, int B, int T,
-                                       int C, int NH, char *buf, size_t len) {
+                                       int C, int NH, int NKV, char *buf, size_t len) {
   if (!fsdp_stream_cuda_handle(stream)) return fsdp_cuda_refuse("attention_impl", dtype, stream);
   if (!buf || len == 0)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_cuda_attention_impl: no buffer");
@@ -213,7 +213,7 @@ fsdp_status_t fsdp_cuda_attention_impl(fsdp_stream_t stream, fsdp_dtype_t dtype,
   }
   if (dtype != FSDP_BF16) return fsdp_cuda_refuse("attention_impl", dtype, stream);
   decision d{};
-  FSDP_TRY(find_or_decide(B, T, C, NH, NH, &d));
+  FSDP_TRY(find_or_decide(B, T, C, NH, NKV > 0 ? NKV : NH, &d));
   snprintf(buf, len, "%s", d.text);
   return FSDP_SUCCESS;
 }
