@@ -216,25 +216,32 @@ static void hello(run_nodes_t *n, int fd, const char *line) {
   *p = (peer_t){.fd = fd, .state = PEER_WAITING, .alive = nproc};
 }
 
+/* A free slot for a connection not yet introduced; -1 when all are taken. */
+static int free_newcomer(const run_nodes_t *n) {
+  for (int k = 0; k < MAX_NEWCOMERS; k++)
+    if (n->newcomers[k].fd <= 0) return k;
+  return -1;
+}
+
+/* Takes the connections waiting while a slot is free (the others wait in
+ * the listen backlog, as many agents connect at once when a job starts) and
+ * reads their hellos. */
 static void accept_agents(run_nodes_t *n) {
-  int fd;
-  while ((fd = accept4(n->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0) {
-    keepalive(fd);
-    int k = 0;
-    while (k < MAX_NEWCOMERS && n->newcomers[k].fd > 0) k++;
-    if (k == MAX_NEWCOMERS) {
-      close(fd);
-      continue;
+  for (int k, fd; (k = free_newcomer(n)) >= 0;) {
+    fd = accept4(n->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd >= 0) {
+      keepalive(fd);
+      n->newcomers[k] = (peer_t){.fd = fd};
     }
-    n->newcomers[k] = (peer_t){.fd = fd};
-  }
-  for (int k = 0; k < MAX_NEWCOMERS; k++) {
-    char line[1024];
-    if (n->newcomers[k].fd <= 0) continue;
-    int got = read_line(&n->newcomers[k], line, sizeof line);
-    if (got < 0) close(n->newcomers[k].fd);
-    if (got > 0) hello(n, n->newcomers[k].fd, line);
-    if (got != 0) n->newcomers[k].fd = 0;
+    for (int j = 0; j < MAX_NEWCOMERS; j++) {
+      char line[1024];
+      if (n->newcomers[j].fd <= 0) continue;
+      int got = read_line(&n->newcomers[j], line, sizeof line);
+      if (got < 0) close(n->newcomers[j].fd);
+      if (got > 0) hello(n, n->newcomers[j].fd, line);
+      if (got != 0) n->newcomers[j].fd = 0;
+    }
+    if (fd < 0) break;
   }
 }
 
@@ -247,17 +254,29 @@ static int coordinate(run_nodes_t *n, run_word_t *mine) {
     char line[1024];
     int got, alive;
     while (p->fd >= 0 && (got = read_line(p, line, sizeof line)) != 0) {
-      if (got > 0 && sscanf(line, "alive %d", &alive) == 1 && p->state == PEER_IN) {
+      int end = 0;
+      if (got > 0 && p->state == PEER_IN && sscanf(line, "alive %d%n", &alive, &end) == 1 &&
+          !line[end] && alive >= 0 && alive <= p->alive) {
         snprintf(why + strlen(why), sizeof why - strlen(why), "%snode %d lost %d worker%s",
                  why[0] ? "; " : "", k, p->alive - alive, p->alive - alive == 1 ? "" : "s");
         p->alive = alive;
         continue;
       }
-      if (got > 0 && strcmp(line, "bye")) continue;
-      if (got < 0 && p->state == PEER_IN && p->alive > 0)
-        snprintf(why + strlen(why), sizeof why - strlen(why), "%slost node %d: its agent's "
-                 "connection closed (the agent and its %d worker%s are gone)", why[0] ? "; " : "",
-                 k, p->alive, p->alive == 1 ? "" : "s");
+      /* Anything else but "bye" is not an agent of this job speaking: it is
+       * dropped, as if its connection had closed, rather than trusted. */
+      const int bad = got > 0 && strcmp(line, "bye");
+      if (bad) {
+        fprintf(stderr, "fsdp-run: node %d's agent sent '%.200s', which is not fsdp-run's "
+                "protocol here (expected %s'bye'): dropping node %d\n", k, line,
+                p->state == PEER_IN ? "'alive N', N at most its live workers, or " : "", k);
+        send_line(p->fd, "end node 0 dropped this node: its agent sent '%.200s', not "
+                  "fsdp-run's protocol\n", line);
+      }
+      if ((got < 0 || bad) && p->state == PEER_IN && p->alive > 0)
+        snprintf(why + strlen(why), sizeof why - strlen(why), "%slost node %d: %s (the agent "
+                 "and its %d worker%s are gone)", why[0] ? "; " : "", k,
+                 bad ? "its agent broke the protocol" : "its agent's connection closed", p->alive,
+                 p->alive == 1 ? "" : "s");
       p->alive = 0; /* gone, or done ("bye") */
       p->state = PEER_GONE;
       close(p->fd);
@@ -323,7 +342,7 @@ static int meet(run_nodes_t *n, run_word_t *mine) {
     struct pollfd pf[2 + MAX_NEWCOMERS];
     int m = 0;
     pf[m++] = (struct pollfd){n->stop_fd, POLLIN, 0};
-    pf[m++] = (struct pollfd){n->listen_fd, POLLIN, 0};
+    if (free_newcomer(n) >= 0) pf[m++] = (struct pollfd){n->listen_fd, POLLIN, 0};
     for (int k = 0; k < MAX_NEWCOMERS; k++)
       if (n->newcomers[k].fd > 0) pf[m++] = (struct pollfd){n->newcomers[k].fd, POLLIN, 0};
     if (poll(pf, (nfds_t)m, (int)(left * 1000) + 1) > 0 && pf[0].revents)
@@ -373,9 +392,12 @@ static int connect_node0(run_nodes_t *n) {
   return -1;
 }
 
-/* Parses a line from node 0; 1 when it was a word. */
-static int parse_word(const char *line, run_word_t *w) {
+/* Parses a line from node 0 for a node of nproc workers: 1 when it is a
+ * word, 0 (*w an END naming the line) when it is not fsdp-run's protocol or
+ * gives this node a part it cannot have. */
+static int parse_word(const char *line, int nproc, run_word_t *w) {
   char kind[16];
+  int end = 0;
   *w = (run_word_t){.kind = RUN_WORD_NONE};
   if (!strncmp(line, "end ", 4)) {
     w->kind = RUN_WORD_END;
@@ -383,14 +405,22 @@ static int parse_word(const char *line, run_word_t *w) {
     return 1;
   }
   if (!strcmp(line, "bye")) return w->kind = RUN_WORD_BYE, 1;
-  if (sscanf(line, "%15s %d %d %d %d %d", kind, &w->generation, &w->size, &w->port, &w->first,
-             &w->count) != 6)
-    return 0;
-  w->kind = !strcmp(kind, "start") ? RUN_WORD_START
-            : !strcmp(kind, "join") ? RUN_WORD_JOIN
-            : !strcmp(kind, "world") ? RUN_WORD_WORLD
-                                      : RUN_WORD_NONE;
-  return w->kind != RUN_WORD_NONE;
+  if (sscanf(line, "%15s %d %d %d %d %d%n", kind, &w->generation, &w->size, &w->port, &w->first,
+             &w->count, &end) == 6 && !line[end])
+    w->kind = !strcmp(kind, "start") ? RUN_WORD_START
+              : !strcmp(kind, "join") ? RUN_WORD_JOIN
+              : !strcmp(kind, "world") ? RUN_WORD_WORLD
+                                        : RUN_WORD_NONE;
+  /* start and join spawn all nproc workers; a world keeps some of them */
+  if (w->kind != RUN_WORD_NONE && w->generation >= 0 && w->port > 0 && w->port < 65536 &&
+      w->first >= 0 && w->count > 0 && w->count <= w->size - w->first &&
+      (w->kind == RUN_WORD_WORLD ? w->count <= nproc : w->count == nproc))
+    return 1;
+  *w = (run_word_t){.kind = RUN_WORD_END};
+  snprintf(w->why, sizeof w->why, "node 0's agent sent '%.200s', which is not fsdp-run's "
+           "protocol for a node of %d worker%s (expected 'start|join|world G SIZE PORT FIRST "
+           "COUNT', 'end WHY' or 'bye')", line, nproc, nproc == 1 ? "" : "s");
+  return 0;
 }
 
 /* Another node: reads node 0's lines; 1 when *w holds a word. */
@@ -409,7 +439,12 @@ static int listen_node0(run_nodes_t *n, run_word_t *w) {
                n->o->master_port);
       return 1;
     }
-    if (!parse_word(line, &next)) continue;
+    if (!parse_word(line, n->o->nproc, &next)) {
+      close(n->peer[0].fd);
+      n->peer[0].fd = -1;
+      *w = next;
+      return 1;
+    }
     if (next.kind == RUN_WORD_BYE) {
       n->finished = 1;
       continue;
@@ -458,7 +493,8 @@ int run_nodes_open(const run_opts_t *o, int stop_fd, run_nodes_t **out, run_word
 
 int run_nodes_fds(const run_nodes_t *n, struct pollfd *pf, int max) {
   int m = 0;
-  if (n->listen_fd >= 0 && m < max) pf[m++] = (struct pollfd){n->listen_fd, POLLIN, 0};
+  if (n->listen_fd >= 0 && free_newcomer(n) >= 0 && m < max)
+    pf[m++] = (struct pollfd){n->listen_fd, POLLIN, 0};
   for (int k = 0; k < MAX_NEWCOMERS && n->listen_fd >= 0; k++)
     if (n->newcomers[k].fd > 0 && m < max)
       pf[m++] = (struct pollfd){n->newcomers[k].fd, POLLIN, 0};
@@ -466,6 +502,8 @@ int run_nodes_fds(const run_nodes_t *n, struct pollfd *pf, int max) {
     if (n->peer[k].fd >= 0 && m < max) pf[m++] = (struct pollfd){n->peer[k].fd, POLLIN, 0};
   return m;
 }
+
+int run_nodes_max_fds(const run_nodes_t *n) { return 1 + MAX_NEWCOMERS + n->o->nnodes; }
 
 int run_nodes_read(run_nodes_t *n, run_word_t *w) {
   return n->o->node_rank == 0 ? coordinate(n, w) : listen_node0(n, w);

@@ -1480,6 +1480,146 @@ def nodes_lose_node0(r):
     print(f"node 0 lost: node 1 ended in {secs:.1f} s naming it")
 
 
+def fake_agent(port, job, node, deadline):
+    """A socket that said hello to node 0's fsdp-run as node `node` of job
+    `job` (one worker), retried until node 0 listens (as fsdp-run does)."""
+    while True:
+        a = socket.socket()
+        if a.connect_ex(("127.0.0.1", port)) == 0:
+            break
+        a.close()
+        check(time.monotonic() < deadline, f"node 0's fsdp-run never listened on {port}")
+        time.sleep(0.02)
+    a.sendall(f"hello {job} {node} 1\n".encode())
+    a.settimeout(max(0.1, deadline - time.monotonic()))
+    return a
+
+
+def first_line(a, node):
+    try:
+        return a.makefile("r").readline()
+    except OSError as e:
+        raise Failure(f"node {node} got no word from node 0: {e}")
+
+
+def node0_agent(r, port, job, tag, nnodes):
+    """Node 0's fsdp-run of an elastic job of nnodes nodes of one rank each;
+    its one worker sleeps (this case tests the agents' link alone)."""
+    cmd = [r.tool("fsdp-run"), "--nproc-per-node", "1", "--nnodes", str(nnodes), "--node-rank",
+           "0", "--master-port", str(port), "--rdzv-id", job, "--min-nproc", "1",
+           "sleep", "60"]
+    return subprocess.Popen(cmd, env=dict(r.base_env, FSDP_TEST_TAG=tag), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def stop_agent(p, tag):
+    p.send_signal(signal.SIGTERM)
+    try:
+        p.communicate(timeout=TEARDOWN_S)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        raise Failure("fsdp-run still ran 30 s after SIGTERM")
+    left = wait_no_orphans(tag, time.monotonic() + TEARDOWN_S)
+    check(not left, f"leftover processes {left}")
+
+
+def nodes_bad_line(r):
+    """A line that is not fsdp-run's protocol, either way, gets a clear error:
+    an agent that says 'alive 7' with one worker (before: node 0 grew the
+    world to 8 ranks for workers that do not exist) or 'ready' is dropped as
+    a lost node, named with its line; node 1 given a word it cannot follow by
+    node 0 (junk, or a part of 3 ranks for its 1 worker; before: ignored,
+    and node 1 waited for ever) ends saying what it got."""
+    for bad in ("alive 7", "alive -1", "ready"):
+        port, job, tag = free_port(), "bad-" + uuid.uuid4().hex[:8], uuid.uuid4().hex
+        p = node0_agent(r, port, job, tag, 2)
+        try:
+            deadline = time.monotonic() + 20
+            a = fake_agent(port, job, 1, deadline)
+            first = first_line(a, 1)
+            check(first.startswith("start 0 2 ") and first.endswith(" 1 1\n"),
+                  f"node 1's first word {first!r}")
+            a.sendall((bad + "\n").encode())
+            err = read_until(p, r"going on with|growing to", deadline)
+            check(f"node 1's agent sent '{bad}', which is not fsdp-run's protocol" in err and
+                  "going on with 1 of 2 ranks" in err and "broke the protocol" in err,
+                  f"'{bad}' from node 1:\n{err[-2000:]}")
+            told = a.makefile("r").read()
+            check(told.startswith("end node 0 dropped this node"), f"node 1 was told {told!r}")
+            a.close()
+        finally:
+            stop_agent(p, tag)
+        print(f"node 1's agent sent '{bad}': dropped, named, and told so")
+    for word in ("hello there", "start 0 4 5000 1 3", "world 1 2 0 0 1"):
+        port, tag = free_port(), uuid.uuid4().hex
+        with socket.socket() as srv:
+            srv.bind(("127.0.0.1", port))
+            srv.listen()
+            cmd = [r.tool("fsdp-run"), "--nproc-per-node", "1", "--nnodes", "2", "--node-rank",
+                   "1", "--master-port", str(port), "--rdzv-id", "bad", "--min-nproc", "1",
+                   "sleep", "60"]
+            p = subprocess.Popen(cmd, env=dict(r.base_env, FSDP_TEST_TAG=tag),
+                                 stderr=subprocess.PIPE, text=True)
+            try:
+                srv.settimeout(20)
+                conn, _ = srv.accept()
+                with conn:
+                    hello = conn.makefile("r").readline()
+                    check(hello == "hello bad 1 1\n", f"node 1 said {hello!r}")
+                    if word.startswith("world"):  # a world after a valid start
+                        conn.sendall(f"start 0 2 {free_port()} 1 1\n".encode())
+                    conn.sendall((word + "\n").encode())
+                    _, err = p.communicate(timeout=20)
+            except subprocess.TimeoutExpired:
+                raise Failure(f"node 1's fsdp-run still runs 20 s after node 0 sent '{word}'")
+            finally:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        left = wait_no_orphans(tag, time.monotonic() + TEARDOWN_S)
+        check(p.returncode == 1 and f"node 0's agent sent '{word}', which is not fsdp-run's "
+              "protocol for a node of 1 worker" in err and not left,
+              f"'{word}' to node 1: exit {p.returncode}, leftovers {left}:\n{err[-2000:]}")
+        print(f"node 0 sent '{word}': node 1 ended with exit 1 naming it")
+
+
+def nodes_many(r):
+    """70 nodes whose agents all connect at once: every one is admitted
+    (before: node 0 closed each connection past 16 not yet introduced, and
+    those nodes failed), and node 0 polls every agent's link (before: the
+    first 63 only, so node 69's loss went unseen until something else woke
+    node 0)."""
+    port, job, tag = free_port(), "many-" + uuid.uuid4().hex[:8], uuid.uuid4().hex
+    p = node0_agent(r, port, job, tag, 70)
+    agents = []
+    try:
+        deadline = time.monotonic() + 30
+        agents.append(fake_agent(port, job, 1, deadline))  # node 0 listens
+        # 39 more connect and say hello while node 0 is stopped: they wait in
+        # its backlog, as when every agent retries its connection at once
+        p.send_signal(signal.SIGSTOP)
+        try:
+            for node in range(2, 41):
+                agents.append(fake_agent(port, job, node, deadline))
+        finally:
+            p.send_signal(signal.SIGCONT)
+        for node in range(41, 70):
+            agents.append(fake_agent(port, job, node, deadline))
+        for node, a in enumerate(agents, 1):
+            first = first_line(a, node)
+            check(first.startswith("start 0 70 "), f"node {node}'s first word {first!r}")
+        agents[-1].close()
+        err = read_until(p, r"going on with", time.monotonic() + 10)
+        check("going on with 69 of 70 ranks" in err and "lost node 69" in err,
+              f"node 69's loss:\n{err[-2000:]}")
+        print("70 nodes: node 69's loss seen at once")
+    finally:
+        for a in agents:
+            a.close()
+        stop_agent(p, tag)
+
+
 SCENARIOS = {
     "parity-gpt2": lambda r: parity(r, "gpt2"),
     "parity-mlp": lambda r: parity(r, "mlp"),
@@ -1534,6 +1674,8 @@ SCENARIOS = {
     "nodes-kill-worker": nodes_kill_worker,
     "nodes-grow": nodes_grow,
     "nodes-lose-node0": nodes_lose_node0,
+    "nodes-bad-line": nodes_bad_line,
+    "nodes-many": nodes_many,
 }
 
 
