@@ -457,18 +457,19 @@ static int listen_node0(run_nodes_t *n, run_word_t *w) {
 
 int run_nodes_open(const run_opts_t *o, int stop_fd, run_nodes_t **out, run_word_t *first) {
   run_nodes_t *n = calloc(1, sizeof *n);
-  if (n) n->peer = calloc((size_t)o->nnodes, sizeof *n->peer);
-  if (n) n->order = calloc((size_t)o->nnodes, sizeof *n->order);
+  *out = n; /* the caller closes it, whatever happens here */
+  if (n) {
+    n->o = o;
+    n->stop_fd = stop_fd;
+    n->listen_fd = -1;
+    n->peer = calloc((size_t)o->nnodes, sizeof *n->peer);
+    n->order = calloc((size_t)o->nnodes, sizeof *n->order);
+    for (int k = 0; n->peer && k < o->nnodes; k++) n->peer[k].fd = -1;
+  }
   if (!n || !n->peer || !n->order) {
-    fprintf(stderr, "fsdp-run: out of memory\n");
-    run_nodes_close(n, 0);
+    fprintf(stderr, "fsdp-run: out of memory for the links of %d nodes\n", o->nnodes);
     return -1;
   }
-  n->o = o;
-  n->stop_fd = stop_fd;
-  n->listen_fd = -1;
-  for (int k = 0; k < o->nnodes; k++) n->peer[k].fd = -1;
-  *out = n;
   if (o->node_rank == 0) {
     n->peer[0] = (peer_t){.fd = -1, .state = PEER_IN, .alive = o->nproc};
     return listen_agents(n) || meet(n, first) ? -1 : 0;

@@ -18,6 +18,7 @@ import json
 import os
 import random
 import re
+import resource
 import select
 import signal
 import socket
@@ -1530,7 +1531,14 @@ def nodes_bad_line(r):
     world to 8 ranks for workers that do not exist) or 'ready' is dropped as
     a lost node, named with its line; node 1 given a word it cannot follow by
     node 0 (junk, or a part of 3 ranks for its 1 worker; before: ignored,
-    and node 1 waited for ever) ends saying what it got."""
+    and node 1 waited for ever) ends saying what it got. And --nnodes too
+    large for memory is said so (before: a crash closing links never made)."""
+    cmd = [r.tool("fsdp-run"), "--nnodes", "2000000000", "--min-nproc", "1", "--rdzv-id", "big",
+           "--master-port", str(free_port()), "true"]
+    p = subprocess.run(cmd, env=r.base_env, capture_output=True, text=True, timeout=30,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (1 << 30,) * 2))
+    check(p.returncode == 1 and "out of memory for the links of 2000000000 nodes" in p.stderr,
+          f"--nnodes 2000000000: exit {p.returncode}: {p.stderr}")
     for bad in ("alive 7", "alive -1", "ready"):
         port, job, tag = free_port(), "bad-" + uuid.uuid4().hex[:8], uuid.uuid4().hex
         p = node0_agent(r, port, job, tag, 2)
