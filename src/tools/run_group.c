@@ -838,6 +838,8 @@ static group_result_t run(const run_opts_t *o, int attempt, run_nodes_t *nodes,
     g.w[i].reaped = 0;
   }
   if (first && first->kind == RUN_WORD_JOIN && !g.stopping) tell_world(&g, first);
+  run_word_t next; /* a word that came with the first one */
+  if (nodes && !g.stopping && run_nodes_read(nodes, &next)) tell_world(&g, &next);
   supervise(&g);
   group_result_t result = g.interrupted_by ? GROUP_INTERRUPTED
                           : g.failed       ? GROUP_FAILED

@@ -423,8 +423,11 @@ static int parse_word(const char *line, int nproc, run_word_t *w) {
   return 0;
 }
 
-/* Another node: reads node 0's lines; 1 when *w holds a word. */
-static int listen_node0(run_nodes_t *n, run_word_t *w) {
+/* Another node: reads node 0's lines; 1 when *w holds a word: the newest
+ * (a world supersedes the one before it), or with first_only the first, the
+ * lines after it kept for run_nodes_read (a start or join must be acted on
+ * before a world that follows it at once). */
+static int listen_node0(run_nodes_t *n, int first_only, run_word_t *w) {
   char line[1024];
   int got, have = 0;
   run_word_t next;
@@ -451,6 +454,7 @@ static int listen_node0(run_nodes_t *n, run_word_t *w) {
     }
     *w = next;
     have = 1;
+    if (first_only) break;
   }
   return have;
 }
@@ -480,7 +484,7 @@ int run_nodes_open(const run_opts_t *o, int stop_fd, run_nodes_t **out, run_word
   for (;;) {
     struct pollfd pf[2] = {{n->peer[0].fd, POLLIN, 0}, {stop_fd, POLLIN, 0}};
     if (poll(pf, 2, -1) > 0 && pf[1].revents) return interrupted(n);
-    if (listen_node0(n, first)) break;
+    if (listen_node0(n, 1, first)) break;
     if (n->peer[0].fd < 0) {
       fprintf(stderr, "fsdp-run: node %d: the job ended before node 0 admitted this node\n",
               o->node_rank);
@@ -507,7 +511,7 @@ int run_nodes_fds(const run_nodes_t *n, struct pollfd *pf, int max) {
 int run_nodes_max_fds(const run_nodes_t *n) { return 1 + MAX_NEWCOMERS + n->o->nnodes; }
 
 int run_nodes_read(run_nodes_t *n, run_word_t *w) {
-  return n->o->node_rank == 0 ? coordinate(n, w) : listen_node0(n, w);
+  return n->o->node_rank == 0 ? coordinate(n, w) : listen_node0(n, 0, w);
 }
 
 int run_nodes_lost(run_nodes_t *n, int alive, const char *why, run_word_t *w) {

@@ -1592,6 +1592,48 @@ def nodes_bad_line(r):
         print(f"node 0 sent '{word}': node 1 ended with exit 1 naming it")
 
 
+def nodes_join_then_world(r):
+    """Node 0 admits a late node ('join') and, a loss coming at once, tells it
+    the next world ('world') in the same read: node 1's worker starts as a
+    joiner of the first (RANK 2 of 3, FSDP_RUN_JOIN=1) and is then told the
+    second (before: the join was dropped for the world, and the worker
+    started as an ordinary rank 1 of 2 that nobody was going to meet)."""
+    port, tag = free_port(), uuid.uuid4().hex
+    ports = (free_port(), free_port())
+    worker = 'echo "env $RANK $WORLD_SIZE ${FSDP_RUN_JOIN:-0}"; cat <&"$FSDP_RUN_CONTROL"'
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", port))
+        srv.listen()
+        cmd = [r.tool("fsdp-run"), "--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "1",
+               "--master-port", str(port), "--rdzv-id", "late", "--min-nproc", "1",
+               "sh", "-c", worker]
+        p = subprocess.Popen(cmd, env=dict(r.base_env, FSDP_TEST_TAG=tag), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        try:
+            srv.settimeout(20)
+            conn, _ = srv.accept()
+            with conn:
+                hello = conn.makefile("r").readline()
+                check(hello == "hello late 1 1\n", f"node 1 said {hello!r}")
+                conn.sendall(f"join 1 3 {ports[0]} 2 1\nworld 2 2 {ports[1]} 1 1\n".encode())
+                deadline = time.monotonic() + 20
+                out = ""
+                while out.count("\n") < 3 and time.monotonic() < deadline:
+                    ready, _, _ = select.select([p.stdout], [], [], deadline - time.monotonic())
+                    chunk = os.read(p.stdout.fileno(), 4096).decode() if ready else ""
+                    if not chunk:
+                        break
+                    out += chunk
+        finally:
+            p.kill()
+            p.wait()
+    left = wait_no_orphans(tag, time.monotonic() + TEARDOWN_S)
+    want = ["env 2 3 1", f"world 1 2 3 {ports[0]} 0 1", f"world 2 1 2 {ports[1]} 0 1"]
+    check(out.splitlines() == want and not left,
+          f"node 1's worker saw {out.splitlines()}, not {want} (leftovers {left})")
+    print("join and world in one read: the worker started as a joiner, then was told the world")
+
+
 def nodes_many(r):
     """70 nodes whose agents all connect at once: every one is admitted
     (before: node 0 closed each connection past 16 not yet introduced, and
@@ -1684,6 +1726,7 @@ SCENARIOS = {
     "nodes-lose-node0": nodes_lose_node0,
     "nodes-bad-line": nodes_bad_line,
     "nodes-many": nodes_many,
+    "nodes-join-then-world": nodes_join_then_world,
 }
 
 
