@@ -357,6 +357,28 @@ static int meet(run_nodes_t *n, run_word_t *mine) {
   return decide(n, NULL, n->n_order, mine);
 }
 
+/* Connects fd to a by the deadline: 0 connected, -1 not (*err why), 1 when
+ * stop_fd became readable first (a signal). A host that drops the SYN (a
+ * firewall, a full backlog) is waited for only until the deadline. */
+static int connect_by(int fd, const struct addrinfo *a, double deadline, int stop_fd,
+                      const char **err) {
+  if (!connect(fd, a->ai_addr, a->ai_addrlen)) return 0;
+  if (errno != EINPROGRESS) return *err = strerror(errno), -1;
+  for (;;) {
+    double left = deadline - now_s();
+    if (left <= 0) return *err = "no answer (the connection timed out)", -1;
+    struct pollfd pf[2] = {{fd, POLLOUT, 0}, {stop_fd, POLLIN, 0}};
+    int rc = poll(pf, 2, (int)(left * 1000) + 1);
+    if (rc > 0 && pf[1].revents) return 1;
+    if (rc > 0 && pf[0].revents) {
+      int e = 0;
+      socklen_t len = sizeof e;
+      if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len)) e = errno;
+      return e ? (*err = strerror(e), -1) : 0;
+    }
+  }
+}
+
 static int connect_node0(run_nodes_t *n) {
   char port[16];
   snprintf(port, sizeof port, "%d", n->o->master_port);
@@ -366,15 +388,22 @@ static int connect_node0(run_nodes_t *n) {
     struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
     int rc = getaddrinfo(n->o->master_addr, port, &hints, &res), fd = -1;
     if (rc) err = gai_strerror(rc);
-    for (struct addrinfo *a = rc ? NULL : res; a && fd < 0; a = a->ai_next) {
-      fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      if (fd >= 0 && connect(fd, a->ai_addr, a->ai_addrlen)) {
+    int stopped = 0;
+    for (struct addrinfo *a = rc ? NULL : res; a && fd < 0 && !stopped; a = a->ai_next) {
+      fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+      if (fd < 0) {
         err = strerror(errno);
+        continue;
+      }
+      int c = connect_by(fd, a, deadline, n->stop_fd, &err);
+      if (c) {
         close(fd);
         fd = -1;
+        stopped = c > 0;
       }
     }
     if (res) freeaddrinfo(res);
+    if (stopped) return interrupted(n);
     if (fd >= 0) {
       keepalive(fd);
       n->peer[0] = (peer_t){.fd = fd, .state = PEER_IN};

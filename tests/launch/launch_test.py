@@ -1634,6 +1634,57 @@ def nodes_join_then_world(r):
     print("join and world in one read: the worker started as a joiner, then was told the world")
 
 
+def wait_syn_sent(port, deadline):
+    """Polls /proc/net/tcp until a connection to 127.0.0.1:port waits for
+    its SYN's answer (state SYN_SENT)."""
+    want = f"0100007F:{port:04X}"
+    while time.monotonic() < deadline:
+        with open("/proc/net/tcp") as f:
+            if any(line.split()[2] == want and line.split()[3] == "02" for line in f
+                   if line.split()[0] != "sl"):
+                return
+        time.sleep(0.02)
+    raise Failure(f"nothing connects to port {port}")
+
+
+def nodes_unreachable(r):
+    """Node 0's port drops node 1's SYN (its listen backlog is full, as a
+    firewall's DROP would): node 1 gives up at --rdzv-timeout 2 saying so,
+    and a SIGINT meanwhile stops it at once (before: connect(2) blocked for
+    the kernel's SYN retries, a minute or two, deaf to both)."""
+    with socket.socket() as srv, socket.socket() as filler:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(0)
+        port = srv.getsockname()[1]
+        filler.connect(("127.0.0.1", port))  # the backlog is now full
+        cmd = [r.tool("fsdp-run"), "--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "1",
+               "--master-port", str(port), "--rdzv-id", "far", "--min-nproc", "1",
+               "--rdzv-timeout", "2", "true"]
+        for sig in (None, signal.SIGINT):
+            t0 = time.monotonic()
+            p = subprocess.Popen(cmd, env=r.base_env, stderr=subprocess.PIPE, text=True)
+            try:
+                if sig:
+                    wait_syn_sent(port, time.monotonic() + 10)
+                    p.send_signal(sig)
+                _, err = p.communicate(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                raise Failure(f"node 1's fsdp-run still connects 15 s later "
+                              f"({'after SIGINT' if sig else '--rdzv-timeout 2'})")
+            secs = time.monotonic() - t0
+            if sig:
+                check(p.returncode == 128 + sig and "interrupted while node 1 waited" in err,
+                      f"SIGINT: exit {p.returncode}: {err}")
+            else:
+                check(p.returncode == 1 and "cannot reach node 0's agent" in err and
+                      "within --rdzv-timeout 2 s" in err and secs < 6,
+                      f"exit {p.returncode} after {secs:.1f} s: {err}")
+            print(f"{'SIGINT' if sig else '--rdzv-timeout 2'}: node 1 stopped after {secs:.1f} s "
+                  f"(exit {p.returncode})")
+
+
 def nodes_many(r):
     """70 nodes whose agents all connect at once: every one is admitted
     (before: node 0 closed each connection past 16 not yet introduced, and
@@ -1727,6 +1778,7 @@ SCENARIOS = {
     "nodes-bad-line": nodes_bad_line,
     "nodes-many": nodes_many,
     "nodes-join-then-world": nodes_join_then_world,
+    "nodes-unreachable": nodes_unreachable,
 }
 
 
