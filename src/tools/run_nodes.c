@@ -183,6 +183,18 @@ static int admit(run_nodes_t *n, run_word_t *mine) {
   return decide(n, why, from, mine) ? -1 : 1;
 }
 
+/* Whether a waiting node's connection is still open: its agent may have
+ * died and been started again, the new one's hello coming before node 0
+ * read the old one's end. A closed one is forgotten. */
+static int still_waiting(peer_t *p) {
+  char c;
+  ssize_t got = p->state == PEER_WAITING ? recv(p->fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) : 1;
+  if (got > 0 || (got < 0 && (errno == EAGAIN || errno == EINTR))) return 1;
+  close(p->fd);
+  *p = (peer_t){.fd = -1, .state = PEER_GONE};
+  return 0;
+}
+
 /* A "hello" from a new connection: which node it is, checked. */
 static void hello(run_nodes_t *n, int fd, const char *line) {
   char job[256];
@@ -202,7 +214,8 @@ static void hello(run_nodes_t *n, int fd, const char *line) {
     snprintf(text, sizeof text, "node %d has --nproc-per-node %d, node 0 has %d (every node "
              "needs the same)", node, nproc, n->o->nproc);
     bad = text;
-  } else if (n->peer[node].state == PEER_WAITING || n->peer[node].state == PEER_IN) {
+  } else if ((n->peer[node].state == PEER_WAITING && still_waiting(&n->peer[node])) ||
+             n->peer[node].state == PEER_IN) {
     snprintf(text, sizeof text, "node %d is in the job already", node);
     bad = text;
   }
@@ -245,10 +258,11 @@ static void accept_agents(run_nodes_t *n) {
   }
 }
 
-/* Node 0: what the agents sent. 1 when *mine holds a new word for node 0. */
-static int coordinate(run_nodes_t *n, run_word_t *mine) {
-  accept_agents(n);
-  char why[600] = "";
+/* Node 0: what the introduced agents sent; the losses of nodes in the
+ * world are appended to why (size bytes). A node waiting to be admitted
+ * whose connection closed is forgotten, so that its agent, started again,
+ * is welcome. */
+static void read_peers(run_nodes_t *n, char *why, size_t size) {
   for (int k = 1; k < n->o->nnodes; k++) {
     peer_t *p = &n->peer[k];
     char line[1024];
@@ -257,7 +271,7 @@ static int coordinate(run_nodes_t *n, run_word_t *mine) {
       int end = 0;
       if (got > 0 && p->state == PEER_IN && sscanf(line, "alive %d%n", &alive, &end) == 1 &&
           !line[end] && alive >= 0 && alive <= p->alive) {
-        snprintf(why + strlen(why), sizeof why - strlen(why), "%snode %d lost %d worker%s",
+        snprintf(why + strlen(why), size - strlen(why), "%snode %d lost %d worker%s",
                  why[0] ? "; " : "", k, p->alive - alive, p->alive - alive == 1 ? "" : "s");
         p->alive = alive;
         continue;
@@ -273,7 +287,7 @@ static int coordinate(run_nodes_t *n, run_word_t *mine) {
                   "fsdp-run's protocol\n", line);
       }
       if ((got < 0 || bad) && p->state == PEER_IN && p->alive > 0)
-        snprintf(why + strlen(why), sizeof why - strlen(why), "%slost node %d: %s (the agent "
+        snprintf(why + strlen(why), size - strlen(why), "%slost node %d: %s (the agent "
                  "and its %d worker%s are gone)", why[0] ? "; " : "", k,
                  bad ? "its agent broke the protocol" : "its agent's connection closed", p->alive,
                  p->alive == 1 ? "" : "s");
@@ -283,6 +297,13 @@ static int coordinate(run_nodes_t *n, run_word_t *mine) {
       p->fd = -1;
     }
   }
+}
+
+/* Node 0: what the agents sent. 1 when *mine holds a new word for node 0. */
+static int coordinate(run_nodes_t *n, run_word_t *mine) {
+  char why[600] = "";
+  read_peers(n, why, sizeof why);
+  accept_agents(n);
   if (why[0]) {
     decide(n, why, n->n_order, mine);
     return 1;
@@ -320,8 +341,13 @@ static int interrupted(run_nodes_t *n) {
  * with what came when that is at least MIN. */
 static int meet(run_nodes_t *n, run_word_t *mine) {
   double deadline = now_s() + n->o->rdzv_timeout_s;
+  const int max = 1 + run_nodes_max_fds(n);
+  struct pollfd *pf = calloc((size_t)max, sizeof *pf);
+  if (!pf) return fprintf(stderr, "fsdp-run: out of memory\n"), -1;
   for (;;) {
+    char why[8]; /* nobody is in the world yet: no loss to say */
     accept_agents(n);
+    read_peers(n, why, sizeof why); /* after the hellos: an agent gone since is not counted */
     int in = 1;
     for (int k = 1; k < n->o->nnodes; k++) in += n->peer[k].state == PEER_WAITING;
     double left = deadline - now_s();
@@ -337,17 +363,17 @@ static int meet(run_nodes_t *n, run_word_t *mine) {
               n->o->rdzv_timeout_s, miss);
       for (int k = 1; k < n->o->nnodes; k++)
         send_line(n->peer[k].fd, "end node 0 gave up waiting for the other nodes\n");
+      free(pf);
       return -1;
     }
-    struct pollfd pf[2 + MAX_NEWCOMERS];
-    int m = 0;
-    pf[m++] = (struct pollfd){n->stop_fd, POLLIN, 0};
-    if (free_newcomer(n) >= 0) pf[m++] = (struct pollfd){n->listen_fd, POLLIN, 0};
-    for (int k = 0; k < MAX_NEWCOMERS; k++)
-      if (n->newcomers[k].fd > 0) pf[m++] = (struct pollfd){n->newcomers[k].fd, POLLIN, 0};
-    if (poll(pf, (nfds_t)m, (int)(left * 1000) + 1) > 0 && pf[0].revents)
+    pf[0] = (struct pollfd){n->stop_fd, POLLIN, 0};
+    int m = 1 + run_nodes_fds(n, pf + 1, max - 1);
+    if (poll(pf, (nfds_t)m, (int)(left * 1000) + 1) > 0 && pf[0].revents) {
+      free(pf);
       return interrupted(n);
+    }
   }
+  free(pf);
   n->order[n->n_order++] = 0;
   for (int k = 1; k < n->o->nnodes; k++)
     if (n->peer[k].state == PEER_WAITING) {

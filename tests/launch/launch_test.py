@@ -1685,6 +1685,49 @@ def nodes_unreachable(r):
                   f"(exit {p.returncode})")
 
 
+def nodes_agent_restarted(r):
+    """Node 1's agent says hello, dies and is started again while node 0
+    still waits for node 2: the new one is welcome and the job starts with
+    nodes 0, 1 and 2 (before: node 0 still counted the closed connection and
+    turned the new agent away as 'node 1 is in the job already'); one that
+    is not started again is not counted."""
+    port, job, tag = free_port(), "again-" + uuid.uuid4().hex[:8], uuid.uuid4().hex
+    p = node0_agent(r, port, job, tag, 3)
+    try:
+        deadline = time.monotonic() + 20
+        fake_agent(port, job, 1, deadline).close()
+        again, last = fake_agent(port, job, 1, deadline), fake_agent(port, job, 2, deadline)
+        words = [first_line(a, k) for k, a in ((1, again), (2, last))]
+        check(words[0].startswith("start 0 3 ") and words[0].endswith(" 1 1\n") and
+              words[1].startswith("start 0 3 ") and words[1].endswith(" 2 1\n"),
+              f"nodes 1 and 2 were told {words}")
+        again.close()
+        last.close()
+        print("node 1's agent started again before the job began: welcome, and the job began "
+              "with 3 nodes")
+    finally:
+        stop_agent(p, tag)
+    # --nnodes 2:3: node 1's agent dies before the start and is not replaced;
+    # at --rdzv-timeout the job starts with nodes 0 and 2 (before: node 1's
+    # closed connection was counted, making a world of 3 with a rank nobody runs)
+    port, job, tag = free_port(), "gone-" + uuid.uuid4().hex[:8], uuid.uuid4().hex
+    cmd = [r.tool("fsdp-run"), "--nproc-per-node", "1", "--nnodes", "2:3", "--node-rank", "0",
+           "--master-port", str(port), "--rdzv-id", job, "--rdzv-timeout", "2", "sleep", "60"]
+    p = subprocess.Popen(cmd, env=dict(r.base_env, FSDP_TEST_TAG=tag), stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        fake_agent(port, job, 1, deadline).close()
+        last = fake_agent(port, job, 2, deadline)
+        word = first_line(last, 2)
+        check(word.startswith("start 0 2 ") and word.endswith(" 1 1\n"),
+              f"node 2 was told {word!r}, not its part of a world of 2")
+        last.close()
+        print("node 1's agent gone before the start: the job began with nodes 0 and 2")
+    finally:
+        stop_agent(p, tag)
+
+
 def nodes_many(r):
     """70 nodes whose agents all connect at once: every one is admitted
     (before: node 0 closed each connection past 16 not yet introduced, and
@@ -1779,6 +1822,7 @@ SCENARIOS = {
     "nodes-many": nodes_many,
     "nodes-join-then-world": nodes_join_then_world,
     "nodes-unreachable": nodes_unreachable,
+    "nodes-agent-restarted": nodes_agent_restarted,
 }
 
 
