@@ -604,8 +604,8 @@ static int poll_timeout_ms(const group_t *g, int n_live) {
 }
 
 static void supervise(group_t *g) {
-  enum { LINK_FDS = 64 }; /* the agents' link: node 0's port, agents, newcomers */
-  struct pollfd *pf = calloc((size_t)g->n + 2 + LINK_FDS, sizeof *pf);
+  const int link_fds = g->nodes ? run_nodes_max_fds(g->nodes) : 0; /* the agents' link */
+  struct pollfd *pf = calloc((size_t)g->n + 2 + (size_t)link_fds, sizeof *pf);
   int *who = calloc((size_t)g->n + 2, sizeof *who), pipes;
   if (!pf || !who) abort(); /* a few bytes; nothing sensible is left to do */
   for (int n_live; (n_live = live(g, &pipes)) || pipes;) {
@@ -614,7 +614,7 @@ static void supervise(group_t *g) {
     pf[1] = (struct pollfd){g->note_rd, POLLIN, 0};
     for (int i = 0; i < g->n; i++)
       if (g->w[i].fd >= 0) pf[k] = (struct pollfd){g->w[i].fd, POLLIN, 0}, who[k++] = i;
-    int m = g->nodes ? run_nodes_fds(g->nodes, pf + k, LINK_FDS) : 0;
+    int m = g->nodes ? run_nodes_fds(g->nodes, pf + k, link_fds) : 0;
     int rc = poll(pf, (nfds_t)(k + m), poll_timeout_ms(g, n_live));
     if (rc > 0 && pf[0].revents) on_signals(g);
     for (int j = 2; rc > 0 && j < k; j++)
@@ -838,6 +838,8 @@ static group_result_t run(const run_opts_t *o, int attempt, run_nodes_t *nodes,
     g.w[i].reaped = 0;
   }
   if (first && first->kind == RUN_WORD_JOIN && !g.stopping) tell_world(&g, first);
+  run_word_t next; /* a word that came with the first one */
+  if (nodes && !g.stopping && run_nodes_read(nodes, &next)) tell_world(&g, &next);
   supervise(&g);
   group_result_t result = g.interrupted_by ? GROUP_INTERRUPTED
                           : g.failed       ? GROUP_FAILED

@@ -183,6 +183,18 @@ static int admit(run_nodes_t *n, run_word_t *mine) {
   return decide(n, why, from, mine) ? -1 : 1;
 }
 
+/* Whether a waiting node's connection is still open: its agent may have
+ * died and been started again, the new one's hello coming before node 0
+ * read the old one's end. A closed one is forgotten. */
+static int still_waiting(peer_t *p) {
+  char c;
+  ssize_t got = p->state == PEER_WAITING ? recv(p->fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) : 1;
+  if (got > 0 || (got < 0 && (errno == EAGAIN || errno == EINTR))) return 1;
+  close(p->fd);
+  *p = (peer_t){.fd = -1, .state = PEER_GONE};
+  return 0;
+}
+
 /* A "hello" from a new connection: which node it is, checked. */
 static void hello(run_nodes_t *n, int fd, const char *line) {
   char job[256];
@@ -202,7 +214,8 @@ static void hello(run_nodes_t *n, int fd, const char *line) {
     snprintf(text, sizeof text, "node %d has --nproc-per-node %d, node 0 has %d (every node "
              "needs the same)", node, nproc, n->o->nproc);
     bad = text;
-  } else if (n->peer[node].state == PEER_WAITING || n->peer[node].state == PEER_IN) {
+  } else if ((n->peer[node].state == PEER_WAITING && still_waiting(&n->peer[node])) ||
+             n->peer[node].state == PEER_IN) {
     snprintf(text, sizeof text, "node %d is in the job already", node);
     bad = text;
   }
@@ -216,54 +229,81 @@ static void hello(run_nodes_t *n, int fd, const char *line) {
   *p = (peer_t){.fd = fd, .state = PEER_WAITING, .alive = nproc};
 }
 
+/* A free slot for a connection not yet introduced; -1 when all are taken. */
+static int free_newcomer(const run_nodes_t *n) {
+  for (int k = 0; k < MAX_NEWCOMERS; k++)
+    if (n->newcomers[k].fd <= 0) return k;
+  return -1;
+}
+
+/* Takes the connections waiting while a slot is free (the others wait in
+ * the listen backlog, as many agents connect at once when a job starts) and
+ * reads their hellos. */
 static void accept_agents(run_nodes_t *n) {
-  int fd;
-  while ((fd = accept4(n->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0) {
-    keepalive(fd);
-    int k = 0;
-    while (k < MAX_NEWCOMERS && n->newcomers[k].fd > 0) k++;
-    if (k == MAX_NEWCOMERS) {
-      close(fd);
-      continue;
+  for (int k, fd; (k = free_newcomer(n)) >= 0;) {
+    fd = accept4(n->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd >= 0) {
+      keepalive(fd);
+      n->newcomers[k] = (peer_t){.fd = fd};
     }
-    n->newcomers[k] = (peer_t){.fd = fd};
-  }
-  for (int k = 0; k < MAX_NEWCOMERS; k++) {
-    char line[1024];
-    if (n->newcomers[k].fd <= 0) continue;
-    int got = read_line(&n->newcomers[k], line, sizeof line);
-    if (got < 0) close(n->newcomers[k].fd);
-    if (got > 0) hello(n, n->newcomers[k].fd, line);
-    if (got != 0) n->newcomers[k].fd = 0;
+    for (int j = 0; j < MAX_NEWCOMERS; j++) {
+      char line[1024];
+      if (n->newcomers[j].fd <= 0) continue;
+      int got = read_line(&n->newcomers[j], line, sizeof line);
+      if (got < 0) close(n->newcomers[j].fd);
+      if (got > 0) hello(n, n->newcomers[j].fd, line);
+      if (got != 0) n->newcomers[j].fd = 0;
+    }
+    if (fd < 0) break;
   }
 }
 
-/* Node 0: what the agents sent. 1 when *mine holds a new word for node 0. */
-static int coordinate(run_nodes_t *n, run_word_t *mine) {
-  accept_agents(n);
-  char why[600] = "";
+/* Node 0: what the introduced agents sent; the losses of nodes in the
+ * world are appended to why (size bytes). A node waiting to be admitted
+ * whose connection closed is forgotten, so that its agent, started again,
+ * is welcome. */
+static void read_peers(run_nodes_t *n, char *why, size_t size) {
   for (int k = 1; k < n->o->nnodes; k++) {
     peer_t *p = &n->peer[k];
     char line[1024];
     int got, alive;
     while (p->fd >= 0 && (got = read_line(p, line, sizeof line)) != 0) {
-      if (got > 0 && sscanf(line, "alive %d", &alive) == 1 && p->state == PEER_IN) {
-        snprintf(why + strlen(why), sizeof why - strlen(why), "%snode %d lost %d worker%s",
+      int end = 0;
+      if (got > 0 && p->state == PEER_IN && sscanf(line, "alive %d%n", &alive, &end) == 1 &&
+          !line[end] && alive >= 0 && alive <= p->alive) {
+        snprintf(why + strlen(why), size - strlen(why), "%snode %d lost %d worker%s",
                  why[0] ? "; " : "", k, p->alive - alive, p->alive - alive == 1 ? "" : "s");
         p->alive = alive;
         continue;
       }
-      if (got > 0 && strcmp(line, "bye")) continue;
-      if (got < 0 && p->state == PEER_IN && p->alive > 0)
-        snprintf(why + strlen(why), sizeof why - strlen(why), "%slost node %d: its agent's "
-                 "connection closed (the agent and its %d worker%s are gone)", why[0] ? "; " : "",
-                 k, p->alive, p->alive == 1 ? "" : "s");
+      /* Anything else but "bye" is not an agent of this job speaking: it is
+       * dropped, as if its connection had closed, rather than trusted. */
+      const int bad = got > 0 && strcmp(line, "bye");
+      if (bad) {
+        fprintf(stderr, "fsdp-run: node %d's agent sent '%.200s', which is not fsdp-run's "
+                "protocol here (expected %s'bye'): dropping node %d\n", k, line,
+                p->state == PEER_IN ? "'alive N', N at most its live workers, or " : "", k);
+        send_line(p->fd, "end node 0 dropped this node: its agent sent '%.200s', not "
+                  "fsdp-run's protocol\n", line);
+      }
+      if ((got < 0 || bad) && p->state == PEER_IN && p->alive > 0)
+        snprintf(why + strlen(why), size - strlen(why), "%slost node %d: %s (the agent "
+                 "and its %d worker%s are gone)", why[0] ? "; " : "", k,
+                 bad ? "its agent broke the protocol" : "its agent's connection closed", p->alive,
+                 p->alive == 1 ? "" : "s");
       p->alive = 0; /* gone, or done ("bye") */
       p->state = PEER_GONE;
       close(p->fd);
       p->fd = -1;
     }
   }
+}
+
+/* Node 0: what the agents sent. 1 when *mine holds a new word for node 0. */
+static int coordinate(run_nodes_t *n, run_word_t *mine) {
+  char why[600] = "";
+  read_peers(n, why, sizeof why);
+  accept_agents(n);
   if (why[0]) {
     decide(n, why, n->n_order, mine);
     return 1;
@@ -301,8 +341,13 @@ static int interrupted(run_nodes_t *n) {
  * with what came when that is at least MIN. */
 static int meet(run_nodes_t *n, run_word_t *mine) {
   double deadline = now_s() + n->o->rdzv_timeout_s;
+  const int max = 1 + run_nodes_max_fds(n);
+  struct pollfd *pf = calloc((size_t)max, sizeof *pf);
+  if (!pf) return fprintf(stderr, "fsdp-run: out of memory\n"), -1;
   for (;;) {
+    char why[8]; /* nobody is in the world yet: no loss to say */
     accept_agents(n);
+    read_peers(n, why, sizeof why); /* after the hellos: an agent gone since is not counted */
     int in = 1;
     for (int k = 1; k < n->o->nnodes; k++) in += n->peer[k].state == PEER_WAITING;
     double left = deadline - now_s();
@@ -318,17 +363,17 @@ static int meet(run_nodes_t *n, run_word_t *mine) {
               n->o->rdzv_timeout_s, miss);
       for (int k = 1; k < n->o->nnodes; k++)
         send_line(n->peer[k].fd, "end node 0 gave up waiting for the other nodes\n");
+      free(pf);
       return -1;
     }
-    struct pollfd pf[2 + MAX_NEWCOMERS];
-    int m = 0;
-    pf[m++] = (struct pollfd){n->stop_fd, POLLIN, 0};
-    pf[m++] = (struct pollfd){n->listen_fd, POLLIN, 0};
-    for (int k = 0; k < MAX_NEWCOMERS; k++)
-      if (n->newcomers[k].fd > 0) pf[m++] = (struct pollfd){n->newcomers[k].fd, POLLIN, 0};
-    if (poll(pf, (nfds_t)m, (int)(left * 1000) + 1) > 0 && pf[0].revents)
+    pf[0] = (struct pollfd){n->stop_fd, POLLIN, 0};
+    int m = 1 + run_nodes_fds(n, pf + 1, max - 1);
+    if (poll(pf, (nfds_t)m, (int)(left * 1000) + 1) > 0 && pf[0].revents) {
+      free(pf);
       return interrupted(n);
+    }
   }
+  free(pf);
   n->order[n->n_order++] = 0;
   for (int k = 1; k < n->o->nnodes; k++)
     if (n->peer[k].state == PEER_WAITING) {
@@ -336,6 +381,28 @@ static int meet(run_nodes_t *n, run_word_t *mine) {
       n->order[n->n_order++] = k;
     }
   return decide(n, NULL, n->n_order, mine);
+}
+
+/* Connects fd to a by the deadline: 0 connected, -1 not (*err why), 1 when
+ * stop_fd became readable first (a signal). A host that drops the SYN (a
+ * firewall, a full backlog) is waited for only until the deadline. */
+static int connect_by(int fd, const struct addrinfo *a, double deadline, int stop_fd,
+                      const char **err) {
+  if (!connect(fd, a->ai_addr, a->ai_addrlen)) return 0;
+  if (errno != EINPROGRESS) return *err = strerror(errno), -1;
+  for (;;) {
+    double left = deadline - now_s();
+    if (left <= 0) return *err = "no answer (the connection timed out)", -1;
+    struct pollfd pf[2] = {{fd, POLLOUT, 0}, {stop_fd, POLLIN, 0}};
+    int rc = poll(pf, 2, (int)(left * 1000) + 1);
+    if (rc > 0 && pf[1].revents) return 1;
+    if (rc > 0 && pf[0].revents) {
+      int e = 0;
+      socklen_t len = sizeof e;
+      if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len)) e = errno;
+      return e ? (*err = strerror(e), -1) : 0;
+    }
+  }
 }
 
 static int connect_node0(run_nodes_t *n) {
@@ -347,15 +414,22 @@ static int connect_node0(run_nodes_t *n) {
     struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
     int rc = getaddrinfo(n->o->master_addr, port, &hints, &res), fd = -1;
     if (rc) err = gai_strerror(rc);
-    for (struct addrinfo *a = rc ? NULL : res; a && fd < 0; a = a->ai_next) {
-      fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      if (fd >= 0 && connect(fd, a->ai_addr, a->ai_addrlen)) {
+    int stopped = 0;
+    for (struct addrinfo *a = rc ? NULL : res; a && fd < 0 && !stopped; a = a->ai_next) {
+      fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+      if (fd < 0) {
         err = strerror(errno);
+        continue;
+      }
+      int c = connect_by(fd, a, deadline, n->stop_fd, &err);
+      if (c) {
         close(fd);
         fd = -1;
+        stopped = c > 0;
       }
     }
     if (res) freeaddrinfo(res);
+    if (stopped) return interrupted(n);
     if (fd >= 0) {
       keepalive(fd);
       n->peer[0] = (peer_t){.fd = fd, .state = PEER_IN};
@@ -373,9 +447,12 @@ static int connect_node0(run_nodes_t *n) {
   return -1;
 }
 
-/* Parses a line from node 0; 1 when it was a word. */
-static int parse_word(const char *line, run_word_t *w) {
+/* Parses a line from node 0 for a node of nproc workers: 1 when it is a
+ * word, 0 (*w an END naming the line) when it is not fsdp-run's protocol or
+ * gives this node a part it cannot have. */
+static int parse_word(const char *line, int nproc, run_word_t *w) {
   char kind[16];
+  int end = 0;
   *w = (run_word_t){.kind = RUN_WORD_NONE};
   if (!strncmp(line, "end ", 4)) {
     w->kind = RUN_WORD_END;
@@ -383,18 +460,29 @@ static int parse_word(const char *line, run_word_t *w) {
     return 1;
   }
   if (!strcmp(line, "bye")) return w->kind = RUN_WORD_BYE, 1;
-  if (sscanf(line, "%15s %d %d %d %d %d", kind, &w->generation, &w->size, &w->port, &w->first,
-             &w->count) != 6)
-    return 0;
-  w->kind = !strcmp(kind, "start") ? RUN_WORD_START
-            : !strcmp(kind, "join") ? RUN_WORD_JOIN
-            : !strcmp(kind, "world") ? RUN_WORD_WORLD
-                                      : RUN_WORD_NONE;
-  return w->kind != RUN_WORD_NONE;
+  if (sscanf(line, "%15s %d %d %d %d %d%n", kind, &w->generation, &w->size, &w->port, &w->first,
+             &w->count, &end) == 6 && !line[end])
+    w->kind = !strcmp(kind, "start") ? RUN_WORD_START
+              : !strcmp(kind, "join") ? RUN_WORD_JOIN
+              : !strcmp(kind, "world") ? RUN_WORD_WORLD
+                                        : RUN_WORD_NONE;
+  /* start and join spawn all nproc workers; a world keeps some of them */
+  if (w->kind != RUN_WORD_NONE && w->generation >= 0 && w->port > 0 && w->port < 65536 &&
+      w->first >= 0 && w->count > 0 && w->count <= w->size - w->first &&
+      (w->kind == RUN_WORD_WORLD ? w->count <= nproc : w->count == nproc))
+    return 1;
+  *w = (run_word_t){.kind = RUN_WORD_END};
+  snprintf(w->why, sizeof w->why, "node 0's agent sent '%.200s', which is not fsdp-run's "
+           "protocol for a node of %d worker%s (expected 'start|join|world G SIZE PORT FIRST "
+           "COUNT', 'end WHY' or 'bye')", line, nproc, nproc == 1 ? "" : "s");
+  return 0;
 }
 
-/* Another node: reads node 0's lines; 1 when *w holds a word. */
-static int listen_node0(run_nodes_t *n, run_word_t *w) {
+/* Another node: reads node 0's lines; 1 when *w holds a word: the newest
+ * (a world supersedes the one before it), or with first_only the first, the
+ * lines after it kept for run_nodes_read (a start or join must be acted on
+ * before a world that follows it at once). */
+static int listen_node0(run_nodes_t *n, int first_only, run_word_t *w) {
   char line[1024];
   int got, have = 0;
   run_word_t next;
@@ -409,31 +497,38 @@ static int listen_node0(run_nodes_t *n, run_word_t *w) {
                n->o->master_port);
       return 1;
     }
-    if (!parse_word(line, &next)) continue;
+    if (!parse_word(line, n->o->nproc, &next)) {
+      close(n->peer[0].fd);
+      n->peer[0].fd = -1;
+      *w = next;
+      return 1;
+    }
     if (next.kind == RUN_WORD_BYE) {
       n->finished = 1;
       continue;
     }
     *w = next;
     have = 1;
+    if (first_only) break;
   }
   return have;
 }
 
 int run_nodes_open(const run_opts_t *o, int stop_fd, run_nodes_t **out, run_word_t *first) {
   run_nodes_t *n = calloc(1, sizeof *n);
-  if (n) n->peer = calloc((size_t)o->nnodes, sizeof *n->peer);
-  if (n) n->order = calloc((size_t)o->nnodes, sizeof *n->order);
+  *out = n; /* the caller closes it, whatever happens here */
+  if (n) {
+    n->o = o;
+    n->stop_fd = stop_fd;
+    n->listen_fd = -1;
+    n->peer = calloc((size_t)o->nnodes, sizeof *n->peer);
+    n->order = calloc((size_t)o->nnodes, sizeof *n->order);
+    for (int k = 0; n->peer && k < o->nnodes; k++) n->peer[k].fd = -1;
+  }
   if (!n || !n->peer || !n->order) {
-    fprintf(stderr, "fsdp-run: out of memory\n");
-    run_nodes_close(n, 0);
+    fprintf(stderr, "fsdp-run: out of memory for the links of %d nodes\n", o->nnodes);
     return -1;
   }
-  n->o = o;
-  n->stop_fd = stop_fd;
-  n->listen_fd = -1;
-  for (int k = 0; k < o->nnodes; k++) n->peer[k].fd = -1;
-  *out = n;
   if (o->node_rank == 0) {
     n->peer[0] = (peer_t){.fd = -1, .state = PEER_IN, .alive = o->nproc};
     return listen_agents(n) || meet(n, first) ? -1 : 0;
@@ -444,7 +539,7 @@ int run_nodes_open(const run_opts_t *o, int stop_fd, run_nodes_t **out, run_word
   for (;;) {
     struct pollfd pf[2] = {{n->peer[0].fd, POLLIN, 0}, {stop_fd, POLLIN, 0}};
     if (poll(pf, 2, -1) > 0 && pf[1].revents) return interrupted(n);
-    if (listen_node0(n, first)) break;
+    if (listen_node0(n, 1, first)) break;
     if (n->peer[0].fd < 0) {
       fprintf(stderr, "fsdp-run: node %d: the job ended before node 0 admitted this node\n",
               o->node_rank);
@@ -458,7 +553,8 @@ int run_nodes_open(const run_opts_t *o, int stop_fd, run_nodes_t **out, run_word
 
 int run_nodes_fds(const run_nodes_t *n, struct pollfd *pf, int max) {
   int m = 0;
-  if (n->listen_fd >= 0 && m < max) pf[m++] = (struct pollfd){n->listen_fd, POLLIN, 0};
+  if (n->listen_fd >= 0 && free_newcomer(n) >= 0 && m < max)
+    pf[m++] = (struct pollfd){n->listen_fd, POLLIN, 0};
   for (int k = 0; k < MAX_NEWCOMERS && n->listen_fd >= 0; k++)
     if (n->newcomers[k].fd > 0 && m < max)
       pf[m++] = (struct pollfd){n->newcomers[k].fd, POLLIN, 0};
@@ -467,8 +563,10 @@ int run_nodes_fds(const run_nodes_t *n, struct pollfd *pf, int max) {
   return m;
 }
 
+int run_nodes_max_fds(const run_nodes_t *n) { return 1 + MAX_NEWCOMERS + n->o->nnodes; }
+
 int run_nodes_read(run_nodes_t *n, run_word_t *w) {
-  return n->o->node_rank == 0 ? coordinate(n, w) : listen_node0(n, w);
+  return n->o->node_rank == 0 ? coordinate(n, w) : listen_node0(n, 0, w);
 }
 
 int run_nodes_lost(run_nodes_t *n, int alive, const char *why, run_word_t *w) {

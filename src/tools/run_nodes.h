@@ -37,6 +37,8 @@ typedef struct run_nodes run_nodes_t;
 int run_nodes_open(const run_opts_t *o, int stop_fd, run_nodes_t **out, run_word_t *first);
 /* The descriptors to poll for the link (at most max); returns how many. */
 int run_nodes_fds(const run_nodes_t *n, struct pollfd *pf, int max);
+/* The most run_nodes_fds can return: a pf of this many misses none. */
+int run_nodes_max_fds(const run_nodes_t *n);
 /* Reads what the link holds (never waits): 1 when *w is a new word for this
  * node (WORLD, END), else 0. */
 int run_nodes_read(run_nodes_t *n, run_word_t *w);

@@ -18,6 +18,7 @@ import json
 import os
 import random
 import re
+import resource
 import select
 import signal
 import socket
@@ -1480,6 +1481,289 @@ def nodes_lose_node0(r):
     print(f"node 0 lost: node 1 ended in {secs:.1f} s naming it")
 
 
+def fake_agent(port, job, node, deadline):
+    """A socket that said hello to node 0's fsdp-run as node `node` of job
+    `job` (one worker), retried until node 0 listens (as fsdp-run does)."""
+    while True:
+        a = socket.socket()
+        if a.connect_ex(("127.0.0.1", port)) == 0:
+            break
+        a.close()
+        check(time.monotonic() < deadline, f"node 0's fsdp-run never listened on {port}")
+        time.sleep(0.02)
+    a.sendall(f"hello {job} {node} 1\n".encode())
+    a.settimeout(max(0.1, deadline - time.monotonic()))
+    return a
+
+
+def first_line(a, node):
+    try:
+        return a.makefile("r").readline()
+    except OSError as e:
+        raise Failure(f"node {node} got no word from node 0: {e}")
+
+
+def node0_agent(r, port, job, tag, nnodes):
+    """Node 0's fsdp-run of an elastic job of nnodes nodes of one rank each;
+    its one worker sleeps (this case tests the agents' link alone)."""
+    cmd = [r.tool("fsdp-run"), "--nproc-per-node", "1", "--nnodes", str(nnodes), "--node-rank",
+           "0", "--master-port", str(port), "--rdzv-id", job, "--min-nproc", "1",
+           "sleep", "60"]
+    return subprocess.Popen(cmd, env=dict(r.base_env, FSDP_TEST_TAG=tag), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def stop_agent(p, tag):
+    p.send_signal(signal.SIGTERM)
+    try:
+        p.communicate(timeout=TEARDOWN_S)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        raise Failure("fsdp-run still ran 30 s after SIGTERM")
+    left = wait_no_orphans(tag, time.monotonic() + TEARDOWN_S)
+    check(not left, f"leftover processes {left}")
+
+
+def nodes_bad_line(r):
+    """A line that is not fsdp-run's protocol, either way, gets a clear error:
+    an agent that says 'alive 7' with one worker (before: node 0 grew the
+    world to 8 ranks for workers that do not exist) or 'ready' is dropped as
+    a lost node, named with its line; node 1 given a word it cannot follow by
+    node 0 (junk, or a part of 3 ranks for its 1 worker; before: ignored,
+    and node 1 waited for ever) ends saying what it got. And --nnodes too
+    large for memory is said so (before: a crash closing links never made)."""
+    cmd = [r.tool("fsdp-run"), "--nnodes", "2000000000", "--min-nproc", "1", "--rdzv-id", "big",
+           "--master-port", str(free_port()), "true"]
+    p = subprocess.run(cmd, env=r.base_env, capture_output=True, text=True, timeout=30,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (1 << 30,) * 2))
+    check(p.returncode == 1 and "out of memory for the links of 2000000000 nodes" in p.stderr,
+          f"--nnodes 2000000000: exit {p.returncode}: {p.stderr}")
+    for bad in ("alive 7", "alive -1", "ready"):
+        port, job, tag = free_port(), "bad-" + uuid.uuid4().hex[:8], uuid.uuid4().hex
+        p = node0_agent(r, port, job, tag, 2)
+        try:
+            deadline = time.monotonic() + 20
+            a = fake_agent(port, job, 1, deadline)
+            first = first_line(a, 1)
+            check(first.startswith("start 0 2 ") and first.endswith(" 1 1\n"),
+                  f"node 1's first word {first!r}")
+            a.sendall((bad + "\n").encode())
+            err = read_until(p, r"going on with|growing to", deadline)
+            check(f"node 1's agent sent '{bad}', which is not fsdp-run's protocol" in err and
+                  "going on with 1 of 2 ranks" in err and "broke the protocol" in err,
+                  f"'{bad}' from node 1:\n{err[-2000:]}")
+            told = a.makefile("r").read()
+            check(told.startswith("end node 0 dropped this node"), f"node 1 was told {told!r}")
+            a.close()
+        finally:
+            stop_agent(p, tag)
+        print(f"node 1's agent sent '{bad}': dropped, named, and told so")
+    for word in ("hello there", "start 0 4 5000 1 3", "world 1 2 0 0 1"):
+        port, tag = free_port(), uuid.uuid4().hex
+        with socket.socket() as srv:
+            srv.bind(("127.0.0.1", port))
+            srv.listen()
+            cmd = [r.tool("fsdp-run"), "--nproc-per-node", "1", "--nnodes", "2", "--node-rank",
+                   "1", "--master-port", str(port), "--rdzv-id", "bad", "--min-nproc", "1",
+                   "sleep", "60"]
+            p = subprocess.Popen(cmd, env=dict(r.base_env, FSDP_TEST_TAG=tag),
+                                 stderr=subprocess.PIPE, text=True)
+            try:
+                srv.settimeout(20)
+                conn, _ = srv.accept()
+                with conn:
+                    hello = conn.makefile("r").readline()
+                    check(hello == "hello bad 1 1\n", f"node 1 said {hello!r}")
+                    if word.startswith("world"):  # a world after a valid start
+                        conn.sendall(f"start 0 2 {free_port()} 1 1\n".encode())
+                    conn.sendall((word + "\n").encode())
+                    _, err = p.communicate(timeout=20)
+            except subprocess.TimeoutExpired:
+                raise Failure(f"node 1's fsdp-run still runs 20 s after node 0 sent '{word}'")
+            finally:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        left = wait_no_orphans(tag, time.monotonic() + TEARDOWN_S)
+        check(p.returncode == 1 and f"node 0's agent sent '{word}', which is not fsdp-run's "
+              "protocol for a node of 1 worker" in err and not left,
+              f"'{word}' to node 1: exit {p.returncode}, leftovers {left}:\n{err[-2000:]}")
+        print(f"node 0 sent '{word}': node 1 ended with exit 1 naming it")
+
+
+def nodes_join_then_world(r):
+    """Node 0 admits a late node ('join') and, a loss coming at once, tells it
+    the next world ('world') in the same read: node 1's worker starts as a
+    joiner of the first (RANK 2 of 3, FSDP_RUN_JOIN=1) and is then told the
+    second (before: the join was dropped for the world, and the worker
+    started as an ordinary rank 1 of 2 that nobody was going to meet)."""
+    port, tag = free_port(), uuid.uuid4().hex
+    ports = (free_port(), free_port())
+    worker = 'echo "env $RANK $WORLD_SIZE ${FSDP_RUN_JOIN:-0}"; cat <&"$FSDP_RUN_CONTROL"'
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", port))
+        srv.listen()
+        cmd = [r.tool("fsdp-run"), "--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "1",
+               "--master-port", str(port), "--rdzv-id", "late", "--min-nproc", "1",
+               "sh", "-c", worker]
+        p = subprocess.Popen(cmd, env=dict(r.base_env, FSDP_TEST_TAG=tag), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        try:
+            srv.settimeout(20)
+            conn, _ = srv.accept()
+            with conn:
+                hello = conn.makefile("r").readline()
+                check(hello == "hello late 1 1\n", f"node 1 said {hello!r}")
+                conn.sendall(f"join 1 3 {ports[0]} 2 1\nworld 2 2 {ports[1]} 1 1\n".encode())
+                deadline = time.monotonic() + 20
+                out = ""
+                while out.count("\n") < 3 and time.monotonic() < deadline:
+                    ready, _, _ = select.select([p.stdout], [], [], deadline - time.monotonic())
+                    chunk = os.read(p.stdout.fileno(), 4096).decode() if ready else ""
+                    if not chunk:
+                        break
+                    out += chunk
+        finally:
+            p.kill()
+            p.wait()
+    left = wait_no_orphans(tag, time.monotonic() + TEARDOWN_S)
+    want = ["env 2 3 1", f"world 1 2 3 {ports[0]} 0 1", f"world 2 1 2 {ports[1]} 0 1"]
+    check(out.splitlines() == want and not left,
+          f"node 1's worker saw {out.splitlines()}, not {want} (leftovers {left})")
+    print("join and world in one read: the worker started as a joiner, then was told the world")
+
+
+def wait_syn_sent(port, deadline):
+    """Polls /proc/net/tcp until a connection to 127.0.0.1:port waits for
+    its SYN's answer (state SYN_SENT)."""
+    want = f"0100007F:{port:04X}"
+    while time.monotonic() < deadline:
+        with open("/proc/net/tcp") as f:
+            if any(line.split()[2] == want and line.split()[3] == "02" for line in f
+                   if line.split()[0] != "sl"):
+                return
+        time.sleep(0.02)
+    raise Failure(f"nothing connects to port {port}")
+
+
+def nodes_unreachable(r):
+    """Node 0's port drops node 1's SYN (its listen backlog is full, as a
+    firewall's DROP would): node 1 gives up at --rdzv-timeout 2 saying so,
+    and a SIGINT meanwhile stops it at once (before: connect(2) blocked for
+    the kernel's SYN retries, a minute or two, deaf to both)."""
+    with socket.socket() as srv, socket.socket() as filler:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(0)
+        port = srv.getsockname()[1]
+        filler.connect(("127.0.0.1", port))  # the backlog is now full
+        cmd = [r.tool("fsdp-run"), "--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "1",
+               "--master-port", str(port), "--rdzv-id", "far", "--min-nproc", "1",
+               "--rdzv-timeout", "2", "true"]
+        for sig in (None, signal.SIGINT):
+            t0 = time.monotonic()
+            p = subprocess.Popen(cmd, env=r.base_env, stderr=subprocess.PIPE, text=True)
+            try:
+                if sig:
+                    wait_syn_sent(port, time.monotonic() + 10)
+                    p.send_signal(sig)
+                _, err = p.communicate(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                raise Failure(f"node 1's fsdp-run still connects 15 s later "
+                              f"({'after SIGINT' if sig else '--rdzv-timeout 2'})")
+            secs = time.monotonic() - t0
+            if sig:
+                check(p.returncode == 128 + sig and "interrupted while node 1 waited" in err,
+                      f"SIGINT: exit {p.returncode}: {err}")
+            else:
+                check(p.returncode == 1 and "cannot reach node 0's agent" in err and
+                      "within --rdzv-timeout 2 s" in err and secs < 6,
+                      f"exit {p.returncode} after {secs:.1f} s: {err}")
+            print(f"{'SIGINT' if sig else '--rdzv-timeout 2'}: node 1 stopped after {secs:.1f} s "
+                  f"(exit {p.returncode})")
+
+
+def nodes_agent_restarted(r):
+    """Node 1's agent says hello, dies and is started again while node 0
+    still waits for node 2: the new one is welcome and the job starts with
+    nodes 0, 1 and 2 (before: node 0 still counted the closed connection and
+    turned the new agent away as 'node 1 is in the job already'); one that
+    is not started again is not counted."""
+    port, job, tag = free_port(), "again-" + uuid.uuid4().hex[:8], uuid.uuid4().hex
+    p = node0_agent(r, port, job, tag, 3)
+    try:
+        deadline = time.monotonic() + 20
+        fake_agent(port, job, 1, deadline).close()
+        again, last = fake_agent(port, job, 1, deadline), fake_agent(port, job, 2, deadline)
+        words = [first_line(a, k) for k, a in ((1, again), (2, last))]
+        check(words[0].startswith("start 0 3 ") and words[0].endswith(" 1 1\n") and
+              words[1].startswith("start 0 3 ") and words[1].endswith(" 2 1\n"),
+              f"nodes 1 and 2 were told {words}")
+        again.close()
+        last.close()
+        print("node 1's agent started again before the job began: welcome, and the job began "
+              "with 3 nodes")
+    finally:
+        stop_agent(p, tag)
+    # --nnodes 2:3: node 1's agent dies before the start and is not replaced;
+    # at --rdzv-timeout the job starts with nodes 0 and 2 (before: node 1's
+    # closed connection was counted, making a world of 3 with a rank nobody runs)
+    port, job, tag = free_port(), "gone-" + uuid.uuid4().hex[:8], uuid.uuid4().hex
+    cmd = [r.tool("fsdp-run"), "--nproc-per-node", "1", "--nnodes", "2:3", "--node-rank", "0",
+           "--master-port", str(port), "--rdzv-id", job, "--rdzv-timeout", "2", "sleep", "60"]
+    p = subprocess.Popen(cmd, env=dict(r.base_env, FSDP_TEST_TAG=tag), stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        fake_agent(port, job, 1, deadline).close()
+        last = fake_agent(port, job, 2, deadline)
+        word = first_line(last, 2)
+        check(word.startswith("start 0 2 ") and word.endswith(" 1 1\n"),
+              f"node 2 was told {word!r}, not its part of a world of 2")
+        last.close()
+        print("node 1's agent gone before the start: the job began with nodes 0 and 2")
+    finally:
+        stop_agent(p, tag)
+
+
+def nodes_many(r):
+    """70 nodes whose agents all connect at once: every one is admitted
+    (before: node 0 closed each connection past 16 not yet introduced, and
+    those nodes failed), and node 0 polls every agent's link (before: the
+    first 63 only, so node 69's loss went unseen until something else woke
+    node 0)."""
+    port, job, tag = free_port(), "many-" + uuid.uuid4().hex[:8], uuid.uuid4().hex
+    p = node0_agent(r, port, job, tag, 70)
+    agents = []
+    try:
+        deadline = time.monotonic() + 30
+        agents.append(fake_agent(port, job, 1, deadline))  # node 0 listens
+        # 39 more connect and say hello while node 0 is stopped: they wait in
+        # its backlog, as when every agent retries its connection at once
+        p.send_signal(signal.SIGSTOP)
+        try:
+            for node in range(2, 41):
+                agents.append(fake_agent(port, job, node, deadline))
+        finally:
+            p.send_signal(signal.SIGCONT)
+        for node in range(41, 70):
+            agents.append(fake_agent(port, job, node, deadline))
+        for node, a in enumerate(agents, 1):
+            first = first_line(a, node)
+            check(first.startswith("start 0 70 "), f"node {node}'s first word {first!r}")
+        agents[-1].close()
+        err = read_until(p, r"going on with", time.monotonic() + 10)
+        check("going on with 69 of 70 ranks" in err and "lost node 69" in err,
+              f"node 69's loss:\n{err[-2000:]}")
+        print("70 nodes: node 69's loss seen at once")
+    finally:
+        for a in agents:
+            a.close()
+        stop_agent(p, tag)
+
+
 SCENARIOS = {
     "parity-gpt2": lambda r: parity(r, "gpt2"),
     "parity-mlp": lambda r: parity(r, "mlp"),
@@ -1534,6 +1818,11 @@ SCENARIOS = {
     "nodes-kill-worker": nodes_kill_worker,
     "nodes-grow": nodes_grow,
     "nodes-lose-node0": nodes_lose_node0,
+    "nodes-bad-line": nodes_bad_line,
+    "nodes-many": nodes_many,
+    "nodes-join-then-world": nodes_join_then_world,
+    "nodes-unreachable": nodes_unreachable,
+    "nodes-agent-restarted": nodes_agent_restarted,
 }
 
 
