@@ -74,7 +74,10 @@ struct lt_choice {
 };
 constexpr int kLtChoices = 64;
 std::mutex lt_lock;
-cublasLtHandle_t lt_handle; /* one per process: cuBLASLt handles carry no stream */
+/* A cuBLASLt handle belongs to the device current at its creation (it
+ * carries no stream): one per device, made at the device's first decision. */
+constexpr int kLtDevices = 64;
+cublasLtHandle_t lt_handles[kLtDevices];
 lt_choice lt_choices[kLtChoices];
 int lt_count;
 } // namespace
@@ -147,11 +150,17 @@ fsdp_status_t fsdp_cuda_blas_release(void) {
   blas_count = 0;
   {
     std::lock_guard<std::mutex> lt_guard(lt_lock);
-    const cublasStatus_t s = lt_handle ? fsdp_cublaslt(nullptr)->destroy(lt_handle)
-                                       : CUBLAS_STATUS_SUCCESS;
-    if (first == FSDP_SUCCESS && s != CUBLAS_STATUS_SUCCESS)
-      first = fsdp_cublas_fail(s, "cublasLtDestroy(handle)", __FILE__, __LINE__);
-    lt_handle = nullptr;
+    for (int dev = 0; dev < kLtDevices; ++dev) {
+      if (!lt_handles[dev]) continue;
+      const cudaError_t e = cudaSetDevice(dev); /* destroyed on the device it was made on */
+      const cublasStatus_t s = e == cudaSuccess ? fsdp_cublaslt(nullptr)->destroy(lt_handles[dev])
+                                                : CUBLAS_STATUS_SUCCESS;
+      if (first == FSDP_SUCCESS && e != cudaSuccess)
+        first = fsdp_cuda_fail(e, "cudaSetDevice(device)", __FILE__, __LINE__);
+      else if (first == FSDP_SUCCESS && s != CUBLAS_STATUS_SUCCESS)
+        first = fsdp_cublas_fail(s, "cublasLtDestroy(handle)", __FILE__, __LINE__);
+      lt_handles[dev] = nullptr;
+    }
     lt_count = 0;
   }
   const cudaError_t e = cudaSetDevice(current); /* the caller's device, as it was */
@@ -308,17 +317,20 @@ static bool lt_describe(lt_call &c, const lt_shape &x, const void *bias, const v
 }
 
 /* Whether cuBLASLt runs x for layer l on the current device (*ok) and with
- * which algorithm: decided at the first ask per (device, type, layer shape,
- * epilogue) by the heuristic and kept. bias and aux: whether the epilogue
- * takes them. *ok is false without cuBLASLt. */
+ * which algorithm and the device's handle: decided at the first ask per
+ * (device, type, layer shape, epilogue) by the heuristic and kept. bias and
+ * aux: whether the epilogue takes them. *ok is false without cuBLASLt (and on
+ * a device ordinal past kLtDevices). */
 template <typename T, typename TD>
 static fsdp_status_t lt_decide(const lt_shape &x, bool bias, bool aux, const lt_layer &l,
-                               bool *ok, cublasLtMatmulAlgo_t *algo) {
+                               bool *ok, cublasLtMatmulAlgo_t *algo,
+                               cublasLtHandle_t *handle = nullptr) {
   *ok = false;
   const fsdp_cublaslt_t *api = fsdp_cublaslt(nullptr);
   if (!api) return FSDP_SUCCESS;
   int device;
   CUDA_CHECK(cudaGetDevice(&device));
+  if (device < 0 || device >= kLtDevices) return FSDP_SUCCESS;
   const lt_choice key{device,        fsdp_cuda_type<T>::value, l.B, l.C, l.OC, (int)l.linear,
                       (int)x.epilogue, false,                  cublasLtMatmulAlgo_t{}};
   std::lock_guard<std::mutex> guard(lt_lock);
@@ -328,18 +340,21 @@ static fsdp_status_t lt_decide(const lt_shape &x, bool bias, bool aux, const lt_
         c.OC == key.OC && c.linear == key.linear && c.epilogue == key.epilogue) {
       *ok = c.ok;
       *algo = c.algo;
+      if (handle) *handle = lt_handles[device];
       return FSDP_SUCCESS;
     }
   }
-  if (!lt_handle && api->create(&lt_handle) != CUBLAS_STATUS_SUCCESS) {
-    lt_handle = nullptr;
+  cublasLtHandle_t &h = lt_handles[device];
+  if (!h && api->create(&h) != CUBLAS_STATUS_SUCCESS) {
+    h = nullptr;
     return FSDP_SUCCESS;
   }
+  if (handle) *handle = h;
   lt_call call(api);
   cublasLtMatmulHeuristicResult_t r;
   int found = 0;
   *ok = lt_describe<T, TD>(call, x, bias ? kProbe : nullptr, aux ? kProbe : nullptr) &&
-        api->heuristic(lt_handle, call.desc, call.a, call.b, call.d, call.d, call.pref, 1, &r,
+        api->heuristic(h, call.desc, call.a, call.b, call.d, call.d, call.pref, 1, &r,
                        &found) == CUBLAS_STATUS_SUCCESS &&
         found == 1;
   if (*ok) *algo = r.algo;
@@ -363,7 +378,8 @@ static fsdp_status_t lt_run(const lt_shape &x, const lt_layer &l, TD *d, const T
     return FSDP_SUCCESS;
   bool ok;
   cublasLtMatmulAlgo_t algo;
-  FSDP_TRY((lt_decide<T, TD>(x, bias != nullptr, aux != nullptr, l, &ok, &algo)));
+  cublasLtHandle_t h;
+  FSDP_TRY((lt_decide<T, TD>(x, bias != nullptr, aux != nullptr, l, &ok, &algo, &h)));
   if (!ok) return FSDP_SUCCESS;
   lt_call call(fsdp_cublaslt(nullptr)); /* open: the heuristic ran */
   if (!lt_describe<T, TD>(call, x, bias, aux))
@@ -371,7 +387,7 @@ static fsdp_status_t lt_run(const lt_shape &x, const lt_layer &l, TD *d, const T
                       "product (epilogue %u), which its heuristic took, could not be made",
                       x.m, x.n, x.k, (unsigned)x.epilogue);
   const float one = 1.0f;
-  const cublasStatus_t st = call.api->matmul(lt_handle, call.desc, &one, A, call.a, Bm, call.b,
+  const cublasStatus_t st = call.api->matmul(h, call.desc, &one, A, call.a, Bm, call.b,
                                              &beta, d, call.d, d, call.d, &algo, nullptr, 0, s);
   if (st != CUBLAS_STATUS_SUCCESS)
     return fsdp_cublas_fail(st, "cublasLtMatmul(d, A, B)", __FILE__, __LINE__);
