@@ -166,8 +166,10 @@ static int check(const run_opts_t *o) {
                         ? "--max-restarts cannot be combined with an elastic job over several "
                           "nodes (the survivors go on instead)"
                     : o->respawn && !o->min_nproc ? "--respawn needs --min-nproc"
-                    : o->min_nproc > o->nproc * o->nnodes
+                    : o->min_nproc > (long long)o->nproc * o->nnodes
                         ? "--min-nproc must be at most --nproc-per-node x --nnodes"
+                    : !(o->rdzv_timeout_s > 0 && o->rdzv_timeout_s <= 86400)
+                        ? "--rdzv-timeout must be above 0 and at most 86400 seconds"
                     : o->rdzv_id && !valid_id(o->rdzv_id)
                         ? "--rdzv-id must be 1-255 characters of A-Z a-z 0-9 . _ : -"
                         : NULL;

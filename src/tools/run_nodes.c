@@ -54,7 +54,7 @@ struct run_nodes {
   int generation, size;
   int settling;      /* node 0: a new world is being made; admit nobody until it resumed */
   int finished;      /* node 0 said bye: its exit is no loss */
-  peer_t newcomers[MAX_NEWCOMERS]; /* node 0: connections not yet introduced; fd 0 none */
+  peer_t newcomers[MAX_NEWCOMERS]; /* node 0: connections not yet introduced; fd -1 none */
 };
 
 static double now_s(void) {
@@ -232,7 +232,7 @@ static void hello(run_nodes_t *n, int fd, const char *line) {
 /* A free slot for a connection not yet introduced; -1 when all are taken. */
 static int free_newcomer(const run_nodes_t *n) {
   for (int k = 0; k < MAX_NEWCOMERS; k++)
-    if (n->newcomers[k].fd <= 0) return k;
+    if (n->newcomers[k].fd < 0) return k;
   return -1;
 }
 
@@ -248,11 +248,11 @@ static void accept_agents(run_nodes_t *n) {
     }
     for (int j = 0; j < MAX_NEWCOMERS; j++) {
       char line[1024];
-      if (n->newcomers[j].fd <= 0) continue;
+      if (n->newcomers[j].fd < 0) continue;
       int got = read_line(&n->newcomers[j], line, sizeof line);
       if (got < 0) close(n->newcomers[j].fd);
       if (got > 0) hello(n, n->newcomers[j].fd, line);
-      if (got != 0) n->newcomers[j].fd = 0;
+      if (got != 0) n->newcomers[j].fd = -1;
     }
     if (fd < 0) break;
   }
@@ -524,6 +524,7 @@ int run_nodes_open(const run_opts_t *o, int stop_fd, run_nodes_t **out, run_word
     n->peer = calloc((size_t)o->nnodes, sizeof *n->peer);
     n->order = calloc((size_t)o->nnodes, sizeof *n->order);
     for (int k = 0; n->peer && k < o->nnodes; k++) n->peer[k].fd = -1;
+    for (int k = 0; k < MAX_NEWCOMERS; k++) n->newcomers[k].fd = -1;
   }
   if (!n || !n->peer || !n->order) {
     fprintf(stderr, "fsdp-run: out of memory for the links of %d nodes\n", o->nnodes);
@@ -556,7 +557,7 @@ int run_nodes_fds(const run_nodes_t *n, struct pollfd *pf, int max) {
   if (n->listen_fd >= 0 && free_newcomer(n) >= 0 && m < max)
     pf[m++] = (struct pollfd){n->listen_fd, POLLIN, 0};
   for (int k = 0; k < MAX_NEWCOMERS && n->listen_fd >= 0; k++)
-    if (n->newcomers[k].fd > 0 && m < max)
+    if (n->newcomers[k].fd >= 0 && m < max)
       pf[m++] = (struct pollfd){n->newcomers[k].fd, POLLIN, 0};
   for (int k = 0; k < n->o->nnodes; k++)
     if (n->peer[k].fd >= 0 && m < max) pf[m++] = (struct pollfd){n->peer[k].fd, POLLIN, 0};
@@ -594,7 +595,7 @@ void run_nodes_close(run_nodes_t *n, int succeeded) {
       close(n->peer[k].fd);
     }
   for (int k = 0; k < MAX_NEWCOMERS; k++)
-    if (n->newcomers[k].fd > 0) close(n->newcomers[k].fd), n->newcomers[k].fd = 0;
+    if (n->newcomers[k].fd >= 0) close(n->newcomers[k].fd), n->newcomers[k].fd = -1;
   if (n->listen_fd >= 0) close(n->listen_fd);
   free(n->peer);
   free(n->order);

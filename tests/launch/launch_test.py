@@ -867,7 +867,8 @@ def job_id(r):
     print(f"job ids: generated {ids[0]!r}, {ids[1]!r}; given {ids[2]!r}")
     check(ids[0] != ids[1] and ids[2] == "job-7", f"ids {ids}")
     for extra, words in ((["--nnodes", "2"], "--nnodes > 1 needs --rdzv-id"),
-                         (["--rdzv-id", "a b"], "--rdzv-id must be 1-255 characters")):
+                         (["--rdzv-id", "a b"], "--rdzv-id must be 1-255 characters"),
+                         (["--rdzv-timeout", "inf"], "--rdzv-timeout must be above 0")):
         rc, out, err, secs, left = r.run([r.tool("fsdp-run")] + extra + ["true"], timeout=60)
         check(rc == 2 and words in err, f"fsdp-run {' '.join(extra)}: rc {rc}: {err}")
 
