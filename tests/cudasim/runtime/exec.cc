@@ -159,7 +159,12 @@ struct executor {
   ~executor();
 };
 
-thread_local std::unique_ptr<executor> ex;
+/* This thread's executor (a stream's worker): owned by ex_owner, reached
+ * through ex, which the hot paths read several times per warp operation
+ * (initial-exec: a load, where a shared object's thread_local otherwise costs
+ * a call to __tls_get_addr each time). */
+thread_local std::unique_ptr<executor> ex_owner;
+thread_local executor *ex __attribute__((tls_model("initial-exec")));
 
 void fiber_main(fiber *f);
 void lane_start(block_state *b, lane &t, unsigned i);
@@ -221,7 +226,7 @@ executor::~executor() {
 
 /* Scheduler -> fiber. */
 void resume(fiber *f) {
-  executor *e = ex.get();
+  executor *e = ex;
 #if SIM_ASAN
   __sanitizer_start_switch_fiber(&e->sched_fake, f->mem + kGuard, kStack);
 #endif
@@ -236,7 +241,7 @@ void resume(fiber *f) {
 
 /* Fiber -> scheduler; returns when the scheduler resumes f. */
 void yield(fiber *f) {
-  executor *e = ex.get();
+  executor *e = ex;
 #if SIM_ASAN
   __sanitizer_start_switch_fiber(&f->fake, e->sched_bottom, e->sched_size);
 #endif
@@ -514,7 +519,8 @@ void wake(block_state *b, lane &l) { b->ready.push_back(&l); }
 
 cudaError_t run_launch(const launch &l) {
   if (!ex) {
-    ex = std::make_unique<executor>();
+    ex_owner = std::make_unique<executor>();
+    ex = ex_owner.get();
 #if SIM_TSAN
     ex->sched_tsan = __tsan_get_current_fiber();
 #endif
