@@ -437,7 +437,7 @@ void report_deadlock(block_state *b) {
 /* ---- shared memory ---- */
 
 /* Aligned as the declaration asks (alignof its type; at least 16, as the
- * GPU's shared window is): WMMA needs 32-byte aligned tiles. */
+ * GPU's shared window is: ldmatrix and cp.async need 16-byte rows). */
 unsigned char *shared_alloc(size_t size, size_t align) {
   align = align < 16 ? 16 : align;
 #if SIM_ASAN
