@@ -10,6 +10,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <algorithm>
+#include <vector>
+
 unsigned short sim_bf16_from_float(float x) {
   uint32_t u;
   memcpy(&u, &x, sizeof u);
@@ -216,25 +219,88 @@ void store_c(void *p, int t, long long i, double v) {
   else ((float *)p)[i] = (float)v;
 }
 
-void run_one(const sim_gemm *g, const char *A, const char *B, char *C) {
+/* The product, in blocks that stay in the cache: op(A) and op(B) are read a
+ * block at a time into doubles (load's view), and each element of C adds its
+ * k terms one after the other in double, l = 0 to k - 1, carried from block
+ * to block in acc. So the result is, to the bit, that of the plain loop
+ *   C(i, j) = alpha * sum_l op(A)(i, l) op(B)(l, j) [+ beta * C(i, j)]
+ * over l in order (test_gemm_reference compares with that loop), at several
+ * times its speed: the production-shape tests spend most of their time here.
+ * Tiles of 4 x 4 elements keep their sums in registers; the packed blocks
+ * are padded with zeros to whole tiles, and padded sums are never stored. */
+const long long kBlockM = 64, kBlockN = 64, kBlockK = 256, kTile = 4;
+
+struct blocks {
+  std::vector<double> a;   /* (kBlockK, kBlockM): op(A)(i0 + i, l0 + l) at a[l * kBlockM + i] */
+  std::vector<double> b;   /* (kBlockK, kBlockN): op(B)(l0 + l, j0 + j) at b[l * kBlockN + j] */
+  std::vector<double> acc; /* (kBlockN, kBlockM): the running sums, acc[j * kBlockM + i] */
+  blocks() : a(kBlockK * kBlockM), b(kBlockK * kBlockN), acc(kBlockN * kBlockM) {}
+};
+
+/* Reads op(X)(r0 + r, c0 + c) for r < rows, c < cols into out[c * ld_out + r]
+ * (X column-major with leading dimension ldx, transposed when t), zeros for
+ * r in [rows, pad_rows). The inner loop walks X down a column either way. */
+void pack(const void *X, int type, int compute, long long ldx, bool t, long long r0,
+          long long c0, long long rows, long long cols, long long pad_rows, double *out,
+          long long ld_out) {
+  if (t) /* op(X)(r, c) is X(c, r) */
+    for (long long r = 0; r < rows; ++r)
+      for (long long c = 0; c < cols; ++c)
+        out[c * ld_out + r] = load(X, type, (c0 + c) + (r0 + r) * ldx, compute);
+  else
+    for (long long c = 0; c < cols; ++c)
+      for (long long r = 0; r < rows; ++r)
+        out[c * ld_out + r] = load(X, type, (r0 + r) + (c0 + c) * ldx, compute);
+  for (long long c = 0; c < cols; ++c)
+    for (long long r = rows; r < pad_rows; ++r) out[c * ld_out + r] = 0.0;
+}
+
+/* acc (one block of C) += a * b over kb terms, each sum in order of l. */
+void block_product(blocks &w, long long kb, long long mt, long long nt) {
+  for (long long j = 0; j < nt; j += kTile)
+    for (long long i = 0; i < mt; i += kTile) {
+      double s[kTile][kTile];
+      for (int jj = 0; jj < kTile; ++jj)
+        for (int ii = 0; ii < kTile; ++ii) s[jj][ii] = w.acc[(j + jj) * kBlockM + i + ii];
+      const double *a = w.a.data() + i, *b = w.b.data() + j;
+      for (long long l = 0; l < kb; ++l, a += kBlockM, b += kBlockN)
+        for (int jj = 0; jj < kTile; ++jj)
+          for (int ii = 0; ii < kTile; ++ii) s[jj][ii] += a[ii] * b[jj];
+      for (int jj = 0; jj < kTile; ++jj)
+        for (int ii = 0; ii < kTile; ++ii) w.acc[(j + jj) * kBlockM + i + ii] = s[jj][ii];
+    }
+}
+
+long long min_ll(long long x, long long y) { return x < y ? x : y; }
+long long tiles(long long x) { return (x + kTile - 1) / kTile * kTile; }
+
+void run_one(const sim_gemm *g, const char *A, const char *B, char *C, blocks &w) {
   const bool ta = g->transa != CUBLAS_OP_N, tb = g->transb != CUBLAS_OP_N;
   const bool reads_ab = g->k > 0 && g->alpha != 0.0;
-  for (long long j = 0; j < g->n; ++j)
-    for (long long i = 0; i < g->m; ++i) {
-      double dot = 0.0;
-      if (reads_ab)
-        for (long long l = 0; l < g->k; ++l) {
-          /* op(A)(i, l) and op(B)(l, j) in column-major storage */
-          const long long ia = ta ? l + i * g->lda : i + l * g->lda;
-          const long long ib = tb ? j + l * g->ldb : l + j * g->ldb;
-          dot += load(A, g->atype, ia, g->compute) * load(B, g->btype, ib, g->compute);
+  for (long long j0 = 0; j0 < g->n; j0 += kBlockN) {
+    const long long nb = min_ll(kBlockN, g->n - j0);
+    for (long long i0 = 0; i0 < g->m; i0 += kBlockM) {
+      const long long mb = min_ll(kBlockM, g->m - i0);
+      std::fill(w.acc.begin(), w.acc.end(), 0.0);
+      for (long long l0 = 0; reads_ab && l0 < g->k; l0 += kBlockK) {
+        const long long kb = min_ll(kBlockK, g->k - l0);
+        /* op(A) rows i0.., columns l0..: a[l][i]; op(B)^T rows j0.., columns l0..: b[l][j] */
+        pack(A, g->atype, g->compute, g->lda, ta, i0, l0, mb, kb, tiles(mb), w.a.data(),
+             kBlockM);
+        pack(B, g->btype, g->compute, g->ldb, !tb, j0, l0, nb, kb, tiles(nb), w.b.data(),
+             kBlockN);
+        block_product(w, kb, tiles(mb), tiles(nb));
+      }
+      for (long long j = 0; j < nb; ++j)
+        for (long long i = 0; i < mb; ++i) {
+          const long long ic = (i0 + i) + (j0 + j) * g->ldc;
+          double v = g->alpha * w.acc[j * kBlockM + i];
+          if (g->beta != 0.0) v += g->beta * load_c(C, g->ctype, ic); /* beta == 0: C unread */
+          if (g->ctype != CUDA_R_64F) v = (float)v;                    /* the fp32 result */
+          store_c(C, g->ctype, ic, v);
         }
-      const long long ic = i + j * g->ldc;
-      double v = g->alpha * dot;
-      if (g->beta != 0.0) v += g->beta * load_c(C, g->ctype, ic); /* beta == 0: C unread */
-      if (g->ctype != CUDA_R_64F) v = (float)v;                    /* the fp32 result */
-      store_c(C, g->ctype, ic, v);
     }
+  }
 }
 
 } // namespace
@@ -242,8 +308,9 @@ void run_one(const sim_gemm *g, const char *A, const char *B, char *C) {
 void sim_gemm_run(const sim_gemm *g) {
   if (g->m == 0 || g->n == 0) return;
   const size_t ea = elem_size(g->atype), eb = elem_size(g->btype), ec = elem_size(g->ctype);
+  blocks w;
   for (int b = 0; b < g->batch; ++b)
     run_one(g, (const char *)g->A + (long long)ea * g->strideA * b,
             (const char *)g->B + (long long)eb * g->strideB * b,
-            (char *)g->C + (long long)ec * g->strideC * b);
+            (char *)g->C + (long long)ec * g->strideC * b, w);
 }

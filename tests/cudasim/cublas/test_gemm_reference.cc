@@ -7,8 +7,11 @@
  * TF32 and bf16 input rounding of the fast compute types, every documented
  * argument refusal, and the row-major mapping fsdp's blas.cu relies on: the
  * right mapping reproduces the row-major product, a transposed argument is
- * refused or gives a result that differs. Needs no CUDA runtime. Exit 0 when
- * every check passes. */
+ * refused or gives a result that differs; and products larger than the
+ * reference's cache blocks (64 x 64 x 256, tiles of 4) at ragged shapes with
+ * values that round, where only adding each element's terms in order of k,
+ * in double, gives the naive loop's result to the bit. Needs no CUDA runtime.
+ * Exit 0 when every check passes. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -62,10 +65,16 @@ struct product_case {
   double alpha, beta;
 };
 
+/* value() over 3: no longer exact, so sums depend on their order. */
+static double rough_value(unsigned seed, long long i) { return value(seed, i) / 3.0; }
+
 /* Builds op(A) (m x k), op(B) (k x n), C0 (m x n) per batch as row-major
  * arrays, stores them in cuBLAS's layout, runs the reference, and compares
- * each element of C with the naive triple loop. Returns the wrong count. */
-static int run_case(const product_case &pc, unsigned seed) {
+ * each element of C with the naive triple loop. rough: rough_value()s, the
+ * naive loop reading them as stored (bf16 rounds them). Returns the wrong
+ * count. */
+static int run_case(const product_case &pc, unsigned seed, bool rough = false) {
+  double (*val)(unsigned, long long) = rough ? rough_value : value;
   const bool ta = pc.ta != CUBLAS_OP_N, tb = pc.tb != CUBLAS_OP_N;
   const int ar = ta ? pc.k : pc.m, ac = ta ? pc.m : pc.k; /* stored A: ar x ac */
   const int br = tb ? pc.n : pc.k, bc = tb ? pc.k : pc.n;
@@ -80,22 +89,24 @@ static int run_case(const product_case &pc, unsigned seed) {
   for (int b = 0; b < pc.batch; ++b) {
     for (int i = 0; i < pc.m; ++i)
       for (int l = 0; l < pc.k; ++l) {
-        const double v = value(seed, ((long long)b * pc.m + i) * pc.k + l);
-        opA[((size_t)b * pc.m + i) * pc.k + l] = v;
+        const double v = val(seed, ((long long)b * pc.m + i) * pc.k + l);
         /* op(A)(i,l) is stored A(i,l) (N) or A(l,i) (T), column-major */
-        A.set((size_t)(b * sa + (ta ? l + (long long)i * lda : i + (long long)l * lda)), v);
+        const size_t at = (size_t)(b * sa + (ta ? l + (long long)i * lda : i + (long long)l * lda));
+        A.set(at, v);
+        opA[((size_t)b * pc.m + i) * pc.k + l] = A.get(at);
       }
     for (int l = 0; l < pc.k; ++l)
       for (int j = 0; j < pc.n; ++j) {
-        const double v = value(seed + 1, ((long long)b * pc.k + l) * pc.n + j);
-        opB[((size_t)b * pc.k + l) * pc.n + j] = v;
-        B.set((size_t)(b * sb + (tb ? j + (long long)l * ldb : l + (long long)j * ldb)), v);
+        const double v = val(seed + 1, ((long long)b * pc.k + l) * pc.n + j);
+        const size_t at = (size_t)(b * sb + (tb ? j + (long long)l * ldb : l + (long long)j * ldb));
+        B.set(at, v);
+        opB[((size_t)b * pc.k + l) * pc.n + j] = B.get(at);
       }
     for (int i = 0; i < pc.m; ++i)
       for (int j = 0; j < pc.n; ++j) {
-        const double v = pc.beta == 0.0 ? NAN : value(seed + 2, ((long long)b * pc.m + i) * pc.n + j);
-        C0[((size_t)b * pc.m + i) * pc.n + j] = v;
+        const double v = pc.beta == 0.0 ? NAN : val(seed + 2, ((long long)b * pc.m + i) * pc.n + j);
         C.set((size_t)(b * sc + i + (long long)j * ldc), v);
+        C0[((size_t)b * pc.m + i) * pc.n + j] = C.get((size_t)(b * sc + i + (long long)j * ldc));
       }
   }
   sim_gemm g = {pc.batch == 1 ? "cublasGemmEx" : "cublasGemmStridedBatchedEx", pc.ta, pc.tb,
@@ -166,6 +177,36 @@ static void test_every_op_and_type(void) {
                 "lda+%d ldb+%d ldc+%d batch %d alpha %g beta %g", wrong, (int)t.ab, (int)t.c,
                 (int)t.ct, opname(ta), opname(tb), s.m, s.n, s.k, s.pa, s.pb, s.pc, s.batch,
                 s.alpha, s.beta);
+        }
+}
+
+/* Past one cache block in each dimension, sizes off the block and the tile
+ * (a last tile of 1 to 3 rows or columns), every transpose pair, every
+ * storage type, strided batches and padded leading dimensions. */
+static void test_blocked_products(void) {
+  const cublasOperation_t ops[] = {CUBLAS_OP_N, CUBLAS_OP_T};
+  struct {
+    cudaDataType ab, c;
+    cublasComputeType_t ct;
+  } types[] = {{CUDA_R_32F, CUDA_R_32F, CUBLAS_COMPUTE_32F},
+               {CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F},
+               {CUDA_R_16BF, CUDA_R_32F, CUBLAS_COMPUTE_32F},
+               {CUDA_R_64F, CUDA_R_64F, CUBLAS_COMPUTE_64F}};
+  struct {
+    int m, n, k, pa, pb, pc, batch;
+    double alpha, beta;
+  } shapes[] = {{130, 67, 517, 1, 2, 3, 2, 1.0, 0.5}, {5, 129, 258, 0, 0, 0, 1, -1.5, 0.0},
+                {67, 3, 600, 2, 0, 1, 1, 0.25, 1.0}};
+  for (auto &t : types)
+    for (auto ta : ops)
+      for (auto tb : ops)
+        for (auto &s : shapes) {
+          product_case pc = {ta, tb, s.m, s.n, s.k, s.pa, s.pb, s.pc, s.batch, t.ab, t.c, t.ct,
+                             s.alpha, s.beta};
+          const int wrong = run_case(pc, (unsigned)(s.m * 131 + s.n * 7 + s.k), true);
+          CHECK(wrong == 0, "%d wrong elements (rounding values): types %d/%d, %s%s, m=%d n=%d "
+                "k=%d batch %d", wrong, (int)t.ab, (int)t.c, opname(ta), opname(tb), s.m, s.n,
+                s.k, s.batch);
         }
 }
 
@@ -341,6 +382,7 @@ static void test_row_major_mapping(void) {
 
 int main(void) {
   test_every_op_and_type();
+  test_blocked_products();
   test_scalars_and_rounding();
   test_refusals();
   test_row_major_mapping();

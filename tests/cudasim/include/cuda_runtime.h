@@ -61,8 +61,9 @@
  *   succeed here; static shared memory past 48 KiB is left to nvcc, which
  *   refuses it at compile time; __launch_bounds__ is not enforced.
  * - cuBLAS and NCCL are reference implementations (tests/cudasim/cublas,
- *   tests/cudasim/nccl), not the libraries' algorithms; WMMA (mma.h) is a
- *   model of the API's contract, not of the tensor cores' rounding. */
+ *   tests/cudasim/nccl), not the libraries' algorithms; mma.sync
+ *   (cudasim_ptx.h) is a model of the instruction's fragment layouts, not of
+ *   the tensor cores' rounding. */
 #ifndef FSDP_CUDASIM_CUDA_RUNTIME_H
 #define FSDP_CUDASIM_CUDA_RUNTIME_H
 

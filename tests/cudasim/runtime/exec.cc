@@ -1,11 +1,12 @@
 /* tests/cudasim/runtime/exec.cc — the kernel executor: a launch's blocks run
  * one after the other on the stream's worker thread, and a block's threads as
  * cooperative fibers on it. A fiber runs threads one after the other until
- * one must wait (a barrier, a warp operation); the scheduler then starts
- * another fiber on the next thread, or resumes threads whose wait is over, so
+ * one must wait (a barrier, a warp operation); it then switches straight to
+ * a thread whose wait is over, or to another fiber for the next thread, so
  * a kernel without barriers costs one fiber per block and one with them as
- * many as the threads that wait at once. When nothing can run and threads
- * still wait, the block is deadlocked: reported, never hung.
+ * many as the threads that wait at once. When nothing can run, the scheduler
+ * (the worker's own stack) takes over: the block is done, or threads still
+ * wait and it is deadlocked: reported, never hung.
  *
  * The context switch is a few lines of x86-64 assembly (swapcontext costs a
  * system call per switch); each switch is announced to AddressSanitizer and
@@ -40,10 +41,13 @@
 extern "C" void fsdp_sim_swap(void **save_sp, void *next_sp);
 extern "C" void fsdp_sim_fiber_start(void);
 
-/* Saves the callee-saved registers, MXCSR and the x87 control word on the
- * current stack, stores its pointer in *save_sp and resumes next_sp, which
- * was saved the same way (or laid out by fiber_init). A new fiber enters
- * fsdp_sim_fiber_start with its function in rbx and argument in r12. */
+/* Saves the callee-saved registers on the current stack, stores its pointer
+ * in *save_sp and resumes next_sp, which was saved the same way (or laid out
+ * by fiber_init). A new fiber enters fsdp_sim_fiber_start with its function
+ * in rbx and argument in r12. MXCSR and the x87 control word, callee-saved
+ * too, are the worker thread's for all its fibers: device code has no
+ * floating-point environment to change (a GPU rounds per instruction), and
+ * restoring them (ldmxcsr, fldcw) was 10% of a barrier-heavy kernel's time. */
 asm(R"(
   .pushsection .text
   .globl fsdp_sim_swap
@@ -56,14 +60,8 @@ fsdp_sim_swap:
   pushq %r13
   pushq %r14
   pushq %r15
-  subq $8, %rsp
-  stmxcsr (%rsp)
-  fnstcw 4(%rsp)
   movq %rsp, (%rdi)
   movq %rsi, %rsp
-  ldmxcsr (%rsp)
-  fldcw 4(%rsp)
-  addq $8, %rsp
   popq %r15
   popq %r14
   popq %r13
@@ -153,13 +151,20 @@ struct executor {
   size_t sched_size = 0;
   void *sched_tsan = nullptr;
   void *sched_fake = nullptr;
+  bool from_sched = false; /* the last switch left the scheduler (see arrived) */
   std::vector<std::unique_ptr<fiber>> fibers;
+  std::vector<fiber *> idle; /* the fibers not busy, the last parked on top */
   block_state *blk = nullptr;
   lane *cur = nullptr;
   ~executor();
 };
 
-thread_local std::unique_ptr<executor> ex;
+/* This thread's executor (a stream's worker): owned by ex_owner, reached
+ * through ex, which the hot paths read several times per warp operation
+ * (initial-exec: a load, where a shared object's thread_local otherwise costs
+ * a call to __tls_get_addr each time). */
+thread_local std::unique_ptr<executor> ex_owner;
+thread_local executor *ex __attribute__((tls_model("initial-exec")));
 
 void fiber_main(fiber *f);
 void lane_start(block_state *b, lane &t, unsigned i);
@@ -173,14 +178,12 @@ void fiber_init(fiber *f) {
   ASAN_UNPOISON_MEMORY_REGION(f->mem + kGuard, kStack);
 #endif
   uintptr_t after_ret = ((uintptr_t)top - 64) & ~(uintptr_t)15;
-  uint64_t *sp = reinterpret_cast<uint64_t *>(after_ret - 64);
-  const uint32_t mxcsr = 0x1f80, fpucw = 0x037f;
-  sp[0] = (uint64_t)mxcsr | ((uint64_t)fpucw << 32);
-  sp[1] = 0, sp[2] = 0, sp[3] = 0;             /* r15 r14 r13 */
-  sp[4] = (uint64_t)(uintptr_t)f;              /* r12: the argument */
-  sp[5] = (uint64_t)(uintptr_t)&fiber_main;    /* rbx: the function */
-  sp[6] = 0;                                   /* rbp */
-  sp[7] = (uint64_t)(uintptr_t)&fsdp_sim_fiber_start;
+  uint64_t *sp = reinterpret_cast<uint64_t *>(after_ret - 56);
+  sp[0] = 0, sp[1] = 0, sp[2] = 0;             /* r15 r14 r13 */
+  sp[3] = (uint64_t)(uintptr_t)f;              /* r12: the argument */
+  sp[4] = (uint64_t)(uintptr_t)&fiber_main;    /* rbx: the function */
+  sp[5] = 0;                                   /* rbp */
+  sp[6] = (uint64_t)(uintptr_t)&fsdp_sim_fiber_start;
   f->sp = sp;
   f->fake = nullptr;
 #if SIM_TSAN
@@ -219,9 +222,26 @@ executor::~executor() {
   }
 }
 
+/* Called in a fiber just switched to (fake: its ASan fake stack saved when
+ * it left, null on its first entry): ASan learns the stack left behind,
+ * which is the scheduler's (the worker thread's own) when the scheduler
+ * resumed it, the one yield must name. */
+void arrived(void *fake) {
+#if SIM_ASAN
+  executor *e = ex;
+  const void *bottom = nullptr;
+  size_t size = 0;
+  __sanitizer_finish_switch_fiber(fake, &bottom, &size);
+  if (e->from_sched) e->sched_bottom = bottom, e->sched_size = size;
+#else
+  (void)fake;
+#endif
+}
+
 /* Scheduler -> fiber. */
 void resume(fiber *f) {
-  executor *e = ex.get();
+  executor *e = ex;
+  e->from_sched = true;
 #if SIM_ASAN
   __sanitizer_start_switch_fiber(&e->sched_fake, f->mem + kGuard, kStack);
 #endif
@@ -234,9 +254,10 @@ void resume(fiber *f) {
 #endif
 }
 
-/* Fiber -> scheduler; returns when the scheduler resumes f. */
+/* Fiber -> scheduler; returns when f is switched to again. */
 void yield(fiber *f) {
-  executor *e = ex.get();
+  executor *e = ex;
+  e->from_sched = false;
 #if SIM_ASAN
   __sanitizer_start_switch_fiber(&f->fake, e->sched_bottom, e->sched_size);
 #endif
@@ -244,17 +265,52 @@ void yield(fiber *f) {
   __tsan_switch_to_fiber(e->sched_tsan, 0);
 #endif
   fsdp_sim_swap(&f->sp, e->sched_sp);
+  arrived(f->fake);
+}
+
+/* Fiber -> fiber, without the scheduler in between (one switch per wait
+ * instead of two); returns when from is switched to again. */
+void switch_to(fiber *from, fiber *to) {
+  ex->from_sched = false;
 #if SIM_ASAN
-  __sanitizer_finish_switch_fiber(f->fake, &e->sched_bottom, &e->sched_size);
+  __sanitizer_start_switch_fiber(&from->fake, to->mem + kGuard, kStack);
 #endif
+#if SIM_TSAN
+  __tsan_switch_to_fiber(to->tsan, 0);
+#endif
+  fsdp_sim_swap(&from->sp, to->sp);
+  arrived(from->fake);
+}
+
+fiber *idle_fiber();
+
+/* What runs next in b: the fiber of the thread woken first, else one for the
+ * next thread not started; null when neither (the block is over, failed or
+ * deadlocked: the scheduler's to say). */
+fiber *next_fiber(block_state *b) {
+  if (b->failed) return nullptr;
+  if (!b->ready.empty()) {
+    lane *l = b->ready.front();
+    b->ready.pop_front();
+    l->st = RUNNING;
+    return l->f;
+  }
+  return b->next < b->n ? idle_fiber() : nullptr;
+}
+
+/* Leaves fiber f for whatever runs next in b, or for the scheduler. */
+void leave(fiber *f, block_state *b) {
+  fiber *next = next_fiber(b);
+  if (next)
+    switch_to(f, next);
+  else
+    yield(f);
 }
 
 /* A fiber's life: threads of the current block, one after the other, until
- * none is left; then it parks until the scheduler needs it again. */
+ * none is left; then it parks until a thread needs it again. */
 void fiber_main(fiber *f) {
-#if SIM_ASAN
-  __sanitizer_finish_switch_fiber(nullptr, &ex->sched_bottom, &ex->sched_size);
-#endif
+  arrived(nullptr);
   for (;;) {
     block_state *b = ex->blk;
     while (!b->failed && b->next < b->n) {
@@ -270,21 +326,28 @@ void fiber_main(fiber *f) {
       current = nullptr;
     }
     f->busy = false;
-    yield(f);
+    ex->idle.push_back(f);
+    leave(f, b);
   }
 }
 
+/* The fiber parked last (its stack still in the cache), or a new one: a block
+ * of 1024 waiting threads asks for one per thread, so no search. */
 fiber *idle_fiber() {
-  for (auto &f : ex->fibers)
-    if (!f->busy) return f->busy = true, f.get();
-  fiber *f = fiber_new();
+  fiber *f;
+  if (!ex->idle.empty()) {
+    f = ex->idle.back();
+    ex->idle.pop_back();
+  } else {
+    f = fiber_new();
+  }
   f->busy = true;
   return f;
 }
 
 /* Puts the running thread to sleep until another wakes it. */
 void lane_wait(lane &l) {
-  yield(l.f);
+  leave(l.f, ex->blk);
   ex->cur = &l;
   current = &l.view;
 }
@@ -374,7 +437,7 @@ void report_deadlock(block_state *b) {
 /* ---- shared memory ---- */
 
 /* Aligned as the declaration asks (alignof its type; at least 16, as the
- * GPU's shared window is): WMMA needs 32-byte aligned tiles. */
+ * GPU's shared window is: ldmatrix and cp.async need 16-byte rows). */
 unsigned char *shared_alloc(size_t size, size_t align) {
   align = align < 16 ? 16 : align;
 #if SIM_ASAN
@@ -467,6 +530,13 @@ void block_setup(block_state *b, const launch &l, uint3 idx) {
   for (warp_state &w : b->warps) w.arrived = 0;
 }
 
+/* Uninstrumented under TSan: a lane is only ever touched by the fibers of
+ * one worker thread, which TSan orders at every switch, and its view's
+ * 12-byte fields went through TSan's slow range check, once per simulated
+ * thread (30% of engine-np1's time). */
+#if SIM_TSAN
+__attribute__((no_sanitize("thread")))
+#endif
 void lane_start(block_state *b, lane &t, unsigned i) {
   const launch &l = *b->l;
   t.linear = i;
@@ -477,17 +547,12 @@ void lane_start(block_state *b, lane &t, unsigned i) {
   t.view.grid_dim = l.grid;
 }
 
+/* Fibers hand the block to each other (leave); the scheduler takes it back
+ * when none can run. */
 void run_block(block_state *b) {
   while (b->exited < b->n && !b->failed) {
-    fiber *f;
-    if (!b->ready.empty()) {
-      lane *l = b->ready.front();
-      b->ready.pop_front();
-      l->st = RUNNING;
-      f = l->f;
-    } else if (b->next < b->n) {
-      f = idle_fiber();
-    } else {
+    fiber *f = next_fiber(b);
+    if (!f) {
       report_deadlock(b);
       break;
     }
@@ -503,6 +568,7 @@ void reset_fibers() {
     if (f->busy) {
       fiber_init(f.get());
       f->busy = false;
+      ex->idle.push_back(f.get());
     }
 }
 
@@ -514,7 +580,8 @@ void wake(block_state *b, lane &l) { b->ready.push_back(&l); }
 
 cudaError_t run_launch(const launch &l) {
   if (!ex) {
-    ex = std::make_unique<executor>();
+    ex_owner = std::make_unique<executor>();
+    ex = ex_owner.get();
 #if SIM_TSAN
     ex->sched_tsan = __tsan_get_current_fiber();
 #endif

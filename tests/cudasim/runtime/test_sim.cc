@@ -22,7 +22,6 @@
 
 #include <cuda_runtime.h>
 #include <cudasim_ptx.h>
-#include <mma.h>
 
 #include "../sim_test.h"
 
@@ -149,66 +148,7 @@ __global__ void copy_kernel(int *out, const int *in, int n) {
   for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = in[i];
 }
 
-/* ---- WMMA (mma.h) ---- */
-
-namespace wmma = nvcuda::wmma;
-typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc_frag;
-
-/* d = a b + c for one 16 x 16 x 16 tile, each operand in its own layout and
- * leading dimension. */
-template <typename LA, typename LB>
-__global__ void wmma_kernel(float *d, const __nv_bfloat16 *a, const __nv_bfloat16 *b,
-                            const float *c, unsigned lda, unsigned ldb, unsigned ldc,
-                            wmma::layout_t lc) {
-  wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, LA> fa;
-  wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, LB> fb;
-  acc_frag fc;
-  wmma::load_matrix_sync(fa, a, lda);
-  wmma::load_matrix_sync(fb, b, ldb);
-  wmma::load_matrix_sync(fc, c, ldc, lc);
-  wmma::mma_sync(fc, fa, fb, fc);
-  wmma::store_matrix_sync(d, fc, ldc, lc);
-}
-
-/* Element-wise work that needs an element's row, without the layout: a
- * fragment of row indices, x[e] alike in two accumulators (d = 10 c + row),
- * and fill_fragment. */
-__global__ void wmma_rows_kernel(float *d, const float *c, const float *row_ids) {
-  acc_frag fc, rows, two;
-  wmma::load_matrix_sync(fc, c, 16, wmma::mem_row_major);
-  wmma::load_matrix_sync(rows, row_ids, 16, wmma::mem_row_major);
-  wmma::fill_fragment(two, 2.0f);
-  for (int e = 0; e < fc.num_elements; ++e) fc.x[e] = 5.0f * two.x[e] * fc.x[e] + rows.x[e];
-  wmma::store_matrix_sync(d, fc, 16, wmma::mem_row_major);
-}
-
-/* Lane 31 reads element (0, 0), lane 0's, right after the store: without a
- * __syncwarp it is not there yet, as on a GPU. */
-__global__ void wmma_unsynced_kernel(float *d, float *seen, int sync) {
-  acc_frag fc;
-  wmma::fill_fragment(fc, 1.0f);
-  wmma::store_matrix_sync(d, fc, 16, wmma::mem_row_major);
-  if (sync) __syncwarp();
-  if (threadIdx.x == 31) *seen = d[0];
-}
-
-__global__ void wmma_misaligned_kernel(int *p) {
-  acc_frag fc;
-  wmma::load_matrix_sync(fc, reinterpret_cast<float *>(p) + 4, 16, wmma::mem_row_major);
-}
-
-__global__ void wmma_bad_ldm_kernel(int *p) {
-  wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
-  wmma::load_matrix_sync(fa, reinterpret_cast<__nv_bfloat16 *>(p), 20);
-}
-
-/* 16 threads: WMMA is warp-wide. */
-__global__ void wmma_partial_warp_kernel(int *p) {
-  acc_frag fc;
-  wmma::load_matrix_sync(fc, reinterpret_cast<float *>(p), 16, wmma::mem_row_major);
-}
-
-/* A shared variable aligned as its type asks (WMMA tiles need 32 bytes). */
+/* A shared variable aligned as its type asks (32 bytes here). */
 struct alignas(32) wide_tile {
   float x[8];
 };
@@ -538,94 +478,14 @@ static void test_faults() {
   cudaFree(q);
 }
 
-/* ---- WMMA ---- */
+/* ---- shared memory alignment ---- */
 
-static __nv_bfloat16 bf16_dev(float x) { return __nv_bfloat16{bf16_of(x)}; }
-
-/* One layout combination against a plain loop. The values are small integers
- * / 8, exact in bf16, with every product and sum exact in fp32: the result
- * must match bit for bit. Leading dimensions past 16 (24, 40, 20) and the
- * padding filled with NaN: an element read from the wrong place shows. */
-template <typename LA, typename LB>
-static void wmma_case(bool a_row, bool b_row, wmma::layout_t lc) {
-  const unsigned lda = 24, ldb = 40, ldc = 20;
-  std::vector<__nv_bfloat16> ha(16 * lda, bf16_dev(NAN)), hb(16 * ldb, bf16_dev(NAN));
-  std::vector<float> hc(16 * ldc, NAN), want(256);
-  float A[16][16], B[16][16], Cm[16][16];
-  for (int i = 0; i < 16; ++i)
-    for (int j = 0; j < 16; ++j) {
-      A[i][j] = (float)((i * 7 + j * 3) % 11 - 5) / 8, B[i][j] = (float)((i * 5 + j * 9) % 13 - 6) / 8;
-      Cm[i][j] = (float)(i - j) / 4;
-      ha[a_row ? i * lda + j : j * lda + i] = bf16_dev(A[i][j]);
-      hb[b_row ? i * ldb + j : j * ldb + i] = bf16_dev(B[i][j]);
-      hc[lc == wmma::mem_row_major ? i * ldc + j : j * ldc + i] = Cm[i][j];
-    }
-  for (int i = 0; i < 16; ++i)
-    for (int j = 0; j < 16; ++j) {
-      float acc = Cm[i][j];
-      for (int k = 0; k < 16; ++k) acc += A[i][k] * B[k][j];
-      want[i * 16 + j] = acc;
-    }
-  __nv_bfloat16 *a = dev<__nv_bfloat16>(ha.size()), *b = dev<__nv_bfloat16>(hb.size());
-  float *c = dev<float>(hc.size()), *d = dev<float>(hc.size());
-  cudaMemcpy(a, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice);
-  cudaMemcpy(b, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice);
-  cudaMemcpy(c, hc.data(), hc.size() * 4, cudaMemcpyHostToDevice);
-  cudaMemcpy(d, hc.data(), hc.size() * 4, cudaMemcpyHostToDevice);
-  void (*const kernel)(float *, const __nv_bfloat16 *, const __nv_bfloat16 *, const float *,
-                       unsigned, unsigned, unsigned, wmma::layout_t) = wmma_kernel<LA, LB>;
-  FSDP_LAUNCH(kernel, 1, 32, 0, nullptr, d, a, b, c, lda, ldb, ldc, lc);
-  CHECK(cudaDeviceSynchronize() == cudaSuccess, "wmma_kernel");
-  std::vector<float> got = back(d, hc.size());
-  int wrong = 0;
-  for (int i = 0; i < 16; ++i)
-    for (int j = 0; j < 16; ++j) {
-      const size_t at = lc == wmma::mem_row_major ? i * ldc + j : j * ldc + i;
-      wrong += got[at] != want[i * 16 + j];
-    }
-  for (int i = 0; i < 16; ++i) /* the padding columns stay as they were */
-    for (unsigned j = 16; j < ldc; ++j) wrong += !std::isnan(got[i * ldc + j]);
-  CHECK(wrong == 0, "mma_sync A %s, B %s, C/D %s: %d elements wrong", a_row ? "row" : "col",
-         b_row ? "row" : "col", lc == wmma::mem_row_major ? "row" : "col", wrong);
-  cudaFree(a), cudaFree(b), cudaFree(c), cudaFree(d);
-}
-
-static void test_wmma() {
-  for (int l = 0; l < 2; ++l) {
-    const wmma::layout_t lc = l ? wmma::mem_col_major : wmma::mem_row_major;
-    wmma_case<wmma::row_major, wmma::row_major>(true, true, lc);
-    wmma_case<wmma::row_major, wmma::col_major>(true, false, lc);
-    wmma_case<wmma::col_major, wmma::row_major>(false, true, lc);
-    wmma_case<wmma::col_major, wmma::col_major>(false, false, lc);
-  }
-  std::vector<float> hc(256), rows(256);
-  for (int i = 0; i < 256; ++i) hc[i] = (float)(i % 7), rows[i] = (float)(i / 16);
-  float *c = dev<float>(256), *r = dev<float>(256), *d = dev<float>(256), *seen = dev<float>(1);
-  cudaMemcpy(c, hc.data(), 1024, cudaMemcpyHostToDevice);
-  cudaMemcpy(r, rows.data(), 1024, cudaMemcpyHostToDevice);
-  FSDP_LAUNCH(wmma_rows_kernel, 1, 32, 0, nullptr, d, c, r);
-  std::vector<float> got = back(d, 256);
-  int wrong = 0;
-  for (int i = 0; i < 256; ++i) wrong += got[i] != 10.0f * hc[i] + (float)(i / 16);
-  CHECK(wrong == 0, "element-wise with a row-index fragment: %d elements wrong", wrong);
-  for (int sync = 0; sync <= 1; ++sync) {
-    cudaMemset(d, 0xff, 1024);
-    FSDP_LAUNCH(wmma_unsynced_kernel, 1, 32, 0, nullptr, d, seen, sync);
-    const float v = back(seen, 1)[0];
-    CHECK(sync ? v == 1.0f : std::isnan(v),
-           "another lane's stored element read %s __syncwarp: %g", sync ? "after" : "without", v);
-  }
+static void test_shared_alignment() {
   int *flag = dev<int>(1);
   cudaMemset(flag, 0, 4);
   FSDP_LAUNCH(shared_align_kernel, 1, 32, 0, nullptr, flag);
   CHECK(back(flag, 1)[0] == 0, "an alignas(32) shared variable is not 32-byte aligned");
-  cudaFree(c), cudaFree(r), cudaFree(d), cudaFree(seen), cudaFree(flag);
-  expect_fault([](int *p) { FSDP_LAUNCH(wmma_misaligned_kernel, 1, 32, 0, nullptr, p); },
-               cudaErrorMisalignedAddress, "wmma_misaligned_kernel", "256-bit (32-byte) aligned");
-  expect_fault([](int *p) { FSDP_LAUNCH(wmma_bad_ldm_kernel, 1, 32, 0, nullptr, p); },
-               cudaErrorMisalignedAddress, "wmma_bad_ldm_kernel", "ldm 20: must be a multiple of 8");
-  expect_fault([](int *p) { FSDP_LAUNCH(wmma_partial_warp_kernel, 1, 16, 0, nullptr, p); },
-               cudaErrorIllegalInstruction, "wmma_partial_warp_kernel", "past the block's 16");
+  cudaFree(flag);
 }
 
 /* ---- the PTX model ---- */
@@ -708,7 +568,6 @@ static void ptx_ldmatrix_case(bool trans) {
 }
 
 static void test_ptx() {
-  cudaSetDevice(0); /* test_wmma ended on a faulted device */
   ptx_mma_case(true);
   ptx_mma_case(false);
   ptx_ldmatrix_case(false);
@@ -845,7 +704,7 @@ int main(int argc, char **argv) {
   test_host_function_rules();
   test_launch_limits();
   test_faults();
-  test_wmma();
+  test_shared_alignment();
   test_ptx();
   test_children();
   printf("test_sim: %d checks, %d failed\n", checks, failures);
