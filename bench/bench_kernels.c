@@ -10,6 +10,27 @@
 
 #include "fsdp_bench.h"
 
+void bench_products(const lm_t *lm, fsdp_stream_t s, fsdp_dtype_t dt, int rows, char *buf,
+                    size_t n) {
+  buf[0] = '\0';
+  if (lm->kind != LM_GPT2) return;
+  const int C = lm->gpt->n_embd, bias = FSDP_PRODUCT_BIAS;
+  const struct { const char *name; int C, OC, flags; } layer[] = {
+      {"qkv", C, 3 * C, bias}, {"attn proj", C, C, bias},
+      {"fc", C, 4 * C, bias | FSDP_PRODUCT_GELU}, {"fc proj", 4 * C, C, bias | FSDP_PRODUCT_DGELU}};
+  size_t k = 0;
+  for (size_t i = 0; i < sizeof layer / sizeof layer[0] && k < n; i++) {
+    char impl[320];
+    if (fsdp_cuda_product_impl(s, dt, rows, layer[i].C, layer[i].OC, layer[i].flags, impl,
+                               sizeof impl) != FSDP_SUCCESS) {
+      snprintf(buf, n, "unknown: %s", fsdp_last_error());
+      return;
+    }
+    const int w = snprintf(buf + k, n - k, "%s%s: %s", i ? "; " : "", layer[i].name, impl);
+    k = w < 0 ? n : k + (size_t)w;
+  }
+}
+
 int bench_kernels_collect(fsdp_engine_t eng, const lm_t *lm, int B, int T, int steps,
                           bench_result_t *r) {
   fsdp_kclass_time_t t[FSDP_KC_COUNT];

@@ -58,7 +58,8 @@ struct run_word;
 group_result_t run_group_nodes(const run_opts_t *o, struct run_nodes *nodes,
                                const struct run_word *first, int *signal_out);
 
-/* A TCP port on the loopback free right now (run_group.c); -1 with errno. */
+/* A TCP port on the loopback free right now (run_nodes.c, beside the worlds' ports
+ * node 0 hands out); -1 with errno. */
 int run_free_port(void);
 
 /* 1 when the job is elastic over several nodes: fsdp-run's agents then talk

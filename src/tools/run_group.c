@@ -44,7 +44,6 @@
  * (PR_SET_PDEATHSIG), so not even SIGKILL of the launcher leaves workers. */
 #include <errno.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -860,17 +859,4 @@ group_result_t run_group(const run_opts_t *o, int attempt, int *signal_out) {
 group_result_t run_group_nodes(const run_opts_t *o, run_nodes_t *nodes, const run_word_t *first,
                                int *signal_out) {
   return run(o, 0, nodes, first, signal_out);
-}
-
-/* A port free right now; another process could take it before rank 0 binds
- * it, which rank 0 then reports (the store cannot bind). */
-int run_free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), port = -1;
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof a;
-  if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-      getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-    port = ntohs(a.sin_port);
-  if (fd >= 0) close(fd);
-  return port;
 }

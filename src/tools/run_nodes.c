@@ -601,3 +601,16 @@ void run_nodes_close(run_nodes_t *n, int succeeded) {
   free(n->order);
   free(n);
 }
+
+/* A port free right now; another process could take it before rank 0 binds
+ * it, which rank 0 then reports (the store cannot bind). */
+int run_free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), port = -1;
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+      getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+    port = ntohs(a.sin_port);
+  if (fd >= 0) close(fd);
+  return port;
+}

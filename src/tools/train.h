@@ -102,12 +102,6 @@ int train_replica_start(trainer_t *t);
 /* A joining worker (t->joining) takes t->start_step and its shard from the
  * survivors instead of a replica of its own making; 0 or -1. */
 int train_snapshot(trainer_t *t, int step);
-/* The shard size for the engine over t->nranks: --shard-size (0: the world);
- * after the world changed size (t->resized, t->joining) and --shard-size no
- * longer divides it, the smallest divisor of the new world above it (the
- * world itself at worst: plain FSDP), so that no rank holds more than before
- * (16P/S) and every rank, deciding from the same two numbers, chooses alike. */
-int train_shard_size(const trainer_t *t);
 /* The task's model over the engine: unbuild destroys it (before the engine
  * goes), build makes and materialises it over t->eng (sized by t->micro). */
 typedef struct {

@@ -9,14 +9,6 @@
 
 #include "tools/train.h"
 
-int train_shard_size(const trainer_t *t) {
-  int want = t->o->cfg.shard_size, n = t->nranks;
-  if (!want || n % want == 0 || !(t->joining || t->resized)) return want;
-  for (int s = want + 1; s < n; s++)
-    if (n % s == 0) return s;
-  return n;
-}
-
 /* Says so when the world's new size made the shard size differ from
  * --shard-size (rank 0, on stderr beside JSON; every rank chose the same). */
 static void note_layout(const trainer_t *t) {

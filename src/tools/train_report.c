@@ -7,11 +7,24 @@
 
 #include "tools/train.h"
 
+/* The shard size for the engine over t->nranks: --shard-size (0: the world);
+ * after the world changed size (t->resized, t->joining) and --shard-size no
+ * longer divides it, the smallest divisor of the new world above it (the
+ * world itself at worst: plain FSDP), so that no rank holds more than before
+ * (16P/S) and every rank, deciding from the same two numbers, chooses alike. */
+static int shard_size(const trainer_t *t) {
+  int want = t->o->cfg.shard_size, n = t->nranks;
+  if (!want || n % want == 0 || !(t->joining || t->resized)) return want;
+  for (int s = want + 1; s < n; s++)
+    if (n % s == 0) return s;
+  return n;
+}
+
 fsdp_status_t train_engine(trainer_t *t, int total_steps) {
   fsdp_config_t c = t->o->cfg;
   t->total_steps = total_steps;
   c.schedule.total_steps = total_steps;
-  c.shard_size = train_shard_size(t);
+  c.shard_size = shard_size(t);
   if (c.schedule.warmup_steps < 0) c.schedule.warmup_steps = total_steps < 200 ? total_steps / 10 : 20;
   fsdp_status_t st = fsdp_engine_create(t->world, &c, &t->eng);
   if (st) return st;
