@@ -986,6 +986,13 @@ def consolidated(r, path):
         return f.read()
 
 
+def matches_reference(r, save, step, n, model="gpt2", extra=()):
+    """Whether the elastic run saved in `save` ends bit for bit as the
+    reference from its checkpoint `step` ("step-K") at n ranks does."""
+    mine = consolidated(r, os.path.join(save, f"step-{elastic_train(r)['steps']}"))
+    return mine == reference_from(r, os.path.join(save, step), n, model, extra)
+
+
 def reference_from(r, step_dir, n, model="gpt2", extra=()):
     """The reference of a shrink: the disk checkpoint of the step the survivors
     rolled back to, resharded for n ranks by fsdp-ckpt, trained to the end by
@@ -1041,12 +1048,11 @@ def elastic_kill(r, n=4):
     newest = (step - 1) // 2 * 2
     check(resumed in (newest, newest - 2) and resumed >= 2,
           f"resumed from step {resumed} after a loss at step {step}")
-    mine = consolidated(r, os.path.join(save, f"step-{steps}"))
-    ref = reference_from(r, os.path.join(save, f"step-{resumed}"), n - 1)
+    same = matches_reference(r, save, f"step-{resumed}", n - 1)
     print(f"resumed from the snapshot of step {resumed} {times[0]:.2f} s after the loss; final "
-          f"state ({len(mine)} bytes) {'identical to' if mine == ref else 'DIFFERENT from'} the "
+          f"state {'identical to' if same else 'DIFFERENT from'} the "
           f"{n - 1}-rank run from step {resumed} resharded on disk ({secs:.1f} s)")
-    check(mine == ref, "final state differs from the reference")
+    check(same, "final state differs from the reference")
 
 
 def elastic_llama(r):
@@ -1057,11 +1063,10 @@ def elastic_llama(r):
     check(rc == 0, f"exit {rc}:\n{err[-3000:]}")
     (resumed,), times = check_shrinks(out, err, [(4, 3)])
     check(resumed in (6, 4), f"resumed from step {resumed} after a loss at step 7")
-    mine = consolidated(r, os.path.join(save, "step-12"))
-    ref = reference_from(r, os.path.join(save, f"step-{resumed}"), 3, "llama")
+    same = matches_reference(r, save, f"step-{resumed}", 3, "llama")
     print(f"llama: resumed from step {resumed} {times[0]:.2f} s after the loss; final state "
-          f"{'identical' if mine == ref else 'DIFFERENT'}")
-    check(mine == ref, "final state differs from the reference")
+          f"{'identical' if same else 'DIFFERENT'}")
+    check(same, "final state differs from the reference")
 
 
 def elastic_twice(r):
@@ -1072,11 +1077,10 @@ def elastic_twice(r):
     check(rc == 0, f"exit {rc}:\n{err[-3000:]}")
     resumed, times = check_shrinks(out, err, [(4, 3), (3, 2)])
     check(resumed == [4, 8], f"resumed from {resumed}, expected [4, 8]")
-    mine = consolidated(r, os.path.join(save, "step-12"))
-    ref = reference_from(r, os.path.join(save, "step-8"), 2)
+    same = matches_reference(r, save, "step-8", 2)
     print(f"4 -> 3 -> 2 ranks, resumed from steps {resumed} ({', '.join(f'{t:.2f}' for t in times)}"
-          f" s after each loss); final state {'identical' if mine == ref else 'DIFFERENT'}")
-    check(mine == ref, "final state differs from the reference")
+          f" s after each loss); final state {'identical' if same else 'DIFFERENT'}")
+    check(same, "final state differs from the reference")
 
 
 def elastic_callback(r):
@@ -1137,11 +1141,10 @@ def elastic_sigstop(r):
     shrinks = events(out, "shrink")
     check([(e["old_ranks"], e["ranks"]) for e in shrinks] == [(4, 3)], f"shrinks {shrinks}")
     resumed = shrinks[0]["from_step"]
-    mine = consolidated(r, os.path.join(save, "step-12"))
-    ref = reference_from(r, os.path.join(save, f"step-{resumed}"), 3)
+    same = matches_reference(r, save, f"step-{resumed}", 3)
     print(f"rank 2 SIGSTOPped after step 3: killed at the watchdog's word, the others resumed "
-          f"from step {resumed}; final state {'identical' if mine == ref else 'DIFFERENT'}")
-    check(mine == ref, "final state differs from the reference")
+          f"from step {resumed}; final state {'identical' if same else 'DIFFERENT'}")
+    check(same, "final state differs from the reference")
 
 
 def elastic_grow(r):
@@ -1161,11 +1164,10 @@ def elastic_grow(r):
     check([(e["old_ranks"], e["ranks"]) for e in grows] == [(3, 4)], f"grows {grows}:\n{err[-3000:]}")
     at = grows[0]["step"]
     check(at % 2 == 0 and at > shrinks[0]["from_step"], f"grew at step {at}")
-    mine = consolidated(r, os.path.join(save, "step-12"))
-    ref = reference_from(r, os.path.join(save, f"step-{at}"), 4)
+    same = matches_reference(r, save, f"step-{at}", 4)
     print(f"4 -> 3 ranks at step 5 (from step {shrinks[0]['from_step']}), back to 4 at step {at} "
-          f"({grows[0]['seconds']:.2f} s); final state {'identical' if mine == ref else 'DIFFERENT'}")
-    check(mine == ref, "final state differs from the reference")
+          f"({grows[0]['seconds']:.2f} s); final state {'identical' if same else 'DIFFERENT'}")
+    check(same, "final state differs from the reference")
 
 
 def elastic_snapshot(r):
@@ -1177,11 +1179,10 @@ def elastic_snapshot(r):
     (resumed,), times = check_shrinks(out, err, [(4, 3)])
     check(resumed == 4, f"resumed from step {resumed}, not 4 (the snapshot before the one the "
           f"loss interrupted)")
-    mine = consolidated(r, os.path.join(save, "step-12"))
-    ref = reference_from(r, os.path.join(save, "step-4"), 3)
+    same = matches_reference(r, save, "step-4", 3)
     print(f"lost during the snapshot of step 6: resumed from step {resumed}; final state "
-          f"{'identical' if mine == ref else 'DIFFERENT'}")
-    check(mine == ref, "final state differs from the reference")
+          f"{'identical' if same else 'DIFFERENT'}")
+    check(same, "final state differs from the reference")
 
 
 def elastic_pair(r):
@@ -1219,11 +1220,10 @@ def elastic_hsdp(r):
     check(shrink["shard_size"] == 3, f"the survivors shard over {shrink['shard_size']}, not 3")
     check("--shard-size 2 does not divide the 3 ranks of the new world: sharding over all 3 "
           "(plain zero3)" in err, f"the layout change is not logged:\n{err[-3000:]}")
-    mine = consolidated(r, os.path.join(save, "step-12"))
-    ref = reference_from(r, os.path.join(save, f"step-{resumed}"), 3)
+    same = matches_reference(r, save, f"step-{resumed}", 3)
     print(f"hsdp 2 x 2 -> zero3 over 3: resumed from step {resumed} {times[0]:.2f} s after the "
-          f"loss; final state {'identical' if mine == ref else 'DIFFERENT'}")
-    check(mine == ref, "final state differs from the reference")
+          f"loss; final state {'identical' if same else 'DIFFERENT'}")
+    check(same, "final state differs from the reference")
 
 
 def elastic_hsdp_pair(r):
@@ -1240,11 +1240,10 @@ def elastic_hsdp_pair(r):
           f"shrinks {shrinks}:\n{err[-3000:]}")
     resumed = shrinks[-1]["from_step"]
     check(resumed == 4, f"resumed from step {resumed}, expected 4")
-    mine = consolidated(r, os.path.join(save, "step-12"))
-    ref = reference_from(r, os.path.join(save, "step-4"), 2)
+    same = matches_reference(r, save, "step-4", 2)
     print(f"hsdp: ranks 1 and 2 lost together, {len(shrinks)} shrink(s) to 2 ranks from step "
-          f"{resumed}; final state {'identical' if mine == ref else 'DIFFERENT'}")
-    check(mine == ref, "final state differs from the reference")
+          f"{resumed}; final state {'identical' if same else 'DIFFERENT'}")
+    check(same, "final state differs from the reference")
 
 
 def elastic_hsdp_grow(r):
@@ -1263,11 +1262,10 @@ def elastic_hsdp_grow(r):
           f"grows {grows}:\n{err[-3000:]}")
     at = grows[0]["step"]
     check(at % 2 == 0 and at > shrinks[0]["from_step"], f"grew at step {at}")
-    mine = consolidated(r, os.path.join(save, "step-12"))
-    ref = reference_from(r, os.path.join(save, f"step-{at}"), 4, extra=("--shard-size", "2"))
+    same = matches_reference(r, save, f"step-{at}", 4, extra=("--shard-size", "2"))
     print(f"hsdp 2 x 2 -> 3 at step 5 (from step {shrinks[0]['from_step']}) -> 2 x 2 at step "
-          f"{at}; final state {'identical' if mine == ref else 'DIFFERENT'}")
-    check(mine == ref, "final state differs from the reference")
+          f"{at}; final state {'identical' if same else 'DIFFERENT'}")
+    check(same, "final state differs from the reference")
 
 
 # ---- elastic over nodes: two fsdp-run agents as two "hosts" ---------------------
@@ -1410,13 +1408,12 @@ def nodes_kill(r, netns):
           f"a loss after step {step}")
     times = [float(x) for x in re.findall(r"first step done ([0-9.]+) s after the loss", err)]
     check(len(times) == 1 and times[0] <= ELASTIC_RECOVERY_S, f"recovery times {times}")
-    mine = consolidated(r, os.path.join(save, "step-12"))
-    ref = reference_from(r, os.path.join(save, f"step-{resumed}"), 2)
+    same = matches_reference(r, save, f"step-{resumed}", 2)
     print(f"{'two network namespaces' if netns else 'loopback'}: node 1 lost after step {step}; "
           f"node 0 resumed from step {resumed} {times[0]:.2f} s later; final state "
-          f"{'identical to' if mine == ref else 'DIFFERENT from'} the 2-rank run from step "
+          f"{'identical to' if same else 'DIFFERENT from'} the 2-rank run from step "
           f"{resumed} ({secs:.1f} s)")
-    check(mine == ref, "final state differs from the reference")
+    check(same, "final state differs from the reference")
 
 
 def nodes_kill_worker(r):
@@ -1435,11 +1432,10 @@ def nodes_kill_worker(r):
     shrinks = events(out, "shrink")
     check([(e["old_ranks"], e["ranks"]) for e in shrinks] == [(4, 3)], f"shrinks {shrinks}")
     resumed = shrinks[0]["from_step"]
-    mine = consolidated(r, os.path.join(save, "step-12"))
-    ref = reference_from(r, os.path.join(save, f"step-{resumed}"), 3)
+    same = matches_reference(r, save, f"step-{resumed}", 3)
     print(f"rank 3 (node 1) lost at step 5; 3 ranks on 2 nodes resumed from step {resumed}; "
-          f"final state {'identical' if mine == ref else 'DIFFERENT'} ({secs:.1f} s)")
-    check(mine == ref, "final state differs from the reference")
+          f"final state {'identical' if same else 'DIFFERENT'} ({secs:.1f} s)")
+    check(same, "final state differs from the reference")
 
 
 def nodes_grow(r):
@@ -1459,12 +1455,11 @@ def nodes_grow(r):
           f"the admission:\n{err[-3000:]}")
     at = grows[0]["step"]
     check(at % 2 == 0 and at >= 2, f"grew at step {at}")
-    mine = consolidated(r, os.path.join(save, "step-12"))
-    ref = reference_from(r, os.path.join(save, f"step-{at}"), 4)
-    same = "identical" if mine == ref else "DIFFERENT"
+    same = matches_reference(r, save, f"step-{at}", 4)
     print(f"started with 1 node (2 ranks), node 1 admitted at step {at} "
-          f"({grows[0]['seconds']:.2f} s); final state {same} ({secs:.1f} s)")
-    check(mine == ref, "final state differs from the reference")
+          f"({grows[0]['seconds']:.2f} s); final state {'identical' if same else 'DIFFERENT'} "
+          f"({secs:.1f} s)")
+    check(same, "final state differs from the reference")
 
 
 def nodes_lose_node0(r):
