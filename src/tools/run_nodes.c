@@ -16,7 +16,11 @@
  * Node 0 serves every world's store (its rank 0 does), so a job whose node 0
  * is lost, or keeps no rank, ends. An agent whose connection closes without
  * "bye" is lost with every worker it had (TCP keep-alive notices a host that
- * vanished without closing it). */
+ * vanished without closing it).
+ *
+ * A connection has HELLO_TIMEOUT_S to say hello (a port scan or a health
+ * check never does) and is closed after, so that such connections cannot
+ * hold the MAX_NEWCOMERS slots before an agent's. */
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -40,9 +44,11 @@ typedef struct {
   int alive;         /* its live workers (node 0's view) */
   char buf[1024];    /* a line not yet ended */
   size_t have;
+  double hello_by;   /* a newcomer: closed when it said no hello by then (now_s) */
 } peer_t;
 
 #define MAX_NEWCOMERS 16
+#define HELLO_TIMEOUT_S 5
 
 struct run_nodes {
   const run_opts_t *o;
@@ -236,25 +242,38 @@ static int free_newcomer(const run_nodes_t *n) {
   return -1;
 }
 
-/* Takes the connections waiting while a slot is free (the others wait in
- * the listen backlog, as many agents connect at once when a job starts) and
- * reads their hellos. */
+/* Reads a newcomer's hello; frees its slot once it said one, broke, or
+ * said none by its deadline (then closed, told why). */
+static void introduce(run_nodes_t *n, peer_t *c) {
+  char line[1024];
+  int got = read_line(c, line, sizeof line);
+  if (got == 0 && now_s() < c->hello_by) return;
+  if (got > 0) {
+    hello(n, c->fd, line);
+  } else {
+    if (got == 0) {
+      fprintf(stderr, "fsdp-run: closed a connection to port %d that said no hello within %d s "
+              "(not an fsdp-run agent)\n", n->o->master_port, HELLO_TIMEOUT_S);
+      send_line(c->fd, "end node 0 closed this connection: no hello within %d s\n",
+                HELLO_TIMEOUT_S);
+    }
+    close(c->fd);
+  }
+  c->fd = -1;
+}
+
+/* Reads the hellos of the connections not yet introduced, then takes those
+ * waiting while a slot is free (the others wait in the listen backlog, as
+ * many agents connect at once when a job starts). */
 static void accept_agents(run_nodes_t *n) {
+  for (int k = 0; k < MAX_NEWCOMERS; k++)
+    if (n->newcomers[k].fd >= 0) introduce(n, &n->newcomers[k]);
   for (int k, fd; (k = free_newcomer(n)) >= 0;) {
     fd = accept4(n->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd >= 0) {
-      keepalive(fd);
-      n->newcomers[k] = (peer_t){.fd = fd};
-    }
-    for (int j = 0; j < MAX_NEWCOMERS; j++) {
-      char line[1024];
-      if (n->newcomers[j].fd < 0) continue;
-      int got = read_line(&n->newcomers[j], line, sizeof line);
-      if (got < 0) close(n->newcomers[j].fd);
-      if (got > 0) hello(n, n->newcomers[j].fd, line);
-      if (got != 0) n->newcomers[j].fd = -1;
-    }
     if (fd < 0) break;
+    keepalive(fd);
+    n->newcomers[k] = (peer_t){.fd = fd, .hello_by = now_s() + HELLO_TIMEOUT_S};
+    introduce(n, &n->newcomers[k]);
   }
 }
 
@@ -367,8 +386,9 @@ static int meet(run_nodes_t *n, run_word_t *mine) {
       return -1;
     }
     pf[0] = (struct pollfd){n->stop_fd, POLLIN, 0};
-    int m = 1 + run_nodes_fds(n, pf + 1, max - 1);
-    if (poll(pf, (nfds_t)m, (int)(left * 1000) + 1) > 0 && pf[0].revents) {
+    int m = 1 + run_nodes_fds(n, pf + 1, max - 1), ms = run_nodes_timeout_ms(n);
+    if (ms < 0 || ms > (int)(left * 1000) + 1) ms = (int)(left * 1000) + 1;
+    if (poll(pf, (nfds_t)m, ms) > 0 && pf[0].revents) {
       free(pf);
       return interrupted(n);
     }
@@ -565,6 +585,16 @@ int run_nodes_fds(const run_nodes_t *n, struct pollfd *pf, int max) {
 }
 
 int run_nodes_max_fds(const run_nodes_t *n) { return 1 + MAX_NEWCOMERS + n->o->nnodes; }
+
+int run_nodes_timeout_ms(const run_nodes_t *n) {
+  double first = -1;
+  for (int k = 0; k < MAX_NEWCOMERS; k++)
+    if (n->newcomers[k].fd >= 0 && (first < 0 || n->newcomers[k].hello_by < first))
+      first = n->newcomers[k].hello_by;
+  if (first < 0) return -1;
+  double left = first - now_s();
+  return left <= 0 ? 0 : (int)(left * 1000) + 1;
+}
 
 int run_nodes_read(run_nodes_t *n, run_word_t *w) {
   return n->o->node_rank == 0 ? coordinate(n, w) : listen_node0(n, 0, w);
