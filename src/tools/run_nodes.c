@@ -20,7 +20,8 @@
  *
  * A connection has HELLO_TIMEOUT_S to say hello (a port scan or a health
  * check never does) and is closed after, so that such connections cannot
- * hold the MAX_NEWCOMERS slots before an agent's. */
+ * hold the MAX_NEWCOMERS slots before an agent's. A line the peer does not
+ * take within SEND_TIMEOUT_S (its host stopped reading) loses that peer. */
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -49,6 +50,7 @@ typedef struct {
 
 #define MAX_NEWCOMERS 16
 #define HELLO_TIMEOUT_S 5
+#define SEND_TIMEOUT_S 5
 
 struct run_nodes {
   const run_opts_t *o;
@@ -71,15 +73,41 @@ static double now_s(void) {
 
 int run_nodes_elastic(const run_opts_t *o) { return o->nnodes > 1 && o->min_nproc > 0; }
 
-static void send_line(int fd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void send_line(int fd, const char *fmt, ...) {
+/* Sends a whole line on the non-blocking fd, waiting up to SEND_TIMEOUT_S
+ * for room. A peer that is gone, or does not take the line in time, has its
+ * link shut down: the next read sees its end, and it is lost as any closed
+ * one is (node: the peer's node rank, for the message). */
+static void send_line(int fd, int node, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void send_line(int fd, int node, const char *fmt, ...) {
   char line[1024];
   va_list ap;
   va_start(ap, fmt);
   int n = vsnprintf(line, sizeof line, fmt, ap);
   va_end(ap);
-  if (fd >= 0 && n > 0 && send(fd, line, (size_t)n, MSG_NOSIGNAL) != n) {
-    /* the peer is gone: its connection's end is seen by the next read */
+  double deadline = now_s() + SEND_TIMEOUT_S;
+  for (int sent = 0; fd >= 0 && sent < n;) {
+    ssize_t got = send(fd, line + sent, (size_t)(n - sent), MSG_NOSIGNAL);
+    const int e = got < 0 ? errno : 0;
+    if (got > 0) {
+      sent += (int)got;
+      continue;
+    }
+    double left = deadline - now_s();
+    struct pollfd pf = {fd, POLLOUT, 0};
+    if (e == EINTR) continue;
+    if (e == EAGAIN && left > 0) {
+      poll(&pf, 1, (int)(left * 1000) + 1);
+      continue;
+    }
+    char who[64] = "a connection not yet introduced";
+    if (node >= 0) snprintf(who, sizeof who, "node %d's agent", node);
+    if (e == EAGAIN)
+      fprintf(stderr, "fsdp-run: %s took %d of the %d bytes of '%.*s' in %d s (its host "
+              "stopped reading): treating it as lost\n", who, sent, n, n - 1, line,
+              SEND_TIMEOUT_S);
+    shutdown(fd, SHUT_RDWR); /* gone, or now lost: the next read says so */
+    return;
   }
 }
 
@@ -142,7 +170,7 @@ static int decide(run_nodes_t *n, const char *why, int admitted_from, run_word_t
     snprintf(end, sizeof end, "no free port for the next world: %s", strerror(errno));
   if (end[0]) {
     fprintf(stderr, "fsdp-run: ending the job: %s\n", end);
-    for (int k = 1; k < n->o->nnodes; k++) send_line(n->peer[k].fd, "end %s\n", end);
+    for (int k = 1; k < n->o->nnodes; k++) send_line(n->peer[k].fd, k, "end %s\n", end);
     *mine = (run_word_t){.kind = RUN_WORD_END};
     snprintf(mine->why, sizeof mine->why, "%s", end);
     return -1;
@@ -163,7 +191,8 @@ static int decide(run_nodes_t *n, const char *why, int admitted_from, run_word_t
                            .generation = n->generation, .size = total, .port = port,
                            .first = first, .count = p->alive};
     else
-      send_line(p->fd, "%s %d %d %d %d %d\n", kind, n->generation, total, port, first, p->alive);
+      send_line(p->fd, node, "%s %d %d %d %d %d\n", kind, n->generation, total, port, first,
+                p->alive);
     first += p->alive;
   }
   n->settling = why != NULL;
@@ -227,7 +256,7 @@ static void hello(run_nodes_t *n, int fd, const char *line) {
   }
   if (bad) {
     fprintf(stderr, "fsdp-run: turned away an agent: %s\n", bad);
-    send_line(fd, "end turned away by node 0: %s\n", bad);
+    send_line(fd, -1, "end turned away by node 0: %s\n", bad);
     close(fd);
     return;
   }
@@ -254,7 +283,7 @@ static void introduce(run_nodes_t *n, peer_t *c) {
     if (got == 0) {
       fprintf(stderr, "fsdp-run: closed a connection to port %d that said no hello within %d s "
               "(not an fsdp-run agent)\n", n->o->master_port, HELLO_TIMEOUT_S);
-      send_line(c->fd, "end node 0 closed this connection: no hello within %d s\n",
+      send_line(c->fd, -1, "end node 0 closed this connection: no hello within %d s\n",
                 HELLO_TIMEOUT_S);
     }
     close(c->fd);
@@ -302,7 +331,7 @@ static void read_peers(run_nodes_t *n, char *why, size_t size) {
         fprintf(stderr, "fsdp-run: node %d's agent sent '%.200s', which is not fsdp-run's "
                 "protocol here (expected %s'bye'): dropping node %d\n", k, line,
                 p->state == PEER_IN ? "'alive N', N at most its live workers, or " : "", k);
-        send_line(p->fd, "end node 0 dropped this node: its agent sent '%.200s', not "
+        send_line(p->fd, k, "end node 0 dropped this node: its agent sent '%.200s', not "
                   "fsdp-run's protocol\n", line);
       }
       if ((got < 0 || bad) && p->state == PEER_IN && p->alive > 0)
@@ -352,7 +381,7 @@ static int interrupted(run_nodes_t *n) {
   fprintf(stderr, "fsdp-run: interrupted while node %d waited for %s\n", n->o->node_rank,
           n->o->node_rank ? "node 0's agent" : "the other nodes");
   for (int k = 1; k < n->o->nnodes; k++)
-    send_line(n->peer[k].fd, "end node 0's fsdp-run was interrupted\n");
+    send_line(n->peer[k].fd, k, "end node 0's fsdp-run was interrupted\n");
   return -1;
 }
 
@@ -381,7 +410,7 @@ static int meet(run_nodes_t *n, run_word_t *mine) {
               "the same --master-addr, --master-port and --rdzv-id\n", in, n->o->nnodes_min,
               n->o->rdzv_timeout_s, miss);
       for (int k = 1; k < n->o->nnodes; k++)
-        send_line(n->peer[k].fd, "end node 0 gave up waiting for the other nodes\n");
+        send_line(n->peer[k].fd, k, "end node 0 gave up waiting for the other nodes\n");
       free(pf);
       return -1;
     }
@@ -453,7 +482,7 @@ static int connect_node0(run_nodes_t *n) {
     if (fd >= 0) {
       keepalive(fd);
       n->peer[0] = (peer_t){.fd = fd, .state = PEER_IN};
-      send_line(fd, "hello %s %d %d\n", n->o->run_id, n->o->node_rank, n->o->nproc);
+      send_line(fd, 0, "hello %s %d %d\n", n->o->run_id, n->o->node_rank, n->o->nproc);
       return 0;
     }
     if (now_s() >= deadline) break;
@@ -603,7 +632,7 @@ int run_nodes_read(run_nodes_t *n, run_word_t *w) {
 int run_nodes_lost(run_nodes_t *n, int alive, const char *why, run_word_t *w) {
   *w = (run_word_t){.kind = RUN_WORD_NONE};
   if (n->o->node_rank) {
-    send_line(n->peer[0].fd, "alive %d\n", alive);
+    send_line(n->peer[0].fd, 0, "alive %d\n", alive);
     return 0;
   }
   n->peer[0].alive = alive;
@@ -621,7 +650,7 @@ void run_nodes_close(run_nodes_t *n, int succeeded) {
   if (!n) return;
   for (int k = 0; n->peer && k < n->o->nnodes; k++)
     if (n->peer[k].fd >= 0) {
-      if (succeeded) send_line(n->peer[k].fd, "bye\n");
+      if (succeeded) send_line(n->peer[k].fd, k, "bye\n");
       close(n->peer[k].fd);
     }
   for (int k = 0; k < MAX_NEWCOMERS; k++)

@@ -1822,6 +1822,36 @@ def nodes_silent(r):
     check(not left, f"leftover processes {left}")
 
 
+def nodes_short_send(r):
+    """Every send(2) of both agents takes 3 bytes at most and every other one
+    fails with EAGAIN (short_send.c, preloaded): each line still arrives
+    whole, and the job of 2 nodes ends with exit 0 on both (before: the rest
+    of each line was dropped, and node 0 never read node 1's hello)."""
+    port, job, tag = free_port(), "short-" + uuid.uuid4().hex[:8], uuid.uuid4().hex
+    cmd = [r.tool("fsdp-run"), "--nproc-per-node", "1", "--nnodes", "2", "--min-nproc", "1",
+           "--master-port", str(port), "--rdzv-id", job, "--rdzv-timeout", "60", "--node-rank"]
+    env = dict(r.base_env, FSDP_TEST_TAG=tag,
+               LD_PRELOAD=r.tool(os.path.join("tests", "launch", "libshort_send.so")))
+    t0 = time.monotonic()
+    procs = [subprocess.Popen(cmd + [str(node), "true"], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True) for node in (0, 1)]
+    try:
+        errs = [p.communicate(timeout=max(1, t0 + 20 - time.monotonic()))[1] for p in procs]
+    except subprocess.TimeoutExpired:
+        raise Failure("the agents still run 20 s later, their lines sent 3 bytes at a time")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    check([p.returncode for p in procs] == [0, 0],
+          f"exit {[p.returncode for p in procs]}:\n{errs[0][-2000:]}\n{errs[1][-2000:]}")
+    left = wait_no_orphans(tag, time.monotonic() + TEARDOWN_S)
+    check(not left, f"leftover processes {left}")
+    print(f"lines sent 3 bytes at a time, EAGAIN in between: the job of 2 nodes done in "
+          f"{time.monotonic() - t0:.1f} s")
+
+
 SCENARIOS = {
     "parity-gpt2": lambda r: parity(r, "gpt2"),
     "parity-mlp": lambda r: parity(r, "mlp"),
@@ -1879,6 +1909,7 @@ SCENARIOS = {
     "nodes-bad-line": nodes_bad_line,
     "nodes-many": nodes_many,
     "nodes-silent": nodes_silent,
+    "nodes-short-send": nodes_short_send,
     "nodes-join-then-world": nodes_join_then_world,
     "nodes-unreachable": nodes_unreachable,
     "nodes-agent-restarted": nodes_agent_restarted,
