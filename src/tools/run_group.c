@@ -614,7 +614,9 @@ static void supervise(group_t *g) {
     for (int i = 0; i < g->n; i++)
       if (g->w[i].fd >= 0) pf[k] = (struct pollfd){g->w[i].fd, POLLIN, 0}, who[k++] = i;
     int m = g->nodes ? run_nodes_fds(g->nodes, pf + k, link_fds) : 0;
-    int rc = poll(pf, (nfds_t)(k + m), poll_timeout_ms(g, n_live));
+    int ms = poll_timeout_ms(g, n_live), link_ms = g->nodes ? run_nodes_timeout_ms(g->nodes) : -1;
+    if (link_ms >= 0 && (ms < 0 || link_ms < ms)) ms = link_ms;
+    int rc = poll(pf, (nfds_t)(k + m), ms);
     if (rc > 0 && pf[0].revents) on_signals(g);
     for (int j = 2; rc > 0 && j < k; j++)
       if (pf[j].revents) {

@@ -16,7 +16,12 @@
  * Node 0 serves every world's store (its rank 0 does), so a job whose node 0
  * is lost, or keeps no rank, ends. An agent whose connection closes without
  * "bye" is lost with every worker it had (TCP keep-alive notices a host that
- * vanished without closing it). */
+ * vanished without closing it).
+ *
+ * A connection has HELLO_TIMEOUT_S to say hello (a port scan or a health
+ * check never does) and is closed after, so that such connections cannot
+ * hold the MAX_NEWCOMERS slots before an agent's. A line the peer does not
+ * take within SEND_TIMEOUT_S (its host stopped reading) loses that peer. */
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -40,9 +45,12 @@ typedef struct {
   int alive;         /* its live workers (node 0's view) */
   char buf[1024];    /* a line not yet ended */
   size_t have;
+  double hello_by;   /* a newcomer: closed when it said no hello by then (now_s) */
 } peer_t;
 
 #define MAX_NEWCOMERS 16
+#define HELLO_TIMEOUT_S 5
+#define SEND_TIMEOUT_S 5
 
 struct run_nodes {
   const run_opts_t *o;
@@ -65,15 +73,41 @@ static double now_s(void) {
 
 int run_nodes_elastic(const run_opts_t *o) { return o->nnodes > 1 && o->min_nproc > 0; }
 
-static void send_line(int fd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void send_line(int fd, const char *fmt, ...) {
+/* Sends a whole line on the non-blocking fd, waiting up to SEND_TIMEOUT_S
+ * for room. A peer that is gone, or does not take the line in time, has its
+ * link shut down: the next read sees its end, and it is lost as any closed
+ * one is (node: the peer's node rank, for the message). */
+static void send_line(int fd, int node, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void send_line(int fd, int node, const char *fmt, ...) {
   char line[1024];
   va_list ap;
   va_start(ap, fmt);
   int n = vsnprintf(line, sizeof line, fmt, ap);
   va_end(ap);
-  if (fd >= 0 && n > 0 && send(fd, line, (size_t)n, MSG_NOSIGNAL) != n) {
-    /* the peer is gone: its connection's end is seen by the next read */
+  double deadline = now_s() + SEND_TIMEOUT_S;
+  for (int sent = 0; fd >= 0 && sent < n;) {
+    ssize_t got = send(fd, line + sent, (size_t)(n - sent), MSG_NOSIGNAL);
+    const int e = got < 0 ? errno : 0;
+    if (got > 0) {
+      sent += (int)got;
+      continue;
+    }
+    double left = deadline - now_s();
+    struct pollfd pf = {fd, POLLOUT, 0};
+    if (e == EINTR) continue;
+    if (e == EAGAIN && left > 0) {
+      poll(&pf, 1, (int)(left * 1000) + 1);
+      continue;
+    }
+    char who[64] = "a connection not yet introduced";
+    if (node >= 0) snprintf(who, sizeof who, "node %d's agent", node);
+    if (e == EAGAIN)
+      fprintf(stderr, "fsdp-run: %s took %d of the %d bytes of '%.*s' in %d s (its host "
+              "stopped reading): treating it as lost\n", who, sent, n, n - 1, line,
+              SEND_TIMEOUT_S);
+    shutdown(fd, SHUT_RDWR); /* gone, or now lost: the next read says so */
+    return;
   }
 }
 
@@ -136,7 +170,7 @@ static int decide(run_nodes_t *n, const char *why, int admitted_from, run_word_t
     snprintf(end, sizeof end, "no free port for the next world: %s", strerror(errno));
   if (end[0]) {
     fprintf(stderr, "fsdp-run: ending the job: %s\n", end);
-    for (int k = 1; k < n->o->nnodes; k++) send_line(n->peer[k].fd, "end %s\n", end);
+    for (int k = 1; k < n->o->nnodes; k++) send_line(n->peer[k].fd, k, "end %s\n", end);
     *mine = (run_word_t){.kind = RUN_WORD_END};
     snprintf(mine->why, sizeof mine->why, "%s", end);
     return -1;
@@ -157,7 +191,8 @@ static int decide(run_nodes_t *n, const char *why, int admitted_from, run_word_t
                            .generation = n->generation, .size = total, .port = port,
                            .first = first, .count = p->alive};
     else
-      send_line(p->fd, "%s %d %d %d %d %d\n", kind, n->generation, total, port, first, p->alive);
+      send_line(p->fd, node, "%s %d %d %d %d %d\n", kind, n->generation, total, port, first,
+                p->alive);
     first += p->alive;
   }
   n->settling = why != NULL;
@@ -221,7 +256,7 @@ static void hello(run_nodes_t *n, int fd, const char *line) {
   }
   if (bad) {
     fprintf(stderr, "fsdp-run: turned away an agent: %s\n", bad);
-    send_line(fd, "end turned away by node 0: %s\n", bad);
+    send_line(fd, -1, "end turned away by node 0: %s\n", bad);
     close(fd);
     return;
   }
@@ -236,25 +271,38 @@ static int free_newcomer(const run_nodes_t *n) {
   return -1;
 }
 
-/* Takes the connections waiting while a slot is free (the others wait in
- * the listen backlog, as many agents connect at once when a job starts) and
- * reads their hellos. */
+/* Reads a newcomer's hello; frees its slot once it said one, broke, or
+ * said none by its deadline (then closed, told why). */
+static void introduce(run_nodes_t *n, peer_t *c) {
+  char line[1024];
+  int got = read_line(c, line, sizeof line);
+  if (got == 0 && now_s() < c->hello_by) return;
+  if (got > 0) {
+    hello(n, c->fd, line);
+  } else {
+    if (got == 0) {
+      fprintf(stderr, "fsdp-run: closed a connection to port %d that said no hello within %d s "
+              "(not an fsdp-run agent)\n", n->o->master_port, HELLO_TIMEOUT_S);
+      send_line(c->fd, -1, "end node 0 closed this connection: no hello within %d s\n",
+                HELLO_TIMEOUT_S);
+    }
+    close(c->fd);
+  }
+  c->fd = -1;
+}
+
+/* Reads the hellos of the connections not yet introduced, then takes those
+ * waiting while a slot is free (the others wait in the listen backlog, as
+ * many agents connect at once when a job starts). */
 static void accept_agents(run_nodes_t *n) {
+  for (int k = 0; k < MAX_NEWCOMERS; k++)
+    if (n->newcomers[k].fd >= 0) introduce(n, &n->newcomers[k]);
   for (int k, fd; (k = free_newcomer(n)) >= 0;) {
     fd = accept4(n->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd >= 0) {
-      keepalive(fd);
-      n->newcomers[k] = (peer_t){.fd = fd};
-    }
-    for (int j = 0; j < MAX_NEWCOMERS; j++) {
-      char line[1024];
-      if (n->newcomers[j].fd < 0) continue;
-      int got = read_line(&n->newcomers[j], line, sizeof line);
-      if (got < 0) close(n->newcomers[j].fd);
-      if (got > 0) hello(n, n->newcomers[j].fd, line);
-      if (got != 0) n->newcomers[j].fd = -1;
-    }
     if (fd < 0) break;
+    keepalive(fd);
+    n->newcomers[k] = (peer_t){.fd = fd, .hello_by = now_s() + HELLO_TIMEOUT_S};
+    introduce(n, &n->newcomers[k]);
   }
 }
 
@@ -283,7 +331,7 @@ static void read_peers(run_nodes_t *n, char *why, size_t size) {
         fprintf(stderr, "fsdp-run: node %d's agent sent '%.200s', which is not fsdp-run's "
                 "protocol here (expected %s'bye'): dropping node %d\n", k, line,
                 p->state == PEER_IN ? "'alive N', N at most its live workers, or " : "", k);
-        send_line(p->fd, "end node 0 dropped this node: its agent sent '%.200s', not "
+        send_line(p->fd, k, "end node 0 dropped this node: its agent sent '%.200s', not "
                   "fsdp-run's protocol\n", line);
       }
       if ((got < 0 || bad) && p->state == PEER_IN && p->alive > 0)
@@ -333,7 +381,7 @@ static int interrupted(run_nodes_t *n) {
   fprintf(stderr, "fsdp-run: interrupted while node %d waited for %s\n", n->o->node_rank,
           n->o->node_rank ? "node 0's agent" : "the other nodes");
   for (int k = 1; k < n->o->nnodes; k++)
-    send_line(n->peer[k].fd, "end node 0's fsdp-run was interrupted\n");
+    send_line(n->peer[k].fd, k, "end node 0's fsdp-run was interrupted\n");
   return -1;
 }
 
@@ -362,13 +410,14 @@ static int meet(run_nodes_t *n, run_word_t *mine) {
               "the same --master-addr, --master-port and --rdzv-id\n", in, n->o->nnodes_min,
               n->o->rdzv_timeout_s, miss);
       for (int k = 1; k < n->o->nnodes; k++)
-        send_line(n->peer[k].fd, "end node 0 gave up waiting for the other nodes\n");
+        send_line(n->peer[k].fd, k, "end node 0 gave up waiting for the other nodes\n");
       free(pf);
       return -1;
     }
     pf[0] = (struct pollfd){n->stop_fd, POLLIN, 0};
-    int m = 1 + run_nodes_fds(n, pf + 1, max - 1);
-    if (poll(pf, (nfds_t)m, (int)(left * 1000) + 1) > 0 && pf[0].revents) {
+    int m = 1 + run_nodes_fds(n, pf + 1, max - 1), ms = run_nodes_timeout_ms(n);
+    if (ms < 0 || ms > (int)(left * 1000) + 1) ms = (int)(left * 1000) + 1;
+    if (poll(pf, (nfds_t)m, ms) > 0 && pf[0].revents) {
       free(pf);
       return interrupted(n);
     }
@@ -433,7 +482,7 @@ static int connect_node0(run_nodes_t *n) {
     if (fd >= 0) {
       keepalive(fd);
       n->peer[0] = (peer_t){.fd = fd, .state = PEER_IN};
-      send_line(fd, "hello %s %d %d\n", n->o->run_id, n->o->node_rank, n->o->nproc);
+      send_line(fd, 0, "hello %s %d %d\n", n->o->run_id, n->o->node_rank, n->o->nproc);
       return 0;
     }
     if (now_s() >= deadline) break;
@@ -566,6 +615,16 @@ int run_nodes_fds(const run_nodes_t *n, struct pollfd *pf, int max) {
 
 int run_nodes_max_fds(const run_nodes_t *n) { return 1 + MAX_NEWCOMERS + n->o->nnodes; }
 
+int run_nodes_timeout_ms(const run_nodes_t *n) {
+  double first = -1;
+  for (int k = 0; k < MAX_NEWCOMERS; k++)
+    if (n->newcomers[k].fd >= 0 && (first < 0 || n->newcomers[k].hello_by < first))
+      first = n->newcomers[k].hello_by;
+  if (first < 0) return -1;
+  double left = first - now_s();
+  return left <= 0 ? 0 : (int)(left * 1000) + 1;
+}
+
 int run_nodes_read(run_nodes_t *n, run_word_t *w) {
   return n->o->node_rank == 0 ? coordinate(n, w) : listen_node0(n, 0, w);
 }
@@ -573,7 +632,7 @@ int run_nodes_read(run_nodes_t *n, run_word_t *w) {
 int run_nodes_lost(run_nodes_t *n, int alive, const char *why, run_word_t *w) {
   *w = (run_word_t){.kind = RUN_WORD_NONE};
   if (n->o->node_rank) {
-    send_line(n->peer[0].fd, "alive %d\n", alive);
+    send_line(n->peer[0].fd, 0, "alive %d\n", alive);
     return 0;
   }
   n->peer[0].alive = alive;
@@ -591,7 +650,7 @@ void run_nodes_close(run_nodes_t *n, int succeeded) {
   if (!n) return;
   for (int k = 0; n->peer && k < n->o->nnodes; k++)
     if (n->peer[k].fd >= 0) {
-      if (succeeded) send_line(n->peer[k].fd, "bye\n");
+      if (succeeded) send_line(n->peer[k].fd, k, "bye\n");
       close(n->peer[k].fd);
     }
   for (int k = 0; k < MAX_NEWCOMERS; k++)

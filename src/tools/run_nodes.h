@@ -39,6 +39,9 @@ int run_nodes_open(const run_opts_t *o, int stop_fd, run_nodes_t **out, run_word
 int run_nodes_fds(const run_nodes_t *n, struct pollfd *pf, int max);
 /* The most run_nodes_fds can return: a pf of this many misses none. */
 int run_nodes_max_fds(const run_nodes_t *n);
+/* How long poll may wait before run_nodes_read is due (a connection's
+ * hello deadline), in ms; -1 when only the descriptors matter. */
+int run_nodes_timeout_ms(const run_nodes_t *n);
 /* Reads what the link holds (never waits): 1 when *w is a new word for this
  * node (WORLD, END), else 0. */
 int run_nodes_read(run_nodes_t *n, run_word_t *w);

@@ -1760,6 +1760,98 @@ def nodes_many(r):
         stop_agent(p, tag)
 
 
+def nodes_silent(r):
+    """20 connections to node 0's port that never say hello (a port scan, a
+    health check) come before node 1's agent: node 0 closes each after its
+    hello deadline (5 s) telling it why, node 1 is admitted and the job ends
+    with exit 0 on both nodes (before: the 16 silent ones held every slot
+    for a connection not yet introduced for ever, and node 1 was never
+    heard)."""
+    port, job, tag = free_port(), "silent-" + uuid.uuid4().hex[:8], uuid.uuid4().hex
+    cmd = [r.tool("fsdp-run"), "--nproc-per-node", "1", "--nnodes", "2", "--min-nproc", "1",
+           "--master-port", str(port), "--rdzv-id", job, "--rdzv-timeout", "60", "--node-rank"]
+    env = dict(r.base_env, FSDP_TEST_TAG=tag)
+    procs, silent = [], []
+    try:
+        procs.append(subprocess.Popen(cmd + ["0", "true"], env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                      text=True))
+        deadline = time.monotonic() + 30
+        while len(silent) < 20:
+            a = socket.socket()
+            if a.connect_ex(("127.0.0.1", port)) == 0:
+                silent.append(a)
+                continue
+            a.close()
+            check(time.monotonic() < deadline, f"node 0's fsdp-run never listened on {port}")
+            time.sleep(0.02)
+        t0 = time.monotonic()
+        procs.append(subprocess.Popen(cmd + ["1", "true"], env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                      text=True))
+        errs = []
+        for node, p in enumerate(procs):
+            try:
+                errs.append(p.communicate(timeout=max(1, deadline - time.monotonic()))[1])
+            except subprocess.TimeoutExpired:
+                raise Failure(f"node {node}'s fsdp-run still runs {time.monotonic() - t0:.0f} s "
+                              f"after node 1's agent started, behind 20 silent connections")
+        secs = time.monotonic() - t0
+        check([p.returncode for p in procs] == [0, 0],
+              f"exit {[p.returncode for p in procs]}:\n{errs[0][-2000:]}\n{errs[1][-2000:]}")
+        told = []
+        for a in silent:
+            a.settimeout(5)
+            try:
+                told.append(a.makefile("r").readline())
+            except OSError as e:
+                told.append(f"({e})")
+        said = sum(t == "end node 0 closed this connection: no hello within 5 s\n" for t in told)
+        check(said >= 16 and "said no hello within 5 s" in errs[0],
+              f"{said} of 20 silent connections were told why, they read {told}:\n{errs[0]}")
+        print(f"20 silent connections ahead of node 1: {said} told why and closed at their "
+              f"hello deadline, the job done {secs:.1f} s after node 1's agent started")
+    finally:
+        for a in silent:
+            a.close()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    left = wait_no_orphans(tag, time.monotonic() + TEARDOWN_S)
+    check(not left, f"leftover processes {left}")
+
+
+def nodes_short_send(r):
+    """Every send(2) of both agents takes 3 bytes at most and every other one
+    fails with EAGAIN (short_send.c, preloaded): each line still arrives
+    whole, and the job of 2 nodes ends with exit 0 on both (before: the rest
+    of each line was dropped, and node 0 never read node 1's hello)."""
+    port, job, tag = free_port(), "short-" + uuid.uuid4().hex[:8], uuid.uuid4().hex
+    cmd = [r.tool("fsdp-run"), "--nproc-per-node", "1", "--nnodes", "2", "--min-nproc", "1",
+           "--master-port", str(port), "--rdzv-id", job, "--rdzv-timeout", "60", "--node-rank"]
+    env = dict(r.base_env, FSDP_TEST_TAG=tag,
+               LD_PRELOAD=r.tool(os.path.join("tests", "launch", "libshort_send.so")))
+    t0 = time.monotonic()
+    procs = [subprocess.Popen(cmd + [str(node), "true"], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True) for node in (0, 1)]
+    try:
+        errs = [p.communicate(timeout=max(1, t0 + 20 - time.monotonic()))[1] for p in procs]
+    except subprocess.TimeoutExpired:
+        raise Failure("the agents still run 20 s later, their lines sent 3 bytes at a time")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    check([p.returncode for p in procs] == [0, 0],
+          f"exit {[p.returncode for p in procs]}:\n{errs[0][-2000:]}\n{errs[1][-2000:]}")
+    left = wait_no_orphans(tag, time.monotonic() + TEARDOWN_S)
+    check(not left, f"leftover processes {left}")
+    print(f"lines sent 3 bytes at a time, EAGAIN in between: the job of 2 nodes done in "
+          f"{time.monotonic() - t0:.1f} s")
+
+
 SCENARIOS = {
     "parity-gpt2": lambda r: parity(r, "gpt2"),
     "parity-mlp": lambda r: parity(r, "mlp"),
@@ -1816,6 +1908,8 @@ SCENARIOS = {
     "nodes-lose-node0": nodes_lose_node0,
     "nodes-bad-line": nodes_bad_line,
     "nodes-many": nodes_many,
+    "nodes-silent": nodes_silent,
+    "nodes-short-send": nodes_short_send,
     "nodes-join-then-world": nodes_join_then_world,
     "nodes-unreachable": nodes_unreachable,
     "nodes-agent-restarted": nodes_agent_restarted,
