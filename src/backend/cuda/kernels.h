@@ -133,8 +133,10 @@ fsdp_status_t fsdp_cuda_swiglu_backward(const fsdp_swiglu_backward_args_t *a,
 /* ---- cuBLAS handles: the table's prepare and release ---- */
 
 /* Destroys the cuBLAS handles the matrix products created, one per (device,
- * stream) they ran on, at most FSDP_CUDA_MAX_BLAS_HANDLES. Call it when no
- * kernel is running, before destroying those streams (a handle keeps its
+ * stream) they ran on, at most FSDP_CUDA_MAX_BLAS_HANDLES, and the cuBLASLt
+ * handle of each device with its cached epilogue decisions. Call it when no
+ * kernel is running and no thread is in a product, before destroying those
+ * streams (a handle keeps its
  * stream's address; a new stream at the same address would inherit it). */
 #define FSDP_CUDA_MAX_BLAS_HANDLES 32
 fsdp_status_t fsdp_cuda_blas_release(void);
