@@ -106,6 +106,21 @@ bool pid_gone(int32_t pid) {
   return state && (state[2] == 'Z' || state[2] == 'X');
 }
 
+/* Whether this rank (its watchdog) or another rank aborted the communicator
+ * while this one waited at `what`; *err then says which. */
+bool aborted(sim_group *g, const std::string &what, std::string *err) {
+  if (g->abort && g->abort->load()) {
+    fail(err, ncclRemoteError, "rank %d aborted this communicator while waiting at %s", g->rank,
+         what.c_str());
+    return true;
+  }
+  const int32_t ab = g->seg->aborted_by.load();
+  if (ab <= 0) return false;
+  fail(err, ncclRemoteError, "rank %d aborted the communicator (ncclCommAbort) while rank %d "
+       "waited at %s", ab - 1, g->rank, what.c_str());
+  return true;
+}
+
 /* Waits until ready(r) holds for every rank r. `what` names the wait. */
 template <class Ready>
 ncclResult_t wait_all(sim_group *g, Ready ready, const std::string &what, std::string *err) {
@@ -121,13 +136,7 @@ ncclResult_t wait_all(sim_group *g, Ready ready, const std::string &what, std::s
         missing += (missing.empty() ? "" : ", ") + std::to_string(r);
       }
     if (first_missing < 0) return ncclSuccess;
-    if (g->abort && g->abort->load())
-      return fail(err, ncclRemoteError, "rank %d aborted this communicator while waiting at %s",
-                  g->rank, what.c_str());
-    const int32_t ab = s->aborted_by.load();
-    if (ab > 0)
-      return fail(err, ncclRemoteError, "rank %d aborted the communicator (ncclCommAbort) while "
-                  "rank %d waited at %s", ab - 1, g->rank, what.c_str());
+    if (aborted(g, what, err)) return ncclRemoteError;
     for (int r = 0; r < g->nranks; ++r)
       if (!ready(r) && pid_gone(s->slots[r].pid.load()))
         return fail(err, ncclRemoteError, "rank %d (pid %d) exited without reaching %s", r,
@@ -605,13 +614,7 @@ ncclResult_t sim_group_p2p(sim_group *g, const sim_p2p *ops, size_t n, uint64_t 
     while (st[k].done) ++k;
     const std::string what = sim_desc_text(ops[k].d) + " of group #" + std::to_string(seq);
     const int peer = ops[k].d.root;
-    if (g->abort && g->abort->load())
-      return fail(err, ncclRemoteError, "rank %d aborted this communicator while waiting at %s",
-                  g->rank, what.c_str());
-    const int32_t ab = s->aborted_by.load();
-    if (ab > 0)
-      return fail(err, ncclRemoteError, "rank %d aborted the communicator (ncclCommAbort) while "
-                  "rank %d waited at %s", ab - 1, g->rank, what.c_str());
+    if (aborted(g, what, err)) return ncclRemoteError;
     for (size_t i = 0; i < n; ++i)
       if (!st[i].done && pid_gone(s->slots[ops[i].d.root].pid.load()))
         return fail(err, ncclRemoteError, "rank %d (pid %d) exited without the %s that matches "
