@@ -1,10 +1,12 @@
 /* src/backend/cuda/xent.cu — softmax cross-entropy fused with its gradient, one block
- * per row (fp32 and bf16 logits): the row max, the exponential sum in double
- * as on the CPU, the loss in double (kept in double), and the gradient written
- * over the logits in the same kernel (16-byte packs of the row, a scalar tail
- * past the last whole pack; GPT-2's head, rows ld apart). The
- * row's three reads come from L2 after the first (a 50304-wide bf16 row is
- * 98 KiB): HBM sees one read and one write. */
+ * per row (fp32 and bf16 logits): the row max and the exponential sum in one
+ * read (online softmax, the sum in double as on the CPU), the loss in double
+ * (kept in double), and the gradient written over the logits in a second read
+ * of the row (16-byte packs, a scalar tail past the last whole pack; GPT-2's
+ * head, rows ld apart). The second read mostly comes from L2 (a 50304-wide
+ * bf16 row is 98 KiB): HBM sees about one read and one write. */
+#include <float.h>
+
 #include "backend/cuda/cuda_internal.cuh"
 
 #define XENT_BLOCK 512
@@ -43,12 +45,22 @@ __global__ void __launch_bounds__(XENT_BLOCK) xent_kernel(T *dlogits, double *lo
       if (losses && threadIdx.x == 0) losses[row] = NAN;
       continue;
     }
-    float mx = -INFINITY;
-    row_scan<W>(x, V, [&](int, float v) { mx = fmaxf(mx, v); });
-    mx = block_max(mx, fshared);
-    double sum = 0.0;
-    row_scan<W>(x, V, [&](int, float v) { sum += expf(v - mx); });
-    sum = block_sum(sum, dshared);
+    /* One pass for the max and the sum (online softmax): each thread keeps
+     * its running max m and its sum relative to it, rescaled in double when
+     * the max grows; the block then rescales every thread's sum to the row's
+     * max. m starts at -FLT_MAX, not -inf, so that a thread whose columns are
+     * all -inf (or that has none) adds exp(-inf) = 0, never exp(-inf + inf). */
+    float m = -FLT_MAX;
+    double part = 0.0;
+    row_scan<W>(x, V, [&](int, float v) {
+      if (v > m) {
+        part *= exp((double)m - (double)v);
+        m = v;
+      }
+      part += expf(v - m);
+    });
+    const float mx = block_max(m, fshared);
+    const double sum = block_sum(part * exp((double)m - (double)mx), dshared);
     if (losses && threadIdx.x == 0)
       losses[row] = (double)mx + log(sum) - (double)load(x + target);
     __syncthreads(); /* the target logit is read before it is overwritten */
