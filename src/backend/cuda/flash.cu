@@ -75,15 +75,30 @@ struct flash_dims {
 
 /* Rows [r0, r0 + n) of a bf16 matrix (row stride ld elements, src at row 0's
  * column of this head) into shared rows, by cp.async; rows at or past T are
- * zeros (a masked key's value must be finite: 0 * NaN is NaN). */
+ * zeros (a masked key's value must be finite: 0 * NaN is NaN). Where a row's
+ * 16-byte chunks divide the block (head sizes 16, 32, 64, 128), a thread
+ * keeps one column and steps its source pointer down the rows: computing
+ * each chunk's address from its index took ~30 integer instructions a copy
+ * (a third of the forward's inner loop at head size 64) and, at 128, the
+ * registers that made dk/dv spill. */
 template <int D>
 __device__ void load_rows(bf16 (*dst)[tiles<D>::ld], const bf16 *src, size_t ld, int r0, int n,
                           int T) {
   const int per_row = D / 8;
-  for (int i = threadIdx.x; i < n * per_row; i += kThreads) {
-    const int r = i / per_row, c = (i % per_row) * 8;
-    const bool in = r0 + r < T;
-    cp_async16(&dst[r][c], src + (size_t)(in ? r0 + r : 0) * ld + c, in);
+  if (kThreads % per_row == 0) {
+    const int c = (int)threadIdx.x % per_row * 8, dr = kThreads / per_row;
+    int r = (int)threadIdx.x / per_row;
+    const bf16 *x = src + (size_t)(r0 + r) * ld + c;
+    for (; r < n; r += dr, x += (size_t)dr * ld) {
+      const bool in = r0 + r < T;
+      cp_async16(&dst[r][c], in ? x : src + c, in);
+    }
+  } else {
+    for (int i = threadIdx.x; i < n * per_row; i += kThreads) {
+      const int r = i / per_row, c = (i % per_row) * 8;
+      const bool in = r0 + r < T;
+      cp_async16(&dst[r][c], src + (size_t)(in ? r0 + r : 0) * ld + c, in);
+    }
   }
 }
 
