@@ -40,9 +40,10 @@
  * GPT-2's layer (B 16, T 1024, 12 heads of 64): 26 GFLOP forward (the causal
  * half of 2 products), ~0.1 ms at 250 TF/s (a third of the dense bf16 peak,
  * FA2's share); backward 7 products, ~0.36 ms; 12 layers ~5.6 ms a step,
- * against the 67.8 ms the WMMA kernel took (issue 22). Registers (ptxas,
- * sm_90, head size 64 / 128): forward 136 / 168, dq 168 / 234, dk/dv 254 /
- * 255 with 24 bytes spilled: 2-3 blocks of 4 warps per SM. */
+ * against the 67.8 ms the WMMA kernel took (issue 22). Registers (ptxas
+ * 13.1, sm_90, head size 64 / 128): forward 128 / 168, dq 168 / 224, dk/dv
+ * 234 / 255, none spilled: 4 / 3, 3 / 2 and 2 / 2 blocks of 4 warps per SM
+ * (docs/gpu.md has the table, and what moved them). */
 #include "backend/cuda/mma.cuh"
 
 namespace {
