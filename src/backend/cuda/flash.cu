@@ -9,22 +9,24 @@
  * staged once through shared memory into registers (ldmatrix); the inner
  * side (keys and values, or queries and dout) streams through two shared
  * stages filled by cp.async, the next tile's copy in flight while the warps
- * compute on this one. Scores and probabilities never leave registers: the
- * fp32 accumulators of S = Q K^T are masked, exponentiated and packed to bf16
- * in place as the A operand of the next product (the PTX layouts make an
- * accumulator's two neighbouring n8 tiles one A fragment). exp2 with
- * log2(e) / sqrt(D) folded into the scale; the online softmax keeps each
- * row's running max and a per-lane partial sum, reduced over the row's 4
- * lanes once at the end. Causal: a block visits only the inner tiles that
- * reach its diagonal, a warp skips those wholly past its own rows, and the
- * mask is applied element by element only on tiles that straddle the
- * diagonal or T.
+ * compute on this one, with one barrier a step: the copy is issued after the
+ * barrier that says every warp is done with the stage it overwrites. Scores
+ * and probabilities never leave registers: the fp32 accumulators of
+ * S = Q K^T are masked, exponentiated and packed to bf16 in place as the A
+ * operand of the next product (the PTX layouts make an accumulator's two
+ * neighbouring n8 tiles one A fragment). exp2 with log2(e) / sqrt(D) folded
+ * into the scale; the online softmax keeps each row's running max and a
+ * per-lane partial sum, reduced over the row's 4 lanes once at the end.
+ * Causal: a block visits only the inner tiles that reach its diagonal, a warp
+ * skips those wholly past its own rows, and the mask is applied element by
+ * element only on tiles that straddle the diagonal or T.
  *
  * Backward (FA2's, parallel over key tiles): a pass D = rowsum(dO * O) into
  * scratch; dk/dv, a block per (batch row, KV head, 64 keys) looping over the
  * group's query heads and their query tiles, with P^T = exp2(scale2 K Q^T -
- * lse2) recomputed from the log-sum-exp, dS^T = P^T (V dO^T - D), dV += P^T
- * dO, dK += dS^T Q, all four products register to register; and dq, a
+ * lse2) recomputed from the log-sum-exp (each tile's lse and D copied into
+ * shared memory with it), dS^T = P^T (V dO^T - D), dV += P^T dO,
+ * dK += dS^T Q, all four products register to register; and dq, a
  * block per (batch row, head, 64 queries), which recomputes S and dP (dQ +=
  * dS K). dq in its own pass rather than fp32 atomics from the dk/dv blocks
  * (FA2's choice): every output element has one writer, so the gradient is the
@@ -38,9 +40,10 @@
  * GPT-2's layer (B 16, T 1024, 12 heads of 64): 26 GFLOP forward (the causal
  * half of 2 products), ~0.1 ms at 250 TF/s (a third of the dense bf16 peak,
  * FA2's share); backward 7 products, ~0.36 ms; 12 layers ~5.6 ms a step,
- * against the 67.8 ms the WMMA kernel took (issue 22). Registers (ptxas,
- * sm_90, head size 64 / 128): forward 136 / 168, dq 168 / 234, dk/dv 254 /
- * 255 with 24 bytes spilled: 2-3 blocks of 4 warps per SM. */
+ * against the 67.8 ms the WMMA kernel took (issue 22). Registers (ptxas
+ * 13.1, sm_90, head size 64 / 128): forward 128 / 168, dq 168 / 224, dk/dv
+ * 234 / 255, none spilled: 4 / 3, 3 / 2 and 2 / 2 blocks of 4 warps per SM
+ * (docs/gpu.md has the table, and what moved them). */
 #include "backend/cuda/mma.cuh"
 
 namespace {
@@ -73,15 +76,30 @@ struct flash_dims {
 
 /* Rows [r0, r0 + n) of a bf16 matrix (row stride ld elements, src at row 0's
  * column of this head) into shared rows, by cp.async; rows at or past T are
- * zeros (a masked key's value must be finite: 0 * NaN is NaN). */
+ * zeros (a masked key's value must be finite: 0 * NaN is NaN). Where a row's
+ * 16-byte chunks divide the block (head sizes 16, 32, 64, 128), a thread
+ * keeps one column and steps its source pointer down the rows: computing
+ * each chunk's address from its index took ~30 integer instructions a copy
+ * (a third of the forward's inner loop at head size 64) and, at 128, the
+ * registers that made dk/dv spill. */
 template <int D>
 __device__ void load_rows(bf16 (*dst)[tiles<D>::ld], const bf16 *src, size_t ld, int r0, int n,
                           int T) {
   const int per_row = D / 8;
-  for (int i = threadIdx.x; i < n * per_row; i += kThreads) {
-    const int r = i / per_row, c = (i % per_row) * 8;
-    const bool in = r0 + r < T;
-    cp_async16(&dst[r][c], src + (size_t)(in ? r0 + r : 0) * ld + c, in);
+  if (kThreads % per_row == 0) {
+    const int c = (int)threadIdx.x % per_row * 8, dr = kThreads / per_row;
+    int r = (int)threadIdx.x / per_row;
+    const bf16 *x = src + (size_t)(r0 + r) * ld + c;
+    for (; r < n; r += dr, x += (size_t)dr * ld) {
+      const bool in = r0 + r < T;
+      cp_async16(&dst[r][c], in ? x : src + c, in);
+    }
+  } else {
+    for (int i = threadIdx.x; i < n * per_row; i += kThreads) {
+      const int r = i / per_row, c = (i % per_row) * 8;
+      const bool in = r0 + r < T;
+      cp_async16(&dst[r][c], src + (size_t)(in ? r0 + r : 0) * ld + c, in);
+    }
   }
 }
 
@@ -189,14 +207,14 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = 0; j < n_tiles; ++j) {
     const int k0 = j * G::inner;
     bf16(*ks)[G::ld] = rows + (j & 1) * 2 * G::inner, (*vs)[G::ld] = ks + G::inner;
+    cp_async_wait<0>();
+    __syncthreads(); /* tile j is in; every warp is done with tile j - 1, whose stage is next */
     if (j + 1 < n_tiles) { /* the next tile into the other stage, in flight meanwhile */
       bf16(*kn)[G::ld] = rows + ((j + 1) & 1) * 2 * G::inner;
       load_rows<D>(kn, kb, ldq, k0 + G::inner, G::inner, T);
       load_rows<D>(kn + G::inner, vb, ldq, k0 + G::inner, G::inner, T);
+      cp_async_commit();
     }
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
     if (row0 < T && k0 <= row0 + 15) {
       float s[G::itiles][4];
       zero(s);
@@ -231,7 +249,6 @@ __global__ void __launch_bounds__(kThreads)
       to_a<G::inner>(pa, s);
       mma_ab<D, G::inner>(o, pa, vs);
     }
-    __syncthreads(); /* the stage is free for the copy two tiles on */
   }
   if (row0 >= T) return;
   float inv[2];
@@ -305,14 +322,14 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = 0; j < n_tiles; ++j) {
     const int k0 = j * G::inner;
     bf16(*ks)[G::ld] = rows + (j & 1) * 2 * G::inner, (*vs)[G::ld] = ks + G::inner;
+    cp_async_wait<0>();
+    __syncthreads(); /* as in the forward: tile j in, tile j - 1's stage free */
     if (j + 1 < n_tiles) {
       bf16(*kn)[G::ld] = rows + ((j + 1) & 1) * 2 * G::inner;
       load_rows<D>(kn, kb, ldq, k0 + G::inner, G::inner, T);
       load_rows<D>(kn + G::inner, vb, ldq, k0 + G::inner, G::inner, T);
+      cp_async_commit();
     }
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
     if (row0 < T && k0 <= row0 + 15) {
       float s[G::itiles][4], dp[G::itiles][4];
       zero(s), zero(dp);
@@ -330,20 +347,30 @@ __global__ void __launch_bounds__(kThreads)
       to_a<G::inner>(dsa, s);
       mma_ab<D, G::inner>(dq, dsa, ks);
     }
-    __syncthreads();
   }
   if (row0 >= T) return;
   const float f[2] = {p.scale, p.scale};
   write_rows<D>(dqkv + (size_t)b * T * ldq + (size_t)h * D, ldq, row0, T, dq, f, true);
 }
 
+/* dk/dv's shared memory: the stages, and per stage its query rows'
+ * log-sum-exp and D, copied in with the tiles (cp.async) and read by each lane
+ * where the softmax needs them: loaded from global memory there, they were 32
+ * dependent loads a step at head size 64, with two warps per scheduler to
+ * hide them. */
+template <int D> struct dkdv_smem {
+  smem<D> t;
+  float stat[2][2][tiles<D>::inner]; /* [stage][lse, D][query] */
+};
+
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_dkdv_kernel(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float *lse,
                                const float *dsum, flash_dims p) {
   typedef tiles<D> G;
-  FSDP_SHARED(smem<D>, sm_, [1]);
-  bf16(*rows)[G::ld] = sm_[0].row;
+  FSDP_SHARED(dkdv_smem<D>, sm_, [1]);
+  bf16(*rows)[G::ld] = sm_[0].t.row;
+  float(*stat)[2][G::inner] = sm_[0].stat;
   const int T = p.T, b = (int)blockIdx.z, hk = (int)blockIdx.y, group = p.NH / p.NKV;
   const int k0 = (int)blockIdx.x * kRows; /* the longest columns first */
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -363,43 +390,39 @@ __global__ void __launch_bounds__(kThreads)
   /* steps: the group's query heads, each over its query tiles from k0's */
   const int i_first = k0 / G::inner * G::inner;
   const int per_head = (T - i_first + G::inner - 1) / G::inner, n_steps = group * per_head;
-  auto src = [&](int j, const bf16 **q, const bf16 **y, int *i0, int *h) {
-    *h = hk * group + j / per_head;
-    *i0 = i_first + j % per_head * G::inner;
-    *q = qkv + (size_t)b * T * ldq + (size_t)*h * D;
-    *y = dout + (size_t)b * T * p.C + (size_t)*h * D;
+  /* Step j's Q and dO tiles and statistics into stage j % 2, one group of
+   * copies (thread i < 2 inner copies query i % inner's lse, then its D). */
+  auto fetch = [&](int j) {
+    const int h = hk * group + j / per_head, i0 = i_first + j % per_head * G::inner;
+    bf16(*qn)[G::ld] = rows + (j & 1) * 2 * G::inner;
+    load_rows<D>(qn, qkv + (size_t)b * T * ldq + (size_t)h * D, ldq, i0, G::inner, T);
+    load_rows<D>(qn + G::inner, dout + (size_t)b * T * p.C + (size_t)h * D, (size_t)p.C, i0,
+                 G::inner, T);
+    const int x = (int)threadIdx.x / G::inner, qi = i0 + (int)threadIdx.x % G::inner;
+    if (x < 2)
+      cp_async4(&stat[j & 1][x][qi - i0],
+                (x ? dsum : lse) + ((size_t)b * p.NH + h) * T + (qi < T ? qi : 0), qi < T);
+    cp_async_commit();
   };
-  const bf16 *q, *y;
-  int i0, h;
-  src(0, &q, &y, &i0, &h);
-  load_rows<D>(rows, q, ldq, i0, G::inner, T);
-  load_rows<D>(rows + G::inner, y, (size_t)p.C, i0, G::inner, T);
-  cp_async_commit();
+  fetch(0);
   float dk[G::dtiles][4], dv[G::dtiles][4];
   zero(dk), zero(dv);
   for (int j = 0; j < n_steps; ++j) {
     bf16(*qs)[G::ld] = rows + (j & 1) * 2 * G::inner, (*ys)[G::ld] = qs + G::inner;
-    if (j + 1 < n_steps) {
-      bf16(*qn)[G::ld] = rows + ((j + 1) & 1) * 2 * G::inner;
-      src(j + 1, &q, &y, &i0, &h);
-      load_rows<D>(qn, q, ldq, i0, G::inner, T);
-      load_rows<D>(qn + G::inner, y, (size_t)p.C, i0, G::inner, T);
-    }
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
-    src(j, &q, &y, &i0, &h);
+    cp_async_wait<0>();
+    __syncthreads(); /* as in the forward: step j in, step j - 1's stage free */
+    if (j + 1 < n_steps) fetch(j + 1); /* in flight over this step */
+    const int i0 = i_first + j % per_head * G::inner;
     if (key0 < T && i0 + G::inner - 1 >= key0) { /* else every query comes before the keys */
       float s[G::itiles][4], dp[G::itiles][4];
       zero(s), zero(dp);
       mma_abt<D, G::inner>(s, ka, qs);
       mma_abt<D, G::inner>(dp, va, ys);
       const bool edge = i0 < key0 + 15 || i0 + G::inner > T;
-      const float *ls = lse + ((size_t)b * p.NH + h) * T, *ds = dsum + ((size_t)b * p.NH + h) * T;
       for (int n = 0; n < G::itiles; ++n)
         for (int c = 0; c < 2; ++c) {
           const int qi = i0 + 8 * n + 2 * t + c;
-          const float l2 = qi < T ? ls[qi] * kLog2e : 0.0f, dd = qi < T ? ds[qi] : 0.0f;
+          const float l2 = stat[j & 1][0][qi - i0] * kLog2e, dd = stat[j & 1][1][qi - i0];
           for (int hf = 0; hf < 2; ++hf) {
             const int key = key0 + g + 8 * hf, i = 2 * hf + c;
             const bool in = !edge || (key <= qi && qi < T);
@@ -414,7 +437,6 @@ __global__ void __launch_bounds__(kThreads)
       to_a<G::inner>(pa, dp);
       mma_ab<D, G::inner>(dk, pa, qs);
     }
-    __syncthreads();
   }
   if (key0 >= T) return;
   bf16 *db = dqkv + (size_t)b * T * ldq + (size_t)(p.NH + hk) * D;

@@ -21,8 +21,8 @@
  * neighbouring n8 tiles, packed to bf16, are the A fragment of the next
  * product (the FlashAttention-2 register reuse).
  *
- * cp_async16: 16 bytes global -> shared without a register, or zeros when
- * !full; cp_async_commit closes this thread's group of copies,
+ * cp_async16 (and cp_async4): 16 (4) bytes global -> shared without a
+ * register, or zeros when !full; cp_async_commit closes this thread's group of copies,
  * cp_async_wait<N> waits until at most N of its groups are in flight (then a
  * __syncthreads makes every thread's copies visible). */
 #ifndef FSDP_CUDA_MMA_CUH
@@ -86,6 +86,18 @@ __device__ __forceinline__ void cp_async16(bf16 *dst, const bf16 *src, bool full
   const uint32_t s = (uint32_t)__cvta_generic_to_shared(dst);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src),
                "r"(full ? 16 : 0));
+#endif
+}
+
+/* 4 bytes global -> shared (both 4-byte aligned), or 4 zero bytes when !full
+ * (src is then not read): a row's fp32 statistics next to its tiles. */
+__device__ __forceinline__ void cp_async4(float *dst, const float *src, bool full FSDP_PTX_SITE) {
+#ifdef FSDP_CUDA_SIM
+  ::fsdp_sim::ptx::cp_async4(dst, src, full ? 4 : 0, file, line);
+#else
+  const uint32_t s = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(src),
+               "r"(full ? 4 : 0));
 #endif
 }
 

@@ -1,8 +1,8 @@
 /* tests/cudasim/include/cudasim_ptx.h — the simulator's model of the PTX
  * instructions that src/backend/cuda/mma.cuh wraps in inline assembly under
  * nvcc: mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32,
- * ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 and cp.async (16 bytes,
- * zero fill), each with the fragment layout the PTX ISA documents ("Matrix
+ * ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 and cp.async (16 or 4
+ * bytes, zero fill), each with the fragment layout the PTX ISA documents ("Matrix
  * Fragments for mma.m16n8k16 with floating point type", "ldmatrix"), so that
  * a kernel that relies on that layout (a row's scores in known registers,
  * the accumulator of one product reused as the A operand of the next)
@@ -26,9 +26,10 @@
  * writes its result. The product: the exact bf16 products summed in double
  * and rounded once to fp32 (tensor cores round the sum their own way, to
  * fp32 rounding). Faults, as a GPU raises them:
- * an ldmatrix row address or a cp.async address not 16-byte aligned.
+ * an ldmatrix row address or a cp.async address not 16-byte aligned (4 for
+ * a 4-byte copy).
  *
- * cp.async is modelled as a synchronous 16-byte copy (zeros when the source
+ * cp.async is modelled as a synchronous copy (zeros when the source
  * size is 0): what a kernel reads after cp.async.wait_group and a barrier is
  * what a GPU gives it; a kernel that reads before waiting is not caught here
  * (fibers switch only at sync points). commit_group and wait_group are no-ops. */
@@ -140,6 +141,17 @@ inline void cp_async16(void *dst, const void *src, int src_bytes, const char *fi
     memcpy(dst, src, 16);
   else
     memset(dst, 0, 16);
+}
+
+/* cp.async of 4 bytes (.ca), src_bytes 4 or 0. */
+inline void cp_async4(void *dst, const void *src, int src_bytes, const char *file, int line) {
+  if (reinterpret_cast<uintptr_t>(dst) % 4 || (src_bytes && reinterpret_cast<uintptr_t>(src) % 4))
+    fault(cudaErrorMisalignedAddress, file, line,
+          "cp.async of 4 bytes from %p to %p: both must be 4-byte aligned", src, dst);
+  if (src_bytes)
+    memcpy(dst, src, 4);
+  else
+    memset(dst, 0, 4);
 }
 
 } // namespace ptx

@@ -209,11 +209,17 @@ __global__ void ptx_ldmatrix_misaligned_kernel(int *p) {
   ptx::ldmatrix_x4(r, &tile[threadIdx.x % 16][1], false, __FILE__, __LINE__);
 }
 
-/* cp.async of 16 bytes and of none (zeros), then one misaligned. */
+/* cp.async of 16 bytes and of none (zeros), of 4 bytes and of none, then
+ * misaligned ones. */
 __global__ void ptx_cp_async_kernel(uint32_t *out, const uint32_t *in) {
-  FSDP_SHARED(uint32_t, buf, [8]);
-  if (threadIdx.x == 0) ptx::cp_async16(&buf[0], in, 16, __FILE__, __LINE__);
+  FSDP_SHARED(uint32_t, buf, [12]);
+  if (threadIdx.x == 0) {
+    buf[10] = buf[11] = 7; /* past the 4-byte copies: left as written */
+    ptx::cp_async16(&buf[0], in, 16, __FILE__, __LINE__);
+  }
   if (threadIdx.x == 1) ptx::cp_async16(&buf[4], in, 0, __FILE__, __LINE__);
+  if (threadIdx.x == 2) ptx::cp_async4(&buf[8], &in[2], 4, __FILE__, __LINE__);
+  if (threadIdx.x == 3) ptx::cp_async4(&buf[9], &in[2], 0, __FILE__, __LINE__);
   __syncthreads();
   out[threadIdx.x] = buf[threadIdx.x];
 }
@@ -221,6 +227,11 @@ __global__ void ptx_cp_async_kernel(uint32_t *out, const uint32_t *in) {
 __global__ void ptx_cp_async_misaligned_kernel(int *p) {
   FSDP_SHARED(uint32_t, buf, [8]);
   ptx::cp_async16(&buf[1], p, 16, __FILE__, __LINE__);
+}
+
+__global__ void ptx_cp_async4_misaligned_kernel(int *p) {
+  FSDP_SHARED(uint32_t, buf, [8]);
+  ptx::cp_async4(reinterpret_cast<char *>(&buf[1]) + 2, p, 4, __FILE__, __LINE__);
 }
 
 /* ---- helpers ---- */
@@ -573,12 +584,15 @@ static void test_ptx() {
   ptx_ldmatrix_case(false);
   ptx_ldmatrix_case(true);
   std::vector<uint32_t> hin = {1, 2, 3, 4};
-  uint32_t *in = dev<uint32_t>(4), *out = dev<uint32_t>(8);
+  uint32_t *in = dev<uint32_t>(4), *out = dev<uint32_t>(12);
   cudaMemcpy(in, hin.data(), 16, cudaMemcpyHostToDevice);
-  FSDP_LAUNCH(ptx_cp_async_kernel, 1, 8, 0, nullptr, out, in);
-  std::vector<uint32_t> got = back(out, 8);
+  FSDP_LAUNCH(ptx_cp_async_kernel, 1, 12, 0, nullptr, out, in);
+  std::vector<uint32_t> got = back(out, 12);
   CHECK(got[0] == 1 && got[3] == 4 && got[4] == 0 && got[7] == 0,
         "cp.async: copied %u..%u, zero-filled %u..%u", got[0], got[3], got[4], got[7]);
+  CHECK(got[8] == 3 && got[9] == 0 && got[10] == 7 && got[11] == 7,
+        "cp.async of 4 bytes: copied %u (3 expected), zero-filled %u, neighbours %u %u (7)",
+        got[8], got[9], got[10], got[11]);
   cudaFree(in), cudaFree(out);
   expect_fault([](int *p) { FSDP_LAUNCH(ptx_ldmatrix_misaligned_kernel, 1, 32, 0, nullptr, p); },
                cudaErrorMisalignedAddress, "ptx_ldmatrix_misaligned_kernel",
@@ -586,6 +600,9 @@ static void test_ptx() {
   expect_fault([](int *p) { FSDP_LAUNCH(ptx_cp_async_misaligned_kernel, 1, 32, 0, nullptr, p); },
                cudaErrorMisalignedAddress, "ptx_cp_async_misaligned_kernel",
                "both must be 16-byte aligned");
+  expect_fault([](int *p) { FSDP_LAUNCH(ptx_cp_async4_misaligned_kernel, 1, 32, 0, nullptr, p); },
+               cudaErrorMisalignedAddress, "ptx_cp_async4_misaligned_kernel",
+               "both must be 4-byte aligned");
 }
 
 /* ---- children: cases that end the process ---- */
