@@ -255,6 +255,9 @@ FSDP_API size_t fsdp_gpt2_activation_bytes(fsdp_gpt2_t gpt, size_t *without_chec
  * NULL) receives the budget checkpoint_auto chose by, 0 when it did not run
  * or had none (the CPU without memory_budget). 0 on NULL. */
 FSDP_API int fsdp_gpt2_checkpointed(fsdp_gpt2_t gpt, size_t *budget);
+/* 1 when block l recomputes its activations, 0 when it keeps them, -1 for a
+ * NULL model or l outside [0, n_layer). */
+FSDP_API int fsdp_gpt2_layer_checkpointed(fsdp_gpt2_t gpt, int l);
 
 
 /* ---- activation memory, computed before anything is allocated ------------
@@ -450,8 +453,10 @@ FSDP_API fsdp_status_t fsdp_llama_sample(fsdp_llama_t model, const int *prompt, 
 /* Bytes of activations and kernel buffers the model holds in the engine's
  * device memory, and what they would be with no layer checkpointed. */
 FSDP_API size_t fsdp_llama_activation_bytes(fsdp_llama_t model, size_t *without_checkpointing);
-/* Layers whose activations are recomputed, as fsdp_gpt2_checkpointed. */
+/* Layers whose activations are recomputed, and whether layer l is, as
+ * fsdp_gpt2_checkpointed and fsdp_gpt2_layer_checkpointed. */
 FSDP_API int fsdp_llama_checkpointed(fsdp_llama_t model, size_t *budget);
+FSDP_API int fsdp_llama_layer_checkpointed(fsdp_llama_t model, int l);
 
 /* What the model's activation arena takes at micro-batch B x T, by the code
  * that carves it, without an engine (fsdp_gpt2_memory's fields): per layer

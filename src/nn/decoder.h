@@ -155,6 +155,8 @@ int decoder_arena_layers(const decoder_t *d, int *maxk);
 fsdp_status_t decoder_checkpoint_auto(decoder_t *d);
 /* Layers whose units recompute their activations. */
 int decoder_checkpointed(const decoder_t *d);
+/* 1 when layer l's unit is checkpointed, 0 when not, -1 outside [0, L). */
+int decoder_layer_checkpointed(const decoder_t *d, int l);
 
 /* Create's body, with d->m, eng, L, C, NH, V, maxB, maxT and wide set (the
  * rest zero): units planned and registered, the backend picked, buffers and

@@ -511,6 +511,10 @@ int fsdp_llama_checkpointed(fsdp_llama_t g, size_t *budget) {
   return g ? decoder_checkpointed(&g->d) : 0;
 }
 
+int fsdp_llama_layer_checkpointed(fsdp_llama_t g, int l) {
+  return g ? decoder_layer_checkpointed(&g->d, l) : -1;
+}
+
 fsdp_status_t fsdp_llama_forward_backward(fsdp_llama_t g, const int *tokens, const int *targets,
                                           int B, int T, float loss_scale, double *loss_sum) {
   if (!g || !targets) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "Llama: NULL argument");

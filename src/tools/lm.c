@@ -99,6 +99,11 @@ int lm_checkpointed(const lm_t *lm, size_t *budget) {
                               : fsdp_gpt2_checkpointed(lm->g, budget);
 }
 
+int lm_layer_checkpointed(const lm_t *lm, int l) {
+  return lm->kind == LM_LLAMA ? fsdp_llama_layer_checkpointed(lm->l, l)
+                              : fsdp_gpt2_layer_checkpointed(lm->g, l);
+}
+
 /* Parameters of the model with one layer less: a layer's, by difference. */
 static size_t layer_params(const lm_t *lm) {
   if (lm->kind == LM_LLAMA) {
@@ -152,15 +157,19 @@ void lm_checkpoint_auto_text(const lm_t *lm, int json, char *buf, size_t n) {
   const char *what = lm->kind == LM_LLAMA ? "layers" : "blocks";
   const char *prefix = lm->kind == LM_LLAMA ? "model.layers." : "h.";
   char a[32], b[32];
+  int first = -1, last = -1; /* the model's own answer (auto: the first k) */
+  for (int l = 0; l < y.n_layer; l++)
+    if (lm_layer_checkpointed(lm, l) == 1) last = l, first = first < 0 ? l : first;
   if (json) {
     snprintf(buf, n, "\"checkpoint_auto\":{\"checkpointed\":%d,\"layers\":%d,\"first\":%d,"
              "\"last\":%d,\"activation_bytes\":%zu,\"budget_bytes\":%zu}", k, y.n_layer,
-             k ? 0 : -1, k - 1, acts, budget);
+             first, last, acts, budget);
     return;
   }
   int at = snprintf(buf, n, "checkpoint auto: %d of %d %s", k, y.n_layer, what);
-  if (k == 1) at += snprintf(buf + at, n - (size_t)at, " (%s0)", prefix);
-  else if (k > 1) at += snprintf(buf + at, n - (size_t)at, " (%s0-%s%d)", prefix, prefix, k - 1);
+  if (k == 1) at += snprintf(buf + at, n - (size_t)at, " (%s%d)", prefix, first);
+  else if (k > 1)
+    at += snprintf(buf + at, n - (size_t)at, " (%s%d-%s%d)", prefix, first, prefix, last);
   if (budget)
     snprintf(buf + at, n - (size_t)at, ", activations %s, budget %s",
              bytes_text(acts, a, sizeof a), bytes_text(budget, b, sizeof b));

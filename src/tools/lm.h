@@ -69,6 +69,8 @@ int lm_checkpoint_auto_opts(const lm_t *lm, const fsdp_config_t *cfg, int nranks
 void lm_checkpoint_auto_text(const lm_t *lm, int json, char *buf, size_t n);
 /* Layers the model recomputes (fsdp_gpt2_checkpointed / fsdp_llama_checkpointed). */
 int lm_checkpointed(const lm_t *lm, size_t *budget);
+/* Whether layer l recomputes (fsdp_gpt2_layer_checkpointed / the Llama's). */
+int lm_layer_checkpointed(const lm_t *lm, int l);
 
 /* fsdp_gpt2_kernel_costs / fsdp_llama_kernel_costs for the configuration. */
 fsdp_status_t lm_kernel_costs(const lm_t *lm, int B, int T, int micro_batches,

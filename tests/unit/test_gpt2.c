@@ -300,6 +300,9 @@ static fsdp_status_t train4(const char *ckpt, int autock, size_t budget, size_t 
   size_t used;
   *k = fsdp_gpt2_checkpointed(g, &used);
   if (autock) ck_assert_uint_eq(used, budget);
+  for (int l = 0; l < cfg4.n_layer; l++) /* the first k, whichever policy chose them */
+    ck_assert_int_eq(fsdp_gpt2_layer_checkpointed(g, l), l < *k);
+  ck_assert_int_eq(fsdp_gpt2_layer_checkpointed(g, cfg4.n_layer), -1);
   fsdp_gpt2_destroy(g);
   fsdp_engine_destroy(e);
   return FSDP_SUCCESS;
