@@ -237,6 +237,10 @@ int decoder_checkpointed(const decoder_t *d) {
   return n;
 }
 
+int decoder_layer_checkpointed(const decoder_t *d, int l) {
+  return l < 0 || l >= d->L ? -1 : d->units[d->layer_unit[l]].checkpoint;
+}
+
 int decoder_arena_layers(const decoder_t *d, int *maxk) {
   int saved = 0;
   *maxk = 0;
