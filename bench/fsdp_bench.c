@@ -285,10 +285,12 @@ static int finish_options(bench_opts_t *o) {
     return fprintf(stderr, "fsdp-bench: --kernel-profile times gpt2's and llama's kernel "
                    "classes: use --model gpt2 or llama\n"), -1;
   const int ck_auto = o->wrap.checkpoint_kinds && !strcmp(o->wrap.checkpoint_kinds, "auto");
-  if (o->memory_budget < 0.0f || (o->memory_budget > 0.0f && !ck_auto && !o->memory_plan) ||
-      (ck_auto && !gpt))
-    return fprintf(stderr, "fsdp-bench: --memory-budget %g: a positive number of GiB, for "
-                   "--checkpoint auto (gpt2 and llama) or --memory-plan\n",
+  if (ck_auto && !gpt)
+    return fprintf(stderr, "fsdp-bench: --checkpoint auto: gpt2 and llama recompute blocks; "
+                   "the mlp recomputes nothing\n"), -1;
+  if (o->memory_budget < 0.0f || (o->memory_budget > 0.0f && !ck_auto && !o->memory_plan))
+    return fprintf(stderr, "fsdp-bench: --memory-budget %g: a positive number of GiB, the "
+                   "budget of --checkpoint auto (or of --memory-plan's choice)\n",
                    (double)o->memory_budget), -1;
   if (o->peak_size > 16384)
     return fprintf(stderr, "fsdp-bench: --peak-size must be in [0, 16384]\n"), -1;

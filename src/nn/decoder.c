@@ -181,7 +181,7 @@ fsdp_status_t fsdp_checkpoint_auto(const fsdp_gpt2_memory_t *m, int n_layer, siz
   return fsdp_error(FSDP_ERR_OUT_OF_MEMORY,
                     "checkpoint auto: a budget of %s (%zu bytes) holds no plan: model state "
                     "and kernel memory %s + activations with all %d layers checkpointed %s = "
-                    "%s (%zu bytes; nothing checkpointed: %s); give a larger budget, a "
+                    "%s (%zu bytes; with nothing checkpointed %s); give a larger budget, a "
                     "smaller micro-batch or sequence, or more ranks",
                     size_text(budget, b, sizeof b), budget, size_text(fixed, f, sizeof f),
                     n_layer, size_text(all, a, sizeof a), size_text(fixed + all, sum, sizeof sum),

@@ -263,10 +263,12 @@ static int finish_options(train_opts_t *o) {
     return fprintf(stderr, "fsdp-train: --wrap %s and --wrap-min-params %zu are two wrap "
                    "policies: give one\n", o->wrap.wrap_kinds, o->wrap.wrap_min_params), -1;
   const int ck_auto = o->wrap.checkpoint_kinds && !strcmp(o->wrap.checkpoint_kinds, "auto");
-  if (o->memory_budget < 0.0f || (o->memory_budget > 0.0f && !ck_auto) || (ck_auto && !gpt))
-    return fprintf(stderr, "fsdp-train: --memory-budget %g: a positive number of GiB, for "
-                   "--checkpoint auto (gpt2 and llama)%s\n", (double)o->memory_budget,
-                   ck_auto && !gpt ? "; the mlp recomputes nothing" : ""), -1;
+  if (ck_auto && !gpt)
+    return fprintf(stderr, "fsdp-train: --checkpoint auto: gpt2 and llama recompute blocks; "
+                   "the mlp recomputes nothing\n"), -1;
+  if (o->memory_budget < 0.0f || (o->memory_budget > 0.0f && !ck_auto))
+    return fprintf(stderr, "fsdp-train: --memory-budget %g: a positive number of GiB, the "
+                   "budget of --checkpoint auto\n", (double)o->memory_budget), -1;
   if ((o->save_every || (o->resume && !strcmp(o->resume, "auto"))) && !o->save_dir)
     return fprintf(stderr, "fsdp-train: --save-every and --resume auto need --save-dir\n"), -1;
   if (o->replica_every < 0 || (o->replica_every && !gpt))
