@@ -151,7 +151,8 @@ static double compare(const char *what, const run_t *a, const run_t *b, result_t
 }
 
 START_TEST(fp32_matches_cpu) {
-  run_t cpu = {FSDP_DEVICE_CPU, FSDP_F32, NULL}, gpu = {FSDP_DEVICE_CUDA, FSDP_F32, NULL};
+  run_t cpu = {FSDP_DEVICE_CPU, FSDP_F32, NULL, 0, 0},
+        gpu = {FSDP_DEVICE_CUDA, FSDP_F32, NULL, 0, 0};
   result_t a = {0}, b = {0};
   compare("fp32 vs cpu", &cpu, &gpu, &a, &b, 1e-4);
   if (!skipped) {
@@ -175,7 +176,8 @@ START_TEST(fp32_matches_cpu) {
 END_TEST
 
 START_TEST(bf16_follows_cpu) {
-  run_t cpu = {FSDP_DEVICE_CPU, FSDP_BF16, NULL}, gpu = {FSDP_DEVICE_CUDA, FSDP_BF16, NULL};
+  run_t cpu = {FSDP_DEVICE_CPU, FSDP_BF16, NULL, 0, 0},
+        gpu = {FSDP_DEVICE_CUDA, FSDP_BF16, NULL, 0, 0};
   result_t a = {0}, b = {0};
   compare("bf16 vs cpu bf16", &cpu, &gpu, &a, &b, 2e-2);
   if (!skipped) ck_assert(fabs(a.eval - b.eval) <= 2e-2 * a.eval);
@@ -187,8 +189,8 @@ END_TEST
 START_TEST(checkpointing_on_cuda) {
   static const fsdp_dtype_t dtypes[] = {FSDP_F32, FSDP_BF16};
   for (int k = 0; k < 2 && !skipped; k++) {
-    run_t plain = {FSDP_DEVICE_CUDA, dtypes[k], NULL};
-    run_t ckpt = {FSDP_DEVICE_CUDA, dtypes[k], "GPT2Block"};
+    run_t plain = {FSDP_DEVICE_CUDA, dtypes[k], NULL, 0, 0};
+    run_t ckpt = {FSDP_DEVICE_CUDA, dtypes[k], "GPT2Block", 0, 0};
     result_t a = {0}, b = {0};
     char what[64];
     snprintf(what, sizeof what, "%s checkpoint vs none", fsdp_dtype_name(dtypes[k]));
@@ -249,7 +251,8 @@ END_TEST
  * minutes in the simulator). */
 START_TEST(padded_vocab_matches_cpu) {
   cfg.vocab_size = 300;
-  run_t cpu = {FSDP_DEVICE_CPU, FSDP_F32, NULL}, gpu = {FSDP_DEVICE_CUDA, FSDP_F32, NULL};
+  run_t cpu = {FSDP_DEVICE_CPU, FSDP_F32, NULL, 0, 0},
+        gpu = {FSDP_DEVICE_CUDA, FSDP_F32, NULL, 0, 0};
   result_t a = {0}, b = {0};
   compare("fp32 vs cpu, V 300", &cpu, &gpu, &a, &b, 1e-4);
   if (!skipped) {
@@ -530,13 +533,15 @@ static void compare_grads(const char *what, const run_t *cpu, const run_t *gpu, 
 }
 
 START_TEST(fp32_grads_match_cpu) {
-  run_t cpu = {FSDP_DEVICE_CPU, FSDP_F32, NULL}, gpu = {FSDP_DEVICE_CUDA, FSDP_F32, NULL};
+  run_t cpu = {FSDP_DEVICE_CPU, FSDP_F32, NULL, 0, 0},
+        gpu = {FSDP_DEVICE_CUDA, FSDP_F32, NULL, 0, 0};
   compare_grads("fp32 grads vs cpu", &cpu, &gpu, 1e-4);
 }
 END_TEST
 
 START_TEST(bf16_grads_follow_cpu) {
-  run_t cpu = {FSDP_DEVICE_CPU, FSDP_BF16, NULL}, gpu = {FSDP_DEVICE_CUDA, FSDP_BF16, NULL};
+  run_t cpu = {FSDP_DEVICE_CPU, FSDP_BF16, NULL, 0, 0},
+        gpu = {FSDP_DEVICE_CUDA, FSDP_BF16, NULL, 0, 0};
   compare_grads("bf16 grads vs cpu bf16", &cpu, &gpu, 5e-2);
 }
 END_TEST
@@ -548,7 +553,8 @@ END_TEST
  * the first product alone.) */
 START_TEST(padded_vocab_grads_match_cpu) {
   cfg.vocab_size = 300;
-  run_t cpu = {FSDP_DEVICE_CPU, FSDP_F32, NULL}, gpu = {FSDP_DEVICE_CUDA, FSDP_F32, NULL};
+  run_t cpu = {FSDP_DEVICE_CPU, FSDP_F32, NULL, 0, 0},
+        gpu = {FSDP_DEVICE_CUDA, FSDP_F32, NULL, 0, 0};
   compare_grads("fp32 grads vs cpu, V 300", &cpu, &gpu, 1e-4);
   cpu.dtype = gpu.dtype = FSDP_BF16;
   if (!skipped) compare_grads("bf16 grads vs cpu bf16, V 300", &cpu, &gpu, 5e-2);
@@ -558,8 +564,8 @@ END_TEST
 
 /* FSDP_TEST_SMALL: CUDA with checkpointing and prefetch against the CPU. */
 START_TEST(small_matches_cpu) {
-  run_t cpu = {FSDP_DEVICE_CPU, small_dtype, NULL};
-  run_t gpu = {FSDP_DEVICE_CUDA, small_dtype, "GPT2Block"};
+  run_t cpu = {FSDP_DEVICE_CPU, small_dtype, NULL, 0, 0};
+  run_t gpu = {FSDP_DEVICE_CUDA, small_dtype, "GPT2Block", 0, 0};
   const int f32 = small_dtype == FSDP_F32;
   result_t a = {0}, b = {0};
   char what[64];
