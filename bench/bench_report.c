@@ -156,6 +156,7 @@ static void result_json(FILE *f, const bench_opts_t *o, int nranks, const bench_
          r->peak_flops, r->shard_size, r->replicas, r->gather_bytes, r->reduce_bytes,
          r->replica_bytes);
   fprintf(f, "\"replica_every\":%d,", r->replica_every);
+  if (r->ckpt_auto_json[0]) fprintf(f, "%s,", r->ckpt_auto_json);
   if (r->replica_every)
     fprintf(f, "\"buddy_replica\":{\"snapshot_bytes\":%.0f,\"host_bytes\":%.0f,"
             "\"copy_ms\":%.4f},", r->replica_snapshot_bytes, r->replica_host_bytes,
@@ -331,6 +332,60 @@ static int replica_rows(const bench_opts_t *o, const char *const *presets, int n
   return rc;
 }
 
+/* --checkpoint auto's arithmetic per preset (this build's layout): the
+ * activation arena at k of L layers checkpointed (fsdp_activation_arena_bytes,
+ * what the arena is allocated by) and the k fsdp_checkpoint_auto chooses at
+ * each budget, the fixed part being lm_model_state_bytes on one rank (the
+ * kernels' few MiB of scratch, which only a built model knows, excluded). */
+static int auto_rows(const bench_opts_t *o, const char *const *presets, int n, int B, int T,
+                     fsdp_dtype_t dt) {
+  const double given = (double)o->memory_budget;
+  const double budgets[3] = {given > 0 ? given : 40.0, 78.0, 139.0};
+  const int n_budgets = given > 0 ? 1 : 3;
+  printf("\nCheckpoint auto (--checkpoint auto): activations GiB with k of L layers "
+         "checkpointed (the first k), model state on 1 rank (lm_model_state_bytes: %s "
+         "params, AdamW, prefetch %d), and the k chosen at each budget (GiB%s)\n",
+         fsdp_dtype_name(o->cfg.param_dtype), o->cfg.prefetch_depth,
+         given > 0 ? ", --memory-budget" : "; 78, 139: an H100's and an H200's less 2 GiB");
+  printf("%-15s %4s %9s %9s %9s %9s %9s %9s", "preset", "L", "k=0", "k=L/4", "k=L/2",
+         "k=3L/4", "k=L", "state");
+  for (int b = 0; b < n_budgets; b++) printf("  k@%-6.0f", budgets[b]);
+  printf("\n");
+  for (int i = 0; i < n; i++) {
+    fsdp_gpt2_config_t g;
+    fsdp_llama_config_t l;
+    fsdp_gpt2_memory_t m;
+    lm_t lm;
+    int L;
+    if (!strcmp(o->model, "llama")) {
+      if (fsdp_llama_preset(presets[i], &l) != FSDP_SUCCESS) return 1;
+      if (T > l.max_seq_len) continue;
+      if (fsdp_llama_memory(&l, B, T, dt, &m) != FSDP_SUCCESS) return 1;
+      lm = lm_pick("llama", NULL, &l), L = l.n_layer;
+    } else {
+      if (fsdp_gpt2_preset(presets[i], &g) != FSDP_SUCCESS) return 1;
+      if (T > g.block_size) continue;
+      if (fsdp_gpt2_memory(&g, B, T, dt, FSDP_GPT2_LAYOUT_BUILT, &m) != FSDP_SUCCESS) return 1;
+      lm = lm_pick("gpt2", &g, NULL), L = g.n_layer;
+    }
+    const size_t state = lm_model_state_bytes(&lm, &o->cfg, 1);
+    printf("%-15s %4d", presets[i], L);
+    const int ks[5] = {0, L / 4, L / 2, 3 * L / 4, L};
+    for (int j = 0; j < 5; j++)
+      printf(" %9.2f", gib((double)fsdp_activation_arena_bytes(&m, L - ks[j], ks[j] > 0)));
+    printf(" %9.2f", gib((double)state));
+    for (int b = 0; b < n_budgets; b++) {
+      fsdp_checkpoint_choice_t ch;
+      if (fsdp_checkpoint_auto(&m, L, state, (size_t)(budgets[b] * 1073741824.0), &ch))
+        printf("  %-8s", "none");
+      else
+        printf("  %-8d", ch.k);
+    }
+    printf("\n");
+  }
+  return 0;
+}
+
 /* The Llama presets' activation memory (fsdp_llama_memory) and a one-GPU
  * total as GPT-2's. */
 static int llama_memory_plan(const bench_opts_t *o, int B, int T, fsdp_dtype_t dt) {
@@ -367,6 +422,10 @@ static int llama_memory_plan(const bench_opts_t *o, int B, int T, fsdp_dtype_t d
   }
   int n = strcmp(o->preset, presets[0]) && strcmp(o->preset, presets[1]) &&
           strcmp(o->preset, presets[2]) ? 4 : 3;
+  if (auto_rows(o, presets, n, B, T, dt)) {
+    fprintf(stderr, "fsdp-bench: --memory-plan: %s\n", fsdp_last_error());
+    return 1;
+  }
   return replica_rows(o, presets, n);
 }
 
@@ -406,5 +465,10 @@ int bench_print_memory_plan(const bench_opts_t *o) {
       return 1;
     }
   }
-  return replica_rows(o, presets, strcmp(o->preset, "124M") && strcmp(o->preset, "1558M") ? 3 : 2);
+  const int n = strcmp(o->preset, "124M") && strcmp(o->preset, "1558M") ? 3 : 2;
+  if (auto_rows(o, presets, n, B, T, dt)) {
+    fprintf(stderr, "fsdp-bench: --memory-plan: %s\n", fsdp_last_error());
+    return 1;
+  }
+  return replica_rows(o, presets, n);
 }

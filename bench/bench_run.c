@@ -18,6 +18,7 @@ typedef struct {
   float *x;             /* mlp: (accum, B, 784) */
   int *y;               /* mlp: (accum, B) */
   size_t act_bytes;
+  char ckpt_auto[320], ckpt_auto_json[256]; /* --checkpoint auto's choice, or "" */
   fsdp_step_stats_t last; /* the last step's: skipped_total counts the guard's skips */
   fsdp_replica_t replica; /* --replica-every, else NULL */
 } model_t;
@@ -131,8 +132,14 @@ static fsdp_status_t model_build(fsdp_world_t world, const bench_opts_t *o, fsdp
     w.max_T = m->T;
     fsdp_plan_opts_t plan;
     char ckpt[512];
+    const int ck_auto =
+        lm_checkpoint_auto_opts(&m->lm, c, fsdp_world_size(world), o->memory_budget, &w);
     int bad = o->config && lm_config_opts(&m->lm, o->config, &w, &plan, ckpt, sizeof ckpt);
     fsdp_status_t st = bad ? FSDP_ERR_INVALID_ARGUMENT : lm_create(&m->lm, m->eng, &w);
+    if (st == FSDP_SUCCESS && ck_auto) {
+      lm_checkpoint_auto_text(&m->lm, 0, m->ckpt_auto, sizeof m->ckpt_auto);
+      lm_checkpoint_auto_text(&m->lm, 1, m->ckpt_auto_json, sizeof m->ckpt_auto_json);
+    }
     if (st == FSDP_SUCCESS && o->config &&
         (cfg_check_matched(o->config, 1) || cfg_check_matched(o->config, 2)))
       st = FSDP_ERR_INVALID_ARGUMENT;
@@ -523,6 +530,10 @@ int bench_run(fsdp_world_t world, const bench_opts_t *o, fsdp_strategy_t strateg
     r->shard_size = fsdp_engine_config(m.eng)->shard_size;
     r->replicas = nranks / r->shard_size;
     r->replica_every = o->replica_every;
+    if (round == 0 && m.ckpt_auto[0] && fsdp_world_rank(world) == 0 && !o->json)
+      printf("  %s\n", m.ckpt_auto);
+    memcpy(r->ckpt_auto, m.ckpt_auto, sizeof r->ckpt_auto);
+    memcpy(r->ckpt_auto_json, m.ckpt_auto_json, sizeof r->ckpt_auto_json);
     r->tokens_per_step = (double)nranks * c.grad_accum * m.B * m.T;
     r->flops_per_token = flops_per_token(o, r);
     r->peak_flops = peak_flops_rank * nranks;

@@ -52,12 +52,28 @@ RSS is still recorded in the JSON. MFU: the model FLOPs per token fsdp-bench
 reports x each side's tokens/s / the cuBLAS peak fsdp-bench measured on the
 same GPUs (--dtype's matmul), so both sides use one peak.
 
+Activation checkpointing (--checkpoint), on the same blocks on both sides:
+  none      nothing recomputed (the default).
+  all       every block: fsdp-bench --checkpoint GPT2Block (LlamaDecoderLayer),
+            PyTorch checkpoint_wrapper (non-reentrant torch.utils.checkpoint)
+            on every block before fully_shard.
+  N         the first N blocks: fsdp-bench --config with a `checkpoint: true`
+            rule per block (h.0 .. h.<N-1>), PyTorch checkpoint_wrapper on
+            model.h[0:N] (model.layers[0:N]).
+  auto      fsdp-bench --checkpoint auto [--memory-budget GIB]: the fewest
+            leading blocks its memory budget needs; the script reads the k it
+            chose from its JSON and runs PyTorch twice: FSDP2 with the same
+            first k blocks checkpointed (the headline ratio) and FSDP2 with all
+            (a row of its own). The torch.compile row never checkpoints.
+
 Without torch it says how to install it and exits 0.
     python3 bench/compare_pytorch.py --np 2              # the small preset on CPU
     python3 bench/compare_pytorch.py --device cuda --np 1 --preset 124M \\
         --seq-len 1024 --micro-batch 16 --dtype bf16      # one GPU, GPT-2 124M
     python3 bench/compare_pytorch.py --model llama --preset SmolLM-135M --seq-len 64 \\
         --micro-batch 2                                   # Llama on the CPU
+    python3 bench/compare_pytorch.py --device cuda --np 1 --preset 1558M --seq-len 1024 \\
+        --micro-batch 16 --dtype bf16 --checkpoint auto   # issue 22: 1558M, checkpointed
 """
 import argparse
 import json
@@ -67,6 +83,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -77,6 +94,8 @@ PRESETS = {
     "small": dict(n_layer=4, n_head=4, n_embd=128, block_size=128, vocab_size=256),
     "124M": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257),
     "350M": dict(n_layer=24, n_head=16, n_embd=1024, block_size=1024, vocab_size=50257),
+    "774M": dict(n_layer=36, n_head=20, n_embd=1280, block_size=1024, vocab_size=50257),
+    "1558M": dict(n_layer=48, n_head=25, n_embd=1600, block_size=1024, vocab_size=50257),
 }
 # The Llama presets as fsdp_llama_preset has them (src/ckpt/llama_layout.c);
 # block_size is the T fsdp-bench runs by default: the context, at most 1024.
@@ -238,6 +257,18 @@ def build_llama(torch, cfg):
     return CausalLM()
 
 
+def checkpoint_first(model, k):
+    """Activation checkpointing on the first k blocks (decoder layers), the ones
+    fsdp checkpoints: each wrapped in checkpoint_wrapper (torch.utils.checkpoint,
+    non-reentrant), before fully_shard as torchtitan orders them."""
+    if k <= 0:
+        return
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    units = model.units()
+    for i in range(k):
+        units[i] = checkpoint_wrapper(units[i])
+
+
 def wrap_fsdp2(torch, model, args):
     """FSDP2: one unit per block and the root; the AdamW over the shards."""
     try:
@@ -268,7 +299,7 @@ def wrap_compiled(torch, model, args, device):
     return model, opt
 
 
-def torch_rank(rank, args, port, queue, compiled=False):
+def torch_rank(rank, args, port, queue, compiled=False, ckpt=0):
     import contextlib
 
     import torch
@@ -290,6 +321,9 @@ def torch_rank(rank, args, port, queue, compiled=False):
     with torch.device(device):
         model = (build_llama if args.model == "llama" else build_gpt)(torch, cfg)
     params = sum(p.numel() for p in model.parameters())
+    if not compiled:
+        checkpoint_first(model, ckpt)
+    wrapped = sum(type(m).__name__ == "CheckpointWrapper" for m in model.modules())
     model, opt = wrap_compiled(torch, model, args, device) if compiled \
         else wrap_fsdp2(torch, model, args)
     amp = compiled and args.dtype == "bf16"
@@ -340,7 +374,7 @@ def torch_rank(rank, args, port, queue, compiled=False):
                  rss_peak=mem[0].item(), rss_base=mem[1].item(),
                  cuda_peak=mem[2].item(), loss_first=losses[0].item() / args.np,
                  loss_last=losses[1].item() / args.np, torch=torch.__version__,
-                 params=params)  # counted before sharding: the whole model
+                 params=params, checkpointed=wrapped)  # params: the whole model
         if cuda:  # bytes, the largest rank's
             r.update(device_in_use=mem[3].item(), device_reserved_peak=mem[4].item(),
                      gpu=torch.cuda.get_device_name(device), cuda_runtime=torch.version.cuda,
@@ -357,14 +391,14 @@ def nccl_version(torch):
     return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
 
 
-def run_torch(args, compiled=False):
+def run_torch(args, compiled=False, ckpt=0):
     import torch.multiprocessing as mp
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=torch_rank, args=(r, args, port, queue, compiled))
+    procs = [ctx.Process(target=torch_rank, args=(r, args, port, queue, compiled, ckpt))
              for r in range(args.np)]
     for p in procs:
         p.start()
@@ -395,6 +429,26 @@ def find_bench(path):
              "or pass --fsdp-bench PATH")
 
 
+def checkpoint_flags(args, tmp):
+    """fsdp-bench's flags for --checkpoint: none; every block by kind; the first
+    N by a configuration file of one rule per block (written into tmp); auto."""
+    kind = "LlamaDecoderLayer" if args.model == "llama" else "GPT2Block"
+    prefix = "model.layers." if args.model == "llama" else "h."
+    if args.checkpoint == "all":
+        return ["--checkpoint", kind]
+    if args.checkpoint == "auto":
+        return ["--checkpoint", "auto"] + (["--memory-budget", str(args.memory_budget)]
+                                           if args.memory_budget else [])
+    n = 0 if args.checkpoint == "none" else int(args.checkpoint)
+    if n == 0:
+        return []
+    path = os.path.join(tmp, "checkpoint-first.yaml")
+    with open(path, "w") as f:
+        f.write("sharding:\n" + "".join(f'  - match: "{prefix}{i}"\n    checkpoint: true\n'
+                                        for i in range(n)))
+    return ["--config", path]
+
+
 def run_fsdp(args):
     bench = find_bench(args.fsdp_bench)
     cmd = [args.mpirun, "--oversubscribe", "--bind-to", "none", "-np", str(args.np)]
@@ -410,6 +464,9 @@ def run_fsdp(args):
         cmd += ["--peak-size", "0", "--seed", str(args.seed)]
     if args.seq_len:
         cmd += ["--seq-len", str(args.seq_len)]
+    layers = MODELS[args.model][args.preset]["n_layer"]
+    tmp = tempfile.mkdtemp(prefix="compare-pytorch-")
+    cmd += checkpoint_flags(args, tmp)
     env = dict(os.environ, OMPI_MCA_mpi_yield_when_idle="1", OMPI_MCA_btl="self,vader",
                OPENBLAS_NUM_THREADS=str(args.threads), OMP_NUM_THREADS=str(args.threads))
     command = " ".join(cmd[cmd.index(bench):])
@@ -422,13 +479,24 @@ def run_fsdp(args):
                  f"above):\n  {' '.join(cmd)}")
     except (ValueError, KeyError, IndexError):
         sys.exit(f"compare_pytorch: fsdp-bench printed no results JSON:\n  {' '.join(cmd)}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    # the blocks fsdp recomputed: auto's choice from its JSON, else the flag's
+    if args.checkpoint == "auto":
+        if "checkpoint_auto" not in r:
+            sys.exit(f"compare_pytorch: fsdp-bench reported no checkpoint_auto choice:\n  "
+                     f"{' '.join(cmd)}")
+        checkpointed = r["checkpoint_auto"]["checkpointed"]
+    else:
+        checkpointed = (0 if args.checkpoint == "none" else layers if args.checkpoint == "all"
+                        else int(args.checkpoint))
     res = dict(backend=doc["backend"], tokens_per_s=r["tokens_per_s"]["median"],
                step_ms=r["step_ms"]["median"],
                rss_peak=r["memory"]["rss_peak"], rss_base=r["memory"]["rss_base"],
                model_peak=r["memory"]["model_peak"], exposed_ms=r["exposed_comm_ms"]["median"],
                compute_ms=r["compute_ms"]["median"], comm_ms=r["comm_ms"]["median"],
                loss_first=r["loss_first"], loss_last=r["loss_last"], wrong=r["wrong"],
-               params=r["params"], command=command)
+               params=r["params"], command=command, checkpointed=checkpointed)
     if args.device == "cuda":
         if "device_peak_bytes" not in r:
             sys.exit("compare_pytorch: fsdp-bench reported no device memory (device_peak_bytes): "
@@ -467,6 +535,12 @@ def main():
     ap.add_argument("--dtype", default="f32", choices=("f32", "bf16"),
                     help="f32 (default) or bf16 (cuda only): bf16 gathers and compute, fp32 "
                          "master weights, optimizer and gradient reduction on both sides")
+    ap.add_argument("--checkpoint", default="none", metavar="{none,all,auto,N}",
+                    help="activation checkpointing on both sides, on the same blocks (above; "
+                         "default none)")
+    ap.add_argument("--memory-budget", type=float, default=0.0, metavar="GIB",
+                    help="--checkpoint auto's budget per rank (fsdp-bench --memory-budget; "
+                         "default: the device's free memory less 2 GiB, on the CPU none)")
     ap.add_argument("--fsdp-bench", default=None, help="path (default build*/fsdp-bench)")
     ap.add_argument("--mpirun", default=shutil.which("mpirun") or "mpirun")
     ap.add_argument("--json", action="store_true", help="one JSON document instead of the table")
@@ -483,6 +557,14 @@ def main():
     if args.preset not in presets:
         ap.error(f"--preset {args.preset}: --model {args.model}'s presets are "
                  f"{', '.join(presets)}")
+    layers = presets[args.preset]["n_layer"]
+    if args.checkpoint not in ("none", "all", "auto") and not (
+            args.checkpoint.isdigit() and int(args.checkpoint) <= layers):
+        ap.error(f"--checkpoint {args.checkpoint}: none, all, auto or a number of blocks "
+                 f"0 .. {layers} ({args.preset}'s)")
+    if args.memory_budget < 0 or (args.memory_budget and args.checkpoint != "auto"):
+        ap.error(f"--memory-budget {args.memory_budget}: a positive number of GiB, for "
+                 f"--checkpoint auto")
     if not 0 <= args.seq_len <= presets[args.preset]["block_size"]:
         ap.error(f"--seq-len {args.seq_len}: the {args.preset} preset's context is "
                  f"{presets[args.preset]['block_size']} positions")
@@ -516,9 +598,12 @@ def main():
                      f"needs a GPU of its own for every rank): --np {args.np} but {n_gpu} GPU(s) "
                      f"visible; use --np {n_gpu} or fewer")
 
-    runs, compiled = [], []
+    runs, compiled, all_runs = [], [], []
     for _ in range(max(args.repeat, 1)):
-        runs.append((measured(run_fsdp, args), measured(run_torch, args)))
+        f = measured(run_fsdp, args)  # PyTorch checkpoints the blocks fsdp did
+        runs.append((f, measured(lambda a: run_torch(a, ckpt=f["checkpointed"]), args)))
+        if args.checkpoint == "auto":  # and, beside it, every block
+            all_runs.append(measured(lambda a: run_torch(a, ckpt=layers), args))
         if cuda:  # the third row: torch.compile without FSDP, in the same repeat
             compiled.append(measured(lambda a: run_torch(a, compiled=True), args))
     # Each repeat's ratio pairs two runs made back to back; the headline is the
@@ -563,6 +648,17 @@ def main():
                                    "total - free, context included), largest rank: fsdp-bench "
                                    "device_peak_bytes vs torch.cuda.mem_get_info; goal_met uses "
                                    "it", gpu=pt["gpu"])
+    if all_runs:  # --checkpoint auto: fsdp against FSDP2 with every block checkpointed
+        pairs = [(f, a) for (f, t), a in zip(runs, all_runs) if (f, t) in used]
+        pt_all = sorted((a for _, a in pairs), key=lambda r: r["tokens_per_s"])[len(pairs) // 2]
+        speed_all = median([f["tokens_per_s"] / a["tokens_per_s"] for f, a in pairs])
+        if cuda:
+            for (f, _), a in zip(runs, all_runs):
+                a["mfu"] = (f["flops_per_token"] * a["tokens_per_s"] / f["peak_flops"]
+                            if f["peak_flops"] > 0 else 0.0)
+        doc.update(pytorch_fsdp2_all=pt_all, tokens_per_s_ratio_all=speed_all,
+                   all_repeats=all_runs)
+    doc.update(checkpoint=args.checkpoint, checkpointed=fsdp["checkpointed"], layers=layers)
     if args.json_file:
         with open(args.json_file, "w") as f:
             json.dump(doc, f, indent=1)
@@ -571,6 +667,8 @@ def main():
         return 0
     if cuda:
         report_cuda(args, cfg, runs, quiet, fsdp, pt, speed, dev_mem, met)
+        if all_runs:
+            report_all(args, fsdp, pt_all, speed_all, cuda)
         report_compiled(args, fsdp, comp, speed_compiled, compiled)
         return 0
     mib = 1 / 1048576
@@ -599,8 +697,41 @@ def main():
           f"fsdp backend {fsdp['backend']}, PyTorch on {args.device}")
     if fsdp["params"] != pt["params"]:
         print(f"warning: parameter counts differ: fsdp {fsdp['params']}, PyTorch {pt['params']}")
+    print(checkpoint_line(args, fsdp, layers))
+    if all_runs:
+        report_all(args, fsdp, pt_all, speed_all, cuda)
     print("goal (>= 1.5x tokens/s at lower peak memory): %s" % ("met" if met else "NOT met"))
     return 0
+
+
+def checkpoint_line(args, fsdp, layers):
+    """Which blocks both sides recomputed."""
+    k = fsdp["checkpointed"]
+    prefix = "model.layers." if args.model == "llama" else "h."
+    which = "none" if k == 0 else f"{prefix}0" if k == 1 else f"{prefix}0-{prefix}{k - 1}"
+    how = ("fsdp-bench --checkpoint auto" + (f" --memory-budget {args.memory_budget}"
+                                             if args.memory_budget else "")
+           if args.checkpoint == "auto" else f"--checkpoint {args.checkpoint}")
+    return (f"activation checkpointing ({how}): {k} of {layers} blocks on both sides ({which}); "
+            f"PyTorch: checkpoint_wrapper on those blocks before fully_shard")
+
+
+def report_all(args, fsdp, pt_all, speed, cuda):
+    """--checkpoint auto: the FSDP2 row with every block checkpointed."""
+    mib = 1 / 1048576
+    name = "FSDP2 ckpt all " + pt_all["torch"].split("+")[0]
+    if cuda:
+        mfu = f"{pt_all['mfu']:.1%}" if fsdp["peak_flops"] > 0 else "n/a"
+        mem = pt_all["device_in_use"] * mib
+        print(f"{name:22} {pt_all['tokens_per_s']:10.0f} {pt_all['step_ms']:9.2f} {mfu:>7} "
+              f"{mem:15.1f} {pt_all['loss_first']:8.4f}->{pt_all['loss_last']:.4f}")
+    else:
+        print(f"{name:22} {pt_all['tokens_per_s']:10.0f} {pt_all['step_ms']:9.2f} "
+              f"{pt_all['rss_peak'] * mib:13.1f} "
+              f"{(pt_all['rss_peak'] - pt_all['rss_base']) * mib:15.1f} "
+              f"{pt_all['loss_first']:8.4f}->{pt_all['loss_last']:.4f}")
+    print(f"  (PyTorch FSDP2 with every block checkpointed) | ratio fsdp (auto, "
+          f"{fsdp['checkpointed']} blocks) / FSDP2 (all): tokens/s {speed:.2f}x")
 
 
 def report_cuda(args, cfg, runs, quiet, fsdp, pt, speed, dev_mem, met):
@@ -649,6 +780,7 @@ def report_cuda(args, cfg, runs, quiet, fsdp, pt, speed, dev_mem, met):
           f"collectives: fsdp nccl on cuda, PyTorch nccl on cuda")
     if fsdp["params"] != pt["params"]:
         print(f"warning: parameter counts differ: fsdp {fsdp['params']}, PyTorch {pt['params']}")
+    print(checkpoint_line(args, fsdp, MODELS[args.model][args.preset]["n_layer"]))
     print("goal (>= 1.5x tokens/s at lower peak memory; memory = GPU memory in use): %s"
           % ("met" if met else "NOT met"))
 

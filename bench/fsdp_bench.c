@@ -17,7 +17,12 @@ static const char usage_text[] =
     "                             up to 1024)\n"
     "  --hidden a,b,...           mlp hidden widths (default 512,256; 784 in, 10 out)\n"
     "  --wrap KINDS | --wrap-min-params N | --no-wrap   units, as fsdp-train (GPT2Block)\n"
-    "  --checkpoint KINDS         recompute these units' activations in backward\n"
+    "  --checkpoint KINDS|auto    recompute these units' activations in backward; auto:\n"
+    "                             the fewest leading blocks (layers) so that model state +\n"
+    "                             activations + kernel memory fit the budget (cuda: free\n"
+    "                             memory at start less 2 GiB; cpu: none, nothing checkpointed)\n"
+    "  --memory-budget GIB        the budget of --checkpoint auto, per rank; with\n"
+    "                             --memory-plan: the k auto would choose at it\n"
     "sharding\n"
     "  --strategy zero3|zero2|noshard   (default zero3)\n"
     "  --prefetch D               units gathered ahead (default 1)\n"
@@ -168,13 +173,14 @@ static int parse_word(void *ctx, const char *tool, const char *a, const char *v)
 }
 
 /* The flags with a value of their own type; the rest are parse_word's. */
-#define BENCH_FLAGS 25
+#define BENCH_FLAGS 26
 static void flag_table(bench_opts_t *o, flag_t *t) {
   const flag_t table[] = {
       {"--model", NULL, FLAG_STR, &o->model},         {"--seq-len", NULL, FLAG_INT, &o->seq_len},
       {"--wrap", NULL, FLAG_STR, &o->wrap.wrap_kinds},
       {"--wrap-min-params", NULL, FLAG_SIZE, &o->wrap.wrap_min_params},
       {"--checkpoint", NULL, FLAG_STR, &o->wrap.checkpoint_kinds},
+      {"--memory-budget", NULL, FLAG_F32, &o->memory_budget},
       {"--prefetch", NULL, FLAG_INT, &o->cfg.prefetch_depth},
       {"--max-live", NULL, FLAG_INT, &o->cfg.max_live_units},
       {"--micro-batch", NULL, FLAG_INT, &o->micro_batch},
@@ -278,6 +284,14 @@ static int finish_options(bench_opts_t *o) {
   if (o->kernel_profile && !gpt)
     return fprintf(stderr, "fsdp-bench: --kernel-profile times gpt2's and llama's kernel "
                    "classes: use --model gpt2 or llama\n"), -1;
+  const int ck_auto = o->wrap.checkpoint_kinds && !strcmp(o->wrap.checkpoint_kinds, "auto");
+  if (ck_auto && !gpt)
+    return fprintf(stderr, "fsdp-bench: --checkpoint auto: gpt2 and llama recompute blocks; "
+                   "the mlp recomputes nothing\n"), -1;
+  if (o->memory_budget < 0.0f || (o->memory_budget > 0.0f && !ck_auto && !o->memory_plan))
+    return fprintf(stderr, "fsdp-bench: --memory-budget %g: a positive number of GiB, the "
+                   "budget of --checkpoint auto (or of --memory-plan's choice)\n",
+                   (double)o->memory_budget), -1;
   if (o->peak_size > 16384)
     return fprintf(stderr, "fsdp-bench: --peak-size must be in [0, 16384]\n"), -1;
   return 0;

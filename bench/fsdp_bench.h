@@ -20,7 +20,8 @@ typedef struct {
   int preset_llama;          /* 1: --preset named a Llama shape */
   int seq_len;
   int hidden[6], n_hidden; /* mlp: 784 inputs, hidden widths, 10 classes */
-  fsdp_gpt2_opts_t wrap;   /* wrap_kinds, wrap_min_params, checkpoint_kinds */
+  fsdp_gpt2_opts_t wrap;   /* wrap_kinds, wrap_min_params, checkpoint_kinds ("auto") */
+  float memory_budget;     /* --memory-budget GiB for --checkpoint auto; 0: the default */
   int micro_batch;         /* sequences (gpt2) or samples (mlp) per rank per micro-batch */
   fsdp_config_t cfg;       /* strategy, prefetch_depth, grad_accum, param_dtype, ... */
   int64_t warmup, iters, rounds, check, peak_size;
@@ -70,6 +71,9 @@ typedef struct {
    * part on the step's path), milliseconds per snapshot */
   int replica_every;
   double replica_snapshot_bytes, replica_host_bytes, replica_copy_ms;
+  /* --checkpoint auto: what the model chose (lm_checkpoint_auto_text), as a
+   * line and as JSON members; "" otherwise */
+  char ckpt_auto[320], ckpt_auto_json[256];
   double wrong;                 /* see bench_check, summed over rounds */
   double skipped_steps;         /* steps the numerics guard skipped (NaN/Inf, fp16 overflow) */
   double loss_scale;            /* at the end (1: no loss scaling) */

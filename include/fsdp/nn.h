@@ -168,7 +168,25 @@ typedef struct {
   const fsdp_plan_opts_t *plan; /* NULL: the policy of the three fields above */
   fsdp_unit_opts_fn unit_opts;  /* NULL: every unit with FSDP_UNIT_OPTS_INIT */
   void *unit_opts_user;         /* passed to unit_opts */
+  /* Memory-budgeted checkpointing ("checkpoint auto"): checkpoint_auto 1
+   * recomputes the fewest leading layers (fsdp_checkpoint_auto, below) so
+   * that memory_reserved + the activation arena + the kernels' memory fit
+   * memory_budget. It needs every layer in a unit of its own (wrap_kinds the
+   * layer kind) and no other checkpointing policy (FSDP_ERR_INVALID_ARGUMENT
+   * otherwise); a budget nothing fits is FSDP_ERR_OUT_OF_MEMORY naming the
+   * numbers. memory_budget 0: on CUDA the device's free memory at create
+   * less FSDP_CHECKPOINT_AUTO_MARGIN; on the CPU nothing is checkpointed.
+   * The choice: fsdp_gpt2_checkpointed / fsdp_llama_checkpointed. */
+  int checkpoint_auto;
+  size_t memory_budget;   /* bytes; 0: as just said */
+  size_t memory_reserved; /* bytes of the budget not for activations: the model state
+                             (shards, optimizer state, gathered units) the caller expects */
 } fsdp_gpt2_opts_t;
+
+/* What "checkpoint auto" leaves free of a CUDA device's memory when no budget
+ * is given: the CUDA context, cuBLAS/cuDNN workspaces, NCCL's buffers and the
+ * allocator's rounding, which no size function here counts. */
+#define FSDP_CHECKPOINT_AUTO_MARGIN ((size_t)2 << 30)
 
 typedef struct fsdp_gpt2 *fsdp_gpt2_t;
 
@@ -232,6 +250,14 @@ FSDP_API fsdp_status_t fsdp_gpt2_sample(fsdp_gpt2_t gpt, const int *prompt, int 
  * kernels' scratch), and what they would be without checkpointing (equal
  * when nothing is checkpointed). */
 FSDP_API size_t fsdp_gpt2_activation_bytes(fsdp_gpt2_t gpt, size_t *without_checkpointing);
+/* Blocks whose activations are recomputed (the plan's or checkpoint_auto's
+ * choice; with checkpoint_auto they are h.0 .. h.<n-1>); *budget (may be
+ * NULL) receives the budget checkpoint_auto chose by, 0 when it did not run
+ * or had none (the CPU without memory_budget). 0 on NULL. */
+FSDP_API int fsdp_gpt2_checkpointed(fsdp_gpt2_t gpt, size_t *budget);
+/* 1 when block l recomputes its activations, 0 when it keeps them, -1 for a
+ * NULL model or l outside [0, n_layer). */
+FSDP_API int fsdp_gpt2_layer_checkpointed(fsdp_gpt2_t gpt, int l);
 
 
 /* ---- activation memory, computed before anything is allocated ------------
@@ -266,6 +292,40 @@ typedef struct {
 FSDP_API fsdp_status_t fsdp_gpt2_memory(const fsdp_gpt2_config_t *c, int B, int T,
                                         fsdp_dtype_t act_dtype, fsdp_gpt2_layout_t layout,
                                         fsdp_gpt2_memory_t *out);
+
+/* The one size function the models carve their arena by: bytes of the
+ * activation arena of m's shape when `saved` layers keep their activations
+ * and the largest checkpointed unit spans `scratch` layers (their recompute
+ * scratch, reused by every checkpointed unit): inputs + (saved + scratch) x
+ * per_layer + common. k of L layers checkpointed, each a unit of its own:
+ * saved L - k, scratch (k > 0). The kernels' own memory is not in it. Pure. */
+FSDP_API size_t fsdp_activation_arena_bytes(const fsdp_gpt2_memory_t *m, int saved, int scratch);
+
+/* The answer to "use the memory I have, recompute as little as possible". */
+typedef struct {
+  int k;              /* layers to checkpoint, 0 .. n_layer: the first k (why: below) */
+  size_t activations; /* fsdp_activation_arena_bytes at that k */
+  size_t need;        /* fixed + activations, <= budget */
+} fsdp_checkpoint_choice_t;
+
+/* The fewest of n_layer layers (each a unit of its own) to checkpoint so that
+ * fixed + fsdp_activation_arena_bytes(m, n_layer - k, k > 0) <= budget, where
+ * m is fsdp_gpt2_memory's or fsdp_llama_memory's answer at the micro-batch
+ * and fixed is everything else the budget must hold (model state, the
+ * kernels' memory). The models checkpoint the FIRST k layers: every choice
+ * of k layers costs the same here (one static arena, equal layers), and the
+ * first k are the ones whose activations live longest (saved first, freed
+ * last) in a caching allocator such as PyTorch's, so a PyTorch comparison
+ * that checkpoints the same blocks lowers its peak the most, and it is
+ * Megatron-LM's "block" recompute convention. Memory grows by per_layer per
+ * layer saved, so the first k that fits is found by counting up. Errors:
+ * FSDP_ERR_INVALID_ARGUMENT for a NULL pointer or n_layer < 1;
+ * FSDP_ERR_OUT_OF_MEMORY when even every layer checkpointed does not fit,
+ * naming the budget, fixed, the activations at k = n_layer and at k = 0.
+ * Pure, thread-safe, allocates nothing; *out is written only on success. */
+FSDP_API fsdp_status_t fsdp_checkpoint_auto(const fsdp_gpt2_memory_t *m, int n_layer,
+                                            size_t fixed, size_t budget,
+                                            fsdp_checkpoint_choice_t *out);
 
 /* ---- what each kernel class costs, computed ------------------------------
  * For one optimizer step of GPT-2 c over micro_batches micro-batches of B x T
@@ -393,6 +453,10 @@ FSDP_API fsdp_status_t fsdp_llama_sample(fsdp_llama_t model, const int *prompt, 
 /* Bytes of activations and kernel buffers the model holds in the engine's
  * device memory, and what they would be with no layer checkpointed. */
 FSDP_API size_t fsdp_llama_activation_bytes(fsdp_llama_t model, size_t *without_checkpointing);
+/* Layers whose activations are recomputed, and whether layer l is, as
+ * fsdp_gpt2_checkpointed and fsdp_gpt2_layer_checkpointed. */
+FSDP_API int fsdp_llama_checkpointed(fsdp_llama_t model, size_t *budget);
+FSDP_API int fsdp_llama_layer_checkpointed(fsdp_llama_t model, int l);
 
 /* What the model's activation arena takes at micro-batch B x T, by the code
  * that carves it, without an engine (fsdp_gpt2_memory's fields): per layer

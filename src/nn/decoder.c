@@ -150,6 +150,97 @@ static fsdp_status_t pick_backend(decoder_t *d) {
   return m->buffers ? m->buffers(d) : FSDP_SUCCESS;
 }
 
+size_t fsdp_activation_arena_bytes(const fsdp_gpt2_memory_t *m, int saved, int scratch) {
+  if (!m || saved < 0 || scratch < 0) return 0;
+  return m->inputs + (size_t)(saved + scratch) * m->per_layer + m->common;
+}
+
+/* Bytes as GiB, or MiB below one GiB, for messages. */
+static const char *size_text(size_t b, char *buf, size_t n) {
+  if (b >= (1u << 30)) snprintf(buf, n, "%.2f GiB", (double)b / (1u << 30));
+  else snprintf(buf, n, "%.2f MiB", (double)b / (1u << 20));
+  return buf;
+}
+
+fsdp_status_t fsdp_checkpoint_auto(const fsdp_gpt2_memory_t *m, int n_layer, size_t fixed,
+                                   size_t budget, fsdp_checkpoint_choice_t *out) {
+  if (!m || !out || n_layer < 1)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_checkpoint_auto: %s",
+                      n_layer < 1 ? "n_layer must be >= 1" : "NULL argument");
+  /* k = 0 saves every layer; each k > 0 saves L - k and one layer of scratch:
+   * k = 1 costs as much as k = 0, so it is never the answer */
+  for (int k = 0; k <= n_layer; k++) {
+    const size_t acts = fsdp_activation_arena_bytes(m, n_layer - k, k > 0);
+    if (fixed <= budget && acts <= budget - fixed) {
+      *out = (fsdp_checkpoint_choice_t){k, acts, fixed + acts};
+      return FSDP_SUCCESS;
+    }
+  }
+  const size_t all = fsdp_activation_arena_bytes(m, 0, 1);
+  char b[32], f[32], a[32], sum[32], none[32];
+  return fsdp_error(FSDP_ERR_OUT_OF_MEMORY,
+                    "checkpoint auto: a budget of %s (%zu bytes) holds no plan: model state "
+                    "and kernel memory %s + activations with all %d layers checkpointed %s = "
+                    "%s (%zu bytes; with nothing checkpointed %s); give a larger budget, a "
+                    "smaller micro-batch or sequence, or more ranks",
+                    size_text(budget, b, sizeof b), budget, size_text(fixed, f, sizeof f),
+                    n_layer, size_text(all, a, sizeof a), size_text(fixed + all, sum, sizeof sum),
+                    fixed + all,
+                    size_text(fixed + fsdp_activation_arena_bytes(m, n_layer, 0), none,
+                              sizeof none));
+}
+
+/* checkpoint_auto (fsdp_gpt2_opts_t): marks the first k layers' units
+ * checkpointed, k from fsdp_checkpoint_auto over the model's dry-run sizes. */
+fsdp_status_t decoder_checkpoint_auto(decoder_t *d) {
+  if (!d->ckpt_auto) return FSDP_SUCCESS;
+  const char *who = d->m->name;
+  int own = d->n_units == d->L + 1;
+  for (int u = 1; u < d->n_units; u++) {
+    own = own && d->units[u].count == 1;
+    if (d->units[u].checkpoint)
+      return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "%s: checkpoint auto chooses which layers "
+                        "recompute, and so does the plan (unit %s%d is checkpointed): give "
+                        "one policy", who, d->m->layer_prefix, d->units[u].first);
+  }
+  if (!own)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "%s: checkpoint auto checkpoints whole "
+                      "layers: wrap each layer in a unit of its own (wrap_kinds \"%s\"); "
+                      "this plan makes %d units of %d layers", who, d->m->layer_kind,
+                      d->n_units - 1, d->L);
+  size_t budget = d->budget;
+  if (!budget && d->ops->device == FSDP_DEVICE_CUDA) {
+    size_t free_b = 0, total_b = 0;
+    FSDP_TRY(fsdp_cuda_mem_info(&free_b, &total_b));
+    budget = free_b > FSDP_CHECKPOINT_AUTO_MARGIN ? free_b - FSDP_CHECKPOINT_AUTO_MARGIN : 0;
+  }
+  d->budget = budget;
+  if (!budget) return FSDP_SUCCESS; /* the CPU without a budget: nothing checkpointed */
+  fsdp_gpt2_memory_t mem;
+  d->m->arena_parts(d, &mem);
+  fsdp_checkpoint_choice_t ch;
+  fsdp_status_t st = fsdp_checkpoint_auto(&mem, d->L, d->reserved + d->m->extra_bytes(d),
+                                          budget, &ch);
+  if (st != FSDP_SUCCESS) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", fsdp_last_error());
+    return fsdp_error(st, "%s, micro-batch %d x %d (%s): %s", who, d->maxB, d->maxT,
+                      fsdp_dtype_name(d->dt), why);
+  }
+  for (int l = 0; l < ch.k; l++) d->units[l + 1].checkpoint = 1; /* the first k: see fsdp/nn.h */
+  return FSDP_SUCCESS;
+}
+
+int decoder_checkpointed(const decoder_t *d) {
+  int n = 0;
+  for (int l = 0; l < d->L; l++) n += d->units[d->layer_unit[l]].checkpoint;
+  return n;
+}
+
+int decoder_layer_checkpointed(const decoder_t *d, int l) {
+  return l < 0 || l >= d->L ? -1 : d->units[d->layer_unit[l]].checkpoint;
+}
+
 int decoder_arena_layers(const decoder_t *d, int *maxk) {
   int saved = 0;
   *maxk = 0;
@@ -169,7 +260,7 @@ static fsdp_status_t alloc_acts(decoder_t *d) {
   const int layers = decoder_arena_layers(d, &maxk);
   fsdp_gpt2_memory_t mem;
   m->arena_parts(d, &mem);
-  const size_t arena = mem.inputs + (size_t)layers * mem.per_layer + mem.common;
+  const size_t arena = fsdp_activation_arena_bytes(&mem, layers - maxk, maxk);
   const size_t extra = m->extra_bytes(d);
   d->act_bytes = arena + extra;
   d->act_bytes_full = mem.saved + extra;
@@ -202,10 +293,16 @@ static fsdp_status_t alloc_acts(decoder_t *d) {
     else m->acts_carve(d, decoder_acts(d, l), base, &at);
   }
   m->common_carve(d, base, &at);
+  if (at != arena) /* the carving and the size function it is allocated by agree */
+    return fsdp_error(FSDP_ERR_INTERNAL, "%s: the activation arena carves %zu bytes, "
+                      "fsdp_activation_arena_bytes allocated %zu", m->name, at, arena);
   return FSDP_SUCCESS;
 }
 
 fsdp_status_t decoder_init(decoder_t *d, const fsdp_gpt2_opts_t *o) {
+  d->ckpt_auto = o->checkpoint_auto;
+  d->budget = o->checkpoint_auto ? o->memory_budget : 0;
+  d->reserved = o->memory_reserved;
   d->names = calloc((size_t)d->L * d->m->layer_tensors + d->m->root_tensors, sizeof *d->names);
   if (!d->names) return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "%s: out of host memory", d->m->name);
   FSDP_TRY(plan_units(d, o));

@@ -100,6 +100,9 @@ struct decoder {
   float *row;          /* (V) host: the logits row sampling draws from */
   float *logits_host;  /* (B,T,V) host: the forward's logits, on first ask */
   size_t act_bytes, act_bytes_full;
+  int ckpt_auto;       /* opts' checkpoint_auto */
+  size_t budget;       /* its budget (after create: the one used, 0 for none) */
+  size_t reserved;     /* opts' memory_reserved */
 };
 
 /* A kernel-table call inside the scope of its class (fsdp/profile.h), so that
@@ -145,6 +148,15 @@ fsdp_status_t decoder_add_name(decoder_t *d, const char *name, fsdp_tensor_desc_
 /* Layers whose activations the arena holds at once: the saved ones and the
  * largest checkpointed unit's recompute scratch (*maxk layers). */
 int decoder_arena_layers(const decoder_t *d, int *maxk);
+
+/* checkpoint_auto: marks the first k layers' units checkpointed (k from
+ * fsdp_checkpoint_auto); a no-op without it. Called by the models' prepare,
+ * once the layout and the kernels are known and before any fit check. */
+fsdp_status_t decoder_checkpoint_auto(decoder_t *d);
+/* Layers whose units recompute their activations. */
+int decoder_checkpointed(const decoder_t *d);
+/* 1 when layer l's unit is checkpointed, 0 when not, -1 outside [0, L). */
+int decoder_layer_checkpointed(const decoder_t *d, int l);
 
 /* Create's body, with d->m, eng, L, C, NH, V, maxB, maxT and wide set (the
  * rest zero): units planned and registered, the backend picked, buffers and

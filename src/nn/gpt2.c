@@ -188,8 +188,8 @@ static void arena_parts(const decoder_t *d, fsdp_gpt2_memory_t *m) {
   m->attention = decoder_span(d, att_elems(&dry), sizeof(float));
   common_carve(&dry.d, NULL, &m->common);
   m->inputs = decoder_inputs_bytes(d);
-  m->saved = m->inputs + (size_t)d->L * m->per_layer + m->common;
-  m->checkpointed = m->inputs + m->per_layer + m->common;
+  m->saved = fsdp_activation_arena_bytes(m, d->L, 0);
+  m->checkpointed = fsdp_activation_arena_bytes(m, 0, 1);
 }
 
 fsdp_status_t fsdp_gpt2_memory(const fsdp_gpt2_config_t *c, int B, int T, fsdp_dtype_t act_dtype,
@@ -222,7 +222,8 @@ static size_t arena_bytes_at(const struct fsdp_gpt2 *g, int B, int T) {
   fsdp_gpt2_memory_t m;
   arena_parts(&t.d, &m);
   int maxk;
-  return m.inputs + (size_t)decoder_arena_layers(&g->d, &maxk) * m.per_layer + m.common;
+  const int layers = decoder_arena_layers(&g->d, &maxk);
+  return fsdp_activation_arena_bytes(&m, layers - maxk, maxk);
 }
 
 static double gib(size_t b) { return (double)b / (1u << 30); }
@@ -297,6 +298,7 @@ static fsdp_status_t prepare(decoder_t *d) {
   if (d->ops->attention_state_floats(&att_max) != att_elems(g))
     return fsdp_error(FSDP_ERR_INTERNAL, "GPT-2: the %s %s attention keeps another state than "
                       "the layout sized for it", d->ops->name, fsdp_dtype_name(d->dt));
+  FSDP_TRY(decoder_checkpoint_auto(d));
   if (d->ops->device == FSDP_DEVICE_CUDA) FSDP_TRY(check_fits(g));
   return FSDP_SUCCESS;
 }
@@ -531,6 +533,15 @@ fsdp_status_t fsdp_gpt2_create(fsdp_engine_t eng, const fsdp_gpt2_config_t *c,
 size_t fsdp_gpt2_activation_bytes(fsdp_gpt2_t g, size_t *without_checkpointing) {
   if (without_checkpointing) *without_checkpointing = g ? g->d.act_bytes_full : 0;
   return g ? g->d.act_bytes : 0;
+}
+
+int fsdp_gpt2_checkpointed(fsdp_gpt2_t g, size_t *budget) {
+  if (budget) *budget = g ? g->d.budget : 0;
+  return g ? decoder_checkpointed(&g->d) : 0;
+}
+
+int fsdp_gpt2_layer_checkpointed(fsdp_gpt2_t g, int l) {
+  return g ? decoder_layer_checkpointed(&g->d, l) : -1;
 }
 
 fsdp_status_t fsdp_gpt2_forward_backward(fsdp_gpt2_t g, const int *tokens, const int *targets,

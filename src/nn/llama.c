@@ -141,8 +141,8 @@ static void arena_parts(const decoder_t *d, fsdp_llama_memory_t *m) {
   common_carve(&dry.d, NULL, &m->common);
   m->inputs = decoder_inputs_bytes(d);
   m->attention = decoder_span(d, dry.att_floats, sizeof(float));
-  m->saved = m->inputs + (size_t)d->L * m->per_layer + m->common;
-  m->checkpointed = m->inputs + m->per_layer + m->common;
+  m->saved = fsdp_activation_arena_bytes(m, d->L, 0);
+  m->checkpointed = fsdp_activation_arena_bytes(m, 0, 1);
 }
 
 /* The widest product output: q|k|v or gate|up. */
@@ -210,7 +210,7 @@ static fsdp_status_t prepare(decoder_t *d) {
   const fsdp_attention_forward_args_t att = {.dt = d->dt, .B = d->maxB, .T = d->maxT,
                                              .NH = d->NH};
   g->att_floats = d->ops->attention_state_floats(&att);
-  return FSDP_SUCCESS;
+  return decoder_checkpoint_auto(d);
 }
 
 /* The RoPE frequencies, copied to the backend's memory once. */
@@ -504,6 +504,15 @@ fsdp_status_t fsdp_llama_create(fsdp_engine_t eng, const fsdp_llama_config_t *c,
 size_t fsdp_llama_activation_bytes(fsdp_llama_t g, size_t *without_checkpointing) {
   if (without_checkpointing) *without_checkpointing = g ? g->d.act_bytes_full : 0;
   return g ? g->d.act_bytes : 0;
+}
+
+int fsdp_llama_checkpointed(fsdp_llama_t g, size_t *budget) {
+  if (budget) *budget = g ? g->d.budget : 0;
+  return g ? decoder_checkpointed(&g->d) : 0;
+}
+
+int fsdp_llama_layer_checkpointed(fsdp_llama_t g, int l) {
+  return g ? decoder_layer_checkpointed(&g->d, l) : -1;
 }
 
 fsdp_status_t fsdp_llama_forward_backward(fsdp_llama_t g, const int *tokens, const int *targets,

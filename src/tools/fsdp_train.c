@@ -43,8 +43,12 @@ static const char usage_text[] =
     "                            LlamaDecoderLayer (llama default), Linear (mlp)\n"
     "  --wrap-min-params N       or: group blocks (layers) into units of at least N parameters\n"
     "  --no-wrap                 one unit for the whole model\n"
-    "  --checkpoint KINDS        recompute these units' activations in backward (GPT2Block,\n"
-    "                            LlamaDecoderLayer)\n"
+    "  --checkpoint KINDS|auto   recompute these units' activations in backward (GPT2Block,\n"
+    "                            LlamaDecoderLayer); auto: the fewest leading blocks (layers)\n"
+    "                            so that model state + activations + kernel memory fit the\n"
+    "                            budget (cuda: free memory at start less 2 GiB; cpu: none,\n"
+    "                            nothing checkpointed); a unit per block required\n"
+    "  --memory-budget GIB       the budget of --checkpoint auto, per rank (cpu and cuda)\n"
     "optimisation\n"
     "  --global-batch B          sequences or samples per step over all ranks\n"
     "  --micro-batches M         gradient accumulation (default 1)\n"
@@ -131,7 +135,7 @@ static int parse_word(void *ctx, const char *tool, const char *a, const char *v)
 }
 
 /* The flags with a value of their own type; the rest are parse_word's. */
-#define TRAIN_FLAGS 43
+#define TRAIN_FLAGS 44
 static void flag_table(train_opts_t *o, flag_t *t) {
   const flag_t table[] = {
       {"--model", NULL, FLAG_STR, &o->model}, {"--data", NULL, FLAG_STR, &o->data},
@@ -148,6 +152,7 @@ static void flag_table(train_opts_t *o, flag_t *t) {
       {"--no-wrap", NULL, FLAG_CLEAR, &o->wrap.wrap_kinds},
       {"--wrap-min-params", NULL, FLAG_SIZE, &o->wrap.wrap_min_params},
       {"--checkpoint", NULL, FLAG_STR, &o->wrap.checkpoint_kinds},
+      {"--memory-budget", NULL, FLAG_F32, &o->memory_budget},
       /* sequences per rank are an int */
       {"--global-batch", NULL, FLAG_I64_32, &o->global_batch},
       {"--micro-batches", NULL, FLAG_INT, &o->cfg.grad_accum},
@@ -257,6 +262,13 @@ static int finish_options(train_opts_t *o) {
   if (o->wrap.wrap_min_params && o->wrap.wrap_kinds)
     return fprintf(stderr, "fsdp-train: --wrap %s and --wrap-min-params %zu are two wrap "
                    "policies: give one\n", o->wrap.wrap_kinds, o->wrap.wrap_min_params), -1;
+  const int ck_auto = o->wrap.checkpoint_kinds && !strcmp(o->wrap.checkpoint_kinds, "auto");
+  if (ck_auto && !gpt)
+    return fprintf(stderr, "fsdp-train: --checkpoint auto: gpt2 and llama recompute blocks; "
+                   "the mlp recomputes nothing\n"), -1;
+  if (o->memory_budget < 0.0f || (o->memory_budget > 0.0f && !ck_auto))
+    return fprintf(stderr, "fsdp-train: --memory-budget %g: a positive number of GiB, the "
+                   "budget of --checkpoint auto\n", (double)o->memory_budget), -1;
   if ((o->save_every || (o->resume && !strcmp(o->resume, "auto"))) && !o->save_dir)
     return fprintf(stderr, "fsdp-train: --save-every and --resume auto need --save-dir\n"), -1;
   if (o->replica_every < 0 || (o->replica_every && !gpt))

@@ -93,3 +93,87 @@ fsdp_status_t lm_kernel_costs(const lm_t *lm, int B, int T, int micro_batches,
              ? fsdp_llama_kernel_costs(lm->llama, B, T, micro_batches, act_dtype, out, n)
              : fsdp_gpt2_kernel_costs(lm->gpt, B, T, micro_batches, act_dtype, out, n);
 }
+
+int lm_checkpointed(const lm_t *lm, size_t *budget) {
+  return lm->kind == LM_LLAMA ? fsdp_llama_checkpointed(lm->l, budget)
+                              : fsdp_gpt2_checkpointed(lm->g, budget);
+}
+
+int lm_layer_checkpointed(const lm_t *lm, int l) {
+  return lm->kind == LM_LLAMA ? fsdp_llama_layer_checkpointed(lm->l, l)
+                              : fsdp_gpt2_layer_checkpointed(lm->g, l);
+}
+
+/* Parameters of the model with one layer less: a layer's, by difference. */
+static size_t layer_params(const lm_t *lm) {
+  if (lm->kind == LM_LLAMA) {
+    fsdp_llama_config_t c = *lm->llama;
+    c.n_layer--;
+    return fsdp_llama_num_params(lm->llama) - fsdp_llama_num_params(&c);
+  }
+  fsdp_gpt2_config_t c = *lm->gpt;
+  c.n_layer--;
+  return fsdp_gpt2_num_params(lm->gpt) - fsdp_gpt2_num_params(&c);
+}
+
+size_t lm_model_state_bytes(const lm_t *lm, const fsdp_config_t *cfg, int nranks) {
+  lm_layout_t y;
+  lm_layout(lm, &y);
+  const int S = cfg->strategy == FSDP_NO_SHARD ? 1 : cfg->shard_size > 0 ? cfg->shard_size
+                                                                         : nranks;
+  const size_t shard = (y.params + (size_t)S - 1) / (size_t)S;
+  const size_t low = cfg->param_dtype == FSDP_F32 ? 0 : fsdp_dtype_size(cfg->param_dtype);
+  const size_t optim = cfg->optim.kind == FSDP_OPTIM_ADAMW ? 8
+                       : cfg->optim.momentum != 0.0f      ? 4
+                                                          : 0;
+  const size_t layer = layer_params(lm), root = y.params - (size_t)y.n_layer * layer;
+  const int live = cfg->strategy == FSDP_SHARD_GRAD_OP ? y.n_layer : cfg->prefetch_depth + 1;
+  const size_t gathered = root + (size_t)(live < y.n_layer ? live : y.n_layer) * layer;
+  return shard * (4 + 4 + optim + low) + gathered * (fsdp_dtype_size(cfg->param_dtype) + 4);
+}
+
+int lm_checkpoint_auto_opts(const lm_t *lm, const fsdp_config_t *cfg, int nranks,
+                            double budget_gib, fsdp_gpt2_opts_t *w) {
+  if (!w->checkpoint_kinds || strcmp(w->checkpoint_kinds, "auto")) return 0;
+  w->checkpoint_kinds = NULL;
+  w->checkpoint_auto = 1;
+  w->memory_budget = (size_t)(budget_gib * 1073741824.0);
+  w->memory_reserved = lm_model_state_bytes(lm, cfg, nranks);
+  return 1;
+}
+
+/* Bytes as GiB, or MiB below one GiB (the tiny presets'). */
+static const char *bytes_text(size_t b, char *buf, size_t n) {
+  if (b >= (1u << 30)) snprintf(buf, n, "%.2f GiB", (double)b / 1073741824.0);
+  else snprintf(buf, n, "%.2f MiB", (double)b / 1048576.0);
+  return buf;
+}
+
+void lm_checkpoint_auto_text(const lm_t *lm, int json, char *buf, size_t n) {
+  lm_layout_t y;
+  lm_layout(lm, &y);
+  size_t budget, acts = lm_activation_bytes(lm, NULL);
+  const int k = lm_checkpointed(lm, &budget);
+  const char *what = lm->kind == LM_LLAMA ? "layers" : "blocks";
+  const char *prefix = lm->kind == LM_LLAMA ? "model.layers." : "h.";
+  char a[32], b[32];
+  int first = -1, last = -1; /* the model's own answer (auto: the first k) */
+  for (int l = 0; l < y.n_layer; l++)
+    if (lm_layer_checkpointed(lm, l) == 1) last = l, first = first < 0 ? l : first;
+  if (json) {
+    snprintf(buf, n, "\"checkpoint_auto\":{\"checkpointed\":%d,\"layers\":%d,\"first\":%d,"
+             "\"last\":%d,\"activation_bytes\":%zu,\"budget_bytes\":%zu}", k, y.n_layer,
+             first, last, acts, budget);
+    return;
+  }
+  int at = snprintf(buf, n, "checkpoint auto: %d of %d %s", k, y.n_layer, what);
+  if (k == 1) at += snprintf(buf + at, n - (size_t)at, " (%s%d)", prefix, first);
+  else if (k > 1)
+    at += snprintf(buf + at, n - (size_t)at, " (%s%d-%s%d)", prefix, first, prefix, last);
+  if (budget)
+    snprintf(buf + at, n - (size_t)at, ", activations %s, budget %s",
+             bytes_text(acts, a, sizeof a), bytes_text(budget, b, sizeof b));
+  else
+    snprintf(buf + at, n - (size_t)at, ", activations %s (no --memory-budget on the CPU: "
+             "nothing checkpointed)", bytes_text(acts, a, sizeof a));
+}

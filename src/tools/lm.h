@@ -50,6 +50,28 @@ fsdp_status_t lm_forward(const lm_t *lm, const int *tokens, const int *targets, 
 fsdp_status_t lm_sample(const lm_t *lm, const int *prompt, int n_prompt, int n_new,
                         const fsdp_gpt2_sampling_t *how, int *out);
 size_t lm_activation_bytes(const lm_t *lm, size_t *without_checkpointing);
+/* Model state per rank the budget of --checkpoint auto must hold besides the
+ * activations, estimated before the engine allocates it: the fp32 master and
+ * gradient shards, the optimizer's state and the low-precision copy over S
+ * ranks (S: --shard-size or the world; 1 unsharded), plus the gathered units
+ * in flight (the root and prefetch + 1 layers, every layer under zero2) and
+ * their fp32 gradient buffers. */
+size_t lm_model_state_bytes(const lm_t *lm, const fsdp_config_t *cfg, int nranks);
+/* --checkpoint auto: when w->checkpoint_kinds is "auto", clears it and sets
+ * checkpoint_auto, memory_budget (budget_gib, 0: the model's default) and
+ * memory_reserved (lm_model_state_bytes); 1 when it did, else 0. */
+int lm_checkpoint_auto_opts(const lm_t *lm, const fsdp_config_t *cfg, int nranks,
+                            double budget_gib, fsdp_gpt2_opts_t *w);
+/* After lm_create with checkpoint auto: what it chose, as the start-up line
+ * ("checkpoint auto: 12 of 48 blocks (h.0-h.11), activations 14.20 GiB,
+ * budget 70.00 GiB") or, json, as a JSON object's members
+ * ("\"checkpoint_auto\":{...}"). */
+void lm_checkpoint_auto_text(const lm_t *lm, int json, char *buf, size_t n);
+/* Layers the model recomputes (fsdp_gpt2_checkpointed / fsdp_llama_checkpointed). */
+int lm_checkpointed(const lm_t *lm, size_t *budget);
+/* Whether layer l recomputes (fsdp_gpt2_layer_checkpointed / the Llama's). */
+int lm_layer_checkpointed(const lm_t *lm, int l);
+
 /* fsdp_gpt2_kernel_costs / fsdp_llama_kernel_costs for the configuration. */
 fsdp_status_t lm_kernel_costs(const lm_t *lm, int B, int T, int micro_batches,
                               fsdp_dtype_t act_dtype, fsdp_kclass_cost_t *out, int n);

@@ -27,7 +27,8 @@ typedef struct {
   int seq_len, eval_batches, sample;
   float temperature;
   float loss_scale; /* --loss-scale; 0: the engine's default */
-  fsdp_gpt2_opts_t wrap; /* wrap_kinds, wrap_min_params, checkpoint_kinds */
+  fsdp_gpt2_opts_t wrap; /* wrap_kinds, wrap_min_params, checkpoint_kinds ("auto": budgeted) */
+  float memory_budget;   /* --memory-budget GiB for --checkpoint auto; 0: the model's default */
   /* checkpoints (train_ckpt.c) */
   const char *save_dir, *resume; /* resume: "auto" (save_dir's latest, if any) or a path */
   int save_every, save_overwrite, stop_after;

@@ -205,6 +205,11 @@ static int setup(trainer_t *t, gpt_task_t *g) {
     printf("  activations %.2f MiB/rank (%.2f MiB without checkpointing)\n",
            t->act_bytes / 1048576.0, t->act_bytes_full / 1048576.0);
   }
+  if (t->rank == 0 && o->wrap.checkpoint_kinds && !strcmp(o->wrap.checkpoint_kinds, "auto")) {
+    char line[320];
+    lm_checkpoint_auto_text(&g->lm, o->json, line, sizeof line);
+    printf(o->json ? "{\"event\":\"memory\",%s}\n" : "  %s\n", line);
+  }
   return train_replica_start(t);
 }
 
@@ -228,6 +233,7 @@ static int build_model(trainer_t *t, void *task) {
   fsdp_plan_opts_t plan;
   char ckpt[512];
   cfg_file_t *c = o->config;
+  lm_checkpoint_auto_opts(&g->lm, &o->cfg, t->nranks, o->memory_budget, &w);
   int bad = c && lm_config_opts(&g->lm, c, &w, &plan, ckpt, sizeof ckpt);
   bad = bad || lm_create(&g->lm, t->eng, &w);
   bad = bad || (c && (cfg_check_matched(c, 1) || cfg_check_matched(c, 2)));

@@ -6,6 +6,7 @@
  *   bf16:  bf16 parameters and activations on CUDA vs the CPU engine with bf16
  *          parameters (fp32 compute), within 2e-2 relative;
  *   activation checkpointing on CUDA gives the losses without it (1e-5);
+ *   2 of 3 blocks checkpointed by checkpoint auto (bf16) follows the CPU;
  *   forward-only logits on the host and sampling agree with the CPU (fp32);
  *   every tensor's gradient after one forward/backward (fp32 and bf16), read
  *   as the parameters' change under one SGD step of lr 1 (see grads_match_cpu).
@@ -38,6 +39,8 @@ typedef struct {
   fsdp_device_kind_t device;
   fsdp_dtype_t dtype;
   const char *checkpoint; /* NULL or "GPT2Block" */
+  size_t budget;          /* > 0: checkpoint auto at this memory_budget ... */
+  int want_k;             /* ... which must checkpoint the first want_k blocks */
 } run_t;
 
 typedef struct {
@@ -71,7 +74,8 @@ static fsdp_status_t open_model(const run_t *r, fsdp_config_t *c, fsdp_engine_t 
   if (st == FSDP_ERR_UNSUPPORTED) return st;
   ck_assert_msg(st == FSDP_SUCCESS, "engine: %s", fsdp_last_error());
   fsdp_gpt2_opts_t o = {.wrap_kinds = "GPT2Block", .checkpoint_kinds = r->checkpoint,
-                         .max_batch = B};
+                         .max_batch = B, .checkpoint_auto = r->budget > 0,
+                         .memory_budget = r->budget};
   st = fsdp_gpt2_create(*e, &cfg, &o, g);
   if (st == FSDP_SUCCESS) st = fsdp_engine_materialize(*e, 7);
   if (st == FSDP_ERR_UNSUPPORTED) {
@@ -92,6 +96,11 @@ static fsdp_status_t train(const run_t *r, result_t *out) {
   if (st != FSDP_SUCCESS) return st;
   int *tok = malloc((size_t)B * T * sizeof(int)), *tgt = malloc((size_t)B * T * sizeof(int));
   ck_assert(tok && tgt);
+  if (r->budget) { /* checkpoint auto took the first want_k blocks */
+    ck_assert_int_eq(fsdp_gpt2_checkpointed(g, NULL), r->want_k);
+    for (int l = 0; l < cfg.n_layer; l++)
+      ck_assert_int_eq(fsdp_gpt2_layer_checkpointed(g, l), l < r->want_k);
+  }
   for (int s = 0; s < STEPS; s++) {
     batch(s, tok, tgt);
     ck_assert_msg(fsdp_gpt2_forward_backward(g, tok, tgt, B, T, 1.0f / (B * T), &out->loss[s]) ==
@@ -142,7 +151,8 @@ static double compare(const char *what, const run_t *a, const run_t *b, result_t
 }
 
 START_TEST(fp32_matches_cpu) {
-  run_t cpu = {FSDP_DEVICE_CPU, FSDP_F32, NULL}, gpu = {FSDP_DEVICE_CUDA, FSDP_F32, NULL};
+  run_t cpu = {FSDP_DEVICE_CPU, FSDP_F32, NULL, 0, 0},
+        gpu = {FSDP_DEVICE_CUDA, FSDP_F32, NULL, 0, 0};
   result_t a = {0}, b = {0};
   compare("fp32 vs cpu", &cpu, &gpu, &a, &b, 1e-4);
   if (!skipped) {
@@ -166,7 +176,8 @@ START_TEST(fp32_matches_cpu) {
 END_TEST
 
 START_TEST(bf16_follows_cpu) {
-  run_t cpu = {FSDP_DEVICE_CPU, FSDP_BF16, NULL}, gpu = {FSDP_DEVICE_CUDA, FSDP_BF16, NULL};
+  run_t cpu = {FSDP_DEVICE_CPU, FSDP_BF16, NULL, 0, 0},
+        gpu = {FSDP_DEVICE_CUDA, FSDP_BF16, NULL, 0, 0};
   result_t a = {0}, b = {0};
   compare("bf16 vs cpu bf16", &cpu, &gpu, &a, &b, 2e-2);
   if (!skipped) ck_assert(fabs(a.eval - b.eval) <= 2e-2 * a.eval);
@@ -178,8 +189,8 @@ END_TEST
 START_TEST(checkpointing_on_cuda) {
   static const fsdp_dtype_t dtypes[] = {FSDP_F32, FSDP_BF16};
   for (int k = 0; k < 2 && !skipped; k++) {
-    run_t plain = {FSDP_DEVICE_CUDA, dtypes[k], NULL};
-    run_t ckpt = {FSDP_DEVICE_CUDA, dtypes[k], "GPT2Block"};
+    run_t plain = {FSDP_DEVICE_CUDA, dtypes[k], NULL, 0, 0};
+    run_t ckpt = {FSDP_DEVICE_CUDA, dtypes[k], "GPT2Block", 0, 0};
     result_t a = {0}, b = {0};
     char what[64];
     snprintf(what, sizeof what, "%s checkpoint vs none", fsdp_dtype_name(dtypes[k]));
@@ -192,6 +203,47 @@ START_TEST(checkpointing_on_cuda) {
 }
 END_TEST
 
+/* k of L blocks checkpointed on CUDA in bf16 against the CPU engine with
+ * none: 3 blocks, checkpoint auto at the budget that exactly fits k = 2
+ * (blocks h.0 and h.1 recompute, h.2 keeps its activations), the budget made
+ * of the CUDA model's own bytes without checkpointing less fsdp_gpt2_memory's
+ * arena (CUDA's, to the byte: the same carving, 256-byte alignment) plus the
+ * arena fsdp_activation_arena_bytes gives for k = 2. */
+START_TEST(partial_checkpoint_follows_cpu) {
+  cfg.n_layer = 3;
+  run_t gpu = {FSDP_DEVICE_CUDA, FSDP_BF16, NULL, 0, 0};
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  fsdp_engine_t e;
+  fsdp_gpt2_t g;
+  if (open_model(&gpu, &c, &e, &g) == FSDP_ERR_UNSUPPORTED) {
+    skipped = 1;
+    printf("gpt2 cuda bf16 partial checkpoint: SKIP: %s\n", fsdp_last_error());
+    cfg.n_layer = 2;
+    return;
+  }
+  size_t full, act = fsdp_gpt2_activation_bytes(g, &full);
+  fsdp_gpt2_destroy(g);
+  fsdp_engine_destroy(e);
+  fsdp_gpt2_memory_t m;
+  ck_assert_int_eq(fsdp_gpt2_memory(&cfg, B, T, FSDP_BF16, FSDP_GPT2_LAYOUT_BUILT, &m),
+                   FSDP_SUCCESS);
+  ck_assert_uint_eq(act, full);
+  gpu.budget = full - fsdp_activation_arena_bytes(&m, 3, 0) + fsdp_activation_arena_bytes(&m, 1, 1);
+  gpu.want_k = 2;
+  run_t cpu = {FSDP_DEVICE_CPU, FSDP_BF16, NULL, 0, 0};
+  result_t a = {0}, b = {0};
+  compare("bf16 2 of 3 blocks checkpointed (auto) vs cpu bf16", &cpu, &gpu, &a, &b, 2e-2);
+  free(a.logits);
+  free(b.logits);
+  gpu.budget--; /* one byte less: all three */
+  gpu.want_k = 3;
+  result_t d = {0};
+  ck_assert_int_eq(train(&gpu, &d), FSDP_SUCCESS);
+  free(d.logits);
+  cfg.n_layer = 2;
+}
+END_TEST
+
 /* A vocabulary off the multiple of 128 (300: logits rows 384 apart on both
  * devices, the gradient written over them): the CUDA model follows the
  * CPU's, and the forward's logits come back packed (B,T,V) alike. GPT-2's own
@@ -199,7 +251,8 @@ END_TEST
  * minutes in the simulator). */
 START_TEST(padded_vocab_matches_cpu) {
   cfg.vocab_size = 300;
-  run_t cpu = {FSDP_DEVICE_CPU, FSDP_F32, NULL}, gpu = {FSDP_DEVICE_CUDA, FSDP_F32, NULL};
+  run_t cpu = {FSDP_DEVICE_CPU, FSDP_F32, NULL, 0, 0},
+        gpu = {FSDP_DEVICE_CUDA, FSDP_F32, NULL, 0, 0};
   result_t a = {0}, b = {0};
   compare("fp32 vs cpu, V 300", &cpu, &gpu, &a, &b, 1e-4);
   if (!skipped) {
@@ -480,13 +533,15 @@ static void compare_grads(const char *what, const run_t *cpu, const run_t *gpu, 
 }
 
 START_TEST(fp32_grads_match_cpu) {
-  run_t cpu = {FSDP_DEVICE_CPU, FSDP_F32, NULL}, gpu = {FSDP_DEVICE_CUDA, FSDP_F32, NULL};
+  run_t cpu = {FSDP_DEVICE_CPU, FSDP_F32, NULL, 0, 0},
+        gpu = {FSDP_DEVICE_CUDA, FSDP_F32, NULL, 0, 0};
   compare_grads("fp32 grads vs cpu", &cpu, &gpu, 1e-4);
 }
 END_TEST
 
 START_TEST(bf16_grads_follow_cpu) {
-  run_t cpu = {FSDP_DEVICE_CPU, FSDP_BF16, NULL}, gpu = {FSDP_DEVICE_CUDA, FSDP_BF16, NULL};
+  run_t cpu = {FSDP_DEVICE_CPU, FSDP_BF16, NULL, 0, 0},
+        gpu = {FSDP_DEVICE_CUDA, FSDP_BF16, NULL, 0, 0};
   compare_grads("bf16 grads vs cpu bf16", &cpu, &gpu, 5e-2);
 }
 END_TEST
@@ -498,7 +553,8 @@ END_TEST
  * the first product alone.) */
 START_TEST(padded_vocab_grads_match_cpu) {
   cfg.vocab_size = 300;
-  run_t cpu = {FSDP_DEVICE_CPU, FSDP_F32, NULL}, gpu = {FSDP_DEVICE_CUDA, FSDP_F32, NULL};
+  run_t cpu = {FSDP_DEVICE_CPU, FSDP_F32, NULL, 0, 0},
+        gpu = {FSDP_DEVICE_CUDA, FSDP_F32, NULL, 0, 0};
   compare_grads("fp32 grads vs cpu, V 300", &cpu, &gpu, 1e-4);
   cpu.dtype = gpu.dtype = FSDP_BF16;
   if (!skipped) compare_grads("bf16 grads vs cpu bf16, V 300", &cpu, &gpu, 5e-2);
@@ -508,8 +564,8 @@ END_TEST
 
 /* FSDP_TEST_SMALL: CUDA with checkpointing and prefetch against the CPU. */
 START_TEST(small_matches_cpu) {
-  run_t cpu = {FSDP_DEVICE_CPU, small_dtype, NULL};
-  run_t gpu = {FSDP_DEVICE_CUDA, small_dtype, "GPT2Block"};
+  run_t cpu = {FSDP_DEVICE_CPU, small_dtype, NULL, 0, 0};
+  run_t gpu = {FSDP_DEVICE_CUDA, small_dtype, "GPT2Block", 0, 0};
   const int f32 = small_dtype == FSDP_F32;
   result_t a = {0}, b = {0};
   char what[64];
@@ -535,6 +591,7 @@ static Suite *gpt2_cuda_suite(void) {
   tcase_add_test(tc, fp32_matches_cpu);
   tcase_add_test(tc, bf16_follows_cpu);
   tcase_add_test(tc, checkpointing_on_cuda);
+  tcase_add_test(tc, partial_checkpoint_follows_cpu);
   tcase_add_test(tc, padded_vocab_matches_cpu);
   tcase_add_test(tc, too_big_is_refused_in_words);
   tcase_add_test(tc, fp32_grads_match_cpu);

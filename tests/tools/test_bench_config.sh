@@ -7,7 +7,8 @@
 # no wrong element), and a rule that matches nothing is refused by file:line.
 # One file serves both tools: the shipped configs/gpt2-small.yaml is read, the
 # keys only fsdp-train takes skipped with a note, and every key of either
-# tool's --help is taken or skipped by the other, never "unknown".
+# tool's --help is taken or skipped by the other, never "unknown". --memory-plan
+# prints the k --checkpoint auto chooses at --memory-budget.
 # usage: test_bench_config.sh FSDP_BENCH FSDP_TRAIN GPT2_SMALL_YAML
 set -euo pipefail
 bench=$1 train=$2 shipped=$(realpath "$3")
@@ -65,4 +66,14 @@ for pair in "$train $bench" "$bench $train"; do
     if grep -q "unknown key" <<<"$err"; then fail "$(basename "$2") does not know $1's $flag: $err"; fi
   done
 done
+# --memory-plan's checkpoint auto rows: 1558M at 16 x 1024 in bf16 (39.66 GiB of
+# activations with none checkpointed, 5.15 with all, 26.91 of model state): a
+# 40 GiB budget needs 38 of the 48 blocks, 78 GiB none.
+plan=$("$bench" --memory-plan --micro-batch 16 --seq-len 1024 --dtype bf16 --preset 1558M \
+       --memory-budget 40 2>&1)
+grep -Eq '^1558M +48 +39\.66 +31\.58 +22\.77 +13\.96 +5\.15 +26\.91 +38 *$' <<<"$plan" ||
+  fail "--memory-plan's checkpoint auto row for 1558M at 40 GiB: $(grep -A4 'Checkpoint auto' <<<"$plan")"
+plan=$("$bench" --memory-plan --micro-batch 16 --seq-len 1024 --dtype bf16 --preset 1558M \
+       --memory-budget 78 2>&1)
+grep -Eq '^1558M +48 .* 26\.91 +0 *$' <<<"$plan" || fail "1558M at 78 GiB: auto checkpoints blocks"
 echo "ok: fsdp-bench reads, overrides and prints its configuration; rules apply; bad rules refused"

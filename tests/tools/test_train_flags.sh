@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # tests/tools/test_train_flags.sh — fsdp-train's wrap flags on a tiny GPT-2:
 # --wrap-min-params alone groups blocks by size (it used to be ignored unless
-# --wrap '' was given too), and with an explicit --wrap it is refused.
+# --wrap '' was given too), and with an explicit --wrap it is refused;
+# --checkpoint auto chooses the fewest leading blocks to recompute for
+# --memory-budget.
 # usage: test_train_flags.sh FSDP_TRAIN
 set -euo pipefail
 train=$1
@@ -25,3 +27,26 @@ set -e
 grep -q -- "--wrap GPT2Block and --wrap-min-params 20000 are two wrap policies" <<<"$err" ||
   { echo "FAIL: message: $err"; exit 1; }
 echo "ok: --wrap-min-params groups blocks by size; with --wrap it is refused"
+
+# --checkpoint auto: on the CPU without a budget nothing is checkpointed (and
+# said so); at a budget between the plans the fewest leading blocks that fit
+# (1.6 MiB: the model state and kernel memory, 1.17 MiB, + 3 blocks of 4
+# checkpointed; 1.5 MiB needs all 4); --json carries the choice; a budget
+# nothing fits is refused naming the numbers.
+out=$("$train" "${tiny[@]}" --checkpoint auto 2>&1)
+grep -q "checkpoint auto: 0 of 4 blocks, activations .* (no --memory-budget on the CPU: nothing checkpointed)" <<<"$out" ||
+  { echo "FAIL: auto without a budget: $out"; exit 1; }
+out=$("$train" "${tiny[@]}" --checkpoint auto --memory-budget 0.0016 2>&1)
+grep -q "checkpoint auto: 3 of 4 blocks (h.0-h.2), activations 0.43 MiB, budget 1.64 MiB" <<<"$out" ||
+  { echo "FAIL: auto at 1.6 MiB: $out"; exit 1; }
+out=$("$train" "${tiny[@]}" --checkpoint auto --memory-budget 0.0015 --json 2>&1)
+grep -q '"checkpoint_auto":{"checkpointed":4,"layers":4,"first":0,"last":3,' <<<"$out" ||
+  { echo "FAIL: auto --json: $out"; exit 1; }
+set +e
+err=$("$train" "${tiny[@]}" --checkpoint auto --memory-budget 0.001 2>&1)
+rc=$?
+set -e
+[ "$rc" -ne 0 ] || { echo "FAIL: a budget nothing fits ran"; exit 1; }
+grep -q "checkpoint auto: a budget of 1.02 MiB (1073741 bytes) holds no plan: .* all 4 layers checkpointed" <<<"$err" ||
+  { echo "FAIL: refusal: $err"; exit 1; }
+echo "ok: --checkpoint auto checkpoints the fewest leading blocks the budget needs"

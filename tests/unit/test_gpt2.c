@@ -1,10 +1,12 @@
 /* tests/unit/test_gpt2.c — GPT-2 on one rank: the published parameter counts,
  * the unit plans the wrap policies make, the model's gradient against finite
  * differences, activation checkpointing giving identical gradients with the
- * memory the shapes predict, the activation memory computed without a model
- * (fsdp_gpt2_memory), and sampling. */
+ * memory the shapes predict (k of L blocks too, and checkpoint auto's choice
+ * at budgets around its boundaries), the activation memory computed without
+ * a model (fsdp_gpt2_memory), and sampling. */
 #include <check.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -217,6 +219,164 @@ START_TEST(checkpoint_grouped_identical) {
   ck_assert_uint_eq(act[1], act[0]);
   ck_assert_int_eq(memcmp(w[0][0], w[1][0], 12 * 48 * sizeof(float)), 0);
   ck_assert_int_eq(memcmp(w[0][1], w[1][1], 12 * 36 * sizeof(float)), 0);
+}
+END_TEST
+
+/* fsdp_checkpoint_auto on made-up sizes: the fewest k at budgets around each
+ * boundary (exactly fits: k; one byte less: the next k that saves memory),
+ * k = 1 never chosen (it keeps a layer of scratch for the one it frees), the
+ * fixed part counted, and a budget nothing fits refused in numbers. */
+START_TEST(checkpoint_auto_choice) {
+  const fsdp_gpt2_memory_t m = {.per_layer = 1000, .inputs = 300, .common = 50};
+  const int L = 8;
+  const size_t fixed = 7000;
+  ck_assert_uint_eq(fsdp_activation_arena_bytes(&m, L, 0), 300 + 8 * 1000 + 50);
+  ck_assert_uint_eq(fsdp_activation_arena_bytes(&m, 5, 1), 300 + 6 * 1000 + 50);
+  fsdp_checkpoint_choice_t ch;
+  for (int k = 0; k <= L; k++) {
+    if (k == 1) continue;
+    const size_t acts = fsdp_activation_arena_bytes(&m, L - k, k > 0);
+    ck_assert_int_eq(fsdp_checkpoint_auto(&m, L, fixed, fixed + acts, &ch), FSDP_SUCCESS);
+    ck_assert_int_eq(ch.k, k);
+    ck_assert_uint_eq(ch.activations, acts);
+    ck_assert_uint_eq(ch.need, fixed + acts);
+    if (k == L) break;
+    ck_assert_int_eq(fsdp_checkpoint_auto(&m, L, fixed, fixed + acts - 1, &ch), FSDP_SUCCESS);
+    ck_assert_int_eq(ch.k, k == 0 ? 2 : k + 1);
+  }
+  ck_assert_int_eq(fsdp_checkpoint_auto(&m, L, fixed, (size_t)1 << 40, &ch), FSDP_SUCCESS);
+  ck_assert_int_eq(ch.k, 0);
+  /* every layer checkpointed, one byte short: refused, naming the numbers */
+  const size_t all = fixed + fsdp_activation_arena_bytes(&m, 0, 1);
+  ch.k = -5;
+  ck_assert_int_eq(fsdp_checkpoint_auto(&m, L, fixed, all - 1, &ch), FSDP_ERR_OUT_OF_MEMORY);
+  ck_assert_int_eq(ch.k, -5); /* untouched */
+  char want[64];
+  snprintf(want, sizeof want, "(%zu bytes)", all - 1);
+  ck_assert_msg(strstr(fsdp_last_error(), want), "%s", fsdp_last_error());
+  snprintf(want, sizeof want, "(%zu bytes;", all);
+  ck_assert_msg(strstr(fsdp_last_error(), want), "%s", fsdp_last_error());
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "all 8 layers checkpointed"));
+  /* a fixed part past the budget fits nothing */
+  ck_assert_int_eq(fsdp_checkpoint_auto(&m, L, 1u << 20, 1000, &ch), FSDP_ERR_OUT_OF_MEMORY);
+  ck_assert_int_eq(fsdp_checkpoint_auto(NULL, L, 0, 1, &ch), FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(fsdp_checkpoint_auto(&m, 0, 0, 1, &ch), FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "n_layer"));
+}
+END_TEST
+
+/* Four blocks, so that k of L is partial. */
+static const fsdp_gpt2_config_t cfg4 = {4, 3, 12, 9, 11};
+
+/* Three SGD-free AdamW steps with the first blocks checkpointed by names
+ * (ckpt) or by checkpoint_auto at budget (reserved: memory_reserved); the
+ * weights of h.0 and h.3 after them, the activation bytes, the blocks
+ * checkpointed. A create refused returns its status. */
+static fsdp_status_t train4(const char *ckpt, int autock, size_t budget, size_t reserved,
+                            float w[2][2000], size_t *act, size_t *full, int *k) {
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  fsdp_engine_t e = engine(&c);
+  fsdp_plan_opts_t plan = FSDP_PLAN_OPTS_INIT;
+  plan.wrap_kinds = "GPT2Block";
+  plan.checkpoint_names = ckpt;
+  fsdp_gpt2_opts_t o = {.plan = &plan, .max_batch = B, .checkpoint_auto = autock,
+                        .memory_budget = budget, .memory_reserved = reserved};
+  fsdp_gpt2_t g;
+  fsdp_status_t st = fsdp_gpt2_create(e, &cfg4, &o, &g);
+  if (st != FSDP_SUCCESS) {
+    fsdp_engine_destroy(e);
+    return st;
+  }
+  ck_assert_int_eq(fsdp_engine_materialize(e, 5), FSDP_SUCCESS);
+  int tok[B * T], tgt[B * T];
+  batch(tok, tgt);
+  for (int s = 0; s < 3; s++) {
+    ck_assert_int_eq(fsdp_gpt2_forward_backward(g, tok, tgt, B, T, 0.1f, NULL), FSDP_SUCCESS);
+    ck_assert_int_eq(fsdp_engine_step(e, NULL), FSDP_SUCCESS);
+  }
+  fsdp_engine_read_tensor(e, "h.0.mlp.c_fc.weight", w[0], -1);
+  fsdp_engine_read_tensor(e, "h.3.attn.c_attn.weight", w[1], -1);
+  *act = fsdp_gpt2_activation_bytes(g, full);
+  size_t used;
+  *k = fsdp_gpt2_checkpointed(g, &used);
+  if (autock) ck_assert_uint_eq(used, budget);
+  for (int l = 0; l < cfg4.n_layer; l++) /* the first k, whichever policy chose them */
+    ck_assert_int_eq(fsdp_gpt2_layer_checkpointed(g, l), l < *k);
+  ck_assert_int_eq(fsdp_gpt2_layer_checkpointed(g, cfg4.n_layer), -1);
+  fsdp_gpt2_destroy(g);
+  fsdp_engine_destroy(e);
+  return FSDP_SUCCESS;
+}
+
+/* k of L blocks checkpointed (by names, then by checkpoint_auto at budgets
+ * around each boundary) trains bit for bit as none, and holds the arena the
+ * size function gives for that k: L - k blocks saved and one of scratch. The
+ * budgets are built from the model's own bytes: its activation bytes without
+ * checkpointing less L blocks is everything but the blocks (the kernels'
+ * memory, inputs, head), so the exact budget for k is that + (L - k + 1)
+ * blocks (+ memory_reserved). */
+START_TEST(checkpoint_partial_identical) {
+  static float w0[2][2000], w[2][2000];
+  size_t act0, full0, act, full;
+  int k;
+  ck_assert_int_eq(train4(NULL, 0, 0, 0, w0, &act0, &full0, &k), FSDP_SUCCESS);
+  ck_assert_int_eq(k, 0);
+  ck_assert_uint_eq(act0, full0);
+  const size_t C = (size_t)cfg4.n_embd, maxT = (size_t)cfg4.block_size;
+  const size_t per = ((size_t)B * maxT * (15 * C + 4) + (size_t)B * cfg4.n_head * maxT * maxT) *
+                     sizeof(float);
+  const int L = cfg4.n_layer;
+  const fsdp_gpt2_memory_t m = {.per_layer = per};
+  const size_t base = full0 - fsdp_activation_arena_bytes(&m, L, 0);
+  static const char *const names[] = {"h.0", "h.0,h.1", "h.[0-2]", "h.*"};
+  for (int n = 1; n <= L; n++) {
+    ck_assert_int_eq(train4(names[n - 1], 0, 0, 0, w, &act, &full, &k), FSDP_SUCCESS);
+    ck_assert_int_eq(k, n);
+    ck_assert_uint_eq(full, full0);
+    ck_assert_uint_eq(act, base + fsdp_activation_arena_bytes(&m, L - n, 1));
+    ck_assert_int_eq(memcmp(w0[0], w[0], 12 * 48 * sizeof(float)), 0);
+    ck_assert_int_eq(memcmp(w0[1], w[1], 12 * 36 * sizeof(float)), 0);
+  }
+  /* auto: exactly fits -> k; one byte less -> the next k that saves memory */
+  const size_t reserved = 12345;
+  for (int want = 0; want <= L; want++) {
+    if (want == 1) continue;
+    const size_t exact = reserved + base + fsdp_activation_arena_bytes(&m, L - want, want > 0);
+    ck_assert_msg(train4(NULL, 1, exact, reserved, w, &act, &full, &k) == FSDP_SUCCESS, "%s",
+                  fsdp_last_error());
+    ck_assert_int_eq(k, want);
+    ck_assert_uint_eq(act, exact - reserved);
+    ck_assert_int_eq(memcmp(w0[0], w[0], 12 * 48 * sizeof(float)), 0);
+    ck_assert_int_eq(memcmp(w0[1], w[1], 12 * 36 * sizeof(float)), 0);
+    fsdp_status_t st = train4(NULL, 1, exact - 1, reserved, w, &act, &full, &k);
+    if (want == L) { /* nothing fits: refused in words naming the numbers */
+      ck_assert_int_eq(st, FSDP_ERR_OUT_OF_MEMORY);
+      char num[64];
+      snprintf(num, sizeof num, "(%zu bytes)", exact - 1);
+      ck_assert_msg(strstr(fsdp_last_error(), num) &&
+                        strstr(fsdp_last_error(), "all 4 layers checkpointed") &&
+                        strstr(fsdp_last_error(), "GPT-2, micro-batch 2 x 9"),
+                    "%s", fsdp_last_error());
+      break;
+    }
+    ck_assert_int_eq(st, FSDP_SUCCESS);
+    ck_assert_int_eq(k, want == 0 ? 2 : want + 1);
+  }
+  /* the CPU without a budget: nothing checkpointed, no budget reported */
+  ck_assert_int_eq(train4(NULL, 1, 0, 0, w, &act, &full, &k), FSDP_SUCCESS);
+  ck_assert_int_eq(k, 0);
+  ck_assert_uint_eq(act, full0);
+  /* auto beside another checkpointing policy, or over grouped units: refused */
+  ck_assert_int_eq(train4("h.1", 1, 1u << 30, 0, w, &act, &full, &k), FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "one policy"));
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  fsdp_engine_t e = engine(&c);
+  fsdp_gpt2_opts_t grouped = {.wrap_min_params = 3000, .max_batch = B, .checkpoint_auto = 1,
+                              .memory_budget = 1u << 30};
+  fsdp_gpt2_t g;
+  ck_assert_int_eq(fsdp_gpt2_create(e, &cfg4, &grouped, &g), FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "a unit of its own"));
+  fsdp_engine_destroy(e);
 }
 END_TEST
 
@@ -480,6 +640,8 @@ static Suite *gpt2_suite(void) {
   tcase_add_loop_test(tc, gradient_check, 0, 2);
   tcase_add_loop_test(tc, checkpoint_identical, 0, 3);
   tcase_add_test(tc, checkpoint_grouped_identical);
+  tcase_add_test(tc, checkpoint_auto_choice);
+  tcase_add_test(tc, checkpoint_partial_identical);
   tcase_add_test(tc, plans_train_identically);
   tcase_add_test(tc, unit_options_from_a_callback);
   tcase_add_test(tc, bf16_follows_f32);

@@ -4,7 +4,8 @@
  * q/k/v, rotate-half RoPE, grouped-query causal attention, o_proj, SwiGLU,
  * tied or untied head), every parameter's gradient against central
  * differences of that float64 loss, activation checkpointing giving
- * identical weights with less memory, the activation memory computed without
+ * identical weights with less memory (k of L layers too, checkpoint auto's
+ * first k), the activation memory computed without
  * a model (fsdp_llama_memory), loss going down on the tiny preset, and
  * bad input refused by name. */
 #include <check.h>
@@ -395,6 +396,66 @@ START_TEST(checkpoint_identical) {
 }
 END_TEST
 
+/* k of L layers checkpointed (two of four, the first two: by names and by
+ * checkpoint_auto at the budget that exactly fits k = 2) trains bit for bit
+ * as none, with L - k layers saved and one of scratch; one byte less
+ * checkpoints a third layer, and checkpoint_auto's budget is reported. */
+static void train_llama4(const char *ckpt, size_t budget, float w[2][MAXP], size_t *act,
+                         size_t *full, int *k) {
+  fsdp_llama_config_t c = cfgs[0];
+  c.n_layer = 4;
+  fsdp_config_t ec = FSDP_CONFIG_INIT;
+  fsdp_engine_t e = engine(&ec);
+  fsdp_plan_opts_t plan = FSDP_PLAN_OPTS_INIT;
+  plan.wrap_kinds = "LlamaDecoderLayer";
+  plan.checkpoint_names = ckpt;
+  fsdp_llama_opts_t o = {.plan = &plan, .max_batch = B, .checkpoint_auto = budget > 0,
+                         .memory_budget = budget};
+  fsdp_llama_t m;
+  ck_assert_msg(fsdp_llama_create(e, &c, &o, &m) == FSDP_SUCCESS, "%s", fsdp_last_error());
+  ck_assert_int_eq(fsdp_engine_materialize(e, 5), FSDP_SUCCESS);
+  int tok[B * T], tgt[B * T];
+  batch(c.vocab_size, tok, tgt);
+  for (int s = 0; s < 3; s++) {
+    ck_assert_int_eq(fsdp_llama_forward_backward(m, tok, tgt, B, T, 0.1f, NULL), FSDP_SUCCESS);
+    ck_assert_int_eq(fsdp_engine_step(e, NULL), FSDP_SUCCESS);
+  }
+  fsdp_engine_read_tensor(e, "model.layers.0.self_attn.k_proj.weight", w[0], -1);
+  fsdp_engine_read_tensor(e, "model.layers.3.mlp.gate_proj.weight", w[1], -1);
+  *act = fsdp_llama_activation_bytes(m, full);
+  size_t used;
+  *k = fsdp_llama_checkpointed(m, &used);
+  ck_assert_uint_eq(used, budget);
+  for (int l = 0; l < c.n_layer; l++) /* the first k */
+    ck_assert_int_eq(fsdp_llama_layer_checkpointed(m, l), l < *k);
+  fsdp_llama_destroy(m);
+  fsdp_engine_destroy(e);
+}
+
+START_TEST(checkpoint_partial_identical) {
+  static float w0[2][MAXP], w[2][MAXP];
+  size_t act0, full0, act, full;
+  int k;
+  train_llama4(NULL, 0, w0, &act0, &full0, &k);
+  ck_assert_int_eq(k, 0);
+  const size_t C = 16, QKV = 32, F = 20, maxT = (size_t)cfgs[0].max_seq_len;
+  const fsdp_llama_memory_t m = {
+      .per_layer = (B * maxT * (4 * C + QKV + 3 * F + 2) + B * 4 * maxT * maxT) * sizeof(float)};
+  const size_t base = full0 - fsdp_activation_arena_bytes(&m, 4, 0);
+  const size_t exact = base + fsdp_activation_arena_bytes(&m, 2, 1);
+  const size_t budgets[3] = {0, exact, exact - 1};
+  const int want[3] = {2, 2, 3};
+  for (int i = 0; i < 3; i++) {
+    train_llama4(i ? NULL : "model.layers.[01]", budgets[i], w, &act, &full, &k);
+    ck_assert_int_eq(k, want[i]);
+    ck_assert_uint_eq(full, full0);
+    ck_assert_uint_eq(act, base + fsdp_activation_arena_bytes(&m, 4 - want[i], 1));
+    ck_assert_int_eq(memcmp(w0[0], w[0], 8 * 16 * sizeof(float)), 0);
+    ck_assert_int_eq(memcmp(w0[1], w[1], 20 * 16 * sizeof(float)), 0);
+  }
+}
+END_TEST
+
 /* fsdp_llama_memory at SmolLM-135M's shape, 2 x 64, where every buffer is a
  * multiple of the 256-byte alignment so the formula is exact: per layer,
  * per token 4 C + QKV + 3 F activations and 2 fp32 statistics, plus
@@ -535,6 +596,7 @@ static Suite *llama_suite(void) {
   tcase_add_loop_test(t, logits_match_reference, 0, 2);
   tcase_add_loop_test(t, gradient_check, 0, 4);
   tcase_add_loop_test(t, checkpoint_identical, 0, 2);
+  tcase_add_test(t, checkpoint_partial_identical);
   tcase_add_test(t, memory_plan);
   tcase_add_test(t, tiny_preset_learns);
   tcase_add_loop_test(t, greedy_sampling, 0, 2);

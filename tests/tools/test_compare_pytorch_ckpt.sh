@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# tests/tools/test_compare_pytorch_ckpt.sh BUILD_DIR SOURCE_DIR — bench/compare_pytorch.py's
+# --checkpoint on the CPU at a tiny shape (GPT-2 small, 4 blocks, T 32): with auto
+# at a budget between the plans fsdp-bench checkpoints 3 blocks and PyTorch wraps the
+# same 3 in checkpoint_wrapper (and all 4 in the extra row), the two PyTorch rows
+# losing the same (recomputation changes no value); with N = 2 fsdp-bench takes a
+# rule per block from a --config file and PyTorch wraps 2. Python with torch:
+# BUILD_DIR/interop-venv (the hf-interop test's venv); skipped (77) without it.
+set -euo pipefail
+build=$1 src=$2
+py=$build/interop-venv/bin/python
+if [ ! -x "$py" ] || ! "$py" -c "import torch" 2>/dev/null; then
+  echo "SKIP: no torch in $build/interop-venv (the hf-interop test makes it)"; exit 77
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+common=(--np 1 --preset small --seq-len 32 --micro-batch 2 --warmup 1 --iters 2 --repeat 1
+        --fsdp-bench "$build/fsdp-bench")
+"$py" "$src/bench/compare_pytorch.py" "${common[@]}" --checkpoint auto --memory-budget 0.0174 \
+  --json-file "$work/auto.json" | tail -4
+"$py" "$src/bench/compare_pytorch.py" "${common[@]}" --checkpoint 2 --json-file "$work/two.json" |
+  tail -2
+"$py" - "$work/auto.json" "$work/two.json" <<'PY'
+import json, sys
+auto, two = (json.load(open(p)) for p in sys.argv[1:])
+def check(ok, what):
+    if not ok:
+        sys.exit(f"FAIL: {what}")
+check(auto["checkpointed"] == 3 and auto["layers"] == 4, f"auto chose {auto['checkpointed']}")
+check("--checkpoint auto --memory-budget 0.0174" in auto["fsdp"]["command"], auto["fsdp"]["command"])
+check(auto["pytorch_fsdp2"]["checkpointed"] == 3, "PyTorch did not wrap auto's 3 blocks")
+check(auto["pytorch_fsdp2_all"]["checkpointed"] == 4, "the all row did not wrap 4 blocks")
+for key in ("loss_first", "loss_last"):
+    a, b = auto["pytorch_fsdp2"][key], auto["pytorch_fsdp2_all"][key]
+    check(abs(a - b) <= 1e-6 * abs(a), f"PyTorch {key}: 3 blocks {a}, all {b}")
+check(two["checkpointed"] == 2 and "--config" in two["fsdp"]["command"], two["fsdp"]["command"])
+check(two["pytorch_fsdp2"]["checkpointed"] == 2, "PyTorch did not wrap 2 blocks")
+check("pytorch_fsdp2_all" not in two, "an all row without auto")
+print("ok: --checkpoint auto and N checkpoint the same blocks on both sides")
+PY
