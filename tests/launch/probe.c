@@ -40,7 +40,8 @@
  *                   rank R: change G: rank A of N -> rank B of M" once), and
  *                   an all_reduce over it is checked; without --min-nproc
  *                   the rejoin is refused and the rank fails
- *   rejoin-cycle    elastic, 3 ranks: rank 2 SIGKILLs itself after
+ *   rejoin-cycle [word]
+ *                   elastic, 3 ranks: rank 2 SIGKILLs itself after
  *                   all_reduce #1; ranks 0 and 1 are then caught as an
  *                   engine's two streams can be, on two communicators of
  *                   their pair (a split, and its dup): rank 0 queues an
@@ -50,7 +51,11 @@
  *                   rank 1 is in an all_reduce on the split that rank 0
  *                   never issues. Only rank 0's failure can free them before
  *                   the deadline (it must cancel the pair's communicators);
- *                   each prints how long its wait took ("freed after S s");
+ *                   each prints how long its wait took ("freed after S s").
+ *                   With `word`, rank 0 waits on the dup on the host instead
+ *                   and issues nothing with rank 2: no collective of theirs
+ *                   fails, and only fsdp-run's word of the loss can free
+ *                   them before the deadline;
  *                   a third communicator of the pair, exempt from that
  *                   cancel (fsdp_comm_set_cancel_on_failure), still carries
  *                   an all_reduce between them; then they rejoin as above
@@ -234,7 +239,7 @@ static fsdp_status_t cycle_first(fsdp_comm_t c, fsdp_comm_t later, double *waite
 
 /* rejoin-cycle up to the failure: FSDP_SUCCESS when a survivor's
  * collectives all passed (they must not). */
-static fsdp_status_t cycle(fsdp_comm_t c) {
+static fsdp_status_t cycle(fsdp_comm_t c, int word) {
   fsdp_comm_t pair = NULL, later = NULL, kept = NULL;
   fsdp_status_t st = fsdp_comm_split(c, rank == 2, rank, &pair);
   if (st == FSDP_SUCCESS) st = fsdp_comm_dup(pair, &later);
@@ -244,14 +249,14 @@ static fsdp_status_t cycle(fsdp_comm_t c) {
   if (st != FSDP_SUCCESS) exit(say(st, ""));
   if (rank == 2) raise(SIGKILL);
   double waited = 0, t0 = fsdp_time_now();
-  if (rank == 0) {
+  if (rank == 0 && !word) {
     st = cycle_first(c, later, &waited);
   } else {
-    st = run_ok(pair);
+    st = run_ok(rank == 0 ? later : pair);
     waited = fsdp_time_now() - t0;
     if (st != FSDP_SUCCESS)
-      fprintf(stderr, "probe: rank %d: all_reduce on the pair failed: %s\n", rank,
-              fsdp_last_error());
+      fprintf(stderr, "probe: rank %d: all_reduce on the %s failed: %s\n", rank,
+              rank == 0 ? "dup" : "pair", fsdp_last_error());
   }
   fprintf(stderr, "probe: rank %d: freed after %.2f s\n", rank, waited);
   if (st != FSDP_SUCCESS) say(run_ok(kept), "the exempt communicator still works");
@@ -266,7 +271,7 @@ static fsdp_status_t cycle(fsdp_comm_t c) {
 static fsdp_status_t run_rejoin(fsdp_world_t *w, const fsdp_world_opts_t *o, fsdp_comm_t *c,
                                 fsdp_comm_t *done, int who) {
   fsdp_status_t st = FSDP_SUCCESS;
-  if (who < 0) st = cycle(*c);
+  if (who < 0) st = cycle(*c, who == -2);
   for (int i = 0; i < 5 && st == FSDP_SUCCESS && who >= 0; i++) {
     if (rank == who && i == 2) raise(SIGKILL);
     st = run_ok(*c);
@@ -305,7 +310,7 @@ int main(int argc, char **argv) {
       !desync) {
     fprintf(stderr, "usage: probe ok | stall RANK ITER | stall-group RANK ITER | stall-setup "
             "RANK | extra RANK | count RANK | skip-unit RANK | extra-group RANK | epipe | "
-            "sigpipe RANK | exit0 RANK | rejoin RANK | rejoin-cycle\n");
+            "sigpipe RANK | exit0 RANK | rejoin RANK | rejoin-cycle [word]\n");
     return 2;
   }
   if (getenv("RANK")) rank = atoi(getenv("RANK")); /* for messages before the world exists */
@@ -340,7 +345,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(what, "sigpipe")) st = run_sigpipe(c);
     else if (!strcmp(what, "exit0")) st = run_exit0(c, who);
     else if (!strcmp(what, "rejoin")) st = run_rejoin(&w, &o, &c, &done, who);
-    else if (!strcmp(what, "rejoin-cycle")) st = run_rejoin(&w, &o, &c, &done, -1);
+    else if (!strcmp(what, "rejoin-cycle"))
+      st = run_rejoin(&w, &o, &c, &done, argc > 2 && !strcmp(argv[2], "word") ? -2 : -1);
     else st = run_desync(c, what, who);
   }
   if (sigpipe_victim) {
