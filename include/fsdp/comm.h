@@ -78,7 +78,10 @@
  * (fsdp_comm_set_cancel_on_failure), so that no peer, and none of this
  * rank's own streams, waits for the deadline in a collective this rank will
  * not finish: a loss spreads to every rank in about a connection's round
- * trip per hop. mpi: MPI offers no way to interrupt a
+ * trip per hop. Under fsdp-run --min-nproc the watchdog also cancels them,
+ * within a tick (at most 1 s), once fsdp-run announces a smaller world on its
+ * control pipe, which frees a rank whose collective waits on no peer that
+ * failed. mpi: MPI offers no way to interrupt a
  * call, so the watchdog calls MPI_Abort and the whole job ends non-zero.
  * nccl: a collective run on the host or a CPU stream is watched like the
  * others (staged host-backend collectives too, from the first copy to the
