@@ -72,7 +72,16 @@
  * store); then it aborts. gloo: every communicator of the world is closed, the
  * blocked call and every later one fail with FSDP_ERR_TIMEOUT and that report,
  * and peers blocked on this rank fail at once; the program is expected to
- * exit (fsdp-train does, non-zero). mpi: MPI offers no way to interrupt a
+ * exit (fsdp-train does, non-zero). A gloo collective that fails before any
+ * deadline (a peer died: its connections closed) cancels every gloo
+ * communicator of the world on this rank at once
+ * (fsdp_comm_set_cancel_on_failure), so that no peer, and none of this
+ * rank's own streams, waits for the deadline in a collective this rank will
+ * not finish: a loss spreads to every rank in about a connection's round
+ * trip per hop. Under fsdp-run --min-nproc the watchdog also cancels them,
+ * within a tick (at most 1 s), once fsdp-run announces a smaller world on its
+ * control pipe, which frees a rank whose collective waits on no peer that
+ * failed. mpi: MPI offers no way to interrupt a
  * call, so the watchdog calls MPI_Abort and the whole job ends non-zero.
  * nccl: a collective run on the host or a CPU stream is watched like the
  * others (staged host-backend collectives too, from the first copy to the
@@ -188,6 +197,19 @@ FSDP_API fsdp_status_t fsdp_comm_split(fsdp_comm_t comm, int color, int key, fsd
 /* Waits for nothing: the caller must have synchronised streams using it.
  * Frees the staging memory. */
 FSDP_API void fsdp_comm_destroy(fsdp_comm_t comm);
+/* Whether comm is cancelled when a collective of its world fails on this
+ * rank (gloo; 1, the default, for every new communicator, dups included).
+ * Cancelled: comm's pending and later collectives fail at once with
+ * FSDP_ERR_COMM naming that first failure, and its connections close, so
+ * the peers' collectives waiting for this rank in comm fail at once too
+ * ("Connection closed by peer") instead of at the deadline. 0 exempts comm:
+ * its collectives go on between the ranks alive, failing only on a peer of
+ * their own that is gone (the buddy snapshots, fsdp/replica.h: a copy a
+ * rank sent before it died must still arrive). A no-op for the other
+ * backends (mpi, self, nccl). Set it before comm's first collective; not
+ * thread-safe against collectives on comm. FSDP_ERR_INVALID_ARGUMENT for a
+ * NULL comm. */
+FSDP_API fsdp_status_t fsdp_comm_set_cancel_on_failure(fsdp_comm_t comm, int cancel);
 
 FSDP_API int fsdp_comm_rank(fsdp_comm_t comm);
 FSDP_API int fsdp_comm_size(fsdp_comm_t comm);

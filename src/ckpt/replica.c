@@ -97,11 +97,14 @@ static fsdp_status_t connect(fsdp_replica_t r, fsdp_engine_t e) {
   r->rank = fsdp_world_rank(w);
   r->shards = shard_world(e);
   FSDP_TRY(fsdp_comm_dup(fsdp_engine_comm(e), &r->comm));
+  /* A copy its sender finished before dying must still arrive at its buddy
+   * after another collective of the world failed here. */
+  fsdp_status_t st = fsdp_comm_set_cancel_on_failure(r->comm, 0);
   /* The distance is the smallest node's rank count, agreed by every rank:
    * after a shrink the nodes may hold different numbers of ranks. */
   double local = -(double)fsdp_world_local_size(w), fewest;
-  fsdp_status_t st = fsdp_all_reduce(r->comm, &local, &fewest, 1, FSDP_F64, FSDP_MAX,
-                                     FSDP_HOST_STREAM);
+  if (st == FSDP_SUCCESS)
+    st = fsdp_all_reduce(r->comm, &local, &fewest, 1, FSDP_F64, FSDP_MAX, FSDP_HOST_STREAM);
   int least = (int)-fewest;
   r->offset = r->world == 1 ? 0 : least > 0 && least < r->world ? least : 1;
   if (st == FSDP_SUCCESS) st = fsdp_stream_create("replica", &r->stream);

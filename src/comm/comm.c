@@ -178,7 +178,7 @@ static fsdp_status_t comm_make(const fsdp_comm_ops_t *ops, fsdp_world_t world,
     comm_free(c);
     return st;
   }
-  fsdp_watch_set_polled(c, 1);
+  fsdp_watch_set_ready(c, 1);
   st = fsdp_desync_setup(c);
   if (st != FSDP_SUCCESS) {
     fsdp_comm_destroy(c);
@@ -342,9 +342,17 @@ void fsdp_comm_label_text(fsdp_comm_t comm, char *buf, size_t n) {
 
 void fsdp_comm_destroy(fsdp_comm_t comm) {
   if (!comm) return;
-  fsdp_watch_set_polled(comm, 0);
+  fsdp_watch_set_ready(comm, 0);
   comm->ops->destroy(comm);
   comm_free(comm);
+}
+
+fsdp_status_t fsdp_comm_set_cancel_on_failure(fsdp_comm_t comm, int cancel) {
+  if (!comm)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "fsdp_comm_set_cancel_on_failure: comm is "
+                      "NULL");
+  fsdp_watch_set_keep(comm, !cancel);
+  return FSDP_SUCCESS;
 }
 
 void fsdp_comm_set_tag(fsdp_comm_t comm, const char *tag) {

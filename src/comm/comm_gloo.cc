@@ -19,16 +19,22 @@
  *
  * Timeouts: every context gets the world's collective timeout, so a blocked
  * call throws at the deadline; the watchdog (comm_watch.c) fires at the same
- * deadline, writes the report the failing call returns, and closes the
- * connections of every context of the world, so that peers blocked on this
- * rank fail at once instead of at their own deadline. Exceptions never cross
- * into C: every entry point catches them and returns FSDP_ERR_COMM. */
+ * deadline, writes the report the failing call returns, and cancels every
+ * context of the world, so that peers blocked on this rank fail at once
+ * instead of at their own deadline. A collective that fails before its
+ * deadline (a peer died) cancels them too (fsdp_watch_failed). Cancelling
+ * takes Gloo's own path for a timed-out wait: every pair of the context gets
+ * an exception, which fails each pending send and receive on it here and
+ * closes its socket, so the peer's pending operations with this rank fail
+ * as well. Exceptions never cross into C: every entry point catches them and
+ * returns FSDP_ERR_COMM. */
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -37,6 +43,7 @@
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
+#include <gloo/common/error.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/prefix_store.h>
@@ -91,10 +98,29 @@ class Store : public gloo::rendezvous::Store {
 
 using Context = gloo::rendezvous::Context;
 
+using Buffer = gloo::transport::UnboundBuffer;
+
 struct Impl {
   std::shared_ptr<Context> ctx;
   std::vector<unsigned char> acc, in; /* reduce_scatter's slices: sent, received */
+  std::mutex mu;                      /* guards live and cancelled */
+  std::vector<Buffer *> live;         /* the buffers of the collective running */
+  bool cancelled = false;             /* gloo_cancel: no later result counts */
 };
+
+/* Fails every pending and later operation of ctx's pairs, here and at the
+ * peers. Gloo offers no call for it, but an unbound buffer whose wait
+ * expires does it (tcp::UnboundBuffer::waitRecv: "let all pairs in the
+ * transport context know", each pair's signalExceptionExternal), and a wait
+ * of 0 ms on a buffer nothing was posted to expires at once. */
+void cancel_pairs(const std::shared_ptr<Context> &ctx) {
+  char byte = 0;
+  auto none = ctx->createUnboundBuffer(&byte, sizeof byte);
+  try {
+    none->waitRecv(Millis(0));
+  } catch (const gloo::IoException &) { /* the expiry: every pair now has the exception */
+  }
+}
 
 Impl *impl_of(fsdp_comm_t c) { return static_cast<Impl *>(c->impl); }
 
@@ -153,7 +179,8 @@ fsdp_status_t connect_mesh(fsdp_comm_t c) {
      * peer"). One barrier makes create return only when every rank is done. */
     gloo::BarrierOptions ready(ctx);
     gloo::barrier(ready);
-    c->impl = new Impl{ctx, {}, {}};
+    c->impl = new Impl();
+    impl_of(c)->ctx = ctx;
     return FSDP_SUCCESS;
   } catch (const std::exception &e) {
     return fsdp_error(FSDP_ERR_COMM, "gloo: cannot connect communicator %d on rank %d of %d: "
@@ -163,7 +190,32 @@ fsdp_status_t connect_mesh(fsdp_comm_t c) {
 
 /* ---- collectives ---------------------------------------------------------- */
 
-using Ctx = std::shared_ptr<Context>;
+/* Every collective's unbound buffers are made here and listed in the Impl
+ * while it runs, for gloo_cancel to abort their waits: Gloo fails the
+ * pending operations of a pair whose connection broke, but not a send (or
+ * receive) already under way on it, whose wait would last until the
+ * deadline. A Call is declared after the buffers' owners, so that it
+ * unlists them before they go. */
+class Call {
+ public:
+  explicit Call(Impl *im) : im_(im) {}
+  ~Call() {
+    std::lock_guard<std::mutex> g(im_->mu);
+    im_->live.clear();
+  }
+  Call(const Call &) = delete;
+  Call &operator=(const Call &) = delete;
+  std::unique_ptr<Buffer> buffer(const void *ptr, size_t bytes) {
+    auto b = im_->ctx->createUnboundBuffer(const_cast<void *>(ptr), bytes);
+    std::lock_guard<std::mutex> g(im_->mu);
+    im_->live.push_back(b.get());
+    return b;
+  }
+  const std::shared_ptr<Context> &ctx() const { return im_->ctx; }
+
+ private:
+  Impl *im_;
+};
 
 /* out = a (op) b, elementwise; bf16 as uint16_t bit patterns combined in
  * fp32 and rounded once per pairwise step (fsdp_bf16_combine). */
@@ -181,29 +233,29 @@ Fn reduce_fn(fsdp_dtype_t dt, fsdp_reduce_op_t op) {
 }
 
 template <typename T>
-void allreduce(const Ctx &ctx, const void *send, void *recv, size_t n, const Fn &fn) {
-  gloo::AllreduceOptions o(ctx);
-  if (send != recv) o.setInput(static_cast<T *>(const_cast<void *>(send)), n);
-  o.setOutput(static_cast<T *>(recv), n);
+void allreduce(Impl *im, const void *send, void *recv, size_t n, const Fn &fn) {
+  gloo::AllreduceOptions o(im->ctx);
+  Call call(im);
+  if (send != recv) o.setInput<T>(call.buffer(send, n * sizeof(T)));
+  o.setOutput<T>(call.buffer(recv, n * sizeof(T)));
   o.setReduceFunction(fn);
   gloo::allreduce(o);
 }
 
-void allreduce_any(const Ctx &ctx, const void *send, void *recv, size_t n, fsdp_dtype_t dt,
+void allreduce_any(Impl *im, const void *send, void *recv, size_t n, fsdp_dtype_t dt,
                    fsdp_reduce_op_t op) {
   Fn fn = reduce_fn(dt, op);
   if (dt == FSDP_F64)
-    allreduce<double>(ctx, send, recv, n, fn);
+    allreduce<double>(im, send, recv, n, fn);
   else if (dt == FSDP_BF16)
-    allreduce<uint16_t>(ctx, send, recv, n, fn);
+    allreduce<uint16_t>(im, send, recv, n, fn);
   else
-    allreduce<float>(ctx, send, recv, n, fn);
+    allreduce<float>(im, send, recv, n, fn);
 }
 
 /* Gloo's waits throw on a timeout or a closed connection; false is an abort. */
-void wait_both(gloo::transport::UnboundBuffer &in, gloo::transport::UnboundBuffer &out) {
-  if (!in.waitRecv() || !out.waitSend())
-    throw std::runtime_error("reduce_scatter: wait aborted");
+void wait_both(Buffer &in, Buffer &out) {
+  if (!in.waitRecv() || !out.waitSend()) throw std::runtime_error("wait aborted");
 }
 
 /* The ring of the top: at step s rank r sends the partial sum of slice
@@ -213,7 +265,6 @@ void wait_both(gloo::transport::UnboundBuffer &in, gloo::transport::UnboundBuffe
  * rank's own slice of send, read and written elementwise at the last step. */
 void reduce_scatter(fsdp_comm_t c, const fsdp_coll_t *k) {
   Impl *im = impl_of(c);
-  const Ctx &ctx = im->ctx;
   const int n = c->size, r = c->rank;
   const size_t slice = k->count * fsdp_dtype_size(k->dtype);
   const unsigned char *own = static_cast<const unsigned char *>(k->send);
@@ -224,10 +275,12 @@ void reduce_scatter(fsdp_comm_t c, const fsdp_coll_t *k) {
   }
   if (im->acc.size() < slice) im->acc.resize(slice), im->in.resize(slice);
   Fn fn = reduce_fn(k->dtype, k->op);
-  auto own_buf = ctx->createUnboundBuffer(const_cast<unsigned char *>(own), slice * n);
-  auto acc_buf = ctx->createUnboundBuffer(im->acc.data(), slice);
-  auto in_buf = ctx->createUnboundBuffer(im->in.data(), slice);
-  const uint64_t slot = ctx->nextSlot(n - 1);
+  std::unique_ptr<Buffer> own_buf, acc_buf, in_buf;
+  Call call(im);
+  own_buf = call.buffer(own, slice * n);
+  acc_buf = call.buffer(im->acc.data(), slice);
+  in_buf = call.buffer(im->in.data(), slice);
+  const uint64_t slot = im->ctx->nextSlot(n - 1);
   for (int s = 0; s < n - 1; s++) {
     in_buf->recv((r + n - 1) % n, slot + s, 0, slice);
     if (s == 0)
@@ -240,56 +293,68 @@ void reduce_scatter(fsdp_comm_t c, const fsdp_coll_t *k) {
   }
 }
 
-void all_gather(const Ctx &ctx, const fsdp_coll_t *k) {
+void all_gather(Impl *im, const fsdp_coll_t *k) {
   size_t bytes = k->count * fsdp_dtype_size(k->dtype);
-  gloo::AllgatherOptions o(ctx);
-  if (!k->in_place) o.setInput(static_cast<unsigned char *>(const_cast<void *>(k->send)), bytes);
-  o.setOutput(static_cast<unsigned char *>(k->recv), bytes * static_cast<size_t>(ctx->size));
+  gloo::AllgatherOptions o(im->ctx);
+  Call call(im);
+  if (!k->in_place) o.setInput<unsigned char>(call.buffer(k->send, bytes));
+  o.setOutput<unsigned char>(call.buffer(k->recv, bytes * static_cast<size_t>(im->ctx->size)));
   gloo::allgather(o);
 }
 
-void broadcast(const Ctx &ctx, const fsdp_coll_t *k) {
-  gloo::BroadcastOptions o(ctx);
-  o.setOutput(static_cast<unsigned char *>(k->recv), k->count * fsdp_dtype_size(k->dtype));
+void broadcast(Impl *im, const fsdp_coll_t *k) {
+  gloo::BroadcastOptions o(im->ctx);
+  Call call(im);
+  o.setOutput<unsigned char>(call.buffer(k->recv, k->count * fsdp_dtype_size(k->dtype)));
   o.setRoot(k->root);
   gloo::broadcast(o);
 }
 
+/* A barrier is an all_gather of one byte per rank: Gloo's own keeps its
+ * buffer out of reach of gloo_cancel. */
+void barrier(Impl *im) {
+  std::vector<unsigned char> all(static_cast<size_t>(im->ctx->size));
+  gloo::AllgatherOptions o(im->ctx);
+  Call call(im);
+  o.setOutput<unsigned char>(call.buffer(all.data(), all.size()));
+  gloo::allgather(o);
+}
+
 /* One point-to-point pair: this rank's send to rank + offset while the one of
  * rank - offset arrives (a single slot, so both directions match up). */
-void shift(const Ctx &ctx, const fsdp_coll_t *k) {
-  const int n = ctx->size, r = ctx->rank;
+void shift(Impl *im, const fsdp_coll_t *k) {
+  const int n = im->ctx->size, r = im->ctx->rank;
   const size_t bytes = k->count * fsdp_dtype_size(k->dtype);
   if (k->root == 0) {
     std::memcpy(k->recv, k->send, bytes);
     return;
   }
-  auto out = ctx->createUnboundBuffer(const_cast<void *>(k->send), bytes);
-  auto in = ctx->createUnboundBuffer(k->recv, bytes);
-  const uint64_t slot = ctx->nextSlot();
+  std::unique_ptr<Buffer> out, in;
+  Call call(im);
+  out = call.buffer(k->send, bytes);
+  in = call.buffer(k->recv, bytes);
+  const uint64_t slot = im->ctx->nextSlot();
   in->recv((r - k->root + n) % n, slot);
   out->send((r + k->root) % n, slot);
-  if (!in->waitRecv() || !out->waitSend()) throw std::runtime_error("shift: wait aborted");
+  wait_both(*in, *out);
 }
 
 void run_coll(fsdp_comm_t c, const fsdp_coll_t *k) {
-  const Ctx &ctx = impl_of(c)->ctx;
+  Impl *im = impl_of(c);
   switch (k->kind) {
   case FSDP_COLL_ALL_GATHER:
-    return all_gather(ctx, k);
+    return all_gather(im, k);
   case FSDP_COLL_REDUCE_SCATTER:
     return reduce_scatter(c, k);
   case FSDP_COLL_ALL_REDUCE:
-    return allreduce_any(ctx, k->in_place ? k->recv : k->send, k->recv, k->count, k->dtype,
+    return allreduce_any(im, k->in_place ? k->recv : k->send, k->recv, k->count, k->dtype,
                          k->op);
   case FSDP_COLL_BROADCAST:
-    return broadcast(ctx, k);
-  case FSDP_COLL_BARRIER: {
-    gloo::BarrierOptions o(ctx);
-    return gloo::barrier(o);
-  }
+    return broadcast(im, k);
+  case FSDP_COLL_BARRIER:
+    return barrier(im);
   case FSDP_COLL_SHIFT:
-    return shift(ctx, k);
+    return shift(im, k);
   }
   throw std::logic_error("unknown collective kind " + std::to_string(k->kind));
 }
@@ -325,15 +390,31 @@ static void gloo_destroy(fsdp_comm_t c) {
   c->impl = nullptr;
 }
 
+/* A collective of a cancelled communicator fails, even one whose waits
+ * were aborted before its outputs were complete and so returned. */
 static fsdp_status_t gloo_run(fsdp_comm_t c, const fsdp_coll_t *k) {
+  Impl *im = impl_of(c);
+  std::string failure;
   try {
     run_coll(c, k);
   } catch (const std::exception &e) {
-    char what[256];
+    failure = e.what();
+  }
+  bool cancelled;
+  {
+    std::lock_guard<std::mutex> g(im->mu);
+    cancelled = im->cancelled;
+  }
+  if (cancelled || !failure.empty()) {
+    char what[256], first[1024];
     fsdp_coll_describe(k, what, sizeof what);
-    return fsdp_error(FSDP_ERR_COMM, "%s on communicator %d failed on rank %d of %d: gloo: %s "
+    if (cancelled && fsdp_watch_cancelled(c, first, sizeof first))
+      return fsdp_error(FSDP_ERR_COMM, "%s on communicator %d was cancelled on rank %d of %d: "
+                        "%s", what, c->id, c->rank, c->size, first);
+    return fsdp_error(FSDP_ERR_COMM, "%s on communicator %d %s on rank %d of %d: gloo: %s "
                       "(a peer failed, timed out or was killed: see its message)", what, c->id,
-                      c->rank, c->size, e.what());
+                      cancelled ? "was cancelled" : "failed", c->rank, c->size,
+                      failure.empty() ? "its waits were aborted" : failure.c_str());
   }
   if (k->op == FSDP_AVG &&
       (k->kind == FSDP_COLL_ALL_REDUCE || k->kind == FSDP_COLL_REDUCE_SCATTER))
@@ -341,11 +422,26 @@ static fsdp_status_t gloo_run(fsdp_comm_t c, const fsdp_coll_t *k) {
   return FSDP_SUCCESS;
 }
 
-static void gloo_abort(fsdp_comm_t c) {
+/* The watchdog's abort and the cancel after a failure are one: every pair
+ * of the context fails (cancel_pairs), and the waits of the collective
+ * running are aborted. An abort ends one wait of each buffer, and Gloo's
+ * collectives wait on a buffer several times: the watchdog calls this
+ * again every tick while a collective of a cancelled communicator runs. */
+static void gloo_cancel(fsdp_comm_t c) {
+  Impl *im = impl_of(c);
+  {
+    std::lock_guard<std::mutex> g(im->mu); /* before any wait fails: it is the cancel's */
+    im->cancelled = true;
+  }
   try {
-    impl_of(c)->ctx->closeConnections();
+    cancel_pairs(im->ctx);
   } catch (const std::exception &e) {
-    fsdp_log(FSDP_LOG_WARN, "gloo: aborting communicator %d: %s", c->id, e.what());
+    fsdp_log(FSDP_LOG_WARN, "gloo: cancelling communicator %d: %s", c->id, e.what());
+  }
+  std::lock_guard<std::mutex> g(im->mu);
+  for (Buffer *b : im->live) {
+    b->abortWaitSend();
+    b->abortWaitRecv();
   }
 }
 
@@ -358,10 +454,10 @@ const fsdp_comm_ops_t fsdp_comm_gloo_ops = {
     .dup = gloo_dup,
     .destroy = gloo_destroy,
     .run = gloo_run,
-    .abort = gloo_abort,
+    .abort = gloo_cancel,
     .enqueue = nullptr, /* C++: every member named (-Wmissing-field-initializers) */
     .split = gloo_split,
     .poll = nullptr,
-    .cancel = nullptr,
+    .cancel = gloo_cancel,
 };
 }

@@ -56,10 +56,10 @@ typedef struct fsdp_comm_ops {
   fsdp_status_t (*run)(fsdp_comm_t comm, const fsdp_coll_t *coll);
   /* Called by the watchdog thread when a deadline passed, while another
    * thread may be blocked in run: makes every pending and later run on comm
-   * fail (gloo; nccl, which calls ncclCommAbort, ending the work queued on
-   * CUDA streams too), or ends the job (MPI_Abort: MPI cannot interrupt a
-   * call; nccl in an MPI world after its ncclCommAbort).
-   * NULL for backends that cannot block (self). */
+   * fail (gloo, here and at the peers: as cancel; nccl, which calls
+   * ncclCommAbort, ending the work queued on CUDA streams too), or ends the
+   * job (MPI_Abort: MPI cannot interrupt a call; nccl in an MPI world after
+   * its ncclCommAbort). NULL for backends that cannot block (self). */
   void (*abort)(fsdp_comm_t comm);
   /* Device backends (nccl) only, NULL for host backends: queues the
    * collective on cuda_stream (a cudaStream_t) and returns without waiting.
@@ -75,12 +75,16 @@ typedef struct fsdp_comm_ops {
    * to date with the work enqueue left on CUDA streams (fsdp_watch_begin for
    * the oldest still queued, fsdp_watch_end when none is). */
   void (*poll)(fsdp_comm_t comm);
-  /* Device backends only, NULL otherwise: after a collective of the world
-   * failed inside a stream (fsdp_watch_note_failure), makes every pending
-   * and later collective on comm fail without ending the job (nccl:
-   * ncclCommAbort), so that peers blocked in a collective this rank will
-   * never join are released instead of waiting for their deadline. Called
-   * with the watch's mutex held. */
+  /* After a collective of the world failed on this rank, makes every
+   * pending and later collective on comm fail without ending the job, so
+   * that peers blocked in a collective this rank will never join are
+   * released instead of waiting for their deadline. nccl: after a failure
+   * inside a stream (fsdp_watch_note_failure), ncclCommAbort. gloo: after a
+   * host backend's collective failed on the transport (fsdp_watch_failed),
+   * every pending send and receive of comm fails here at once and its
+   * connections close, so the peers' pending ones with this rank fail too
+   * (and they cancel theirs in turn). NULL for mpi (an MPI error ends the
+   * job) and self. Called with the watch's mutex held, from any thread. */
   void (*cancel)(fsdp_comm_t comm);
 } fsdp_comm_ops_t;
 
@@ -114,7 +118,11 @@ struct fsdp_comm {
   int *members;
   int color;
   char label[FSDP_COMM_LABEL_MAX];
-  int polled; /* the watchdog may call ops->poll (impl is set); the watch's mutex */
+  /* Guarded by the watch's mutex: the backend has set comm up (impl is set),
+   * so the watchdog may call its poll, cancel and abort; and whether comm is
+   * exempt from the cancel after a failure elsewhere in its world
+   * (fsdp_comm_set_cancel_on_failure). */
+  int ready, keep_on_failure;
 };
 
 extern const fsdp_comm_ops_t fsdp_comm_mpi_ops;
@@ -153,16 +161,28 @@ void fsdp_stage_free(fsdp_comm_t comm);
 fsdp_status_t fsdp_watch_attach(fsdp_world_t world, fsdp_comm_t comm);
 /* Leaves the watch; the last communicator of a world stops the watchdog. */
 void fsdp_watch_detach(fsdp_comm_t comm);
-/* Lets the watchdog call comm's ops->poll (on: after the backend set comm
- * up) or stops it (off: before the backend tears comm down). */
-void fsdp_watch_set_polled(fsdp_comm_t comm, int on);
+/* Lets the watchdog and the cancel call comm's ops->poll, cancel and abort
+ * (on: after the backend set comm up) or stops them (off: before the backend
+ * tears comm down). */
+void fsdp_watch_set_ready(fsdp_comm_t comm, int on);
 /* Records the start and end of a backend run for the watchdog. */
 void fsdp_watch_begin(fsdp_comm_t comm, const fsdp_coll_t *coll);
 void fsdp_watch_end(fsdp_comm_t comm, const fsdp_coll_t *coll);
 /* A failed run after the watchdog aborted the world: FSDP_ERR_TIMEOUT with
  * the watchdog's message (the root cause) instead of the transport's error.
- * Any failure also marks the world failed (world_env.h). */
+ * Any failure also marks the world failed (world_env.h). The first failure
+ * of a host backend's collective on the transport (FSDP_ERR_COMM; not a
+ * desync, which every rank sees alike) cancels every other communicator of
+ * the world on this rank that has ops->cancel and is not a device backend
+ * nor exempt (fsdp_comm_set_cancel_on_failure), and comm itself unless
+ * exempt: the peers blocked on this rank in any of them fail at once, as do
+ * this rank's own calls blocked in them (fsdp_watch_cancelled says why). */
 fsdp_status_t fsdp_watch_failed(fsdp_comm_t comm, fsdp_status_t st);
+/* For a backend's error text: whether comm was cancelled after a failure
+ * elsewhere on this rank (1, with that failure's report in buf), else 0. */
+int fsdp_watch_cancelled(fsdp_comm_t comm, char *buf, size_t n);
+/* fsdp_comm_set_cancel_on_failure's setting, under the watch's mutex. */
+void fsdp_watch_set_keep(fsdp_comm_t comm, int keep);
 /* A device backend's collective failed inside its stream (its outputs are
  * not what they should be): msg, naming it, is kept for the world, and
  * every later collective on any communicator of the world fails with it

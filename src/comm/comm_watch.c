@@ -16,7 +16,17 @@
  *    every blocked and later call fail, which the caller sees as
  *    FSDP_ERR_TIMEOUT with this message; nccl calls ncclCommAbort; MPI cannot
  *    interrupt a call, so in an MPI world the job ends with MPI_Abort. The
- *    watchdog fires once per world. */
+ *    watchdog fires once per world.
+ * Without waiting for a deadline, the first collective of a host backend to
+ * fail on the transport (a peer died or cancelled) cancels the world's other
+ * communicators on this rank (fsdp_watch_failed): otherwise a peer waiting
+ * for this rank in one of them, and this rank's own streams blocked there,
+ * would wait for the deadline, since this rank cannot destroy them (and so
+ * close their connections) before its blocked streams return. A rank whose
+ * collective waits on nothing that failed (Gloo does not fail a send still
+ * queued to a peer that died) learns of the loss from fsdp-run instead: in an
+ * elastic world the watchdog peeks at the control pipe every tick, and a
+ * smaller world announced there cancels the same communicators. */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -49,6 +59,9 @@ struct fsdp_comm_watch {
   pthread_mutex_t fail_mu;       /* guards fail_msg */
   char fail_msg[WATCH_MSG_MAX];  /* the first collective that failed inside a stream, or "" */
   int cancelled;                 /* mu: the device communicators were cancelled after it */
+  int host_cancelled;            /* mu: the host ones were, after cancel_msg */
+  char cancel_msg[WATCH_MSG_MAX];
+  int control_fd;                /* fsdp-run's control pipe (elastic), or -1 */
 };
 
 /* ---- progress ------------------------------------------------------------ */
@@ -169,14 +182,14 @@ static void arrivals_text(struct fsdp_comm_watch *w, fsdp_store_t *store, fsdp_c
  * holds mu. */
 static void poll_devices(struct fsdp_comm_watch *w) {
   for (int i = 0; i < w->n_comms; i++)
-    if (w->comms[i]->polled) w->comms[i]->ops->poll(w->comms[i]);
+    if (w->comms[i]->ready && w->comms[i]->ops->poll) w->comms[i]->ops->poll(w->comms[i]);
   if (w->cancelled) return;
   pthread_mutex_lock(&w->fail_mu);
   w->cancelled = w->fail_msg[0] != '\0';
   pthread_mutex_unlock(&w->fail_mu);
   if (!w->cancelled) return;
   for (int i = 0; i < w->n_comms; i++)
-    if (w->comms[i]->polled && w->comms[i]->ops->cancel)
+    if (w->comms[i]->ready && w->comms[i]->ops->enqueue && w->comms[i]->ops->cancel)
       w->comms[i]->ops->cancel(w->comms[i]);
 }
 
@@ -197,11 +210,58 @@ static void fire(struct fsdp_comm_watch *w, fsdp_store_t *store, const snapshot_
   pthread_mutex_lock(&w->mu);
   atomic_store(&w->aborted, 1);
   pthread_cond_broadcast(&w->cv); /* calls waiting in fsdp_watch_failed */
-  for (int i = 0; i < w->n_comms; i++) { /* a polled backend: once set up */
+  for (int i = 0; i < w->n_comms; i++) { /* once set up */
     fsdp_comm_t c = w->comms[i];
-    if (c->ops->abort && (!c->ops->poll || c->polled)) c->ops->abort(c);
+    if (c->ops->abort && c->ready) c->ops->abort(c);
   }
   pthread_mutex_unlock(&w->mu);
+}
+
+/* ---- cancelling ---------------------------------------------------------- */
+
+/* The first transport failure of a host collective on this rank, or
+ * fsdp-run's word of a loss (why): cancels the host communicators of the
+ * world but the exempt ones. */
+static void cancel_hosts(struct fsdp_comm_watch *w, const char *why) {
+  pthread_mutex_lock(&w->mu);
+  if (!w->host_cancelled) {
+    w->host_cancelled = 1;
+    snprintf(w->cancel_msg, sizeof w->cancel_msg, "%s", why);
+    for (int i = 0; i < w->n_comms; i++) {
+      fsdp_comm_t c = w->comms[i];
+      if (c->ready && c->ops->cancel && !c->ops->enqueue && !c->keep_on_failure)
+        c->ops->cancel(c);
+    }
+  }
+  pthread_mutex_unlock(&w->mu);
+}
+
+/* A cancel aborts one wait of each buffer of the collective running (gloo),
+ * which may wait on it again: every tick, the cancelled host communicators
+ * with a collective in flight are cancelled anew. The caller holds mu. */
+static void recancel(struct fsdp_comm_watch *w) {
+  if (!w->host_cancelled) return;
+  for (int i = 0; i < w->n_comms; i++) {
+    fsdp_comm_t c = w->comms[i];
+    if (!c->ready || !c->ops->cancel || c->ops->enqueue || c->keep_on_failure) continue;
+    snapshot_t s = snapshot(c);
+    if (s.p.started > s.p.completed) c->ops->cancel(c);
+  }
+}
+
+/* Once fsdp-run announced a smaller world (a rank was lost), this world is
+ * over: its collectives are cancelled, whether or not they failed here. */
+static void heed_loss(struct fsdp_comm_watch *w) {
+  int generation, size;
+  pthread_mutex_lock(&w->mu);
+  int done = w->host_cancelled;
+  pthread_mutex_unlock(&w->mu);
+  if (done || !fsdp_world_loss_announced(w->control_fd, w->size, &generation, &size)) return;
+  char why[256];
+  snprintf(why, sizeof why, "fsdp-run announced world %d of %d ranks after a loss (this world "
+           "has %d): this world's collectives are cancelled", generation, size, w->size);
+  fsdp_world_mark_failed(w->world);
+  cancel_hosts(w, why);
 }
 
 /* ---- the thread ---------------------------------------------------------- */
@@ -247,6 +307,7 @@ static void *watch_main(void *arg) {
   pthread_mutex_lock(&w->mu);
   while (!w->stopping && !fired) {
     poll_devices(w);
+    recancel(w);
     fired = find_expired(w, &expired);
     progress_text(w, text, sizeof text);
     pthread_mutex_unlock(&w->mu);
@@ -254,6 +315,7 @@ static void *watch_main(void *arg) {
         fsdp_store_set(store, key, text, strlen(text)) == FSDP_SUCCESS)
       memcpy(published, text, sizeof text);
     if (fired) fire(w, store, &expired);
+    else heed_loss(w);
     pthread_mutex_lock(&w->mu);
     if (!w->stopping && !fired) tick_wait(w);
   }
@@ -290,6 +352,7 @@ static fsdp_status_t watch_create(fsdp_world_t world, struct fsdp_comm_watch **o
   w->rank = fsdp_world_rank(world);
   w->size = fsdp_world_size(world);
   w->timeout_s = fsdp_world_timeout(world);
+  w->control_fd = fsdp_world_kind(world) == FSDP_WORLD_ENV ? fsdp_world_control_fd() : -1;
   /* Ticks of a tenth of the timeout, within [50 ms, 1 s]: timeouts fire at most
    * 10% late, and the store sees at most one progress write per second. */
   w->tick_s = w->timeout_s / 10 < 0.05 ? 0.05 : w->timeout_s / 10 > 1.0 ? 1.0 : w->timeout_s / 10;
@@ -358,11 +421,19 @@ void fsdp_watch_detach(fsdp_comm_t c) {
   watch_destroy(w);
 }
 
-void fsdp_watch_set_polled(fsdp_comm_t c, int on) {
+void fsdp_watch_set_ready(fsdp_comm_t c, int on) {
   struct fsdp_comm_watch *w = c->watch;
-  if (!w || !c->ops->poll) return;
+  if (!w) return;
   pthread_mutex_lock(&w->mu);
-  c->polled = on;
+  c->ready = on;
+  pthread_mutex_unlock(&w->mu);
+}
+
+void fsdp_watch_set_keep(fsdp_comm_t c, int keep) {
+  struct fsdp_comm_watch *w = c->watch;
+  if (!w) return;
+  pthread_mutex_lock(&w->mu);
+  c->keep_on_failure = keep;
   pthread_mutex_unlock(&w->mu);
 }
 
@@ -388,10 +459,25 @@ static int overdue(struct fsdp_comm_watch *w, fsdp_comm_t c) {
   return s.p.started > s.p.completed && fsdp_time_now() - s.p.t_start >= w->timeout_s;
 }
 
+int fsdp_watch_cancelled(fsdp_comm_t c, char *buf, size_t n) {
+  struct fsdp_comm_watch *w = c->watch;
+  if (!w) return 0;
+  pthread_mutex_lock(&w->mu);
+  int cancelled = w->host_cancelled && !c->keep_on_failure;
+  if (cancelled) snprintf(buf, n, "%s", w->cancel_msg);
+  pthread_mutex_unlock(&w->mu);
+  return cancelled;
+}
+
 fsdp_status_t fsdp_watch_failed(fsdp_comm_t c, fsdp_status_t st) {
   struct fsdp_comm_watch *w = c->watch;
   fsdp_world_mark_failed(c->world);
   if (!w) return st;
+  if (st == FSDP_ERR_COMM && !c->ops->enqueue) {
+    char why[WATCH_MSG_MAX];
+    snprintf(why, sizeof why, "another collective failed here first: %s", fsdp_last_error());
+    cancel_hosts(w, why);
+  }
   /* A backend that timed out on its own (gloo) got there about when the
    * watchdog does: wait for its report, which names the missing ranks. The
    * watchdog fires within a tick, plus the store queries of its report. */

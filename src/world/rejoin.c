@@ -2,6 +2,7 @@
  * on the control pipe after a loss, and joining the survivors' new world. */
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,9 @@
 static fsdp_world_change_fn change_fn;
 static void *change_user;
 static int generation; /* the last world fsdp-run announced that we tried */
+/* Guards generation, buf and have: a watchdog thread peeks at the pipe
+ * (fsdp_world_loss_announced) while the trainer may read it. */
+static pthread_mutex_t word_mu = PTHREAD_MUTEX_INITIALIZER;
 
 int fsdp_world_elastic(void) {
   const char *v = getenv("FSDP_RUN_CONTROL");
@@ -97,7 +101,23 @@ int fsdp_world_joining(void) {
 int fsdp_world_change_pending(void) {
   const char *v = getenv("FSDP_RUN_CONTROL");
   word_t w;
-  return v && read_word(atoi(v), 0, 1, &w) == FSDP_SUCCESS && w.generation > 0;
+  pthread_mutex_lock(&word_mu);
+  int pending = v && read_word(atoi(v), 0, 1, &w) == FSDP_SUCCESS && w.generation > 0;
+  pthread_mutex_unlock(&word_mu);
+  return pending;
+}
+
+int fsdp_world_control_fd(void) {
+  return fsdp_world_elastic() ? atoi(getenv("FSDP_RUN_CONTROL")) : -1;
+}
+
+int fsdp_world_loss_announced(int fd, int size, int *new_generation, int *new_size) {
+  if (fd < 0 || pthread_mutex_trylock(&word_mu)) return 0;
+  word_t w;
+  int lost = read_word(fd, 0, 1, &w) == FSDP_SUCCESS && w.generation > 0 && w.size < size;
+  pthread_mutex_unlock(&word_mu);
+  if (lost) *new_generation = w.generation, *new_size = w.size;
+  return lost;
 }
 
 static double join_timeout(void) {
@@ -128,8 +148,11 @@ fsdp_status_t fsdp_world_rejoin(fsdp_world_t *world, const fsdp_world_opts_t *op
   /* A rank lost while the survivors meet makes that meeting fail at its
    * deadline; fsdp-run has announced the smaller world meanwhile. */
   for (fsdp_status_t st = FSDP_ERR_TIMEOUT; st != FSDP_SUCCESS;) {
-    FSDP_TRY(read_word(fd, timeout_s, 0, &w));
-    generation = w.generation;
+    pthread_mutex_lock(&word_mu);
+    st = read_word(fd, timeout_s, 0, &w);
+    if (st == FSDP_SUCCESS) generation = w.generation;
+    pthread_mutex_unlock(&word_mu);
+    FSDP_TRY(st);
     /* The env:// contract, for this world: a single node unless the word
      * names this node's share of it. */
     setenv_int("RANK", w.rank);

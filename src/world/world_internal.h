@@ -37,6 +37,14 @@ const char *fsdp_world_host_address(fsdp_world_t world);
  * world then skips the exit barrier in fsdp_world_destroy, which the failed
  * ranks would never reach. Safe from any thread. */
 void fsdp_world_mark_failed(fsdp_world_t world);
+/* fsdp-run's control pipe (FSDP_RUN_CONTROL) of an elastic worker, else -1. */
+int fsdp_world_control_fd(void);
+/* 1 when fsdp-run has announced on control pipe fd a world newer than the
+ * last one joined and smaller than `size` (the current world's): a rank was
+ * lost, and this world is over (*new_generation, *new_size: that world).
+ * Only peeks (the word stays for fsdp_world_rejoin), never blocks, and is
+ * callable from any thread (0 while another thread reads the pipe). */
+int fsdp_world_loss_announced(int fd, int size, int *new_generation, int *new_size);
 
 /* The next communicator id of this world: 0, 1, 2, ... over the world's
  * whole life. Communicators are created collectively, in the same order on

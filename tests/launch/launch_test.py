@@ -1106,6 +1106,50 @@ def elastic_callback(r):
           f"the job ends (exit 1)")
 
 
+CYCLE_TIMEOUT_S = 120  # the watchdog, set far above what freeing the survivors may take
+CYCLE_FREED_S = 10.0
+
+
+def elastic_cycle(r):
+    """A loss must free the survivors at once, not at the watchdog's deadline
+    (probe.c rejoin-cycle), with the watchdog at 120 s. Rank 2 of 3 dies
+    while ranks 0 and 1 are caught across two communicators of their own, as
+    an engine's streams can be: rank 1 waits in one for rank 0, whose stream
+    waits in the other for rank 1. First rank 0's shift, which receives from
+    rank 2, fails: that failure must cancel its communicators, which frees
+    both. Then (`word`) no collective of theirs fails at all: fsdp-run's word
+    of the loss on the control pipe must free them. Each wait must end within
+    10 s; a communicator exempt from the cancel still works, and the pair
+    rejoins as a world of 2."""
+    probe = r.tool(os.path.join("tests", "launch", "launch_probe"))
+    said = []
+    for mode in ([], ["word"]):
+        cmd = r.launcher("fsdp-run", 3) + ["--min-nproc", "2", probe, "rejoin-cycle", *mode]
+        rc, out, err, secs, left = r.run(cmd, {"FSDP_TIMEOUT_S": str(CYCLE_TIMEOUT_S)},
+                                         timeout=CYCLE_TIMEOUT_S // 2)
+        check(rc == 0 and not left, f"{mode}: exit {rc}, leftovers {left}:\n{err[-3000:]}")
+        freed = {int(k): float(v)
+                 for k, v in re.findall(r"probe: rank (\d): freed after ([0-9.]+) s", err)}
+        check(sorted(freed) == [0, 1] and max(freed.values()) < CYCLE_FREED_S,
+              f"{mode}: survivors freed after {freed} s (the watchdog is at {CYCLE_TIMEOUT_S} "
+              f"s):\n{err[-3000:]}")
+        check(all(f"probe: rank {k}: the exempt communicator still works" in err for k in (0, 1)),
+              f"{mode}: the exempt communicator failed:\n{err[-3000:]}")
+        cause = ("fsdp-run announced world 1 of 2 ranks after a loss (this world has 3): this "
+                 "world's collectives are cancelled" if mode else
+                 "another collective failed here first: ")
+        check(f"was cancelled on rank 0 of 2: {cause}" in err,
+              f"{mode}: rank 0's cancelled all_reduce does not say why:\n{err[-3000:]}")
+        for old in (0, 1):
+            check(f"probe: rank {old}: change 1: rank {old} of 3 -> rank {old} of 2" in err and
+                  f"probe: rank {old}: ok" in err, f"{mode}: rank {old} did not rejoin:\n"
+                  f"{err[-3000:]}")
+        said.append(f"{'word' if mode else 'failure'}: freed after {freed[0]:.2f} and "
+                    f"{freed[1]:.2f} s")
+    print(f"rank 2 of 3 lost, watchdog at {CYCLE_TIMEOUT_S} s; {'; '.join(said)}; both "
+          f"rejoined as 2")
+
+
 def elastic_sigstop(r):
     """A rank SIGSTOPped after step 3: the others' watchdogs name it at the
     3 s timeout, fsdp-run kills it, and the 3 others go on from their last
@@ -1432,9 +1476,12 @@ def nodes_kill_worker(r):
     shrinks = events(out, "shrink")
     check([(e["old_ranks"], e["ranks"]) for e in shrinks] == [(4, 3)], f"shrinks {shrinks}")
     resumed = shrinks[0]["from_step"]
+    times = [float(x) for x in re.findall(r"first step done ([0-9.]+) s after the loss", err)]
+    check(len(times) == 1 and times[0] <= ELASTIC_RECOVERY_S, f"recovery times {times}")
     same = matches_reference(r, save, f"step-{resumed}", 3)
-    print(f"rank 3 (node 1) lost at step 5; 3 ranks on 2 nodes resumed from step {resumed}; "
-          f"final state {'identical' if same else 'DIFFERENT'} ({secs:.1f} s)")
+    print(f"rank 3 (node 1) lost at step 5; 3 ranks on 2 nodes resumed from step {resumed} "
+          f"{times[0]:.2f} s after the loss; final state {'identical' if same else 'DIFFERENT'} "
+          f"({secs:.1f} s)")
     check(same, "final state differs from the reference")
 
 
@@ -1890,6 +1937,7 @@ SCENARIOS = {
     "job-id": job_id,
     "oom-report": oom_report,
     "elastic-kill": elastic_kill,
+    "elastic-cycle": elastic_cycle,
     "elastic-kill-3": lambda r: elastic_kill(r, 3),
     "elastic-llama": elastic_llama,
     "elastic-twice": elastic_twice,

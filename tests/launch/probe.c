@@ -40,6 +40,25 @@
  *                   rank R: change G: rank A of N -> rank B of M" once), and
  *                   an all_reduce over it is checked; without --min-nproc
  *                   the rejoin is refused and the rank fails
+ *   rejoin-cycle [word]
+ *                   elastic, 3 ranks: rank 2 SIGKILLs itself after
+ *                   all_reduce #1; ranks 0 and 1 are then caught as an
+ *                   engine's two streams can be, on two communicators of
+ *                   their pair (a split, and its dup): rank 0 queues an
+ *                   all_reduce on the dup on a stream, its shift on the
+ *                   world's communicator fails on rank 2 (the shift
+ *                   receives from it), and it waits for its stream, while
+ *                   rank 1 is in an all_reduce on the split that rank 0
+ *                   never issues. Only rank 0's failure can free them before
+ *                   the deadline (it must cancel the pair's communicators);
+ *                   each prints how long its wait took ("freed after S s").
+ *                   With `word`, rank 0 waits on the dup on the host instead
+ *                   and issues nothing with rank 2: no collective of theirs
+ *                   fails, and only fsdp-run's word of the loss can free
+ *                   them before the deadline;
+ *                   a third communicator of the pair, exempt from that
+ *                   cancel (fsdp_comm_set_cancel_on_failure), still carries
+ *                   an all_reduce between them; then they rejoin as above
  *   exit0 R         after one all_reduce, rank R exits with status 0 without
  *                   destroying its world (a worker that ends while its peers
  *                   still need it); the others' next all_reduce fails
@@ -198,17 +217,68 @@ static void on_change(const fsdp_world_change_t *c, void *user) {
           c->generation, c->old_rank, c->old_size, c->rank, c->size, (const char *)user);
 }
 
+/* Rank 0's side of rejoin-cycle: the all_reduce queued on `later`, the
+ * shift on c that fails, then the wait for the stream; FSDP_SUCCESS only if
+ * the shift passed (it must not). */
+static fsdp_status_t cycle_first(fsdp_comm_t c, fsdp_comm_t later, double *waited) {
+  fsdp_stream_t s = NULL;
+  double one = 1, sum = 0, got = 0;
+  fsdp_status_t st = fsdp_stream_create("probe-later", &s);
+  if (st == FSDP_SUCCESS)
+    st = fsdp_all_reduce(later, &one, &sum, 1, FSDP_F64, FSDP_SUM, s);
+  if (st == FSDP_SUCCESS) st = fsdp_shift(c, &one, &got, 1, FSDP_F64, 1, FSDP_HOST_STREAM);
+  if (st == FSDP_SUCCESS) return st;
+  fprintf(stderr, "probe: rank %d: shift failed: %s\n", rank, fsdp_last_error());
+  double t0 = fsdp_time_now();
+  if (s && fsdp_stream_synchronize(s) != FSDP_SUCCESS)
+    fprintf(stderr, "probe: rank %d: queued all_reduce failed: %s\n", rank, fsdp_last_error());
+  *waited = fsdp_time_now() - t0;
+  fsdp_stream_destroy(s);
+  return FSDP_ERR_COMM;
+}
+
+/* rejoin-cycle up to the failure: FSDP_SUCCESS when a survivor's
+ * collectives all passed (they must not). */
+static fsdp_status_t cycle(fsdp_comm_t c, int word) {
+  fsdp_comm_t pair = NULL, later = NULL, kept = NULL;
+  fsdp_status_t st = fsdp_comm_split(c, rank == 2, rank, &pair);
+  if (st == FSDP_SUCCESS) st = fsdp_comm_dup(pair, &later);
+  if (st == FSDP_SUCCESS) st = fsdp_comm_dup(pair, &kept);
+  if (st == FSDP_SUCCESS) st = fsdp_comm_set_cancel_on_failure(kept, 0);
+  if (st == FSDP_SUCCESS) st = run_ok(c);
+  if (st != FSDP_SUCCESS) exit(say(st, ""));
+  if (rank == 2) raise(SIGKILL);
+  double waited = 0, t0 = fsdp_time_now();
+  if (rank == 0 && !word) {
+    st = cycle_first(c, later, &waited);
+  } else {
+    st = run_ok(rank == 0 ? later : pair);
+    waited = fsdp_time_now() - t0;
+    if (st != FSDP_SUCCESS)
+      fprintf(stderr, "probe: rank %d: all_reduce on the %s failed: %s\n", rank,
+              rank == 0 ? "dup" : "pair", fsdp_last_error());
+  }
+  fprintf(stderr, "probe: rank %d: freed after %.2f s\n", rank, waited);
+  if (st != FSDP_SUCCESS) say(run_ok(kept), "the exempt communicator still works");
+  fsdp_comm_destroy(kept);
+  fsdp_comm_destroy(later);
+  fsdp_comm_destroy(pair);
+  return st;
+}
+
 /* The rejoin scenario, from the first all_reduce to the checked one over the
  * survivors' world; *c and *done are the old world's, made anew. */
 static fsdp_status_t run_rejoin(fsdp_world_t *w, const fsdp_world_opts_t *o, fsdp_comm_t *c,
                                 fsdp_comm_t *done, int who) {
   fsdp_status_t st = FSDP_SUCCESS;
-  for (int i = 0; i < 5 && st == FSDP_SUCCESS; i++) {
+  if (who < 0) st = cycle(*c, who == -2);
+  for (int i = 0; i < 5 && st == FSDP_SUCCESS && who >= 0; i++) {
     if (rank == who && i == 2) raise(SIGKILL);
     st = run_ok(*c);
   }
   if (st == FSDP_SUCCESS) {
-    fprintf(stderr, "probe: rank %d: every all_reduce passed with rank %d dead\n", rank, who);
+    fprintf(stderr, "probe: rank %d: every collective passed with rank %d dead\n", rank,
+            who < 0 ? 2 : who);
     exit(1);
   }
   fsdp_comm_destroy(*done);
@@ -236,10 +306,11 @@ int main(int argc, char **argv) {
                !strcmp(what, "skip-unit") || !strcmp(what, "extra-group");
   if (strcmp(what, "ok") && strcmp(what, "stall") && strcmp(what, "stall-setup") &&
       strcmp(what, "stall-group") && strcmp(what, "epipe") && strcmp(what, "sigpipe") &&
-      strcmp(what, "exit0") && strcmp(what, "rejoin") && !desync) {
+      strcmp(what, "exit0") && strcmp(what, "rejoin") && strcmp(what, "rejoin-cycle") &&
+      !desync) {
     fprintf(stderr, "usage: probe ok | stall RANK ITER | stall-group RANK ITER | stall-setup "
             "RANK | extra RANK | count RANK | skip-unit RANK | extra-group RANK | epipe | "
-            "sigpipe RANK | exit0 RANK | rejoin RANK\n");
+            "sigpipe RANK | exit0 RANK | rejoin RANK | rejoin-cycle [word]\n");
     return 2;
   }
   if (getenv("RANK")) rank = atoi(getenv("RANK")); /* for messages before the world exists */
@@ -274,6 +345,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(what, "sigpipe")) st = run_sigpipe(c);
     else if (!strcmp(what, "exit0")) st = run_exit0(c, who);
     else if (!strcmp(what, "rejoin")) st = run_rejoin(&w, &o, &c, &done, who);
+    else if (!strcmp(what, "rejoin-cycle"))
+      st = run_rejoin(&w, &o, &c, &done, argc > 2 && !strcmp(argv[2], "word") ? -2 : -1);
     else st = run_desync(c, what, who);
   }
   if (sigpipe_victim) {

@@ -382,6 +382,8 @@ START_TEST(invalid_arguments_fail_on_every_rank) {
                (expect_t){FSDP_ERR_INVALID_ARGUMENT, "NULL"}, "null send");
   expect_error(fsdp_all_reduce(NULL, a, b, 1, FSDP_F32, FSDP_SUM, s),
                (expect_t){FSDP_ERR_INVALID_ARGUMENT, "comm"}, "null comm");
+  expect_error(fsdp_comm_set_cancel_on_failure(NULL, 0),
+               (expect_t){FSDP_ERR_INVALID_ARGUMENT, "comm is NULL"}, "null comm to exempt");
   expect_error(fsdp_all_reduce(comm, a + 1, a, 4, FSDP_F32, FSDP_SUM, s),
                (expect_t){FSDP_ERR_INVALID_ARGUMENT, "overlap"}, "aliased buffers");
   expect_error(fsdp_broadcast(comm, a, (size_t)INT_MAX + 1, FSDP_F32, 0, s),
