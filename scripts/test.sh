@@ -9,13 +9,14 @@
 # TSan). Extra arguments go to the first `meson test`, e.g.
 # scripts/test.sh --suite unit (which skips the simulator runs).
 #
-# What overlaps, and why results do not depend on it: while build/'s tests
-# run, the hf-interop test's venv (torch and transformers from PyPI, about
-# 5.6 GB: minutes of network and disk, little CPU) fills in the background
-# (the test waits on the venv's lock, so it runs the same whichever finishes
-# first), and the simulator's three builds run at nice 19 (they take only the
-# CPU those tests leave idle; sim-test.sh starts after they end, and builds
-# whatever they did not). scripts/sim-test.sh says how it overlaps its own.
+# What overlaps, and why results do not depend on it: build/'s tests are
+# mostly one at a time (is_parallel : false), so beside them run, each in the
+# background from the start, the hf-interop test's venv (torch and
+# transformers from PyPI, about 5.6 GB: minutes of network and disk, little
+# CPU; the test waits on the venv's lock, so it runs the same whichever
+# finishes first) and all of scripts/sim-test.sh (its own build directories,
+# its stages side by side as its header says; its output is printed whole when
+# it ends, after the fuzz targets', which follow build/'s tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -25,9 +26,9 @@ fi
 # each in a process group of its own (setsid), so that an early exit ends it whole
 setsid tests/interop/test_hf_interop.sh --venv-only build . >build/interop-venv.log 2>&1 &
 venv=$!
-setsid nice -n 19 scripts/sim-test.sh build >build/sim-build.log 2>&1 &
-sim_build=$!
-trap 'kill -- -$venv -$sim_build 2>/dev/null || true' EXIT
+setsid scripts/sim-test.sh >build/sim-test.log 2>&1 &
+sim=$!
+trap 'kill -- -$venv -$sim 2>/dev/null || true' EXIT
 t0=$SECONDS
 meson test -C build --no-rebuild --print-errorlogs --num-processes "$(nproc)"
 echo "test: build/'s tests done in $((SECONDS - t0)) s"
@@ -35,6 +36,8 @@ t0=$SECONDS
 tests/fuzz/run.sh build 20 # each parser's fuzz target, 20 s each, ASan+UBSan
 echo "test: the fuzz targets done in $((SECONDS - t0)) s"
 wait $venv || true # its outcome is the hf-interop test's, printed above
-wait $sim_build || true # sim-test.sh reports a failed build itself
+status=0
+wait $sim || status=$?
 trap - EXIT
-scripts/sim-test.sh
+cat build/sim-test.log
+exit $status
