@@ -2,11 +2,13 @@
 # scripts/test.sh — sets everything up, then runs every test suite in build/
 # (the nvcc build where the toolkit exists: unit, mpi under mpirun -np 1..4,
 # launch, tokenizer, bench, docs; the cuda suite skips there without a GPU), a
-# libFuzzer target per parser for 20 s each (tests/fuzz/run.sh), then the
-# GPU path on the CPU (scripts/sim-test.sh: the cuda suite against the SIMT
-# simulator under ASan+UBSan, its production shapes in an optimised build
-# without sanitizers (guard zones instead), the engine and GPT-2 under
-# TSan). Extra arguments go to the first `meson test`, e.g.
+# libFuzzer target per parser for 20 s each (tests/fuzz/run.sh, as many at
+# once as cores: a target's bound is its own 20 s, so its runs fall where
+# other work still takes a core), and the GPU path on the CPU
+# (scripts/sim-test.sh: the cuda suite against the SIMT simulator under
+# ASan+UBSan, its production shapes in an optimised build without sanitizers
+# (guard zones instead), the engine and GPT-2 under TSan). Extra arguments go
+# to the first `meson test`, e.g.
 # scripts/test.sh --suite unit (which skips the simulator runs).
 #
 # What overlaps, and why results do not depend on it: build/'s tests are
@@ -33,7 +35,8 @@ t0=$SECONDS
 meson test -C build --no-rebuild --print-errorlogs --num-processes "$(nproc)"
 echo "test: build/'s tests done in $((SECONDS - t0)) s"
 t0=$SECONDS
-tests/fuzz/run.sh build 20 # each parser's fuzz target, 20 s each, ASan+UBSan
+# each parser's fuzz target, 20 s each, ASan+UBSan, as many at once as cores
+FUZZ_JOBS=$(nproc) tests/fuzz/run.sh build 20
 echo "test: the fuzz targets done in $((SECONDS - t0)) s"
 wait $venv || true # its outcome is the hf-interop test's, printed above
 status=0
