@@ -32,15 +32,17 @@
 #                 between the compute, gather and reduce streams is a race).
 #                 The full-size GPT-2 test outran 900 s under TSan on the
 #                 shared 2-core machine; `scripts/sim-test.sh tsan-gpt2` runs it.
-# How they share the machine (scripts/test.sh adds `sim-test.sh build` at
-# nice 19 while build/'s tests run): the three are built first; then the
-# production shapes run in the background at nice 19 (one process, no
-# deadline: on a 2-core runner they take the core the mostly one-process ASan
-# tests leave idle, and yield it otherwise), while the ASan and then the TSan
-# tests run in the foreground (at once on 8 or more cores). A background
-# stage's output goes to a log printed whole when it ends. A test goes to
-# `big` (suite : big_suite in tests/cuda/meson.build) when its shapes, not its
-# logic, are the point and ASan would make it the slowest of the suite.
+# How they share the machine: the three stages start at once, each building
+# its own directory and then running its tests (each stage is mostly one test
+# at a time: the cuda suite's tests are is_parallel : false), so a core one
+# leaves idle goes to another; the production shapes run at nice 19 (no
+# deadline; they take only what the other two leave). On 8 or more cores
+# each stage gets half the cores' ninja jobs and test processes. The ASan
+# stage prints as it goes; a background stage's output goes to a log printed
+# whole when it ends. scripts/test.sh starts this beside build/'s tests. A
+# test goes to `big` (suite : big_suite in tests/cuda/meson.build) when its
+# shapes, not its logic, are the point and ASan would make it the slowest of
+# the suite.
 # Usage: scripts/sim-test.sh [all|asan|big|tsan|tsan-gpt2|build]
 #   all (the default): the three builds and their tests, as above;
 #   asan, big, tsan: one build and its tests; tsan-gpt2: tsan and the
@@ -159,17 +161,11 @@ case $what in
   build) stage "builds" built || status=1 ;;
   all)
     t0=$SECONDS
-    stage "builds" built || exit 1
+    ((cores >= 8)) && jobs=$((cores / 2))
     background big nice
-    if ((cores >= 8)); then
-      jobs=$((cores / 2))
-      background tsan plain
-      stage "ASan+UBSan cuda suite" asan || status=1
-      finish tsan || status=1
-    else
-      stage "ASan+UBSan cuda suite" asan || status=1
-      stage "TSan engine, GPT-2 and Llama (small)" tsan || status=1
-    fi
+    background tsan plain
+    stage "ASan+UBSan cuda suite" asan || status=1
+    finish tsan || status=1
     finish big || status=1
     echo "sim-test: all done in $((SECONDS - t0)) s"
     ;;

@@ -8,6 +8,9 @@
 # plain build: scripts/setup.sh). New inputs go to a scratch corpus, never
 # into the tree; a crash leaves its input as BUILD_DIR/fuzz/crash-<target>-*
 # and fails the run (add it to the corpus once fixed).
+# FUZZ_JOBS (1 unless set) targets run at once, each for its full time on a
+# core of its own where the machine has one free (scripts/test.sh sets it to
+# the core count), so the bound is per target, not for the run.
 # usage: tests/fuzz/run.sh BUILD_DIR [SECONDS_EACH (20)] [TARGET...]
 set -euo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
@@ -41,12 +44,13 @@ if grep -q "FSDP_HAVE_CUDA 1" "$build/fsdp_config.h" 2>/dev/null; then
   grep -q "FSDP_HAVE_NCCL 1" "$build/fsdp_config.h" && libs+=(-lnccl)
 fi
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
-failed=0
-for t in "${targets[@]}"; do
-  [ -n "${parser[$t]:-}" ] || { echo "run.sh: no target '$t'"; exit 1; }
-  srcs=()
+# Builds target $1 and fuzzes it; prints one line (and the log's tail on a
+# failure); status 1 when it failed.
+fuzz() {
+  local t=$1 srcs=() f scratch status=0
   for f in ${parser[$t]}; do srcs+=("$src/$f"); done
-  "$cc" "${flags[@]}" "$src/tests/fuzz/fuzz_$t.c" "${srcs[@]}" "${libs[@]}" -o "$out/fuzz_$t"
+  "$cc" "${flags[@]}" "$src/tests/fuzz/fuzz_$t.c" "${srcs[@]}" "${libs[@]}" -o "$out/fuzz_$t" ||
+    { echo "fuzz $t: FAILED to build"; return 1; }
   scratch=$(mktemp -d)
   # -close_fd_mask=2: the parsers' own error messages are noise here; libFuzzer
   # and the sanitizers still report on their copy of stderr.
@@ -55,10 +59,25 @@ for t in "${targets[@]}"; do
        "$src/tests/fuzz/corpus/$t" > "$out/$t.log" 2>&1; then
     echo "fuzz $t: $(grep -Eo '#[0-9]+[[:space:]]+DONE .*' "$out/$t.log" | head -1)"
   else
-    echo "fuzz $t: FAILED (log: $out/$t.log)"
-    tail -40 "$out/$t.log"
-    failed=1
+    # one block of output, so that targets running at once do not interleave
+    printf 'fuzz %s: FAILED (log: %s)\n%s\n' "$t" "$out/$t.log" "$(tail -40 "$out/$t.log")"
+    status=1
   fi
   rm -rf "$scratch"
+  return $status
+}
+for t in "${targets[@]}"; do
+  [ -n "${parser[$t]:-}" ] || { echo "run.sh: no target '$t'"; exit 1; }
 done
+jobs=${FUZZ_JOBS:-1}
+failed=0 running=0
+for t in "${targets[@]}"; do
+  if ((running >= jobs)); then
+    wait -n || failed=1
+    running=$((running - 1))
+  fi
+  fuzz "$t" &
+  running=$((running + 1))
+done
+for ((; running > 0; running--)); do wait -n || failed=1; done
 exit $failed
