@@ -316,17 +316,23 @@ typedef void (*mm_bwd_cpu)(float *, float *, float *, const float *, const float
                            const float *, int, int, int);
 
 /* Rows, inputs, outputs; linear (1) or conv1d (0) weight; bias (and dbias);
- * GELU; d(input) asked for; tensors `skew` elements off alignment. 13, 37, 21
+ * GELU; d(input) asked for; tensors `skew` elements off alignment, and the
+ * epilogue's (bias, pre-activation, the backward's gelu_pre: cuBLASLt's bias
+ * and aux pointers) `eskew` more: {9, 16, 32} and {64, 96, 160} take
+ * cuBLASLt aligned, the product and our own pass with only the epilogue's
+ * tensors off (cuBLASLt would refuse them: tests/cudasim/cublas). 13, 37, 21
  * and 5 are not multiples of a pack (scalar forms and tails); 768 x 3072 is
  * GPT-2's fc; C = 0 is the empty reduction (out = bias); OC = 0 the empty
  * d(input) (zeros). */
-static const struct { int B, C, OC, linear, bias, gelu, dinp, skew; } kMatmul[] = {
-    {37, 13, 21, 0, 1, 1, 1, 0},    {5, 40, 24, 1, 1, 0, 1, 0},     {64, 96, 160, 0, 0, 1, 1, 0},
-    {64, 96, 160, 1, 1, 0, 1, 0},   {7, 16, 5, 1, 0, 0, 1, 0},      {7, 13, 5, 1, 0, 0, 0, 0},
-    {7, 13, 5, 0, 0, 0, 0, 0},      {256, 768, 384, 1, 1, 0, 1, 0}, {256, 768, 384, 0, 1, 0, 1, 0},
-    {1, 1, 1, 1, 1, 0, 1, 0},       {1, 1, 1, 0, 1, 1, 1, 0},       {5, 0, 3, 1, 1, 0, 1, 0},
-    {5, 0, 3, 0, 1, 1, 1, 0},       {11, 40, 24, 0, 1, 1, 1, 1},    {9, 16, 32, 1, 1, 1, 1, 1},
-    {33, 768, 3072, 0, 1, 1, 1, 0}, {5, 3, 0, 1, 1, 0, 1, 0},       {5, 3, 0, 0, 0, 1, 1, 0},
+static const struct { int B, C, OC, linear, bias, gelu, dinp, skew, eskew; } kMatmul[] = {
+    {37, 13, 21, 0, 1, 1, 1, 0, 0}, {5, 40, 24, 1, 1, 0, 1, 0, 0},
+    {64, 96, 160, 0, 0, 1, 1, 0, 0}, {64, 96, 160, 1, 1, 0, 1, 0, 0},
+    {7, 16, 5, 1, 0, 0, 1, 0, 0}, {7, 13, 5, 1, 0, 0, 0, 0, 0}, {7, 13, 5, 0, 0, 0, 0, 0, 0},
+    {256, 768, 384, 1, 1, 0, 1, 0, 0}, {256, 768, 384, 0, 1, 0, 1, 0, 0},
+    {1, 1, 1, 1, 1, 0, 1, 0, 0}, {1, 1, 1, 0, 1, 1, 1, 0, 0}, {5, 0, 3, 1, 1, 0, 1, 0, 0},
+    {5, 0, 3, 0, 1, 1, 1, 0, 0}, {11, 40, 24, 0, 1, 1, 1, 1, 0}, {9, 16, 32, 1, 1, 1, 1, 1, 0},
+    {33, 768, 3072, 0, 1, 1, 1, 0, 0}, {5, 3, 0, 1, 1, 0, 1, 0, 0}, {5, 3, 0, 0, 0, 1, 1, 0, 0},
+    {9, 16, 32, 1, 1, 1, 1, 0, 1}, {64, 96, 160, 0, 1, 1, 1, 0, 1},
 };
 
 static float *maybe_round(int bf16, float *x, size_t n) { return bf16 ? round_bf16(x, n) : x; }
@@ -352,7 +358,7 @@ static void param_grads_f64(float *dw, float *db, const float *dout, const float
 }
 
 static void matmul_case(int bf16, int B, int C, int OC, int linear, int with_bias, int gelu,
-                        int with_dinp, int skew) {
+                        int with_dinp, int skew, int eskew) {
   const fsdp_dtype_t dt = bf16 ? FSDP_BF16 : FSDP_F32;
   const size_t ni = (size_t)B * C, nw = (size_t)OC * C, no = (size_t)B * OC;
   const double tol = bf16 ? TOL_BF16 : TOL_F32;
@@ -369,25 +375,25 @@ static void matmul_case(int bf16, int B, int C, int OC, int linear, int with_bia
   float *dw = rand_floats(nw, 0, 1), *db = rand_floats(OC, 0, 1);
   void *g_inp = dev_skewed(bf16, inp, ni, skew), *g_w = dev_skewed(bf16, w, nw, skew);
   void *g_out = dev_skewed(bf16, junk, no, skew);
-  void *g_pre = gelu ? dev_skewed(bf16, junk, no, skew) : NULL;
+  void *g_pre = gelu ? dev_skewed(bf16, junk, no, skew + eskew) : NULL;
   void *g_dinp = with_dinp ? dev_skewed(bf16, junk, ni, skew) : NULL;
   float *g_dw = dev_f32(dw, nw), *g_db = dev_f32(db, OC);
   float *scratch = dev_alloc(fsdp_cuda_colsum_scratch_bytes(OC));
   OK(fsdp_cuda_matmul_forward(
       &(fsdp_matmul_forward_args_t){
           .dt = dt, .out = g_out, .pre = g_pre, .inp = g_inp, .weight = g_w,
-          .bias = with_bias ? dev_skewed(bf16, bias, OC, skew) : NULL, .B = B, .C = C, .OC = OC,
-          .weight_out_in = linear},
+          .bias = with_bias ? dev_skewed(bf16, bias, OC, skew + eskew) : NULL, .B = B, .C = C,
+          .OC = OC, .weight_out_in = linear},
       fs));
   OK(fsdp_cuda_matmul_backward(
       &(fsdp_matmul_backward_args_t){
           .dt = dt, .dinp = g_dinp, .dweight = g_dw, .dbias = with_bias ? g_db : NULL,
           .scratch = scratch, .dout = dev_skewed(bf16, dout, no, skew), .inp = g_inp,
-          .weight = g_w, .gelu_pre = gelu ? dev_skewed(bf16, pre_in, ni, skew) : NULL, .B = B,
-          .C = C, .OC = OC, .weight_out_in = linear},
+          .weight = g_w, .gelu_pre = gelu ? dev_skewed(bf16, pre_in, ni, skew + eskew) : NULL,
+          .B = B, .C = C, .OC = OC, .weight_out_in = linear},
       fs));
   float *got = back_skewed(bf16, g_out, no, skew);
-  float *got_pre = gelu ? back_skewed(bf16, g_pre, no, skew) : NULL;
+  float *got_pre = gelu ? back_skewed(bf16, g_pre, no, skew + eskew) : NULL;
   float *got_dinp = with_dinp ? back_skewed(bf16, g_dinp, ni, skew) : NULL;
   float *got_dw = back_f32(g_dw, nw), *got_db = back_f32(g_db, OC);
   /* the CPU: the layer, then GELU of the pre-activation as the GPU stores it */
@@ -458,7 +464,8 @@ START_TEST(matmul) {
   rng_seed(seed + 1000 + (uint64_t)_i);
   for (int bf16 = 0; bf16 <= 1; ++bf16) {
     matmul_case(bf16, kMatmul[_i].B, kMatmul[_i].C, kMatmul[_i].OC, kMatmul[_i].linear,
-                kMatmul[_i].bias, kMatmul[_i].gelu, kMatmul[_i].dinp, kMatmul[_i].skew);
+                kMatmul[_i].bias, kMatmul[_i].gelu, kMatmul[_i].dinp, kMatmul[_i].skew,
+                kMatmul[_i].eskew);
     dev_free_all();
   }
 }
@@ -620,7 +627,7 @@ static const struct { int B, C, OC; } kLong[] = {
 START_TEST(gelu_long) {
   rng_seed(seed + 2000 + (uint64_t)_i);
   for (int bf16 = 0; bf16 <= 1; ++bf16) {
-    matmul_case(bf16, kLong[_i].B, kLong[_i].C, kLong[_i].OC, 0, 1, 1, 1, 0);
+    matmul_case(bf16, kLong[_i].B, kLong[_i].C, kLong[_i].OC, 0, 1, 1, 1, 0, 0);
     dev_free_all();
   }
 }
@@ -1754,7 +1761,7 @@ END_TEST
  * 50257 rows: leading dimension 50257 for cuBLAS, an odd one. */
 START_TEST(big_vocab_matmul) {
   rng_seed(seed + 9100);
-  matmul_case(1, 4, 768, 50257, 1, 0, 0, 1, 0);
+  matmul_case(1, 4, 768, 50257, 1, 0, 0, 1, 0, 0);
 }
 END_TEST
 
@@ -1784,7 +1791,7 @@ END_TEST
 START_TEST(big_fused) {
   rng_seed(seed + 9400);
   for (int bf16 = 0; bf16 <= 1; ++bf16) {
-    matmul_case(bf16, 2048, 3, 768, 0, 1, 0, 1, 0);
+    matmul_case(bf16, 2048, 3, 768, 0, 1, 0, 1, 0, 0);
     fused_ln_case(bf16, 2048, 768, 1, 0, 3.0, 1);
     dev_free_all();
   }

@@ -101,6 +101,14 @@ cublasStatus_t describe(const char *fn, cublasLtHandle_t h, cublasLtMatmulDesc_t
   return CUBLAS_STATUS_SUCCESS;
 }
 
+/* The alignment in bytes the heuristic reads from a bias or aux pointer: its
+ * largest power-of-two divisor, at most 256 (the preference's default for
+ * A..D); 0 for NULL. */
+uint64_t alignment_of(const void *p) {
+  const uintptr_t v = (uintptr_t)p, low = v & (~v + 1); /* the lowest set bit */
+  return low < 256 ? low : 256;
+}
+
 template <class T> cublasStatus_t put(T *slot, const void *buf, size_t size, const char *name) {
   if (!buf || size != sizeof(T)) {
     fprintf(stderr, "cublasLt: attribute %s takes %zu bytes, got %zu%s: "
@@ -207,8 +215,10 @@ SIM_EXPORT cublasStatus_t cublasLtMatmulPreferenceSetAttribute(
 }
 
 /* One algorithm (workspace 0) when the call with these descriptors would be
- * accepted, relying on the preference's promised alignments (kept in the
- * algorithm, checked by cublasLtMatmul); else the refusal's status and no algorithm (the toolkit answers
+ * accepted, relying on the preference's promised alignments for A..D and on
+ * the alignment of the bias and aux pointers it is shown (kept in the
+ * algorithm's data[0..3] and [4], [5], checked by cublasLtMatmul); else the
+ * refusal's status and no algorithm (the toolkit answers
  * CUBLAS_STATUS_NOT_SUPPORTED when no kernel fits). */
 SIM_EXPORT cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
     cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
@@ -233,6 +243,8 @@ SIM_EXPORT cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
   if (st != CUBLAS_STATUS_SUCCESS) return refuse(st, fn, why);
   memset(&results[0], 0, sizeof results[0]);
   for (int i = 0; i < 4; ++i) results[0].algo.data[i] = pref->align[i];
+  results[0].algo.data[4] = alignment_of(sim_lt_has_bias(e.epilogue) ? e.bias : nullptr);
+  results[0].algo.data[5] = alignment_of(sim_lt_has_aux(e.epilogue) ? e.aux : nullptr);
   results[0].state = CUBLAS_STATUS_SUCCESS;
   results[0].wavesCount = 1.0f;
   *count = 1;
@@ -267,6 +279,22 @@ SIM_EXPORT cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_
   char why[512];
   st = sim_lt_check(&e, alpha, beta, why, sizeof why);
   if (st != CUBLAS_STATUS_SUCCESS) return refuse(st, fn, why);
+  /* The bias and aux pointers as aligned as those the heuristic chose for (an
+   * algorithm chosen without one has 0 there). */
+  const struct {
+    bool used;
+    const void *p;
+    uint64_t align;
+    const char *name;
+  } epi[2] = {{sim_lt_has_bias(e.epilogue), e.bias, algo->data[4], "BIAS_POINTER"},
+              {sim_lt_has_aux(e.epilogue), e.aux, algo->data[5], "EPILOGUE_AUX_POINTER"}};
+  for (const auto &x : epi)
+    if (x.used && (x.align == 0 || (uintptr_t)x.p % x.align != 0)) {
+      snprintf(why, sizeof why, "CUBLASLT_MATMUL_DESC_%s %p is less aligned than the %llu bytes "
+               "its algorithm was chosen for (the pointer cublasLtMatmulAlgoGetHeuristic saw): "
+               "CUBLAS_STATUS_NOT_SUPPORTED", x.name, x.p, (unsigned long long)x.align);
+      return refuse(CUBLAS_STATUS_NOT_SUPPORTED, fn, why);
+    }
   if (e.g.m == 0 || e.g.n == 0) return CUBLAS_STATUS_SUCCESS;
   sim_lt *queued = new (std::nothrow) sim_lt(e);
   if (!queued) return CUBLAS_STATUS_ALLOC_FAILED;

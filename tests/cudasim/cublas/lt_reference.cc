@@ -3,6 +3,7 @@
 #include "lt_reference.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include <vector>
@@ -24,15 +25,16 @@ bool known(int e) {
          e == SIM_LT_DGELU || e == SIM_LT_DGELU_BGRAD || e == SIM_LT_BGRADA ||
          e == SIM_LT_BGRADB;
 }
-bool has_bias(int e) {
+
+} // namespace
+
+bool sim_lt_has_bias(int e) {
   return e == SIM_LT_BIAS || e == SIM_LT_GELU_AUX_BIAS || e == SIM_LT_DGELU_BGRAD ||
          e == SIM_LT_BGRADA || e == SIM_LT_BGRADB;
 }
-bool has_aux(int e) {
+bool sim_lt_has_aux(int e) {
   return e == SIM_LT_GELU_AUX_BIAS || e == SIM_LT_DGELU || e == SIM_LT_DGELU_BGRAD;
 }
-
-} // namespace
 
 float sim_gelu(float x) {
   const float s = 0.7978845608028654f; /* sqrt(2 / pi) */
@@ -62,17 +64,30 @@ cublasStatus_t sim_lt_check(sim_lt *e, const void *alpha, const void *beta, char
              e->g.batch != 1 ? "batched" : "fp64");
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
-  if (has_bias(ep) && !e->bias) {
-    snprintf(why, why_size, "cublasLtMatmul: epilogue %d needs CUBLASLT_MATMUL_DESC_BIAS_POINTER, "
-             "which is NULL: CUBLAS_STATUS_INVALID_VALUE", ep);
-    return CUBLAS_STATUS_INVALID_VALUE;
+  const unsigned size = e->g.ctype == CUDA_R_16BF ? 2 : 4; /* the bias's and aux's element */
+  if (sim_lt_has_bias(ep)) {
+    if (!e->bias) {
+      snprintf(why, why_size, "cublasLtMatmul: epilogue %d needs "
+               "CUBLASLT_MATMUL_DESC_BIAS_POINTER, which is NULL: CUBLAS_STATUS_INVALID_VALUE", ep);
+      return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    if ((uintptr_t)e->bias % size != 0) {
+      snprintf(why, why_size, "cublasLtMatmul: CUBLASLT_MATMUL_DESC_BIAS_POINTER %p is not "
+               "aligned to its %u-byte elements: CUBLAS_STATUS_NOT_SUPPORTED", e->bias, size);
+      return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
   }
-  if (has_aux(ep)) {
+  if (sim_lt_has_aux(ep)) {
     if (!e->aux) {
       snprintf(why, why_size, "cublasLtMatmul: epilogue %d needs "
                "CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, which is NULL: "
                "CUBLAS_STATUS_INVALID_VALUE", ep);
       return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    if ((uintptr_t)e->aux % size != 0) {
+      snprintf(why, why_size, "cublasLtMatmul: CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER %p is "
+               "not aligned to its %u-byte elements: CUBLAS_STATUS_NOT_SUPPORTED", e->aux, size);
+      return CUBLAS_STATUS_NOT_SUPPORTED;
     }
     if (e->aux_ld < e->g.m) {
       snprintf(why, why_size, "cublasLtMatmul: CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD %lld is below "

@@ -25,14 +25,21 @@
  *    CUBLAS_STATUS_INVALID_VALUE (beyond cuBLASLt, which would fault on the
  *    device); an aux leading dimension below m is INVALID_VALUE (an impossible
  *    configuration), one not divisible by 8 is CUBLAS_STATUS_NOT_SUPPORTED (the
- *    EPILOGUE_AUX_LD attribute's documented rule); an epilogue on a batched
+ *    EPILOGUE_AUX_LD attribute's documented rule); a bias or aux pointer not
+ *    a multiple of its element's size is NOT_SUPPORTED (no kernel loads
+ *    elements off their alignment, so the heuristic, which reads these
+ *    pointers for their alignment, finds none); an epilogue on a batched
  *    product, an fp64 product with an epilogue, and every epilogue not listed
  *    above are NOT_SUPPORTED with a line saying the simulator does not model
  *    them. Everything the product itself refuses is refused as
  *    cublasGemmEx refuses it.
  * Not modelled: the heuristic's choice among kernels, workspace, non-default
- * bias / aux data types, row order. Pointer alignment is cublaslt.cc's (the
- * preference's promise, kept in the algorithm). */
+ * bias / aux data types, row order. Pointer alignment beyond the element is
+ * cublaslt.cc's: A, B, C and D the preference's promise, the bias and aux
+ * pointers the alignment the heuristic saw in them (cublasLt.h: routines that
+ * do not dereference them, like cublasLtMatmulAlgoGetHeuristic, depend on
+ * their values to determine the expected alignment), each kept in the
+ * algorithm and checked by cublasLtMatmul. */
 #ifndef FSDP_CUDASIM_LT_REFERENCE_H
 #define FSDP_CUDASIM_LT_REFERENCE_H
 
@@ -63,6 +70,11 @@ struct sim_lt {
  * returns the status and one line in why naming the argument and value. */
 cublasStatus_t sim_lt_check(struct sim_lt *e, const void *alpha, const void *beta, char *why,
                             size_t why_size);
+
+/* Whether epilogue e reads or writes the bias pointer (the bias or its
+ * gradient), and the aux pointer (the GELU input). */
+bool sim_lt_has_bias(int e);
+bool sim_lt_has_aux(int e);
 
 /* Computes a checked call in the calling thread. */
 void sim_lt_run(const struct sim_lt *e);

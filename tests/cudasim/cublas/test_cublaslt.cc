@@ -3,7 +3,9 @@
  * to be the simulator's library), descriptors built as blas.cu builds them, the
  * heuristic answering no algorithm where the call would be refused (a GELU
  * input leading dimension not divisible by 8), a D less aligned than the
- * preference promised refused, and cublasLtMatmul with
+ * preference promised refused, a bias or aux pointer less aligned than the one
+ * the heuristic was shown refused (and one off its element refused by the
+ * heuristic), and cublasLtMatmul with
  * GELU_AUX_BIAS on a stream of the simulated runtime, against the host. Exit 0
  * when every check passes. */
 #include <dlfcn.h>
@@ -111,6 +113,78 @@ static void test_gelu_aux_bias(void) {
   cudaFree(dx), cudaFree(dw), cudaFree(db), cudaFree(dy), cudaFree(dp);
 }
 
+/* The bias and aux pointers: the heuristic is shown them (cublasLt.h: it reads
+ * their values for the alignment to expect), the call must keep that
+ * alignment, as blas.cu relies on when it shows a 16-byte aligned probe and
+ * calls only with 16-byte aligned tensors. A refused call writes nothing. */
+static void test_epilogue_alignment(void) {
+  const int B = 5, C = 7, OC = 16;
+  /* x, W zero and the bias one: a call that ran leaves gelu(1) in D */
+  std::vector<float> zeros(B * OC, 0.0f), ones(OC + 8, 1.0f), got(B * OC);
+  float *dx = dev(B * C, zeros.data()), *dw = dev(OC * C, nullptr), *db = dev(OC + 8, ones.data()),
+        *dp = dev(B * OC + 8, nullptr), *dy = dev(B * OC, zeros.data());
+  cudaMemset(dw, 0, OC * C * 4);
+  cublasLtHandle_t h = nullptr;
+  CHECK(api->create(&h) == 0, "create");
+  cudaStream_t s = nullptr;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess, "stream");
+  const float one = 1.0f, zero = 0.0f;
+  {
+    descs d; /* shown 16-byte aligned bias and aux (cudaMalloc gives 256) */
+    build(d, B, C, OC, db + 4, dp + 4);
+    cublasLtMatmulHeuristicResult_t r;
+    int found = 0;
+    CHECK(api->heuristic(h, d.d, d.a, d.b, d.c, d.c, d.p, 1, &r, &found) == 0 && found == 1,
+          "no algorithm for a 16-byte aligned bias and aux (found %d)", found);
+    const float *bias_off = db + 1, *bias_ok = db + 4;
+    float *aux_off = dp + 2, *aux_ok = dp + 4;
+    CHECK(api->desc_set(d.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_off, sizeof bias_off) == 0,
+          "bias");
+    CHECK(api->matmul(h, d.d, &one, dw, d.a, dx, d.b, &zero, dy, d.c, dy, d.c, &r.algo, nullptr,
+                      0, s) == CUBLAS_STATUS_NOT_SUPPORTED,
+          "a bias 4 bytes off the 16-byte alignment the heuristic saw accepted");
+    CHECK(api->desc_set(d.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ok, sizeof bias_ok) == 0 &&
+              api->desc_set(d.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux_off,
+                            sizeof aux_off) == 0,
+          "bias, aux");
+    CHECK(api->matmul(h, d.d, &one, dw, d.a, dx, d.b, &zero, dy, d.c, dy, d.c, &r.algo, nullptr,
+                      0, s) == CUBLAS_STATUS_NOT_SUPPORTED,
+          "an aux 8 bytes off the 16-byte alignment the heuristic saw accepted");
+    CHECK(cudaStreamSynchronize(s) == cudaSuccess, "sync");
+    cudaMemcpy(got.data(), dy, got.size() * 4, cudaMemcpyDeviceToHost);
+    CHECK(got == zeros, "a refused call wrote D");
+    CHECK(api->desc_set(d.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux_ok,
+                        sizeof aux_ok) == 0, "aux");
+    CHECK(api->matmul(h, d.d, &one, dw, d.a, dx, d.b, &zero, dy, d.c, dy, d.c, &r.algo, nullptr,
+                      0, s) == 0, "the bias and aux the heuristic saw refused");
+    CHECK(cudaStreamSynchronize(s) == cudaSuccess, "sync");
+    cudaMemcpy(got.data(), dy, got.size() * 4, cudaMemcpyDeviceToHost);
+    CHECK(fabs(got[0] - 0.8411920f) < 1e-5 && fabs(got[B * OC - 1] - 0.8411920f) < 1e-5,
+          "D = %g, %g, want gelu(1) = 0.8411920", got[0], got[B * OC - 1]);
+  }
+  {
+    descs d; /* a bias 2 bytes into an fp32: no kernel loads it, no algorithm */
+    build(d, B, C, OC, (const float *)((char *)db + 2), dp);
+    cublasLtMatmulHeuristicResult_t r;
+    int found = 5;
+    CHECK(api->heuristic(h, d.d, d.a, d.b, d.c, d.c, d.p, 1, &r, &found) ==
+              CUBLAS_STATUS_NOT_SUPPORTED && found == 0,
+          "an fp32 bias 2 bytes off its element got an algorithm (found %d)", found);
+  }
+  {
+    descs d; /* the aux likewise */
+    build(d, B, C, OC, db, (float *)((char *)dp + 2));
+    cublasLtMatmulHeuristicResult_t r;
+    int found = 5;
+    CHECK(api->heuristic(h, d.d, d.a, d.b, d.c, d.c, d.p, 1, &r, &found) ==
+              CUBLAS_STATUS_NOT_SUPPORTED && found == 0,
+          "an fp32 aux 2 bytes off its element got an algorithm (found %d)", found);
+  }
+  CHECK(api->destroy(h) == 0, "destroy");
+  cudaStreamDestroy(s);
+  cudaFree(dx), cudaFree(dw), cudaFree(db), cudaFree(dp), cudaFree(dy);
+}
+
 int main(void) {
   const char *why = nullptr;
   api = fsdp_cublaslt(&why);
@@ -120,6 +194,7 @@ int main(void) {
   CHECK(dladdr((void *)api->matmul, &info) && strstr(info.dli_fname, "cudasim/cublas"),
         "cublasLtMatmul comes from %s, not the simulator's", info.dli_fname);
   test_gelu_aux_bias();
+  test_epilogue_alignment();
   printf("test_cublaslt: %d checks, %d failed\n", checks, failures);
   return failures ? 1 : 0;
 }

@@ -226,6 +226,15 @@ static void refusals(void) {
   CHECK(lt(&e) == CUBLAS_STATUS_INVALID_VALUE, "the product's own check skipped (ldc < m)");
   e.g.ldc = m, e.aux_ld = 16;
   CHECK(lt(&e) == CUBLAS_STATUS_SUCCESS, "a valid bias epilogue refused");
+  /* a bias or aux pointer inside an element: no kernel loads it */
+  e.bias = (char *)bias.ptr() + 2;
+  CHECK(lt(&e) == CUBLAS_STATUS_NOT_SUPPORTED, "an fp32 bias 2 bytes off its element accepted");
+  e.epilogue = SIM_LT_DGELU, e.aux = (char *)aux.ptr() + 2;
+  CHECK(lt(&e) == CUBLAS_STATUS_NOT_SUPPORTED, "an fp32 aux 2 bytes off its element accepted");
+  e.aux = (char *)aux.ptr() + 4; /* DGELU reads no bias; an aux 4 bytes in is an element's */
+  CHECK(lt(&e) == CUBLAS_STATUS_SUCCESS, "DGELU refused over a bias it does not read, or an "
+        "aux aligned to its element");
+  e.epilogue = SIM_LT_BIAS, e.bias = bias.ptr(), e.aux = aux.ptr();
   /* DEFAULT is the reference product, bit for bit. */
   e.epilogue = SIM_LT_DEFAULT;
   CHECK(lt(&e) == CUBLAS_STATUS_SUCCESS, "DEFAULT refused");
