@@ -376,7 +376,7 @@ static int auto_rows(const bench_opts_t *o, const char *const *presets, int n, i
     printf(" %9.2f", gib((double)state));
     for (int b = 0; b < n_budgets; b++) {
       fsdp_checkpoint_choice_t ch;
-      if (fsdp_checkpoint_auto(&m, L, state, (size_t)(budgets[b] * 1073741824.0), &ch))
+      if (fsdp_checkpoint_auto(&m, L, state, lm_budget_bytes(budgets[b]), &ch))
         printf("  %-8s", "none");
       else
         printf("  %-8d", ch.k);

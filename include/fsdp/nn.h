@@ -298,7 +298,8 @@ FSDP_API fsdp_status_t fsdp_gpt2_memory(const fsdp_gpt2_config_t *c, int B, int 
  * and the largest checkpointed unit spans `scratch` layers (their recompute
  * scratch, reused by every checkpointed unit): inputs + (saved + scratch) x
  * per_layer + common. k of L layers checkpointed, each a unit of its own:
- * saved L - k, scratch (k > 0). The kernels' own memory is not in it. Pure. */
+ * saved L - k, scratch (k > 0). The kernels' own memory is not in it. Pure;
+ * 0 for a NULL m or a negative count. */
 FSDP_API size_t fsdp_activation_arena_bytes(const fsdp_gpt2_memory_t *m, int saved, int scratch);
 
 /* The answer to "use the memory I have, recompute as little as possible". */

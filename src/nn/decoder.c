@@ -3,6 +3,7 @@
  * the backend and its buffers, the activation arena, the forward and
  * backward loops over units with activation checkpointing, cross-entropy,
  * logits to the host and sampling. The models' math is behind their tables. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -162,6 +163,9 @@ static const char *size_text(size_t b, char *buf, size_t n) {
   return buf;
 }
 
+/* a + b, or SIZE_MAX where the sum would wrap: a budget's parts are the caller's */
+static size_t add_sat(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
+
 fsdp_status_t fsdp_checkpoint_auto(const fsdp_gpt2_memory_t *m, int n_layer, size_t fixed,
                                    size_t budget, fsdp_checkpoint_choice_t *out) {
   if (!m || !out || n_layer < 1)
@@ -184,9 +188,9 @@ fsdp_status_t fsdp_checkpoint_auto(const fsdp_gpt2_memory_t *m, int n_layer, siz
                     "%s (%zu bytes; with nothing checkpointed %s); give a larger budget, a "
                     "smaller micro-batch or sequence, or more ranks",
                     size_text(budget, b, sizeof b), budget, size_text(fixed, f, sizeof f),
-                    n_layer, size_text(all, a, sizeof a), size_text(fixed + all, sum, sizeof sum),
-                    fixed + all,
-                    size_text(fixed + fsdp_activation_arena_bytes(m, n_layer, 0), none,
+                    n_layer, size_text(all, a, sizeof a),
+                    size_text(add_sat(fixed, all), sum, sizeof sum), add_sat(fixed, all),
+                    size_text(add_sat(fixed, fsdp_activation_arena_bytes(m, n_layer, 0)), none,
                               sizeof none));
 }
 
@@ -219,7 +223,7 @@ fsdp_status_t decoder_checkpoint_auto(decoder_t *d) {
   fsdp_gpt2_memory_t mem;
   d->m->arena_parts(d, &mem);
   fsdp_checkpoint_choice_t ch;
-  fsdp_status_t st = fsdp_checkpoint_auto(&mem, d->L, d->reserved + d->m->extra_bytes(d),
+  fsdp_status_t st = fsdp_checkpoint_auto(&mem, d->L, add_sat(d->reserved, d->m->extra_bytes(d)),
                                           budget, &ch);
   if (st != FSDP_SUCCESS) {
     char why[512];

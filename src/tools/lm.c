@@ -1,5 +1,6 @@
 /* src/tools/lm.c — the decoders behind tools/lm.h: each call is the picked
  * model's. The only file of the tools that names both models' calls. */
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -132,12 +133,19 @@ size_t lm_model_state_bytes(const lm_t *lm, const fsdp_config_t *cfg, int nranks
   return shard * (4 + 4 + optim + low) + gathered * (fsdp_dtype_size(cfg->param_dtype) + 4);
 }
 
+size_t lm_budget_bytes(double gib) {
+  if (!(gib > 0.0)) return 0;
+  const double bytes = gib * 1073741824.0;
+  /* a cast past SIZE_MAX is undefined (x86-64 gives 0: "no budget") */
+  return bytes >= (double)SIZE_MAX ? SIZE_MAX : bytes < 1.0 ? 1 : (size_t)bytes;
+}
+
 int lm_checkpoint_auto_opts(const lm_t *lm, const fsdp_config_t *cfg, int nranks,
                             double budget_gib, fsdp_gpt2_opts_t *w) {
   if (!w->checkpoint_kinds || strcmp(w->checkpoint_kinds, "auto")) return 0;
   w->checkpoint_kinds = NULL;
   w->checkpoint_auto = 1;
-  w->memory_budget = (size_t)(budget_gib * 1073741824.0);
+  w->memory_budget = lm_budget_bytes(budget_gib);
   w->memory_reserved = lm_model_state_bytes(lm, cfg, nranks);
   return 1;
 }

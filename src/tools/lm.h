@@ -57,6 +57,9 @@ size_t lm_activation_bytes(const lm_t *lm, size_t *without_checkpointing);
  * in flight (the root and prefetch + 1 layers, every layer under zero2) and
  * their fp32 gradient buffers. */
 size_t lm_model_state_bytes(const lm_t *lm, const fsdp_config_t *cfg, int nranks);
+/* --memory-budget GIB as bytes: 0 for none (gib <= 0), else at least 1 and at
+ * most SIZE_MAX, so that neither a tiny nor a huge budget reads as none. */
+size_t lm_budget_bytes(double gib);
 /* --checkpoint auto: when w->checkpoint_kinds is "auto", clears it and sets
  * checkpoint_auto, memory_budget (budget_gib, 0: the model's default) and
  * memory_reserved (lm_model_state_bytes); 1 when it did, else 0. */

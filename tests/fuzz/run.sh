@@ -70,6 +70,9 @@ for t in "${targets[@]}"; do
   [ -n "${parser[$t]:-}" ] || { echo "run.sh: no target '$t'"; exit 1; }
 done
 jobs=${FUZZ_JOBS:-1}
+# 0 (or a word, which bash's arithmetic reads as 0) would wait for no target
+# before the first and lose the last one's status
+[[ $jobs =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: FUZZ_JOBS=$jobs: targets at once, 1 or more"; exit 1; }
 failed=0 running=0
 for t in "${targets[@]}"; do
   if ((running >= jobs)); then

@@ -5,13 +5,19 @@
 # same 3 in checkpoint_wrapper (and all 4 in the extra row), the two PyTorch rows
 # losing the same (recomputation changes no value); with N = 2 fsdp-bench takes a
 # rule per block from a --config file and PyTorch wraps 2. Python with torch:
-# BUILD_DIR/interop-venv (the hf-interop test's venv); skipped (77) without it.
+# BUILD_DIR/interop-venv (the hf-interop test's venv, waited for under its lock);
+# skipped (77) without it.
 set -euo pipefail
 build=$1 src=$2
 py=$build/interop-venv/bin/python
+# scripts/test.sh fills the venv in the background under this lock: wait for it,
+# as the hf-interop test does, or a half-made venv would skip this test in CI.
+exec 9>"$build/interop-venv.lock"
+flock 9
 if [ ! -x "$py" ] || ! "$py" -c "import torch" 2>/dev/null; then
   echo "SKIP: no torch in $build/interop-venv (the hf-interop test makes it)"; exit 77
 fi
+flock -u 9
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 common=(--np 1 --preset small --seq-len 32 --micro-batch 2 --warmup 1 --iters 2 --repeat 1

@@ -42,6 +42,17 @@ grep -q "checkpoint auto: 3 of 4 blocks (h.0-h.2), activations 0.43 MiB, budget 
 out=$("$train" "${tiny[@]}" --checkpoint auto --memory-budget 0.0015 --json 2>&1)
 grep -q '"checkpoint_auto":{"checkpointed":4,"layers":4,"first":0,"last":3,' <<<"$out" ||
   { echo "FAIL: auto --json: $out"; exit 1; }
+# A huge budget is a budget (not "none" by a cast past SIZE_MAX), and a tiny
+# one is refused (not rounded to 0 bytes, "none").
+out=$("$train" "${tiny[@]}" --checkpoint auto --memory-budget 1e20 2>&1)
+grep -q "checkpoint auto: 0 of 4 blocks, activations .* MiB, budget " <<<"$out" ||
+  { echo "FAIL: auto at 1e20 GiB: $out"; exit 1; }
+set +e
+err=$("$train" "${tiny[@]}" --checkpoint auto --memory-budget 1e-12 2>&1)
+rc=$?
+set -e
+[ "$rc" -ne 0 ] && grep -q "a budget of 0.00 MiB (1 bytes) holds no plan" <<<"$err" ||
+  { echo "FAIL: a budget of 1e-12 GiB: $err"; exit 1; }
 set +e
 err=$("$train" "${tiny[@]}" --checkpoint auto --memory-budget 0.001 2>&1)
 rc=$?

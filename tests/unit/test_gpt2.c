@@ -259,6 +259,11 @@ START_TEST(checkpoint_auto_choice) {
   ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "all 8 layers checkpointed"));
   /* a fixed part past the budget fits nothing */
   ck_assert_int_eq(fsdp_checkpoint_auto(&m, L, 1u << 20, 1000, &ch), FSDP_ERR_OUT_OF_MEMORY);
+  /* ... and its sums in the message saturate instead of wrapping */
+  ck_assert_int_eq(fsdp_checkpoint_auto(&m, L, SIZE_MAX, SIZE_MAX - 1, &ch),
+                   FSDP_ERR_OUT_OF_MEMORY);
+  snprintf(want, sizeof want, "(%zu bytes;", (size_t)SIZE_MAX);
+  ck_assert_msg(strstr(fsdp_last_error(), want), "%s", fsdp_last_error());
   ck_assert_int_eq(fsdp_checkpoint_auto(NULL, L, 0, 1, &ch), FSDP_ERR_INVALID_ARGUMENT);
   ck_assert_int_eq(fsdp_checkpoint_auto(&m, 0, 0, 1, &ch), FSDP_ERR_INVALID_ARGUMENT);
   ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "n_layer"));
@@ -366,6 +371,10 @@ START_TEST(checkpoint_partial_identical) {
   ck_assert_int_eq(train4(NULL, 1, 0, 0, w, &act, &full, &k), FSDP_SUCCESS);
   ck_assert_int_eq(k, 0);
   ck_assert_uint_eq(act, full0);
+  /* a memory_reserved that would wrap the fixed part past SIZE_MAX fits nothing */
+  ck_assert_int_eq(train4(NULL, 1, 1u << 30, SIZE_MAX, w, &act, &full, &k),
+                   FSDP_ERR_OUT_OF_MEMORY);
+  ck_assert_msg(strstr(fsdp_last_error(), "holds no plan"), "%s", fsdp_last_error());
   /* auto beside another checkpointing policy, or over grouped units: refused */
   ck_assert_int_eq(train4("h.1", 1, 1u << 30, 0, w, &act, &full, &k), FSDP_ERR_INVALID_ARGUMENT);
   ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "one policy"));
