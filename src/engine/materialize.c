@@ -261,7 +261,8 @@ static fsdp_status_t pools_create(struct fsdp_engine *e) {
   e->pools.grad_pool_bytes = s.grad_pool;
   if (s.grad_lp) {
     e->pools.grad_lp = fsdp_engine_alloc(e, s.grad_lp * sizeof(uint16_t));
-    if (s.staging_elems) e->pools.staging_lp = fsdp_engine_alloc(e, s.staging_elems * sizeof(uint16_t));
+    if (s.staging_elems)
+      e->pools.staging_lp = fsdp_engine_alloc(e, s.staging_elems * sizeof(uint16_t));
     if (!e->pools.grad_lp || (s.staging_elems && !e->pools.staging_lp))
       return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "engine: cannot allocate the bf16 reduce buffers");
   } else if (s.staging_elems) {
