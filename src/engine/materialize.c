@@ -1,6 +1,7 @@
 /* src/engine/materialize.c — materialisation: each rank's shards and optimizer
  * state allocated and filled from (seed, name, index), and the gather and
- * gradient pools sized from the configuration, once, before the first step. */
+ * gradient pools sized from the configuration, once, before the first step;
+ * and the prediction of those bytes by the same sizing (fsdp_engine_memory_plan). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
