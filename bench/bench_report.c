@@ -336,7 +336,10 @@ static int replica_rows(const bench_opts_t *o, const char *const *presets, int n
  * activation arena at k of L layers checkpointed (fsdp_activation_arena_bytes,
  * what the arena is allocated by) and the k fsdp_checkpoint_auto chooses at
  * each budget, the fixed part being lm_model_state_bytes on one rank (the
- * kernels' few MiB of scratch, which only a built model knows, excluded). */
+ * kernels' few MiB of scratch, which only a built model knows, excluded).
+ * That is an estimate, built without an engine: a run's --checkpoint auto
+ * takes the engine's own number (fsdp_engine_memory_plan), which can be
+ * larger, and so may checkpoint more layers than this table's k. */
 static int auto_rows(const bench_opts_t *o, const char *const *presets, int n, int B, int T,
                      fsdp_dtype_t dt) {
   const double given = (double)o->memory_budget;

@@ -132,8 +132,7 @@ static fsdp_status_t model_build(fsdp_world_t world, const bench_opts_t *o, fsdp
     w.max_T = m->T;
     fsdp_plan_opts_t plan;
     char ckpt[512];
-    const int ck_auto =
-        lm_checkpoint_auto_opts(&m->lm, c, fsdp_world_size(world), o->memory_budget, &w);
+    const int ck_auto = lm_checkpoint_auto_opts(o->memory_budget, &w);
     int bad = o->config && lm_config_opts(&m->lm, o->config, &w, &plan, ckpt, sizeof ckpt);
     fsdp_status_t st = bad ? FSDP_ERR_INVALID_ARGUMENT : lm_create(&m->lm, m->eng, &w);
     if (st == FSDP_SUCCESS && ck_auto) {

@@ -551,6 +551,23 @@ FSDP_API fsdp_stream_t fsdp_engine_stream(fsdp_engine_t engine);
 
 FSDP_API fsdp_status_t fsdp_engine_memory(fsdp_engine_t engine, fsdp_mem_stats_t *mem);
 FSDP_API void fsdp_engine_reset_peaks(fsdp_engine_t engine);
+/* What fsdp_engine_materialize will reserve on this rank, by the rule it
+ * allocates with: *plan receives the reserved fields of fsdp_engine_memory
+ * (master .. persistent, param_pool, grad_pool, staging, total_reserved; the
+ * transient ones 0) as they will read after materialize and the first step.
+ * held (n_held units, may be NULL when 0) names the units the caller keeps
+ * acquired while it acquires others (a decoder's root: embeddings and head);
+ * each that reshards adds its gather slot when max_live_units is unset. Call
+ * it after the units are registered (it counts those registered so far);
+ * after materialize it answers the same. Not counted here nor by
+ * fsdp_engine_memory: AdamW's per-unit decay runs (8 bytes per tensor at
+ * most) and the device's own overheads (context, library workspaces).
+ * Allocates nothing; not concurrently with calls that add units. Errors:
+ * FSDP_ERR_INVALID_ARGUMENT for NULL engine or plan, n_held < 0, NULL held
+ * with n_held > 0, or a held entry that is not a unit; *plan is then left
+ * unchanged. */
+FSDP_API fsdp_status_t fsdp_engine_memory_plan(fsdp_engine_t engine, const fsdp_unit_t *held,
+                                               int n_held, fsdp_mem_stats_t *plan);
 
 /* The recorded events in *events (valid until the next engine call) and their
  * number in *count. Events past timeline_capacity are counted in *dropped (may

@@ -170,17 +170,21 @@ typedef struct {
   void *unit_opts_user;         /* passed to unit_opts */
   /* Memory-budgeted checkpointing ("checkpoint auto"): checkpoint_auto 1
    * recomputes the fewest leading layers (fsdp_checkpoint_auto, below) so
-   * that memory_reserved + the activation arena + the kernels' memory fit
-   * memory_budget. It needs every layer in a unit of its own (wrap_kinds the
+   * that the model state + memory_reserved + the activation arena + the
+   * kernels' memory fit memory_budget; the model state is what the engine
+   * will reserve at materialize (fsdp_engine_memory_plan, the root held
+   * across the layers), so the units must all be registered: the model's
+   * create does it. It needs every layer in a unit of its own (wrap_kinds the
    * layer kind) and no other checkpointing policy (FSDP_ERR_INVALID_ARGUMENT
    * otherwise); a budget nothing fits is FSDP_ERR_OUT_OF_MEMORY naming the
    * numbers. memory_budget 0: on CUDA the device's free memory at create
-   * less FSDP_CHECKPOINT_AUTO_MARGIN; on the CPU nothing is checkpointed.
+   * less FSDP_CHECKPOINT_AUTO_MARGIN (FSDP_ERR_OUT_OF_MEMORY naming both when
+   * no more than the margin is free); on the CPU nothing is checkpointed.
    * The choice: fsdp_gpt2_checkpointed / fsdp_llama_checkpointed. */
   int checkpoint_auto;
   size_t memory_budget;   /* bytes; 0: as just said */
-  size_t memory_reserved; /* bytes of the budget not for activations: the model state
-                             (shards, optimizer state, gathered units) the caller expects */
+  size_t memory_reserved; /* bytes of the budget the caller will use itself besides the
+                             engine's state and the model's buffers (0: none) */
 } fsdp_gpt2_opts_t;
 
 /* What "checkpoint auto" leaves free of a CUDA device's memory when no budget

@@ -216,22 +216,35 @@ fsdp_status_t decoder_checkpoint_auto(decoder_t *d) {
   if (!budget && d->ops->device == FSDP_DEVICE_CUDA) {
     size_t free_b = 0, total_b = 0;
     FSDP_TRY(fsdp_cuda_mem_info(&free_b, &total_b));
-    budget = free_b > FSDP_CHECKPOINT_AUTO_MARGIN ? free_b - FSDP_CHECKPOINT_AUTO_MARGIN : 0;
+    if (free_b <= FSDP_CHECKPOINT_AUTO_MARGIN) {
+      char f[32], m[32];
+      return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "%s: checkpoint auto without a memory budget "
+                        "takes the device's free memory less a margin, but %s (%zu bytes) "
+                        "free is no more than the %s margin: free the device or give a "
+                        "budget (memory_budget, --memory-budget)", who,
+                        size_text(free_b, f, sizeof f), free_b,
+                        size_text(FSDP_CHECKPOINT_AUTO_MARGIN, m, sizeof m));
+    }
+    budget = free_b - FSDP_CHECKPOINT_AUTO_MARGIN;
   }
   d->budget = budget;
   if (!budget) return FSDP_SUCCESS; /* the CPU without a budget: nothing checkpointed */
   fsdp_gpt2_memory_t mem;
   d->m->arena_parts(d, &mem);
+  /* the model state as the engine will allocate it, the root held across the layers */
+  fsdp_mem_stats_t state;
+  FSDP_TRY(fsdp_engine_memory_plan(d->eng, &d->units[0].id, 1, &state));
   fsdp_checkpoint_choice_t ch;
-  fsdp_status_t st = fsdp_checkpoint_auto(&mem, d->L, add_sat(d->reserved, d->m->extra_bytes(d)),
-                                          budget, &ch);
+  const size_t fixed = add_sat(add_sat(state.total_reserved, d->reserved), d->m->extra_bytes(d));
+  fsdp_status_t st = fsdp_checkpoint_auto(&mem, d->L, fixed, budget, &ch);
   if (st != FSDP_SUCCESS) {
     char why[512];
     snprintf(why, sizeof why, "%s", fsdp_last_error());
     return fsdp_error(st, "%s, micro-batch %d x %d (%s): %s", who, d->maxB, d->maxT,
                       fsdp_dtype_name(d->dt), why);
   }
-  for (int l = 0; l < ch.k; l++) d->units[l + 1].checkpoint = 1; /* the first k: see fsdp/nn.h */
+  for (int l = 0; l < ch.k; l++) /* the first k: see fsdp/nn.h */
+    d->units[d->layer_unit[l]].checkpoint = 1;
   return FSDP_SUCCESS;
 }
 

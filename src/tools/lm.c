@@ -140,13 +140,11 @@ size_t lm_budget_bytes(double gib) {
   return bytes >= (double)SIZE_MAX ? SIZE_MAX : bytes < 1.0 ? 1 : (size_t)bytes;
 }
 
-int lm_checkpoint_auto_opts(const lm_t *lm, const fsdp_config_t *cfg, int nranks,
-                            double budget_gib, fsdp_gpt2_opts_t *w) {
+int lm_checkpoint_auto_opts(double budget_gib, fsdp_gpt2_opts_t *w) {
   if (!w->checkpoint_kinds || strcmp(w->checkpoint_kinds, "auto")) return 0;
   w->checkpoint_kinds = NULL;
   w->checkpoint_auto = 1;
   w->memory_budget = lm_budget_bytes(budget_gib);
-  w->memory_reserved = lm_model_state_bytes(lm, cfg, nranks);
   return 1;
 }
 

@@ -50,21 +50,23 @@ fsdp_status_t lm_forward(const lm_t *lm, const int *tokens, const int *targets, 
 fsdp_status_t lm_sample(const lm_t *lm, const int *prompt, int n_prompt, int n_new,
                         const fsdp_gpt2_sampling_t *how, int *out);
 size_t lm_activation_bytes(const lm_t *lm, size_t *without_checkpointing);
-/* Model state per rank the budget of --checkpoint auto must hold besides the
- * activations, estimated before the engine allocates it: the fp32 master and
- * gradient shards, the optimizer's state and the low-precision copy over S
- * ranks (S: --shard-size or the world; 1 unsharded), plus the gathered units
- * in flight (the root and prefetch + 1 layers, every layer under zero2) and
- * their fp32 gradient buffers. */
+/* An estimate of the model state per rank, for fsdp-bench --memory-plan's
+ * table only, which builds no engine: the fp32 master and gradient shards,
+ * the optimizer's state and the low-precision copy over S ranks (S:
+ * --shard-size or the world; 1 unsharded), plus the gathered units in flight
+ * (the root and prefetch + 1 layers, every layer under zero2) and their fp32
+ * gradient buffers. A run's --checkpoint auto does not use it: it asks the
+ * engine (fsdp_engine_memory_plan), whose gather and gradient slots are each
+ * the size of the largest unit (the root), so this undercounts. */
 size_t lm_model_state_bytes(const lm_t *lm, const fsdp_config_t *cfg, int nranks);
 /* --memory-budget GIB as bytes: 0 for none (gib <= 0), else at least 1 and at
  * most SIZE_MAX, so that neither a tiny nor a huge budget reads as none. */
 size_t lm_budget_bytes(double gib);
 /* --checkpoint auto: when w->checkpoint_kinds is "auto", clears it and sets
- * checkpoint_auto, memory_budget (budget_gib, 0: the model's default) and
- * memory_reserved (lm_model_state_bytes); 1 when it did, else 0. */
-int lm_checkpoint_auto_opts(const lm_t *lm, const fsdp_config_t *cfg, int nranks,
-                            double budget_gib, fsdp_gpt2_opts_t *w);
+ * checkpoint_auto and memory_budget (budget_gib, 0: the model's default; the
+ * model state in it is the engine's, fsdp_engine_memory_plan); 1 when it
+ * did, else 0. */
+int lm_checkpoint_auto_opts(double budget_gib, fsdp_gpt2_opts_t *w);
 /* After lm_create with checkpoint auto: what it chose, as the start-up line
  * ("checkpoint auto: 12 of 48 blocks (h.0-h.11), activations 14.20 GiB,
  * budget 70.00 GiB") or, json, as a JSON object's members

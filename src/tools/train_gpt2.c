@@ -233,7 +233,7 @@ static int build_model(trainer_t *t, void *task) {
   fsdp_plan_opts_t plan;
   char ckpt[512];
   cfg_file_t *c = o->config;
-  lm_checkpoint_auto_opts(&g->lm, &o->cfg, t->nranks, o->memory_budget, &w);
+  lm_checkpoint_auto_opts(o->memory_budget, &w);
   int bad = c && lm_config_opts(&g->lm, c, &w, &plan, ckpt, sizeof ckpt);
   bad = bad || lm_create(&g->lm, t->eng, &w);
   bad = bad || (c && (cfg_check_matched(c, 1) || cfg_check_matched(c, 2)));

@@ -31,7 +31,7 @@
 
 enum { MAX_STEPS = 6, SAMPLE = 16 };
 static int B = 4, T = 32, STEPS = 6; /* FSDP_TEST_SMALL: 2, 16, 2 */
-static fsdp_gpt2_config_t cfg = {2, 4, 64, 32, 256}; /* padded_vocab_*: V 300 */
+static fsdp_gpt2_config_t cfg = {2, 4, 64, 32, 256}; /* tests of another shape copy it */
 static fsdp_world_t world;
 static fsdp_dtype_t small_dtype = FSDP_F32; /* FSDP_TEST_SMALL: the one dtype */
 
@@ -41,7 +41,10 @@ typedef struct {
   const char *checkpoint; /* NULL or "GPT2Block" */
   size_t budget;          /* > 0: checkpoint auto at this memory_budget ... */
   int want_k;             /* ... which must checkpoint the first want_k blocks */
+  const fsdp_gpt2_config_t *model; /* NULL: cfg (a test's own shape is a local copy) */
 } run_t;
+
+static const fsdp_gpt2_config_t *model_of(const run_t *r) { return r->model ? r->model : &cfg; }
 
 typedef struct {
   double loss[MAX_STEPS]; /* mean per token */
@@ -50,15 +53,15 @@ typedef struct {
   int sample[SAMPLE];
 } result_t;
 
-/* A learnable stream: each token follows from the previous one, with noise. */
-static void batch(int step, int *tok, int *tgt) {
+/* A learnable stream over V tokens: each follows from the previous one, with noise. */
+static void batch(int step, int V, int *tok, int *tgt) {
   unsigned x = 12345u + 977u * (unsigned)step;
   for (int i = 0; i < B * T; i++) {
     x = x * 1103515245u + 12345u;
-    tok[i] = i % T == 0 ? (int)(x >> 16) % cfg.vocab_size : (tok[i - 1] * 7 + 3) % cfg.vocab_size;
-    if ((x >> 8) % 8 == 0) tok[i] = (int)(x >> 12) % cfg.vocab_size;
+    tok[i] = i % T == 0 ? (int)(x >> 16) % V : (tok[i - 1] * 7 + 3) % V;
+    if ((x >> 8) % 8 == 0) tok[i] = (int)(x >> 12) % V;
   }
-  for (int i = 0; i < B * T; i++) tgt[i] = (tok[i] * 7 + 3) % cfg.vocab_size;
+  for (int i = 0; i < B * T; i++) tgt[i] = (tok[i] * 7 + 3) % V;
 }
 
 /* The engine (c: device and dtype set from r) and the model on it, seed 7.
@@ -76,7 +79,7 @@ static fsdp_status_t open_model(const run_t *r, fsdp_config_t *c, fsdp_engine_t 
   fsdp_gpt2_opts_t o = {.wrap_kinds = "GPT2Block", .checkpoint_kinds = r->checkpoint,
                          .max_batch = B, .checkpoint_auto = r->budget > 0,
                          .memory_budget = r->budget};
-  st = fsdp_gpt2_create(*e, &cfg, &o, g);
+  st = fsdp_gpt2_create(*e, model_of(r), &o, g);
   if (st == FSDP_SUCCESS) st = fsdp_engine_materialize(*e, 7);
   if (st == FSDP_ERR_UNSUPPORTED) {
     fsdp_gpt2_destroy(*g);
@@ -98,26 +101,26 @@ static fsdp_status_t train(const run_t *r, result_t *out) {
   ck_assert(tok && tgt);
   if (r->budget) { /* checkpoint auto took the first want_k blocks */
     ck_assert_int_eq(fsdp_gpt2_checkpointed(g, NULL), r->want_k);
-    for (int l = 0; l < cfg.n_layer; l++)
+    for (int l = 0; l < model_of(r)->n_layer; l++)
       ck_assert_int_eq(fsdp_gpt2_layer_checkpointed(g, l), l < r->want_k);
   }
   for (int s = 0; s < STEPS; s++) {
-    batch(s, tok, tgt);
+    batch(s, model_of(r)->vocab_size, tok, tgt);
     ck_assert_msg(fsdp_gpt2_forward_backward(g, tok, tgt, B, T, 1.0f / (B * T), &out->loss[s]) ==
                       FSDP_SUCCESS, "step %d: %s", s, fsdp_last_error());
     ck_assert_msg(fsdp_engine_step(e, NULL) == FSDP_SUCCESS, "%s", fsdp_last_error());
     out->loss[s] /= B * T;
   }
   const float *logits = NULL;
-  batch(STEPS, tok, tgt);
+  batch(STEPS, model_of(r)->vocab_size, tok, tgt);
   ck_assert_msg(fsdp_gpt2_forward(g, tok, tgt, B, T, &out->eval, &logits) == FSDP_SUCCESS, "%s",
                 fsdp_last_error());
   out->eval /= B * T;
-  size_t n = (size_t)B * T * cfg.vocab_size;
+  size_t n = (size_t)B * T * model_of(r)->vocab_size;
   out->logits = malloc(n * sizeof(float));
   ck_assert_ptr_nonnull(out->logits);
   memcpy(out->logits, logits, n * sizeof(float)); /* host memory on every device */
-  int prompt[3] = {1, 10, 73 % cfg.vocab_size};
+  int prompt[3] = {1, 10, 73 % model_of(r)->vocab_size};
   ck_assert_msg(fsdp_gpt2_generate(g, prompt, 3, SAMPLE, 1.0f, 11, out->sample) == FSDP_SUCCESS,
                 "%s", fsdp_last_error());
   free(tok);
@@ -151,8 +154,8 @@ static double compare(const char *what, const run_t *a, const run_t *b, result_t
 }
 
 START_TEST(fp32_matches_cpu) {
-  run_t cpu = {FSDP_DEVICE_CPU, FSDP_F32, NULL, 0, 0},
-        gpu = {FSDP_DEVICE_CUDA, FSDP_F32, NULL, 0, 0};
+  run_t cpu = {FSDP_DEVICE_CPU, FSDP_F32, NULL, 0, 0, NULL},
+        gpu = {FSDP_DEVICE_CUDA, FSDP_F32, NULL, 0, 0, NULL};
   result_t a = {0}, b = {0};
   compare("fp32 vs cpu", &cpu, &gpu, &a, &b, 1e-4);
   if (!skipped) {
@@ -176,8 +179,8 @@ START_TEST(fp32_matches_cpu) {
 END_TEST
 
 START_TEST(bf16_follows_cpu) {
-  run_t cpu = {FSDP_DEVICE_CPU, FSDP_BF16, NULL, 0, 0},
-        gpu = {FSDP_DEVICE_CUDA, FSDP_BF16, NULL, 0, 0};
+  run_t cpu = {FSDP_DEVICE_CPU, FSDP_BF16, NULL, 0, 0, NULL},
+        gpu = {FSDP_DEVICE_CUDA, FSDP_BF16, NULL, 0, 0, NULL};
   result_t a = {0}, b = {0};
   compare("bf16 vs cpu bf16", &cpu, &gpu, &a, &b, 2e-2);
   if (!skipped) ck_assert(fabs(a.eval - b.eval) <= 2e-2 * a.eval);
@@ -189,8 +192,8 @@ END_TEST
 START_TEST(checkpointing_on_cuda) {
   static const fsdp_dtype_t dtypes[] = {FSDP_F32, FSDP_BF16};
   for (int k = 0; k < 2 && !skipped; k++) {
-    run_t plain = {FSDP_DEVICE_CUDA, dtypes[k], NULL, 0, 0};
-    run_t ckpt = {FSDP_DEVICE_CUDA, dtypes[k], "GPT2Block", 0, 0};
+    run_t plain = {FSDP_DEVICE_CUDA, dtypes[k], NULL, 0, 0, NULL};
+    run_t ckpt = {FSDP_DEVICE_CUDA, dtypes[k], "GPT2Block", 0, 0, NULL};
     result_t a = {0}, b = {0};
     char what[64];
     snprintf(what, sizeof what, "%s checkpoint vs none", fsdp_dtype_name(dtypes[k]));
@@ -208,29 +211,40 @@ END_TEST
  * (blocks h.0 and h.1 recompute, h.2 keeps its activations), the budget made
  * of the CUDA model's own bytes without checkpointing less fsdp_gpt2_memory's
  * arena (CUDA's, to the byte: the same carving, 256-byte alignment) plus the
- * arena fsdp_activation_arena_bytes gives for k = 2. */
+ * arena fsdp_activation_arena_bytes gives for k = 2, plus the engine's state
+ * (fsdp_engine_memory_plan). */
 START_TEST(partial_checkpoint_follows_cpu) {
-  cfg.n_layer = 3;
-  run_t gpu = {FSDP_DEVICE_CUDA, FSDP_BF16, NULL, 0, 0};
+  fsdp_gpt2_config_t three = cfg;
+  three.n_layer = 3;
+  run_t gpu = {FSDP_DEVICE_CUDA, FSDP_BF16, NULL, 0, 0, &three};
   fsdp_config_t c = FSDP_CONFIG_INIT;
   fsdp_engine_t e;
   fsdp_gpt2_t g;
   if (open_model(&gpu, &c, &e, &g) == FSDP_ERR_UNSUPPORTED) {
     skipped = 1;
     printf("gpt2 cuda bf16 partial checkpoint: SKIP: %s\n", fsdp_last_error());
-    cfg.n_layer = 2;
     return;
   }
   size_t full, act = fsdp_gpt2_activation_bytes(g, &full);
+  /* checkpoint auto's fixed part also holds the engine's state, the root held */
+  fsdp_unit_t root = -1;
+  for (int u = 0; u < fsdp_engine_num_units(e); u++) {
+    fsdp_unit_info_t ri;
+    ck_assert_int_eq(fsdp_unit_info(e, u, &ri), FSDP_SUCCESS);
+    if (!strcmp(ri.name, "root")) root = u;
+  }
+  fsdp_mem_stats_t state;
+  ck_assert_int_eq(fsdp_engine_memory_plan(e, &root, 1, &state), FSDP_SUCCESS);
   fsdp_gpt2_destroy(g);
   fsdp_engine_destroy(e);
   fsdp_gpt2_memory_t m;
-  ck_assert_int_eq(fsdp_gpt2_memory(&cfg, B, T, FSDP_BF16, FSDP_GPT2_LAYOUT_BUILT, &m),
+  ck_assert_int_eq(fsdp_gpt2_memory(&three, B, T, FSDP_BF16, FSDP_GPT2_LAYOUT_BUILT, &m),
                    FSDP_SUCCESS);
   ck_assert_uint_eq(act, full);
-  gpu.budget = full - fsdp_activation_arena_bytes(&m, 3, 0) + fsdp_activation_arena_bytes(&m, 1, 1);
+  gpu.budget = state.total_reserved + full - fsdp_activation_arena_bytes(&m, 3, 0) +
+               fsdp_activation_arena_bytes(&m, 1, 1);
   gpu.want_k = 2;
-  run_t cpu = {FSDP_DEVICE_CPU, FSDP_BF16, NULL, 0, 0};
+  run_t cpu = {FSDP_DEVICE_CPU, FSDP_BF16, NULL, 0, 0, &three};
   result_t a = {0}, b = {0};
   compare("bf16 2 of 3 blocks checkpointed (auto) vs cpu bf16", &cpu, &gpu, &a, &b, 2e-2);
   free(a.logits);
@@ -240,7 +254,6 @@ START_TEST(partial_checkpoint_follows_cpu) {
   result_t d = {0};
   ck_assert_int_eq(train(&gpu, &d), FSDP_SUCCESS);
   free(d.logits);
-  cfg.n_layer = 2;
 }
 END_TEST
 
@@ -250,14 +263,15 @@ END_TEST
  * 50257 -> 50304 is test_kernels' head case (a model step at that width takes
  * minutes in the simulator). */
 START_TEST(padded_vocab_matches_cpu) {
-  cfg.vocab_size = 300;
-  run_t cpu = {FSDP_DEVICE_CPU, FSDP_F32, NULL, 0, 0},
-        gpu = {FSDP_DEVICE_CUDA, FSDP_F32, NULL, 0, 0};
+  fsdp_gpt2_config_t v300 = cfg;
+  v300.vocab_size = 300;
+  run_t cpu = {FSDP_DEVICE_CPU, FSDP_F32, NULL, 0, 0, &v300},
+        gpu = {FSDP_DEVICE_CUDA, FSDP_F32, NULL, 0, 0, &v300};
   result_t a = {0}, b = {0};
   compare("fp32 vs cpu, V 300", &cpu, &gpu, &a, &b, 1e-4);
   if (!skipped) {
     double worst = 0.0, scale = 0.0;
-    for (size_t i = 0; i < (size_t)B * T * cfg.vocab_size; i++) {
+    for (size_t i = 0; i < (size_t)B * T * v300.vocab_size; i++) {
       worst = fmax(worst, fabs((double)a.logits[i] - b.logits[i]));
       scale = fmax(scale, fabs(a.logits[i]));
     }
@@ -266,7 +280,6 @@ START_TEST(padded_vocab_matches_cpu) {
     ck_assert(fabs(a.eval - b.eval) <= 1e-4 * a.eval);
     ck_assert(worst <= 1e-4 * (scale > 1.0 ? scale : 1.0));
   }
-  cfg.vocab_size = 256;
   free(a.logits);
   free(b.logits);
 }
@@ -478,7 +491,7 @@ static fsdp_status_t one_step_grads(const run_t *r, grads_t *out) {
     }
   }
   int *tok = malloc((size_t)B * T * sizeof(int)), *tgt = malloc((size_t)B * T * sizeof(int));
-  batch(0, tok, tgt);
+  batch(0, model_of(r)->vocab_size, tok, tgt);
   double loss;
   ck_assert_msg(fsdp_gpt2_forward_backward(out->g, tok, tgt, B, T, 1.0f / (B * T), &loss) ==
                     FSDP_SUCCESS, "%s", fsdp_last_error());
@@ -533,15 +546,15 @@ static void compare_grads(const char *what, const run_t *cpu, const run_t *gpu, 
 }
 
 START_TEST(fp32_grads_match_cpu) {
-  run_t cpu = {FSDP_DEVICE_CPU, FSDP_F32, NULL, 0, 0},
-        gpu = {FSDP_DEVICE_CUDA, FSDP_F32, NULL, 0, 0};
+  run_t cpu = {FSDP_DEVICE_CPU, FSDP_F32, NULL, 0, 0, NULL},
+        gpu = {FSDP_DEVICE_CUDA, FSDP_F32, NULL, 0, 0, NULL};
   compare_grads("fp32 grads vs cpu", &cpu, &gpu, 1e-4);
 }
 END_TEST
 
 START_TEST(bf16_grads_follow_cpu) {
-  run_t cpu = {FSDP_DEVICE_CPU, FSDP_BF16, NULL, 0, 0},
-        gpu = {FSDP_DEVICE_CUDA, FSDP_BF16, NULL, 0, 0};
+  run_t cpu = {FSDP_DEVICE_CPU, FSDP_BF16, NULL, 0, 0, NULL},
+        gpu = {FSDP_DEVICE_CUDA, FSDP_BF16, NULL, 0, 0, NULL};
   compare_grads("bf16 grads vs cpu bf16", &cpu, &gpu, 5e-2);
 }
 END_TEST
@@ -552,20 +565,20 @@ END_TEST
  * FSDP_TEST_SMALL runs' V 64 is the remainder product alone; V 256 above is
  * the first product alone.) */
 START_TEST(padded_vocab_grads_match_cpu) {
-  cfg.vocab_size = 300;
-  run_t cpu = {FSDP_DEVICE_CPU, FSDP_F32, NULL, 0, 0},
-        gpu = {FSDP_DEVICE_CUDA, FSDP_F32, NULL, 0, 0};
+  fsdp_gpt2_config_t v300 = cfg;
+  v300.vocab_size = 300;
+  run_t cpu = {FSDP_DEVICE_CPU, FSDP_F32, NULL, 0, 0, &v300},
+        gpu = {FSDP_DEVICE_CUDA, FSDP_F32, NULL, 0, 0, &v300};
   compare_grads("fp32 grads vs cpu, V 300", &cpu, &gpu, 1e-4);
   cpu.dtype = gpu.dtype = FSDP_BF16;
   if (!skipped) compare_grads("bf16 grads vs cpu bf16, V 300", &cpu, &gpu, 5e-2);
-  cfg.vocab_size = 256;
 }
 END_TEST
 
 /* FSDP_TEST_SMALL: CUDA with checkpointing and prefetch against the CPU. */
 START_TEST(small_matches_cpu) {
-  run_t cpu = {FSDP_DEVICE_CPU, small_dtype, NULL, 0, 0};
-  run_t gpu = {FSDP_DEVICE_CUDA, small_dtype, "GPT2Block", 0, 0};
+  run_t cpu = {FSDP_DEVICE_CPU, small_dtype, NULL, 0, 0, NULL};
+  run_t gpu = {FSDP_DEVICE_CUDA, small_dtype, "GPT2Block", 0, 0, NULL};
   const int f32 = small_dtype == FSDP_F32;
   result_t a = {0}, b = {0};
   char what[64];

@@ -276,9 +276,10 @@ static const fsdp_gpt2_config_t cfg4 = {4, 3, 12, 9, 11};
 /* Three SGD-free AdamW steps with the first blocks checkpointed by names
  * (ckpt) or by checkpoint_auto at budget (reserved: memory_reserved); the
  * weights of h.0 and h.3 after them, the activation bytes, the blocks
- * checkpointed. A create refused returns its status. */
+ * checkpointed, the engine's reserved bytes (fsdp_engine_memory). A create
+ * refused returns its status. */
 static fsdp_status_t train4(const char *ckpt, int autock, size_t budget, size_t reserved,
-                            float w[2][2000], size_t *act, size_t *full, int *k) {
+                            float w[2][2000], size_t *act, size_t *full, int *k, size_t *state) {
   fsdp_config_t c = FSDP_CONFIG_INIT;
   fsdp_engine_t e = engine(&c);
   fsdp_plan_opts_t plan = FSDP_PLAN_OPTS_INIT;
@@ -299,6 +300,9 @@ static fsdp_status_t train4(const char *ckpt, int autock, size_t budget, size_t 
     ck_assert_int_eq(fsdp_gpt2_forward_backward(g, tok, tgt, B, T, 0.1f, NULL), FSDP_SUCCESS);
     ck_assert_int_eq(fsdp_engine_step(e, NULL), FSDP_SUCCESS);
   }
+  fsdp_mem_stats_t mem;
+  ck_assert_int_eq(fsdp_engine_memory(e, &mem), FSDP_SUCCESS);
+  *state = mem.total_reserved;
   fsdp_engine_read_tensor(e, "h.0.mlp.c_fc.weight", w[0], -1);
   fsdp_engine_read_tensor(e, "h.3.attn.c_attn.weight", w[1], -1);
   *act = fsdp_gpt2_activation_bytes(g, full);
@@ -319,12 +323,14 @@ static fsdp_status_t train4(const char *ckpt, int autock, size_t budget, size_t 
  * budgets are built from the model's own bytes: its activation bytes without
  * checkpointing less L blocks is everything but the blocks (the kernels'
  * memory, inputs, head), so the exact budget for k is that + (L - k + 1)
- * blocks (+ memory_reserved). */
+ * blocks + the engine's state (what fsdp_engine_memory reports after the
+ * steps: auto sized it before materialize by fsdp_engine_memory_plan) (+
+ * memory_reserved). */
 START_TEST(checkpoint_partial_identical) {
   static float w0[2][2000], w[2][2000];
-  size_t act0, full0, act, full;
+  size_t act0, full0, act, full, state, state_k;
   int k;
-  ck_assert_int_eq(train4(NULL, 0, 0, 0, w0, &act0, &full0, &k), FSDP_SUCCESS);
+  ck_assert_int_eq(train4(NULL, 0, 0, 0, w0, &act0, &full0, &k, &state), FSDP_SUCCESS);
   ck_assert_int_eq(k, 0);
   ck_assert_uint_eq(act0, full0);
   const size_t C = (size_t)cfg4.n_embd, maxT = (size_t)cfg4.block_size;
@@ -335,7 +341,7 @@ START_TEST(checkpoint_partial_identical) {
   const size_t base = full0 - fsdp_activation_arena_bytes(&m, L, 0);
   static const char *const names[] = {"h.0", "h.0,h.1", "h.[0-2]", "h.*"};
   for (int n = 1; n <= L; n++) {
-    ck_assert_int_eq(train4(names[n - 1], 0, 0, 0, w, &act, &full, &k), FSDP_SUCCESS);
+    ck_assert_int_eq(train4(names[n - 1], 0, 0, 0, w, &act, &full, &k, &state_k), FSDP_SUCCESS);
     ck_assert_int_eq(k, n);
     ck_assert_uint_eq(full, full0);
     ck_assert_uint_eq(act, base + fsdp_activation_arena_bytes(&m, L - n, 1));
@@ -346,14 +352,16 @@ START_TEST(checkpoint_partial_identical) {
   const size_t reserved = 12345;
   for (int want = 0; want <= L; want++) {
     if (want == 1) continue;
-    const size_t exact = reserved + base + fsdp_activation_arena_bytes(&m, L - want, want > 0);
-    ck_assert_msg(train4(NULL, 1, exact, reserved, w, &act, &full, &k) == FSDP_SUCCESS, "%s",
-                  fsdp_last_error());
+    const size_t exact =
+        reserved + state + base + fsdp_activation_arena_bytes(&m, L - want, want > 0);
+    ck_assert_msg(train4(NULL, 1, exact, reserved, w, &act, &full, &k, &state_k) ==
+                      FSDP_SUCCESS, "%s", fsdp_last_error());
     ck_assert_int_eq(k, want);
-    ck_assert_uint_eq(act, exact - reserved);
+    ck_assert_uint_eq(act, exact - reserved - state);
+    ck_assert_uint_eq(state_k, state);
     ck_assert_int_eq(memcmp(w0[0], w[0], 12 * 48 * sizeof(float)), 0);
     ck_assert_int_eq(memcmp(w0[1], w[1], 12 * 36 * sizeof(float)), 0);
-    fsdp_status_t st = train4(NULL, 1, exact - 1, reserved, w, &act, &full, &k);
+    fsdp_status_t st = train4(NULL, 1, exact - 1, reserved, w, &act, &full, &k, &state_k);
     if (want == L) { /* nothing fits: refused in words naming the numbers */
       ck_assert_int_eq(st, FSDP_ERR_OUT_OF_MEMORY);
       char num[64];
@@ -368,15 +376,16 @@ START_TEST(checkpoint_partial_identical) {
     ck_assert_int_eq(k, want == 0 ? 2 : want + 1);
   }
   /* the CPU without a budget: nothing checkpointed, no budget reported */
-  ck_assert_int_eq(train4(NULL, 1, 0, 0, w, &act, &full, &k), FSDP_SUCCESS);
+  ck_assert_int_eq(train4(NULL, 1, 0, 0, w, &act, &full, &k, &state_k), FSDP_SUCCESS);
   ck_assert_int_eq(k, 0);
   ck_assert_uint_eq(act, full0);
   /* a memory_reserved that would wrap the fixed part past SIZE_MAX fits nothing */
-  ck_assert_int_eq(train4(NULL, 1, 1u << 30, SIZE_MAX, w, &act, &full, &k),
+  ck_assert_int_eq(train4(NULL, 1, 1u << 30, SIZE_MAX, w, &act, &full, &k, &state_k),
                    FSDP_ERR_OUT_OF_MEMORY);
   ck_assert_msg(strstr(fsdp_last_error(), "holds no plan"), "%s", fsdp_last_error());
   /* auto beside another checkpointing policy, or over grouped units: refused */
-  ck_assert_int_eq(train4("h.1", 1, 1u << 30, 0, w, &act, &full, &k), FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_int_eq(train4("h.1", 1, 1u << 30, 0, w, &act, &full, &k, &state_k),
+                   FSDP_ERR_INVALID_ARGUMENT);
   ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "one policy"));
   fsdp_config_t c = FSDP_CONFIG_INIT;
   fsdp_engine_t e = engine(&c);

@@ -399,9 +399,11 @@ END_TEST
 /* k of L layers checkpointed (two of four, the first two: by names and by
  * checkpoint_auto at the budget that exactly fits k = 2) trains bit for bit
  * as none, with L - k layers saved and one of scratch; one byte less
- * checkpoints a third layer, and checkpoint_auto's budget is reported. */
+ * checkpoints a third layer, and checkpoint_auto's budget is reported. The
+ * budget holds the engine's state too (*state: fsdp_engine_memory's reserved
+ * bytes after the steps, which auto predicted before materialize). */
 static void train_llama4(const char *ckpt, size_t budget, float w[2][MAXP], size_t *act,
-                         size_t *full, int *k) {
+                         size_t *full, int *k, size_t *state) {
   fsdp_llama_config_t c = cfgs[0];
   c.n_layer = 4;
   fsdp_config_t ec = FSDP_CONFIG_INIT;
@@ -420,6 +422,9 @@ static void train_llama4(const char *ckpt, size_t budget, float w[2][MAXP], size
     ck_assert_int_eq(fsdp_llama_forward_backward(m, tok, tgt, B, T, 0.1f, NULL), FSDP_SUCCESS);
     ck_assert_int_eq(fsdp_engine_step(e, NULL), FSDP_SUCCESS);
   }
+  fsdp_mem_stats_t mem;
+  ck_assert_int_eq(fsdp_engine_memory(e, &mem), FSDP_SUCCESS);
+  *state = mem.total_reserved;
   fsdp_engine_read_tensor(e, "model.layers.0.self_attn.k_proj.weight", w[0], -1);
   fsdp_engine_read_tensor(e, "model.layers.3.mlp.gate_proj.weight", w[1], -1);
   *act = fsdp_llama_activation_bytes(m, full);
@@ -434,20 +439,21 @@ static void train_llama4(const char *ckpt, size_t budget, float w[2][MAXP], size
 
 START_TEST(checkpoint_partial_identical) {
   static float w0[2][MAXP], w[2][MAXP];
-  size_t act0, full0, act, full;
+  size_t act0, full0, act, full, state, state_k;
   int k;
-  train_llama4(NULL, 0, w0, &act0, &full0, &k);
+  train_llama4(NULL, 0, w0, &act0, &full0, &k, &state);
   ck_assert_int_eq(k, 0);
   const size_t C = 16, QKV = 32, F = 20, maxT = (size_t)cfgs[0].max_seq_len;
   const fsdp_llama_memory_t m = {
       .per_layer = (B * maxT * (4 * C + QKV + 3 * F + 2) + B * 4 * maxT * maxT) * sizeof(float)};
   const size_t base = full0 - fsdp_activation_arena_bytes(&m, 4, 0);
-  const size_t exact = base + fsdp_activation_arena_bytes(&m, 2, 1);
+  const size_t exact = state + base + fsdp_activation_arena_bytes(&m, 2, 1);
   const size_t budgets[3] = {0, exact, exact - 1};
   const int want[3] = {2, 2, 3};
   for (int i = 0; i < 3; i++) {
-    train_llama4(i ? NULL : "model.layers.[01]", budgets[i], w, &act, &full, &k);
+    train_llama4(i ? NULL : "model.layers.[01]", budgets[i], w, &act, &full, &k, &state_k);
     ck_assert_int_eq(k, want[i]);
+    ck_assert_uint_eq(state_k, state);
     ck_assert_uint_eq(full, full0);
     ck_assert_uint_eq(act, base + fsdp_activation_arena_bytes(&m, 4 - want[i], 1));
     ck_assert_int_eq(memcmp(w0[0], w[0], 8 * 16 * sizeof(float)), 0);
