@@ -392,6 +392,7 @@ __global__ void __launch_bounds__(kThreads)
   const int per_head = (T - i_first + G::inner - 1) / G::inner, n_steps = group * per_head;
   /* Step j's Q and dO tiles and statistics into stage j % 2, one group of
    * copies (thread i < 2 inner copies query i % inner's lse, then its D). */
+  static_assert(kThreads >= 2 * G::inner, "a thread per query's lse and D");
   auto fetch = [&](int j) {
     const int h = hk * group + j / per_head, i0 = i_first + j % per_head * G::inner;
     bf16(*qn)[G::ld] = rows + (j & 1) * 2 * G::inner;
