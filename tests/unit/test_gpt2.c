@@ -273,6 +273,17 @@ END_TEST
 /* Four blocks, so that k of L is partial. */
 static const fsdp_gpt2_config_t cfg4 = {4, 3, 12, 9, 11};
 
+/* Materializes e (seed 5) and takes three steps of g on the test's batch. */
+static void train3(fsdp_engine_t e, fsdp_gpt2_t g) {
+  ck_assert_int_eq(fsdp_engine_materialize(e, 5), FSDP_SUCCESS);
+  int tok[B * T], tgt[B * T];
+  batch(tok, tgt);
+  for (int s = 0; s < 3; s++) {
+    ck_assert_int_eq(fsdp_gpt2_forward_backward(g, tok, tgt, B, T, 0.1f, NULL), FSDP_SUCCESS);
+    ck_assert_int_eq(fsdp_engine_step(e, NULL), FSDP_SUCCESS);
+  }
+}
+
 /* Three SGD-free AdamW steps with the first blocks checkpointed by names
  * (ckpt) or by checkpoint_auto at budget (reserved: memory_reserved); the
  * weights of h.0 and h.3 after them, the activation bytes, the blocks
@@ -293,13 +304,7 @@ static fsdp_status_t train4(const char *ckpt, int autock, size_t budget, size_t 
     fsdp_engine_destroy(e);
     return st;
   }
-  ck_assert_int_eq(fsdp_engine_materialize(e, 5), FSDP_SUCCESS);
-  int tok[B * T], tgt[B * T];
-  batch(tok, tgt);
-  for (int s = 0; s < 3; s++) {
-    ck_assert_int_eq(fsdp_gpt2_forward_backward(g, tok, tgt, B, T, 0.1f, NULL), FSDP_SUCCESS);
-    ck_assert_int_eq(fsdp_engine_step(e, NULL), FSDP_SUCCESS);
-  }
+  train3(e, g);
   fsdp_mem_stats_t mem;
   ck_assert_int_eq(fsdp_engine_memory(e, &mem), FSDP_SUCCESS);
   *state = mem.total_reserved;
@@ -405,13 +410,7 @@ static void plan_train(const fsdp_gpt2_opts_t *o, int units, float w[2][2000]) {
   fsdp_gpt2_t g;
   ck_assert_msg(fsdp_gpt2_create(e, &cfg, o, &g) == FSDP_SUCCESS, "%s", fsdp_last_error());
   ck_assert_int_eq(fsdp_engine_num_units(e), units);
-  ck_assert_int_eq(fsdp_engine_materialize(e, 5), FSDP_SUCCESS);
-  int tok[B * T], tgt[B * T];
-  batch(tok, tgt);
-  for (int s = 0; s < 3; s++) {
-    ck_assert_int_eq(fsdp_gpt2_forward_backward(g, tok, tgt, B, T, 0.1f, NULL), FSDP_SUCCESS);
-    ck_assert_int_eq(fsdp_engine_step(e, NULL), FSDP_SUCCESS);
-  }
+  train3(e, g);
   ck_assert_int_eq(fsdp_engine_read_tensor(e, "h.0.mlp.c_fc.weight", w[0], -1), FSDP_SUCCESS);
   ck_assert_int_eq(fsdp_engine_read_tensor(e, "h.1.attn.c_attn.weight", w[1], -1), FSDP_SUCCESS);
   fsdp_gpt2_destroy(g);
