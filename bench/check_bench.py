@@ -123,9 +123,9 @@ def llama_costs(L, NH, NKV, C, F, V, B, T, params, act):
     score = 2 * D * B * NH * L  # FLOPs per score of one product, every query head
     lse = 4 * B * NH * T
     add("attention forward", 2 * q_area * score, L * (N * (QKV + C) * act + lse))
-    # two kernels, each reading q|k|v, dout and out; d(q|k|v) read and written
+    # two kernels, each reading q|k|v, dout and out; d(q|k|v) written once
     add("attention backward", (3 * q_area + 4 * kv_area) * score,
-        L * ((2 * N * (QKV + 2 * C) + 2 * N * QKV) * act + 2 * lse))
+        L * ((2 * N * (QKV + 2 * C) + N * QKV) * act + 2 * lse))
     norms = 2 * L + 1
     add("residual + RMSNorm forward", 0, norms * (4 * N * C * act + 4 * N))
     add("RMSNorm backward", 0, norms * (6 * N * C * act + 4 * N))

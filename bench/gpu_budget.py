@@ -87,15 +87,15 @@ def flash_attention(d):
     kernel: S, dP, dQ) over the tiles a warp does not skip. Bytes: each tensor
     once per kernel (K/V re-reads of a head's blocks in L2); backward reads q,
     k, v, dout and out (for D = rowsum(dout out)) in each of its two kernels and
-    adds into dq, dk, dv (read and written)."""
+    writes dq, dk, dv once."""
     L, N, C, NH, T, hs, B = (d[k] for k in ("L", "N", "C", "NH", "T", "hs", "B"))
     bf, lse = d["a"], B * NH * T * 4
     qa, ka = causal_tile_area(T, 64 if hs <= 64 else 32, 32)
     prod = 2 * hs * B * NH * L  # FLOPs per score of one product, all heads and layers
     return [
         klass("attention forward", 2 * qa * prod, L * ((N * 3 * C + N * C) * bf + lse), "tc",
-              EFF["flash"], L, "flash (WMMA), bf16, causal tiles only, fp32 statistics, LSE kept"),
-        klass("attention backward", (3 * qa + 4 * ka) * prod, L * (16 * N * C * bf + 2 * lse),
+              EFF["flash"], L, "flash (mma.sync), bf16, causal tiles only, fp32 statistics, LSE kept"),
+        klass("attention backward", (3 * qa + 4 * ka) * prod, L * (13 * N * C * bf + 2 * lse),
               "tc", EFF["flash"], 2 * L,
               "two kernels (dk/dv, dq), scores recomputed from the LSE, no atomics"),
     ]

@@ -30,8 +30,9 @@
  *   the stream the caller's work is ordered on and that is the caller itself
  *   (FSDP_HOST_STREAM, which is the CPU engine's compute stream).
  * - Backward ops ADD into gradient buffers (+=); zeroing is the caller's.
- *   The one exception is matmul_backward's d(input), which it writes (an
- *   activation's gradient has one producer: no zeroing pass).
+ *   The exceptions are matmul_backward's d(input) and attention_backward's
+ *   dqkv, which they write (an activation's gradient with one producer: no
+ *   zeroing pass, and no pass adding a library's result into it).
  * - Statuses say whether the work was launched (bad arguments, launch and
  *   cuBLAS errors, with file:line in fsdp_last_error()); a fault while queued
  *   work runs surfaces at the next synchronising call, as CUDA errors do.
@@ -118,12 +119,12 @@ typedef struct fsdp_attention_forward_args {
   int NKV; /* KV heads; 0: NH */
 } fsdp_attention_forward_args_t;
 
-/* Backward adds into dqkv and is given forward's out, which a kernel that
- * recomputes the probabilities from the log-sum-exp needs (rowsum(dout *
- * out)). */
+/* Backward writes dqkv (every element; what was there is not read) and is
+ * given forward's out, which a kernel that recomputes the probabilities from
+ * the log-sum-exp needs (rowsum(dout * out)). */
 typedef struct fsdp_attention_backward_args {
   fsdp_dtype_t dt;
-  void *dqkv;       /* qkv's shape, += */
+  void *dqkv;       /* qkv's shape, written */
   void *scratch;    /* attention_scratch_bytes, or NULL when 0 */
   const void *dout; /* (B,T,C) */
   const void *qkv;  /* (B,T,(NH+2*NKV)*D) */

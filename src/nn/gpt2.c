@@ -390,7 +390,6 @@ static fsdp_status_t block_backward(decoder_t *d, float *const *p, float *const 
      k->matmul_backward(&(fsdp_matmul_backward_args_t){
          .dt = dt, .dinp = g->d1, .dweight = dp[ATTPROJW], .dbias = dp[ATTPROJB], .scratch = cs,
          .dout = g->dres, .inp = a->atty, .weight = p[ATTPROJW], .B = BT, .C = C, .OC = C}, s));
-  KC(d, ATTN_BWD, fsdp_device_zero(g->d3, 3 * (size_t)BT * C * d->esize, s)); /* attention adds */
   KC(d, ATTN_BWD,
      k->attention_backward(&(fsdp_attention_backward_args_t){
          .dt = dt, .dqkv = g->d3, .scratch = d->att_scratch, .dout = g->d1, .qkv = a->qkv,

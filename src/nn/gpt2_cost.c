@@ -46,7 +46,7 @@ static void product_costs(double L, double N, double K, double M, double a, int 
 /* flash: 2 products forward, 7 backward (dk/dv: S^T, dP^T, dV, dK; dq: S, dP,
  * dQ) over the tiles computed, per query head; scores stay on chip. Forward
  * reads q|k|v (QKV = (NH + 2 NKV) D wide) and writes out; backward's two
- * kernels each read q|k|v, dout and out, and d(q|k|v) is added into. */
+ * kernels each read q|k|v, dout and out, and d(q|k|v) is written once. */
 static void attention_costs(double L, double B, double T, double NH, double NKV, int D,
                             double a, fsdp_kclass_cost_t *k) {
   const double N = B * T, C = NH * D, QKV = (NH + 2 * NKV) * D;
@@ -57,7 +57,7 @@ static void attention_costs(double L, double B, double T, double NH, double NKV,
   k[FSDP_KC_ATTN_FWD].flops += 2 * qa * prod;
   k[FSDP_KC_ATTN_FWD].bytes += L * ((N * QKV + N * C) * a + lse);
   k[FSDP_KC_ATTN_BWD].flops += (3 * qa + 4 * ka) * prod;
-  k[FSDP_KC_ATTN_BWD].bytes += L * ((4 * N * QKV + 4 * N * C) * a + 2 * lse);
+  k[FSDP_KC_ATTN_BWD].bytes += L * ((3 * N * QKV + 4 * N * C) * a + 2 * lse);
 }
 
 /* Per micro-batch. */

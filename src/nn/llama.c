@@ -328,7 +328,6 @@ static fsdp_status_t layer_backward(decoder_t *d, float *const *p, float *const 
          .dt = dt, .dinp = g->d1, .dweight = dp[LLAMA_O], .scratch = cs, .dout = g->dres,
          .inp = a->atty, .weight = p[LLAMA_O], .B = BT, .C = C, .OC = C, .weight_out_in = 1},
          s));
-  KC(d, ATTN_BWD, fsdp_device_zero(g->dwide, (size_t)BT * g->QKV * d->esize, s));
   KC(d, ATTN_BWD,
      k->attention_backward(&(fsdp_attention_backward_args_t){
          .dt = dt, .dqkv = g->dwide, .scratch = d->att_scratch, .dout = g->d1, .qkv = a->qkv,

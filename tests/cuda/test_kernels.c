@@ -934,8 +934,9 @@ static size_t qkv_floats(int B, int T, int C, int NH, int NKV) {
 }
 
 /* fp32 attention against the CPU table's (backend/cpu: multi-head and
- * grouped-query), forward's out and probabilities, backward's dqkv added
- * onto random values. */
+ * grouped-query), forward's out and probabilities, backward's dqkv written
+ * over random values on the GPU and over NaN on the CPU (both tables write
+ * it, neither adds). */
 static void attention_case(int B, int T, int C, int NH, int NKV) {
   const size_t nqkv = qkv_floats(B, T, C, NH, NKV), no = (size_t)B * T * C,
                natt = (size_t)B * NH * T * T;
@@ -947,6 +948,7 @@ static void attention_case(int B, int T, int C, int NH, int NKV) {
                                               .NKV = NKV};
   ck_assert_uint_eq(fsdp_cuda_attention_state_floats(&dims), natt);
   float *g_dqkv = dev_f32(dqkv, nqkv);
+  for (size_t i = 0; i < nqkv; ++i) dqkv[i] = NAN;
   void *g_scratch = dev_alloc(fsdp_cuda_attention_scratch_bytes(&dims));
   OK(fsdp_cuda_attention_forward(
       &(fsdp_attention_forward_args_t){.dt = FSDP_F32, .out = g_out, .att = g_att,
@@ -1097,12 +1099,14 @@ static double flash_err(const float *got, const float *want, const float *mag, s
 }
 
 /* One bf16 case through the table's entry points, whichever kernel the
- * attention mode picks, its errors recorded in rows fwd and bwd; adds: also
- * the add-into contract (a second backward). NKV key/value heads (0: NH):
+ * attention mode picks, its errors recorded in rows fwd and bwd; dqkv starts
+ * as NaN (backward writes every element); twice: a second backward over the
+ * first's result gives the gradient again (it writes, never adds). NKV
+ * key/value heads (0: NH):
  * the references run on the multi-head repeat_kv of the inputs (common/gqa.h),
  * and their dk and dv (with their bounds) are folded back. */
 static void bf16_attention_case(int B, int T, int C, int NH, int NKV, const char *fwd,
-                                const char *bwd, int adds) {
+                                const char *bwd, int twice) {
   const int nkv = NKV ? NKV : NH;
   const size_t nqkv = qkv_floats(B, T, C, NH, nkv), nmha = (size_t)B * T * 3 * C,
                no = (size_t)B * T * C, natt = (size_t)B * NH * T * T, nlse = (size_t)B * NH * T;
@@ -1111,8 +1115,9 @@ static void bf16_attention_case(int B, int T, int C, int NH, int NKV, const char
   gqa_repeat_kv(mha, qkv, B, T, C, NH, nkv);
   float *dout = round_bf16(rand_floats(no, 0, 1), no);
   float *dmha = xmalloc(nmha * 4), *out = xmalloc(no * 4), *att = xmalloc(natt * 4);
-  float *zero = zeros(nqkv); /* the kernel adds into dqkv */
-  uint16_t *g_qkv = dev_bf16(qkv, nqkv), *g_out = dev_alloc(no * 2), *g_dqkv = dev_bf16(zero, nqkv);
+  float *nans = xmalloc(nqkv * 4);
+  for (size_t i = 0; i < nqkv; ++i) nans[i] = NAN;
+  uint16_t *g_qkv = dev_bf16(qkv, nqkv), *g_out = dev_alloc(no * 2), *g_dqkv = dev_bf16(nans, nqkv);
   uint16_t *g_dout = dev_bf16(dout, no);
   const fsdp_attention_forward_args_t dims = {.dt = FSDP_BF16, .B = B, .T = T, .C = C, .NH = NH,
                                               .NKV = NKV};
@@ -1149,15 +1154,14 @@ static void bf16_attention_case(int B, int T, int C, int NH, int NKV, const char
   check_err(fwd, "lse (|error|)", lse_worst, 1.0 / 128);
   check_err(bwd, "dqkv (|error| / (|dqkv| + bf16 bound))",
             flash_err(got_d, dqkv, mag, nqkv), TOL_BF16);
-  if (adds) { /* the add-into contract: dqkv += the gradient again */
+  if (twice) { /* the write contract: a second backward over the first's result */
     OK(fsdp_cuda_attention_backward(&bargs, fs));
     float *got2 = back_bf16(g_dqkv, nqkv);
-    for (size_t i = 0; i < nqkv; ++i) dqkv[i] *= 2.0f, mag[i] *= 2.0f;
-    check_err(bwd, "dqkv after a second backward (adds into it)",
+    check_err(bwd, "dqkv after a second backward over it (written, not added)",
               flash_err(got2, dqkv, mag, nqkv), TOL_BF16);
     free(got2);
   }
-  free(qkv), free(mha), free(dout), free(dmha), free(out), free(att), free(zero), free(got),
+  free(qkv), free(mha), free(dout), free(dmha), free(out), free(att), free(nans), free(got),
       free(got_d), free(lse), free(got_lse), free(mag_mha), free(dqkv), free(mag);
 }
 

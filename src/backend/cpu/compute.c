@@ -126,11 +126,16 @@ static fsdp_status_t cpu_attention_forward(const fsdp_attention_forward_args_t *
   return FSDP_SUCCESS;
 }
 
-/* The probabilities give the softmax backward directly: no scratch, no out. */
+/* The probabilities give the softmax backward directly: no scratch, no out.
+ * The layer adds into dqkv; the table's contract is to write it. */
 static fsdp_status_t cpu_attention_backward(const fsdp_attention_backward_args_t *a,
                                             fsdp_stream_t s) {
   CPU_OP("attention_backward", a->dt, s);
   FSDP_TRY(check_kv_heads("attention_backward", a->NH, a->NKV));
+  if (a->B <= 0 || a->T <= 0 || a->C <= 0) return FSDP_SUCCESS;
+  const int nkv = a->NKV > 0 ? a->NKV : a->NH;
+  memset(a->dqkv, 0, (size_t)a->B * a->T * (size_t)(a->NH + 2 * nkv) * (size_t)(a->C / a->NH) *
+                         sizeof(float));
   nn_attention_backward(a->dqkv, a->dout, a->qkv, a->att, a->B, a->T, a->C, a->NH, a->NKV);
   return FSDP_SUCCESS;
 }

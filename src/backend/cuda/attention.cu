@@ -128,9 +128,10 @@ static fsdp_status_t probs_forward(float *out, float *att, const float *qkv, int
   return FSDP_SUCCESS;
 }
 
-/* scratch: (NH,T,T) floats, one batch row's dscore at a time. The group's
- * query heads add into their KV head's dk and dv one call after another
- * (stream order), never in one batch. */
+/* scratch: (NH,T,T) floats, one batch row's dscore at a time. dqkv is
+ * zeroed, then the products add into it: the group's query heads into their
+ * KV head's dk and dv one call after another (stream order), never in one
+ * batch. */
 static fsdp_status_t probs_backward(float *dqkv, float *scratch, const float *dout,
                                     const float *qkv, const float *att, int B, int T, int C,
                                     int NH, int NKV, cudaStream_t stream) {
@@ -141,6 +142,7 @@ static fsdp_status_t probs_backward(float *dqkv, float *scratch, const float *do
   const float scale = 1.0f / sqrtf((float)hs);
   const long long tt = (long long)T * T, gtt = g.G * tt, ghs = (long long)g.G * hs;
   const size_t rows = (size_t)NH * T;
+  CUDA_CHECK(cudaMemsetAsync(dqkv, 0, (size_t)B * T * ld * sizeof *dqkv, stream));
   for (int b = 0; b < B; ++b) {
     const size_t off = (size_t)b * T * ld;
     const float *q = qkv + off, *k = q + g.kc, *v = q + g.vc;
@@ -207,14 +209,9 @@ fsdp_status_t fsdp_cuda_attention_backward(const fsdp_attention_backward_args_t 
     if constexpr (std::is_same<S, bf16>::value) {
       int cudnn = 0; /* as forward chose, so att holds the stats this path wrote */
       FSDP_TRY(fsdp_cuda_attention_pick(a->B, a->T, a->C, a->NH, a->NKV, &cudnn));
-      if (cudnn) {
-        void *staged = nullptr; /* cuDNN writes the gradient; the table's backward adds it */
-        FSDP_TRY(fsdp_cudnn_attention_backward(&staged, a->dout, a->qkv, a->out, a->att, a->B,
-                                               a->T, a->C, a->NH, a->NKV, s));
-        const int nkv = a->NKV ? a->NKV : a->NH; /* checked by the pick */
-        return fsdp_cuda_attention_add_staged(
-            a->dqkv, staged, (size_t)a->B * a->T * (a->NH + 2 * nkv) * (a->C / a->NH), s);
-      }
+      if (cudnn)
+        return fsdp_cudnn_attention_backward(a->dqkv, a->dout, a->qkv, a->out, a->att, a->B,
+                                             a->T, a->C, a->NH, a->NKV, s);
       return fsdp_cuda_flash_backward(as<S>(a->dqkv), static_cast<float *>(a->scratch),
                                       as<S>(a->dout), as<S>(a->qkv), as<S>(a->out), a->att, a->B,
                                       a->T, a->C, a->NH, a->NKV, s);

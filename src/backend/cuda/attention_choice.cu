@@ -1,12 +1,11 @@
 /* src/backend/cuda/attention_choice.cu — which kernel runs bf16 attention: cuDNN's
  * fused SDPA (attention_cudnn.cpp) where it loads and builds the shape, else
  * the in-house flash kernel (flash.cu); decided once per process, device and
- * shape, and said in words (fsdp_cuda_attention_impl). Also the pass that adds
- * cuDNN's staged dqkv into the caller's (the table's backward adds, cuDNN
- * writes). Built in every CUDA build; FSDP_HAVE_CUDNN (src/backend/cuda/meson.build)
- * says whether attention_cudnn.cpp is in it: not where its headers were
- * missing at configure time, nor under the simulator, where the cuDNN entry
- * points are defined here as unavailable. */
+ * shape, and said in words (fsdp_cuda_attention_impl). Built in every CUDA
+ * build; FSDP_HAVE_CUDNN (src/backend/cuda/meson.build) says whether
+ * attention_cudnn.cpp is in it: not where its headers were missing at
+ * configure time, nor under the simulator, where the cuDNN entry points are
+ * defined here as unavailable. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -115,27 +114,6 @@ fsdp_status_t find_or_decide(int B, int T, int C, int NH, int NKV, decision *out
   return FSDP_SUCCESS;
 }
 
-template <int W>
-__global__ void add_staged_kernel(bf16 *y, const bf16 *x, size_t packs) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < packs;
-       i += (size_t)gridDim.x * blockDim.x) {
-    float a[W], b[W];
-    vload<W>(a, y + i * W);
-    vload<W>(b, x + i * W);
-    for (int j = 0; j < W; ++j) a[j] += b[j];
-    vstore<W>(y + i * W, a);
-  }
-}
-
-template <int W> fsdp_status_t add_staged(bf16 *y, const bf16 *x, size_t n, cudaStream_t s) {
-  const size_t packs = n / W;
-  if (packs == 0) return FSDP_SUCCESS;
-  FSDP_LAUNCH(add_staged_kernel<W>, fsdp_grid(packs, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, s, y, x,
-              packs);
-  LAUNCH_CHECK();
-  return FSDP_SUCCESS;
-}
-
 } // namespace
 
 #if !FSDP_HAVE_CUDNN
@@ -162,10 +140,10 @@ fsdp_status_t fsdp_cudnn_attention_forward(void *out, float *stats, const void *
   (void)out, (void)stats, (void)qkv, (void)stream;
   return fsdp_cudnn_attention_prepare(B, T, C, NH, NKV);
 }
-fsdp_status_t fsdp_cudnn_attention_backward(void **staged, const void *dout, const void *qkv,
+fsdp_status_t fsdp_cudnn_attention_backward(void *dqkv, const void *dout, const void *qkv,
                                             const void *out, const float *stats, int B, int T,
                                             int C, int NH, int NKV, cudaStream_t stream) {
-  (void)staged, (void)dout, (void)qkv, (void)out, (void)stats, (void)stream;
+  (void)dqkv, (void)dout, (void)qkv, (void)out, (void)stats, (void)stream;
   return fsdp_cudnn_attention_prepare(B, T, C, NH, NKV);
 }
 fsdp_status_t fsdp_cudnn_attention_release(void) { return FSDP_SUCCESS; } /* nothing made */
@@ -176,18 +154,6 @@ fsdp_status_t fsdp_cuda_attention_pick(int B, int T, int C, int NH, int NKV, int
   FSDP_TRY(find_or_decide(B, T, C, NH, NKV, &d));
   *use_cudnn = d.cudnn;
   return FSDP_SUCCESS;
-}
-
-fsdp_status_t fsdp_cuda_attention_add_staged(void *dqkv, const void *staged, size_t n,
-                                             cudaStream_t stream) {
-  bf16 *y = as<bf16>(dqkv);
-  const bf16 *x = as<bf16>(staged);
-  if (aligned16(y) && aligned16(x)) {
-    const size_t head = n - n % pack_width<bf16>();
-    FSDP_TRY(add_staged<pack_width<bf16>()>(y, x, head, stream));
-    return add_staged<1>(y + head, x + head, n - head, stream);
-  }
-  return add_staged<1>(y, x, n, stream);
 }
 
 fsdp_status_t fsdp_cuda_attention_set_mode(const char *value) {

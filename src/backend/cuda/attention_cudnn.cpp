@@ -92,8 +92,6 @@ struct stream_slot {
   cudnnHandle_t handle; /* bound to stream once, at creation */
   void *workspace;      /* the largest workspace a graph run on this stream needed */
   size_t workspace_bytes;
-  void *staging; /* backward's dqkv, (B,T,(NH+2*NKV)*HS) bf16 of the largest shape so far */
-  size_t staging_bytes;
 };
 
 struct shape_graphs {
@@ -155,7 +153,7 @@ fsdp_status_t slot_for(cudaStream_t stream, stream_slot **out) {
   if (st != CUDNN_STATUS_SUCCESS)
     return fsdp_error(FSDP_ERR_UNSUPPORTED, "cuDNN attention: a handle for device %d: %s", device,
                       fe::detail::get_error_string(st));
-  slots().push_back(stream_slot{device, stream, h, nullptr, 0, nullptr, 0});
+  slots().push_back(stream_slot{device, stream, h, nullptr, 0});
   *out = &slots().back();
   return FSDP_SUCCESS;
 }
@@ -383,15 +381,15 @@ extern "C" fsdp_status_t fsdp_cudnn_attention_forward(void *out, float *stats, c
   }
 }
 
-extern "C" fsdp_status_t fsdp_cudnn_attention_backward(void **staged, const void *dout,
+extern "C" fsdp_status_t fsdp_cudnn_attention_backward(void *dqkv, const void *dout,
                                                        const void *qkv, const void *out,
                                                        const float *stats, int B, int T, int C,
                                                        int NH, int NKV, cudaStream_t stream) {
   if (!fsdp_cudnn_load(nullptr)) return not_loaded();
   NKV = NKV == 0 ? NH : NKV;
-  const void *ptrs[] = {dout, qkv, out, stats};
-  const char *names[] = {"dout", "qkv", "out", "stats"};
-  FSDP_TRY(check_aligned(ptrs, names, 4));
+  const void *ptrs[] = {dqkv, dout, qkv, out, stats};
+  const char *names[] = {"dqkv", "dout", "qkv", "out", "stats"};
+  FSDP_TRY(check_aligned(ptrs, names, 5));
   try {
     std::lock_guard<std::mutex> guard(lock());
     stream_slot *slot;
@@ -401,9 +399,6 @@ extern "C" fsdp_status_t fsdp_cudnn_attention_backward(void **staged, const void
     FSDP_TRY(grow_buffer(&slot->workspace, &slot->workspace_bytes, (size_t)sg->bwd_workspace,
                          "cudaMalloc(workspace)"));
     const size_t kv = (size_t)NKV * (size_t)(C / NH); /* columns of the k (and v) heads */
-    FSDP_TRY(grow_buffer(&slot->staging, &slot->staging_bytes, (size_t)B * T * (C + 2 * kv) * 2,
-                         "cudaMalloc(dqkv staging)"));
-    void *d = slot->staging;
     std::unordered_map<int64_t, void *> pack = {
         {UID_Q, at(qkv, 0)},
         {UID_K, at(qkv, (size_t)C)},
@@ -411,12 +406,11 @@ extern "C" fsdp_status_t fsdp_cudnn_attention_backward(void **staged, const void
         {UID_O, const_cast<void *>(out)},
         {UID_DO, const_cast<void *>(dout)},
         {UID_STATS, const_cast<float *>(stats)},
-        {UID_DQ, d},
-        {UID_DK, at(d, (size_t)C)},
-        {UID_DV, at(d, (size_t)C + kv)}};
+        {UID_DQ, dqkv},
+        {UID_DK, at(dqkv, (size_t)C)},
+        {UID_DV, at(dqkv, (size_t)C + kv)}};
     const shape_key k = {slot->device, B, T, NH, NKV, C / NH};
     FE_TRY(sg->bwd->execute(slot->handle, pack, slot->workspace), "backward", k);
-    *staged = d;
     return FSDP_SUCCESS;
   } catch (const std::exception &e) {
     return thrown("backward", e.what());
@@ -440,13 +434,11 @@ extern "C" fsdp_status_t fsdp_cudnn_attention_release(void) {
       if (first == FSDP_SUCCESS) first = cudnn_side_cuda_fail(e, "cudaSetDevice(device)");
       continue;
     }
-    const cudaError_t ew = cudaFree(s.workspace), es = cudaFree(s.staging);
+    const cudaError_t ew = cudaFree(s.workspace);
     if (first == FSDP_SUCCESS && ew != cudaSuccess)
       first = cudnn_side_cuda_fail(ew, "cudaFree(workspace)");
-    if (first == FSDP_SUCCESS && es != cudaSuccess)
-      first = cudnn_side_cuda_fail(es, "cudaFree(dqkv staging)");
     if (s.stream == nullptr) { /* the builder: its handle stays with the graphs */
-      slots()[kept++] = stream_slot{s.device, nullptr, s.handle, nullptr, 0, nullptr, 0};
+      slots()[kept++] = stream_slot{s.device, nullptr, s.handle, nullptr, 0};
       continue;
     }
     const cudnnStatus_t st = fe::detail::destroy_handle(s.handle);

@@ -18,10 +18,9 @@
  * built once per (device, B, T, NH, NKV, HS), with a handle of the device's own
  * that runs nothing; both are kept for the process. Each (device, stream)
  * pair that runs attention gets its own cuDNN handle, bound to the stream
- * once, its workspace and its dqkv staging buffer (cudaMalloc at first use
- * and when a larger shape needs more; the one place besides cuBLAS's handles
- * where an attention call allocates device memory), until
- * fsdp_cudnn_attention_release. Thread-safe. */
+ * once, and its workspace (cudaMalloc at first use and when a larger shape
+ * needs more; the one place besides cuBLAS's handles where an attention call
+ * allocates device memory), until fsdp_cudnn_attention_release. Thread-safe. */
 #ifndef FSDP_CUDA_ATTENTION_CUDNN_H
 #define FSDP_CUDA_ATTENTION_CUDNN_H
 
@@ -47,9 +46,6 @@ extern "C" {
  * FSDP_ERR_INVALID_ARGUMENT. The same answer for forward and backward, so a
  * backward always reads the stats its own kind of forward wrote. */
 fsdp_status_t fsdp_cuda_attention_pick(int B, int T, int C, int NH, int NKV, int *use_cudnn);
-/* dqkv += the staged gradient cuDNN wrote (n bf16 values each), on stream. */
-fsdp_status_t fsdp_cuda_attention_add_staged(void *dqkv, const void *staged, size_t n,
-                                             cudaStream_t stream);
 /* For tests and tools: the mode as $FSDP_ATTENTION would set it ("auto",
  * "flash", "cudnn"), replacing the environment's, and forgetting every
  * decision made so far. Not while attention runs on another thread. */
@@ -67,14 +63,14 @@ fsdp_status_t fsdp_cudnn_attention_prepare(int B, int T, int C, int NH, int NKV)
 /* out and stats written. Pointers device memory, 16-byte aligned. */
 fsdp_status_t fsdp_cudnn_attention_forward(void *out, float *stats, const void *qkv, int B, int T,
                                            int C, int NH, int NKV, cudaStream_t stream);
-/* The gradient of qkv written into this stream's staging buffer of
- * B*T*(NH+2*NKV)*HS bf16, *staged set to it: valid until the next backward
- * on this stream. */
-fsdp_status_t fsdp_cudnn_attention_backward(void **staged, const void *dout, const void *qkv,
+/* The gradient of qkv written into dqkv (qkv's layout; every element
+ * written, what was there not read). Pointers device memory, 16-byte
+ * aligned. */
+fsdp_status_t fsdp_cudnn_attention_backward(void *dqkv, const void *dout, const void *qkv,
                                             const void *out, const float *stats, int B, int T,
                                             int C, int NH, int NKV, cudaStream_t stream);
-/* Destroys every (device, stream) pair's handle and frees its workspace and
- * staging buffer (the graphs and their builder handles stay); the CUDA
+/* Destroys every (device, stream) pair's handle and frees its workspace (the
+ * graphs and their builder handles stay); the CUDA
  * table's release calls it. Call it when no attention runs, before those
  * streams are destroyed (a handle keeps its stream's address; a new stream
  * at the same address would inherit it). Releases every pair even when one

@@ -376,7 +376,7 @@ fsdp_status_t fsdp_cuda_gemm(const struct fsdp_gemm *g, cudaStream_t stream);
 
 /* ---- fused causal flash attention, bf16 (flash.cu) ----
  * qkv (B,T,(NH+2*NKV)*D), out (B,T,C), lse (B,NH,T) fp32, D = C/NH, NKV KV
- * heads (0: NH); backward adds into dqkv, reads forward's out and uses
+ * heads (0: NH); backward writes dqkv, reads forward's out and uses
  * scratch, (B,NH,T) floats. Head size a multiple of 16 up to 128, NKV
  * dividing NH, pointers 16-byte aligned, else FSDP_ERR_INVALID_ARGUMENT
  * naming the value. */

@@ -156,20 +156,19 @@ template <int N> __device__ void zero(float (&acc)[N][4]) {
   for (int n = 0; n < N; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 }
 
-/* rows[row0 + g (+8)] += or = f * acc (16 x D, this lane's columns), rows at or
+/* rows[row0 + g (+8)] = f * acc (16 x D, this lane's columns), rows at or
  * past T left alone; rows ld apart from dst (this head's column). */
 template <int D>
 __device__ void write_rows(bf16 *dst, size_t ld, int row0, int T, const float (&acc)[D / 8][4],
-                           const float (&f)[2], bool add) {
+                           const float (&f)[2]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   for (int hf = 0; hf < 2; ++hf) {
     const int row = row0 + g + 8 * hf;
     if (row >= T) continue;
     for (int n = 0; n < D / 8; ++n) {
       bf16 *o = dst + (size_t)row * ld + n * 8 + 2 * t;
-      float x0 = f[hf] * acc[n][2 * hf], x1 = f[hf] * acc[n][2 * hf + 1];
-      if (add) x0 += load(o), x1 += load(o + 1);
-      *reinterpret_cast<uint32_t *>(o) = pack_bf16x2(x0, x1);
+      *reinterpret_cast<uint32_t *>(o) =
+          pack_bf16x2(f[hf] * acc[n][2 * hf], f[hf] * acc[n][2 * hf + 1]);
     }
   }
 }
@@ -260,7 +259,7 @@ __global__ void __launch_bounds__(kThreads)
     if (t == 0 && row < T)
       lse[((size_t)b * p.NH + h) * T + row] = (m[hf] + log2f(l[hf])) * (1.0f / kLog2e);
   }
-  write_rows<D>(out + (size_t)b * T * p.C + (size_t)h * D, (size_t)p.C, row0, T, o, inv, false);
+  write_rows<D>(out + (size_t)b * T * p.C + (size_t)h * D, (size_t)p.C, row0, T, o, inv);
 }
 
 /* ---- backward ---- */
@@ -350,7 +349,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (row0 >= T) return;
   const float f[2] = {p.scale, p.scale};
-  write_rows<D>(dqkv + (size_t)b * T * ldq + (size_t)h * D, ldq, row0, T, dq, f, true);
+  write_rows<D>(dqkv + (size_t)b * T * ldq + (size_t)h * D, ldq, row0, T, dq, f);
 }
 
 /* dk/dv's shared memory: the stages, and per stage its query rows'
@@ -442,8 +441,8 @@ __global__ void __launch_bounds__(kThreads)
   if (key0 >= T) return;
   bf16 *db = dqkv + (size_t)b * T * ldq + (size_t)(p.NH + hk) * D;
   const float fk[2] = {p.scale, p.scale}, fv[2] = {1.0f, 1.0f};
-  write_rows<D>(db, ldq, key0, T, dk, fk, true);
-  write_rows<D>(db + (size_t)p.NKV * D, ldq, key0, T, dv, fv, true);
+  write_rows<D>(db, ldq, key0, T, dk, fk);
+  write_rows<D>(db + (size_t)p.NKV * D, ldq, key0, T, dv, fv);
 }
 
 /* ---- launches ---- */

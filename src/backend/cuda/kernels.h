@@ -14,7 +14,8 @@
  * - Pointers are device pointers (configs are host structs); tensors are
  *   row-major; dims legend as in fsdp/nn.h (B, T, C, OC, NH, V; N rows).
  * - Backward kernels ADD into gradient buffers (+=), as on the CPU, except
- *   fsdp_cuda_matmul_backward's d(input), which it writes (beta = 0).
+ *   fsdp_cuda_matmul_backward's d(input), which it writes (beta = 0), and
+ *   fsdp_cuda_attention_backward's dqkv, which it writes.
  * - Calls are asynchronous: they enqueue work on `stream` and return. The status
  *   says whether the work was launched (bad arguments, launch and cuBLAS
  *   errors, with file:line in fsdp_last_error()); a fault while the work runs
