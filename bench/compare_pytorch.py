@@ -541,6 +541,10 @@ def main():
     ap.add_argument("--memory-budget", type=float, default=0.0, metavar="GIB",
                     help="--checkpoint auto's budget per rank (fsdp-bench --memory-budget; "
                          "default: the device's free memory less 2 GiB, on the CPU none)")
+    ap.add_argument("--no-compile", action="store_true",
+                    help="cuda: leave out the torch.compile row (it never checkpoints, so at "
+                         "1558M on an 80 GB GPU it may not fit, and its failure would end the "
+                         "whole comparison)")
     ap.add_argument("--fsdp-bench", default=None, help="path (default build*/fsdp-bench)")
     ap.add_argument("--mpirun", default=shutil.which("mpirun") or "mpirun")
     ap.add_argument("--json", action="store_true", help="one JSON document instead of the table")
@@ -565,6 +569,8 @@ def main():
     if args.memory_budget < 0 or (args.memory_budget and args.checkpoint != "auto"):
         ap.error(f"--memory-budget {args.memory_budget}: a positive number of GiB, for "
                  f"--checkpoint auto")
+    if args.no_compile and args.device != "cuda":
+        ap.error("--no-compile: only --device cuda has a torch.compile row")
     if not 0 <= args.seq_len <= presets[args.preset]["block_size"]:
         ap.error(f"--seq-len {args.seq_len}: the {args.preset} preset's context is "
                  f"{presets[args.preset]['block_size']} positions")
@@ -604,7 +610,7 @@ def main():
         runs.append((f, measured(lambda a: run_torch(a, ckpt=f["checkpointed"]), args)))
         if args.checkpoint == "auto":  # and, beside it, every block
             all_runs.append(measured(lambda a: run_torch(a, ckpt=layers), args))
-        if cuda:  # the third row: torch.compile without FSDP, in the same repeat
+        if cuda and not args.no_compile:  # torch.compile without FSDP, in the same repeat
             compiled.append(measured(lambda a: run_torch(a, compiled=True), args))
     # Each repeat's ratio pairs two runs made back to back; the headline is the
     # median over the repeats in which other processes kept less than
@@ -635,13 +641,14 @@ def main():
                tokens_per_s_ratio=speed, rss_peak_ratio=mem, rss_growth_ratio=growth,
                ratio_per_repeat=per_run, quiet_repeats=len(quiet), goal_met=met,
                repeats=[dict(fsdp=f, pytorch_fsdp2=t) for f, t in runs])
-    if cuda:
+    if compiled:
         # fsdp against torch.compile: the same repeats' medians (quiet ones as above)
         pairs = [(f, c) for (f, t), c in zip(runs, compiled) if (f, t) in used]
         comp = sorted((c for _, c in pairs), key=lambda r: r["tokens_per_s"])[len(pairs) // 2]
         speed_compiled = median([f["tokens_per_s"] / c["tokens_per_s"] for f, c in pairs])
         doc.update(pytorch_compile=comp, tokens_per_s_ratio_compile=speed_compiled,
                    compile_repeats=compiled)
+    if cuda:
         doc.update(seq_len=args.seq_len or cfg["block_size"], device_in_use_ratio=dev_mem,
                    comm="nccl", one_gpu_per_rank=True,
                    memory_compared="GPU memory in use after the timed steps (cudaMemGetInfo "
@@ -669,7 +676,8 @@ def main():
         report_cuda(args, cfg, runs, quiet, fsdp, pt, speed, dev_mem, met)
         if all_runs:
             report_all(args, fsdp, pt_all, speed_all, cuda)
-        report_compiled(args, fsdp, comp, speed_compiled, compiled)
+        if compiled:
+            report_compiled(args, fsdp, comp, speed_compiled, compiled)
         return 0
     mib = 1 / 1048576
     T = args.seq_len or cfg["block_size"]
