@@ -300,10 +300,30 @@ def wrap_compiled(torch, model, args, device):
 
 
 def torch_rank(rank, args, port, queue, compiled=False, ckpt=0):
+    """One PyTorch rank. Running out of GPU memory is a result ({"oom": the error}), not a
+    crash, so that the rows measured before it are kept: FSDP2 without checkpointing at
+    1558M does not fit an 80 GB GPU, and main() then compares with every block
+    checkpointed. run_torch ends the other ranks."""
+    import torch
+    try:
+        torch_rank_run(rank, args, port, queue, compiled, ckpt)
+    except torch.cuda.OutOfMemoryError as e:
+        queue.put(dict(oom=str(e).splitlines()[0], rank=rank))
+        queue.close()
+        queue.join_thread()  # the message is out before the process goes
+        os._exit(0)  # no teardown of a process group whose peers are still in it
+
+
+def torch_rank_run(rank, args, port, queue, compiled, ckpt):
     import contextlib
 
     import torch
     import torch.distributed as dist
+
+    # For tests on machines without a GPU: COMPARE_PYTORCH_OOM=ckpt:K makes the FSDP2 run
+    # with K blocks checkpointed fail as CUDA's allocator does when the GPU is full.
+    if not compiled and os.environ.get("COMPARE_PYTORCH_OOM") == f"ckpt:{ckpt}":
+        raise torch.cuda.OutOfMemoryError(f"CUDA out of memory (COMPARE_PYTORCH_OOM=ckpt:{ckpt})")
 
     torch.set_num_threads(args.threads)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -411,6 +431,9 @@ def run_torch(args, compiled=False, ckpt=0):
                 for p in procs:
                     p.kill()
                 sys.exit("compare_pytorch: a PyTorch rank failed (see above)")
+    if "oom" in result:
+        for p in procs:
+            p.kill()
     for p in procs:
         p.join()
     return result
@@ -612,6 +635,19 @@ def main():
             all_runs.append(measured(lambda a: run_torch(a, ckpt=layers), args))
         if cuda and not args.no_compile:  # torch.compile without FSDP, in the same repeat
             compiled.append(measured(lambda a: run_torch(a, compiled=True), args))
+    # Out of GPU memory: with fsdp's blocks checkpointed, FSDP2 is compared with every block
+    # checkpointed where --checkpoint auto ran that too; the torch.compile row is left out.
+    same_oom = next((t["oom"] for _, t in runs if "oom" in t), None)
+    if same_oom:
+        k = runs[0][0]["checkpointed"]
+        if not all_runs or any("oom" in a for a in all_runs):
+            sys.exit(f"compare_pytorch: PyTorch FSDP2 ran out of GPU memory with {k} of {layers} "
+                     f"blocks checkpointed: {same_oom}\n  --checkpoint all (or auto, which also "
+                     f"runs FSDP2 with every block) or a smaller --micro-batch may fit")
+        runs, all_runs = [(f, a) for (f, _), a in zip(runs, all_runs)], []
+    compile_oom = next((c["oom"] for c in compiled if "oom" in c), None)
+    if compile_oom:
+        compiled = []
     # Each repeat's ratio pairs two runs made back to back; the headline is the
     # median over the repeats in which other processes kept less than
     # --max-other-load of the cores busy during both runs (all, if none was).
@@ -665,7 +701,8 @@ def main():
                             if f["peak_flops"] > 0 else 0.0)
         doc.update(pytorch_fsdp2_all=pt_all, tokens_per_s_ratio_all=speed_all,
                    all_repeats=all_runs)
-    doc.update(checkpoint=args.checkpoint, checkpointed=fsdp["checkpointed"], layers=layers)
+    doc.update(checkpoint=args.checkpoint, checkpointed=fsdp["checkpointed"], layers=layers,
+               pytorch_same_blocks_oom=same_oom, pytorch_compile_oom=compile_oom)
     if args.json_file:
         with open(args.json_file, "w") as f:
             json.dump(doc, f, indent=1)
@@ -673,11 +710,13 @@ def main():
         print(json.dumps(doc, indent=1))
         return 0
     if cuda:
-        report_cuda(args, cfg, runs, quiet, fsdp, pt, speed, dev_mem, met)
+        report_cuda(args, cfg, runs, quiet, fsdp, pt, speed, dev_mem, met, same_oom)
         if all_runs:
             report_all(args, fsdp, pt_all, speed_all, cuda)
         if compiled:
             report_compiled(args, fsdp, comp, speed_compiled, compiled)
+        elif compile_oom:
+            print(f"PyTorch torch.compile (no checkpointing): out of GPU memory: {compile_oom}")
         return 0
     mib = 1 / 1048576
     T = args.seq_len or cfg["block_size"]
@@ -705,16 +744,20 @@ def main():
           f"fsdp backend {fsdp['backend']}, PyTorch on {args.device}")
     if fsdp["params"] != pt["params"]:
         print(f"warning: parameter counts differ: fsdp {fsdp['params']}, PyTorch {pt['params']}")
-    print(checkpoint_line(args, fsdp, layers))
+    print(checkpoint_line(args, fsdp, layers, same_oom))
     if all_runs:
         report_all(args, fsdp, pt_all, speed_all, cuda)
     print("goal (>= 1.5x tokens/s at lower peak memory): %s" % ("met" if met else "NOT met"))
     return 0
 
 
-def checkpoint_line(args, fsdp, layers):
-    """Which blocks both sides recomputed."""
+def checkpoint_line(args, fsdp, layers, same_oom):
+    """Which blocks each side recomputed."""
     k = fsdp["checkpointed"]
+    if same_oom:
+        return (f"activation checkpointing (fsdp-bench --checkpoint auto): fsdp {k} of {layers} "
+                f"blocks; PyTorch FSDP2 ran out of GPU memory with those ({same_oom}), so its "
+                f"row checkpoints all {layers} (checkpoint_wrapper before fully_shard)")
     prefix = "model.layers." if args.model == "llama" else "h."
     which = "none" if k == 0 else f"{prefix}0" if k == 1 else f"{prefix}0-{prefix}{k - 1}"
     how = ("fsdp-bench --checkpoint auto" + (f" --memory-budget {args.memory_budget}"
@@ -742,7 +785,7 @@ def report_all(args, fsdp, pt_all, speed, cuda):
           f"{fsdp['checkpointed']} blocks) / FSDP2 (all): tokens/s {speed:.2f}x")
 
 
-def report_cuda(args, cfg, runs, quiet, fsdp, pt, speed, dev_mem, met):
+def report_cuda(args, cfg, runs, quiet, fsdp, pt, speed, dev_mem, met, same_oom):
     """The table for --device cuda: device memory instead of RSS, MFU, and what ran where."""
     mib = 1 / 1048576
     T = args.seq_len or cfg["block_size"]
@@ -788,7 +831,7 @@ def report_cuda(args, cfg, runs, quiet, fsdp, pt, speed, dev_mem, met):
           f"collectives: fsdp nccl on cuda, PyTorch nccl on cuda")
     if fsdp["params"] != pt["params"]:
         print(f"warning: parameter counts differ: fsdp {fsdp['params']}, PyTorch {pt['params']}")
-    print(checkpoint_line(args, fsdp, MODELS[args.model][args.preset]["n_layer"]))
+    print(checkpoint_line(args, fsdp, MODELS[args.model][args.preset]["n_layer"], same_oom))
     print("goal (>= 1.5x tokens/s at lower peak memory; memory = GPU memory in use): %s"
           % ("met" if met else "NOT met"))
 
