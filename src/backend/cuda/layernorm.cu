@@ -1,8 +1,10 @@
 /* src/backend/cuda/layernorm.cu — LayerNorm forward (fused with the residual add
  * that feeds it) and backward (fp32 and bf16 storage). A warp owns a row: two
  * passes (mean, then squared deviations) as on the CPU, so a large mean next
- * to a small spread does not cancel. The weight and bias gradients are column
- * sums over all SMs in a fixed order: no atomics. */
+ * to a small spread does not cancel. Backward reads a row once, d(input)
+ * and the weight and bias gradients' column partials in one kernel, up to
+ * 1024 columns (two passes past that); the partials are added in a fixed
+ * order: no atomics. */
 #include "backend/cuda/cuda_internal.cuh"
 
 #define LN_EPS 1e-5f /* a float, widened to double as on the CPU */
@@ -56,42 +58,6 @@ __global__ void layernorm_forward_kernel(T *res, T *out, float *mean, float *rst
   }
 }
 
-/* dinp += rstd * (g - mean(g) - xhat * mean(g * xhat)), g = weight * dout. */
-template <int W, typename T>
-__global__ void layernorm_dinp_kernel(T *dinp, const T *dout, const T *inp, const T *weight,
-                                      const float *mean, const float *rstd, int N, int C) {
-  const int lane = threadIdx.x & 31;
-  for (size_t row = (size_t)blockIdx.x * LN_WARPS + (threadIdx.x >> 5); row < (size_t)N;
-       row += (size_t)gridDim.x * LN_WARPS) {
-    const T *x = inp + row * C, *dy = dout + row * C;
-    const float m = mean[row], r = rstd[row];
-    float gs = 0.0f, gxs = 0.0f, xv[W], wv[W], dv[W];
-    for (int c = lane * W; c < C; c += 32 * W) {
-      vload<W>(xv, x + c);
-      vload<W>(wv, weight + c);
-      vload<W>(dv, dy + c);
-      for (int j = 0; j < W; ++j) {
-        const float g = wv[j] * dv[j];
-        gs += g;
-        gxs += g * ((xv[j] - m) * r);
-      }
-    }
-    const float g_mean = (float)((double)warp_sum(gs) / C);
-    const float gx_mean = (float)((double)warp_sum(gxs) / C);
-    T *dx = dinp + row * C;
-    for (int c = lane * W; c < C; c += 32 * W) {
-      float acc[W];
-      vload<W>(xv, x + c);
-      vload<W>(wv, weight + c);
-      vload<W>(dv, dy + c);
-      vload<W>(acc, dx + c);
-      for (int j = 0; j < W; ++j)
-        acc[j] += r * (wv[j] * dv[j] - g_mean - (xv[j] - m) * r * gx_mean);
-      vstore<W>(dx + c, acc);
-    }
-  }
-}
-
 static unsigned row_blocks(int N) { return fsdp_grid((size_t)N, LN_WARPS); }
 
 template <typename T>
@@ -112,19 +78,165 @@ static fsdp_status_t layernorm_forward(T *res, T *out, float *mean, float *rstd,
   return FSDP_SUCCESS;
 }
 
-template <typename T>
-static fsdp_status_t layernorm_dinp(T *dinp, const T *dout, const T *inp, const T *weight,
-                                    const float *mean, const float *rstd, int N, int C,
-                                    cudaStream_t s) {
-  constexpr int W = pack_width<T>();
-  if (rows_packable<T>(C, {dinp, dout, inp, weight}))
-    FSDP_LAUNCH((layernorm_dinp_kernel<W, T>), row_blocks(N), LN_WARPS * 32, 0, s, dinp, dout,
-                inp, weight, mean, rstd, N, C);
-  else
-    FSDP_LAUNCH((layernorm_dinp_kernel<1, T>), row_blocks(N), LN_WARPS * 32, 0, s, dinp, dout,
-                inp, weight, mean, rstd, N, C);
+/* ---- backward ----
+ * dinp += rstd * (g - mean(g) - xhat * mean(g * xhat)), g = weight * dout,
+ * xhat = (x - mean) * rstd; dweight[c] += sum over rows of xhat * dout and
+ * dbias[c] += of dout.
+ *
+ * Up to LN_BWD_MAX_C columns, one kernel (layernorm_backward_kernel): a warp
+ * owns a row as forward does and reads its x and dout once from HBM (its
+ * second pass, for d(input), reads the row it has just read, from L1), and
+ * adds the row's xhat * dout and dout onto per-warp column partials held in
+ * registers: 2 C / 32 floats a lane, which is what bounds C. A block's
+ * LN_BWD_WARPS warps then add their partials in warp order through shared
+ * memory, one slice of the colsum scratch per block, and colsum's second
+ * kernel adds the slices in block order onto dweight and dbias. The grid is
+ * a function of N alone, capped at the scratch's COLSUM_MAX_SLICES blocks
+ * (one a SM of a 132-SM H100 or H200), rows dealt to warps in a fixed
+ * stride: the same bits every run, no atomics. Per call it moves x and dout
+ * once, dinp read and written, mean and rstd, and 2 C floats a block written
+ * and read back, against the two passes' x and dout twice.
+ *
+ * Wider rows (GPT-2 XL's 1600) take two passes: the column sums over all
+ * SMs (colsum, cuda_internal.cuh), then layernorm_dinp_kernel. */
+#define LN_BWD_WARPS 16 /* rows in flight per block: one 512-thread block a SM */
+#define LN_BWD_SPAN 256 /* columns per step Q of the fused kernel's width */
+#define LN_BWD_MAX_C (4 * LN_BWD_SPAN)
+#define LN_BWD_STAGE 4 /* warps' partials in shared memory at once */
+
+/* The fused kernel's width in LN_BWD_SPAN-column steps for rows of C, or 0:
+ * the two passes. The one place the path is chosen. */
+static int ln_bwd_steps(int C) {
+  return C <= LN_BWD_MAX_C ? (C + LN_BWD_SPAN - 1) / LN_BWD_SPAN : 0;
+}
+
+/* One row's d(input) added onto dx, given mean(g) and mean(g * xhat); the
+ * row's packs of W are the lane's c = lane W, lane W + 32 W, ... */
+template <int W, typename T>
+__device__ __forceinline__ void ln_dinp_row(T *dx, const T *x, const T *dy, const T *weight,
+                                            float m, float r, float g_mean, float gx_mean, int C,
+                                            int lane) {
+  for (int c = lane * W; c < C; c += 32 * W) {
+    float xv[W], wv[W], dv[W], acc[W];
+    vload<W>(xv, x + c);
+    vload<W>(wv, weight + c);
+    vload<W>(dv, dy + c);
+    vload<W>(acc, dx + c);
+    for (int j = 0; j < W; ++j)
+      acc[j] += r * (wv[j] * dv[j] - g_mean - (xv[j] - m) * r * gx_mean);
+    vstore<W>(dx + c, acc);
+  }
+}
+
+/* The fused backward for C <= Q LN_BWD_SPAN: a lane's P packs of W columns
+ * (pack p at (p 32 + lane) W) each keep their dweight and dbias partials in
+ * dw[p] and db[p]; scratch[k][blockIdx.x][c] gets the block's sums (k 0:
+ * dweight, 1: dbias), the warps' added in order. */
+template <int Q, int W, typename T>
+__global__ void __launch_bounds__(LN_BWD_WARPS * 32)
+    layernorm_backward_kernel(T *dinp, float *scratch, const T *dout, const T *inp,
+                              const T *weight, const float *mean, const float *rstd, int N,
+                              int C) {
+  constexpr int CAP = Q * LN_BWD_SPAN, P = CAP / (32 * W), THREADS = LN_BWD_WARPS * 32;
+  constexpr int E = 2 * CAP / THREADS; /* shared entries a thread adds up */
+  static_assert(CAP % (32 * W) == 0 && 2 * CAP % THREADS == 0, "whole packs and entries");
+  FSDP_SHARED(float, part, [LN_BWD_STAGE][2 * CAP]);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float dw[P][W] = {}, db[P][W] = {};
+  for (size_t row = (size_t)blockIdx.x * LN_BWD_WARPS + warp; row < (size_t)N;
+       row += (size_t)gridDim.x * LN_BWD_WARPS) {
+    const T *x = inp + row * C, *dy = dout + row * C;
+    const float m = mean[row], r = rstd[row];
+    float gs = 0.0f, gxs = 0.0f;
+    for (int p = 0; p < P; ++p) {
+      const int c = (p * 32 + lane) * W;
+      if (c >= C) break;
+      float xv[W], wv[W], dv[W];
+      vload<W>(xv, x + c);
+      vload<W>(wv, weight + c);
+      vload<W>(dv, dy + c);
+      for (int j = 0; j < W; ++j) {
+        const float xh = (xv[j] - m) * r, g = wv[j] * dv[j];
+        gs += g;
+        gxs += g * xh;
+        dw[p][j] += xh * dv[j];
+        db[p][j] += dv[j];
+      }
+    }
+    if (dinp)
+      ln_dinp_row<W>(dinp + row * C, x, dy, weight, m, r, (float)((double)warp_sum(gs) / C),
+                     (float)((double)warp_sum(gxs) / C), C, lane);
+  }
+  float tot[E] = {};
+  for (int w0 = 0; w0 < LN_BWD_WARPS; w0 += LN_BWD_STAGE) {
+    if (warp >= w0 && warp < w0 + LN_BWD_STAGE)
+      for (int p = 0; p < P; ++p)
+        for (int j = 0; j < W; ++j) {
+          const int c = (p * 32 + lane) * W + j;
+          part[warp - w0][c] = dw[p][j];
+          part[warp - w0][CAP + c] = db[p][j];
+        }
+    __syncthreads();
+    for (int e = 0; e < E; ++e)
+      for (int w = 0; w < LN_BWD_STAGE; ++w) tot[e] += part[w][e * THREADS + threadIdx.x];
+    __syncthreads();
+  }
+  for (int e = 0; e < E; ++e) {
+    const int i = e * THREADS + threadIdx.x, k = i / CAP, c = i % CAP;
+    if (c < C) scratch[((size_t)k * gridDim.x + blockIdx.x) * C + c] = tot[e];
+  }
+}
+
+/* The two passes' d(input): a warp per row, mean(g) and mean(g * xhat) first. */
+template <int W, typename T>
+__global__ void layernorm_dinp_kernel(T *dinp, const T *dout, const T *inp, const T *weight,
+                                      const float *mean, const float *rstd, int N, int C) {
+  const int lane = threadIdx.x & 31;
+  for (size_t row = (size_t)blockIdx.x * LN_WARPS + (threadIdx.x >> 5); row < (size_t)N;
+       row += (size_t)gridDim.x * LN_WARPS) {
+    const T *x = inp + row * C, *dy = dout + row * C;
+    const float m = mean[row], r = rstd[row];
+    float gs = 0.0f, gxs = 0.0f, xv[W], wv[W], dv[W];
+    for (int c = lane * W; c < C; c += 32 * W) {
+      vload<W>(xv, x + c);
+      vload<W>(wv, weight + c);
+      vload<W>(dv, dy + c);
+      for (int j = 0; j < W; ++j) {
+        const float g = wv[j] * dv[j];
+        gs += g;
+        gxs += g * ((xv[j] - m) * r);
+      }
+    }
+    ln_dinp_row<W>(dinp + row * C, x, dy, weight, m, r, (float)((double)warp_sum(gs) / C),
+                   (float)((double)warp_sum(gxs) / C), C, lane);
+  }
+}
+
+/* The fused kernel at width Q, then colsum's second kernel over its blocks'
+ * slices. */
+template <int Q, int W, typename T>
+static fsdp_status_t layernorm_fused(const fsdp_layernorm_backward_args_t &a, cudaStream_t s) {
+  const size_t want = ((size_t)a.N + LN_BWD_WARPS - 1) / LN_BWD_WARPS;
+  const unsigned blocks = want < COLSUM_MAX_SLICES ? (unsigned)want : COLSUM_MAX_SLICES;
+  float *scratch = static_cast<float *>(a.scratch);
+  FSDP_LAUNCH((layernorm_backward_kernel<Q, W, T>), blocks, LN_BWD_WARPS * 32, 0, s, as<T>(a.dinp),
+              scratch, as<T>(a.dout), as<T>(a.inp), as<T>(a.weight), a.mean, a.rstd, a.N, a.C);
+  LAUNCH_CHECK();
+  FSDP_LAUNCH(colsum_finish_kernel<2>, (unsigned)((a.C + 255) / 256), 256, 0, s, a.dweight,
+              a.dbias, scratch, (int)blocks, a.C);
   LAUNCH_CHECK();
   return FSDP_SUCCESS;
+}
+
+template <int W, typename T>
+static fsdp_status_t layernorm_fused(int steps, const fsdp_layernorm_backward_args_t &a,
+                                     cudaStream_t s) {
+  switch (steps) {
+  case 1: return layernorm_fused<1, W, T>(a, s);
+  case 2: return layernorm_fused<2, W, T>(a, s);
+  case 3: return layernorm_fused<3, W, T>(a, s);
+  default: return layernorm_fused<4, W, T>(a, s);
+  }
 }
 
 /* dweight[c] += sum_rows xhat * dout, dbias[c] += sum_rows dout: column sums
@@ -148,21 +260,42 @@ static fsdp_status_t layernorm_params(float *dweight, float *dbias, float *scrat
                       s);
 }
 
+/* The two passes, for rows wider than LN_BWD_MAX_C. */
 template <typename T>
-static fsdp_status_t layernorm_backward(T *dinp, float *dweight, float *dbias, float *scratch,
-                                        const T *dout, const T *inp, const T *weight,
-                                        const float *mean, const float *rstd, int N, int C,
-                                        cudaStream_t s) {
-  if (N <= 0 || C <= 0) return FSDP_SUCCESS;
-  if (!scratch)
-    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "layernorm_fused_backward: needs scratch of "
-                      "fsdp_cuda_colsum_scratch_bytes(%d) bytes, got NULL", C);
+static fsdp_status_t layernorm_two_pass(const fsdp_layernorm_backward_args_t &a, cudaStream_t s) {
+  T *dinp = as<T>(a.dinp);
+  const T *dout = as<T>(a.dout), *inp = as<T>(a.inp), *weight = as<T>(a.weight);
+  float *scratch = static_cast<float *>(a.scratch);
+  const int N = a.N, C = a.C;
+  constexpr int W = pack_width<T>();
   if (rows_packable<T>(C, {dout, inp}))
-    FSDP_TRY((layernorm_params<pack_width<T>(), T>(dweight, dbias, scratch, dout, inp, mean, rstd,
-                                                   N, C, s)));
+    FSDP_TRY((layernorm_params<W, T>(a.dweight, a.dbias, scratch, dout, inp, a.mean, a.rstd, N,
+                                     C, s)));
   else
-    FSDP_TRY((layernorm_params<1, T>(dweight, dbias, scratch, dout, inp, mean, rstd, N, C, s)));
-  return dinp ? layernorm_dinp(dinp, dout, inp, weight, mean, rstd, N, C, s) : FSDP_SUCCESS;
+    FSDP_TRY((layernorm_params<1, T>(a.dweight, a.dbias, scratch, dout, inp, a.mean, a.rstd, N,
+                                     C, s)));
+  if (!dinp) return FSDP_SUCCESS;
+  if (rows_packable<T>(C, {dinp, dout, inp, weight}))
+    FSDP_LAUNCH((layernorm_dinp_kernel<W, T>), row_blocks(N), LN_WARPS * 32, 0, s, dinp, dout,
+                inp, weight, a.mean, a.rstd, N, C);
+  else
+    FSDP_LAUNCH((layernorm_dinp_kernel<1, T>), row_blocks(N), LN_WARPS * 32, 0, s, dinp, dout,
+                inp, weight, a.mean, a.rstd, N, C);
+  LAUNCH_CHECK();
+  return FSDP_SUCCESS;
+}
+
+template <typename T>
+static fsdp_status_t layernorm_backward(const fsdp_layernorm_backward_args_t &a, cudaStream_t s) {
+  if (a.N <= 0 || a.C <= 0) return FSDP_SUCCESS;
+  if (!a.scratch)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "layernorm_fused_backward: needs scratch of "
+                      "fsdp_cuda_colsum_scratch_bytes(%d) bytes, got NULL", a.C);
+  const int steps = ln_bwd_steps(a.C);
+  if (!steps) return layernorm_two_pass<T>(a, s);
+  if (rows_packable<T>(a.C, {a.dinp, a.dout, a.inp, a.weight}))
+    return layernorm_fused<pack_width<T>(), T>(steps, a, s);
+  return layernorm_fused<1, T>(steps, a, s);
 }
 
 fsdp_status_t fsdp_cuda_layernorm_fused_forward(const fsdp_layernorm_forward_args_t *a,
@@ -182,9 +315,6 @@ fsdp_status_t fsdp_cuda_layernorm_fused_backward(const fsdp_layernorm_backward_a
   return fsdp_cuda_dispatch("layernorm_fused_backward", a->dt, stream,
                             [&](auto *tag, cudaStream_t s) {
                               STORAGE(tag);
-                              return layernorm_backward(
-                                  as<S>(a->dinp), a->dweight, a->dbias,
-                                  static_cast<float *>(a->scratch), as<S>(a->dout), as<S>(a->inp),
-                                  as<S>(a->weight), a->mean, a->rstd, a->N, a->C, s);
+                              return layernorm_backward<S>(*a, s);
                             });
 }
