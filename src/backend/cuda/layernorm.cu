@@ -103,6 +103,7 @@ static fsdp_status_t layernorm_forward(T *res, T *out, float *mean, float *rstd,
 #define LN_BWD_SPAN 256 /* columns per step Q of the fused kernel's width */
 #define LN_BWD_MAX_C (4 * LN_BWD_SPAN)
 #define LN_BWD_STAGE 4 /* warps' partials in shared memory at once */
+#define LN_BWD_AHEAD 12 /* registers a tensor's packs fetched at once take */
 
 /* The fused kernel's width in LN_BWD_SPAN-column steps for rows of C, or 0:
  * the two passes. The one place the path is chosen. */
@@ -110,34 +111,60 @@ static int ln_bwd_steps(int C) {
   return C <= LN_BWD_MAX_C ? (C + LN_BWD_SPAN - 1) / LN_BWD_SPAN : 0;
 }
 
-/* One row's d(input) added onto dx, given mean(g) and mean(g * xhat); the
- * row's packs of W are the lane's c = lane W, lane W + 32 W, ... */
-template <int W, typename T>
-__device__ __forceinline__ void ln_dinp_row(T *dx, const T *x, const T *dy, const T *weight,
-                                            float m, float r, float g_mean, float gx_mean, int C,
-                                            int lane) {
-  for (int c = lane * W; c < C; c += 32 * W) {
-    float xv[W], wv[W], dv[W], acc[W];
-    vload<W>(xv, x + c);
-    vload<W>(wv, weight + c);
-    vload<W>(dv, dy + c);
-    vload<W>(acc, dx + c);
-    for (int j = 0; j < W; ++j)
-      acc[j] += r * (wv[j] * dv[j] - g_mean - (xv[j] - m) * r * gx_mean);
-    vstore<W>(dx + c, acc);
+/* W elements of T as stored: the fused kernel fetches packs ahead of their
+ * use, so that they are in flight together, and widens each to floats where
+ * it is used (holding the stored bytes, not floats, in between). */
+template <int W, typename T> struct stored {
+  T v[W];
+};
+
+template <int W, typename T> __device__ __forceinline__ void fetch(stored<W, T> &s, const T *p) {
+  if constexpr (W == 1) {
+    s.v[0] = *p;
+  } else {
+    static_assert(sizeof(stored<W, T>) == 16, "a pack is 16 bytes");
+    const int4 bits = *reinterpret_cast<const int4 *>(p);
+    memcpy(&s, &bits, sizeof bits);
   }
+}
+
+template <int W, typename T>
+__device__ __forceinline__ void widen(float (&f)[W], const stored<W, T> &s) {
+  for (int j = 0; j < W; ++j) f[j] = load(&s.v[j]);
+}
+
+/* Packs p0 .. p0 + G - 1 of a row (of P a lane: pack p at (p 32 + lane) W),
+ * those in the row, fetched at once. */
+template <int P, int G, int W, typename T>
+__device__ __forceinline__ void fetch_ahead(stored<W, T> (&s)[G], const T *row, int p0, int lane,
+                                            int C) {
+  for (int g = 0; g < G; ++g) {
+    const int p = p0 + g, c = (p * 32 + lane) * W;
+    if (p < P && c < C) fetch(s[g], row + c);
+  }
+}
+
+/* acc += d(input) of W elements, given the row's mean(g) and mean(g * xhat). */
+template <int W>
+__device__ __forceinline__ void ln_dinp_add(float (&acc)[W], const float (&xv)[W],
+                                            const float (&wv)[W], const float (&dv)[W], float m,
+                                            float r, float g_mean, float gx_mean) {
+  for (int j = 0; j < W; ++j) acc[j] += r * (wv[j] * dv[j] - g_mean - (xv[j] - m) * r * gx_mean);
 }
 
 /* The fused backward for C <= Q LN_BWD_SPAN: a lane's P packs of W columns
  * (pack p at (p 32 + lane) W) each keep their dweight and dbias partials in
- * dw[p] and db[p]; scratch[k][blockIdx.x][c] gets the block's sums (k 0:
- * dweight, 1: dbias), the warps' added in order. */
+ * dw[p] and db[p]. Each pass over a row fetches G packs of each tensor at
+ * once (LN_BWD_AHEAD registers: a bf16 row of 768 in one go), the second
+ * pass dinp from HBM, x and dout again from L1. scratch[k][blockIdx.x][c]
+ * gets the block's sums (k 0: dweight, 1: dbias), the warps' added in order. */
 template <int Q, int W, typename T>
 __global__ void __launch_bounds__(LN_BWD_WARPS * 32)
     layernorm_backward_kernel(T *dinp, float *scratch, const T *dout, const T *inp,
                               const T *weight, const float *mean, const float *rstd, int N,
                               int C) {
   constexpr int CAP = Q * LN_BWD_SPAN, P = CAP / (32 * W), THREADS = LN_BWD_WARPS * 32;
+  constexpr int G = LN_BWD_AHEAD / ((W * (int)sizeof(T) + 3) / 4);
   constexpr int E = 2 * CAP / THREADS; /* shared entries a thread adds up */
   static_assert(CAP % (32 * W) == 0 && 2 * CAP % THREADS == 0, "whole packs and entries");
   FSDP_SHARED(float, part, [LN_BWD_STAGE][2 * CAP]);
@@ -148,33 +175,57 @@ __global__ void __launch_bounds__(LN_BWD_WARPS * 32)
     const T *x = inp + row * C, *dy = dout + row * C;
     const float m = mean[row], r = rstd[row];
     float gs = 0.0f, gxs = 0.0f;
-    for (int p = 0; p < P; ++p) {
-      const int c = (p * 32 + lane) * W;
-      if (c >= C) break;
-      float xv[W], wv[W], dv[W];
-      vload<W>(xv, x + c);
-      vload<W>(wv, weight + c);
-      vload<W>(dv, dy + c);
-      for (int j = 0; j < W; ++j) {
-        const float xh = (xv[j] - m) * r, g = wv[j] * dv[j];
-        gs += g;
-        gxs += g * xh;
-        dw[p][j] += xh * dv[j];
-        db[p][j] += dv[j];
+    for (int p0 = 0; p0 < P; p0 += G) {
+      stored<W, T> xs[G] = {}, ds[G] = {};
+      fetch_ahead<P>(xs, x, p0, lane, C);
+      fetch_ahead<P>(ds, dy, p0, lane, C);
+      for (int g = 0; g < G; ++g) {
+        const int p = p0 + g, c = (p * 32 + lane) * W;
+        if (p >= P || c >= C) break;
+        float xv[W], wv[W], dv[W];
+        widen(xv, xs[g]);
+        vload<W>(wv, weight + c);
+        widen(dv, ds[g]);
+        for (int j = 0; j < W; ++j) {
+          const float xh = (xv[j] - m) * r, gw = wv[j] * dv[j];
+          gs += gw;
+          gxs += gw * xh;
+          dw[p][j] += xh * dv[j];
+          db[p][j] += dv[j];
+        }
       }
     }
-    if (dinp)
-      ln_dinp_row<W>(dinp + row * C, x, dy, weight, m, r, (float)((double)warp_sum(gs) / C),
-                     (float)((double)warp_sum(gxs) / C), C, lane);
+    if (!dinp) continue;
+    const float g_mean = (float)((double)warp_sum(gs) / C);
+    const float gx_mean = (float)((double)warp_sum(gxs) / C);
+    T *dx = dinp + row * C;
+    for (int p0 = 0; p0 < P; p0 += G) {
+      stored<W, T> xs[G] = {}, ds[G] = {}, as[G] = {};
+      fetch_ahead<P>(as, dx, p0, lane, C);
+      fetch_ahead<P>(xs, x, p0, lane, C);
+      fetch_ahead<P>(ds, dy, p0, lane, C);
+      for (int g = 0; g < G; ++g) {
+        const int p = p0 + g, c = (p * 32 + lane) * W;
+        if (p >= P || c >= C) break;
+        float xv[W], wv[W], dv[W], acc[W];
+        widen(xv, xs[g]);
+        vload<W>(wv, weight + c);
+        widen(dv, ds[g]);
+        widen(acc, as[g]);
+        ln_dinp_add(acc, xv, wv, dv, m, r, g_mean, gx_mean);
+        vstore<W>(dx + c, acc);
+      }
+    }
   }
+  /* A warp's partials in shared memory lane-minor, (p W + j) 32 + lane for
+   * column (p 32 + lane) W + j, so that neither side conflicts on a bank. */
   float tot[E] = {};
   for (int w0 = 0; w0 < LN_BWD_WARPS; w0 += LN_BWD_STAGE) {
     if (warp >= w0 && warp < w0 + LN_BWD_STAGE)
       for (int p = 0; p < P; ++p)
         for (int j = 0; j < W; ++j) {
-          const int c = (p * 32 + lane) * W + j;
-          part[warp - w0][c] = dw[p][j];
-          part[warp - w0][CAP + c] = db[p][j];
+          part[warp - w0][(p * W + j) * 32 + lane] = dw[p][j];
+          part[warp - w0][CAP + (p * W + j) * 32 + lane] = db[p][j];
         }
     __syncthreads();
     for (int e = 0; e < E; ++e)
@@ -182,7 +233,8 @@ __global__ void __launch_bounds__(LN_BWD_WARPS * 32)
     __syncthreads();
   }
   for (int e = 0; e < E; ++e) {
-    const int i = e * THREADS + threadIdx.x, k = i / CAP, c = i % CAP;
+    const int i = e * THREADS + threadIdx.x, k = i / CAP, q = i % CAP;
+    const int c = (q / (32 * W) * 32 + q % 32) * W + q / 32 % W;
     if (c < C) scratch[((size_t)k * gridDim.x + blockIdx.x) * C + c] = tot[e];
   }
 }
@@ -207,8 +259,18 @@ __global__ void layernorm_dinp_kernel(T *dinp, const T *dout, const T *inp, cons
         gxs += g * ((xv[j] - m) * r);
       }
     }
-    ln_dinp_row<W>(dinp + row * C, x, dy, weight, m, r, (float)((double)warp_sum(gs) / C),
-                   (float)((double)warp_sum(gxs) / C), C, lane);
+    const float g_mean = (float)((double)warp_sum(gs) / C);
+    const float gx_mean = (float)((double)warp_sum(gxs) / C);
+    T *dx = dinp + row * C;
+    for (int c = lane * W; c < C; c += 32 * W) {
+      float acc[W];
+      vload<W>(xv, x + c);
+      vload<W>(wv, weight + c);
+      vload<W>(dv, dy + c);
+      vload<W>(acc, dx + c);
+      ln_dinp_add(acc, xv, wv, dv, m, r, g_mean, gx_mean);
+      vstore<W>(dx + c, acc);
+    }
   }
 }
 
