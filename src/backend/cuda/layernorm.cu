@@ -95,7 +95,12 @@ static fsdp_status_t layernorm_forward(T *res, T *out, float *mean, float *rstd,
  * (one a SM of a 132-SM H100 or H200), rows dealt to warps in a fixed
  * stride: the same bits every run, no atomics. Per call it moves x and dout
  * once, dinp read and written, mean and rstd, and 2 C floats a block written
- * and read back, against the two passes' x and dout twice.
+ * and read back, against the two passes' x and dout twice: at GPT-2 124M's
+ * N 16384, C 768 in bf16, 102.4 MB, 21 us at an H200's 4.8 TB/s (unmeasured;
+ * the two passes declared 151.1 MB and took about 60 us a call, half of
+ * HBM's bandwidth). Memory-bound, so what matters is the bytes in flight: 16
+ * warps a SM (128 registers a thread at C 768 bf16, no spill), each fetching
+ * its row's x and dout at once (3 KB), not a pack or two at a time.
  *
  * Wider rows (GPT-2 XL's 1600) take two passes: the column sums over all
  * SMs (colsum, cuda_internal.cuh), then layernorm_dinp_kernel. */
