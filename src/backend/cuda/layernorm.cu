@@ -119,33 +119,34 @@ static int ln_bwd_steps(int C) {
 /* W elements of T as stored: the fused kernel fetches packs ahead of their
  * use, so that they are in flight together, and widens each to floats where
  * it is used (holding the stored bytes, not floats, in between). */
-template <int W, typename T> struct stored {
+template <int W, typename T> struct ln_stored {
   T v[W];
 };
 
-template <int W, typename T> __device__ __forceinline__ void fetch(stored<W, T> &s, const T *p) {
+template <int W, typename T>
+__device__ __forceinline__ void ln_fetch(ln_stored<W, T> &s, const T *p) {
   if constexpr (W == 1) {
     s.v[0] = *p;
   } else {
-    static_assert(sizeof(stored<W, T>) == 16, "a pack is 16 bytes");
+    static_assert(sizeof(ln_stored<W, T>) == 16, "a pack is 16 bytes");
     const int4 bits = *reinterpret_cast<const int4 *>(p);
     memcpy(&s, &bits, sizeof bits);
   }
 }
 
 template <int W, typename T>
-__device__ __forceinline__ void widen(float (&f)[W], const stored<W, T> &s) {
+__device__ __forceinline__ void ln_widen(float (&f)[W], const ln_stored<W, T> &s) {
   for (int j = 0; j < W; ++j) f[j] = load(&s.v[j]);
 }
 
 /* Packs p0 .. p0 + G - 1 of a row (of P a lane: pack p at (p 32 + lane) W),
  * those in the row, fetched at once. */
 template <int P, int G, int W, typename T>
-__device__ __forceinline__ void fetch_ahead(stored<W, T> (&s)[G], const T *row, int p0, int lane,
-                                            int C) {
+__device__ __forceinline__ void ln_fetch_ahead(ln_stored<W, T> (&s)[G], const T *row, int p0,
+                                               int lane, int C) {
   for (int g = 0; g < G; ++g) {
     const int p = p0 + g, c = (p * 32 + lane) * W;
-    if (p < P && c < C) fetch(s[g], row + c);
+    if (p < P && c < C) ln_fetch(s[g], row + c);
   }
 }
 
@@ -181,16 +182,16 @@ __global__ void __launch_bounds__(LN_BWD_WARPS * 32)
     const float m = mean[row], r = rstd[row];
     float gs = 0.0f, gxs = 0.0f;
     for (int p0 = 0; p0 < P; p0 += G) {
-      stored<W, T> xs[G] = {}, ds[G] = {};
-      fetch_ahead<P>(xs, x, p0, lane, C);
-      fetch_ahead<P>(ds, dy, p0, lane, C);
+      ln_stored<W, T> xs[G] = {}, ds[G] = {};
+      ln_fetch_ahead<P>(xs, x, p0, lane, C);
+      ln_fetch_ahead<P>(ds, dy, p0, lane, C);
       for (int g = 0; g < G; ++g) {
         const int p = p0 + g, c = (p * 32 + lane) * W;
         if (p >= P || c >= C) break;
         float xv[W], wv[W], dv[W];
-        widen(xv, xs[g]);
+        ln_widen(xv, xs[g]);
         vload<W>(wv, weight + c);
-        widen(dv, ds[g]);
+        ln_widen(dv, ds[g]);
         for (int j = 0; j < W; ++j) {
           const float xh = (xv[j] - m) * r, gw = wv[j] * dv[j];
           gs += gw;
@@ -205,18 +206,18 @@ __global__ void __launch_bounds__(LN_BWD_WARPS * 32)
     const float gx_mean = (float)((double)warp_sum(gxs) / C);
     T *dx = dinp + row * C;
     for (int p0 = 0; p0 < P; p0 += G) {
-      stored<W, T> xs[G] = {}, ds[G] = {}, as[G] = {};
-      fetch_ahead<P>(as, dx, p0, lane, C);
-      fetch_ahead<P>(xs, x, p0, lane, C);
-      fetch_ahead<P>(ds, dy, p0, lane, C);
+      ln_stored<W, T> xs[G] = {}, ds[G] = {}, as[G] = {};
+      ln_fetch_ahead<P>(as, dx, p0, lane, C);
+      ln_fetch_ahead<P>(xs, x, p0, lane, C);
+      ln_fetch_ahead<P>(ds, dy, p0, lane, C);
       for (int g = 0; g < G; ++g) {
         const int p = p0 + g, c = (p * 32 + lane) * W;
         if (p >= P || c >= C) break;
         float xv[W], wv[W], dv[W], acc[W];
-        widen(xv, xs[g]);
+        ln_widen(xv, xs[g]);
         vload<W>(wv, weight + c);
-        widen(dv, ds[g]);
-        widen(acc, as[g]);
+        ln_widen(dv, ds[g]);
+        ln_widen(acc, as[g]);
         ln_dinp_add(acc, xv, wv, dv, m, r, g_mean, gx_mean);
         vstore<W>(dx + c, acc);
       }
