@@ -553,7 +553,8 @@ END_TEST
  * it: 2051 rows fill the 128 blocks and deal a warp a second row, 21 rows
  * leave a second block 5; C = 1024 is the one kernel's widest and 1032 the
  * two passes' narrowest whole packs; 999 and the skewed rows take its scalar
- * form, 999 at its widest step and 257 with one column in its last. */
+ * form, 999 at its widest step and 257 with one column in its last. A row is
+ * fetched 3 packs or 12 elements at a time: 1024 and 999 end on a part. */
 static const struct { int N, C, branch, skew; double offset; int dinp; } kFusedLn[] = {
     {37, 768, 1, 0, 0.0, 1},   {5, 13, 1, 0, 3.0, 1},      {9, 24, 0, 0, 3.0, 1},
     {11, 40, 1, 1, 0.0, 1},    {1, 1, 1, 0, 0.0, 1},       {64, 1600, 0, 0, 3.0, 0},
