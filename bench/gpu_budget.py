@@ -101,6 +101,24 @@ def flash_attention(d):
     ]
 
 
+def ln_backward(d):
+    """One LayerNorm backward (layernorm.cu), d(input) added into: (bytes,
+    launches, note). Up to C = 1024 one kernel reads x and dout once, reads
+    and writes d(input), reads mean, rstd and the weight, and writes 2 C fp32
+    partials a block (16 rows each, at most 128 blocks), which a second kernel
+    reads back and adds onto dweight and dbias (read and written). Wider rows
+    take two passes: d(input) (dout, x, d(input) read and written), then the
+    column sums (dout and x again). gpt2_cost.c's ln_backward_bytes is the
+    same count."""
+    N, C, bf = d["N"], d["C"], d["a"]
+    if C > 1024:
+        return (6 * N * C * bf + 8 * N, 3,
+                "two passes (C > 1024): d(residual), then weight/bias sums over all SMs")
+    blocks = min(128, -(-N // 16))
+    return (4 * N * C * bf + 8 * N + C * bf + 16 * C * blocks + 16 * C, 2,
+            "one read of x and dout: d(residual) and per-block weight/bias partials")
+
+
 def built(d):
     L, N, C, V, Vp, NH, T, hs, B = (d[k] for k in ("L", "N", "C", "V", "Vp", "NH", "T", "hs", "B"))
     bf, f4 = d["a"], 4
@@ -111,6 +129,7 @@ def built(d):
     mm_bb = L * sum((N * M + K * M + N * K) * bf + (N * K + N * M) * bf + K * M * f4
                     for K, M in lin)
     ln = 2 * L + 1
+    ln_bwd = ln_backward(d)
     P = d["P"]
     return [
         klass("block products, forward", mm_f, mm_fb, "tc", EFF["tc"], 4 * L,
@@ -133,10 +152,8 @@ def built(d):
     ] + flash_attention(d) + [
         klass("residual + LayerNorm forward", 0, ln * (4 * N * C * bf + 8 * N), "mem", EFF["mem"],
               ln, "fused: reads x and the branch, writes x' and ln(x')"),
-        # layernorm.cu: d(input) in one pass (dout, x, d(residual) read and
-        # written), the weight and bias column sums in another (dout, x again)
-        klass("LayerNorm backward", 0, ln * (6 * N * C * bf + 8 * N), "mem", EFF["mem"], 3 * ln,
-              "adds into d(residual); weight/bias sums over all SMs"),
+        klass("LayerNorm backward", 0, ln * ln_bwd[0], "mem", EFF["mem"], ln * ln_bwd[1],
+              ln_bwd[2]),
         klass("LM head forward", 2 * N * C * V, (N * C + V * C + N * V) * bf, "tc", EFF["tc"],
               2, f"V = {V} columns, rows {Vp} apart, split at {V // 128 * 128} (blas.cu)"),
         klass("LM head backward", 4 * N * C * V,

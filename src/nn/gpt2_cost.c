@@ -8,6 +8,8 @@
  * SwiGLU classes; bench/check_bench.py's llama_costs is its second side.
  * Dims: L layers, C width, NH heads, NKV key/value heads, D head size, V
  * vocabulary, F SwiGLU's width, N = B T tokens. */
+#include <math.h>
+
 #include "core/internal.h"
 #include "fsdp/nn.h"
 
@@ -60,6 +62,20 @@ static void attention_costs(double L, double B, double T, double NH, double NKV,
   k[FSDP_KC_ATTN_BWD].bytes += L * ((3 * N * QKV + 4 * N * C) * a + 2 * lse);
 }
 
+/* One LayerNorm backward over N rows of C (src/backend/cuda/layernorm.cu),
+ * d(input) added into. Up to C = 1024 one kernel: x and dout read once,
+ * d(input) read and written, mean, rstd and the weight read, and 2 C fp32
+ * partials a block (16 rows each, at most 128 blocks) written, then read back
+ * by a second kernel that adds them onto dweight and dbias (read and
+ * written). Wider rows, two passes: d(input) (dout, x, d(input) read and
+ * written), then the weight and bias column sums (dout and x again).
+ * bench/gpu_budget.py's ln_backward is the same count. */
+static double ln_backward_bytes(double N, double C, double a) {
+  if (C > 1024) return 6 * N * C * a + 8 * N;
+  const double blocks = fmin(128, ceil(N / 16));
+  return 4 * N * C * a + 8 * N + C * a + 16 * C * blocks + 16 * C;
+}
+
 /* Per micro-batch. */
 static void block_costs(const fsdp_gpt2_config_t *c, double B, double T, double a,
                         fsdp_kclass_cost_t *k) {
@@ -71,9 +87,7 @@ static void block_costs(const fsdp_gpt2_config_t *c, double B, double T, double 
   attention_costs(L, B, T, c->n_head, c->n_head, c->n_embd / c->n_head, a, k);
   const double ln = 2 * L + 1; /* two per block and ln_f: x and the branch in, x' and ln(x') out */
   k[FSDP_KC_RESID_LN_FWD].bytes += ln * (4 * N * C * a + 8 * N);
-  /* d(input) (dout, x, d(residual) read and written), then the weight and
-   * bias column sums (dout and x again) */
-  k[FSDP_KC_LN_BWD].bytes += ln * (6 * N * C * a + 8 * N);
+  k[FSDP_KC_LN_BWD].bytes += ln * ln_backward_bytes(N, C, a);
 }
 
 /* The head, cross-entropy and embedding; P positions of a position embedding

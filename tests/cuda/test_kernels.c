@@ -56,6 +56,7 @@ static unsigned long long seed;
 static const char *const kKernels[] = {
     "matmul_forward", "matmul_backward", "matmul_forward_bf16", "matmul_backward_bf16",
     "ln_fused_forward", "ln_fused_backward", "ln_fused_forward_bf16", "ln_fused_backward_bf16",
+    "ln_backward_bits", "ln_backward_bits_bf16",
     "embedding_forward", "embedding_backward",
     "embedding_forward_bf16", "embedding_backward_bf16",
     "rmsnorm_forward", "rmsnorm_backward", "rmsnorm_forward_bf16", "rmsnorm_backward_bf16",
@@ -546,10 +547,19 @@ END_TEST
  * Forward against the CPU's residual then LayerNorm on x' as stored; backward
  * against fsdp_layernorm_backward, d(input) added onto random values (or not
  * asked for). An offset of 3 next to a spread of 1 tests the two-pass
- * variance; C = 1600 (GPT-2 XL) leaves a partial pass of the row's lanes. */
+ * variance; C = 1600 (GPT-2 XL) leaves a partial pass of the row's lanes.
+ * Backward is one kernel up to C = 1024 (16 rows a block, at most 128
+ * blocks, widths in steps of 256 columns; layernorm.cu) and two passes past
+ * it: 2051 rows fill the 128 blocks and deal a warp a second row, 21 rows
+ * leave a second block 5; C = 1024 is the one kernel's widest and 1032 the
+ * two passes' narrowest whole packs; 999 and the skewed rows take its scalar
+ * form, 999 at its widest step and 257 with one column in its last. A row is
+ * fetched 3 packs or 12 elements at a time: 1024 and 999 end on a part. */
 static const struct { int N, C, branch, skew; double offset; int dinp; } kFusedLn[] = {
-    {37, 768, 1, 0, 0.0, 1}, {5, 13, 1, 0, 3.0, 1},  {9, 24, 0, 0, 3.0, 1},
-    {11, 40, 1, 1, 0.0, 1},  {1, 1, 1, 0, 0.0, 1},   {64, 1600, 0, 0, 3.0, 0},
+    {37, 768, 1, 0, 0.0, 1},   {5, 13, 1, 0, 3.0, 1},      {9, 24, 0, 0, 3.0, 1},
+    {11, 40, 1, 1, 0.0, 1},    {1, 1, 1, 0, 0.0, 1},       {64, 1600, 0, 0, 3.0, 0},
+    {2051, 24, 0, 0, 0.0, 1},  {21, 1024, 1, 0, 3.0, 1},   {21, 1032, 1, 0, 3.0, 1},
+    {19, 999, 0, 0, 0.0, 1},   {6, 257, 0, 1, 3.0, 0},
 };
 
 static void fused_ln_case(int bf16, int N, int C, int branch, int skew, double offset,
@@ -610,6 +620,66 @@ START_TEST(fused_layernorm) {
   for (int bf16 = 0; bf16 <= 1; ++bf16) {
     fused_ln_case(bf16, kFusedLn[_i].N, kFusedLn[_i].C, kFusedLn[_i].branch, kFusedLn[_i].skew,
                   kFusedLn[_i].offset, kFusedLn[_i].dinp);
+    dev_free_all();
+  }
+}
+END_TEST
+
+/* LayerNorm backward twice on the same inputs, into fresh buffers holding
+ * the same values but scratch filled differently (zeros, then 0xff bytes: a
+ * NaN): d(input), dweight and dbias must come back bit for bit the same (the
+ * engine compares checkpointed and plain runs so). On a GPU, where blocks
+ * race, a sum whose order varies shows here; the simulator runs blocks in
+ * index order, so there it is a result that reads scratch no block wrote.
+ * Both paths (C 24 over 128 blocks, 768, 999 scalar; 1032: two passes). */
+static const struct { int N, C, skew; } kLnRepeat[] = {
+    {2051, 24, 0}, {37, 768, 0}, {19, 999, 1}, {21, 1032, 0}};
+
+static void ln_repeat_case(int bf16, int N, int C, int skew) {
+  const size_t n = (size_t)N * C, sb = fsdp_cuda_colsum_scratch_bytes(C);
+  float *x = maybe_round(bf16, rand_floats(n, 0, 1), n);
+  float *w = maybe_round(bf16, rand_floats(C, 1, 0.5), C);
+  float *b = maybe_round(bf16, rand_floats(C, 0, 0.5), C);
+  float *dout = maybe_round(bf16, rand_floats(n, 0, 1), n);
+  float *dinp = maybe_round(bf16, rand_floats(n, 0, 1), n);
+  float *dw = rand_floats(C, 0, 1), *db = rand_floats(C, 0, 1);
+  float *out = xmalloc(n * 4), *mean = xmalloc(N * 4), *rstd = xmalloc(N * 4);
+  fsdp_layernorm_forward(out, mean, rstd, x, w, b, N, C);
+  void *g_x = dev_skewed(bf16, x, n, skew), *g_w = dev_skewed(bf16, w, C, skew);
+  void *g_dout = dev_skewed(bf16, dout, n, skew);
+  float *g_mean = dev_f32(mean, N), *g_rstd = dev_f32(rstd, N), *got[2][3];
+  for (int r = 0; r < 2; ++r) {
+    void *g_dinp = dev_skewed(bf16, dinp, n, skew), *scratch = dev_alloc(sb);
+    float *g_dw = dev_f32(dw, C), *g_db = dev_f32(db, C);
+    CU(cudaMemsetAsync(scratch, r ? 0xff : 0, sb, stream));
+    OK(fsdp_cuda_layernorm_fused_backward(
+        &(fsdp_layernorm_backward_args_t){.dt = act_dtype(bf16), .dinp = g_dinp,
+                                          .dweight = g_dw, .dbias = g_db, .scratch = scratch,
+                                          .dout = g_dout, .inp = g_x, .weight = g_w,
+                                          .mean = g_mean, .rstd = g_rstd, .N = N, .C = C},
+        fs));
+    got[r][0] = back_skewed(bf16, g_dinp, n, skew);
+    got[r][1] = back_f32(g_dw, C);
+    got[r][2] = back_f32(g_db, C);
+  }
+  const size_t len[3] = {n, (size_t)C, (size_t)C};
+  size_t bad = 0;
+  for (int k = 0; k < 3; ++k)
+    for (size_t i = 0; i < len[k]; ++i) bad += memcmp(&got[0][k][i], &got[1][k][i], 4) != 0;
+  check_err(bf16 ? "ln_backward_bits_bf16" : "ln_backward_bits", "two runs", bad ? INFINITY : 0.0,
+            TOL_EXACT);
+  ck_assert_msg(!bad, "LayerNorm backward N %d C %d: %zu elements differ between two runs", N, C,
+                bad);
+  free(x), free(w), free(b), free(dout), free(dinp), free(dw), free(db), free(out), free(mean);
+  free(rstd);
+  for (int r = 0; r < 2; ++r)
+    for (int k = 0; k < 3; ++k) free(got[r][k]);
+}
+
+START_TEST(layernorm_repeat) {
+  rng_seed(seed + 3600 + (uint64_t)_i);
+  for (int bf16 = 0; bf16 <= 1; ++bf16) {
+    ln_repeat_case(bf16, kLnRepeat[_i].N, kLnRepeat[_i].C, kLnRepeat[_i].skew);
     dev_free_all();
   }
 }
@@ -1860,6 +1930,7 @@ static Suite *kernels_suite(void) {
   Suite *s = suite_create("cuda_kernels");
   add_test(s, "matmul", matmul, LEN(kMatmul));
   add_test(s, "fused_layernorm", fused_layernorm, LEN(kFusedLn));
+  add_test(s, "layernorm_repeat", layernorm_repeat, LEN(kLnRepeat));
   add_test(s, "gelu_long", gelu_long, LEN(kLong));
   add_test(s, "fused_scratch_refused", fused_scratch_refused, 1);
   add_test(s, "product_choice", product_choice, 1);
