@@ -1440,52 +1440,97 @@ END_TEST
 
 /* bad: row 1 gets the target V (out of range), whose loss and gradient row
  * must be NaN. masked: every logit but the first 64 and the target's is -inf
- * (a masked vocabulary), so most threads of a row see only -inf. V = 50257 is
- * GPT-2's vocabulary. */
-static const struct { int B, V, bad, masked; } kXent[] = {
-    {16, 50257, 0, 0}, {5, 7, 1, 0}, {1, 1, 0, 0}, {64, 1000, 1, 0}, {4, 50257, 0, 1},
+ * (a masked vocabulary), so most threads of a row see only -inf. pad: the
+ * device's rows are V + pad apart, the pad columns a sentinel that must
+ * survive. V = 50257 is GPT-2's vocabulary: rows 50257 apart (the scalar
+ * form), 50304 (its head's: 16-byte packs) and 50261 (no whole number of
+ * packs: the scalar form), each bf16 row staged in shared memory. */
+#define XENT_WIDEST (-1) /* V: the widest bf16 row the device stages (kernels.h) */
+#define XENT_PAST (-2)   /* V: one column more, read twice */
+#define XENT_PACKS (-1)  /* pad: up to a whole number of 16-byte bf16 packs */
+static const struct { int B, V, pad, bad, masked; } kXent[] = {
+    {16, 50257, 0, 0, 0}, {5, 7, 0, 1, 0},     {1, 1, 0, 0, 0},     {64, 1000, 0, 1, 0},
+    {4, 50257, 0, 0, 1},  {3, 50257, 47, 1, 0}, {2, 50257, 47, 0, 1}, {3, 50257, 4, 1, 0},
+    {2, XENT_WIDEST, XENT_PACKS, 0, 0}, {2, XENT_PAST, XENT_PACKS, 0, 0},
 };
 
-/* The fused op with ld = V against fsdp_softmax_xent: the losses of a pass
- * without the gradient (logits untouched), then of one writing it over the
- * logits. */
-static void xent_case(int bf16, int B, int V, int bad, int masked) {
-  const size_t n = (size_t)B * V;
+#define XENT_SENTINEL 77.0f
+
+/* The widest bf16 row fsdp_cuda_xent stages on the current device: 2-byte
+ * columns, rounded up to 16 bytes, beside 384 bytes of scratch within the
+ * opt-in shared memory per block (kernels.h). */
+static int xent_widest(void) {
+  int device = 0, optin = 0;
+  CU(cudaGetDevice(&device));
+  CU(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return (optin - 384) / 16 * 16 / 2;
+}
+
+/* The fused op with rows ld = V + pad apart against fsdp_softmax_xent: the
+ * losses of a pass without the gradient (logits untouched, never staged),
+ * then of one writing it over the logits (staged as kernels.h says). */
+static void xent_case(int bf16, int B, int V, int pad, int bad, int masked) {
+  const int ld = V + pad;
+  const size_t n = (size_t)B * V, np = (size_t)B * ld;
   const float scale = 1.0f / (float)B;
   const char *name = bf16 ? "xent_bf16" : "xent";
   const double tol = bf16 ? TOL_BF16 : TOL_F32;
   float *logits = rand_floats(n, 0, 4), *dl = xmalloc(n * 4), *loss = xmalloc(B * 4);
+  float *host = xmalloc(np * 4);
   int *tgt = rand_tokens(B, V);
   if (bad) tgt[1] = V;
   for (size_t i = 0; i < n && masked; ++i)
     if (i % (size_t)V >= 64 && (int)(i % (size_t)V) != tgt[i / (size_t)V]) logits[i] = -INFINITY;
   if (bf16) round_bf16(logits, n);
-  for (int b = 0; b < B; ++b)
+  for (int b = 0; b < B; ++b) {
     loss[b] = (float)fsdp_softmax_xent(NULL, logits + (size_t)b * V, tgt + b, 1, V, scale);
+    for (int j = 0; j < ld; ++j)
+      host[(size_t)b * ld + j] = j < V ? logits[(size_t)b * V + j] : XENT_SENTINEL;
+  }
   fsdp_softmax_xent(dl, logits, tgt, B, V, scale);
   int *g_tgt = dev_copy(tgt, B * sizeof(int));
   double *g_loss = dev_alloc(B * 8), *g_loss2 = dev_alloc(B * 8);
   const fsdp_dtype_t dt = act_dtype(bf16);
-  void *g_logits = dev_act(bf16, logits, n);
-  fsdp_xent_args_t xa = {.dt = dt, .logits = g_logits, .ld = V, .losses = g_loss2,
+  void *g_logits = dev_act(bf16, host, np);
+  fsdp_xent_args_t xa = {.dt = dt, .logits = g_logits, .ld = ld, .losses = g_loss2,
                          .targets = g_tgt, .B = B, .V = V, .scale = scale, .grad = 0};
+  size_t staged = 1;
+  OK(fsdp_cuda_xent_staged_bytes(&xa, &staged));
+  ck_assert_msg(staged == 0, "%s V %d: a pass without the gradient staged %zu bytes", name, V,
+                staged);
   OK(fsdp_cuda_xent(&xa, fs));
-  float *kept = back_act(bf16, g_logits, n);
+  float *kept = back_act(bf16, g_logits, np);
   xa.losses = g_loss, xa.grad = 1;
+  const size_t want_staged = bf16 && V <= xent_widest() ? ((size_t)V * 2 + 15) / 16 * 16 : 0;
+  OK(fsdp_cuda_xent_staged_bytes(&xa, &staged));
+  ck_assert_msg(staged == want_staged, "%s V %d: %zu bytes staged, not %zu (widest %d)", name, V,
+                staged, want_staged, xent_widest());
   OK(fsdp_cuda_xent(&xa, fs));
-  float *got = back_act(bf16, g_logits, n);
+  float *got_pad = back_act(bf16, g_logits, np);
+  int pad_ok = 1;
+  float *got = xmalloc(n * 4);
+  for (int b = 0; b < B; ++b)
+    for (int j = 0; j < ld; ++j) {
+      if (j < V) got[(size_t)b * V + j] = got_pad[(size_t)b * ld + j];
+      else pad_ok &= got_pad[(size_t)b * ld + j] == XENT_SENTINEL;
+    }
   float *got_loss = back_losses(g_loss, B), *got_loss2 = back_losses(g_loss2, B);
   double err = max2(rel_err(got, dl, n), rel_err(got_loss, loss, B));
-  err = max2(err, rel_err(kept, logits, n)); /* grad 0 writes nothing */
+  err = max2(err, rel_err(kept, host, np)); /* grad 0 writes nothing */
+  err = pad_ok ? err : INFINITY;            /* nor does anything past V */
   check_err(name, "dlogits/losses", max2(err, rel_err(got_loss2, loss, B)), tol);
-  free(logits), free(dl), free(loss), free(tgt), free(got), free(kept), free(got_loss),
-      free(got_loss2);
+  free(logits), free(dl), free(loss), free(host), free(tgt), free(got), free(got_pad), free(kept);
+  free(got_loss), free(got_loss2);
 }
 
 START_TEST(xent) {
   rng_seed(seed + 6000 + (uint64_t)_i);
+  const int V = kXent[_i].V == XENT_WIDEST ? xent_widest()
+                : kXent[_i].V == XENT_PAST ? xent_widest() + 1
+                                           : kXent[_i].V;
+  const int pad = kXent[_i].pad == XENT_PACKS ? (8 - V % 8) % 8 : kXent[_i].pad;
   for (int bf16 = 0; bf16 <= 1; ++bf16)
-    xent_case(bf16, kXent[_i].B, kXent[_i].V, kXent[_i].bad, kXent[_i].masked);
+    xent_case(bf16, kXent[_i].B, V, pad, kXent[_i].bad, kXent[_i].masked);
 }
 END_TEST
 
@@ -1844,8 +1889,8 @@ END_TEST
  * at 8 rows. */
 START_TEST(big_xent) {
   rng_seed(seed + 9200);
-  xent_case(0, 16384, 64, 1, 0);
-  xent_case(1, 8, 50257, 0, 0);
+  xent_case(0, 16384, 64, 0, 1, 0);
+  xent_case(1, 8, 50257, 0, 0, 0);
 }
 END_TEST
 

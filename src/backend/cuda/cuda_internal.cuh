@@ -40,7 +40,10 @@ fsdp_status_t fsdp_cublas_fail(cublasStatus_t st, const char *expr, const char *
  * Every kernel is launched with FSDP_LAUNCH and every shared array declared
  * with FSDP_SHARED, so that the same lines build with nvcc and, against
  * tests/cudasim (-Dgpu_sim=true), run on the CPU, where the simulator's
- * cuda_runtime.h defines both to check the launch and the shared memory. */
+ * cuda_runtime.h defines both to check the launch and the shared memory. A
+ * template kernel is named with its arguments written out (kernel<T>): the
+ * simulator takes the kernel's address, the key of its attributes
+ * (cudaFuncSetAttribute). */
 #ifndef FSDP_CUDA_SIM
 /* kernel<<<grid, block, shmem, stream>>>(args...) */
 #define FSDP_LAUNCH(kernel, grid, block, shmem, stream, ...) \

@@ -13,7 +13,7 @@ template <typename F> __global__ void for_each_kernel(size_t n, F f) {
 
 template <typename F> static fsdp_status_t for_each(size_t n, cudaStream_t s, F f) {
   if (n == 0) return FSDP_SUCCESS;
-  FSDP_LAUNCH(for_each_kernel, fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, s, n, f);
+  FSDP_LAUNCH(for_each_kernel<F>, fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, s, n, f);
   LAUNCH_CHECK();
   return FSDP_SUCCESS;
 }

@@ -46,7 +46,7 @@ static fsdp_status_t embedding_forward(T *out, const int *tokens, const T *wte, 
                                        int B, int T_, int C, cudaStream_t s) {
   if (B <= 0 || T_ <= 0 || C <= 0) return FSDP_SUCCESS;
   const size_t n = (size_t)B * T_ * C;
-  FSDP_LAUNCH(embedding_forward_kernel, fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, s, out,
+  FSDP_LAUNCH(embedding_forward_kernel<T>, fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, s, out,
               tokens, wte, wpe, T_, C, n);
   LAUNCH_CHECK();
   return FSDP_SUCCESS;
@@ -59,11 +59,11 @@ static fsdp_status_t embedding_backward(float *dwte, float *dwpe, const T *dout,
   if (B <= 0 || T_ <= 0 || C <= 0) return FSDP_SUCCESS;
   const size_t n = (size_t)B * T_ * C, tc = (size_t)T_ * C;
   if (dwpe) {
-    FSDP_LAUNCH(embedding_dwpe_kernel, fsdp_grid(tc, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, s,
+    FSDP_LAUNCH(embedding_dwpe_kernel<T>, fsdp_grid(tc, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, s,
                 dwpe, dout, B, T_, C);
     LAUNCH_CHECK();
   }
-  FSDP_LAUNCH(embedding_dwte_kernel, fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, s, dwte,
+  FSDP_LAUNCH(embedding_dwte_kernel<T>, fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, s, dwte,
               dout, tokens, C, n);
   LAUNCH_CHECK();
   return FSDP_SUCCESS;

@@ -111,8 +111,17 @@ fsdp_status_t fsdp_cuda_layernorm_fused_backward(const fsdp_layernorm_backward_a
 fsdp_status_t fsdp_cuda_relu_forward(const fsdp_relu_forward_args_t *a, fsdp_stream_t stream);
 fsdp_status_t fsdp_cuda_relu_backward(const fsdp_relu_backward_args_t *a, fsdp_stream_t stream);
 /* One block per row; the exponential sum and the loss in double, as on the
- * CPU. */
+ * CPU. A bf16 row whose gradient is written is read from global memory once,
+ * into shared memory, when V rounded up to a multiple of 8, times 2 bytes,
+ * plus 384 bytes of the block's scratch is at most the device's
+ * cudaDevAttrMaxSharedMemoryPerBlockOptin (V <= 116032 on an H100: GPT-2's
+ * 50257, not Llama-3's 128256); every other row is read twice. Both give the
+ * same bits. fsdp_cuda_xent_staged_bytes says which on the current device:
+ * *bytes, the row's shared memory, or 0 (read twice); it opts the kernels in
+ * to the device's shared memory (cudaFuncSetAttribute) the first time,
+ * thread-safe, and fails naming the CUDA error. */
 fsdp_status_t fsdp_cuda_xent(const fsdp_xent_args_t *a, fsdp_stream_t stream);
+fsdp_status_t fsdp_cuda_xent_staged_bytes(const fsdp_xent_args_t *a, size_t *bytes);
 /* The Llama family's layers (llama.cu). RMSNorm: a warp per row as LayerNorm,
  * dweight's column sums through scratch (fsdp_cuda_colsum_scratch_bytes(C);
  * NULL is FSDP_ERR_INVALID_ARGUMENT, as a NULL dinp). RoPE: NKV 0 means

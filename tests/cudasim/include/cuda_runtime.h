@@ -21,9 +21,18 @@
  * - refused at launch, as an H100 (sm_90) refuses them, with
  *   cudaErrorInvalidConfiguration from cudaGetLastError and a stderr line
  *   naming the kernel and the geometry: more than 1024 threads per block,
- *   block dims past (1024, 1024, 64), grid dims past (2^31-1, 65535, 65535),
- *   a zero dimension, dynamic shared memory past 48 KiB (the opt-in through
- *   cudaFuncSetAttribute is not modelled) or static + dynamic past 227 KiB.
+ *   block dims past (1024, 1024, 64), grid dims past (2^31-1, 65535, 65535)
+ *   or a zero dimension.
+ * - dynamic shared memory past the kernel's limit on the launch's device is
+ *   refused at launch with cudaErrorInvalidValue, as CUDA refuses it: 48 KiB
+ *   unless cudaFuncSetAttribute(kernel,
+ *   cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) raised it on that
+ *   device (the opt-in), which refuses more than 227 KiB
+ *   (cudaDevAttrMaxSharedMemoryPerBlockOptin, 232448). Static + dynamic past
+ *   48 KiB without the opt-in, or past 227 KiB with it, is a fault
+ *   (cudaErrorInvalidValue) when the block declares the static variable that
+ *   crosses the line: a GPU refuses such a launch or opt-in, but the
+ *   simulator learns a kernel's static shared memory only as it runs.
  * - shared memory is declared with FSDP_SHARED (a bare __shared__ does not
  *   compile here): each block gets fresh memory, aligned as its type asks (at
  *   least 16 bytes, at most 64), filled with 0xff bytes (NaN as float and
@@ -150,10 +159,12 @@ struct shared_site {
 void *shared_var(const shared_site *site);
 void *dynamic_shared(size_t align, const char *file, int line);
 
-/* Queues the kernel body `body` (run once per thread) on `stream`; an invalid
- * configuration is refused here (cudaGetLastError), as a launch is. */
-void launch_kernel(const char *name, const char *file, int line, dim3 grid, dim3 block,
-                   size_t shared_bytes, cudaStream_t stream, std::function<void()> body);
+/* Queues the kernel body `body` (run once per thread) of the kernel `func`
+ * on `stream`; an invalid configuration is refused here (cudaGetLastError),
+ * as a launch is. */
+void launch_kernel(const char *name, const void *func, const char *file, int line, dim3 grid,
+                   dim3 block, size_t shared_bytes, cudaStream_t stream,
+                   std::function<void()> body);
 
 template <typename T> unsigned long long to_bits(T v) {
   static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value,
@@ -178,8 +189,14 @@ template <typename T> T from_bits(unsigned long long u) {
 /* The launch: `kernel<<<grid, block, shmem, stream>>>(args...)` under nvcc.
  * The arguments are copied at the launch, as CUDA copies them. */
 #define FSDP_LAUNCH(kernel, grid, block, shmem, stream, ...)                               \
-  ::fsdp_sim::launch_kernel(#kernel, __FILE__, __LINE__, (grid), (block), (shmem), (stream), \
+  ::fsdp_sim::launch_kernel(#kernel, reinterpret_cast<const void *>(kernel), __FILE__,       \
+                            __LINE__, (grid), (block), (shmem), (stream),                    \
                             [=]() { kernel(__VA_ARGS__); })
+
+/* cudaFuncSetAttribute(kernel, attr, value), as the toolkit's C++ overload. */
+template <typename T> cudaError_t cudaFuncSetAttribute(T *entry, cudaFuncAttribute attr, int value) {
+  return ::cudaFuncSetAttribute(reinterpret_cast<const void *>(entry), attr, value);
+}
 
 /* `__shared__ T name dims;` under nvcc: one per block, checked here. */
 #define FSDP_SHARED(T, name, dims)                                                          \

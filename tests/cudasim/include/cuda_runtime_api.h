@@ -39,6 +39,7 @@ typedef enum cudaError {
   cudaErrorInvalidConfiguration = 9,
   cudaErrorInvalidMemcpyDirection = 21,
   cudaErrorInsufficientDriver = 35,
+  cudaErrorInvalidDeviceFunction = 98,
   cudaErrorNoDevice = 100,
   cudaErrorInvalidDevice = 101,
   cudaErrorInvalidResourceHandle = 400,
@@ -94,6 +95,18 @@ struct cudaDeviceProp {
   int maxThreadsPerMultiProcessor;
 };
 
+/* The device attributes the simulator answers (cudaDeviceGetAttribute; any
+ * other is refused), with the toolkit's values and an H100's answers. */
+enum cudaDeviceAttr {
+  cudaDevAttrMaxSharedMemoryPerBlock = 8,       /* 49152: 48 KiB without opt-in */
+  cudaDevAttrMaxSharedMemoryPerBlockOptin = 97  /* 232448: 227 KiB */
+};
+
+/* The one function attribute modelled (cudaFuncSetAttribute): the most
+ * dynamic shared memory a launch of the kernel may ask on the current device,
+ * 48 KiB until raised, at most cudaDevAttrMaxSharedMemoryPerBlockOptin. */
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+
 #define cudaStreamDefault 0x0u
 #define cudaStreamNonBlocking 0x1u
 #define cudaEventDefault 0x0u
@@ -119,6 +132,10 @@ cudaError_t cudaDeviceSynchronize(void);
 cudaError_t cudaDeviceGetStreamPriorityRange(int *leastPriority, int *greatestPriority);
 cudaError_t cudaDriverGetVersion(int *driverVersion);
 cudaError_t cudaRuntimeGetVersion(int *runtimeVersion);
+cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device);
+
+/* kernels (C++ also takes the kernel itself: cuda_runtime.h) */
+cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value);
 
 /* memory */
 cudaError_t cudaMalloc(void **devPtr, size_t size);

@@ -91,7 +91,6 @@ const size_t kStack = 256 * 1024; /* kernels' frames are small; sanitizers' less
 const size_t kGuard = 4096;
 const size_t kCanary = 64;       /* bytes each side of a shared variable (no ASan) */
 const unsigned char kCanaryByte = 0xa5;
-const size_t kStaticSharedMax = 48 * 1024;
 
 struct fiber {
   void *sp = nullptr;
@@ -604,7 +603,7 @@ cudaError_t run_launch(const launch &l) {
 }
 
 cudaError_t check_launch(const launch &l, std::string *why) {
-  char buf[256];
+  char buf[320];
   const unsigned long long threads = (unsigned long long)l.block.x * l.block.y * l.block.z;
   if (!l.grid.x || !l.grid.y || !l.grid.z || !l.block.x || !l.block.y || !l.block.z)
     snprintf(buf, sizeof buf, "a grid or block dimension is 0");
@@ -615,12 +614,17 @@ cudaError_t check_launch(const launch &l, std::string *why) {
     snprintf(buf, sizeof buf, "block dimensions past (1024, 1024, 64)");
   else if (l.grid.x > 2147483647u || l.grid.y > 65535 || l.grid.z > 65535)
     snprintf(buf, sizeof buf, "grid dimensions past (2^31-1, 65535, 65535)");
-  else if (l.shared_bytes > 48 * 1024)
-    snprintf(buf, sizeof buf, "%zu bytes of dynamic shared memory: past the 48 KiB allowed "
-             "without the cudaFuncSetAttribute opt-in (which the simulator does not model; "
-             "227 KiB with it)", l.shared_bytes);
-  else
+  else if (l.shared_bytes <= l.shared_limit)
     return cudaSuccess;
+  else {
+    /* CUDA refuses this one as an invalid value, not a configuration. */
+    snprintf(buf, sizeof buf, "%zu bytes of dynamic shared memory: past the kernel's limit of "
+             "%zu on device %d (%zu unless cudaFuncSetAttribute(kernel, "
+             "cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) raised it there, up to %zu)",
+             l.shared_bytes, l.shared_limit, l.device, kSharedPerBlock, kSharedOptin);
+    *why = buf;
+    return cudaErrorInvalidValue;
+  }
   *why = buf;
   return cudaErrorInvalidConfiguration;
 }
@@ -769,10 +773,18 @@ void *shared_var(const shared_site *site) {
   block_state *b = ex->blk;
   for (const shared_block &s : b->shared)
     if (s.site == site) return s.mem;
-  if (b->static_bytes + site->size > kStaticSharedMax)
+  if (b->static_bytes + site->size > kSharedPerBlock)
     fault(cudaErrorLaunchOutOfResources, site->file, site->line,
           "static shared memory '%s' brings the block to %zu bytes, past sm_90's 48 KiB",
           site->name, b->static_bytes + site->size);
+  /* Static beside dynamic: 48 KiB in all without the opt-in, 227 KiB with it. */
+  const size_t cap = b->l->shared_limit > kSharedPerBlock ? kSharedOptin : kSharedPerBlock;
+  if (b->static_bytes + site->size + b->l->shared_bytes > cap)
+    fault(cudaErrorInvalidValue, site->file, site->line,
+          "static shared memory '%s' brings the block to %zu bytes with the launch's %zu of "
+          "dynamic shared memory, past the %zu a block may have %s", site->name,
+          b->static_bytes + site->size + b->l->shared_bytes, b->l->shared_bytes, cap,
+          cap == kSharedOptin ? "with the opt-in" : "without the cudaFuncSetAttribute opt-in");
   if (site->align > kCanary)
     fault(cudaErrorMisalignedAddress, site->file, site->line,
           "shared memory '%s' asks for %zu-byte alignment; the simulator gives at most %zu",

@@ -116,6 +116,8 @@ struct device_state {
   CUstream_st *legacy = nullptr;
   std::atomic<int> sticky{cudaSuccess};
   size_t used = 0; /* guarded by mem_mu */
+  std::mutex func_mu;
+  std::map<const void *, size_t> dynamic_limit; /* the kernels opted in, and to how much */
 };
 
 struct allocation {
@@ -520,10 +522,16 @@ namespace fsdp_sim {
 cudaError_t enqueue_launch(launch *l, cudaStream_t stream) {
   std::unique_ptr<launch> owned(l);
   ENTER(WORK_CALL);
+  {
+    device_state &d = devs[l->device];
+    std::lock_guard<std::mutex> g(d.func_mu);
+    auto it = d.dynamic_limit.find(l->func);
+    l->shared_limit = it == d.dynamic_limit.end() ? kSharedPerBlock : it->second;
+  }
   std::string why;
-  if (check_launch(*l, &why) != cudaSuccess)
-    return refuse(cudaErrorInvalidConfiguration, "kernel '%s' (%s) refused: %s", l->name.c_str(),
-                  describe(*l).c_str(), why.c_str());
+  if (cudaError_t e = check_launch(*l, &why))
+    return refuse(e, "kernel '%s' (%s) refused: %s", l->name.c_str(), describe(*l).c_str(),
+                  why.c_str());
   CUstream_st *s = nullptr;
   if (cudaError_t e = resolve(stream, &s)) return e;
   char call[256];
@@ -538,10 +546,12 @@ cudaError_t enqueue_launch(launch *l, cudaStream_t stream) {
   return cudaSuccess;
 }
 
-void launch_kernel(const char *name, const char *file, int line, dim3 grid, dim3 block,
-                   size_t shared_bytes, cudaStream_t stream, std::function<void()> body) {
+void launch_kernel(const char *name, const void *func, const char *file, int line, dim3 grid,
+                   dim3 block, size_t shared_bytes, cudaStream_t stream,
+                   std::function<void()> body) {
   launch *l = new launch;
   l->name = name;
+  l->func = func;
   l->site = std::string(file) + ":" + std::to_string(line);
   l->grid = grid;
   l->block = block;
@@ -578,7 +588,8 @@ const char *cudaGetErrorName(cudaError_t e) {
     NAME(cudaSuccess) NAME(cudaErrorInvalidValue) NAME(cudaErrorMemoryAllocation)
     NAME(cudaErrorInitializationError) NAME(cudaErrorInvalidConfiguration)
     NAME(cudaErrorInvalidMemcpyDirection) NAME(cudaErrorInsufficientDriver)
-    NAME(cudaErrorNoDevice) NAME(cudaErrorInvalidDevice) NAME(cudaErrorInvalidResourceHandle)
+    NAME(cudaErrorInvalidDeviceFunction) NAME(cudaErrorNoDevice) NAME(cudaErrorInvalidDevice)
+    NAME(cudaErrorInvalidResourceHandle)
     NAME(cudaErrorNotReady) NAME(cudaErrorIllegalAddress) NAME(cudaErrorLaunchOutOfResources)
     NAME(cudaErrorIllegalInstruction) NAME(cudaErrorMisalignedAddress)
     NAME(cudaErrorLaunchFailure) NAME(cudaErrorNotPermitted) NAME(cudaErrorUnknown)
@@ -597,6 +608,7 @@ const char *cudaGetErrorString(cudaError_t e) {
   case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
   case cudaErrorInsufficientDriver:
     return "CUDA driver version is insufficient for CUDA runtime version";
+  case cudaErrorInvalidDeviceFunction: return "invalid device function";
   case cudaErrorNoDevice: return "no CUDA-capable device is detected";
   case cudaErrorInvalidDevice: return "invalid device ordinal";
   case cudaErrorInvalidResourceHandle: return "invalid resource handle";
@@ -641,8 +653,8 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int device) {
   memset(p, 0, sizeof *p);
   snprintf(p->name, sizeof p->name, "cudasim H100 (simulated sm_90, device %d)", device);
   p->totalGlobalMem = cfg.memory;
-  p->sharedMemPerBlock = 48 * 1024;
-  p->sharedMemPerBlockOptin = 227 * 1024;
+  p->sharedMemPerBlock = kSharedPerBlock;
+  p->sharedMemPerBlockOptin = kSharedOptin;
   p->regsPerBlock = 65536;
   p->warpSize = 32;
   p->maxThreadsPerBlock = 1024;
@@ -651,6 +663,37 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int device) {
   p->major = 9, p->minor = 0;
   p->multiProcessorCount = 132;
   p->maxThreadsPerMultiProcessor = 2048;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device) {
+  ENTER(QUERY);
+  if (!value) return refuse(cudaErrorInvalidValue, "cudaDeviceGetAttribute: NULL value");
+  if (device < 0 || device >= cfg.devices) return fail(cudaErrorInvalidDevice);
+  switch (attr) {
+  case cudaDevAttrMaxSharedMemoryPerBlock: *value = (int)kSharedPerBlock; return cudaSuccess;
+  case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = (int)kSharedOptin; return cudaSuccess;
+  }
+  return refuse(cudaErrorInvalidValue, "cudaDeviceGetAttribute: attribute %d is not modelled "
+                "by the simulator (tests/cudasim/include/cuda_runtime_api.h lists those it "
+                "answers)", (int)attr);
+}
+
+/* The opt-in: per kernel and device, as CUDA keeps a function's attributes
+ * per context. */
+cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value) {
+  ENTER(WORK_CALL);
+  if (!func) return refuse(cudaErrorInvalidDeviceFunction, "cudaFuncSetAttribute: NULL function");
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize)
+    return refuse(cudaErrorInvalidValue, "cudaFuncSetAttribute: attribute %d is not modelled "
+                  "by the simulator", (int)attr);
+  if (value < 0 || (size_t)value > kSharedOptin)
+    return refuse(cudaErrorInvalidValue, "cudaFuncSetAttribute: %d bytes of dynamic shared "
+                  "memory asked, past the %zu an sm_90 block may opt in to "
+                  "(cudaDevAttrMaxSharedMemoryPerBlockOptin)", value, kSharedOptin);
+  device_state &d = devs[cur_device];
+  std::lock_guard<std::mutex> g(d.func_mu);
+  d.dynamic_limit[func] = (size_t)value;
   return cudaSuccess;
 }
 

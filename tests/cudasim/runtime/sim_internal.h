@@ -12,11 +12,17 @@
 
 namespace fsdp_sim {
 
+/* An sm_90 block's shared memory: without the opt-in, and the most with it. */
+const size_t kSharedPerBlock = 48 * 1024;
+const size_t kSharedOptin = 227 * 1024;
+
 /* One kernel launch, as queued on its stream. */
 struct launch {
   std::string name, site; /* the kernel and file:line of the launch */
+  const void *func;       /* the kernel: its attributes' key */
   dim3 grid, block;
   size_t shared_bytes;
+  size_t shared_limit; /* the kernel's dynamic shared memory limit on device */
   int device;
   std::function<void()> body;
 };
@@ -25,7 +31,8 @@ struct launch {
  * cudaSuccess, or the fault that stopped it (already reported on stderr). */
 cudaError_t run_launch(const launch &l);
 
-/* Checks l's configuration as an H100 would; on refusal fills why. */
+/* Checks l's configuration as an H100 would; on refusal returns the error
+ * CUDA gives and fills why. */
 cudaError_t check_launch(const launch &l, std::string *why);
 
 /* runtime.cc: queues l on stream (NULL: the legacy default stream of the

@@ -94,6 +94,25 @@ __global__ void dynamic_kernel(float *out, int n) {
   }
 }
 
+/* Every float of the launch's dynamic shared memory written by one thread and
+ * read back by another (the mirrored index); *bad += the values not found. */
+__global__ void fill_dynamic_kernel(int *bad, int n) {
+  FSDP_DYNAMIC_SHARED(float, buf);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) buf[i] = (float)i;
+  __syncthreads();
+  int wrong = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) wrong += buf[n - 1 - i] != (float)(n - 1 - i);
+  if (wrong) atomicAdd(bad, wrong);
+}
+
+/* 4 KiB of static shared memory beside the launch's dynamic bytes. */
+__global__ void static_and_dynamic_kernel(int *p) {
+  FSDP_SHARED(float, fixed, [1024]);
+  FSDP_DYNAMIC_SHARED(float, buf);
+  fixed[threadIdx.x] = buf[threadIdx.x] = 1.0f;
+  p[threadIdx.x] = (int)fixed[threadIdx.x];
+}
+
 __global__ void noop_kernel(int *p) {
   if (p && threadIdx.x == 0 && blockIdx.x == 0) *p = 1;
 }
@@ -443,9 +462,71 @@ static void test_launch_limits() {
   expect_refused(1, dim3(1, 1, 65), 0, "block dimensions past");
   expect_refused(dim3(1, 65536), 32, 0, "grid dimensions past");
   expect_refused(0, 32, 0, "is 0");
-  expect_refused(1, 32, 48 * 1024 + 1, "dynamic shared memory");
   FSDP_LAUNCH(noop_kernel, dim3(2, 65535, 1), dim3(1024, 1, 1), 48 * 1024, nullptr, (int *)nullptr);
   CHECK(cudaGetLastError() == cudaSuccess, "the largest legal launch is refused");
+}
+
+/* Dynamic shared memory past 48 KiB needs the opt-in, per kernel and device,
+ * up to 227 KiB; a launch past the kernel's limit is an invalid value (as
+ * CUDA says: cupy/cupy#2118, NVIDIA/numba-cuda-mlir#143), not sticky. */
+static cudaError_t launch_fill(size_t bytes, int *bad, std::string *msg) {
+  capture c;
+  c.begin();
+  FSDP_LAUNCH(fill_dynamic_kernel, 2, 256, bytes, nullptr, bad, (int)(bytes / sizeof(float)));
+  const cudaError_t e = cudaGetLastError();
+  *msg = c.end();
+  return e;
+}
+
+static void test_dynamic_shared_optin() {
+  int optin = 0, plain = 0;
+  CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0) ==
+            cudaSuccess && optin == 232448, "the opt-in maximum is %d, not 232448", optin);
+  CHECK(cudaDeviceGetAttribute(&plain, cudaDevAttrMaxSharedMemoryPerBlock, 0) == cudaSuccess &&
+            plain == 49152, "shared memory per block without the opt-in is %d", plain);
+  int *bad = dev<int>(1);
+  const size_t kib64 = 64 * 1024;
+  std::string msg;
+  cudaError_t e = launch_fill(kib64, bad, &msg);
+  CHECK(e == cudaErrorInvalidValue, "64 KiB without the opt-in: %s", cudaGetErrorName(e));
+  CHECK(has(msg, "fill_dynamic_kernel") && has(msg, "cudaFuncAttributeMaxDynamicSharedMemorySize"),
+        "the refusal says: %s", msg.c_str());
+  CHECK(cudaGetLastError() == cudaSuccess, "a refused launch is not sticky");
+  for (size_t bytes : {kib64, (size_t)optin}) {
+    e = cudaFuncSetAttribute(fill_dynamic_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)bytes);
+    CHECK(e == cudaSuccess, "opting in to %zu bytes: %s", bytes, cudaGetErrorName(e));
+    cudaMemset(bad, 0, sizeof(int));
+    e = launch_fill(bytes, bad, &msg);
+    CHECK(e == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess,
+          "%zu bytes with the opt-in: %s", bytes, cudaGetErrorName(e));
+    CHECK(back(bad, 1)[0] == 0, "%d of %zu shared floats read back wrong", back(bad, 1)[0],
+          bytes / sizeof(float));
+  }
+  e = launch_fill((size_t)optin + 16, bad, &msg);
+  CHECK(e == cudaErrorInvalidValue, "past the opted-in limit: %s", cudaGetErrorName(e));
+  /* The opt-in is the device's: another one still has 48 KiB for the kernel. */
+  fresh_device();
+  e = launch_fill(kib64, bad, &msg);
+  CHECK(e == cudaErrorInvalidValue && has(msg, "limit of 49152"),
+        "64 KiB on a device without the opt-in: %s", cudaGetErrorName(e));
+  cudaSetDevice(0);
+  capture c;
+  c.begin();
+  e = cudaFuncSetAttribute(fill_dynamic_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           optin + 1);
+  msg = c.end();
+  CHECK(e == cudaErrorInvalidValue && has(msg, "232449") && has(msg, "232448"),
+        "an opt-in past the maximum: %s: %s", cudaGetErrorName(e), msg.c_str());
+  CHECK(cudaGetLastError() == cudaErrorInvalidValue && cudaGetLastError() == cudaSuccess,
+        "the refused opt-in is the last error, once");
+  e = launch_fill((size_t)optin, bad, &msg);
+  CHECK(e == cudaSuccess, "the refused opt-in changed the limit: %s", cudaGetErrorName(e));
+  CHECK(cudaFuncSetAttribute(nullptr, cudaFuncAttributeMaxDynamicSharedMemorySize, 1024) ==
+            cudaErrorInvalidDeviceFunction, "a NULL kernel");
+  cudaGetLastError();
+  CHECK(cudaDeviceSynchronize() == cudaSuccess, "device 0 after the opt-in tests");
+  cudaFree(bad);
 }
 
 /* A fault inside a kernel: the launch succeeds (cudaGetLastError may
@@ -485,6 +566,14 @@ static void test_faults() {
                cudaErrorIllegalInstruction, "shuffle_partial_warp_kernel", "past the block's 48");
   expect_fault([](int *p) { FSDP_LAUNCH(misaligned_kernel, 1, 1, 0, nullptr, (float4 *)p, (float *)p); },
                cudaErrorMisalignedAddress, "misaligned_kernel", "misaligned __ldg");
+  expect_fault([](int *p) { FSDP_LAUNCH(static_and_dynamic_kernel, 1, 32, 48 * 1024, nullptr, p); },
+               cudaErrorInvalidValue, "static_and_dynamic_kernel", "without the cudaFuncSetAttribute");
+  expect_fault([](int *p) {
+                 cudaFuncSetAttribute(static_and_dynamic_kernel,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
+                 FSDP_LAUNCH(static_and_dynamic_kernel, 1, 32, 227 * 1024, nullptr, p);
+               },
+               cudaErrorInvalidValue, "static_and_dynamic_kernel", "past the 232448");
   /* Device 0 is untouched by all of these. */
   cudaSetDevice(0);
   void *q = nullptr;
@@ -723,6 +812,7 @@ int main(int argc, char **argv) {
   test_stream_race();
   test_host_function_rules();
   test_launch_limits();
+  test_dynamic_shared_optin();
   test_faults();
   test_shared_alignment();
   test_ptx();
