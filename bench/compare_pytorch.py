@@ -301,14 +301,17 @@ def wrap_compiled(torch, model, args, device):
 
 def torch_rank(rank, args, port, queue, compiled=False, ckpt=0):
     """One PyTorch rank. Running out of GPU memory is a result ({"oom": the error}), not a
-    crash, so that the rows measured before it are kept: FSDP2 without checkpointing at
-    1558M does not fit an 80 GB GPU, and main() then compares with every block
-    checkpointed. run_torch ends the other ranks."""
+    crash, so that the rows measured before it are kept (FSDP2 without checkpointing at
+    1558M does not fit an 80 GB GPU): main() then compares with FSDP2 checkpointing every
+    block where --checkpoint auto ran that too, or leaves out the row that did not fit.
+    run_torch ends the other ranks. (torch.compile failing while it compiles raises
+    another error: --no-compile leaves that row out.)"""
     import torch
     try:
         torch_rank_run(rank, args, port, queue, compiled, ckpt)
     except torch.cuda.OutOfMemoryError as e:
-        queue.put(dict(oom=str(e).splitlines()[0], rank=rank))
+        first = (str(e).splitlines() or ["CUDA out of memory"])[0]
+        queue.put(dict(oom=f"rank {rank}: {first}"))
         queue.close()
         queue.join_thread()  # the message is out before the process goes
         os._exit(0)  # no teardown of a process group whose peers are still in it
@@ -627,25 +630,36 @@ def main():
                      f"needs a GPU of its own for every rank): --np {args.np} but {n_gpu} GPU(s) "
                      f"visible; use --np {n_gpu} or fewer")
 
+    def torch_row(rows, **kw):  # a run that ran out of memory once is not repeated
+        oom = next((r for r in rows if "oom" in r), None)
+        rows.append(oom or measured(lambda a: run_torch(a, **kw), args))
+
     runs, compiled, all_runs = [], [], []
     for _ in range(max(args.repeat, 1)):
         f = measured(run_fsdp, args)  # PyTorch checkpoints the blocks fsdp did
-        runs.append((f, measured(lambda a: run_torch(a, ckpt=f["checkpointed"]), args)))
+        same = [t for _, t in runs]
+        torch_row(same, ckpt=f["checkpointed"])
+        runs.append((f, same[-1]))
         if args.checkpoint == "auto":  # and, beside it, every block
-            all_runs.append(measured(lambda a: run_torch(a, ckpt=layers), args))
+            torch_row(all_runs, ckpt=layers)
         if cuda and not args.no_compile:  # torch.compile without FSDP, in the same repeat
-            compiled.append(measured(lambda a: run_torch(a, compiled=True), args))
+            torch_row(compiled, compiled=True)
     # Out of GPU memory: with fsdp's blocks checkpointed, FSDP2 is compared with every block
-    # checkpointed where --checkpoint auto ran that too; the torch.compile row is left out.
-    same_oom = next((t["oom"] for _, t in runs if "oom" in t), None)
+    # checkpointed where --checkpoint auto ran that too; a row that did not fit otherwise
+    # (every block, torch.compile) is left out and said.
+    oom_of = lambda rows: next((r["oom"] for r in rows if "oom" in r), None)  # noqa: E731
+    same_oom, all_oom, compile_oom = oom_of([t for _, t in runs]), oom_of(all_runs), oom_of(compiled)
     if same_oom:
         k = runs[0][0]["checkpointed"]
-        if not all_runs or any("oom" in a for a in all_runs):
+        if not all_runs or all_oom:
+            fits = ("a smaller --micro-batch or --seq-len may fit" if k == layers else
+                    "--checkpoint all (or auto, which also runs FSDP2 with every block) or a "
+                    "smaller --micro-batch may fit")
             sys.exit(f"compare_pytorch: PyTorch FSDP2 ran out of GPU memory with {k} of {layers} "
-                     f"blocks checkpointed: {same_oom}\n  --checkpoint all (or auto, which also "
-                     f"runs FSDP2 with every block) or a smaller --micro-batch may fit")
+                     f"blocks checkpointed: {same_oom}\n  {fits}")
         runs, all_runs = [(f, a) for (f, _), a in zip(runs, all_runs)], []
-    compile_oom = next((c["oom"] for c in compiled if "oom" in c), None)
+    if all_oom:
+        all_runs = []
     if compile_oom:
         compiled = []
     # Each repeat's ratio pairs two runs made back to back; the headline is the
@@ -702,7 +716,8 @@ def main():
         doc.update(pytorch_fsdp2_all=pt_all, tokens_per_s_ratio_all=speed_all,
                    all_repeats=all_runs)
     doc.update(checkpoint=args.checkpoint, checkpointed=fsdp["checkpointed"], layers=layers,
-               pytorch_same_blocks_oom=same_oom, pytorch_compile_oom=compile_oom)
+               pytorch_same_blocks_oom=same_oom, pytorch_all_blocks_oom=all_oom,
+               pytorch_compile_oom=compile_oom)
     if args.json_file:
         with open(args.json_file, "w") as f:
             json.dump(doc, f, indent=1)
@@ -713,6 +728,8 @@ def main():
         report_cuda(args, cfg, runs, quiet, fsdp, pt, speed, dev_mem, met, same_oom)
         if all_runs:
             report_all(args, fsdp, pt_all, speed_all, cuda)
+        elif all_oom:
+            print(f"PyTorch FSDP2 with every block checkpointed: out of GPU memory: {all_oom}")
         if compiled:
             report_compiled(args, fsdp, comp, speed_compiled, compiled)
         elif compile_oom:
@@ -747,6 +764,8 @@ def main():
     print(checkpoint_line(args, fsdp, layers, same_oom))
     if all_runs:
         report_all(args, fsdp, pt_all, speed_all, cuda)
+    elif all_oom:
+        print(f"PyTorch FSDP2 with every block checkpointed: out of GPU memory: {all_oom}")
     print("goal (>= 1.5x tokens/s at lower peak memory): %s" % ("met" if met else "NOT met"))
     return 0
 

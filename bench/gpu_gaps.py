@@ -14,8 +14,8 @@ The trace comes from (on the GPU machine; scripts/gpu-lease.sh's nsys phase):
 Usage: bench/gpu_gaps.py TRACE.csv [--last-ms MS] [--top N]
   --last-ms: only the last MS milliseconds before the last activity (a bench's timed
   steps come last; its set-up and warm-up before them are left out).
-Columns are found by their names ("Start", "Duration", "Name"; "Strm" if present), so
-the report's other columns and their order do not matter."""
+Columns are found by their names ("Start", "Duration", "Name"), so the report's other
+columns and their order do not matter."""
 import argparse
 import csv
 import sys
@@ -23,8 +23,11 @@ import sys
 
 def read_trace(path):
     """[(start_ns, end_ns, name)], sorted by start, from the CSV's rows."""
-    with open(path, newline="") as f:
-        rows = list(csv.reader(f))
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.reader(f))
+    except OSError as e:
+        sys.exit(f"gpu_gaps: {path}: {e.strerror} (did nsys stats write it?)")
     for i, row in enumerate(rows):  # nsys may print lines before the header
         names = [c.strip() for c in row]
         col = {}
@@ -38,8 +41,10 @@ def read_trace(path):
                  f"(expected nsys stats -r cuda_gpu_trace -f csv)")
     out = []
     for n, row in enumerate(rows[i + 1:], start=i + 2):
-        if not row or not row[col["Start"]].strip():
+        if not row or not row[0].strip():
             continue
+        if len(row) <= max(col["Start"], col["Duration"], col["Name"]):
+            sys.exit(f"gpu_gaps: {path}:{n}: {len(row)} columns, fewer than the header's")
         try:
             start, dur = int(float(row[col["Start"]])), int(float(row[col["Duration"]]))
         except ValueError:
@@ -83,6 +88,8 @@ def main():
         trace = [(max(s, t0), e, n) for s, e, n in trace if e > t0]
     busy, found = gaps(trace)
     span = max(e for _, e, _ in trace) - trace[0][0]
+    if span <= 0:
+        sys.exit(f"gpu_gaps: {a.trace}: the activity in the window lasts no time")
     idle = span - busy
     print(f"window {span / 1e6:.4f} ms{f' (the last {a.last_ms:g} ms)' if a.last_ms else ''}: "
           f"busy {busy / 1e6:.4f} ms, idle {idle / 1e6:.4f} ms ({idle / span:.1%}) in "

@@ -2,9 +2,11 @@
 # scripts/gpu-lease.sh — everything a lent GPU machine is asked to measure, in one device
 # call, run ON that machine from the checkout's root. Here first: ../shared/gpu-kit/make_bundle.sh
 # (builds build/ with CUDA and packs .gpu/bundle.tar.xz); then the device tool's run with
-# carry [".gpu"] and, e.g. (about 6 minutes on an H200):
-#   BUDGET=480 bash scripts/gpu-lease.sh env cudnn tests bench kprof big compare compare-big ncu nsys
-# It unpacks the bundle as the kit's device_run.sh does and runs each phase under one
+# carry [".gpu"] and, e.g. (not yet run on a GPU: the phases' own limits add up past 480 s,
+# so put first what matters most; a phase that would start with under 15 s left is skipped):
+#   BUDGET=540 bash scripts/gpu-lease.sh env bench kprof compare-big tests cudnn big compare ncu nsys
+# It unpacks the bundle as the kit's device_run.sh does (these lines follow that script's,
+# kept in step by hand; a bundle that changed since the last unpack replaces it) and runs each phase under one
 # deadline (BUDGET seconds, default 480); what a phase prints goes to $OUT/log.txt, and
 # at most 8 files come back:
 #   env          GPU, driver, libraries, tools          -> log.txt
@@ -27,8 +29,15 @@ T0=$(date +%s); DEADLINE=$((T0 + ${BUDGET:-480})); L=$OUT/log.txt; P=$OUT/profil
 say() { echo "== $(date +%T) +$(( $(date +%s) - T0 ))s $*" | tee -a "$L"; }
 left() { echo $(( DEADLINE - $(date +%s) )); }
 # a phase's command, bounded by its own limit and by what is left of the deadline
-fl() { local t=$1; shift; [ "$t" -lt "$(left)" ] || t=$(( $(left) - 5 )); LD_LIBRARY_PATH=$FSDP_LD timeout "$t" "$@"; }
-[ -d $R/main ] || { mkdir -p $R && tar -C $R -xJf .gpu/bundle.tar.xz; }
+fl() {
+  local t=$1; shift
+  [ "$t" -lt "$(left)" ] || t=$(( $(left) - 5 ))
+  [ "$t" -ge 1 ] || { say "deadline: skip $*"; return 124; }
+  LD_LIBRARY_PATH=$FSDP_LD timeout "$t" "$@"
+}
+stamp=$(cksum < .gpu/bundle.tar.xz)
+[ "$(cat $R/stamp 2>/dev/null)" = "$stamp" ] ||
+  { rm -rf $R; mkdir -p $R && tar -C $R -xJf .gpu/bundle.tar.xz && echo "$stamp" > $R/stamp; }
 O=$(cat $R/origin); [ -e "$O" ] || { mkdir -p "$(dirname "$O")" && ln -s $R/main "$O"; }
 [ "$(readlink -f "$O")" = "$(readlink -f $R/main)" ] || [ -x "$O/build/fsdp-bench" ] ||
   { echo "gpu-lease: $O exists there and is not this bundle"; exit 1; }
@@ -73,15 +82,19 @@ for phase in "$@"; do
     tail -14 $OUT/compare-big.txt | tee -a "$L" ;;
   ncu)
     if command -v ncu >/dev/null; then
-      FSDP_ATTENTION=flash fl 150 ncu --clock-control none -k 'regex:^flash_' -c 4 --section SpeedOfLight \
-        --section Occupancy --section LaunchStats $BENCH $G124 -w 0 -n 1 --peak-size 0 --check 0 >> "$P" 2>&1
+      # a forward, then the first backward's three kernels (the last layer's: D, dk/dv, dq)
+      for k in "-k regex:^flash_forward -c 1" "-k regex:^flash_(dot|backward) -c 3"; do
+        # shellcheck disable=SC2086 # k holds three options
+        FSDP_ATTENTION=flash fl 75 ncu --clock-control none $k --section SpeedOfLight --section Occupancy \
+          --section LaunchStats $BENCH $G124 -w 0 -n 1 --peak-size 0 --check 0 >> "$P" 2>&1
+      done
       grep -E "flash_|Duration|Registers Per|Achieved Occupancy|Throughput" "$P" | head -40 | tee -a "$L"
     else say "ncu: not on this machine"; fi ;;
   nsys)
     if command -v nsys >/dev/null; then
       fl 120 nsys profile --force-overwrite true --output /tmp/fsdp-step --trace cuda \
         $BENCH $G124 -w 2 -n 3 --peak-size 0 --check 0 >> "$P" 2>&1
-      fl 60 nsys stats --force-overwrite true --report cuda_gpu_trace --format csv \
+      fl 60 nsys stats --force-overwrite true --force-export true --report cuda_gpu_trace --format csv \
         --output /tmp/fsdp-step /tmp/fsdp-step.nsys-rep >> "$P" 2>&1
       # the 3 timed steps come last (about 35 ms each on an H200): the set-up before is left out
       python3 $O/bench/gpu_gaps.py /tmp/fsdp-step_cuda_gpu_trace.csv --last-ms 100 2>&1 | tee -a "$P" "$L"

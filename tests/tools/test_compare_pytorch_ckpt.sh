@@ -6,8 +6,8 @@
 # losing the same (recomputation changes no value); with N = 2 fsdp-bench takes a
 # rule per block from a --config file and PyTorch wraps 2. Then FSDP2 out of GPU memory
 # (COMPARE_PYTORCH_OOM, as CUDA's allocator fails): with auto's 3 blocks the comparison
-# goes on against FSDP2 with every block and says why; with N = 2 it ends naming the
-# blocks and what may fit. Python with torch:
+# goes on against FSDP2 with every block and says why; with every block it goes on
+# without that row; with N = 2 it ends naming the blocks and what may fit. Python with torch:
 # BUILD_DIR/interop-venv (the hf-interop test's venv, waited for under its lock);
 # skipped (77) without it.
 set -euo pipefail
@@ -39,9 +39,13 @@ if COMPARE_PYTORCH_OOM=ckpt:2 "$py" "$src/bench/compare_pytorch.py" "${common[@]
 fi
 grep "ran out of GPU memory with 2 of 4 blocks checkpointed" "$work/oom2.txt" ||
   { echo "FAIL: the out-of-memory end does not say which blocks"; cat "$work/oom2.txt"; exit 1; }
-"$py" - "$work/auto.json" "$work/two.json" "$work/oom.json" <<'PY'
+COMPARE_PYTORCH_OOM=ckpt:4 "$py" "$src/bench/compare_pytorch.py" "${common[@]}" --checkpoint auto \
+  --memory-budget 0.0165 --json-file "$work/oom4.json" > "$work/oom4.txt"
+grep "with every block checkpointed: out of GPU memory: rank 0: CUDA out of memory" "$work/oom4.txt" ||
+  { echo "FAIL: the every-block row's out of memory is not said"; cat "$work/oom4.txt"; exit 1; }
+"$py" - "$work/auto.json" "$work/two.json" "$work/oom.json" "$work/oom4.json" <<'PY'
 import json, sys
-auto, two, oom = (json.load(open(p)) for p in sys.argv[1:])
+auto, two, oom, oom4 = (json.load(open(p)) for p in sys.argv[1:])
 def check(ok, what):
     if not ok:
         sys.exit(f"FAIL: {what}")
@@ -60,6 +64,9 @@ check(oom["checkpointed"] == 3 and "COMPARE_PYTORCH_OOM=ckpt:3" in oom["pytorch_
 check(oom["pytorch_fsdp2"]["checkpointed"] == 4 and "pytorch_fsdp2_all" not in oom,
       "after FSDP2 ran out of memory with 3 blocks, its row is not the every-block run")
 check(auto["pytorch_same_blocks_oom"] is None, "an out-of-memory recorded without one")
+check(oom4["pytorch_fsdp2"]["checkpointed"] == 3 and "pytorch_fsdp2_all" not in oom4
+      and "ckpt:4" in oom4["pytorch_all_blocks_oom"], "the every-block row's out of memory "
+      "did not leave the same-blocks comparison standing")
 print("ok: --checkpoint auto and N checkpoint the same blocks on both sides; FSDP2 out of "
       "memory falls back to every block or ends in words")
 PY

@@ -62,4 +62,14 @@ expect(p.returncode != 0 and "no header with Start, Duration and Name" in p.stde
 p = run(HEAD + '12x,5,1,1,7,"k"\n')
 expect(p.returncode != 0 and ":2: Start '12x'" in p.stderr, "a bad number was not refused with "
        "its line", p.stdout + p.stderr)
+p = run(HEAD + '12,5,1\n')
+expect(p.returncode != 0 and ":2: 3 columns" in p.stderr, "a short row was not refused with "
+       "its line", p.stdout + p.stderr)
+p = run(HEAD + '12,0,1,1,7,"k"\n')
+expect(p.returncode != 0 and "lasts no time" in p.stderr, "an empty window was not refused",
+       p.stdout + p.stderr)
+p = subprocess.run([sys.executable, tool, "/nonexistent/step_cuda_gpu_trace.csv"],
+                   capture_output=True, text=True)
+expect(p.returncode != 0 and "No such file" in p.stderr and "Traceback" not in p.stderr,
+       "a missing trace was not refused in words", p.stdout + p.stderr)
 print("test_gpu_gaps: OK")
