@@ -41,7 +41,7 @@ def read_trace(path):
                  f"(expected nsys stats -r cuda_gpu_trace -f csv)")
     out = []
     for n, row in enumerate(rows[i + 1:], start=i + 2):
-        if not row or not row[0].strip():
+        if not any(c.strip() for c in row):
             continue
         if len(row) <= max(col["Start"], col["Duration"], col["Name"]):
             sys.exit(f"gpu_gaps: {path}:{n}: {len(row)} columns, fewer than the header's")

@@ -1458,12 +1458,16 @@ static const struct { int B, V, pad, bad, masked; } kXent[] = {
 
 /* The widest bf16 row fsdp_cuda_xent stages on the current device: 2-byte
  * columns, rounded up to 16 bytes, beside 384 bytes of scratch within the
- * opt-in shared memory per block (kernels.h). */
+ * opt-in shared memory per block and half an SM's less its reservation
+ * (kernels.h). */
 static int xent_widest(void) {
-  int device = 0, optin = 0;
+  int device = 0, optin = 0, per_sm = 0, reserved = 0;
   CU(cudaGetDevice(&device));
   CU(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return (optin - 384) / 16 * 16 / 2;
+  CU(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  CU(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device));
+  const int budget = optin < per_sm / 2 - reserved ? optin : per_sm / 2 - reserved;
+  return (budget - 384) / 16 * 16 / 2;
 }
 
 /* The fused op with rows ld = V + pad apart against fsdp_softmax_xent: the

@@ -113,8 +113,10 @@ fsdp_status_t fsdp_cuda_relu_backward(const fsdp_relu_backward_args_t *a, fsdp_s
 /* One block per row; the exponential sum and the loss in double, as on the
  * CPU. A bf16 row whose gradient is written is read from global memory once,
  * into shared memory, when V rounded up to a multiple of 8, times 2 bytes,
- * plus 384 bytes of the block's scratch is at most the device's
- * cudaDevAttrMaxSharedMemoryPerBlockOptin (V <= 116032 on an H100: GPT-2's
+ * plus 384 bytes of the block's scratch fits two blocks to an SM: at most the
+ * device's cudaDevAttrMaxSharedMemoryPerBlockOptin and half its
+ * cudaDevAttrMaxSharedMemoryPerMultiprocessor less
+ * cudaDevAttrReservedSharedMemoryPerBlock (V <= 57664 on an H100: GPT-2's
  * 50257, not Llama-3's 128256); every other row is read twice. Both give the
  * same bits. fsdp_cuda_xent_staged_bytes says which on the current device:
  * *bytes, the row's shared memory, or 0 (read twice); it opts the kernels in

@@ -103,13 +103,13 @@ __device__ __forceinline__ void cp_async4(float *dst, const float *src, bool ful
 
 __device__ __forceinline__ void cp_async_commit() {
 #ifndef FSDP_CUDA_SIM
-  asm volatile("cp.async.commit_group;\n" ::);
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
 #endif
 }
 
 template <int N> __device__ __forceinline__ void cp_async_wait() {
 #ifndef FSDP_CUDA_SIM
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }
 

@@ -6,20 +6,22 @@
  *
  * Where the gradient pass reads the row: a bf16 row whose gradient is written
  * is staged. The block copies it into dynamic shared memory (cp.async, every
- * 16-byte pack of its row in flight at once), and both passes read it there,
- * so HBM sees each element read once and written once. GPT-2's row is 98 KiB:
- * two blocks fit in an sm_90 SM's 228 KiB (1024 threads at 32 registers,
- * where 64 would do). Every other row (fp32 logits, a bf16 row past the
- * device's opt-in shared memory per block such as Llama-3's 128256) is read
- * from global memory by both passes; at GPT-2's width 4 blocks per SM x 132
- * SMs keep about 53 MB of rows in flight, past an H200's 50 MB L2, so the
- * second read probably reaches HBM too. A pass without the gradient reads
+ * 16-byte pack of its row in flight at once where rows are whole packs; 2-byte
+ * copies otherwise), and both passes read it there, so HBM sees each element
+ * read once and written once. A row is staged only where two blocks fit an SM
+ * (__launch_bounds__ holds the registers to 32, four 512-thread blocks an SM,
+ * as the unstaged rows run): GPT-2's row is 98 KiB, two fit an sm_90 SM's
+ * 228 KiB. Every other row (fp32 logits, a bf16 row past half an SM's shared
+ * memory such as Llama-3's 128256) is read from global memory by both passes;
+ * at GPT-2's width 4 blocks per SM x 132 SMs keep about 53 MB of rows in
+ * flight, past an H200's 50 MB L2, so the second read probably reaches HBM
+ * too. A pass without the gradient reads
  * the row once, unstaged. xent_row_bytes is the rule that picks, in one place.
  *
  * HBM bytes per GPT-2 124M step (16 x 1024 rows of 50257 bf16 logits,
  * 1.65 GB a pass; 8 B of loss a row besides): 3.29 GB read and written, plus
  * up to 1.65 GB for the second read, before staging (4.94 GB if it all
- * misses L2); 3.29 GB with it. The time is unmeasured (no GPU was lent).
+ * misses L2); 3.29 GB with it. The time is unmeasured on a GPU.
  *
  * Both paths give the same bits: each thread owns the same columns (the
  * same block size), does the same arithmetic on them in the same order, and
@@ -72,8 +74,9 @@ __device__ __forceinline__ void row_stage(bf16 *row, const bf16 *x, int V) {
  * writes, and each thread writes only the columns it read. Rows are ld apart
  * in both. STAGE: the row is read once, into shared memory (bf16 only). */
 template <int W, typename T, bool STAGE>
-__global__ void __launch_bounds__(XENT_BLOCK) xent_kernel(T *dlogits, double *losses, const T *logits, const int *targets, int B,
-                            int V, int ld, float scale) {
+__global__ void __launch_bounds__(XENT_BLOCK, 4)
+    xent_kernel(T *dlogits, double *losses, const T *logits, const int *targets, int B, int V,
+                int ld, float scale) {
   FSDP_DYNAMIC_SHARED(int4, smem);
   double *dshared = reinterpret_cast<double *>(smem);
   float *fshared = reinterpret_cast<float *>(dshared + 32);
@@ -139,16 +142,18 @@ __global__ void __launch_bounds__(XENT_BLOCK) xent_kernel(T *dlogits, double *lo
 
 /* The rule: the bytes of a row staged in shared memory (0: both passes read
  * global memory). A bf16 row whose gradient is written is staged when it
- * fits beside the scratch within the device's opt-in shared memory per
- * block. */
-static size_t xent_row_bytes(fsdp_dtype_t dt, int V, int grad, int optin) {
+ * fits beside the scratch within the device's budget per block. */
+static size_t xent_row_bytes(fsdp_dtype_t dt, int V, int grad, int budget) {
   const size_t row = ((size_t)V * sizeof(bf16) + 15) / 16 * 16;
-  return dt == FSDP_BF16 && grad && V > 0 && XENT_SCRATCH + row <= (size_t)optin ? row : 0;
+  return dt == FSDP_BF16 && grad && V > 0 && XENT_SCRATCH + row <= (size_t)budget ? row : 0;
 }
 
-/* The current device's opt-in shared memory per block, the staged kernels
- * opted in to all of it the first time (cudaFuncSetAttribute, once per
- * kernel and device; a launch past 48 KiB without it fails). */
+/* The current device's budget of dynamic shared memory per block: the opt-in
+ * maximum per block, or less, so that two blocks fit an SM (half its shared
+ * memory less the runtime's reservation per block; one 512-thread block per
+ * SM would leave it three quarters idle). The staged kernels are opted in to
+ * it the first time (cudaFuncSetAttribute, once per kernel and device; a
+ * launch past 48 KiB without it fails). */
 static fsdp_status_t xent_device_optin(int *optin) {
   static std::mutex lock;
   static std::vector<std::pair<int, int>> devices; /* (device, opt-in bytes) */
@@ -160,8 +165,11 @@ static fsdp_status_t xent_device_optin(int *optin) {
       *optin = d.second;
       return FSDP_SUCCESS;
     }
-  int bytes;
+  int bytes, per_sm, reserved;
   CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device));
+  bytes = bytes < per_sm / 2 - reserved ? bytes : per_sm / 2 - reserved;
   CUDA_CHECK(cudaFuncSetAttribute(xent_kernel<pack_width<bf16>(), bf16, true>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   CUDA_CHECK(cudaFuncSetAttribute(xent_kernel<1, bf16, true>,

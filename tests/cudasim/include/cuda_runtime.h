@@ -63,6 +63,9 @@
  *   either, so only the ordering that the sync primitives give is exercised.
  * - intra-block races on shared or global memory without a barrier: fibers
  *   switch only at sync points, so such code runs in one fixed order.
+ * - cp.async: the model copies at once, and commit_group/wait_group do
+ *   nothing, so a read of shared memory before its wait_group (or before the
+ *   barrier that makes another thread's copy visible) passes here.
  * - floating point: expf, sqrtf and friends are the host libm's, and the host
  *   compiler decides fma contraction; results agree with a GPU's to rounding.
  * - kernel access to host memory that is neither pinned nor managed (a fault

@@ -98,8 +98,10 @@ struct cudaDeviceProp {
 /* The device attributes the simulator answers (cudaDeviceGetAttribute; any
  * other is refused), with the toolkit's values and an H100's answers. */
 enum cudaDeviceAttr {
-  cudaDevAttrMaxSharedMemoryPerBlock = 8,       /* 49152: 48 KiB without opt-in */
-  cudaDevAttrMaxSharedMemoryPerBlockOptin = 97  /* 232448: 227 KiB */
+  cudaDevAttrMaxSharedMemoryPerBlock = 8,          /* 49152: 48 KiB without opt-in */
+  cudaDevAttrMaxSharedMemoryPerMultiprocessor = 81, /* 233472: 228 KiB */
+  cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,    /* 232448: 227 KiB */
+  cudaDevAttrReservedSharedMemoryPerBlock = 111    /* 1024: the runtime's, per block */
 };
 
 /* The one function attribute modelled (cudaFuncSetAttribute): the most

@@ -673,6 +673,8 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
   switch (attr) {
   case cudaDevAttrMaxSharedMemoryPerBlock: *value = (int)kSharedPerBlock; return cudaSuccess;
   case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = (int)kSharedOptin; return cudaSuccess;
+  case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *value = 233472; return cudaSuccess;
+  case cudaDevAttrReservedSharedMemoryPerBlock: *value = 1024; return cudaSuccess;
   }
   return refuse(cudaErrorInvalidValue, "cudaDeviceGetAttribute: attribute %d is not modelled "
                 "by the simulator (tests/cudasim/include/cuda_runtime_api.h lists those it "

@@ -484,6 +484,11 @@ static void test_dynamic_shared_optin() {
             cudaSuccess && optin == 232448, "the opt-in maximum is %d, not 232448", optin);
   CHECK(cudaDeviceGetAttribute(&plain, cudaDevAttrMaxSharedMemoryPerBlock, 0) == cudaSuccess &&
             plain == 49152, "shared memory per block without the opt-in is %d", plain);
+  int per_sm = 0, reserved = 0;
+  CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0) ==
+            cudaSuccess && per_sm == 233472, "shared memory per SM is %d, not 233472", per_sm);
+  CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, 0) ==
+            cudaSuccess && reserved == 1024, "the reservation per block is %d, not 1024", reserved);
   int *bad = dev<int>(1);
   const size_t kib64 = 64 * 1024;
   std::string msg;
