@@ -363,8 +363,10 @@ def stalled(r, kind):
     reports = [l for l in err.splitlines() if "watchdog: all_reduce #4 for 'probe-loop'" in l]
     for line in reports[:1]:
         print(line)
-    if kind == "fsdp-run":  # the first report ends the run; later ranks may be stopped first
-        check(reports and all("rank 1 never issued it" in l for l in reports),
+    if kind == "fsdp-run":  # the first report ends the run; later ranks may be stopped first,
+        # or fire after the first has gone with the store they ask (saying so)
+        check(any("rank 1 never issued it" in l for l in reports) and
+              all("rank 1 never issued it" in l or "published no progress" in l for l in reports),
               f"no report naming rank 1 missing:\n{err[-3000:]}")
     else:  # no store under mpirun: the operation and its number, then MPI_Abort
         # Our report must say it aborts; Open MPI's own "MPI_ABORT was invoked"
@@ -1253,8 +1255,14 @@ def elastic_pair(r):
     left, the job ends saying so, and the disk checkpoint remains usable."""
     rc, out, err, secs, save = elastic_run(r, "kill:rank=1:step=5,kill:rank=2:step=5")
     check(rc == 1, f"exit {rc}, expected 1:\n{err[-3000:]}")
+    # Usually both die before fsdp-run decides the next world. Where rank 2 was
+    # still inside a collective rank 1's death failed, it rejoins a world of 3
+    # and dies at step 5 there, before that world's first snapshot: the job
+    # then ends saying that instead. Either way no copy is left and it says so.
     check("rank 1 was lost and so was its buddy, rank 2: no complete copy of rank 1's shard"
-          in err, f"no message about the lost copy:\n{err[-3000:]}")
+          in err or ("took no snapshot before the loss" in err and
+                     "resume from the last checkpoint on disk" in err),
+          f"no message about the lost copy:\n{err[-3000:]}")
     ck = subprocess.run([r.tool("fsdp-ckpt"), "verify", save], capture_output=True, text=True)
     check(ck.returncode == 0 and "step-4" in ck.stdout + ck.stderr,
           f"fsdp-ckpt verify {save}: {ck.stdout}{ck.stderr}")
