@@ -163,6 +163,11 @@ fsdp_status_t fsdp_engine_conf_init(struct fsdp_engine *e, fsdp_world_t world,
   e->conf.rank = fsdp_world_rank(world);
   e->conf.nranks = fsdp_world_size(world);
   e->conf.bf16_reduce = c->reduce_dtype == FSDP_BF16;
+  /* Alone with one micro-batch a step's reduction is the identity (scale 1,
+   * nothing on the wire): views hand out the fp32 gradient shard itself, zero
+   * since the last step, and there is no gradient buffer, no zeroing of one
+   * and no accumulation pass (2 GB a step of HBM traffic at GPT-2 124M). */
+  e->conf.direct_grads = e->conf.nranks == 1 && c->grad_accum == 1;
   /* A caller compiled before the guard's stats fields passes a config that
    * ends before max_consecutive_skips, and a smaller fsdp_step_stats_t: the
    * step writes only the fields its header had. */

@@ -131,6 +131,7 @@ struct engine_conf {
   int shard_rank;  /* this rank in its shard group (rank % shard_world) */
   int hybrid;      /* HSDP: 1 < shard_world < nranks, replica all-reduce after reduce-scatter */
   int bf16_reduce; /* reduce_dtype is bf16 */
+  int direct_grads; /* one rank, one micro-batch: backward adds into the grad shards themselves */
   char *comm_backend; /* config.comm_backend, copied (cfg.comm_backend points here) */
   size_t stats_bytes; /* of fsdp_step_stats_t the caller's header has (see engine.c) */
 };
@@ -359,5 +360,8 @@ void fsdp_engine_drop_gathers(struct fsdp_engine *e);
 /* After the master shard of u changed: its bf16 copy (and widened view copy)
  * follow. No-op for f32 parameters. */
 fsdp_status_t fsdp_unit_refresh_params(const struct fsdp_engine *e, struct unit *u);
+/* Its second half, after the 16-bit copy was written (AdamW writes it): the
+ * widened view copy follows. No-op without one. */
+fsdp_status_t fsdp_unit_widen_params(const struct fsdp_engine *e, struct unit *u);
 
 #endif

@@ -95,7 +95,7 @@ static fsdp_status_t unit_bytes(const struct fsdp_engine *e, const struct unit *
   b->master = b->grad = bytes;
   b->m = moments >= 1 ? bytes : 0;
   b->v = moments == 2 ? bytes : 0;
-  b->full_grad = c->accumulate_full_grads ? b->padded * sizeof(float) : 0;
+  b->full_grad = c->accumulate_full_grads && !e->conf.direct_grads ? b->padded * sizeof(float) : 0;
   b->lp = u->lowp ? b->shard * sizeof(uint16_t) : 0;
   /* One shard on the CPU: views read a widened copy (CUDA reads lp itself). */
   b->rounded = u->widen && e->conf.shard_world == 1 ? bytes : 0;
@@ -176,7 +176,8 @@ fsdp_status_t fsdp_engine_add_shared_slot(struct fsdp_engine *e) {
  * and shard groups of one rank read the master directly.
  *
  * Gradient slots: FSDP_GRAD_SLOTS of the largest unit, or with
- * accumulate_full_grads one full gradient per unit. Staging: the reduction's
+ * accumulate_full_grads one full gradient per unit; none where backward adds
+ * into the shards (conf.direct_grads). Staging: the reduction's
  * output shard in the reduce dtype (bf16 also casts the full gradient into a
  * bf16 buffer first), and the norm's sums (one per unit, then the sum of
  * squares' partials). */
@@ -215,7 +216,8 @@ static fsdp_status_t pool_sizes(const struct fsdp_engine *e, int n_nested,
   const int nested = any_reshard && !c->max_live_units ? n_nested : 0;
   s->param_pool = s->own_bytes + (size_t)(s->n_shared + nested) *
                                      slot_bytes(s->shared_capacity, s->f32_views, s->lowp);
-  if (!c->accumulate_full_grads) s->grad_pool = FSDP_GRAD_SLOTS * s->max_padded * sizeof(float);
+  if (!c->accumulate_full_grads && !e->conf.direct_grads)
+    s->grad_pool = FSDP_GRAD_SLOTS * s->max_padded * sizeof(float);
   s->staging_elems = e->conf.shard_world == 1 ? 0 : s->max_shard;
   const int lp = e->conf.bf16_reduce && e->conf.nranks > 1;
   s->grad_lp = lp ? s->max_padded : 0;
@@ -251,7 +253,7 @@ static fsdp_status_t pools_create(struct fsdp_engine *e) {
   e->plan.max_padded = s.max_padded;
   e->plan.max_shard = s.max_shard;
   FSDP_TRY(param_pool_create(e, &s));
-  e->pools.n_gslots = c->accumulate_full_grads ? 0 : FSDP_GRAD_SLOTS;
+  e->pools.n_gslots = c->accumulate_full_grads || e->conf.direct_grads ? 0 : FSDP_GRAD_SLOTS;
   for (int i = 0; i < e->pools.n_gslots; i++) {
     e->pools.gslots[i].owner = -1;
     if (!(e->pools.gslots[i].buf = fsdp_engine_alloc(e, s.max_padded * sizeof(float))))

@@ -228,8 +228,14 @@ static fsdp_status_t prefetch(struct fsdp_engine *e, fsdp_pass_t pass, int pos) 
 
 /* ---- gradients ---------------------------------------------------------- */
 
+/* Where backward adds u's gradient: the shard itself (conf.direct_grads),
+ * the unit's full gradient (accumulate_full_grads), else a zeroed slot. */
 static fsdp_status_t grad_buffer(struct fsdp_engine *e, struct unit *u, float **buf) {
   size_t bytes = u->padded * sizeof(float);
+  if (e->conf.direct_grads) {
+    *buf = u->mem.grad;
+    return FSDP_SUCCESS;
+  }
   if (e->conf.cfg.accumulate_full_grads) {
     if (u->sched.bwd_count == 0) {
       FSDP_TRY(fsdp_compute_wait(e, u->sched.reduced, unit_index(e, u), FSDP_BACKWARD));
@@ -440,6 +446,18 @@ fsdp_status_t fsdp_unit_acquire(fsdp_engine_t e, fsdp_unit_t unit, fsdp_pass_t p
   return FSDP_SUCCESS;
 }
 
+/* After u's backward: its gradient goes on to the shard (grad_buffer's
+ * three cases). */
+static fsdp_status_t grad_release(struct fsdp_engine *e, struct unit *u) {
+  if (e->conf.direct_grads) return FSDP_SUCCESS; /* already there */
+  if (!e->conf.cfg.accumulate_full_grads) {
+    e->pools.gslots[u->sched.gslot].held = 0;
+    return reduce_issue(e, u, e->pools.gslots[u->sched.gslot].buf);
+  }
+  return u->sched.bwd_count == e->conf.cfg.grad_accum ? reduce_issue(e, u, u->mem.full_grad)
+                                                      : FSDP_SUCCESS;
+}
+
 static fsdp_status_t release(struct fsdp_engine *e, struct unit *u, fsdp_pass_t pass) {
   u->sched.held = -1;
   if (pass == FSDP_FORWARD) {
@@ -453,12 +471,7 @@ static fsdp_status_t release(struct fsdp_engine *e, struct unit *u, fsdp_pass_t 
     return FSDP_SUCCESS;
   }
   u->sched.bwd_count++;
-  if (!e->conf.cfg.accumulate_full_grads) {
-    e->pools.gslots[u->sched.gslot].held = 0;
-    FSDP_TRY(reduce_issue(e, u, e->pools.gslots[u->sched.gslot].buf));
-  }
-  else if (u->sched.bwd_count == e->conf.cfg.grad_accum)
-    FSDP_TRY(reduce_issue(e, u, u->mem.full_grad));
+  FSDP_TRY(grad_release(e, u));
   u->sched.gslot = -1;
   if (u->sched.slot >= 0) FSDP_TRY(slot_release(e, u));
   if (++e->sched.bwd_released == e->plan.n_units) e->sched.phase = PHASE_IDLE;

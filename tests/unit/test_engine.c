@@ -562,10 +562,22 @@ START_TEST(memory_formula) {
   ck_assert_uint_eq(m.persistent, 16 * padded);
   run_pass(e, u, 3, 1.0f);
   fsdp_engine_memory(e, &m);
-  /* One rank: shards are whole, views read the master, nothing is gathered. */
+  /* One rank: shards are whole, views read the master, nothing is gathered;
+   * with one micro-batch backward adds into the gradient shards themselves:
+   * no gradient buffer. */
   ck_assert_uint_eq(m.gathered_params_peak, 0);
+  ck_assert_uint_eq(m.grad_pool, 0);
+  ck_assert_uint_eq(m.grads_in_flight_peak, 0);
+  ck_assert_int_eq(fsdp_engine_step(e, NULL), FSDP_SUCCESS);
+  fsdp_engine_destroy(e);
+  /* Two micro-batches: each one's gradient goes through a buffer. */
+  c.grad_accum = 2;
+  e = make_engine(&c, u);
+  run_pass(e, u, 3, 1.0f);
+  fsdp_engine_memory(e, &m);
   ck_assert_uint_gt(m.grads_in_flight_peak, 0);
   ck_assert_uint_le(m.grads_in_flight_peak, m.grad_pool);
+  run_pass(e, u, 3, 1.0f);
   /* After the step nothing is in flight; reset_peaks brings the peaks down to
    * what is live now, and the next pass raises them again. */
   ck_assert_int_eq(fsdp_engine_step(e, NULL), FSDP_SUCCESS);
@@ -580,6 +592,7 @@ START_TEST(memory_formula) {
   ck_assert_uint_eq(m.grads_in_flight_peak, peak);
   ck_assert_int_ne(fsdp_engine_memory(NULL, &m), FSDP_SUCCESS);
   fsdp_engine_destroy(e);
+  c.grad_accum = 1;
   c.optim.kind = FSDP_OPTIM_SGD;
   c.optim.momentum = 0.5f;
   e = make_engine(&c, u);
