@@ -338,9 +338,14 @@ typedef struct fsdp_cast_args {
 
 /* AdamW (fsdp_adamw_update's semantics) over a whole fp32 shard in one call.
  * Gradients are taken times coef (clipping; the CPU scales them in place,
- * CUDA only reads them: do not read grad afterwards). */
+ * CUDA only reads them: do not read grad afterwards). With param_lp the
+ * updated parameters are also written rounded to lp_dtype (FSDP_BF16 or
+ * FSDP_F16; fsdp_f32_to_bf16 / fsdp_f32_to_f16 bit for bit, what a cast of
+ * param would write): the 16-bit copy without a second pass over param. */
 typedef struct fsdp_adamw_args {
   float *param, *grad, *m, *v; /* (n) each */
+  void *param_lp;              /* (n) of lp_dtype, written; NULL: none */
+  fsdp_dtype_t lp_dtype;
   size_t n;
   /* (n_runs >= 1 when n > 0, the backend's memory): start << 1 | decay for
    * each run of elements sharing a weight-decay flag, starts ascending from 0 */

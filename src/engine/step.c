@@ -109,16 +109,21 @@ static int has_groups(const struct unit *u) {
 }
 
 /* The optimizer on u's shard: AdamW in one call over the unit (decay_runs;
- * one launch on CUDA), else tensor piece by tensor piece. */
+ * one launch on CUDA) that also writes the 16-bit copy (*lp_written), else
+ * tensor piece by tensor piece. */
 static fsdp_status_t update_unit(const struct fsdp_engine *e, const struct unit *u, float lr,
-                                 float coef) {
-  if (e->conf.cfg.optim.kind == FSDP_OPTIM_ADAMW && !has_groups(u))
+                                 float coef, int *lp_written) {
+  *lp_written = 0;
+  if (e->conf.cfg.optim.kind == FSDP_OPTIM_ADAMW && !has_groups(u)) {
+    *lp_written = u->lowp;
     return e->dev.ops->adamw_multi(
         &(fsdp_adamw_args_t){.param = u->mem.master, .grad = u->mem.grad, .m = u->mem.m,
-                             .v = u->mem.v, .n = u->count, .runs = u->mem.decay_runs,
+                             .v = u->mem.v, .param_lp = u->lowp ? u->mem.lp : NULL,
+                             .lp_dtype = u->lp_dtype, .n = u->count, .runs = u->mem.decay_runs,
                              .n_runs = u->mem.n_runs, .coef = coef, .c = &e->conf.cfg.optim,
                              .lr = lr, .t = e->optim.optim_step + 1},
         e->dev.s_compute);
+  }
   struct update_ctx ctx = {e, u, lr, coef, FSDP_SUCCESS};
   fsdp_unit_segments(u, u->shard_offset, u->shard_offset + u->count, update_segment, &ctx);
   return ctx.st;
@@ -159,11 +164,12 @@ static fsdp_status_t update(struct fsdp_engine *e, float lr, double coef) {
   for (int i = 0; i < e->plan.n_units; i++) {
     struct unit *u = &e->plan.units[i];
     FSDP_TRY(fsdp_engine_kclass_begin(e, FSDP_KC_ADAMW));
-    fsdp_status_t st = update_unit(e, u, lr, (float)coef);
+    int lp_written;
+    fsdp_status_t st = update_unit(e, u, lr, (float)coef, &lp_written);
     const fsdp_status_t end = fsdp_engine_kclass_end(e, FSDP_KC_ADAMW); /* closed either way */
     FSDP_TRY(st);
     FSDP_TRY(end);
-    FSDP_TRY(fsdp_unit_refresh_params(e, u));
+    FSDP_TRY(lp_written ? fsdp_unit_widen_params(e, u) : fsdp_unit_refresh_params(e, u));
     FSDP_TRY(clear_grads(e, u));
     u->mem.mirror_dirty = 0; /* host copies from before the update are stale */
   }

@@ -219,6 +219,10 @@ fsdp_status_t fsdp_unit_refresh_params(const struct fsdp_engine *e, struct unit 
                                                  .src_dt = FSDP_F32, .src = u->mem.master,
                                                  .n = u->shard},
                             e->dev.s_compute));
+  return fsdp_unit_widen_params(e, u);
+}
+
+fsdp_status_t fsdp_unit_widen_params(const struct fsdp_engine *e, struct unit *u) {
   if (!u->mem.rounded) return FSDP_SUCCESS;
   return e->dev.ops->cast(&(fsdp_cast_args_t){.dst_dt = FSDP_F32, .dst = u->mem.rounded,
                                               .src_dt = u->lp_dtype, .src = u->mem.lp,

@@ -1666,17 +1666,21 @@ START_TEST(adamw) {
   float *v = rand_floats(n, 0.005, 0.005); /* second moments are >= 0 */
   float *g_p = dev_f32(p, n), *g_m = dev_f32(m, n), *g_v = dev_f32(v, n);
   /* One launch over three runs of alternating decay (as a unit's tensors),
-   * with a clipping factor on case 1, against the CPU run by run. */
+   * with a clipping factor on case 1, against the CPU run by run; the 16-bit
+   * copy (bf16, fp16, none by case) is the GPU's own result rounded as the
+   * host rounds it, bit for bit. */
   const size_t cut[4] = {0, n / 3, 2 * n / 3, n};
   const int d0 = kAdamw[_i].decay;
   const float coef = _i == 1 ? 0.5f : 1.0f;
+  const fsdp_dtype_t lp_dt = _i == 0 ? FSDP_BF16 : FSDP_F16;
+  uint16_t *g_lp = _i < 2 ? dev_alloc(n * sizeof(uint16_t)) : NULL;
   unsigned long long runs[3];
   for (int r = 0; r < 3; r++) runs[r] = (unsigned long long)cut[r] << 1 | (unsigned)(d0 ^ (r & 1));
   OK(fsdp_cuda_adamw_multi(&(fsdp_adamw_args_t){.param = g_p, .grad = dev_f32(g, n), .m = g_m,
-                                                .v = g_v, .n = n,
-                                                .runs = dev_copy(runs, sizeof runs), .n_runs = 3,
-                                                .coef = coef, .c = &c, .lr = kAdamw[_i].lr,
-                                                .t = kAdamw[_i].t},
+                                                .v = g_v, .param_lp = g_lp, .lp_dtype = lp_dt,
+                                                .n = n, .runs = dev_copy(runs, sizeof runs),
+                                                .n_runs = 3, .coef = coef, .c = &c,
+                                                .lr = kAdamw[_i].lr, .t = kAdamw[_i].t},
                            fs));
   for (size_t i = 0; i < n && coef != 1.0f; i++) g[i] *= coef;
   for (int r = 0; r < 3; r++)
@@ -1685,6 +1689,19 @@ START_TEST(adamw) {
   float *got_p = back_f32(g_p, n), *got_m = back_f32(g_m, n), *got_v = back_f32(g_v, n);
   double err = max2(rel_err(got_p, p, n), rel_err(got_m, m, n));
   check_err("adamw_update", "param/m/v", max2(err, rel_err(got_v, v, n)), TOL_F32);
+  if (g_lp) {
+    uint16_t *got_lp = xmalloc(n * sizeof(uint16_t));
+    host_copy(got_lp, g_lp, n * sizeof(uint16_t));
+    size_t bad = 0, first = n;
+    for (size_t i = 0; i < n; i++) {
+      const uint16_t want = lp_dt == FSDP_BF16 ? fsdp_f32_to_bf16(got_p[i])
+                                               : fsdp_f32_to_f16(got_p[i]);
+      if (got_lp[i] != want && bad++ == 0) first = i;
+    }
+    ck_assert_msg(bad == 0, "adamw_multi's %s copy: %zu of %zu elements are not the updated "
+                  "parameter rounded (first at %zu)", fsdp_dtype_name(lp_dt), bad, n, first);
+    free(got_lp);
+  }
   free(p), free(g), free(m), free(v), free(got_p), free(got_m), free(got_v);
 }
 END_TEST

@@ -187,6 +187,43 @@ START_TEST(cpu_shard_kernels_are_the_engine_loops) {
 }
 END_TEST
 
+/* AdamW's 16-bit copy (param_lp): the updated parameters rounded as the cast
+ * rounds them, bf16 and fp16; another dtype is refused by name before any
+ * state changes. */
+START_TEST(cpu_adamw_writes_the_16_bit_copy) {
+  const fsdp_compute_ops_t *k = fsdp_compute_ops(FSDP_DEVICE_CPU);
+  enum { NS = 9 };
+  const fsdp_dtype_t dts[2] = {FSDP_BF16, FSDP_F16};
+  uint16_t (*round_to[2])(float) = {fsdp_f32_to_bf16, fsdp_f32_to_f16};
+  fsdp_optim_config_t c = FSDP_OPTIM_CONFIG_INIT;
+  const unsigned long long runs[1] = {1ull};
+  for (int d = 0; d < 2; d++) {
+    float p[NS], g[NS], m[NS] = {0}, v[NS] = {0};
+    uint16_t lp[NS];
+    for (int i = 0; i < NS; i++)
+      p[i] = sinf((float)i + 0.3f), g[i] = cosf(3.0f * (float)i), lp[i] = 0xdead;
+    ck_assert_int_eq(k->adamw_multi(&(fsdp_adamw_args_t){.param = p, .grad = g, .m = m, .v = v,
+                                                         .param_lp = lp, .lp_dtype = dts[d],
+                                                         .n = NS, .runs = runs, .n_runs = 1,
+                                                         .coef = 1.0f, .c = &c, .lr = 1e-2f,
+                                                         .t = 1},
+                                    FSDP_HOST_STREAM),
+                     FSDP_SUCCESS);
+    for (int i = 0; i < NS; i++) ck_assert_uint_eq(lp[i], round_to[d](p[i]));
+  }
+  float p[NS] = {1.0f}, g[NS] = {1.0f}, m[NS] = {0}, v[NS] = {0}, lp32[NS];
+  ck_assert_int_eq(k->adamw_multi(&(fsdp_adamw_args_t){.param = p, .grad = g, .m = m, .v = v,
+                                                       .param_lp = lp32, .lp_dtype = FSDP_F32,
+                                                       .n = NS, .runs = runs, .n_runs = 1,
+                                                       .coef = 1.0f, .c = &c, .lr = 1e-2f, .t = 1},
+                                  FSDP_HOST_STREAM),
+                   FSDP_ERR_INVALID_ARGUMENT);
+  ck_assert_ptr_nonnull(strstr(fsdp_last_error(), "f32"));
+  ck_assert_float_eq(p[0], 1.0f);
+  ck_assert_float_eq(m[0], 0.0f);
+}
+END_TEST
+
 static Suite *compute_suite(void) {
   Suite *s = suite_create("compute");
   TCase *tc = tcase_create("tables");
@@ -195,6 +232,7 @@ static Suite *compute_suite(void) {
   tcase_add_test(tc, cpu_table_refuses_what_it_cannot_run);
   tcase_add_test(tc, cpu_table_is_the_cpu_kernels);
   tcase_add_test(tc, cpu_shard_kernels_are_the_engine_loops);
+  tcase_add_test(tc, cpu_adamw_writes_the_16_bit_copy);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -338,6 +338,9 @@ static fsdp_status_t cpu_adamw_multi(const fsdp_adamw_args_t *a, fsdp_stream_t s
   if (n && (!a->runs || a->n_runs < 1))
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "AdamW update: %zu elements but no decay runs",
                       n);
+  if (a->param_lp && a->lp_dtype != FSDP_BF16 && a->lp_dtype != FSDP_F16)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "AdamW update: a 16-bit copy of dtype %s "
+                      "(bf16 or f16)", fsdp_dtype_name(a->lp_dtype));
   if (a->coef != 1.0f)
     for (size_t i = 0; i < n; i++) a->grad[i] *= a->coef;
   for (int r = 0; r < a->n_runs; r++) {
@@ -346,7 +349,10 @@ static fsdp_status_t cpu_adamw_multi(const fsdp_adamw_args_t *a, fsdp_stream_t s
     fsdp_adamw_update(a->param + at, a->grad + at, a->m + at, a->v + at, end - at, a->c, a->lr,
                       a->t, (int)(a->runs[r] & 1));
   }
-  return FSDP_SUCCESS;
+  if (!a->param_lp) return FSDP_SUCCESS;
+  return cpu_cast(&(fsdp_cast_args_t){.dst_dt = a->lp_dtype, .dst = a->param_lp,
+                                      .src_dt = FSDP_F32, .src = a->param, .n = n},
+                  s);
 }
 
 static fsdp_status_t cpu_sgd_update(const fsdp_sgd_args_t *a, fsdp_stream_t s) {

@@ -22,12 +22,17 @@ __device__ __forceinline__ bool run_decays(const unsigned long long *runs, int n
   return runs[lo] & 1ull;
 }
 
+/* The 16-bit copy AdamW writes beside the fp32 parameters (none, bf16, fp16). */
+enum adamw_lp { LP_NONE, LP_BF16, LP_F16 };
+
 /* AdamW over a whole shard in one launch: the clipping factor and each
  * tensor's decay flag folded in (what the per-tensor path does with a scale
- * launch and one update launch per tensor piece), expression for expression. */
-__global__ void adamw_multi_kernel(float *param, const float *grad, float *m, float *v, size_t n,
-                                   const unsigned long long *runs, int n_runs, float coef,
-                                   float b1, float b2, float eps, float step_size,
+ * launch and one update launch per tensor piece), expression for expression;
+ * LP also writes the updated value rounded, as the cast kernel would. */
+template <int LP>
+__global__ void adamw_multi_kernel(float *param, uint16_t *lp, const float *grad, float *m,
+                                   float *v, size_t n, const unsigned long long *runs, int n_runs,
+                                   float coef, float b1, float b2, float eps, float step_size,
                                    float inv_sqrt_bc2, float keep_decay) {
   GRID_STRIDE(i, n) {
     const float g = coef != 1.0f ? grad[i] * coef : grad[i];
@@ -36,7 +41,10 @@ __global__ void adamw_multi_kernel(float *param, const float *grad, float *m, fl
     const float keep = run_decays(runs, n_runs, i) ? keep_decay : 1.0f;
     m[i] = mi;
     v[i] = vi;
-    param[i] = param[i] * keep - step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
+    const float p = param[i] * keep - step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
+    param[i] = p;
+    if (LP == LP_BF16) lp[i] = fsdp_bf16_bits(p);
+    if (LP == LP_F16) lp[i] = fsdp_f16_bits(p);
   }
 }
 
@@ -51,6 +59,9 @@ fsdp_status_t fsdp_cuda_adamw_multi(const fsdp_adamw_args_t *a, fsdp_stream_t s)
   if (!a->runs || a->n_runs < 1)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "AdamW update: %zu elements but no decay runs",
                       n);
+  if (a->param_lp && a->lp_dtype != FSDP_BF16 && a->lp_dtype != FSDP_F16)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "AdamW update: a 16-bit copy of dtype %s "
+                      "(bf16 or f16)", fsdp_dtype_name(a->lp_dtype));
   if (t < 1) t = 1;
   const double bc1 = 1.0 - pow((double)c->beta1, (double)t);
   const double bc2 = 1.0 - pow((double)c->beta2, (double)t);
@@ -60,12 +71,20 @@ fsdp_status_t fsdp_cuda_adamw_multi(const fsdp_adamw_args_t *a, fsdp_stream_t s)
   /* the launch's arguments by value: the simulator's launch reads them when
    * the kernel runs, after a caller's descriptor may be gone */
   float *param = a->param, *grad = a->grad, *m = a->m, *v = a->v;
+  uint16_t *lp = static_cast<uint16_t *>(a->param_lp);
   const unsigned long long *runs = a->runs;
   const int n_runs = a->n_runs;
   const float coef = a->coef, b1 = c->beta1, b2 = c->beta2, eps = c->eps;
-  FSDP_LAUNCH(adamw_multi_kernel, fsdp_grid(n, FSDP_CUDA_BLOCK), FSDP_CUDA_BLOCK, 0, stream,
-              param, grad, m, v, n, runs, n_runs, coef, b1, b2, eps, step_size, inv_sqrt_bc2,
-              keep_decay);
+  const unsigned grid = fsdp_grid(n, FSDP_CUDA_BLOCK);
+  if (!lp)
+    FSDP_LAUNCH(adamw_multi_kernel<LP_NONE>, grid, FSDP_CUDA_BLOCK, 0, stream, param, lp, grad, m,
+                v, n, runs, n_runs, coef, b1, b2, eps, step_size, inv_sqrt_bc2, keep_decay);
+  else if (a->lp_dtype == FSDP_BF16)
+    FSDP_LAUNCH(adamw_multi_kernel<LP_BF16>, grid, FSDP_CUDA_BLOCK, 0, stream, param, lp, grad, m,
+                v, n, runs, n_runs, coef, b1, b2, eps, step_size, inv_sqrt_bc2, keep_decay);
+  else
+    FSDP_LAUNCH(adamw_multi_kernel<LP_F16>, grid, FSDP_CUDA_BLOCK, 0, stream, param, lp, grad, m,
+                v, n, runs, n_runs, coef, b1, b2, eps, step_size, inv_sqrt_bc2, keep_decay);
   LAUNCH_CHECK();
   return FSDP_SUCCESS;
 }
