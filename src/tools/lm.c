@@ -130,7 +130,11 @@ size_t lm_model_state_bytes(const lm_t *lm, const fsdp_config_t *cfg, int nranks
   const size_t layer = layer_params(lm), root = y.params - (size_t)y.n_layer * layer;
   const int live = cfg->strategy == FSDP_SHARD_GRAD_OP ? y.n_layer : cfg->prefetch_depth + 1;
   const size_t gathered = root + (size_t)(live < y.n_layer ? live : y.n_layer) * layer;
-  return shard * (4 + 4 + optim + low) + gathered * (fsdp_dtype_size(cfg->param_dtype) + 4);
+  /* Whole shards are not gathered (views read them); one rank with one
+   * micro-batch has no gradient buffers (backward adds into the shards). */
+  const size_t params = S == 1 ? 0 : fsdp_dtype_size(cfg->param_dtype);
+  const size_t grads = nranks == 1 && cfg->grad_accum <= 1 ? 0 : 4;
+  return shard * (4 + 4 + optim + low) + gathered * (params + grads);
 }
 
 size_t lm_budget_bytes(double gib) {

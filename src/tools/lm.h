@@ -54,8 +54,9 @@ size_t lm_activation_bytes(const lm_t *lm, size_t *without_checkpointing);
  * table only, which builds no engine: the fp32 master and gradient shards,
  * the optimizer's state and the low-precision copy over S ranks (S:
  * --shard-size or the world; 1 unsharded), plus the gathered units in flight
- * (the root and prefetch + 1 layers, every layer under zero2) and their fp32
- * gradient buffers. A run's --checkpoint auto does not use it: it asks the
+ * (the root and prefetch + 1 layers, every layer under zero2; none when
+ * S is 1) and their fp32 gradient buffers (none on one rank with one
+ * micro-batch). A run's --checkpoint auto does not use it: it asks the
  * engine (fsdp_engine_memory_plan), whose gather and gradient slots are each
  * the size of the largest unit (the root), so this undercounts. */
 size_t lm_model_state_bytes(const lm_t *lm, const fsdp_config_t *cfg, int nranks);
