@@ -251,7 +251,8 @@ static void model_sizes(const model_t *m, bench_result_t *r) {
  *              ZeRO-2: P elements; S = 1: none (views read the master)
  *              at 4 bytes an element, 6 for bf16 (the CPU keeps an f32 twin)
  * + gradients  (2 + root held) x 4U: one being computed, one being reduced,
- *              and the held root's. */
+ *              and the held root's; none on one rank with one micro-batch
+ *              (backward adds into the gradient shards). */
 static double predicted_bytes(const bench_result_t *r, const fsdp_config_t *c) {
   double P = (double)r->params, U = (double)r->largest_unit;
   int S = r->strategy == FSDP_NO_SHARD ? 1 : c->shard_size;
@@ -261,7 +262,9 @@ static double predicted_bytes(const bench_result_t *r, const fsdp_config_t *c) {
   int live = r->max_live < r->n_units ? r->max_live : r->n_units;
   if (S > 1 && r->strategy == FSDP_FULL_SHARD) gathered = elem * U * live;
   else if (S > 1 && r->strategy == FSDP_SHARD_GRAD_OP) gathered = elem * P;
-  return persistent + gathered + 4.0 * U * (2 + r->root_held);
+  const int alone = r->shard_size * r->replicas == 1 && c->grad_accum == 1;
+  double grads = alone ? 0.0 : 4.0 * U * (2 + r->root_held);
+  return persistent + gathered + grads;
 }
 
 /* GPT-2: 6 (P - wpe) + 12 L T C per token (PaLM appendix B, as nanoGPT's

@@ -102,13 +102,13 @@
  *   default                each micro-batch's gradients are reduce-scattered into
  *                          the fp32 gradient shard: grad_accum x the traffic;
  *                          three full-gradient buffers of the largest unit (a
- *                          held root, one computing, one reducing); on one rank
- *                          with grad_accum 1 (either way) none: grad[i] point into
- *                          the gradient shard itself (zero at acquire all the
- *                          same), so nothing is reduced or accumulated;
+ *                          held root, one computing, one reducing);
  *   accumulate_full_grads  full fp32 gradients of every unit are kept across the
  *                          micro-batches and reduced once on the last: 1x the
  *                          traffic, +4P bytes per rank.
+ * On one rank with grad_accum 1, with or without accumulate_full_grads, there
+ * are no gradient buffers: grad[i] points into the gradient shard itself (zero
+ * at acquire all the same), and nothing is reduced or accumulated.
  *
  * Streams: compute happens on fsdp_engine_stream (the calling thread on the CPU
  * backend, FSDP_HOST_STREAM; a CUDA stream on CUDA); gathers and reductions run

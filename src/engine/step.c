@@ -108,14 +108,16 @@ static int has_groups(const struct unit *u) {
   return 0;
 }
 
-/* The optimizer on u's shard: AdamW in one call over the unit (decay_runs;
- * one launch on CUDA) that also writes the 16-bit copy (*lp_written), else
- * tensor piece by tensor piece. */
+/* AdamW over the whole unit in one call (decay_runs; one launch on CUDA),
+ * which also writes the 16-bit copy: units without parameter groups. */
+static int whole_unit_adamw(const struct fsdp_engine *e, const struct unit *u) {
+  return e->conf.cfg.optim.kind == FSDP_OPTIM_ADAMW && !has_groups(u);
+}
+
+/* The optimizer on u's shard: whole_unit_adamw, else tensor piece by piece. */
 static fsdp_status_t update_unit(const struct fsdp_engine *e, const struct unit *u, float lr,
-                                 float coef, int *lp_written) {
-  *lp_written = 0;
-  if (e->conf.cfg.optim.kind == FSDP_OPTIM_ADAMW && !has_groups(u)) {
-    *lp_written = u->lowp;
+                                 float coef) {
+  if (whole_unit_adamw(e, u))
     return e->dev.ops->adamw_multi(
         &(fsdp_adamw_args_t){.param = u->mem.master, .grad = u->mem.grad, .m = u->mem.m,
                              .v = u->mem.v, .param_lp = u->lowp ? u->mem.lp : NULL,
@@ -123,7 +125,6 @@ static fsdp_status_t update_unit(const struct fsdp_engine *e, const struct unit 
                              .n_runs = u->mem.n_runs, .coef = coef, .c = &e->conf.cfg.optim,
                              .lr = lr, .t = e->optim.optim_step + 1},
         e->dev.s_compute);
-  }
   struct update_ctx ctx = {e, u, lr, coef, FSDP_SUCCESS};
   fsdp_unit_segments(u, u->shard_offset, u->shard_offset + u->count, update_segment, &ctx);
   return ctx.st;
@@ -164,12 +165,12 @@ static fsdp_status_t update(struct fsdp_engine *e, float lr, double coef) {
   for (int i = 0; i < e->plan.n_units; i++) {
     struct unit *u = &e->plan.units[i];
     FSDP_TRY(fsdp_engine_kclass_begin(e, FSDP_KC_ADAMW));
-    int lp_written;
-    fsdp_status_t st = update_unit(e, u, lr, (float)coef, &lp_written);
+    fsdp_status_t st = update_unit(e, u, lr, (float)coef);
     const fsdp_status_t end = fsdp_engine_kclass_end(e, FSDP_KC_ADAMW); /* closed either way */
     FSDP_TRY(st);
     FSDP_TRY(end);
-    FSDP_TRY(lp_written ? fsdp_unit_widen_params(e, u) : fsdp_unit_refresh_params(e, u));
+    FSDP_TRY(whole_unit_adamw(e, u) ? fsdp_unit_widen_params(e, u)
+                                    : fsdp_unit_refresh_params(e, u));
     FSDP_TRY(clear_grads(e, u));
     u->mem.mirror_dirty = 0; /* host copies from before the update are stale */
   }
@@ -220,6 +221,7 @@ static fsdp_status_t skip(struct fsdp_engine *e, const struct guard *g, double n
  * gradient norm, covers them. On CUDA the waits lie between two timing marks
  * on the compute stream (one FSDP_TL_COMPUTE_WAIT): how long it stalled. */
 static fsdp_status_t wait_reductions(struct fsdp_engine *e) {
+  /* (conf.direct_grads: no reduction was queued, the waits pass at once.) */
   size_t mark;
   FSDP_TRY(fsdp_tl_mark_begin(e, e->dev.s_compute, &mark));
   if (!fsdp_stream_cuda_handle(e->comm.s_reduce)) {

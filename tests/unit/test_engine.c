@@ -570,6 +570,15 @@ START_TEST(memory_formula) {
   ck_assert_uint_eq(m.grads_in_flight_peak, 0);
   ck_assert_int_eq(fsdp_engine_step(e, NULL), FSDP_SUCCESS);
   fsdp_engine_destroy(e);
+  /* accumulate_full_grads has nothing to keep there either. */
+  c.accumulate_full_grads = 1;
+  e = make_engine(&c, u);
+  fsdp_engine_memory(e, &m);
+  ck_assert_uint_eq(m.grad_pool, 0);
+  run_pass(e, u, 3, 1.0f);
+  ck_assert_int_eq(fsdp_engine_step(e, NULL), FSDP_SUCCESS);
+  fsdp_engine_destroy(e);
+  c.accumulate_full_grads = 0;
   /* Two micro-batches: each one's gradient goes through a buffer. */
   c.grad_accum = 2;
   e = make_engine(&c, u);
@@ -602,17 +611,19 @@ START_TEST(memory_formula) {
 }
 END_TEST
 
-/* 16-bit parameters (_i: bf16, fp16 with its default loss scale): views show
- * the master rounded to the type (and widened), updates still land on the
- * fp32 master (the scaled gradient unscaled exactly), and the 16-bit copy
- * costs 2 bytes per parameter (plus its f32 widening when the shard is whole,
- * as on one rank). */
+/* 16-bit parameters (_i & 1: bf16, fp16 with its default loss scale; _i & 2:
+ * AdamW, which writes the 16-bit copy itself, else SGD, after which the
+ * engine casts): views show the master rounded to the type (and widened),
+ * updates still land on the fp32 master (the scaled gradient unscaled
+ * exactly), and the 16-bit copy costs 2 bytes per parameter (plus its f32
+ * widening when the shard is whole, as on one rank). */
 START_TEST(bf16_params) {
   fsdp_config_t c = FSDP_CONFIG_INIT;
-  c.param_dtype = _i ? FSDP_F16 : FSDP_BF16;
-  uint16_t (*to)(float) = _i ? fsdp_f32_to_f16 : fsdp_f32_to_bf16;
-  float (*from)(uint16_t) = _i ? fsdp_f16_to_f32 : fsdp_bf16_to_f32;
-  c.optim.kind = FSDP_OPTIM_SGD;
+  const int f16 = _i & 1, adamw = _i & 2;
+  c.param_dtype = f16 ? FSDP_F16 : FSDP_BF16;
+  uint16_t (*to)(float) = f16 ? fsdp_f32_to_f16 : fsdp_f32_to_bf16;
+  float (*from)(uint16_t) = f16 ? fsdp_f16_to_f32 : fsdp_bf16_to_f32;
+  c.optim.kind = adamw ? FSDP_OPTIM_ADAMW : FSDP_OPTIM_SGD;
   c.optim.lr = 1e-3f;
   fsdp_unit_t u[3];
   fsdp_engine_t e = make_engine(&c, u);
@@ -640,7 +651,8 @@ START_TEST(bf16_params) {
     ck_assert_int_eq(fsdp_engine_step(e, NULL), FSDP_SUCCESS);
     float after[35];
     fsdp_engine_read_tensor(e, "w0", after, -1);
-    ck_assert_float_eq(after[0], master[0] - 1e-3f); /* on the fp32 master, unrounded */
+    if (adamw) ck_assert_float_ne(after[0], master[0]);
+    else ck_assert_float_eq(after[0], master[0] - 1e-3f); /* on the fp32 master, unrounded */
   }
   size_t padded = 0;
   for (int i = 0; i < 3; i++) {
@@ -651,7 +663,8 @@ START_TEST(bf16_params) {
   fsdp_mem_stats_t m;
   fsdp_engine_memory(e, &m);
   ck_assert_uint_eq(m.param_copy, (2 + 4) * padded);
-  ck_assert_uint_eq(m.persistent, (8 + 2 + 4) * padded); /* SGD without momentum: no state */
+  /* AdamW's two moments; SGD without momentum has no state */
+  ck_assert_uint_eq(m.persistent, (8 + (adamw ? 8 : 0) + 2 + 4) * padded);
   fsdp_engine_destroy(e);
 }
 END_TEST
@@ -677,7 +690,7 @@ static Suite *engine_suite(void) {
   tcase_add_test(tc, shard_release);
   tcase_add_test(tc, shard_release_mid_pass);
   tcase_add_loop_test(tc, accumulation, 0, 4);
-  tcase_add_loop_test(tc, bf16_params, 0, 2);
+  tcase_add_loop_test(tc, bf16_params, 0, 4);
   suite_add_tcase(s, tc);
   return s;
 }

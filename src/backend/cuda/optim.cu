@@ -55,13 +55,13 @@ fsdp_status_t fsdp_cuda_adamw_multi(const fsdp_adamw_args_t *a, fsdp_stream_t s)
   const float lr = a->lr;
   int64_t t = a->t;
   if (!c) return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "AdamW update: NULL config");
+  if (a->param_lp && a->lp_dtype != FSDP_BF16 && a->lp_dtype != FSDP_F16)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "AdamW update: a 16-bit copy of dtype %s "
+                      "(bf16 or f16)", fsdp_dtype_name(a->lp_dtype));
   if (n == 0) return FSDP_SUCCESS;
   if (!a->runs || a->n_runs < 1)
     return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "AdamW update: %zu elements but no decay runs",
                       n);
-  if (a->param_lp && a->lp_dtype != FSDP_BF16 && a->lp_dtype != FSDP_F16)
-    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT, "AdamW update: a 16-bit copy of dtype %s "
-                      "(bf16 or f16)", fsdp_dtype_name(a->lp_dtype));
   if (t < 1) t = 1;
   const double bc1 = 1.0 - pow((double)c->beta1, (double)t);
   const double bc2 = 1.0 - pow((double)c->beta2, (double)t);
