@@ -25,12 +25,12 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 common=(--np 1 --preset small --seq-len 32 --micro-batch 2 --warmup 1 --iters 2 --repeat 1
         --fsdp-bench "$build/fsdp-bench")
-"$py" "$src/bench/compare_pytorch.py" "${common[@]}" --checkpoint auto --memory-budget 0.0165 \
+"$py" "$src/bench/compare_pytorch.py" "${common[@]}" --checkpoint auto --memory-budget 0.0144 \
   --json-file "$work/auto.json" | tail -4
 "$py" "$src/bench/compare_pytorch.py" "${common[@]}" --checkpoint 2 --json-file "$work/two.json" |
   tail -2
 COMPARE_PYTORCH_OOM=ckpt:3 "$py" "$src/bench/compare_pytorch.py" "${common[@]}" --checkpoint auto \
-  --memory-budget 0.0165 --json-file "$work/oom.json" > "$work/oom.txt"
+  --memory-budget 0.0144 --json-file "$work/oom.json" > "$work/oom.txt"
 grep "ran out of GPU memory with those" "$work/oom.txt" ||
   { echo "FAIL: the fallback to every block is not said"; cat "$work/oom.txt"; exit 1; }
 if COMPARE_PYTORCH_OOM=ckpt:2 "$py" "$src/bench/compare_pytorch.py" "${common[@]}" \
@@ -40,7 +40,7 @@ fi
 grep "ran out of GPU memory with 2 of 4 blocks checkpointed" "$work/oom2.txt" ||
   { echo "FAIL: the out-of-memory end does not say which blocks"; cat "$work/oom2.txt"; exit 1; }
 COMPARE_PYTORCH_OOM=ckpt:4 "$py" "$src/bench/compare_pytorch.py" "${common[@]}" --checkpoint auto \
-  --memory-budget 0.0165 --json-file "$work/oom4.json" > "$work/oom4.txt"
+  --memory-budget 0.0144 --json-file "$work/oom4.json" > "$work/oom4.txt"
 grep "with every block checkpointed: out of GPU memory: rank 0: CUDA out of memory" "$work/oom4.txt" ||
   { echo "FAIL: the every-block row's out of memory is not said"; cat "$work/oom4.txt"; exit 1; }
 "$py" - "$work/auto.json" "$work/two.json" "$work/oom.json" "$work/oom4.json" <<'PY'
@@ -50,7 +50,7 @@ def check(ok, what):
     if not ok:
         sys.exit(f"FAIL: {what}")
 check(auto["checkpointed"] == 3 and auto["layers"] == 4, f"auto chose {auto['checkpointed']}")
-check("--checkpoint auto --memory-budget 0.0165" in auto["fsdp"]["command"], auto["fsdp"]["command"])
+check("--checkpoint auto --memory-budget 0.0144" in auto["fsdp"]["command"], auto["fsdp"]["command"])
 check(auto["pytorch_fsdp2"]["checkpointed"] == 3, "PyTorch did not wrap auto's 3 blocks")
 check(auto["pytorch_fsdp2_all"]["checkpointed"] == 4, "the all row did not wrap 4 blocks")
 for key in ("loss_first", "loss_last"):
