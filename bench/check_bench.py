@@ -136,6 +136,7 @@ def llama_costs(L, NH, NKV, C, F, V, B, T, params, act):
     add("cross-entropy", 0, 2 * N * V * act + 8 * N)
     add("embedding", 0, 3 * N * C * act + 8 * N * C)  # no position table
     add("AdamW", 0, params * (28 + (2 if act == 2 else 0)))
+    add("gradient norm + zeroing", 0, params * (4 + 4))
     return k
 
 

@@ -164,7 +164,9 @@ def built(d):
         klass("embedding", 0, (2 * N * C + T * C) * bf + N * C * bf + 2 * N * C * f4, "mem",
               EFF["mem"], 2, "forward gather, backward scatter-add (fp32)"),
         klass("AdamW", 0, P * (28 + (2 if bf == 2 else 0)), "mem", EFF["mem"], L + 1,
-              "multi-tensor, one launch per unit; 30 B/param"),
+              "multi-tensor, one launch per unit, the bf16 copy written; 30 B/param"),
+        klass("gradient norm + zeroing", 0, P * (4 + 4), "mem", EFF["mem"], 2 * (L + 1),
+              "the engine's step: fp32 gradient read (sum of squares), then zeroed"),
     ]
 
 

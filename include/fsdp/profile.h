@@ -48,7 +48,8 @@ extern "C" {
   X(RMSNORM_FWD, "residual + RMSNorm forward") /* the Llama family */  \
   X(RMSNORM_BWD, "RMSNorm backward")                                   \
   X(ROPE, "RoPE forward + backward")                                   \
-  X(SWIGLU, "SwiGLU forward + backward")
+  X(SWIGLU, "SwiGLU forward + backward")                               \
+  X(GRAD_NORM, "gradient norm + zeroing") /* the engine's step */
 
 typedef enum {
 #define FSDP_KC_ENUM_(id, name) FSDP_KC_##id,

@@ -40,10 +40,9 @@ static fsdp_status_t step_ready(struct fsdp_engine *e) {
 /* Sum of squares of this rank's real gradient elements; padding never counts.
  * One sum per unit on the compute stream, copied back (CUDA: the step's one
  * synchronisation), added in unit order. */
-static fsdp_status_t shard_sumsq(const struct fsdp_engine *e, double *total) {
-  const size_t bytes = (size_t)e->plan.n_units * sizeof(double);
-  *total = 0.0;
-  FSDP_TRY(fsdp_device_zero(e->pools.norm_dev, bytes, e->dev.s_compute));
+static fsdp_status_t shard_sums(const struct fsdp_engine *e) {
+  FSDP_TRY(fsdp_device_zero(e->pools.norm_dev, (size_t)e->plan.n_units * sizeof(double),
+                            e->dev.s_compute));
   for (int i = 0; i < e->plan.n_units; i++)
     if (e->plan.units[i].count)
       FSDP_TRY(e->dev.ops->sum_squares(
@@ -54,6 +53,16 @@ static fsdp_status_t shard_sumsq(const struct fsdp_engine *e, double *total) {
               .x = e->plan.units[i].mem.grad,
               .n = e->plan.units[i].count},
           e->dev.s_compute));
+  return FSDP_SUCCESS;
+}
+
+static fsdp_status_t shard_sumsq(struct fsdp_engine *e, double *total) {
+  const size_t bytes = (size_t)e->plan.n_units * sizeof(double);
+  *total = 0.0;
+  FSDP_TRY(fsdp_engine_kclass_begin(e, FSDP_KC_GRAD_NORM));
+  const fsdp_status_t st = shard_sums(e);
+  FSDP_TRY(fsdp_engine_kclass_end(e, FSDP_KC_GRAD_NORM)); /* closed either way */
+  FSDP_TRY(st);
   FSDP_TRY(fsdp_device_copy(e->pools.norm_host, e->pools.norm_dev, bytes, e->dev.s_compute));
   FSDP_TRY(fsdp_stream_synchronize(e->dev.s_compute));
   for (int i = 0; i < e->plan.n_units; i++) *total += e->pools.norm_host[i];
@@ -158,7 +167,10 @@ static fsdp_status_t agree(struct fsdp_engine *e, struct guard *g) {
 /* The gradients are consumed either way: zeroed for the next accumulation. */
 static fsdp_status_t clear_grads(struct fsdp_engine *e, struct unit *u) {
   u->sched.bwd_count = 0;
-  return fsdp_engine_zero(e, u->mem.grad, u->shard * sizeof(float));
+  FSDP_TRY(fsdp_engine_kclass_begin(e, FSDP_KC_GRAD_NORM));
+  const fsdp_status_t st = fsdp_engine_zero(e, u->mem.grad, u->shard * sizeof(float));
+  FSDP_TRY(fsdp_engine_kclass_end(e, FSDP_KC_GRAD_NORM)); /* closed either way */
+  return st;
 }
 
 static fsdp_status_t update(struct fsdp_engine *e, float lr, double coef) {

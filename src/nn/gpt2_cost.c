@@ -106,11 +106,13 @@ static void head_costs(double C, double V, double B, double T, double P, double 
 
 /* Scales a micro-batch's costs to a step's and adds the step's AdamW over P
  * parameters: fp32 master, gradient, m and v read and written but the
- * gradient (28 bytes), and the 16-bit copy written. */
+ * gradient (28 bytes), and the 16-bit copy written; and the engine's pass
+ * over the fp32 gradient for the norm (read) and the one zeroing it (written). */
 static void step_costs(fsdp_kclass_cost_t *k, int micro_batches, double P, double a,
                        fsdp_kclass_cost_t *out, int n) {
   for (int i = 0; i < FSDP_KC_COUNT; i++) k[i].flops *= micro_batches, k[i].bytes *= micro_batches;
   k[FSDP_KC_ADAMW].bytes = P * (28 + (a == 2.0 ? 2 : 0));
+  k[FSDP_KC_GRAD_NORM].bytes = P * (4 + 4);
   for (int i = 0; i < n; i++) out[i] = k[i];
 }
 
