@@ -209,6 +209,8 @@ def before(d):
         klass("embedding", 0, (2 * N * C + T * C) * bf + N * C * bf + 2 * N * C * f4, "mem",
               EFF["mem2"], 2, ""),
         klass("AdamW", 0, P * 30, "mem", EFF["mem2"], 300, "one launch per tensor piece"),
+        klass("gradient norm + zeroing", 0, P * (4 + 4), "mem", EFF["mem2"], 2 * (L + 1),
+              "fp32 gradient read (sum of squares), then zeroed"),
     ]
 
 

@@ -344,7 +344,9 @@ FSDP_API fsdp_status_t fsdp_checkpoint_auto(const fsdp_gpt2_memory_t *m, int n_l
  * gradients and optimizer state), the floor an implementation is held to, not
  * a measurement. bench/gpu_budget.py computes the same numbers and the
  * kernel-profile test (suite cuda) compares the two. Recomputation under
- * activation checkpointing is not counted. Writes out[0, n) (n <=
+ * activation checkpointing is not counted. AdamW and the step's gradient norm
+ * + zeroing are counted over all the parameters, as one rank holds them; on N
+ * ranks each moves its 1/N shard. Writes out[0, n) (n <=
  * FSDP_KC_COUNT). FSDP_ERR_INVALID_ARGUMENT naming a bad value. Thread-safe. */
 typedef struct {
   double flops, bytes;
@@ -482,8 +484,8 @@ FSDP_API fsdp_status_t fsdp_llama_memory(const fsdp_llama_config_t *c, int B, in
  * layer (q|k|v, o_proj, gate|up, down_proj) in the block classes, grouped-query
  * attention's flash tiles (per query head; q|k|v (NH + 2 NKV) D wide), the
  * RMSNorms, RoPE and SwiGLU in their own classes, the head, cross-entropy,
- * embedding (no position table) and AdamW over fsdp_llama_num_params; the
- * LayerNorm classes 0. Writes out[0, n) (n <= FSDP_KC_COUNT);
+ * embedding (no position table), AdamW and the step's gradient norm + zeroing
+ * (8 bytes a parameter) over fsdp_llama_num_params; the LayerNorm classes 0. Writes out[0, n) (n <= FSDP_KC_COUNT);
  * FSDP_ERR_INVALID_ARGUMENT naming a bad value. Thread-safe. */
 FSDP_API fsdp_status_t fsdp_llama_kernel_costs(const fsdp_llama_config_t *c, int B, int T,
                                                int micro_batches, fsdp_dtype_t act_dtype,

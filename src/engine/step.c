@@ -61,8 +61,9 @@ static fsdp_status_t shard_sumsq(struct fsdp_engine *e, double *total) {
   *total = 0.0;
   FSDP_TRY(fsdp_engine_kclass_begin(e, FSDP_KC_GRAD_NORM));
   const fsdp_status_t st = shard_sums(e);
-  FSDP_TRY(fsdp_engine_kclass_end(e, FSDP_KC_GRAD_NORM)); /* closed either way */
+  const fsdp_status_t end = fsdp_engine_kclass_end(e, FSDP_KC_GRAD_NORM); /* closed either way */
   FSDP_TRY(st);
+  FSDP_TRY(end);
   FSDP_TRY(fsdp_device_copy(e->pools.norm_host, e->pools.norm_dev, bytes, e->dev.s_compute));
   FSDP_TRY(fsdp_stream_synchronize(e->dev.s_compute));
   for (int i = 0; i < e->plan.n_units; i++) *total += e->pools.norm_host[i];
@@ -169,8 +170,8 @@ static fsdp_status_t clear_grads(struct fsdp_engine *e, struct unit *u) {
   u->sched.bwd_count = 0;
   FSDP_TRY(fsdp_engine_kclass_begin(e, FSDP_KC_GRAD_NORM));
   const fsdp_status_t st = fsdp_engine_zero(e, u->mem.grad, u->shard * sizeof(float));
-  FSDP_TRY(fsdp_engine_kclass_end(e, FSDP_KC_GRAD_NORM)); /* closed either way */
-  return st;
+  const fsdp_status_t end = fsdp_engine_kclass_end(e, FSDP_KC_GRAD_NORM); /* closed either way */
+  return st != FSDP_SUCCESS ? st : end;
 }
 
 static fsdp_status_t update(struct fsdp_engine *e, float lr, double coef) {

@@ -669,6 +669,30 @@ START_TEST(bf16_params) {
 }
 END_TEST
 
+/* The step's own passes are timed as a class: the norm's sum of squares (one
+ * scope) and each unit's zeroing, on an update and on a skipped step alike
+ * (whose scopes must close: the next begin would be refused as nested);
+ * AdamW's only when it runs. */
+START_TEST(step_passes_profiled) {
+  fsdp_config_t c = FSDP_CONFIG_INIT;
+  fsdp_unit_t u[3];
+  fsdp_engine_t e = make_engine(&c, u);
+  ck_assert_int_eq(fsdp_engine_profile(e, 1), FSDP_SUCCESS);
+  fsdp_kclass_time_t t[FSDP_KC_COUNT];
+  for (int skip = 0; skip < 2; skip++) {
+    run_pass(e, u, 3, 1.0f);
+    if (skip) ck_assert_int_eq(fsdp_engine_report_loss(e, NAN), FSDP_SUCCESS);
+    fsdp_step_stats_t st;
+    ck_assert_int_eq(fsdp_engine_step(e, &st), FSDP_SUCCESS);
+    ck_assert_int_eq(st.skipped, skip);
+    ck_assert_int_eq(fsdp_engine_profile_read(e, t, FSDP_KC_COUNT), FSDP_SUCCESS);
+    ck_assert_int_eq(t[FSDP_KC_GRAD_NORM].calls, 4 * (skip + 1));
+    ck_assert_int_eq(t[FSDP_KC_ADAMW].calls, 3);
+  }
+  fsdp_engine_destroy(e);
+}
+END_TEST
+
 static Suite *engine_suite(void) {
   Suite *s = suite_create("engine");
   TCase *tc = tcase_create("core");
@@ -691,6 +715,7 @@ static Suite *engine_suite(void) {
   tcase_add_test(tc, shard_release_mid_pass);
   tcase_add_loop_test(tc, accumulation, 0, 4);
   tcase_add_loop_test(tc, bf16_params, 0, 4);
+  tcase_add_test(tc, step_passes_profiled);
   suite_add_tcase(s, tc);
   return s;
 }
