@@ -37,9 +37,8 @@ static fsdp_status_t step_ready(struct fsdp_engine *e) {
   return FSDP_SUCCESS;
 }
 
-/* Sum of squares of this rank's real gradient elements; padding never counts.
- * One sum per unit on the compute stream, copied back (CUDA: the step's one
- * synchronisation), added in unit order. */
+/* Each unit's sum of squares of this rank's real gradient elements (padding
+ * never counts) into norm_dev, on the compute stream. */
 static fsdp_status_t shard_sums(const struct fsdp_engine *e) {
   FSDP_TRY(fsdp_device_zero(e->pools.norm_dev, (size_t)e->plan.n_units * sizeof(double),
                             e->dev.s_compute));
@@ -56,6 +55,8 @@ static fsdp_status_t shard_sums(const struct fsdp_engine *e) {
   return FSDP_SUCCESS;
 }
 
+/* Their total: the sums copied back (CUDA: the step's one synchronisation)
+ * and added in unit order. */
 static fsdp_status_t shard_sumsq(struct fsdp_engine *e, double *total) {
   const size_t bytes = (size_t)e->plan.n_units * sizeof(double);
   *total = 0.0;
