@@ -44,11 +44,13 @@ int bench_kernels_collect(fsdp_engine_t eng, const lm_t *lm, int B, int T, int s
     lm_layout(lm, &y);
     r->hbm_bytes_per_s = c->device == FSDP_DEVICE_CUDA
                              ? bench_cuda_hbm(r->device_name, sizeof r->device_name) : 0.0;
-    if (c->device != FSDP_DEVICE_CUDA) snprintf(r->device_name, sizeof r->device_name, "cpu");
-    else
+    if (c->device != FSDP_DEVICE_CUDA) {
+      snprintf(r->device_name, sizeof r->device_name, "cpu");
+    } else {
       BENCH_TRY(fsdp_cuda_attention_impl(fsdp_engine_stream(eng), act, B, T, y.n_embd, y.n_head,
                                          y.n_kv_head, r->attention, sizeof r->attention));
-    bench_products(lm, fsdp_engine_stream(eng), act, B * T, r->products, sizeof r->products);
+      bench_products(lm, fsdp_engine_stream(eng), act, B * T, r->products, sizeof r->products);
+    }
   }
   BENCH_TRY(fsdp_engine_profile_read(eng, t, FSDP_KC_COUNT));
   BENCH_TRY(fsdp_engine_profile(eng, 0));

@@ -471,6 +471,9 @@ def check_kernels(mpirun, np, exe, budget, path, extra):
                and all(f"; {n}: fwd " in prod for n in ("attn proj", "fc", "fc proj"))
                and prod.count(", dinp ") == 4 and prod.count(", dW ") == 4,
                f"no block products line after the table: {prod!r}")
+    else:  # the products' choice is the CUDA backend's; the CPU has none to report
+        expect(not any(x.startswith("block products:") for x in rest),
+               f"a block products line on the CPU: {[x for x in rest if 'products' in x]}")
     print("\n".join(lines[head[0]:head[0] + 6 + len(ks) + cuda]))
     print(f"kernel profile at N={np}: {len(ks)} classes bracketed, FLOPs and bytes as "
           f"gpu_budget.py's, FLOPs against the MFU numerator")
