@@ -13,7 +13,8 @@
 #   cudnn        cudnn_attention_check: cuDNN against the in-house flash kernel at GPT-2
 #                124M's layer and a Llama-3.2-1B layer (grouped-query)   -> log.txt
 #   tests        the cuda suite (the kit's run_tests.py) -> tests.txt, cuda-kernels.txt
-#   bench        GPT-2 124M, 16 x 1024, bf16, NCCL      -> bench.json
+#   bench        GPT-2 124M, 16 x 1024, bf16, NCCL      -> bench.json; then again with
+#                FSDP_CUBLASLT_WORKSPACE_KIB=0 (no cuBLASLt workspace)   -> log.txt
 #   kprof        the same with --kernel-profile         -> kprof.txt
 #   big          GPT-2 1558M: every block checkpointed, then --checkpoint auto -> log.txt
 #   compare      bench/compare_pytorch.py, 124M: FSDP2 and torch.compile  -> compare.txt
@@ -67,7 +68,9 @@ for phase in "$@"; do
     TEST_LOG=$OUT/tests.txt FSDP_CUDA_REPORT=$OUT/cuda-kernels.txt python3 $S/.gpu/kit/run_tests.py $B $DEADLINE \
       ${TESTS:-kernels gpt2 gpt2-small-f32 gpt2-small-bf16 gpt2-124m-layer kernels-big llama-cuda engine-np1 engine-np2 engine-np4 comm-np1 comm-np2 coll-cuda-nccl-np1 coll-cuda-mpi-np2 kernel-profile-cuda} 2>&1 | tee -a "$L" ;;
   bench)
-    fl 150 $BENCH $G124 -w 3 -n 10 --json-file $OUT/bench.json 2>&1 | tail -8 | tee -a "$L" ;;
+    fl 150 $BENCH $G124 -w 3 -n 10 --json-file $OUT/bench.json 2>&1 | tail -8 | tee -a "$L"
+    say "bench: the same without a cuBLASLt workspace (as on 27 Nov), for comparison"
+    FSDP_CUBLASLT_WORKSPACE_KIB=0 fl 90 $BENCH $G124 -w 3 -n 5 2>&1 | grep -E "^(strategy|zero3|block products)" | tee -a "$L" ;;
   kprof)
     fl 120 $BENCH $G124 -w 2 -n 5 --kernel-profile > $OUT/kprof.txt 2>&1; tail -28 $OUT/kprof.txt | tee -a "$L" ;;
   big)

@@ -53,13 +53,19 @@ fsdp_status_t fsdp_cuda_refuse(const char *op, fsdp_dtype_t dt, fsdp_stream_t st
  * One cuBLAS handle per (device, stream), bound to its stream once at creation
  * and never reconfigured, which cuBLAS allows to be shared between host
  * threads. A handle owns a workspace, so handles are not made per call; a
- * small table under a lock is all the bookkeeping this needs. */
+ * small table under a lock is all the bookkeeping this needs. Each slot also
+ * holds the stream's cuBLASLt workspace (lt_workspace_bytes; cuBLASLt takes
+ * it per call, not per handle): the products of one stream run in its order,
+ * so one workspace a stream is never used by two products at once, which a
+ * workspace shared between streams would be. */
 
 namespace {
 struct blas_slot {
   int device;
   cudaStream_t stream;
   cublasHandle_t handle;
+  void *lt_ws; /* cuBLASLt's workspace, lt_ws_bytes of device memory (NULL when 0) */
+  size_t lt_ws_bytes;
 };
 std::mutex blas_lock;
 blas_slot blas_slots[FSDP_CUDA_MAX_BLAS_HANDLES];
@@ -71,6 +77,7 @@ struct lt_choice {
   int device, dt, B, C, OC, linear, epilogue;
   bool ok;
   cublasLtMatmulAlgo_t algo;
+  size_t ws; /* the workspace the algorithm takes, at most the stream's */
 };
 constexpr int kLtChoices = 64;
 std::mutex lt_lock;
@@ -82,28 +89,97 @@ lt_choice lt_choices[kLtChoices];
 int lt_count;
 } // namespace
 
-static fsdp_status_t blas_create(int device, cudaStream_t stream, cublasHandle_t *out) {
-  const fsdp_cublas_t *api = cublas_api();
-  if (!api) return FSDP_ERR_UNSUPPORTED;
-  cublasHandle_t h = nullptr;
-  CUBLAS_CHECK(api->create(&h));
-  const cublasStatus_t st = api->set_stream(h, stream);
-  if (st != CUBLAS_STATUS_SUCCESS) {
-    api->destroy(h);
-    return fsdp_cublas_fail(st, "cublasSetStream(h, stream)", __FILE__, __LINE__);
+/* ---- cuBLASLt's workspace ----
+ * The size the toolkit recommends for a cuBLAS workspace (cublasSetWorkspace's
+ * documentation; PyTorch's cuBLASLt default follows it): 32 MiB from Hopper
+ * (compute capability 9) on, 4 MiB before. Without one, cuBLASLt's heuristic
+ * chooses only among the kernels that need none, which leaves out split-K and
+ * other kernels Hopper's fastest products use. FSDP_CUBLASLT_WORKSPACE_KIB
+ * sets it in KiB for every device (0: none, the choice before this existed),
+ * read once; a value that is not a whole number of KiB up to 1 GiB is an
+ * error naming it at the first product or prepare. */
+namespace {
+constexpr long long kWorkspaceMaxKib = 1 << 20;
+struct workspace_env {
+  bool set, bad;
+  long long kib;
+  char text[64];
+};
+const workspace_env &workspace_setting() {
+  static const workspace_env env = [] {
+    workspace_env e{false, false, 0, ""};
+    const char *v = getenv("FSDP_CUBLASLT_WORKSPACE_KIB");
+    if (!v) return e;
+    e.set = true;
+    snprintf(e.text, sizeof e.text, "%s", v);
+    char *end = nullptr;
+    e.kib = strtoll(v, &end, 10);
+    e.bad = !*v || *v == '-' || *v == '+' || *end || e.kib < 0 || e.kib > kWorkspaceMaxKib;
+    return e;
+  }();
+  return env;
+}
+} // namespace
+
+static fsdp_status_t lt_workspace_bytes(int device, size_t *bytes) {
+  const workspace_env &env = workspace_setting();
+  if (env.bad)
+    return fsdp_error(FSDP_ERR_INVALID_ARGUMENT,
+                      "FSDP_CUBLASLT_WORKSPACE_KIB=%s: expected a whole number of KiB from 0 "
+                      "(no cuBLASLt workspace) to %lld; unset, 32768 on compute capability 9 "
+                      "and later, 4096 before",
+                      env.text, kWorkspaceMaxKib);
+  if (env.set) {
+    *bytes = (size_t)env.kib << 10;
+    return FSDP_SUCCESS;
   }
-  blas_slots[blas_count++] = blas_slot{device, stream, h};
-  *out = h;
+  int major = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  *bytes = (size_t)(major >= 9 ? 32 : 4) << 20;
   return FSDP_SUCCESS;
 }
 
-static fsdp_status_t blas_handle(cudaStream_t stream, cublasHandle_t *out) {
+/* The caller holds blas_lock. With cuBLASLt present, the stream's cuBLASLt
+ * workspace is allocated with the handle. */
+static fsdp_status_t blas_create(int device, cudaStream_t stream, blas_slot **out) {
+  const fsdp_cublas_t *api = cublas_api();
+  if (!api) return FSDP_ERR_UNSUPPORTED;
+  size_t ws_bytes = 0;
+  if (fsdp_cublaslt(nullptr)) FSDP_TRY(lt_workspace_bytes(device, &ws_bytes));
+  void *ws = nullptr;
+  if (ws_bytes) {
+    const cudaError_t e = cudaMalloc(&ws, ws_bytes);
+    if (e != cudaSuccess)
+      return fsdp_error(e == cudaErrorMemoryAllocation ? FSDP_ERR_OUT_OF_MEMORY : FSDP_ERR_SYSTEM,
+                        "cuBLASLt: the %.1f MiB workspace of a stream on device %d: cudaMalloc "
+                        "failed: %s (FSDP_CUBLASLT_WORKSPACE_KIB sets a smaller one, 0 none)",
+                        (double)ws_bytes / 1048576.0, device, cudaGetErrorString(e));
+  }
+  cublasHandle_t h = nullptr;
+  cublasStatus_t st = api->create(&h);
+  if (st == CUBLAS_STATUS_SUCCESS) {
+    st = api->set_stream(h, stream);
+    if (st != CUBLAS_STATUS_SUCCESS) api->destroy(h);
+  }
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    cudaFree(ws);
+    return fsdp_cublas_fail(st, h ? "cublasSetStream(h, stream)" : "cublasCreate(&h)",
+                            __FILE__, __LINE__);
+  }
+  blas_slots[blas_count] = blas_slot{device, stream, h, ws, ws_bytes};
+  *out = &blas_slots[blas_count++];
+  return FSDP_SUCCESS;
+}
+
+/* The slot of (current device, stream), made at the first ask. The pointer
+ * stays valid until fsdp_cuda_blas_release. */
+static fsdp_status_t blas_slot_of(cudaStream_t stream, blas_slot **out) {
   int device;
   CUDA_CHECK(cudaGetDevice(&device));
   std::lock_guard<std::mutex> guard(blas_lock);
   for (int i = 0; i < blas_count; ++i)
     if (blas_slots[i].device == device && blas_slots[i].stream == stream) {
-      *out = blas_slots[i].handle;
+      *out = &blas_slots[i];
       return FSDP_SUCCESS;
     }
   if (blas_count == FSDP_CUDA_MAX_BLAS_HANDLES)
@@ -121,8 +197,8 @@ fsdp_status_t fsdp_cuda_blas_prepare(fsdp_stream_t s, int *created) {
     std::lock_guard<std::mutex> guard(blas_lock);
     before = blas_count;
   }
-  cublasHandle_t h;
-  FSDP_TRY(blas_handle(stream, &h));
+  blas_slot *slot;
+  FSDP_TRY(blas_slot_of(stream, &slot));
   if (created) {
     std::lock_guard<std::mutex> guard(blas_lock);
     *created = blas_count > before;
@@ -130,22 +206,26 @@ fsdp_status_t fsdp_cuda_blas_prepare(fsdp_stream_t s, int *created) {
   return FSDP_SUCCESS;
 }
 
-/* Destroys every handle even when one fails, and reports the first failure. */
+/* Destroys every handle and frees every workspace even when one fails, and
+ * reports the first failure. */
 fsdp_status_t fsdp_cuda_blas_release(void) {
   int current;
   CUDA_CHECK(cudaGetDevice(&current));
   std::lock_guard<std::mutex> guard(blas_lock);
   fsdp_status_t first = FSDP_SUCCESS;
   for (int i = 0; i < blas_count; ++i) {
-    /* A handle is destroyed on the device it was made on. */
+    /* A handle is destroyed, a workspace freed, on the device it was made on. */
     const cudaError_t e = cudaSetDevice(blas_slots[i].device);
     const cublasStatus_t s =
         e == cudaSuccess ? fsdp_cublas(nullptr)->destroy(blas_slots[i].handle)
                          : CUBLAS_STATUS_SUCCESS; /* a handle exists: cuBLAS is open */
+    const cudaError_t f = e == cudaSuccess ? cudaFree(blas_slots[i].lt_ws) : cudaSuccess;
     if (first == FSDP_SUCCESS && e != cudaSuccess)
       first = fsdp_cuda_fail(e, "cudaSetDevice(device)", __FILE__, __LINE__);
     else if (first == FSDP_SUCCESS && s != CUBLAS_STATUS_SUCCESS)
       first = fsdp_cublas_fail(s, "cublasDestroy(handle)", __FILE__, __LINE__);
+    else if (first == FSDP_SUCCESS && f != cudaSuccess)
+      first = fsdp_cuda_fail(f, "cudaFree(cuBLASLt workspace)", __FILE__, __LINE__);
   }
   blas_count = 0;
   {
@@ -184,8 +264,9 @@ fsdp_status_t fsdp_cuda_blas_release(void) {
  * Sgemm's arithmetic (no TF32), bf16 inputs run on tensor cores with fp32
  * accumulation. */
 fsdp_status_t fsdp_cuda_gemm(const struct fsdp_gemm *g, cudaStream_t stream) {
-  cublasHandle_t h = nullptr;
-  FSDP_TRY(blas_handle(stream, &h));
+  blas_slot *slot;
+  FSDP_TRY(blas_slot_of(stream, &slot));
+  const cublasHandle_t h = slot->handle;
   const fsdp_cublas_t *api = fsdp_cublas(nullptr); /* open: a handle exists */
   const cublasOperation_t opA = g->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t opB = g->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -230,8 +311,10 @@ static fsdp_status_t gemm(bool ta, bool tb, int m, int n, int k, const T *A, int
  * documented refusals (the GELU input's leading dimension a multiple of 8).
  * Each (device, type, layer shape, epilogue) is decided once by cuBLASLt's
  * heuristic and kept (lt_decide), and said in words by fsdp_cuda_product_impl.
- * No workspace is offered, so the heuristic chooses among the kernels that
- * need none (one per stream could widen its choice: unmeasured).
+ * The heuristic is offered the stream's workspace (lt_workspace_bytes: 32 MiB
+ * on Hopper), as PyTorch and llm.c offer theirs; with none it would choose
+ * only among the kernels that need none (what this ran with on the H200 of
+ * 27 Nov; FSDP_CUBLASLT_WORKSPACE_KIB=0 gives that back for comparison).
  * Where cuBLASLt is absent or finds no algorithm, or a tensor is not 16-byte
  * aligned, the product is written with beta = 0 and one vectorised pass
  * follows it: + bias, and GELU for the MLP's fc (keeping the pre-activation
@@ -285,9 +368,11 @@ static const uint32_t kAlign = 16;
 static const void *const kProbe = reinterpret_cast<const void *>(uintptr_t{48});
 
 /* Returns false when a descriptor call fails. A and B are of type T, C and D
- * (and the bias gradient) of TD. */
+ * (and the bias gradient) of TD; the heuristic may choose algorithms taking
+ * up to ws_max bytes of workspace. */
 template <typename T, typename TD>
-static bool lt_describe(lt_call &c, const lt_shape &x, const void *bias, const void *aux) {
+static bool lt_describe(lt_call &c, const lt_shape &x, const void *bias, const void *aux,
+                        uint64_t ws_max) {
   const fsdp_cublaslt_t *api = c.api;
   const cudaDataType t = fsdp_cuda_type<T>::value, td = fsdp_cuda_type<TD>::value;
   const int32_t ta = x.ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = x.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -306,6 +391,8 @@ static bool lt_describe(lt_call &c, const lt_shape &x, const void *bias, const v
          api->layout_create(&c.a, t, x.ta ? x.k : x.m, x.ta ? x.m : x.k, x.lda) == 0 &&
          api->layout_create(&c.b, t, x.tb ? x.n : x.k, x.tb ? x.k : x.n, x.ldb) == 0 &&
          api->layout_create(&c.d, td, x.m, x.n, x.ldd) == 0 && api->pref_create(&c.pref) == 0 &&
+         api->pref_set(c.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_max,
+                       sizeof ws_max) == 0 &&
          api->pref_set(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &kAlign,
                        sizeof kAlign) == 0 &&
          api->pref_set(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &kAlign,
@@ -317,22 +404,23 @@ static bool lt_describe(lt_call &c, const lt_shape &x, const void *bias, const v
 }
 
 /* Whether cuBLASLt runs x for layer l on the current device (*ok) and with
- * which algorithm and the device's handle: decided at the first ask per
- * (device, type, layer shape, epilogue) by the heuristic and kept. bias and
- * aux: whether the epilogue takes them. *ok is false without cuBLASLt (and on
- * a device ordinal past kLtDevices). */
+ * which algorithm, the device's handle and the workspace the algorithm takes
+ * (*ws, at most lt_workspace_bytes; handle and ws may be NULL): decided at the first ask per (device, type, layer
+ * shape, epilogue) by the heuristic and kept. bias and aux: whether the
+ * epilogue takes them. *ok is false without cuBLASLt (and on a device ordinal
+ * past kLtDevices). */
 template <typename T, typename TD>
 static fsdp_status_t lt_decide(const lt_shape &x, bool bias, bool aux, const lt_layer &l,
                                bool *ok, cublasLtMatmulAlgo_t *algo,
-                               cublasLtHandle_t *handle = nullptr) {
+                               cublasLtHandle_t *handle = nullptr, size_t *ws = nullptr) {
   *ok = false;
   const fsdp_cublaslt_t *api = fsdp_cublaslt(nullptr);
   if (!api) return FSDP_SUCCESS;
   int device;
   CUDA_CHECK(cudaGetDevice(&device));
   if (device < 0 || device >= kLtDevices) return FSDP_SUCCESS;
-  const lt_choice key{device,        fsdp_cuda_type<T>::value, l.B, l.C, l.OC, (int)l.linear,
-                      (int)x.epilogue, false,                  cublasLtMatmulAlgo_t{}};
+  const lt_choice key{device,          fsdp_cuda_type<T>::value, l.B, l.C, l.OC, (int)l.linear,
+                      (int)x.epilogue, false, cublasLtMatmulAlgo_t{}, 0};
   std::lock_guard<std::mutex> guard(lt_lock);
   for (int i = 0; i < lt_count; ++i) {
     const lt_choice &c = lt_choices[i];
@@ -340,10 +428,13 @@ static fsdp_status_t lt_decide(const lt_shape &x, bool bias, bool aux, const lt_
         c.OC == key.OC && c.linear == key.linear && c.epilogue == key.epilogue) {
       *ok = c.ok;
       *algo = c.algo;
+      if (ws) *ws = c.ws;
       if (handle) *handle = lt_handles[device];
       return FSDP_SUCCESS;
     }
   }
+  size_t ws_max;
+  FSDP_TRY(lt_workspace_bytes(device, &ws_max));
   cublasLtHandle_t &h = lt_handles[device];
   if (!h && api->create(&h) != CUBLAS_STATUS_SUCCESS) {
     h = nullptr;
@@ -353,15 +444,16 @@ static fsdp_status_t lt_decide(const lt_shape &x, bool bias, bool aux, const lt_
   lt_call call(api);
   cublasLtMatmulHeuristicResult_t r;
   int found = 0;
-  *ok = lt_describe<T, TD>(call, x, bias ? kProbe : nullptr, aux ? kProbe : nullptr) &&
+  *ok = lt_describe<T, TD>(call, x, bias ? kProbe : nullptr, aux ? kProbe : nullptr, ws_max) &&
         api->heuristic(h, call.desc, call.a, call.b, call.d, call.d, call.pref, 1, &r,
                        &found) == CUBLAS_STATUS_SUCCESS &&
         found == 1;
   if (*ok) *algo = r.algo;
+  if (ws) *ws = *ok ? r.workspaceSize : 0;
   if (lt_count < kLtChoices) { /* past the table, a rare shape is decided at each call */
     lt_choices[lt_count] = key;
     lt_choices[lt_count].ok = *ok;
-    if (*ok) lt_choices[lt_count].algo = r.algo;
+    if (*ok) lt_choices[lt_count].algo = r.algo, lt_choices[lt_count].ws = r.workspaceSize;
     ++lt_count;
   }
   return FSDP_SUCCESS;
@@ -381,14 +473,17 @@ static fsdp_status_t lt_run(const lt_shape &x, const lt_layer &l, TD *d, const T
   cublasLtHandle_t h;
   FSDP_TRY((lt_decide<T, TD>(x, bias != nullptr, aux != nullptr, l, &ok, &algo, &h)));
   if (!ok) return FSDP_SUCCESS;
+  blas_slot *slot; /* the stream's workspace: lt_workspace_bytes, as the heuristic was offered */
+  FSDP_TRY(blas_slot_of(s, &slot));
   lt_call call(fsdp_cublaslt(nullptr)); /* open: the heuristic ran */
-  if (!lt_describe<T, TD>(call, x, bias, aux))
+  if (!lt_describe<T, TD>(call, x, bias, aux, slot->lt_ws_bytes))
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "cuBLASLt: the descriptors of a %d x %d x %d "
                       "product (epilogue %u), which its heuristic took, could not be made",
                       x.m, x.n, x.k, (unsigned)x.epilogue);
   const float one = 1.0f;
   const cublasStatus_t st = call.api->matmul(h, call.desc, &one, A, call.a, Bm, call.b,
-                                             &beta, d, call.d, d, call.d, &algo, nullptr, 0, s);
+                                             &beta, d, call.d, d, call.d, &algo, slot->lt_ws,
+                                             slot->lt_ws_bytes, s);
   if (st != CUBLAS_STATUS_SUCCESS)
     return fsdp_cublas_fail(st, "cublasLtMatmul(d, A, B)", __FILE__, __LINE__);
   *done = 1;
@@ -629,15 +724,17 @@ fsdp_status_t fsdp_cuda_matmul_backward(const fsdp_matmul_backward_args_t *a,
 }
 
 /* "cuBLASLt <epilogue>" where cuBLASLt runs x (eligible: the shape asks it)
- * for layer l, else "<pass> (<why>)" into out. */
+ * for layer l, with " (workspace <MiB>)" when its algorithm takes one, else
+ * "<pass> (<why>)" into out. */
 template <typename T, typename TD>
 static fsdp_status_t say_choice(bool eligible, const lt_shape &x, bool bias, bool aux,
                                 const lt_layer &l, const char *why, const char *pass, char *out,
                                 size_t n) {
   bool ok = false;
   cublasLtMatmulAlgo_t algo;
+  size_t ws = 0;
   if (eligible) {
-    FSDP_TRY((lt_decide<T, TD>(x, bias, aux, l, &ok, &algo)));
+    FSDP_TRY((lt_decide<T, TD>(x, bias, aux, l, &ok, &algo, nullptr, &ws)));
     why = fsdp_cublaslt(nullptr) ? "cuBLASLt's heuristic found no algorithm" : "no cuBLASLt";
   }
   const char *name = x.epilogue == CUBLASLT_EPILOGUE_BIAS            ? "BIAS"
@@ -645,7 +742,8 @@ static fsdp_status_t say_choice(bool eligible, const lt_shape &x, bool bias, boo
                      : x.epilogue == CUBLASLT_EPILOGUE_DGELU         ? "DGELU"
                      : x.epilogue == CUBLASLT_EPILOGUE_BGRADA        ? "BGRADA"
                                                                      : "BGRADB";
-  if (ok) snprintf(out, n, "cuBLASLt %s", name);
+  if (ok && ws) snprintf(out, n, "cuBLASLt %s (workspace %.2f MiB)", name, ws / 1048576.0);
+  else if (ok) snprintf(out, n, "cuBLASLt %s", name);
   else snprintf(out, n, "%s (%s)", pass, why);
   return FSDP_SUCCESS;
 }

@@ -23,8 +23,8 @@
  * - No call allocates device memory (the engine allocates nothing inside a
  *   step). Scratch that the GPU needs and the CPU keeps on its stack is passed
  *   in. The one exception is the first cuBLAS call on a (device, stream): it
- *   creates that stream's cuBLAS handle unless fsdp_cuda_blas_prepare did
- *   (see fsdp_cuda_blas_release).
+ *   creates that stream's cuBLAS handle and cuBLASLt workspace unless
+ *   fsdp_cuda_blas_prepare did (see fsdp_cuda_blas_release).
  * - bf16 values are stored as uint16_t bit patterns, as fsdp_f32_to_bf16 makes
  *   them. With dtype bf16 activations, weights and activation gradients are
  *   bf16, while parameter gradients (dweight, dbias, dwte, dwpe) and
@@ -145,17 +145,22 @@ fsdp_status_t fsdp_cuda_swiglu_backward(const fsdp_swiglu_backward_args_t *a,
 /* ---- cuBLAS handles: the table's prepare and release ---- */
 
 /* Destroys the cuBLAS handles the matrix products created, one per (device,
- * stream) they ran on, at most FSDP_CUDA_MAX_BLAS_HANDLES, and the cuBLASLt
+ * stream) they ran on, at most FSDP_CUDA_MAX_BLAS_HANDLES, with each one's
+ * cuBLASLt workspace (32 MiB from compute capability 9 on, 4 MiB before;
+ * FSDP_CUBLASLT_WORKSPACE_KIB sets it, 0 for none), and the cuBLASLt
  * handle of each device with its cached epilogue decisions. Call it when no
  * kernel is running and no thread is in a product, before destroying those
  * streams (a handle keeps its
  * stream's address; a new stream at the same address would inherit it). */
 #define FSDP_CUDA_MAX_BLAS_HANDLES 32
 fsdp_status_t fsdp_cuda_blas_release(void);
-/* Creates the cuBLAS handle of (current device, stream) now, so that no
- * product pays for it later (the engine calls it at materialize, not at the
- * first product while gathers are in flight). *created (may be NULL): 1 when
- * this call made it, 0 when it was there. */
+/* Creates the cuBLAS handle of (current device, stream) and, with cuBLASLt
+ * present, its cuBLASLt workspace now, so that no product pays for them
+ * later (the engine calls it at materialize, not at the first product while
+ * gathers are in flight). *created (may be NULL): 1 when this call made
+ * them, 0 when they were there. Errors: FSDP_ERR_OUT_OF_MEMORY naming the
+ * workspace's size when the device has no room for it,
+ * FSDP_ERR_INVALID_ARGUMENT for a bad FSDP_CUBLASLT_WORKSPACE_KIB. */
 fsdp_status_t fsdp_cuda_blas_prepare(fsdp_stream_t stream, int *created);
 
 /* ---- the engine's shard kernels (fp32 shards): the table's slots ---- */

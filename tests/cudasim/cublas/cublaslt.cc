@@ -3,7 +3,14 @@
  * answers one algorithm exactly when cublasLtMatmul would accept the call, and
  * cublasLtMatmul, which checks at the call (lt_reference.cc) and queues the
  * reference epilogue on the given stream with cudaLaunchHostFunc, in stream
- * order like a kernel. */
+ * order like a kernel.
+ * Workspace: offered one (CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES), the
+ * heuristic's algorithm takes min(offered, m * n * 4 bytes), as a split-K
+ * kernel's fp32 partial sums would; cublasLtMatmul refuses a smaller or NULL
+ * workspace (CUBLAS_STATUS_INVALID_VALUE, as the toolkit documents) and
+ * overwrites all of it in stream order, so that a workspace smaller than
+ * claimed is a heap overflow under ASan and one shared by two streams a data
+ * race under TSan. */
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
@@ -51,10 +58,18 @@ cublasStatus_t refuse(cublasStatus_t st, const char *fn, const char *what) {
   return st;
 }
 
+/* A queued call and the workspace its algorithm takes. */
+struct queued_lt {
+  sim_lt e;
+  void *ws;
+  size_t ws_bytes;
+};
+
 void run_call(void *p) {
-  sim_lt *e = static_cast<sim_lt *>(p);
-  sim_lt_run(e);
-  delete e;
+  queued_lt *q = static_cast<queued_lt *>(p);
+  sim_lt_run(&q->e);
+  if (q->ws_bytes) memset(q->ws, 0xa5, q->ws_bytes); /* the kernel's scratch, in stream order */
+  delete q;
 }
 
 /* The call described by the descriptors; pointers as given. */
@@ -214,10 +229,12 @@ SIM_EXPORT cublasStatus_t cublasLtMatmulPreferenceSetAttribute(
                 "an attribute the simulator does not model: CUBLAS_STATUS_NOT_SUPPORTED");
 }
 
-/* One algorithm (workspace 0) when the call with these descriptors would be
- * accepted, relying on the preference's promised alignments for A..D and on
- * the alignment of the bias and aux pointers it is shown (kept in the
- * algorithm's data[0..3] and [4], [5], checked by cublasLtMatmul); else the
+/* One algorithm when the call with these descriptors would be accepted,
+ * relying on the preference's promised alignments for A..D and on the
+ * alignment of the bias and aux pointers it is shown (kept in the
+ * algorithm's data[0..3] and [4], [5], checked by cublasLtMatmul), taking
+ * min(MAX_WORKSPACE_BYTES, m * n * 4) bytes of workspace (workspaceSize and
+ * data[6], checked by cublasLtMatmul); else the
  * refusal's status and no algorithm (the toolkit answers
  * CUBLAS_STATUS_NOT_SUPPORTED when no kernel fits). */
 SIM_EXPORT cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
@@ -245,6 +262,9 @@ SIM_EXPORT cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
   for (int i = 0; i < 4; ++i) results[0].algo.data[i] = pref->align[i];
   results[0].algo.data[4] = alignment_of(sim_lt_has_bias(e.epilogue) ? e.bias : nullptr);
   results[0].algo.data[5] = alignment_of(sim_lt_has_aux(e.epilogue) ? e.aux : nullptr);
+  const uint64_t partials = (uint64_t)e.g.m * (uint64_t)e.g.n * 4;
+  results[0].workspaceSize = pref->workspace < partials ? pref->workspace : partials;
+  results[0].algo.data[6] = results[0].workspaceSize;
   results[0].state = CUBLAS_STATUS_SUCCESS;
   results[0].wavesCount = 1.0f;
   *count = 1;
@@ -259,11 +279,18 @@ SIM_EXPORT cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_
                                          cublasLtMatrixLayout_t dd,
                                          const cublasLtMatmulAlgo_t *algo, void *workspace,
                                          size_t workspace_bytes, cudaStream_t stream) {
-  (void)workspace, (void)workspace_bytes; /* one reference algorithm, no workspace */
   const char *fn = "cublasLtMatmul";
   if (!algo)
     return refuse(CUBLAS_STATUS_NOT_SUPPORTED, fn, "no algorithm: the simulator models only "
                   "one from cublasLtMatmulAlgoGetHeuristic: CUBLAS_STATUS_NOT_SUPPORTED");
+  const uint64_t ws_need = algo->data[6];
+  if (ws_need && (!workspace || workspace_bytes < ws_need)) {
+    char why[200];
+    snprintf(why, sizeof why, "workspace %p of %zu bytes, its algorithm takes %llu: "
+             "CUBLAS_STATUS_INVALID_VALUE", workspace, workspace_bytes,
+             (unsigned long long)ws_need);
+    return refuse(CUBLAS_STATUS_INVALID_VALUE, fn, why);
+  }
   const void *ptrs[4] = {A, B, C, D};
   for (int i = 0; i < 4; ++i)
     if (algo->data[i] == 0 || (uintptr_t)ptrs[i] % algo->data[i] != 0) {
@@ -296,7 +323,7 @@ SIM_EXPORT cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_
       return refuse(CUBLAS_STATUS_NOT_SUPPORTED, fn, why);
     }
   if (e.g.m == 0 || e.g.n == 0) return CUBLAS_STATUS_SUCCESS;
-  sim_lt *queued = new (std::nothrow) sim_lt(e);
+  queued_lt *queued = new (std::nothrow) queued_lt{e, workspace, (size_t)ws_need};
   if (!queued) return CUBLAS_STATUS_ALLOC_FAILED;
   const cudaError_t err = cudaLaunchHostFunc(stream, run_call, queued);
   if (err != cudaSuccess) {

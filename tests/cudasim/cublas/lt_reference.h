@@ -33,8 +33,8 @@
  *    above are NOT_SUPPORTED with a line saying the simulator does not model
  *    them. Everything the product itself refuses is refused as
  *    cublasGemmEx refuses it.
- * Not modelled: the heuristic's choice among kernels, workspace, non-default
- * bias / aux data types, row order. Pointer alignment beyond the element is
+ * Not modelled: the heuristic's choice among kernels, non-default bias / aux
+ * data types, row order (the workspace is cublaslt.cc's). Pointer alignment beyond the element is
  * cublaslt.cc's: A, B, C and D the preference's promise, the bias and aux
  * pointers the alignment the heuristic saw in them (cublasLt.h: routines that
  * do not dereference them, like cublasLtMatmulAlgoGetHeuristic, depend on

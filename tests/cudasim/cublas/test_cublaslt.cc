@@ -5,7 +5,8 @@
  * input leading dimension not divisible by 8), a D less aligned than the
  * preference promised refused, a bias or aux pointer less aligned than the one
  * the heuristic was shown refused (and one off its element refused by the
- * heuristic), and cublasLtMatmul with
+ * heuristic), the workspace an algorithm takes (none or less refused, all of
+ * it overwritten), and cublasLtMatmul with
  * GELU_AUX_BIAS on a stream of the simulated runtime, against the host. Exit 0
  * when every check passes. */
 #include <dlfcn.h>
@@ -185,6 +186,66 @@ static void test_epilogue_alignment(void) {
   cudaFree(dx), cudaFree(dw), cudaFree(db), cudaFree(dp), cudaFree(dy);
 }
 
+/* The workspace as blas.cu offers it: the heuristic's algorithm takes
+ * min(offered, m * n * 4) bytes; cublasLtMatmul refuses none or less (and
+ * writes nothing), takes enough and overwrites it in stream order. */
+static void test_workspace(void) {
+  const int B = 5, C = 7, OC = 16;
+  std::vector<float> x(B * C, 0.25f), w(OC * C, 0.5f), bias(OC, 0.0f), got(B * OC);
+  float *dx = dev(x.size(), x.data()), *dw = dev(w.size(), w.data()),
+        *db = dev(bias.size(), bias.data()), *dy = dev(B * OC, nullptr),
+        *dp = dev(B * OC, nullptr), *ws = dev(B * OC, nullptr);
+  cudaMemset(dy, 0, B * OC * 4);
+  cudaMemset(ws, 0, B * OC * 4);
+  cublasLtHandle_t h = nullptr;
+  CHECK(api->create(&h) == 0, "create");
+  cudaStream_t s = nullptr;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess, "stream");
+  const float one = 1.0f, zero = 0.0f;
+  const size_t partials = (size_t)B * OC * 4;
+  for (const uint64_t offered : {(uint64_t)32 << 20, (uint64_t)64}) {
+    descs d;
+    build(d, B, C, OC, db, dp);
+    CHECK(api->pref_set(d.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &offered,
+                        sizeof offered) == 0, "MAX_WORKSPACE_BYTES");
+    cublasLtMatmulHeuristicResult_t r;
+    int found = 0;
+    CHECK(api->heuristic(h, d.d, d.a, d.b, d.c, d.c, d.p, 1, &r, &found) == 0 && found == 1,
+          "no algorithm with %llu bytes of workspace offered", (unsigned long long)offered);
+    const size_t need = offered < partials ? (size_t)offered : partials;
+    CHECK(r.workspaceSize == need, "offered %llu bytes, the algorithm takes %zu, want %zu",
+          (unsigned long long)offered, r.workspaceSize, need);
+    CHECK(api->matmul(h, d.d, &one, dw, d.a, dx, d.b, &zero, dy, d.c, dy, d.c, &r.algo, nullptr,
+                      0, s) == CUBLAS_STATUS_INVALID_VALUE, "an algorithm taking %zu bytes of "
+          "workspace ran without one", need);
+    CHECK(api->matmul(h, d.d, &one, dw, d.a, dx, d.b, &zero, dy, d.c, dy, d.c, &r.algo, ws,
+                      need - 4, s) == CUBLAS_STATUS_INVALID_VALUE,
+          "an algorithm taking %zu bytes of workspace ran with %zu", need, need - 4);
+    CHECK(cudaStreamSynchronize(s) == cudaSuccess, "sync");
+    cudaMemcpy(got.data(), dy, got.size() * 4, cudaMemcpyDeviceToHost);
+    CHECK(got == std::vector<float>(B * OC, 0.0f), "a refused call wrote D");
+    CHECK(api->matmul(h, d.d, &one, dw, d.a, dx, d.b, &zero, dy, d.c, dy, d.c, &r.algo, ws,
+                      partials, s) == 0, "the workspace the algorithm takes refused");
+    CHECK(cudaStreamSynchronize(s) == cudaSuccess, "sync");
+    std::vector<unsigned char> scratch(partials);
+    cudaMemcpy(scratch.data(), ws, partials, cudaMemcpyDeviceToHost);
+    size_t written = 0;
+    while (written < partials && scratch[written] == 0xa5) ++written;
+    CHECK(written == need, "the call overwrote %zu bytes of its workspace, its algorithm takes "
+          "%zu", written, need);
+    cudaMemcpy(got.data(), dy, got.size() * 4, cudaMemcpyDeviceToHost);
+    const float want = 0.5f * 0.875f * (1 + tanhf(sqrtf(2 / (float)M_PI) *
+                                                  (0.875f + 0.044715f * 0.875f * 0.875f * 0.875f)));
+    CHECK(fabsf(got[0] - want) < 1e-5f, "D = %g with a workspace, want gelu(0.875) = %g", got[0],
+          want);
+    cudaMemset(ws, 0, partials);
+    cudaMemset(dy, 0, B * OC * 4);
+  }
+  CHECK(api->destroy(h) == 0, "destroy");
+  cudaStreamDestroy(s);
+  cudaFree(dx), cudaFree(dw), cudaFree(db), cudaFree(dy), cudaFree(dp), cudaFree(ws);
+}
+
 int main(void) {
   const char *why = nullptr;
   api = fsdp_cublaslt(&why);
@@ -195,6 +256,7 @@ int main(void) {
         "cublasLtMatmul comes from %s, not the simulator's", info.dli_fname);
   test_gelu_aux_bias();
   test_epilogue_alignment();
+  test_workspace();
   printf("test_cublaslt: %d checks, %d failed\n", checks, failures);
   return failures ? 1 : 0;
 }

@@ -99,6 +99,7 @@ struct cudaDeviceProp {
  * other is refused), with the toolkit's values and an H100's answers. */
 enum cudaDeviceAttr {
   cudaDevAttrMaxSharedMemoryPerBlock = 8,          /* 49152: 48 KiB without opt-in */
+  cudaDevAttrComputeCapabilityMajor = 75,          /* 9: sm_90 */
   cudaDevAttrMaxSharedMemoryPerMultiprocessor = 81, /* 233472: 228 KiB */
   cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,    /* 232448: 227 KiB */
   cudaDevAttrReservedSharedMemoryPerBlock = 111    /* 1024: the runtime's, per block */

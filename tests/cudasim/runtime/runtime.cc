@@ -672,6 +672,7 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
   if (device < 0 || device >= cfg.devices) return fail(cudaErrorInvalidDevice);
   switch (attr) {
   case cudaDevAttrMaxSharedMemoryPerBlock: *value = (int)kSharedPerBlock; return cudaSuccess;
+  case cudaDevAttrComputeCapabilityMajor: *value = 9; return cudaSuccess; /* p->major */
   case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = (int)kSharedOptin; return cudaSuccess;
   case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *value = 233472; return cudaSuccess;
   case cudaDevAttrReservedSharedMemoryPerBlock: *value = 1024; return cudaSuccess;
