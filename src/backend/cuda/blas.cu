@@ -405,10 +405,10 @@ static bool lt_describe(lt_call &c, const lt_shape &x, const void *bias, const v
 
 /* Whether cuBLASLt runs x for layer l on the current device (*ok) and with
  * which algorithm, the device's handle and the workspace the algorithm takes
- * (*ws, at most lt_workspace_bytes; handle and ws may be NULL): decided at the first ask per (device, type, layer
- * shape, epilogue) by the heuristic and kept. bias and aux: whether the
- * epilogue takes them. *ok is false without cuBLASLt (and on a device ordinal
- * past kLtDevices). */
+ * (*ws, at most lt_workspace_bytes; handle and ws may be NULL): decided at the
+ * first ask per (device, type, layer shape, epilogue) by the heuristic and
+ * kept. bias and aux: whether the epilogue takes them. *ok is false without
+ * cuBLASLt (and on a device ordinal past kLtDevices). */
 template <typename T, typename TD>
 static fsdp_status_t lt_decide(const lt_shape &x, bool bias, bool aux, const lt_layer &l,
                                bool *ok, cublasLtMatmulAlgo_t *algo,
