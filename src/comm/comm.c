@@ -480,9 +480,18 @@ static fsdp_status_t coll_run(fsdp_comm_t comm, const fsdp_coll_t *c) {
  * the stream, then runs in the caller. */
 static fsdp_status_t coll_cuda(fsdp_comm_t comm, const fsdp_coll_t *c, fsdp_stream_t stream) {
   if (comm->ops->enqueue) {
-    /* After the watchdog's abort: its report, as FSDP_ERR_TIMEOUT. */
+    /* After the watchdog's abort: its report, as FSDP_ERR_TIMEOUT. After a
+     * failure inside a stream noted since coll_issue's check (the watchdog's
+     * poll aborted the communicator under this call): that first failure,
+     * which names the collective that failed, not this one. */
     fsdp_status_t st = comm->ops->enqueue(comm, c, fsdp_stream_cuda_handle(stream));
-    return st == FSDP_SUCCESS ? st : fsdp_watch_failed(comm, st);
+    if (st == FSDP_SUCCESS) return st;
+    st = fsdp_watch_failed(comm, st);
+    if (st == FSDP_ERR_COMM) {
+      const fsdp_status_t first = fsdp_watch_check(comm);
+      if (first != FSDP_SUCCESS) return first;
+    }
+    return st;
   }
   FSDP_TRY(fsdp_stream_synchronize(stream));
   return coll_run(comm, c);

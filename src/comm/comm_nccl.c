@@ -34,6 +34,7 @@
 #if FSDP_HAVE_NCCL
 #include <cuda_runtime.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -491,10 +492,29 @@ static fsdp_status_t track(fsdp_comm_t c, const fsdp_coll_t *k, void *cuda_strea
   return FSDP_SUCCESS;
 }
 
+static void nccl_poll(fsdp_comm_t c);
+
 /* A CUDA stream: queued there and watched (poll). */
 static fsdp_status_t nccl_enqueue(fsdp_comm_t c, const fsdp_coll_t *k, void *cuda_stream) {
-  FSDP_TRY(check_health(c));
   nccl_impl_t *im = impl_of(c);
+  /* FSDP_TEST_FAULT=nccl_enqueue_late@<rank> (the nccl-fail-late-enqueue
+   * test): the health check passes as if run before the failure below became
+   * visible, then this communicator's own poll runs until a collective queued
+   * before this one has failed inside its stream (the poll then aborts the
+   * communicator) or none is queued. An enqueue after an in-stream failure
+   * then meets a communicator aborted after its check: the race with the
+   * watchdog thread's poll, made certain. */
+  if (!fsdp_test_fault("nccl_enqueue_late", fsdp_world_rank(c->world)))
+    FSDP_TRY(check_health(c));
+  else
+    for (;;) {
+      pthread_mutex_lock(&im->mu);
+      const int settled = atomic_load(&im->failed) || im->count == 0;
+      pthread_mutex_unlock(&im->mu);
+      if (settled) break;
+      nccl_poll(c);
+      sched_yield();
+    }
   FSDP_TRY(submit(c, k, cuda_stream, 1));
   pthread_mutex_lock(&im->mu);
   fsdp_status_t st = track(c, k, cuda_stream);
