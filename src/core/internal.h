@@ -69,9 +69,12 @@ char *fsdp_strdup(const char *s);
 /* Test-only fault injection, for failures a test cannot otherwise cause on
  * one rank (an allocation): 1 when FSDP_TEST_FAULT, a comma-separated list
  * of SITE@RANK, names `site` on world rank `rank`. Read at every call; only
- * tests set it (tests/mpi/test_comm.c). Sites: comm_split (the split's local
- * allocations fail), comm_split_setup (the group's communicator fails on
- * this rank once its backend made it). */
+ * tests set it (tests/mpi/test_comm.c, tests/cuda/meson.build). Sites:
+ * comm_split (the split's local allocations fail), comm_split_setup (the
+ * group's communicator fails on this rank once its backend made it),
+ * nccl_enqueue_late (an NCCL enqueue's health check passes, then the
+ * communicator's poll runs until a queued collective has failed or none is
+ * queued: comm_nccl.c). */
 int fsdp_test_fault(const char *site, int rank);
 
 #endif
