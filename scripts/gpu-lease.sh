@@ -69,7 +69,7 @@ for phase in "$@"; do
       ${TESTS:-kernels gpt2 gpt2-small-f32 gpt2-small-bf16 gpt2-124m-layer kernels-big llama-cuda engine-np1 engine-np2 engine-np4 comm-np1 comm-np2 coll-cuda-nccl-np1 coll-cuda-mpi-np2 kernel-profile-cuda} 2>&1 | tee -a "$L" ;;
   bench)
     fl 150 $BENCH $G124 -w 3 -n 10 --json-file $OUT/bench.json 2>&1 | tail -8 | tee -a "$L"
-    say "bench: the same without a cuBLASLt workspace (as on 27 Nov), for comparison"
+    say "bench: the same without a cuBLASLt workspace (as on 27 Nov), 5 timed steps, for comparison"
     FSDP_CUBLASLT_WORKSPACE_KIB=0 fl 90 $BENCH $G124 -w 3 -n 5 2>&1 | grep -E "^(strategy|zero3|block products)" | tee -a "$L" ;;
   kprof)
     fl 120 $BENCH $G124 -w 2 -n 5 --kernel-profile > $OUT/kprof.txt 2>&1; tail -28 $OUT/kprof.txt | tee -a "$L" ;;

@@ -96,8 +96,9 @@ int lt_count;
  * chooses only among the kernels that need none, which leaves out split-K and
  * other kernels Hopper's fastest products use. FSDP_CUBLASLT_WORKSPACE_KIB
  * sets it in KiB for every device (0: none, the choice before this existed),
- * read once; a value that is not a whole number of KiB up to 1 GiB is an
- * error naming it at the first product or prepare. */
+ * read once where cuBLASLt is present; a value that is not a whole number of
+ * KiB up to 1 GiB (digits only) is an error naming it at the first product
+ * or prepare. */
 namespace {
 constexpr long long kWorkspaceMaxKib = 1 << 20;
 struct workspace_env {
@@ -114,7 +115,7 @@ const workspace_env &workspace_setting() {
     snprintf(e.text, sizeof e.text, "%s", v);
     char *end = nullptr;
     e.kib = strtoll(v, &end, 10);
-    e.bad = !*v || *v == '-' || *v == '+' || *end || e.kib < 0 || e.kib > kWorkspaceMaxKib;
+    e.bad = *v < '0' || *v > '9' || *end || e.kib > kWorkspaceMaxKib;
     return e;
   }();
   return env;
@@ -149,11 +150,13 @@ static fsdp_status_t blas_create(int device, cudaStream_t stream, blas_slot **ou
   void *ws = nullptr;
   if (ws_bytes) {
     const cudaError_t e = cudaMalloc(&ws, ws_bytes);
-    if (e != cudaSuccess)
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError(); /* reported here, not by the next launch's check */
       return fsdp_error(e == cudaErrorMemoryAllocation ? FSDP_ERR_OUT_OF_MEMORY : FSDP_ERR_SYSTEM,
                         "cuBLASLt: the %.1f MiB workspace of a stream on device %d: cudaMalloc "
                         "failed: %s (FSDP_CUBLASLT_WORKSPACE_KIB sets a smaller one, 0 none)",
                         (double)ws_bytes / 1048576.0, device, cudaGetErrorString(e));
+    }
   }
   cublasHandle_t h = nullptr;
   cublasStatus_t st = api->create(&h);
@@ -471,10 +474,15 @@ static fsdp_status_t lt_run(const lt_shape &x, const lt_layer &l, TD *d, const T
   bool ok;
   cublasLtMatmulAlgo_t algo;
   cublasLtHandle_t h;
-  FSDP_TRY((lt_decide<T, TD>(x, bias != nullptr, aux != nullptr, l, &ok, &algo, &h)));
+  size_t ws;
+  FSDP_TRY((lt_decide<T, TD>(x, bias != nullptr, aux != nullptr, l, &ok, &algo, &h, &ws)));
   if (!ok) return FSDP_SUCCESS;
   blas_slot *slot; /* the stream's workspace: lt_workspace_bytes, as the heuristic was offered */
   FSDP_TRY(blas_slot_of(s, &slot));
+  if (ws > slot->lt_ws_bytes)
+    return fsdp_error(FSDP_ERR_INTERNAL, "cuBLASLt: the algorithm chosen for a %d x %d x %d "
+                      "product takes %zu bytes of workspace, this stream has %zu", x.m, x.n,
+                      x.k, ws, slot->lt_ws_bytes);
   lt_call call(fsdp_cublaslt(nullptr)); /* open: the heuristic ran */
   if (!lt_describe<T, TD>(call, x, bias, aux, slot->lt_ws_bytes))
     return fsdp_error(FSDP_ERR_OUT_OF_MEMORY, "cuBLASLt: the descriptors of a %d x %d x %d "

@@ -8,7 +8,7 @@
  * heuristic's algorithm takes min(offered, m * n * 4 bytes), as a split-K
  * kernel's fp32 partial sums would; cublasLtMatmul refuses a smaller or NULL
  * workspace (CUBLAS_STATUS_INVALID_VALUE, as the toolkit documents) and
- * overwrites all of it in stream order, so that a workspace smaller than
+ * overwrites the part its algorithm takes in stream order, so that a workspace smaller than
  * claimed is a heap overflow under ASan and one shared by two streams a data
  * race under TSan. */
 #include <limits.h>
