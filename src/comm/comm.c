@@ -483,12 +483,14 @@ static fsdp_status_t coll_cuda(fsdp_comm_t comm, const fsdp_coll_t *c, fsdp_stre
     /* After the watchdog's abort: its report, as FSDP_ERR_TIMEOUT. After a
      * failure inside a stream noted since coll_issue's check (the watchdog's
      * poll aborted the communicator under this call): that first failure,
-     * which names the collective that failed, not this one. */
+     * which names the collective that failed, then this call's own error. */
     fsdp_status_t st = comm->ops->enqueue(comm, c, fsdp_stream_cuda_handle(stream));
     if (st == FSDP_SUCCESS) return st;
     st = fsdp_watch_failed(comm, st);
     if (st == FSDP_ERR_COMM) {
-      const fsdp_status_t first = fsdp_watch_check(comm);
+      char own[512];
+      snprintf(own, sizeof own, "%s", fsdp_last_error());
+      const fsdp_status_t first = fsdp_watch_first_failure(comm, own);
       if (first != FSDP_SUCCESS) return first;
     }
     return st;

@@ -34,7 +34,6 @@
 #if FSDP_HAVE_NCCL
 #include <cuda_runtime.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -315,9 +314,9 @@ static ncclResult_t issue(fsdp_comm_t c, ncclComm_t comm, const fsdp_coll_t *k, 
 }
 
 static fsdp_status_t aborted(fsdp_comm_t c, const fsdp_coll_t *k) {
-  return fsdp_error(FSDP_ERR_COMM, "nccl: %s #%llu on communicator %d: the communicator was "
-                    "aborted by the watchdog", fsdp_coll_name(k->kind),
-                    (unsigned long long)k->seq, c->id);
+  return fsdp_error(FSDP_ERR_COMM, "nccl: %s #%llu on communicator %d was not issued: the "
+                    "communicator was aborted (the watchdog's deadline or a failure before it)",
+                    fsdp_coll_name(k->kind), (unsigned long long)k->seq, c->id);
 }
 
 /* Queues k on cuda_stream with im->mu released around the NCCL call (an
@@ -503,7 +502,8 @@ static fsdp_status_t nccl_enqueue(fsdp_comm_t c, const fsdp_coll_t *k, void *cud
    * before this one has failed inside its stream (the poll then aborts the
    * communicator) or none is queued. An enqueue after an in-stream failure
    * then meets a communicator aborted after its check: the race with the
-   * watchdog thread's poll, made certain. */
+   * watchdog thread's poll, made certain (the check is skipped, not run
+   * early, which would bring the race back). */
   if (!fsdp_test_fault("nccl_enqueue_late", fsdp_world_rank(c->world)))
     FSDP_TRY(check_health(c));
   else
@@ -513,7 +513,8 @@ static fsdp_status_t nccl_enqueue(fsdp_comm_t c, const fsdp_coll_t *k, void *cud
       pthread_mutex_unlock(&im->mu);
       if (settled) break;
       nccl_poll(c);
-      sched_yield();
+      const struct timespec nap = {0, 20000}; /* 20 us, as wait_own polls */
+      nanosleep(&nap, NULL);
     }
   FSDP_TRY(submit(c, k, cuda_stream, 1));
   pthread_mutex_lock(&im->mu);

@@ -514,6 +514,18 @@ fsdp_status_t fsdp_watch_check(fsdp_comm_t c) {
   return st;
 }
 
+fsdp_status_t fsdp_watch_first_failure(fsdp_comm_t c, const char *own) {
+  struct fsdp_comm_watch *w = c->watch;
+  if (!w) return FSDP_SUCCESS;
+  pthread_mutex_lock(&w->fail_mu);
+  fsdp_status_t st = w->fail_msg[0] ? fsdp_error(FSDP_ERR_COMM, "%s; every later collective "
+                                                 "of this world is refused (this call: %s)",
+                                                 w->fail_msg, own)
+                                    : FSDP_SUCCESS;
+  pthread_mutex_unlock(&w->fail_mu);
+  return st;
+}
+
 void *fsdp_watch_shared(fsdp_comm_t c) { return c->watch ? c->watch->shared : NULL; }
 
 void fsdp_watch_set_shared(fsdp_comm_t c, void *shared, void (*free_fn)(void *)) {
