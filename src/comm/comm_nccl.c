@@ -26,7 +26,8 @@
  * again once the abort is seen. Every error becomes
  * FSDP_ERR_COMM with NCCL's text and the collective's description; after one,
  * and after an abort, the communicator is failed: later collectives are
- * refused (FSDP_ERR_TIMEOUT with the watchdog's report after its abort) and
+ * refused (FSDP_ERR_TIMEOUT with the watchdog's report after its abort, the
+ * first failure's report after one inside a stream: comm.c) and
  * destroy calls ncclCommAbort instead of ncclCommDestroy, unless the
  * watchdog already did. */
 #include "fsdp_config.h"
@@ -34,6 +35,7 @@
 #if FSDP_HAVE_NCCL
 #include <cuda_runtime.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -71,7 +73,9 @@ typedef struct {
   int in_call;         /* a collective's enqueue is inside NCCL (entering) */
   int cancel_due;      /* an abort deferred during that call: submit aborts after it */
   fsdp_coll_t entering;
-  char why[512];       /* the asynchronous error that made the watchdog abort */
+  char why[512];       /* why a failure aborted it (fail_async, nccl_cancel); "" for a deadline */
+  atomic_int held;     /* FSDP_TEST_FAULT nccl_enqueue_poll: the gate (hold) is closed */
+  double held_until;   /* ... until then at most */
   pending_t *pending;  /* a ring of cap slots, count queued from head; */
   size_t cap, head, count; /* a slot keeps its event for reuse */
 } nccl_impl_t;
@@ -313,10 +317,16 @@ static ncclResult_t issue(fsdp_comm_t c, ncclComm_t comm, const fsdp_coll_t *k, 
   return ncclInvalidArgument;
 }
 
+/* k met the communicator aborted: after a failure inside a stream
+ * (fail_async) or a cancel after one elsewhere in the world (nccl_cancel),
+ * both of which say why first, or by the watchdog past a deadline. The
+ * caller holds im->mu. */
 static fsdp_status_t aborted(fsdp_comm_t c, const fsdp_coll_t *k) {
-  return fsdp_error(FSDP_ERR_COMM, "nccl: %s #%llu on communicator %d was not issued: the "
-                    "communicator was aborted (the watchdog's deadline or a failure before it)",
-                    fsdp_coll_name(k->kind), (unsigned long long)k->seq, c->id);
+  nccl_impl_t *im = impl_of(c);
+  return fsdp_error(FSDP_ERR_COMM, "nccl: %s #%llu on communicator %d: the communicator was "
+                    "aborted %s%s%s", fsdp_coll_name(k->kind), (unsigned long long)k->seq, c->id,
+                    im->why[0] ? "(" : "by the watchdog past a deadline", im->why,
+                    im->why[0] ? ")" : "");
 }
 
 /* Queues k on cuda_stream with im->mu released around the NCCL call (an
@@ -330,8 +340,9 @@ static fsdp_status_t submit(fsdp_comm_t c, const fsdp_coll_t *k, void *cuda_stre
   nccl_impl_t *im = impl_of(c);
   pthread_mutex_lock(&im->mu);
   if (im->gone) {
+    fsdp_status_t st = aborted(c, k);
     pthread_mutex_unlock(&im->mu);
-    return aborted(c, k);
+    return st;
   }
   ncclComm_t comm = im->comm;
   im->in_call = 1;
@@ -349,9 +360,10 @@ static fsdp_status_t submit(fsdp_comm_t c, const fsdp_coll_t *k, void *cuda_stre
   }
   int gone = im->gone;
   if ((gone || r != ncclSuccess) && clock && im->count == 0) fsdp_watch_end(c, k);
+  fsdp_status_t st = gone && !cancelled ? aborted(c, k) : FSDP_SUCCESS;
   pthread_mutex_unlock(&im->mu);
   if (cancelled) { /* the world's first failure names the cause */
-    fsdp_status_t st = fsdp_watch_check(c);
+    st = fsdp_watch_check(c);
     if (st) return st;
     char what[256];
     fsdp_coll_describe(k, what, sizeof what);
@@ -362,7 +374,8 @@ static fsdp_status_t submit(fsdp_comm_t c, const fsdp_coll_t *k, void *cuda_stre
     pthread_mutex_unlock(&im->mu);
     return st;
   }
-  if (gone) return aborted(c, k); /* the watchdog's report, through fsdp_watch_failed */
+  /* The watchdog's report, or the first failure's (coll_cuda), replaces it. */
+  if (gone) return st;
   if (r != ncclSuccess) return nccl_fail(c, r, fn, k);
   return FSDP_SUCCESS;
 }
@@ -475,6 +488,19 @@ static fsdp_status_t check_health(fsdp_comm_t c) {
   return st;
 }
 
+/* The watchdog thread each tick, and every collective of the world before
+ * it is issued (fsdp_watch_check): retires the collectives done (retire);
+ * an asynchronous NCCL error names the collective that failed, fails and
+ * aborts the communicator, which ends every wait on its streams, and makes
+ * the world refuse every later collective with that report (fail_async). */
+static void nccl_poll(fsdp_comm_t c) {
+  nccl_impl_t *im = impl_of(c);
+  pthread_mutex_lock(&im->mu);
+  ncclResult_t a = retire(c);
+  if (a != ncclSuccess) fail_async(c, a);
+  pthread_mutex_unlock(&im->mu);
+}
+
 /* Records an event after k on cuda_stream for the watchdog (whose clock
  * submit started when the queue was empty). The caller holds im->mu. */
 static fsdp_status_t track(fsdp_comm_t c, const fsdp_coll_t *k, void *cuda_stream) {
@@ -491,31 +517,53 @@ static fsdp_status_t track(fsdp_comm_t c, const fsdp_coll_t *k, void *cuda_strea
   return FSDP_SUCCESS;
 }
 
-static void nccl_poll(fsdp_comm_t c);
+/* FSDP_TEST_FAULT="nccl_enqueue_poll@<rank>" makes certain, on that rank,
+ * the race in which the watchdog's poll finds a failure inside a stream
+ * between an enqueue's check_health and its submit. Each collective's
+ * stream first waits for a gate (hold) that the next enqueue on the
+ * communicator opens only once its check_health has passed; that enqueue
+ * then polls as the watchdog does until a queued collective's failure was
+ * reported or nothing is queued, so it meets a communicator the poll has
+ * just aborted when what it opened fails. The poll ends: a queued
+ * collective completes, or fails and is held until the abort; once
+ * nothing is queued, no stream is still in a gate, so the next may be set
+ * (none after a failure). A gate left closed (no later enqueue, or a wait
+ * for the stream before one) opens at a failure or after the world's
+ * timeout. */
+static void CUDART_CB hold(void *arg) {
+  nccl_impl_t *im = arg;
+  while (atomic_load(&im->held) && !atomic_load(&im->failed) && fsdp_time_now() < im->held_until)
+    sched_yield();
+}
+
+static void open_and_poll(fsdp_comm_t c) {
+  nccl_impl_t *im = impl_of(c);
+  atomic_store(&im->held, 0);
+  for (;;) {
+    nccl_poll(c);
+    pthread_mutex_lock(&im->mu);
+    const int settled = atomic_load(&im->failed) || im->count == 0;
+    pthread_mutex_unlock(&im->mu);
+    if (settled) return;
+    sched_yield();
+  }
+}
+
+static void close_gate(fsdp_comm_t c, void *cuda_stream) {
+  nccl_impl_t *im = impl_of(c);
+  im->held_until = fsdp_time_now() + fsdp_watch_timeout(c);
+  atomic_store(&im->held, 1);
+  if (cudaLaunchHostFunc(cuda_stream, hold, im) != cudaSuccess) atomic_store(&im->held, 0);
+}
 
 /* A CUDA stream: queued there and watched (poll). */
 static fsdp_status_t nccl_enqueue(fsdp_comm_t c, const fsdp_coll_t *k, void *cuda_stream) {
+  FSDP_TRY(check_health(c));
   nccl_impl_t *im = impl_of(c);
-  /* FSDP_TEST_FAULT=nccl_enqueue_late@<rank> (the nccl-fail-late-enqueue
-   * test): the health check passes as if run before the failure below became
-   * visible, then this communicator's own poll runs until a collective queued
-   * before this one has failed inside its stream (the poll then aborts the
-   * communicator) or none is queued. An enqueue after an in-stream failure
-   * then meets a communicator aborted after its check: the race with the
-   * watchdog thread's poll, made certain (the check is skipped, not run
-   * early, which would bring the race back). */
-  if (!fsdp_test_fault("nccl_enqueue_late", fsdp_world_rank(c->world)))
-    FSDP_TRY(check_health(c));
-  else
-    for (;;) {
-      pthread_mutex_lock(&im->mu);
-      const int settled = atomic_load(&im->failed) || im->count == 0;
-      pthread_mutex_unlock(&im->mu);
-      if (settled) break;
-      nccl_poll(c);
-      const struct timespec nap = {0, 20000}; /* 20 us, as wait_own polls */
-      nanosleep(&nap, NULL);
-    }
+  if (fsdp_test_fault("nccl_enqueue_poll", fsdp_world_rank(c->world))) {
+    open_and_poll(c);
+    if (!atomic_load(&im->failed)) close_gate(c, cuda_stream);
+  }
   FSDP_TRY(submit(c, k, cuda_stream, 1));
   pthread_mutex_lock(&im->mu);
   fsdp_status_t st = track(c, k, cuda_stream);
@@ -554,19 +602,6 @@ static fsdp_status_t nccl_run(fsdp_comm_t c, const fsdp_coll_t *k) {
   if (st == FSDP_SUCCESS) st = wait_own(c, k);
   if (prev != im->device) cudaSetDevice(prev);
   return st;
-}
-
-/* The watchdog thread each tick, and every collective of the world before
- * it is issued (fsdp_watch_check): retires the collectives done (retire);
- * an asynchronous NCCL error names the collective that failed, fails and
- * aborts the communicator, which ends every wait on its streams, and makes
- * the world refuse every later collective with that report (fail_async). */
-static void nccl_poll(fsdp_comm_t c) {
-  nccl_impl_t *im = impl_of(c);
-  pthread_mutex_lock(&im->mu);
-  ncclResult_t a = retire(c);
-  if (a != ncclSuccess) fail_async(c, a);
-  pthread_mutex_unlock(&im->mu);
 }
 
 /* After a failure inside a stream anywhere in the world (ops->cancel). */

@@ -72,9 +72,9 @@ char *fsdp_strdup(const char *s);
  * tests set it (tests/mpi/test_comm.c, tests/cuda/meson.build). Sites:
  * comm_split (the split's local allocations fail), comm_split_setup (the
  * group's communicator fails on this rank once its backend made it),
- * nccl_enqueue_late (an NCCL enqueue's health check passes, then the
- * communicator's poll runs until a queued collective has failed or none is
- * queued: comm_nccl.c). */
+ * nccl_enqueue_poll (each NCCL collective's stream waits until the next
+ * enqueue's health check has passed, which then polls until a queued
+ * collective has failed or none is queued: comm_nccl.c). */
 int fsdp_test_fault(const char *site, int rank);
 
 #endif

@@ -5,9 +5,12 @@
  * the stream and leaves its output unwritten, as a network error does. The
  * engine's calls of one training step (acquire and release of every unit,
  * forward and backward, then the step) must not all succeed on any rank: one
- * of them fails with FSDP_ERR_COMM naming the all-gather and its unit, and
- * every later collective of the world fails too. Without FSDP_SIM_NCCL_FAIL
- * the step succeeds (the same program is its own control).
+ * of them fails with FSDP_ERR_COMM whose message leads with the all-gather
+ * and its unit (not the call that met the failure: with
+ * FSDP_TEST_FAULT=nccl_enqueue_poll@1 rank 1's next enqueue meets the
+ * communicator the poll has just aborted), and every later collective of
+ * the world fails too. Without FSDP_SIM_NCCL_FAIL the step succeeds (the
+ * same program is its own control).
  * Exits 0 when that holds, 1 otherwise, 77 without a GPU. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,7 +88,8 @@ int main(void) {
     ok = st == FSDP_SUCCESS;
     printf("nccl-fail: rank %d: control step: %s\n", rank, ok ? "ok" : msg);
   } else {
-    ok = st == FSDP_ERR_COMM && strstr(msg, "all_gather #2 for 'u1'") &&
+    /* The report leads with the gather that failed, whichever call met it. */
+    ok = st == FSDP_ERR_COMM && strstr(msg, "nccl: all_gather #2 for 'u1'") == msg &&
          strstr(msg, "failed inside its stream");
     printf("nccl-fail: rank %d: %s: %s%s%s (%s)\n", rank, ok ? "ok" : "FAIL",
            st == FSDP_SUCCESS ? "every call of the step succeeded" : where,
