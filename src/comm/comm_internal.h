@@ -198,8 +198,8 @@ void fsdp_watch_note_failure(fsdp_comm_t comm, const char *msg);
 fsdp_status_t fsdp_watch_check(fsdp_comm_t comm);
 /* After a device backend's enqueue failed with `own` (its message): the
  * world's first failure inside a stream as FSDP_ERR_COMM, naming it and
- * ending with "(this call: own)", when one was noted; else FSDP_SUCCESS.
- * Reads what is noted and polls nothing. */
+ * ending with "(this call: own)" unless own quotes it already, when one was
+ * noted; else FSDP_SUCCESS. Reads what is noted and polls nothing. */
 fsdp_status_t fsdp_watch_first_failure(fsdp_comm_t comm, const char *own);
 /* Backend state shared by every communicator of a world (gloo: the TCP
  * device), freed with free_fn when the last communicator is destroyed. */

@@ -35,7 +35,6 @@
 #if FSDP_HAVE_NCCL
 #include <cuda_runtime.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -75,7 +74,7 @@ typedef struct {
   fsdp_coll_t entering;
   char why[512];       /* why a failure aborted it (fail_async, nccl_cancel); "" for a deadline */
   atomic_int held;     /* FSDP_TEST_FAULT nccl_enqueue_poll: the gate (hold) is closed */
-  double held_until;   /* ... until then at most */
+  _Atomic double held_until; /* ... until then at most */
   pending_t *pending;  /* a ring of cap slots, count queued from head; */
   size_t cap, head, count; /* a slot keeps its event for reuse */
 } nccl_impl_t;
@@ -324,9 +323,8 @@ static ncclResult_t issue(fsdp_comm_t c, ncclComm_t comm, const fsdp_coll_t *k, 
 static fsdp_status_t aborted(fsdp_comm_t c, const fsdp_coll_t *k) {
   nccl_impl_t *im = impl_of(c);
   return fsdp_error(FSDP_ERR_COMM, "nccl: %s #%llu on communicator %d: the communicator was "
-                    "aborted %s%s%s", fsdp_coll_name(k->kind), (unsigned long long)k->seq, c->id,
-                    im->why[0] ? "(" : "by the watchdog past a deadline", im->why,
-                    im->why[0] ? ")" : "");
+                    "aborted%s%s", fsdp_coll_name(k->kind), (unsigned long long)k->seq, c->id,
+                    im->why[0] ? ": " : " by the watchdog past a deadline", im->why);
 }
 
 /* Queues k on cuda_stream with im->mu released around the NCCL call (an
@@ -529,11 +527,17 @@ static fsdp_status_t track(fsdp_comm_t c, const fsdp_coll_t *k, void *cuda_strea
  * nothing is queued, no stream is still in a gate, so the next may be set
  * (none after a failure). A gate left closed (no later enqueue, or a wait
  * for the stream before one) opens at a failure or after the world's
- * timeout. */
+ * timeout. For the simulator (a thread per stream) and for a run that
+ * fails: on a GPU, host functions of every stream may share one driver
+ * thread, and without a failure the last gate holds its stream until the
+ * timeout. One communicator a rank: a gate on one holds the others' work
+ * queued behind it on the same stream. */
 static void CUDART_CB hold(void *arg) {
   nccl_impl_t *im = arg;
-  while (atomic_load(&im->held) && !atomic_load(&im->failed) && fsdp_time_now() < im->held_until)
-    sched_yield();
+  const struct timespec nap = {0, 20000}; /* 20 us, as wait_own polls */
+  while (atomic_load(&im->held) && !atomic_load(&im->failed) &&
+         fsdp_time_now() < atomic_load(&im->held_until))
+    nanosleep(&nap, NULL);
 }
 
 static void open_and_poll(fsdp_comm_t c) {
@@ -545,15 +549,19 @@ static void open_and_poll(fsdp_comm_t c) {
     const int settled = atomic_load(&im->failed) || im->count == 0;
     pthread_mutex_unlock(&im->mu);
     if (settled) return;
-    sched_yield();
+    const struct timespec nap = {0, 20000}; /* 20 us, as wait_own polls */
+    nanosleep(&nap, NULL);
   }
 }
 
 static void close_gate(fsdp_comm_t c, void *cuda_stream) {
   nccl_impl_t *im = impl_of(c);
-  im->held_until = fsdp_time_now() + fsdp_watch_timeout(c);
+  atomic_store(&im->held_until, fsdp_time_now() + fsdp_watch_timeout(c));
   atomic_store(&im->held, 1);
-  if (cudaLaunchHostFunc(cuda_stream, hold, im) != cudaSuccess) atomic_store(&im->held, 0);
+  if (cudaLaunchHostFunc(cuda_stream, hold, im) != cudaSuccess) {
+    (void)cudaGetLastError(); /* no gate; not an error for the next launch to report */
+    atomic_store(&im->held, 0);
+  }
 }
 
 /* A CUDA stream: queued there and watched (poll). */

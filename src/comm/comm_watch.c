@@ -518,9 +518,13 @@ fsdp_status_t fsdp_watch_first_failure(fsdp_comm_t c, const char *own) {
   struct fsdp_comm_watch *w = c->watch;
   if (!w) return FSDP_SUCCESS;
   pthread_mutex_lock(&w->fail_mu);
+  /* own quotes the failure already when the communicator it met was
+   * aborted for it: then the report is said once. */
+  const int quoted = strstr(own, w->fail_msg) != NULL;
   fsdp_status_t st = w->fail_msg[0] ? fsdp_error(FSDP_ERR_COMM, "%s; every later collective "
-                                                 "of this world is refused (this call: %s)",
-                                                 w->fail_msg, own)
+                                                 "of this world is refused%s%s%s",
+                                                 w->fail_msg, quoted ? "" : " (this call: ",
+                                                 quoted ? "" : own, quoted ? "" : ")")
                                     : FSDP_SUCCESS;
   pthread_mutex_unlock(&w->fail_mu);
   return st;

@@ -74,7 +74,8 @@ char *fsdp_strdup(const char *s);
  * group's communicator fails on this rank once its backend made it),
  * nccl_enqueue_poll (each NCCL collective's stream waits until the next
  * enqueue's health check has passed, which then polls until a queued
- * collective has failed or none is queued: comm_nccl.c). */
+ * collective has failed or none is queued: comm_nccl.c; for the simulator
+ * and a run that fails). */
 int fsdp_test_fault(const char *site, int rank);
 
 #endif
